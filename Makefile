@@ -1,0 +1,45 @@
+# The project's verbs. Each target installs what it needs: a fresh machine has only Python 3.11+.
+SHELL := /bin/bash
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
+RUN := $(UV) run --frozen
+
+.PHONY: help install test lint format demo bench synth clean
+
+help:
+	@echo "make demo   run the local emulator's scenario (no AWS account, no GitHub)"
+	@echo "make test   run the test suite"
+	@echo "make lint   ruff and mypy"
+	@echo "make bench  benchmarks; figures printed and written to bench/results.json"
+	@echo "make synth  synthesise the CloudFormation template into cdk.out/"
+
+.venv/.installed: pyproject.toml uv.lock
+	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet 'uv>=0.5'
+	$(UV) sync --frozen
+	@touch $@
+
+install: .venv/.installed
+
+test: install
+	$(RUN) pytest -n 2 -q
+
+lint: install
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+	$(RUN) mypy
+
+format: install
+	$(RUN) ruff format .
+	$(RUN) ruff check --fix .
+
+demo: install
+	$(RUN) python -m emulator
+
+bench: install
+	$(RUN) python -m bench
+
+synth: install
+	$(RUN) python app.py
+
+clean:
+	rm -rf .venv cdk.out .pytest_cache .mypy_cache .ruff_cache

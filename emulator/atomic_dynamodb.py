@@ -1,0 +1,58 @@
+"""Gives moto's DynamoDB the item-level atomicity real DynamoDB has.
+
+DynamoDB applies each write to an item, and its condition check, as one indivisible step, and a read
+never sees half a write. moto checks the condition and then applies the update in separate Python
+steps, so two threads can both pass the same condition. Serialising moto's item operations behind
+one lock restores DynamoDB's guarantee; callers still race as hard as ever, so races test our
+conditions and not moto's.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from moto.dynamodb.models import DynamoDBBackend
+
+_ITEM_OPERATIONS = (
+    "put_item",
+    "get_item",
+    "update_item",
+    "delete_item",
+    "query",
+    "scan",
+    "batch_get_item",
+    "batch_write_item",
+    "transact_get_items",
+    "transact_write_items",
+)
+_lock = threading.RLock()
+
+
+def _serialised(operation: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(operation)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with _lock:
+            return operation(*args, **kwargs)
+
+    locked.__wrapped_by_runner_pool__ = True  # type: ignore[attr-defined]
+    return locked
+
+
+@contextmanager
+def atomic_items() -> Iterator[None]:
+    """While inside, every moto DynamoDB item operation runs alone, as it would in DynamoDB."""
+    originals = {name: getattr(DynamoDBBackend, name) for name in _ITEM_OPERATIONS if hasattr(DynamoDBBackend, name)}
+    already = any(getattr(op, "__wrapped_by_runner_pool__", False) for op in originals.values())
+    if not already:
+        for name, operation in originals.items():
+            setattr(DynamoDBBackend, name, _serialised(operation))
+    try:
+        yield
+    finally:
+        if not already:
+            for name, operation in originals.items():
+                setattr(DynamoDBBackend, name, operation)

@@ -1,0 +1,451 @@
+"""The state table: every lifecycle transition of DESIGN.md section 4 as one conditional DynamoDB write.
+
+All items of one instance share its partition key (`pk` = instance id), told apart by `sk`:
+
+    state      the control plane's InstanceRecord
+    heartbeat  the agent's last beat
+    signal     the agent's latest WorkerSignal
+
+Two sparse indexes keep every read path off Scan: `by-run-key` holds only records that carry a run
+key (release looks instances up by run), and `by-threshold` holds only live records, spread over a
+few shards and sorted by threshold (refresh sweeps what is due). A terminated record leaves both
+and gets a TTL, and so do heartbeat and signal items on every write.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.config import Timeouts
+from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
+from runner_pool.domain.records import Heartbeat, InstanceFacts, InstanceRecord, Signal, WorkerSignal
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.client import DynamoDBClient
+
+PARTITION_KEY = "pk"
+SORT_KEY = "sk"
+STATE_ITEM = "state"
+HEARTBEAT_ITEM = "heartbeat"
+SIGNAL_ITEM = "signal"
+TTL_ATTRIBUTE = "expires_at"
+RUN_KEY_INDEX = "by-run-key"
+RUN_KEY_ATTRIBUTE = "run_key"
+THRESHOLD_INDEX = "by-threshold"
+SWEEP_SHARD_ATTRIBUTE = "sweep_shard"
+THRESHOLD_ATTRIBUTE = "threshold"
+SWEEP_SHARDS = 4
+"""Live records are spread over this many index partitions so no single one gets hot."""
+
+_ANY_RUN = object()
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+_BOOKKEEPING = {PARTITION_KEY, SORT_KEY, SWEEP_SHARD_ATTRIBUTE}
+
+
+@dataclass(frozen=True)
+class TransitionResult:
+    """The outcome of one transition and the record as it stands afterwards (None if there is none)."""
+
+    outcome: Outcome
+    record: InstanceRecord | None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.outcome.succeeded
+
+
+def sweep_shard(instance_id: str) -> str:
+    return str(zlib.crc32(instance_id.encode()) % SWEEP_SHARDS)
+
+
+class StateTable:
+    def __init__(
+        self,
+        table_name: str,
+        timeouts: Timeouts,
+        clock: Clock,
+        client: DynamoDBClient | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._table = table_name
+        self._timeouts = timeouts
+        self._clock = clock
+        self._client: DynamoDBClient = client or boto3.client("dynamodb")
+        self._backoff = backoff or Backoff()
+
+    # --- transitions -------------------------------------------------------------------------
+
+    def create(self, facts: InstanceFacts, run_key: str | None) -> TransitionResult:
+        """(new) → created: record a launched instance, for a run or (run_key None) for the pool."""
+        now = self._clock.now()
+        record = InstanceRecord(
+            **facts.model_dump(),
+            state=InstanceState.CREATED,
+            run_key=run_key,
+            threshold=now + self._timeouts.created_threshold_seconds,
+            created_at=now,
+            updated_at=now,
+        )
+        item = {
+            **_to_item(record.model_dump(mode="json", exclude_none=True)),
+            PARTITION_KEY: {"S": facts.instance_id},
+            SORT_KEY: {"S": STATE_ITEM},
+            SWEEP_SHARD_ATTRIBUTE: {"S": sweep_shard(facts.instance_id)},
+        }
+        try:
+            self._backoff.call(
+                lambda: self._client.put_item(
+                    TableName=self._table,
+                    Item=item,
+                    ConditionExpression="attribute_not_exists(pk)",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+            )
+        except ClientError as exc:
+            current = _lost_race_record(exc)
+            replayed = current is not None and current.state is InstanceState.CREATED and current.run_key == run_key
+            return TransitionResult(Outcome.REPLAYED if replayed else Outcome.LOST, current)
+        return TransitionResult(Outcome.APPLIED, record)
+
+    def claim(self, instance_id: str, run_key: str, claim_token: str) -> TransitionResult:
+        """idle → claimed(run): only an idle, unheld instance whose idle time has not run out."""
+        return self._transition(
+            instance_id,
+            expect_states=(InstanceState.IDLE,),
+            expect_run_key=None,
+            new_state=InstanceState.CLAIMED,
+            threshold_in=self._timeouts.claimed_threshold_seconds,
+            set_fields={RUN_KEY_ATTRIBUTE: run_key, "claim_token": claim_token},
+            is_replay=lambda r: r.state is InstanceState.CLAIMED and r.claim_token == claim_token,
+        )
+
+    def activate(self, instance_id: str, run_key: str, max_runtime_minutes: int) -> TransitionResult:
+        """created | claimed → running: the instance registered for the run and is healthy."""
+        return self._transition(
+            instance_id,
+            expect_states=(InstanceState.CREATED, InstanceState.CLAIMED),
+            expect_run_key=run_key,
+            new_state=InstanceState.RUNNING,
+            threshold_in=max_runtime_minutes * 60.0,
+            remove_fields=("claim_token",),
+            is_replay=lambda r: r.state is InstanceState.RUNNING and r.run_key == run_key,
+        )
+
+    def unclaim(self, instance_id: str, run_key: str) -> TransitionResult:
+        """claimed → idle: a provision that could not use its claim gives the instance back."""
+        return self._to_idle(instance_id, InstanceState.CLAIMED, run_key)
+
+    def release(self, instance_id: str, run_key: str) -> TransitionResult:
+        """running → idle: the run is done with the instance; the run key is cleared."""
+        return self._to_idle(instance_id, InstanceState.RUNNING, run_key)
+
+    def admit(self, instance_id: str) -> TransitionResult:
+        """created → idle for an instance launched for the warm pool (no run key) once it is ready."""
+        return self._to_idle(instance_id, InstanceState.CREATED, None)
+
+    def expire(self, instance_id: str, run_key: str | None | object = _ANY_RUN) -> TransitionResult:
+        """any live → expired: the threshold is set to now, the state kept, for refresh to terminate.
+
+        With `run_key` given (a str, or None for an unheld instance), only while the record still
+        holds exactly that run key, so a failing execution never expires an instance that has
+        since moved on to another run.
+        """
+        now = self._clock.now()
+
+        def already_expired(record: InstanceRecord) -> bool:
+            holder_matches = run_key is _ANY_RUN or record.run_key == run_key
+            return record.state in LIVE_STATES and holder_matches and record.threshold_passed(now)
+
+        return self._transition(
+            instance_id,
+            expect_states=tuple(LIVE_STATES),
+            expect_run_key=run_key,
+            new_state=None,
+            threshold_in=0.0,
+            is_replay=already_expired,
+        )
+
+    def mark_terminated(self, instance_id: str) -> TransitionResult:
+        """expired → terminated, after EC2 TerminateInstances: leaves both indexes, gets a TTL."""
+        now = self._clock.now()
+        names = {"#state": "state", "#threshold": THRESHOLD_ATTRIBUTE}
+        values = {
+            ":terminated": _value(InstanceState.TERMINATED.value),
+            ":now": _value(now),
+            ":expires": _value(self._expiry(now)),
+            **_state_values(LIVE_STATES),
+        }
+        return self._write(
+            instance_id,
+            update=(
+                "SET #state = :terminated, expires_at = :expires, updated_at = :now "
+                f"REMOVE {RUN_KEY_ATTRIBUTE}, claim_token, {SWEEP_SHARD_ATTRIBUTE}, #threshold"
+            ),
+            condition=f"#state IN ({', '.join(_state_placeholders(LIVE_STATES))}) AND #threshold <= :now",
+            names=names,
+            values=values,
+            is_replay=lambda r: r.state is InstanceState.TERMINATED,
+        )
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def get(self, instance_id: str) -> InstanceRecord | None:
+        response = self._backoff.call(
+            lambda: self._client.get_item(
+                TableName=self._table,
+                Key=_key(instance_id, STATE_ITEM),
+                ConsistentRead=True,
+            )
+        )
+        item = response.get("Item")
+        return None if item is None else _to_record(item)
+
+    def held_by(self, run_key: str) -> list[InstanceRecord]:
+        """Every record holding `run_key` (claimed, running, or created for the run).
+
+        Read from a global index, so a transition of the last moment may not show yet; callers
+        act through conditional transitions, which see the truth.
+        """
+        return list(
+            self._query(
+                IndexName=RUN_KEY_INDEX,
+                KeyConditionExpression=f"{RUN_KEY_ATTRIBUTE} = :run_key",
+                ExpressionAttributeValues={":run_key": _value(run_key)},
+            )
+        )
+
+    def due(self, now: Epoch | None = None) -> list[InstanceRecord]:
+        """Every live record whose threshold has passed, for refresh to terminate."""
+        cutoff = self._clock.now() if now is None else now
+        return [
+            record
+            for shard in range(SWEEP_SHARDS)
+            for record in self._query(
+                IndexName=THRESHOLD_INDEX,
+                KeyConditionExpression=f"{SWEEP_SHARD_ATTRIBUTE} = :shard AND #threshold <= :now",
+                ExpressionAttributeNames={"#threshold": THRESHOLD_ATTRIBUTE},
+                ExpressionAttributeValues={":shard": _value(str(shard)), ":now": _value(cutoff)},
+            )
+        ]
+
+    def live(self) -> list[InstanceRecord]:
+        """Every record not terminated, whatever its threshold."""
+        return [
+            record
+            for shard in range(SWEEP_SHARDS)
+            for record in self._query(
+                IndexName=THRESHOLD_INDEX,
+                KeyConditionExpression=f"{SWEEP_SHARD_ATTRIBUTE} = :shard",
+                ExpressionAttributeValues={":shard": _value(str(shard))},
+            )
+        ]
+
+    # --- the agent's items ---------------------------------------------------------------------
+
+    def write_heartbeat(self, instance_id: str) -> Heartbeat:
+        now = self._clock.now()
+        self._put_agent_item(instance_id, HEARTBEAT_ITEM, {"beat_at": now}, now)
+        return Heartbeat(instance_id=instance_id, beat_at=now)
+
+    def read_heartbeat(self, instance_id: str) -> Heartbeat | None:
+        item = self._get_agent_item(instance_id, HEARTBEAT_ITEM)
+        return None if item is None else Heartbeat(instance_id=instance_id, beat_at=item["beat_at"])
+
+    def write_signal(
+        self, instance_id: str, signal: Signal, run_key: str | None = None, reason: str | None = None
+    ) -> WorkerSignal:
+        now = self._clock.now()
+        written = WorkerSignal(instance_id=instance_id, signal=signal, run_key=run_key, at=now, reason=reason)
+        # `signal_run_key`, not `run_key`: a signal item must never enter the by-run-key index.
+        fields = {"signal": signal.value, "signal_run_key": run_key, "at": now, "reason": reason}
+        self._put_agent_item(instance_id, SIGNAL_ITEM, fields, now)
+        return written
+
+    def read_signal(self, instance_id: str) -> WorkerSignal | None:
+        item = self._get_agent_item(instance_id, SIGNAL_ITEM)
+        if item is None:
+            return None
+        return WorkerSignal(
+            instance_id=instance_id,
+            signal=Signal(item["signal"]),
+            run_key=item.get("signal_run_key"),
+            at=item["at"],
+            reason=item.get("reason"),
+        )
+
+    # --- mechanics -----------------------------------------------------------------------------
+
+    def _to_idle(self, instance_id: str, from_state: InstanceState, run_key: str | None) -> TransitionResult:
+        return self._transition(
+            instance_id,
+            expect_states=(from_state,),
+            expect_run_key=run_key,
+            new_state=InstanceState.IDLE,
+            threshold_in=self._timeouts.idle_seconds,
+            remove_fields=(RUN_KEY_ATTRIBUTE, "claim_token"),
+            is_replay=lambda r: r.state is InstanceState.IDLE and r.run_key is None,
+        )
+
+    def _transition(
+        self,
+        instance_id: str,
+        *,
+        expect_states: tuple[InstanceState, ...],
+        expect_run_key: str | None | object,
+        new_state: InstanceState | None,
+        threshold_in: float,
+        is_replay: Callable[[InstanceRecord], bool],
+        set_fields: Mapping[str, Any] | None = None,
+        remove_fields: tuple[str, ...] = (),
+    ) -> TransitionResult:
+        """One conditional UpdateItem: expected state, expected run key, threshold still ahead."""
+        now = self._clock.now()
+        names = {"#state": "state", "#threshold": THRESHOLD_ATTRIBUTE}
+        values: dict[str, Any] = {
+            ":now": _value(now),
+            ":threshold": _value(now + threshold_in),
+            **_state_values(expect_states),
+        }
+        assignments = ["#threshold = :threshold", "updated_at = :now"]
+        if new_state is not None:
+            values[":new_state"] = _value(new_state.value)
+            assignments.append("#state = :new_state")
+        for index, (name, value) in enumerate((set_fields or {}).items()):
+            values[f":set{index}"] = _value(value)
+            assignments.append(f"{name} = :set{index}")
+        conditions = [
+            f"#state IN ({', '.join(_state_placeholders(expect_states))})",
+            "#threshold > :now",
+        ]
+        if expect_run_key is None:
+            conditions.append(f"attribute_not_exists({RUN_KEY_ATTRIBUTE})")
+        elif isinstance(expect_run_key, str):
+            values[":expected_run_key"] = _value(expect_run_key)
+            conditions.append(f"{RUN_KEY_ATTRIBUTE} = :expected_run_key")
+        update = "SET " + ", ".join(assignments)
+        if remove_fields:
+            update += " REMOVE " + ", ".join(remove_fields)
+        return self._write(
+            instance_id,
+            update=update,
+            condition=" AND ".join(conditions),
+            names=names,
+            values=values,
+            is_replay=is_replay,
+        )
+
+    def _write(
+        self,
+        instance_id: str,
+        *,
+        update: str,
+        condition: str,
+        names: dict[str, str],
+        values: dict[str, Any],
+        is_replay: Callable[[InstanceRecord], bool],
+    ) -> TransitionResult:
+        try:
+            response = self._backoff.call(
+                lambda: self._client.update_item(
+                    TableName=self._table,
+                    Key=_key(instance_id, STATE_ITEM),
+                    UpdateExpression=update,
+                    ConditionExpression=f"attribute_exists(pk) AND {condition}",
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=values,
+                    ReturnValues="ALL_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+            )
+        except ClientError as exc:
+            current = _lost_race_record(exc)
+            if current is not None and is_replay(current):
+                return TransitionResult(Outcome.REPLAYED, current)
+            return TransitionResult(Outcome.LOST, current)
+        return TransitionResult(Outcome.APPLIED, _to_record(response["Attributes"]))
+
+    def _query(self, **request: Any) -> Iterator[InstanceRecord]:
+        start: dict[str, Any] | None = None
+        while True:
+            page_request = {"TableName": self._table, **request}
+            if start is not None:
+                page_request["ExclusiveStartKey"] = start
+            page = self._backoff.call(lambda: self._client.query(**page_request))
+            for item in page.get("Items", []):
+                yield _to_record(item)
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return
+
+    def _put_agent_item(self, instance_id: str, kind: str, fields: Mapping[str, Any], now: Epoch) -> None:
+        item = {
+            **_to_item({k: v for k, v in fields.items() if v is not None}),
+            **_key(instance_id, kind),
+            TTL_ATTRIBUTE: _value(self._expiry(now)),
+        }
+        self._backoff.call(lambda: self._client.put_item(TableName=self._table, Item=item))
+
+    def _get_agent_item(self, instance_id: str, kind: str) -> dict[str, Any] | None:
+        response = self._backoff.call(
+            lambda: self._client.get_item(TableName=self._table, Key=_key(instance_id, kind), ConsistentRead=True)
+        )
+        item = response.get("Item")
+        return None if item is None else _from_item(item)
+
+    def _expiry(self, now: Epoch) -> int:
+        return int(now) + self._timeouts.terminated_retention_days * 86_400
+
+
+def _lost_race_record(exc: ClientError) -> InstanceRecord | None:
+    """The record that beat us, from a failed condition; anything but a lost race is re-raised."""
+    if error_code(exc) != "ConditionalCheckFailedException":
+        raise exc
+    item = exc.response.get("Item")
+    return None if not item else _to_record(item)  # type: ignore[arg-type]
+
+
+def _key(instance_id: str, kind: str) -> dict[str, Any]:
+    return {PARTITION_KEY: {"S": instance_id}, SORT_KEY: {"S": kind}}
+
+
+def _state_placeholders(states: tuple[InstanceState, ...] | frozenset[InstanceState]) -> list[str]:
+    return [f":state_{state.value}" for state in sorted(states)]
+
+
+def _state_values(states: tuple[InstanceState, ...] | frozenset[InstanceState]) -> dict[str, Any]:
+    return {f":state_{state.value}": _value(state.value) for state in states}
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, float):
+        value = Decimal(repr(value))
+    return _serializer.serialize(value)
+
+
+def _to_item(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: _value(value) for name, value in fields.items()}
+
+
+def _from_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    plain = {name: _deserializer.deserialize(value) for name, value in item.items()}
+    return {name: _number(v) if isinstance(v, Decimal) else v for name, v in plain.items()}
+
+
+def _number(value: Decimal) -> int | float:
+    return int(value) if value == value.to_integral_value() else float(value)
+
+
+def _to_record(item: Mapping[str, Any]) -> InstanceRecord:
+    fields = {k: v for k, v in _from_item(item).items() if k not in _BOOKKEEPING}
+    return InstanceRecord.model_validate(fields)

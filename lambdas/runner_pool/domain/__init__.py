@@ -1,0 +1,1 @@
+"""The product in plain Python: records, lifecycle, labels, configuration and pickup rules."""

@@ -1,0 +1,223 @@
+"""The stack configuration of DESIGN.md section 9: resource classes, timeouts and defaults, validated.
+
+Every setting has the design's default. A bad setting fails with a message that names the setting
+and says how to fix it, because the operator reads it in a failed `cdk synth`, not in a debugger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from runner_pool.domain.labels import (
+    CLASS_NAME,
+    MAX_RUNTIME_LIMIT_MINUTES,
+    LabelError,
+    RunnerLabel,
+    RunnerSpec,
+)
+from runner_pool.domain.records import Arch, UsageClass
+
+SQS_MAX_DELAY_SECONDS = 900
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ResourceClass(_Settings):
+    """A size of runner a job can ask for with `class=`: the minimum vCPU and memory."""
+
+    cpu: int = Field(gt=0, description="vCPUs")
+    memory_mib: int = Field(gt=0, description="memory in MiB")
+
+
+DEFAULT_RESOURCE_CLASSES: dict[str, ResourceClass] = {
+    "large": ResourceClass(cpu=2, memory_mib=4 * 1024),
+    "xlarge": ResourceClass(cpu=4, memory_mib=8 * 1024),
+    "2xlarge": ResourceClass(cpu=8, memory_mib=16 * 1024),
+    "4xlarge": ResourceClass(cpu=16, memory_mib=32 * 1024),
+    "8xlarge": ResourceClass(cpu=32, memory_mib=64 * 1024),
+}
+
+
+class Timeouts(_Settings):
+    """How long each wait of the lifecycle lasts, in seconds."""
+
+    heartbeat_period_seconds: float = Field(5, gt=0)
+    healthy_window_seconds: float = Field(15, gt=0)
+    claim_registration_seconds: float = Field(20, gt=0)
+    fleet_validation_seconds: float = Field(180, gt=0)
+    fleet_validation_poll_seconds: float = Field(5, gt=0)
+    release_receipt_seconds: float = Field(120, gt=0)
+    created_threshold_seconds: float = Field(600, gt=0)
+    claimed_threshold_seconds: float = Field(300, gt=0)
+    idle_seconds: float = Field(600, gt=0)
+    terminated_retention_days: int = Field(7, gt=0)
+
+    @model_validator(mode="after")
+    def _waits_fit_together(self) -> Self:
+        if self.healthy_window_seconds <= self.heartbeat_period_seconds:
+            raise _setting_error(
+                "healthy_window_seconds",
+                f"{self.healthy_window_seconds:g} s is not longer than heartbeat_period_seconds "
+                f"({self.heartbeat_period_seconds:g} s), so every instance would look dead",
+                "make it at least 3 x heartbeat_period_seconds",
+            )
+        if self.fleet_validation_poll_seconds >= self.fleet_validation_seconds:
+            raise _setting_error(
+                "fleet_validation_poll_seconds",
+                "polls no more often than the validation timeout, so validation would check at most once",
+                "make it a fraction of fleet_validation_seconds",
+            )
+        if self.claimed_threshold_seconds <= self.claim_registration_seconds:
+            raise _setting_error(
+                "claimed_threshold_seconds",
+                "a claim would expire before the agent has had time to register",
+                "make it longer than claim_registration_seconds",
+            )
+        return self
+
+
+class LabelDefaults(_Settings):
+    """What a label that leaves a key out gets."""
+
+    resource_class: str = "large"
+    usage: UsageClass = UsageClass.SPOT
+    types: tuple[str, ...] = ()
+    arch: Arch = Arch.X64
+    max_runtime_minutes: int = Field(360, gt=0, le=MAX_RUNTIME_LIMIT_MINUTES)
+
+
+class PickupSettings(_Settings):
+    same_instance_tolerance: int = Field(5, gt=0)
+    requeue_delay_seconds: int = Field(1, ge=0, le=SQS_MAX_DELAY_SECONDS)
+
+
+class StackConfig(_Settings):
+    """Everything about pool behaviour an operator may set; every field has the design's default."""
+
+    resource_classes: dict[str, ResourceClass] = Field(default_factory=lambda: dict(DEFAULT_RESOURCE_CLASSES))
+    timeouts: Timeouts = Timeouts()
+    defaults: LabelDefaults = LabelDefaults()
+    pickup: PickupSettings = PickupSettings()
+    warm_pool_minimum: dict[str, int] = Field(default_factory=dict)
+    refresh_rate_minutes: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _classes_are_coherent(self) -> Self:
+        if not self.resource_classes:
+            raise _setting_error("resource_classes", "is empty", "define at least one class, e.g. large")
+        for name in self.resource_classes:
+            if not CLASS_NAME.fullmatch(name):
+                raise _setting_error(
+                    f"resource_classes.{name}",
+                    "is not usable in a label",
+                    "name classes with lowercase letters, digits and '-' (at most 32 characters)",
+                )
+        by_cpu = sorted(self.resource_classes.items(), key=lambda item: (item[1].cpu, item[1].memory_mib))
+        for (smaller, low), (larger, high) in zip(by_cpu, by_cpu[1:], strict=False):
+            if high.cpu == low.cpu:
+                raise _setting_error(
+                    f"resource_classes.{larger}.cpu",
+                    f"equals the cpu of class {smaller} ({low.cpu})",
+                    "give each class its own vCPU count",
+                )
+            if high.memory_mib <= low.memory_mib:
+                raise _setting_error(
+                    f"resource_classes.{larger}.memory_mib",
+                    f"{high.memory_mib} MiB does not rise with cpu: class {smaller} has fewer vCPUs "
+                    f"({low.cpu}) but {low.memory_mib} MiB",
+                    f"give {larger} more than {low.memory_mib} MiB, or fewer vCPUs than {smaller}",
+                )
+        known = ", ".join(self.resource_classes)
+        if self.defaults.resource_class not in self.resource_classes:
+            raise _setting_error(
+                "defaults.resource_class",
+                f"{self.defaults.resource_class!r} is not a defined class",
+                f"use one of: {known}",
+            )
+        for name, minimum in self.warm_pool_minimum.items():
+            if name not in self.resource_classes:
+                raise _setting_error(
+                    f"warm_pool_minimum.{name}", "names no defined class", f"use one of: {known}"
+                )
+            if minimum < 0:
+                raise _setting_error(
+                    f"warm_pool_minimum.{name}", f"is {minimum}", "set 0 or more idle instances"
+                )
+        return self
+
+    def warm_minimum(self, resource_class: str) -> int:
+        return self.warm_pool_minimum.get(resource_class, 0)
+
+    def resolve(self, label: RunnerLabel) -> RunnerSpec:
+        """Fill the label's missing keys with the stack defaults; an unknown class is a LabelError."""
+        class_name = label.resource_class or self.defaults.resource_class
+        resource_class = self.resource_classes.get(class_name)
+        if resource_class is None:
+            raise LabelError(
+                label.format(), f"class={class_name!r} is not defined; use one of {', '.join(self.resource_classes)}"
+            )
+        return RunnerSpec(
+            run_key=label.format(),
+            run_id=label.run_id,
+            resource_class=class_name,
+            cpu=resource_class.cpu,
+            memory_mib=resource_class.memory_mib,
+            usage=label.usage or self.defaults.usage,
+            types=label.types if label.types is not None else self.defaults.types,
+            arch=label.arch or self.defaults.arch,
+            max_runtime_minutes=label.max_runtime_minutes or self.defaults.max_runtime_minutes,
+        )
+
+    def spec_for(self, label_text: str) -> RunnerSpec:
+        """Parse and resolve a `runs-on` label in one step; raises LabelError with the reason."""
+        return self.resolve(RunnerLabel.parse(label_text))
+
+
+class ConfigError(ValueError):
+    """A stack configuration that cannot be deployed; the message lists each bad setting and its fix."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid runner-pool configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+        self.problems = problems
+
+
+def load_config(settings: Mapping[str, Any] | None = None) -> StackConfig:
+    """Validate operator settings (from cdk.json context or a config file) into a StackConfig."""
+    try:
+        return StackConfig.model_validate(dict(settings or {}))
+    except ValidationError as exc:
+        raise ConfigError([_describe(error) for error in exc.errors()]) from None
+
+
+class _SettingError(ValueError):
+    def __init__(self, setting: str, problem: str, fix: str) -> None:
+        super().__init__(f"{setting}: {problem}; fix: {fix}")
+
+
+def _setting_error(setting: str, problem: str, fix: str) -> _SettingError:
+    return _SettingError(setting, problem, fix)
+
+
+def _describe(error: Any) -> str:
+    location = ".".join(str(part) for part in error["loc"])
+    kind = error["type"]
+    if kind == "value_error":
+        return str(error["ctx"]["error"])
+    value = error.get("input")
+    fixes = {
+        "greater_than": f"set a number above {error.get('ctx', {}).get('gt')}",
+        "greater_than_equal": f"set a number of at least {error.get('ctx', {}).get('ge')}",
+        "less_than_equal": f"set a number of at most {error.get('ctx', {}).get('le')}",
+        "extra_forbidden": "remove it or check its spelling against the README's configuration table",
+        "int_parsing": "write a whole number",
+        "int_from_float": "write a whole number",
+        "float_parsing": "write a number of seconds",
+        "enum": f"use one of the values listed ({error.get('ctx', {}).get('expected')})",
+    }
+    fix = fixes.get(kind, "see the README's configuration table")
+    return f"{location}: {error['msg'].lower()} (got {value!r}); fix: {fix}"

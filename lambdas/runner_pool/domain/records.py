@@ -1,0 +1,140 @@
+"""The records of DESIGN.md section 3: what the state table and the pool queues hold, as typed models."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runner_pool.domain.clock import Epoch
+from runner_pool.domain.lifecycle import HELD_STATES, InstanceState
+
+
+class UsageClass(StrEnum):
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+
+
+class Arch(StrEnum):
+    X64 = "x64"
+    ARM64 = "arm64"
+
+
+class Signal(StrEnum):
+    """What the agent tells the control plane, through its signal item."""
+
+    UD_OK = "UD_OK"
+    UD_FAILED = "UD_FAILED"
+    UD_REG_OK = "UD_REG_OK"
+    UD_REG_FAILED = "UD_REG_FAILED"
+    UD_REMOVE_REG_OK = "UD_REMOVE_REG_OK"
+    UD_REMOVE_REG_FAILED = "UD_REMOVE_REG_FAILED"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class InstanceFacts(_Record):
+    """What is known of an instance from the moment EC2 launched it; never changes afterwards."""
+
+    instance_id: str = Field(min_length=1)
+    resource_class: str
+    instance_type: str
+    usage_class: UsageClass
+    arch: Arch
+    cpu: int = Field(gt=0)
+    memory_mib: int = Field(gt=0)
+
+
+class InstanceRecord(InstanceFacts):
+    """The control plane's item for one instance: where it is in the lifecycle and who holds it."""
+
+    state: InstanceState
+    run_key: str | None = None
+    threshold: Epoch | None = None
+    """When this state stops being valid; None only once terminated."""
+    claim_token: str | None = None
+    """Which claim worker holds a claimed instance, so a retried claim is recognised as its own."""
+    runner_id: int | None = None
+    created_at: Epoch
+    updated_at: Epoch
+    expires_at: int | None = None
+    """DynamoDB TTL (whole epoch seconds), set only on terminated records."""
+
+    def threshold_passed(self, now: Epoch) -> bool:
+        return self.threshold is None or self.threshold <= now
+
+    @property
+    def facts(self) -> InstanceFacts:
+        return InstanceFacts.model_validate(self.model_dump(include=set(InstanceFacts.model_fields)))
+
+    def invariant_violations(self) -> list[str]:
+        """What, if anything, makes this record one that DESIGN.md section 4 does not allow."""
+        problems: list[str] = []
+        if self.state in HELD_STATES and not self.run_key:
+            problems.append(f"{self.state} without a run key")
+        if self.state in (InstanceState.IDLE, InstanceState.TERMINATED) and self.run_key:
+            problems.append(f"{self.state} still holding run key {self.run_key!r}")
+        if self.state is InstanceState.CLAIMED and not self.claim_token:
+            problems.append("claimed without a claim token")
+        if self.state is not InstanceState.CLAIMED and self.claim_token:
+            problems.append(f"{self.state} still carrying claim token {self.claim_token!r}")
+        if self.state is InstanceState.TERMINATED and self.expires_at is None:
+            problems.append("terminated without a TTL")
+        if self.state is not InstanceState.TERMINATED and self.threshold is None:
+            problems.append(f"{self.state} without a threshold")
+        return problems
+
+
+class Heartbeat(_Record):
+    instance_id: str
+    beat_at: Epoch
+
+    def is_fresh(self, now: Epoch, healthy_window_seconds: float) -> bool:
+        return now - self.beat_at <= healthy_window_seconds
+
+
+class WorkerSignal(_Record):
+    """The latest signal an agent wrote; `run_key` names the run it refers to, if any."""
+
+    instance_id: str
+    signal: Signal
+    run_key: str | None = None
+    at: Epoch
+    reason: str | None = None
+
+    def confirms(self, signal: Signal, run_key: str | None) -> bool:
+        return self.signal is signal and self.run_key == run_key
+
+
+class PoolMessage(_Record):
+    """One idle, vetted instance offered in its class's pool queue.
+
+    `threshold` is the idle threshold of the record at the time the message was sent: a message
+    whose threshold differs from the record's is from an earlier idle period and is stale.
+    """
+
+    instance_id: str
+    resource_class: str
+    instance_type: str
+    usage_class: UsageClass
+    arch: Arch
+    cpu: int
+    memory_mib: int
+    threshold: Epoch
+
+    @classmethod
+    def for_idle(cls, record: InstanceRecord) -> PoolMessage:
+        if record.state is not InstanceState.IDLE or record.threshold is None:
+            raise ValueError(f"only an idle instance is pooled; {record.instance_id} is {record.state}")
+        return cls.model_validate(
+            record.model_dump(include=set(cls.model_fields) & set(InstanceRecord.model_fields))
+        )
+
+    def to_body(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_body(cls, body: str) -> PoolMessage:
+        return cls.model_validate_json(body)

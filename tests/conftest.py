@@ -1,0 +1,68 @@
+"""Fixtures: moto with DynamoDB's item atomicity, the state table, pool queues, a steerable clock."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from emulator.atomic_dynamodb import atomic_items
+from emulator.resources import create_pool_queues, create_state_table
+from runner_pool.adapters.backoff import Backoff
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.config import StackConfig
+
+# Never let a test reach for real credentials or a real region.
+os.environ.update(
+    AWS_ACCESS_KEY_ID="testing",
+    AWS_SECRET_ACCESS_KEY="testing",  # noqa: S105
+    AWS_SESSION_TOKEN="testing",  # noqa: S105
+    AWS_DEFAULT_REGION="us-east-1",
+)
+REGION = "us-east-1"
+TABLE_NAME = "runner-pool-state"
+
+NO_WAIT = Backoff(sleep=lambda _seconds: None)
+"""Throttling backoff with its sleeps zeroed: tests prove the retry path, not the waiting."""
+
+
+@pytest.fixture
+def aws() -> Iterator[None]:
+    with mock_aws(), atomic_items():
+        yield
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def config() -> StackConfig:
+    return StackConfig()
+
+
+@pytest.fixture
+def dynamodb(aws: None) -> object:
+    client = boto3.client("dynamodb", region_name=REGION)
+    create_state_table(client, TABLE_NAME)
+    return client
+
+
+@pytest.fixture
+def state_table(dynamodb: object, clock: ManualClock, config: StackConfig) -> StateTable:
+    return StateTable(TABLE_NAME, config.timeouts, clock, dynamodb, NO_WAIT)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def sqs(aws: None) -> object:
+    return boto3.client("sqs", region_name=REGION)
+
+
+@pytest.fixture
+def pool_queue_urls(sqs: object, config: StackConfig) -> dict[str, str]:
+    return create_pool_queues(sqs, "runner-pool", list(config.resource_classes))  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Builders and fixtures shared by unit, integration and race tests."""
