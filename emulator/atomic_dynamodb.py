@@ -45,7 +45,9 @@ def _serialised(operation: Callable[..., Any]) -> Callable[..., Any]:
 @contextmanager
 def atomic_items() -> Iterator[None]:
     """While inside, every moto DynamoDB item operation runs alone, as it would in DynamoDB."""
-    originals = {name: getattr(DynamoDBBackend, name) for name in _ITEM_OPERATIONS if hasattr(DynamoDBBackend, name)}
+    originals = {
+        name: getattr(DynamoDBBackend, name) for name in _ITEM_OPERATIONS if hasattr(DynamoDBBackend, name)
+    }
     already = any(getattr(op, "__wrapped_by_runner_pool__", False) for op in originals.values())
     if not already:
         for name, operation in originals.items():

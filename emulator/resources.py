@@ -54,6 +54,4 @@ def create_state_table(client: DynamoDBClient, name: str) -> None:
 
 def create_pool_queues(client: SQSClient, prefix: str, classes: list[str]) -> dict[str, str]:
     """One pool queue per resource class; returns the queue URL of each class."""
-    return {
-        name: client.create_queue(QueueName=f"{prefix}-pool-{name}")["QueueUrl"] for name in classes
-    }
+    return {name: client.create_queue(QueueName=f"{prefix}-pool-{name}")["QueueUrl"] for name in classes}

@@ -19,8 +19,8 @@ from runner_pool.domain.config import StackConfig
 # Never let a test reach for real credentials or a real region.
 os.environ.update(
     AWS_ACCESS_KEY_ID="testing",
-    AWS_SECRET_ACCESS_KEY="testing",  # noqa: S105
-    AWS_SESSION_TOKEN="testing",  # noqa: S105
+    AWS_SECRET_ACCESS_KEY="testing",
+    AWS_SESSION_TOKEN="testing",
     AWS_DEFAULT_REGION="us-east-1",
 )
 REGION = "us-east-1"

@@ -14,6 +14,7 @@ and gets a TTL, and so do heartbeat and signal items on every write.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -114,7 +115,9 @@ class StateTable:
             )
         except ClientError as exc:
             current = _lost_race_record(exc)
-            replayed = current is not None and current.state is InstanceState.CREATED and current.run_key == run_key
+            replayed = (
+                current is not None and current.state is InstanceState.CREATED and current.run_key == run_key
+            )
             return TransitionResult(Outcome.REPLAYED if replayed else Outcome.LOST, current)
         return TransitionResult(Outcome.APPLIED, record)
 
@@ -154,7 +157,7 @@ class StateTable:
         """created → idle for an instance launched for the warm pool (no run key) once it is ready."""
         return self._to_idle(instance_id, InstanceState.CREATED, None)
 
-    def expire(self, instance_id: str, run_key: str | None | object = _ANY_RUN) -> TransitionResult:
+    def expire(self, instance_id: str, run_key: str | object | None = _ANY_RUN) -> TransitionResult:
         """any live → expired: the threshold is set to now, the state kept, for refresh to terminate.
 
         With `run_key` given (a str, or None for an unheld instance), only while the record still
@@ -302,7 +305,7 @@ class StateTable:
         instance_id: str,
         *,
         expect_states: tuple[InstanceState, ...],
-        expect_run_key: str | None | object,
+        expect_run_key: str | object | None,
         new_state: InstanceState | None,
         threshold_in: float,
         is_replay: Callable[[InstanceRecord], bool],
@@ -378,15 +381,17 @@ class StateTable:
     def _query(self, **request: Any) -> Iterator[InstanceRecord]:
         start: dict[str, Any] | None = None
         while True:
-            page_request = {"TableName": self._table, **request}
-            if start is not None:
-                page_request["ExclusiveStartKey"] = start
-            page = self._backoff.call(lambda: self._client.query(**page_request))
+            page = self._backoff.call(functools.partial(self._query_page, request, start))
             for item in page.get("Items", []):
                 yield _to_record(item)
             start = page.get("LastEvaluatedKey")
             if not start:
                 return
+
+    def _query_page(self, request: Mapping[str, Any], start: Mapping[str, Any] | None) -> Any:
+        if start is None:
+            return self._client.query(TableName=self._table, **request)
+        return self._client.query(TableName=self._table, ExclusiveStartKey=start, **request)
 
     def _put_agent_item(self, instance_id: str, kind: str, fields: Mapping[str, Any], now: Epoch) -> None:
         item = {
@@ -398,7 +403,9 @@ class StateTable:
 
     def _get_agent_item(self, instance_id: str, kind: str) -> dict[str, Any] | None:
         response = self._backoff.call(
-            lambda: self._client.get_item(TableName=self._table, Key=_key(instance_id, kind), ConsistentRead=True)
+            lambda: self._client.get_item(
+                TableName=self._table, Key=_key(instance_id, kind), ConsistentRead=True
+            )
         )
         item = response.get("Item")
         return None if item is None else _from_item(item)

@@ -7,6 +7,7 @@ and says how to fix it, because the operator reads it in a failed `cdk synth`, n
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -60,20 +61,20 @@ class Timeouts(_Settings):
     @model_validator(mode="after")
     def _waits_fit_together(self) -> Self:
         if self.healthy_window_seconds <= self.heartbeat_period_seconds:
-            raise _setting_error(
+            raise _SettingError(
                 "healthy_window_seconds",
                 f"{self.healthy_window_seconds:g} s is not longer than heartbeat_period_seconds "
                 f"({self.heartbeat_period_seconds:g} s), so every instance would look dead",
                 "make it at least 3 x heartbeat_period_seconds",
             )
         if self.fleet_validation_poll_seconds >= self.fleet_validation_seconds:
-            raise _setting_error(
+            raise _SettingError(
                 "fleet_validation_poll_seconds",
                 "polls no more often than the validation timeout, so validation would check at most once",
                 "make it a fraction of fleet_validation_seconds",
             )
         if self.claimed_threshold_seconds <= self.claim_registration_seconds:
-            raise _setting_error(
+            raise _SettingError(
                 "claimed_threshold_seconds",
                 "a claim would expire before the agent has had time to register",
                 "make it longer than claim_registration_seconds",
@@ -109,24 +110,24 @@ class StackConfig(_Settings):
     @model_validator(mode="after")
     def _classes_are_coherent(self) -> Self:
         if not self.resource_classes:
-            raise _setting_error("resource_classes", "is empty", "define at least one class, e.g. large")
+            raise _SettingError("resource_classes", "is empty", "define at least one class, e.g. large")
         for name in self.resource_classes:
             if not CLASS_NAME.fullmatch(name):
-                raise _setting_error(
+                raise _SettingError(
                     f"resource_classes.{name}",
                     "is not usable in a label",
                     "name classes with lowercase letters, digits and '-' (at most 32 characters)",
                 )
         by_cpu = sorted(self.resource_classes.items(), key=lambda item: (item[1].cpu, item[1].memory_mib))
-        for (smaller, low), (larger, high) in zip(by_cpu, by_cpu[1:], strict=False):
+        for (smaller, low), (larger, high) in pairwise(by_cpu):
             if high.cpu == low.cpu:
-                raise _setting_error(
+                raise _SettingError(
                     f"resource_classes.{larger}.cpu",
                     f"equals the cpu of class {smaller} ({low.cpu})",
                     "give each class its own vCPU count",
                 )
             if high.memory_mib <= low.memory_mib:
-                raise _setting_error(
+                raise _SettingError(
                     f"resource_classes.{larger}.memory_mib",
                     f"{high.memory_mib} MiB does not rise with cpu: class {smaller} has fewer vCPUs "
                     f"({low.cpu}) but {low.memory_mib} MiB",
@@ -134,18 +135,18 @@ class StackConfig(_Settings):
                 )
         known = ", ".join(self.resource_classes)
         if self.defaults.resource_class not in self.resource_classes:
-            raise _setting_error(
+            raise _SettingError(
                 "defaults.resource_class",
                 f"{self.defaults.resource_class!r} is not a defined class",
                 f"use one of: {known}",
             )
         for name, minimum in self.warm_pool_minimum.items():
             if name not in self.resource_classes:
-                raise _setting_error(
+                raise _SettingError(
                     f"warm_pool_minimum.{name}", "names no defined class", f"use one of: {known}"
                 )
             if minimum < 0:
-                raise _setting_error(
+                raise _SettingError(
                     f"warm_pool_minimum.{name}", f"is {minimum}", "set 0 or more idle instances"
                 )
         return self
@@ -159,7 +160,8 @@ class StackConfig(_Settings):
         resource_class = self.resource_classes.get(class_name)
         if resource_class is None:
             raise LabelError(
-                label.format(), f"class={class_name!r} is not defined; use one of {', '.join(self.resource_classes)}"
+                label.format(),
+                f"class={class_name!r} is not defined; use one of {', '.join(self.resource_classes)}",
             )
         return RunnerSpec(
             run_key=label.format(),
@@ -195,24 +197,30 @@ def load_config(settings: Mapping[str, Any] | None = None) -> StackConfig:
 
 
 class _SettingError(ValueError):
+    """A rule across settings was broken; `setting` is relative to the model that checked it."""
+
     def __init__(self, setting: str, problem: str, fix: str) -> None:
         super().__init__(f"{setting}: {problem}; fix: {fix}")
-
-
-def _setting_error(setting: str, problem: str, fix: str) -> _SettingError:
-    return _SettingError(setting, problem, fix)
+        self.setting = setting
+        self.problem = problem
+        self.fix = fix
 
 
 def _describe(error: Any) -> str:
     location = ".".join(str(part) for part in error["loc"])
     kind = error["type"]
-    if kind == "value_error":
-        return str(error["ctx"]["error"])
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, _SettingError):
+        setting = f"{location}.{cause.setting}" if location else cause.setting
+        return f"{setting}: {cause.problem}; fix: {cause.fix}"
     value = error.get("input")
+    bound = {
+        key: f"{value:g}" for key, value in error.get("ctx", {}).items() if isinstance(value, int | float)
+    }
     fixes = {
-        "greater_than": f"set a number above {error.get('ctx', {}).get('gt')}",
-        "greater_than_equal": f"set a number of at least {error.get('ctx', {}).get('ge')}",
-        "less_than_equal": f"set a number of at most {error.get('ctx', {}).get('le')}",
+        "greater_than": f"set a number above {bound.get('gt')}",
+        "greater_than_equal": f"set a number of at least {bound.get('ge')}",
+        "less_than_equal": f"set a number of at most {bound.get('le')}",
         "extra_forbidden": "remove it or check its spelling against the README's configuration table",
         "int_parsing": "write a whole number",
         "int_from_float": "write a whole number",

@@ -75,7 +75,9 @@ class RunnerLabel:
         for index, part in enumerate(parts):
             key, sep, value = part.partition("=")
             if not sep:
-                raise LabelError(text, f"part {index + 1} ({part!r}) is not key=value; separate parts with '/'")
+                raise LabelError(
+                    text, f"part {index + 1} ({part!r}) is not key=value; separate parts with '/'"
+                )
             if index == 0:
                 values["pool"] = value
                 continue

@@ -1,0 +1,155 @@
+"""The stack configuration: the defaults of DESIGN.md section 9, and bad settings named with their fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runner_pool.domain.config import ConfigError, StackConfig, load_config
+from runner_pool.domain.records import Arch, UsageClass
+
+
+def test_defaults_are_the_designs() -> None:
+    # Given no settings at all / When loaded / Then every default of DESIGN.md section 9 holds
+    config = load_config()
+    t = config.timeouts
+    assert (t.heartbeat_period_seconds, t.healthy_window_seconds) == (5, 15)
+    assert t.claim_registration_seconds == 20
+    assert (t.fleet_validation_seconds, t.fleet_validation_poll_seconds) == (180, 5)
+    assert t.release_receipt_seconds == 120
+    assert (t.created_threshold_seconds, t.claimed_threshold_seconds) == (600, 300)
+    assert t.idle_seconds == 600
+    assert config.defaults.max_runtime_minutes == 360
+    assert config.warm_minimum("large") == 0
+    assert (config.pickup.same_instance_tolerance, config.pickup.requeue_delay_seconds) == (5, 1)
+    assert config.refresh_rate_minutes == 1
+    assert {name: (c.cpu, c.memory_mib) for name, c in config.resource_classes.items()} == {
+        "large": (2, 4096),
+        "xlarge": (4, 8192),
+        "2xlarge": (8, 16384),
+        "4xlarge": (16, 32768),
+        "8xlarge": (32, 65536),
+    }
+    assert (config.defaults.usage, config.defaults.arch) == (UsageClass.SPOT, Arch.X64)
+
+
+def test_settings_override_defaults() -> None:
+    config = load_config(
+        {
+            "resource_classes": {
+                "small": {"cpu": 1, "memory_mib": 2048},
+                "big": {"cpu": 8, "memory_mib": 32768},
+            },
+            "defaults": {"resource_class": "small", "usage": "on-demand"},
+            "warm_pool_minimum": {"small": 3},
+            "timeouts": {"idle_seconds": 1800},
+        }
+    )
+    assert config.spec_for("pool=1").resource_class == "small"
+    assert config.spec_for("pool=1").usage is UsageClass.ON_DEMAND
+    assert config.warm_minimum("small") == 3
+    assert config.timeouts.idle_seconds == 1800
+
+
+def _problems(settings: dict[str, Any]) -> list[str]:
+    with pytest.raises(ConfigError) as failed:
+        load_config(settings)
+    assert str(failed.value).startswith("invalid runner-pool configuration:")
+    return failed.value.problems
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        (
+            {
+                "resource_classes": {
+                    "large": {"cpu": 2, "memory_mib": 4096},
+                    "xlarge": {"cpu": 4, "memory_mib": 4096},
+                }
+            },
+            "resource_classes.xlarge.memory_mib: 4096 MiB does not rise with cpu: class large has fewer vCPUs (2) "
+            "but 4096 MiB; fix: give xlarge more than 4096 MiB, or fewer vCPUs than large",
+        ),
+        (
+            {"resource_classes": {"a": {"cpu": 2, "memory_mib": 4096}, "b": {"cpu": 2, "memory_mib": 8192}}},
+            "resource_classes.b.cpu: equals the cpu of class a (2); fix: give each class its own vCPU count",
+        ),
+        (
+            {"resource_classes": {}},
+            "resource_classes: is empty; fix: define at least one class, e.g. large",
+        ),
+        (
+            {
+                "resource_classes": {"Large": {"cpu": 2, "memory_mib": 4096}},
+                "defaults": {"resource_class": "Large"},
+            },
+            "resource_classes.Large: is not usable in a label; fix: name classes with lowercase letters, digits and '-'",
+        ),
+        (
+            {"timeouts": {"claimed_threshold_seconds": -5}},
+            "timeouts.claimed_threshold_seconds: input should be greater than 0 (got -5); fix: set a number above 0",
+        ),
+        (
+            {"timeouts": {"healthy_window_seconds": 5}},
+            "timeouts.healthy_window_seconds: 5 s is not longer than heartbeat_period_seconds (5 s)",
+        ),
+        (
+            {"timeouts": {"claimed_threshold_seconds": 10}},
+            "timeouts.claimed_threshold_seconds: a claim would expire before the agent has had time to register; "
+            "fix: make it longer than claim_registration_seconds",
+        ),
+        (
+            {"timeouts": {"fleet_validation_poll_seconds": 200}},
+            "timeouts.fleet_validation_poll_seconds: polls no more often than the validation timeout",
+        ),
+        (
+            {"defaults": {"resource_class": "huge"}},
+            "defaults.resource_class: 'huge' is not a defined class; fix: use one of: large, xlarge",
+        ),
+        (
+            {"warm_pool_minimum": {"huge": 2}},
+            "warm_pool_minimum.huge: names no defined class; fix: use one of: large",
+        ),
+        (
+            {"warm_pool_minimum": {"large": -1}},
+            "warm_pool_minimum.large: is -1; fix: set 0 or more idle instances",
+        ),
+        (
+            {"pickup": {"requeue_delay_seconds": 901}},
+            "pickup.requeue_delay_seconds: input should be less than or equal to 900 (got 901); "
+            "fix: set a number of at most 900",
+        ),
+        (
+            {"timeout": {"idle_seconds": 60}},
+            "timeout: extra inputs are not permitted (got {'idle_seconds': 60}); fix: remove it or check its spelling",
+        ),
+        (
+            {"defaults": {"usage": "cheap"}},
+            "defaults.usage: input should be 'spot' or 'on-demand' (got 'cheap')",
+        ),
+        (
+            {"refresh_rate_minutes": "often"},
+            "refresh_rate_minutes: input should be a valid integer",
+        ),
+    ],
+)
+def test_bad_setting_is_named_with_its_fix(settings: dict[str, Any], expected: str) -> None:
+    # Given one bad setting / When loaded / Then the message names the setting and says what to do
+    problems = _problems(settings)
+    assert len(problems) == 1
+    assert expected in problems[0]
+    assert "; fix: " in problems[0]
+
+
+def test_every_independent_problem_is_reported_at_once() -> None:
+    # Given two unrelated bad settings / When loaded / Then both are listed, so one fix cycle suffices
+    problems = _problems({"timeouts": {"idle_seconds": 0}, "pickup": {"same_instance_tolerance": 0}})
+    assert [p.split(":")[0] for p in problems] == ["timeouts.idle_seconds", "pickup.same_instance_tolerance"]
+
+
+def test_config_is_immutable() -> None:
+    config = StackConfig()
+    with pytest.raises(ValueError, match="frozen"):
+        config.refresh_rate_minutes = 5  # type: ignore[misc]
