@@ -1,1 +1,1 @@
-"""placeholder"""
+"""The CDK app that deploys runner-pool: one stack composed of one construct per concern."""
