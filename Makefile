@@ -14,7 +14,8 @@ help:
 	@echo "make synth  synthesise the CloudFormation template into cdk.out/"
 
 .venv/.installed: pyproject.toml uv.lock
-	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet 'uv>=0.5'
+	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet 'uv>=0.5' \
+		|| python3 -m pip install --quiet --user 'uv>=0.5'
 	$(UV) sync --frozen
 	@touch $@
 

@@ -1,0 +1,71 @@
+"""Benchmark figures: a readable table for people, and bench/results.json for comparing runs over time.
+
+Every figure has one key in results.json, and the key ends with its unit (`_seconds`, `_count`,
+`_ratio`, ...), so a reader never has to guess what a number measures. Benchmarks of different
+issues share the file: writing merges a benchmark's keys into it and leaves every other key alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESULTS_PATH = Path(__file__).with_name("results.json")
+UNITS = ("seconds", "milliseconds", "count", "ratio", "percent", "bytes", "per_second")
+
+
+@dataclass
+class BenchTable:
+    """One benchmark's outcome: rows to print and figures to keep."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: list[tuple[str, ...]] = field(default_factory=list)
+    figures: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def row(self, *cells: object) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"a row of {self.title!r} has {len(self.columns)} cells, got {len(cells)}")
+        self.rows.append(tuple(str(cell) for cell in cells))
+
+    def figure(self, key: str, value: float) -> float:
+        """Keep a figure under `key`, whose name must end with its unit; returns the value."""
+        if not key.endswith(tuple(f"_{unit}" for unit in UNITS)):
+            raise ValueError(f"figure {key!r} does not end with its unit; use one of: {', '.join(UNITS)}")
+        self.figures[key] = value
+        return value
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def render(self) -> str:
+        widths = [max(len(line[i]) for line in [self.columns, *self.rows]) for i in range(len(self.columns))]
+
+        def line(cells: tuple[str, ...]) -> str:
+            first, *rest = cells
+            return "  ".join(
+                [first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:], strict=True))]
+            )
+
+        rule = "-" * len(line(self.columns))
+        return "\n".join(
+            [self.title, rule, line(self.columns), rule, *(line(r) for r in self.rows), rule, *self.notes]
+        )
+
+
+def merge_results(figures: Mapping[str, float], path: Path = RESULTS_PATH) -> dict[str, float]:
+    """Write `figures` into the results file, keeping every key they do not name; returns the whole file."""
+    merged: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+    merged.update(figures)
+    # Written beside the file and renamed over it, so an interrupted run never leaves half a file.
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as handle:
+        json.dump(dict(sorted(merged.items())), handle, indent=2)
+        handle.write("\n")
+    os.chmod(handle.name, 0o644)  # a temporary file is private; the results file is not
+    os.replace(handle.name, path)
+    return merged

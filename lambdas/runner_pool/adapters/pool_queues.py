@@ -1,0 +1,147 @@
+"""The pool queues over SQS: one standard queue per resource class, one message per idle instance.
+
+Batch calls (DeleteMessageBatch, SendMessageBatch) can succeed for some entries and fail for others;
+the failed entries are retried once. What fails twice is handed back to the caller, never dropped
+quietly and never raised for the whole batch, because the two kinds of failure have different
+safest outcomes:
+
+- A message that cannot be deleted stays in the queue and comes round again. If the caller also
+  sends it back, the pool holds a duplicate, which is harmless: every use of a message goes through
+  a record check and a conditional claim, and pickup drops the copy whose record has moved on.
+- A message that cannot be sent back is gone from the pool. Its instance is not leaked: it stays
+  idle until its threshold passes and refresh terminates it. It is wasted for the rest of its idle
+  time, so the caller counts and logs it.
+
+Errors of a whole call (a missing queue, denied access, throttling past every retry) propagate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import boto3
+
+from runner_pool.adapters.backoff import Backoff
+from runner_pool.domain.pickup import RECEIVE_BATCH, ReceivedMessage
+from runner_pool.domain.records import PoolMessage
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs.client import SQSClient
+    from mypy_boto3_sqs.type_defs import (
+        DeleteMessageBatchRequestEntryTypeDef,
+        SendMessageBatchRequestEntryTypeDef,
+    )
+
+_Item = TypeVar("_Item")
+_Entry = TypeVar("_Entry")
+
+DEFAULT_WAIT_SECONDS = 1
+"""Long-poll wait of each ReceiveMessage in production; see PoolQueues.receive for why."""
+
+
+class NoPoolQueueError(LookupError):
+    """A resource class that has no pool queue: the stack config and the deployed queues disagree."""
+
+    def __init__(self, resource_class: str, known: Sequence[str]) -> None:
+        super().__init__(
+            f"no pool queue for resource class {resource_class!r}; the queues deployed are for: "
+            f"{', '.join(sorted(known)) or 'no class at all'}"
+        )
+        self.resource_class = resource_class
+
+
+class PoolQueues:
+    def __init__(
+        self,
+        queue_urls: Mapping[str, str],
+        client: SQSClient | None = None,
+        backoff: Backoff | None = None,
+        wait_seconds: int = DEFAULT_WAIT_SECONDS,
+    ) -> None:
+        self._urls = dict(queue_urls)
+        self._client: SQSClient = client or boto3.client("sqs")
+        self._backoff = backoff or Backoff()
+        self._wait_seconds = wait_seconds
+
+    def receive(self, resource_class: str) -> list[ReceivedMessage]:
+        url = self._url(resource_class)
+        # Short polling asks only a sample of SQS's servers, so a queue holding a few messages can
+        # answer empty, and an empty answer makes pickup give up and launch a new instance. A long
+        # poll asks every server and returns as soon as one message is there; it only costs its
+        # wait when the queue really is empty, where the caller is about to launch anyway.
+        response = self._backoff.call(
+            lambda: self._client.receive_message(
+                QueueUrl=url, MaxNumberOfMessages=RECEIVE_BATCH, WaitTimeSeconds=self._wait_seconds
+            )
+        )
+        return [
+            ReceivedMessage(receipt=message["ReceiptHandle"], message=_parse(message.get("Body", "")))
+            for message in response.get("Messages", [])
+        ]
+
+    def delete(self, resource_class: str, receipts: Sequence[str]) -> list[str]:
+        url = self._url(resource_class)
+
+        def entry(entry_id: str, receipt: str) -> DeleteMessageBatchRequestEntryTypeDef:
+            return {"Id": entry_id, "ReceiptHandle": receipt}
+
+        def delete_chunk(entries: list[DeleteMessageBatchRequestEntryTypeDef]) -> list[str]:
+            response = self._backoff.call(
+                lambda: self._client.delete_message_batch(QueueUrl=url, Entries=entries)
+            )
+            return [failed["Id"] for failed in response.get("Failed", [])]
+
+        return _in_batches(receipts, entry, delete_chunk)
+
+    def requeue(
+        self, resource_class: str, messages: Sequence[PoolMessage], delay_seconds: int
+    ) -> list[PoolMessage]:
+        url = self._url(resource_class)
+
+        def entry(entry_id: str, message: PoolMessage) -> SendMessageBatchRequestEntryTypeDef:
+            return {"Id": entry_id, "MessageBody": message.to_body(), "DelaySeconds": delay_seconds}
+
+        def send_chunk(entries: list[SendMessageBatchRequestEntryTypeDef]) -> list[str]:
+            response = self._backoff.call(
+                lambda: self._client.send_message_batch(QueueUrl=url, Entries=entries)
+            )
+            return [failed["Id"] for failed in response.get("Failed", [])]
+
+        return _in_batches(messages, entry, send_chunk)
+
+    def offer(self, message: PoolMessage) -> None:
+        url = self._url(message.resource_class)
+        self._backoff.call(lambda: self._client.send_message(QueueUrl=url, MessageBody=message.to_body()))
+
+    def _url(self, resource_class: str) -> str:
+        url = self._urls.get(resource_class)
+        if url is None:
+            raise NoPoolQueueError(resource_class, list(self._urls))
+        return url
+
+
+def _in_batches(
+    items: Sequence[_Item],
+    entry: Callable[[str, _Item], _Entry],
+    call: Callable[[list[_Entry]], list[str]],
+) -> list[_Item]:
+    """Run a batch call over `items` in chunks of 10, retry failed entries once, return what failed twice."""
+    refused: list[_Item] = []
+    for start in range(0, len(items), RECEIVE_BATCH):
+        pending = {str(index): item for index, item in enumerate(items[start : start + RECEIVE_BATCH])}
+        for _attempt in range(2):
+            failed_ids = set(call([entry(entry_id, item) for entry_id, item in pending.items()]))
+            pending = {entry_id: item for entry_id, item in pending.items() if entry_id in failed_ids}
+            if not pending:
+                break
+        refused.extend(pending.values())
+    return refused
+
+
+def _parse(body: str) -> PoolMessage | None:
+    """A body that is not a pool message is returned as None, for pickup to drop and count."""
+    try:
+        return PoolMessage.from_body(body)
+    except ValueError:
+        return None

@@ -1,0 +1,244 @@
+"""Pickup (DESIGN.md section 6.2): finding an idle instance for a runner spec in its class's pool queue.
+
+A pool queue holds one message per idle, vetted instance. Pickup pulls messages in batches, deletes
+each batch with one call (what it puts back goes as new messages, and the candidate must not come
+round again), judges them in memory, and sends back whatever it does not use. Every message
+received ends in exactly one of four places: returned as the candidate, sent back to the queue,
+dropped on purpose (stale or unparseable), or, when the queue refuses it even after a retry,
+reported in the result as lost. A lost message wastes an instance (it idles out and refresh
+terminates it); it never leaks one. The same holds if the process dies between delete and send.
+A duplicated message is harmless: the record check below drops the extra copy. So wherever the
+choice is between losing a message and duplicating it, pickup duplicates.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.config import PickupSettings
+from runner_pool.domain.labels import RunnerSpec
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import InstanceRecord, PoolMessage
+
+RECEIVE_BATCH = 10
+"""SQS hands out at most 10 messages per ReceiveMessage, and takes at most 10 entries per batch call."""
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """One message as the queue handed it out: the handle to delete it, and its body if it parsed."""
+
+    receipt: str
+    message: PoolMessage | None
+
+
+class PoolQueue(Protocol):
+    """The pool queues, one per resource class (adapters.pool_queues implements it over SQS)."""
+
+    def receive(self, resource_class: str) -> list[ReceivedMessage]:
+        """Up to 10 messages from the class's queue; an empty list when the queue has none to give."""
+        ...
+
+    def delete(self, resource_class: str, receipts: Sequence[str]) -> list[str]:
+        """Delete received messages; returns the receipts the queue still refused after a retry."""
+        ...
+
+    def requeue(
+        self, resource_class: str, messages: Sequence[PoolMessage], delay_seconds: int
+    ) -> list[PoolMessage]:
+        """Send messages back, invisible for `delay_seconds`; returns those the queue still refused."""
+        ...
+
+    def offer(self, message: PoolMessage) -> None:
+        """Put an instance that has just become idle into its class's queue."""
+        ...
+
+
+class RecordReader(Protocol):
+    def get(self, instance_id: str) -> InstanceRecord | None:
+        """The instance's record, read consistently; None if it has none."""
+        ...
+
+
+class Verdict(StrEnum):
+    """What one pool message is to one runner spec, judged from the message alone."""
+
+    MATCH = "match"
+    """The instance fits the spec; worth a look at its record."""
+    REQUEUE = "requeue"
+    """A live offer that does not fit this spec; another request may want it."""
+    DROP = "drop"
+    """Stale: the idle period the message offers has run out, so no request can use it."""
+
+
+def judge(message: PoolMessage, spec: RunnerSpec, now: Epoch) -> Verdict:
+    if message.threshold <= now:
+        return Verdict.DROP
+    fits = (
+        message.usage_class is spec.usage
+        and message.arch is spec.arch
+        and spec.allows_type(message.instance_type)
+        and message.cpu >= spec.cpu
+        and message.memory_mib >= spec.memory_mib
+    )
+    return Verdict.MATCH if fits else Verdict.REQUEUE
+
+
+def still_offered(message: PoolMessage, record: InstanceRecord | None, now: Epoch) -> bool:
+    """Whether the record still stands behind the message: idle, unheld, in the same idle period.
+
+    The message carries the record's threshold from when it was sent; a record idle with another
+    threshold has been claimed and given back since, and a newer message speaks for it.
+    """
+    return (
+        record is not None
+        and record.state is InstanceState.IDLE
+        and record.run_key is None
+        and not record.threshold_passed(now)
+        and record.threshold == message.threshold
+    )
+
+
+class StopReason(StrEnum):
+    FOUND = "found"
+    """A candidate was found."""
+    EMPTY = "empty"
+    """The queue had nothing (left) to give."""
+    CYCLED = "cycled"
+    """Some instance came round `same_instance_tolerance` times: the queue holds nothing new for us."""
+
+
+@dataclass(frozen=True)
+class PickupCounts:
+    receive_calls: int = 0
+    examined: int = 0
+    """Every message received, parseable or not."""
+    requeued: int = 0
+    """Sent back to the queue, with the delay (non-matches) or without (matches beyond the candidate)."""
+    dropped_stale: int = 0
+    dropped_unparseable: int = 0
+    lost: int = 0
+    """Deleted but refused by the queue when sent back; wasted until refresh terminates them."""
+    undeleted: int = 0
+    """Still in the queue after a failed delete, so they will come round again (a harmless duplicate)."""
+
+
+@dataclass(frozen=True)
+class PickupResult:
+    candidate: PoolMessage | None
+    stopped: StopReason
+    counts: PickupCounts
+    lost: tuple[PoolMessage, ...] = ()
+    """The messages counted in `counts.lost`, for the caller to log."""
+
+
+@dataclass
+class _Tally:
+    receive_calls: int = 0
+    examined: int = 0
+    requeued: int = 0
+    dropped_stale: int = 0
+    dropped_unparseable: int = 0
+    lost: int = 0
+    undeleted: int = 0
+    lost_messages: list[PoolMessage] = field(default_factory=list)
+
+    def result(self, candidate: PoolMessage | None, stopped: StopReason) -> PickupResult:
+        figures = {name: value for name, value in asdict(self).items() if name != "lost_messages"}
+        return PickupResult(candidate, stopped, PickupCounts(**figures), tuple(self.lost_messages))
+
+
+class PickupManager:
+    def __init__(
+        self, queue: PoolQueue, records: RecordReader, clock: Clock, settings: PickupSettings
+    ) -> None:
+        self._queue = queue
+        self._records = records
+        self._clock = clock
+        self._settings = settings
+
+    def pickup(self, spec: RunnerSpec) -> PickupResult:
+        """Find one idle instance for `spec` in its class's queue, or say why there is none."""
+        tally = _Tally()
+        seen: Counter[str] = Counter()
+        while True:
+            batch = self._queue.receive(spec.resource_class)
+            tally.receive_calls += 1
+            if not batch:
+                return tally.result(None, StopReason.EMPTY)
+            tally.examined += len(batch)
+            # A message whose delete failed is used all the same: at worst it comes round again as a
+            # duplicate, which the record check drops; skipping it could lose it if the delete had in
+            # fact gone through.
+            tally.undeleted += len(self._queue.delete(spec.resource_class, [r.receipt for r in batch]))
+            messages = [r.message for r in batch if r.message is not None]
+            tally.dropped_unparseable += len(batch) - len(messages)
+            seen.update(message.instance_id for message in messages)
+            candidate = self._settle(spec, messages, tally)
+            if candidate is not None:
+                return tally.result(candidate, StopReason.FOUND)
+            if seen and max(seen.values()) >= self._settings.same_instance_tolerance:
+                return tally.result(None, StopReason.CYCLED)
+
+    def _settle(self, spec: RunnerSpec, messages: list[PoolMessage], tally: _Tally) -> PoolMessage | None:
+        """Judge one deleted batch, send back what others may use, and return the candidate if any."""
+        now = self._clock.now()
+        candidate: PoolMessage | None = None
+        spare: list[PoolMessage] = []
+        misfits: list[PoolMessage] = []
+        judged = 0
+        try:
+            for message in messages:
+                verdict = judge(message, spec, now)
+                if verdict is Verdict.REQUEUE:
+                    misfits.append(message)
+                elif verdict is Verdict.DROP:
+                    tally.dropped_stale += 1
+                elif candidate is not None:
+                    # Not looked up: the caller is waiting, and whoever picks it next checks its record.
+                    spare.append(message)
+                elif still_offered(message, self._records.get(message.instance_id), now):
+                    candidate = message
+                else:
+                    tally.dropped_stale += 1
+                judged += 1
+        except Exception as exc:
+            # The batch is already deleted: what is in hand goes back before the error propagates.
+            in_hand = ([candidate] if candidate else []) + spare + misfits + messages[judged:]
+            try:
+                self._send_back(spec, in_hand, 0, tally)
+            except Exception as requeue_error:
+                exc.add_note(
+                    f"and sending back what was in hand failed too ({requeue_error}): {_ids(in_hand)}"
+                )
+            raise
+        groups = [(spare, 0), (misfits, self._settings.requeue_delay_seconds)]
+        for index, (group, delay_seconds) in enumerate(groups):
+            try:
+                self._send_back(spec, group, delay_seconds, tally)
+            except Exception as exc:
+                stranded = ([candidate] if candidate else []) + [m for g, _ in groups[index:] for m in g]
+                exc.add_note(
+                    f"pool messages deleted and not sent back (wasted until refresh): {_ids(stranded)}"
+                )
+                raise
+        return candidate
+
+    def _send_back(
+        self, spec: RunnerSpec, messages: list[PoolMessage], delay_seconds: int, tally: _Tally
+    ) -> None:
+        if not messages:
+            return
+        refused = self._queue.requeue(spec.resource_class, messages, delay_seconds)
+        tally.requeued += len(messages) - len(refused)
+        tally.lost += len(refused)
+        tally.lost_messages.extend(refused)
+
+
+def _ids(messages: list[PoolMessage]) -> str:
+    return ", ".join(message.instance_id for message in messages) or "none"

@@ -1,0 +1,331 @@
+"""The pickup manager against moto's SQS and the state table: batches, filters, staleness, exhaustion."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from runner_pool.adapters.pool_queues import PoolQueues
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.config import PickupSettings, StackConfig
+from runner_pool.domain.labels import RunnerSpec
+from runner_pool.domain.pickup import PickupManager, PickupResult, RecordReader, StopReason
+from runner_pool.domain.records import InstanceRecord, PoolMessage, UsageClass
+from tests.conftest import NO_WAIT
+from tests.support.builders import facts
+
+SPOT = {"usage_class": UsageClass.SPOT}
+ON_DEMAND = {"usage_class": UsageClass.ON_DEMAND}
+
+
+@dataclass
+class Pool:
+    """The large class's pool queue and the state table behind it, as a test sets them up."""
+
+    sqs: Any
+    url: str
+    queues: PoolQueues
+    records: StateTable
+    clock: ManualClock
+
+    def add_idle(self, number: int, **overrides: Any) -> PoolMessage:
+        """An instance launched for the warm pool, admitted idle, and offered in its class's queue."""
+        launched = facts(number, **overrides)
+        self.records.create(launched, run_key=None)
+        admitted = self.records.admit(launched.instance_id).record
+        assert admitted is not None
+        message = PoolMessage.for_idle(admitted)
+        self.queues.offer(message)
+        return message
+
+    def picker(self, records: RecordReader | None = None, **settings: int) -> PickupManager:
+        return PickupManager(self.queues, records or self.records, self.clock, PickupSettings(**settings))
+
+    def depth(self) -> dict[str, int]:
+        attributes = self.sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["All"])["Attributes"]
+        return {
+            "visible": int(attributes["ApproximateNumberOfMessages"]),
+            "delayed": int(attributes["ApproximateNumberOfMessagesDelayed"]),
+            "in_flight": int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+        }
+
+    def visible(self) -> list[PoolMessage | None]:
+        """What a receive gets right now (at most ten)."""
+        return [received.message for received in self.queues.receive("large")]
+
+
+@pytest.fixture
+def pool(sqs: Any, pool_queue_urls: dict[str, str], state_table: StateTable, clock: ManualClock) -> Pool:
+    # No long poll: moto holds every message in one place, and an empty moto queue really waits.
+    queues = PoolQueues(pool_queue_urls, sqs, NO_WAIT, wait_seconds=0)
+    return Pool(sqs, pool_queue_urls["large"], queues, state_table, clock)
+
+
+@pytest.fixture
+def spec(config: StackConfig) -> RunnerSpec:
+    return config.spec_for("pool=7/usage=spot")
+
+
+@pytest.fixture
+def sqs_calls(sqs: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Every SQS call the client makes from here on: operation name and parameters."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        calls.append((model.name, dict(params)))
+
+    sqs.meta.events.register("provide-client-params.sqs.*", record)
+    return calls
+
+
+def instance_ids(messages: Sequence[PoolMessage | None]) -> list[str]:
+    return sorted(message.instance_id for message in messages if message is not None)
+
+
+def test_the_matching_instance_is_found_among_non_matches(pool: Pool, spec: RunnerSpec) -> None:
+    # Given five on-demand instances and one spot instance in the pool, the spot one offered last
+    for number in range(1, 6):
+        pool.add_idle(number, **ON_DEMAND)
+    wanted = pool.add_idle(6, **SPOT)
+    # When a spot runner is picked up
+    result = pool.picker().pickup(spec)
+    # Then the spot instance is the candidate, and the five others went back
+    assert result.stopped is StopReason.FOUND
+    assert result.candidate == wanted
+    assert (result.counts.examined, result.counts.requeued) == (6, 5)
+
+
+def test_non_matches_go_back_with_the_delay_and_stay_in_the_queue(pool: Pool, spec: RunnerSpec) -> None:
+    # Given five on-demand instances in the pool, and a requeue delay long enough to observe
+    for number in range(1, 6):
+        pool.add_idle(number, **ON_DEMAND)
+    # When a spot runner is picked up
+    result = pool.picker(requeue_delay_seconds=60).pickup(spec)
+    # Then none was taken, and all five are back in the queue, held back by the delay
+    assert result.candidate is None
+    assert result.stopped is StopReason.EMPTY
+    assert result.counts.requeued == 5
+    assert pool.depth() == {"visible": 0, "delayed": 5, "in_flight": 0}
+
+
+def test_a_message_whose_threshold_passed_is_dropped_and_counted(
+    pool: Pool, spec: RunnerSpec, config: StackConfig
+) -> None:
+    # Given a pooled instance whose idle time has run out
+    pool.add_idle(1, **SPOT)
+    pool.clock.advance(config.timeouts.idle_seconds + 1)
+    # When a runner is picked up
+    result = pool.picker().pickup(spec)
+    # Then the stale message is dropped, counted, and gone from the queue
+    assert result.candidate is None
+    assert result.counts.dropped_stale == 1
+    assert pool.depth() == {"visible": 0, "delayed": 0, "in_flight": 0}
+
+
+def test_a_message_for_an_instance_claimed_meanwhile_is_dropped(pool: Pool, spec: RunnerSpec) -> None:
+    # Given a pooled instance that another run has claimed while its message sat in the queue
+    offered = pool.add_idle(1, **SPOT)
+    assert pool.records.claim(offered.instance_id, "pool=99", "claim-99").succeeded
+    # When a runner is picked up
+    result = pool.picker().pickup(spec)
+    # Then the message is stale: dropped and counted, not handed out
+    assert result.candidate is None
+    assert result.counts.dropped_stale == 1
+
+
+def test_a_message_from_an_earlier_idle_period_is_dropped_for_the_current_one(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given an instance offered, claimed, and given back idle later with a new threshold and message,
+    # while its first message was still in the queue
+    earlier = pool.add_idle(1, **SPOT)
+    assert pool.records.claim(earlier.instance_id, "pool=99", "claim-99").succeeded
+    pool.clock.advance(30)
+    given_back = pool.records.unclaim(earlier.instance_id, "pool=99").record
+    assert given_back is not None
+    current = PoolMessage.for_idle(given_back)
+    pool.queues.offer(current)
+    # When a runner is picked up
+    result = pool.picker().pickup(spec)
+    # Then the earlier message is dropped as stale and the current one is the candidate
+    assert current.threshold != earlier.threshold
+    assert result.candidate == current
+    assert result.counts.dropped_stale == 1
+
+
+def test_a_message_for_an_instance_without_a_record_is_dropped(pool: Pool, spec: RunnerSpec) -> None:
+    # Given a message whose instance has no record at all (its record expired by TTL, say)
+    pool.queues.offer(PoolMessage(**facts(1).model_dump(), threshold=pool.clock.now() + 300))
+    # When a runner is picked up
+    result = pool.picker().pickup(spec)
+    # Then it is dropped as stale
+    assert result.candidate is None
+    assert result.counts.dropped_stale == 1
+
+
+def test_an_unparseable_message_is_dropped_and_counted(pool: Pool, spec: RunnerSpec) -> None:
+    # Given a body that is no pool message, ahead of a good one
+    pool.sqs.send_message(QueueUrl=pool.url, MessageBody='{"instance_id": "i-1"}')
+    wanted = pool.add_idle(1, **SPOT)
+    # When a runner is picked up
+    result = pool.picker().pickup(spec)
+    # Then the good one is found and the bad one is dropped and counted, not sent round again
+    assert result.candidate == wanted
+    assert result.counts.dropped_unparseable == 1
+    assert result.counts.requeued == 0
+
+
+def test_an_empty_queue_exhausts_the_request_at_once(pool: Pool, spec: RunnerSpec) -> None:
+    # Given an empty pool
+    # When a runner is picked up
+    result = pool.picker().pickup(spec)
+    # Then pickup stops after one receive, with nothing examined
+    assert result.candidate is None
+    assert result.stopped is StopReason.EMPTY
+    assert (result.counts.receive_calls, result.counts.examined) == (1, 0)
+
+
+def test_the_request_is_exhausted_once_the_same_instance_came_round_five_times(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given one on-demand instance, sent back without delay so it comes straight round again
+    pool.add_idle(1, **ON_DEMAND)
+    # When a spot runner is picked up
+    result = pool.picker(requeue_delay_seconds=0).pickup(spec)
+    # Then pickup gives up after seeing it the fifth time, and leaves it in the queue for others
+    assert result.stopped is StopReason.CYCLED
+    assert (result.counts.receive_calls, result.counts.examined, result.counts.requeued) == (5, 5, 5)
+    assert pool.depth()["visible"] == 1
+
+
+def test_the_tolerance_comes_from_the_settings(pool: Pool, spec: RunnerSpec) -> None:
+    # Given one non-matching instance that comes straight round, and a tolerance of 2
+    pool.add_idle(1, **ON_DEMAND)
+    # When a runner is picked up
+    result = pool.picker(requeue_delay_seconds=0, same_instance_tolerance=2).pickup(spec)
+    # Then pickup gives up at the second sighting
+    assert result.stopped is StopReason.CYCLED
+    assert result.counts.receive_calls == 2
+
+
+def test_matches_beyond_the_candidate_go_back_without_delay(pool: Pool, spec: RunnerSpec) -> None:
+    # Given three matching instances in the pool
+    offered = [pool.add_idle(number, **SPOT) for number in (1, 2, 3)]
+    # When a runner is picked up, with the non-match delay set long
+    result = pool.picker(requeue_delay_seconds=60).pickup(spec)
+    # Then one is the candidate, and the other two can be received again at once
+    assert result.candidate is not None
+    assert instance_ids([*pool.visible(), result.candidate]) == instance_ids(offered)
+
+
+class _CountingRecords:
+    def __init__(self, records: StateTable) -> None:
+        self._records = records
+        self.reads: list[str] = []
+
+    def get(self, instance_id: str) -> InstanceRecord | None:
+        self.reads.append(instance_id)
+        return self._records.get(instance_id)
+
+
+def test_only_the_candidates_record_is_read(pool: Pool, spec: RunnerSpec) -> None:
+    # Given three matching instances in the pool
+    for number in (1, 2, 3):
+        pool.add_idle(number, **SPOT)
+    records = _CountingRecords(pool.records)
+    # When a runner is picked up
+    result = pool.picker(records).pickup(spec)
+    # Then one record was read, the candidate's: the caller waits for nothing else, and the
+    # matches sent back get their record checked by whoever picks them next
+    assert result.candidate is not None
+    assert records.reads == [result.candidate.instance_id]
+
+
+def test_each_batch_costs_one_receive_of_ten_one_delete_and_one_send(
+    pool: Pool, spec: RunnerSpec, sqs_calls: list[tuple[str, dict[str, Any]]]
+) -> None:
+    # Given fifteen on-demand instances and one spot instance in the pool
+    for number in range(1, 16):
+        pool.add_idle(number, **ON_DEMAND)
+    pool.add_idle(16, **SPOT)
+    sqs_calls.clear()
+    # When a spot runner is picked up
+    result = pool.picker().pickup(spec)
+    # Then two batches of at most ten were enough, each costing one receive, one delete and one send
+    operations = [name for name, _ in sqs_calls]
+    assert result.counts.examined == 16
+    assert operations == ["ReceiveMessage", "DeleteMessageBatch", "SendMessageBatch"] * 2
+    assert [p["MaxNumberOfMessages"] for name, p in sqs_calls if name == "ReceiveMessage"] == [10, 10]
+    sent = [entry for name, p in sqs_calls if name == "SendMessageBatch" for entry in p["Entries"]]
+    assert {entry["DelaySeconds"] for entry in sent} == {1}
+
+
+def assert_every_message_accounted_for(result: PickupResult) -> None:
+    counts = result.counts
+    handed_out = 1 if result.candidate is not None else 0
+    assert counts.examined == (
+        handed_out + counts.requeued + counts.dropped_stale + counts.dropped_unparseable + counts.lost
+    )
+
+
+def test_every_message_received_is_handed_out_sent_back_or_dropped_on_purpose(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given a mixed pool: a claimed instance, two matches, two misfits, a stale one and a bad body
+    claimed = pool.add_idle(5, **SPOT)
+    assert pool.records.claim(claimed.instance_id, "pool=99", "claim-99").succeeded
+    matches = [pool.add_idle(number, **SPOT) for number in (1, 2)]
+    misfits = [pool.add_idle(number, **ON_DEMAND) for number in (3, 4)]
+    pool.queues.offer(PoolMessage(**facts(6).model_dump(), threshold=pool.clock.now() - 1))
+    pool.sqs.send_message(QueueUrl=pool.url, MessageBody="not json")
+    # When a runner is picked up
+    result = pool.picker(requeue_delay_seconds=0).pickup(spec)
+    # Then each of the seven is accounted for, and the queue holds exactly what was sent back
+    assert_every_message_accounted_for(result)
+    assert result.counts.examined == 7
+    assert instance_ids([*pool.visible(), result.candidate]) == instance_ids([*matches, *misfits])
+
+
+class _FailingRecords:
+    def get(self, instance_id: str) -> InstanceRecord | None:
+        raise RuntimeError("DynamoDB is unavailable")
+
+
+def test_a_failed_record_lookup_sends_back_what_was_in_hand_before_raising(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given a matching and a non-matching instance in the pool, and a state table that fails reads
+    offered = [pool.add_idle(1, **SPOT), pool.add_idle(2, **ON_DEMAND)]
+    # When a runner is picked up
+    with pytest.raises(RuntimeError, match="unavailable"):
+        pool.picker(_FailingRecords()).pickup(spec)
+    # Then the error reaches the caller, but both messages went back to the queue first
+    assert instance_ids(pool.visible()) == instance_ids(offered)
+
+
+class _RefusingRequeues(PoolQueues):
+    """The pool queues, except that the queue refuses every message sent back."""
+
+    def requeue(
+        self, resource_class: str, messages: Sequence[PoolMessage], delay_seconds: int
+    ) -> list[PoolMessage]:
+        return list(messages)
+
+
+def test_a_message_the_queue_refuses_to_take_back_is_reported_as_lost(
+    pool: Pool, spec: RunnerSpec, pool_queue_urls: dict[str, str]
+) -> None:
+    # Given a non-matching and a matching instance, and a queue that refuses whatever is sent back
+    misfit = pool.add_idle(1, **ON_DEMAND)
+    wanted = pool.add_idle(2, **SPOT)
+    refusing = _RefusingRequeues(pool_queue_urls, pool.sqs, NO_WAIT, wait_seconds=0)
+    # When a runner is picked up
+    result = PickupManager(refusing, pool.records, pool.clock, PickupSettings()).pickup(spec)
+    # Then the candidate is still handed out, and the misfit is reported lost, not passed over
+    assert result.candidate == wanted
+    assert result.lost == (misfit,)
+    assert (result.counts.lost, result.counts.requeued) == (1, 0)

@@ -1,0 +1,284 @@
+"""The pool queues adapter against moto's SQS: batch sizes, partial failures, throttling, bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from runner_pool.adapters.backoff import ServiceBusyError
+from runner_pool.adapters.pool_queues import NoPoolQueueError, PoolQueues
+from runner_pool.domain.records import PoolMessage
+from tests.conftest import NO_WAIT
+from tests.support.builders import pool_message
+
+
+@pytest.fixture
+def queues(sqs: Any, pool_queue_urls: dict[str, str]) -> PoolQueues:
+    return PoolQueues(pool_queue_urls, sqs, NO_WAIT, wait_seconds=0)
+
+
+@pytest.fixture
+def sqs_calls(sqs: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Every SQS call the client makes from here on: operation name and parameters."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        calls.append((model.name, dict(params)))
+
+    sqs.meta.events.register("provide-client-params.sqs.*", record)
+    return calls
+
+
+def throttle(sqs: Any, operation: str, times: int) -> None:
+    """Make the next `times` calls of `operation` answer RequestThrottled, as SQS does under load."""
+    remaining = [times]
+
+    def throttled(**_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
+        if remaining[0] == 0:
+            return None
+        remaining[0] -= 1
+        error = {"Code": "RequestThrottled", "Message": "Rate exceeded"}
+        return AWSResponse("", 400, {}, None), {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 400}}
+
+    sqs.meta.events.register(f"before-call.sqs.{operation}", throttled)
+
+
+class _RefusingBatches:
+    """The SQS client, except that each batch call refuses its last entry, `refusals` times in all.
+
+    Refused entries are not passed on to SQS and come back under `Failed`, as SQS reports a partial
+    failure; every other entry really reaches the queue.
+    """
+
+    def __init__(self, client: Any, refusals: int) -> None:
+        self._client = client
+        self._refusals = refusals
+        self.batches: list[list[str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:  # noqa: N803
+        return self._batch(self._client.send_message_batch, QueueUrl, Entries)
+
+    def delete_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:  # noqa: N803
+        return self._batch(self._client.delete_message_batch, QueueUrl, Entries)
+
+    def _batch(self, call: Any, url: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        self.batches.append([entry["Id"] for entry in entries])
+        refused = entries[-1:] if self._refusals > 0 else []
+        self._refusals -= len(refused)
+        passed = [entry for entry in entries if entry not in refused]
+        response = call(QueueUrl=url, Entries=passed) if passed else {}
+        failed = [{"Id": e["Id"], "SenderFault": False, "Code": "InternalError"} for e in refused]
+        return {"Successful": response.get("Successful", []), "Failed": failed}
+
+
+def messages(count: int) -> list[PoolMessage]:
+    return [pool_message(number) for number in range(1, count + 1)]
+
+
+def depth(sqs: Any, url: str) -> dict[str, int]:
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    return {
+        "visible": int(attributes["ApproximateNumberOfMessages"]),
+        "delayed": int(attributes["ApproximateNumberOfMessagesDelayed"]),
+        "in_flight": int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+    }
+
+
+def test_receive_asks_for_ten_with_the_configured_wait(
+    sqs: Any, pool_queue_urls: dict[str, str], sqs_calls: list[tuple[str, dict[str, Any]]]
+) -> None:
+    # Given pool queues configured with a one-second long poll, and twelve messages queued
+    queues = PoolQueues(pool_queue_urls, sqs, NO_WAIT, wait_seconds=1)
+    queues.requeue("large", messages(12), delay_seconds=0)
+    sqs_calls.clear()
+    # When one receive is made
+    received = queues.receive("large")
+    # Then it asked SQS for the maximum of ten, waiting up to one second, and got ten
+    assert sqs_calls == [
+        (
+            "ReceiveMessage",
+            {"QueueUrl": pool_queue_urls["large"], "MaxNumberOfMessages": 10, "WaitTimeSeconds": 1},
+        )
+    ]
+    assert len(received) == 10
+
+
+def test_the_production_default_is_a_short_long_poll(sqs: Any, pool_queue_urls: dict[str, str]) -> None:
+    # Given pool queues built without a wait
+    queues = PoolQueues(pool_queue_urls, sqs, NO_WAIT)
+    calls: list[dict[str, Any]] = []
+    sqs.meta.events.register(
+        "provide-client-params.sqs.ReceiveMessage", lambda params, **_: calls.append(dict(params))
+    )
+    queues.requeue("large", messages(1), delay_seconds=0)
+    # When they receive
+    queues.receive("large")
+    # Then they long-poll for one second, so a small queue is not mistaken for an empty one
+    assert calls[0]["WaitTimeSeconds"] == 1
+
+
+def test_a_received_body_is_parsed_into_a_pool_message(queues: PoolQueues) -> None:
+    # Given an offered instance
+    offered = pool_message(1)
+    queues.offer(offered)
+    # When the queue is received from
+    (received,) = queues.receive("large")
+    # Then the message is the one offered, threshold and all, with a receipt to delete it by
+    assert received.message == offered
+    assert received.receipt
+
+
+def test_a_body_that_is_not_a_pool_message_is_received_as_none(
+    sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues
+) -> None:
+    # Given a body of the right JSON shape but missing fields
+    sqs.send_message(QueueUrl=pool_queue_urls["large"], MessageBody='{"instance_id": "i-1"}')
+    # When the queue is received from
+    (received,) = queues.receive("large")
+    # Then it comes with its receipt, and no message, for pickup to drop and count
+    assert received.message is None
+    assert received.receipt
+
+
+def test_offer_goes_to_the_queue_of_the_message_class(
+    sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues
+) -> None:
+    # Given an idle xlarge instance
+    offered = pool_message(1, resource_class="xlarge", cpu=4, memory_mib=8192)
+    # When it is offered
+    queues.offer(offered)
+    # Then it sits in the xlarge queue and not in the large one
+    assert [r.message for r in queues.receive("xlarge")] == [offered]
+    assert depth(sqs, pool_queue_urls["large"])["visible"] == 0
+
+
+def test_requeue_sends_in_batches_of_ten_with_the_delay(
+    sqs: Any,
+    pool_queue_urls: dict[str, str],
+    queues: PoolQueues,
+    sqs_calls: list[tuple[str, dict[str, Any]]],
+) -> None:
+    # Given 25 messages to send back
+    # When they are requeued with a delay
+    refused = queues.requeue("large", messages(25), delay_seconds=30)
+    # Then three batch calls of 10, 10 and 5 sent them all, each held back by the delay
+    assert refused == []
+    assert [(name, len(p["Entries"])) for name, p in sqs_calls] == [
+        ("SendMessageBatch", n) for n in (10, 10, 5)
+    ]
+    assert {entry["DelaySeconds"] for _, p in sqs_calls for entry in p["Entries"]} == {30}
+    assert depth(sqs, pool_queue_urls["large"]) == {"visible": 0, "delayed": 25, "in_flight": 0}
+
+
+def test_delete_removes_received_messages_in_batches_of_ten(
+    sqs: Any,
+    pool_queue_urls: dict[str, str],
+    queues: PoolQueues,
+    sqs_calls: list[tuple[str, dict[str, Any]]],
+) -> None:
+    # Given 25 messages received
+    queues.requeue("large", messages(25), delay_seconds=0)
+    receipts = [r.receipt for _ in range(3) for r in queues.receive("large")]
+    sqs_calls.clear()
+    # When they are deleted
+    undeleted = queues.delete("large", receipts)
+    # Then three batch calls removed them all from the queue
+    assert len(receipts) == 25
+    assert undeleted == []
+    assert [name for name, _ in sqs_calls] == ["DeleteMessageBatch"] * 3
+    assert depth(sqs, pool_queue_urls["large"]) == {"visible": 0, "delayed": 0, "in_flight": 0}
+
+
+def test_a_requeue_entry_that_fails_once_is_retried_alone(sqs: Any, pool_queue_urls: dict[str, str]) -> None:
+    # Given SQS that fails one entry of the first batch call
+    client = _RefusingBatches(sqs, refusals=1)
+    queues = PoolQueues(pool_queue_urls, client, NO_WAIT, wait_seconds=0)
+    # When three messages are requeued
+    refused = queues.requeue("large", messages(3), delay_seconds=0)
+    # Then the failed entry was sent again on its own, and all three are in the queue
+    assert refused == []
+    assert client.batches == [["0", "1", "2"], ["2"]]
+    assert depth(sqs, pool_queue_urls["large"])["visible"] == 3
+
+
+def test_a_requeue_entry_that_fails_twice_is_reported_not_retried_again(
+    sqs: Any, pool_queue_urls: dict[str, str]
+) -> None:
+    # Given SQS that fails the same entry on the first call and on the retry
+    client = _RefusingBatches(sqs, refusals=2)
+    queues = PoolQueues(pool_queue_urls, client, NO_WAIT, wait_seconds=0)
+    sent = messages(3)
+    # When three messages are requeued
+    refused = queues.requeue("large", sent, delay_seconds=0)
+    # Then that message is handed back to the caller after one retry, and the other two are queued
+    assert refused == [sent[2]]
+    assert len(client.batches) == 2
+    assert depth(sqs, pool_queue_urls["large"])["visible"] == 2
+
+
+def test_a_receipt_that_cannot_be_deleted_is_reported(
+    sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues
+) -> None:
+    # Given three received messages, and SQS that fails one delete entry twice
+    queues.requeue("large", messages(3), delay_seconds=0)
+    receipts = [r.receipt for r in queues.receive("large")]
+    refusing = PoolQueues(pool_queue_urls, _RefusingBatches(sqs, refusals=2), NO_WAIT, wait_seconds=0)
+    # When they are deleted
+    undeleted = refusing.delete("large", receipts)
+    # Then that receipt is handed back, and its message is still in the queue (in flight)
+    assert undeleted == [receipts[2]]
+    assert depth(sqs, pool_queue_urls["large"]) == {"visible": 0, "delayed": 0, "in_flight": 1}
+
+
+def test_a_throttled_receive_is_retried(sqs: Any, queues: PoolQueues) -> None:
+    # Given an offered instance, and SQS throttling the next two receives
+    queues.offer(pool_message(1))
+    throttle(sqs, "ReceiveMessage", times=2)
+    # When the queue is received from
+    received = queues.receive("large")
+    # Then the third attempt got the message
+    assert [r.message for r in received] == [pool_message(1)]
+
+
+def test_a_throttled_requeue_is_retried(
+    sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues
+) -> None:
+    # Given SQS throttling the next batch send
+    throttle(sqs, "SendMessageBatch", times=1)
+    # When messages are requeued
+    refused = queues.requeue("large", messages(2), delay_seconds=0)
+    # Then the retry sent them
+    assert refused == []
+    assert depth(sqs, pool_queue_urls["large"])["visible"] == 2
+
+
+def test_throttling_past_every_retry_reaches_the_caller(sqs: Any, queues: PoolQueues) -> None:
+    # Given SQS throttling every receive
+    throttle(sqs, "ReceiveMessage", times=1000)
+    # When the queue is received from
+    # Then the caller is told the service stayed busy, rather than shown an empty queue
+    with pytest.raises(ServiceBusyError):
+        queues.receive("large")
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda q: q.receive("huge"),
+        lambda q: q.delete("huge", ["receipt"]),
+        lambda q: q.requeue("huge", messages(1), 0),
+        lambda q: q.offer(pool_message(1, resource_class="huge")),
+    ],
+    ids=["receive", "delete", "requeue", "offer"],
+)
+def test_a_class_without_a_queue_is_a_clear_error(queues: PoolQueues, use: Any) -> None:
+    # Given pool queues for the configured classes only
+    # When a class that has no queue is used
+    # Then the error names the class and the classes that do have queues
+    with pytest.raises(NoPoolQueueError, match=r"'huge'.*2xlarge, 4xlarge, 8xlarge, large, xlarge"):
+        use(queues)
