@@ -18,11 +18,7 @@ the same answers as before, and every other part of moto runs as shipped.
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,13 +26,12 @@ from datetime import datetime
 from typing import Any
 from unittest import mock
 
-import boto3
 from moto.core.utils import unix_time
-from moto.server import ThreadedMotoServer
 from moto.sqs import models as sqs_models
 from moto.sqs.models import Message, SQSBackend
 
 from bench.results import BenchTable
+from emulator.aws import CallCounter, LocalAws, local_aws
 from emulator.resources import create_pool_queues, create_state_table
 from runner_pool.adapters.pool_queues import PoolQueues
 from runner_pool.adapters.state_table import StateTable
@@ -48,7 +43,6 @@ from runner_pool.domain.records import Arch, InstanceFacts, PoolMessage, UsageCl
 
 NON_MATCHING = 1_000
 LABEL = "pool=1/usage=spot/types=c7*"
-REGION = "us-east-1"
 TARGET_CALLS_RATIO = 5.0
 TARGET_TIME_RATIO = 3.0
 
@@ -58,21 +52,6 @@ MISFITS: list[dict[str, Any]] = [
     {"instance_type": "m7i.large"},
     {"cpu": 1, "memory_mib": 2048, "instance_type": "c7i.medium"},
 ]
-
-
-class SqsCallCounter:
-    """Counts the API calls a client makes (not botocore's own retries of one call)."""
-
-    def __init__(self, client: Any) -> None:
-        self.calls: Counter[str] = Counter()
-        client.meta.events.register("before-call.sqs.*", self._count)
-
-    def _count(self, model: Any, **_: Any) -> None:
-        self.calls[model.name] += 1
-
-    @property
-    def total(self) -> int:
-        return sum(self.calls.values())
 
 
 @dataclass(frozen=True)
@@ -89,16 +68,8 @@ class Run:
 
 
 def run() -> BenchTable:
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per request otherwise
-    port = _free_port()
-    os.environ["MOTO_PORT"] = str(port)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    with _without_moto_per_message_overheads():
-        server.start()
-        try:
-            return _measure(f"http://127.0.0.1:{port}")
-        finally:
-            server.stop()
+    with _without_moto_per_message_overheads(), local_aws() as aws:
+        return _measure(aws)
 
 
 @contextmanager
@@ -123,16 +94,8 @@ def _without_moto_per_message_overheads() -> Iterator[None]:
         yield
 
 
-def _measure(endpoint: str) -> BenchTable:
-    def client(service: str) -> Any:
-        return boto3.client(
-            service,
-            endpoint_url=endpoint,
-            region_name=REGION,
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",  # noqa: S106
-        )
-
+def _measure(aws: LocalAws) -> BenchTable:
+    client = aws.client
     config = StackConfig()
     spec = config.spec_for(LABEL)
     clock = SystemClock()
@@ -142,25 +105,25 @@ def _measure(endpoint: str) -> BenchTable:
     delay = config.pickup.requeue_delay_seconds
 
     ours_url = _filled_queue(client("sqs"), records, "bench-ours", instance_base=0)
-    ours_client = client("sqs")
-    ours_counter = SqsCallCounter(ours_client)
+    ours_counter = CallCounter()
+    ours_client = client("sqs", ours_counter)
     manager = PickupManager(PoolQueues({"large": ours_url}, ours_client), records, clock, config.pickup)
     started = time.perf_counter()
     result = manager.pickup(spec)
-    ours = Run(ours_counter.total, result.counts.examined, time.perf_counter() - started)
+    ours = Run(ours_counter.total(), result.counts.examined, time.perf_counter() - started)
     _require_match(result.candidate, "PickupManager")
 
     baseline_url = _filled_queue(client("sqs"), records, "bench-baseline", instance_base=10_000)
-    baseline_client = client("sqs")
-    baseline_counter = SqsCallCounter(baseline_client)
+    baseline_counter = CallCounter()
+    baseline_client = client("sqs", baseline_counter)
     started = time.perf_counter()
     candidate, examined = _baseline_pickup(
         baseline_client, baseline_url, get_record=records.get, clock=clock, spec=spec, delay_seconds=delay
     )
-    baseline = Run(baseline_counter.total, examined, time.perf_counter() - started)
+    baseline = Run(baseline_counter.total(), examined, time.perf_counter() - started)
     _require_match(candidate, "baseline")
 
-    return _table(ours, baseline, ours_counter.calls, baseline_counter.calls)
+    return _table(ours, baseline, ours_counter, baseline_counter)
 
 
 def _baseline_pickup(
@@ -230,7 +193,7 @@ def _require_match(candidate: PoolMessage | None, who: str) -> None:
         raise RuntimeError(f"{who} did not find the matching instance; the figures would mean nothing")
 
 
-def _table(ours: Run, baseline: Run, ours_calls: Counter[str], baseline_calls: Counter[str]) -> BenchTable:
+def _table(ours: Run, baseline: Run, ours_calls: CallCounter, baseline_calls: CallCounter) -> BenchTable:
     table = BenchTable(
         title=f"pickup: 1 matching instance among {NON_MATCHING:,} non-matching messages, one moto server",
         columns=("", "PickupManager", "baseline", "baseline / ours"),
@@ -248,8 +211,8 @@ def _table(ours: Run, baseline: Run, ours_calls: Counter[str], baseline_calls: C
     table.row(
         "wall time to match (s)", f"{ours.seconds:.2f}", f"{baseline.seconds:.2f}", f"{time_ratio:.1f}x"
     )
-    table.note(f"calls by operation, ours: {_by_operation(ours_calls)}")
-    table.note(f"calls by operation, baseline: {_by_operation(baseline_calls)}")
+    table.note(f"calls by operation, ours: {ours_calls.by_operation('sqs')}")
+    table.note(f"calls by operation, baseline: {baseline_calls.by_operation('sqs')}")
     table.note(
         f"target: >= {TARGET_CALLS_RATIO:g}x fewer calls per candidate "
         f"({'met' if calls_ratio >= TARGET_CALLS_RATIO else 'NOT met'}), "
@@ -267,13 +230,3 @@ def _table(ours: Run, baseline: Run, ours_calls: Counter[str], baseline_calls: C
     table.figure("pickup_wall_time_reduction_ratio", round(time_ratio, 2))
     table.figure("pickup_candidates_examined_count", ours.examined)
     return table
-
-
-def _by_operation(calls: Counter[str]) -> str:
-    return ", ".join(f"{name} {count}" for name, count in sorted(calls.items()))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

@@ -253,8 +253,8 @@ def test_each_batch_costs_one_receive_of_ten_one_delete_and_one_send(
         pool.add_idle(number, **ON_DEMAND)
     pool.add_idle(16, **SPOT)
     sqs_calls.clear()
-    # When a spot runner is picked up
-    result = pool.picker().pickup(spec)
+    # When a spot runner is picked up, misfits going back with a delay so they do not come round again
+    result = pool.picker(requeue_delay_seconds=1).pickup(spec)
     # Then two batches of at most ten were enough, each costing one receive, one delete and one send
     operations = [name for name, _ in sqs_calls]
     assert result.counts.examined == 16

@@ -22,7 +22,8 @@ def test_defaults_are_the_designs() -> None:
     assert t.idle_seconds == 600
     assert config.defaults.max_runtime_minutes == 360
     assert config.warm_minimum("large") == 0
-    assert (config.pickup.same_instance_tolerance, config.pickup.requeue_delay_seconds) == (5, 1)
+    # Except the requeue delay: 0, not 1 s, so concurrent requests see each other's misfits at once
+    assert (config.pickup.same_instance_tolerance, config.pickup.requeue_delay_seconds) == (5, 0)
     assert config.refresh_rate_minutes == 1
     assert {name: (c.cpu, c.memory_mib) for name, c in config.resource_classes.items()} == {
         "large": (2, 4096),

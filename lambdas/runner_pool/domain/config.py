@@ -94,7 +94,11 @@ class LabelDefaults(_Settings):
 
 class PickupSettings(_Settings):
     same_instance_tolerance: int = Field(5, gt=0)
-    requeue_delay_seconds: int = Field(1, ge=0, le=SQS_MAX_DELAY_SECONDS)
+    requeue_delay_seconds: int = Field(0, ge=0, le=SQS_MAX_DELAY_SECONDS)
+    """0, not DESIGN.md's 1 s: a delayed misfit is hidden from every other request too, and under
+    concurrent claim workers that hid most of the pool (the pool scenario: 4 of 13 fitting instances
+    claimed warm with 1 s, 13 of 13 with 0). A request stops re-reading its own misfits through
+    `same_instance_tolerance` anyway."""
 
 
 class StackConfig(_Settings):

@@ -1,0 +1,18 @@
+"""The demo's pool scenario, run as `make demo` runs it, so CI notices if the demo stops adding up."""
+
+from __future__ import annotations
+
+import pytest
+
+from emulator import pool_scenario
+
+
+@pytest.mark.slow
+def test_pool_scenario_accounts_for_every_instance(capsys: pytest.CaptureFixture[str]) -> None:
+    # Given a warm pool on moto's server and 20 claim workers of four runs racing for it
+    # When the scenario runs
+    accounted = pool_scenario.run()
+    # Then every instance is claimed once, pooled once, or stale, and nothing fitting was left idle
+    printed = capsys.readouterr().out
+    assert accounted, printed
+    assert "0 fitting instances were left idle while a job of their spec went cold" in printed
