@@ -145,7 +145,7 @@ def test_a_message_from_an_earlier_idle_period_is_dropped_for_the_current_one(
     earlier = pool.add_idle(1, **SPOT)
     assert pool.records.claim(earlier.instance_id, "pool=99", "claim-99").succeeded
     pool.clock.advance(30)
-    given_back = pool.records.unclaim(earlier.instance_id, "pool=99").record
+    given_back = pool.records.unclaim(earlier.instance_id, "pool=99", "claim-99").record
     assert given_back is not None
     current = PoolMessage.for_idle(given_back)
     pool.queues.offer(current)

@@ -116,38 +116,59 @@ class StateTable:
         except ClientError as exc:
             current = _lost_race_record(exc)
             replayed = (
-                current is not None and current.state is InstanceState.CREATED and current.run_key == run_key
+                current is not None
+                and current.state is InstanceState.CREATED
+                and current.run_key == run_key
+                and not current.threshold_passed(now)
             )
             return TransitionResult(Outcome.REPLAYED if replayed else Outcome.LOST, current)
         return TransitionResult(Outcome.APPLIED, record)
 
     def claim(self, instance_id: str, run_key: str, claim_token: str) -> TransitionResult:
         """idle → claimed(run): only an idle, unheld instance whose idle time has not run out."""
+        now = self._clock.now()
         return self._transition(
             instance_id,
+            now,
             expect_states=(InstanceState.IDLE,),
             expect_run_key=None,
             new_state=InstanceState.CLAIMED,
             threshold_in=self._timeouts.claimed_threshold_seconds,
             set_fields={RUN_KEY_ATTRIBUTE: run_key, "claim_token": claim_token},
-            is_replay=lambda r: r.state is InstanceState.CLAIMED and r.claim_token == claim_token,
+            is_replay=lambda r: (
+                r.state is InstanceState.CLAIMED
+                and r.claim_token == claim_token
+                and not r.threshold_passed(now)
+            ),
         )
 
-    def activate(self, instance_id: str, run_key: str, max_runtime_minutes: int) -> TransitionResult:
-        """created | claimed → running: the instance registered for the run and is healthy."""
+    def activate(
+        self, instance_id: str, run_key: str, max_runtime_minutes: int, claim_token: str | None = None
+    ) -> TransitionResult:
+        """created | claimed → running: the instance registered for the run and is healthy.
+
+        A claimed instance is activated by its claim's holder (`claim_token`); without a token only
+        an instance created for the run is. The run key alone is not enough: every claim worker of
+        one run shares it, so a late retry from an earlier claim must not act on a later one.
+        """
+        now = self._clock.now()
         return self._transition(
             instance_id,
-            expect_states=(InstanceState.CREATED, InstanceState.CLAIMED),
+            now,
+            expect_states=(InstanceState.CLAIMED,) if claim_token else (InstanceState.CREATED,),
             expect_run_key=run_key,
+            expect_claim_token=claim_token,
             new_state=InstanceState.RUNNING,
             threshold_in=max_runtime_minutes * 60.0,
             remove_fields=("claim_token",),
-            is_replay=lambda r: r.state is InstanceState.RUNNING and r.run_key == run_key,
+            is_replay=lambda r: (
+                r.state is InstanceState.RUNNING and r.run_key == run_key and not r.threshold_passed(now)
+            ),
         )
 
-    def unclaim(self, instance_id: str, run_key: str) -> TransitionResult:
-        """claimed → idle: a provision that could not use its claim gives the instance back."""
-        return self._to_idle(instance_id, InstanceState.CLAIMED, run_key)
+    def unclaim(self, instance_id: str, run_key: str, claim_token: str) -> TransitionResult:
+        """claimed → idle: the claim's holder could not use the instance and gives it back."""
+        return self._to_idle(instance_id, InstanceState.CLAIMED, run_key, claim_token)
 
     def release(self, instance_id: str, run_key: str) -> TransitionResult:
         """running → idle: the run is done with the instance; the run key is cleared."""
@@ -172,6 +193,7 @@ class StateTable:
 
         return self._transition(
             instance_id,
+            now,
             expect_states=tuple(LIVE_STATES),
             expect_run_key=run_key,
             new_state=None,
@@ -289,31 +311,48 @@ class StateTable:
 
     # --- mechanics -----------------------------------------------------------------------------
 
-    def _to_idle(self, instance_id: str, from_state: InstanceState, run_key: str | None) -> TransitionResult:
+    def _to_idle(
+        self,
+        instance_id: str,
+        from_state: InstanceState,
+        run_key: str | None,
+        claim_token: str | None = None,
+    ) -> TransitionResult:
+        now = self._clock.now()
         return self._transition(
             instance_id,
+            now,
             expect_states=(from_state,),
             expect_run_key=run_key,
+            expect_claim_token=claim_token,
             new_state=InstanceState.IDLE,
             threshold_in=self._timeouts.idle_seconds,
             remove_fields=(RUN_KEY_ATTRIBUTE, "claim_token"),
-            is_replay=lambda r: r.state is InstanceState.IDLE and r.run_key is None,
+            is_replay=lambda r: (
+                r.state is InstanceState.IDLE and r.run_key is None and not r.threshold_passed(now)
+            ),
         )
 
     def _transition(
         self,
         instance_id: str,
+        now: Epoch,
         *,
         expect_states: tuple[InstanceState, ...],
         expect_run_key: str | object | None,
+        expect_claim_token: str | None = None,
         new_state: InstanceState | None,
         threshold_in: float,
         is_replay: Callable[[InstanceRecord], bool],
         set_fields: Mapping[str, Any] | None = None,
         remove_fields: tuple[str, ...] = (),
     ) -> TransitionResult:
-        """One conditional UpdateItem: expected state, expected run key, threshold still ahead."""
-        now = self._clock.now()
+        """One conditional UpdateItem: expected state, expected run key, threshold still ahead.
+
+        `is_replay` judges, at the same `now`, the record found when the condition fails. A replay
+        is reported as success, so (but for expire) it must find the record still valid: once the
+        threshold has passed, the call's effect has been overtaken and the instance is on its way out.
+        """
         names = {"#state": "state", "#threshold": THRESHOLD_ATTRIBUTE}
         values: dict[str, Any] = {
             ":now": _value(now),
@@ -336,6 +375,9 @@ class StateTable:
         elif isinstance(expect_run_key, str):
             values[":expected_run_key"] = _value(expect_run_key)
             conditions.append(f"{RUN_KEY_ATTRIBUTE} = :expected_run_key")
+        if expect_claim_token is not None:
+            values[":expected_claim_token"] = _value(expect_claim_token)
+            conditions.append("claim_token = :expected_claim_token")
         update = "SET " + ", ".join(assignments)
         if remove_fields:
             update += " REMOVE " + ", ".join(remove_fields)

@@ -1,0 +1,1244 @@
+"""The state table adapter against moto: every transition of DESIGN.md section 4, its reads, and throttling."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import boto3
+import pytest
+from boto3.dynamodb.types import TypeSerializer
+from botocore.exceptions import ClientError
+from botocore.stub import Stubber
+
+from runner_pool.adapters import state_table as schema
+from runner_pool.adapters.backoff import Backoff, ServiceBusyError
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.lifecycle import InstanceState, Outcome
+from runner_pool.domain.records import InstanceRecord, Signal
+from tests.conftest import REGION, TABLE_NAME
+from tests.support import builders
+
+RUN = builders.run_key(1, "/class=large")
+OTHER_RUN = builders.run_key(2, "/class=large")
+TOKEN = "claim-worker-a"
+OTHER_TOKEN = "claim-worker-b"
+MAX_RUNTIME_MINUTES = 90
+ONE_ID = builders.facts(1).instance_id
+MISSING_ID = "i-0000000000000dead"
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def instance_in(
+    table: StateTable,
+    state: InstanceState,
+    number: int = 1,
+    run_key: str = RUN,
+    token: str = TOKEN,
+) -> InstanceRecord:
+    """Walk one instance through the adapter's own transitions to `state`; each step must apply."""
+    instance_id = builders.facts(number).instance_id
+    steps: dict[InstanceState, list[Callable[[], Any]]] = {
+        InstanceState.CREATED: [lambda: table.create(builders.facts(number), run_key)],
+        InstanceState.IDLE: [
+            lambda: table.create(builders.facts(number), None),
+            lambda: table.admit(instance_id),
+        ],
+        InstanceState.CLAIMED: [
+            lambda: table.create(builders.facts(number), None),
+            lambda: table.admit(instance_id),
+            lambda: table.claim(instance_id, run_key, token),
+        ],
+        InstanceState.RUNNING: [
+            lambda: table.create(builders.facts(number), None),
+            lambda: table.admit(instance_id),
+            lambda: table.claim(instance_id, run_key, token),
+            lambda: table.activate(instance_id, run_key, MAX_RUNTIME_MINUTES, claim_token=token),
+        ],
+        InstanceState.TERMINATED: [
+            lambda: table.create(builders.facts(number), run_key),
+            lambda: table.expire(instance_id),
+            lambda: table.mark_terminated(instance_id),
+        ],
+    }
+    result = None
+    for step in steps[state]:
+        result = step()
+        assert result.outcome is Outcome.APPLIED, result
+    assert result is not None
+    assert result.record is not None
+    return result.record
+
+
+def raw_item(client: Any, instance_id: str, kind: str = schema.STATE_ITEM) -> dict[str, Any]:
+    return client.get_item(  # type: ignore[no-any-return]
+        TableName=TABLE_NAME,
+        Key={schema.PARTITION_KEY: {"S": instance_id}, schema.SORT_KEY: {"S": kind}},
+        ConsistentRead=True,
+    )["Item"]
+
+
+def wire_item(record: InstanceRecord) -> dict[str, Any]:
+    """A state item as DynamoDB holds it, for writing odd records directly or stubbing responses."""
+    serializer = TypeSerializer()
+    fields = {
+        name: Decimal(repr(value)) if isinstance(value, float) else value
+        for name, value in record.model_dump(mode="json", exclude_none=True).items()
+    }
+    return {
+        **{name: serializer.serialize(value) for name, value in fields.items()},
+        schema.PARTITION_KEY: {"S": record.instance_id},
+        schema.SORT_KEY: {"S": schema.STATE_ITEM},
+        schema.SWEEP_SHARD_ATTRIBUTE: {"S": schema.sweep_shard(record.instance_id)},
+    }
+
+
+def operations_seen(client: Any) -> list[tuple[str, str | None]]:
+    """Every DynamoDB operation the client sends from now on: its name and the index it reads, if any."""
+    seen: list[tuple[str, str | None]] = []
+
+    def record_operation(model: Any, params: dict[str, Any], **_: Any) -> None:
+        seen.append((model.name, json.loads(params["body"] or b"{}").get("IndexName")))
+
+    client.meta.events.register("before-call.dynamodb.*", record_operation)
+    return seen
+
+
+def ids(records: list[InstanceRecord]) -> set[str]:
+    return {record.instance_id for record in records}
+
+
+# --- create ----------------------------------------------------------------------------------
+
+
+def test_create_for_a_run_records_a_created_instance_holding_the_run_key(
+    state_table: StateTable, clock: ManualClock, config: StackConfig
+) -> None:
+    # Given an instance EC2 has just launched for a run
+    facts = builders.facts(1)
+
+    # When it is recorded
+    result = state_table.create(facts, RUN)
+
+    # Then it is created for the run, with the created timeout ahead of it
+    assert result.outcome is Outcome.APPLIED
+    assert state_table.get(facts.instance_id) == result.record
+    assert result.record is not None
+    assert result.record.facts == facts
+    assert result.record.state is InstanceState.CREATED
+    assert result.record.run_key == RUN
+    assert result.record.threshold == clock.now() + config.timeouts.created_threshold_seconds
+    assert result.record.created_at == result.record.updated_at == clock.now()
+    assert result.record.claim_token is None
+
+
+def test_create_for_the_pool_records_an_instance_without_a_run_key(state_table: StateTable) -> None:
+    # Given an instance launched for the warm pool
+    facts = builders.facts(1)
+
+    # When it is recorded without a run key
+    result = state_table.create(facts, None)
+
+    # Then it is created and held by no run
+    assert result.outcome is Outcome.APPLIED
+    stored = state_table.get(facts.instance_id)
+    assert stored is not None
+    assert stored.state is InstanceState.CREATED
+    assert stored.run_key is None
+
+
+def test_create_retried_finds_its_own_record_and_is_replayed(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given an instance already recorded for a run
+    first = state_table.create(builders.facts(1), RUN)
+    clock.advance(3)
+
+    # When the same creation is retried (a Lambda retry)
+    retry = state_table.create(builders.facts(1), RUN)
+
+    # Then it is a replay and the record is the first one, untouched
+    assert retry.outcome is Outcome.REPLAYED
+    assert retry.record == first.record == state_table.get(ONE_ID)
+
+
+def test_create_of_an_instance_recorded_for_another_run_is_lost(state_table: StateTable) -> None:
+    # Given an instance recorded for one run
+    first = state_table.create(builders.facts(1), RUN)
+
+    # When another run tries to record the same instance
+    result = state_table.create(builders.facts(1), OTHER_RUN)
+
+    # Then it loses and the record still belongs to the first run
+    assert result.outcome is Outcome.LOST
+    assert result.record == first.record == state_table.get(ONE_ID)
+
+
+def test_create_of_an_instance_that_has_moved_on_is_lost(state_table: StateTable) -> None:
+    # Given a pool instance that was created and has since been admitted to the pool
+    idle = instance_in(state_table, InstanceState.IDLE)
+
+    # When its creation is retried
+    result = state_table.create(builders.facts(1), None)
+
+    # Then the retry loses instead of resetting it, and the record is as it was
+    assert result.outcome is Outcome.LOST
+    assert result.record == idle == state_table.get(ONE_ID)
+
+
+def test_create_retried_after_the_record_expired_is_lost(state_table: StateTable) -> None:
+    # Given an instance recorded for a run, then expired by a failure path
+    state_table.create(builders.facts(1), RUN)
+    state_table.expire(ONE_ID)
+
+    # When the creation is retried
+    result = state_table.create(builders.facts(1), RUN)
+
+    # Then it is not reported as a success: the record it finds is no longer valid
+    assert result.outcome is Outcome.LOST
+
+
+def test_create_is_not_blocked_by_the_agents_items(state_table: StateTable) -> None:
+    # Given an agent that beat and signalled before its record was written
+    state_table.write_heartbeat(ONE_ID)
+    state_table.write_signal(ONE_ID, Signal.UD_OK)
+
+    # When the record is created
+    result = state_table.create(builders.facts(1), RUN)
+
+    # Then the condition looks at the state item only
+    assert result.outcome is Outcome.APPLIED
+
+
+# --- claim -----------------------------------------------------------------------------------
+
+
+def test_claim_of_an_idle_instance_holds_it_for_the_run(
+    state_table: StateTable, clock: ManualClock, config: StackConfig
+) -> None:
+    # Given an idle pool instance
+    instance_in(state_table, InstanceState.IDLE)
+    clock.advance(30)
+
+    # When a claim worker claims it
+    result = state_table.claim(ONE_ID, RUN, TOKEN)
+
+    # Then it is claimed by that worker for the run, with the claim timeout ahead
+    assert result.outcome is Outcome.APPLIED
+    assert result.record == state_table.get(ONE_ID)
+    assert result.record is not None
+    assert result.record.state is InstanceState.CLAIMED
+    assert result.record.run_key == RUN
+    assert result.record.claim_token == TOKEN
+    assert result.record.threshold == clock.now() + config.timeouts.claimed_threshold_seconds
+    assert result.record.updated_at == clock.now()
+
+
+def test_claim_retried_with_the_same_token_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
+    # Given an instance this worker has claimed
+    claimed = instance_in(state_table, InstanceState.CLAIMED)
+    clock.advance(2)
+
+    # When the worker's claim is retried
+    retry = state_table.claim(ONE_ID, RUN, TOKEN)
+
+    # Then it is a replay; the claim and its threshold are untouched
+    assert retry.outcome is Outcome.REPLAYED
+    assert retry.record == claimed == state_table.get(ONE_ID)
+
+
+def test_claim_with_another_token_is_lost(state_table: StateTable) -> None:
+    # Given an instance one worker has claimed
+    claimed = instance_in(state_table, InstanceState.CLAIMED)
+
+    # When a second worker (of the same run) claims it too
+    result = state_table.claim(ONE_ID, RUN, OTHER_TOKEN)
+
+    # Then the second worker loses and the first keeps the claim
+    assert result.outcome is Outcome.LOST
+    assert result.record == claimed == state_table.get(ONE_ID)
+
+
+@pytest.mark.parametrize("state", [InstanceState.CREATED, InstanceState.RUNNING, InstanceState.TERMINATED])
+def test_claim_of_an_instance_that_is_not_idle_is_lost(state_table: StateTable, state: InstanceState) -> None:
+    # Given an instance that is not idle
+    before = state_table.get(instance_in(state_table, state).instance_id)
+
+    # When a worker of another run claims it
+    result = state_table.claim(ONE_ID, OTHER_RUN, OTHER_TOKEN)
+
+    # Then the claim loses and nothing changes
+    assert result.outcome is Outcome.LOST
+    assert result.record == before == state_table.get(ONE_ID)
+
+
+def test_claim_of_an_idle_record_that_still_holds_a_run_key_is_lost(
+    state_table: StateTable, dynamodb: Any, clock: ManualClock
+) -> None:
+    # Given an idle record that (against the rules) still carries a run key
+    idle = instance_in(state_table, InstanceState.IDLE)
+    dynamodb.put_item(TableName=TABLE_NAME, Item=wire_item(idle.model_copy(update={"run_key": RUN})))
+
+    # When a worker claims it
+    result = state_table.claim(ONE_ID, OTHER_RUN, OTHER_TOKEN)
+
+    # Then the claim loses: only an unheld instance can be claimed
+    assert result.outcome is Outcome.LOST
+
+
+@pytest.mark.parametrize("past_by", [0.0, 0.5])
+def test_claim_after_the_idle_time_ran_out_is_lost(
+    state_table: StateTable, clock: ManualClock, past_by: float
+) -> None:
+    # Given an idle instance whose idle time has run out (the threshold itself counts as passed)
+    idle = instance_in(state_table, InstanceState.IDLE)
+    assert idle.threshold is not None
+    clock.advance(idle.threshold - clock.now() + past_by)
+
+    # When a worker claims it
+    result = state_table.claim(ONE_ID, RUN, TOKEN)
+
+    # Then the claim loses and the instance stays idle, for refresh to terminate
+    assert result.outcome is Outcome.LOST
+    assert result.record == idle == state_table.get(ONE_ID)
+
+
+def test_claim_of_a_missing_record_is_lost(state_table: StateTable) -> None:
+    # Given no record for the instance
+    # When a worker claims it
+    result = state_table.claim(MISSING_ID, RUN, TOKEN)
+
+    # Then the claim loses, with no record to show
+    assert result == schema.TransitionResult(Outcome.LOST, None)
+
+
+def test_claim_retried_after_the_claim_was_expired_is_lost(state_table: StateTable) -> None:
+    # Given an instance this worker claimed, since expired by a failure path
+    instance_in(state_table, InstanceState.CLAIMED)
+    state_table.expire(ONE_ID)
+
+    # When the worker's claim is retried
+    retry = state_table.claim(ONE_ID, RUN, TOKEN)
+
+    # Then it is not reported as held: the claim is no longer valid
+    assert retry.outcome is Outcome.LOST
+
+
+# --- activate --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", [InstanceState.CLAIMED, InstanceState.CREATED])
+def test_activate_puts_the_instance_to_work_for_its_max_runtime(
+    state_table: StateTable, clock: ManualClock, state: InstanceState
+) -> None:
+    # Given an instance claimed or created for a run
+    instance_in(state_table, state)
+    clock.advance(45)
+
+    # When post-provision finds it registered and healthy (a claimed one activated by its claim's holder)
+    token = TOKEN if state is InstanceState.CLAIMED else None
+    result = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES, claim_token=token)
+
+    # Then it is running for the run until its max runtime, and no longer carries a claim token
+    assert result.outcome is Outcome.APPLIED
+    assert result.record == state_table.get(ONE_ID)
+    assert result.record is not None
+    assert result.record.state is InstanceState.RUNNING
+    assert result.record.run_key == RUN
+    assert result.record.threshold == clock.now() + MAX_RUNTIME_MINUTES * 60
+    assert result.record.claim_token is None
+
+
+def test_activate_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
+    # Given an instance already running for the run
+    running = instance_in(state_table, InstanceState.RUNNING)
+    clock.advance(1)
+
+    # When the activation is retried
+    retry = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES)
+
+    # Then it is a replay and the max runtime is not extended
+    assert retry.outcome is Outcome.REPLAYED
+    assert retry.record == running == state_table.get(ONE_ID)
+
+
+@pytest.mark.parametrize("state", [InstanceState.CLAIMED, InstanceState.CREATED, InstanceState.RUNNING])
+def test_activate_for_another_run_is_lost(state_table: StateTable, state: InstanceState) -> None:
+    # Given an instance held by one run
+    before = state_table.get(instance_in(state_table, state).instance_id)
+
+    # When another run activates it (with the claim's own token, so only the run key is wrong)
+    token = TOKEN if state is InstanceState.CLAIMED else None
+    result = state_table.activate(ONE_ID, OTHER_RUN, MAX_RUNTIME_MINUTES, claim_token=token)
+
+    # Then the activation loses and nothing changes
+    assert result.outcome is Outcome.LOST
+    assert result.record == before == state_table.get(ONE_ID)
+
+
+def test_activate_of_a_pool_instance_still_being_created_is_lost(state_table: StateTable) -> None:
+    # Given an instance created for the pool (no run key)
+    state_table.create(builders.facts(1), None)
+
+    # When a run activates it
+    result = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES)
+
+    # Then it loses: pool instances reach a run only through idle and a claim
+    assert result.outcome is Outcome.LOST
+
+
+@pytest.mark.parametrize("state", [InstanceState.IDLE, InstanceState.TERMINATED])
+def test_activate_of_an_instance_neither_created_nor_claimed_is_lost(
+    state_table: StateTable, state: InstanceState
+) -> None:
+    # Given an idle or terminated instance
+    before = state_table.get(instance_in(state_table, state).instance_id)
+
+    # When a run activates it
+    result = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES)
+
+    # Then it loses and nothing changes
+    assert result.outcome is Outcome.LOST
+    assert result.record == before == state_table.get(ONE_ID)
+
+
+def test_activate_after_the_claim_timed_out_is_lost(state_table: StateTable, clock: ManualClock) -> None:
+    # Given a claim whose threshold has passed
+    claimed = instance_in(state_table, InstanceState.CLAIMED)
+    assert claimed.threshold is not None
+    clock.advance(claimed.threshold - clock.now())
+
+    # When post-provision activates it in the claim holder's name
+    result = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES, claim_token=TOKEN)
+
+    # Then it loses and the claim stays as it was, for refresh
+    assert result.outcome is Outcome.LOST
+    assert result.record == claimed == state_table.get(ONE_ID)
+
+
+def test_activate_of_a_missing_record_is_lost(state_table: StateTable) -> None:
+    # Given no record
+    # When a run activates the instance
+    result = state_table.activate(MISSING_ID, RUN, MAX_RUNTIME_MINUTES)
+
+    # Then it loses with no record to show
+    assert result == schema.TransitionResult(Outcome.LOST, None)
+
+
+def test_activate_retried_after_the_instance_was_expired_is_lost(state_table: StateTable) -> None:
+    # Given an instance running for the run, since expired by a failure path
+    instance_in(state_table, InstanceState.RUNNING)
+    state_table.expire(ONE_ID)
+
+    # When the activation is retried
+    retry = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES)
+
+    # Then it is not reported as running: the instance is on its way out
+    assert retry.outcome is Outcome.LOST
+
+
+def test_activate_from_claimed_needs_the_holding_claim_token(state_table: StateTable) -> None:
+    # Given an instance the run's worker A claimed and gave back, then the same run's worker B claimed
+    instance_in(state_table, InstanceState.CLAIMED)
+    state_table.unclaim(ONE_ID, RUN, TOKEN)
+    state_table.claim(ONE_ID, RUN, OTHER_TOKEN)
+    before = state_table.get(ONE_ID)
+
+    # When a late activation in worker A's name arrives
+    result = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES, claim_token=TOKEN)
+
+    # Then it loses: the same run key is not the same claim
+    assert result.outcome is Outcome.LOST
+    assert state_table.get(ONE_ID) == before
+
+
+def test_activate_without_a_claim_token_does_not_take_a_claimed_instance(state_table: StateTable) -> None:
+    # Given an instance claimed by a worker of the run
+    before = instance_in(state_table, InstanceState.CLAIMED)
+
+    # When an activation meant for a created instance (no claim token) names it
+    result = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES)
+
+    # Then it loses: only the claim's holder may put a claimed instance to work
+    assert result.outcome is Outcome.LOST
+    assert state_table.get(ONE_ID) == before
+
+
+def test_late_unclaim_retry_does_not_undo_a_later_claim_of_the_same_run(state_table: StateTable) -> None:
+    # Given worker A's claim given back, and the same run's worker B claiming the instance since
+    instance_in(state_table, InstanceState.CLAIMED)
+    state_table.unclaim(ONE_ID, RUN, TOKEN)
+    state_table.claim(ONE_ID, RUN, OTHER_TOKEN)
+
+    # When worker A's unclaim is retried late
+    retry = state_table.unclaim(ONE_ID, RUN, TOKEN)
+
+    # Then it loses and worker B keeps its claim
+    assert retry.outcome is Outcome.LOST
+    record = state_table.get(ONE_ID)
+    assert record is not None
+    assert (record.state, record.claim_token) == (InstanceState.CLAIMED, OTHER_TOKEN)
+
+
+# --- unclaim, release, admit: back to idle ---------------------------------------------------
+
+ToIdle = Callable[[StateTable], Any]
+TO_IDLE: dict[str, tuple[InstanceState, ToIdle]] = {
+    "unclaim": (InstanceState.CLAIMED, lambda table: table.unclaim(ONE_ID, RUN, TOKEN)),
+    "release": (InstanceState.RUNNING, lambda table: table.release(ONE_ID, RUN)),
+    "admit": (InstanceState.CREATED, lambda table: table.admit(ONE_ID)),
+}
+
+
+def start_of(table: StateTable, transition: str) -> InstanceRecord:
+    state, _ = TO_IDLE[transition]
+    if transition == "admit":
+        return table.create(builders.facts(1), None).record  # type: ignore[return-value]
+    return instance_in(table, state)
+
+
+@pytest.mark.parametrize("transition", list(TO_IDLE))
+def test_back_to_idle_clears_the_holder_and_starts_the_idle_time(
+    state_table: StateTable, clock: ManualClock, config: StackConfig, transition: str
+) -> None:
+    # Given an instance in the state the transition starts from
+    start_of(state_table, transition)
+    clock.advance(12)
+
+    # When it goes back to idle
+    result = TO_IDLE[transition][1](state_table)
+
+    # Then it is idle, held by no run and no worker, with the idle time ahead
+    assert result.outcome is Outcome.APPLIED
+    assert result.record == state_table.get(ONE_ID)
+    assert result.record.state is InstanceState.IDLE
+    assert result.record.run_key is None
+    assert result.record.claim_token is None
+    assert result.record.threshold == clock.now() + config.timeouts.idle_seconds
+
+
+@pytest.mark.parametrize("transition", list(TO_IDLE))
+def test_back_to_idle_retried_is_replayed(
+    state_table: StateTable, clock: ManualClock, transition: str
+) -> None:
+    # Given an instance the transition already took back to idle
+    start_of(state_table, transition)
+    first = TO_IDLE[transition][1](state_table)
+    clock.advance(1)
+
+    # When the same call is retried
+    retry = TO_IDLE[transition][1](state_table)
+
+    # Then it is a replay and the idle time is not restarted
+    assert retry.outcome is Outcome.REPLAYED
+    assert retry.record == first.record == state_table.get(ONE_ID)
+
+
+@pytest.mark.parametrize(
+    ("state", "back_to_idle"),
+    [
+        (InstanceState.CLAIMED, lambda table: table.unclaim(ONE_ID, OTHER_RUN, TOKEN)),
+        (InstanceState.RUNNING, lambda table: table.release(ONE_ID, OTHER_RUN)),
+        (InstanceState.CREATED, lambda table: table.admit(ONE_ID)),
+    ],
+    ids=["unclaim", "release", "admit"],
+)
+def test_back_to_idle_by_a_run_that_does_not_hold_the_instance_is_lost(
+    state_table: StateTable, state: InstanceState, back_to_idle: ToIdle
+) -> None:
+    # Given an instance held by RUN (admit: created for RUN, so not a pool instance)
+    before = state_table.get(instance_in(state_table, state).instance_id)
+
+    # When another run (or the pool's admit) tries to take it back to idle
+    result = back_to_idle(state_table)
+
+    # Then it loses and the holder keeps it
+    assert result.outcome is Outcome.LOST
+    assert result.record == before == state_table.get(ONE_ID)
+
+
+@pytest.mark.parametrize(
+    ("state", "back_to_idle"),
+    [
+        (InstanceState.RUNNING, lambda table: table.unclaim(ONE_ID, RUN, TOKEN)),
+        (InstanceState.CREATED, lambda table: table.unclaim(ONE_ID, RUN, TOKEN)),
+        (InstanceState.TERMINATED, lambda table: table.unclaim(ONE_ID, RUN, TOKEN)),
+        (InstanceState.CLAIMED, lambda table: table.release(ONE_ID, RUN)),
+        (InstanceState.CREATED, lambda table: table.release(ONE_ID, RUN)),
+        (InstanceState.TERMINATED, lambda table: table.release(ONE_ID, RUN)),
+        (InstanceState.TERMINATED, lambda table: table.admit(ONE_ID)),
+    ],
+    ids=[
+        "unclaim-running",
+        "unclaim-created",
+        "unclaim-terminated",
+        "release-claimed",
+        "release-created",
+        "release-terminated",
+        "admit-terminated",
+    ],
+)
+def test_back_to_idle_from_the_wrong_state_is_lost(
+    state_table: StateTable, state: InstanceState, back_to_idle: ToIdle
+) -> None:
+    # Given an instance of the right run but in a state the transition does not start from
+    before = state_table.get(instance_in(state_table, state).instance_id)
+
+    # When the transition is attempted
+    result = back_to_idle(state_table)
+
+    # Then it loses and nothing changes
+    assert result.outcome is Outcome.LOST
+    assert result.record == before == state_table.get(ONE_ID)
+
+
+@pytest.mark.parametrize("transition", list(TO_IDLE))
+def test_back_to_idle_after_the_threshold_passed_is_lost(
+    state_table: StateTable, clock: ManualClock, transition: str
+) -> None:
+    # Given an instance whose threshold has passed in the starting state
+    start = start_of(state_table, transition)
+    assert start.threshold is not None
+    clock.advance(start.threshold - clock.now() + 1)
+
+    # When it is taken back to idle
+    result = TO_IDLE[transition][1](state_table)
+
+    # Then it loses: an expired instance is terminated, never pooled
+    assert result.outcome is Outcome.LOST
+    assert result.record == state_table.get(ONE_ID)
+    assert result.record is not None
+    assert result.record.state is start.state
+
+
+@pytest.mark.parametrize("transition", list(TO_IDLE))
+def test_back_to_idle_of_a_missing_record_is_lost(state_table: StateTable, transition: str) -> None:
+    # Given no record at all
+    # When the transition is attempted
+    result = TO_IDLE[transition][1](state_table)
+
+    # Then it loses with no record to show
+    assert result == schema.TransitionResult(Outcome.LOST, None)
+
+
+@pytest.mark.parametrize("transition", list(TO_IDLE))
+def test_back_to_idle_retried_after_the_idle_instance_expired_is_lost(
+    state_table: StateTable, transition: str
+) -> None:
+    # Given an instance taken back to idle, then expired (e.g. no release receipt in time)
+    start_of(state_table, transition)
+    TO_IDLE[transition][1](state_table)
+    state_table.expire(ONE_ID)
+
+    # When the call is retried
+    retry = TO_IDLE[transition][1](state_table)
+
+    # Then it is not reported as pooled: the instance is due for termination
+    assert retry.outcome is Outcome.LOST
+
+
+# --- expire ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "state", [InstanceState.CREATED, InstanceState.IDLE, InstanceState.CLAIMED, InstanceState.RUNNING]
+)
+def test_expire_sets_the_threshold_to_now_and_keeps_the_state(
+    state_table: StateTable, clock: ManualClock, state: InstanceState
+) -> None:
+    # Given a live instance
+    before = instance_in(state_table, state)
+    clock.advance(7)
+
+    # When a failure path expires it (whoever holds it)
+    result = state_table.expire(ONE_ID)
+
+    # Then its threshold is now, everything else as it was, and refresh sees it as due
+    assert result.outcome is Outcome.APPLIED
+    assert result.record == state_table.get(ONE_ID)
+    assert result.record == before.model_copy(update={"threshold": clock.now(), "updated_at": clock.now()})
+    assert ids(state_table.due()) == {ONE_ID}
+
+
+@pytest.mark.parametrize("state", [InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING])
+def test_expire_for_the_holding_run_is_applied(state_table: StateTable, state: InstanceState) -> None:
+    # Given an instance held by a run
+    instance_in(state_table, state)
+
+    # When that run's failure path expires it
+    result = state_table.expire(ONE_ID, RUN)
+
+    # Then it is expired
+    assert result.outcome is Outcome.APPLIED
+
+
+@pytest.mark.parametrize("state", [InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING])
+def test_expire_for_a_run_that_no_longer_holds_the_instance_is_lost(
+    state_table: StateTable, state: InstanceState
+) -> None:
+    # Given an instance held by RUN
+    before = state_table.get(instance_in(state_table, state).instance_id)
+
+    # When another run's failure path expires it
+    result = state_table.expire(ONE_ID, OTHER_RUN)
+
+    # Then it loses and the instance keeps its threshold
+    assert result.outcome is Outcome.LOST
+    assert result.record == before == state_table.get(ONE_ID)
+
+
+def test_expire_of_an_unheld_instance_for_no_run_is_applied(state_table: StateTable) -> None:
+    # Given an idle instance
+    instance_in(state_table, InstanceState.IDLE)
+
+    # When it is expired as an unheld instance (run key None)
+    result = state_table.expire(ONE_ID, None)
+
+    # Then it is expired
+    assert result.outcome is Outcome.APPLIED
+
+
+def test_expire_for_no_run_of_a_held_instance_is_lost(state_table: StateTable) -> None:
+    # Given an idle instance that a run has since claimed
+    claimed = instance_in(state_table, InstanceState.CLAIMED)
+
+    # When a pool-side failure path expires it as an unheld instance
+    result = state_table.expire(ONE_ID, None)
+
+    # Then it loses: the claim is not cut short
+    assert result.outcome is Outcome.LOST
+    assert result.record == claimed == state_table.get(ONE_ID)
+
+
+def test_expire_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
+    # Given an instance already expired
+    instance_in(state_table, InstanceState.RUNNING)
+    first = state_table.expire(ONE_ID, RUN)
+    clock.advance(1)
+
+    # When the expiry is retried
+    retry = state_table.expire(ONE_ID, RUN)
+
+    # Then it is a replay and the threshold stays where the first call put it
+    assert retry.outcome is Outcome.REPLAYED
+    assert retry.record == first.record == state_table.get(ONE_ID)
+
+
+def test_expire_of_an_instance_whose_threshold_passed_on_its_own_is_replayed(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given a claim that has timed out
+    claimed = instance_in(state_table, InstanceState.CLAIMED)
+    assert claimed.threshold is not None
+    clock.advance(claimed.threshold - clock.now() + 5)
+
+    # When it is expired
+    result = state_table.expire(ONE_ID, RUN)
+
+    # Then the record already is what expire would make it
+    assert result.outcome is Outcome.REPLAYED
+    assert result.record == claimed
+
+
+def test_expire_of_a_terminated_instance_is_lost(state_table: StateTable) -> None:
+    # Given a terminated instance
+    terminated = instance_in(state_table, InstanceState.TERMINATED)
+
+    # When it is expired
+    result = state_table.expire(ONE_ID)
+
+    # Then it loses and the record stays terminated
+    assert result.outcome is Outcome.LOST
+    assert result.record == terminated == state_table.get(ONE_ID)
+
+
+def test_expire_of_a_missing_record_is_lost(state_table: StateTable) -> None:
+    # Given no record
+    # When the instance is expired
+    result = state_table.expire(MISSING_ID)
+
+    # Then it loses with no record to show
+    assert result == schema.TransitionResult(Outcome.LOST, None)
+
+
+# --- mark_terminated -------------------------------------------------------------------------
+
+
+def test_mark_terminated_ends_the_record_with_a_ttl(
+    state_table: StateTable, clock: ManualClock, config: StackConfig
+) -> None:
+    # Given an expired running instance
+    instance_in(state_table, InstanceState.RUNNING)
+    state_table.expire(ONE_ID)
+    clock.advance(60.5)
+
+    # When refresh has terminated it in EC2 and marks the record
+    result = state_table.mark_terminated(ONE_ID)
+
+    # Then it is terminated, holds nothing, and expires after the retention period
+    assert result.outcome is Outcome.APPLIED
+    assert result.record == state_table.get(ONE_ID)
+    assert result.record is not None
+    assert result.record.state is InstanceState.TERMINATED
+    assert result.record.run_key is None
+    assert result.record.claim_token is None
+    assert result.record.threshold is None
+    assert result.record.expires_at == int(clock.now()) + config.timeouts.terminated_retention_days * 86_400
+    assert result.record.invariant_violations() == []
+
+
+def test_a_terminated_record_leaves_both_indexes(state_table: StateTable, dynamodb: Any) -> None:
+    # Given a claimed instance that was expired
+    instance_in(state_table, InstanceState.CLAIMED)
+    state_table.expire(ONE_ID)
+
+    # When it is marked terminated
+    state_table.mark_terminated(ONE_ID)
+
+    # Then neither index holds it: its keys are gone and the TTL attribute is set
+    item = raw_item(dynamodb, ONE_ID)
+    assert schema.RUN_KEY_ATTRIBUTE not in item
+    assert schema.SWEEP_SHARD_ATTRIBUTE not in item
+    assert schema.THRESHOLD_ATTRIBUTE not in item
+    assert schema.TTL_ATTRIBUTE in item
+    assert state_table.held_by(RUN) == []
+    assert state_table.live() == []
+    assert state_table.due() == []
+
+
+def test_mark_terminated_before_the_threshold_passed_is_lost(state_table: StateTable) -> None:
+    # Given a running instance whose threshold is still ahead
+    running = instance_in(state_table, InstanceState.RUNNING)
+
+    # When refresh tries to mark it terminated
+    result = state_table.mark_terminated(ONE_ID)
+
+    # Then it loses: only an expired instance is terminated
+    assert result.outcome is Outcome.LOST
+    assert result.record == running == state_table.get(ONE_ID)
+
+
+def test_mark_terminated_of_an_instance_whose_threshold_passed_on_its_own_is_applied(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given an idle instance whose idle time ran out
+    idle = instance_in(state_table, InstanceState.IDLE)
+    assert idle.threshold is not None
+    clock.advance(idle.threshold - clock.now())
+
+    # When refresh marks it terminated
+    result = state_table.mark_terminated(ONE_ID)
+
+    # Then it is terminated
+    assert result.outcome is Outcome.APPLIED
+
+
+def test_mark_terminated_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
+    # Given a terminated instance
+    terminated = instance_in(state_table, InstanceState.TERMINATED)
+    clock.advance(30)
+
+    # When refresh's marking is retried
+    retry = state_table.mark_terminated(ONE_ID)
+
+    # Then it is a replay and the TTL is not pushed back
+    assert retry.outcome is Outcome.REPLAYED
+    assert retry.record == terminated == state_table.get(ONE_ID)
+
+
+def test_mark_terminated_of_a_missing_record_is_lost(state_table: StateTable) -> None:
+    # Given no record
+    # When refresh marks the instance terminated
+    result = state_table.mark_terminated(MISSING_ID)
+
+    # Then it loses with no record to show
+    assert result == schema.TransitionResult(Outcome.LOST, None)
+
+
+# --- reads -----------------------------------------------------------------------------------
+
+
+def test_get_of_a_missing_record_is_none(state_table: StateTable) -> None:
+    # Given no record
+    # When it is read
+    # Then there is none
+    assert state_table.get(MISSING_ID) is None
+
+
+def test_held_by_finds_exactly_the_records_holding_the_run_key(state_table: StateTable) -> None:
+    # Given instances created, claimed and running for RUN, and others idle, terminated or for another run
+    instance_in(state_table, InstanceState.CREATED, 1)
+    instance_in(state_table, InstanceState.CLAIMED, 2)
+    instance_in(state_table, InstanceState.RUNNING, 3)
+    instance_in(state_table, InstanceState.IDLE, 4)
+    instance_in(state_table, InstanceState.TERMINATED, 5)
+    instance_in(state_table, InstanceState.RUNNING, 6, run_key=OTHER_RUN)
+
+    # When the run's instances are looked up
+    held = state_table.held_by(RUN)
+
+    # Then exactly the three holding RUN are found
+    assert ids(held) == {builders.facts(n).instance_id for n in (1, 2, 3)}
+    assert all(record.run_key == RUN for record in held)
+
+
+def test_held_by_no_longer_finds_a_released_instance(state_table: StateTable) -> None:
+    # Given an instance running for RUN
+    instance_in(state_table, InstanceState.RUNNING)
+
+    # When it is released
+    state_table.release(ONE_ID, RUN)
+
+    # Then the run holds nothing
+    assert state_table.held_by(RUN) == []
+
+
+def test_due_finds_exactly_the_live_records_whose_threshold_passed_in_every_shard(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given 16 idle instances (spread over every sweep shard), half of them then claimed
+    for number in range(16):
+        instance_in(state_table, InstanceState.IDLE, number)
+    for number in range(0, 16, 2):
+        state_table.claim(builders.facts(number).instance_id, RUN, f"token-{number}")
+    assert {schema.sweep_shard(builders.facts(n).instance_id) for n in range(16)} == {
+        str(shard) for shard in range(schema.SWEEP_SHARDS)
+    }
+
+    # When the claim timeout (300 s) has passed but not the idle time (600 s)
+    clock.advance(300)
+    due = state_table.due()
+
+    # Then exactly the claimed ones are due
+    assert ids(due) == {builders.facts(n).instance_id for n in range(0, 16, 2)}
+
+
+def test_due_at_an_explicit_time_uses_that_time(state_table: StateTable, clock: ManualClock) -> None:
+    # Given an idle instance
+    idle = instance_in(state_table, InstanceState.IDLE)
+    assert idle.threshold is not None
+
+    # When refresh asks what is due at the instance's threshold
+    due = state_table.due(now=idle.threshold)
+
+    # Then the instance is due although the clock has not moved
+    assert ids(due) == {ONE_ID}
+
+
+def test_live_finds_every_record_not_terminated_whatever_its_threshold(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given instances in every live state, one of them expired, and a terminated one
+    for number, state in enumerate(
+        [InstanceState.CREATED, InstanceState.IDLE, InstanceState.CLAIMED, InstanceState.RUNNING]
+    ):
+        instance_in(state_table, state, number)
+    state_table.expire(builders.facts(0).instance_id)
+    instance_in(state_table, InstanceState.TERMINATED, 9)
+
+    # When the live records are listed
+    live = state_table.live()
+
+    # Then all four live ones are there and the terminated one is not
+    assert ids(live) == {builders.facts(n).instance_id for n in range(4)}
+
+
+@pytest.mark.parametrize(
+    ("read", "index"),
+    [
+        (lambda table: table.held_by(RUN), schema.RUN_KEY_INDEX),
+        (lambda table: table.due(), schema.THRESHOLD_INDEX),
+        (lambda table: table.live(), schema.THRESHOLD_INDEX),
+    ],
+    ids=["held_by", "due", "live"],
+)
+def test_lookups_query_the_indexes_and_never_scan(
+    state_table: StateTable,
+    dynamodb: Any,
+    clock: ManualClock,
+    read: Callable[[StateTable], Any],
+    index: str,
+) -> None:
+    # Given a table with instances in every state and the agents' items
+    for number, state in enumerate(InstanceState):
+        instance_in(state_table, state, number)
+        state_table.write_heartbeat(builders.facts(number).instance_id)
+        state_table.write_signal(builders.facts(number).instance_id, Signal.UD_REG_OK, RUN)
+    clock.advance(1_000)
+    seen = operations_seen(dynamodb)
+
+    # When the lookup runs
+    read(state_table)
+
+    # Then it only queried, and only its index
+    assert seen
+    assert set(seen) == {("Query", index)}
+
+
+def test_held_by_follows_every_page_of_the_index(aws: None, clock: ManualClock, config: StackConfig) -> None:
+    # Given an index that answers in two pages
+    client = boto3.client("dynamodb", region_name=REGION)
+    table = StateTable(TABLE_NAME, config.timeouts, clock, client, Backoff(sleep=lambda _: None))
+    record = InstanceRecord.model_validate(
+        {
+            **builders.facts(1).model_dump(),
+            "state": InstanceState.RUNNING,
+            "run_key": RUN,
+            "threshold": clock.now() + 60,
+            "created_at": clock.now(),
+            "updated_at": clock.now(),
+        }
+    )
+    second = record.model_copy(update={"instance_id": builders.facts(2).instance_id})
+    last_key = {key: wire_item(record)[key] for key in (schema.PARTITION_KEY, schema.SORT_KEY)}
+    with Stubber(client) as stubber:
+        stubber.add_response("query", {"Items": [wire_item(record)], "LastEvaluatedKey": last_key})
+        stubber.add_response(
+            "query",
+            {"Items": [wire_item(second)]},
+            expected_params={
+                "TableName": TABLE_NAME,
+                "IndexName": schema.RUN_KEY_INDEX,
+                "KeyConditionExpression": f"{schema.RUN_KEY_ATTRIBUTE} = :run_key",
+                "ExpressionAttributeValues": {":run_key": {"S": RUN}},
+                "ExclusiveStartKey": last_key,
+            },
+        )
+
+        # When the run's instances are looked up
+        held = table.held_by(RUN)
+
+        # Then both pages are read
+        stubber.assert_no_pending_responses()
+    assert held == [record, second]
+
+
+# --- the agent's items -----------------------------------------------------------------------
+
+
+def test_heartbeat_written_is_read_back(state_table: StateTable, clock: ManualClock) -> None:
+    # Given an agent that beats
+    written = state_table.write_heartbeat(ONE_ID)
+    clock.advance(5)
+
+    # When the control plane reads the heartbeat
+    read = state_table.read_heartbeat(ONE_ID)
+
+    # Then it is the beat written, from its time
+    assert read == written
+    assert read.beat_at == clock.now() - 5
+
+
+def test_heartbeat_of_an_agent_that_never_beat_is_none(state_table: StateTable) -> None:
+    # Given an agent that has not beaten yet
+    # When the heartbeat is read
+    # Then there is none
+    assert state_table.read_heartbeat(ONE_ID) is None
+
+
+def test_a_later_heartbeat_replaces_the_earlier_one(state_table: StateTable, clock: ManualClock) -> None:
+    # Given an agent that beat once
+    state_table.write_heartbeat(ONE_ID)
+
+    # When it beats again a period later
+    clock.advance(5)
+    later = state_table.write_heartbeat(ONE_ID)
+
+    # Then the later beat is what is read
+    assert state_table.read_heartbeat(ONE_ID) == later
+
+
+@pytest.mark.parametrize("reason", [None, "runner exited with 1"])
+def test_signal_written_is_read_back(state_table: StateTable, reason: str | None) -> None:
+    # Given an agent that signals registration for a run (with or without a reason)
+    written = state_table.write_signal(ONE_ID, Signal.UD_REG_OK, RUN, reason)
+
+    # When the control plane reads the signal
+    read = state_table.read_signal(ONE_ID)
+
+    # Then it is the signal written, for that run
+    assert read == written
+    assert read is not None
+    assert read.confirms(Signal.UD_REG_OK, RUN)
+
+
+def test_signal_without_a_run_key_is_read_back_without_one(state_table: StateTable) -> None:
+    # Given an agent that signals its pre-runner script succeeded (no run)
+    state_table.write_signal(ONE_ID, Signal.UD_OK)
+
+    # When the signal is read
+    read = state_table.read_signal(ONE_ID)
+
+    # Then it names no run
+    assert read is not None
+    assert read.confirms(Signal.UD_OK, None)
+
+
+def test_signal_of_an_agent_that_never_signalled_is_none(state_table: StateTable) -> None:
+    # Given an agent that has written no signal
+    # When the signal is read
+    # Then there is none
+    assert state_table.read_signal(ONE_ID) is None
+
+
+@pytest.mark.parametrize("kind", [schema.HEARTBEAT_ITEM, schema.SIGNAL_ITEM])
+def test_agent_items_carry_a_ttl(
+    state_table: StateTable, dynamodb: Any, clock: ManualClock, config: StackConfig, kind: str
+) -> None:
+    # Given the agent's heartbeat and signal
+    # When they are written
+    state_table.write_heartbeat(ONE_ID)
+    state_table.write_signal(ONE_ID, Signal.UD_REG_OK, RUN)
+
+    # Then each expires after the retention period
+    expected = int(clock.now()) + config.timeouts.terminated_retention_days * 86_400
+    assert raw_item(dynamodb, ONE_ID, kind)[schema.TTL_ATTRIBUTE] == {"N": str(expected)}
+
+
+def test_agent_items_never_appear_in_held_by(state_table: StateTable) -> None:
+    # Given an instance running for RUN whose agent beats and signals about RUN, and a signal
+    # about RUN from an instance with no record
+    instance_in(state_table, InstanceState.RUNNING)
+    state_table.write_heartbeat(ONE_ID)
+    state_table.write_signal(ONE_ID, Signal.UD_REG_OK, RUN)
+    state_table.write_signal(MISSING_ID, Signal.UD_REG_OK, RUN)
+
+    # When the run's instances are looked up
+    held = state_table.held_by(RUN)
+
+    # Then only the instance record is found
+    assert [record.instance_id for record in held] == [ONE_ID]
+
+
+def test_agent_items_never_appear_in_the_threshold_sweep(state_table: StateTable, clock: ManualClock) -> None:
+    # Given agents' items but no instance record
+    state_table.write_heartbeat(ONE_ID)
+    state_table.write_signal(ONE_ID, Signal.UD_REMOVE_REG_OK, RUN)
+    clock.advance(10_000)
+
+    # When refresh sweeps
+    # Then there is nothing live and nothing due
+    assert state_table.live() == []
+    assert state_table.due() == []
+
+
+# --- throttling and other errors -------------------------------------------------------------
+
+
+@pytest.fixture
+def stubbed(aws: None, clock: ManualClock, config: StackConfig) -> tuple[StateTable, Stubber, list[float]]:
+    """A state table whose client answers only what the test stubs, and a record of backoff sleeps."""
+    client = boto3.client("dynamodb", region_name=REGION)
+    sleeps: list[float] = []
+    table = StateTable(TABLE_NAME, config.timeouts, clock, client, Backoff(sleep=sleeps.append))
+    return table, Stubber(client), sleeps
+
+
+def claimed_record(clock: ManualClock, config: StackConfig) -> InstanceRecord:
+    return InstanceRecord.model_validate(
+        {
+            **builders.facts(1).model_dump(),
+            "state": InstanceState.CLAIMED,
+            "run_key": RUN,
+            "claim_token": TOKEN,
+            "threshold": clock.now() + config.timeouts.claimed_threshold_seconds,
+            "created_at": clock.now(),
+            "updated_at": clock.now(),
+        }
+    )
+
+
+def throttle(stubber: Stubber, operation: str, times: int) -> None:
+    for _ in range(times):
+        stubber.add_client_error(
+            operation,
+            service_error_code="ProvisionedThroughputExceededException",
+            service_message="Rate of requests exceeds the allowed throughput.",
+            http_status_code=400,
+        )
+
+
+def test_a_transition_throttled_twice_is_retried_and_applied(
+    stubbed: tuple[StateTable, Stubber, list[float]], clock: ManualClock, config: StackConfig
+) -> None:
+    # Given DynamoDB throttles the claim twice, then accepts it
+    table, stubber, sleeps = stubbed
+    record = claimed_record(clock, config)
+    throttle(stubber, "update_item", 2)
+    stubber.add_response("update_item", {"Attributes": wire_item(record)})
+
+    # When a worker claims
+    with stubber:
+        result = table.claim(ONE_ID, RUN, TOKEN)
+        stubber.assert_no_pending_responses()
+
+    # Then the claim applies after backing off twice
+    assert result == schema.TransitionResult(Outcome.APPLIED, record)
+    assert len(sleeps) == 2
+
+
+def test_a_transition_throttled_on_every_attempt_raises_service_busy(
+    stubbed: tuple[StateTable, Stubber, list[float]],
+) -> None:
+    # Given DynamoDB throttles every attempt the backoff allows
+    table, stubber, _ = stubbed
+    throttle(stubber, "update_item", Backoff().attempts)
+
+    # When a worker claims
+    # Then the caller is told the service is busy (for its own retry), after every attempt was used
+    with stubber, pytest.raises(ServiceBusyError):
+        table.claim(ONE_ID, RUN, TOKEN)
+    stubber.assert_no_pending_responses()
+
+
+def test_a_lookup_throttled_once_is_retried(
+    stubbed: tuple[StateTable, Stubber, list[float]], clock: ManualClock, config: StackConfig
+) -> None:
+    # Given DynamoDB throttles a read once
+    table, stubber, _ = stubbed
+    record = claimed_record(clock, config)
+    throttle(stubber, "get_item", 1)
+    stubber.add_response("get_item", {"Item": wire_item(record)})
+
+    # When the record is read
+    with stubber:
+        read = table.get(ONE_ID)
+
+    # Then the read is retried and succeeds
+    assert read == record
+
+
+@pytest.mark.parametrize(
+    ("operation", "call"),
+    [
+        ("update_item", lambda table: table.claim(ONE_ID, RUN, TOKEN)),
+        ("put_item", lambda table: table.create(builders.facts(1), RUN)),
+        ("query", lambda table: table.held_by(RUN)),
+        ("put_item", lambda table: table.write_heartbeat(ONE_ID)),
+    ],
+    ids=["claim", "create", "held_by", "write_heartbeat"],
+)
+def test_errors_other_than_throttling_are_not_swallowed_or_retried(
+    stubbed: tuple[StateTable, Stubber, list[float]], operation: str, call: Callable[[StateTable], Any]
+) -> None:
+    # Given a table that does not exist
+    table, stubber, sleeps = stubbed
+    stubber.add_client_error(
+        operation,
+        service_error_code="ResourceNotFoundException",
+        service_message="Requested resource not found",
+        http_status_code=400,
+    )
+
+    # When the adapter is called
+    # Then the error reaches the caller at once, not as a lost race and not after retries
+    with stubber, pytest.raises(ClientError) as raised:
+        call(table)
+    assert raised.value.response["Error"]["Code"] == "ResourceNotFoundException"
+    assert sleeps == []
