@@ -32,6 +32,7 @@ from moto.sqs.models import Message, SQSBackend
 
 from bench.results import BenchTable
 from emulator.aws import CallCounter, LocalAws, local_aws
+from emulator.instances import instance_facts, put_in_pool
 from emulator.resources import create_pool_queues, create_state_table
 from runner_pool.adapters.pool_queues import PoolQueues
 from runner_pool.adapters.state_table import StateTable
@@ -39,7 +40,7 @@ from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.pickup import PickupManager, Verdict, judge, still_offered
-from runner_pool.domain.records import Arch, InstanceFacts, PoolMessage, UsageClass
+from runner_pool.domain.records import Arch, PoolMessage, UsageClass
 
 NON_MATCHING = 1_000
 LABEL = "pool=1/usage=spot/types=c7*"
@@ -159,33 +160,14 @@ def _filled_queue(sqs: Any, records: StateTable, prefix: str, instance_base: int
     threshold = time.time() + 600
     misfits = [
         PoolMessage(
-            **_facts(instance_base + n, **MISFITS[n % len(MISFITS)]).model_dump(), threshold=threshold
+            **instance_facts(instance_base + n, **MISFITS[n % len(MISFITS)]).model_dump(), threshold=threshold
         )
         for n in range(1, NON_MATCHING + 1)
     ]
     if queues.requeue("large", misfits, delay_seconds=0):
         raise RuntimeError("moto refused to take the bench's messages")
-    match = _facts(instance_base + NON_MATCHING + 1)
-    records.create(match, run_key=None)
-    admitted = records.admit(match.instance_id).record
-    if admitted is None:
-        raise RuntimeError("the matching instance could not be admitted to the pool")
-    queues.offer(PoolMessage.for_idle(admitted))
+    put_in_pool(records, queues, instance_facts(instance_base + NON_MATCHING + 1))
     return url
-
-
-def _facts(number: int, **overrides: Any) -> InstanceFacts:
-    fields: dict[str, Any] = {
-        "instance_id": f"i-{number:017x}",
-        "resource_class": "large",
-        "instance_type": "c7i.large",
-        "usage_class": UsageClass.SPOT,
-        "arch": Arch.X64,
-        "cpu": 2,
-        "memory_mib": 4096,
-        **overrides,
-    }
-    return InstanceFacts.model_validate(fields)
 
 
 def _require_match(candidate: PoolMessage | None, who: str) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.aws import CallCounter, LocalAws, local_aws
+from emulator.instances import instance_facts, put_in_pool
 from emulator.resources import create_pool_queues, create_state_table
 from runner_pool.adapters.pool_queues import PoolQueues
 from runner_pool.adapters.state_table import StateTable
@@ -104,12 +105,8 @@ def _warm_pool(table: StateTable, queues: PoolQueues) -> list[InstanceFacts]:
     pooled: list[InstanceFacts] = []
     for count, shape in POOL:
         for _ in range(count):
-            facts = _facts(len(pooled) + 1, **shape)
-            table.create(facts, run_key=None)
-            admitted = table.admit(facts.instance_id).record
-            if admitted is None:
-                raise RuntimeError(f"{facts.instance_id} could not be admitted to the pool")
-            queues.offer(PoolMessage.for_idle(admitted))
+            facts = instance_facts(len(pooled) + 1, **shape)
+            put_in_pool(table, queues, facts)
             pooled.append(facts)
     return pooled
 
@@ -219,17 +216,3 @@ def _drain(sqs: Any, queue_url: str) -> list[PoolMessage]:
 def _fits(spec: RunnerSpec, facts: InstanceFacts) -> bool:
     offer = PoolMessage(**facts.model_dump(), threshold=math.inf)
     return judge(offer, spec, time.time()) is Verdict.MATCH
-
-
-def _facts(number: int, **shape: Any) -> InstanceFacts:
-    fields: dict[str, Any] = {
-        "instance_id": f"i-{number:017x}",
-        "resource_class": "large",
-        "instance_type": "c7i.large",
-        "usage_class": UsageClass.SPOT,
-        "arch": Arch.X64,
-        "cpu": 2,
-        "memory_mib": 4096,
-        **shape,
-    }
-    return InstanceFacts.model_validate(fields)

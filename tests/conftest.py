@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import boto3
 import pytest
@@ -59,10 +60,22 @@ def state_table(dynamodb: object, clock: ManualClock, config: StackConfig) -> St
 
 
 @pytest.fixture
-def sqs(aws: None) -> object:
+def sqs(aws: None) -> Any:
     return boto3.client("sqs", region_name=REGION)
 
 
 @pytest.fixture
 def pool_queue_urls(sqs: object, config: StackConfig) -> dict[str, str]:
     return create_pool_queues(sqs, "runner-pool", list(config.resource_classes))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def sqs_calls(sqs: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Every SQS call the client makes from here on: operation name and parameters."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        calls.append((model.name, dict(params)))
+
+    sqs.meta.events.register("provide-client-params.sqs.*", record)
+    return calls

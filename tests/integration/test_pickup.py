@@ -70,18 +70,6 @@ def spec(config: StackConfig) -> RunnerSpec:
     return config.spec_for("pool=7/usage=spot")
 
 
-@pytest.fixture
-def sqs_calls(sqs: Any) -> list[tuple[str, dict[str, Any]]]:
-    """Every SQS call the client makes from here on: operation name and parameters."""
-    calls: list[tuple[str, dict[str, Any]]] = []
-
-    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
-        calls.append((model.name, dict(params)))
-
-    sqs.meta.events.register("provide-client-params.sqs.*", record)
-    return calls
-
-
 def instance_ids(messages: Sequence[PoolMessage | None]) -> list[str]:
     return sorted(message.instance_id for message in messages if message is not None)
 

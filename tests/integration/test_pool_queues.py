@@ -19,18 +19,6 @@ def queues(sqs: Any, pool_queue_urls: dict[str, str]) -> PoolQueues:
     return PoolQueues(pool_queue_urls, sqs, NO_WAIT, wait_seconds=0)
 
 
-@pytest.fixture
-def sqs_calls(sqs: Any) -> list[tuple[str, dict[str, Any]]]:
-    """Every SQS call the client makes from here on: operation name and parameters."""
-    calls: list[tuple[str, dict[str, Any]]] = []
-
-    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
-        calls.append((model.name, dict(params)))
-
-    sqs.meta.events.register("provide-client-params.sqs.*", record)
-    return calls
-
-
 def throttle(sqs: Any, operation: str, times: int) -> None:
     """Make the next `times` calls of `operation` answer RequestThrottled, as SQS does under load."""
     remaining = [times]

@@ -253,26 +253,26 @@ class StateTable:
     def due(self, now: Epoch | None = None) -> list[InstanceRecord]:
         """Every live record whose threshold has passed, for refresh to terminate."""
         cutoff = self._clock.now() if now is None else now
-        return [
-            record
-            for shard in range(SWEEP_SHARDS)
-            for record in self._query(
-                IndexName=THRESHOLD_INDEX,
-                KeyConditionExpression=f"{SWEEP_SHARD_ATTRIBUTE} = :shard AND #threshold <= :now",
-                ExpressionAttributeNames={"#threshold": THRESHOLD_ATTRIBUTE},
-                ExpressionAttributeValues={":shard": _value(str(shard)), ":now": _value(cutoff)},
-            )
-        ]
+        return self._sweep("AND #threshold <= :now", {":now": _value(cutoff)})
 
     def live(self) -> list[InstanceRecord]:
         """Every record not terminated, whatever its threshold."""
+        return self._sweep()
+
+    def _sweep(
+        self, threshold_condition: str = "", values: Mapping[str, Any] | None = None
+    ) -> list[InstanceRecord]:
+        """Live records from every shard of the threshold index, optionally only those a condition keeps."""
+        request: dict[str, Any] = {"IndexName": THRESHOLD_INDEX}
+        if threshold_condition:
+            request["ExpressionAttributeNames"] = {"#threshold": THRESHOLD_ATTRIBUTE}
         return [
             record
             for shard in range(SWEEP_SHARDS)
             for record in self._query(
-                IndexName=THRESHOLD_INDEX,
-                KeyConditionExpression=f"{SWEEP_SHARD_ATTRIBUTE} = :shard",
-                ExpressionAttributeValues={":shard": _value(str(shard))},
+                **request,
+                KeyConditionExpression=f"{SWEEP_SHARD_ATTRIBUTE} = :shard {threshold_condition}".strip(),
+                ExpressionAttributeValues={":shard": _value(str(shard)), **(values or {})},
             )
         ]
 

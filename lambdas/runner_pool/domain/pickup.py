@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
@@ -139,18 +139,11 @@ class PickupResult:
 
 @dataclass
 class _Tally:
-    receive_calls: int = 0
-    examined: int = 0
-    requeued: int = 0
-    dropped_stale: int = 0
-    dropped_unparseable: int = 0
-    lost: int = 0
-    undeleted: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
     lost_messages: list[PoolMessage] = field(default_factory=list)
 
     def result(self, candidate: PoolMessage | None, stopped: StopReason) -> PickupResult:
-        figures = {name: value for name, value in asdict(self).items() if name != "lost_messages"}
-        return PickupResult(candidate, stopped, PickupCounts(**figures), tuple(self.lost_messages))
+        return PickupResult(candidate, stopped, PickupCounts(**self.counts), tuple(self.lost_messages))
 
 
 class PickupManager:
@@ -168,16 +161,18 @@ class PickupManager:
         seen: Counter[str] = Counter()
         while True:
             batch = self._queue.receive(spec.resource_class)
-            tally.receive_calls += 1
+            tally.counts["receive_calls"] += 1
             if not batch:
                 return tally.result(None, StopReason.EMPTY)
-            tally.examined += len(batch)
+            tally.counts["examined"] += len(batch)
             # A message whose delete failed is used all the same: at worst it comes round again as a
             # duplicate, which the record check drops; skipping it could lose it if the delete had in
             # fact gone through.
-            tally.undeleted += len(self._queue.delete(spec.resource_class, [r.receipt for r in batch]))
+            tally.counts["undeleted"] += len(
+                self._queue.delete(spec.resource_class, [r.receipt for r in batch])
+            )
             messages = [r.message for r in batch if r.message is not None]
-            tally.dropped_unparseable += len(batch) - len(messages)
+            tally.counts["dropped_unparseable"] += len(batch) - len(messages)
             seen.update(message.instance_id for message in messages)
             candidate = self._settle(spec, messages, tally)
             if candidate is not None:
@@ -198,14 +193,14 @@ class PickupManager:
                 if verdict is Verdict.REQUEUE:
                     misfits.append(message)
                 elif verdict is Verdict.DROP:
-                    tally.dropped_stale += 1
+                    tally.counts["dropped_stale"] += 1
                 elif candidate is not None:
                     # Not looked up: the caller is waiting, and whoever picks it next checks its record.
                     spare.append(message)
                 elif still_offered(message, self._records.get(message.instance_id), now):
                     candidate = message
                 else:
-                    tally.dropped_stale += 1
+                    tally.counts["dropped_stale"] += 1
                 judged += 1
         except Exception as exc:
             # The batch is already deleted: what is in hand goes back before the error propagates.
@@ -235,8 +230,8 @@ class PickupManager:
         if not messages:
             return
         refused = self._queue.requeue(spec.resource_class, messages, delay_seconds)
-        tally.requeued += len(messages) - len(refused)
-        tally.lost += len(refused)
+        tally.counts["requeued"] += len(messages) - len(refused)
+        tally.counts["lost"] += len(refused)
         tally.lost_messages.extend(refused)
 
 
