@@ -1,0 +1,188 @@
+"""Step Functions on one machine: moto's interpreter executes our real ASL files, and every Lambda task
+it invokes is routed to our real handler in this process.
+
+moto runs Lambda code only in Docker; its Docker-less backend just echoes. `lambdas_in_process`
+swaps that backend's `invoke` for a table of our handlers, and reports a raised exception the way
+Lambda does (the `X-Amz-Function-Error` header and an errorType/errorMessage payload), so the
+state machine's Retry and Catch see it as they would on AWS. `without_waiting` zeroes the Wait
+states and Retry back-offs for tests; the emulator keeps them real.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+from moto.awslambda_simple.models import LambdaSimpleBackend
+from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
+
+Handler = Callable[[dict[str, Any], Any], Any]
+"""A Lambda handler: (event, context) -> JSON-serialisable result."""
+
+MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+"""The `mock_aws(config=...)` under which moto executes state machines and keeps Lambda in-process."""
+
+_ACCOUNT = "123456789012"
+_PLACEHOLDER = re.compile(r"\$\{([A-Za-z][A-Za-z0-9]*)\}")
+
+
+@dataclass(frozen=True)
+class LambdaContext:
+    """What a handler's context offers on AWS, as far as our handlers and Powertools read it."""
+
+    function_name: str
+    aws_request_id: str
+    invoked_function_arn: str
+    memory_limit_in_mb: int = 256
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
+
+
+@dataclass
+class Invocations:
+    """Every invocation routed so far, by function name, in order; for tests and benchmarks."""
+
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def of(self, function_name: str) -> list[dict[str, Any]]:
+        return [event for name, event in self.calls if name == function_name]
+
+
+@contextmanager
+def lambdas_in_process(handlers: Mapping[str, Handler]) -> Iterator[Invocations]:
+    """While inside, invoking the moto Lambda function `name` calls `handlers[name]` in this process."""
+    invocations = Invocations()
+
+    def invoke(
+        _backend: LambdaSimpleBackend,
+        function_name: str,
+        _qualifier: str | None,
+        body: Any,
+        _headers: Any,
+        response_headers: dict[str, str],
+    ) -> bytes:
+        name = function_name.rsplit(":", 1)[-1]
+        event = json.loads(body) if body else {}
+        invocations.calls.append((name, event))
+        context = LambdaContext(
+            function_name=name,
+            aws_request_id=f"local-{len(invocations.calls)}",
+            invoked_function_arn=function_arn(name),
+        )
+        try:
+            return json.dumps(handlers[name](event, context)).encode()
+        except Exception as exc:  # every failure is reported to the state machine, as Lambda does
+            response_headers["x-amz-function-error"] = "Unhandled"
+            return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc)}).encode()
+
+    with mock.patch.object(LambdaSimpleBackend, "invoke", invoke):
+        yield invocations
+
+
+@contextmanager
+def without_waiting() -> Iterator[None]:
+    """Wait states and Retry back-offs take no time: tests prove the paths, not the waiting."""
+    no_sleep = SimpleNamespace(sleep=lambda _seconds: None)
+    with (
+        mock.patch.object(wait_function.WaitFunction, "_wait_interval", return_value=None),
+        mock.patch.object(retrier_decl, "time", no_sleep),
+    ):
+        yield
+
+
+def function_arn(name: str, region: str = "us-east-1") -> str:
+    return f"arn:aws:lambda:{region}:{_ACCOUNT}:function:{name}"
+
+
+def render_asl(path: Path, substitutions: Mapping[str, str]) -> str:
+    """An ASL file with its ${Name} placeholders filled, as CloudFormation's DefinitionSubstitutions do.
+
+    Only ${Name} is a placeholder: ASL's own paths ($.x, $$.Map.Item.Value) are left alone.
+    """
+
+    def fill(placeholder: re.Match[str]) -> str:
+        name = placeholder.group(1)
+        if name not in substitutions:
+            raise KeyError(f"{path.name} needs a substitution for ${{{name}}}")
+        return substitutions[name]
+
+    return _PLACEHOLDER.sub(fill, path.read_text())
+
+
+@dataclass(frozen=True)
+class Execution:
+    status: str
+    output: Any
+    events: list[dict[str, Any]]
+
+    @property
+    def state_transitions(self) -> int:
+        """States entered: what Step Functions Standard bills as state transitions."""
+        return sum(1 for event in self.events if event["type"].endswith("StateEntered"))
+
+
+class LocalStateMachines:
+    """Deploys state machines and their Lambda functions into moto, and runs executions to the end."""
+
+    def __init__(self, stepfunctions: Any, lambda_client: Any, iam: Any) -> None:
+        self._sfn = stepfunctions
+        self._lambda = lambda_client
+        self._role = iam.create_role(RoleName="runner-pool-local", AssumeRolePolicyDocument="{}")["Role"][
+            "Arn"
+        ]
+
+    def create_functions(self, names: list[str]) -> dict[str, str]:
+        """A moto Lambda function per name (their code never runs: invocations are routed); name → ARN."""
+        package = io.BytesIO()
+        with zipfile.ZipFile(package, "w") as archive:
+            archive.writestr("routed.py", "def handler(event, context):\n    raise NotImplementedError\n")
+        return {
+            name: self._lambda.create_function(
+                FunctionName=name,
+                Runtime="python3.12",
+                Role=self._role,
+                Handler="routed.handler",
+                Code={"ZipFile": package.getvalue()},
+            )["FunctionArn"]
+            for name in names
+        }
+
+    def create(self, name: str, definition: str) -> str:
+        return str(
+            self._sfn.create_state_machine(name=name, definition=definition, roleArn=self._role)[
+                "stateMachineArn"
+            ]
+        )
+
+    def run(
+        self, machine_arn: str, payload: Any, name: str | None = None, timeout_seconds: float = 30
+    ) -> Execution:
+        """Start an execution and wait for it to finish (moto runs it on a thread of its own)."""
+        request: dict[str, Any] = {"stateMachineArn": machine_arn, "input": json.dumps(payload)}
+        if name is not None:
+            request["name"] = name
+        execution_arn = self._sfn.start_execution(**request)["executionArn"]
+        deadline = time.monotonic() + timeout_seconds
+        while (described := self._sfn.describe_execution(executionArn=execution_arn))["status"] == "RUNNING":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"execution {execution_arn} still running after {timeout_seconds} s")
+            time.sleep(0.01)
+        events = [
+            event
+            for page in self._sfn.get_paginator("get_execution_history").paginate(executionArn=execution_arn)
+            for event in page["events"]
+        ]
+        output = json.loads(described["output"]) if described.get("output") else None
+        return Execution(described["status"], output, events)

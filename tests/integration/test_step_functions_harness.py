@@ -1,0 +1,87 @@
+"""The local Step Functions harness: our ASL in moto's interpreter, Lambda tasks routed to handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from emulator.step_functions import (
+    MOTO_CONFIG,
+    LocalStateMachines,
+    lambdas_in_process,
+    render_asl,
+    without_waiting,
+)
+from tests.conftest import REGION
+
+ASL = Path(__file__).parent / "asl" / "harness.asl.json"
+
+
+class Flaky(Exception):  # noqa: N818 - the error name the ASL's Retry matches
+    pass
+
+
+@pytest.fixture
+def machines() -> Iterator[LocalStateMachines]:
+    with mock_aws(config=MOTO_CONFIG), without_waiting():  # type: ignore[arg-type]
+        yield LocalStateMachines(
+            boto3.client("stepfunctions", region_name=REGION),
+            boto3.client("lambda", region_name=REGION),
+            boto3.client("iam", region_name=REGION),
+        )
+
+
+def deploy(machines: LocalStateMachines) -> str:
+    arns = machines.create_functions(["pick", "finish"])
+    return machines.create("harness", render_asl(ASL, {"PickArn": arns["pick"], "FinishArn": arns["finish"]}))
+
+
+def test_map_fans_out_to_the_handler_and_gathers_its_results(machines: LocalStateMachines) -> None:
+    # Given handlers that pick every slot at once and echo what they finish with
+    handlers = {"pick": lambda event, _c: {**event, "picked": True}, "finish": lambda event, _c: event}
+    with lambdas_in_process(handlers) as invocations:
+        # When an execution runs over three slots
+        execution = machines.run(deploy(machines), {"slots": [1, 2, 3]})
+    # Then each slot went through the handler in this process and the results came back
+    assert execution.status == "SUCCEEDED"
+    assert execution.output["picked"] == [{"slot": n, "picked": True} for n in (1, 2, 3)]
+    assert sorted(event["slot"] for event in invocations.of("pick")) == [1, 2, 3]
+    # Map, 3 x (Pick, Hold, Picked?, Picked), Finish
+    assert execution.state_transitions == 1 + 3 * 4 + 1
+
+
+def test_a_raised_exception_reaches_the_state_machines_catch(machines: LocalStateMachines) -> None:
+    # Given a finishing handler that raises
+    def finish(_event: dict[str, Any], _context: Any) -> None:
+        raise ValueError("nothing to finish")
+
+    with lambdas_in_process({"pick": lambda e, _c: {**e, "picked": True}, "finish": finish}):
+        # When the execution reaches it
+        execution = machines.run(deploy(machines), {"slots": [1]})
+    # Then the Catch took the error, by the exception's name, as Lambda reports it on AWS
+    assert execution.status == "SUCCEEDED"
+    assert execution.output["error"]["Error"] == "ValueError"
+    assert "nothing to finish" in execution.output["error"]["Cause"]
+
+
+def test_retries_and_waits_take_no_time_in_tests(machines: LocalStateMachines) -> None:
+    # Given a pick that fails once with a retryable error, then needs a second look an hour later
+    attempts: list[int] = []
+
+    def pick(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        attempts.append(event["slot"])
+        if len(attempts) == 1:
+            raise Flaky("try again")
+        return {**event, "picked": len(attempts) >= 3}
+
+    with lambdas_in_process({"pick": pick, "finish": lambda e, _c: e}):
+        # When it runs with a deadline far shorter than the Retry interval (600 s) and Wait (3600 s)
+        execution = machines.run(deploy(machines), {"slots": [7]}, timeout_seconds=10)
+    # Then the retry and the loop back through the Wait happened, without waiting
+    assert execution.status == "SUCCEEDED"
+    assert attempts == [7, 7, 7]
