@@ -101,6 +101,14 @@ class PickupSettings(_Settings):
     `same_instance_tolerance` anyway."""
 
 
+class FleetSettings(_Settings):
+    """How creation reacts when EC2 launches fewer instances than asked (DESIGN.md 6.3)."""
+
+    spot_fallback_to_on_demand: bool = True
+    """Launch a spot shortfall once more as on-demand: the job runs at the on-demand price rather
+    than waiting for spot capacity that may not come back before the validation timeout."""
+
+
 class StackConfig(_Settings):
     """Everything about pool behaviour an operator may set; every field has the design's default."""
 
@@ -108,6 +116,7 @@ class StackConfig(_Settings):
     timeouts: Timeouts = Timeouts()
     defaults: LabelDefaults = LabelDefaults()
     pickup: PickupSettings = PickupSettings()
+    fleet: FleetSettings = FleetSettings()
     warm_pool_minimum: dict[str, int] = Field(default_factory=dict)
     refresh_rate_minutes: int = Field(1, gt=0)
 
