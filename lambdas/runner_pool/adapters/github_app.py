@@ -1,0 +1,563 @@
+"""The GitHub App client of one installation: JIT runner configs, our runners, failed webhook deliveries.
+
+Built on githubkit's generated REST methods, with three of its defaults replaced on purpose:
+
+- Authentication is ours. githubkit's AppInstallationAuthStrategy does cache the installation token,
+  but in a store shared by the whole process and keyed by app and installation id only (not by
+  GitHub host), with expiry read from the wall clock. Here each client holds its own token on the
+  injected clock, asks for a new one shortly before expiry, and replaces at once a token GitHub
+  refuses. The App JWT, signed per request, authenticates the `/app/...` routes (the token request
+  and the webhook deliveries API); everything else carries the installation token.
+- No automatic retry: githubkit would sleep in the Lambda until a rate limit resets (up to an hour)
+  and retry server errors with sleeps of its own. Both become a GitHubRetryableError instead, and
+  the caller's retry (Step Functions, the next refresh) does the waiting.
+- No HTTP cache: every read must see GitHub as it is now.
+
+githubkit opens and closes an HTTP client per call; the transport below keeps one connection pool
+across calls, so a warm Lambda does not pay a TLS handshake per request.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+import jwt
+import pydantic
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
+from githubkit import BaseAuthStrategy, GitHub, GitHubCore
+from githubkit.exception import (
+    GitHubException,
+    RateLimitExceeded,
+    RequestError,
+    RequestFailed,
+    RequestTimeout,
+)
+from githubkit.utils import UNSET
+
+from runner_pool.domain.clock import Clock, Epoch, SystemClock
+from runner_pool.domain.labels import is_pool_label
+from runner_pool.domain.runner_scope import RepositoryScope, RunnerScope
+
+if TYPE_CHECKING:
+    from githubkit_schemas.latest.models import Runner
+
+T = TypeVar("T")
+
+GITHUB_API_URL = "https://api.github.com/"
+DEFAULT_RUNNER_GROUP_ID = 1
+"""Every repository and organisation has the Default runner group, id 1; the JIT endpoint requires a group."""
+MAX_RUNNER_LABELS = 100
+PAGE_SIZE = 100
+TOKEN_REFRESH_MARGIN_SECONDS = 300.0
+"""A token this close to its expiry is replaced: room for clock skew and for a call still under way."""
+APP_JWT_BACKDATE_SECONDS = 60
+"""GitHub's advice: issue the JWT a minute in the past, against clock drift."""
+APP_JWT_LIFETIME_SECONDS = 540
+"""From the backdated `iat`; GitHub refuses an `exp` more than 10 minutes ahead."""
+RATE_LIMIT_DEFAULT_WAIT_SECONDS = 60.0
+
+
+# --- outcomes ----------------------------------------------------------------------------------
+
+
+class RunnerStatus(StrEnum):
+    """A runner as GitHub sees it. BUSY wins over the connection state: a busy runner is never removed."""
+
+    ONLINE = "online"
+    OFFLINE = "offline"
+    BUSY = "busy"
+
+
+class RunnerRemoval(StrEnum):
+    DELETED = "deleted"
+    ALREADY_GONE = "already-gone"
+    """GitHub knows no such runner: a JIT runner removes itself after its job. Also what GitHub says
+    when the installation has lost access to the repository; the two cannot be told apart."""
+    BUSY = "busy"
+    """The runner is running a job; GitHub refuses to remove it until the job ends."""
+
+
+@dataclass(frozen=True)
+class JitRunner:
+    """A just-in-time runner registration: the runner's id and the config its instance starts it with."""
+
+    runner_id: int
+    name: str
+    encoded_jit_config: str = field(repr=False)
+    """A credential: it lets whoever holds it take a job. Never log it."""
+
+
+@dataclass(frozen=True)
+class RegisteredRunner:
+    runner_id: int
+    name: str
+    status: RunnerStatus
+    labels: tuple[str, ...]
+
+    @property
+    def run_key(self) -> str | None:
+        """The `pool=` label the runner was registered with; None for a runner that is not ours."""
+        return next((label for label in self.labels if is_pool_label(label)), None)
+
+
+@dataclass(frozen=True)
+class FailedDelivery:
+    """The latest attempt at delivering one webhook event that has not reached us yet."""
+
+    delivery_id: int
+    guid: str
+    """GitHub's id of the event (`X-GitHub-Delivery`), the same for every attempt at it."""
+    event: str
+    action: str | None
+    delivered_at: Epoch
+    status_code: int
+
+
+class GitHubError(RuntimeError):
+    """GitHub refused or failed a request; `status` is the HTTP status, None when there was no answer."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class GitHubRetryableError(GitHubError):
+    """Worth retrying later, unchanged: a rate limit, a GitHub outage, a timeout."""
+
+
+class GitHubRateLimitedError(GitHubRetryableError):
+    def __init__(self, message: str, status: int, retry_after_seconds: float) -> None:
+        super().__init__(message, status)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class GitHubUnavailableError(GitHubRetryableError):
+    """A 5xx, a timeout, or no connection at all."""
+
+
+class GitHubAuthError(GitHubError):
+    """401: GitHub does not accept the App's credentials (app id, private key, installation id)."""
+
+
+class GitHubForbiddenError(GitHubError):
+    """403, not a rate limit: the App lacks a permission (Administration or Self-hosted runners: write)."""
+
+
+class GitHubNotFoundError(GitHubError):
+    """404: no such resource, or one the installation cannot see (GitHub does not say which)."""
+
+
+class GitHubRejectedError(GitHubError):
+    """409 or 422: GitHub understood the request and will not do it."""
+
+
+# --- the client --------------------------------------------------------------------------------
+
+
+class GitHubApp:
+    """One App installation's view of GitHub, for the runners of one scope (repository or organisation)."""
+
+    def __init__(
+        self,
+        app_id: int | str,
+        private_key: str,
+        installation_id: int,
+        scope: RunnerScope,
+        *,
+        base_url: str = GITHUB_API_URL,
+        api_version: str | None = None,
+        clock: Clock | None = None,
+        timeout_seconds: float = 10.0,
+        token_refresh_margin_seconds: float = TOKEN_REFRESH_MARGIN_SECONDS,
+    ) -> None:
+        """`base_url` is `https://<host>/api/v3/` for GitHub Enterprise Server. `api_version` overrides
+        the `X-GitHub-Api-Version` githubkit sends (its newest); GHES answers only the versions of
+        its release, e.g. `2022-11-28`. `app_id` may be the App's id or its client id."""
+        self._app_id = str(app_id)
+        self._key = _load_private_key(private_key)
+        self._installation_id = installation_id
+        self._scope = scope
+        self._clock: Clock = clock or SystemClock()
+        self._headers = {"X-GitHub-Api-Version": api_version} if api_version else None
+        self._transport = _PooledTransport(httpx.HTTPTransport())
+        self._tokens = _TokenCache(self._request_token, self._clock, token_refresh_margin_seconds)
+        self._github = GitHub(
+            _AppAuth(self._app_jwt, self._tokens),
+            base_url=base_url,
+            user_agent="runner-pool",
+            timeout=timeout_seconds,
+            http_cache=False,
+            auto_retry=False,
+            transport=self._transport,
+        )
+
+    @property
+    def scope(self) -> RunnerScope:
+        return self._scope
+
+    def close(self) -> None:
+        self._transport.close_pool()
+
+    # --- runners ---------------------------------------------------------------------------------
+
+    def jit_config(
+        self,
+        name: str,
+        labels: Sequence[str],
+        runner_group_id: int = DEFAULT_RUNNER_GROUP_ID,
+        work_folder: str | None = None,
+    ) -> JitRunner:
+        """Register a just-in-time runner `name` with exactly `labels` (for us: `[run key]`).
+
+        A name is one registration: asking again for a name GitHub already knows replaces the earlier
+        registration, so a retried step whose first answer was lost still gets a config. A runner of
+        that name that is running a job is never replaced (GitHubRejectedError).
+        """
+        if not name:
+            raise ValueError("a runner needs a name")
+        if not 1 <= len(labels) <= MAX_RUNNER_LABELS:
+            raise ValueError(f"a JIT runner takes 1 to {MAX_RUNNER_LABELS} labels, not {len(labels)}")
+        try:
+            return self._call(lambda: self._generate_jit(name, labels, runner_group_id, work_folder))
+        except GitHubRejectedError as exc:
+            if exc.status != httpx.codes.CONFLICT:
+                raise
+        for stale in self._runners_named(name):
+            if self.delete_runner(stale.runner_id) is RunnerRemoval.BUSY:
+                raise GitHubRejectedError(
+                    f"runner name {name!r} belongs to runner {stale.runner_id}, which is running a job",
+                    httpx.codes.CONFLICT,
+                )
+        return self._call(lambda: self._generate_jit(name, labels, runner_group_id, work_folder))
+
+    def delete_runner(self, runner_id: int) -> RunnerRemoval:
+        """Remove a runner registration; one that is already gone is a normal outcome, not an error."""
+        rest = self._github.rest
+        scope = self._scope
+        try:
+            if isinstance(scope, RepositoryScope):
+                self._call(
+                    lambda: rest.actions.delete_self_hosted_runner_from_repo(
+                        scope.owner, scope.repo, runner_id, headers=self._headers
+                    )
+                )
+            else:
+                self._call(
+                    lambda: rest.actions.delete_self_hosted_runner_from_org(
+                        scope.org, runner_id, headers=self._headers
+                    )
+                )
+        except GitHubNotFoundError:
+            return RunnerRemoval.ALREADY_GONE
+        except GitHubRejectedError as exc:
+            if exc.status != httpx.codes.UNPROCESSABLE_ENTITY:
+                raise
+            return RunnerRemoval.BUSY
+        return RunnerRemoval.DELETED
+
+    def runners(self) -> list[RegisteredRunner]:
+        """Our runners in the scope (those registered with a `pool=` label), every page of them."""
+        return [runner for runner in self._call(self._list_runners) if runner.run_key is not None]
+
+    # --- webhook deliveries ------------------------------------------------------------------------
+
+    def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]:
+        """Webhook events since `since` that GitHub failed to deliver and has not delivered since.
+
+        One entry per event (its latest attempt), oldest first. GitHub lists deliveries newest first,
+        a page at a time behind a cursor, and keeps no `since` filter, so pages are read only until
+        they reach `since`. Every status is read, not only failures: an event with a successful
+        attempt (a redelivery that worked) is not failed any more.
+        """
+
+        def collect() -> list[FailedDelivery]:
+            rest = self._github.rest
+            succeeded: set[str] = set()
+            latest_failure: dict[str, FailedDelivery] = {}
+            pages = rest.paginate(
+                rest.apps.list_webhook_deliveries, per_page=PAGE_SIZE, headers=self._headers
+            )
+            for item in pages:
+                delivered_at = item.delivered_at.timestamp()
+                if delivered_at < since:
+                    break
+                if _succeeded(item.status_code):
+                    succeeded.add(item.guid)
+                elif item.guid not in latest_failure:
+                    latest_failure[item.guid] = FailedDelivery(
+                        delivery_id=item.id,
+                        guid=item.guid,
+                        event=item.event,
+                        action=item.action,
+                        delivered_at=delivered_at,
+                        status_code=item.status_code,
+                    )
+            failed = [d for guid, d in latest_failure.items() if guid not in succeeded]
+            return sorted(failed, key=lambda delivery: (delivery.delivered_at, delivery.delivery_id))
+
+        return self._call(collect)
+
+    def redeliver(self, delivery_id: int) -> None:
+        """Ask GitHub to deliver a delivery's event again; it answers at once and delivers shortly after."""
+        rest = self._github.rest
+        self._call(lambda: rest.apps.redeliver_webhook_delivery(delivery_id, headers=self._headers))
+
+    # --- mechanics -------------------------------------------------------------------------------
+
+    def _generate_jit(
+        self, name: str, labels: Sequence[str], runner_group_id: int, work_folder: str | None
+    ) -> JitRunner:
+        rest = self._github.rest
+        scope = self._scope
+        folder = UNSET if work_folder is None else work_folder
+        if isinstance(scope, RepositoryScope):
+            response = rest.actions.generate_runner_jitconfig_for_repo(
+                scope.owner,
+                scope.repo,
+                name=name,
+                labels=list(labels),
+                runner_group_id=runner_group_id,
+                work_folder=folder,
+                headers=self._headers,
+            )
+            runner_id = response.parsed_data.runner.id
+            config = response.parsed_data.encoded_jit_config
+        else:
+            org_response = rest.actions.generate_runner_jitconfig_for_org(
+                scope.org,
+                name=name,
+                labels=list(labels),
+                runner_group_id=runner_group_id,
+                work_folder=folder,
+                headers=self._headers,
+            )
+            runner_id = org_response.parsed_data.runner.id
+            config = org_response.parsed_data.encoded_jit_config
+        return JitRunner(runner_id=runner_id, name=name, encoded_jit_config=config)
+
+    def _list_runners(self, name: str | None = None) -> list[RegisteredRunner]:
+        rest = self._github.rest
+        scope = self._scope
+        only = UNSET if name is None else name
+        if isinstance(scope, RepositoryScope):
+            repo_pages = rest.paginate(
+                rest.actions.list_self_hosted_runners_for_repo,
+                map_func=lambda response: response.parsed_data.runners,
+                owner=scope.owner,
+                repo=scope.repo,
+                name=only,
+                per_page=PAGE_SIZE,
+                headers=self._headers,
+            )
+            return [_registered(runner) for runner in repo_pages]
+        org_pages = rest.paginate(
+            rest.actions.list_self_hosted_runners_for_org,
+            map_func=lambda response: response.parsed_data.runners,
+            org=scope.org,
+            name=only,
+            per_page=PAGE_SIZE,
+            headers=self._headers,
+        )
+        return [_registered(runner) for runner in org_pages]
+
+    def _runners_named(self, name: str) -> list[RegisteredRunner]:
+        return [runner for runner in self._call(lambda: self._list_runners(name)) if runner.name == name]
+
+    def _call(self, operation: Callable[[], T]) -> T:
+        """Run one githubkit operation; whatever it raises comes out as a GitHubError."""
+        try:
+            return operation()
+        except (GitHubException, pydantic.ValidationError) as exc:
+            raise _translate(exc, self._clock.now()) from exc
+
+    def _app_jwt(self) -> str:
+        now = int(self._clock.now())
+        issued_at = now - APP_JWT_BACKDATE_SECONDS
+        claims = {"iat": issued_at, "exp": issued_at + APP_JWT_LIFETIME_SECONDS, "iss": self._app_id}
+        return jwt.encode(claims, self._key, algorithm="RS256")
+
+    def _request_token(self) -> _Token:
+        response = self._github.rest.apps.create_installation_access_token(
+            self._installation_id, headers=self._headers
+        )
+        issued = response.parsed_data
+        return _Token(issued.token, datetime.fromisoformat(issued.expires_at).timestamp())
+
+
+def _registered(runner: Runner) -> RegisteredRunner:
+    if runner.busy:
+        status = RunnerStatus.BUSY
+    elif runner.status == RunnerStatus.ONLINE.value:
+        status = RunnerStatus.ONLINE
+    else:
+        status = RunnerStatus.OFFLINE
+    return RegisteredRunner(
+        runner_id=runner.id,
+        name=runner.name,
+        status=status,
+        labels=tuple(label.name for label in runner.labels),
+    )
+
+
+def _succeeded(status_code: int) -> bool:
+    return 200 <= status_code < 300
+
+
+def _load_private_key(pem: str) -> RSAPrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem.encode(), password=None)
+    except (ValueError, TypeError) as exc:
+        raise ValueError("the GitHub App private key is not an unencrypted PEM private key") from exc
+    if not isinstance(key, RSAPrivateKey):
+        raise ValueError("the GitHub App private key is not an RSA key; GitHub issues RSA keys")
+    return key
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+_ERRORS_BY_STATUS: Mapping[int, type[GitHubError]] = {
+    401: GitHubAuthError,
+    403: GitHubForbiddenError,
+    404: GitHubNotFoundError,
+    409: GitHubRejectedError,
+    422: GitHubRejectedError,
+}
+
+
+def _translate(exc: BaseException, now: Epoch) -> GitHubError:
+    """githubkit's exception as one of ours; the message names the request and GitHub's own words."""
+    exc = _unwrapped(exc)
+    if isinstance(exc, RequestFailed):
+        return _refused(exc, now)
+    if isinstance(exc, RequestTimeout | httpx.TransportError):
+        return GitHubUnavailableError(f"could not reach GitHub: {exc!r}")
+    if isinstance(exc, pydantic.ValidationError):
+        return GitHubError(f"GitHub answered in a shape its API description does not allow: {exc}")
+    return GitHubError(f"request to GitHub failed: {exc!r}")
+
+
+def _unwrapped(exc: BaseException) -> BaseException:
+    """What githubkit wrapped: whatever the HTTP client raised, including the failure of a token
+    request our authentication made on the way."""
+    while type(exc) is RequestError:
+        exc = exc.exc
+    return exc
+
+
+def _refused(exc: RequestFailed, now: Epoch) -> GitHubError:
+    status = exc.response.status_code
+    if isinstance(exc, RateLimitExceeded):
+        wait = _retry_after(exc.response.headers, now)
+        return GitHubRateLimitedError(f"{_described(exc)}; retry in {wait:.0f} s", status, wait)
+    kind = GitHubUnavailableError if status >= 500 else _ERRORS_BY_STATUS.get(status, GitHubError)
+    return kind(_described(exc), status)
+
+
+def _described(exc: RequestFailed) -> str:
+    request = exc.request
+    try:
+        body = exc.response.json()
+    except ValueError:
+        body = None
+    message = body.get("message") if isinstance(body, dict) else None
+    said = f": {message}" if message else ""
+    return f"{request.method} {request.url.path} answered {exc.response.status_code}{said}"
+
+
+def _retry_after(headers: httpx.Headers, now: Epoch) -> float:
+    """GitHub's wait: `retry-after` (secondary limits), else until `x-ratelimit-reset` (primary)."""
+    if "retry-after" in headers:
+        return float(headers["retry-after"])
+    if "x-ratelimit-reset" in headers:
+        return max(0.0, float(headers["x-ratelimit-reset"]) - now)
+    return RATE_LIMIT_DEFAULT_WAIT_SECONDS
+
+
+# --- authentication and transport ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Token:
+    value: str = field(repr=False)
+    expires_at: Epoch
+
+
+class _TokenCache:
+    """The installation token: one request for many calls, a new one shortly before expiry."""
+
+    def __init__(self, fetch: Callable[[], _Token], clock: Clock, margin_seconds: float) -> None:
+        self._fetch = fetch
+        self._clock = clock
+        self._margin = margin_seconds
+        self._token: _Token | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> str:
+        with self._lock:
+            token = self._token
+            if token is None or self._clock.now() >= token.expires_at - self._margin:
+                token = self._token = self._fetch()
+            return token.value
+
+    def forget(self, value: str) -> None:
+        """Drop a token GitHub refused, unless another caller has replaced it already."""
+        with self._lock:
+            if self._token is not None and self._token.value == value:
+                self._token = None
+
+
+class _AuthFlow(httpx.Auth):
+    requires_request_body = True
+    requires_response_body = True
+
+    def __init__(self, app_jwt: Callable[[], str], tokens: _TokenCache, base_path: str) -> None:
+        self._app_jwt = app_jwt
+        self._tokens = tokens
+        self._base_path = base_path.rstrip("/")
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        route = request.url.path.removeprefix(self._base_path)
+        if route == "/app" or route.startswith("/app/"):
+            request.headers["Authorization"] = f"Bearer {self._app_jwt()}"
+            yield request
+            return
+        token = self._tokens.get()
+        request.headers["Authorization"] = f"token {token}"
+        response = yield request
+        if response.status_code == httpx.codes.UNAUTHORIZED:
+            # Revoked, or expired early: once with a fresh token, then GitHub's answer stands.
+            self._tokens.forget(token)
+            request.headers["Authorization"] = f"token {self._tokens.get()}"
+            yield request
+
+
+@dataclass(frozen=True)
+class _AppAuth(BaseAuthStrategy):
+    app_jwt: Callable[[], str]
+    tokens: _TokenCache
+
+    def get_auth_flow(self, github: GitHubCore[Any]) -> httpx.Auth:
+        return _AuthFlow(self.app_jwt, self.tokens, github.config.base_url.path)
+
+
+class _PooledTransport(httpx.BaseTransport):
+    """An HTTP transport whose connection pool outlives the per-call clients githubkit opens and closes."""
+
+    def __init__(self, transport: httpx.HTTPTransport) -> None:
+        self._transport = transport
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._transport.handle_request(request)
+
+    def close(self) -> None:
+        """Called by every per-call client; the pool stays open for the next call."""
+
+    def close_pool(self) -> None:
+        self._transport.close()

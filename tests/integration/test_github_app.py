@@ -1,0 +1,522 @@
+"""The GitHub App client against the fake GitHub over real HTTP: tokens, JIT runners, runners, deliveries, errors."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from emulator.fake_github import FakeGitHub, decode_jit_config
+from runner_pool.adapters.github_app import (
+    TOKEN_REFRESH_MARGIN_SECONDS,
+    GitHubApp,
+    GitHubAuthError,
+    GitHubForbiddenError,
+    GitHubNotFoundError,
+    GitHubRateLimitedError,
+    GitHubRejectedError,
+    GitHubRetryableError,
+    GitHubUnavailableError,
+    RunnerRemoval,
+    RunnerStatus,
+)
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.runner_scope import OrganizationScope, RepositoryScope, RunnerScope
+from tests.support.builders import run_key
+from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+
+REPOSITORY = RepositoryScope(owner=OWNER, repo=REPO)
+ORGANIZATION = OrganizationScope(org=OWNER)
+TOKEN_LIFETIME = 3600.0
+JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
+RUNNERS_ROUTE = "GET /repos/{owner}/{repo}/actions/runners"
+DELIVERIES_ROUTE = "GET /app/hook/deliveries"
+
+Connect = Callable[..., GitHubApp]
+
+
+@pytest.fixture(scope="module")
+def app_key() -> AppKey:
+    return generate_app_key()
+
+
+@pytest.fixture
+def fake(app_key: AppKey, clock: ManualClock) -> Iterator[FakeGitHub]:
+    with FakeGitHub(APP_ID, app_key.public_pem, clock=clock) as github:
+        github.state.add_installation(INSTALLATION_ID, OWNER)
+        yield github
+
+
+@pytest.fixture
+def connect(fake: FakeGitHub, app_key: AppKey, clock: ManualClock) -> Iterator[Connect]:
+    """Clients of the fake's App installation; by default for the repository, on the fake's clock."""
+    clients: list[GitHubApp] = []
+
+    def client(
+        scope: RunnerScope = REPOSITORY,
+        *,
+        private_key: str = app_key.private_pem,
+        client_clock: ManualClock = clock,
+        base_url: str | None = None,
+        api_version: str | None = None,
+    ) -> GitHubApp:
+        app = GitHubApp(
+            APP_ID,
+            private_key,
+            INSTALLATION_ID,
+            scope,
+            base_url=base_url or fake.url,
+            api_version=api_version,
+            clock=client_clock,
+        )
+        clients.append(app)
+        return app
+
+    yield client
+    for app in clients:
+        app.close()
+
+
+@pytest.fixture
+def github(connect: Connect) -> GitHubApp:
+    return connect()
+
+
+# --- the installation token ------------------------------------------------------------------------
+
+
+def test_one_installation_token_serves_many_calls(github: GitHubApp, fake: FakeGitHub) -> None:
+    # Given a client that has not called GitHub yet
+    # When it registers a runner, lists runners and deletes the runner
+    runner = github.jit_config("runner-1", [run_key(1)])
+    github.runners()
+    github.delete_runner(runner.runner_id)
+
+    # Then GitHub was asked for an installation token once
+    assert fake.state.token_requests == 1
+
+
+def test_the_token_is_kept_until_shortly_before_it_expires(
+    github: GitHubApp, fake: FakeGitHub, clock: ManualClock
+) -> None:
+    # Given a token issued for an hour
+    github.runners()
+
+    # When a call comes just before the refresh margin begins
+    clock.advance(TOKEN_LIFETIME - TOKEN_REFRESH_MARGIN_SECONDS - 1)
+    github.runners()
+
+    # Then it still uses the first token
+    assert fake.state.token_requests == 1
+
+
+def test_a_new_token_is_requested_once_the_cached_one_nears_expiry(
+    github: GitHubApp, fake: FakeGitHub, clock: ManualClock
+) -> None:
+    # Given a token issued for an hour
+    github.runners()
+
+    # When calls come once the refresh margin has begun
+    clock.advance(TOKEN_LIFETIME - TOKEN_REFRESH_MARGIN_SECONDS)
+    github.runners()
+    github.runners()
+
+    # Then one new token serves them
+    assert fake.state.token_requests == 2
+
+
+def test_a_token_github_no_longer_accepts_is_replaced_on_the_spot(
+    github: GitHubApp, fake: FakeGitHub
+) -> None:
+    # Given a cached token that GitHub has since revoked
+    github.runners()
+    fake.state.revoke_tokens()
+
+    # When the client calls again
+    runner = github.jit_config("runner-1", [run_key(1)])
+
+    # Then the call succeeds with a new token
+    assert runner.runner_id in fake.state.runners
+    assert fake.state.token_requests == 2
+
+
+def test_concurrent_first_calls_share_one_token_request(github: GitHubApp, fake: FakeGitHub) -> None:
+    # Given a client without a token, and eight threads ready to call at once
+    start = threading.Barrier(8)
+    failures: list[BaseException] = []
+
+    def call() -> None:
+        start.wait()
+        try:
+            github.runners()
+        except BaseException as exc:  # reported by the assertion below
+            failures.append(exc)
+
+    # When they all call
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    # Then one token request served all of them
+    assert failures == []
+    assert fake.state.token_requests == 1
+
+
+def test_calls_reuse_one_connection(github: GitHubApp, fake: FakeGitHub) -> None:
+    # Given a client
+    # When it makes several calls, one after the other
+    for number in range(1, 4):
+        github.jit_config(f"runner-{number}", [run_key(number)])
+    github.runners()
+
+    # Then they all went over one connection (no new handshake per call)
+    assert fake.state.connections == 1
+
+
+# --- JIT runners ---------------------------------------------------------------------------------
+
+
+def test_jit_config_for_a_repository_registers_the_run_key_in_the_default_group(
+    github: GitHubApp, fake: FakeGitHub
+) -> None:
+    # Given a client for a repository's runners
+    label = run_key(7, "/class=xlarge")
+
+    # When it asks for a JIT runner with the run key as its one label
+    runner = github.jit_config("i-0abc-7", [label])
+
+    # Then GitHub registered that runner, in the Default group, with the run key as its label
+    registered = fake.state.runners[runner.runner_id]
+    assert registered.scope == REPOSITORY
+    assert registered.runner_group_id == 1
+    assert [label.name for label in registered.labels if label.type == "custom"] == [label]
+    # and the config is that runner's
+    assert decode_jit_config(runner.encoded_jit_config)[".runner"]["AgentId"] == runner.runner_id
+
+
+def test_jit_config_for_an_organisation_registers_in_the_group_asked_for(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    # Given a client for an organisation's runners, whose organisation has runner group 7
+    fake.state.add_runner_group(OWNER, 7)
+    github = connect(ORGANIZATION)
+
+    # When it asks for a JIT runner in group 7
+    runner = github.jit_config("i-0abc-7", [run_key(7)], runner_group_id=7, work_folder="work")
+
+    # Then GitHub registered an organisation runner in group 7
+    registered = fake.state.runners[runner.runner_id]
+    assert registered.scope == ORGANIZATION
+    assert registered.runner_group_id == 7
+    assert registered.work_folder == "work"
+
+
+def test_asking_again_for_a_name_replaces_the_earlier_registration(
+    github: GitHubApp, fake: FakeGitHub
+) -> None:
+    # Given a runner registered under a name, whose config the caller then lost
+    first = github.jit_config("i-0abc-7", [run_key(7)])
+
+    # When the caller asks again for the same name
+    second = github.jit_config("i-0abc-7", [run_key(7)])
+
+    # Then it gets a new registration, and only that one is left
+    assert second.runner_id != first.runner_id
+    assert [r.runner_id for r in fake.state.runners_in(REPOSITORY, "i-0abc-7")] == [second.runner_id]
+
+
+def test_a_name_held_by_a_busy_runner_is_not_replaced(github: GitHubApp, fake: FakeGitHub) -> None:
+    # Given a runner of that name running a job
+    first = github.jit_config("i-0abc-7", [run_key(7)])
+    fake.state.set_runner_state(first.runner_id, online=True, busy=True)
+
+    # When the caller asks for the name again
+    with pytest.raises(GitHubRejectedError) as refused:
+        github.jit_config("i-0abc-7", [run_key(7)])
+
+    # Then it is refused as a conflict and the busy runner stays
+    assert refused.value.status == 409
+    assert first.runner_id in fake.state.runners
+
+
+# --- deleting runners ----------------------------------------------------------------------------
+
+
+def test_delete_removes_the_runner(github: GitHubApp, fake: FakeGitHub) -> None:
+    # Given a registered runner
+    runner = github.jit_config("i-0abc-7", [run_key(7)])
+
+    # When it is deleted
+    outcome = github.delete_runner(runner.runner_id)
+
+    # Then GitHub no longer has it
+    assert outcome is RunnerRemoval.DELETED
+    assert runner.runner_id not in fake.state.runners
+
+
+def test_deleting_a_runner_already_gone_is_a_normal_outcome(github: GitHubApp) -> None:
+    # Given a runner that GitHub already removed (a JIT runner after its job)
+    runner = github.jit_config("i-0abc-7", [run_key(7)])
+    github.delete_runner(runner.runner_id)
+
+    # When it is deleted again
+    outcome = github.delete_runner(runner.runner_id)
+
+    # Then that is reported, not raised
+    assert outcome is RunnerRemoval.ALREADY_GONE
+
+
+def test_deleting_a_busy_runner_reports_it_busy_and_keeps_it(github: GitHubApp, fake: FakeGitHub) -> None:
+    # Given a runner running a job
+    runner = github.jit_config("i-0abc-7", [run_key(7)])
+    fake.state.set_runner_state(runner.runner_id, online=True, busy=True)
+
+    # When it is deleted
+    outcome = github.delete_runner(runner.runner_id)
+
+    # Then GitHub refused, and the outcome says why
+    assert outcome is RunnerRemoval.BUSY
+    assert runner.runner_id in fake.state.runners
+
+
+# --- listing runners -----------------------------------------------------------------------------
+
+
+def test_runners_reads_every_page(github: GitHubApp, fake: FakeGitHub) -> None:
+    # Given 250 of our runners, more than two pages of 100
+    for number in range(1, 251):
+        fake.state.register_runner(REPOSITORY, f"runner-{number}", [run_key(number)])
+
+    # When the client lists runners
+    runners = github.runners()
+
+    # Then it has read all three pages
+    assert sorted(runner.name for runner in runners) == sorted(f"runner-{n}" for n in range(1, 251))
+    assert fake.state.calls[RUNNERS_ROUTE] == 3
+
+
+def test_runners_lists_only_ours_with_their_status(github: GitHubApp, fake: FakeGitHub) -> None:
+    # Given our runners offline, online and busy, and a runner of someone else's
+    offline = fake.state.register_runner(REPOSITORY, "offline", [run_key(1)])
+    online = fake.state.register_runner(REPOSITORY, "online", [run_key(2)])
+    busy = fake.state.register_runner(REPOSITORY, "busy", [run_key(3)])
+    fake.state.register_runner(REPOSITORY, "theirs", ["gpu"])
+    fake.state.set_runner_state(online.runner_id, online=True)
+    fake.state.set_runner_state(busy.runner_id, online=True, busy=True)
+
+    # When the client lists runners
+    runners = {runner.name: runner for runner in github.runners()}
+
+    # Then it sees exactly ours, each with its status and run key
+    assert {name: runner.status for name, runner in runners.items()} == {
+        "offline": RunnerStatus.OFFLINE,
+        "online": RunnerStatus.ONLINE,
+        "busy": RunnerStatus.BUSY,
+    }
+    assert runners["offline"].run_key == run_key(1)
+    assert runners["offline"].runner_id == offline.runner_id
+
+
+# --- webhook deliveries --------------------------------------------------------------------------
+
+
+def test_failed_deliveries_lists_each_undelivered_event_once_oldest_first(
+    github: GitHubApp, fake: FakeGitHub, clock: ManualClock
+) -> None:
+    # Given, within the last hour: an event delivered; one that failed twice; one that failed and
+    # was then redelivered; one that failed last
+    since = clock.now()
+    clock.advance(60)
+    state = fake.state
+    state.add_delivery("workflow_job", "queued", 200)
+    twice = state.add_delivery("workflow_job", "queued", 502)
+    clock.advance(60)
+    recovered = state.add_delivery("workflow_run", "completed", 0)
+    state.add_delivery("workflow_job", "queued", 504, guid=twice.guid, redelivery=True)
+    state.add_delivery("workflow_run", "completed", 200, guid=recovered.guid, redelivery=True)
+    clock.advance(60)
+    last = state.add_delivery("workflow_job", "completed", 500)
+
+    # When the client asks for failed deliveries since then
+    failed = github.failed_deliveries(since)
+
+    # Then it gets the latest attempt of each event still undelivered, oldest first
+    assert [(d.guid, d.status_code) for d in failed] == [(twice.guid, 504), (last.guid, 500)]
+    assert failed[0].event == "workflow_job"
+    assert failed[0].action == "queued"
+
+
+def test_failed_deliveries_are_found_on_later_pages(
+    github: GitHubApp, fake: FakeGitHub, clock: ManualClock
+) -> None:
+    # Given a failed delivery followed by 150 successful ones (newest first, it is on page two)
+    since = clock.now()
+    failed_one = fake.state.add_delivery("workflow_job", "queued", 502)
+    for _ in range(150):
+        fake.state.add_delivery("workflow_job", "completed", 200)
+
+    # When the client asks for failed deliveries
+    failed = github.failed_deliveries(since)
+
+    # Then it found it behind GitHub's cursor
+    assert [d.delivery_id for d in failed] == [failed_one.delivery_id]
+    assert fake.state.calls[DELIVERIES_ROUTE] == 2
+
+
+def test_failed_deliveries_stops_reading_once_it_reaches_since(
+    github: GitHubApp, fake: FakeGitHub, clock: ManualClock
+) -> None:
+    # Given 250 failed deliveries of the day before, and one failed in the last hour
+    for _ in range(250):
+        fake.state.add_delivery("workflow_job", "queued", 502)
+    clock.advance(86_400)
+    since = clock.now() - 3600
+    recent = fake.state.add_delivery("workflow_job", "queued", 502)
+
+    # When the client asks for failed deliveries of the last hour
+    failed = github.failed_deliveries(since)
+
+    # Then it reads only the first page, and lists only the recent one
+    assert [d.delivery_id for d in failed] == [recent.delivery_id]
+    assert fake.state.calls[DELIVERIES_ROUTE] == 1
+
+
+def test_redeliver_asks_github_to_deliver_the_event_again(
+    github: GitHubApp, fake: FakeGitHub, clock: ManualClock
+) -> None:
+    # Given a failed delivery
+    since = clock.now()
+    failed = fake.state.add_delivery("workflow_job", "queued", 502)
+
+    # When the client asks for it to be redelivered
+    github.redeliver(failed.delivery_id)
+
+    # Then GitHub attempted it again, and the event is no longer failed
+    assert fake.state.redelivery_requests == [failed.delivery_id]
+    assert github.failed_deliveries(since) == []
+
+
+# --- refusals and failures -----------------------------------------------------------------------
+
+
+def test_an_app_jwt_signed_with_another_key_is_refused(connect: Connect, fake: FakeGitHub) -> None:
+    # Given a client holding a key that is not the App's
+    forger = connect(private_key=generate_app_key().private_pem)
+
+    # When it calls GitHub
+    with pytest.raises(GitHubAuthError) as refused:
+        forger.jit_config("i-0abc-7", [run_key(7)])
+
+    # Then its token request was refused as unauthenticated, and nothing was registered
+    assert refused.value.status == 401
+    assert fake.state.token_requests == 1
+    assert fake.state.runners == {}
+
+
+def test_an_expired_app_jwt_is_refused(connect: Connect, fake: FakeGitHub, clock: ManualClock) -> None:
+    # Given a client whose clock is an hour slow, so its JWTs expired before they were sent
+    late = connect(client_clock=ManualClock(clock.now() - 3600))
+
+    # When it calls GitHub
+    # Then the token request is refused as unauthenticated
+    with pytest.raises(GitHubAuthError, match="Expiration time"):
+        late.runners()
+
+
+def test_a_rate_limit_is_a_retryable_error_carrying_the_wait(
+    github: GitHubApp, fake: FakeGitHub, clock: ManualClock
+) -> None:
+    # Given an App over its rate limit for the next two minutes
+    github.runners()
+    fake.state.exhaust_rate_limit(until=clock.now() + 120)
+
+    # When the client calls GitHub
+    with pytest.raises(GitHubRateLimitedError) as limited:
+        github.jit_config("i-0abc-7", [run_key(7)])
+
+    # Then the error says to retry, and when (on the client's clock, from GitHub's reset time)
+    assert isinstance(limited.value, GitHubRetryableError)
+    assert limited.value.retry_after_seconds == 120
+
+
+def test_a_missing_permission_is_forbidden(connect: Connect, fake: FakeGitHub) -> None:
+    # Given an installation whose App may manage repository runners but not organisation runners
+    fake.state.add_installation(INSTALLATION_ID, OWNER, permissions={"administration": "write"})
+    github = connect(ORGANIZATION)
+
+    # When it asks for an organisation runner
+    # Then GitHub refuses it as forbidden, which no retry will change
+    with pytest.raises(GitHubForbiddenError) as refused:
+        github.jit_config("i-0abc-7", [run_key(7)])
+    assert not isinstance(refused.value, GitHubRetryableError)
+
+
+def test_a_repository_the_installation_cannot_see_is_not_found(connect: Connect) -> None:
+    # Given a client for a repository outside the installation's account
+    github = connect(RepositoryScope(owner="someone-else", repo=REPO))
+
+    # When it asks for a runner there
+    # Then GitHub answers not found
+    with pytest.raises(GitHubNotFoundError):
+        github.jit_config("i-0abc-7", [run_key(7)])
+
+
+def test_an_unknown_runner_group_is_rejected(github: GitHubApp) -> None:
+    # Given a client
+    # When it asks for a runner in a group the repository does not have
+    with pytest.raises(GitHubRejectedError) as rejected:
+        github.jit_config("i-0abc-7", [run_key(7)], runner_group_id=99)
+
+    # Then GitHub rejects the request as invalid
+    assert rejected.value.status == 422
+
+
+def test_an_unreachable_github_is_a_retryable_error(connect: Connect) -> None:
+    # Given a base URL where nothing listens
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    github = connect(base_url=f"http://127.0.0.1:{port}/")
+
+    # When the client calls
+    # Then it is told GitHub is unavailable, worth a retry
+    with pytest.raises(GitHubUnavailableError):
+        github.runners()
+
+
+# --- GitHub Enterprise Server --------------------------------------------------------------------
+
+
+def test_an_enterprise_server_is_reached_below_its_api_path_with_its_api_version(
+    app_key: AppKey, clock: ManualClock
+) -> None:
+    # Given a GitHub Enterprise Server: the API below /api/v3, answering only the 2022-11-28 version
+    with FakeGitHub(
+        APP_ID, app_key.public_pem, clock=clock, path_prefix="/api/v3", api_versions=("2022-11-28",)
+    ) as server:
+        server.state.add_installation(INSTALLATION_ID, OWNER)
+        for number in range(1, 151):
+            server.state.register_runner(REPOSITORY, f"runner-{number}", [run_key(number)])
+        github = GitHubApp(
+            APP_ID,
+            app_key.private_pem,
+            INSTALLATION_ID,
+            REPOSITORY,
+            base_url=server.url,
+            api_version="2022-11-28",
+            clock=clock,
+        )
+
+        # When the client registers a runner and lists runners over two pages
+        runner = github.jit_config("i-0abc-7", [run_key(7)])
+        runners = github.runners()
+        github.close()
+
+    # Then both worked against the server's paths and version
+    assert server.url.endswith("/api/v3/")
+    assert runner.runner_id in {r.runner_id for r in runners}
+    assert len(runners) == 151

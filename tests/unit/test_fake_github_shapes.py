@@ -1,0 +1,306 @@
+"""Every answer of the fake GitHub validates against githubkit's models, generated from GitHub's API description.
+
+Validation alone would let the fake send keys GitHub never sends (githubkit's models ignore unknown
+keys), so each answer is also checked for keys the description does not name. The fake is asked
+directly (`FakeGitHub.handle`), without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from githubkit.rest.paginator import NEXT_LINK_PATTERN
+from githubkit_schemas.latest.models import (
+    AppHookDeliveriesDeliveryIdAttemptsPostResponse202,
+    BasicError,
+    HookDeliveryItem,
+    InstallationToken,
+    OrgsOrgActionsRunnersGenerateJitconfigPostResponse201,
+    OrgsOrgActionsRunnersGetResponse200,
+    ReposOwnerRepoActionsRunnersGetResponse200,
+    ValidationErrorSimple,
+)
+from pydantic import BaseModel, TypeAdapter
+
+from emulator.fake_github import Answer, FakeGitHub
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.runner_scope import OrganizationScope, RepositoryScope
+from tests.support.builders import run_key
+from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, app_jwt, generate_app_key
+
+REPOSITORY = RepositoryScope(owner=OWNER, repo=REPO)
+RUNNERS = f"/repos/{OWNER}/{REPO}/actions/runners"
+ORG_RUNNERS = f"/orgs/{OWNER}/actions/runners"
+JIT_BODY = {"name": "i-0abc-7", "runner_group_id": 1, "labels": [run_key(7)]}
+
+
+@dataclass(frozen=True)
+class Asking:
+    """A request to the fake, made by a test: as the App (JWT) or as the installation (token)."""
+
+    fake: FakeGitHub
+    key: AppKey
+    clock: ManualClock
+
+    def as_app(self, method: str, target: str, body: Any = None) -> Answer:
+        return self._send(method, target, f"Bearer {app_jwt(self.key, self.clock.now())}", body)
+
+    def as_installation(self, method: str, target: str, body: Any = None) -> Answer:
+        token, _ = self.fake.state.issue_token(INSTALLATION_ID)
+        return self._send(method, target, f"token {token}", body)
+
+    def _send(self, method: str, target: str, authorization: str, body: Any) -> Answer:
+        payload = b"" if body is None else json.dumps(body).encode()
+        headers = {"Authorization": authorization, "X-GitHub-Api-Version": "2022-11-28"}
+        return self.fake.handle(method, target, headers, payload)
+
+
+@pytest.fixture(scope="module")
+def app_key() -> AppKey:
+    return generate_app_key()
+
+
+@pytest.fixture
+def ask(app_key: AppKey, clock: ManualClock) -> Asking:
+    fake = FakeGitHub(APP_ID, app_key.public_pem, clock=clock)
+    fake.state.add_installation(INSTALLATION_ID, OWNER)
+    return Asking(fake, app_key, clock)
+
+
+def unknown_keys(model: Any, raw: Any, where: str = "") -> list[str]:
+    """Keys of `raw` that the validated `model` has no field for, at any depth."""
+    if isinstance(model, BaseModel) and isinstance(raw, dict):
+        fields = {info.alias or name: name for name, info in type(model).model_fields.items()}
+        found = [f"{where}.{key}" for key in raw if key not in fields]
+        for key, value in raw.items():
+            if key in fields:
+                found += unknown_keys(getattr(model, fields[key]), value, f"{where}.{key}")
+        return found
+    if isinstance(model, list) and isinstance(raw, list):
+        return [
+            key
+            for index, pair in enumerate(zip(model, raw, strict=True))
+            for key in unknown_keys(*pair, f"{where}[{index}]")
+        ]
+    return []
+
+
+def assert_shaped(answer: Answer, status: int, shape: Any) -> None:
+    assert answer.status == status, answer.body
+    model = TypeAdapter(shape).validate_python(answer.body)
+    assert unknown_keys(model, answer.body) == []
+
+
+def busy_runner(ask: Asking) -> int:
+    runner = ask.fake.state.register_runner(REPOSITORY, "busy", [run_key(1)])
+    ask.fake.state.set_runner_state(runner.runner_id, online=True, busy=True)
+    return runner.runner_id
+
+
+Call = Callable[[Asking], Answer]
+
+SUCCESSES: dict[str, tuple[Call, int, Any]] = {
+    "installation token": (
+        lambda ask: ask.as_app("POST", f"/app/installations/{INSTALLATION_ID}/access_tokens"),
+        201,
+        InstallationToken,
+    ),
+    "repository JIT config": (
+        lambda ask: ask.as_installation("POST", f"{RUNNERS}/generate-jitconfig", JIT_BODY),
+        201,
+        OrgsOrgActionsRunnersGenerateJitconfigPostResponse201,  # githubkit's model for both scopes
+    ),
+    "organisation JIT config": (
+        lambda ask: ask.as_installation("POST", f"{ORG_RUNNERS}/generate-jitconfig", JIT_BODY),
+        201,
+        OrgsOrgActionsRunnersGenerateJitconfigPostResponse201,
+    ),
+    "repository runners": (
+        lambda ask: (
+            ask.fake.state.set_runner_state(busy_runner(ask), online=True),
+            ask.as_installation("GET", RUNNERS),
+        )[1],
+        200,
+        ReposOwnerRepoActionsRunnersGetResponse200,
+    ),
+    "organisation runners": (
+        lambda ask: (
+            ask.fake.state.register_runner(OrganizationScope(org=OWNER), "r", [run_key(1)]),
+            ask.as_installation("GET", ORG_RUNNERS),
+        )[1],
+        200,
+        OrgsOrgActionsRunnersGetResponse200,
+    ),
+    "hook deliveries": (
+        lambda ask: (
+            ask.fake.state.add_delivery("workflow_job", "queued", 502, installation_id=INSTALLATION_ID),
+            ask.fake.state.add_delivery("ping", None, 200),
+            ask.as_app("GET", "/app/hook/deliveries"),
+        )[-1],
+        200,
+        list[HookDeliveryItem],
+    ),
+    "redelivery": (
+        lambda ask: ask.as_app(
+            "POST",
+            f"/app/hook/deliveries/{ask.fake.state.add_delivery('ping', None, 0).delivery_id}/attempts",
+        ),
+        202,
+        AppHookDeliveriesDeliveryIdAttemptsPostResponse202,
+    ),
+}
+
+REFUSALS: dict[str, tuple[Call, int, Any]] = {
+    "token for an unknown installation": (
+        lambda ask: ask.as_app("POST", "/app/installations/999/access_tokens"),
+        404,
+        BasicError,
+    ),
+    "token asked with a forged JWT": (
+        lambda ask: ask.fake.handle(
+            "POST",
+            f"/app/installations/{INSTALLATION_ID}/access_tokens",
+            {"Authorization": f"Bearer {app_jwt(generate_app_key(), ask.clock.now())}"},
+        ),
+        401,
+        BasicError,
+    ),
+    "JIT config without runner_group_id": (
+        lambda ask: ask.as_installation(
+            "POST", f"{RUNNERS}/generate-jitconfig", {"name": "r", "labels": [run_key(1)]}
+        ),
+        422,
+        ValidationErrorSimple,
+    ),
+    "JIT config without a name": (
+        lambda ask: ask.as_installation(
+            "POST", f"{RUNNERS}/generate-jitconfig", {"runner_group_id": 1, "labels": [run_key(1)]}
+        ),
+        422,
+        ValidationErrorSimple,
+    ),
+    "JIT config for a name taken": (
+        lambda ask: (
+            ask.as_installation("POST", f"{RUNNERS}/generate-jitconfig", JIT_BODY),
+            ask.as_installation("POST", f"{RUNNERS}/generate-jitconfig", JIT_BODY),
+        )[1],
+        409,
+        BasicError,
+    ),
+    "runners of a repository outside the installation": (
+        lambda ask: ask.as_installation("GET", f"/repos/someone-else/{REPO}/actions/runners"),
+        404,
+        BasicError,
+    ),
+    "runners asked with a bad token": (
+        lambda ask: ask.fake.handle("GET", RUNNERS, {"Authorization": "token ghs_nonsense"}),
+        401,
+        BasicError,
+    ),
+    "deleting an unknown runner": (
+        lambda ask: ask.as_installation("DELETE", f"{RUNNERS}/123456"),
+        404,
+        BasicError,
+    ),
+    "deleting a busy runner": (
+        lambda ask: ask.as_installation("DELETE", f"{RUNNERS}/{busy_runner(ask)}"),
+        422,
+        ValidationErrorSimple,
+    ),
+    "redelivering an unknown delivery": (
+        lambda ask: ask.as_app("POST", "/app/hook/deliveries/123456/attempts"),
+        404,
+        BasicError,
+    ),
+    "over the rate limit": (
+        lambda ask: (
+            ask.fake.state.exhaust_rate_limit(until=ask.clock.now() + 60),
+            ask.as_installation("GET", RUNNERS),
+        )[1],
+        403,
+        BasicError,
+    ),
+}
+
+
+@pytest.mark.parametrize("endpoint", SUCCESSES)
+def test_each_answer_has_githubs_shape(ask: Asking, endpoint: str) -> None:
+    # Given the fake
+    call, status, shape = SUCCESSES[endpoint]
+
+    # When it answers a request GitHub would grant
+    answer = call(ask)
+
+    # Then the answer is what GitHub's description says, and nothing else
+    assert_shaped(answer, status, shape)
+
+
+@pytest.mark.parametrize("refusal", REFUSALS)
+def test_each_refusal_has_githubs_error_shape(ask: Asking, refusal: str) -> None:
+    # Given the fake
+    call, status, shape = REFUSALS[refusal]
+
+    # When it refuses a request as GitHub would
+    answer = call(ask)
+
+    # Then the error is in the shape githubkit parses that endpoint's errors with
+    assert_shaped(answer, status, shape)
+
+
+def test_deleting_a_runner_answers_no_content(ask: Asking) -> None:
+    # Given a registered runner
+    runner = ask.fake.state.register_runner(REPOSITORY, "r", [run_key(1)])
+
+    # When it is deleted
+    answer = ask.as_installation("DELETE", f"{RUNNERS}/{runner.runner_id}")
+
+    # Then GitHub's answer has no body
+    assert (answer.status, answer.body) == (204, None)
+
+
+def test_a_rate_limit_refusal_carries_githubs_rate_limit_headers(ask: Asking, clock: ManualClock) -> None:
+    # Given an App over its rate limit for a minute
+    ask.fake.state.exhaust_rate_limit(until=clock.now() + 60)
+
+    # When a request comes
+    answer = ask.as_installation("GET", RUNNERS)
+
+    # Then the headers say none is left and when the limit resets, as githubkit reads them
+    assert answer.headers["x-ratelimit-remaining"] == "0"
+    assert int(answer.headers["x-ratelimit-reset"]) == int(clock.now() + 60)
+
+
+def test_runner_pages_link_to_the_next_page_as_github_does(ask: Asking) -> None:
+    # Given 5 runners
+    for number in range(1, 6):
+        ask.fake.state.register_runner(REPOSITORY, f"r{number}", [run_key(number)])
+
+    # When the first page of 2 is asked for
+    answer = ask.as_installation("GET", f"{RUNNERS}?per_page=2")
+
+    # Then its Link header points to page 2, in the form githubkit's paginator follows
+    match = re.search(NEXT_LINK_PATTERN, answer.headers["Link"])
+    assert match is not None
+    assert match.group(1).endswith(f"{RUNNERS}?per_page=2&page=2")
+    assert answer.body["total_count"] == 5
+
+
+def test_delivery_pages_link_to_the_next_page_by_cursor(ask: Asking) -> None:
+    # Given 3 deliveries
+    deliveries = [ask.fake.state.add_delivery("workflow_job", "queued", 200) for _ in range(3)]
+
+    # When the first page of 2 is asked for, then the page its link names
+    first = ask.as_app("GET", "/app/hook/deliveries?per_page=2")
+    match = re.search(NEXT_LINK_PATTERN, first.headers["Link"])
+    assert match is not None
+    second = ask.as_app("GET", match.group(1).removeprefix(ask.fake.origin))
+
+    # Then the pages hold the deliveries newest first, each once, and the last page links nowhere
+    ids = [item["id"] for page in (first, second) for item in page.body]
+    assert ids == [d.delivery_id for d in reversed(deliveries)]
+    assert "Link" not in second.headers
