@@ -7,7 +7,7 @@ import sys
 
 from bench.results import RESULTS_PATH, merge_results
 
-BENCHMARKS = ("pickup",)
+BENCHMARKS = ("pickup", "agent")
 """Modules of this package with a `run() -> BenchTable`; later issues add theirs here."""
 
 

@@ -14,6 +14,7 @@ from aws_cdk import aws_sqs as sqs
 from cdk_nag import AwsSolutionsChecks
 
 from infra.app import CONFIG_CONTEXT_KEY, PROJECT_ROOT
+from infra.constructs.instances import ANY_INSTANCE_FINDING
 from tests.infra.synthesis import Synthesis, app_with, stack_of
 
 ACKNOWLEDGED = Validations.ACKNOWLEDGED_RULES_METADATA_KEY
@@ -31,7 +32,7 @@ def test_cdk_nag_finds_nothing_unacknowledged(synthesis: Synthesis) -> None:
 def test_every_acknowledgement_is_expected_and_explained(synthesis: Synthesis) -> None:
     # Given the synthesised stack / When the rules acknowledged anywhere in its tree are collected
     reasons = {
-        (construct.node.path, rule.split("::")[-1]): reason
+        (construct.node.path, rule.split("::", 1)[-1]): reason
         for construct in synthesis.stack.node.find_all()
         for entry in construct.node.metadata
         if entry.type == ACKNOWLEDGED
@@ -39,7 +40,10 @@ def test_every_acknowledgement_is_expected_and_explained(synthesis: Synthesis) -
     }
 
     # Then only the reviewed ones are there, each with a reason a reviewer can weigh
-    assert set(reasons) == {("RunnerPool/PoolQueues", "AwsSolutions-SQS3")}
+    assert set(reasons) == {
+        ("RunnerPool/PoolQueues", "AwsSolutions-SQS3"),
+        ("RunnerPool/Instances/Role", f"AwsSolutions-IAM5[Resource::{ANY_INSTANCE_FINDING}]"),
+    }
     assert all(len(reason.split()) >= 15 for reason in reasons.values())
 
 

@@ -1,0 +1,244 @@
+"""The agent's main loop: watch this instance's own record and do what it asks (DESIGN.md sections 4, 5, 7).
+
+The record says everything the agent needs: a run key appearing means "register a runner for it",
+the run key clearing means "clean up and give the receipt", a threshold long passed means "nobody
+will use this instance again". The agent reads it with a consistent read every watch period; a
+read that fails (throttling, a network blip) is retried with growing pauses and never ends the
+loop, and nothing the loop does is repeated for the same run key.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from agent.boot import run_pre_runner_script
+from agent.heartbeat import Heartbeat
+from agent.imds import InstanceIdentity
+from agent.log import EventLog
+from agent.memory import MemoryFile
+from agent.outbox import Outbox
+from agent.runner import RunnerProcess, RunnerStartError
+from agent.settings import AgentSettings
+from agent.termination import SelfTermination
+from agent.workspace import CleanupError, Workspace
+from runner_pool.adapters.backoff import ServiceBusyError
+from runner_pool.adapters.runner_credentials import CredentialsUnreadableError, RunnerCredentials
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import Signal
+
+_EXPECTED_FAILURES = (ClientError, BotoCoreError, ServiceBusyError)
+_HEARTBEAT_JOIN_SECONDS = 5.0
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        identity: InstanceIdentity,
+        settings: AgentSettings,
+        records: StateTable,
+        credentials: RunnerCredentials,
+        termination: SelfTermination,
+        workspace: Workspace,
+        memory: MemoryFile,
+        clock: Clock,
+        log: EventLog,
+    ) -> None:
+        self._identity = identity
+        self._settings = settings
+        self._records = records
+        self._credentials = credentials
+        self._termination = termination
+        self._workspace = workspace
+        self._memory = memory
+        self._clock = clock
+        self._log = log
+        self._outbox = Outbox(records, identity.instance_id, memory, log)
+        self._runner: RunnerProcess | None = None
+        self._started_at = clock.now()
+        self._failures = 0
+        self._last_threshold: Epoch | None = None
+        self._awaiting_config_for: str | None = None
+        self._terminated = False
+        self._stopping = threading.Event()
+
+    @property
+    def terminated(self) -> bool:
+        """The agent has asked for its instance to end; it does nothing more."""
+        return self._terminated
+
+    def run(self, stop: threading.Event) -> None:
+        """Beat, boot, then watch the record until `stop` is set or the instance is being terminated."""
+        self._stopping = stop
+        beat_stop = threading.Event()
+        heartbeat = Heartbeat(
+            self._records,
+            self._identity.instance_id,
+            self._settings.heartbeat_period_seconds,
+            beat_stop,
+            self._log,
+        )
+        heartbeat.start()
+        self._log.info("agent started", instance_arn=self._identity.arn)
+        try:
+            self.boot()
+            while not stop.is_set() and not self._terminated:
+                stop.wait(self.step())
+        finally:
+            beat_stop.set()
+            heartbeat.join(_HEARTBEAT_JOIN_SECONDS)
+            if self._runner is not None and self._runner.running:
+                self._runner.stop(self._settings.stop_timeout_seconds)
+            self._log.info("agent stopped")
+
+    def boot(self) -> None:
+        """Run the pre-runner script once per instance and signal UD_OK or UD_FAILED."""
+        memory = self._memory.current
+        if memory.booted:
+            self._log.info(
+                "agent restarted; the pre-runner script has already run", boot_failure=memory.boot_failure
+            )
+            return
+        try:
+            self._workspace.prepare()
+        except OSError as exc:
+            failure: str | None = f"the runner's work directory could not be prepared: {exc}"
+        else:
+            failure = run_pre_runner_script(
+                self._settings.pre_runner_script, self._settings.pre_runner_timeout_seconds, self._log
+            )
+        self._memory.update(booted=True, boot_failure=failure)
+        if failure is None:
+            self._outbox.send(Signal.UD_OK)
+        else:
+            self._log.error("pre-runner script failed", reason=failure)
+            self._outbox.send(Signal.UD_FAILED, reason=failure)
+
+    def step(self) -> float:
+        """One look at the record and what follows from it; returns the seconds until the next look."""
+        try:
+            delay = self._watch()
+        except Exception as exc:
+            self._failures += 1
+            delay = min(
+                self._settings.watch_period_seconds * 2.0**self._failures,
+                self._settings.watch_backoff_cap_seconds,
+            )
+            if isinstance(exc, _EXPECTED_FAILURES):
+                self._log.warning(
+                    "could not read or act on the record; retrying", error=str(exc), retry_in=delay
+                )
+            else:
+                self._log.exception("unexpected failure; retrying", retry_in=delay)
+            # The record cannot be read, but the last threshold seen still holds: an outage of the
+            # state table never keeps an expired instance alive.
+            try:
+                self._terminate_if_due(self._clock.now(), self._last_threshold)
+            except Exception:
+                self._log.exception("could not terminate this instance; will try again")
+            return delay
+        self._failures = 0
+        return delay
+
+    def _watch(self) -> float:
+        period = self._settings.watch_period_seconds
+        self._outbox.flush()
+        now = self._clock.now()
+        record = self._records.get(self._identity.instance_id)
+        if record is None:
+            if now - self._started_at >= self._settings.orphan_grace_seconds:
+                self._terminate("no record of this instance exists: nobody owns it")
+            return period
+        self._last_threshold = record.threshold
+        if record.state is InstanceState.TERMINATED:
+            self._terminate("the control plane has marked this instance terminated")
+            return period
+        if self._terminate_if_due(now, record.threshold):
+            return period
+        self._follow(record.run_key)
+        return period
+
+    def _follow(self, wanted: str | None) -> None:
+        serving = self._memory.current.serving_run_key
+        if serving is not None and serving != wanted:
+            self._release(serving)
+        if wanted is not None and self._memory.current.serving_run_key is None:
+            self._register(wanted)
+
+    def _register(self, run_key: str) -> None:
+        log = self._log.bind(run_key=run_key)
+        boot_failure = self._memory.current.boot_failure
+        if boot_failure is not None:
+            self._memory.update(serving_run_key=run_key)
+            self._outbox.send(Signal.UD_REG_FAILED, run_key, f"not registering: {boot_failure}")
+            return
+        try:
+            config = self._credentials.load(self._identity.instance_id, self._identity.arn, run_key)
+        except CredentialsUnreadableError as exc:
+            self._memory.update(serving_run_key=run_key)
+            log.error("runner config unreadable", reason=str(exc))
+            self._outbox.send(Signal.UD_REG_FAILED, run_key, str(exc))
+            return
+        if config is None or config.config_id == self._memory.current.used_config_id:
+            if self._awaiting_config_for != run_key:
+                log.info("claimed; waiting for the runner config")
+                self._awaiting_config_for = run_key
+            return
+        # Remembered before the runner starts: whatever happens next, no second runner for this key.
+        self._memory.update(serving_run_key=run_key, used_config_id=config.config_id)
+        log.info("starting the runner")
+        try:
+            self._runner = RunnerProcess.start(
+                self._settings.runner_start_script,
+                config.jit_config,
+                cwd=self._settings.runner_dir,
+                user=self._settings.runner_user,
+                log=log,
+            )
+            self._runner.wait_until_listening(self._settings.listening_timeout_seconds, self._stopping)
+        except Exception as exc:
+            reason = (
+                str(exc) if isinstance(exc, RunnerStartError) else f"the runner could not be started: {exc!r}"
+            )
+            log.error("runner registration failed", reason=reason)
+            if self._runner is not None:
+                self._runner.stop(self._settings.stop_timeout_seconds)
+            self._outbox.send(Signal.UD_REG_FAILED, run_key, reason)
+            return
+        log.info("runner listening for jobs")
+        self._outbox.send(Signal.UD_REG_OK, run_key)
+
+    def _release(self, run_key: str) -> None:
+        log = self._log.bind(run_key=run_key)
+        log.info("run key released; cleaning up")
+        session = None
+        if self._runner is not None:
+            self._runner.stop(self._settings.stop_timeout_seconds)
+            session = self._runner.session_id
+            self._runner = None
+        try:
+            killed = self._workspace.clean(session)
+        except CleanupError as exc:
+            log.error("cleanup failed", reason=str(exc))
+            self._memory.update(serving_run_key=None)
+            self._outbox.send(Signal.UD_REMOVE_REG_FAILED, run_key, str(exc))
+            return
+        log.info("workspace clean", leftover_processes_killed=len(killed))
+        self._memory.update(serving_run_key=None)
+        self._outbox.send(Signal.UD_REMOVE_REG_OK, run_key)
+
+    def _terminate_if_due(self, now: Epoch, threshold: Epoch | None) -> bool:
+        if threshold is None or now < threshold + self._settings.termination_grace_seconds:
+            return False
+        self._terminate(
+            f"the threshold passed {now - threshold:.0f} s ago and nobody terminated this instance"
+        )
+        return True
+
+    def _terminate(self, reason: str) -> None:
+        self._termination.terminate(reason)
+        self._terminated = True

@@ -1,0 +1,137 @@
+"""The GitHub runner process: started with a JIT config, watched until it listens for jobs, and stopped.
+
+The runner gets a session of its own, so it and every process its job starts (unless one sets up a
+session of its own) can be found again by session id and stopped together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+
+from agent.log import EventLog
+
+LISTENING_MARK = "Listening for Jobs"
+"""What the runner prints once it holds a session with GitHub and waits for its job."""
+_TAIL_LINES = 5
+_POLL_SECONDS = 0.02
+_SECRET_PREFIXES = ("RUNNER_POOL_", "AWS_")
+
+
+class RunnerStartError(RuntimeError):
+    """The runner did not get to listening; the message is the reason given in UD_REG_FAILED."""
+
+
+class RunnerProcess:
+    """One runner process; its output goes to the agent's log line by line."""
+
+    def __init__(self, process: subprocess.Popen[str], log: EventLog) -> None:
+        self._process = process
+        self._log = log
+        self._listening = threading.Event()
+        self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self._reader = threading.Thread(target=self._read_output, name="runner-output", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(
+        cls, program: Path, jit_config: str, *, cwd: Path, user: str | None, log: EventLog
+    ) -> RunnerProcess:
+        """`program --jitconfig <config>` in `cwd`, as `user` if given; RunnerStartError if it won't start."""
+        account = pwd.getpwnam(user) if user else None
+        try:
+            process = subprocess.Popen(  # noqa: S603 - the runner's own start script, no shell
+                [str(program), "--jitconfig", jit_config],
+                cwd=cwd,
+                env=_runner_environment(os.environ, account),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+                user=account.pw_uid if account else None,
+                group=account.pw_gid if account else None,
+                extra_groups=os.getgrouplist(account.pw_name, account.pw_gid) if account else None,
+            )
+        except OSError as exc:
+            raise RunnerStartError(f"the runner could not be started: {exc}") from exc
+        log.info("runner started", pid=process.pid)
+        return cls(process, log)
+
+    @property
+    def session_id(self) -> int:
+        """The runner's session (and process group): it leads both, so they share its pid."""
+        return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process.poll() is None
+
+    def wait_until_listening(self, timeout_seconds: float, cancel: threading.Event | None = None) -> None:
+        """Returns once the runner listens for jobs; RunnerStartError if it exits, times out or
+        `cancel` is set first."""
+        deadline = time.monotonic() + timeout_seconds
+        while not self._listening.wait(_POLL_SECONDS):
+            if cancel is not None and cancel.is_set():
+                raise RunnerStartError("the agent stopped while the runner was starting")
+            if not self.running:
+                self._reader.join(1.0)  # let the last lines in, for the reason
+                if self._listening.is_set():
+                    return
+                raise RunnerStartError(
+                    f"the runner exited with code {self._process.returncode} before listening"
+                    + self._last_words()
+                )
+            if time.monotonic() >= deadline:
+                raise RunnerStartError(
+                    f"the runner was not listening after {timeout_seconds:g} s" + self._last_words()
+                )
+
+    def stop(self, timeout_seconds: float) -> None:
+        """Ask the runner to stop (SIGINT, as Ctrl-C would), then kill its process group if it lingers."""
+        if self.running:
+            self._signal_group(signal.SIGINT)
+            try:
+                self._process.wait(timeout_seconds)
+            except subprocess.TimeoutExpired:
+                self._log.warning("runner did not stop in time; killing it", pid=self._process.pid)
+                self._signal_group(signal.SIGKILL)
+                self._process.wait()
+            self._log.info("runner stopped", exit_code=self._process.returncode)
+        self._reader.join(1.0)
+
+    def _signal_group(self, signum: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signum)
+
+    def _read_output(self) -> None:
+        if self._process.stdout is None:
+            return
+        for raw in self._process.stdout:
+            line = raw.rstrip()
+            if not line:
+                continue
+            self._tail.append(line)
+            self._log.info("runner output", line=line)
+            if LISTENING_MARK in line:
+                self._listening.set()
+
+    def _last_words(self) -> str:
+        return f"; last output: {' | '.join(self._tail)}" if self._tail else ""
+
+
+def _runner_environment(environment: Mapping[str, str], account: pwd.struct_passwd | None) -> dict[str, str]:
+    """The agent's environment without its own settings or AWS configuration, and with the runner's home."""
+    runner_env = {k: v for k, v in environment.items() if not k.startswith(_SECRET_PREFIXES)}
+    if account is not None:
+        runner_env.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
+    return runner_env

@@ -1,0 +1,57 @@
+"""The agent's settings: written by the user data into /etc/runner-pool/agent.env, validated at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_FILE = Path("/etc/runner-pool/agent.env")
+ENV_PREFIX = "RUNNER_POOL_"
+
+
+class AgentSettings(BaseSettings):
+    """Every setting is `RUNNER_POOL_<NAME>` in the environment or in ENV_FILE; the environment wins."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=ENV_FILE, extra="ignore", frozen=True)
+
+    table_name: str = Field(min_length=1)
+    credentials_key_id: str | None = None
+    """The runner credentials key; when set, a config encrypted under any other key is refused."""
+    region: str | None = None
+    """Defaults to the instance's own region, from the instance metadata."""
+    imds_endpoint: str = "http://169.254.169.254"
+
+    heartbeat_period_seconds: float = Field(5, gt=0)
+    watch_period_seconds: float = Field(1, gt=0)
+    """How often the agent reads its own record; bounds how long a claim waits for the agent to see it."""
+    watch_backoff_cap_seconds: float = Field(30, gt=0)
+    termination_grace_seconds: float = Field(300, ge=0)
+    """How long after its threshold the agent terminates its own instance, if the control plane has not."""
+    orphan_grace_seconds: float = Field(900, gt=0)
+    """How long the agent waits for a record of its instance before it concludes nobody owns it."""
+    retention_days: int = Field(7, gt=0)
+
+    runner_dir: Path = Path("/opt/actions-runner")
+    runner_program: Path | None = None
+    """The runner's start script; `run.sh` in the runner directory unless set."""
+    work_dir: Path | None = None
+    """The runner's work folder; `_work` in the runner directory unless set."""
+    runner_user: str | None = None
+    """The account the runner (and so every job) runs as; the agent's own when unset."""
+    listening_timeout_seconds: float = Field(120, gt=0)
+    stop_timeout_seconds: float = Field(30, gt=0)
+
+    pre_runner_script: Path | None = None
+    pre_runner_timeout_seconds: float = Field(1800, gt=0)
+    state_file: Path | None = Path("/var/lib/runner-pool/agent-state.json")
+    """What the agent must remember across its own restarts; None keeps it in memory only."""
+
+    @property
+    def runner_start_script(self) -> Path:
+        return self.runner_program or self.runner_dir / "run.sh"
+
+    @property
+    def runner_work_dir(self) -> Path:
+        return self.work_dir or self.runner_dir / "_work"

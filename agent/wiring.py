@@ -1,0 +1,57 @@
+"""Assembles the agent from settings, identity and AWS clients, for `python -m agent` and the bench."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agent.imds import InstanceIdentity
+from agent.log import EventLog
+from agent.loop import Agent
+from agent.memory import MemoryFile
+from agent.settings import AgentSettings
+from agent.termination import SelfTermination, power_off
+from agent.workspace import Workspace
+from runner_pool.adapters.backoff import Backoff
+from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import Clock, SystemClock
+from runner_pool.domain.config import Timeouts
+
+
+def build_agent(
+    settings: AgentSettings,
+    identity: InstanceIdentity,
+    *,
+    dynamodb: Any,
+    kms: Any,
+    ec2: Any,
+    log: EventLog,
+    clock: Clock | None = None,
+    backoff: Backoff | None = None,
+    poweroff: Callable[[], None] = power_off,
+) -> Agent:
+    clock = clock or SystemClock()
+    backoff = backoff or Backoff()
+    # Of the timeouts, the agent's writes use only the retention (the TTL of its items).
+    timeouts = Timeouts(terminated_retention_days=settings.retention_days)
+    log = log.bind(instance_id=identity.instance_id)
+    return Agent(
+        identity=identity,
+        settings=settings,
+        records=StateTable(settings.table_name, timeouts, clock, dynamodb, backoff),
+        credentials=RunnerCredentials(
+            settings.table_name,
+            timeouts,
+            clock,
+            key_id=settings.credentials_key_id,
+            dynamodb=dynamodb,
+            kms=kms,
+            backoff=backoff,
+        ),
+        termination=SelfTermination(identity.instance_id, ec2, log, backoff, poweroff),
+        workspace=Workspace(settings.runner_work_dir, settings.runner_user),
+        memory=MemoryFile(settings.state_file),
+        clock=clock,
+        log=log,
+    )

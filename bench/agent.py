@@ -1,0 +1,269 @@
+"""The agent's steady-state cost: CPU time and DynamoDB requests per minute, idle and while a job runs.
+
+The agent runs as on an instance, in a process of its own with the design's default periods
+(heartbeat 5 s, record watch 1 s), against a moto server in this process; a fake runner (the
+tests' one) stands in for the GitHub runner and runs a long job. The child process reports its own
+CPU time (every thread of the agent; the runner, a separate process, is not counted) and counts its
+AWS calls; the figures are the differences between two reports taken a measuring window apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.results import BenchTable
+from emulator.aws import REGION, CallCounter, LocalAws, local_aws
+from emulator.resources import create_state_table
+from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import SystemClock
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.records import Arch, InstanceFacts, Signal, UsageClass
+
+WINDOW_SECONDS = 14.0
+TABLE = "bench-agent-state"
+ACCOUNT = "123456789012"
+RUN_KEY = "pool=1/class=large"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+FAKE_RUNNER = PROJECT_ROOT / "tests" / "agent" / "fake_runner.py"
+MOTO_IMAGE_ID = "ami-12c6146b"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    cpu_seconds: float
+    wall_seconds: float
+    calls: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the agent spent between two snapshots, per minute."""
+
+    cpu_ms_per_minute: float
+    cpu_percent: float
+    dynamodb_per_minute: float
+    by_operation: dict[str, float]
+
+    @classmethod
+    def between(cls, start: Snapshot, end: Snapshot) -> Window:
+        minutes = (end.wall_seconds - start.wall_seconds) / 60
+        cpu = end.cpu_seconds - start.cpu_seconds
+        calls = {name: (n - start.calls.get(name, 0)) / minutes for name, n in end.calls.items()}
+        dynamodb = sum(n for name, n in calls.items() if name.startswith("dynamodb:"))
+        return cls(cpu * 1000 / minutes, cpu / (minutes * 60) * 100, dynamodb, calls)
+
+    def operations(self) -> str:
+        return ", ".join(f"{name} {n:.0f}" for name, n in sorted(self.by_operation.items()) if n)
+
+
+def run() -> BenchTable:
+    with local_aws() as aws, tempfile.TemporaryDirectory() as scratch:
+        return _measure(aws, Path(scratch))
+
+
+def _measure(aws: LocalAws, scratch: Path) -> BenchTable:
+    dynamodb, kms, ec2 = aws.client("dynamodb"), aws.client("kms"), aws.client("ec2")
+    create_state_table(dynamodb, TABLE)
+    key_id = kms.create_key()["KeyMetadata"]["KeyId"]
+    instance_id = ec2.run_instances(ImageId=MOTO_IMAGE_ID, MinCount=1, MaxCount=1)["Instances"][0][
+        "InstanceId"
+    ]
+    arn = f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{instance_id}"
+    timeouts = StackConfig().timeouts
+    records = StateTable(TABLE, timeouts, SystemClock(), dynamodb)
+    credentials = RunnerCredentials(TABLE, timeouts, SystemClock(), key_id=key_id, dynamodb=dynamodb, kms=kms)
+    records.create(_facts(instance_id), run_key=None)
+    records.admit(instance_id)
+
+    child = _AgentProcess.start(aws, scratch, instance_id, key_id)
+    try:
+        _await(lambda: _confirms(records, instance_id, Signal.UD_OK, None), "UD_OK")
+        time.sleep(1.0)
+        idle = child.measure(WINDOW_SECONDS)
+
+        token = uuid.uuid4().hex
+        claimed_at = time.monotonic()
+        records.claim(instance_id, RUN_KEY, token)
+        credentials.store(
+            instance_id,
+            arn,
+            RUN_KEY,
+            json.dumps({"id": token, "mode": "job", "job_seconds": 3 * WINDOW_SECONDS}),
+        )
+        _await(lambda: _confirms(records, instance_id, Signal.UD_REG_OK, RUN_KEY), "UD_REG_OK")
+        registration_seconds = time.monotonic() - claimed_at
+        records.activate(instance_id, RUN_KEY, max_runtime_minutes=60, claim_token=token)
+        time.sleep(0.5)
+        busy = child.measure(WINDOW_SECONDS)
+
+        records.release(instance_id, RUN_KEY)
+        _await(lambda: _confirms(records, instance_id, Signal.UD_REMOVE_REG_OK, RUN_KEY), "UD_REMOVE_REG_OK")
+    finally:
+        child.stop()
+    return _table(idle, busy, registration_seconds)
+
+
+class _AgentProcess:
+    """The agent in a child process, answering `measure` requests over its stdin and stdout."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self._process = process
+
+    @classmethod
+    def start(cls, aws: LocalAws, scratch: Path, instance_id: str, key_id: str) -> _AgentProcess:
+        runner_dir = scratch / "actions-runner"
+        runner_dir.mkdir()
+        run_sh = runner_dir / "run.sh"
+        run_sh.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_RUNNER}" "$@"\n')
+        run_sh.chmod(0o755)
+        settings = {
+            "RUNNER_POOL_TABLE_NAME": TABLE,
+            "RUNNER_POOL_CREDENTIALS_KEY_ID": key_id,
+            "RUNNER_POOL_RUNNER_DIR": str(runner_dir),
+            "RUNNER_POOL_STATE_FILE": str(scratch / "agent-state.json"),
+        }
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RUNNER_POOL_"))},
+            **settings,
+            "AWS_ENDPOINT_URL": aws.endpoint,
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_DEFAULT_REGION": REGION,
+        }
+        process = subprocess.Popen(  # noqa: S603 - this very module, as the child
+            [sys.executable, "-m", "bench.agent", "--child", instance_id],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        return cls(process)
+
+    def measure(self, seconds: float) -> Window:
+        start = self._snapshot()
+        time.sleep(seconds)
+        return Window.between(start, self._snapshot())
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._ask("stop")
+            self._process.wait(30)
+
+    def _snapshot(self) -> Snapshot:
+        return Snapshot(**json.loads(self._ask("snapshot")))
+
+    def _ask(self, command: str) -> str:
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._process.stdin.write(command + "\n")
+        self._process.stdin.flush()
+        return self._process.stdout.readline()
+
+
+def _child(instance_id: str) -> None:
+    """The child: the real agent, assembled as `python -m agent` assembles it, with its calls counted."""
+    import boto3  # noqa: PLC0415 - only the child talks to AWS itself
+
+    from agent import log as agent_log  # noqa: PLC0415
+    from agent.__main__ import CLIENT_CONFIG  # noqa: PLC0415
+    from agent.imds import InstanceIdentity  # noqa: PLC0415
+    from agent.settings import AgentSettings  # noqa: PLC0415
+    from agent.wiring import build_agent  # noqa: PLC0415
+
+    counter = CallCounter()
+    session = boto3.session.Session(region_name=REGION)
+    with open(os.devnull, "w") as journal:  # the agent's lines are formatted and written, as for the journal
+        agent = build_agent(
+            AgentSettings(_env_file=None),
+            InstanceIdentity(instance_id, REGION, ACCOUNT),
+            dynamodb=counter.watch(session.client("dynamodb", config=CLIENT_CONFIG)),
+            kms=counter.watch(session.client("kms", config=CLIENT_CONFIG)),
+            ec2=counter.watch(session.client("ec2", config=CLIENT_CONFIG)),
+            log=agent_log.configure(journal),
+        )
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+        thread.start()
+        for command in sys.stdin:
+            if command.strip() == "stop":
+                break
+            snapshot = {
+                "cpu_seconds": time.process_time(),
+                "wall_seconds": time.monotonic(),
+                "calls": dict(counter.calls),
+            }
+            print(json.dumps(snapshot), flush=True)
+        stop.set()
+        thread.join(30)
+
+
+def _confirms(records: StateTable, instance_id: str, signal: Signal, run_key: str | None) -> bool:
+    current = records.read_signal(instance_id)
+    return current is not None and current.confirms(signal, run_key)
+
+
+def _await(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the agent did not get to {what} within {timeout:g} s; the figures would mean nothing"
+            )
+        time.sleep(0.05)
+
+
+def _facts(instance_id: str) -> InstanceFacts:
+    fields: dict[str, Any] = {
+        "instance_id": instance_id,
+        "resource_class": "large",
+        "instance_type": "c7i.large",
+        "usage_class": UsageClass.SPOT,
+        "arch": Arch.X64,
+        "cpu": 2,
+        "memory_mib": 4096,
+    }
+    return InstanceFacts.model_validate(fields)
+
+
+def _table(idle: Window, busy: Window, registration_seconds: float) -> BenchTable:
+    table = BenchTable(
+        title="agent: steady-state cost per minute (heartbeat 5 s, watch 1 s; fake runner, moto server)",
+        columns=("", "idle", "running a job"),
+    )
+    table.row("CPU time (ms per minute)", f"{idle.cpu_ms_per_minute:.0f}", f"{busy.cpu_ms_per_minute:.0f}")
+    table.row("CPU (% of one core)", f"{idle.cpu_percent:.2f}", f"{busy.cpu_percent:.2f}")
+    table.row(
+        "DynamoDB requests per minute", f"{idle.dynamodb_per_minute:.0f}", f"{busy.dynamodb_per_minute:.0f}"
+    )
+    table.note(f"idle, calls per minute: {idle.operations()}")
+    table.note(f"running a job, calls per minute: {busy.operations()}")
+    table.note(f"claim to UD_REG_OK (fake runner listens at once): {registration_seconds:.2f} s")
+    table.note(
+        f"each window {WINDOW_SECONDS:g} s; the periods alone predict GetItem 60 + PutItem 12 per minute "
+        "(a window holds 2 or 3 heartbeats, hence the PutItem spread)"
+    )
+    table.figure("agent_idle_cpu_per_minute_milliseconds", round(idle.cpu_ms_per_minute, 1))
+    table.figure("agent_idle_cpu_percent", round(idle.cpu_percent, 3))
+    table.figure("agent_idle_dynamodb_requests_per_minute_count", round(idle.dynamodb_per_minute, 1))
+    table.figure("agent_job_cpu_per_minute_milliseconds", round(busy.cpu_ms_per_minute, 1))
+    table.figure("agent_job_cpu_percent", round(busy.cpu_percent, 3))
+    table.figure("agent_job_dynamodb_requests_per_minute_count", round(busy.dynamodb_per_minute, 1))
+    table.figure("agent_claim_to_registered_seconds", round(registration_seconds, 3))
+    return table
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
+    _child(sys.argv[2])

@@ -1,0 +1,296 @@
+"""The instances: one launch template per architecture, the role every instance runs as, and its key.
+
+The role lets an instance do exactly its side of the protocol and nothing else:
+
+- read and write only its own items of the state table: `dynamodb:LeadingKeys` must equal the
+  `${ec2:SourceInstanceARN}` policy variable, which IAM resolves, for requests signed with an
+  instance profile's credentials, to the ARN of the instance that made them; and of its writes
+  only the agent's items' attributes (heartbeat, signal), never a record of the control plane;
+- decrypt only its own runner config: `kms:EncryptionContext:instance-arn` must equal the same
+  `${ec2:SourceInstanceARN}`, and the control plane encrypts each config under the ARN of the
+  instance it is for (runner_pool.adapters.runner_credentials);
+- terminate only itself: `ec2:SourceInstanceARN` must be the ARN of the instance acted on
+  (`${ec2:InstanceID}`), the pattern of AWS's own AWSEC2VssSnapshotPolicy;
+- read the one S3 object that holds the agent's source.
+
+The agent is installed from a CDK asset of this project's source (pyproject.toml, README.md, agent/
+and lambdas/runner_pool/): the user data has pip build the project's wheel from it on the instance,
+so the instance runs the same record models as the control plane, at the same version.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import MappingProxyType
+
+from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Validations
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3_assets as s3_assets
+from constructs import Construct
+from pydantic import BaseModel, ConfigDict, Field
+
+from runner_pool.adapters import state_table as schema
+from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.records import Arch
+
+PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+USER_DATA_TEMPLATE = Path(__file__).resolve().parents[1] / "instances" / "user_data.sh"
+SOURCE_INSTANCE_ARN = "${ec2:SourceInstanceARN}"
+"""IAM's policy variable for the instance whose profile credentials signed the request."""
+TARGET_INSTANCE_ID = "${ec2:InstanceID}"
+"""EC2's condition key for the instance an EC2 action acts on, as a policy variable."""
+
+ANY_INSTANCE_FINDING = "arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*"
+"""How cdk-nag names the one wildcard of the role, the instance/* of TerminateSelf."""
+
+AGENT_SOURCE_EXCLUDES = (
+    "*",
+    "!pyproject.toml",
+    "!README.md",
+    "!agent",
+    "!agent/**",
+    "!lambdas",
+    "!lambdas/runner_pool",
+    "!lambdas/runner_pool/**",
+    ".*",
+    "**/.*",
+    "**/__pycache__",
+    "**/*.pyc",
+)
+"""Everything but what pip needs to build the agent's wheel (the runtime code and its metadata)."""
+
+AGENT_ITEM_ATTRIBUTES = (
+    schema.PARTITION_KEY,
+    schema.SORT_KEY,
+    schema.TTL_ATTRIBUTE,
+    "beat_at",
+    "signal",
+    "signal_run_key",
+    "at",
+    "reason",
+)
+"""Every attribute the agent writes (StateTable.write_heartbeat and write_signal), and no other."""
+
+AL2023_AMI_PARAMETERS: Mapping[Arch, str] = MappingProxyType(
+    {
+        Arch.X64: "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64",
+        Arch.ARM64: "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-arm64",
+    }
+)
+
+
+class InstanceSettings(BaseModel):
+    """How instances are built; every field has a default, and the stack passes these until they
+    become part of the stack config."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runner_version: str = Field("2.328.0", pattern=r"^\d+\.\d+\.\d+$")
+    runner_sha256: Mapping[Arch, str] = Field(default_factory=dict)
+    """SHA-256 of the runner archive per architecture; checked by the user data when given."""
+    ami_parameters: Mapping[Arch, str] = Field(default_factory=lambda: dict(AL2023_AMI_PARAMETERS))
+    """SSM parameter (a public one by default) holding the AMI id of each architecture."""
+    root_device_name: str = "/dev/xvda"
+    root_volume_gib: int = Field(40, ge=8)
+    pre_runner_script: str = ""
+    """A script the agent runs once at boot, before any runner; its failure is signalled UD_FAILED."""
+    termination_grace_seconds: int = Field(300, ge=0)
+
+
+@dataclass(frozen=True)
+class UserDataValues:
+    """Every placeholder of the user data template, by its lowercase name."""
+
+    runner_version: str
+    runner_arch: str
+    runner_sha256: str
+    agent_source_bucket: str
+    agent_source_key: str
+    pre_runner_script_base64: str
+    table_name: str
+    credentials_key_id: str
+    heartbeat_period_seconds: str
+    termination_grace_seconds: str
+    retention_days: str
+
+
+def render_user_data(values: UserDataValues, template: str | None = None) -> str:
+    """The user data script with every placeholder replaced; a placeholder left over is an error."""
+    script = USER_DATA_TEMPLATE.read_text() if template is None else template
+    for field in fields(values):
+        script = script.replace(f"@{field.name.upper()}@", getattr(values, field.name))
+    leftover = sorted(set(PLACEHOLDER.findall(script)))
+    if leftover:
+        raise ValueError(f"user data placeholders without a value: {', '.join(leftover)}")
+    return script
+
+
+class Instances(Construct):
+    """`launch_templates` maps each architecture to its template; `role` is what CreateFleet passes."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig,
+        vpc: ec2.IVpc,
+        table: dynamodb.ITable,
+        settings: InstanceSettings | None = None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        settings = settings or InstanceSettings()
+        self.credentials_key = kms.Key(
+            self,
+            "RunnerCredentialsKey",
+            description="runner-pool: encrypts each instance's JIT runner config for that instance alone",
+            enable_key_rotation=True,
+            # What it protects lives minutes: a config is of no use once its claim has expired.
+            removal_policy=RemovalPolicy.DESTROY,
+            pending_window=Duration.days(7),
+        )
+        self.agent_source = s3_assets.Asset(
+            self, "AgentSource", path=str(PROJECT_ROOT), exclude=list(AGENT_SOURCE_EXCLUDES)
+        )
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "SecurityGroup",
+            vpc=vpc,
+            description="runner-pool instances: no inbound traffic; outbound to GitHub, AWS and packages",
+            allow_all_outbound=True,
+        )
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description="runner-pool instances: their own items, their own runner config, ending themselves",
+        )
+        self._grant_own_items(table)
+        self._grant_own_runner_config()
+        self._grant_self_termination()
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ReadAgentSource",
+                actions=["s3:GetObject"],
+                resources=[self.agent_source.bucket.arn_for_objects(self.agent_source.s3_object_key)],
+            )
+        )
+        self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
+        self.launch_templates: Mapping[Arch, ec2.LaunchTemplate] = MappingProxyType(
+            {arch: self._launch_template(arch, settings, config, table) for arch in Arch}
+        )
+        Validations.of(self.role).acknowledge(
+            Acknowledgment(
+                id=f"AwsSolutions-IAM5[Resource::{ANY_INSTANCE_FINDING}]",
+                reason=(
+                    "ec2:TerminateInstances names instance/* because an instance id is only known at "
+                    "launch; the statement's condition requires ec2:SourceInstanceARN (the caller) to "
+                    "be the instance acted on, so each instance can terminate itself and no other."
+                ),
+            )
+        )
+
+    def _grant_own_items(self, table: dynamodb.ITable) -> None:
+        own_partition = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [SOURCE_INSTANCE_ARN]}}
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ReadOwnItems",
+                actions=["dynamodb:GetItem"],
+                resources=[table.table_arn],
+                conditions=own_partition,
+            )
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="WriteOwnHeartbeatAndSignal",
+                actions=["dynamodb:PutItem"],
+                resources=[table.table_arn],
+                conditions={
+                    "ForAllValues:StringEquals": {
+                        "dynamodb:LeadingKeys": [SOURCE_INSTANCE_ARN],
+                        "dynamodb:Attributes": list(AGENT_ITEM_ATTRIBUTES),
+                    }
+                },
+            )
+        )
+
+    def _grant_own_runner_config(self) -> None:
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="DecryptOwnRunnerConfig",
+                actions=["kms:Decrypt"],
+                resources=[self.credentials_key.key_arn],
+                conditions={
+                    "StringEquals": {f"kms:EncryptionContext:{ENCRYPTION_CONTEXT_KEY}": SOURCE_INSTANCE_ARN}
+                },
+            )
+        )
+
+    def _grant_self_termination(self) -> None:
+        stack = Stack.of(self)
+        instance_arn = stack.format_arn(service="ec2", resource="instance", resource_name="*")
+        own_arn = stack.format_arn(service="ec2", resource="instance", resource_name=TARGET_INSTANCE_ID)
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="TerminateSelf",
+                actions=["ec2:TerminateInstances"],
+                resources=[instance_arn],
+                conditions={"ArnEquals": {"ec2:SourceInstanceARN": own_arn}},
+            )
+        )
+
+    def _launch_template(
+        self, arch: Arch, settings: InstanceSettings, config: StackConfig, table: dynamodb.ITable
+    ) -> ec2.LaunchTemplate:
+        user_data = render_user_data(
+            UserDataValues(
+                runner_version=settings.runner_version,
+                runner_arch=arch.value,
+                runner_sha256=settings.runner_sha256.get(arch, ""),
+                agent_source_bucket=self.agent_source.s3_bucket_name,
+                agent_source_key=self.agent_source.s3_object_key,
+                pre_runner_script_base64=base64.b64encode(settings.pre_runner_script.encode()).decode(),
+                table_name=table.table_name,
+                credentials_key_id=self.credentials_key.key_id,
+                heartbeat_period_seconds=f"{config.timeouts.heartbeat_period_seconds:g}",
+                termination_grace_seconds=str(settings.termination_grace_seconds),
+                retention_days=str(config.timeouts.terminated_retention_days),
+            )
+        )
+        return ec2.LaunchTemplate(
+            self,
+            f"LaunchTemplate-{arch.value}",
+            machine_image=ec2.MachineImage.from_ssm_parameter(
+                settings.ami_parameters[arch], os=ec2.OperatingSystemType.LINUX
+            ),
+            user_data=ec2.UserData.custom(user_data),
+            instance_profile=self.instance_profile,
+            security_group=self.security_group,
+            http_endpoint=True,
+            http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
+            # One hop: the agent on the host reaches the metadata service, a job's containers do not.
+            http_put_response_hop_limit=1,
+            # A poweroff from inside (the agent's last resort) ends the instance for good.
+            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name=settings.root_device_name,
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        settings.root_volume_gib,
+                        encrypted=True,
+                        delete_on_termination=True,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                    ),
+                )
+            ],
+            version_description=f"runner {settings.runner_version}, {arch.value}",
+        )

@@ -1,0 +1,174 @@
+"""The runner credential hand-off of DESIGN.md section 5: a JIT runner config only its instance can decrypt.
+
+The control plane stores the config as one more item of the instance (`pk` = instance id, `sk` =
+`runner-config`), encrypted with KMS under the encryption context {"instance-arn": <instance ARN>}.
+The instance role may decrypt only when that context equals `${ec2:SourceInstanceARN}` of the
+caller, so an instance can read the ciphertext of no other instance, and could not decrypt it if
+it did. The agent loads the item with a consistent read and decrypts it under its own ARN.
+
+KMS encrypts at most 4 KiB at a time and a JIT config is close to that, so the config is cut into
+chunks, each encrypted under the same context. The run key the config is for is kept beside it,
+and an id of its own: an agent never starts a runner from a config meant for an earlier run, nor
+twice from the same config (an instance back in the pool may be claimed again by the same run, and
+until the new config is stored the old one, for the same run key, is still there).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.exceptions import ClientError
+
+from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
+from runner_pool.domain.clock import Clock
+from runner_pool.domain.config import Timeouts
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.client import DynamoDBClient
+
+RUNNER_CONFIG_ITEM = "runner-config"
+ENCRYPTION_CONTEXT_KEY = "instance-arn"
+CONFIG_RUN_KEY_ATTRIBUTE = "config_run_key"
+"""Not `run_key`: the runner-config item must never enter the state table's by-run-key index."""
+CIPHERTEXT_ATTRIBUTE = "ciphertext"
+CONFIG_ID_ATTRIBUTE = "config_id"
+KMS_MAX_PLAINTEXT_BYTES = 4096
+
+_UNREADABLE_CODES = frozenset(
+    {
+        "InvalidCiphertextException",
+        "IncorrectKeyException",
+        "AccessDeniedException",
+        "DisabledException",
+        "KMSInvalidStateException",
+        "NotFoundException",
+    }
+)
+
+
+class CredentialsUnreadableError(RuntimeError):
+    """A config is stored for the run but cannot be decrypted here: another instance's, or the key refuses."""
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """A decrypted JIT runner config, with the id that tells one handed-over config from another."""
+
+    config_id: str
+    run_key: str
+    jit_config: str = field(repr=False)
+
+
+def instance_arn(instance_id: str, region: str, account_id: str, partition: str = "aws") -> str:
+    """The ARN IAM knows the instance by, as `${ec2:SourceInstanceARN}` resolves for its own requests."""
+    return f"arn:{partition}:ec2:{region}:{account_id}:instance/{instance_id}"
+
+
+class RunnerCredentials:
+    """Stores (control plane) and loads (agent) the encrypted JIT runner config of one instance."""
+
+    def __init__(
+        self,
+        table_name: str,
+        timeouts: Timeouts,
+        clock: Clock,
+        *,
+        key_id: str | None = None,
+        dynamodb: DynamoDBClient | None = None,
+        kms: Any = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._table = table_name
+        self._timeouts = timeouts
+        self._clock = clock
+        self._key_id = key_id
+        self._dynamodb: DynamoDBClient = dynamodb or boto3.client("dynamodb")
+        self._kms: Any = kms or boto3.client("kms")
+        self._backoff = backoff or Backoff()
+
+    def store(self, instance_id: str, arn: str, run_key: str, jit_config: str) -> str:
+        """Encrypt `jit_config` for the instance `arn` names and keep it as that instance's item.
+
+        Each store replaces the instance's previous config and gets an id of its own, returned.
+        """
+        if self._key_id is None:
+            raise ValueError("storing a runner config needs the KMS key id of the runner credentials key")
+        plaintext = jit_config.encode()
+        chunks = [
+            plaintext[start : start + KMS_MAX_PLAINTEXT_BYTES]
+            for start in range(0, max(len(plaintext), 1), KMS_MAX_PLAINTEXT_BYTES)
+        ]
+        context = {ENCRYPTION_CONTEXT_KEY: arn}
+        ciphertexts = [
+            self._backoff.call(functools.partial(self._encrypt, chunk, context)) for chunk in chunks
+        ]
+        now = self._clock.now()
+        config_id = uuid.uuid4().hex
+        item: dict[str, Any] = {
+            PARTITION_KEY: {"S": instance_id},
+            SORT_KEY: {"S": RUNNER_CONFIG_ITEM},
+            CONFIG_ID_ATTRIBUTE: {"S": config_id},
+            CONFIG_RUN_KEY_ATTRIBUTE: {"S": run_key},
+            CIPHERTEXT_ATTRIBUTE: {"L": [{"B": blob} for blob in ciphertexts]},
+            "stored_at": {"N": repr(now)},
+            TTL_ATTRIBUTE: {"N": str(self._expiry(now))},
+        }
+        self._backoff.call(lambda: self._dynamodb.put_item(TableName=self._table, Item=item))
+        return config_id
+
+    def load(self, instance_id: str, arn: str, run_key: str) -> RunnerConfig | None:
+        """The config stored for `run_key`, decrypted under `arn`; None while none is stored for that run.
+
+        Raises CredentialsUnreadableError when the config is there but KMS will not decrypt it under `arn`,
+        and ServiceBusyError when DynamoDB or KMS kept throttling.
+        """
+        response = self._backoff.call(
+            lambda: self._dynamodb.get_item(
+                TableName=self._table,
+                Key={PARTITION_KEY: {"S": instance_id}, SORT_KEY: {"S": RUNNER_CONFIG_ITEM}},
+                ConsistentRead=True,
+            )
+        )
+        item = response.get("Item")
+        if item is None or item.get(CONFIG_RUN_KEY_ATTRIBUTE, {}).get("S") != run_key:
+            return None
+        blobs = [entry["B"] for entry in item[CIPHERTEXT_ATTRIBUTE]["L"]]
+        return RunnerConfig(
+            config_id=item[CONFIG_ID_ATTRIBUTE]["S"],
+            run_key=run_key,
+            jit_config=b"".join(self._decrypt(blob, arn) for blob in blobs).decode(),
+        )
+
+    def _encrypt(self, chunk: bytes, context: dict[str, str]) -> bytes:
+        blob: bytes = self._kms.encrypt(KeyId=self._key_id, Plaintext=chunk, EncryptionContext=context)[
+            "CiphertextBlob"
+        ]
+        return blob
+
+    def _decrypt(self, blob: bytes, arn: str) -> bytes:
+        request: dict[str, Any] = {
+            "CiphertextBlob": blob,
+            "EncryptionContext": {ENCRYPTION_CONTEXT_KEY: arn},
+        }
+        if self._key_id is not None:
+            request["KeyId"] = self._key_id
+        try:
+            plaintext: bytes = self._backoff.call(lambda: self._kms.decrypt(**request)["Plaintext"])
+        except ClientError as exc:
+            if error_code(exc) in _UNREADABLE_CODES:
+                raise CredentialsUnreadableError(
+                    f"KMS refused to decrypt the runner config under {arn}: {error_code(exc)}"
+                ) from exc
+            raise
+        return plaintext
+
+    def _expiry(self, now: float) -> int:
+        """A config is of use only while the record it was handed out with can still register."""
+        lifetime = max(self._timeouts.created_threshold_seconds, self._timeouts.claimed_threshold_seconds)
+        return math.ceil(now + lifetime)

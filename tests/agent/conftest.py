@@ -1,0 +1,372 @@
+"""Fixtures for the agent: a moto instance, the credentials key, a fake runner, and the agent in a thread.
+
+The agent under test is the real one (`agent.wiring.build_agent`) with its own DynamoDB client, so a
+test can throttle the agent's calls without touching the control plane's. The control plane's side
+is played through the same adapters the Lambdas use: the state table's transitions and the runner
+credentials store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.awsrequest import AWSResponse, HTTPHeaders
+
+from agent.imds import InstanceIdentity
+from agent.log import agent_log
+from agent.loop import Agent
+from agent.settings import AgentSettings
+from agent.wiring import build_agent
+from runner_pool.adapters.backoff import Backoff
+from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.records import Signal, WorkerSignal
+from tests.conftest import NO_WAIT, REGION, TABLE_NAME
+from tests.support import builders
+
+ACCOUNT = "123456789012"
+FAKE_RUNNER = Path(__file__).with_name("fake_runner.py")
+MOTO_IMAGE_ID = "ami-12c6146b"
+"""One of the images moto knows without being asked (describing them costs a second)."""
+WAIT_SECONDS = 10.0
+AGENT_BACKOFF = Backoff(attempts=3, base_seconds=0.005, cap_seconds=0.02)
+"""Real but tiny pauses: the agent's retries are exercised as they run, in milliseconds."""
+
+
+def jit_config(mode: str = "job", **behaviour: Any) -> str:
+    """A config the fake runner understands; `id` tells one start of the runner from another."""
+    return json.dumps({"id": uuid.uuid4().hex, "mode": mode, **behaviour})
+
+
+def eventually(check: Callable[[], Any], timeout: float = WAIT_SECONDS, what: str = "condition") -> Any:
+    """Poll `check` until it returns something truthy; fail the test with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.025)
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as gone: it has ended and only waits to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+@pytest.fixture
+def kms_key(aws: None) -> str:
+    key_id: str = boto3.client("kms", region_name=REGION).create_key()["KeyMetadata"]["KeyId"]
+    return key_id
+
+
+@pytest.fixture
+def instance_id() -> str:
+    """An instance id no EC2 knows; tests that end the instance launch a real one in moto instead."""
+    return "i-0a1b2c3d4e5f60718"
+
+
+def launch_instance() -> str:
+    """An instance in moto's EC2 (a few hundred milliseconds each: moto builds its EC2 for each test)."""
+    ec2 = boto3.client("ec2", region_name=REGION)
+    launched: str = ec2.run_instances(ImageId=MOTO_IMAGE_ID, MinCount=1, MaxCount=1)["Instances"][0][
+        "InstanceId"
+    ]
+    return launched
+
+
+def instance_state(instance_id: str) -> str:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    instances = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"]
+    state: str = instances[0]["State"]["Name"]
+    return state
+
+
+@pytest.fixture
+def identity(instance_id: str) -> InstanceIdentity:
+    return InstanceIdentity(instance_id=instance_id, region=REGION, account_id=ACCOUNT)
+
+
+@pytest.fixture
+def runner_dir(tmp_path: Path) -> Path:
+    """A runner directory whose run.sh starts the fake runner, as the real run.sh starts the listener."""
+    directory = tmp_path / "actions-runner"
+    directory.mkdir()
+    script = directory / "run.sh"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_RUNNER}" "$@"\n')
+    script.chmod(0o755)
+    return directory
+
+
+@dataclass
+class ControlPlane:
+    """The control plane's side of the protocol, through the adapters the Lambdas use."""
+
+    records: StateTable
+    credentials: RunnerCredentials
+    identity: InstanceIdentity
+    claim_token: str | None = None
+
+    @property
+    def instance_id(self) -> str:
+        return self.identity.instance_id
+
+    def launch_for_pool(self) -> None:
+        facts = builders.facts(instance_id=self.instance_id)
+        assert self.records.create(facts, run_key=None).succeeded
+        assert self.records.admit(self.instance_id).succeeded
+
+    def claim(self, run_key: str, config: str | None) -> None:
+        self.claim_token = uuid.uuid4().hex
+        assert self.records.claim(self.instance_id, run_key, claim_token=self.claim_token).succeeded
+        if config is not None:
+            self.hand_over(run_key, config)
+
+    def hand_over(self, run_key: str, config: str) -> None:
+        self.credentials.store(self.instance_id, self.identity.arn, run_key, config)
+
+    def activate(self, run_key: str) -> None:
+        activated = self.records.activate(
+            self.instance_id, run_key, max_runtime_minutes=60, claim_token=self.claim_token
+        )
+        assert activated.succeeded
+
+    def release(self, run_key: str) -> None:
+        assert self.records.release(self.instance_id, run_key).succeeded
+
+    def signal(self) -> WorkerSignal | None:
+        return self.records.read_signal(self.instance_id)
+
+    def await_signal(
+        self, signal: Signal, run_key: str | None, timeout: float = WAIT_SECONDS
+    ) -> WorkerSignal:
+        def confirmed() -> WorkerSignal | None:
+            current = self.signal()
+            return current if current is not None and current.confirms(signal, run_key) else None
+
+        found: WorkerSignal = eventually(confirmed, timeout, f"{signal.value} for {run_key!r}")
+        return found
+
+
+@pytest.fixture
+def control_plane(
+    state_table: StateTable,
+    dynamodb: Any,
+    kms_key: str,
+    clock: ManualClock,
+    config: StackConfig,
+    *,
+    identity: InstanceIdentity,
+) -> ControlPlane:
+    credentials = RunnerCredentials(
+        TABLE_NAME,
+        config.timeouts,
+        clock,
+        key_id=kms_key,
+        dynamodb=dynamodb,
+        kms=boto3.client("kms", region_name=REGION),
+        backoff=NO_WAIT,
+    )
+    return ControlPlane(state_table, credentials, identity)
+
+
+def throttling_response(
+    code: str = "ThrottlingException", status: int = 400
+) -> tuple[AWSResponse, dict[str, Any]]:
+    """What a botocore before-call hook returns to answer a call with an AWS error, as the service would."""
+    http = AWSResponse("https://dynamodb.us-east-1.amazonaws.com/", status, HTTPHeaders(), None)
+    parsed = {
+        "Error": {"Code": code, "Message": "Rate exceeded"},
+        "ResponseMetadata": {"HTTPStatusCode": status},
+    }
+    return http, parsed
+
+
+@dataclass
+class RunningAgent:
+    """The agent in a thread of the test process, and what the test can see of it."""
+
+    agent: Agent
+    settings: AgentSettings
+    dynamodb: Any
+    ec2: Any
+    powered_off: list[float]
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> RunningAgent:
+        self.thread = threading.Thread(target=self.agent.run, args=(self.stop,), name="agent", daemon=True)
+        self.thread.start()
+        return self
+
+    def halt(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(WAIT_SECONDS)
+            assert not self.thread.is_alive(), "the agent did not stop"
+
+    @property
+    def runner_starts(self) -> list[str]:
+        """The `id` of each config the fake runner was started with, in order."""
+        starts = self.settings.runner_dir / "starts.log"
+        return starts.read_text().split() if starts.exists() else []
+
+
+@dataclass
+class AgentFactory:
+    """Builds agents for one test; every agent it started is stopped when the test ends."""
+
+    identity: InstanceIdentity
+    runner_dir: Path
+    clock: ManualClock
+    kms_key: str
+    tmp_path: Path
+    started: list[RunningAgent] = field(default_factory=list)
+
+    def settings(self, **overrides: Any) -> AgentSettings:
+        values: dict[str, Any] = {
+            "table_name": TABLE_NAME,
+            "credentials_key_id": self.kms_key,
+            "heartbeat_period_seconds": 0.1,
+            "watch_period_seconds": 0.05,
+            "watch_backoff_cap_seconds": 0.1,
+            "termination_grace_seconds": 60,
+            "orphan_grace_seconds": 600,
+            "runner_dir": self.runner_dir,
+            "listening_timeout_seconds": 5,
+            "stop_timeout_seconds": 2,
+            "state_file": self.tmp_path / "agent-state.json",
+            **overrides,
+        }
+        return AgentSettings(_env_file=None, **values)
+
+    def start(self, **overrides: Any) -> RunningAgent:
+        running = self.build(**overrides).start()
+        self.started.append(running)
+        return running
+
+    def build(self, **overrides: Any) -> RunningAgent:
+        settings = self.settings(**overrides)
+        dynamodb = boto3.client("dynamodb", region_name=REGION)
+        ec2 = boto3.client("ec2", region_name=REGION)
+        powered_off: list[float] = []
+        agent = build_agent(
+            settings,
+            self.identity,
+            dynamodb=dynamodb,
+            kms=boto3.client("kms", region_name=REGION),
+            ec2=ec2,
+            log=agent_log(),
+            clock=self.clock,
+            backoff=AGENT_BACKOFF,
+            poweroff=lambda: powered_off.append(self.clock.now()),
+        )
+        return RunningAgent(agent, settings, dynamodb, ec2, powered_off)
+
+
+@pytest.fixture
+def agents(
+    identity: InstanceIdentity, runner_dir: Path, clock: ManualClock, kms_key: str, tmp_path: Path
+) -> Iterator[AgentFactory]:
+    factory = AgentFactory(identity, runner_dir, clock, kms_key, tmp_path)
+    yield factory
+    for running in factory.started:
+        running.halt()
+    leftover = runner_dir / "leftover.pid"
+    if leftover.exists() and process_alive(pid := int(leftover.read_text())):
+        os.kill(pid, 9)
+
+
+class FakeImds(ThreadingHTTPServer):
+    """The instance metadata service as IMDSv2-only answers it: no session token, no metadata."""
+
+    token = "imds-session-token"
+
+    def __init__(self, identity: InstanceIdentity) -> None:
+        super().__init__(("127.0.0.1", 0), _ImdsHandler)
+        self.identity = identity
+        self.requests: list[tuple[str, str, bool]] = []
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+
+class _ImdsHandler(BaseHTTPRequestHandler):
+    server: FakeImds
+
+    def do_PUT(self) -> None:
+        ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+        self.server.requests.append(("PUT", self.path, ttl is not None))
+        if self.path != "/latest/api/token" or ttl is None:
+            self._answer(400, "")
+            return
+        self._answer(200, self.server.token)
+
+    def do_GET(self) -> None:
+        authorised = self.headers.get("X-aws-ec2-metadata-token") == self.server.token
+        self.server.requests.append(("GET", self.path, authorised))
+        if not authorised:
+            self._answer(401, "")
+            return
+        identity = self.server.identity
+        answers = {
+            "/latest/dynamic/instance-identity/document": json.dumps(
+                {
+                    "instanceId": identity.instance_id,
+                    "region": identity.region,
+                    "accountId": identity.account_id,
+                }
+            ),
+            "/latest/meta-data/services/partition": identity.partition,
+        }
+        body = answers.get(self.path)
+        self._answer(200 if body is not None else 404, body or "")
+
+    def _answer(self, status: int, body: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body.encode())))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *_: Any) -> None:
+        """Quiet: the tests read the server's `requests` instead."""
+
+
+@contextmanager
+def serve_imds(identity: InstanceIdentity) -> Iterator[FakeImds]:
+    server = FakeImds(identity)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def fake_imds() -> Iterator[FakeImds]:
+    with serve_imds(InstanceIdentity("i-0123456789abcdef0", "eu-west-1", ACCOUNT, "aws")) as server:
+        yield server

