@@ -20,16 +20,16 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bench.results import BenchTable
 from emulator.aws import REGION, CallCounter, LocalAws, local_aws
+from emulator.instances import instance_facts
 from emulator.resources import create_state_table
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.records import Arch, InstanceFacts, Signal, UsageClass
+from runner_pool.domain.records import Signal
 
 WINDOW_SECONDS = 14.0
 TABLE = "bench-agent-state"
@@ -84,7 +84,7 @@ def _measure(aws: LocalAws, scratch: Path) -> BenchTable:
     timeouts = StackConfig().timeouts
     records = StateTable(TABLE, timeouts, SystemClock(), dynamodb)
     credentials = RunnerCredentials(TABLE, timeouts, SystemClock(), key_id=key_id, dynamodb=dynamodb, kms=kms)
-    records.create(_facts(instance_id), run_key=None)
+    records.create(instance_facts(instance_id=instance_id), run_key=None)
     records.admit(instance_id)
 
     child = _AgentProcess.start(aws, scratch, instance_id, key_id)
@@ -223,19 +223,6 @@ def _await(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
                 f"the agent did not get to {what} within {timeout:g} s; the figures would mean nothing"
             )
         time.sleep(0.05)
-
-
-def _facts(instance_id: str) -> InstanceFacts:
-    fields: dict[str, Any] = {
-        "instance_id": instance_id,
-        "resource_class": "large",
-        "instance_type": "c7i.large",
-        "usage_class": UsageClass.SPOT,
-        "arch": Arch.X64,
-        "cpu": 2,
-        "memory_mib": 4096,
-    }
-    return InstanceFacts.model_validate(fields)
 
 
 def _table(idle: Window, busy: Window, registration_seconds: float) -> BenchTable:
