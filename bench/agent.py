@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.settings import ENV_PREFIX
 from bench.results import BenchTable
 from emulator.aws import REGION, CallCounter, LocalAws, local_aws
 from emulator.instances import instance_facts
@@ -129,19 +130,12 @@ class _AgentProcess:
         run_sh.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_RUNNER}" "$@"\n')
         run_sh.chmod(0o755)
         settings = {
-            "RUNNER_POOL_TABLE_NAME": TABLE,
-            "RUNNER_POOL_CREDENTIALS_KEY_ID": key_id,
-            "RUNNER_POOL_RUNNER_DIR": str(runner_dir),
-            "RUNNER_POOL_STATE_FILE": str(scratch / "agent-state.json"),
+            "TABLE_NAME": TABLE,
+            "CREDENTIALS_KEY_ID": key_id,
+            "RUNNER_DIR": str(runner_dir),
+            "STATE_FILE": str(scratch / "agent-state.json"),
         }
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RUNNER_POOL_"))},
-            **settings,
-            "AWS_ENDPOINT_URL": aws.endpoint,
-            "AWS_ACCESS_KEY_ID": "local",
-            "AWS_SECRET_ACCESS_KEY": "local",
-            "AWS_DEFAULT_REGION": REGION,
-        }
+        env = aws.child_environment(settings, ENV_PREFIX)
         process = subprocess.Popen(  # noqa: S603 - this very module, as the child
             [sys.executable, "-m", "bench.agent", "--child", instance_id],
             cwd=PROJECT_ROOT,

@@ -6,7 +6,7 @@ import logging
 import os
 import socket
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +45,22 @@ class CallCounter:
 @dataclass(frozen=True)
 class LocalAws:
     endpoint: str
+
+    def child_environment(self, settings: Mapping[str, str], settings_prefix: str) -> dict[str, str]:
+        """The environment for a child process (e.g. the real agent) that must reach this AWS only.
+
+        This process's own AWS_* and `settings_prefix` variables are left out, so nothing of the
+        machine's real AWS or of another run leaks in; `settings` are given the prefix.
+        """
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", settings_prefix))}
+        return {
+            **inherited,
+            **{settings_prefix + name: value for name, value in settings.items()},
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_DEFAULT_REGION": REGION,
+        }
 
     def client(self, service: str, counter: CallCounter | None = None) -> Any:
         client = boto3.client(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -85,13 +84,7 @@ def test_the_agent_process_boots_registers_and_stops_on_sigterm(
             "RUNNER_DIR": str(runner_dir),
             "STATE_FILE": str(tmp_path / "agent-state.json"),
         }
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", ENV_PREFIX))},
-            **{ENV_PREFIX + name: value for name, value in settings.items()},
-            "AWS_ENDPOINT_URL": aws_server.endpoint,
-            "AWS_ACCESS_KEY_ID": "local",
-            "AWS_SECRET_ACCESS_KEY": "local",
-        }
+        env = aws_server.child_environment(settings, ENV_PREFIX)
         process = subprocess.Popen(
             [sys.executable, "-m", "agent"],
             cwd=PROJECT_ROOT,
