@@ -20,6 +20,7 @@ from runner_pool.domain.labels import (
     RunnerSpec,
 )
 from runner_pool.domain.records import Arch, UsageClass
+from runner_pool.domain.runner_scope import RunnerScopeSetting
 
 SQS_MAX_DELAY_SECONDS = 900
 
@@ -109,6 +110,24 @@ class FleetSettings(_Settings):
     than waiting for spot capacity that may not come back before the validation timeout."""
 
 
+class GitHubSettings(_Settings):
+    """The GitHub App the control plane acts as, and where its runners are registered."""
+
+    app_id: str | None = None
+    """The App's id (or client id); required to deploy."""
+    installation_id: int | None = Field(None, gt=0)
+    """The App's installation on the organisation or repository; required to deploy."""
+    scope: RunnerScopeSetting | None = None
+    """`org` for organisation runners, `owner/repo` for one repository's; required to deploy."""
+    api_url: str = "https://api.github.com/"
+    """`https://<host>/api/v3/` for GitHub Enterprise Server."""
+    api_version: str | None = None
+    """The `X-GitHub-Api-Version` to send; GitHub Enterprise Server answers only its release's."""
+    runner_group_id: int = Field(1, gt=0)
+    private_key_secret_name: str = "runner-pool/github-app-private-key"  # noqa: S105 - a name, not a secret
+    webhook_secret_name: str = "runner-pool/github-webhook-secret"  # noqa: S105 - a name, not a secret
+
+
 class StackConfig(_Settings):
     """Everything about pool behaviour an operator may set; every field has the design's default."""
 
@@ -117,6 +136,7 @@ class StackConfig(_Settings):
     defaults: LabelDefaults = LabelDefaults()
     pickup: PickupSettings = PickupSettings()
     fleet: FleetSettings = FleetSettings()
+    github: GitHubSettings = GitHubSettings()
     warm_pool_minimum: dict[str, int] = Field(default_factory=dict)
     refresh_rate_minutes: int = Field(1, gt=0)
 

@@ -1,0 +1,72 @@
+"""What starts the provision and release state machines: their inputs, and names that make them idempotent.
+
+The webhook path (dispatcher) builds these; the state machines' first states read them. A name is a
+pure function of the demand it serves, so a redelivered webhook or a retried dispatcher asks for
+the same execution again, which Step Functions Standard refuses to start twice. Express workflows
+do not dedupe by name, so the dispatcher also stops duplicate demand before StartExecution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EXECUTION_NAME_LIMIT = 80
+"""Step Functions' limit on an execution name."""
+_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ProvisionRequest(_Input):
+    """N runners for N queued jobs of one run that carry the same label (`run_key`)."""
+
+    repository: str = Field(min_length=1, description="owner/repo the jobs belong to")
+    run_key: str = Field(min_length=1, description="the jobs' runs-on label, exactly as written")
+    count: int = Field(gt=0, le=1000)
+    job_ids: tuple[int, ...] = ()
+
+    @property
+    def execution_name(self) -> str:
+        return execution_name("provision", self.repository, self.run_key, *map(str, sorted(self.job_ids)))
+
+
+class ReleaseRequest(_Input):
+    """Give back what a run holds: one instance whose job completed, or (instance_id None) the whole run."""
+
+    run_key: str = Field(min_length=1)
+    instance_id: str | None = None
+    cause: str = Field(min_length=1, description="what asked for it, e.g. `job-123` or `run-45-attempt-1`")
+
+    @property
+    def execution_name(self) -> str:
+        return execution_name("release", self.run_key, self.instance_id or "run", self.cause)
+
+
+def execution_name(kind: str, *parts: str) -> str:
+    """`kind-<digest>`: deterministic, within Step Functions' 80 characters and its allowed alphabet."""
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return f"{kind}-{digest}"[:EXECUTION_NAME_LIMIT]
+
+
+def runner_name(instance_id: str, claim: str) -> str:
+    """The GitHub runner name for one hand-off of an instance: `<instance id>-<8 hex of the claim>`.
+
+    Unique per hand-off (GitHub replaces a runner whose name it knows), and it leads with the
+    instance id, so a `workflow_job completed` webhook, which names the runner, names the instance.
+    """
+    return f"{instance_id}-{hashlib.sha256(claim.encode()).hexdigest()[:8]}"
+
+
+def instance_of_runner(name: str | None) -> str | None:
+    """The instance a runner name of ours belongs to; None for a runner that is not ours."""
+    if not name:
+        return None
+    instance_id, dash, suffix = name.rpartition("-")
+    if dash and _INSTANCE_ID.fullmatch(instance_id) and re.fullmatch(r"[0-9a-f]{8}", suffix):
+        return instance_id
+    return None

@@ -1,0 +1,48 @@
+"""What the stack hands every control-plane Lambda through its environment, validated at cold start.
+
+One model for all of them: each function is given the variables it needs (the CDK constructs set
+them), and a handler that reaches for one it was not given fails at once with the variable's name.
+Variables are named `RUNNER_POOL_<FIELD>`; structured ones (the stack config, the queue URLs) are JSON.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.records import Arch
+
+ENV_PREFIX = "RUNNER_POOL_"
+STACK_TAG_KEY = "runner-pool:stack"
+"""The tag every instance of the stack carries; refresh finds orphans by it."""
+
+
+class MissingSettingError(LookupError):
+    def __init__(self, field: str, purpose: str) -> None:
+        super().__init__(f"{ENV_PREFIX}{field.upper()} is not set; this function needs it for {purpose}")
+
+
+class ControlPlaneSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    table_name: str = Field(min_length=1)
+    config: StackConfig = StackConfig()
+    stack_name: str = "runner-pool"
+    """The value of the stack tag (`runner-pool:stack`) on every instance this stack launches."""
+    pool_queue_urls: dict[str, str] = Field(default_factory=dict)
+    credentials_key_id: str | None = None
+    """The KMS key that runner configs are encrypted with."""
+    subnet_ids: tuple[str, ...] = ()
+    launch_templates: dict[Arch, str] = Field(default_factory=dict)
+    """Launch template id per architecture."""
+    provision_state_machine_arn: str | None = None
+    release_state_machine_arn: str | None = None
+    demand_queue_url: str | None = None
+    idempotency_table_name: str | None = None
+
+    def require(self, field: str, purpose: str) -> str:
+        value = getattr(self, field)
+        if not value:
+            raise MissingSettingError(field, purpose)
+        return str(value)

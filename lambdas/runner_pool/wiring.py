@@ -1,0 +1,136 @@
+"""The control plane's adapters, built once per Lambda process from its environment.
+
+Handlers ask `control_plane()` for what they need; each adapter is built on first use, so a function
+only creates the clients it calls. Tests and the local emulator install a ControlPlane of their
+own (`use_control_plane`), with their clock, their clients and a GitHub App aimed at the fake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any
+
+import boto3
+
+from runner_pool.adapters.backoff import Backoff
+from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
+from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.pool_queues import PoolQueues
+from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import Clock, SystemClock
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.pickup import PickupManager
+from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
+
+ClientFactory = Callable[[str], Any]
+"""service name → boto3 client."""
+
+
+class ControlPlane:
+    def __init__(
+        self,
+        settings: ControlPlaneSettings,
+        *,
+        clock: Clock | None = None,
+        clients: ClientFactory | None = None,
+        backoff: Backoff | None = None,
+        github: GitHubApp | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or SystemClock()
+        self._clients: ClientFactory = clients or _default_client
+        self.backoff = backoff or Backoff()
+        self._github = github
+        self._made: dict[str, Any] = {}
+
+    @property
+    def config(self) -> StackConfig:
+        return self.settings.config
+
+    def client(self, service: str) -> Any:
+        """One client per service for the life of the process (boto3 clients are thread-safe)."""
+        if service not in self._made:
+            self._made[service] = self._clients(service)
+        return self._made[service]
+
+    @cached_property
+    def state_table(self) -> StateTable:
+        return StateTable(
+            self.settings.table_name, self.config.timeouts, self.clock, self.client("dynamodb"), self.backoff
+        )
+
+    @cached_property
+    def pool_queues(self) -> PoolQueues:
+        return PoolQueues(self.settings.pool_queue_urls, self.client("sqs"), self.backoff)
+
+    @cached_property
+    def pickup(self) -> PickupManager:
+        return PickupManager(self.pool_queues, self.state_table, self.clock, self.config.pickup)
+
+    @cached_property
+    def fleet(self) -> Fleet:
+        setup = FleetSetup(
+            subnet_ids=self.settings.subnet_ids,
+            templates={
+                arch: LaunchTemplate(template) for arch, template in self.settings.launch_templates.items()
+            },
+            stack_tag_key=STACK_TAG_KEY,
+            stack_tag_value=self.settings.stack_name,
+        )
+        return Fleet(setup, self.client("ec2"), self.backoff)
+
+    @cached_property
+    def credentials(self) -> RunnerCredentials:
+        return RunnerCredentials(
+            self.settings.table_name,
+            self.config.timeouts,
+            self.clock,
+            key_id=self.settings.require("credentials_key_id", "encrypting runner configs"),
+            dynamodb=self.client("dynamodb"),
+            kms=self.client("kms"),
+            backoff=self.backoff,
+        )
+
+    @property
+    def github(self) -> GitHubApp:
+        if self._github is None:
+            self._github = self._github_app()
+        return self._github
+
+    def _github_app(self) -> GitHubApp:
+        github = self.config.github
+        if github.app_id is None or github.installation_id is None or github.scope is None:
+            raise LookupError("github.app_id, github.installation_id and github.scope must be configured")
+        secret = self.client("secretsmanager").get_secret_value(SecretId=github.private_key_secret_name)
+        return GitHubApp(
+            github.app_id,
+            secret["SecretString"],
+            github.installation_id,
+            github.scope,
+            base_url=github.api_url,
+            api_version=github.api_version,
+            clock=self.clock,
+        )
+
+
+def _default_client(service: str) -> Any:
+    return boto3.client(service)  # type: ignore[call-overload]
+
+
+_current: ControlPlane | None = None
+
+
+def control_plane() -> ControlPlane:
+    """The process's control plane: built from the environment on first use (a Lambda's cold start)."""
+    global _current  # noqa: PLW0603 - one per Lambda process, by design
+    if _current is None:
+        _current = ControlPlane(ControlPlaneSettings())
+    return _current
+
+
+def use_control_plane(plane: ControlPlane | None) -> None:
+    """Install `plane` for every handler of this process (tests, the emulator); None forgets it."""
+    global _current  # noqa: PLW0603
+    _current = plane
