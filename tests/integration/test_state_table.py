@@ -1242,3 +1242,31 @@ def test_errors_other_than_throttling_are_not_swallowed_or_retried(
         call(table)
     assert raised.value.response["Error"]["Code"] == "ResourceNotFoundException"
     assert sleeps == []
+
+
+def test_the_runner_of_a_claim_is_noted_and_kept_through_release(state_table: StateTable) -> None:
+    # Given an instance claimed for a run
+    facts = builders.facts(77)
+    state_table.create(facts, run_key=None)
+    state_table.admit(facts.instance_id)
+    state_table.claim(facts.instance_id, "pool=77", "token-1")
+    # When its runner is noted, twice (a retried step), and the instance later goes back to idle
+    first = state_table.record_runner(facts.instance_id, "pool=77", 4242)
+    again = state_table.record_runner(facts.instance_id, "pool=77", 4242)
+    other_run = state_table.record_runner(facts.instance_id, "pool=78", 1)
+    state_table.activate(facts.instance_id, "pool=77", 10, claim_token="token-1")
+    released = state_table.release(facts.instance_id, "pool=77")
+    # Then the note applied, a retry changed nothing, another run cannot write it,
+    # and the idle record still names the runner for release to delete
+    assert first.succeeded
+    assert again.succeeded
+    assert other_run.outcome is Outcome.LOST
+    assert again.record is not None
+    assert again.record.runner_id == 4242
+    assert released.record is not None
+    assert released.record.runner_id == 4242
+    # And a new claim starts without it
+    state_table.claim(facts.instance_id, "pool=79", "token-2")
+    record = state_table.get(facts.instance_id)
+    assert record is not None
+    assert record.runner_id is None

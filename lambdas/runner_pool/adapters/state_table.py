@@ -135,6 +135,8 @@ class StateTable:
             new_state=InstanceState.CLAIMED,
             threshold_in=self._timeouts.claimed_threshold_seconds,
             set_fields={RUN_KEY_ATTRIBUTE: run_key, "claim_token": claim_token},
+            # The previous run's runner id stays on an idle record, for release to find; a claim starts anew.
+            remove_fields=("runner_id",),
             is_replay=lambda r: (
                 r.state is InstanceState.CLAIMED
                 and r.claim_token == claim_token
@@ -221,6 +223,30 @@ class StateTable:
             names=names,
             values=values,
             is_replay=lambda r: r.state is InstanceState.TERMINATED,
+        )
+
+    def record_runner(self, instance_id: str, run_key: str, runner_id: int) -> TransitionResult:
+        """Note the GitHub runner registered for the run on a claimed or created instance, for release
+        to delete it if it never takes a job. Not a transition: state and threshold stay as they are."""
+        now = self._clock.now()
+        held = (InstanceState.CLAIMED, InstanceState.CREATED)
+        return self._write(
+            instance_id,
+            update="SET runner_id = :runner_id, updated_at = :now",
+            condition=(
+                f"#state IN ({', '.join(_state_placeholders(held))}) "
+                f"AND {RUN_KEY_ATTRIBUTE} = :run_key AND #threshold > :now"
+            ),
+            names={"#state": "state", "#threshold": THRESHOLD_ATTRIBUTE},
+            values={
+                ":runner_id": _value(runner_id),
+                ":now": _value(now),
+                ":run_key": _value(run_key),
+                **_state_values(held),
+            },
+            is_replay=lambda r: (
+                r.runner_id == runner_id and r.run_key == run_key and not r.threshold_passed(now)
+            ),
         )
 
     # --- reads ---------------------------------------------------------------------------------
