@@ -92,11 +92,20 @@ def lambdas_in_process(handlers: Mapping[str, Handler]) -> Iterator[Invocations]
 
 
 @contextmanager
-def without_waiting() -> Iterator[None]:
-    """Wait states and Retry back-offs take no time: tests prove the paths, not the waiting."""
+def without_waiting(on_wait: Callable[[int], None] | None = None) -> Iterator[None]:
+    """Wait states and Retry back-offs take no time: tests prove the paths, not the waiting.
+
+    `on_wait(seconds)` is called in place of each Wait state's wait, e.g. to move a test's clock on
+    by as much and let simulated agents act meanwhile.
+    """
     no_sleep = SimpleNamespace(sleep=lambda _seconds: None)
+
+    def wait(_self: Any, env: Any, wait_seconds: int) -> None:  # moto passes `env` by name
+        if on_wait is not None:
+            on_wait(wait_seconds)
+
     with (
-        mock.patch.object(wait_function.WaitFunction, "_wait_interval", return_value=None),
+        mock.patch.object(wait_function.WaitFunction, "_wait_interval", wait),
         mock.patch.object(retrier_decl, "time", no_sleep),
     ):
         yield
@@ -170,10 +179,15 @@ class LocalStateMachines:
         self, machine_arn: str, payload: Any, name: str | None = None, timeout_seconds: float = 30
     ) -> Execution:
         """Start an execution and wait for it to finish (moto runs it on a thread of its own)."""
+        return self.wait(self.start(machine_arn, payload, name), timeout_seconds)
+
+    def start(self, machine_arn: str, payload: Any, name: str | None = None) -> str:
         request: dict[str, Any] = {"stateMachineArn": machine_arn, "input": json.dumps(payload)}
         if name is not None:
             request["name"] = name
-        execution_arn = self._sfn.start_execution(**request)["executionArn"]
+        return str(self._sfn.start_execution(**request)["executionArn"])
+
+    def wait(self, execution_arn: str, timeout_seconds: float = 30) -> Execution:
         deadline = time.monotonic() + timeout_seconds
         while (described := self._sfn.describe_execution(executionArn=execution_arn))["status"] == "RUNNING":
             if time.monotonic() > deadline:

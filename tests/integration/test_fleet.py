@@ -17,6 +17,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
 from runner_pool.adapters.fleet import (
+    LAUNCH_TAG,
     RESOURCE_CLASS_TAG,
     RUN_KEY_TAG,
     Fleet,
@@ -168,6 +169,7 @@ def test_the_request_for_a_default_spot_spec_is_exactly_this(
         {"Key": "runner-pool:stack", "Value": "runner-pool-test"},
         {"Key": "runner-pool:resource-class", "Value": "large"},
         {"Key": "runner-pool:run-key", "Value": "pool=42"},
+        {"Key": "runner-pool:launch", "Value": KEY},
     ]
     expected = {
         "Type": "instant",
@@ -302,7 +304,7 @@ def test_an_arch_without_a_template_is_refused_before_any_call(
     assert stubbed.fleets_sent() == []
 
 
-def test_instances_and_volumes_are_tagged_with_the_stack_the_class_and_the_run(
+def test_instances_and_volumes_are_tagged_with_the_stack_the_class_the_run_and_the_launch(
     fleet: Fleet, stubbed: StubbedEc2, config: StackConfig
 ) -> None:
     # Given a launch for run key `pool=42/class=2xlarge`
@@ -312,6 +314,7 @@ def test_instances_and_volumes_are_tagged_with_the_stack_the_class_and_the_run(
         STACK_TAG[0]: STACK_TAG[1],
         RESOURCE_CLASS_TAG: "2xlarge",
         RUN_KEY_TAG: "pool=42/class=2xlarge",
+        LAUNCH_TAG: KEY,
     }
     tagged = {
         spec["ResourceType"]: {t["Key"]: t["Value"] for t in spec["Tags"]}
@@ -323,11 +326,12 @@ def test_instances_and_volumes_are_tagged_with_the_stack_the_class_and_the_run(
 def test_a_pool_launch_carries_no_run_key_tag(fleet: Fleet, stubbed: StubbedEc2, config: StackConfig) -> None:
     # Given a warm-pool launch for class xlarge (held by no run)
     params = sent_request(fleet, stubbed, LaunchRequest.for_pool(config, "xlarge", 2, "refresh-1/xlarge"))
-    # Then the instances are tagged with the stack and the class only
+    # Then the instances are tagged with the stack, the class and the launch only
     (instance_tags, _volume) = params["TagSpecifications"]
     assert {t["Key"]: t["Value"] for t in instance_tags["Tags"]} == {
         STACK_TAG[0]: STACK_TAG[1],
         RESOURCE_CLASS_TAG: "xlarge",
+        LAUNCH_TAG: "refresh-1/xlarge",
     }
 
 

@@ -1,0 +1,186 @@
+"""Provision's data and decisions (DESIGN.md section 6): what each step of the state machine carries, and
+when an instance handed a runner config counts as ready, still coming, or failed.
+
+The state machine passes these models from step to step as JSON; every step reads one, acts through
+conditional writes, and returns the next, so a retried step repeats nothing but reads.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runner_pool.domain.clock import Epoch
+from runner_pool.domain.config import Timeouts
+from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.labels import RunnerSpec
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import Heartbeat, InstanceRecord, Signal, WorkerSignal
+
+CANDIDATES_PER_SLOT = 3
+"""How many warm candidates one claim worker may try (and discard) before leaving its slot to creation."""
+FIRST_CLAIM_WAIT_SECONDS = 1
+"""Step Functions waits whole seconds; an agent that answers at once has registered within one."""
+
+
+class Readiness(StrEnum):
+    READY = "ready"
+    WAITING = "waiting"
+    FAILED = "failed"
+
+
+class _Step(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ProvisionPlan(_Step):
+    """What Begin makes of a request; every later step carries it."""
+
+    execution: str
+    request: ProvisionRequest
+    spec: RunnerSpec
+    slots: tuple[int, ...]
+    claim_wait_seconds: int = Field(gt=0)
+    fleet_wait_seconds: int = Field(gt=0)
+    candidates_per_slot: int = Field(gt=0)
+
+    def claim_token(self, slot: int, attempt: int) -> str:
+        """Names one claim: a retried claim step recognises its own claim by it, and nobody else's."""
+        return f"{self.execution}#{slot}#{attempt}"
+
+    @property
+    def creation_claim(self) -> str:
+        """What the runner names of instances this execution created are derived from."""
+        return f"{self.execution}#create"
+
+
+def plan(request: ProvisionRequest, spec: RunnerSpec, execution: str, timeouts: Timeouts) -> ProvisionPlan:
+    return ProvisionPlan(
+        execution=execution,
+        request=request,
+        spec=spec,
+        slots=tuple(range(request.count)),
+        claim_wait_seconds=FIRST_CLAIM_WAIT_SECONDS,
+        fleet_wait_seconds=max(1, math.ceil(timeouts.fleet_validation_poll_seconds)),
+        candidates_per_slot=CANDIDATES_PER_SLOT,
+    )
+
+
+class ClaimWorker(_Step):
+    """One Map iteration's state: the slot it fills and the candidate it holds, if any."""
+
+    plan: ProvisionPlan
+    slot: int
+    attempt: int = 0
+    """Claims this worker has made so far; each has its own claim token."""
+    candidates_left: int | None = None
+    claimed: bool = False
+    instance_id: str | None = None
+    claim_token: str | None = None
+    handed_over_at: Epoch | None = None
+    deadline: Epoch | None = None
+    readiness: Readiness | None = None
+    reason: str | None = None
+    wait_seconds: int = 1
+
+    @property
+    def remaining(self) -> int:
+        return self.plan.candidates_per_slot if self.candidates_left is None else self.candidates_left
+
+
+class WorkerResult(_Step):
+    """What a finished claim worker leaves for the rest of the machine: its instance, if it got one."""
+
+    slot: int
+    instance_id: str | None = None
+    claim_token: str | None = None
+
+
+class Creation(_Step):
+    """Creation's and fleet validation's state: what was launched and where each instance stands."""
+
+    requested: int = 0
+    launched: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+    ready: tuple[str, ...] = ()
+    failed: dict[str, str] = Field(default_factory=dict)
+    """Instance id → why it never got ready."""
+    launch_errors: dict[str, int] = Field(default_factory=dict)
+    """EC2 error code → how many instances CreateFleet could not launch for it."""
+    deadline: Epoch = 0.0
+    wait_seconds: int = 1
+    validating: bool = False
+
+
+class ProvisionResult(_Step):
+    run_key: str
+    requested: int
+    warm: tuple[str, ...]
+    """Claimed from the pool and now running for the run."""
+    cold: tuple[str, ...]
+    """Created for the run and now running."""
+    expired: tuple[str, ...]
+    """Created or claimed but not ready in time: expired and terminated."""
+    lost: tuple[str, ...] = ()
+    """Ready, but someone else moved them first (e.g. the run was released meanwhile)."""
+
+    @property
+    def shortfall(self) -> int:
+        return self.requested - len(self.warm) - len(self.cold)
+
+
+def readiness(
+    record: InstanceRecord | None,
+    heartbeat: Heartbeat | None,
+    signal: WorkerSignal | None,
+    *,
+    run_key: str,
+    claim_token: str | None,
+    handed_over_at: Epoch,
+    deadline: Epoch,
+    now: Epoch,
+    timeouts: Timeouts,
+) -> tuple[Readiness, str]:
+    """Whether an instance handed a runner config for `run_key` is ready, still coming, or failed.
+
+    Ready means DESIGN.md 6.1's two checks: a heartbeat within the healthy window and `UD_REG_OK` for
+    this run key, written after this hand-off (an instance the same run held before carries an
+    older `UD_REG_OK` for the same key). A claimed instance was vetted idle, so its heartbeat must
+    be fresh from the start; a created one may still be booting until the deadline.
+    """
+    expected = InstanceState.CLAIMED if claim_token else InstanceState.CREATED
+    if (
+        record is None
+        or record.state is not expected
+        or record.run_key != run_key
+        or record.claim_token != claim_token
+        or record.threshold_passed(now)
+    ):
+        state = "gone" if record is None else f"{record.state} for {record.run_key!r}"
+        return Readiness.FAILED, f"no longer held by this provision (now {state})"
+    current = signal is not None and signal.run_key == run_key and signal.at >= handed_over_at
+    failure = _signalled_failure(signal, current)
+    if failure:
+        return Readiness.FAILED, failure
+    fresh = heartbeat is not None and heartbeat.is_fresh(now, timeouts.healthy_window_seconds)
+    if fresh and current and signal is not None and signal.signal is Signal.UD_REG_OK:
+        return Readiness.READY, "registered"
+    if not fresh and (claim_token or heartbeat is not None):
+        # A vetted idle instance beats from the start; a booting one that began to beat must go on.
+        return Readiness.FAILED, "heartbeat stale: the agent is not running"
+    if now >= deadline:
+        return Readiness.FAILED, f"not registered for the run within {deadline - handed_over_at:g} s"
+    return Readiness.WAITING, "registering"
+
+
+def _signalled_failure(signal: WorkerSignal | None, current: bool) -> str | None:
+    """A signal that rules the instance out: its runner failed for this hand-off, or its boot failed."""
+    if signal is None:
+        return None
+    if current and signal.signal is Signal.UD_REG_FAILED:
+        return f"runner failed to start: {signal.reason or 'no reason given'}"
+    if signal.signal is Signal.UD_FAILED:
+        return f"pre-runner script failed: {signal.reason or 'no reason given'}"
+    return None

@@ -1,0 +1,111 @@
+"""The provision state machine's Lambda tasks: one handler per step of statemachines/provision.asl.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel, ConfigDict
+
+from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.provision import ClaimWorker, Creation, ProvisionPlan, WorkerResult
+from runner_pool.observability import logger, metrics, tracer
+from runner_pool.steps.provision import Provision
+from runner_pool.wiring import control_plane
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class BeginEvent(_Event):
+    request: ProvisionRequest
+    execution: str
+
+
+class CreateEvent(_Event):
+    plan: ProvisionPlan
+    workers: tuple[WorkerResult, ...]
+
+
+class CheckFleetEvent(_Event):
+    plan: ProvisionPlan
+    creation: Creation
+
+
+class FinishEvent(_Event):
+    plan: ProvisionPlan
+    workers: tuple[WorkerResult, ...]
+    creation: Creation
+
+
+class DumpEvent(_Event):
+    plan: ProvisionPlan
+    error: dict[str, Any] | None = None
+
+
+def _provision() -> Provision:
+    return Provision(control_plane())
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def begin(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
+    parsed = BeginEvent.model_validate(event)
+    logger.append_keys(run_key=parsed.request.run_key, execution=parsed.execution)
+    return _provision().begin(parsed.request, parsed.execution).model_dump(mode="json")
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def claim(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
+    worker = ClaimWorker.model_validate(event)
+    logger.append_keys(run_key=worker.plan.spec.run_key, execution=worker.plan.execution, slot=worker.slot)
+    return _provision().claim(worker).model_dump(mode="json")
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def check_claim(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
+    return _provision().check_claim(ClaimWorker.model_validate(event)).model_dump(mode="json")
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def discard(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
+    return _provision().discard(ClaimWorker.model_validate(event)).model_dump(mode="json")
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def create(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
+    parsed = CreateEvent.model_validate(event)
+    logger.append_keys(run_key=parsed.plan.spec.run_key, execution=parsed.plan.execution)
+    return _provision().create(parsed.plan, parsed.workers).model_dump(mode="json")
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def check_fleet(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
+    parsed = CheckFleetEvent.model_validate(event)
+    return _provision().check_fleet(parsed.plan, parsed.creation).model_dump(mode="json")
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def finish(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
+    parsed = FinishEvent.model_validate(event)
+    logger.append_keys(run_key=parsed.plan.spec.run_key, execution=parsed.plan.execution)
+    return _provision().finish(parsed.plan, parsed.workers, parsed.creation).model_dump(mode="json")
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def dump(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
+    parsed = DumpEvent.model_validate(event)
+    logger.append_keys(run_key=parsed.plan.spec.run_key, execution=parsed.plan.execution)
+    return {"dumped": _provision().dump(parsed.plan), "error": parsed.error}

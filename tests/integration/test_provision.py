@@ -1,0 +1,231 @@
+"""The provision state machine: the real ASL in moto's interpreter, the real handlers, moto AWS, a fake GitHub.
+
+After every scenario the accounting must hold: every instance with the stack's tag has a live record
+and every live record an instance, so nothing was lost or leaked on any path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from emulator.step_functions import LambdaContext
+from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import InstanceRecord
+from runner_pool.handlers import provision
+from tests.support.provision_world import ProvisionWorld, output, provision_world
+from tests.support.scripted_agents import Script
+
+RUN = "pool=4242"
+
+
+@pytest.fixture
+def world() -> Iterator[ProvisionWorld]:
+    with provision_world() as built:
+        yield built
+        accounting = built.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def states(world: ProvisionWorld, instance_ids: list[str]) -> list[InstanceState]:
+    records = [world.plane.state_table.get(instance_id) for instance_id in instance_ids]
+    return [record.state for record in records if record is not None]
+
+
+def live_records(world: ProvisionWorld, instance_ids: list[str]) -> list[InstanceRecord]:
+    records = [world.plane.state_table.get(instance_id) for instance_id in instance_ids]
+    return [record for record in records if record is not None]
+
+
+def ec2_state(world: ProvisionWorld, instance_id: str) -> str:
+    reservations = world.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    return str(reservations[0]["Instances"][0]["State"]["Name"])
+
+
+def test_a_pool_with_enough_warm_instances_serves_every_runner_without_a_launch(
+    world: ProvisionWorld,
+) -> None:
+    # Given three warm instances in the pool
+    warm = [world.warm(n).instance_id for n in (1, 2, 3)]
+    # When a run asks for three runners
+    result = output(world.provision(RUN, 3))
+    # Then all three were claimed, registered and set running for the run; nothing was launched
+    assert sorted(result["warm"]) == sorted(warm)
+    assert result["cold"] == []
+    assert states(world, warm) == [InstanceState.RUNNING] * 3
+    assert world.ec2.calls["CreateFleet"] == 0
+    # And each instance's agent started its runner from a config it could decrypt
+    assert sorted(instance for instance, _, _ in world.agents.registrations) == sorted(warm)
+
+
+def test_a_pool_with_fewer_warm_instances_claims_them_and_creates_the_rest(world: ProvisionWorld) -> None:
+    # Given one warm instance
+    warm = world.warm(1).instance_id
+    # When a run asks for three runners
+    result = output(world.provision(RUN, 3))
+    # Then the warm one was claimed and two were created with one CreateFleet, all running
+    assert result["warm"] == [warm]
+    assert len(result["cold"]) == 2
+    assert world.ec2.calls["CreateFleet"] == 1
+    assert states(world, [warm, *result["cold"]]) == [InstanceState.RUNNING] * 3
+
+
+def test_an_empty_pool_creates_every_runner(world: ProvisionWorld) -> None:
+    # Given an empty pool / When a run asks for two runners
+    result = output(world.provision(RUN, 2))
+    # Then both were created by one CreateFleet, registered and set running
+    assert result["warm"] == []
+    assert len(result["cold"]) == 2
+    assert world.ec2.calls["CreateFleet"] == 1
+    assert states(world, result["cold"]) == [InstanceState.RUNNING] * 2
+    assert result["expired"] == []
+
+
+def test_a_candidate_with_a_stale_heartbeat_is_discarded_and_the_next_one_used(world: ProvisionWorld) -> None:
+    # Given two warm instances, one of whose agents died after it was pooled
+    dead = world.warm(1).instance_id
+    alive = world.warm(2).instance_id
+    world.agents.script(dead, Script.SILENT)
+    world.clock.advance(world.plane.config.timeouts.healthy_window_seconds + 1)
+    world.agents.act()
+    # When a run asks for one runner
+    result = output(world.provision(RUN, 1))
+    # Then the live one serves it and the dead one was expired and terminated, not pooled again
+    assert result["warm"] == [alive]
+    dead_record = world.plane.state_table.get(dead)
+    assert dead_record is not None
+    assert dead_record.threshold_passed(world.clock.now())
+    assert ec2_state(world, dead) in ("shutting-down", "terminated")
+
+
+def test_a_candidate_that_never_registers_is_discarded_at_the_deadline(world: ProvisionWorld) -> None:
+    # Given a warm instance whose agent beats but never starts its runner
+    stuck = world.warm(1).instance_id
+    world.agents.script(stuck, Script.NEVER_REGISTERS)
+    # When a run asks for one runner
+    result = output(world.provision(RUN, 1))
+    # Then after the claim registration timeout it was discarded, and a new instance serves the run
+    assert result["warm"] == []
+    assert len(result["cold"]) == 1
+    assert ec2_state(world, stuck) in ("shutting-down", "terminated")
+
+
+def test_a_runner_that_fails_to_start_is_discarded_at_once(world: ProvisionWorld) -> None:
+    # Given a warm instance whose runner fails to start, and a healthy one
+    failing = world.warm(1).instance_id
+    world.agents.script(failing, Script.FAILS_REGISTRATION)
+    healthy = world.warm(2).instance_id
+    # When a run asks for one runner
+    result = output(world.provision(RUN, 1))
+    # Then the failing one was discarded and the healthy one serves the run, warm
+    assert result["warm"] == [healthy]
+    assert ec2_state(world, failing) in ("shutting-down", "terminated")
+
+
+def test_two_executions_racing_for_the_same_warm_instances_each_get_different_ones(
+    world: ProvisionWorld,
+) -> None:
+    # Given two warm instances
+    warm = {world.warm(n).instance_id for n in (1, 2)}
+    # When two executions for two runners each run at the same time
+    first, second = world.provision_concurrently([(RUN, 2), ("pool=4243", 2)])
+    # Then every warm instance ended in exactly one of them, and the rest were created
+    served = [output(first), output(second)]
+    warm_hits = [i for result in served for i in result["warm"]]
+    assert sorted(warm_hits) == sorted(warm)
+    everything = warm_hits + [i for result in served for i in result["cold"]]
+    assert len(everything) == len(set(everything)) == 4
+
+
+def test_a_partial_spot_launch_is_completed_on_demand(world: ProvisionWorld) -> None:
+    # Given EC2 has room for one more spot instance only
+    world.ec2.set_capacity("spot", 1)
+    # When a run asks for three spot runners
+    result = output(world.provision(RUN, 3))
+    # Then one was launched as spot, the remainder by the one on-demand fallback, all running
+    assert len(result["cold"]) == 3
+    assert world.ec2.calls["CreateFleet"] == 2
+    usages = sorted(str(record.usage_class) for record in live_records(world, result["cold"]))
+    assert usages == ["on-demand", "on-demand", "spot"]
+
+
+def test_a_launch_short_of_capacity_reports_the_shortfall(world: ProvisionWorld) -> None:
+    # Given EC2 has room for one instance in all
+    world.ec2.set_capacity("spot", 1)
+    world.ec2.set_capacity("on-demand", 0)
+    # When a run asks for three runners
+    result = output(world.provision(RUN, 3))
+    # Then the one launched serves the run, and nothing is held for the other two
+    assert len(result["cold"]) == 1
+    assert result["warm"] == []
+    assert result["expired"] == []
+
+
+def test_an_unhandled_error_dumps_what_the_execution_claimed(world: ProvisionWorld) -> None:
+    # Given one warm instance, and EC2 refusing every CreateFleet
+    warm = world.warm(1).instance_id
+    world.ec2.fail_next(10, "UnauthorizedOperation")
+    # When a run asks for two runners (one must be created)
+    execution = world.provision(RUN, 2)
+    # Then the execution failed, and the instance it had claimed was expired and terminated
+    assert execution.status == "FAILED"
+    record = world.plane.state_table.get(warm)
+    assert record is not None
+    assert record.threshold_passed(world.clock.now())
+    assert ec2_state(world, warm) in ("shutting-down", "terminated")
+
+
+def snapshot(world: ProvisionWorld) -> tuple[object, ...]:
+    """Everything a step can change: records, EC2 instances, pool messages, GitHub runners."""
+    records = sorted(
+        (r.instance_id, r.state, r.run_key, r.threshold, r.claim_token, r.runner_id)
+        for r in world.plane.state_table.live()
+    )
+    instances = sorted(
+        (i["InstanceId"], i["State"]["Name"])
+        for page in world.ec2.describe_instances()["Reservations"]
+        for i in page["Instances"]
+    )
+    queued = sorted(m.instance_id for m in world.pool_messages())
+    return (records, instances, queued, world.ec2.launched, len(world.github.state.runners))
+
+
+def test_every_step_run_twice_with_the_same_input_changes_nothing_more(world: ProvisionWorld) -> None:
+    # Given one warm instance and a request for two runners, stepped through by hand
+    world.warm(1)
+    context = LambdaContext(
+        "provision", "replayed", "arn:aws:lambda:us-east-1:123456789012:function:provision"
+    )
+    request = ProvisionRequest(repository="octo-org/app", run_key=RUN, count=2)
+
+    def twice(step: str, event: dict[str, object]) -> dict[str, object]:
+        handler = getattr(provision, step)
+        first = handler(event, context)
+        before = snapshot(world)
+        again = handler(event, context)
+        # Then the second run changed nothing and answered the same
+        assert snapshot(world) == before, step
+        assert again == first, step
+        return dict(first)
+
+    # When each step runs twice with the same input
+    plan = twice("begin", {"request": request.model_dump(mode="json"), "execution": "exec-1"})
+    worker = twice("claim", {"plan": plan, "slot": 0})
+    exhausted = twice("claim", {"plan": plan, "slot": 1})
+    world.clock.advance(1)
+    world.agents.act()
+    ready = twice("check_claim", worker)
+    workers = [
+        {"slot": 0, "instance_id": ready["instance_id"], "claim_token": ready["claim_token"]},
+        {"slot": 1, "instance_id": exhausted["instance_id"], "claim_token": None},
+    ]
+    creation = twice("create", {"plan": plan, "workers": workers})
+    world.clock.advance(5)
+    world.agents.act()
+    checked = twice("check_fleet", {"plan": plan, "creation": creation})
+    result = twice("finish", {"plan": plan, "workers": workers, "creation": checked})
+    # And the run got its two runners
+    assert len(result["warm"]) == 1
+    assert len(result["cold"]) == 1

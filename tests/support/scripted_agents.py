@@ -1,0 +1,69 @@
+"""Stand-ins for the instance agents in state-machine tests: each acts on its items while the machine waits.
+
+The real agent is tested against moto in tests/agent and runs in the emulator; here what matters is
+what the control plane reads, so each instance follows a script: beat and register (the default),
+beat but never register, fail to register, or stay silent (a dead agent, a stale heartbeat).
+A healthy agent registers only once it can decrypt the runner config handed to it, so the
+credential hand-off is part of what every state-machine test proves.
+"""
+
+from __future__ import annotations
+
+import threading
+from enum import StrEnum
+
+from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import Signal
+
+
+class Script(StrEnum):
+    REGISTERS = "registers"
+    NEVER_REGISTERS = "never-registers"
+    FAILS_REGISTRATION = "fails-registration"
+    SILENT = "silent"
+    """No heartbeat and no signal: the agent is dead."""
+
+
+class ScriptedAgents:
+    def __init__(self, table: StateTable, credentials: RunnerCredentials, arn_of: object) -> None:
+        self._table = table
+        self._credentials = credentials
+        self._arn_of = arn_of
+        self._scripts: dict[str, Script] = {}
+        self._lock = threading.Lock()
+        self.registrations: list[tuple[str, str, str]] = []
+        """(instance id, run key, config id) of every runner started from a decrypted config."""
+
+    def script(self, instance_id: str, script: Script) -> None:
+        self._scripts[instance_id] = script
+
+    def act(self) -> None:
+        """One round: every live instance's agent does what its script says, at the clock's now."""
+        with self._lock:
+            for record in self._table.live():
+                script = self._scripts.get(record.instance_id, Script.REGISTERS)
+                if script is Script.SILENT:
+                    continue
+                self._table.write_heartbeat(record.instance_id)
+                held = record.state in (InstanceState.CLAIMED, InstanceState.CREATED) and record.run_key
+                if not held or record.run_key is None:
+                    continue
+                self._register(record.instance_id, record.run_key, script)
+
+    def _register(self, instance_id: str, run_key: str, script: Script) -> None:
+        config = self._credentials.load(instance_id, self._arn_of(instance_id), run_key)  # type: ignore[operator]
+        if config is None:
+            return
+        started = (instance_id, run_key, config.config_id)
+        if started in self.registrations:
+            return
+        if script is Script.REGISTERS:
+            self.registrations.append(started)
+            self._table.write_signal(instance_id, Signal.UD_REG_OK, run_key)
+        elif script is Script.FAILS_REGISTRATION:
+            self.registrations.append(started)
+            self._table.write_signal(
+                instance_id, Signal.UD_REG_FAILED, run_key, reason="runner exited with 1"
+            )

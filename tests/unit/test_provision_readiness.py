@@ -1,0 +1,113 @@
+"""When an instance handed a runner config counts as ready, still coming, or failed (DESIGN.md 6.1 and 6.4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner_pool.domain.config import Timeouts
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.provision import Readiness, readiness
+from runner_pool.domain.records import Heartbeat, InstanceRecord, Signal, WorkerSignal
+from tests.support.builders import facts
+
+RUN = "pool=7"
+TOKEN = "exec#0#0"
+T0 = 1_000.0
+TIMEOUTS = Timeouts()
+ID = facts(1).instance_id
+
+
+def record(state: InstanceState = InstanceState.CLAIMED, **fields: object) -> InstanceRecord:
+    values: dict[str, object] = {
+        "state": state,
+        "run_key": RUN,
+        "threshold": T0 + 300,
+        "claim_token": TOKEN if state is InstanceState.CLAIMED else None,
+        "created_at": T0 - 100,
+        "updated_at": T0,
+        **fields,
+    }
+    return InstanceRecord(**facts(1).model_dump(), **values)  # type: ignore[arg-type]
+
+
+def beat(at: float) -> Heartbeat:
+    return Heartbeat(instance_id=ID, beat_at=at)
+
+
+def signal(kind: Signal, at: float, run_key: str | None = RUN) -> WorkerSignal:
+    return WorkerSignal(instance_id=ID, signal=kind, run_key=run_key, at=at, reason="why")
+
+
+def judge(
+    current: InstanceRecord | None,
+    heartbeat: Heartbeat | None,
+    latest: WorkerSignal | None,
+    now: float = T0 + 2,
+    token: str | None = TOKEN,
+) -> Readiness:
+    verdict, _reason = readiness(
+        current,
+        heartbeat,
+        latest,
+        run_key=RUN,
+        claim_token=token,
+        handed_over_at=T0,
+        deadline=T0 + 20,
+        now=now,
+        timeouts=TIMEOUTS,
+    )
+    return verdict
+
+
+def test_a_fresh_heartbeat_and_a_registration_after_the_hand_off_is_ready() -> None:
+    # Given a beat a second ago and UD_REG_OK for the run written after the hand-off / Then ready
+    assert judge(record(), beat(T0 + 1), signal(Signal.UD_REG_OK, T0 + 1)) is Readiness.READY
+
+
+def test_a_registration_from_an_earlier_hand_off_of_the_same_run_does_not_count() -> None:
+    # Given UD_REG_OK for the same run key but from before this hand-off / Then still waiting
+    assert judge(record(), beat(T0 + 1), signal(Signal.UD_REG_OK, T0 - 50)) is Readiness.WAITING
+
+
+def test_a_registration_for_another_run_does_not_count() -> None:
+    assert judge(record(), beat(T0 + 1), signal(Signal.UD_REG_OK, T0 + 1, "pool=8")) is Readiness.WAITING
+
+
+def test_a_claimed_instance_with_a_stale_heartbeat_fails_at_once() -> None:
+    # Given a vetted idle instance whose last beat is older than the healthy window / Then failed
+    stale = beat(T0 - TIMEOUTS.healthy_window_seconds - 1)
+    assert judge(record(), stale, None) is Readiness.FAILED
+
+
+def test_a_created_instance_without_a_heartbeat_is_still_booting() -> None:
+    created = record(InstanceState.CREATED)
+    assert judge(created, None, None, token=None) is Readiness.WAITING
+
+
+def test_a_created_instance_whose_heartbeat_stopped_has_failed() -> None:
+    created = record(InstanceState.CREATED)
+    stale = beat(T0 - TIMEOUTS.healthy_window_seconds)
+    assert judge(created, stale, None, now=T0 + 5, token=None) is Readiness.FAILED
+
+
+@pytest.mark.parametrize("kind", [Signal.UD_REG_FAILED, Signal.UD_FAILED])
+def test_a_failure_signal_fails_the_instance(kind: Signal) -> None:
+    assert judge(record(), beat(T0 + 1), signal(kind, T0 + 1)) is Readiness.FAILED
+
+
+def test_the_deadline_ends_the_wait() -> None:
+    assert judge(record(), beat(T0 + 20), None, now=T0 + 20) is Readiness.FAILED
+
+
+@pytest.mark.parametrize(
+    "current",
+    [
+        None,
+        record(InstanceState.IDLE, run_key=None, claim_token=None),
+        record(claim_token="exec#1#0"),
+        record(threshold=T0 + 1),
+    ],
+    ids=["gone", "idle again", "another worker's claim", "claim expired"],
+)
+def test_an_instance_no_longer_held_by_this_hand_off_has_failed(current: InstanceRecord | None) -> None:
+    assert judge(current, beat(T0 + 1), signal(Signal.UD_REG_OK, T0 + 1)) is Readiness.FAILED
