@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from runner_pool.adapters import state_table as schema
+from runner_pool.adapters.fleet import FleetSetup, LaunchTemplate
+from runner_pool.domain.records import Arch
+from runner_pool.environment import STACK_TAG_KEY
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
+    from mypy_boto3_ec2.client import EC2Client
     from mypy_boto3_sqs.client import SQSClient
 
 
@@ -55,3 +59,108 @@ def create_state_table(client: DynamoDBClient, name: str) -> None:
 def create_pool_queues(client: SQSClient, prefix: str, classes: list[str]) -> dict[str, str]:
     """One pool queue per resource class; returns the queue URL of each class."""
     return {name: client.create_queue(QueueName=f"{prefix}-pool-{name}")["QueueUrl"] for name in classes}
+
+
+AMI_ARCHITECTURES = {Arch.X64: "x86_64", Arch.ARM64: "arm64"}
+"""EC2's name of each architecture, as DescribeImages reports it."""
+NETWORK_ZONES = 3
+"""Availability zones of the emulated network: the most a CDK VPC spreads over by default."""
+
+
+def create_network(ec2: EC2Client, zones: int = NETWORK_ZONES) -> tuple[str, ...]:
+    """A VPC with one subnet in each of the region's first `zones` availability zones; the subnet ids."""
+    vpc_id = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    names = [zone["ZoneName"] for zone in ec2.describe_availability_zones()["AvailabilityZones"]]
+    return tuple(
+        ec2.create_subnet(VpcId=vpc_id, CidrBlock=f"10.0.{number}.0/24", AvailabilityZone=zone)["Subnet"][
+            "SubnetId"
+        ]
+        for number, zone in enumerate(sorted(names)[:zones])
+    )
+
+
+def create_launch_templates(ec2: EC2Client, prefix: str = "runner-pool") -> dict[Arch, str]:
+    """One launch template per architecture, shaped as infra/constructs/instances.py builds them; the ids.
+
+    Each boots the newest Amazon Linux 2023 image of its architecture among moto's default images,
+    with IMDSv2 required at one hop and an encrypted root volume; no user data, as no agent boots here.
+    """
+    return {
+        arch: ec2.create_launch_template(
+            LaunchTemplateName=f"{prefix}-{arch.value}",
+            LaunchTemplateData={
+                "ImageId": _amazon_linux_image(ec2, AMI_ARCHITECTURES[arch]),
+                "MetadataOptions": {
+                    "HttpEndpoint": "enabled",
+                    "HttpTokens": "required",
+                    "HttpPutResponseHopLimit": 1,
+                },
+                "InstanceInitiatedShutdownBehavior": "terminate",
+                "BlockDeviceMappings": [
+                    {
+                        "DeviceName": "/dev/xvda",
+                        "Ebs": {
+                            "VolumeSize": 40,
+                            "VolumeType": "gp3",
+                            "Encrypted": True,
+                            "DeleteOnTermination": True,
+                        },
+                    }
+                ],
+            },
+        )["LaunchTemplate"]["LaunchTemplateId"]
+        for arch in Arch
+    }
+
+
+def create_fleet_setup(ec2: EC2Client, stack_name: str) -> FleetSetup:
+    """A network and launch templates, and the FleetSetup a launching Lambda would be given for them."""
+    return FleetSetup(
+        subnet_ids=create_network(ec2),
+        templates={
+            arch: LaunchTemplate(template_id) for arch, template_id in create_launch_templates(ec2).items()
+        },
+        stack_tag_key=STACK_TAG_KEY,
+        stack_tag_value=stack_name,
+    )
+
+
+def _amazon_linux_image(ec2: EC2Client, architecture: str) -> str:
+    images = ec2.describe_images(
+        Owners=["amazon"],
+        Filters=[
+            {"Name": "architecture", "Values": [architecture]},
+            {"Name": "name", "Values": [f"al2023-ami-2023.*-{architecture}"]},
+        ],
+    )["Images"]
+    if not images:
+        raise LookupError(f"no Amazon Linux 2023 image for {architecture} among the EC2 images")
+    return max(images, key=lambda image: image.get("Name", ""))["ImageId"]
+
+
+def create_idempotency_table(client: DynamoDBClient, name: str) -> None:
+    """The webhook's idempotency table, which also holds the dispatcher's demand ledger: key `id`, TTL."""
+    client.create_table(
+        TableName=name,
+        BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+    )
+    client.update_time_to_live(
+        TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expiration"}
+    )
+
+
+DEMAND_MAX_RECEIVES = 5
+"""Deliveries of one demand message before it moves to the dead-letter queue."""
+
+
+def create_demand_queue(client: SQSClient, prefix: str) -> str:
+    """The demand queue with its dead-letter queue; returns the demand queue's URL."""
+    dead_letters = client.create_queue(QueueName=f"{prefix}-demand-dlq")["QueueUrl"]
+    dead_letters_arn = client.get_queue_attributes(QueueUrl=dead_letters, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    redrive = f'{{"deadLetterTargetArn": "{dead_letters_arn}", "maxReceiveCount": "{DEMAND_MAX_RECEIVES}"}}'
+    demand = client.create_queue(QueueName=f"{prefix}-demand", Attributes={"RedrivePolicy": redrive})
+    return demand["QueueUrl"]

@@ -109,7 +109,7 @@ class ProvisionWorld:
         return [self.machines.wait(arn, timeout_seconds=60) for arn in started]
 
     def accounting(self) -> Accounting:
-        return account(self.ec2, self.plane.state_table, STACK_NAME)
+        return account(self.ec2, self.plane.state_table, STACK_NAME, now=self.clock.now())
 
     def pool_messages(self, resource_class: str = "large") -> list[PoolMessage]:
         """What the class's pool queue holds (received and made visible again at once)."""
