@@ -317,3 +317,17 @@ def test_a_message_the_queue_refuses_to_take_back_is_reported_as_lost(
     assert result.candidate == wanted
     assert result.lost == (misfit,)
     assert (result.counts.lost, result.counts.requeued) == (1, 0)
+
+
+def test_a_long_queue_of_misfits_ends_the_pickup_at_its_budget(pool: Pool, spec: RunnerSpec) -> None:
+    # Given 40 non-matching instances, more than three batches' worth
+    for number in range(1, 41):
+        pool.add_idle(number, **ON_DEMAND)
+    picker = PickupManager(pool.queues, pool.records, pool.clock, PickupSettings(), max_batches=3)
+    # When a spot runner is picked up with a budget of three batches
+    result = picker.pickup(spec)
+    # Then it stops after three receives, with every misfit back in the queue for others
+    assert result.stopped is StopReason.BUDGET
+    assert result.counts.receive_calls == 3
+    assert result.counts.requeued == result.counts.examined
+    assert pool.depth()["visible"] + pool.depth()["delayed"] == 40

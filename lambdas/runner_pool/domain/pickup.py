@@ -111,6 +111,9 @@ class StopReason(StrEnum):
     """The queue had nothing (left) to give."""
     CYCLED = "cycled"
     """Some instance came round `same_instance_tolerance` times: the queue holds nothing new for us."""
+    BUDGET = "budget"
+    """`max_batches` batches read without a match: a long queue of misfits must not hold a claim
+    step past its Lambda's timeout; the claim worker counts the pool as exhausted."""
 
 
 @dataclass(frozen=True)
@@ -146,14 +149,24 @@ class _Tally:
         return PickupResult(candidate, stopped, PickupCounts(**self.counts), tuple(self.lost_messages))
 
 
+MAX_BATCHES = 30
+"""Batches one pickup reads at most (300 messages, a few seconds of SQS calls)."""
+
+
 class PickupManager:
     def __init__(
-        self, queue: PoolQueue, records: RecordReader, clock: Clock, settings: PickupSettings
+        self,
+        queue: PoolQueue,
+        records: RecordReader,
+        clock: Clock,
+        settings: PickupSettings,
+        max_batches: int = MAX_BATCHES,
     ) -> None:
         self._queue = queue
         self._records = records
         self._clock = clock
         self._settings = settings
+        self._max_batches = max_batches
 
     def pickup(self, spec: RunnerSpec) -> PickupResult:
         """Find one idle instance for `spec` in its class's queue, or say why there is none."""
@@ -179,6 +192,8 @@ class PickupManager:
                 return tally.result(candidate, StopReason.FOUND)
             if seen and max(seen.values()) >= self._settings.same_instance_tolerance:
                 return tally.result(None, StopReason.CYCLED)
+            if tally.counts["receive_calls"] >= self._max_batches:
+                return tally.result(None, StopReason.BUDGET)
 
     def _settle(self, spec: RunnerSpec, messages: list[PoolMessage], tally: _Tally) -> PoolMessage | None:
         """Judge one deleted batch, send back what others may use, and return the candidate if any."""
