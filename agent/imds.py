@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runner_pool.adapters.runner_credentials import instance_arn
+from runner_pool.adapters.instance_arns import InstanceArns
 
 TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a URL path, not a secret
 IDENTITY_PATH = "/latest/dynamic/instance-identity/document"
@@ -28,8 +28,14 @@ class InstanceIdentity:
     partition: str = "aws"
 
     @property
+    def arns(self) -> InstanceArns:
+        """Where this instance lives: what keys its items in the state table."""
+        return InstanceArns(partition=self.partition, region=self.region, account_id=self.account_id)
+
+    @property
     def arn(self) -> str:
-        return instance_arn(self.instance_id, self.region, self.account_id, self.partition)
+        """This instance's ARN, as IAM resolves `${ec2:SourceInstanceARN}` for its requests."""
+        return self.arns.arn(self.instance_id)
 
 
 class Imds:

@@ -39,7 +39,9 @@ def build_agent(
     return Agent(
         identity=identity,
         settings=settings,
-        records=StateTable(settings.table_name, timeouts, clock, dynamodb, backoff),
+        # Keyed by this instance's own ARN, from the metadata service: no STS call, and the very
+        # key the instance role's LeadingKeys condition allows.
+        records=StateTable(settings.table_name, timeouts, clock, dynamodb, backoff, arns=identity.arns),
         credentials=RunnerCredentials(
             settings.table_name,
             timeouts,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agent.settings import ENV_PREFIX
 from bench.results import BenchTable
-from emulator.aws import REGION, CallCounter, LocalAws, local_aws
+from emulator.aws import ACCOUNT, INSTANCE_ARNS, REGION, CallCounter, LocalAws, local_aws
 from emulator.instances import instance_facts
 from emulator.resources import create_state_table
 from runner_pool.adapters.runner_credentials import RunnerCredentials
@@ -34,7 +34,6 @@ from runner_pool.domain.records import Signal
 
 WINDOW_SECONDS = 14.0
 TABLE = "bench-agent-state"
-ACCOUNT = "123456789012"
 RUN_KEY = "pool=1/class=large"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FAKE_RUNNER = PROJECT_ROOT / "tests" / "agent" / "fake_runner.py"
@@ -81,9 +80,9 @@ def _measure(aws: LocalAws, scratch: Path) -> BenchTable:
     instance_id = ec2.run_instances(ImageId=MOTO_IMAGE_ID, MinCount=1, MaxCount=1)["Instances"][0][
         "InstanceId"
     ]
-    arn = f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{instance_id}"
+    arn = INSTANCE_ARNS.arn(instance_id)
     timeouts = StackConfig().timeouts
-    records = StateTable(TABLE, timeouts, SystemClock(), dynamodb)
+    records = StateTable(TABLE, timeouts, SystemClock(), dynamodb, arns=INSTANCE_ARNS)
     credentials = RunnerCredentials(TABLE, timeouts, SystemClock(), key_id=key_id, dynamodb=dynamodb, kms=kms)
     records.create(instance_facts(instance_id=instance_id), run_key=None)
     records.admit(instance_id)

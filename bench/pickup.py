@@ -31,7 +31,7 @@ from moto.sqs import models as sqs_models
 from moto.sqs.models import Message, SQSBackend
 
 from bench.results import BenchTable
-from emulator.aws import CallCounter, LocalAws, local_aws
+from emulator.aws import INSTANCE_ARNS, CallCounter, LocalAws, local_aws
 from emulator.instances import instance_facts, put_in_pool
 from emulator.resources import create_pool_queues, create_state_table
 from runner_pool.adapters.pool_queues import PoolQueues
@@ -102,7 +102,7 @@ def _measure(aws: LocalAws) -> BenchTable:
     clock = SystemClock()
     dynamodb = client("dynamodb")
     create_state_table(dynamodb, "bench-state")
-    records = StateTable("bench-state", config.timeouts, clock, dynamodb)
+    records = StateTable("bench-state", config.timeouts, clock, dynamodb, arns=INSTANCE_ARNS)
     delay = config.pickup.requeue_delay_seconds
 
     ours_url = _filled_queue(client("sqs"), records, "bench-ours", instance_base=0)

@@ -12,11 +12,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
+from moto.core.config import default_user_config
+from moto.moto_api._internal.models import moto_api_backend
 from moto.server import ThreadedMotoServer
 
 from emulator.atomic_dynamodb import atomic_items
+from emulator.step_functions import MOTO_CONFIG
+from runner_pool.adapters.instance_arns import InstanceArns
 
 REGION = "us-east-1"
+ACCOUNT = "123456789012"
+"""The account moto answers as."""
+INSTANCE_ARNS = InstanceArns("aws", REGION, ACCOUNT)
+"""What keys an instance's items on local AWS; given to each state table, since a table left to ask
+STS itself would ask with a client aimed at the real AWS, not at this one."""
 
 
 @dataclass
@@ -63,7 +72,7 @@ class LocalAws:
         }
 
     def client(self, service: str, counter: CallCounter | None = None) -> Any:
-        client = boto3.client(
+        client = boto3.client(  # type: ignore[call-overload]
             service,
             endpoint_url=self.endpoint,
             region_name=REGION,
@@ -74,18 +83,38 @@ class LocalAws:
 
 
 @contextmanager
-def local_aws() -> Iterator[LocalAws]:
-    """moto's server in this process, on a free port of 127.0.0.1, with DynamoDB's item atomicity."""
+def local_aws(*, state_machines: bool = False) -> Iterator[LocalAws]:
+    """moto's server in this process, on a free port of 127.0.0.1, with DynamoDB's item atomicity.
+
+    `state_machines=True`: Step Functions executes state machines, and Lambda stays in this process
+    (with `emulator.step_functions.lambdas_in_process` routing invocations to our handlers).
+    """
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per request otherwise
     port = _free_port()
     os.environ["MOTO_PORT"] = str(port)  # moto builds queue URLs and the like from it
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    with atomic_items():
+    with atomic_items(), _moto_config(MOTO_CONFIG if state_machines else {}):
         server.start()
         try:
             yield LocalAws(f"http://127.0.0.1:{port}")
         finally:
             server.stop()
+            # moto's backends are this process's, not the server's: the next local AWS starts empty.
+            moto_api_backend.reset()
+
+
+@contextmanager
+def _moto_config(settings: Mapping[str, Mapping[str, Any]]) -> Iterator[None]:
+    """moto's server reads its configuration from the process-wide default (mock_aws(config=...) is
+    for in-process mocks), so set it there while the server runs."""
+    config: dict[str, dict[str, Any]] = default_user_config  # type: ignore[assignment]
+    saved = {service: dict(config.get(service, {})) for service in settings}
+    for service, values in settings.items():
+        config.setdefault(service, {}).update(values)
+    try:
+        yield
+    finally:
+        config.update(saved)
 
 
 def _free_port() -> int:

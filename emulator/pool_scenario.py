@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.aws import CallCounter, LocalAws, local_aws
+from emulator.aws import INSTANCE_ARNS, CallCounter, LocalAws, local_aws
 from emulator.instances import instance_facts, put_in_pool
 from emulator.resources import create_pool_queues, create_state_table
 from runner_pool.adapters.pool_queues import PoolQueues
@@ -86,7 +86,7 @@ def _scenario(aws: LocalAws, config: StackConfig) -> bool:
     dynamodb = aws.client("dynamodb", calls)
     create_state_table(dynamodb, TABLE)
     queue_urls = create_pool_queues(aws.client("sqs"), "demo", list(config.resource_classes))
-    table = StateTable(TABLE, config.timeouts, clock, dynamodb)
+    table = StateTable(TABLE, config.timeouts, clock, dynamodb, arns=INSTANCE_ARNS)
     queues = PoolQueues(queue_urls, aws.client("sqs", calls))
 
     pooled = _warm_pool(table, queues)

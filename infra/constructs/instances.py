@@ -13,6 +13,13 @@ The role lets an instance do exactly its side of the protocol and nothing else:
   (`${ec2:InstanceID}`), the pattern of AWS's own AWSEC2VssSnapshotPolicy;
 - read the one S3 object that holds the agent's source.
 
+Those credentials are the agent's alone: with `instances.block_imds_from_jobs` (the default) the user
+data lets only root reach the instance metadata service, so a job, running as the runner user,
+cannot take them to forge the instance's signals or read its runner config.
+
+How instances are built (runner version, AMIs, root volume, pre-runner script, the agent's grace
+before it ends its own instance) is the `instances` section of the stack config.
+
 The agent is installed from a CDK asset of this project's source (pyproject.toml, README.md, agent/
 and lambdas/runner_pool/): the user data has pip build the project's wheel from it on the instance,
 so the instance runs the same record models as the control plane, at the same version.
@@ -34,11 +41,10 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
-from pydantic import BaseModel, ConfigDict, Field
 
 from runner_pool.adapters import state_table as schema
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
-from runner_pool.domain.config import StackConfig
+from runner_pool.domain.config import InstanceSettings, StackConfig
 from runner_pool.domain.records import Arch
 
 PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
@@ -80,31 +86,6 @@ AGENT_ITEM_ATTRIBUTES = (
 )
 """Every attribute the agent writes (StateTable.write_heartbeat and write_signal), and no other."""
 
-AL2023_AMI_PARAMETERS: Mapping[Arch, str] = MappingProxyType(
-    {
-        Arch.X64: "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64",
-        Arch.ARM64: "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-arm64",
-    }
-)
-
-
-class InstanceSettings(BaseModel):
-    """How instances are built; every field has a default, and the stack passes these until they
-    become part of the stack config."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    runner_version: str = Field("2.328.0", pattern=r"^\d+\.\d+\.\d+$")
-    runner_sha256: Mapping[Arch, str] = Field(default_factory=dict)
-    """SHA-256 of the runner archive per architecture; checked by the user data when given."""
-    ami_parameters: Mapping[Arch, str] = Field(default_factory=lambda: dict(AL2023_AMI_PARAMETERS))
-    """SSM parameter (a public one by default) holding the AMI id of each architecture."""
-    root_device_name: str = "/dev/xvda"
-    root_volume_gib: int = Field(40, ge=8)
-    pre_runner_script: str = ""
-    """A script the agent runs once at boot, before any runner; its failure is signalled UD_FAILED."""
-    termination_grace_seconds: int = Field(300, ge=0)
-
 
 @dataclass(frozen=True)
 class UserDataValues:
@@ -121,6 +102,7 @@ class UserDataValues:
     heartbeat_period_seconds: str
     termination_grace_seconds: str
     retention_days: str
+    block_imds_from_jobs: str
 
 
 def render_user_data(values: UserDataValues, template: str | None = None) -> str:
@@ -145,10 +127,9 @@ class Instances(Construct):
         config: StackConfig,
         vpc: ec2.IVpc,
         table: dynamodb.ITable,
-        settings: InstanceSettings | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        settings = settings or InstanceSettings()
+        settings = config.instances
         self.credentials_key = kms.Key(
             self,
             "RunnerCredentialsKey",
@@ -255,7 +236,7 @@ class Instances(Construct):
             UserDataValues(
                 runner_version=settings.runner_version,
                 runner_arch=arch.value,
-                runner_sha256=settings.runner_sha256.get(arch, ""),
+                runner_sha256=settings.runner_checksums.get(arch, ""),
                 agent_source_bucket=self.agent_source.s3_bucket_name,
                 agent_source_key=self.agent_source.s3_object_key,
                 pre_runner_script_base64=base64.b64encode(settings.pre_runner_script.encode()).decode(),
@@ -264,6 +245,7 @@ class Instances(Construct):
                 heartbeat_period_seconds=f"{config.timeouts.heartbeat_period_seconds:g}",
                 termination_grace_seconds=str(settings.termination_grace_seconds),
                 retention_days=str(config.timeouts.terminated_retention_days),
+                block_imds_from_jobs="true" if settings.block_imds_from_jobs else "false",
             )
         )
         return ec2.LaunchTemplate(

@@ -5,7 +5,8 @@
 #
 # A template: infra/constructs/instances.py replaces each placeholder (a name in capitals between
 # two at signs) before it becomes the launch template's user data. Instance metadata is read with
-# IMDSv2 session tokens only.
+# IMDSv2 session tokens only, and (unless the stack config turns it off) by root alone: jobs run as
+# the runner user and must not act as the instance. Jobs that need AWS use GitHub's OIDC provider.
 set -euo pipefail
 trap 'echo "runner-pool bootstrap failed at line ${LINENO}" >&2' ERR
 
@@ -15,12 +16,16 @@ readonly RUNNER_SHA256="@RUNNER_SHA256@"
 readonly AGENT_SOURCE_BUCKET="@AGENT_SOURCE_BUCKET@"
 readonly AGENT_SOURCE_KEY="@AGENT_SOURCE_KEY@"
 readonly PRE_RUNNER_SCRIPT_BASE64="@PRE_RUNNER_SCRIPT_BASE64@"
+readonly BLOCK_IMDS_FROM_JOBS="@BLOCK_IMDS_FROM_JOBS@"
 
 readonly RUNNER_USER="runner"
 readonly RUNNER_DIR="/opt/actions-runner"
 readonly AGENT_HOME="/opt/runner-pool"
 readonly CONFIG_DIR="/etc/runner-pool"
 readonly IMDS="http://169.254.169.254"
+readonly IMDS_GUARD="/usr/local/sbin/runner-pool-imds-guard"
+readonly AGENT_UNIT="runner-pool-agent.service"
+readonly IMDS_GUARD_UNIT="runner-pool-imds-guard.service"
 
 imds() {
     local token
@@ -77,6 +82,50 @@ install_runner() {
     chown -R "${RUNNER_USER}:${RUNNER_USER}" "${RUNNER_DIR}"
 }
 
+# The instance role may write this instance's signals and read its runner config, and anyone who
+# reaches the metadata service gets its credentials. A job runs as the runner user; only root (the
+# agent) may reach the service. A oneshot unit sets the rule at every boot, before the agent starts,
+# and the agent's unit requires it: without the rule no agent, so no runner, ever starts. (Containers
+# on a bridge network are already cut off by the launch template's hop limit of 1.)
+install_imds_guard() {
+    if command -v dnf >/dev/null 2>&1; then
+        install_packages iptables-nft
+    else
+        install_packages iptables
+    fi
+    cat >"${IMDS_GUARD}" <<'GUARD'
+#!/bin/bash
+# runner-pool: only root may reach the instance metadata service (IPv4, and IPv6 where it is on).
+set -euo pipefail
+guard() {
+    local tables="$1" address="$2"
+    local rule=(OUTPUT --destination "${address}" -m owner ! --uid-owner 0 -j REJECT)
+    "${tables}" -w -C "${rule[@]}" 2>/dev/null || "${tables}" -w -I "${rule[@]}"
+}
+guard iptables 169.254.169.254/32
+# The IPv6 endpoint answers only where the launch template turns it on (ours does not): best effort.
+if command -v ip6tables >/dev/null 2>&1; then
+    guard ip6tables fd00:ec2::254/128 || echo "runner-pool: IPv6 metadata guard not set" >&2
+fi
+GUARD
+    chmod 0755 "${IMDS_GUARD}"
+    cat >"/etc/systemd/system/${IMDS_GUARD_UNIT}" <<UNIT
+[Unit]
+Description=runner-pool: only root may reach the instance metadata service
+Before=${AGENT_UNIT}
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=${IMDS_GUARD}
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+    systemctl daemon-reload
+    systemctl enable --now "${IMDS_GUARD_UNIT}"
+}
+
 # The agent's source is a CDK asset in the stack's asset bucket; pip builds the project's wheel
 # from it, so the instance runs the same code, and the same record models, as the control plane.
 install_agent() {
@@ -122,11 +171,17 @@ SETTINGS
 }
 
 install_service() {
-    cat >/etc/systemd/system/runner-pool-agent.service <<UNIT
+    local guard=""
+    if [[ "${BLOCK_IMDS_FROM_JOBS}" == "true" ]]; then
+        guard="Requires=${IMDS_GUARD_UNIT}
+After=${IMDS_GUARD_UNIT}"
+    fi
+    cat >"/etc/systemd/system/${AGENT_UNIT}" <<UNIT
 [Unit]
 Description=runner-pool agent: heartbeat, runner registration and cleanup for this instance
 Wants=network-online.target
 After=network-online.target
+${guard}
 
 [Service]
 Type=simple
@@ -143,13 +198,16 @@ TimeoutStopSec=60
 WantedBy=multi-user.target
 UNIT
     systemctl daemon-reload
-    systemctl enable --now runner-pool-agent.service
+    systemctl enable --now "${AGENT_UNIT}"
 }
 
 main() {
     local region
     region="$(imds dynamic/instance-identity/document | sed -n 's/.*"region" *: *"\([^"]*\)".*/\1/p')"
     install_prerequisites
+    if [[ "${BLOCK_IMDS_FROM_JOBS}" == "true" ]]; then
+        install_imds_guard
+    fi
     install_runner
     install_agent "${region}"
     write_agent_settings "${region}"

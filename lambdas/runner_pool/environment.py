@@ -33,6 +33,8 @@ class ControlPlaneSettings(BaseSettings):
     pool_queue_urls: dict[str, str] = Field(default_factory=dict)
     credentials_key_id: str | None = None
     """The KMS key that runner configs are encrypted with."""
+    account_id: str | None = Field(None, pattern=r"^\d{12}$")
+    """The stack's account, for instance ARNs (the state table's keys); asked of STS once when unset."""
     subnet_ids: tuple[str, ...] = ()
     launch_templates: dict[Arch, str] = Field(default_factory=dict)
     """Launch template id per architecture."""

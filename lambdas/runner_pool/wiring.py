@@ -16,6 +16,7 @@ import boto3
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
 from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.pool_queues import PoolQueues
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
@@ -58,7 +59,12 @@ class ControlPlane:
     @cached_property
     def state_table(self) -> StateTable:
         return StateTable(
-            self.settings.table_name, self.config.timeouts, self.clock, self.client("dynamodb"), self.backoff
+            self.settings.table_name,
+            self.config.timeouts,
+            self.clock,
+            self.client("dynamodb"),
+            self.backoff,
+            arns=self.instance_arns,
         )
 
     @cached_property
@@ -92,6 +98,21 @@ class ControlPlane:
             kms=self.client("kms"),
             backoff=self.backoff,
         )
+
+    @cached_property
+    def instance_arns(self) -> InstanceArns:
+        """Where the stack's instances live (this region, this account): what keys their items.
+
+        The account comes from the environment when the stack gives it, else STS answers (any
+        principal may ask), once per process.
+        """
+        dynamodb = self.client("dynamodb")
+        if self.settings.account_id:
+            return InstanceArns(dynamodb.meta.partition, dynamodb.meta.region_name, self.settings.account_id)
+        return InstanceArns.of_caller(dynamodb, self.client("sts"))
+
+    def instance_arn(self, instance_id: str) -> str:
+        return self.instance_arns.arn(instance_id)
 
     @property
     def github(self) -> GitHubApp:

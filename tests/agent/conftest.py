@@ -30,6 +30,7 @@ from agent.log import agent_log
 from agent.loop import Agent
 from agent.settings import AgentSettings
 from agent.wiring import build_agent
+from emulator.aws import ACCOUNT
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
@@ -39,7 +40,6 @@ from runner_pool.domain.records import Signal, WorkerSignal
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
 from tests.support import builders
 
-ACCOUNT = "123456789012"
 FAKE_RUNNER = Path(__file__).with_name("fake_runner.py")
 MOTO_IMAGE_ID = "ami-12c6146b"
 """One of the images moto knows without being asked (describing them costs a second)."""
@@ -170,7 +170,6 @@ class ControlPlane:
 
 @pytest.fixture
 def control_plane(
-    state_table: StateTable,
     dynamodb: Any,
     kms_key: str,
     clock: ManualClock,
@@ -178,6 +177,7 @@ def control_plane(
     *,
     identity: InstanceIdentity,
 ) -> ControlPlane:
+    records = StateTable(TABLE_NAME, config.timeouts, clock, dynamodb, NO_WAIT, arns=identity.arns)
     credentials = RunnerCredentials(
         TABLE_NAME,
         config.timeouts,
@@ -187,7 +187,7 @@ def control_plane(
         kms=boto3.client("kms", region_name=REGION),
         backoff=NO_WAIT,
     )
-    return ControlPlane(state_table, credentials, identity)
+    return ControlPlane(records, credentials, identity)
 
 
 def throttling_response(

@@ -19,6 +19,7 @@ from tests.agent.conftest import (
     process_alive,
     throttling_response,
 )
+from tests.conftest import TABLE_NAME
 from tests.support import builders
 
 RUN = builders.run_key(7, "/class=large")
@@ -50,6 +51,28 @@ def test_boot_signals_ud_ok_and_beats_steadily(
 
     for _ in range(3):
         eventually(beats_at(clock.advance(5)), timeout=2, what="a heartbeat at the new time")
+
+
+def test_every_item_the_agent_reads_and_writes_is_keyed_by_its_own_instance_arn(
+    control_plane: ControlPlane, agents: AgentFactory, dynamodb: Any
+) -> None:
+    # Given an instance in the pool, its agent running, claimed with its config handed over
+    control_plane.launch_for_pool()
+    agents.start()
+    control_plane.claim(RUN, jit_config(idle_seconds=5))
+
+    # When it has registered (it read its record and its config, and wrote heartbeat and signals)
+    control_plane.await_signal(Signal.UD_REG_OK, RUN)
+
+    # Then every item of the instance is under one partition key: the ARN the metadata service
+    # gave the agent, which is what `${ec2:SourceInstanceARN}` resolves to for its requests
+    items = dynamodb.scan(TableName=TABLE_NAME, ConsistentRead=True)["Items"]
+    assert {item["sk"]["S"] for item in items} == {"state", "heartbeat", "signal", "runner-config"}
+    assert {item["pk"]["S"] for item in items} == {control_plane.identity.arn}
+    assert (
+        control_plane.identity.arn
+        == f"arn:aws:ec2:us-east-1:123456789012:instance/{control_plane.instance_id}"
+    )
 
 
 def test_a_failing_pre_runner_script_signals_ud_failed_and_refuses_to_register(
@@ -294,10 +317,10 @@ class ThrottleAfterRegistration:
 def test_throttled_dynamodb_for_seconds_recovers_without_a_second_registration(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
-    # Given an agent whose DynamoDB calls are throttled for 2 s from the moment it first writes UD_REG_OK
+    # Given an agent whose DynamoDB calls are throttled for 3 s from the moment it first writes UD_REG_OK
     control_plane.launch_for_pool()
     running = agents.build()
-    throttle = ThrottleAfterRegistration(seconds=2.0)
+    throttle = ThrottleAfterRegistration(seconds=3.0)
     running.dynamodb.meta.events.register("before-call.dynamodb.*", throttle)
     agents.started.append(running.start())
 

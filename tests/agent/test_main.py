@@ -16,14 +16,14 @@ import pytest
 
 from agent.imds import InstanceIdentity
 from agent.settings import ENV_PREFIX
-from emulator.aws import REGION, LocalAws, local_aws
+from emulator.aws import ACCOUNT, REGION, LocalAws, local_aws
 from emulator.resources import create_state_table
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import ACCOUNT, MOTO_IMAGE_ID, eventually, jit_config, serve_imds
+from tests.agent.conftest import MOTO_IMAGE_ID, eventually, jit_config, serve_imds
 from tests.support import builders
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,7 @@ def test_the_agent_process_boots_registers_and_stops_on_sigterm(
     ][0]["InstanceId"]
     identity = InstanceIdentity(instance_id, REGION, ACCOUNT)
     timeouts = StackConfig().timeouts
-    records = StateTable(TABLE, timeouts, SystemClock(), dynamodb)
+    records = StateTable(TABLE, timeouts, SystemClock(), dynamodb, arns=identity.arns)
     credentials = RunnerCredentials(TABLE, timeouts, SystemClock(), key_id=key_id, dynamodb=dynamodb, kms=kms)
     records.create(builders.facts(instance_id=instance_id), None)
     records.admit(instance_id)

@@ -7,21 +7,21 @@ from typing import Any
 import boto3
 import pytest
 
+from emulator.aws import ACCOUNT
+from runner_pool.adapters.instance_arns import instance_arn
 from runner_pool.adapters.runner_credentials import (
     CONFIG_RUN_KEY_ATTRIBUTE,
     KMS_MAX_PLAINTEXT_BYTES,
     RUNNER_CONFIG_ITEM,
     CredentialsUnreadableError,
     RunnerCredentials,
-    instance_arn,
 )
-from runner_pool.adapters.state_table import StateTable
+from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
 from tests.support import builders
 
-ACCOUNT = "123456789012"
 ONE = builders.facts(1).instance_id
 OTHER = builders.facts(2).instance_id
 RUN = builders.run_key(1)
@@ -42,7 +42,8 @@ def arn_of(instance_id: str) -> str:
 
 def stored_item(dynamodb: Any, instance_id: str) -> dict[str, Any]:
     item: dict[str, Any] = dynamodb.get_item(
-        TableName=TABLE_NAME, Key={"pk": {"S": instance_id}, "sk": {"S": RUNNER_CONFIG_ITEM}}
+        TableName=TABLE_NAME,
+        Key={PARTITION_KEY: {"S": arn_of(instance_id)}, SORT_KEY: {"S": RUNNER_CONFIG_ITEM}},
     )["Item"]
     return item
 
@@ -78,6 +79,25 @@ def test_the_stored_item_holds_no_plaintext_and_stays_out_of_the_run_key_index(
     assert int(item["expires_at"]["N"]) == int(clock.now() + lifetime)
 
 
+def test_the_config_is_an_item_of_the_instances_own_partition_keyed_by_its_arn(
+    store: RunnerCredentials, dynamodb: Any
+) -> None:
+    # Given a config stored for ONE
+    store.store(ONE, arn_of(ONE), RUN, "config")
+
+    # When the table is read raw / Then the one item's partition key is ONE's ARN, the key the
+    # instance role's LeadingKeys condition lets ONE (and only ONE) read
+    (item,) = dynamodb.scan(TableName=TABLE_NAME)["Items"]
+    assert item[PARTITION_KEY] == {"S": f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{ONE}"}
+
+
+def test_storing_for_one_instance_under_the_arn_of_another_is_refused(store: RunnerCredentials) -> None:
+    # Given ONE's id with OTHER's ARN / When a config is stored / Then it is refused, nothing stored
+    with pytest.raises(ValueError, match="is not the ARN of instance"):
+        store.store(ONE, arn_of(OTHER), RUN, "config")
+    assert store.load(OTHER, arn_of(OTHER), RUN) is None
+
+
 def test_the_run_index_never_mistakes_a_config_for_a_record(
     store: RunnerCredentials, state_table: StateTable
 ) -> None:
@@ -94,7 +114,7 @@ def test_the_run_index_never_mistakes_a_config_for_a_record(
 def test_decrypting_under_another_instances_context_fails(store: RunnerCredentials, dynamodb: Any) -> None:
     # Given a config stored for instance ONE, and OTHER holding a copy of ONE's ciphertext item
     store.store(ONE, arn_of(ONE), RUN, "config of one")
-    copied = {**stored_item(dynamodb, ONE), "pk": {"S": OTHER}}
+    copied = {**stored_item(dynamodb, ONE), PARTITION_KEY: {"S": arn_of(OTHER)}}
     dynamodb.put_item(TableName=TABLE_NAME, Item=copied)
 
     # When OTHER decrypts it under its own ARN (the only context its role may use)

@@ -1,14 +1,17 @@
 """The instances as synthesised: a role scoped to each instance's own items, config and self, and launch
 templates that require IMDSv2, encrypt the disk, and bootstrap the runner and agent with user data
-that renders the configured runner and passes shellcheck."""
+that renders the configured runner, keeps jobs away from the metadata service, and passes shellcheck."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,18 +25,16 @@ from constructs import IConstruct
 from infra.constructs.instances import (
     AGENT_ITEM_ATTRIBUTES,
     AGENT_SOURCE_EXCLUDES,
-    AL2023_AMI_PARAMETERS,
     PLACEHOLDER,
     SOURCE_INSTANCE_ARN,
     USER_DATA_TEMPLATE,
     Instances,
-    InstanceSettings,
     UserDataValues,
     render_user_data,
 )
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.domain.config import StackConfig
+from runner_pool.domain.config import AL2023_AMI_PARAMETERS, InstanceSettings, StackConfig
 from runner_pool.domain.records import Arch, Signal
 from tests.conftest import TABLE_NAME
 from tests.infra.synthesis import Synthesis
@@ -144,6 +145,7 @@ def values(**overrides: str) -> UserDataValues:
         "heartbeat_period_seconds": "5",
         "termination_grace_seconds": "300",
         "retention_days": "7",
+        "block_imds_from_jobs": "true",
         **overrides,
     }
     return UserDataValues(**fields)
@@ -314,16 +316,21 @@ def test_launch_templates_take_their_ami_from_the_public_ssm_parameter_of_their_
         assert parameter["Default"] == AL2023_AMI_PARAMETERS[arch]
 
 
+def instances_security_group(synthesis: Synthesis) -> tuple[str, Mapping[str, Any]]:
+    group_id = logical_id(synthesis.stack, synthesis.stack.instances.security_group)
+    return group_id, synthesis.template.find_resources("AWS::EC2::SecurityGroup")[group_id]
+
+
 def test_launch_templates_use_the_instance_profile_and_a_closed_security_group(synthesis: Synthesis) -> None:
-    # Given the synthesised security group / Then it lets nothing in
-    (group,) = synthesis.template.find_resources("AWS::EC2::SecurityGroup").values()
+    # Given the instances' synthesised security group / Then it lets nothing in
+    group_id, group = instances_security_group(synthesis)
     assert "SecurityGroupIngress" not in group["Properties"]
     stack = synthesis.stack
     profile = logical_id(stack, stack.instances.instance_profile)
     for arch, data in launch_templates(synthesis).items():
-        # And every template launches with the instance profile and that group
+        # And every template launches with the instance profile and that group alone
         assert data["IamInstanceProfile"] == {"Arn": {"Fn::GetAtt": [profile, "Arn"]}}, arch
-        assert len(data["SecurityGroupIds"]) == 1, arch
+        assert data["SecurityGroupIds"] == [{"Fn::GetAtt": [group_id, "GroupId"]}], arch
 
 
 def test_the_runner_credentials_key_rotates(synthesis: Synthesis) -> None:
@@ -331,12 +338,10 @@ def test_the_runner_credentials_key_rotates(synthesis: Synthesis) -> None:
     synthesis.template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
 
 
-def test_the_interim_vpc_is_a_deploy_time_parameter(synthesis: Synthesis) -> None:
-    # Given the synthesised stack / Then the VPC is asked for at deploy time, never looked up at synth
-    parameters = synthesis.template.to_json()["Parameters"]
-    assert parameters["RunnerVpcId"]["Type"] == "AWS::EC2::VPC::Id"
-    (group,) = synthesis.template.find_resources("AWS::EC2::SecurityGroup").values()
-    assert group["Properties"]["VpcId"] == {"Ref": "RunnerVpcId"}
+def test_the_security_group_is_in_the_configured_vpc(synthesis: Synthesis) -> None:
+    # Given the synthesised stack / Then the instances' group is in the VPC the config names
+    _, group = instances_security_group(synthesis)
+    assert group["Properties"]["VpcId"] == synthesis.config.network.vpc_id
 
 
 # --- the user data ---------------------------------------------------------------------------------
@@ -354,31 +359,51 @@ def test_each_template_bootstraps_the_runner_of_its_own_arch(synthesis: Synthesi
         assert synthesis.stack.instances.agent_source.s3_object_key in script
 
 
+CUSTOM_INSTANCES = InstanceSettings(
+    runner_version="2.999.1",
+    runner_checksums={Arch.ARM64: "ab" * 32},
+    ami_parameters={Arch.X64: "/my/ami/x64"},
+    root_device_name="/dev/sda1",
+    pre_runner_script="#!/bin/sh\napt-get install -y make\n",
+    root_volume_gib=100,
+    termination_grace_seconds=45,
+    block_imds_from_jobs=False,
+)
+"""An operator's own `instances` section, unlike the defaults in every setting."""
+
+
+@dataclass(frozen=True)
+class CustomInstances:
+    template_data: dict[Arch, Mapping[str, Any]]
+    parameters: Mapping[str, Any]
+
+    def user_data(self, arch: Arch) -> str:
+        return user_data(self.template_data[arch])
+
+
 @pytest.fixture(scope="module")
-def custom_instances() -> dict[Arch, str]:
-    """The construct alone, in a bare stack, with an operator's own runner version and AMIs."""
+def custom_instances() -> CustomInstances:
+    """The construct alone, in a bare stack, built from a stack config with CUSTOM_INSTANCES."""
     app = App()
     stack = Stack(app, "Custom")
     vpc = ec2.Vpc.from_vpc_attributes(stack, "Vpc", vpc_id="vpc-12345678", availability_zones=["eu-west-1a"])
     table = dynamodb.Table(
         stack, "Table", partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING)
     )
-    settings = InstanceSettings(
-        runner_version="2.999.1",
-        runner_sha256={Arch.ARM64: "ab" * 32},
-        ami_parameters={Arch.X64: "/my/ami/x64", Arch.ARM64: "/my/ami/arm64"},
-        pre_runner_script="#!/bin/sh\napt-get install -y make\n",
+    instances = Instances(
+        stack, "Instances", config=StackConfig(instances=CUSTOM_INSTANCES), vpc=vpc, table=table
     )
-    instances = Instances(stack, "Instances", config=StackConfig(), vpc=vpc, table=table, settings=settings)
     rendered = Template.from_stack(stack)
-    return {arch: user_data(data) for arch, data in launch_template_data(stack, rendered, instances).items()}
+    return CustomInstances(
+        launch_template_data(stack, rendered, instances), rendered.to_json().get("Parameters", {})
+    )
 
 
 def test_user_data_renders_the_configured_runner_version_checksum_and_pre_runner_script(
-    custom_instances: dict[Arch, str],
+    custom_instances: CustomInstances,
 ) -> None:
     # Given the construct configured with its own runner version, an arm64 checksum and a script
-    arm64, x64 = custom_instances[Arch.ARM64], custom_instances[Arch.X64]
+    arm64, x64 = custom_instances.user_data(Arch.ARM64), custom_instances.user_data(Arch.X64)
 
     # Then each arch's user data downloads that version for its arch
     assert 'readonly RUNNER_VERSION="2.999.1"' in arm64
@@ -391,6 +416,100 @@ def test_user_data_renders_the_configured_runner_version_checksum_and_pre_runner
     # And carries the pre-runner script, intact
     encoded = base64.b64encode(b"#!/bin/sh\napt-get install -y make\n").decode()
     assert f'readonly PRE_RUNNER_SCRIPT_BASE64="{encoded}"' in x64
+
+
+def test_user_data_hands_the_agent_its_configured_grace(custom_instances: CustomInstances) -> None:
+    for arch in Arch:
+        # Given the construct configured with a grace of 45 s / Then the agent's settings say so
+        assert "RUNNER_POOL_TERMINATION_GRACE_SECONDS=45\n" in custom_instances.user_data(arch), arch
+
+
+def test_launch_templates_take_the_configured_ami_device_and_volume_size(
+    custom_instances: CustomInstances,
+) -> None:
+    for arch, data in custom_instances.template_data.items():
+        # Given each launch template built from the custom `instances` section
+        (root,) = data["BlockDeviceMappings"]
+        parameter = custom_instances.parameters[data["ImageId"]["Ref"]]
+
+        # Then its root volume is the configured device and size, still encrypted
+        assert (root["DeviceName"], root["Ebs"]["VolumeSize"]) == ("/dev/sda1", 100), arch
+        assert root["Ebs"]["Encrypted"] is True, arch
+        # And its AMI comes from the configured parameter; an arch the config leaves out keeps AL2023's
+        expected = "/my/ami/x64" if arch is Arch.X64 else AL2023_AMI_PARAMETERS[arch]
+        assert parameter["Default"] == expected, arch
+
+
+# --- keeping jobs away from the metadata service ----------------------------------------------------
+
+
+IMDS_GUARD_SCRIPT = re.compile(r"<<'GUARD'\n(?P<script>.*?)\nGUARD\n", re.DOTALL)
+
+
+def fake_iptables(directory: Path) -> Path:
+    """`iptables` and `ip6tables` that log each call and hold their rules in files, as the kernel would."""
+    directory.mkdir()
+    for name in ("iptables", "ip6tables"):
+        program = directory / name
+        program.write_text(
+            "#!/bin/bash\n"
+            f'rules="{directory}/{name}.rules"\n'
+            f'echo "$*" >>"{directory}/calls.log"\n'
+            "shift  # -w\n"
+            'action="$1"; shift\n'
+            'case "${action}" in\n'
+            '    -C) grep -qxF -- "$*" "${rules}" 2>/dev/null ;;\n'
+            '    -I) echo "$*" >>"${rules}" ;;\n'
+            "    *) exit 2 ;;\n"
+            "esac\n"
+        )
+        program.chmod(0o755)
+    return directory
+
+
+def test_the_metadata_guard_lets_only_root_through_and_sets_its_rule_once(tmp_path: Path) -> None:
+    # Given the guard script the default user data installs, and iptables that keep rules in files
+    rendered = render_user_data(values(block_imds_from_jobs="true"))
+    match = IMDS_GUARD_SCRIPT.search(rendered)
+    assert match is not None
+    guard = tmp_path / "runner-pool-imds-guard"
+    guard.write_text(match["script"] + "\n")
+    guard.chmod(0o755)
+    bin_dir = fake_iptables(tmp_path / "bin")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    # When it runs at two boots (the unit runs at every boot)
+    for _ in range(2):
+        subprocess.run([str(guard)], env=env, check=True)  # noqa: S603 - a script this test wrote
+
+    # Then the metadata service, IPv4 and IPv6, rejects every user but root (the agent)
+    owner_rule = "-m owner ! --uid-owner 0 -j REJECT"
+    assert (bin_dir / "iptables.rules").read_text().splitlines() == [
+        f"OUTPUT --destination 169.254.169.254/32 {owner_rule}"
+    ]
+    assert (bin_dir / "ip6tables.rules").read_text().splitlines() == [
+        f"OUTPUT --destination fd00:ec2::254/128 {owner_rule}"
+    ]
+    # And the second boot found the rule in place and added nothing
+    inserts = [call for call in (bin_dir / "calls.log").read_text().splitlines() if call.startswith("-w -I")]
+    assert len(inserts) == 2
+
+
+def test_by_default_the_agent_starts_only_behind_the_metadata_guard(synthesis: Synthesis) -> None:
+    for arch, data in launch_templates(synthesis).items():
+        # Given each template's default user data
+        script = user_data(data)
+
+        # Then it installs the guard, and the agent's unit requires it and starts after it
+        assert 'readonly BLOCK_IMDS_FROM_JOBS="true"' in script, arch
+        assert 'guard="Requires=${IMDS_GUARD_UNIT}\nAfter=${IMDS_GUARD_UNIT}"' in script, arch
+        assert "ExecStart=${IMDS_GUARD}" in script, arch
+
+
+def test_the_metadata_guard_can_be_turned_off(custom_instances: CustomInstances) -> None:
+    # Given the construct configured with block_imds_from_jobs false / Then the user data says so
+    for arch in Arch:
+        assert 'readonly BLOCK_IMDS_FROM_JOBS="false"' in custom_instances.user_data(arch), arch
 
 
 def test_rendering_leaves_no_placeholder_and_refuses_a_missing_one() -> None:

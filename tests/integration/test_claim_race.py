@@ -23,6 +23,7 @@ import pytest
 from moto import mock_aws
 
 from emulator.atomic_dynamodb import atomic_items
+from emulator.aws import INSTANCE_ARNS
 from emulator.resources import create_state_table
 from runner_pool.adapters import state_table as schema
 from runner_pool.adapters.state_table import StateTable
@@ -79,7 +80,7 @@ def arena() -> Iterator[Arena]:
         create_state_table(client, TABLE_NAME)
         clock = ManualClock()
         config = StackConfig()
-        table = StateTable(TABLE_NAME, config.timeouts, clock, client, NO_WAIT)
+        table = StateTable(TABLE_NAME, config.timeouts, clock, client, NO_WAIT, arns=INSTANCE_ARNS)
         instance_ids = []
         for number in range(INSTANCES):
             facts = builders.facts(number)
@@ -97,14 +98,19 @@ def own_client() -> Any:
 def adapter_worker(arena: Arena, index: int) -> Worker:
     run_key = builders.run_key(1000 + index)
     token = f"claim-worker-{index}"
-    table = StateTable(TABLE_NAME, arena.config.timeouts, arena.clock, own_client(), NO_WAIT)
+    table = StateTable(
+        TABLE_NAME, arena.config.timeouts, arena.clock, own_client(), NO_WAIT, arns=INSTANCE_ARNS
+    )
     return Worker(run_key, token, lambda instance_id: table.claim(instance_id, run_key, token).outcome)
 
 
 def claim_unconditionally(client: Any, instance_id: str, run_key: str, token: str) -> None:
     client.update_item(
         TableName=TABLE_NAME,
-        Key={schema.PARTITION_KEY: {"S": instance_id}, schema.SORT_KEY: {"S": schema.STATE_ITEM}},
+        Key={
+            schema.PARTITION_KEY: {"S": INSTANCE_ARNS.arn(instance_id)},
+            schema.SORT_KEY: {"S": schema.STATE_ITEM},
+        },
         UpdateExpression="SET #state = :claimed, run_key = :run_key, claim_token = :token",
         ExpressionAttributeNames={"#state": "state"},
         ExpressionAttributeValues={
@@ -129,7 +135,7 @@ def unconditional_worker(arena: Arena, index: int) -> Worker:
 def check_then_write_worker(arena: Arena, index: int) -> Worker:
     """A broken claim: read the record, and if it looks idle, write the claim without a condition."""
     run_key, token, client = builders.run_key(1000 + index), f"claim-worker-{index}", own_client()
-    reader = StateTable(TABLE_NAME, arena.config.timeouts, arena.clock, client, NO_WAIT)
+    reader = StateTable(TABLE_NAME, arena.config.timeouts, arena.clock, client, NO_WAIT, arns=INSTANCE_ARNS)
 
     def claim(instance_id: str) -> Outcome:
         record = reader.get(instance_id)

@@ -31,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from moto import mock_aws
 
 from emulator.atomic_dynamodb import atomic_items
+from emulator.aws import INSTANCE_ARNS
 from emulator.resources import create_state_table
 from runner_pool.adapters import state_table as schema
 from runner_pool.adapters.state_table import StateTable, TransitionResult
@@ -123,7 +124,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._aws.close()
 
     def _state_table(self, client: Any) -> StateTable:
-        return StateTable(TABLE_NAME, self.timeouts, self.clock, client, NO_WAIT)
+        return StateTable(TABLE_NAME, self.timeouts, self.clock, client, NO_WAIT, arns=INSTANCE_ARNS)
 
     # --- the calls: each predicted from section 4, made, and checked --------------------------
 
@@ -537,7 +538,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         for item in state_items:
             live = item["state"]["S"] in LIVE_STATES
             shard = item.get(schema.SWEEP_SHARD_ATTRIBUTE, {}).get("S")
-            assert shard == (schema.sweep_shard(item[schema.PARTITION_KEY]["S"]) if live else None), item
+            instance_id = item["instance_id"]["S"]
+            assert item[schema.PARTITION_KEY]["S"] == INSTANCE_ARNS.arn(instance_id), item
+            assert shard == (schema.sweep_shard(instance_id) if live else None), item
 
     @invariant()
     def held_by_finds_exactly_the_holders(self) -> None:

@@ -13,8 +13,11 @@ from boto3.dynamodb.types import TypeSerializer
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
+from emulator.aws import INSTANCE_ARNS
+from emulator.resources import create_state_table
 from runner_pool.adapters import state_table as schema
 from runner_pool.adapters.backoff import Backoff, ServiceBusyError
+from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
@@ -79,7 +82,7 @@ def instance_in(
 def raw_item(client: Any, instance_id: str, kind: str = schema.STATE_ITEM) -> dict[str, Any]:
     return client.get_item(  # type: ignore[no-any-return]
         TableName=TABLE_NAME,
-        Key={schema.PARTITION_KEY: {"S": instance_id}, schema.SORT_KEY: {"S": kind}},
+        Key={schema.PARTITION_KEY: {"S": INSTANCE_ARNS.arn(instance_id)}, schema.SORT_KEY: {"S": kind}},
         ConsistentRead=True,
     )["Item"]
 
@@ -93,7 +96,7 @@ def wire_item(record: InstanceRecord) -> dict[str, Any]:
     }
     return {
         **{name: serializer.serialize(value) for name, value in fields.items()},
-        schema.PARTITION_KEY: {"S": record.instance_id},
+        schema.PARTITION_KEY: {"S": INSTANCE_ARNS.arn(record.instance_id)},
         schema.SORT_KEY: {"S": schema.STATE_ITEM},
         schema.SWEEP_SHARD_ATTRIBUTE: {"S": schema.sweep_shard(record.instance_id)},
     }
@@ -984,7 +987,9 @@ def test_lookups_query_the_indexes_and_never_scan(
 def test_held_by_follows_every_page_of_the_index(aws: None, clock: ManualClock, config: StackConfig) -> None:
     # Given an index that answers in two pages
     client = boto3.client("dynamodb", region_name=REGION)
-    table = StateTable(TABLE_NAME, config.timeouts, clock, client, Backoff(sleep=lambda _: None))
+    table = StateTable(
+        TABLE_NAME, config.timeouts, clock, client, Backoff(sleep=lambda _: None), arns=INSTANCE_ARNS
+    )
     record = InstanceRecord.model_validate(
         {
             **builders.facts(1).model_dump(),
@@ -1128,6 +1133,72 @@ def test_agent_items_never_appear_in_the_threshold_sweep(state_table: StateTable
     assert state_table.due() == []
 
 
+# --- keys: the instance ARN ------------------------------------------------------------------
+
+
+def test_every_item_of_an_instance_is_keyed_by_its_arn(state_table: StateTable, dynamodb: Any) -> None:
+    # Given an instance with a record, a heartbeat and a signal
+    instance_in(state_table, InstanceState.RUNNING)
+    state_table.write_heartbeat(ONE_ID)
+    state_table.write_signal(ONE_ID, Signal.UD_REG_OK, RUN)
+
+    # When the table is read raw
+    items = dynamodb.scan(TableName=TABLE_NAME, ConsistentRead=True)["Items"]
+
+    # Then all three share one partition key: the instance's ARN, what `${ec2:SourceInstanceARN}`
+    # resolves to for that instance's own requests
+    arn = f"arn:aws:ec2:{REGION}:123456789012:instance/{ONE_ID}"
+    assert {item[schema.SORT_KEY]["S"] for item in items} == {
+        schema.STATE_ITEM,
+        schema.HEARTBEAT_ITEM,
+        schema.SIGNAL_ITEM,
+    }
+    assert {item[schema.PARTITION_KEY]["S"] for item in items} == {arn}
+
+
+def test_records_found_through_either_index_carry_the_instance_id(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given a running instance, keyed by its ARN
+    instance_in(state_table, InstanceState.RUNNING)
+
+    # When release looks it up by run and, once its time is up, refresh sweeps for it
+    held = state_table.held_by(RUN)
+    clock.advance(MAX_RUNTIME_MINUTES * 60)
+    due = state_table.due()
+
+    # Then both indexes find it and give back its instance id, never the key
+    assert [record.instance_id for record in held] == [ONE_ID]
+    assert [record.instance_id for record in due] == [ONE_ID]
+
+
+def test_without_arns_given_the_table_asks_sts_once_for_its_account(
+    aws: None, clock: ManualClock, config: StackConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a state table in eu-west-1 told nothing of where instances live
+    client = boto3.client("dynamodb", region_name="eu-west-1")
+    create_state_table(client, TABLE_NAME)
+    table = StateTable(TABLE_NAME, config.timeouts, clock, client)
+    asked: list[InstanceArns] = []
+    of_caller = InstanceArns.of_caller
+
+    def counted(*args: Any) -> InstanceArns:
+        asked.append(of_caller(*args))
+        return asked[-1]
+
+    monkeypatch.setattr(InstanceArns, "of_caller", counted)
+
+    # When it records an instance and the agent's items of it
+    table.create(builders.facts(1), None)
+    table.write_heartbeat(ONE_ID)
+    table.write_signal(ONE_ID, Signal.UD_OK)
+
+    # Then it asked STS once, and keys by the ARN of the caller's account in the client's region
+    assert asked == [InstanceArns("aws", "eu-west-1", "123456789012")]
+    pk = client.scan(TableName=TABLE_NAME)["Items"][0][schema.PARTITION_KEY]["S"]
+    assert pk == f"arn:aws:ec2:eu-west-1:123456789012:instance/{ONE_ID}"
+
+
 # --- throttling and other errors -------------------------------------------------------------
 
 
@@ -1136,7 +1207,9 @@ def stubbed(aws: None, clock: ManualClock, config: StackConfig) -> tuple[StateTa
     """A state table whose client answers only what the test stubs, and a record of backoff sleeps."""
     client = boto3.client("dynamodb", region_name=REGION)
     sleeps: list[float] = []
-    table = StateTable(TABLE_NAME, config.timeouts, clock, client, Backoff(sleep=sleeps.append))
+    table = StateTable(
+        TABLE_NAME, config.timeouts, clock, client, Backoff(sleep=sleeps.append), arns=INSTANCE_ARNS
+    )
     return table, Stubber(client), sleeps
 
 

@@ -1,10 +1,12 @@
 """The runner credential hand-off of DESIGN.md section 5: a JIT runner config only its instance can decrypt.
 
-The control plane stores the config as one more item of the instance (`pk` = instance id, `sk` =
-`runner-config`), encrypted with KMS under the encryption context {"instance-arn": <instance ARN>}.
-The instance role may decrypt only when that context equals `${ec2:SourceInstanceARN}` of the
-caller, so an instance can read the ciphertext of no other instance, and could not decrypt it if
-it did. The agent loads the item with a consistent read and decrypts it under its own ARN.
+The control plane stores the config as one more item of the instance (`pk` = its instance ARN, as
+for all its items, `sk` = `runner-config`), encrypted with KMS under the encryption context
+{"instance-arn": <instance ARN>}. The instance role may read only items whose key, and decrypt only
+under a context, equal to `${ec2:SourceInstanceARN}` of the caller, so an instance can read the
+ciphertext of no other instance, and could not decrypt it if it did. One ARN is both the key and
+the context, so they cannot disagree. The agent loads the item with a consistent read and decrypts
+it under its own ARN.
 
 KMS encrypts at most 4 KiB at a time and a JIT config is close to that, so the config is cut into
 chunks, each encrypted under the same context. The run key the config is for is kept beside it,
@@ -25,6 +27,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters.instance_arns import names_instance
 from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import Timeouts
@@ -65,11 +68,6 @@ class RunnerConfig:
     jit_config: str = field(repr=False)
 
 
-def instance_arn(instance_id: str, region: str, account_id: str, partition: str = "aws") -> str:
-    """The ARN IAM knows the instance by, as `${ec2:SourceInstanceARN}` resolves for its own requests."""
-    return f"arn:{partition}:ec2:{region}:{account_id}:instance/{instance_id}"
-
-
 class RunnerCredentials:
     """Stores (control plane) and loads (agent) the encrypted JIT runner config of one instance."""
 
@@ -99,6 +97,7 @@ class RunnerCredentials:
         """
         if self._key_id is None:
             raise ValueError("storing a runner config needs the KMS key id of the runner credentials key")
+        _check_arn(instance_id, arn)
         plaintext = jit_config.encode()
         chunks = [
             plaintext[start : start + KMS_MAX_PLAINTEXT_BYTES]
@@ -111,7 +110,7 @@ class RunnerCredentials:
         now = self._clock.now()
         config_id = uuid.uuid4().hex
         item: dict[str, Any] = {
-            PARTITION_KEY: {"S": instance_id},
+            PARTITION_KEY: {"S": arn},
             SORT_KEY: {"S": RUNNER_CONFIG_ITEM},
             CONFIG_ID_ATTRIBUTE: {"S": config_id},
             CONFIG_RUN_KEY_ATTRIBUTE: {"S": run_key},
@@ -128,10 +127,11 @@ class RunnerCredentials:
         Raises CredentialsUnreadableError when the config is there but KMS will not decrypt it under `arn`,
         and ServiceBusyError when DynamoDB or KMS kept throttling.
         """
+        _check_arn(instance_id, arn)
         response = self._backoff.call(
             lambda: self._dynamodb.get_item(
                 TableName=self._table,
-                Key={PARTITION_KEY: {"S": instance_id}, SORT_KEY: {"S": RUNNER_CONFIG_ITEM}},
+                Key={PARTITION_KEY: {"S": arn}, SORT_KEY: {"S": RUNNER_CONFIG_ITEM}},
                 ConsistentRead=True,
             )
         )
@@ -172,3 +172,9 @@ class RunnerCredentials:
         """A config is of use only while the record it was handed out with can still register."""
         lifetime = max(self._timeouts.created_threshold_seconds, self._timeouts.claimed_threshold_seconds)
         return math.ceil(now + lifetime)
+
+
+def _check_arn(instance_id: str, arn: str) -> None:
+    """The ARN is the item's key and the decryption's context: one of another instance is a bug."""
+    if not names_instance(arn, instance_id):
+        raise ValueError(f"{arn!r} is not the ARN of instance {instance_id}")

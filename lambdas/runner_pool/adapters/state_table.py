@@ -1,10 +1,17 @@
 """The state table: every lifecycle transition of DESIGN.md section 4 as one conditional DynamoDB write.
 
-All items of one instance share its partition key (`pk` = instance id), told apart by `sk`:
+All items of one instance share its partition key, told apart by `sk`. The key is the instance's
+ARN (`arn:<partition>:ec2:<region>:<account>:instance/<id>`), not its bare id: IAM names a calling
+instance only by its ARN (`${ec2:SourceInstanceARN}`), so that is what the instance role's
+`dynamodb:LeadingKeys` condition can pin each instance's own items to. Records and every method
+speak instance ids; only the keys are ARNs.
 
     state      the control plane's InstanceRecord
     heartbeat  the agent's last beat
     signal     the agent's latest WorkerSignal
+
+The control plane's own markers (refresh's high-water marks) are items of their own, `pk` =
+`marker#<name>`, outside both indexes.
 
 Two sparse indexes keep every read path off Scan: `by-run-key` holds only records that carry a run
 key (release looks instances up by run), and `by-threshold` holds only live records, spread over a
@@ -15,6 +22,7 @@ and gets a TTL, and so do heartbeat and signal items on every write.
 from __future__ import annotations
 
 import functools
+import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -26,6 +34,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
@@ -47,6 +56,9 @@ SWEEP_SHARD_ATTRIBUTE = "sweep_shard"
 THRESHOLD_ATTRIBUTE = "threshold"
 SWEEP_SHARDS = 4
 """Live records are spread over this many index partitions so no single one gets hot."""
+MARKER_PREFIX = "marker#"
+MARKER_ITEM = "marker"
+MARKER_ATTRIBUTE = "marker_value"
 
 _ANY_RUN = object()
 _serializer = TypeSerializer()
@@ -78,12 +90,26 @@ class StateTable:
         clock: Clock,
         client: DynamoDBClient | None = None,
         backoff: Backoff | None = None,
+        *,
+        arns: InstanceArns | None = None,
     ) -> None:
+        """`arns` turns instance ids into the ARNs items are keyed by; without it, they are those of
+        the client's region and of the account STS names as the caller's, asked once, when first needed."""
         self._table = table_name
         self._timeouts = timeouts
         self._clock = clock
         self._client: DynamoDBClient = client or boto3.client("dynamodb")
         self._backoff = backoff or Backoff()
+        self._arns = arns
+        self._arns_lock = threading.Lock()
+
+    @property
+    def instance_arns(self) -> InstanceArns:
+        if self._arns is None:
+            with self._arns_lock:
+                if self._arns is None:
+                    self._arns = InstanceArns.of_caller(self._client)
+        return self._arns
 
     # --- transitions -------------------------------------------------------------------------
 
@@ -100,8 +126,7 @@ class StateTable:
         )
         item = {
             **_to_item(record.model_dump(mode="json", exclude_none=True)),
-            PARTITION_KEY: {"S": facts.instance_id},
-            SORT_KEY: {"S": STATE_ITEM},
+            **self._instance_key(facts.instance_id, STATE_ITEM),
             SWEEP_SHARD_ATTRIBUTE: {"S": sweep_shard(facts.instance_id)},
         }
         try:
@@ -249,13 +274,53 @@ class StateTable:
             ),
         )
 
+    # --- markers -------------------------------------------------------------------------------
+
+    def read_marker(self, name: str) -> float | None:
+        """A marker's value (e.g. refresh's redelivery high-water mark); None if it was never set."""
+        response = self._backoff.call(
+            lambda: self._client.get_item(
+                TableName=self._table, Key=_key(MARKER_PREFIX + name, MARKER_ITEM), ConsistentRead=True
+            )
+        )
+        item = response.get("Item")
+        return None if item is None else float(_from_item(item)[MARKER_ATTRIBUTE])
+
+    def move_marker(self, name: str, value: float, *, expected: float | None) -> bool:
+        """Compare-and-set: the marker becomes `value` only if it still is `expected` (None: not set yet).
+
+        Runs that overlap (two refreshes) both read a marker; whichever moves it first owns what it
+        stands for, and the other gets False and leaves that work alone.
+        """
+        values: dict[str, Any] = {":value": _value(value)}
+        if expected is None:
+            condition = "attribute_not_exists(pk)"
+        else:
+            condition = f"{MARKER_ATTRIBUTE} = :expected"
+            values[":expected"] = _value(expected)
+        try:
+            self._backoff.call(
+                lambda: self._client.update_item(
+                    TableName=self._table,
+                    Key=_key(MARKER_PREFIX + name, MARKER_ITEM),
+                    UpdateExpression=f"SET {MARKER_ATTRIBUTE} = :value",
+                    ConditionExpression=condition,
+                    ExpressionAttributeValues=values,
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
+
     # --- reads ---------------------------------------------------------------------------------
 
     def get(self, instance_id: str) -> InstanceRecord | None:
         response = self._backoff.call(
             lambda: self._client.get_item(
                 TableName=self._table,
-                Key=_key(instance_id, STATE_ITEM),
+                Key=self._instance_key(instance_id, STATE_ITEM),
                 ConsistentRead=True,
             )
         )
@@ -430,7 +495,7 @@ class StateTable:
             response = self._backoff.call(
                 lambda: self._client.update_item(
                     TableName=self._table,
-                    Key=_key(instance_id, STATE_ITEM),
+                    Key=self._instance_key(instance_id, STATE_ITEM),
                     UpdateExpression=update,
                     ConditionExpression=f"attribute_exists(pk) AND {condition}",
                     ExpressionAttributeNames=names,
@@ -464,7 +529,7 @@ class StateTable:
     def _put_agent_item(self, instance_id: str, kind: str, fields: Mapping[str, Any], now: Epoch) -> None:
         item = {
             **_to_item({k: v for k, v in fields.items() if v is not None}),
-            **_key(instance_id, kind),
+            **self._instance_key(instance_id, kind),
             TTL_ATTRIBUTE: _value(self._expiry(now)),
         }
         self._backoff.call(lambda: self._client.put_item(TableName=self._table, Item=item))
@@ -472,11 +537,14 @@ class StateTable:
     def _get_agent_item(self, instance_id: str, kind: str) -> dict[str, Any] | None:
         response = self._backoff.call(
             lambda: self._client.get_item(
-                TableName=self._table, Key=_key(instance_id, kind), ConsistentRead=True
+                TableName=self._table, Key=self._instance_key(instance_id, kind), ConsistentRead=True
             )
         )
         item = response.get("Item")
         return None if item is None else _from_item(item)
+
+    def _instance_key(self, instance_id: str, kind: str) -> dict[str, Any]:
+        return _key(self.instance_arns.arn(instance_id), kind)
 
     def _expiry(self, now: Epoch) -> int:
         return int(now) + self._timeouts.terminated_retention_days * 86_400
@@ -490,8 +558,8 @@ def _lost_race_record(exc: ClientError) -> InstanceRecord | None:
     return None if not item else _to_record(item)  # type: ignore[arg-type]
 
 
-def _key(instance_id: str, kind: str) -> dict[str, Any]:
-    return {PARTITION_KEY: {"S": instance_id}, SORT_KEY: {"S": kind}}
+def _key(partition_key: str, kind: str) -> dict[str, Any]:
+    return {PARTITION_KEY: {"S": partition_key}, SORT_KEY: {"S": kind}}
 
 
 def _state_placeholders(states: tuple[InstanceState, ...] | frozenset[InstanceState]) -> list[str]:

@@ -6,11 +6,14 @@ and says how to fix it, because the operator reads it in a failed `cdk synth`, n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from enum import StrEnum
 from itertools import pairwise
-from typing import Any, Self
+from types import MappingProxyType
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from runner_pool.domain.labels import (
     CLASS_NAME,
@@ -23,6 +26,10 @@ from runner_pool.domain.records import Arch, UsageClass
 from runner_pool.domain.runner_scope import RunnerScopeSetting
 
 SQS_MAX_DELAY_SECONDS = 900
+EXPRESS_LIMIT_SECONDS = 300
+"""How long a Step Functions Express execution may run."""
+EXPRESS_MARGIN_SECONDS = 60
+"""What an Express provision spends besides its waits: Lambda tasks, CreateFleet, GitHub calls."""
 
 
 class _Settings(BaseModel):
@@ -128,6 +135,81 @@ class GitHubSettings(_Settings):
     webhook_secret_name: str = "runner-pool/github-webhook-secret"  # noqa: S105 - a name, not a secret
 
 
+class NetworkSettings(_Settings):
+    """Where runner instances launch: the operator's VPC and one subnet per Availability Zone."""
+
+    vpc_id: str | None = Field(None, pattern=r"^vpc-[0-9a-f]{8,17}$")
+    """Required to deploy; its subnets need a route to GitHub and to AWS's APIs."""
+    subnet_ids: tuple[str, ...] = ()
+    """Required to deploy; CreateFleet gets one override per subnet and picks where capacity is."""
+
+    @model_validator(mode="after")
+    def _subnets_are_subnets(self) -> Self:
+        for subnet_id in self.subnet_ids:
+            if not re.fullmatch(r"subnet-[0-9a-f]{8,17}", subnet_id):
+                raise _SettingError("subnet_ids", f"{subnet_id!r} is not a subnet id", "write subnet-<hex>")
+        if len(set(self.subnet_ids)) != len(self.subnet_ids):
+            raise _SettingError("subnet_ids", "names a subnet twice", "list each subnet once")
+        return self
+
+
+class WorkflowType(StrEnum):
+    """Step Functions' two kinds of state machine: Standard (up to a year, exactly-once, billed per
+    transition) and Express (up to 5 minutes, at-least-once, billed per duration)."""
+
+    STANDARD = "STANDARD"
+    EXPRESS = "EXPRESS"
+
+
+class AlarmSettings(_Settings):
+    """Where the stack's alarms notify; with neither set they only show in the CloudWatch console."""
+
+    email: str | None = Field(None, pattern=r"^[^@\s]+@[^@\s]+$")
+    """An address the stack subscribes to a topic of its own (the address confirms by e-mail)."""
+    topic_arn: str | None = Field(None, pattern=r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]+$")
+    """An existing SNS topic to notify instead (chat, paging); its policy must let CloudWatch publish."""
+
+
+AL2023_AMI_PARAMETERS: Mapping[Arch, str] = MappingProxyType(
+    {
+        Arch.X64: "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64",
+        Arch.ARM64: "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-arm64",
+    }
+)
+"""AWS's public SSM parameters naming the latest Amazon Linux 2023 image of each architecture."""
+
+
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+"""A SHA-256 digest in lowercase hex."""
+
+
+class InstanceSettings(_Settings):
+    """How runner instances are built: the launch templates and the user data that bootstraps them."""
+
+    runner_version: str = Field("2.328.0", pattern=r"^\d+\.\d+\.\d+$")
+    """The GitHub Actions runner release installed at boot."""
+    runner_checksums: dict[Arch, Sha256] = Field(default_factory=dict)
+    """SHA-256 of the runner archive per architecture; the user data refuses an archive that differs."""
+    ami_parameters: dict[Arch, str] = Field(default_factory=lambda: dict(AL2023_AMI_PARAMETERS))
+    """SSM parameter holding the AMI id of each architecture; an architecture left out keeps AL2023's."""
+    root_device_name: str = Field("/dev/xvda", pattern=r"^/dev/[a-z0-9]+$")
+    """The AMI's root device: `/dev/xvda` on Amazon Linux, `/dev/sda1` on Ubuntu."""
+    root_volume_gib: int = Field(40, ge=8, le=16384)
+    pre_runner_script: str = ""
+    """Run once at boot, as root, before any runner; its failure is signalled UD_FAILED."""
+    termination_grace_seconds: int = Field(300, ge=0)
+    """How long past its threshold an instance waits for the control plane before it ends itself."""
+    block_imds_from_jobs: bool = True
+    """Let only root (the agent) reach the instance metadata service: a job, running as the runner
+    user, must not take the instance role's credentials and act as the instance (forge its signals,
+    read its runner config). Jobs that need AWS use GitHub's OIDC provider instead."""
+
+    @field_validator("ami_parameters")
+    @classmethod
+    def _every_arch_has_an_ami(cls, parameters: dict[Arch, str]) -> dict[Arch, str]:
+        return {**AL2023_AMI_PARAMETERS, **parameters}
+
+
 class StackConfig(_Settings):
     """Everything about pool behaviour an operator may set; every field has the design's default."""
 
@@ -139,6 +221,10 @@ class StackConfig(_Settings):
     github: GitHubSettings = GitHubSettings()
     warm_pool_minimum: dict[str, int] = Field(default_factory=dict)
     refresh_rate_minutes: int = Field(1, gt=0)
+    network: NetworkSettings = NetworkSettings()
+    workflow_type: WorkflowType = WorkflowType.STANDARD
+    alarms: AlarmSettings = AlarmSettings()
+    instances: InstanceSettings = InstanceSettings()
 
     @model_validator(mode="after")
     def _classes_are_coherent(self) -> Self:
@@ -184,6 +270,44 @@ class StackConfig(_Settings):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _express_fits_its_limit(self) -> Self:
+        if self.workflow_type is not WorkflowType.EXPRESS:
+            return self
+        t = self.timeouts
+        longest = {
+            "provision": (
+                t.claim_registration_seconds + t.fleet_validation_seconds,
+                "timeouts.claim_registration_seconds + timeouts.fleet_validation_seconds",
+            ),
+            "release": (t.release_receipt_seconds, "timeouts.release_receipt_seconds"),
+        }
+        for machine, (waits, settings) in longest.items():
+            if waits + EXPRESS_MARGIN_SECONDS > EXPRESS_LIMIT_SECONDS:
+                raise _SettingError(
+                    "workflow_type",
+                    f"an EXPRESS execution stops after {EXPRESS_LIMIT_SECONDS} s, but {machine} waits "
+                    f"{waits:g} s ({settings}) plus up to {EXPRESS_MARGIN_SECONDS} s of work",
+                    f"use STANDARD, or shorten those waits to at most "
+                    f"{EXPRESS_LIMIT_SECONDS - EXPRESS_MARGIN_SECONDS} s in all",
+                )
+        return self
+
+    def deploy_problems(self) -> list[str]:
+        """What a deployable stack needs and this config leaves unset, each with its fix."""
+        required = {
+            "github.app_id": (self.github.app_id, "the App's id, from its settings page"),
+            "github.installation_id": (self.github.installation_id, "the id in the installation's URL"),
+            "github.scope": (self.github.scope, "`org` or `owner/repo`, where runners register"),
+            "network.vpc_id": (self.network.vpc_id, "the VPC runners launch in"),
+            "network.subnet_ids": (self.network.subnet_ids, "one subnet per Availability Zone"),
+        }
+        return [
+            f"{setting}: is required to deploy; fix: set {what}"
+            for setting, (value, what) in required.items()
+            if not value
+        ]
+
     def warm_minimum(self, resource_class: str) -> int:
         return self.warm_pool_minimum.get(resource_class, 0)
 
@@ -227,6 +351,15 @@ def load_config(settings: Mapping[str, Any] | None = None) -> StackConfig:
         return StackConfig.model_validate(dict(settings or {}))
     except ValidationError as exc:
         raise ConfigError([_describe(error) for error in exc.errors()]) from None
+
+
+def load_deployable_config(settings: Mapping[str, Any] | None = None) -> StackConfig:
+    """Like load_config, and every setting a deployed stack cannot do without is set."""
+    config = load_config(settings)
+    problems = config.deploy_problems()
+    if problems:
+        raise ConfigError(problems)
+    return config
 
 
 class _SettingError(ValueError):
