@@ -1,0 +1,196 @@
+"""The demand ledger over DynamoDB: which jobs have been counted, and which run keys each run used.
+
+It lives in the webhook's idempotency table (partition key `id`, TTL attribute `expiration`), beside
+Powertools' delivery records, whose ids never start with the prefixes used here:
+
+    job#<job id>   state reserved | started | cancelled; the holder and lease of a reservation; the
+                   provision execution that counted the job
+    run#<run id>   run_keys (string set) the run's demand used; completed_attempt
+
+Each change is one conditional write, so two dispatchers that see the same job never both count
+it. Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run be re-run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.exceptions import ClientError
+
+from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.demand import Reservation
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.client import DynamoDBClient
+
+KEY_ATTRIBUTE = "id"
+EXPIRY_ATTRIBUTE = "expiration"
+"""Powertools idempotency's attribute names, so one table and one TTL setting serve both."""
+LEDGER_RETENTION_SECONDS = 35 * 24 * 3600
+"""GitHub allows re-running a run for 30 days; a run's keys must outlive that."""
+RESERVED = "reserved"
+STARTED = "started"
+CANCELLED = "cancelled"
+
+
+class DynamoDbLedger:
+    def __init__(
+        self,
+        table_name: str,
+        clock: Clock,
+        client: DynamoDBClient | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._table = table_name
+        self._clock = clock
+        self._client: DynamoDBClient = client or boto3.client("dynamodb")
+        self._backoff = backoff or Backoff()
+
+    def reserve(self, job_id: int, holder: str, until: Epoch) -> Reservation:
+        now = self._clock.now()
+        try:
+            self._backoff.call(
+                lambda: self._client.put_item(
+                    TableName=self._table,
+                    Item={
+                        KEY_ATTRIBUTE: {"S": _job(job_id)},
+                        "state": {"S": RESERVED},
+                        "holder": {"S": holder},
+                        "lease_until": {"N": _number(until)},
+                        EXPIRY_ATTRIBUTE: {"N": self._expiry(now)},
+                    },
+                    # A reservation whose holder died lapses; started and cancelled jobs never do.
+                    ConditionExpression=(
+                        "attribute_not_exists(#id) OR (#state = :reserved AND lease_until < :now)"
+                    ),
+                    ExpressionAttributeNames={"#id": KEY_ATTRIBUTE, "#state": "state"},
+                    ExpressionAttributeValues={":reserved": {"S": RESERVED}, ":now": {"N": _number(now)}},
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
+            state = current.get("state", {}).get("S")
+            return Reservation.HELD if state == RESERVED else Reservation.COUNTED
+        return Reservation.RESERVED
+
+    def confirm(self, job_ids: Sequence[int], holder: str, execution_name: str) -> None:
+        for job_id in job_ids:
+            self._confirm_one(job_id, holder, execution_name)
+
+    def free(self, job_ids: Sequence[int], holder: str) -> None:
+        for job_id in job_ids:
+            self._free_one(job_id, holder)
+
+    def _confirm_one(self, job_id: int, holder: str, execution_name: str) -> None:
+        values = {":started": {"S": STARTED}, ":name": {"S": execution_name}}
+        # Lost only if the reservation lapsed and another dispatcher took the job: theirs stands.
+        self._conditional(
+            lambda: self._client.update_item(
+                **self._held(job_id, holder, values),
+                UpdateExpression="SET #state = :started, execution_name = :name REMOVE lease_until",
+            )
+        )
+
+    def _free_one(self, job_id: int, holder: str) -> None:
+        self._conditional(lambda: self._client.delete_item(**self._held(job_id, holder, {})))
+
+    def _held(self, job_id: int, holder: str, values: dict[str, Any]) -> dict[str, Any]:
+        """The key and condition of a write that only happens while `holder`'s reservation stands."""
+        return {
+            "TableName": self._table,
+            "Key": {KEY_ATTRIBUTE: {"S": _job(job_id)}},
+            "ConditionExpression": "#state = :reserved AND holder = :holder",
+            "ExpressionAttributeNames": {"#state": "state"},
+            "ExpressionAttributeValues": {":reserved": {"S": RESERVED}, ":holder": {"S": holder}, **values},
+        }
+
+    def cancel(self, job_id: int) -> bool:
+        return self._conditional(
+            lambda: self._client.put_item(
+                TableName=self._table,
+                Item={
+                    KEY_ATTRIBUTE: {"S": _job(job_id)},
+                    "state": {"S": CANCELLED},
+                    EXPIRY_ATTRIBUTE: {"N": self._expiry(self._clock.now())},
+                },
+                ConditionExpression="attribute_not_exists(#id)",
+                ExpressionAttributeNames={"#id": KEY_ATTRIBUTE},
+            )
+        )
+
+    def remember_run_key(self, run_id: int, run_key: str, attempt: int) -> bool:
+        return self._conditional(
+            lambda: self._client.update_item(
+                TableName=self._table,
+                Key={KEY_ATTRIBUTE: {"S": _run(run_id)}},
+                UpdateExpression="ADD run_keys :key SET #expiry = :expiry",
+                ConditionExpression="attribute_not_exists(completed_attempt) OR completed_attempt < :attempt",
+                ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
+                ExpressionAttributeValues={
+                    ":key": {"SS": [run_key]},
+                    ":expiry": {"N": self._expiry(self._clock.now())},
+                    ":attempt": {"N": str(attempt)},
+                },
+            )
+        )
+
+    def complete_run(self, run_id: int, attempt: int) -> frozenset[str]:
+        try:
+            response = self._backoff.call(
+                lambda: self._client.update_item(
+                    TableName=self._table,
+                    Key={KEY_ATTRIBUTE: {"S": _run(run_id)}},
+                    UpdateExpression="SET completed_attempt = :attempt",
+                    # Only runs that had demand of ours: every other run of the organisation completes too.
+                    ConditionExpression=(
+                        "attribute_exists(#id) AND "
+                        "(attribute_not_exists(completed_attempt) OR completed_attempt < :attempt)"
+                    ),
+                    ExpressionAttributeNames={"#id": KEY_ATTRIBUTE},
+                    ExpressionAttributeValues={":attempt": {"N": str(attempt)}},
+                    ReturnValues="ALL_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            # Not ours (no item), or a repeated or older completion: the run keys, to release again.
+            item: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
+            return _run_keys(item)
+        return _run_keys(response.get("Attributes", {}))
+
+    def _conditional(self, write: Callable[[], object]) -> bool:
+        """Run a conditional write; False when its condition did not hold."""
+        try:
+            self._backoff.call(write)
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def _expiry(self, now: Epoch) -> str:
+        return str(int(now + LEDGER_RETENTION_SECONDS))
+
+
+def _job(job_id: int) -> str:
+    return f"job#{job_id}"
+
+
+def _run(run_id: int) -> str:
+    return f"run#{run_id}"
+
+
+def _number(value: Epoch) -> str:
+    return repr(float(value))
+
+
+def _run_keys(item: Any) -> frozenset[str]:
+    return frozenset(item.get("run_keys", {}).get("SS", []))

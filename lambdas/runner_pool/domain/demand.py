@@ -1,0 +1,328 @@
+"""Demand: the messages the webhook puts on the demand queue, and how the dispatcher turns a batch of them
+into provision and release executions.
+
+One message per webhook delivery that asks for something:
+
+    job-queued     a job with our label is waiting: one unit of demand
+    job-cancelled  a job with our label completed without ever getting a runner (cancelled while queued)
+    release        a job completed on one of our runners: release that instance
+    run-completed  a workflow run completed: release whatever its run keys still hold
+
+The dispatcher counts each job once, ever, in a ledger (a conditional write per job id), before it
+starts anything, because Express workflows do not refuse a second execution of the same name and
+SQS and webhook redelivery both repeat messages. A job is first *reserved* for the length of one
+dispatcher invocation, then marked *started* once its provision execution is; a dispatcher that dies
+in between lets its reservation lapse, and the message, redelivered by SQS, reserves it again. A
+message whose job another invocation holds right now is handed back to SQS (a partial batch
+failure), not dropped: that holder may still die, and the job would then never get a runner.
+
+Cancellation works by job id, which is exact where "one unit of demand" would be a guess: a cancel
+that reaches the ledger before the job's demand marks the job cancelled, so the demand is never
+counted (this nets the two out within one batch, and across batches whatever the order). A cancel
+that arrives after the job's provision started cannot stop it: the extra runner can still take
+another queued job with the same label, and the run's release gives it back when the run completes.
+
+The run keys a run used are remembered in the ledger as its demand is dispatched: a `workflow_run`
+payload carries no labels, and the state table's by-run-key index is keyed by the exact run key, so
+it cannot be asked for every key of one run. The same conditional write refuses demand of a run
+attempt that has completed, so a late `queued` message never provisions runners for a finished run,
+and a completion either comes after the key was remembered (and releases it) or before (and the
+demand is dropped). Every `workflow_run completed` is queued, ours or not, because only the ledger
+knows which runs are ours, and a completion must never be lost to demand still in the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Annotated, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
+
+PROVISION_LIMIT = 1000
+"""The most runners one provision execution is asked for (ProvisionRequest.count); a larger group is split."""
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class JobQueued(_Message):
+    kind: Literal["job-queued"] = "job-queued"
+    repository: str = Field(min_length=1)
+    run_key: str = Field(min_length=1)
+    run_id: int = Field(gt=0)
+    run_attempt: int = Field(gt=0)
+    job_id: int = Field(gt=0)
+
+
+class JobCancelled(_Message):
+    kind: Literal["job-cancelled"] = "job-cancelled"
+    repository: str = Field(min_length=1)
+    run_key: str = Field(min_length=1)
+    job_id: int = Field(gt=0)
+
+
+class InstanceRelease(_Message):
+    kind: Literal["release"] = "release"
+    request: ReleaseRequest
+
+
+class RunCompleted(_Message):
+    kind: Literal["run-completed"] = "run-completed"
+    repository: str = Field(min_length=1)
+    run_id: int = Field(gt=0)
+    run_attempt: int = Field(gt=0)
+
+    @property
+    def cause(self) -> str:
+        return f"run-{self.run_id}-attempt-{self.run_attempt}"
+
+
+DemandMessage = Annotated[
+    JobQueued | JobCancelled | InstanceRelease | RunCompleted, Field(discriminator="kind")
+]
+_MESSAGES: TypeAdapter[DemandMessage] = TypeAdapter(DemandMessage)
+
+
+def to_body(message: DemandMessage) -> str:
+    return message.model_dump_json()
+
+
+def from_body(body: str) -> DemandMessage:
+    """The message a queue body holds; ValueError for one that is not a demand message."""
+    try:
+        return _MESSAGES.validate_json(body)
+    except ValidationError as exc:
+        raise ValueError(
+            f"not a demand message: {exc.error_count()} errors, first: {exc.errors()[0]['msg']}"
+        ) from None
+
+
+# --- what the dispatcher needs from the world ----------------------------------------------------------
+
+
+class Reservation(StrEnum):
+    RESERVED = "reserved"
+    """Ours until the lease ends."""
+    COUNTED = "counted"
+    """Started or cancelled already: nothing more to do for this job, ever."""
+    HELD = "held"
+    """Another dispatch holds it now; ask again once that has started it or let it lapse."""
+
+
+class DemandLedger(Protocol):
+    """Which jobs have been counted, and which run keys each run used (DynamoDB in production)."""
+
+    def reserve(self, job_id: int, holder: str, until: Epoch) -> Reservation:
+        """Reserve a job nobody has counted or cancelled, or whose reservation lapsed."""
+        ...
+
+    def confirm(self, job_ids: Sequence[int], holder: str, execution_name: str) -> None: ...
+
+    def free(self, job_ids: Sequence[int], holder: str) -> None: ...
+
+    def cancel(self, job_id: int) -> bool:
+        """Mark a job nobody has counted as cancelled; False when it was counted (or cancelled) already."""
+        ...
+
+    def remember_run_key(self, run_id: int, run_key: str, attempt: int) -> bool:
+        """Note that the run's demand uses `run_key`, unless this attempt of the run has completed (False)."""
+        ...
+
+    def complete_run(self, run_id: int, attempt: int) -> frozenset[str]:
+        """Note the run's attempt completed; the run keys its demand used (empty for a run not ours)."""
+        ...
+
+
+class ExecutionStarter(Protocol):
+    """Starts the state machines by the requests' execution names; False when the name already existed,
+    which counts as started (Standard workflows keep names, so that is the same request again)."""
+
+    def provision(self, request: ProvisionRequest) -> bool: ...
+
+    def release(self, request: ReleaseRequest) -> bool: ...
+
+
+# --- the dispatcher --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Messages whose work did not happen; SQS redelivers them."""
+
+    message_ids: tuple[str, ...]
+    what: str
+    error: str
+
+
+@dataclass
+class DispatchReport:
+    provisions: list[ProvisionRequest] = field(default_factory=list)
+    releases: list[ReleaseRequest] = field(default_factory=list)
+    duplicates: int = 0
+    """Queued jobs already counted or cancelled, and repeats within the batch."""
+    held: set[str] = field(default_factory=set)
+    """Messages of jobs another dispatch holds: handed back to SQS to try again later."""
+    stale: int = 0
+    """Queued jobs of a run attempt that had already completed."""
+    cancelled: int = 0
+    """Jobs cancelled before their demand was counted."""
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def failed_message_ids(self) -> set[str]:
+        """Messages for SQS to deliver again: those whose work failed, and those held elsewhere."""
+        return {message_id for failure in self.failures for message_id in failure.message_ids} | self.held
+
+
+@dataclass
+class _Group:
+    """The queued jobs of one (repository, run key) in a batch, each with the messages that asked for it."""
+
+    repository: str
+    run_key: str
+    jobs: dict[int, JobQueued] = field(default_factory=dict)
+    messages: dict[int, list[str]] = field(default_factory=dict)
+
+    def add(self, message_id: str, job: JobQueued) -> None:
+        self.jobs.setdefault(job.job_id, job)
+        self.messages.setdefault(job.job_id, []).append(message_id)
+
+    def message_ids(self, job_ids: Iterable[int]) -> tuple[str, ...]:
+        return tuple(message_id for job_id in job_ids for message_id in self.messages[job_id])
+
+    @property
+    def repeated_messages(self) -> int:
+        """Messages in the batch for a job another message of the batch already asked for."""
+        return sum(len(ids) - 1 for ids in self.messages.values())
+
+
+class Dispatcher:
+    def __init__(self, ledger: DemandLedger, starter: ExecutionStarter, clock: Clock) -> None:
+        self._ledger = ledger
+        self._starter = starter
+        self._clock = clock
+
+    def dispatch(
+        self, batch: Sequence[tuple[str, DemandMessage]], holder: str, lease_seconds: float
+    ) -> DispatchReport:
+        """Act on one batch of (message id, message); what failed is in the report, nothing raises.
+
+        Cancellations go first, so a job cancelled in the same batch as its demand is never counted;
+        run completions next, so a run that completed refuses the rest of its demand. `holder` names
+        this dispatch in the ledger; its reservations lapse `lease_seconds` from now.
+        """
+        report = DispatchReport()
+        for message_id, message in batch:
+            if isinstance(message, JobCancelled):
+                with _failing(report, [message_id], f"cancel job {message.job_id}"):
+                    self._cancel(report, message)
+        for message_id, message in batch:
+            if isinstance(message, RunCompleted):
+                with _failing(report, [message_id], f"release {message.cause}"):
+                    self._complete(report, message)
+        until = self._clock.now() + lease_seconds
+        for group in _groups(batch):
+            self._provision(report, group, holder, until)
+        for message_id, message in batch:
+            if isinstance(message, InstanceRelease):
+                request = message.request
+                with _failing(report, [message_id], f"release {request.instance_id} ({request.cause})"):
+                    self._release(report, request)
+        return report
+
+    def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
+        if self._ledger.cancel(message.job_id):
+            report.cancelled += 1
+
+    def _complete(self, report: DispatchReport, message: RunCompleted) -> None:
+        for run_key in sorted(self._ledger.complete_run(message.run_id, message.run_attempt)):
+            self._release(report, ReleaseRequest(run_key=run_key, cause=message.cause))
+
+    def _release(self, report: DispatchReport, request: ReleaseRequest) -> None:
+        self._starter.release(request)
+        report.releases.append(request)
+
+    def _provision(self, report: DispatchReport, group: _Group, holder: str, until: Epoch) -> None:
+        report.duplicates += group.repeated_messages
+        attempts = sorted({(job.run_id, job.run_attempt) for job in group.jobs.values()})
+        try:
+            # Remembered before anything starts, in the same write that checks the run is not over:
+            # a run completed later finds the key, one completed earlier refuses its demand.
+            live = {
+                (run_id, attempt)
+                for run_id, attempt in attempts
+                if self._ledger.remember_run_key(run_id, group.run_key, attempt)
+            }
+        except Exception as exc:  # any fault fails the group's messages, for SQS to retry them
+            report.failures.append(Failure(group.message_ids(group.jobs), "remember the run key", repr(exc)))
+            return
+        current = [job for job in group.jobs.values() if (job.run_id, job.run_attempt) in live]
+        report.stale += len(group.jobs) - len(current)
+        for start in range(0, len(current), PROVISION_LIMIT):
+            self._provision_chunk(report, group, current[start : start + PROVISION_LIMIT], holder, until)
+
+    def _provision_chunk(
+        self, report: DispatchReport, group: _Group, jobs: list[JobQueued], holder: str, until: Epoch
+    ) -> None:
+        reserved: list[int] = []
+        try:
+            for job in jobs:
+                match self._ledger.reserve(job.job_id, holder, until):
+                    case Reservation.RESERVED:
+                        reserved.append(job.job_id)
+                    case Reservation.COUNTED:
+                        report.duplicates += 1
+                    case Reservation.HELD:
+                        report.held.update(group.message_ids([job.job_id]))
+            if not reserved:
+                return
+            request = ProvisionRequest(
+                repository=group.repository,
+                run_key=group.run_key,
+                count=len(reserved),
+                job_ids=tuple(reserved),
+            )
+            self._starter.provision(request)
+        except Exception as exc:  # any fault fails the chunk's messages, for SQS to retry them
+            self._let_go(reserved, holder)
+            what = f"provision {len(jobs)} runners for {group.run_key}"
+            report.failures.append(Failure(group.message_ids(job.job_id for job in jobs), what, repr(exc)))
+            return
+        report.provisions.append(request)
+        # The execution runs from here on: a failed confirmation fails no message (a redelivery would
+        # count the jobs twice); it leaves the reservation to lapse instead, and is reported.
+        with _failing(report, [], f"confirm {request.execution_name}"):
+            self._ledger.confirm(reserved, holder, request.execution_name)
+
+    def _let_go(self, job_ids: list[int], holder: str) -> None:
+        """Free what a failed chunk reserved, so its redelivered messages can reserve it again at once."""
+        if not job_ids:
+            return
+        with suppress(Exception):  # the reservation lapses on its own; the chunk's failure is reported
+            self._ledger.free(job_ids, holder)
+
+
+@contextmanager
+def _failing(report: DispatchReport, message_ids: Iterable[str], what: str) -> Iterator[None]:
+    """Any fault inside fails these messages (SQS redelivers them) and goes into the report; none escapes."""
+    try:
+        yield
+    except Exception as exc:
+        report.failures.append(Failure(tuple(message_ids), what, repr(exc)))
+
+
+def _groups(batch: Sequence[tuple[str, DemandMessage]]) -> list[_Group]:
+    """Queued jobs grouped by (repository, run key), in order of first appearance; a job counted once."""
+    groups: dict[tuple[str, str], _Group] = {}
+    for message_id, message in batch:
+        if isinstance(message, JobQueued):
+            key = (message.repository, message.run_key)
+            groups.setdefault(key, _Group(message.repository, message.run_key)).add(message_id, message)
+    return list(groups.values())

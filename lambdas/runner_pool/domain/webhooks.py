@@ -1,0 +1,296 @@
+"""GitHub webhook deliveries as the control plane reads them: the checks a request passes, the events we
+use, and the demand message (if any) each delivery asks for.
+
+A request is checked in this order, and the first check that fails answers it:
+
+    413  the body is longer than MAX_BODY_BYTES (its length only: nothing of it is read)
+    401  X-Hub-Signature-256 is missing or is not the HMAC-SHA256 of the body with the webhook secret
+    400  the Content-Type is not application/json, a GitHub header is missing, the body is not a JSON
+         object, or a `workflow_job` / `workflow_run` payload lacks a field we read
+
+Nothing of the body is parsed before its signature has been checked. Events other than `ping`,
+`workflow_job` and `workflow_run` are acknowledged and ignored, as are the actions of those two
+that ask nothing of us.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.demand import (
+    DemandMessage,
+    InstanceRelease,
+    JobCancelled,
+    JobQueued,
+    RunCompleted,
+)
+from runner_pool.domain.executions import ReleaseRequest, instance_of_runner
+from runner_pool.domain.labels import LabelError, is_pool_label
+
+MAX_BODY_BYTES = 1024 * 1024
+"""A `workflow_run` payload is about 25 KB; a megabyte leaves room for long commit messages."""
+SIGNATURE_HEADER = "X-Hub-Signature-256"
+EVENT_HEADER = "X-GitHub-Event"
+DELIVERY_HEADER = "X-GitHub-Delivery"
+CONTENT_TYPE = "application/json"
+REASON_LIMIT = 120
+"""Answers carry a short reason: enough for the delivery log, never an echo of a whole payload."""
+
+_SIGNATURE = re.compile(r"sha256=([0-9a-fA-F]{64})")
+_DELIVERY = re.compile(r"[A-Za-z0-9-]{1,64}")
+_EVENT = re.compile(r"[a-z_]{1,64}")
+
+SecretCheck = Callable[[bytes, str], bool]
+"""(body, X-Hub-Signature-256 value) → whether the webhook secret signed it."""
+
+
+def signature_matches(body: bytes, signature: str, secrets: Iterable[bytes]) -> bool:
+    """Whether `signature` (`sha256=<hex>`) is the HMAC-SHA256 of `body` under any of `secrets`.
+
+    Each secret is compared in constant time, and all of them are, so the time taken tells a forger
+    nothing about which secret came close.
+    """
+    well_formed = _SIGNATURE.fullmatch(signature)
+    if well_formed is None:
+        return False
+    given = well_formed.group(1).lower().encode()
+    matched = False
+    for secret in secrets:
+        expected = hmac.new(secret, body, hashlib.sha256).hexdigest().encode()
+        matched |= hmac.compare_digest(expected, given)
+    return matched
+
+
+# --- the payloads we read ---------------------------------------------------------------------------
+
+
+class _Payload(BaseModel):
+    # Strict: GitHub sends numbers as numbers; a string where an id belongs is not GitHub.
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+
+class Repository(_Payload):
+    full_name: str = Field(pattern=r"^[^/\s]+/[^/\s]+$", max_length=200)
+
+
+class WorkflowJob(_Payload):
+    id: int = Field(gt=0)
+    run_id: int = Field(gt=0)
+    run_attempt: int = Field(1, gt=0)
+    labels: list[str]
+    runner_name: str | None = None
+
+
+class WorkflowJobEvent(_Payload):
+    action: str
+    workflow_job: WorkflowJob
+    repository: Repository
+
+
+class WorkflowRun(_Payload):
+    id: int = Field(gt=0)
+    run_attempt: int = Field(1, gt=0)
+
+
+class WorkflowRunEvent(_Payload):
+    action: str
+    workflow_run: WorkflowRun
+    repository: Repository
+
+
+# --- the request ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request that is not a delivery we can use: a 4xx with a short reason; nothing else happens."""
+
+    status: Literal[400, 401, 413]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A signed, well-formed delivery."""
+
+    delivery_id: str
+    event: str
+    payload: WorkflowJobEvent | WorkflowRunEvent | None
+    """None for events we do not read (ping among them)."""
+
+
+def read_delivery(headers: Mapping[str, str], body: bytes, signed: SecretCheck) -> Delivery | Refusal:
+    """Check one request, in the order of the module doc. `headers` must look names up case-insensitively."""
+    try:
+        if len(body) > MAX_BODY_BYTES:
+            raise _Refused(413, f"body of {len(body)} bytes is over the limit of {MAX_BODY_BYTES}")
+        signature = _header(
+            headers, SIGNATURE_HEADER, _SIGNATURE, 401, "is missing or does not match the body"
+        )
+        if not signed(body, signature):
+            raise _Refused(401, f"{SIGNATURE_HEADER} is missing or does not match the body")
+        content_type = headers.get("Content-Type")
+        if not isinstance(content_type, str) or content_type.split(";")[0].strip().lower() != CONTENT_TYPE:
+            raise _Refused(
+                400, f"Content-Type must be {CONTENT_TYPE}; set the webhook's content type to JSON"
+            )
+        event = _header(headers, EVENT_HEADER, _EVENT, 400, "is missing or is not an event name")
+        delivery_id = _header(headers, DELIVERY_HEADER, _DELIVERY, 400, "is missing or is not a delivery id")
+        return Delivery(delivery_id, event, _payload(event, body))
+    except _Refused as refused:
+        return refused.refusal
+
+
+class _Refused(Exception):  # noqa: N818 - an answer, not an error
+    def __init__(self, status: Literal[400, 401, 413], reason: str) -> None:
+        super().__init__(reason)
+        self.refusal = Refusal(status, _short(reason))
+
+
+def _header(
+    headers: Mapping[str, str], name: str, form: re.Pattern[str], status: Literal[400, 401], problem: str
+) -> str:
+    value = headers.get(name)
+    if not isinstance(value, str) or not form.fullmatch(value):
+        raise _Refused(status, f"{name} {problem}")
+    return value
+
+
+def _payload(event: str, body: bytes) -> WorkflowJobEvent | WorkflowRunEvent | None:
+    try:
+        document = pydantic_core.from_json(body)
+    except ValueError:
+        raise _Refused(400, "body is not valid JSON") from None
+    if not isinstance(document, dict):
+        raise _Refused(400, "body is not a JSON object")
+    model = _MODELS.get(event)
+    if model is None:
+        return None
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        raise _Refused(400, f"not a {event} payload: {_first_error(exc)}") from None
+
+
+_MODELS: dict[str, type[WorkflowJobEvent] | type[WorkflowRunEvent]] = {
+    "workflow_job": WorkflowJobEvent,
+    "workflow_run": WorkflowRunEvent,
+}
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in error["loc"]) or "the payload"
+    return f"{where}: {error['msg']}"
+
+
+def _short(reason: str) -> str:
+    return reason if len(reason) <= REASON_LIMIT else reason[: REASON_LIMIT - 3] + "..."
+
+
+# --- what a delivery asks for ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """Nothing for us to do; answered 200 with the reason."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unserved:
+    """A job that asked for a runner with a `pool=` label we cannot serve: logged, counted, answered 200."""
+
+    label: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """One message for the demand queue; answered 202."""
+
+    message: DemandMessage
+    summary: str
+
+
+Verdict = Ignored | Unserved | Accepted
+
+
+def verdict(delivery: Delivery, config: StackConfig) -> Verdict:
+    if delivery.event == "ping":
+        return Ignored("pong")
+    match delivery.payload:
+        case WorkflowJobEvent() as job_event:
+            return _job_verdict(job_event, config)
+        case WorkflowRunEvent() as run_event:
+            return _run_verdict(run_event)
+        case _:
+            return Ignored(_short(f"event {delivery.event} is not used"))
+
+
+def _job_verdict(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
+    job = event.workflow_job
+    ours = [label for label in job.labels if is_pool_label(label)]
+    if not ours:
+        return Ignored(f"job {job.id} has no pool= label")
+    if event.action == "queued":
+        return _queued(event, ours, config)
+    if event.action == "completed":
+        return _completed(event, ours)
+    return Ignored(_short(f"workflow_job {event.action} needs nothing"))
+
+
+def _completed(event: WorkflowJobEvent, ours: list[str]) -> Verdict:
+    job = event.workflow_job
+    if len(ours) != 1:
+        return Ignored(f"job {job.id} was never served: it has {len(ours)} pool= labels")
+    instance_id = instance_of_runner(job.runner_name)
+    if instance_id is not None:
+        request = ReleaseRequest(run_key=ours[0], instance_id=instance_id, cause=f"job-{job.id}")
+        return Accepted(InstanceRelease(request=request), f"release of {instance_id} queued")
+    if not job.runner_name:
+        cancel = JobCancelled(repository=event.repository.full_name, run_key=ours[0], job_id=job.id)
+        return Accepted(cancel, f"job {job.id} completed before it got a runner: its demand is cancelled")
+    return Ignored(_short(f"runner {job.runner_name!r} is not one of ours"))
+
+
+def _queued(event: WorkflowJobEvent, ours: list[str], config: StackConfig) -> Verdict:
+    job = event.workflow_job
+    if len(ours) != 1:
+        return Unserved(" ".join(ours), f"a job takes one pool= label, this one has {len(ours)}")
+    label = ours[0]
+    try:
+        spec = config.spec_for(label)
+    except LabelError as exc:
+        return Unserved(label, exc.reason)
+    if spec.run_id != str(job.run_id):
+        reason = f"pool={spec.run_id} is not this job's run {job.run_id}; use pool=${{{{ github.run_id }}}}"
+        return Unserved(label, reason)
+    demand = JobQueued(
+        repository=event.repository.full_name,
+        run_key=label,
+        run_id=job.run_id,
+        run_attempt=job.run_attempt,
+        job_id=job.id,
+    )
+    return Accepted(demand, f"1 runner asked for job {job.id}")
+
+
+def _run_verdict(event: WorkflowRunEvent) -> Verdict:
+    if event.action != "completed":
+        return Ignored(_short(f"workflow_run {event.action} needs nothing"))
+    run = event.workflow_run
+    completed = RunCompleted(
+        repository=event.repository.full_name, run_id=run.id, run_attempt=run.run_attempt
+    )
+    return Accepted(completed, f"release of run {run.id} attempt {run.run_attempt} queued")

@@ -1,0 +1,111 @@
+"""The dispatcher Lambda: a batch of demand from the demand queue in, provision and release executions out.
+
+What it does with a batch is `runner_pool.domain.demand.Dispatcher`; this module reads the SQS
+records and reports the messages whose work failed as partial batch failures (Powertools' batch
+processor), so SQS redelivers only those. A message that is not a demand message fails every time
+and ends in the queue's dead-letter queue.
+
+Event source: the demand queue, with ReportBatchItemFailures, a batching window of a few seconds
+and a batch size of at least 100, so a matrix arrives in one batch. Environment (RUNNER_POOL_*):
+IDEMPOTENCY_TABLE_NAME (the demand ledger), PROVISION_STATE_MACHINE_ARN, RELEASE_STATE_MACHINE_ARN.
+AWS calls: states:StartExecution on both state machines; dynamodb:PutItem, UpdateItem, DeleteItem
+on the idempotency table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from runner_pool.adapters.demand_ledger import DynamoDbLedger
+from runner_pool.adapters.executions import Executions
+from runner_pool.domain.demand import DemandMessage, Dispatcher, DispatchReport, from_body
+from runner_pool.observability import logger, metrics, tracer
+from runner_pool.wiring import ControlPlane, control_plane
+
+LEASE_MARGIN_SECONDS = 60
+"""A reservation outlives this invocation by this much, so it never lapses while the invocation runs."""
+
+processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+"""A batch whose every message failed is reported like any other (each message retried by SQS), not
+raised: a batch of jobs held by another dispatch is routine, not an error of this function."""
+
+
+class NotDispatchedError(RuntimeError):
+    """The record's work failed in this batch; SQS will deliver it again."""
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def dispatch(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
+    batch, unreadable = _read(event)
+    lease_seconds = context.get_remaining_time_in_millis() / 1000 + LEASE_MARGIN_SECONDS
+    report = _dispatcher(control_plane()).dispatch(batch, context.aws_request_id, lease_seconds)
+    _observe(report)
+    failed = report.failed_message_ids | unreadable
+
+    def settle(record: SQSRecord) -> None:
+        if record.message_id in failed:
+            raise NotDispatchedError(record.message_id)
+
+    return process_partial_response(event=event, record_handler=settle, processor=processor, context=context)
+
+
+def _read(event: dict[str, Any]) -> tuple[list[tuple[str, DemandMessage]], set[str]]:
+    """(message id, message) of each record, and the ids of records that hold no demand message."""
+    batch: list[tuple[str, DemandMessage]] = []
+    unreadable: set[str] = set()
+    for raw in event.get("Records", []):
+        record = SQSRecord(raw)
+        try:
+            batch.append((record.message_id, from_body(record.body)))
+        except ValueError as exc:
+            logger.error("not a demand message", message_id=record.message_id, error=str(exc))
+            unreadable.add(record.message_id)
+    return batch, unreadable
+
+
+def _dispatcher(plane: ControlPlane) -> Dispatcher:
+    settings = plane.settings
+    ledger = DynamoDbLedger(
+        settings.require("idempotency_table_name", "the demand ledger"),
+        plane.clock,
+        plane.client("dynamodb"),
+        plane.backoff,
+    )
+    executions = Executions(
+        settings.require("provision_state_machine_arn", "starting provisions"),
+        settings.require("release_state_machine_arn", "starting releases"),
+        plane.client("stepfunctions"),
+        plane.backoff,
+    )
+    return Dispatcher(ledger, executions, plane.clock)
+
+
+def _observe(report: DispatchReport) -> None:
+    for request in report.provisions:
+        logger.info(
+            "provision started",
+            run_key=request.run_key,
+            count=request.count,
+            execution=request.execution_name,
+        )
+    for failure in report.failures:
+        logger.error("not dispatched", what=failure.what, error=failure.error, messages=failure.message_ids)
+    figures = {
+        "ProvisionsStarted": len(report.provisions),
+        "RunnersRequested": sum(request.count for request in report.provisions),
+        "ReleasesStarted": len(report.releases),
+        "DuplicateDemand": report.duplicates,
+        "StaleDemand": report.stale,
+        "CancelledDemand": report.cancelled,
+        "DispatchFailures": len(report.failures),
+    }
+    for name, value in figures.items():
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)

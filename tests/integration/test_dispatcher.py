@@ -1,0 +1,346 @@
+"""The dispatcher Lambda on moto: demand from the webhook in, provision and release executions out.
+
+Deliveries go through the real webhook onto the real queue; the dispatcher's batches are what SQS
+hands it. The state machines are trivial (one Pass state): what is checked is which executions
+start, with which input, and how many.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from runner_pool.adapters.demand_ledger import DynamoDbLedger
+from runner_pool.domain import demand
+from runner_pool.domain.demand import Reservation
+from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
+from runner_pool.handlers.dispatcher import LEASE_MARGIN_SECONDS
+from tests.support.webhooks import (
+    IDEMPOTENCY_TABLE,
+    REPOSITORY,
+    IngressWorld,
+    completed_job,
+    completed_run,
+    delivery,
+    event_of,
+    fixture,
+    fixture_names,
+    ingress_world,
+    queued_job,
+    sqs_record,
+)
+
+LABEL = "pool=4242/class=large"
+OTHER_LABEL = "pool=4242/class=xlarge"
+INSTANCE = "i-0123456789abcdef0"
+
+
+@pytest.fixture
+def world() -> Iterator[IngressWorld]:
+    with ingress_world() as world:
+        yield world
+
+
+def queue_jobs(world: IngressWorld, job_ids: range | list[int], label: str = LABEL, **job: Any) -> None:
+    for job_id in job_ids:
+        assert world.deliver(delivery(queued_job(label, job_id=job_id, **job), "workflow_job")).status == 202
+
+
+def failed_ids(response: dict[str, Any]) -> list[str]:
+    return sorted(failure["itemIdentifier"] for failure in response["batchItemFailures"])
+
+
+# --- every real payload, re-labelled --------------------------------------------------------------
+
+
+def relabelled(name: str) -> tuple[str, dict[str, Any], str]:
+    """A real payload with our label for its own run (and our runner, if it names one); its event and run key."""
+    payload = fixture(name)
+    event = event_of(name)
+    if event != "workflow_job":
+        run = payload.get("workflow_run", {}).get("id", 0)
+        return event, payload, f"pool={run}/class=large"
+    job = payload["workflow_job"]
+    run_key = f"pool={job['run_id']}/class=large"
+    job["labels"] = [run_key]
+    if job.get("runner_name"):
+        job["runner_name"] = runner_name(INSTANCE, "claim")
+    return event, payload, run_key
+
+
+def effects(world: IngressWorld) -> list[tuple[str, str, Any]]:
+    provisions = [("provision", p["run_key"], p["job_ids"]) for p in world.provisions()]
+    releases = [("release", r["run_key"], r["instance_id"]) for r in world.releases()]
+    return provisions + releases
+
+
+@pytest.mark.parametrize("name", fixture_names())
+def test_every_real_payload_relabelled_causes_exactly_its_effect(world: IngressWorld, name: str) -> None:
+    # Given a real payload re-labelled with our label (a run's completion: a run that had our demand)
+    event, payload, run_key = relabelled(name)
+    if event == "workflow_run":
+        queue_jobs(world, [1], run_key, run_id=payload["workflow_run"]["id"])
+        world.dispatch(world.take_queued())
+    before = effects(world)
+    # When it is delivered and dispatched
+    world.deliver(delivery(payload, event))
+    world.dispatch(world.take_queued())
+    # Then exactly what its event and action ask for happened
+    expected = {
+        ("workflow_job", "queued"): [("provision", run_key, [payload.get("workflow_job", {}).get("id")])],
+        ("workflow_job", "completed"): [("release", run_key, INSTANCE)],
+        ("workflow_run", "completed"): [("release", run_key, None)],
+    }.get((event, payload.get("action", "")), [])
+    assert effects(world)[len(before) :] == expected
+
+
+# --- batching ---------------------------------------------------------------------------------------
+
+
+def test_a_matrix_of_twenty_jobs_in_one_batch_is_one_provision_of_twenty(world: IngressWorld) -> None:
+    # Given the 20 queued jobs of one matrix, delivered within the batching window
+    queue_jobs(world, range(1001, 1021))
+    # When the dispatcher gets them as one batch
+    response = world.dispatch(world.take_queued())
+    # Then one provision execution started, for 20 runners, naming every job
+    assert response == {"batchItemFailures": []}
+    assert world.provisions() == [
+        {"repository": REPOSITORY, "run_key": LABEL, "count": 20, "job_ids": list(range(1001, 1021))}
+    ]
+
+
+def test_jobs_with_different_labels_are_provisioned_apart(world: IngressWorld) -> None:
+    # Given 3 jobs asking for large runners and 2 asking for xlarge, in one run
+    queue_jobs(world, [1, 2, 3])
+    queue_jobs(world, [4, 5], OTHER_LABEL)
+    # When dispatched as one batch
+    world.dispatch(world.take_queued())
+    # Then each label got its own provision, of its own size
+    assert sorted((p["run_key"], p["count"]) for p in world.provisions()) == [(LABEL, 3), (OTHER_LABEL, 2)]
+
+
+def test_the_execution_is_named_after_its_jobs(world: IngressWorld) -> None:
+    # Given two jobs of one label
+    queue_jobs(world, [7, 8])
+    # When dispatched
+    world.dispatch(world.take_queued())
+    # Then the execution's name is the request's deterministic name
+    request = ProvisionRequest(repository=REPOSITORY, run_key=LABEL, count=2, job_ids=(7, 8))
+    assert [e["name"] for e in world.executions(world.provision_arn)] == [request.execution_name]
+
+
+def test_a_group_larger_than_one_provision_takes_is_split(
+    world: IngressWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given provisions limited to 5 runners, and 12 jobs of one label
+    monkeypatch.setattr(demand, "PROVISION_LIMIT", 5)
+    queue_jobs(world, range(1, 13))
+    # When dispatched as one batch
+    world.dispatch(world.take_queued())
+    # Then three provisions share the 12 jobs
+    assert sorted(p["count"] for p in world.provisions()) == [2, 5, 5]
+
+
+# --- each job counted once -----------------------------------------------------------------------
+
+
+def test_demand_repeated_in_a_later_batch_never_reaches_start_execution(world: IngressWorld) -> None:
+    # Given a job dispatched once, then queued again by another delivery of the same event
+    # (GitHub's redelivery after the idempotency record expired, or a second App hook)
+    queue_jobs(world, [31])
+    world.dispatch(world.take_queued())
+    queue_jobs(world, [31])
+    # When the repeat is dispatched
+    response = world.dispatch(world.take_queued())
+    # Then it succeeded without asking Step Functions again: Express workflows, which do not
+    # refuse a name twice, would otherwise start a second provision (moto refuses it either way)
+    assert response == {"batchItemFailures": []}
+    assert world.calls.count("stepfunctions:StartExecution") == 1
+
+
+def test_the_same_message_twice_in_one_batch_is_one_runner(world: IngressWorld) -> None:
+    # Given SQS handing the dispatcher the same message twice in one batch (at-least-once delivery)
+    queue_jobs(world, [41, 42])
+    records = world.take_queued()
+    # When dispatched
+    world.dispatch([*records, records[0]])
+    # Then the two jobs got two runners, not three
+    assert [p["count"] for p in world.provisions()] == [2]
+
+
+def test_a_batch_redelivered_after_a_crash_between_start_and_confirmation_starts_nothing_new(
+    world: IngressWorld,
+) -> None:
+    # Given a batch whose provision started, but whose dispatcher died before confirming the jobs
+    queue_jobs(world, [51, 52])
+    records = world.take_queued()
+    world.fail_next("dynamodb", "UpdateItem", "AccessDeniedException", when=confirming)
+    world.dispatch(records)
+    # When the reservations lapse and SQS delivers the whole batch again
+    world.clock.advance(60 + LEASE_MARGIN_SECONDS + 1)
+    response = world.dispatch(records)
+    # Then the jobs were reserved again and asked for again, under the same name, which Standard
+    # refuses to start twice: still one provision (on Express this is the one window left open)
+    assert response == {"batchItemFailures": []}
+    assert world.calls.count("stepfunctions:StartExecution") == 2
+    assert len(world.provisions()) == 1
+
+
+def confirming(params: dict[str, Any]) -> bool:
+    return ":started" in params.get("ExpressionAttributeValues", {})
+
+
+# --- cancellation --------------------------------------------------------------------------------
+
+
+def test_a_job_cancelled_in_the_same_batch_as_its_demand_is_not_provisioned(world: IngressWorld) -> None:
+    # Given jobs 61 and 62 queued, and 62 cancelled while still queued, all within the window
+    queue_jobs(world, [61, 62])
+    world.deliver(delivery(completed_job(LABEL, runner_name=None, job_id=62), "workflow_job"))
+    # When the batch is dispatched
+    world.dispatch(world.take_queued())
+    # Then one runner is provisioned, for job 61
+    assert world.provisions() == [{"repository": REPOSITORY, "run_key": LABEL, "count": 1, "job_ids": [61]}]
+
+
+def test_a_cancellation_that_overtakes_its_demand_still_cancels_it(world: IngressWorld) -> None:
+    # Given a job's cancellation dispatched in a batch before the job's own demand
+    world.deliver(delivery(completed_job(LABEL, runner_name=None, job_id=71), "workflow_job"))
+    world.dispatch(world.take_queued())
+    queue_jobs(world, [71])
+    # When the demand arrives
+    world.dispatch(world.take_queued())
+    # Then nothing is provisioned for it
+    assert world.provisions() == []
+
+
+def test_a_cancellation_after_the_provision_started_leaves_it_to_the_runs_release(
+    world: IngressWorld,
+) -> None:
+    # Given a job whose provision has started
+    queue_jobs(world, [81])
+    world.dispatch(world.take_queued())
+    # When the job is cancelled and the cancellation dispatched
+    world.deliver(delivery(completed_job(LABEL, runner_name=None, job_id=81), "workflow_job"))
+    response = world.dispatch(world.take_queued())
+    # Then nothing fails and nothing more starts; the run's completion releases the spare runner
+    assert response == {"batchItemFailures": []}
+    assert len(world.provisions()) == 1
+    assert world.releases() == []
+
+
+# --- releases ------------------------------------------------------------------------------------
+
+
+def test_a_job_completed_on_our_runner_starts_the_release_of_its_instance(world: IngressWorld) -> None:
+    # Given job 91 completed on the runner of instance i-0123456789abcdef0
+    payload = completed_job(LABEL, runner_name=runner_name(INSTANCE, "claim"), job_id=91)
+    world.deliver(delivery(payload, "workflow_job"))
+    # When dispatched
+    world.dispatch(world.take_queued())
+    # Then one release execution started for that instance, named by the request
+    request = ReleaseRequest(run_key=LABEL, instance_id=INSTANCE, cause="job-91")
+    assert world.releases() == [request.model_dump(mode="json")]
+    assert [e["name"] for e in world.executions(world.release_arn)] == [request.execution_name]
+
+
+def test_a_completed_run_releases_every_run_key_its_demand_used(world: IngressWorld) -> None:
+    # Given run 4242 had demand under two labels
+    queue_jobs(world, [101])
+    queue_jobs(world, [102], OTHER_LABEL)
+    world.dispatch(world.take_queued())
+    # When the run completes
+    world.deliver(delivery(completed_run(run_id=4242), "workflow_run"))
+    world.dispatch(world.take_queued())
+    # Then one release per run key started, for the whole run
+    assert sorted(r["run_key"] for r in world.releases()) == [LABEL, OTHER_LABEL]
+    assert {(r["instance_id"], r["cause"]) for r in world.releases()} == {(None, "run-4242-attempt-1")}
+
+
+def test_a_completed_run_that_had_no_demand_of_ours_releases_nothing(world: IngressWorld) -> None:
+    # Given a run with no job of ours / When it completes and is dispatched
+    world.deliver(delivery(completed_run(run_id=5555), "workflow_run"))
+    response = world.dispatch(world.take_queued())
+    # Then nothing starts, and nothing fails
+    assert response == {"batchItemFailures": []}
+    assert world.releases() == []
+
+
+def test_demand_arriving_after_its_run_completed_is_not_provisioned(world: IngressWorld) -> None:
+    # Given run 4242 had demand and has completed
+    queue_jobs(world, [111])
+    world.dispatch(world.take_queued())
+    world.deliver(delivery(completed_run(run_id=4242), "workflow_run"))
+    world.dispatch(world.take_queued())
+    # When a late queued event of the same attempt is dispatched
+    queue_jobs(world, [112])
+    world.dispatch(world.take_queued())
+    # Then no runner is provisioned for a run that is over
+    assert [p["job_ids"] for p in world.provisions()] == [[111]]
+
+
+def test_a_rerun_of_a_completed_run_is_provisioned(world: IngressWorld) -> None:
+    # Given attempt 1 of run 4242 completed
+    queue_jobs(world, [121])
+    world.dispatch(world.take_queued())
+    world.deliver(delivery(completed_run(run_id=4242, attempt=1), "workflow_run"))
+    world.dispatch(world.take_queued())
+    # When a job of attempt 2 is queued (same run id, same label)
+    queue_jobs(world, [122], attempt=2)
+    world.dispatch(world.take_queued())
+    # Then it is provisioned
+    assert [p["job_ids"] for p in world.provisions()] == [[121], [122]]
+
+
+# --- faults ----------------------------------------------------------------------------------------
+
+
+def test_a_failed_start_fails_exactly_that_groups_messages_and_their_redelivery_succeeds(
+    world: IngressWorld,
+) -> None:
+    # Given a batch of two groups, and Step Functions refusing the first StartExecution
+    queue_jobs(world, [131, 132])
+    queue_jobs(world, [133], OTHER_LABEL)
+    records = world.take_queued()
+    first_group = sorted(record["messageId"] for record in records[:2])
+    world.fail_next("stepfunctions", "StartExecution", "ExecutionLimitExceeded")
+    # When dispatched
+    response = world.dispatch(records)
+    # Then only the first group's messages are reported failed, the other group started
+    assert failed_ids(response) == first_group
+    assert [p["run_key"] for p in world.provisions()] == [OTHER_LABEL]
+    # And when SQS redelivers the failed messages, their reservations were freed: they start now
+    world.dispatch([record for record in records if record["messageId"] in first_group])
+    assert sorted(p["count"] for p in world.provisions()) == [1, 2]
+
+
+def test_a_message_that_is_not_demand_fails_alone(world: IngressWorld) -> None:
+    # Given a batch with one job's demand and one body that is not a demand message
+    queue_jobs(world, [141])
+    stray = sqs_record({"MessageId": "stray-1", "ReceiptHandle": "r", "Body": '{"kind": "something-else"}'})
+    # When dispatched
+    response = world.dispatch([*world.take_queued(), stray])
+    # Then only the stray message fails (it will reach the dead-letter queue); the job is provisioned
+    assert failed_ids(response) == ["stray-1"]
+    assert len(world.provisions()) == 1
+
+
+def test_a_job_another_dispatch_holds_is_handed_back_and_taken_once_the_hold_lapses(
+    world: IngressWorld,
+) -> None:
+    # Given job 151 reserved by a dispatch that then died before starting anything
+    ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, world.clock, world.dynamodb)
+    assert ledger.reserve(151, "dead-dispatcher", until=world.clock.now() + 30) is Reservation.RESERVED
+    queue_jobs(world, [151])
+    records = world.take_queued()
+    # When its demand is dispatched while the reservation stands
+    held = world.dispatch(records)
+    # Then the message goes back to SQS (not dropped: the holder may be gone) and nothing starts
+    assert failed_ids(held) == [records[0]["messageId"]]
+    assert world.provisions() == []
+    # And when SQS delivers it again after the reservation lapsed, the job is provisioned
+    world.clock.advance(31)
+    assert world.dispatch(records) == {"batchItemFailures": []}
+    assert [p["job_ids"] for p in world.provisions()] == [[151]]
