@@ -1,0 +1,339 @@
+"""Refresh (DESIGN.md section 8): the scheduled sweep that ends what is due, leaks nothing, keeps the pool.
+
+Each run does seven jobs, one after the other, each on its own (one failing does not stop the rest):
+
+1. vanished: a live record whose instance EC2 reports gone (a spot interruption, a terminate from
+   outside) is expired at once, rather than when its threshold would have passed;
+2. terminate due: every live record whose threshold has passed (expired created, claimed, running
+   and idle alike) is terminated in EC2, in batches, then marked terminated; one EC2 no longer
+   knows is marked terminated too;
+3. orphans: instances with the stack's tag and no live record are terminated, once older than a
+   grace period (a creation records its instances right after CreateFleet returns);
+4. admit: instances launched for the pool whose agent has signalled `UD_OK` with a fresh
+   heartbeat go created → idle and into their class's queue; `UD_FAILED` expires them;
+5. warm pool: each class short of its warm minimum (idle plus still booting) is topped up;
+6. runners: our runners GitHub lists as offline are deleted, unless one may still start;
+7. redeliveries: webhook deliveries that failed in the last hour are asked for again.
+
+Two runs at once, or a run that dies anywhere, leave nothing wrong: a passed threshold is final
+(no transition applies once it has passed), termination and deletion are idempotent, the marks and
+admissions are conditional writes whose loser leaves the work alone, and the warm-pool top-up and
+each redelivery are claimed through a compare-and-set marker in the state table before acting.
+What a dead run left undone, the next run finds still to do.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from runner_pool.adapters.github_app import GitHubError, RegisteredRunner, RunnerRemoval, RunnerStatus
+from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.executions import instance_of_runner
+from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
+from runner_pool.domain.lifecycle import InstanceState, Outcome
+from runner_pool.domain.pickup import PoolQueue
+from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
+from runner_pool.observability import logger
+
+if TYPE_CHECKING:
+    from runner_pool.adapters.fleet import Fleet
+    from runner_pool.adapters.github_app import GitHubApp
+    from runner_pool.adapters.state_table import StateTable
+
+_Item = TypeVar("_Item")
+
+ORPHAN_GRACE_SECONDS = 60.0
+"""An untracked instance younger than this may be one a creation launched and has not recorded yet."""
+REDELIVERY_WINDOW_SECONDS = 3600.0
+"""How far back failed webhook deliveries are redelivered; older events are too stale to act on."""
+SWEEP_BATCH = 100
+"""Due instances terminated, then marked, per batch: a run that dies loses at most one batch's marks."""
+WARM_POOL_MARKER = "refresh-warm-pool"
+"""The last refresh tick whose warm-pool top-up was claimed."""
+REDELIVERY_MARKER = "refresh-redelivery"
+"""The highest webhook delivery id asked for again (GitHub's delivery ids grow with time)."""
+MAY_STILL_SERVE = frozenset({InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING})
+
+
+@dataclass
+class RefreshReport:
+    """What one run did; only what this run changed is counted, so racing runs never count twice."""
+
+    vanished: int = 0
+    """Live records expired because EC2 reports their instance gone."""
+    terminated: Counter[str] = field(default_factory=Counter)
+    """Due instances terminated and marked, by the state their record expired in."""
+    already_gone: int = 0
+    """Of those, instances EC2 had already terminated (or no longer knew)."""
+    orphans_terminated: int = 0
+    admitted: int = 0
+    unready: int = 0
+    """Instances launched for the pool whose agent reported UD_FAILED; expired."""
+    launched: Counter[str] = field(default_factory=Counter)
+    idle: dict[str, int] = field(default_factory=dict)
+    """Idle instances per class before the top-up: the pool's size."""
+    runners_deleted: int = 0
+    redelivered: int = 0
+    failed: list[str] = field(default_factory=list)
+    """Jobs that failed; the next run tries them again."""
+
+    def as_json(self) -> dict[str, Any]:
+        # Not dataclasses.asdict: it rebuilds a Counter from its items, counting them again.
+        return {name: dict(value) if isinstance(value, dict) else value for name, value in vars(self).items()}
+
+
+def refresh_tick(at: Epoch, config: StackConfig) -> int:
+    """Which scheduled run a time belongs to: runs of the same schedule slot share one warm-pool top-up."""
+    return int(at // (config.refresh_rate_minutes * 60))
+
+
+class Refresh:
+    def __init__(
+        self,
+        table: StateTable,
+        fleet: Fleet,
+        queues: PoolQueue,
+        github: Callable[[], GitHubApp],
+        *,
+        clock: Clock,
+        config: StackConfig,
+        stack_tag: tuple[str, str],
+        orphan_grace_seconds: float = ORPHAN_GRACE_SECONDS,
+    ) -> None:
+        self._table = table
+        self._fleet = fleet
+        self._queues = queues
+        self._github = github
+        self._clock = clock
+        self._config = config
+        self._stack_tag = stack_tag
+        self._orphan_grace = orphan_grace_seconds
+
+    def run(self, tick: int) -> RefreshReport:
+        report = RefreshReport()
+        jobs: list[tuple[str, Callable[[RefreshReport], None]]] = [
+            ("vanished", self._expire_vanished),
+            ("terminate-due", self._terminate_due),
+            ("orphans", self._terminate_orphans),
+            ("admit", self._admit_ready),
+            ("warm-pool", lambda r: self._keep_warm(r, tick)),
+            ("runners", self._delete_offline_runners),
+            ("redeliveries", self._redeliver),
+        ]
+        for name, job in jobs:
+            try:
+                job(report)
+            except Exception:
+                logger.exception("refresh job failed; the next run tries again", job=name)
+                report.failed.append(name)
+        return report
+
+    # --- 1. instances EC2 has lost -------------------------------------------------------------
+
+    def _expire_vanished(self, report: RefreshReport) -> None:
+        now = self._clock.now()
+        # EC2 may not show an instance launched a moment ago: only records older than the grace count.
+        settled = [
+            record
+            for record in self._table.live()
+            if not record.threshold_passed(now) and now - record.created_at >= self._orphan_grace
+        ]
+        if not settled:
+            return
+        states = self._fleet.states([record.instance_id for record in settled])
+        for record in settled:
+            state = states.get(record.instance_id, Ec2State.UNKNOWN)
+            if not state.is_gone:
+                continue
+            logger.warning(
+                "instance gone from EC2; expiring its record", instance_id=record.instance_id, ec2=state
+            )
+            # Whoever holds it loses its next transition and lets go; the sweep below marks it terminated.
+            if self._table.expire(record.instance_id).outcome is Outcome.APPLIED:
+                report.vanished += 1
+
+    # --- 2. what is due ------------------------------------------------------------------------
+
+    def _terminate_due(self, report: RefreshReport) -> None:
+        for batch in _batches(self._table.due(), SWEEP_BATCH):
+            results = self._fleet.terminate([record.instance_id for record in batch])
+            for record in batch:
+                # TerminateInstances first: a record is never marked terminated while its instance runs.
+                if self._table.mark_terminated(record.instance_id).outcome is not Outcome.APPLIED:
+                    continue
+                report.terminated[record.state.value] += 1
+                if results.get(record.instance_id) in (Termination.TERMINATED, Termination.UNKNOWN):
+                    report.already_gone += 1
+
+    # --- 3. orphans ----------------------------------------------------------------------------
+
+    def _terminate_orphans(self, report: RefreshReport) -> None:
+        launched_before = self._clock.now() - self._orphan_grace
+        tagged = self._fleet.tagged_instances(*self._stack_tag, launched_before=launched_before)
+        if not tagged:
+            return
+        live = {record.instance_id for record in self._table.live()}
+        # The index may not show a record written a moment ago; a consistent read settles each suspect.
+        orphans = [
+            instance_id
+            for instance_id in tagged
+            if instance_id not in live and _untracked(self._table.get(instance_id))
+        ]
+        if not orphans:
+            return
+        logger.warning("terminating instances that have no live record", instance_ids=orphans)
+        results = self._fleet.terminate(orphans)
+        report.orphans_terminated += sum(
+            1 for result in results.values() if result is Termination.TERMINATING
+        )
+
+    # --- 4. pooled instances that are ready ----------------------------------------------------
+
+    def _admit_ready(self, report: RefreshReport) -> None:
+        now = self._clock.now()
+        healthy_window = self._config.timeouts.healthy_window_seconds
+        for record in self._table.live():
+            if not _booting_for_pool(record, now):
+                continue
+            signal = self._table.read_signal(record.instance_id)
+            if signal is not None and signal.confirms(Signal.UD_FAILED, None):
+                logger.warning(
+                    "pool instance failed to boot", instance_id=record.instance_id, reason=signal.reason
+                )
+                if self._table.expire(record.instance_id, run_key=None).outcome is Outcome.APPLIED:
+                    report.unready += 1
+                continue
+            beat = self._table.read_heartbeat(record.instance_id)
+            if signal is None or not signal.confirms(Signal.UD_OK, None) or beat is None:
+                continue
+            if not beat.is_fresh(now, healthy_window):
+                continue
+            admitted = self._table.admit(record.instance_id)
+            # Only the run whose admit applied offers the instance: it is pooled once.
+            if admitted.outcome is Outcome.APPLIED and admitted.record is not None:
+                self._queues.offer(PoolMessage.for_idle(admitted.record))
+                report.admitted += 1
+
+    # --- 5. the warm minimum -------------------------------------------------------------------
+
+    def _keep_warm(self, report: RefreshReport, tick: int) -> None:
+        now = self._clock.now()
+        idle: Counter[str] = Counter()
+        booting: Counter[str] = Counter()
+        for record in self._table.live():
+            if (
+                record.state is InstanceState.IDLE
+                and record.run_key is None
+                and not record.threshold_passed(now)
+            ):
+                idle[record.resource_class] += 1
+            elif _booting_for_pool(record, now):
+                booting[record.resource_class] += 1
+        report.idle = {name: idle[name] for name in self._config.resource_classes}
+        shortfall = {
+            name: minimum - idle[name] - booting[name]
+            for name in self._config.resource_classes
+            if (minimum := self._config.warm_minimum(name)) > idle[name] + booting[name]
+        }
+        if not shortfall:
+            return
+        claimed, _ = self._claim_marker(WARM_POOL_MARKER, tick, self._table.read_marker(WARM_POOL_MARKER))
+        if not claimed:
+            return  # this schedule slot's top-up is another run's
+        failures = []
+        for name, count in sorted(shortfall.items()):
+            request = LaunchRequest.for_pool(self._config, name, count, f"refresh-{tick}-warm-pool-{name}")
+            try:
+                outcome = self._fleet.launch_with_fallback(request, self._config.fleet)
+            except Exception:
+                logger.exception("warm-pool launch failed", resource_class=name, count=count)
+                failures.append(name)
+                continue
+            for facts in outcome.launched:
+                # Recorded at once: an instance is never left without a record (the orphan sweep's grace
+                # covers the moment between CreateFleet's answer and these writes).
+                self._table.create(facts, run_key=None)
+            report.launched[name] += len(outcome.launched)
+        if failures:
+            raise RuntimeError(f"warm-pool launches failed for: {', '.join(failures)}")
+
+    # --- 6. GitHub's offline runners -----------------------------------------------------------
+
+    def _delete_offline_runners(self, report: RefreshReport) -> None:
+        github = self._github()
+        now = self._clock.now()
+        for runner in github.runners():
+            instance_id = instance_of_runner(runner.name)
+            if runner.status is not RunnerStatus.OFFLINE or instance_id is None:
+                continue
+            if _may_still_start(self._table.get(instance_id), runner, now):
+                continue
+            if github.delete_runner(runner.runner_id) is RunnerRemoval.DELETED:
+                report.runners_deleted += 1
+
+    # --- 7. missed webhooks --------------------------------------------------------------------
+
+    def _redeliver(self, report: RefreshReport) -> None:
+        github = self._github()
+        since = self._clock.now() - REDELIVERY_WINDOW_SECONDS
+        failed = sorted(github.failed_deliveries(since), key=lambda delivery: delivery.delivery_id)
+        seen = self._table.read_marker(REDELIVERY_MARKER)
+        for delivery in failed:
+            claimed, previous = self._claim_marker(REDELIVERY_MARKER, delivery.delivery_id, seen)
+            if not claimed:
+                seen = previous
+                continue
+            seen = delivery.delivery_id
+            try:
+                github.redeliver(delivery.delivery_id)
+            except GitHubError:
+                # Handed back unless another run has moved past it since, so the next run asks again.
+                self._table.move_marker(REDELIVERY_MARKER, previous or 0, expected=delivery.delivery_id)
+                raise
+            report.redelivered += 1
+
+    def _claim_marker(self, name: str, value: float, seen: float | None) -> tuple[bool, float | None]:
+        """Move a marker, last `seen` at a value, up to `value`, first come first served: (won, the
+        marker before it moved). Losing means another run got the marker to `value` or beyond: that
+        work is its.
+        """
+        current = seen
+        while current is None or current < value:
+            if self._table.move_marker(name, value, expected=current):
+                return True, current
+            current = self._table.read_marker(name)
+        return False, current
+
+
+def _untracked(record: InstanceRecord | None) -> bool:
+    return record is None or record.state is InstanceState.TERMINATED
+
+
+def _booting_for_pool(record: InstanceRecord, now: Epoch) -> bool:
+    return (
+        record.state is InstanceState.CREATED and record.run_key is None and not record.threshold_passed(now)
+    )
+
+
+def _may_still_start(record: InstanceRecord | None, runner: RegisteredRunner, now: Epoch) -> bool:
+    """Whether an offline runner is (or may be about to be) its instance's runner for a run.
+
+    A runner is registered before the record notes its id, so a held record that notes none yet may
+    be waiting for this very runner to start.
+    """
+    return (
+        record is not None
+        and record.state in MAY_STILL_SERVE
+        and not record.threshold_passed(now)
+        and record.run_key == runner.run_key
+        and record.runner_id in (None, runner.runner_id)
+    )
+
+
+def _batches(items: Sequence[_Item], size: int) -> Iterator[list[_Item]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])

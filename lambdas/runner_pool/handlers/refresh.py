@@ -1,0 +1,83 @@
+"""The refresh Lambda, on an EventBridge schedule: one run of domain.refresh, its report as metrics.
+
+What it calls, for its role: dynamodb:Query (the by-threshold index), GetItem (state, heartbeat,
+signal and `marker#` items), UpdateItem (state and `marker#` items), PutItem (state items);
+ec2:DescribeInstances, TerminateInstances (instances tagged with the stack), CreateFleet with
+RunInstances, CreateTags and iam:PassRole of the instance role (the launch templates), and
+DescribeInstanceTypes; sqs:SendMessage to the pool queues; secretsmanager:GetSecretValue (the
+GitHub App's key); sts:GetCallerIdentity; GitHub: list and delete runners, list hook deliveries and
+ask for redeliveries. Its timeout should be shorter than the schedule's period, so that runs of two
+schedule slots never overlap (runs of one slot may: see domain.refresh).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel, ConfigDict
+
+from runner_pool.domain.refresh import Refresh, RefreshReport, refresh_tick
+from runner_pool.environment import STACK_TAG_KEY
+from runner_pool.observability import logger, metrics, tracer
+from runner_pool.wiring import ControlPlane, control_plane
+
+
+class ScheduledEvent(BaseModel):
+    """EventBridge's scheduled event; `time` is the schedule slot, the same for a retried invocation."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    time: datetime | None = None
+
+
+class RefreshIncompleteError(RuntimeError):
+    """Some jobs failed (and were logged); raised after the rest ran, so the function's errors show it."""
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def refresh(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    plane = control_plane()
+    scheduled = ScheduledEvent.model_validate(event)
+    at = plane.clock.now() if scheduled.time is None else scheduled.time.timestamp()
+    report = refresh_of(plane).run(refresh_tick(at, plane.config))
+    _measure(report)
+    logger.info("refresh done", **report.as_json())
+    if report.failed:
+        raise RefreshIncompleteError(f"refresh jobs failed: {', '.join(report.failed)}")
+    return report.as_json()
+
+
+def refresh_of(plane: ControlPlane) -> Refresh:
+    """The stack's refresh over the process's adapters; GitHub is reached only by the jobs that need it."""
+    return Refresh(
+        plane.state_table,
+        plane.fleet,
+        plane.pool_queues,
+        lambda: plane.github,
+        clock=plane.clock,
+        config=plane.config,
+        stack_tag=(STACK_TAG_KEY, plane.settings.stack_name),
+    )
+
+
+def _measure(report: RefreshReport) -> None:
+    counts = {
+        "InstancesVanished": report.vanished,
+        **{f"Terminated.{state}": count for state, count in report.terminated.items()},
+        "TerminatedAlreadyGone": report.already_gone,
+        "OrphansTerminated": report.orphans_terminated,
+        "PoolAdmitted": report.admitted,
+        "PoolUnready": report.unready,
+        **{f"PoolLaunched.{name}": count for name, count in report.launched.items()},
+        **{f"PoolIdle.{name}": count for name, count in report.idle.items()},
+        "RunnersDeleted": report.runners_deleted,
+        "WebhooksRedelivered": report.redelivered,
+        "RefreshJobsFailed": len(report.failed),
+    }
+    for name, count in counts.items():
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=count)

@@ -1,0 +1,163 @@
+"""The release steps (domain.release) one at a time, on moto's table and queues and a fake GitHub."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from runner_pool.domain import release
+from runner_pool.domain.config import Timeouts
+from runner_pool.domain.executions import ReleaseRequest
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import InstanceRecord, Signal
+from runner_pool.domain.release import ReleaseItem, ReleaseProgress, ReleaseStatus, SalvageRequest
+from tests.support.control_plane import LocalControlPlane, local_control_plane
+
+RUN = "pool=101"
+OTHER_RUN = "pool=202"
+
+
+@pytest.fixture
+def local() -> Iterator[LocalControlPlane]:
+    with local_control_plane() as plane:
+        yield plane
+        accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def item(record: InstanceRecord, run_key: str = RUN) -> ReleaseItem:
+    return ReleaseItem(instance_id=record.instance_id, run_key=run_key, poll_seconds=5)
+
+
+def give_back(local: LocalControlPlane, record: InstanceRecord, run_key: str = RUN) -> ReleaseProgress:
+    return release.give_back(
+        item(record, run_key),
+        local.table,
+        lambda: local.plane.github,
+        local.config.timeouts,
+        local.clock.now(),
+    )
+
+
+def check(local: LocalControlPlane, progress: ReleaseProgress) -> ReleaseProgress:
+    return release.check_receipt(progress, local.table, local.plane.pool_queues, local.clock.now())
+
+
+@pytest.mark.parametrize(
+    ("heartbeat_period", "poll"), [(5.0, 5), (2.5, 3), (0.2, 1)], ids=["whole", "fraction", "below-one"]
+)
+def test_the_receipt_poll_is_the_heartbeat_period_in_whole_seconds(
+    heartbeat_period: float, poll: int
+) -> None:
+    # Given a heartbeat period / When the poll is derived / Then it is the period rounded up, at least 1 s
+    timeouts = Timeouts(heartbeat_period_seconds=heartbeat_period, healthy_window_seconds=15)
+    assert release.receipt_poll_seconds(timeouts) == poll
+
+
+def test_a_release_by_run_plans_every_instance_the_run_holds(local: LocalControlPlane) -> None:
+    # Given a run holding a running and a created instance, and another run's instance
+    (running,) = local.running(RUN)
+    (created,) = local.launch(1, RUN)
+    local.running(OTHER_RUN)
+    # When the run's release is planned
+    plan = release.plan(ReleaseRequest(run_key=RUN, cause="run-1"), local.table, local.config.timeouts)
+    # Then it names exactly the run's instances
+    assert set(plan.instance_ids) == {running.instance_id, created.instance_id}
+
+
+def test_a_release_by_instance_plans_that_instance_alone(local: LocalControlPlane) -> None:
+    # Given a run holding two instances
+    first, _second = local.running(RUN, count=2)
+    # When the release of one of them is planned
+    request = ReleaseRequest(run_key=RUN, instance_id=first.instance_id, cause="job-1")
+    plan = release.plan(request, local.table, local.config.timeouts)
+    # Then only that one is named
+    assert plan.instance_ids == (first.instance_id,)
+
+
+def test_a_retried_give_back_recognises_its_own_release(local: LocalControlPlane) -> None:
+    # Given a give-back that applied, and whose answer was lost
+    (running,) = local.running(RUN)
+    first = give_back(local, running)
+    # When it is retried
+    local.clock.advance(1)
+    again = give_back(local, running)
+    # Then it reports the same release (same idle period and deadline) instead of "moved on"
+    assert first.status is ReleaseStatus.AWAITING_RECEIPT
+    assert again.model_dump(exclude={"runner"}) == first.model_dump(exclude={"runner"})
+
+
+def test_an_idle_instance_of_another_idle_period_is_not_taken_for_a_release(local: LocalControlPlane) -> None:
+    # Given a pooled instance whose agent's last word is not about the run (it booted for the pool)
+    (pooled,) = local.pooled()
+    local.table.write_signal(pooled.instance_id, Signal.UD_OK)
+    # When a release for the run names it
+    progress = give_back(local, pooled)
+    # Then it has moved on, and its record is untouched
+    assert progress.status is ReleaseStatus.MOVED_ON
+    assert local.record(pooled.instance_id) == pooled
+
+
+def test_a_release_goes_on_while_github_is_unavailable(local: LocalControlPlane) -> None:
+    # Given a running instance, and GitHub refusing calls
+    (running,) = local.running(RUN)
+    local.github.state.exhaust_rate_limit(until=local.clock.now() + 3600)
+    # When it is given back
+    progress = give_back(local, running)
+    # Then it is released all the same; its runner is left for refresh to delete
+    assert (progress.status, progress.runner) == (ReleaseStatus.AWAITING_RECEIPT, None)
+    assert running.runner_id in local.github.state.runners
+
+
+def test_without_a_receipt_before_the_deadline_the_release_keeps_waiting(local: LocalControlPlane) -> None:
+    # Given a released instance whose agent has not answered yet
+    (running,) = local.running(RUN)
+    progress = give_back(local, running)
+    # When the receipt is looked for just before the deadline
+    assert progress.deadline is not None
+    local.clock.advance(progress.deadline - local.clock.now() - 1)
+    # Then the release waits on, unchanged
+    assert check(local, progress) == progress
+
+
+def test_a_receipt_check_leaves_alone_an_instance_in_a_later_idle_period(local: LocalControlPlane) -> None:
+    # Given a release waiting for its receipt, while the instance was pooled, claimed and given back since
+    (running,) = local.running(RUN)
+    progress = give_back(local, running)
+    local.clock.advance(1)
+    assert local.table.claim(running.instance_id, OTHER_RUN, "claim-9").succeeded
+    assert local.table.unclaim(running.instance_id, OTHER_RUN, "claim-9").succeeded
+    later = local.record(running.instance_id)
+    # When the old release's deadline passes and it checks
+    assert progress.deadline is not None
+    local.clock.advance(progress.deadline - local.clock.now())
+    outcome = check(local, progress)
+    # Then it has moved on: the later idle period is not expired, nor pooled again
+    assert outcome.status is ReleaseStatus.MOVED_ON
+    assert local.record(running.instance_id) == later
+    assert local.drain_pool() == []
+
+
+def test_salvage_expires_an_instance_still_running_for_the_run(local: LocalControlPlane) -> None:
+    # Given a running instance whose give-back failed before it changed anything
+    (running,) = local.running(RUN)
+    # When the release salvages it
+    progress = release.salvage(
+        SalvageRequest(instance_id=running.instance_id, run_key=RUN, error={"Error": "Boom"}), local.table
+    )
+    # Then it is expired, still held by the run (refresh terminates it)
+    assert progress.status is ReleaseStatus.SALVAGED
+    record = local.record(running.instance_id)
+    assert (record.state, record.run_key) == (InstanceState.RUNNING, RUN)
+    assert record.threshold_passed(local.clock.now())
+
+
+def test_salvage_leaves_alone_an_instance_another_run_holds(local: LocalControlPlane) -> None:
+    # Given an instance running for another run
+    (running,) = local.running(OTHER_RUN)
+    # When a failed release for this run salvages it
+    progress = release.salvage(SalvageRequest(instance_id=running.instance_id, run_key=RUN), local.table)
+    # Then nothing changes
+    assert progress.status is ReleaseStatus.MOVED_ON
+    assert local.record(running.instance_id) == running
