@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
 SERVICE = "runner-pool"
 METRICS_NAMESPACE = "RunnerPool"
@@ -10,3 +11,19 @@ METRICS_NAMESPACE = "RunnerPool"
 logger = Logger(service=SERVICE)
 tracer = Tracer(service=SERVICE)
 metrics = Metrics(namespace=METRICS_NAMESPACE, service=SERVICE)
+
+
+def count(name: str, value: float = 1) -> None:
+    """Publish one count metric at once, on its own.
+
+    Not the process-wide `metrics` set: the local emulator runs a Map's iterations as threads of
+    one process, where one handler's flush would empty another's set mid-way.
+    """
+    with single_metric(
+        name=name,
+        unit=MetricUnit.Count,
+        value=value,
+        namespace=METRICS_NAMESPACE,
+        default_dimensions={"service": SERVICE},
+    ):
+        pass

@@ -229,3 +229,19 @@ def test_every_step_run_twice_with_the_same_input_changes_nothing_more(world: Pr
     # And the run got its two runners
     assert len(result["warm"]) == 1
     assert len(result["cold"]) == 1
+
+
+def test_a_run_that_finished_while_its_provision_was_under_way_gets_nothing_set_running(
+    world: ProvisionWorld,
+) -> None:
+    # Given one warm instance, and the run already finished (its release began) when provision ends
+    warm = world.warm(1).instance_id
+    world.plane.state_table.mark_run_finished(RUN)
+    # When the provision for two runners runs
+    result = output(world.provision(RUN, 2))
+    # Then nothing was set running for the finished run: what it claimed and created was expired
+    assert result["warm"] == []
+    assert result["cold"] == []
+    assert warm in result["expired"]
+    assert len(result["expired"]) == 2
+    assert ec2_state(world, warm) in ("shutting-down", "terminated")

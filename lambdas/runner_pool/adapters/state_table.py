@@ -57,6 +57,8 @@ THRESHOLD_ATTRIBUTE = "threshold"
 SWEEP_SHARDS = 4
 """Live records are spread over this many index partitions so no single one gets hot."""
 MARKER_PREFIX = "marker#"
+FINISHED_RUN_PREFIX = "run#"
+FINISHED_RUN_ITEM = "finished"
 MARKER_ITEM = "marker"
 MARKER_ATTRIBUTE = "marker_value"
 
@@ -275,6 +277,27 @@ class StateTable:
         )
 
     # --- markers -------------------------------------------------------------------------------
+
+    def mark_run_finished(self, run_key: str) -> None:
+        """Note that a run is over (its release began), so a provision still in flight for it gives
+        back what it holds instead of setting it running. Expires with the terminated records."""
+        now = self._clock.now()
+        item = {
+            **_key(FINISHED_RUN_PREFIX + run_key, FINISHED_RUN_ITEM),
+            "finished_at": _value(now),
+            TTL_ATTRIBUTE: _value(self._expiry(now)),
+        }
+        self._backoff.call(lambda: self._client.put_item(TableName=self._table, Item=item))
+
+    def run_finished(self, run_key: str) -> bool:
+        response = self._backoff.call(
+            lambda: self._client.get_item(
+                TableName=self._table,
+                Key=_key(FINISHED_RUN_PREFIX + run_key, FINISHED_RUN_ITEM),
+                ConsistentRead=True,
+            )
+        )
+        return "Item" in response
 
     def read_marker(self, name: str) -> float | None:
         """A marker's value (e.g. refresh's redelivery high-water mark); None if it was never set."""

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.provision import ClaimWorker, Creation, ProvisionPlan, WorkerResult
-from runner_pool.observability import logger, metrics, tracer
+from runner_pool.observability import logger, tracer
 from runner_pool.steps.provision import Provision
 from runner_pool.wiring import control_plane
 
@@ -50,7 +50,6 @@ def _provision() -> Provision:
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
-@metrics.log_metrics
 def begin(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
     parsed = BeginEvent.model_validate(event)
     logger.append_keys(run_key=parsed.request.run_key, execution=parsed.execution)
@@ -59,7 +58,6 @@ def begin(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
-@metrics.log_metrics
 def claim(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
     worker = ClaimWorker.model_validate(event)
     logger.append_keys(run_key=worker.plan.spec.run_key, execution=worker.plan.execution, slot=worker.slot)
@@ -80,7 +78,6 @@ def discard(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
-@metrics.log_metrics
 def create(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
     parsed = CreateEvent.model_validate(event)
     logger.append_keys(run_key=parsed.plan.spec.run_key, execution=parsed.plan.execution)
@@ -96,7 +93,6 @@ def check_fleet(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
-@metrics.log_metrics
 def finish(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
     parsed = FinishEvent.model_validate(event)
     logger.append_keys(run_key=parsed.plan.spec.run_key, execution=parsed.plan.execution)

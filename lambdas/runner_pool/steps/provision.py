@@ -26,7 +26,7 @@ from runner_pool.domain.provision import (
     readiness,
 )
 from runner_pool.domain.records import InstanceRecord, PoolMessage
-from runner_pool.observability import logger, metrics
+from runner_pool.observability import count, logger
 from runner_pool.wiring import ControlPlane
 
 PICKUPS_PER_CLAIM = 3
@@ -71,11 +71,11 @@ class Provision:
             attempt += 1
             claimed = self._table.claim(found.candidate.instance_id, spec.run_key, token)
             if not claimed.succeeded:
-                metrics.add_metric(name="ClaimRacesLost", unit="Count", value=1)
+                count("ClaimRacesLost")
                 continue
             self._hand_over_claimed(found.candidate, spec.run_key, token)
             return self._holding(worker, found.candidate.instance_id, token, attempt)
-        metrics.add_metric(name="PoolExhausted", unit="Count", value=1)
+        count("PoolExhausted")
         return worker.model_copy(
             update={"attempt": attempt, "claimed": False, "instance_id": None, "claim_token": None}
         )
@@ -162,8 +162,8 @@ class Provision:
             # Recorded before anything else can fail: no instance is ever left without a record.
             self._table.create(facts, spec.run_key)
         errors = {code: len(failures) for code, failures in outcome.failures_by_code().items()}
-        for code, count in errors.items():
-            metrics.add_metric(name=f"FleetErrors.{code}", unit="Count", value=count)
+        for code, refused in errors.items():
+            count(f"FleetErrors.{code}", refused)
         launched = tuple(facts.instance_id for facts in outcome.launched)
         handed_over: list[str] = []
         failed: dict[str, str] = {}
@@ -225,6 +225,8 @@ class Provision:
         and each ready instance's runner serves one job of the run, so it runs whatever the others did.
         """
         spec = provision.spec
+        if self._table.run_finished(spec.run_key):
+            return self._give_up(provision, workers, creation)
         warm: list[str] = []
         cold: list[str] = []
         lost: list[str] = []
@@ -248,12 +250,29 @@ class Provision:
             expired=tuple(never_ready),
             lost=tuple(lost),
         )
-        metrics.add_metric(name="WarmHits", unit="Count", value=len(warm))
-        metrics.add_metric(name="ColdStarts", unit="Count", value=len(cold))
-        metrics.add_metric(name="ProvisionShortfall", unit="Count", value=outcome.shortfall)
+        count("WarmHits", len(warm))
+        count("ColdStarts", len(cold))
+        count("ProvisionShortfall", outcome.shortfall)
         if never_ready:
             logger.warning("instances never got ready", failed=creation.failed, pending=creation.pending)
         return outcome
+
+    def _give_up(
+        self, provision: ProvisionPlan, workers: Iterable[WorkerResult], creation: Creation
+    ) -> ProvisionResult:
+        """The run finished while this provision was under way (its release has begun): nothing is set
+        running for it. Everything held is expired and terminated: its agent has already been handed
+        the run's config, and release, which cleans an instance for reuse, no longer looks for it."""
+        held = [w.instance_id for w in workers if w.instance_id] + list(creation.launched)
+        self._expire_and_terminate(held, provision.spec.run_key)
+        logger.info("run finished before its runners were ready", instances=held)
+        return ProvisionResult(
+            run_key=provision.spec.run_key,
+            requested=len(provision.slots),
+            warm=(),
+            cold=(),
+            expired=tuple(held),
+        )
 
     def dump(self, provision: ProvisionPlan) -> list[str]:
         """Expire and terminate everything this execution claimed or created; returns their ids.
