@@ -14,6 +14,7 @@ import io
 import json
 import re
 import time
+import uuid
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -182,10 +183,12 @@ class LocalStateMachines:
         return self.wait(self.start(machine_arn, payload, name), timeout_seconds)
 
     def start(self, machine_arn: str, payload: Any, name: str | None = None) -> str:
-        request: dict[str, Any] = {"stateMachineArn": machine_arn, "input": json.dumps(payload)}
-        if name is not None:
-            request["name"] = name
-        return str(self._sfn.start_execution(**request)["executionArn"])
+        """Start an execution; one without a name gets a unique one (moto names each such one "None")."""
+        return str(
+            self._sfn.start_execution(
+                stateMachineArn=machine_arn, input=json.dumps(payload), name=name or uuid.uuid4().hex
+            )["executionArn"]
+        )
 
     def wait(self, execution_arn: str, timeout_seconds: float = 30) -> Execution:
         deadline = time.monotonic() + timeout_seconds
