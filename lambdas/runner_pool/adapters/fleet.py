@@ -62,6 +62,8 @@ _Item = TypeVar("_Item")
 
 RUN_KEY_TAG = "runner-pool:run-key"
 RESOURCE_CLASS_TAG = "runner-pool:resource-class"
+LAUNCH_TAG = "runner-pool:launch"
+"""The launch's idempotency key (for provision, the execution's name): dump finds what it launched by it."""
 TAG_VALUE_LIMIT = 256
 """EC2's longest tag value. A run key with many type globs can be longer; the tag is for people and
 cost reports, the record holds the exact key."""
@@ -276,6 +278,7 @@ class Fleet:
         ]
         if request.run_key is not None:
             tags.append({"Key": RUN_KEY_TAG, "Value": request.run_key[:TAG_VALUE_LIMIT]})
+        tags.append({"Key": LAUNCH_TAG, "Value": request.idempotency_key[:TAG_VALUE_LIMIT]})
         return tags
 
     # --- refresh and dump ----------------------------------------------------------------------
