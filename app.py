@@ -10,6 +10,7 @@ import sys
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from infra.app import PROJECT_ROOT, build_app
+from infra.dependency_layer import LayerBuildError
 from runner_pool.domain.config import ConfigError
 
 
@@ -18,7 +19,7 @@ def main() -> None:
     outdir = None if os.environ.get("CDK_OUTDIR") else str(PROJECT_ROOT / "cdk.out")
     try:
         app = build_app(outdir=outdir)
-    except ConfigError as error:
+    except (ConfigError, LayerBuildError) as error:
         sys.exit(f"cdk synth failed: {error}")
     try:
         app.synth()

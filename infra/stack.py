@@ -4,16 +4,37 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnParameter, Fn, Stack
+from aws_cdk import CfnOutput, Fn, Stack
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from infra.constructs import Instances, PoolQueues, StateTable
+from infra.constructs import (
+    ControlPlaneFunctions,
+    Ingress,
+    Instances,
+    Observability,
+    PoolQueues,
+    Provision,
+    Refresh,
+    Release,
+    StateTable,
+)
+from infra.constructs.ingress import WEBHOOK_PATH
+from infra.dependency_layer import DependencyLayer
 from runner_pool.domain.config import StackConfig
 
 
 class RunnerPoolStack(Stack):
-    def __init__(self, scope: Construct, construct_id: str, *, config: StackConfig, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig,
+        layer: DependencyLayer,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(
             scope,
             construct_id,
@@ -23,26 +44,105 @@ class RunnerPoolStack(Stack):
         self.state_table = StateTable(self, "StateTable")
         self.pool_queues = PoolQueues(self, "PoolQueues", config=config)
         self.instances = Instances(
-            self, "Instances", config=config, vpc=self._runner_vpc(), table=self.state_table.table
+            self, "Instances", config=config, vpc=self._runner_vpc(config), table=self.state_table.table
         )
-
-    def _runner_vpc(self) -> ec2.IVpc:
-        """The operator's VPC, named at deploy time: a stand-in until the network's own construct lands.
-
-        A deploy-time parameter keeps `cdk synth` free of AWS credentials and lookups, and creates no
-        network (or NAT cost) that the network construct would have to replace.
-        """
-        vpc_id = CfnParameter(
+        # Imported by name, never created here: the operator stores them before the first deploy, so
+        # the key never passes through CloudFormation and outlives a stack teardown (README: Deploying).
+        self.github_app_key = secretsmanager.Secret.from_secret_name_v2(
+            self, "GitHubAppPrivateKey", config.github.private_key_secret_name
+        )
+        self.webhook_secret = secretsmanager.Secret.from_secret_name_v2(
+            self, "GitHubWebhookSecret", config.github.webhook_secret_name
+        )
+        self.functions = ControlPlaneFunctions(
+            self, "Functions", config=config, layer=layer, table=self.state_table.table
+        )
+        self.provision = Provision(
             self,
-            "RunnerVpcId",
-            type="AWS::EC2::VPC::Id",
-            description="The VPC runner instances launch in; its subnets need a route to GitHub and AWS.",
+            "Provision",
+            config=config,
+            functions=self.functions,
+            table=self.state_table.table,
+            pool_queues=self.pool_queues.by_class,
+            instances=self.instances,
+            github_app_key=self.github_app_key,
         )
-        # Only the security group uses it, and that needs the id alone; the zone is a placeholder
-        # CDK requires and nothing reads until the network construct brings the subnets.
+        self.release = Release(
+            self,
+            "Release",
+            config=config,
+            functions=self.functions,
+            table=self.state_table.table,
+            pool_queues=self.pool_queues.by_class,
+            github_app_key=self.github_app_key,
+        )
+        self.refresh = Refresh(
+            self,
+            "Refresh",
+            config=config,
+            functions=self.functions,
+            table=self.state_table.table,
+            pool_queues=self.pool_queues.by_class,
+            instances=self.instances,
+            github_app_key=self.github_app_key,
+        )
+        self.ingress = Ingress(
+            self,
+            "Ingress",
+            functions=self.functions,
+            webhook_secret=self.webhook_secret,
+            provision=self.provision.state_machine,
+            release=self.release.state_machine,
+        )
+        self.observability = Observability(
+            self,
+            "Observability",
+            config=config,
+            state_machines={
+                "provision": self.provision.state_machine,
+                "release": self.release.state_machine,
+            },
+            pool_queues=self.pool_queues.by_class,
+            dead_letter_queues={"Demand": self.ingress.dead_letters},
+            scheduled_functions={"refresh": self.refresh.function},
+            functions=[
+                *self.provision.workflow.functions.values(),
+                *self.release.workflow.functions.values(),
+                self.refresh.function,
+                self.ingress.webhook,
+                self.ingress.dispatcher,
+            ],
+            api_name=self.ingress.api.rest_api_name,
+        )
+        self._outputs()
+
+    def _runner_vpc(self, config: StackConfig) -> ec2.IVpc:
+        """The operator's VPC, by id: nothing is looked up at synth, so synth needs no AWS credentials.
+
+        Only the instances' security group reads it, and that needs the id alone; the zone is one CDK
+        requires and nothing reads (the subnets reach CreateFleet through the Lambdas' environment).
+        """
         return ec2.Vpc.from_vpc_attributes(
             self,
             "RunnerVpc",
-            vpc_id=vpc_id.value_as_string,
+            vpc_id=config.network.vpc_id or "",
             availability_zones=[Fn.select(0, Fn.get_azs())],
         )
+
+    def _outputs(self) -> None:
+        """What the operator CLI (`runner-pool`) reads to find the table and queues."""
+        CfnOutput(self, "StateTableName", value=self.state_table.table.table_name)
+        CfnOutput(
+            self,
+            "PoolQueueUrls",
+            value=self.to_json_string({name: q.queue_url for name, q in self.pool_queues.by_class.items()}),
+        )
+        CfnOutput(
+            self,
+            "WebhookUrl",
+            value=self.ingress.api.url_for_path(f"/{WEBHOOK_PATH}"),
+            description="The GitHub App's webhook URL",
+        )
+        CfnOutput(self, "ProvisionStateMachineArn", value=self.provision.state_machine.state_machine_arn)
+        CfnOutput(self, "ReleaseStateMachineArn", value=self.release.state_machine.state_machine_arn)
+        CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)

@@ -1,7 +1,23 @@
 """One construct per concern of the deployment; the stack only composes them."""
 
+from infra.constructs.functions import ControlPlaneFunctions
+from infra.constructs.ingress import Ingress
 from infra.constructs.instances import Instances
+from infra.constructs.observability import Observability
 from infra.constructs.pool_queues import PoolQueues
+from infra.constructs.provision import Provision
+from infra.constructs.refresh import Refresh
+from infra.constructs.release import Release
 from infra.constructs.state_table import StateTable
 
-__all__ = ["Instances", "PoolQueues", "StateTable"]
+__all__ = [
+    "ControlPlaneFunctions",
+    "Ingress",
+    "Instances",
+    "Observability",
+    "PoolQueues",
+    "Provision",
+    "Refresh",
+    "Release",
+    "StateTable",
+]

@@ -21,5 +21,6 @@ def synthesis(tmp_path_factory: pytest.TempPathFactory) -> Synthesis:
 
 @pytest.fixture(scope="session")
 def custom_synthesis(tmp_path_factory: pytest.TempPathFactory) -> Synthesis:
-    """The stack with an operator's own resource classes and idle time."""
-    return synthesize(CUSTOM_SETTINGS, tmp_path_factory.mktemp("cdk.out-custom"))
+    """The stack with an operator's own classes, idle time, workflow type and alarm address (its template
+    only: assets are not staged)."""
+    return synthesize(CUSTOM_SETTINGS, tmp_path_factory.mktemp("cdk.out-custom"), stage_assets=False)

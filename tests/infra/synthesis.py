@@ -1,4 +1,8 @@
-"""Synthesising the CDK app for tests: as cdk.json configures it, or with other pool settings."""
+"""Synthesising the CDK app for tests: as cdk.json configures it, or with other pool settings.
+
+The Lambdas' dependency layer is a stand-in directory: the real one is built from PyPI (`make synth`),
+and tests run without the network. What the layer holds is tested in test_dependency_layer.py.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +15,32 @@ from aws_cdk import App
 from aws_cdk.assertions import Template
 
 from infra.app import CONFIG_CONTEXT_KEY, STACK_ID, build_app, project_context
+from infra.dependency_layer import DependencyLayer
 from infra.stack import RunnerPoolStack
 from runner_pool.domain.config import StackConfig, load_config
 
+DEPLOYABLE: dict[str, Any] = {
+    "github": {"app_id": "4242", "installation_id": 777, "scope": "octo-org/octo-repo"},
+    "network": {"vpc_id": "vpc-0abc0abc0abc0abc0", "subnet_ids": ["subnet-0abc0abc0abc0abc1"]},
+}
+"""The settings a deployable stack cannot do without; other settings in tests go on top of these."""
+
+DISABLE_ASSET_STAGING_CONTEXT = "aws:cdk:disable-asset-staging"
+"""CDK's context key (cx-api's DISABLE_ASSET_STAGING_CONTEXT, not exported to Python)."""
+
 CUSTOM_SETTINGS: dict[str, Any] = {
+    **DEPLOYABLE,
     "resource_classes": {
         "small": {"cpu": 1, "memory_mib": 2048},
         "build-farm": {"cpu": 48, "memory_mib": 96 * 1024},
     },
     "defaults": {"resource_class": "small"},
     "timeouts": {"idle_seconds": 3600},
+    "workflow_type": "EXPRESS",
+    "alarms": {"email": "oncall@example.com"},
 }
-"""An operator's own class list and idle time, unlike the design's defaults in every respect."""
+"""An operator's own class list, idle time, workflow type and alarm address: unlike the defaults in every
+respect."""
 
 
 @dataclass(frozen=True)
@@ -31,14 +49,28 @@ class Synthesis:
     app: App
     stack: RunnerPoolStack
     template: Template
+    resources: dict[str, Any]
+    """The template's resources by logical id, as plain JSON: read without a call into jsii each time."""
 
 
-def app_with(settings: Mapping[str, Any] | None, outdir: Path) -> App:
-    """The app as cdk.json configures it, with the "runner-pool" settings replaced when given."""
+def stub_layer(outdir: Path) -> DependencyLayer:
+    """A layer directory shaped like the real one (`python/`), holding one marker file."""
+    path = outdir.parent / f"{outdir.name}-layer"
+    (path / "python").mkdir(parents=True, exist_ok=True)
+    (path / "python" / "STUB").write_text("the tests' stand-in for the dependency layer\n")
+    return DependencyLayer(path=path, key="stub-layer")
+
+
+def app_with(settings: Mapping[str, Any] | None, outdir: Path, *, stage_assets: bool = True) -> App:
+    """The app as cdk.json configures it, with the "runner-pool" settings replaced when given (on top of
+    DEPLOYABLE's). Without `stage_assets` nothing is copied into the assembly, which saves seconds a
+    synth (the agent's source is most of it) where a test reads the template only."""
     context = project_context()
     if settings is not None:
-        context[CONFIG_CONTEXT_KEY] = dict(settings)
-    return build_app(context, outdir=str(outdir))
+        context[CONFIG_CONTEXT_KEY] = {**DEPLOYABLE, **settings}
+    if not stage_assets:
+        context[DISABLE_ASSET_STAGING_CONTEXT] = True
+    return build_app(context, outdir=str(outdir), layer=stub_layer(outdir))
 
 
 def stack_of(app: App) -> RunnerPoolStack:
@@ -47,10 +79,14 @@ def stack_of(app: App) -> RunnerPoolStack:
     return stack
 
 
-def synthesize(settings: Mapping[str, Any] | None, outdir: Path) -> Synthesis:
+def synthesize(settings: Mapping[str, Any] | None, outdir: Path, *, stage_assets: bool = True) -> Synthesis:
     """Synthesise with cdk-nag, as `make synth` does; any unacknowledged finding raises here."""
-    app = app_with(settings, outdir)
+    app = app_with(settings, outdir, stage_assets=stage_assets)
     app.synth()
     stack = stack_of(app)
-    config = load_config(project_context()[CONFIG_CONTEXT_KEY] if settings is None else settings)
-    return Synthesis(config=config, app=app, stack=stack, template=Template.from_stack(stack))
+    config = load_config(
+        project_context()[CONFIG_CONTEXT_KEY] if settings is None else {**DEPLOYABLE, **settings}
+    )
+    template = Template.from_stack(stack)
+    resources: dict[str, Any] = template.to_json()["Resources"]
+    return Synthesis(config=config, app=app, stack=stack, template=template, resources=resources)

@@ -15,9 +15,9 @@ TABLE = "AWS::DynamoDB::Table"
 
 
 def table_resource(synthesis: Synthesis) -> Mapping[str, Any]:
-    tables = synthesis.template.find_resources(TABLE)
-    assert len(tables) == 1
-    return next(iter(tables.values()))
+    """The state table's resource (the stack has another table: the webhook's idempotency table)."""
+    table = synthesis.stack.state_table.table
+    return synthesis.resources[synthesis.stack.get_logical_id(table.node.default_child)]
 
 
 def test_the_table_is_keyed_by_instance_and_item_kind(synthesis: Synthesis) -> None:

@@ -1,0 +1,239 @@
+"""Ingress: GitHub's webhook deliveries in through API Gateway, demand through SQS to the dispatcher.
+
+    POST /webhook ─▶ webhook Lambda ─▶ demand queue (DLQ) ─▶ dispatcher Lambda ─▶ StartExecution
+
+The REST API throttles, logs every request and turns away what is not a GitHub delivery at all
+(no `X-GitHub-Event` or `X-GitHub-Delivery` header, or a JSON body that is not an object: 400)
+before any Lambda runs; everything else, the signature first, is the webhook's to judge
+(runner_pool.domain.webhooks). The idempotency table
+remembers deliveries (Powertools idempotency) and holds the dispatcher's demand ledger.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as event_sources
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from infra.constructs.functions import LOG_RETENTION, ControlPlaneFunctions
+from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
+
+WEBHOOK_PATH = "webhook"
+REQUIRED_HEADERS = ("X-GitHub-Event", "X-GitHub-Delivery")
+"""Headers GitHub sends with every delivery; a request without them is refused by API Gateway."""
+THROTTLE_RATE_PER_SECOND = 50
+THROTTLE_BURST = 100
+"""Far above what GitHub sends (a 256-job matrix is 256 deliveries over seconds), low enough that a
+flood of forged requests cannot run up the Lambda bill."""
+DISPATCHER_TIMEOUT_SECONDS = 60
+DEMAND_BATCH_SIZE = 100
+DEMAND_BATCHING_WINDOW_SECONDS = 2
+"""How long SQS gathers demand before invoking the dispatcher: a matrix's jobs arrive within it."""
+DEMAND_MAX_RECEIVES = 5
+
+
+class Ingress(Construct):
+    """`api` is the webhook endpoint; `demand_queue` and `dead_letters` the demand path's queues."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        functions: ControlPlaneFunctions,
+        webhook_secret: secretsmanager.ISecret,
+        provision: sfn.IStateMachine,
+        release: sfn.IStateMachine,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.idempotency_table = dynamodb.Table(
+            self,
+            "IdempotencyTable",
+            partition_key=dynamodb.Attribute(name=KEY_ATTRIBUTE, type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            time_to_live_attribute=EXPIRY_ATTRIBUTE,
+            encryption=dynamodb.TableEncryption.AWS_MANAGED,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            # Days of delivery ids and job reservations: nothing to keep once the stack is gone.
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        self.dead_letters = sqs.Queue(
+            self,
+            "DemandDeadLetters",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
+        self.demand_queue = sqs.Queue(
+            self,
+            "DemandQueue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            # AWS's advice for a Lambda event source: six times the function's timeout.
+            visibility_timeout=Duration.seconds(6 * DISPATCHER_TIMEOUT_SECONDS),
+            dead_letter_queue=sqs.DeadLetterQueue(
+                queue=self.dead_letters, max_receive_count=DEMAND_MAX_RECEIVES
+            ),
+        )
+        self.webhook = functions.function(
+            self,
+            "webhook.receive",
+            construct_id="Webhook",
+            description="checks a GitHub delivery and queues the demand it carries, once per delivery",
+            environment={
+                "demand_queue_url": self.demand_queue.queue_url,
+                "idempotency_table_name": self.idempotency_table.table_name,
+            },
+            timeout=Duration.seconds(10),
+        )
+        webhook_secret.grant_read(self.webhook)
+        self.demand_queue.grant_send_messages(self.webhook)
+        self._remember(self.webhook)
+        self.dispatcher = functions.function(
+            self,
+            "dispatcher.dispatch",
+            construct_id="Dispatcher",
+            description="turns a batch of demand into provision and release executions",
+            environment={
+                "idempotency_table_name": self.idempotency_table.table_name,
+                "provision_state_machine_arn": provision.state_machine_arn,
+                "release_state_machine_arn": release.state_machine_arn,
+            },
+            timeout=Duration.seconds(DISPATCHER_TIMEOUT_SECONDS),
+        )
+        provision.grant_start_execution(self.dispatcher)
+        release.grant_start_execution(self.dispatcher)
+        self._remember(self.dispatcher)
+        self.dispatcher.add_event_source(
+            event_sources.SqsEventSource(
+                self.demand_queue,
+                batch_size=DEMAND_BATCH_SIZE,
+                max_batching_window=Duration.seconds(DEMAND_BATCHING_WINDOW_SECONDS),
+                report_batch_item_failures=True,
+            )
+        )
+        self.api = self._api()
+
+    def _remember(self, function: lambda_.Function) -> None:
+        """Powertools idempotency and the demand ledger: single items by key, nothing else."""
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "dynamodb:GetItem",
+                    "dynamodb:PutItem",
+                    "dynamodb:UpdateItem",
+                    "dynamodb:DeleteItem",
+                ],
+                resources=[self.idempotency_table.table_arn],
+            )
+        )
+
+    def _api(self) -> apigw.RestApi:
+        self.access_logs = logs.LogGroup(
+            self, "AccessLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.DESTROY
+        )
+        api = apigw.RestApi(
+            self,
+            "Api",
+            description="runner-pool: GitHub App webhook deliveries",
+            endpoint_types=[apigw.EndpointType.REGIONAL],
+            # Access and execution logs need the account's API Gateway logging role; kept on teardown,
+            # because it is the account's setting, which other APIs may rely on.
+            cloud_watch_role=True,
+            deploy_options=apigw.StageOptions(
+                stage_name="v1",
+                throttling_rate_limit=THROTTLE_RATE_PER_SECOND,
+                throttling_burst_limit=THROTTLE_BURST,
+                access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
+                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
+                    caller=False,
+                    http_method=True,
+                    ip=True,
+                    protocol=True,
+                    request_time=True,
+                    resource_path=True,
+                    response_length=True,
+                    status=True,
+                    user=False,
+                ),
+                logging_level=apigw.MethodLoggingLevel.ERROR,
+                tracing_enabled=True,
+                metrics_enabled=True,
+            ),
+        )
+        validator = api.add_request_validator(
+            "Delivery",
+            request_validator_name="github-delivery",
+            validate_request_parameters=True,
+            validate_request_body=True,
+        )
+        delivery = api.add_model(
+            "DeliveryBody",
+            content_type="application/json",
+            description="A GitHub delivery's body: one JSON object (what it holds is the webhook's to judge)",
+            schema=apigw.JsonSchema(schema=apigw.JsonSchemaVersion.DRAFT4, type=apigw.JsonSchemaType.OBJECT),
+        )
+        api.root.add_resource(WEBHOOK_PATH).add_method(
+            "POST",
+            apigw.LambdaIntegration(self.webhook),
+            request_validator=validator,
+            request_parameters={f"method.request.header.{header}": True for header in REQUIRED_HEADERS},
+            request_models={"application/json": delivery},
+        )
+        api.add_gateway_response(
+            "NotADelivery",
+            type=apigw.ResponseType.BAD_REQUEST_PARAMETERS,
+            templates={
+                "application/json": '{"message": "not a GitHub webhook delivery: '
+                + " and ".join(REQUIRED_HEADERS)
+                + ' are required"}'
+            },
+        )
+        api.add_gateway_response(
+            "NotJson",
+            type=apigw.ResponseType.BAD_REQUEST_BODY,
+            templates={
+                "application/json": '{"message": "not a GitHub webhook delivery: its body is no JSON object"}'
+            },
+        )
+        self._acknowledge(api)
+        return api
+
+    def _acknowledge(self, api: apigw.RestApi) -> None:
+        github_cannot_sign_in = (
+            "GitHub delivers webhooks unauthenticated by AWS's means (no IAM signature, no Cognito token); "
+            "each delivery is authenticated by its HMAC-SHA256 X-Hub-Signature-256, which the webhook "
+            "checks with the App's webhook secret before it reads anything else."
+        )
+        Validations.of(api).acknowledge(
+            Acknowledgment(id="AwsSolutions-APIG4", reason=github_cannot_sign_in),
+            Acknowledgment(id="AwsSolutions-COG4", reason=github_cannot_sign_in),
+            Acknowledgment(
+                id="AwsSolutions-APIG3",
+                reason=(
+                    "No WAF: the stage's throttling caps what a flood can cost, every request without a "
+                    "valid signature is refused by the webhook in milliseconds, and a web ACL would add a "
+                    "monthly charge to protect one endpoint whose callers are GitHub's hook servers."
+                ),
+            ),
+        )
+        Validations.of(self).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+                "AmazonAPIGatewayPushToCloudWatchLogs]",
+                reason=(
+                    "The account-wide role API Gateway writes access and execution logs with; AWS's managed "
+                    "policy is the documented one for it, and it grants only CloudWatch Logs writes."
+                ),
+            )
+        )

@@ -1,0 +1,285 @@
+"""What an operator watches: one CloudWatch dashboard, and alarms on what needs a person, with a topic.
+
+The product metrics are the ones the handlers emit through `runner_pool.observability.metrics`
+(namespace `RunnerPool`, dimension `service`); the pool's size per class is each pool queue's
+visible messages, one message per idle instance, so it needs no code of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from runner_pool.domain.config import StackConfig
+from runner_pool.observability import METRICS_NAMESPACE, SERVICE
+
+PERIOD = Duration.minutes(5)
+PRODUCT_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
+    {
+        "Provision: where runners came from": (
+            ("warm hits", "WarmHits"),
+            ("cold starts", "ColdStarts"),
+            ("pool exhausted", "PoolExhausted"),
+            ("claim races lost", "ClaimRacesLost"),
+            ("shortfall", "ProvisionShortfall"),
+        ),
+        "Release: where instances went": (
+            ("pooled", "ReleasesPooled"),
+            ("expired (no receipt)", "ReleasesExpired"),
+            ("salvaged", "ReleasesSalvaged"),
+        ),
+        "Refresh: what it cleaned up": (
+            ("orphans terminated", "OrphansTerminated"),
+            ("instances vanished", "InstancesVanished"),
+            ("offline runners deleted", "RunnersDeleted"),
+            ("webhooks redelivered", "WebhooksRedelivered"),
+            ("jobs failed", "RefreshJobsFailed"),
+        ),
+        "Demand: webhooks and dispatch": (
+            ("demand queued", "DemandQueued"),
+            ("deliveries refused", "DeliveriesRefused"),
+            ("labels not served", "UnservedLabels"),
+            ("deliveries failed", "DeliveriesFailed"),
+            ("provisions started", "ProvisionsStarted"),
+            ("runners requested", "RunnersRequested"),
+            ("releases started", "ReleasesStarted"),
+            ("dispatch failures", "DispatchFailures"),
+        ),
+    }
+)
+"""Dashboard widget → (label, metric name) of the counts the handlers emit; a test holds each name against
+the handlers' code, so a renamed metric cannot leave an empty graph behind."""
+PER_KEY_METRICS: Mapping[str, str] = MappingProxyType(
+    {"Fleet errors by EC2 error code": "FleetErrors.", "Pool launches per class": "PoolLaunched."}
+)
+"""Widget → prefix of metrics emitted once per key (`FleetErrors.<code>`); the dashboard searches for them."""
+
+
+class Observability(Construct):
+    """`topic` is the alarms' SNS topic (None when the config names none); `alarms` every alarm by name."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig,
+        state_machines: Mapping[str, sfn.IStateMachine],
+        pool_queues: Mapping[str, sqs.IQueue],
+        dead_letter_queues: Mapping[str, sqs.IQueue] | None = None,
+        scheduled_functions: Mapping[str, lambda_.IFunction] | None = None,
+        functions: Sequence[lambda_.IFunction] = (),
+        api_name: str | None = None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.topic = self._topic(config)
+        self.alarms: dict[str, cloudwatch.Alarm] = {}
+        for name, queue in (dead_letter_queues or {}).items():
+            self._alarm(
+                f"{name}DeadLetters",
+                queue.metric_approximate_number_of_messages_visible(period=PERIOD, statistic="Maximum"),
+                f"{name}: messages gave up after their retries and wait in the dead-letter queue",
+            )
+        for name, machine in state_machines.items():
+            self._alarm(
+                f"{name.capitalize()}Failures",
+                cloudwatch.MathExpression(
+                    expression="failed + timedOut + aborted",
+                    using_metrics={
+                        "failed": machine.metric_failed(period=PERIOD),
+                        "timedOut": machine.metric_timed_out(period=PERIOD),
+                        "aborted": machine.metric_aborted(period=PERIOD),
+                    },
+                    label=f"{name} executions that did not succeed",
+                    period=PERIOD,
+                ),
+                f"{name} executions failed, timed out or were aborted: check the execution's error",
+            )
+        for name, function in (scheduled_functions or {}).items():
+            # A scheduled run that fails once is retried by the next; three in a row need a person.
+            self._alarm(
+                f"{name.capitalize()}Errors",
+                function.metric_errors(period=Duration.minutes(1), statistic="Sum"),
+                f"{name} failed in 3 consecutive minutes: see its log group",
+                evaluation_periods=3,
+            )
+        self.dashboard = cloudwatch.Dashboard(
+            self,
+            "Dashboard",
+            dashboard_name=f"{Stack.of(self).stack_name}-runner-pool",
+            default_interval=Duration.hours(3),
+        )
+        warm, cold = _product_metric("WarmHits", "warm"), _product_metric("ColdStarts", "cold")
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Warm-hit ratio (%)",
+                left=[
+                    cloudwatch.MathExpression(
+                        expression="100 * warm / (warm + cold)",
+                        using_metrics={"warm": warm, "cold": cold},
+                        label="runners from the warm pool",
+                        period=PERIOD,
+                    )
+                ],
+                left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
+                width=12,
+            ),
+            cloudwatch.GraphWidget(
+                title="Pool size per class (idle instances)",
+                left=[
+                    queue.metric_approximate_number_of_messages_visible(
+                        period=Duration.minutes(1), statistic="Maximum", label=name
+                    )
+                    for name, queue in pool_queues.items()
+                ],
+                width=12,
+            ),
+        )
+        self.dashboard.add_widgets(
+            *(
+                cloudwatch.GraphWidget(
+                    title=title,
+                    left=[_product_metric(name, label) for label, name in metrics],
+                    width=12,
+                )
+                for title, metrics in PRODUCT_METRICS.items()
+            )
+        )
+        self.dashboard.add_widgets(
+            *(
+                cloudwatch.GraphWidget(
+                    title=title,
+                    left=[
+                        cloudwatch.MathExpression(
+                            expression=_search(prefix.rstrip(".")), label="", period=PERIOD
+                        )
+                    ],
+                    width=12,
+                )
+                for title, prefix in PER_KEY_METRICS.items()
+            )
+        )
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Executions",
+                left=[
+                    metric
+                    for name, machine in state_machines.items()
+                    for metric in (
+                        machine.metric_started(period=PERIOD, label=f"{name} started"),
+                        machine.metric_succeeded(period=PERIOD, label=f"{name} succeeded"),
+                        machine.metric_failed(period=PERIOD, label=f"{name} failed"),
+                    )
+                ],
+                width=12,
+            ),
+        )
+        if functions:
+            self.dashboard.add_widgets(
+                cloudwatch.GraphWidget(
+                    title="Lambda errors",
+                    left=[fn.metric_errors(period=PERIOD) for fn in functions],
+                    legend_position=cloudwatch.LegendPosition.RIGHT,
+                    width=12,
+                ),
+                cloudwatch.GraphWidget(
+                    title="Lambda throttles",
+                    left=[fn.metric_throttles(period=PERIOD) for fn in functions],
+                    legend_position=cloudwatch.LegendPosition.RIGHT,
+                    width=12,
+                ),
+            )
+        if api_name is not None:
+            self.dashboard.add_widgets(
+                cloudwatch.GraphWidget(
+                    title="Webhooks (API Gateway)",
+                    left=[
+                        _api_metric(api_name, "Count", "received"),
+                        _api_metric(api_name, "4XXError", "refused (4xx)"),
+                        _api_metric(api_name, "5XXError", "failed (5xx)"),
+                    ],
+                    width=12,
+                ),
+            )
+        self.dashboard.add_widgets(
+            cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=24)
+        )
+
+    def _alarm(
+        self, name: str, metric: cloudwatch.IMetric, description: str, evaluation_periods: int = 1
+    ) -> None:
+        alarm = cloudwatch.Alarm(
+            self,
+            name,
+            metric=metric,
+            threshold=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=evaluation_periods,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"runner-pool: {description}",
+        )
+        if self.topic is not None:
+            alarm.add_alarm_action(actions.SnsAction(self.topic))
+            alarm.add_ok_action(actions.SnsAction(self.topic))
+        self.alarms[name] = alarm
+
+    def _topic(self, config: StackConfig) -> sns.ITopic | None:
+        if config.alarms.topic_arn:
+            return sns.Topic.from_topic_arn(self, "AlarmTopic", config.alarms.topic_arn)
+        if not config.alarms.email:
+            return None
+        # CloudWatch cannot publish to a topic under the AWS-managed aws/sns key; this key lets it.
+        key = kms.Key(
+            self,
+            "AlarmTopicKey",
+            description="runner-pool: encrypts the alarm topic; CloudWatch alarms may use it to publish",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.DESTROY,
+            pending_window=Duration.days(7),
+        )
+        key.grant(iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey*")
+        topic = sns.Topic(
+            self, "AlarmTopic", display_name="runner-pool alarms", master_key=key, enforce_ssl=True
+        )
+        topic.add_subscription(subscriptions.EmailSubscription(config.alarms.email))
+        return topic
+
+
+def _product_metric(name: str, label: str) -> cloudwatch.Metric:
+    return cloudwatch.Metric(
+        namespace=METRICS_NAMESPACE,
+        metric_name=name,
+        dimensions_map={"service": SERVICE},
+        statistic="Sum",
+        period=PERIOD,
+        label=label,
+    )
+
+
+def _search(terms: str) -> str:
+    """A metric math SEARCH over the product metrics (namespace and Powertools' `service` dimension);
+    an unquoted term matches a whole token of a name, so `FleetErrors` finds `FleetErrors.<code>`."""
+    return f"SEARCH('{{{METRICS_NAMESPACE},service}} {terms}', 'Sum', {PERIOD.to_seconds()})"
+
+
+def _api_metric(api_name: str, name: str, label: str) -> cloudwatch.Metric:
+    return cloudwatch.Metric(
+        namespace="AWS/ApiGateway",
+        metric_name=name,
+        dimensions_map={"ApiName": api_name},
+        statistic="Sum",
+        period=PERIOD,
+        label=label,
+    )

@@ -1,0 +1,190 @@
+"""What a control-plane Lambda may do, one grant per kind of work, each as narrow as the service allows.
+
+Written as statements rather than CDK's `grant_*` where those grant more than the work needs:
+`Table.grant` adds every index (`index/*`) and `grant_invoke` every version (`:*`); here each
+statement names the table, the one index, the queues, the key or the instances' tag it is about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from aws_cdk import Acknowledgment, Stack, Validations
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sqs as sqs
+
+from runner_pool.adapters import state_table as schema
+from runner_pool.environment import STACK_TAG_KEY
+
+LAUNCHED_RESOURCES = ("fleet", "instance", "volume", "network-interface", "spot-instances-request")
+"""What one CreateFleet creates; their ids exist only once it has."""
+LAUNCH_INPUTS = ("subnet", "security-group")
+ANY_INSTANCE = "arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*"
+"""How cdk-nag spells instance/* of this account and region."""
+SERVICE_LINKED_ROLES = (
+    ("ec2fleet.amazonaws.com", "AWSServiceRoleForEC2Fleet"),
+    ("spot.amazonaws.com", "AWSServiceRoleForEC2Spot"),
+)
+
+
+def read_records(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    _allow(grantee, ["dynamodb:GetItem"], [table.table_arn])
+
+
+def write_records(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Conditional transitions (UpdateItem) and new records (PutItem), with reads of single items."""
+    _allow(grantee, ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"], [table.table_arn])
+
+
+def find_by_run_key(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    _allow(grantee, ["dynamodb:Query"], [f"{table.table_arn}/index/{schema.RUN_KEY_INDEX}"])
+
+
+def sweep_thresholds(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    _allow(grantee, ["dynamodb:Query"], [f"{table.table_arn}/index/{schema.THRESHOLD_INDEX}"])
+
+
+def take_from_pool(grantee: iam.IGrantable, queues: Iterable[sqs.IQueue]) -> None:
+    """Receive and delete pool messages, and send non-matches back."""
+    _allow(
+        grantee,
+        ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:SendMessage"],
+        [queue.queue_arn for queue in queues],
+    )
+
+
+def offer_to_pool(grantee: iam.IGrantable, queues: Iterable[sqs.IQueue]) -> None:
+    _allow(grantee, ["sqs:SendMessage"], [queue.queue_arn for queue in queues])
+
+
+def hand_off_runner_configs(
+    grantee: iam.IGrantable, key: kms.IKey, github_app_key: secretsmanager.ISecret
+) -> None:
+    """Ask GitHub for JIT configs as the App (its private key) and encrypt them for their instance."""
+    github_app_key.grant_read(grantee)
+    _allow(grantee, ["kms:Encrypt"], [key.key_arn])
+
+
+def act_as_github_app(grantee: iam.IGrantable, github_app_key: secretsmanager.ISecret) -> None:
+    github_app_key.grant_read(grantee)
+
+
+def describe_instances(grantee: iam.IGrantable) -> None:
+    """EC2's Describe actions support no resource-level permissions: `*` is the only resource (its
+    cdk-nag finding is acknowledged with X-Ray's, by the function helper)."""
+    _allow(
+        grantee,
+        ["ec2:DescribeInstances", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplateVersions"],
+        ["*"],
+    )
+
+
+def terminate_stack_instances(grantee: lambda_.Function) -> None:
+    """TerminateInstances on instances that carry this stack's tag, and no other instance in the account."""
+    stack = Stack.of(grantee)
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["ec2:TerminateInstances"],
+            resources=[stack.format_arn(service="ec2", resource="instance", resource_name="*")],
+            conditions={"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": stack.stack_name}},
+        )
+    )
+    acknowledge_wildcards(
+        grantee,
+        [ANY_INSTANCE],
+        "instance ids are known only at launch, so the statement names instance/* and its condition "
+        f"requires the instance to carry this stack's {STACK_TAG_KEY} tag, which CreateFleet sets at launch: "
+        "no other instance of the account can be terminated.",
+    )
+
+
+def launch_instances(
+    grantee: lambda_.Function,
+    *,
+    launch_templates: Sequence[ec2.ILaunchTemplate],
+    instance_role: iam.IRole,
+    images: str = "*",
+) -> None:
+    """One instant CreateFleet (and the RunInstances it makes) from the stack's launch templates.
+
+    The fleet, instances, volumes and interfaces are new, so their ARNs end in `*`; the launch
+    templates are named one by one, the role passed is the instance role alone, and tags may only
+    be written as part of the launch.
+    """
+    stack = Stack.of(grantee)
+
+    def arn(resource: str, name: str = "*") -> str:
+        return stack.format_arn(service="ec2", resource=resource, resource_name=name)
+
+    templates = [arn("launch-template", template.launch_template_id or "") for template in launch_templates]
+    _allow(
+        grantee,
+        ["ec2:CreateFleet", "ec2:RunInstances"],
+        [
+            *templates,
+            *(arn(resource) for resource in (*LAUNCHED_RESOURCES, *LAUNCH_INPUTS)),
+            stack.format_arn(service="ec2", resource="image", resource_name=images, account=""),
+        ],
+    )
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["ec2:CreateTags"],
+            resources=[arn(resource) for resource in LAUNCHED_RESOURCES],
+            conditions={"StringEquals": {"ec2:CreateAction": ["CreateFleet", "RunInstances"]}},
+        )
+    )
+    instance_role.grant_pass_role(grantee.grant_principal)
+    acknowledge_wildcards(
+        grantee,
+        [
+            *(
+                f"arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:{resource}/*"
+                for resource in LAUNCHED_RESOURCES
+            ),
+            *(
+                f"arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:{resource}/*"
+                for resource in LAUNCH_INPUTS
+            ),
+            f"arn:<AWS::Partition>:ec2:<AWS::Region>::image/{images}",
+        ],
+        "CreateFleet creates the fleet, instances, volumes, interfaces and spot requests, whose ids "
+        "exist only after the call, so they are `*`; the subnets (the fleet's overrides, from the "
+        "Lambda's environment), security group and AMI are chosen at run time by the launch templates, "
+        "which are named one by one; CreateTags is allowed only as part of the launch.",
+    )
+    # An instant fleet needs EC2 Fleet's service-linked role, and spot capacity EC2 Spot's; the first
+    # CreateFleet of an account makes them.
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["iam:CreateServiceLinkedRole"],
+            resources=[
+                stack.format_arn(
+                    service="iam",
+                    region="",
+                    resource="role",
+                    resource_name=f"aws-service-role/{service}/{role}",
+                )
+                for service, role in SERVICE_LINKED_ROLES
+            ],
+            conditions={
+                "StringEquals": {"iam:AWSServiceName": [service for service, _ in SERVICE_LINKED_ROLES]}
+            },
+        )
+    )
+
+
+def acknowledge_wildcards(grantee: lambda_.Function, resources: Sequence[str], reason: str) -> None:
+    """Acknowledge cdk-nag's IAM5 for each wildcard resource (as cdk-nag spells it) of `grantee`'s role."""
+    for resource in resources:
+        Validations.of(grantee.role or grantee).acknowledge(
+            Acknowledgment(id=f"AwsSolutions-IAM5[Resource::{resource}]", reason=reason)
+        )
+
+
+def _allow(grantee: iam.IGrantable, actions: list[str], resources: list[str]) -> None:
+    grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=resources))

@@ -1,0 +1,110 @@
+"""The provision state machine (DESIGN.md section 6) and what each of its steps may do."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from infra.constructs import permissions
+from infra.constructs.functions import ControlPlaneFunctions
+from infra.constructs.instances import Instances
+from infra.constructs.workflow import Step, Workflow
+from runner_pool.domain.config import StackConfig
+
+
+class Provision(Construct):
+    """`state_machine` is what the dispatcher starts, one execution per batch of demand."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig,
+        functions: ControlPlaneFunctions,
+        table: dynamodb.ITable,
+        pool_queues: Mapping[str, sqs.IQueue],
+        instances: Instances,
+        github_app_key: secretsmanager.ISecret,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        queues = list(pool_queues.values())
+        queue_urls = {name: queue.queue_url for name, queue in pool_queues.items()}
+        templates = list(instances.launch_templates.values())
+        hand_off = {"credentials_key_id": instances.credentials_key.key_id}
+
+        def claim(function: lambda_.Function) -> None:
+            permissions.take_from_pool(function, queues)
+            permissions.write_records(function, table)
+            permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
+
+        def create(function: lambda_.Function) -> None:
+            permissions.launch_instances(function, launch_templates=templates, instance_role=instances.role)
+            permissions.describe_instances(function)
+            permissions.write_records(function, table)
+            permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
+
+        def expire(function: lambda_.Function) -> None:
+            """Expire and terminate what failed or what a failed execution holds."""
+            permissions.write_records(function, table)
+            permissions.describe_instances(function)
+            permissions.terminate_stack_instances(function)
+
+        def dump(function: lambda_.Function) -> None:
+            expire(function)
+            permissions.find_by_run_key(function, table)
+
+        def check(function: lambda_.Function) -> None:
+            permissions.read_records(function, table)
+
+        # The fleet adapter is built with its subnets even when it only terminates.
+        fleet_environment = {"subnet_ids": config.network.subnet_ids}
+        self.workflow = Workflow(
+            self,
+            "Workflow",
+            machine="provision",
+            functions=functions,
+            workflow_type=config.workflow_type,
+            steps={
+                "begin": Step("resolves the label and plans the claim workers"),
+                "claim": Step(
+                    "picks up a warm instance, claims it and hands it its runner config",
+                    grant=claim,
+                    environment={**hand_off, "pool_queue_urls": queue_urls},
+                ),
+                "check_claim": Step("reads a claimed instance's heartbeat and signal", check),
+                "discard": Step("expires and terminates a candidate that failed", expire, fleet_environment),
+                "create": Step(
+                    "launches the shortfall with one CreateFleet and records every instance",
+                    grant=create,
+                    environment={
+                        **hand_off,
+                        "subnet_ids": config.network.subnet_ids,
+                        "launch_templates": {
+                            arch.value: template.launch_template_id
+                            for arch, template in instances.launch_templates.items()
+                        },
+                    },
+                    timeout_seconds=120,
+                ),
+                "check_fleet": Step("reads the new instances' heartbeats and signals", check),
+                "finish": Step(
+                    "sets ready instances running and gives back or expires the rest",
+                    expire,
+                    fleet_environment,
+                    timeout_seconds=60,
+                ),
+                "dump": Step(
+                    "terminates and expires everything a failed execution holds",
+                    dump,
+                    fleet_environment,
+                    timeout_seconds=120,
+                ),
+            },
+        )
+        self.state_machine = self.workflow.state_machine

@@ -1,0 +1,74 @@
+"""Refresh (DESIGN.md section 8): one Lambda on an EventBridge schedule at the configured rate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aws_cdk import Duration
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from infra.constructs import permissions
+from infra.constructs.functions import ControlPlaneFunctions
+from infra.constructs.instances import Instances
+from runner_pool.domain.config import StackConfig
+
+REFRESH_TIMEOUT_SECONDS = 50
+"""Under the shortest schedule (one minute), so one run ends before the next is due."""
+
+
+class Refresh(Construct):
+    """`function` is the refresh Lambda; `schedule` the rule that invokes it."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig,
+        functions: ControlPlaneFunctions,
+        table: dynamodb.ITable,
+        pool_queues: Mapping[str, sqs.IQueue],
+        instances: Instances,
+        github_app_key: secretsmanager.ISecret,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.function = functions.function(
+            self,
+            "refresh.refresh",
+            description="terminates what expired, sweeps orphans, keeps the warm pool, asks for redeliveries",
+            environment={
+                "pool_queue_urls": {name: queue.queue_url for name, queue in pool_queues.items()},
+                "subnet_ids": config.network.subnet_ids,
+                "launch_templates": {
+                    arch.value: template.launch_template_id
+                    for arch, template in instances.launch_templates.items()
+                },
+            },
+            timeout=Duration.seconds(REFRESH_TIMEOUT_SECONDS),
+            # One refresh at a time: two would each launch the warm pool's shortfall.
+            reserved_concurrency=1,
+        )
+        permissions.sweep_thresholds(self.function, table)
+        permissions.write_records(self.function, table)
+        permissions.describe_instances(self.function)
+        permissions.terminate_stack_instances(self.function)
+        permissions.launch_instances(
+            self.function,
+            launch_templates=list(instances.launch_templates.values()),
+            instance_role=instances.role,
+        )
+        permissions.offer_to_pool(self.function, pool_queues.values())
+        permissions.act_as_github_app(self.function, github_app_key)
+        self.schedule = events.Rule(
+            self,
+            "Schedule",
+            description="runner-pool: refresh",
+            schedule=events.Schedule.rate(Duration.minutes(config.refresh_rate_minutes)),
+            # A missed slot is covered by the next one; retrying a stale one only piles up.
+            targets=[targets.LambdaFunction(self.function, retry_attempts=0)],
+        )

@@ -1,0 +1,68 @@
+"""The release state machine (DESIGN.md section 7) and what each of its steps may do."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from infra.constructs import permissions
+from infra.constructs.functions import ControlPlaneFunctions
+from infra.constructs.workflow import Step, Workflow
+from runner_pool.domain.config import StackConfig
+
+
+class Release(Construct):
+    """`state_machine` is what the dispatcher starts when a job or a run completes."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StackConfig,
+        functions: ControlPlaneFunctions,
+        table: dynamodb.ITable,
+        pool_queues: Mapping[str, sqs.IQueue],
+        github_app_key: secretsmanager.ISecret,
+    ) -> None:
+        super().__init__(scope, construct_id)
+
+        def plan(function: lambda_.Function) -> None:
+            permissions.find_by_run_key(function, table)
+
+        def give_back(function: lambda_.Function) -> None:
+            permissions.write_records(function, table)
+            permissions.act_as_github_app(function, github_app_key)
+
+        def check_receipt(function: lambda_.Function) -> None:
+            permissions.write_records(function, table)
+            permissions.offer_to_pool(function, pool_queues.values())
+
+        def salvage(function: lambda_.Function) -> None:
+            permissions.write_records(function, table)
+
+        self.workflow = Workflow(
+            self,
+            "Workflow",
+            machine="release",
+            functions=functions,
+            workflow_type=config.workflow_type,
+            steps={
+                "plan": Step("finds the instances a completed job or run holds", plan),
+                "give_back": Step(
+                    "sets an instance idle and deletes its runner if no job took it", give_back
+                ),
+                "check_receipt": Step(
+                    "pools an instance once its agent has cleaned up, or expires it",
+                    check_receipt,
+                    {"pool_queue_urls": {n: q.queue_url for n, q in pool_queues.items()}},
+                ),
+                "salvage": Step("expires what a failed release step held", salvage),
+            },
+        )
+        self.state_machine = self.workflow.state_machine

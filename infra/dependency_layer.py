@@ -1,0 +1,125 @@
+"""Builds the Lambdas' dependency layer without Docker, once per set of locked runtime dependencies.
+
+The layer holds exactly the versions uv.lock pins for the project's runtime dependencies (what the
+tests ran against), installed by uv's pip interface for the Lambda platform (`--python-platform`,
+`--only-binary :all:`: prebuilt manylinux wheels only, so nothing is compiled for the build machine).
+Each build lands in `layers/build/<key>/`, where the key is a digest of the pinned requirements,
+the Python version and the platform: a synth whose dependencies did not change reuses the directory
+and touches neither uv nor the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+LAYER_CACHE = PROJECT_ROOT / "layers" / "build"
+LAMBDA_PYTHON_VERSION = "3.12"
+LAMBDA_PLATFORM = "aarch64-manylinux2014"
+"""Graviton: every runtime dependency ships an aarch64 manylinux2014 wheel, and arm64 Lambdas cost less."""
+
+Run = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
+"""Runs a command in the project root and returns what it printed; tests pass their own."""
+
+
+class LayerBuildError(RuntimeError):
+    """The layer could not be built; the message says what failed and what it needs."""
+
+
+@dataclass(frozen=True)
+class DependencyLayer:
+    """A built layer: `path` is the directory to zip (it holds `python/`), `key` its content's identity."""
+
+    path: Path
+    key: str
+
+
+def dependency_layer(cache: Path = LAYER_CACHE, run: Run | None = None) -> DependencyLayer:
+    """The layer for the locked runtime dependencies: from the cache, or built into it now."""
+    run = run or _run
+    requirements = _locked_requirements(run)
+    key = layer_key(requirements)
+    built = cache / key
+    if (built / "python").is_dir():
+        return DependencyLayer(built, key)
+    staging = cache / f".{key}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    (staging / "requirements.txt").write_text(requirements)
+    _uv_or_fail(
+        run,
+        [
+            "pip",
+            "install",
+            "--quiet",
+            "--target",
+            str(staging / "python"),
+            "--python-platform",
+            LAMBDA_PLATFORM,
+            "--python-version",
+            LAMBDA_PYTHON_VERSION,
+            "--only-binary",
+            ":all:",
+            "--no-deps",
+            "--require-hashes",
+            "--requirement",
+            str(staging / "requirements.txt"),
+        ],
+        "install the runtime dependencies for the Lambda platform",
+    )
+    # Renamed only once complete, so an interrupted build is never mistaken for a cached one.
+    shutil.rmtree(built, ignore_errors=True)
+    staging.rename(built)
+    return DependencyLayer(built, key)
+
+
+def layer_key(requirements: str) -> str:
+    """What the layer's content depends on: the pinned requirements, the Python version, the platform."""
+    digest = hashlib.sha256(f"{LAMBDA_PYTHON_VERSION}\n{LAMBDA_PLATFORM}\n{requirements}".encode())
+    # No dot in it: CDK would take what follows a dot in the asset's path for a file extension.
+    version = LAMBDA_PYTHON_VERSION.replace(".", "")
+    return f"py{version}-{LAMBDA_PLATFORM}-{digest.hexdigest()[:16]}"
+
+
+def _locked_requirements(run: Run) -> str:
+    """The runtime dependencies with uv.lock's versions and hashes (no dev or infra group, no project)."""
+    return _uv_or_fail(
+        run,
+        ["export", "--frozen", "--no-default-groups", "--no-emit-project", "--no-header", "--quiet"],
+        "read the runtime dependencies from uv.lock",
+    )
+
+
+def _uv_or_fail(run: Run, arguments: list[str], purpose: str) -> str:
+    try:
+        result = run([_uv(), *arguments])
+    except FileNotFoundError:
+        raise LayerBuildError(
+            f"cannot {purpose}: uv is not installed; run `make synth` (it installs uv) "
+            "or install uv (https://docs.astral.sh/uv/)"
+        ) from None
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise LayerBuildError(
+            f"cannot {purpose} (uv {arguments[0]} exited {result.returncode}); the first build of "
+            "the Lambdas' dependency layer needs PyPI, later synths reuse "
+            f"{LAYER_CACHE.relative_to(PROJECT_ROOT)}/.\n{tail}"
+        )
+    return result.stdout
+
+
+def _uv() -> str:
+    # `uv run` names itself in $UV; otherwise whichever uv is on PATH.
+    return os.environ.get("UV") or shutil.which("uv") or "uv"
+
+
+def _run(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: S603 - uv, with arguments built here
+        list(command), cwd=PROJECT_ROOT, capture_output=True, text=True, check=False
+    )

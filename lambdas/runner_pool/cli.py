@@ -1,0 +1,225 @@
+"""The operator CLI, `runner-pool status|instances|pool|drain`: a deployed pool, from its table and queues.
+
+It finds the state table and the pool queues through the stack's outputs (`--stack`, default
+RunnerPool), with the operator's own AWS credentials, and prints plain tables. `drain CLASS` expires
+the idle instances of one class: their pool messages go stale, and the next refresh terminates them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import boto3
+
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import Clock, SystemClock
+from runner_pool.domain.config import Timeouts
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import InstanceRecord
+
+DEFAULT_STACK = "RunnerPool"
+TABLE_OUTPUT = "StateTableName"
+QUEUES_OUTPUT = "PoolQueueUrls"
+LIVE_STATES = (InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING, InstanceState.IDLE)
+
+
+class DeploymentNotFoundError(LookupError):
+    """The stack, or an output the CLI reads, is not there."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Where a deployed pool keeps its records and its idle instances."""
+
+    table_name: str
+    pool_queue_urls: dict[str, str]
+
+    @classmethod
+    def of_stack(cls, stack_name: str, cloudformation: Any) -> Deployment:
+        try:
+            (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+        except cloudformation.exceptions.ClientError as error:
+            raise DeploymentNotFoundError(f"stack {stack_name!r}: {error}") from None
+        outputs = {output["OutputKey"]: output["OutputValue"] for output in stack.get("Outputs", [])}
+        missing = [name for name in (TABLE_OUTPUT, QUEUES_OUTPUT) if name not in outputs]
+        if missing:
+            raise DeploymentNotFoundError(
+                f"stack {stack_name!r} has no output {', '.join(missing)}: is it a runner-pool stack?"
+            )
+        return cls(outputs[TABLE_OUTPUT], json.loads(outputs[QUEUES_OUTPUT]))
+
+
+class Operator:
+    """The CLI's commands over one deployment; each writes a table to `out` and returns an exit code."""
+
+    def __init__(self, deployment: Deployment, dynamodb: Any, sqs: Any, clock: Clock, out: TextIO) -> None:
+        self._deployment = deployment
+        # The CLI reads and expires only: no transition it makes depends on the timeouts' values.
+        self._table = StateTable(deployment.table_name, Timeouts(), clock, dynamodb)
+        self._sqs = sqs
+        self._clock = clock
+        self._out = out
+
+    def status(self) -> int:
+        """Instances per class and state, with how many are overdue and how many wait in the pool."""
+        records = self._table.live()
+        now = self._clock.now()
+        by_class_state = Counter((r.resource_class, r.state) for r in records)
+        overdue = Counter(r.resource_class for r in records if r.threshold_passed(now))
+        depths = self._depths()
+        classes = sorted(set(self._deployment.pool_queue_urls) | {r.resource_class for r in records})
+        rows = [
+            [
+                name,
+                *(str(by_class_state[(name, state)]) for state in LIVE_STATES),
+                str(overdue[name]),
+                depths.get(name, ("-",))[0],
+            ]
+            for name in classes
+        ]
+        self._table_out(["class", *(s.value for s in LIVE_STATES), "overdue", "pooled"], rows)
+        return 0
+
+    def instances(self) -> int:
+        """Every live instance, oldest first."""
+        now = self._clock.now()
+        records = sorted(self._table.live(), key=lambda r: r.created_at)
+        rows = [
+            [
+                r.instance_id,
+                r.state.value,
+                r.resource_class,
+                r.instance_type,
+                r.usage_class.value,
+                _until(r, now),
+                r.run_key or "",
+            ]
+            for r in records
+        ]
+        self._table_out(["instance", "state", "class", "type", "usage", "threshold", "run key"], rows)
+        return 0
+
+    def pool(self) -> int:
+        """Each class's pool queue: messages ready to be picked up, being picked up, and delayed."""
+        idle = Counter(r.resource_class for r in self._table.live() if r.state is InstanceState.IDLE)
+        depths = self._depths()
+        rows = [[name, *depths[name], str(idle[name])] for name in sorted(depths)]
+        self._table_out(["class", "ready", "in flight", "delayed", "idle records"], rows)
+        return 0
+
+    def drain(self, resource_class: str) -> int:
+        """Expire every idle instance of a class; refresh then terminates them."""
+        if resource_class not in self._deployment.pool_queue_urls:
+            known = ", ".join(sorted(self._deployment.pool_queue_urls))
+            print(f"no class {resource_class!r} in this stack; classes: {known}", file=sys.stderr)
+            return 2
+        idle = [
+            r
+            for r in self._table.live()
+            if r.state is InstanceState.IDLE and r.resource_class == resource_class
+        ]
+        rows = []
+        for record in idle:
+            result = self._table.expire(record.instance_id, None)
+            rows.append(
+                [record.instance_id, "expired" if result.succeeded else f"left ({result.outcome.value})"]
+            )
+        self._table_out(["instance", "drained"], rows)
+        expired = sum(1 for row in rows if row[1] == "expired")
+        print(
+            f"{expired} idle {resource_class} instance(s) expired; refresh terminates them.", file=self._out
+        )
+        return 0
+
+    def _depths(self) -> dict[str, tuple[str, str, str]]:
+        attributes = (
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        )
+        depths = {}
+        for name, url in self._deployment.pool_queue_urls.items():
+            found = self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=list(attributes))[
+                "Attributes"
+            ]
+            depths[name] = (found[attributes[0]], found[attributes[1]], found[attributes[2]])
+        return depths
+
+    def _table_out(self, header: list[str], rows: list[list[str]]) -> None:
+        if not rows:
+            print("(none)", file=self._out)
+            return
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        for row in [header, ["-" * width for width in widths], *rows]:
+            print(
+                "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(),
+                file=self._out,
+            )
+
+
+def _until(record: InstanceRecord, now: float) -> str:
+    if record.threshold is None:
+        return ""
+    seconds = record.threshold - now
+    if seconds <= 0:
+        return f"passed {_duration(-seconds)} ago"
+    return f"in {_duration(seconds)}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="runner-pool", description=__doc__.splitlines()[0])
+    root.add_argument("--stack", default=DEFAULT_STACK, help=f"the stack's name (default {DEFAULT_STACK})")
+    root.add_argument("--region", help="the stack's region (default: your AWS configuration's)")
+    commands = root.add_subparsers(dest="command", required=True)
+    commands.add_parser("status", help="instances per class and state")
+    commands.add_parser("instances", help="every live instance")
+    commands.add_parser("pool", help="the pool queues' depths")
+    drain = commands.add_parser(
+        "drain", help="expire the idle instances of a class (refresh terminates them)"
+    )
+    drain.add_argument("resource_class", metavar="CLASS")
+    return root
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    clients: Callable[[str, str | None], Any] | None = None,
+    clock: Clock | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """The `runner-pool` entry point; tests pass their own clients (moto), clock and output."""
+    arguments = parser().parse_args(argv)
+    make = clients or (lambda service, region: boto3.client(service, region_name=region))  # type: ignore[call-overload]
+    try:
+        deployment = Deployment.of_stack(arguments.stack, make("cloudformation", arguments.region))
+    except DeploymentNotFoundError as error:
+        print(f"runner-pool: {error}", file=sys.stderr)
+        return 1
+    operator = Operator(
+        deployment,
+        make("dynamodb", arguments.region),
+        make("sqs", arguments.region),
+        clock or SystemClock(),
+        out or sys.stdout,
+    )
+    if arguments.command == "drain":
+        return operator.drain(arguments.resource_class)
+    command: Callable[[], int] = getattr(operator, arguments.command)
+    return command()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

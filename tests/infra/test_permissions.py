@@ -1,0 +1,151 @@
+"""What each control-plane Lambda may do, as synthesised: its handler's AWS calls and nothing more."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from infra.constructs.functions import HANDLERS_PACKAGE
+from runner_pool.adapters import state_table as schema
+from runner_pool.environment import STACK_TAG_KEY
+from tests.infra.synthesis import Synthesis
+
+LAUNCH = {"ec2:CreateFleet", "ec2:RunInstances", "iam:PassRole"}
+EVERY_FUNCTION = {
+    "logs:CreateLogStream",
+    "logs:PutLogEvents",
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+}
+
+
+def statements(synthesis: Synthesis, handler: str) -> list[Mapping[str, Any]]:
+    """The statements of the role of the function whose handler is `handler` (relative to handlers)."""
+    (function,) = [
+        r
+        for r in synthesis.resources.values()
+        if r["Type"] == "AWS::Lambda::Function"
+        and r["Properties"]["Handler"] == f"{HANDLERS_PACKAGE}.{handler}"
+    ]
+    role = function["Properties"]["Role"]["Fn::GetAtt"][0]
+    return [
+        statement
+        for policy in synthesis.resources.values()
+        if policy["Type"] == "AWS::IAM::Policy" and {"Ref": role} in policy["Properties"]["Roles"]
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def actions(statement: Mapping[str, Any]) -> set[str]:
+    action = statement["Action"]
+    return {action} if isinstance(action, str) else set(action)
+
+
+def granted(synthesis: Synthesis, handler: str) -> set[str]:
+    return {action for s in statements(synthesis, handler) for action in actions(s)} - EVERY_FUNCTION
+
+
+def handlers(synthesis: Synthesis) -> list[str]:
+    return [
+        r["Properties"]["Handler"].removeprefix(f"{HANDLERS_PACKAGE}.")
+        for r in synthesis.resources.values()
+        if r["Type"] == "AWS::Lambda::Function"
+    ]
+
+
+def test_no_policy_of_the_stack_grants_an_action_by_wildcard(synthesis: Synthesis) -> None:
+    # Given every IAM policy of the stack / Then each action is named in full
+    named = {
+        action
+        for r in synthesis.resources.values()
+        if r["Type"] == "AWS::IAM::Policy"
+        for s in r["Properties"]["PolicyDocument"]["Statement"]
+        for action in actions(s)
+    }
+    assert named
+    assert not {action for action in named if "*" in action}
+
+
+@pytest.mark.parametrize("handler", ["provision.check_claim", "provision.check_fleet"])
+def test_the_checks_only_read_items(handler: str, synthesis: Synthesis) -> None:
+    # Given a check step / Then it may read single items of the state table and do nothing else
+    assert granted(synthesis, handler) == {"dynamodb:GetItem"}
+
+
+def test_only_creation_and_refresh_may_launch_instances(synthesis: Synthesis) -> None:
+    # Given every function / Then CreateFleet, RunInstances and passing the instance role are theirs alone
+    launching = {handler for handler in handlers(synthesis) if granted(synthesis, handler) & LAUNCH}
+    assert launching == {"provision.create", "refresh.refresh"}
+
+
+def test_launching_passes_only_the_instance_role_and_tags_only_at_launch(synthesis: Synthesis) -> None:
+    instance_role = synthesis.stack.get_logical_id(synthesis.stack.instances.role.node.default_child)
+    for handler in ("provision.create", "refresh.refresh"):
+        # Given a launching function's statements
+        found = statements(synthesis, handler)
+        (pass_role,) = [s for s in found if "iam:PassRole" in actions(s)]
+        (tagging,) = [s for s in found if "ec2:CreateTags" in actions(s)]
+        # Then it passes the instance role, and only that
+        assert pass_role["Resource"] == {"Fn::GetAtt": [instance_role, "Arn"]}, handler
+        # And tags only as part of CreateFleet or RunInstances
+        assert tagging["Condition"] == {
+            "StringEquals": {"ec2:CreateAction": ["CreateFleet", "RunInstances"]}
+        }, handler
+
+
+def test_every_termination_is_limited_to_the_stacks_tagged_instances(synthesis: Synthesis) -> None:
+    terminating = [
+        (handler, s)
+        for handler in handlers(synthesis)
+        for s in statements(synthesis, handler)
+        if "ec2:TerminateInstances" in actions(s)
+    ]
+    # Given every statement that allows TerminateInstances / Then it requires this stack's tag
+    assert {handler for handler, _ in terminating} == {
+        "provision.discard",
+        "provision.finish",
+        "provision.dump",
+        "refresh.refresh",
+    }
+    for handler, statement in terminating:
+        assert statement["Condition"] == {
+            "StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": synthesis.stack.stack_name}
+        }, handler
+
+
+def test_only_the_hand_off_may_encrypt_runner_configs(synthesis: Synthesis) -> None:
+    # Given every function / Then kms:Encrypt belongs to the steps that store runner configs
+    encrypting = {h for h in handlers(synthesis) if "kms:Encrypt" in granted(synthesis, h)}
+    assert encrypting == {"provision.claim", "provision.create"}
+    # And no function may decrypt them: only the instance they are for can
+    assert not any("kms:Decrypt" in granted(synthesis, h) for h in handlers(synthesis))
+
+
+def test_the_github_app_key_is_read_only_by_what_talks_to_github(synthesis: Synthesis) -> None:
+    # Given every function / Then the secrets are read by the functions that act as the App or check hooks
+    reading = {h for h in handlers(synthesis) if "secretsmanager:GetSecretValue" in granted(synthesis, h)}
+    assert reading == {
+        "provision.claim",
+        "provision.create",
+        "release.give_back",
+        "refresh.refresh",
+        "webhook.receive",
+    }
+
+
+def test_table_queries_name_one_index_each(synthesis: Synthesis) -> None:
+    # Given every Query statement / Then it names exactly one index of the state table, never index/*
+    table = synthesis.stack.get_logical_id(synthesis.stack.state_table.table.node.default_child)
+    queries = {
+        handler: s["Resource"]
+        for handler in handlers(synthesis)
+        for s in statements(synthesis, handler)
+        if "dynamodb:Query" in actions(s)
+    }
+    assert set(queries) == {"provision.dump", "release.plan", "refresh.refresh"}
+    for handler, resource in queries.items():
+        (index,) = [part for part in resource["Fn::Join"][1] if isinstance(part, str)]
+        assert resource["Fn::Join"][1][0] == {"Fn::GetAtt": [table, "Arn"]}, handler
+        assert index in {f"/index/{schema.RUN_KEY_INDEX}", f"/index/{schema.THRESHOLD_INDEX}"}, handler

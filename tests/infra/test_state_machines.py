@@ -1,0 +1,165 @@
+"""The provision and release state machines as synthesised: the ASL files deployed as they are, each
+placeholder filled with the function of its handler, and their logging, tracing, type and permissions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk import App, Stack
+from aws_cdk import aws_dynamodb as dynamodb
+
+from infra.constructs import workflow
+from infra.constructs.functions import HANDLERS_PACKAGE, ControlPlaneFunctions
+from infra.constructs.workflow import STATE_MACHINES, Step, Workflow, function_placeholders, handler_of
+from runner_pool.domain.config import StackConfig, WorkflowType
+from tests.infra.synthesis import Synthesis, stub_layer
+
+MACHINE = "AWS::StepFunctions::StateMachine"
+MACHINES = ("provision", "release")
+
+
+def machine(synthesis: Synthesis, name: str) -> Mapping[str, Any]:
+    construct = getattr(synthesis.stack, name).state_machine
+    logical_id = synthesis.stack.get_logical_id(construct.node.default_child)
+    return synthesis.resources[logical_id]
+
+
+def handler_of_function(synthesis: Synthesis, function_arn: Mapping[str, Any]) -> str:
+    (logical_id, attribute) = function_arn["Fn::GetAtt"]
+    assert attribute == "Arn"
+    handler: str = synthesis.resources[logical_id]["Properties"]["Handler"]
+    return handler
+
+
+def statements_of_role(synthesis: Synthesis, role_id: str) -> list[Mapping[str, Any]]:
+    return [
+        statement
+        for policy in synthesis.resources.values()
+        if policy["Type"] == "AWS::IAM::Policy" and {"Ref": role_id} in policy["Properties"]["Roles"]
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_the_deployed_definition_is_the_asl_file_itself(name: str, synthesis: Synthesis) -> None:
+    # Given the synthesised state machine / Then its definition is the file, byte for byte, as tested
+    properties = machine(synthesis, name)["Properties"]
+    assert properties["DefinitionString"] == (STATE_MACHINES / f"{name}.asl.json").read_text()
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_each_placeholder_is_the_function_of_its_handler(name: str, synthesis: Synthesis) -> None:
+    # Given the machine's placeholders and the substitutions deployed for them
+    placeholders = function_placeholders((STATE_MACHINES / f"{name}.asl.json").read_text())
+    substitutions = machine(synthesis, name)["Properties"]["DefinitionSubstitutions"]
+
+    # Then every placeholder is filled, with the function whose handler it names
+    assert set(substitutions) == set(placeholders)
+    for placeholder, snake in placeholders.items():
+        expected = f"{HANDLERS_PACKAGE}.{name}.{snake}"
+        assert handler_of_function(synthesis, substitutions[placeholder]) == expected
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_a_machine_may_invoke_its_own_functions_and_nothing_else(name: str, synthesis: Synthesis) -> None:
+    # Given the machine's role and the functions its definition names
+    properties = machine(synthesis, name)["Properties"]
+    role_id = properties["RoleArn"]["Fn::GetAtt"][0]
+    named = sorted(properties["DefinitionSubstitutions"].values(), key=str)
+
+    # When the role's Lambda statements are read
+    invoking = [
+        s for s in statements_of_role(synthesis, role_id) if "lambda:InvokeFunction" in str(s["Action"])
+    ]
+
+    # Then one statement allows invoking exactly those functions, unqualified (no version wildcard)
+    (statement,) = invoking
+    assert statement["Action"] == "lambda:InvokeFunction"
+    assert sorted(statement["Resource"], key=str) == named
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_a_standard_machine_logs_errors_and_traces(name: str, synthesis: Synthesis) -> None:
+    # Given the stack as cdk.json configures it (Standard) / Then errors go to the machine's log group
+    properties = machine(synthesis, name)["Properties"]
+    assert properties["StateMachineType"] == "STANDARD"
+    assert properties["LoggingConfiguration"]["Level"] == "ERROR"
+    (destination,) = properties["LoggingConfiguration"]["Destinations"]
+    assert "Fn::GetAtt" in destination["CloudWatchLogsLogGroup"]["LogGroupArn"]
+    # And executions are traced
+    assert properties["TracingConfiguration"] == {"Enabled": True}
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_an_express_machine_logs_every_event(name: str, custom_synthesis: Synthesis) -> None:
+    # Given an operator's Express configuration / Then the machine is Express and logs ALL (its only record)
+    properties = machine(custom_synthesis, name)["Properties"]
+    assert properties["StateMachineType"] == "EXPRESS"
+    assert properties["LoggingConfiguration"]["Level"] == "ALL"
+    assert properties["LoggingConfiguration"]["IncludeExecutionData"] is True
+
+
+@pytest.mark.parametrize(
+    ("placeholder", "handler"),
+    [("CheckClaimFunction", "check_claim"), ("BeginFunction", "begin"), ("GiveBackFunction", "give_back")],
+)
+def test_a_placeholder_names_its_handler_in_snake_case(placeholder: str, handler: str) -> None:
+    assert handler_of(placeholder) == handler
+
+
+def test_a_placeholder_that_is_not_a_function_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a function placeholder"):
+        handler_of("QueueUrl")
+
+
+@pytest.fixture
+def bare_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Stack, Any]:
+    """A stack with the function helper, and state machines read from a folder of the test's own."""
+    monkeypatch.setattr(workflow, "STATE_MACHINES", tmp_path)
+    (tmp_path / "provision.asl.json").write_text(
+        '{"StartAt": "Begin", "States": {"Begin": {"Type": "Task", "Resource": "${BeginFunction}", "End": true}}}'
+    )
+    stack = Stack(App(), "Bare")
+    table = dynamodb.Table(
+        stack, "Table", partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING)
+    )
+    helper = ControlPlaneFunctions(
+        stack, "Functions", config=StackConfig(), layer=stub_layer(tmp_path / "out"), table=table
+    )
+    return stack, helper
+
+
+def test_a_task_without_a_declared_step_fails_synth(bare_stack: tuple[Stack, Any]) -> None:
+    # Given a machine whose file invokes Begin, and a construct that declares no Step for it
+    stack, helper = bare_stack
+
+    # When the workflow is built / Then it refuses, naming the handler
+    with pytest.raises(LookupError, match="invokes begin, but Provision declares no Step"):
+        Workflow(
+            stack,
+            "Provision",
+            machine="provision",
+            functions=helper,
+            workflow_type=WorkflowType.STANDARD,
+            steps={},
+        )
+
+
+def test_a_declared_step_the_file_never_invokes_fails_synth(bare_stack: tuple[Stack, Any]) -> None:
+    # Given a construct that declares a Step the file does not name
+    stack, helper = bare_stack
+    steps = {"begin": Step("plans"), "claim": Step("claims")}
+
+    # When the workflow is built / Then it refuses, naming the stale step
+    with pytest.raises(LookupError, match=r"declares Steps provision\.asl\.json never invokes: claim"):
+        Workflow(
+            stack,
+            "Provision",
+            machine="provision",
+            functions=helper,
+            workflow_type=WorkflowType.STANDARD,
+            steps=steps,
+        )

@@ -1,0 +1,157 @@
+"""The operator CLI against moto: it finds the pool through the stack's outputs and prints its tables."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import boto3
+import pytest
+
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.cli import main
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.lifecycle import InstanceState
+from tests.conftest import REGION, TABLE_NAME
+from tests.support import builders
+
+STACK = "RunnerPool"
+
+
+@pytest.fixture
+def stack(dynamodb: Any, pool_queue_urls: dict[str, str]) -> str:
+    """A CloudFormation stack whose outputs name the test's table and queues, as the real stack's do."""
+    template = {
+        "Resources": {"Marker": {"Type": "AWS::SQS::Queue"}},
+        "Outputs": {
+            "StateTableName": {"Value": TABLE_NAME},
+            "PoolQueueUrls": {"Value": json.dumps(pool_queue_urls)},
+        },
+    }
+    boto3.client("cloudformation", region_name=REGION).create_stack(
+        StackName=STACK, TemplateBody=json.dumps(template)
+    )
+    return STACK
+
+
+def run(*argv: str, clock: ManualClock) -> tuple[int, list[list[str]]]:
+    """The CLI's exit code and its output's rows, each split into cells."""
+    out = io.StringIO()
+    code = main(
+        ["--stack", STACK, *argv],
+        clients=lambda service, _region: boto3.client(service, region_name=REGION),
+        clock=clock,
+        out=out,
+    )
+    rows = [line.split() for line in out.getvalue().splitlines() if line and not line.startswith("-")]
+    return code, rows
+
+
+def idle(table: StateTable, number: int, **shape: Any) -> str:
+    facts = builders.facts(number, **shape)
+    table.create(facts, None)
+    table.admit(facts.instance_id)
+    return facts.instance_id
+
+
+def running(table: StateTable, number: int) -> str:
+    facts = builders.facts(number)
+    table.create(facts, builders.run_key(number))
+    table.activate(facts.instance_id, builders.run_key(number), 60)
+    return facts.instance_id
+
+
+def test_status_counts_instances_per_class_and_state(
+    stack: str, state_table: StateTable, clock: ManualClock, sqs: Any, pool_queue_urls: dict[str, str]
+) -> None:
+    # Given two idle large instances (one of them pooled), one running large and one idle xlarge
+    idle(state_table, 1)
+    idle(state_table, 2)
+    running(state_table, 3)
+    idle(state_table, 4, resource_class="xlarge", cpu=4, memory_mib=8192)
+    sqs.send_message(QueueUrl=pool_queue_urls["large"], MessageBody=builders.pool_message(1).to_body())
+
+    # When the operator asks for the status
+    code, rows = run("status", clock=clock)
+
+    # Then each class shows its counts per state, and how many wait in its pool queue
+    assert code == 0
+    assert rows[0] == ["class", "created", "claimed", "running", "idle", "overdue", "pooled"]
+    by_class = {row[0]: row[1:] for row in rows[1:]}
+    assert by_class["large"] == ["0", "0", "1", "2", "0", "1"]
+    assert by_class["xlarge"] == ["0", "0", "0", "1", "0", "0"]
+
+
+def test_instances_lists_every_live_instance_with_its_holder(
+    stack: str, state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given an idle instance, a running one, and one that was terminated
+    idle(state_table, 1)
+    running(state_table, 2)
+    gone = idle(state_table, 3)
+    state_table.expire(gone, None)
+    state_table.mark_terminated(gone)
+
+    # When the operator lists instances
+    code, rows = run("instances", clock=clock)
+
+    # Then the live two are listed with state, class and run key; the terminated one is not
+    assert code == 0
+    listed = {row[0]: row for row in rows[1:]}
+    assert set(listed) == {builders.facts(1).instance_id, builders.facts(2).instance_id}
+    assert listed[builders.facts(2).instance_id][1:3] == ["running", "large"]
+    assert listed[builders.facts(2).instance_id][-1] == builders.run_key(2)
+
+
+def test_pool_shows_each_queue_and_the_idle_records_of_its_class(
+    stack: str, state_table: StateTable, clock: ManualClock, sqs: Any, pool_queue_urls: dict[str, str]
+) -> None:
+    # Given one idle large instance whose message waits in the large pool queue
+    idle(state_table, 1)
+    sqs.send_message(QueueUrl=pool_queue_urls["large"], MessageBody=builders.pool_message(1).to_body())
+
+    # When the operator looks at the pool
+    code, rows = run("pool", clock=clock)
+
+    # Then the large queue has one message ready, and one idle record backs it
+    assert code == 0
+    by_class = {row[0]: row[1:] for row in rows[1:]}
+    assert by_class["large"] == ["1", "0", "0", "1"]
+    assert set(by_class) == set(pool_queue_urls)
+
+
+def test_drain_expires_the_idle_instances_of_one_class_only(
+    stack: str, state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given idle and running large instances and an idle xlarge one
+    drained = [idle(state_table, 1), idle(state_table, 2)]
+    busy = running(state_table, 3)
+    other = idle(state_table, 4, resource_class="xlarge", cpu=4, memory_mib=8192)
+
+    # When the operator drains class large
+    code, rows = run("drain", "large", clock=clock)
+
+    # Then the idle large instances are expired: due for refresh to terminate, their state kept
+    assert code == 0
+    assert {row[0] for row in rows[1:-1] if row[1:] == ["expired"]} == set(drained)
+    due = {record.instance_id for record in state_table.due()}
+    assert due == set(drained)
+    # And the running instance and the other class are untouched
+    assert state_table.get(busy).state is InstanceState.RUNNING  # type: ignore[union-attr]
+    assert other not in due
+
+
+def test_drain_of_a_class_the_stack_does_not_have_fails(stack: str, clock: ManualClock) -> None:
+    # Given a class name the stack has no queue for / When drained / Then the CLI says so and fails
+    code, _rows = run("drain", "huge", clock=clock)
+    assert code == 2
+
+
+def test_a_missing_stack_fails_with_its_name(
+    aws: None, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given no stack of that name / When the CLI runs / Then it fails naming the stack
+    code, _rows = run("status", clock=clock)
+    assert code == 1
+    assert f"stack {STACK!r}" in capsys.readouterr().err
