@@ -46,7 +46,7 @@ REVIEWED = {
         re.escape("AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/")
         + "AmazonAPIGatewayPushToCloudWatchLogs]",
     ),
-    ("Ingress/Api", "AwsSolutions-(APIG3|APIG4|COG4)"),
+    ("Ingress/Api", "AwsSolutions-(APIG2|APIG3|APIG4|COG4)"),
 }
 """(construct path, rule) patterns of every acknowledgement a reviewer has read, with its reason in the code."""
 

@@ -30,7 +30,6 @@ BOOTSTRAP_QUALIFIER = "hnb659fds"
 MOTO_SKIPS = {
     "AWS::ApiGateway::Account",
     "AWS::ApiGateway::GatewayResponse",
-    "AWS::ApiGateway::Model",
     "AWS::ApiGateway::RequestValidator",
     "AWS::ApiGateway::Stage",
     "AWS::CloudWatch::Alarm",
