@@ -137,6 +137,21 @@ class Observability(Construct):
                 width=12,
             ),
             cloudwatch.GraphWidget(
+                title="Provision to runners ready (s): the control plane's share of queue time",
+                left=[
+                    cloudwatch.Metric(
+                        namespace=METRICS_NAMESPACE,
+                        metric_name="ProvisionToReadySeconds",
+                        dimensions_map={"service": SERVICE},
+                        statistic=statistic,
+                        period=PERIOD,
+                        label=statistic,
+                    )
+                    for statistic in ("p50", "p95")
+                ],
+                width=12,
+            ),
+            cloudwatch.GraphWidget(
                 title="Pool size per class (idle instances)",
                 left=[
                     queue.metric_approximate_number_of_messages_visible(

@@ -13,7 +13,7 @@ tracer = Tracer(service=SERVICE)
 metrics = Metrics(namespace=METRICS_NAMESPACE, service=SERVICE)
 
 
-def count(name: str, value: float = 1) -> None:
+def count(name: str, value: float = 1, unit: MetricUnit = MetricUnit.Count) -> None:
     """Publish one count metric at once, on its own.
 
     Not the process-wide `metrics` set: the local emulator runs a Map's iterations as threads of
@@ -21,9 +21,14 @@ def count(name: str, value: float = 1) -> None:
     """
     with single_metric(
         name=name,
-        unit=MetricUnit.Count,
+        unit=unit,
         value=value,
         namespace=METRICS_NAMESPACE,
         default_dimensions={"service": SERVICE},
     ):
         pass
+
+
+def seconds(name: str, value: float) -> None:
+    """Publish one duration metric at once (CloudWatch keeps percentiles of these)."""
+    count(name, value, MetricUnit.Seconds)

@@ -83,3 +83,12 @@ def test_the_dashboard_shows_pool_size_per_class(synthesis: Synthesis) -> None:
     for name in synthesis.config.resource_classes:
         assert f'\\"label\\":\\"{name}\\"' in body, name
     assert "ApproximateNumberOfMessagesVisible" in body
+
+
+def test_the_dashboard_shows_the_control_planes_share_of_queue_time(synthesis: Synthesis) -> None:
+    # Given the dashboard's body / Then it charts provision-to-ready percentiles, a metric provision emits
+    (dashboard,) = [r for r in synthesis.resources.values() if r["Type"] == "AWS::CloudWatch::Dashboard"]
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    assert "ProvisionToReadySeconds" in body
+    assert "p95" in body
+    assert '"ProvisionToReadySeconds"' in emitted_source()

@@ -45,6 +45,8 @@ class ProvisionPlan(_Step):
     claim_wait_seconds: int = Field(gt=0)
     fleet_wait_seconds: int = Field(gt=0)
     candidates_per_slot: int = Field(gt=0)
+    started_at: Epoch = 0.0
+    """When Begin ran: Finish reports the time from there to the runners being ready."""
 
     def claim_token(self, slot: int, attempt: int) -> str:
         """Names one claim: a retried claim step recognises its own claim by it, and nobody else's."""
@@ -56,8 +58,11 @@ class ProvisionPlan(_Step):
         return f"{self.execution}#create"
 
 
-def plan(request: ProvisionRequest, spec: RunnerSpec, execution: str, timeouts: Timeouts) -> ProvisionPlan:
+def plan(
+    request: ProvisionRequest, spec: RunnerSpec, execution: str, timeouts: Timeouts, now: Epoch
+) -> ProvisionPlan:
     return ProvisionPlan(
+        started_at=now,
         execution=execution,
         request=request,
         spec=spec,

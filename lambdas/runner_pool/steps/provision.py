@@ -26,7 +26,7 @@ from runner_pool.domain.provision import (
     readiness,
 )
 from runner_pool.domain.records import InstanceRecord, PoolMessage
-from runner_pool.observability import count, logger
+from runner_pool.observability import count, logger, seconds
 from runner_pool.wiring import ControlPlane
 
 PICKUPS_PER_CLAIM = 3
@@ -45,7 +45,7 @@ class Provision:
     def begin(self, request: ProvisionRequest, execution: str) -> ProvisionPlan:
         """Resolve the label (a LabelError fails the execution before anything is held)."""
         spec = self._plane.config.spec_for(request.run_key)
-        return plan(request, spec, execution, self._timeouts)
+        return plan(request, spec, execution, self._timeouts, self._clock.now())
 
     # --- claim workers -------------------------------------------------------------------------
 
@@ -250,6 +250,9 @@ class Provision:
             expired=tuple(never_ready),
             lost=tuple(lost),
         )
+        if warm or cold:
+            # Provision's share of a job's queue time: from the dispatcher's start to runners ready.
+            seconds("ProvisionToReadySeconds", self._clock.now() - provision.started_at)
         count("WarmHits", len(warm))
         count("ColdStarts", len(cold))
         count("ProvisionShortfall", outcome.shortfall)
