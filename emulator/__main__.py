@@ -1,8 +1,8 @@
-"""`make demo`: runs the pool scenario on local AWS and exits non-zero if its accounting check fails."""
+"""`make demo`: the whole system on local AWS plays the demo scenario; non-zero if its accounting fails."""
 
 import sys
 
-from emulator import pool_scenario
+from emulator import demo
 
 if __name__ == "__main__":
-    sys.exit(0 if pool_scenario.run() else 1)
+    sys.exit(0 if demo.run(sys.argv[1:]) else 1)

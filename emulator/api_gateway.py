@@ -1,0 +1,181 @@
+"""API Gateway on localhost: a REST API's Lambda proxy integration in front of one of our handlers.
+
+Each HTTP request becomes the proxy event API Gateway (REST, v1 payload) hands the function, and
+the function's answer (statusCode, headers, body) becomes the HTTP response. As API Gateway does,
+a body over the payload limit is refused with 413 before the function runs, and a function that
+raises is answered with 502. Invocations run one at a time, as in one warm Lambda environment:
+our handlers keep per-invocation state in module globals (Powertools' resolver and logger), as a
+Lambda environment allows.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from emulator.aws import ACCOUNT
+from emulator.step_functions import LambdaContext, function_arn
+
+Handler = Callable[[dict[str, Any], Any], Any]
+PAYLOAD_LIMIT_BYTES = 10 * 1024 * 1024
+"""API Gateway's request payload limit."""
+STAGE = "prod"
+
+
+class ProxyEndpoint:
+    """`with ProxyEndpoint(handler, "/webhook", "webhook") as api:` serves POST `api.url` on 127.0.0.1."""
+
+    def __init__(self, handler: Handler, resource: str, function_name: str) -> None:
+        self.handler = handler
+        self.resource = resource
+        self.function_name = function_name
+        self.invocations = 0
+        self._invoking = threading.Lock()
+        self._closed = False
+        self._server = _Server(self)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="api-gateway", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}{self.resource}"
+
+    def __enter__(self) -> ProxyEndpoint:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+        with self._invoking:
+            self._closed = True  # requests already accepted get API Gateway's answer, not the function's
+
+    def answer(self, method: str, target: str, headers: list[tuple[str, str]], body: bytes) -> dict[str, Any]:
+        """The function's proxy answer to one request (or API Gateway's own, when it refuses or fails)."""
+        path = urlsplit(target).path
+        if path != self.resource:
+            return _gateway_answer(403, "Missing Authentication Token")
+        if len(body) > PAYLOAD_LIMIT_BYTES:
+            return _gateway_answer(413, "Request Too Long")
+        event = proxy_event(method, target, headers, body, self.resource)
+        with self._invoking:
+            if self._closed:
+                return _gateway_answer(503, "Service Unavailable")
+            self.invocations += 1
+            context = LambdaContext(
+                function_name=self.function_name,
+                aws_request_id=str(uuid.uuid4()),
+                invoked_function_arn=function_arn(self.function_name),
+            )
+            try:
+                answer: dict[str, Any] = self.handler(event, context)
+            except Exception:  # API Gateway answers a failed integration so, whatever the failure
+                return _gateway_answer(502, "Internal server error")
+        return answer
+
+
+def proxy_event(
+    method: str, target: str, headers: list[tuple[str, str]], body: bytes, resource: str
+) -> dict[str, Any]:
+    """The REST API's Lambda proxy event (payload format 1.0) for one request."""
+    parts = urlsplit(target)
+    query = parse_qs(parts.query)
+    multi_headers: dict[str, list[str]] = {}
+    for name, value in headers:
+        multi_headers.setdefault(name, []).append(value)
+    try:
+        text, encoded = body.decode("utf-8"), False
+    except UnicodeDecodeError:
+        text, encoded = base64.b64encode(body).decode(), True
+    now = time.time()
+    return {
+        "resource": resource,
+        "path": parts.path,
+        "httpMethod": method,
+        "headers": {name: values[-1] for name, values in multi_headers.items()},
+        "multiValueHeaders": multi_headers,
+        "queryStringParameters": {k: v[-1] for k, v in query.items()} or None,
+        "multiValueQueryStringParameters": query or None,
+        "pathParameters": None,
+        "stageVariables": None,
+        "requestContext": {
+            "resourceId": "local1",
+            "resourcePath": resource,
+            "httpMethod": method,
+            "extendedRequestId": uuid.uuid4().hex[:16],
+            "requestTime": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(now)),
+            "path": f"/{STAGE}{parts.path}",
+            "accountId": ACCOUNT,
+            "protocol": "HTTP/1.1",
+            "stage": STAGE,
+            "domainPrefix": "local",
+            "requestTimeEpoch": int(now * 1000),
+            "requestId": str(uuid.uuid4()),
+            "identity": {"sourceIp": "127.0.0.1", "userAgent": multi_headers.get("User-Agent", [""])[-1]},
+            "domainName": "127.0.0.1",
+            "apiId": "local",
+        },
+        "body": text if body else None,
+        "isBase64Encoded": encoded,
+    }
+
+
+def _gateway_answer(status: int, message: str) -> dict[str, Any]:
+    return {
+        "statusCode": status,
+        "headers": {"Content-Type": "application/json"},
+        "body": json.dumps({"message": message}),
+    }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, endpoint: ProxyEndpoint) -> None:
+        super().__init__(("127.0.0.1", 0), _HttpHandler)
+        self.endpoint = endpoint
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet: a client that hangs up mid-answer (a stopped runner, a timed-out call) is its business."""
+
+
+class _HttpHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def _serve(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        answer = self.server.endpoint.answer(self.command, self.path, list(self.headers.items()), body)
+        raw = answer.get("body") or ""
+        payload = base64.b64decode(raw) if answer.get("isBase64Encoded") else str(raw).encode()
+        self.send_response(int(answer.get("statusCode", 200)))
+        # API Gateway merges the two; a name in multiValueHeaders wins.
+        merged = {name: [value] for name, value in (answer.get("headers") or {}).items()}
+        merged.update(answer.get("multiValueHeaders") or {})
+        for name, values in merged.items():
+            for value in values:
+                self.send_header(name, str(value))
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: one line per request otherwise."""

@@ -1,0 +1,45 @@
+"""The demo: `python -m emulator [--chart PATH]` plays `scenario.DEMO` on the emulated world and reports.
+
+Several workflows arrive over a minute, some with matrices: the first ones find the pool empty and
+cold-start instances, the later ones get the instances the first ones gave back. One instance
+crashes mid-job and one `queued` webhook never arrives (refresh asks GitHub to deliver it again).
+At the end it prints, per job, how long it waited for a runner and whose time that was, the
+warm-hit ratio, the AWS calls and state transitions per job, the accounting check, and writes the
+timeline chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from emulator import scenario
+from emulator.report import holds, print_report, summary_lines, totals
+from emulator.timeline_chart import write_chart
+from emulator.world import world
+
+CHART = Path("demo-timeline.html")
+
+
+def run(argv: list[str]) -> bool:
+    parser = argparse.ArgumentParser(prog="python -m emulator", description=__doc__)
+    parser.add_argument("--chart", type=Path, default=CHART, help=f"where to write the chart ({CHART})")
+    chart = parser.parse_args(argv).chart
+    began = time.time()
+    steps = scenario.DEMO
+    runs = sum(1 for step in steps if isinstance(step, scenario.Arrive))
+    jobs = sum(spec.matrix for step in steps if isinstance(step, scenario.Arrive) for spec in step.jobs)
+    print(f"starting local AWS, the fake GitHub and the stack; then {jobs} jobs of {runs} workflow runs")
+    with tempfile.TemporaryDirectory(prefix="runner-pool-demo-") as scratch, world(Path(scratch)) as system:
+        print(f"up in {time.time() - began:.0f} s; playing the scenario (about a minute)", flush=True)
+        played = scenario.play(system, steps)
+        found = totals(system)
+        print_report(system, played, found)
+    events = system.events()
+    write_chart(chart, events, "runner-pool: the demo's timeline", summary_lines(found))
+    verdict = holds(found, played, jobs)
+    print(f"timeline chart: {chart.resolve()}")
+    print(f"demo {'passed' if verdict else 'FAILED'} in {time.time() - began:.0f} s")
+    return verdict

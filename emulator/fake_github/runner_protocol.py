@@ -1,0 +1,75 @@
+"""The fake's own runner protocol: how a runner started from a JIT config connects, takes its job and reports.
+
+Not GitHub's protocol (the real runner talks to the Actions service's message broker), only as much
+of it as the emulator's runner program needs, kept small. The runner authenticates with the token
+in its JIT config (`.credentials`); a runner GitHub has removed is refused with 401.
+
+    POST   /_runner/session                connect: the runner is online
+    DELETE /_runner/session                disconnect: offline (the runner was stopped)
+    GET    /_runner/job                    200 with the runner's job, or 204: nothing yet, ask again
+    POST   /_runner/jobs/{job_id}/renew    still working on it; 410 when the job is not its own any more
+    POST   /_runner/jobs/{job_id}/result   {"conclusion": "success" | "failure"}; the job is over
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from emulator.fake_github.actions import JobGoneError
+from emulator.fake_github.routes import Answer, Auth, Refusal, Request, route, whole
+from emulator.fake_github.state import Conclusion, FakeRunner
+
+if TYPE_CHECKING:
+    from emulator.fake_github.server import FakeGitHub
+
+SESSION = "/_runner/session"
+JOB = "/_runner/job"
+
+
+@route("POST", SESSION, Auth.RUNNER)
+def connect(github: FakeGitHub, request: Request) -> Answer:
+    runner = _runner(request)
+    github.actions.connect(runner)
+    return Answer(201, {"runner_id": runner.runner_id, "name": runner.name})
+
+
+@route("DELETE", SESSION, Auth.RUNNER)
+def disconnect(github: FakeGitHub, request: Request) -> Answer:
+    github.actions.disconnect(_runner(request))
+    return Answer(204)
+
+
+@route("GET", JOB, Auth.RUNNER)
+def next_job(github: FakeGitHub, request: Request) -> Answer:
+    job = github.actions.next_job(_runner(request))
+    if job is None:
+        return Answer(204)
+    return Answer(200, {"job_id": job.job_id, "run_id": job.run_id, "name": job.name, "seconds": job.seconds})
+
+
+@route("POST", "/_runner/jobs/{job_id}/renew", Auth.RUNNER)
+def renew(github: FakeGitHub, request: Request) -> Answer:
+    try:
+        github.actions.renew(_runner(request), whole(request.params["job_id"]))
+    except JobGoneError:
+        raise Refusal(410, "The job is no longer assigned to this runner") from None
+    return Answer(204)
+
+
+@route("POST", "/_runner/jobs/{job_id}/result", Auth.RUNNER)
+def report(github: FakeGitHub, request: Request) -> Answer:
+    body = request.json()
+    if not isinstance(body, dict) or body.get("conclusion") not in ("success", "failure"):
+        raise Refusal(422, "conclusion must be success or failure", [])
+    conclusion = Conclusion(body["conclusion"])
+    try:
+        github.actions.finish(_runner(request), whole(request.params["job_id"]), conclusion)
+    except JobGoneError:
+        raise Refusal(410, "The job is no longer assigned to this runner") from None
+    return Answer(204)
+
+
+def _runner(request: Request) -> FakeRunner:
+    if request.runner is None:
+        raise Refusal(401, "Bad credentials")
+    return request.runner

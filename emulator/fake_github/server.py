@@ -1,0 +1,302 @@
+"""The fake GitHub's server: `with FakeGitHub(...) as github:` serves it on a free loopback port."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import jwt
+
+from emulator.fake_github import rest, runner_protocol
+from emulator.fake_github.actions import LOST_AFTER_SECONDS, Actions
+from emulator.fake_github.routes import ROUTES, Answer, Auth, Refusal, Request
+from emulator.fake_github.state import DEFAULT_RUNNER_GROUP_ID, FakeRunner, GitHubState
+from emulator.fake_github.webhooks import Webhooks
+from runner_pool.domain.clock import Clock, SystemClock
+
+SUPPORTED_API_VERSIONS = ("2022-11-28", "2026-03-10")
+DEFAULT_API_VERSION = "2022-11-28"
+"""What GitHub assumes when a request names no `X-GitHub-Api-Version`."""
+JWT_MAX_LIFETIME_SECONDS = 600
+JWT_CLOCK_SKEW_SECONDS = 60
+RATE_LIMIT = 5000
+SHUTDOWN_POLL_SECONDS = 0.01
+"""How often the server looks for a stop request; `stop` waits up to this long."""
+LOST_RUNNER_CHECK_SECONDS = 0.25
+"""How often a running fake looks for runners that stopped talking."""
+_ENDPOINTS = (rest, runner_protocol)
+"""The modules whose `@route`s make up the fake; imported for their routes."""
+
+
+class FakeGitHub:
+    """The fake GitHub App host: `with FakeGitHub(...) as github:` serves it on a free loopback port.
+
+    `path_prefix="/api/v3"` and `api_versions=("2022-11-28",)` make it answer like GitHub
+    Enterprise Server. `handle` answers one request without the network, for unit tests.
+    """
+
+    def __init__(
+        self,
+        app_id: int,
+        public_key_pem: str,
+        *,
+        clock: Clock | None = None,
+        path_prefix: str = "",
+        api_versions: tuple[str, ...] = SUPPORTED_API_VERSIONS,
+        lost_runner_seconds: float = LOST_AFTER_SECONDS,
+    ) -> None:
+        self.state = GitHubState(app_id, public_key_pem, clock or SystemClock())
+        self.webhooks = Webhooks(self.state, app_id)
+        self.actions = Actions(self.state, self.webhooks, lost_runner_seconds)
+        self._prefix = path_prefix.rstrip("/")
+        self._api_versions = api_versions
+        self._server: _Server | None = None
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+
+    # --- lifecycle
+
+    def __enter__(self) -> FakeGitHub:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Serve on a free port, send webhooks from sender threads, and watch for lost runners."""
+        self._server = _Server(self)
+        self._stopping.clear()
+        self._threads = [
+            threading.Thread(
+                target=self._server.serve_forever,
+                kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS},
+                name="fake-github",
+                daemon=True,
+            ),
+            threading.Thread(target=self._watch_runners, name="fake-github-runners", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        self.webhooks.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        for thread in self._threads:
+            thread.join()
+        self.webhooks.stop()
+        self._server, self._threads = None, []
+
+    def _watch_runners(self) -> None:
+        while not self._stopping.wait(LOST_RUNNER_CHECK_SECONDS):
+            self.actions.notice_lost_runners()
+
+    @property
+    def origin(self) -> str:
+        port = self._server.server_address[1] if self._server is not None else 0
+        return f"http://127.0.0.1:{port}"
+
+    @property
+    def url(self) -> str:
+        """The API's base URL, as the client's `base_url`."""
+        return f"{self.origin}{self._prefix}/"
+
+    def link(self, path: str, query: Mapping[str, str]) -> str:
+        return f"{self.origin}{self._prefix}{path}?{urlencode(query)}"
+
+    def jit_config_for(self, runner: FakeRunner) -> str:
+        """The encoded config of a JIT runner: base64 JSON of the runner's files, each base64 JSON."""
+        owner = str(runner.scope)
+        files = {
+            ".runner": {
+                "AgentId": runner.runner_id,
+                "AgentName": runner.name,
+                "PoolId": runner.runner_group_id,
+                "PoolName": "Default" if runner.runner_group_id == DEFAULT_RUNNER_GROUP_ID else "",
+                "ServerUrl": self.url,
+                "GitHubUrl": f"{self.origin}/{owner}",
+                "WorkFolder": runner.work_folder,
+                "Ephemeral": True,
+                "DisableUpdate": True,
+            },
+            ".credentials": {"Scheme": "OAuthAccessToken", "Data": {"token": runner.secret}},
+            ".credentials_rsaparams": {},
+        }
+        return _b64_json({name: _b64_json(content) for name, content in files.items()})
+
+    # --- answering
+
+    def handle(self, method: str, target: str, headers: Mapping[str, str], body: bytes = b"") -> Answer:
+        """Answer one request (`target` is the path and query, as on the request line)."""
+        headers = {name.lower(): value for name, value in headers.items()}
+        try:
+            version = headers.get("x-github-api-version", DEFAULT_API_VERSION)
+            answer = self._route(method, target, headers, body, version)
+        except Refusal as refusal:
+            answer = refusal.answer()
+            version = DEFAULT_API_VERSION
+        common = {
+            "x-github-api-version-selected": version,
+            "x-github-request-id": uuid.uuid4().hex[:20].upper(),
+            **self._rate_limit_headers(),
+        }
+        return Answer(answer.status, answer.body, {**common, **answer.headers})
+
+    def _route(self, method: str, target: str, headers: dict[str, str], body: bytes, version: str) -> Answer:
+        parts = urlsplit(target)
+        if not parts.path.startswith(f"{self._prefix}/"):
+            raise Refusal(404, "Not Found")
+        path = parts.path.removeprefix(self._prefix)
+        query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
+        for candidate in ROUTES:
+            match = candidate.pattern.match(path)
+            if match is None or candidate.method != method:
+                continue
+            with self.state.lock:
+                self.state.calls[candidate.name] += 1
+            if version not in self._api_versions:
+                raise Refusal(
+                    400,
+                    f"Unsupported 'X-GitHub-Api-Version' header: {version}. "
+                    f"Supported versions are: {', '.join(self._api_versions)}.",
+                )
+            request = Request(method, path, query, headers, body, match.groupdict())
+            request = self._authenticate(candidate.auth, request)
+            if candidate.auth is not Auth.RUNNER and self.state.rate_limited():
+                raise Refusal(403, "API rate limit exceeded.", headers=self._rate_limit_headers())
+            return candidate.handler(self, request)
+        raise Refusal(404, "Not Found")
+
+    def _authenticate(self, auth: Auth, request: Request) -> Request:
+        scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+        if auth is Auth.RUNNER:
+            runner = self.state.runner_with_secret(credential) if scheme.lower() == "bearer" else None
+            if runner is None:
+                raise Refusal(401, "Bad credentials")
+            return replace(request, runner=runner)
+        if auth is Auth.APP:
+            if scheme.lower() != "bearer":
+                raise Refusal(401, "A JSON web token could not be decoded")
+            self._check_app_jwt(credential)
+            return request
+        installation = None
+        if scheme.lower() in ("token", "bearer"):
+            installation = self.state.installation_for(credential)
+        if installation is None:
+            raise Refusal(401, "Bad credentials")
+        return replace(request, installation=installation)
+
+    def _check_app_jwt(self, token: str) -> None:
+        """GitHub's checks of an App JWT: signed RS256 by the App's key, issued by the App, in date."""
+        try:
+            claims = jwt.decode(
+                token,
+                self.state.public_key_pem,
+                algorithms=["RS256"],
+                options={"verify_exp": False, "verify_iat": False, "require": ["iat", "exp", "iss"]},
+            )
+        except jwt.PyJWTError:
+            raise Refusal(401, "A JSON web token could not be decoded") from None
+        now = self.state.clock.now()
+        if str(claims["iss"]) != str(self.state.app_id):
+            raise Refusal(401, "'Issuer' claim ('iss') must be the App's id")
+        if not isinstance(claims["exp"], int) or claims["exp"] <= now:
+            raise Refusal(
+                401,
+                "'Expiration time' claim ('exp') must be a numeric value representing the future time "
+                "at which the assertion expires",
+            )
+        if not isinstance(claims["iat"], int) or claims["iat"] > now + JWT_CLOCK_SKEW_SECONDS:
+            raise Refusal(
+                401,
+                "'Issued at' claim ('iat') must be an Integer representing the time that the assertion "
+                "was issued",
+            )
+        if claims["exp"] > now + JWT_MAX_LIFETIME_SECONDS:
+            raise Refusal(401, "'Expiration time' claim ('exp') is too far in the future")
+
+    def _rate_limit_headers(self) -> dict[str, str]:
+        now = self.state.clock.now()
+        limited = self.state.rate_limited()
+        reset = self.state.rate_limited_until if limited and self.state.rate_limited_until else now + 3600
+        return {
+            "x-ratelimit-limit": str(RATE_LIMIT),
+            "x-ratelimit-remaining": "0" if limited else str(RATE_LIMIT - 1),
+            "x-ratelimit-reset": str(int(reset)),
+            "x-ratelimit-used": str(RATE_LIMIT if limited else 1),
+            "x-ratelimit-resource": "core",
+        }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, fake: FakeGitHub) -> None:
+        super().__init__(("127.0.0.1", 0), _HttpHandler)
+        self.fake = fake
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet: a client that hangs up mid-answer (a stopped runner, a timed-out call) is its business."""
+
+
+class _HttpHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 30
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out as two writes; without this, Nagle holds the body back for the
+        # client's delayed ACK, 40 ms a request.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.server.fake.state.lock:
+            self.server.fake.state.connections += 1
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def do_DELETE(self) -> None:
+        self._serve()
+
+    def _serve(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        answer = self.server.fake.handle(self.command, self.path, dict(self.headers.items()), body)
+        payload = b"" if answer.body is None else json.dumps(answer.body).encode()
+        self.send_response(answer.status)
+        for name, value in answer.headers.items():
+            self.send_header(name, value)
+        if answer.body is not None:
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: one line per request otherwise."""
+
+
+def decode_jit_config(encoded: str) -> dict[str, Any]:
+    """The runner files inside an encoded JIT config, each decoded (`.runner`, `.credentials`, ...)."""
+    files = json.loads(base64.b64decode(encoded))
+    return {name: json.loads(base64.b64decode(content)) for name, content in files.items()}
+
+
+def _b64_json(content: Any) -> str:
+    return base64.b64encode(json.dumps(content).encode()).decode()

@@ -1,0 +1,343 @@
+"""Everything the fake GitHub knows: the App and its installations, runners, runs and jobs, deliveries."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from runner_pool.domain.clock import Clock, Epoch, SystemClock
+from runner_pool.domain.runner_scope import RepositoryScope, RunnerScope
+
+TOKEN_LIFETIME_SECONDS = 3600
+DEFAULT_RUNNER_GROUP_ID = 1
+RUNNER_PERMISSIONS = {"administration": "write", "organization_self_hosted_runners": "write"}
+"""What an App needs for repository runners and for organisation runners."""
+
+
+@dataclass
+class FakeInstallation:
+    installation_id: int
+    account: str
+    permissions: dict[str, str]
+
+    def owns(self, account: str) -> bool:
+        return self.account.lower() == account.lower()
+
+
+@dataclass(frozen=True)
+class FakeLabel:
+    label_id: int
+    name: str
+    type: str
+    """`read-only` for the labels GitHub gives every self-hosted runner, `custom` for the ones asked for."""
+
+
+@dataclass
+class FakeRunner:
+    runner_id: int
+    name: str
+    scope: RunnerScope
+    runner_group_id: int
+    labels: list[FakeLabel]
+    work_folder: str
+    secret: str = field(repr=False)
+    """What a runner started from its JIT config authenticates with (the fake's runner protocol)."""
+    online: bool = False
+    busy: bool = False
+    os: str = "unknown"
+    """GitHub learns the OS when the runner first connects; a fresh JIT runner has none yet."""
+    last_seen: Epoch | None = None
+    """When the runner last talked to GitHub; a runner silent for too long is lost."""
+    job_id: int | None = None
+
+    @property
+    def label_names(self) -> set[str]:
+        return {label.name for label in self.labels}
+
+    def serves(self, repository: str) -> bool:
+        """Whether this runner may take jobs of `repository` (`owner/repo`)."""
+        owner = repository.split("/", 1)[0]
+        if isinstance(self.scope, RepositoryScope):
+            return str(self.scope).lower() == repository.lower()
+        return self.scope.org.lower() == owner.lower()
+
+
+@dataclass(frozen=True)
+class FakeDelivery:
+    delivery_id: int
+    guid: str
+    event: str
+    action: str | None
+    status_code: int
+    delivered_at: Epoch
+    redelivery: bool = False
+    installation_id: int | None = None
+    repository_id: int | None = None
+    payload: bytes = field(default=b"", repr=False)
+    """The body as sent, so a redelivery sends exactly the same bytes."""
+
+    @property
+    def status(self) -> str:
+        if 200 <= self.status_code < 300:
+            return "OK"
+        if self.status_code == 0:
+            return "failed to connect to host"
+        return f"Invalid HTTP Response: {self.status_code}"
+
+    @property
+    def succeeded(self) -> bool:
+        return 200 <= self.status_code < 300
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+class Conclusion(StrEnum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class FakeJob:
+    job_id: int
+    run_id: int
+    name: str
+    labels: list[str]
+    seconds: float
+    """How long the job's steps take once a runner has it."""
+    queued_at: Epoch
+    status: JobStatus = JobStatus.QUEUED
+    conclusion: Conclusion | None = None
+    runner_id: int | None = None
+    runner_name: str | None = None
+    started_at: Epoch | None = None
+    completed_at: Epoch | None = None
+
+
+@dataclass
+class FakeWorkflowRun:
+    run_id: int
+    repository: str
+    """`owner/repo`."""
+    workflow: str
+    run_number: int
+    created_at: Epoch
+    job_ids: list[int] = field(default_factory=list)
+    status: JobStatus = JobStatus.QUEUED
+    conclusion: Conclusion | None = None
+    updated_at: Epoch = 0.0
+
+    @property
+    def owner(self) -> str:
+        return self.repository.split("/", 1)[0]
+
+
+Receiver = Callable[[FakeDelivery], int]
+"""Makes one attempt at a delivery (its event, action, guid and payload); answers the HTTP status
+the receiver gave, 0 when it could not be reached."""
+
+
+@dataclass
+class GitHubState:
+    """Everything the fake knows. Every method is safe to call from the server's threads and from tests."""
+
+    app_id: int
+    public_key_pem: str = field(repr=False)
+    clock: Clock = field(default_factory=SystemClock)
+    installations: dict[int, FakeInstallation] = field(default_factory=dict)
+    runners: dict[int, FakeRunner] = field(default_factory=dict)
+    deliveries: dict[int, FakeDelivery] = field(default_factory=dict)
+    runs: dict[int, FakeWorkflowRun] = field(default_factory=dict)
+    jobs: dict[int, FakeJob] = field(default_factory=dict)
+    runner_groups: dict[str, set[int]] = field(default_factory=dict)
+    """Runner group ids per organisation (lowercased) beyond the Default group every owner has."""
+    redelivery_requests: list[int] = field(default_factory=list)
+    calls: Counter[str] = field(default_factory=Counter)
+    """Requests received, per route (`POST /app/installations/{installation_id}/access_tokens`)."""
+    connections: int = 0
+    rate_limited_until: Epoch | None = None
+    webhook_receiver: Receiver = field(default=lambda _delivery: 200, repr=False)
+    """Where deliveries go. Accepts everything until the webhooks are pointed at an endpoint."""
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    _tokens: dict[str, tuple[int, Epoch]] = field(default_factory=dict, repr=False)
+    _label_ids: dict[str, int] = field(default_factory=dict, repr=False)
+    _repository_ids: dict[str, int] = field(default_factory=dict, repr=False)
+    _next_id: int = 1000
+
+    # --- the App and its installations
+
+    def add_installation(
+        self, installation_id: int, account: str, permissions: Mapping[str, str] | None = None
+    ) -> FakeInstallation:
+        installation = FakeInstallation(
+            installation_id, account, dict(RUNNER_PERMISSIONS if permissions is None else permissions)
+        )
+        with self.lock:
+            self.installations[installation_id] = installation
+        return installation
+
+    def installation_of(self, account: str) -> FakeInstallation | None:
+        with self.lock:
+            return next((i for i in self.installations.values() if i.owns(account)), None)
+
+    def issue_token(self, installation_id: int) -> tuple[str, Epoch]:
+        token = f"ghs_{secrets.token_hex(18)}"
+        expires_at = float(int(self.clock.now()) + TOKEN_LIFETIME_SECONDS)
+        with self.lock:
+            self._tokens[token] = (installation_id, expires_at)
+        return token, expires_at
+
+    def installation_for(self, token: str) -> FakeInstallation | None:
+        """The installation a token was issued to, while it is neither expired nor revoked."""
+        with self.lock:
+            issued = self._tokens.get(token)
+            if issued is None or issued[1] <= self.clock.now():
+                return None
+            return self.installations.get(issued[0])
+
+    def revoke_tokens(self) -> None:
+        with self.lock:
+            self._tokens.clear()
+
+    @property
+    def token_requests(self) -> int:
+        return self.calls["POST /app/installations/{installation_id}/access_tokens"]
+
+    def exhaust_rate_limit(self, until: Epoch) -> None:
+        """Refuse every authenticated request as over the primary rate limit until `until`."""
+        with self.lock:
+            self.rate_limited_until = until
+
+    def rate_limited(self) -> bool:
+        with self.lock:
+            return self.rate_limited_until is not None and self.clock.now() < self.rate_limited_until
+
+    def repository_id(self, repository: str) -> int:
+        """A stable id per `owner/repo`, as GitHub's repository ids are."""
+        with self.lock:
+            return self._repository_ids.setdefault(repository.lower(), 186853000 + len(self._repository_ids))
+
+    # --- runners
+
+    def add_runner_group(self, org: str, runner_group_id: int) -> None:
+        with self.lock:
+            self.runner_groups.setdefault(org.lower(), set()).add(runner_group_id)
+
+    def has_runner_group(self, scope: RunnerScope, runner_group_id: int) -> bool:
+        if runner_group_id == DEFAULT_RUNNER_GROUP_ID:
+            return True
+        if isinstance(scope, RepositoryScope):
+            return False
+        with self.lock:
+            return runner_group_id in self.runner_groups.get(scope.org.lower(), set())
+
+    def register_runner(
+        self,
+        scope: RunnerScope,
+        name: str,
+        labels: list[str],
+        runner_group_id: int = DEFAULT_RUNNER_GROUP_ID,
+        work_folder: str = "_work",
+    ) -> FakeRunner:
+        """A runner as GitHub records it at registration: offline until it connects."""
+        with self.lock:
+            runner = FakeRunner(
+                runner_id=self.new_id(),
+                name=name,
+                scope=scope,
+                runner_group_id=runner_group_id,
+                labels=[self._label("self-hosted", "read-only"), *(self._label(n, "custom") for n in labels)],
+                work_folder=work_folder,
+                secret=secrets.token_hex(16),
+            )
+            self.runners[runner.runner_id] = runner
+            return runner
+
+    def runners_in(self, scope: RunnerScope, name: str | None = None) -> list[FakeRunner]:
+        with self.lock:
+            return [
+                runner
+                for runner in sorted(self.runners.values(), key=lambda r: r.runner_id)
+                if runner.scope == scope and (name is None or runner.name == name)
+            ]
+
+    def runner_with_secret(self, secret: str) -> FakeRunner | None:
+        with self.lock:
+            return next((r for r in self.runners.values() if secrets.compare_digest(r.secret, secret)), None)
+
+    def set_runner_state(self, runner_id: int, *, online: bool, busy: bool = False) -> None:
+        with self.lock:
+            runner = self.runners[runner_id]
+            runner.online = online
+            runner.busy = busy
+
+    # --- webhook deliveries
+
+    def add_delivery(
+        self,
+        event: str,
+        action: str | None,
+        status_code: int,
+        *,
+        guid: str | None = None,
+        redelivery: bool = False,
+        installation_id: int | None = None,
+        repository_id: int | None = None,
+        payload: bytes = b"",
+    ) -> FakeDelivery:
+        """One attempt at delivering an event, made now; `guid` names the event (new if not given)."""
+        with self.lock:
+            delivery = FakeDelivery(
+                delivery_id=self.new_id(),
+                guid=guid or str(uuid.uuid4()),
+                event=event,
+                action=action,
+                status_code=status_code,
+                delivered_at=self.clock.now(),
+                redelivery=redelivery,
+                installation_id=installation_id,
+                repository_id=repository_id,
+                payload=payload,
+            )
+            self.deliveries[delivery.delivery_id] = delivery
+            return delivery
+
+    def attempt(self, delivery: FakeDelivery, *, redelivery: bool = False) -> FakeDelivery:
+        """Deliver `delivery`'s event (outside the lock) and record the attempt with the status it got."""
+        status_code = self.webhook_receiver(delivery)
+        return self.add_delivery(
+            delivery.event,
+            delivery.action,
+            status_code,
+            guid=delivery.guid,
+            redelivery=redelivery,
+            installation_id=delivery.installation_id,
+            repository_id=delivery.repository_id,
+            payload=delivery.payload,
+        )
+
+    def redeliver(self, delivery_id: int) -> FakeDelivery:
+        """A new attempt at a delivery's event, made before answering, so its effect is seen at once."""
+        with self.lock:
+            original = self.deliveries[delivery_id]
+            self.redelivery_requests.append(delivery_id)
+        return self.attempt(original, redelivery=True)
+
+    def new_id(self) -> int:
+        with self.lock:
+            self._next_id += 1
+            return self._next_id
+
+    def _label(self, name: str, kind: str) -> FakeLabel:
+        with self.lock:
+            label_id = self._label_ids.setdefault(name, len(self._label_ids) + 1)
+        return FakeLabel(label_id, name, kind)

@@ -1,0 +1,97 @@
+"""The instance metadata service of every simulated instance, IMDSv2 only, on one loopback port.
+
+Each instance's agent is given `http://127.0.0.1:<port>/<instance id>` as its metadata endpoint, so
+one server answers for all of them and tells them apart by that first path segment. Like EC2's, it
+answers only requests that carry a session token obtained with a PUT (IMDSv1 is refused).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+from emulator.aws import ACCOUNT, REGION
+
+TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a URL path, not a secret
+IDENTITY_PATH = "/latest/dynamic/instance-identity/document"
+PARTITION_PATH = "/latest/meta-data/services/partition"
+
+
+class InstanceMetadata(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, region: str = REGION, account_id: str = ACCOUNT) -> None:
+        super().__init__(("127.0.0.1", 0), _MetadataHandler)
+        self.region = region
+        self.account_id = account_id
+        self.token = secrets.token_hex(16)
+        self._thread: threading.Thread | None = None
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet: a client that hangs up mid-answer (a stopped runner, a timed-out call) is its business."""
+
+    def endpoint(self, instance_id: str) -> str:
+        """The metadata endpoint to give the agent of `instance_id`."""
+        return f"http://127.0.0.1:{self.server_address[1]}/{instance_id}"
+
+    def __enter__(self) -> InstanceMetadata:
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="imds", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.shutdown()
+        self.server_close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def answer(self, instance_id: str, path: str) -> str | None:
+        answers = {
+            IDENTITY_PATH: json.dumps(
+                {"instanceId": instance_id, "region": self.region, "accountId": self.account_id}
+            ),
+            PARTITION_PATH: "aws",
+        }
+        return answers.get(path)
+
+
+class _MetadataHandler(BaseHTTPRequestHandler):
+    server: InstanceMetadata
+
+    def do_PUT(self) -> None:
+        _, path = self._split()
+        if path != TOKEN_PATH or self.headers.get("X-aws-ec2-metadata-token-ttl-seconds") is None:
+            self._reply(400, "")
+            return
+        self._reply(200, self.server.token)
+
+    def do_GET(self) -> None:
+        if self.headers.get("X-aws-ec2-metadata-token") != self.server.token:
+            self._reply(401, "")
+            return
+        instance_id, path = self._split()
+        body = self.server.answer(instance_id, path)
+        self._reply(404 if body is None else 200, body or "")
+
+    def _split(self) -> tuple[str, str]:
+        """(instance id, the metadata path below it)."""
+        _, instance_id, rest = self.path.split("/", 2) if self.path.count("/") >= 2 else ("", "", "")
+        return instance_id, "/" + rest
+
+    def _reply(self, status: int, body: str) -> None:
+        payload = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: one line per request otherwise."""

@@ -1,0 +1,408 @@
+"""Simulated EC2 instances: each instance the stack launches in local EC2 boots our real agent.
+
+A watcher looks at local EC2 (DescribeInstances, by the stack's tag) a few times a second. An
+instance it has not seen is booted after a boot delay: our agent starts (`python -m agent`, exactly
+as systemd starts it) in a process of its own, with the settings the user data would write, the
+instance's metadata answered by a local IMDSv2 (emulator/imds.py), and a runner directory whose
+`run.sh` starts the emulator's runner program (emulator/runner_program.py). When EC2 says the
+instance is shutting down or terminated, its agent is stopped as an OS shutdown stops it (SIGTERM,
+then SIGKILL). `crash` kills an instance's agent and runner at once, as a hung or dead machine
+would leave them, while EC2 still has the instance running.
+
+`systemctl` on the instance's PATH is the simulation's: `systemctl poweroff` (the agent's last
+resort when it cannot terminate itself) marks the instance powered off, and the watcher terminates
+it in EC2, as the launch template's shutdown behaviour (terminate) makes EC2 do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from agent.imds import InstanceIdentity
+from agent.log import EventLog
+from agent.settings import ENV_PREFIX, AgentSettings
+from agent.wiring import build_agent
+from emulator import runner_program
+from emulator.aws import ACCOUNT, REGION, LocalAws
+from emulator.imds import InstanceMetadata
+from emulator.timeline import Happening, Timeline
+from runner_pool.domain.clock import Epoch
+
+ENDED_EC2_STATES = ("shutting-down", "terminated")
+POWERED_OFF = "powered-off"
+"""The file the simulated `systemctl poweroff` leaves in the instance's directory."""
+_SYSTEMCTL = """#!/bin/sh
+# systemctl on a simulated instance: poweroff marks the instance powered off, for the emulator to end.
+if [ "$1" = poweroff ]; then touch "{marker}"; fi
+exit 0
+"""
+IN_PROCESS_LOGGER = "runner_pool.agent.in_process"
+_RUN_SH = '#!/bin/sh\nexec "{python}" "{program}" "$@"\n'
+_AGENT_MESSAGES = {
+    "agent started": Happening.BOOTED,
+    "runner listening for jobs": Happening.REGISTERED,
+    "workspace clean": Happening.CLEANED,
+}
+"""Lines of the agent's journal that the timeline notes (the rest stays in the instance's agent.log)."""
+
+
+@dataclass(frozen=True)
+class InstanceSettings:
+    """How simulated instances behave: their boot time and their agents' (compressed) periods."""
+
+    boot_delay_seconds: float = 2.0
+    heartbeat_period_seconds: float = 1.0
+    watch_period_seconds: float = 0.25
+    listening_timeout_seconds: float = 20.0
+    stop_timeout_seconds: float = 5.0
+    termination_grace_seconds: float = 30.0
+    orphan_grace_seconds: float = 60.0
+    shutdown_seconds: float = 5.0
+    """How long an OS shutdown lets the agent stop before it is killed."""
+    in_process: bool = False
+    """Run each agent in a thread of this process instead of a process of its own: the same agent
+    (`agent.wiring.build_agent`), without a Python start-up per instance, for scenarios with many
+    instances. A crash then kills the runner and stops the agent where it stands."""
+
+    def agent_environment(self) -> dict[str, str]:
+        return {
+            "HEARTBEAT_PERIOD_SECONDS": str(self.heartbeat_period_seconds),
+            "WATCH_PERIOD_SECONDS": str(self.watch_period_seconds),
+            "WATCH_BACKOFF_CAP_SECONDS": str(max(self.watch_period_seconds * 8, 1.0)),
+            "LISTENING_TIMEOUT_SECONDS": str(self.listening_timeout_seconds),
+            "STOP_TIMEOUT_SECONDS": str(self.stop_timeout_seconds),
+            "TERMINATION_GRACE_SECONDS": str(self.termination_grace_seconds),
+            "ORPHAN_GRACE_SECONDS": str(self.orphan_grace_seconds),
+        }
+
+
+class Phase(StrEnum):
+    LAUNCHED = "launched"
+    BOOTED = "booted"
+    CRASHED = "crashed"
+    ENDED = "ended"
+
+
+@dataclass
+class SimulatedInstance:
+    instance_id: str
+    directory: Path
+    launched_at: Epoch
+    boot_at: Epoch
+    phase: Phase = Phase.LAUNCHED
+    agent: subprocess.Popen[str] | None = field(default=None, repr=False)
+    agent_thread: _AgentThread | None = field(default=None, repr=False)
+
+    @property
+    def runner_dir(self) -> Path:
+        return self.directory / "actions-runner"
+
+    def runner_pid(self) -> int | None:
+        pid_file = self.runner_dir / runner_program.PID_FILE
+        with contextlib.suppress(OSError, ValueError):
+            return int(pid_file.read_text())
+        return None
+
+
+class SimulatedInstances:
+    """`with SimulatedInstances(...) as instances:` boots an agent for every instance the stack launches."""
+
+    def __init__(
+        self,
+        aws: LocalAws,
+        *,
+        table_name: str,
+        credentials_key_id: str,
+        stack_tag: tuple[str, str],
+        scratch: Path,
+        timeline: Timeline,
+        settings: InstanceSettings | None = None,
+        poll_seconds: float = 0.2,
+    ) -> None:
+        self._aws = aws
+        self._ec2 = aws.client("ec2")
+        self._tag = stack_tag
+        self._scratch = scratch
+        self._timeline = timeline
+        self.settings = settings or InstanceSettings()
+        self._agent_settings = {
+            "TABLE_NAME": table_name,
+            "CREDENTIALS_KEY_ID": credentials_key_id,
+            "REGION": REGION,
+            **self.settings.agent_environment(),
+        }
+        self._poll = poll_seconds
+        self._instances: dict[str, SimulatedInstance] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._metadata = InstanceMetadata()
+        self._watcher = threading.Thread(target=self._watch, name="simulated-instances", daemon=True)
+        self._readers: list[threading.Thread] = []
+        self._clients: dict[str, Any] = {}
+
+    # --- lifecycle
+
+    def __enter__(self) -> SimulatedInstances:
+        self._metadata.__enter__()
+        self._watcher.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._watcher.join()
+        with self._lock:
+            running = [i for i in self._instances.values() if i.phase is Phase.BOOTED]
+        for instance in running:
+            self._signal(instance, signal.SIGTERM)
+        for instance in running:
+            # The emulator stops, not the instance: its lane just ends, it was not terminated.
+            self._end(instance, reason=None)
+        for reader in self._readers:
+            reader.join(1.0)
+        self._metadata.__exit__(kind, error, trace)
+
+    # --- what a scenario does to instances
+
+    def crash(self, instance_id: str) -> None:
+        """The instance dies where it stands: agent and runner killed, no goodbye; EC2 still runs it."""
+        with self._lock:
+            instance = self._instances[instance_id]
+            if instance.phase is not Phase.BOOTED:
+                raise ValueError(f"{instance_id} is {instance.phase}; only a booted instance can crash")
+            instance.phase = Phase.CRASHED
+        self._kill(instance)
+        self._timeline.record(Happening.CRASHED, instance_id)
+
+    def instances(self) -> dict[str, SimulatedInstance]:
+        with self._lock:
+            return dict(self._instances)
+
+    def booted(self) -> list[str]:
+        with self._lock:
+            return [i.instance_id for i in self._instances.values() if i.phase is Phase.BOOTED]
+
+    # --- the watcher
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._poll):
+            try:
+                self.look()
+            except Exception:  # noqa: S112 - local EC2 unreachable for a moment: look again next time
+                continue
+
+    def look(self) -> None:
+        """One look at EC2 and at the instances' processes, acting on what changed."""
+        now = time.time()
+        for instance_id, state in self._ec2_states().items():
+            with self._lock:
+                instance = self._instances.get(instance_id)
+                if instance is None and state not in ENDED_EC2_STATES:
+                    self._instances[instance_id] = instance = SimulatedInstance(
+                        instance_id,
+                        self._scratch / instance_id,
+                        launched_at=now,
+                        boot_at=now + self.settings.boot_delay_seconds,
+                    )
+                    self._timeline.record(Happening.LAUNCHED, instance_id, at=now)
+            if instance is not None and state in ENDED_EC2_STATES and instance.phase is not Phase.ENDED:
+                self._signal(instance, signal.SIGTERM)
+                self._end(instance, reason=f"EC2 says {state}")
+        for instance in self.instances().values():
+            if instance.phase is Phase.LAUNCHED and instance.boot_at <= now:
+                self._boot(instance)
+            elif instance.phase is Phase.BOOTED and (instance.directory / POWERED_OFF).exists():
+                # The instance powered itself off; its shutdown behaviour is terminate.
+                self._ec2.terminate_instances(InstanceIds=[instance.instance_id])
+
+    def _ec2_states(self) -> dict[str, str]:
+        key, value = self._tag
+        reservations = self._ec2.describe_instances(Filters=[{"Name": f"tag:{key}", "Values": [value]}])
+        return {
+            instance["InstanceId"]: instance["State"]["Name"]
+            for reservation in reservations["Reservations"]
+            for instance in reservation["Instances"]
+        }
+
+    # --- one instance
+
+    def _boot(self, instance: SimulatedInstance) -> None:
+        instance.runner_dir.mkdir(parents=True, exist_ok=True)
+        if self.settings.in_process:
+            thread = _AgentThread(instance, self._in_process_settings(instance), self._shared_clients())
+            with self._lock:
+                instance.agent_thread, instance.phase = thread, Phase.BOOTED
+            thread.start()
+            return
+        run_sh = instance.runner_dir / "run.sh"
+        run_sh.write_text(_RUN_SH.format(python=sys.executable, program=runner_program.__file__))
+        run_sh.chmod(0o755)
+        tools = instance.directory / "bin"
+        tools.mkdir(exist_ok=True)
+        systemctl = tools / "systemctl"
+        systemctl.write_text(_SYSTEMCTL.format(marker=instance.directory / POWERED_OFF))
+        systemctl.chmod(0o755)
+        settings = {
+            **self._agent_settings,
+            "IMDS_ENDPOINT": self._metadata.endpoint(instance.instance_id),
+            "RUNNER_DIR": str(instance.runner_dir),
+            "STATE_FILE": str(instance.directory / "agent-state.json"),
+        }
+        environment = self._aws.child_environment(settings, ENV_PREFIX)
+        environment["PATH"] = f"{tools}{os.pathsep}{environment.get('PATH', '')}"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agent"],
+            cwd=instance.directory,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        with self._lock:
+            instance.agent, instance.phase = process, Phase.BOOTED
+        reader = threading.Thread(
+            target=self._read_journal, args=(instance, process.stdout), name=f"journal-{instance.instance_id}"
+        )
+        reader.daemon = True
+        reader.start()
+        self._readers.append(reader)
+
+    def _in_process_settings(self, instance: SimulatedInstance) -> AgentSettings:
+        run_sh = instance.runner_dir / "run.sh"
+        run_sh.write_text(_RUN_SH.format(python=sys.executable, program=runner_program.__file__))
+        run_sh.chmod(0o755)
+        values: dict[str, Any] = {name.lower(): value for name, value in self._agent_settings.items()}
+        values |= {"runner_dir": instance.runner_dir, "state_file": instance.directory / "agent-state.json"}
+        return AgentSettings.model_validate(values)
+
+    def _shared_clients(self) -> dict[str, Any]:
+        with self._lock:
+            if not self._clients:
+                self._clients = {service: self._aws.client(service) for service in ("dynamodb", "kms", "ec2")}
+                _route_agent_log(self._timeline)
+            return self._clients
+
+    def _read_journal(self, instance: SimulatedInstance, stream: IO[str] | None) -> None:
+        if stream is None:
+            return
+        with (instance.directory / "agent.log").open("a") as journal:
+            for line in stream:
+                journal.write(line)
+                happening, fields = _noted(line)
+                if happening is not None:
+                    detail = str(fields.get("run_key", ""))
+                    self._timeline.record(happening, instance.instance_id, detail=detail)
+
+    def _end(self, instance: SimulatedInstance, reason: str | None) -> None:
+        """The instance is gone (`reason`, for the timeline): give its agent the shutdown's grace, then
+        kill what is left."""
+        with self._lock:
+            if instance.phase is Phase.ENDED:
+                return
+            was_running = instance.phase is Phase.BOOTED
+            instance.phase = Phase.ENDED
+        if was_running and instance.agent is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                instance.agent.wait(self.settings.shutdown_seconds)
+        if was_running and instance.agent_thread is not None:
+            instance.agent_thread.stop(self.settings.shutdown_seconds)
+        self._kill(instance)
+        if reason is not None:
+            self._timeline.record(Happening.TERMINATED, instance.instance_id, detail=reason)
+
+    def _signal(self, instance: SimulatedInstance, signum: signal.Signals) -> None:
+        if instance.agent_thread is not None and signum is signal.SIGTERM:
+            instance.agent_thread.stopping.set()
+        if instance.agent is not None and instance.agent.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(instance.agent.pid, signum)
+
+    def _kill(self, instance: SimulatedInstance) -> None:
+        """Kill the agent's process group and the runner's (the runner leads a session of its own)."""
+        self._signal(instance, signal.SIGKILL)
+        runner = instance.runner_pid()
+        if runner is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(runner, signal.SIGKILL)
+        if instance.agent is not None:
+            instance.agent.wait()
+        if instance.agent_thread is not None:
+            instance.agent_thread.stop(self.settings.shutdown_seconds)
+
+
+def _noted(line: str) -> tuple[Happening | None, Mapping[str, Any]]:
+    """The timeline's happening for one journal line, if it notes one, and the line's fields."""
+    if not line.startswith("{"):
+        return None, {}
+    try:
+        fields = json.loads(line)
+    except ValueError:
+        return None, {}
+    return _AGENT_MESSAGES.get(str(fields.get("message"))), fields
+
+
+class _AgentThread(threading.Thread):
+    """Our agent in a thread of this process, as `python -m agent` would run it on the instance."""
+
+    def __init__(
+        self, instance: SimulatedInstance, settings: AgentSettings, clients: Mapping[str, Any]
+    ) -> None:
+        super().__init__(name=f"agent-{instance.instance_id}", daemon=True)
+        self.stopping = threading.Event()
+        identity = InstanceIdentity(instance.instance_id, REGION, ACCOUNT)
+        self._agent = build_agent(
+            settings,
+            identity,
+            dynamodb=clients["dynamodb"],
+            kms=clients["kms"],
+            ec2=clients["ec2"],
+            log=EventLog(logging.getLogger(IN_PROCESS_LOGGER), {"instance_id": instance.instance_id}),
+            poweroff=(instance.directory / POWERED_OFF).touch,
+        )
+
+    def run(self) -> None:
+        self._agent.run(self.stopping)
+
+    def stop(self, timeout_seconds: float) -> None:
+        self.stopping.set()
+        self.join(timeout_seconds)
+
+
+class _TimelineHandler(logging.Handler):
+    """Notes the in-process agents' lines the timeline cares about, as `_read_journal` does for processes."""
+
+    def __init__(self, timeline: Timeline) -> None:
+        super().__init__()
+        self._timeline = timeline
+
+    def emit(self, record: logging.LogRecord) -> None:
+        happening = _AGENT_MESSAGES.get(record.getMessage())
+        fields: Mapping[str, Any] = getattr(record, "fields", {})
+        if happening is not None and "instance_id" in fields:
+            self._timeline.record(
+                happening, str(fields["instance_id"]), detail=str(fields.get("run_key", ""))
+            )
+
+
+def _route_agent_log(timeline: Timeline) -> None:
+    logger = logging.getLogger(IN_PROCESS_LOGGER)
+    logger.handlers[:] = [_TimelineHandler(timeline)]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False

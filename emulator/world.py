@@ -1,0 +1,189 @@
+"""The whole system on one machine: local AWS, the fake GitHub, the stack deployed, simulated instances.
+
+`with world(scratch) as w:` gives a running system in which a scenario only acts as GitHub's users
+do (start workflow runs, cancel them) and as fate does (crash an instance, drop a webhook), and then
+looks at what happened. The demo, the end-to-end tests and the emulator benchmark all run on it.
+Timings are compressed (`compressed_config`): heartbeats every second, waits of seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from emulator.accounting import Accounting, account
+from emulator.aws import INSTANCE_ARNS, LocalAws, local_aws
+from emulator.deployment import Deployment, GitHubAppSetup, Timers, deploy
+from emulator.fake_github import FakeGitHub, FakeWorkflowRun, JobSpec
+from emulator.simulated_instances import InstanceSettings, SimulatedInstances
+from emulator.timeline import RecordWatcher, Timeline, TimelineEvent
+from runner_pool import observability
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import SystemClock
+from runner_pool.domain.config import StackConfig
+from runner_pool.observability import logger
+
+APP_ID = 4242
+INSTALLATION_ID = 77
+OWNER = "octo-org"
+REPOSITORY = f"{OWNER}/app"
+STACK_NAME = "runner-pool-local"
+METRICS_DISABLED = "POWERTOOLS_METRICS_DISABLED"
+MOTO_STEP_FUNCTIONS = "moto.stepfunctions"
+LOST_RUNNER_SECONDS = 6.0
+"""How long GitHub waits for a silent runner before it fails its job (minutes on GitHub)."""
+
+
+COMPRESSED_TIMEOUTS: dict[str, float] = {
+    "heartbeat_period_seconds": 1,
+    "healthy_window_seconds": 4,
+    "claim_registration_seconds": 10,
+    "fleet_validation_seconds": 60,
+    "fleet_validation_poll_seconds": 1,
+    "release_receipt_seconds": 15,
+    "created_threshold_seconds": 120,
+    "claimed_threshold_seconds": 30,
+    "idle_seconds": 300,
+}
+"""The lifecycle's timeouts in seconds where the design has minutes; the agents beat every second."""
+
+
+def compressed_config(**overrides: Any) -> StackConfig:
+    """The stack config with the App on the fake GitHub and the compressed timeouts."""
+    settings: dict[str, Any] = {
+        "timeouts": COMPRESSED_TIMEOUTS,
+        "github": {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": REPOSITORY},
+        **overrides,
+    }
+    return StackConfig.model_validate(settings)
+
+
+@dataclass
+class World:
+    aws: LocalAws
+    github: FakeGitHub
+    stack: Deployment
+    instances: SimulatedInstances
+    timeline: Timeline
+    records: StateTable
+    """The state table read through a client of the emulator's own (its reads are not counted)."""
+
+    def start_run(self, workflow: str, *jobs: JobSpec) -> FakeWorkflowRun:
+        return self.github.actions.start_run(REPOSITORY, workflow, jobs)
+
+    def events(self) -> list[TimelineEvent]:
+        """The timeline so far, with the jobs as the fake GitHub saw them."""
+        with self.github.state.lock:
+            jobs = list(self.github.state.jobs.values())
+        return self.timeline.events(jobs)
+
+    def accounting(self) -> Accounting:
+        return account(self.aws.client("ec2"), self.records, self.stack.stack_name)
+
+
+@contextmanager
+def world(
+    scratch: Path,
+    *,
+    config: StackConfig | None = None,
+    instance_settings: InstanceSettings | None = None,
+    timers: Timers | None = None,
+    lost_runner_seconds: float = LOST_RUNNER_SECONDS,
+) -> Iterator[World]:
+    config = config or compressed_config()
+    private_pem, public_pem = _app_key()
+    app = GitHubAppSetup(APP_ID, INSTALLATION_ID, private_pem, REPOSITORY)
+    with (
+        _lambdas_quiet(),
+        local_aws(state_machines=True) as aws,
+        FakeGitHub(APP_ID, public_pem, lost_runner_seconds=lost_runner_seconds) as github,
+    ):
+        github.state.add_installation(INSTALLATION_ID, OWNER)
+        with deploy(
+            aws,
+            config,
+            github,
+            app,
+            webhook_secret=secrets.token_hex(20),
+            stack_name=STACK_NAME,
+            timers=timers,
+        ) as stack:
+            timeline = Timeline()
+            records = StateTable(
+                stack.plane.settings.table_name,
+                config.timeouts,
+                SystemClock(),
+                aws.client("dynamodb"),
+                arns=INSTANCE_ARNS,
+            )
+            watcher = RecordWatcher(records, timeline).start()
+            try:
+                with SimulatedInstances(
+                    aws,
+                    table_name=stack.plane.settings.table_name,
+                    credentials_key_id=stack.credentials_key_id,
+                    stack_tag=stack.stack_tag,
+                    scratch=scratch,
+                    timeline=timeline,
+                    settings=instance_settings,
+                ) as instances:
+                    yield World(aws, github, stack, instances, timeline, records)
+            finally:
+                watcher.stop()
+                # Executions still under way when local AWS stops fail loudly in moto's log; they are
+                # cut short by the emulator's end, not by a fault of theirs.
+                logging.getLogger(MOTO_STEP_FUNCTIONS).setLevel(logging.CRITICAL)
+
+
+@contextmanager
+def _lambdas_quiet() -> Iterator[None]:
+    """Our Lambdas log and publish metrics on stdout, as on AWS (to CloudWatch); here only warnings show."""
+    saved = os.environ.get(METRICS_DISABLED)
+    os.environ[METRICS_DISABLED] = "true"
+    level = logger.log_level
+    logger.setLevel(logging.WARNING)
+    moto_level = logging.getLogger(MOTO_STEP_FUNCTIONS).level
+    try:
+        # Powertools' single_metric prints whatever POWERTOOLS_METRICS_DISABLED says.
+        with warnings.catch_warnings(), mock.patch.object(observability, "single_metric", _no_metric):
+            warnings.filterwarnings("ignore", message="No application metrics to publish")
+            yield
+    finally:
+        logging.getLogger(MOTO_STEP_FUNCTIONS).setLevel(moto_level)
+        logger.setLevel(level)
+        if saved is None:
+            os.environ.pop(METRICS_DISABLED, None)
+        else:
+            os.environ[METRICS_DISABLED] = saved
+
+
+@contextmanager
+def _no_metric(**_: Any) -> Iterator[None]:
+    yield
+
+
+def _app_key() -> tuple[str, str]:
+    """A throwaway GitHub App key pair (private PEM as GitHub issues it, public PEM for the fake)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    ).decode()
+    public_pem = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    return private_pem, public_pem

@@ -1,0 +1,185 @@
+"""The emulator's parts on local AWS (moto's server): a fake GitHub, simulated instances running our agent.
+
+The control plane's side is played here through the adapters the Lambdas use (state table, runner
+credentials, the GitHub App client), so the instance side can be tested before and apart from the
+state machines.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulator.aws import INSTANCE_ARNS, LocalAws, local_aws
+from emulator.deployment import Timers
+from emulator.fake_github import FakeGitHub, FakeJob, FakeWorkflowRun, JobSpec, JobStatus
+from emulator.instances import instance_facts
+from emulator.resources import create_state_table
+from emulator.simulated_instances import InstanceSettings, SimulatedInstances
+from emulator.timeline import Timeline
+from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
+from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import SystemClock
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.executions import runner_name
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import Signal, WorkerSignal
+from runner_pool.domain.runner_scope import RepositoryScope
+from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+
+TABLE = "runner-pool-e2e"
+STACK_TAG = ("runner-pool:stack", "e2e")
+MOTO_IMAGE_ID = "ami-12c6146b"
+WAIT_SECONDS = 20.0
+LABEL = "pool=${{ github.run_id }}/class=large"
+REPOSITORY = f"{OWNER}/{REPO}"
+LOST_RUNNER_SECONDS = 3.0
+QUICK = InstanceSettings(boot_delay_seconds=0.1, heartbeat_period_seconds=0.5, watch_period_seconds=0.1)
+
+
+def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS) -> Any:
+    """Poll `check` until it returns something truthy; fail the test with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+    return result
+
+
+@pytest.fixture(scope="session")
+def app_key() -> AppKey:
+    return generate_app_key()
+
+
+@dataclass
+class Stage:
+    """Local AWS, the fake GitHub and simulated instances, and the control plane's adapters over them."""
+
+    aws: LocalAws
+    github: FakeGitHub
+    instances: SimulatedInstances
+    timeline: Timeline
+    table: StateTable
+    credentials: RunnerCredentials
+    app: GitHubApp
+
+    def launch(self) -> str:
+        """An instance launched with the stack's tag, recorded and admitted to the pool."""
+        ec2 = self.aws.client("ec2")
+        instance_id: str = ec2.run_instances(
+            ImageId=MOTO_IMAGE_ID,
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=[
+                {"ResourceType": "instance", "Tags": [{"Key": STACK_TAG[0], "Value": STACK_TAG[1]}]}
+            ],
+        )["Instances"][0]["InstanceId"]
+        assert self.table.create(instance_facts(instance_id=instance_id), run_key=None).succeeded
+        assert self.table.admit(instance_id).succeeded
+        return instance_id
+
+    def start_run(self, *jobs: JobSpec) -> FakeWorkflowRun:
+        return self.github.actions.start_run(REPOSITORY, "ci", jobs or [JobSpec("build", LABEL, seconds=0.3)])
+
+    def hand_over(self, instance_id: str, run_key: str) -> str:
+        """Claim the instance for `run_key` and hand it a JIT runner config, as a claim worker does."""
+        token = uuid.uuid4().hex
+        assert self.table.claim(instance_id, run_key, token).succeeded
+        jit = self.app.jit_config(runner_name(instance_id, token), [run_key])
+        self.credentials.store(instance_id, INSTANCE_ARNS.arn(instance_id), run_key, jit.encoded_jit_config)
+        return token
+
+    def await_signal(self, instance_id: str, signal: Signal, run_key: str | None) -> WorkerSignal:
+        def confirmed() -> WorkerSignal | None:
+            current = self.table.read_signal(instance_id)
+            return current if current is not None and current.confirms(signal, run_key) else None
+
+        found: WorkerSignal = eventually(confirmed, f"{signal.value} from {instance_id}")
+        return found
+
+
+@pytest.fixture
+def stage(app_key: AppKey, tmp_path: Path) -> Iterator[Stage]:
+    timeouts = StackConfig().timeouts
+    with (
+        local_aws() as aws,
+        FakeGitHub(APP_ID, app_key.public_pem, lost_runner_seconds=LOST_RUNNER_SECONDS) as github,
+    ):
+        github.state.add_installation(INSTALLATION_ID, OWNER)
+        dynamodb = aws.client("dynamodb")
+        create_state_table(dynamodb, TABLE)
+        key_id = aws.client("kms").create_key()["KeyMetadata"]["KeyId"]
+        table = StateTable(TABLE, timeouts, SystemClock(), dynamodb, arns=INSTANCE_ARNS)
+        credentials = RunnerCredentials(
+            TABLE, timeouts, SystemClock(), key_id=key_id, dynamodb=dynamodb, kms=aws.client("kms")
+        )
+        app = GitHubApp(
+            APP_ID,
+            app_key.private_pem,
+            INSTALLATION_ID,
+            RepositoryScope(owner=OWNER, repo=REPO),
+            base_url=github.url,
+        )
+        timeline = Timeline()
+        instances = SimulatedInstances(
+            aws,
+            table_name=TABLE,
+            credentials_key_id=key_id,
+            stack_tag=STACK_TAG,
+            scratch=tmp_path,
+            timeline=timeline,
+            settings=QUICK,
+            poll_seconds=0.05,
+        )
+        with instances:
+            yield Stage(aws, github, instances, timeline, table, credentials, app)
+        app.close()
+
+
+# --- the whole system -------------------------------------------------------------------------------
+
+FAST_INSTANCES = InstanceSettings(
+    boot_delay_seconds=0.5, heartbeat_period_seconds=1.0, watch_period_seconds=0.2
+)
+FAST_TIMERS = Timers(refresh_every_seconds=2.0, batching_window_seconds=1.0)
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[World]:
+    """The whole system on local AWS, with its waits compressed further than the demo's."""
+    config = compressed_config(timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8})
+    with world(
+        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
+    ) as running:
+        yield running
+
+
+def completed(system: World, run: FakeWorkflowRun, timeout: float = 60.0) -> FakeWorkflowRun:
+    eventually(lambda: run.status is JobStatus.COMPLETED, f"run {run.run_id} to complete", timeout)
+    return run
+
+
+def settled(system: World, timeout: float = 60.0) -> None:
+    """Every live instance idle and in date, and no execution running."""
+
+    def quiet() -> bool:
+        records = system.records.live()
+        now = time.time()
+        return all(
+            r.state is InstanceState.IDLE and not r.threshold_passed(now) for r in records
+        ) and not any(e["status"] == "RUNNING" for e in system.stack.executions())
+
+    eventually(quiet, "the system to settle", timeout)
+
+
+def job_of(system: World, run: FakeWorkflowRun, index: int = 0) -> FakeJob:
+    return system.github.state.jobs[run.job_ids[index]]

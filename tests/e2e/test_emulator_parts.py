@@ -1,0 +1,148 @@
+"""The emulator's stand-ins for AWS's own plumbing and GitHub's webhook sender, each on its own."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
+from githubkit.webhooks import verify
+
+from emulator.api_gateway import PAYLOAD_LIMIT_BYTES, ProxyEndpoint
+from emulator.aws import local_aws
+from emulator.event_sources import QueueEventSource
+from emulator.fake_github import FakeGitHub, JobSpec
+from tests.e2e.conftest import LABEL, REPOSITORY, eventually
+from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, AppKey
+
+SECRET = "it's a secret to everybody"
+
+
+class Receiver(ThreadingHTTPServer):
+    """An endpoint that keeps what GitHub posts to it."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Keep)
+        self.received: list[tuple[dict[str, str], bytes]] = []
+        """(headers with lowercased names, body) of each request."""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/webhook"
+
+
+class _Keep(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+        self.send_response(202)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers or {})  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
+            return int(answer.status), answer.read()
+    except urllib.error.HTTPError as refused:
+        return int(refused.code), refused.read()
+
+
+def test_github_signs_each_webhook_with_the_secret_as_github_does(
+    app_key: AppKey, receiver: Receiver
+) -> None:
+    # Given a fake GitHub whose App webhook points at an endpoint
+    with FakeGitHub(APP_ID, app_key.public_pem) as github:
+        github.state.add_installation(INSTALLATION_ID, OWNER)
+        github.webhooks.point_at(receiver.url, SECRET)
+
+        # When a run starts
+        github.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL)])
+        assert github.webhooks.flush()
+
+    # Then each delivery names its event and carries a signature githubkit verifies with the secret
+    events = [(headers["x-github-event"], json.loads(body)["action"]) for headers, body in receiver.received]
+    assert events == [("workflow_run", "requested"), ("workflow_job", "queued")]
+    for headers, body in receiver.received:
+        assert verify(SECRET, body, headers["x-hub-signature-256"])
+        assert headers["x-github-delivery"]
+
+
+def test_api_gateway_hands_the_function_a_rest_proxy_event_and_returns_its_answer() -> None:
+    # Given a function behind the local API Gateway that echoes what it was given
+    def echo(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        request = APIGatewayProxyEvent(event)
+        seen = {"path": request.path, "event": request.headers.get("X-GitHub-Event"), "body": request.body}
+        return {"statusCode": 202, "headers": {"Content-Type": "application/json"}, "body": json.dumps(seen)}
+
+    with ProxyEndpoint(echo, "/webhook", "echo") as api:
+        # When a request is posted
+        status, body = post(api.url, b'{"zen": "ok"}', {"X-GitHub-Event": "ping"})
+
+    # Then the function read it through Powertools' model, and its answer came back as the response
+    assert status == 202
+    assert json.loads(body) == {"path": "/webhook", "event": "ping", "body": '{"zen": "ok"}'}
+
+
+def test_api_gateway_refuses_an_oversized_request_before_the_function_runs() -> None:
+    # Given a function behind the local API Gateway
+    calls: list[dict[str, Any]] = []
+
+    def function(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        calls.append(event)
+        return {"statusCode": 200}
+
+    with ProxyEndpoint(function, "/webhook", "f") as api:
+        # When a body over API Gateway's limit is posted
+        status, _ = post(api.url, b"x" * (PAYLOAD_LIMIT_BYTES + 1))
+
+    # Then API Gateway answers 413 itself
+    assert status == 413
+    assert calls == []
+
+
+def test_the_queue_event_source_deletes_handled_messages_and_leaves_failed_ones() -> None:
+    # Given a queue of three messages and a function that reports the second as failed
+    with local_aws() as aws:
+        sqs = aws.client("sqs")
+        url = sqs.create_queue(QueueName="demand", Attributes={"VisibilityTimeout": "60"})["QueueUrl"]
+        for number in range(3):
+            sqs.send_message(QueueUrl=url, MessageBody=str(number))
+        batches: list[list[str]] = []
+
+        def dispatch(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+            batches.append([record["body"] for record in event["Records"]])
+            failed = [r["messageId"] for r in event["Records"] if r["body"] == "1"]
+            return {"batchItemFailures": [{"itemIdentifier": message_id} for message_id in failed]}
+
+        # When the event source runs with a batching window
+        with QueueEventSource(dispatch, "dispatcher", sqs=sqs, queue_url=url, window_seconds=0.5):
+            eventually(lambda: batches, "a batch")
+
+        # Then all three came in one batch, and only the failed one is still in the queue
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert sorted(batches[0]) == ["0", "1", "2"]
+    assert int(attributes["ApproximateNumberOfMessagesNotVisible"]) == 1
+    assert int(attributes["ApproximateNumberOfMessages"]) == 0

@@ -1,0 +1,108 @@
+"""Every webhook the fake GitHub sends validates against githubkit's webhook models, and names no other key.
+
+githubkit's webhook models are generated from GitHub's own description of its webhooks, so a body
+that validates, with no key the models leave out, is one the webhook Lambda will meet on GitHub.
+The fake is driven directly (no server), so each event is delivered at once and kept as a delivery.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from githubkit.webhooks import parse_obj
+
+from emulator.fake_github import Conclusion, FakeDelivery, FakeGitHub, JobSpec
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.runner_scope import RepositoryScope
+from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from tests.unit.test_fake_github_shapes import unknown_keys
+
+REPOSITORY = f"{OWNER}/{REPO}"
+LABEL = "pool=${{ github.run_id }}/class=large"
+
+
+@pytest.fixture(scope="module")
+def app_key() -> AppKey:
+    return generate_app_key()
+
+
+@pytest.fixture
+def fake(app_key: AppKey, clock: ManualClock) -> FakeGitHub:
+    github = FakeGitHub(APP_ID, app_key.public_pem, clock=clock)
+    github.state.add_installation(INSTALLATION_ID, OWNER)
+    return github
+
+
+def one_job_served(fake: FakeGitHub, conclusion: Conclusion) -> None:
+    """A run of one job that a runner takes and finishes with `conclusion`."""
+    run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL)])
+    runner = fake.state.register_runner(
+        RepositoryScope(owner=OWNER, repo=REPO), "i-0abc-1234abcd", [f"pool={run.run_id}/class=large"]
+    )
+    fake.actions.connect(runner)
+    job = fake.actions.next_job(runner)
+    assert job is not None
+    fake.actions.finish(runner, job.job_id, conclusion)
+
+
+def one_job_cancelled_while_queued(fake: FakeGitHub) -> None:
+    run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL)])
+    fake.actions.cancel_run(run.run_id)
+
+
+Story = Callable[[FakeGitHub], None]
+
+STORIES: dict[str, Story] = {
+    "a job served successfully": lambda fake: one_job_served(fake, Conclusion.SUCCESS),
+    "a job that failed": lambda fake: one_job_served(fake, Conclusion.FAILURE),
+    "a run cancelled while its job was queued": one_job_cancelled_while_queued,
+}
+
+
+def sent(fake: FakeGitHub) -> list[FakeDelivery]:
+    return sorted(fake.state.deliveries.values(), key=lambda d: d.delivery_id)
+
+
+@pytest.mark.parametrize("story", STORIES)
+def test_each_webhook_has_githubs_shape(fake: FakeGitHub, story: str) -> None:
+    # Given a run that goes through one of its stories
+    STORIES[story](fake)
+
+    # When each webhook it caused is parsed as githubkit parses GitHub's
+    deliveries = sent(fake)
+    for delivery in deliveries:
+        payload: dict[str, Any] = json.loads(delivery.payload)
+        model = parse_obj(delivery.event, payload)
+
+        # Then it validates, as the model of its action, and carries nothing the model does not name
+        assert type(model).__name__.lower().endswith(f"{delivery.action}".replace("_", ""))
+        assert unknown_keys(model, payload) == [], (delivery.event, delivery.action)
+    assert deliveries
+
+
+def test_a_job_webhook_carries_the_label_with_the_run_id_filled_in(fake: FakeGitHub) -> None:
+    # Given a workflow whose job runs on our label, written with `${{ github.run_id }}`
+    # When it runs
+    run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL)])
+
+    # Then the queued webhook names the label as GitHub expands it, and the App's installation
+    queued = json.loads(sent(fake)[-1].payload)
+    assert queued["workflow_job"]["labels"] == [f"pool={run.run_id}/class=large"]
+    assert queued["installation"]["id"] == INSTALLATION_ID
+    assert queued["repository"]["full_name"] == REPOSITORY
+
+
+def test_a_completed_job_webhook_names_the_runner_that_ran_it(fake: FakeGitHub) -> None:
+    # Given a job a runner took
+    # When it completes
+    one_job_served(fake, Conclusion.SUCCESS)
+
+    # Then the completed event names that runner (release finds the instance by the name)
+    completed = [
+        json.loads(d.payload) for d in sent(fake) if d.action == "completed" and d.event == "workflow_job"
+    ]
+    assert [c["workflow_job"]["runner_name"] for c in completed] == ["i-0abc-1234abcd"]
+    assert completed[0]["workflow_job"]["conclusion"] == "success"
