@@ -46,6 +46,7 @@ from runner_pool.adapters.fleet import LAUNCH_TAG
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.demand import BATCHING_WINDOW_SECONDS
 from runner_pool.domain.runner_scope import RepositoryScope
 from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
 from runner_pool.handlers import dispatcher, refresh, webhook
@@ -71,7 +72,7 @@ class GitHubAppSetup:
 class Timers:
     refresh_every_seconds: float = 5.0
     """The refresh schedule; the stack's is every minute."""
-    batching_window_seconds: float = 2.0
+    batching_window_seconds: float = BATCHING_WINDOW_SECONDS
     """The dispatcher's batching window on the demand queue."""
     batch_size: int = 100
 

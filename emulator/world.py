@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
@@ -28,7 +27,6 @@ from emulator.deployment import Deployment, GitHubAppSetup, Timers, deploy
 from emulator.fake_github import FakeGitHub, FakeWorkflowRun, JobSpec
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
 from emulator.timeline import RecordWatcher, Timeline, TimelineEvent
-from runner_pool import observability
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
@@ -155,8 +153,7 @@ def _lambdas_quiet() -> Iterator[None]:
     logger.setLevel(logging.WARNING)
     moto_level = logging.getLogger(MOTO_STEP_FUNCTIONS).level
     try:
-        # Powertools' single_metric prints whatever POWERTOOLS_METRICS_DISABLED says.
-        with warnings.catch_warnings(), mock.patch.object(observability, "single_metric", _no_metric):
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="No application metrics to publish")
             yield
     finally:
@@ -166,11 +163,6 @@ def _lambdas_quiet() -> Iterator[None]:
             os.environ.pop(METRICS_DISABLED, None)
         else:
             os.environ[METRICS_DISABLED] = saved
-
-
-@contextmanager
-def _no_metric(**_: Any) -> Iterator[None]:
-    yield
 
 
 def _app_key() -> tuple[str, str]:

@@ -25,6 +25,7 @@ from constructs import Construct
 
 from infra.constructs.functions import LOG_RETENTION, ControlPlaneFunctions
 from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
+from runner_pool.domain.demand import BATCHING_WINDOW_SECONDS
 
 WEBHOOK_PATH = "webhook"
 REQUIRED_HEADERS = ("X-GitHub-Event", "X-GitHub-Delivery")
@@ -35,8 +36,7 @@ THROTTLE_BURST = 100
 flood of forged requests cannot run up the Lambda bill."""
 DISPATCHER_TIMEOUT_SECONDS = 60
 DEMAND_BATCH_SIZE = 100
-DEMAND_BATCHING_WINDOW_SECONDS = 2
-"""How long SQS gathers demand before invoking the dispatcher: a matrix's jobs arrive within it."""
+DEMAND_BATCHING_WINDOW_SECONDS = BATCHING_WINDOW_SECONDS
 DEMAND_MAX_RECEIVES = 5
 
 

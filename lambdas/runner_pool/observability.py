@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
@@ -17,8 +19,11 @@ def count(name: str, value: float = 1, unit: MetricUnit = MetricUnit.Count) -> N
     """Publish one count metric at once, on its own.
 
     Not the process-wide `metrics` set: the local emulator runs a Map's iterations as threads of
-    one process, where one handler's flush would empty another's set mid-way.
+    one process, where one handler's flush would empty another's set mid-way. Honours
+    POWERTOOLS_METRICS_DISABLED, which Powertools' single_metric does not.
     """
+    if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() in ("1", "true"):
+        return
     with single_metric(
         name=name,
         unit=unit,

@@ -7,6 +7,7 @@ own (`use_control_plane`), with their clock, their clients and a GitHub App aime
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any
@@ -38,12 +39,15 @@ class ControlPlane:
         clients: ClientFactory | None = None,
         backoff: Backoff | None = None,
         github: GitHubApp | None = None,
+        pause: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
         self._clients: ClientFactory = clients or _default_client
         self.backoff = backoff or Backoff()
         self._github = github
+        self.pause = pause
+        """How a step waits briefly in-line (tests and the emulator let simulated time pass instead)."""
         self._made: dict[str, Any] = {}
 
     @property

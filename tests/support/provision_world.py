@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -163,20 +164,22 @@ def provision_world(
             clock=clock,
         )
         stack.callback(app.close)
+
+        def time_passes(seconds: float) -> None:
+            clock.advance(seconds)
+            agents.act()
+
         plane = ControlPlane(
             settings,
             clock=clock,
             clients=lambda service: clients.get(service) or boto3.client(service, region_name=REGION),
             backoff=NO_WAIT,
             github=app,
+            pause=time.sleep if real_time else time_passes,
         )
         use_control_plane(plane)
         stack.callback(use_control_plane, None)
         agents = ScriptedAgents(plane.state_table, plane.credentials, plane.instance_arn)
-
-        def time_passes(seconds: int) -> None:
-            clock.advance(seconds)
-            agents.act()
 
         if real_time:
             stack.enter_context(agents_acting(agents))
