@@ -23,7 +23,9 @@ ROUNDS = 5
 BATCH = 4
 
 
-def _warm_round(world: ProvisionWorld, round_number: int) -> tuple[float, int, int]:
+def _warm_round(world: ProvisionWorld, round_number: int) -> tuple[float, int, int] | None:
+    """One all-warm batch's figures; None when a worker found the pool empty and a runner was created
+    (concurrent workers can see a moment with every message in another worker's hands)."""
     for n in range(BATCH):
         world.warm(round_number * 100 + n + 1)
     calls_before = len(world.invocations.calls)
@@ -32,7 +34,7 @@ def _warm_round(world: ProvisionWorld, round_number: int) -> tuple[float, int, i
     elapsed = time.perf_counter() - started
     result = output(execution)
     if len(result["warm"]) != BATCH:
-        raise AssertionError(f"warm round {round_number} was not all warm: {result}")
+        return None
     return elapsed, execution.state_transitions, len(world.invocations.calls) - calls_before
 
 
@@ -63,7 +65,8 @@ def run() -> BenchTable:
         ("path", "transitions/runner", "lambda calls/runner", "execution s (median)"),
     )
     with provision_world(real_time=True) as world:
-        warm = [_warm_round(world, n) for n in range(ROUNDS)]
+        tried = [_warm_round(world, n) for n in range(ROUNDS * 2)]
+        warm = [figures for figures in tried if figures is not None][:ROUNDS]
         cold = [_cold_round(world, n) for n in range(ROUNDS)]
         single = _single_warm(world)
     for name, rounds in (("warm claim", warm), ("cold create", cold)):
@@ -80,5 +83,10 @@ def run() -> BenchTable:
         f"warm control-plane time, one runner, agent answering at once: median {median:.2f} s "
         f"(min {min(single):.2f}, max {max(single):.2f}); target < 2 s"
     )
+    mixed = sum(1 for figures in tried if figures is None)
+    table.note(
+        f"warm batches where a worker found the pool empty and created instead: {mixed} of {len(tried)}"
+    )
+    table.figure("provision_warm_batches_partly_cold_count", mixed)
     table.note("cold create includes the fleet-validation Wait (5 s poll); an instance's boot is not counted")
     return table

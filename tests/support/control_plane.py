@@ -15,6 +15,7 @@ import functools
 import importlib
 import itertools
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -172,14 +173,19 @@ class LocalControlPlane:
         )
 
     def accounting(self) -> Accounting:
-        """Every EC2 instance with the stack's tag has a live record, and every live record an instance."""
-        return account(self.ec2, self.table, STACK_NAME)
+        """Every EC2 instance with the stack's tag has a live record, and every live record an instance
+        (or, expired, a terminated one that refresh has yet to mark)."""
+        return account(self.ec2, self.table, STACK_NAME, now=self.clock.now())
 
 
 @contextmanager
 def local_control_plane(
-    config: StackConfig | None = None, clock: ManualClock | None = None
+    config: StackConfig | None = None,
+    clock: ManualClock | None = None,
+    *,
+    pause: Callable[[float], None] = time.sleep,
 ) -> Iterator[LocalControlPlane]:
+    """`pause` is how steps wait in-line (ControlPlane.pause): a test lets simulated time pass there."""
     clock = clock or ManualClock()
     config = config or stack_config()
     key = app_key()
@@ -219,6 +225,7 @@ def local_control_plane(
             clients=lambda service: clients.get(service) or client(service),
             backoff=NO_WAIT,
             github=app,
+            pause=pause,
         )
         use_control_plane(plane)
         try:
@@ -253,8 +260,12 @@ class LocalStateMachine:
         chosen = {**self.handlers, **(replace or {})}
         routed = {_function_name(self.machine, handler): chosen[handler] for handler in self.handlers}
         with without_waiting(on_wait), lambdas_in_process(routed):
-            # moto names an unnamed execution "None", so a second one would clash with the first.
-            return self.machines.run(self.arn, payload, name=name or str(uuid.uuid4()))
+            return self.machines.run(self.arn, payload, name=name)
+
+    @property
+    def routed(self) -> dict[str, Handler]:
+        """Each of the machine's moto functions → our handler, for `lambdas_in_process`."""
+        return {_function_name(self.machine, handler): self.handlers[handler] for handler in self.handlers}
 
 
 def deploy(machine: str, substitutions: Mapping[str, str] | None = None) -> LocalStateMachine:

@@ -1,9 +1,9 @@
-"""The provision state machine's world for tests: moto (DynamoDB, SQS, EC2 with simulated CreateFleet,
-KMS, Secrets Manager, Step Functions executing the real ASL), a fake GitHub, and scripted agents.
+"""The provision state machine's world: the local control plane (tests/support/control_plane.py) with
+the real provision ASL deployed in moto, and scripted agents on the instances.
 
-Time is a ManualClock that moves only in the machine's Wait states, by as much as each waits, and
-after each move the scripted agents act: the machine's polling loops see the world change exactly
-as they would on AWS, with no test ever sleeping.
+Time is a ManualClock that moves only where the machine waits (its Wait states, and a step's in-line
+pauses), by as much as each waits, and after each move the scripted agents act: the polling loops
+see the world change as they would on AWS, with no test ever sleeping.
 """
 
 from __future__ import annotations
@@ -14,59 +14,50 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import boto3
-from moto import mock_aws
-
-from emulator.accounting import Accounting, account
-from emulator.atomic_dynamodb import atomic_items
-from emulator.ec2_fleet import SimulatedEc2
-from emulator.fake_github import FakeGitHub
+from emulator.accounting import Accounting
 from emulator.instances import instance_facts, put_in_pool
-from emulator.resources import create_fleet_setup, create_pool_queues, create_state_table
-from emulator.step_functions import (
-    MOTO_CONFIG,
-    Execution,
-    LocalStateMachines,
-    lambdas_in_process,
-    render_asl,
-    without_waiting,
-)
-from runner_pool.adapters.github_app import GitHubApp
+from emulator.step_functions import Execution, Invocations, lambdas_in_process, without_waiting
 from runner_pool.domain.clock import ManualClock, SystemClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.records import Arch, InstanceFacts, PoolMessage
-from runner_pool.environment import ControlPlaneSettings
-from runner_pool.handlers import provision
-from runner_pool.wiring import ControlPlane, use_control_plane
-from tests.conftest import NO_WAIT, REGION, TABLE_NAME
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, generate_app_key
+from tests.support.control_plane import (
+    STACK_NAME,
+    LocalControlPlane,
+    LocalStateMachine,
+    deploy,
+    local_control_plane,
+)
+from tests.support.github_app import OWNER, REPO
 from tests.support.scripted_agents import ScriptedAgents
 
-PROVISION_ASL = Path(__file__).resolve().parents[2] / "infra" / "statemachines" / "provision.asl.json"
-PROVISION_STEPS = ("begin", "claim", "check_claim", "discard", "create", "check_fleet", "finish", "dump")
-STACK_NAME = "runner-pool-test"
 REPOSITORY = f"{OWNER}/{REPO}"
-_APP_KEY = generate_app_key()
-
-
-def pascal(step: str) -> str:
-    return "".join(part.title() for part in step.split("_"))
 
 
 @dataclass
 class ProvisionWorld:
-    clock: ManualClock
-    plane: ControlPlane
-    ec2: SimulatedEc2
-    github: FakeGitHub
+    local: LocalControlPlane
     agents: ScriptedAgents
-    machines: LocalStateMachines
-    machine_arn: str
-    invocations: Any
+    machine: LocalStateMachine
+    invocations: Invocations
+
+    @property
+    def plane(self) -> Any:
+        return self.local.plane
+
+    @property
+    def clock(self) -> Any:
+        return self.local.clock
+
+    @property
+    def ec2(self) -> Any:
+        return self.local.ec2
+
+    @property
+    def github(self) -> Any:
+        return self.local.github
 
     def warm(self, number: int, **shape: Any) -> PoolMessage:
         """A vetted idle instance in the pool: launched in EC2, recorded, admitted, offered, beating."""
@@ -92,11 +83,8 @@ class ProvisionWorld:
 
     def provision(self, run_key: str, count: int, name: str | None = None) -> Execution:
         request = ProvisionRequest(repository=REPOSITORY, run_key=run_key, count=count)
-        return self.machines.run(
-            self.machine_arn,
-            request.model_dump(mode="json"),
-            name=name or request.execution_name,
-            timeout_seconds=60,
+        return self.machine.machines.run(
+            self.machine.arn, request.model_dump(mode="json"), name or request.execution_name, 60
         )
 
     def provision_concurrently(self, demands: list[tuple[str, int]]) -> list[Execution]:
@@ -104,19 +92,17 @@ class ProvisionWorld:
         started = []
         for run_key, count in demands:
             request = ProvisionRequest(repository=REPOSITORY, run_key=run_key, count=count)
-            started.append(
-                self.machines.start(self.machine_arn, request.model_dump(mode="json"), request.execution_name)
-            )
-        return [self.machines.wait(arn, timeout_seconds=60) for arn in started]
+            payload = request.model_dump(mode="json")
+            started.append(self.machine.machines.start(self.machine.arn, payload, request.execution_name))
+        return [self.machine.machines.wait(arn, timeout_seconds=60) for arn in started]
 
     def accounting(self) -> Accounting:
-        return account(self.ec2, self.plane.state_table, STACK_NAME, now=self.clock.now())
+        return self.local.accounting()
 
     def pool_messages(self, resource_class: str = "large") -> list[PoolMessage]:
         """What the class's pool queue holds (received and made visible again at once)."""
         url = self.plane.settings.pool_queue_urls[resource_class]
-        sqs = self.plane.client("sqs")
-        bodies = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)
+        bodies = self.local.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)
         return [PoolMessage.from_body(m["Body"]) for m in bodies.get("Messages", [])]
 
 
@@ -124,80 +110,28 @@ class ProvisionWorld:
 def provision_world(
     config: StackConfig | None = None, *, real_time: bool = False
 ) -> Iterator[ProvisionWorld]:
-    """The world on a ManualClock moved by the Wait states; or (`real_time`, for benchmarks) on the
-    system clock with real waits, the scripted agents acting every few milliseconds meanwhile."""
-    config = config or StackConfig.model_validate(
-        {"github": {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": REPOSITORY}}
-    )
+    """The world on a ManualClock moved where the machine waits; or (`real_time`, for benchmarks) on
+    the system clock with real waits, the scripted agents acting every few milliseconds meanwhile."""
     clock: Any = SystemClock() if real_time else ManualClock()
-    with ExitStack() as stack:
-        stack.enter_context(mock_aws(config=MOTO_CONFIG))  # type: ignore[arg-type]
-        stack.enter_context(atomic_items())
-        dynamodb = boto3.client("dynamodb", region_name=REGION)
-        create_state_table(dynamodb, TABLE_NAME)
-        sqs = boto3.client("sqs", region_name=REGION)
-        queue_urls = create_pool_queues(sqs, "runner-pool", list(config.resource_classes))
-        ec2 = SimulatedEc2(boto3.client("ec2", region_name=REGION))
-        setup = create_fleet_setup(ec2, STACK_NAME)
-        key_id = boto3.client("kms", region_name=REGION).create_key()["KeyMetadata"]["KeyId"]
-        boto3.client("secretsmanager", region_name=REGION).create_secret(
-            Name=config.github.private_key_secret_name, SecretString=_APP_KEY.private_pem
-        )
-        github = stack.enter_context(FakeGitHub(APP_ID, _APP_KEY.public_pem, clock=clock))
-        github.state.add_installation(INSTALLATION_ID, OWNER)
-        settings = ControlPlaneSettings(
-            table_name=TABLE_NAME,
-            config=config,
-            stack_name=STACK_NAME,
-            pool_queue_urls=queue_urls,
-            credentials_key_id=key_id,
-            subnet_ids=setup.subnet_ids,
-            launch_templates={arch: template.template_id for arch, template in setup.templates.items()},
-        )
-        clients = {"ec2": ec2}
-        app = GitHubApp(
-            APP_ID,
-            _APP_KEY.private_pem,
-            INSTALLATION_ID,
-            config.github.scope,  # type: ignore[arg-type]
-            base_url=github.url,
-            clock=clock,
-        )
-        stack.callback(app.close)
+    acting: list[ScriptedAgents] = []
 
-        def time_passes(seconds: float) -> None:
-            clock.advance(seconds)
+    def time_passes(seconds: float) -> None:
+        clock.advance(seconds)
+        for agents in acting:
             agents.act()
 
-        plane = ControlPlane(
-            settings,
-            clock=clock,
-            clients=lambda service: clients.get(service) or boto3.client(service, region_name=REGION),
-            backoff=NO_WAIT,
-            github=app,
-            pause=time.sleep if real_time else time_passes,
-        )
-        use_control_plane(plane)
-        stack.callback(use_control_plane, None)
+    pause = time.sleep if real_time else time_passes
+    with local_control_plane(config, clock, pause=pause) as local, ExitStack() as stack:
+        plane = local.plane
         agents = ScriptedAgents(plane.state_table, plane.credentials, plane.instance_arn)
-
+        acting.append(agents)
+        machine = deploy("provision")
         if real_time:
             stack.enter_context(agents_acting(agents))
         else:
             stack.enter_context(without_waiting(on_wait=time_passes))
-        handlers = {step: getattr(provision, step) for step in PROVISION_STEPS}
-        invocations = stack.enter_context(lambdas_in_process(handlers))
-        machines = LocalStateMachines(
-            boto3.client("stepfunctions", region_name=REGION),
-            boto3.client("lambda", region_name=REGION),
-            boto3.client("iam", region_name=REGION),
-        )
-        arns = machines.create_functions(list(PROVISION_STEPS))
-        definition = render_asl(
-            PROVISION_ASL, {f"{pascal(step)}Function": arns[step] for step in PROVISION_STEPS}
-        )
-        machine_arn = machines.create("provision", definition)
-        yield ProvisionWorld(clock, plane, ec2, github, agents, machines, machine_arn, invocations)
+        invocations = stack.enter_context(lambdas_in_process(machine.routed))
+        yield ProvisionWorld(local, agents, machine, invocations)
 
 
 @contextmanager
