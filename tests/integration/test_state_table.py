@@ -1343,3 +1343,27 @@ def test_the_runner_of_a_claim_is_noted_and_kept_through_release(state_table: St
     record = state_table.get(facts.instance_id)
     assert record is not None
     assert record.runner_id is None
+
+
+def test_observe_reads_record_heartbeat_and_signal_in_one_call(
+    state_table: StateTable, dynamodb: Any
+) -> None:
+    # Given a claimed instance whose agent has beaten and registered, and one with no items at all
+    instance_in(state_table, InstanceState.CLAIMED)
+    state_table.write_heartbeat(ONE_ID)
+    state_table.write_signal(ONE_ID, Signal.UD_REG_OK, RUN)
+    calls: list[str] = []
+    dynamodb.meta.events.register(
+        "provide-client-params.dynamodb.*", lambda model, **_: calls.append(model.name)
+    )
+    # When each is observed
+    view = state_table.observe(ONE_ID)
+    nothing = state_table.observe(MISSING_ID)
+    # Then one Query each gave what get, read_heartbeat and read_signal give, and nothing for the other
+    assert calls == ["Query", "Query"]
+    assert (view.record, view.heartbeat, view.signal) == (
+        state_table.get(ONE_ID),
+        state_table.read_heartbeat(ONE_ID),
+        state_table.read_signal(ONE_ID),
+    )
+    assert (nothing.record, nothing.heartbeat, nothing.signal) == (None, None, None)

@@ -52,6 +52,16 @@ class ProvisionPlan(_Step):
         """Names one claim: a retried claim step recognises its own claim by it, and nobody else's."""
         return f"{self.execution}#{slot}#{attempt}"
 
+    def claimed_by_this(self, token: str | None) -> bool:
+        """Whether a claim token names a claim of this execution (any slot, any attempt)."""
+        return bool(token) and str(token).startswith(f"{self.execution}#")
+
+    def claim_attempt(self, token: str, slot: int) -> int | None:
+        """The attempt a claim token of this execution's `slot` names; None for anyone else's token."""
+        prefix = f"{self.execution}#{slot}#"
+        attempt = token.removeprefix(prefix)
+        return int(attempt) if token.startswith(prefix) and attempt.isdigit() else None
+
     @property
     def creation_claim(self) -> str:
         """What the runner names of instances this execution created are derived from."""

@@ -199,7 +199,8 @@ class Refresh:
         for record in self._table.live():
             if not _booting_for_pool(record, now):
                 continue
-            signal = self._table.read_signal(record.instance_id)
+            view = self._table.observe(record.instance_id)
+            signal = view.signal
             if signal is not None and signal.confirms(Signal.UD_FAILED, None):
                 logger.warning(
                     "pool instance failed to boot", instance_id=record.instance_id, reason=signal.reason
@@ -207,7 +208,7 @@ class Refresh:
                 if self._table.expire(record.instance_id, run_key=None).outcome is Outcome.APPLIED:
                     report.unready += 1
                 continue
-            beat = self._table.read_heartbeat(record.instance_id)
+            beat = view.heartbeat
             if signal is None or not signal.confirms(Signal.UD_OK, None) or beat is None:
                 continue
             if not beat.is_fresh(now, healthy_window):

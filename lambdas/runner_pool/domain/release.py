@@ -167,7 +167,8 @@ def check_receipt(
     """Pool the instance once the agent confirms it is clean; expire it on failure or when overdue."""
     if progress.status is not ReleaseStatus.AWAITING_RECEIPT or progress.deadline is None:
         raise ValueError(f"{progress.instance_id} is not awaiting a receipt: {progress.status}")
-    record = table.get(progress.instance_id)
+    view = table.observe(progress.instance_id)
+    record = view.record
     if (
         record is None
         or record.state is not InstanceState.IDLE
@@ -179,7 +180,7 @@ def check_receipt(
         return progress.model_copy(
             update={"status": ReleaseStatus.EXPIRED, "reason": "its idle time ran out before the receipt"}
         )
-    signal = table.read_signal(progress.instance_id)
+    signal = view.signal
     if signal is not None and signal.confirms(Signal.UD_REMOVE_REG_OK, progress.run_key):
         queues.offer(PoolMessage.for_idle(record))
         return progress.model_copy(update={"status": ReleaseStatus.POOLED, "reason": None})

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from runner_pool.adapters.fleet import LAUNCH_TAG
+from runner_pool.adapters.state_table import InstanceView
 from runner_pool.domain.executions import ProvisionRequest, runner_name
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
@@ -25,7 +26,7 @@ from runner_pool.domain.provision import (
     plan,
     readiness,
 )
-from runner_pool.domain.records import InstanceRecord, PoolMessage
+from runner_pool.domain.records import PoolMessage
 from runner_pool.observability import count, logger, seconds
 from runner_pool.wiring import ControlPlane
 
@@ -99,18 +100,17 @@ class Provision:
 
         Without it a retry would claim a second instance and strand the first until its claim expired.
         """
-        prefix = f"{worker.plan.execution}#{worker.slot}#"
         for record in self._table.held_by(worker.plan.spec.run_key):
-            token = record.claim_token or ""
-            if record.state is not InstanceState.CLAIMED or not token.startswith(prefix):
+            token = record.claim_token
+            attempt = worker.plan.claim_attempt(token, worker.slot) if token else None
+            # An attempt below the worker's own is an earlier candidate, already discarded.
+            if record.state is not InstanceState.CLAIMED or attempt is None or attempt < worker.attempt:
                 continue
-            if int(token.rsplit("#", 1)[1]) < worker.attempt:
-                continue  # an earlier candidate of this worker, already discarded
-            self._hand_over(record.instance_id, record.run_key or "", token)
+            self._hand_over(record.instance_id, record.run_key or "", token or "")
             # The claim set the threshold; the agent may have registered since, so time runs from then.
             claimed_at = (record.threshold or 0.0) - self._timeouts.claimed_threshold_seconds
-            attempt = int(token.rsplit("#", 1)[1]) + 1
-            return self._check_in_line(self._holding(worker, record.instance_id, token, attempt, claimed_at))
+            holding = self._holding(worker, record.instance_id, token or "", attempt + 1, claimed_at)
+            return self._check_in_line(holding)
         return None
 
     def _holding(
@@ -135,8 +135,7 @@ class Provision:
         if worker.instance_id is None or worker.handed_over_at is None or worker.deadline is None:
             raise ValueError(f"slot {worker.slot} holds no claimed instance to check")
         verdict, reason = self._readiness(
-            worker.instance_id,
-            record=self._table.get(worker.instance_id),
+            self._table.observe(worker.instance_id),
             provision=worker.plan,
             claim_token=worker.claim_token,
             handed_over_at=worker.handed_over_at,
@@ -203,11 +202,10 @@ class Provision:
         failed = dict(creation.failed)
         pending: list[str] = []
         for instance_id in creation.pending:
-            record = self._table.get(instance_id)
-            handed_over_at = record.created_at if record else 0.0
+            view = self._table.observe(instance_id)
+            handed_over_at = view.record.created_at if view.record else 0.0
             verdict, reason = self._readiness(
-                instance_id,
-                record=record,
+                view,
                 provision=provision,
                 claim_token=None,
                 handed_over_at=handed_over_at,
@@ -298,12 +296,11 @@ class Provision:
         from the execution's data, which a failed step may not have written.
         """
         run_key = provision.spec.run_key
-        mine = f"{provision.execution}#"
         records = {record.instance_id: record for record in self._table.held_by(run_key)}
         claimed = [
             record.instance_id
             for record in records.values()
-            if record.state is InstanceState.CLAIMED and (record.claim_token or "").startswith(mine)
+            if record.state is InstanceState.CLAIMED and provision.claimed_by_this(record.claim_token)
         ]
         # An instance this execution created that already runs for the run (a Finish that failed
         # half-way) serves a job: it is left to release, like every running instance.
@@ -321,18 +318,17 @@ class Provision:
 
     def _readiness(
         self,
-        instance_id: str,
+        view: InstanceView,
         *,
-        record: InstanceRecord | None,
         provision: ProvisionPlan,
         claim_token: str | None,
         handed_over_at: float,
         deadline: float,
     ) -> tuple[Readiness, str]:
         return readiness(
-            record,
-            self._table.read_heartbeat(instance_id),
-            self._table.read_signal(instance_id),
+            view.record,
+            view.heartbeat,
+            view.signal,
             run_key=provision.spec.run_key,
             claim_token=claim_token,
             handed_over_at=handed_over_at,
