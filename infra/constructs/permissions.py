@@ -33,12 +33,18 @@ SERVICE_LINKED_ROLES = (
 
 
 def read_records(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
-    _allow(grantee, ["dynamodb:GetItem"], [table.table_arn])
+    """Reads of named items: one (GetItem), or an instance's record, heartbeat and signal at once
+    (BatchGetItem, StateTable.observe)."""
+    _allow(grantee, ["dynamodb:BatchGetItem", "dynamodb:GetItem"], [table.table_arn])
 
 
 def write_records(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
-    """Conditional transitions (UpdateItem) and new records (PutItem), with reads of single items."""
-    _allow(grantee, ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"], [table.table_arn])
+    """Conditional transitions (UpdateItem) and new records (PutItem), with reads of named items."""
+    _allow(
+        grantee,
+        ["dynamodb:BatchGetItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+        [table.table_arn],
+    )
 
 
 def find_by_run_key(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:

@@ -41,6 +41,7 @@ class Provision(Construct):
         def claim(function: lambda_.Function) -> None:
             permissions.take_from_pool(function, queues)
             permissions.write_records(function, table)
+            permissions.find_by_run_key(function, table)  # a retried claim step finds its own claim
             permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
 
         def create(function: lambda_.Function) -> None:

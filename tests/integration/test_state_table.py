@@ -1359,11 +1359,45 @@ def test_observe_reads_record_heartbeat_and_signal_in_one_call(
     # When each is observed
     view = state_table.observe(ONE_ID)
     nothing = state_table.observe(MISSING_ID)
-    # Then one Query each gave what get, read_heartbeat and read_signal give, and nothing for the other
-    assert calls == ["Query", "Query"]
+    # Then one BatchGetItem each gave what get, read_heartbeat and read_signal give, and nothing for the other
+    assert calls == ["BatchGetItem", "BatchGetItem"]
     assert (view.record, view.heartbeat, view.signal) == (
         state_table.get(ONE_ID),
         state_table.read_heartbeat(ONE_ID),
         state_table.read_signal(ONE_ID),
     )
     assert (nothing.record, nothing.heartbeat, nothing.signal) == (None, None, None)
+
+
+def test_observe_retries_the_keys_dynamodb_left_unprocessed(
+    stubbed: tuple[StateTable, Stubber, list[float]], clock: ManualClock, config: StackConfig
+) -> None:
+    # Given DynamoDB answering the record at once and leaving the heartbeat and signal unprocessed once
+    table, stubber, sleeps = stubbed
+    record = claimed_record(clock, config)
+    pk = {"S": INSTANCE_ARNS.arn(ONE_ID)}
+    unprocessed = [
+        {schema.PARTITION_KEY: pk, schema.SORT_KEY: {"S": kind}} for kind in ("heartbeat", "signal")
+    ]
+    beat = {schema.PARTITION_KEY: pk, schema.SORT_KEY: {"S": "heartbeat"}, "beat_at": {"N": "5"}}
+    stubber.add_response(
+        "batch_get_item",
+        {
+            "Responses": {TABLE_NAME: [wire_item(record)]},
+            "UnprocessedKeys": {TABLE_NAME: {"Keys": unprocessed, "ConsistentRead": True}},
+        },
+    )
+    stubber.add_response(
+        "batch_get_item",
+        {"Responses": {TABLE_NAME: [beat]}},
+        expected_params={"RequestItems": {TABLE_NAME: {"Keys": unprocessed, "ConsistentRead": True}}},
+    )
+    # When the instance is observed
+    with stubber:
+        view = table.observe(ONE_ID)
+    # Then the remaining keys were asked for again after a backoff, and everything found is in the view
+    assert len(sleeps) == 1
+    assert view.record == record
+    assert view.heartbeat is not None
+    assert view.heartbeat.beat_at == 5
+    assert view.signal is None
