@@ -241,7 +241,7 @@ def test_a_job_completed_on_our_runner_starts_the_release_of_its_instance(world:
     # When dispatched
     world.dispatch(world.take_queued())
     # Then one release execution started for that instance, named by the request
-    request = ReleaseRequest(run_key=LABEL, instance_id=INSTANCE, cause="job-91")
+    request = ReleaseRequest(run_key=LABEL, instance_id=INSTANCE, runner_id=5, cause="job-91")
     assert world.releases() == [request.model_dump(mode="json")]
     assert [e["name"] for e in world.executions(world.release_arn)] == [request.execution_name]
 
@@ -292,6 +292,44 @@ def test_a_rerun_of_a_completed_run_is_provisioned(world: IngressWorld) -> None:
     world.dispatch(world.take_queued())
     # Then it is provisioned
     assert [p["job_ids"] for p in world.provisions()] == [[121], [122]]
+
+
+def test_a_run_completion_that_arrives_before_its_first_job_is_remembered(world: IngressWorld) -> None:
+    # Given (fix 7) run 4242's completion redelivered after an outage, before any of its jobs' demand
+    world.deliver(delivery(completed_run(run_id=4242), "workflow_run"))
+    world.dispatch(world.take_queued())
+    # When the queued event of one of its jobs arrives late
+    queue_jobs(world, [161])
+    response = world.dispatch(world.take_queued())
+    # Then nothing is provisioned for the finished attempt, and the message is done with
+    assert response == {"batchItemFailures": []}
+    assert world.provisions() == []
+
+
+def test_a_late_completion_of_attempt_1_releases_nothing_of_attempt_2(world: IngressWorld) -> None:
+    # Given run 4242's attempt 1 and attempt 2 both had demand (a re-run: same run id, same label)
+    queue_jobs(world, [171])
+    queue_jobs(world, [172], attempt=2)
+    world.dispatch(world.take_queued())
+    # When attempt 1's completion arrives only now
+    world.deliver(delivery(completed_run(run_id=4242, attempt=1), "workflow_run"))
+    world.dispatch(world.take_queued())
+    # Then only attempt 1's run key is released; attempt 2's runners are left to serve its jobs
+    assert [p["run_key"] for p in world.provisions()] == [LABEL, f"{LABEL}@2"]
+    assert [(r["run_key"], r["cause"]) for r in world.releases()] == [(LABEL, "run-4242-attempt-1")]
+
+
+def test_demand_is_batched_per_full_label_set(world: IngressWorld) -> None:
+    # Given one batch with two jobs asking [gpu, <label>] (one in another case) and one asking [<label>]
+    for job_id, others in ((181, ["gpu"]), (182, ["GPU"]), (183, [])):
+        payload = queued_job(LABEL, job_id=job_id)
+        payload["workflow_job"]["labels"] = [*others, LABEL]
+        world.deliver(delivery(payload, "workflow_job"))
+    # When dispatched
+    world.dispatch(world.take_queued())
+    # Then one provision per label set: a runner for [<label>] alone could not take a gpu job
+    provisions = sorted((p["run_key"], p["job_ids"]) for p in world.provisions())
+    assert provisions == [(LABEL, [183]), (f"{LABEL} gpu", [181, 182])]
 
 
 # --- faults ----------------------------------------------------------------------------------------

@@ -81,7 +81,10 @@ def test_a_job_completed_on_our_runner_queues_its_release(world: IngressWorld) -
     world.deliver(delivery(payload, "workflow_job"))
     # Then the queue holds the release of that instance, caused by that job
     assert world.queued_bodies() == [
-        {"kind": "release", "request": {"run_key": LABEL, "instance_id": INSTANCE, "cause": "job-902"}}
+        {
+            "kind": "release",
+            "request": {"run_key": LABEL, "instance_id": INSTANCE, "runner_id": 5, "cause": "job-902"},
+        }
     ]
 
 

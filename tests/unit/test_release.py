@@ -161,3 +161,69 @@ def test_salvage_leaves_alone_an_instance_another_run_holds(local: LocalControlP
     # Then nothing changes
     assert progress.status is ReleaseStatus.MOVED_ON
     assert local.record(running.instance_id) == running
+
+
+# --- a job's release acts on its own hand-off only (fix 9) ------------------------------------------
+
+
+def job_item(record: InstanceRecord, runner_id: int | None, run_key: str = RUN) -> ReleaseItem:
+    return ReleaseItem(instance_id=record.instance_id, run_key=run_key, poll_seconds=5, runner_id=runner_id)
+
+
+def give_back_item(local: LocalControlPlane, released: ReleaseItem) -> ReleaseProgress:
+    return release.give_back(
+        released, local.table, lambda: local.plane.github, local.config.timeouts, local.clock.now()
+    )
+
+
+def taken_again(local: LocalControlPlane, record: InstanceRecord, *, activate: bool) -> int:
+    """The instance released after its job, then claimed by the same run for its next job: the new runner."""
+    assert local.table.release(record.instance_id, RUN).succeeded
+    assert local.table.claim(record.instance_id, RUN, "claim-2").succeeded
+    runner_id = local.register_runner(record.instance_id, RUN, claim="claim-2")
+    if activate:
+        assert local.table.activate(record.instance_id, RUN, 60, claim_token="claim-2").succeeded
+    return runner_id
+
+
+@pytest.mark.parametrize("activated", [True, False], ids=["running-again", "claimed-again"])
+def test_a_repeated_job_completion_leaves_alone_the_runs_next_hand_off_of_the_instance(
+    local: LocalControlPlane, activated: bool
+) -> None:
+    # Given an instance whose first job (runner 1) completed and was released, and that the same run
+    # then took again for its next job (runner 2)
+    (running,) = local.running(RUN)
+    first_runner = running.runner_id
+    second_runner = taken_again(local, running, activate=activated)
+    before = local.record(running.instance_id)
+    # When the first job's completion is delivered again (Express workflows start it again)
+    progress = give_back_item(local, job_item(running, first_runner))
+    # Then that release has moved on, and the next job keeps its instance and runner
+    assert progress.status is ReleaseStatus.MOVED_ON
+    assert local.record(running.instance_id) == before
+    assert before.runner_id == second_runner
+    assert second_runner in local.github.state.runners
+
+
+def test_a_job_completion_releases_the_hand_off_it_names(local: LocalControlPlane) -> None:
+    # Given an instance running a job under its runner
+    (running,) = local.running(RUN)
+    # When that job's completion, naming that runner, is given back
+    progress = give_back_item(local, job_item(running, running.runner_id))
+    # Then the instance is released
+    assert progress.status is ReleaseStatus.AWAITING_RECEIPT
+    assert local.record(running.instance_id).state is InstanceState.IDLE
+
+
+def test_a_release_that_lost_the_race_to_a_new_hand_off_changes_nothing(local: LocalControlPlane) -> None:
+    # Given an instance that has been taken again by the run, under a second runner
+    (running,) = local.running(RUN)
+    first_runner = running.runner_id
+    assert first_runner is not None
+    taken_again(local, running, activate=True)
+    before = local.record(running.instance_id)
+    # When the first hand-off's running -> idle is written anyway (it read the record before the new claim)
+    result = local.table.release(running.instance_id, RUN, runner_id=first_runner)
+    # Then the conditional write loses: the record is untouched
+    assert not result.succeeded
+    assert local.record(running.instance_id) == before

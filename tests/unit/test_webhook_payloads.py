@@ -10,6 +10,7 @@ from aws_lambda_powertools.utilities.data_classes.common import CaseInsensitiveD
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.demand import InstanceRelease, JobCancelled, JobQueued, RunCompleted
 from runner_pool.domain.executions import ReleaseRequest, runner_name
+from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.webhooks import (
     MAX_BODY_BYTES,
     Accepted,
@@ -192,11 +193,11 @@ def test_headers_are_found_whatever_their_case() -> None:
 def test_a_queued_job_with_our_label_is_one_unit_of_demand() -> None:
     # Given the real queued payload re-labelled for run 4242
     delivery = job_delivery(queued_job(LABEL, job_id=77, run_id=4242, attempt=2))
-    # When judged / Then it asks for one runner for that job, under exactly its label
+    # When judged / Then it asks for one runner for that job, under its label and run attempt
     judged = verdict(delivery, StackConfig())
     assert isinstance(judged, Accepted)
     assert judged.message == JobQueued(
-        repository=REPOSITORY, run_key=LABEL, run_id=4242, run_attempt=2, job_id=77
+        repository=REPOSITORY, run_key=f"{LABEL}@2", run_id=4242, run_attempt=2, job_id=77
     )
 
 
@@ -235,15 +236,47 @@ def test_a_job_with_two_pool_labels_is_not_served() -> None:
     assert isinstance(verdict(job_delivery(payload), StackConfig()), Unserved)
 
 
-def test_a_queued_job_with_our_label_among_others_is_demand() -> None:
-    # Given runs-on: [self-hosted, <our label>]
+def test_a_queued_job_with_our_label_among_others_is_demand_for_all_of_its_labels() -> None:
+    # Given runs-on: [self-hosted, Linux, GPU, <our label>]
     payload = queued_job(LABEL)
-    payload["workflow_job"]["labels"] = ["self-hosted", LABEL]
-    # When judged / Then it is demand for our label
+    payload["workflow_job"]["labels"] = ["self-hosted", "Linux", "GPU", LABEL]
+    # When judged
     judged = verdict(job_delivery(payload), StackConfig())
+    # Then it is demand under a run key naming every label, compared as GitHub does, without case
     assert isinstance(judged, Accepted)
     assert isinstance(judged.message, JobQueued)
-    assert judged.message.run_key == LABEL
+    assert judged.message.run_key == f"{LABEL} gpu linux self-hosted"
+    assert RunKey.parse(judged.message.run_key).runner_labels == (LABEL, "gpu", "linux", "self-hosted")
+
+
+@pytest.mark.parametrize(
+    ("others", "reason"),
+    [
+        (["windows"], "the job asks for 'windows'; runner-pool runners are Linux"),
+        (["macOS"], "the job asks for 'macos'; runner-pool runners are Linux"),
+        (["ARM64"], "the job asks for 'arm64' but its runner is x64; drop 'arm64' or set arch= to match"),
+        (["arm"], "the job asks for 'arm' but its runner is x64; drop 'arm' or set arch= to match"),
+        ([f"tag-{n}" for n in range(100)], "GitHub registers a runner with at most 100 labels, not 101"),
+        (["x" * 1100], "its labels come to more than 1024 bytes; list fewer or shorter ones"),
+        ([" "], "the job lists an empty label"),
+    ],
+)
+def test_a_label_set_no_runner_of_ours_can_carry_is_not_served_with_the_reason(
+    others: list[str], reason: str
+) -> None:
+    # Given a job that lists, beside our label, labels our runner could never be registered with
+    payload = queued_job(LABEL)
+    payload["workflow_job"]["labels"] = [*others, LABEL]
+    # When judged / Then it is not served (logged and counted by the handler), with the reason
+    assert verdict(job_delivery(payload), StackConfig()) == Unserved(LABEL, reason)
+
+
+def test_an_arch_label_that_agrees_with_the_runner_is_served() -> None:
+    # Given runs-on: [self-hosted, ARM64, pool=…/arch=arm64]
+    payload = queued_job("pool=4242/arch=arm64")
+    payload["workflow_job"]["labels"] = ["self-hosted", "ARM64", "pool=4242/arch=arm64"]
+    # When judged / Then it is demand
+    assert isinstance(verdict(job_delivery(payload), StackConfig()), Accepted)
 
 
 def test_a_job_completed_on_our_runner_releases_that_instance() -> None:
@@ -253,8 +286,19 @@ def test_a_job_completed_on_our_runner_releases_that_instance() -> None:
     judged = verdict(delivery, StackConfig())
     assert isinstance(judged, Accepted)
     assert judged.message == InstanceRelease(
-        request=ReleaseRequest(run_key=LABEL, instance_id="i-0123456789abcdef0", cause="job-55")
+        request=ReleaseRequest(run_key=LABEL, instance_id="i-0123456789abcdef0", runner_id=5, cause="job-55")
     )
+
+
+def test_a_job_of_a_rerun_completed_on_our_runner_releases_under_that_attempts_run_key() -> None:
+    # Given job 56 of attempt 2 of run 4242 completed on runner 5 of ours
+    payload = completed_job(LABEL, runner_name=RUNNER, job_id=56)
+    payload["workflow_job"]["run_attempt"] = 2
+    # When judged / Then the release names attempt 2's run key and runner 5: nothing of attempt 1
+    judged = verdict(job_delivery(payload), StackConfig())
+    assert isinstance(judged, Accepted)
+    assert isinstance(judged.message, InstanceRelease)
+    assert (judged.message.request.run_key, judged.message.request.runner_id) == (f"{LABEL}@2", 5)
 
 
 def test_a_job_completed_without_a_runner_cancels_its_demand() -> None:

@@ -3,9 +3,10 @@
 It lives in the webhook's idempotency table (partition key `id`, TTL attribute `expiration`), beside
 Powertools' delivery records, whose ids never start with the prefixes used here:
 
-    job#<job id>   state reserved | started | cancelled; the holder and lease of a reservation; the
-                   provision execution that counted the job
-    run#<run id>   run_keys (string set) the run's demand used; completed_attempt
+    job#<job id>                    state reserved | started | cancelled; the holder and lease of a
+                                    reservation; the provision execution that counted the job
+    run#<run id>/attempt#<attempt>  run_keys (string set) the attempt's demand used; completed_at once
+                                    the attempt completed (written first if the completion comes first)
 
 Each change is one conditional write, so two dispatchers that see the same job never both count
 it. Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run be re-run.
@@ -128,42 +129,32 @@ class DynamoDbLedger:
         return self._conditional(
             lambda: self._client.update_item(
                 TableName=self._table,
-                Key={KEY_ATTRIBUTE: {"S": _run(run_id)}},
+                Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
                 UpdateExpression="ADD run_keys :key SET #expiry = :expiry",
-                ConditionExpression="attribute_not_exists(completed_attempt) OR completed_attempt < :attempt",
+                ConditionExpression="attribute_not_exists(completed_at)",
                 ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
                 ExpressionAttributeValues={
                     ":key": {"SS": [run_key]},
                     ":expiry": {"N": self._expiry(self._clock.now())},
-                    ":attempt": {"N": str(attempt)},
                 },
             )
         )
 
     def complete_run(self, run_id: int, attempt: int) -> frozenset[str]:
-        try:
-            response = self._backoff.call(
-                lambda: self._client.update_item(
-                    TableName=self._table,
-                    Key={KEY_ATTRIBUTE: {"S": _run(run_id)}},
-                    UpdateExpression="SET completed_attempt = :attempt",
-                    # Only runs that had demand of ours: every other run of the organisation completes too.
-                    ConditionExpression=(
-                        "attribute_exists(#id) AND "
-                        "(attribute_not_exists(completed_attempt) OR completed_attempt < :attempt)"
-                    ),
-                    ExpressionAttributeNames={"#id": KEY_ATTRIBUTE},
-                    ExpressionAttributeValues={":attempt": {"N": str(attempt)}},
-                    ReturnValues="ALL_NEW",
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+        now = self._clock.now()
+        # Written for every run of the installation, ours or not, seen or not: the ledger cannot tell a
+        # run that is not ours from one whose demand is still to come. A repeated completion keeps the
+        # first time, and answers the run keys again, to release again.
+        response = self._backoff.call(
+            lambda: self._client.update_item(
+                TableName=self._table,
+                Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
+                UpdateExpression="SET completed_at = if_not_exists(completed_at, :now), #expiry = :expiry",
+                ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
+                ExpressionAttributeValues={":now": {"N": _number(now)}, ":expiry": {"N": self._expiry(now)}},
+                ReturnValues="ALL_NEW",
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            # Not ours (no item), or a repeated or older completion: the run keys, to release again.
-            item: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
-            return _run_keys(item)
+        )
         return _run_keys(response.get("Attributes", {}))
 
     def _conditional(self, write: Callable[[], object]) -> bool:
@@ -184,8 +175,8 @@ def _job(job_id: int) -> str:
     return f"job#{job_id}"
 
 
-def _run(run_id: int) -> str:
-    return f"run#{run_id}"
+def _run(run_id: int, attempt: int) -> str:
+    return f"run#{run_id}/attempt#{attempt}"
 
 
 def _number(value: Epoch) -> str:

@@ -208,9 +208,13 @@ class StateTable:
         """claimed → idle: the claim's holder could not use the instance and gives it back."""
         return self._to_idle(instance_id, InstanceState.CLAIMED, run_key, claim_token)
 
-    def release(self, instance_id: str, run_key: str) -> TransitionResult:
-        """running → idle: the run is done with the instance; the run key is cleared."""
-        return self._to_idle(instance_id, InstanceState.RUNNING, run_key)
+    def release(self, instance_id: str, run_key: str, runner_id: int | None = None) -> TransitionResult:
+        """running → idle: the run is done with the instance; the run key is cleared.
+
+        With `runner_id`, only the hand-off to that runner is released: the same run may have taken the
+        instance again since, for another of its jobs, under another runner.
+        """
+        return self._to_idle(instance_id, InstanceState.RUNNING, run_key, runner_id=runner_id)
 
     def admit(self, instance_id: str) -> TransitionResult:
         """created → idle for an instance launched for the warm pool (no run key) once it is ready."""
@@ -288,8 +292,10 @@ class StateTable:
     # --- markers -------------------------------------------------------------------------------
 
     def mark_run_finished(self, run_key: str) -> None:
-        """Note that a run is over (its release began), so a provision still in flight for it gives
-        back what it holds instead of setting it running. Expires with the terminated records."""
+        """Note that a run attempt is over (its release began), so a provision still in flight for its
+        run key gives back what it holds instead of setting it running. The run key names the attempt
+        (domain.run_keys): a re-run's provision, under its own key, never finds its earlier attempt's
+        mark. Expires with the terminated records."""
         now = self._clock.now()
         item = {
             **_key(FINISHED_RUN_PREFIX + run_key, FINISHED_RUN_ITEM),
@@ -469,6 +475,8 @@ class StateTable:
         from_state: InstanceState,
         run_key: str | None,
         claim_token: str | None = None,
+        *,
+        runner_id: int | None = None,
     ) -> TransitionResult:
         now = self._clock.now()
         return self._transition(
@@ -477,11 +485,15 @@ class StateTable:
             expect_states=(from_state,),
             expect_run_key=run_key,
             expect_claim_token=claim_token,
+            expect_runner_id=runner_id,
             new_state=InstanceState.IDLE,
             threshold_in=self._timeouts.idle_seconds,
             remove_fields=(RUN_KEY_ATTRIBUTE, "claim_token"),
             is_replay=lambda r: (
-                r.state is InstanceState.IDLE and r.run_key is None and not r.threshold_passed(now)
+                r.state is InstanceState.IDLE
+                and r.run_key is None
+                and not r.threshold_passed(now)
+                and runner_id in (None, r.runner_id)
             ),
         )
 
@@ -493,6 +505,7 @@ class StateTable:
         expect_states: tuple[InstanceState, ...],
         expect_run_key: str | object | None,
         expect_claim_token: str | None = None,
+        expect_runner_id: int | None = None,
         new_state: InstanceState | None,
         threshold_in: float,
         is_replay: Callable[[InstanceRecord], bool],
@@ -530,6 +543,9 @@ class StateTable:
         if expect_claim_token is not None:
             values[":expected_claim_token"] = _value(expect_claim_token)
             conditions.append("claim_token = :expected_claim_token")
+        if expect_runner_id is not None:
+            values[":expected_runner_id"] = _value(expect_runner_id)
+            conditions.append("runner_id = :expected_runner_id")
         update = "SET " + ", ".join(assignments)
         if remove_fields:
             update += " REMOVE " + ", ".join(remove_fields)

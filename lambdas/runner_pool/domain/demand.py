@@ -22,13 +22,17 @@ counted (this nets the two out within one batch, and across batches whatever the
 that arrives after the job's provision started cannot stop it: the extra runner can still take
 another queued job with the same label, and the run's release gives it back when the run completes.
 
-The run keys a run used are remembered in the ledger as its demand is dispatched: a `workflow_run`
-payload carries no labels, and the state table's by-run-key index is keyed by the exact run key, so
-it cannot be asked for every key of one run. The same conditional write refuses demand of a run
-attempt that has completed, so a late `queued` message never provisions runners for a finished run,
-and a completion either comes after the key was remembered (and releases it) or before (and the
-demand is dropped). Every `workflow_run completed` is queued, ours or not, because only the ledger
-knows which runs are ours, and a completion must never be lost to demand still in the queue.
+The run keys a run attempt used are remembered in the ledger as its demand is dispatched: a
+`workflow_run` payload carries no labels, and the state table's by-run-key index is keyed by the
+exact run key, so it cannot be asked for every key of one run. A run key names its run attempt (see
+domain.run_keys), and the ledger keeps one item per (run, attempt), so a re-run's demand is never
+refused by its earlier attempt's completion, and a late completion of one attempt releases only that
+attempt's runners. The same conditional write refuses demand of a run attempt that has completed, so
+a late `queued` message never provisions runners for a finished attempt. A completion is written
+whether or not the attempt's demand has been seen yet (a redelivery after an outage can bring the
+completion first): demand that arrives after it is dropped as stale. Every `workflow_run completed`
+is queued, ours or not, because only the ledger knows which runs are ours, and a completion must
+never be lost to demand still in the queue.
 """
 
 from __future__ import annotations
@@ -39,10 +43,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
+from runner_pool.domain.run_keys import RunKey
 
 BATCHING_WINDOW_SECONDS = 1
 """How long SQS gathers demand before invoking the dispatcher. A matrix's `queued` deliveries arrive
@@ -60,10 +65,16 @@ class _Message(BaseModel):
 class JobQueued(_Message):
     kind: Literal["job-queued"] = "job-queued"
     repository: str = Field(min_length=1)
-    run_key: str = Field(min_length=1)
+    run_key: str = Field(min_length=1, description="the job's run key: label, run attempt, other labels")
     run_id: int = Field(gt=0)
     run_attempt: int = Field(gt=0)
     job_id: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _of_its_attempt(self) -> JobQueued:
+        if RunKey.parse(self.run_key).attempt != self.run_attempt:
+            raise ValueError(f"run key {self.run_key!r} is not of run attempt {self.run_attempt}")
+        return self
 
 
 class JobCancelled(_Message):
@@ -137,11 +148,12 @@ class DemandLedger(Protocol):
         ...
 
     def remember_run_key(self, run_id: int, run_key: str, attempt: int) -> bool:
-        """Note that the run's demand uses `run_key`, unless this attempt of the run has completed (False)."""
+        """Note that the run attempt's demand uses `run_key`, unless that attempt has completed (False)."""
         ...
 
     def complete_run(self, run_id: int, attempt: int) -> frozenset[str]:
-        """Note the run's attempt completed; the run keys its demand used (empty for a run not ours)."""
+        """Note the run attempt completed, even before any of its demand; the run keys its demand used
+        (empty for a run not ours, or whose demand has not come yet)."""
         ...
 
 
@@ -175,7 +187,7 @@ class DispatchReport:
     held: set[str] = field(default_factory=set)
     """Messages of jobs another dispatch holds: handed back to SQS to try again later."""
     stale: int = 0
-    """Queued jobs of a run attempt that had already completed."""
+    """Queued jobs of a run attempt that had already completed (or whose completion came first)."""
     cancelled: int = 0
     """Jobs cancelled before their demand was counted."""
     failures: list[Failure] = field(default_factory=list)
@@ -188,7 +200,8 @@ class DispatchReport:
 
 @dataclass
 class _Group:
-    """The queued jobs of one (repository, run key) in a batch, each with the messages that asked for it."""
+    """The queued jobs of one (repository, run key) in a batch, each with the messages that asked for it:
+    one run attempt's jobs that ask for the same labels, so one provision serves them all."""
 
     repository: str
     run_key: str

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import re
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from runner_pool.domain.run_keys import RunKey
 
 EXECUTION_NAME_LIMIT = 80
 """Step Functions' limit on an execution name."""
@@ -23,12 +25,25 @@ class _Input(BaseModel):
 
 
 class ProvisionRequest(_Input):
-    """N runners for N queued jobs of one run that carry the same label (`run_key`)."""
+    """N runners for N queued jobs of one run attempt that ask for the same labels (`run_key`)."""
 
     repository: str = Field(min_length=1, description="owner/repo the jobs belong to")
-    run_key: str = Field(min_length=1, description="the jobs' runs-on label, exactly as written")
+    run_key: str = Field(
+        min_length=1, description="the jobs' run key (domain.run_keys): label, attempt, labels"
+    )
     count: int = Field(gt=0, le=1000)
     job_ids: tuple[int, ...] = ()
+
+    @field_validator("run_key")
+    @classmethod
+    def _a_run_key(cls, value: str) -> str:
+        RunKey.parse(value)
+        return value
+
+    @property
+    def key(self) -> RunKey:
+        """The run attempt and every label the runners are registered with, read from the run key."""
+        return RunKey.parse(self.run_key)
 
     @property
     def execution_name(self) -> str:
@@ -36,15 +51,20 @@ class ProvisionRequest(_Input):
 
 
 class ReleaseRequest(_Input):
-    """Give back what a run holds: one instance whose job completed, or (instance_id None) the whole run."""
+    """Give back what a run attempt holds: one instance whose job completed, or (instance_id None) all
+    of it."""
 
     run_key: str = Field(min_length=1)
     instance_id: str | None = None
+    runner_id: int | None = Field(
+        None, description="the GitHub runner the completed job ran on: the one hand-off to release"
+    )
     cause: str = Field(min_length=1, description="what asked for it, e.g. `job-123` or `run-45-attempt-1`")
 
     @property
     def execution_name(self) -> str:
-        return execution_name("release", self.run_key, self.instance_id or "run", self.cause)
+        runner = "" if self.runner_id is None else str(self.runner_id)
+        return execution_name("release", self.run_key, self.instance_id or "run", runner, self.cause)
 
 
 def execution_name(kind: str, *parts: str) -> str:

@@ -37,6 +37,7 @@ from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PoolQueue
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
+from runner_pool.domain.run_keys import RunKey
 from runner_pool.observability import logger
 
 if TYPE_CHECKING:
@@ -330,7 +331,8 @@ def _may_still_start(record: InstanceRecord | None, runner: RegisteredRunner, no
         record is not None
         and record.state in MAY_STILL_SERVE
         and not record.threshold_passed(now)
-        and record.run_key == runner.run_key
+        and record.run_key is not None
+        and RunKey.parse(record.run_key).label == runner.run_key
         and record.runner_id in (None, runner.runner_id)
     )
 

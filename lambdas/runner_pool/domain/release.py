@@ -66,6 +66,8 @@ class ReleasePlan(_Step):
     run_key: str
     cause: str
     instance_ids: tuple[str, ...]
+    runner_id: int | None = None
+    """For one instance: the hand-off (GitHub runner) whose job completed; nothing else is released."""
     poll_seconds: int = Field(gt=0, description="the Wait between two looks for the agent's receipt")
 
 
@@ -75,6 +77,7 @@ class ReleaseItem(_Step):
     instance_id: str
     run_key: str
     poll_seconds: int = Field(gt=0)
+    runner_id: int | None = None
 
 
 class ReleaseProgress(_Step):
@@ -122,6 +125,7 @@ def plan(request: ReleaseRequest, table: StateTable, timeouts: Timeouts) -> Rele
         run_key=request.run_key,
         cause=request.cause,
         instance_ids=instance_ids,
+        runner_id=request.runner_id if request.instance_id is not None else None,
         poll_seconds=receipt_poll_seconds(timeouts),
     )
 
@@ -137,6 +141,12 @@ def give_back(
         status=ReleaseStatus.MOVED_ON,
     )
     record = table.get(item.instance_id)
+    if item.runner_id is not None and (record is None or record.runner_id != item.runner_id):
+        # A job's completion releases the hand-off it ran on, and no other: a late or repeated one
+        # finds the instance taken again (by the same run, for its next job) under another runner.
+        held = "no runner" if record is None or record.runner_id is None else f"runner {record.runner_id}"
+        reason = f"{_moved(record)}, with {held}, not runner {item.runner_id}"
+        return progress.model_copy(update={"reason": reason})
     if record is not None and record.state in (InstanceState.CLAIMED, InstanceState.CREATED):
         expired = table.expire(item.instance_id, run_key=item.run_key)
         if not expired.succeeded:
@@ -229,7 +239,7 @@ def _released(
     if record is None:
         return None, None
     if record.state is InstanceState.RUNNING:
-        result = table.release(item.instance_id, item.run_key)
+        result = table.release(item.instance_id, item.run_key, runner_id=item.runner_id)
         return (result.record if result.succeeded else None), result.record
     if record.state is InstanceState.IDLE and _last_served(table, record, item.run_key, now):
         # This step's own earlier attempt (a retry), or a twin release of the same run: the agent's

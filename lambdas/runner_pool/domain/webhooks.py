@@ -35,6 +35,7 @@ from runner_pool.domain.demand import (
 )
 from runner_pool.domain.executions import ReleaseRequest, instance_of_runner
 from runner_pool.domain.labels import LabelError, is_pool_label
+from runner_pool.domain.run_keys import RunKey
 
 MAX_BODY_BYTES = 1024 * 1024
 """A `workflow_run` payload is about 25 KB; a megabyte leaves room for long commit messages."""
@@ -87,6 +88,7 @@ class WorkflowJob(_Payload):
     run_id: int = Field(gt=0)
     run_attempt: int = Field(1, gt=0)
     labels: list[str]
+    runner_id: int | None = None
     runner_name: str | None = None
 
 
@@ -240,45 +242,49 @@ def verdict(delivery: Delivery, config: StackConfig) -> Verdict:
 
 def _job_verdict(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
     job = event.workflow_job
-    ours = [label for label in job.labels if is_pool_label(label)]
-    if not ours:
+    if not any(is_pool_label(label) for label in job.labels):
         return Ignored(f"job {job.id} has no pool= label")
     if event.action == "queued":
-        return _queued(event, ours, config)
+        return _queued(event, config)
     if event.action == "completed":
-        return _completed(event, ours)
+        return _completed(event)
     return Ignored(_short(f"workflow_job {event.action} needs nothing"))
 
 
-def _completed(event: WorkflowJobEvent, ours: list[str]) -> Verdict:
+def _completed(event: WorkflowJobEvent) -> Verdict:
     job = event.workflow_job
-    if len(ours) != 1:
-        return Ignored(f"job {job.id} was never served: it has {len(ours)} pool= labels")
+    try:
+        run_key = RunKey.of_job(job.labels, job.run_attempt)
+    except LabelError as exc:
+        return Ignored(_short(f"job {job.id} was never served: {exc.reason}"))
     instance_id = instance_of_runner(job.runner_name)
     if instance_id is not None:
-        request = ReleaseRequest(run_key=ours[0], instance_id=instance_id, cause=f"job-{job.id}")
+        if job.runner_id is None:
+            return Ignored(_short(f"job {job.id} names runner {job.runner_name!r} but no runner id"))
+        # The runner's id names the hand-off: a late or repeated completion never releases a later one.
+        request = ReleaseRequest(
+            run_key=str(run_key), instance_id=instance_id, runner_id=job.runner_id, cause=f"job-{job.id}"
+        )
         return Accepted(InstanceRelease(request=request), f"release of {instance_id} queued")
     if not job.runner_name:
-        cancel = JobCancelled(repository=event.repository.full_name, run_key=ours[0], job_id=job.id)
+        cancel = JobCancelled(repository=event.repository.full_name, run_key=str(run_key), job_id=job.id)
         return Accepted(cancel, f"job {job.id} completed before it got a runner: its demand is cancelled")
     return Ignored(_short(f"runner {job.runner_name!r} is not one of ours"))
 
 
-def _queued(event: WorkflowJobEvent, ours: list[str], config: StackConfig) -> Verdict:
+def _queued(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
     job = event.workflow_job
-    if len(ours) != 1:
-        return Unserved(" ".join(ours), f"a job takes one pool= label, this one has {len(ours)}")
-    label = ours[0]
     try:
-        spec = config.spec_for(label)
+        run_key = RunKey.of_job(job.labels, job.run_attempt)
+        spec = run_key.resolve(config)
     except LabelError as exc:
-        return Unserved(label, exc.reason)
+        return Unserved(exc.label, exc.reason)
     if spec.run_id != str(job.run_id):
         reason = f"pool={spec.run_id} is not this job's run {job.run_id}; use pool=${{{{ github.run_id }}}}"
-        return Unserved(label, reason)
+        return Unserved(run_key.label, reason)
     demand = JobQueued(
         repository=event.repository.full_name,
-        run_key=label,
+        run_key=str(run_key),
         run_id=job.run_id,
         run_attempt=job.run_attempt,
         job_id=job.id,

@@ -27,6 +27,7 @@ from runner_pool.domain.provision import (
     readiness,
 )
 from runner_pool.domain.records import PoolMessage
+from runner_pool.domain.run_keys import RunKey
 from runner_pool.observability import count, logger, seconds
 from runner_pool.wiring import ControlPlane
 
@@ -50,7 +51,7 @@ class Provision:
 
     def begin(self, request: ProvisionRequest, execution: str) -> ProvisionPlan:
         """Resolve the label (a LabelError fails the execution before anything is held)."""
-        spec = self._plane.config.spec_for(request.run_key)
+        spec = request.key.resolve(self._plane.config)
         return plan(request, spec, execution, self._timeouts, self._clock.now())
 
     # --- claim workers -------------------------------------------------------------------------
@@ -361,8 +362,10 @@ class Provision:
         if record.runner_id is not None:
             return True
         github = self._plane.config.github
+        # Every label the job asked for: GitHub gives a job only to a runner carrying all of them.
+        labels = list(RunKey.parse(run_key).runner_labels)
         runner = self._plane.github.jit_config(
-            runner_name(instance_id, claim), [run_key], runner_group_id=github.runner_group_id
+            runner_name(instance_id, claim), labels, runner_group_id=github.runner_group_id
         )
         self._plane.credentials.store(
             instance_id, self._plane.instance_arn(instance_id), run_key, runner.encoded_jit_config
