@@ -88,7 +88,8 @@ def serve_one_job(github: FakeGitHubClient) -> int:
     say(f"{stamp()}: Listening for Jobs")
     while True:
         status, job = github.call("GET", "/_runner/job")
-        if status == 200:
+        # An offered job is the runner's once it picks it up; one offered elsewhere meanwhile is not.
+        if status == 200 and github.call("POST", f"/_runner/jobs/{job['job_id']}/acquire")[0] == 204:
             break
         time.sleep(POLL_SECONDS)
     say(f"{stamp()}: Running job: {job['name']}")
@@ -98,8 +99,9 @@ def serve_one_job(github: FakeGitHubClient) -> int:
         if github.call("POST", f"/_runner/jobs/{job['job_id']}/renew")[0] == 410:
             say(f"{stamp()}: Job {job['name']} was cancelled")
             return 0
-    github.call("POST", f"/_runner/jobs/{job['job_id']}/result", {"conclusion": "success"})
-    say(f"{stamp()}: Job {job['name']} completed with result: Succeeded")
+    conclusion = job.get("conclusion", "success")
+    github.call("POST", f"/_runner/jobs/{job['job_id']}/result", {"conclusion": conclusion})
+    say(f"{stamp()}: Job {job['name']} completed with result: {conclusion.title()}")
     return 0
 
 

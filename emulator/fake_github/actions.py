@@ -1,17 +1,37 @@
 """GitHub Actions as the fake plays it: workflow runs with jobs, jobs handed to runners, webhooks about both.
 
-A run is started with its jobs (a matrix is N jobs of one name); every job is queued at once with
-its `runs-on` labels. A runner that connects asks for work, and gets the oldest queued job whose
-labels it all carries (GitHub's rule) in a repository it serves. The job is in progress until the
-runner reports its result; then it is completed, and GitHub removes the runner, as it does every
-JIT runner after its one job. A runner that stops talking for `lost_after_seconds` is lost: its
-job fails and it goes offline. Cancelling a run completes its queued jobs without a runner and
-its running jobs as cancelled. Every change is announced with the webhook events GitHub sends.
+Each behaviour names where GitHub documents it (docs.github.com, Actions, unless said otherwise):
+
+- A run is started with its jobs (a matrix is N jobs of one name); every job is queued at once with
+  its `runs-on` labels.
+- A job goes only to a runner that carries all of its labels, compared without case ("Using
+  self-hosted runners in a workflow": "jobs will be queued on runners that have all the labels that
+  you specify"; "Using labels with self-hosted runners": "Labels are case-insensitive"), in a
+  repository the runner serves.
+- A connected runner that asks for work is offered the oldest such job; the job is in progress once
+  the runner picks it up. "If the runner doesn't pick up the assigned job within 60 seconds, the
+  job is queued at all levels" ("Using self-hosted runners in a workflow", Routing precedence; the
+  runner's side is the acknowledge/acquire seen in actions/runner#4728).
+- A runner reports its job's result; the job is completed, and GitHub removes the runner, as it
+  does every JIT runner after its one job ("just-in-time runners ... perform at most one job").
+- A busy runner that disconnects, or stops talking for `lost_after_seconds`, fails its job ("The
+  self-hosted runner: ... lost communication with the server", actions/runner#2040).
+- A job queued for `queue_expiry_seconds` (24 h on GitHub) without a runner fails: "Each job for
+  self-hosted runners that has been queued for at least 24 hours will be canceled" ("Usage limits
+  for self-hosted runners"); the job's annotation says "This request was automatically failed
+  because there were no enabled runners online", and the run ends as a failure.
+- Cancelling a run completes its queued jobs without a runner and its running jobs as cancelled.
+- A completed run can be re-run for 30 days: "Re-run all jobs" or "Re-run failed jobs" keep the
+  run id and count up `run_attempt` ("Re-running workflows and jobs"). Re-running all jobs queues
+  every job again; re-running failed jobs queues the failed ones again and keeps the others'
+  results. Re-run jobs are new jobs (new ids) of the new attempt.
+
+Every change is announced with the webhook events GitHub sends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +49,12 @@ from emulator.fake_github.webhooks import Webhooks
 RUN_ID_EXPRESSION = "${{ github.run_id }}"
 LOST_AFTER_SECONDS = 60.0
 """GitHub notices a runner is gone after minutes; the emulator compresses that."""
+REQUEUE_AFTER_SECONDS = 60.0
+"""How long a job offered to a runner waits for it to pick it up before any runner may have it."""
+QUEUE_EXPIRY_SECONDS = 24 * 3600.0
+"""How long a job waits in the queue for a runner before GitHub fails it; tests scale it down."""
+RERUN_WINDOW_SECONDS = 30 * 24 * 3600.0
+"""How long after a run was started it may be re-run."""
 
 Event = tuple[str, str, dict[str, Any], str]
 """(event, action, payload, ordering key): a webhook to send once the state lock is released."""
@@ -44,6 +70,8 @@ class JobSpec:
     """How many jobs the job's matrix expands to (`name (1)`, `name (2)`, ...); 1 for no matrix."""
     seconds: float = 1.0
     """How long the job's steps take once a runner has it."""
+    fail_attempts: tuple[int, ...] = ()
+    """The run attempts in which the job's steps fail, e.g. (1,): fails first, passes when re-run."""
 
     def labels(self, run_id: int) -> list[str]:
         written = (self.runs_on,) if isinstance(self.runs_on, str) else self.runs_on
@@ -54,16 +82,29 @@ class JobSpec:
 
 
 class JobGoneError(LookupError):
-    """The runner's job is no longer its own: cancelled, or failed after the runner was lost."""
+    """The runner's job is no longer its own: cancelled, failed after the runner was lost, or (not
+    picked up in time) offered to another runner."""
+
+
+class RerunRefusedError(ValueError):
+    """GitHub would not re-run this run now (it is not completed, too old, or has no failed job)."""
 
 
 class Actions:
     def __init__(
-        self, state: GitHubState, webhooks: Webhooks, lost_after_seconds: float = LOST_AFTER_SECONDS
+        self,
+        state: GitHubState,
+        webhooks: Webhooks,
+        lost_after_seconds: float = LOST_AFTER_SECONDS,
+        *,
+        requeue_after_seconds: float = REQUEUE_AFTER_SECONDS,
+        queue_expiry_seconds: float = QUEUE_EXPIRY_SECONDS,
     ) -> None:
         self.state = state
         self.webhooks = webhooks
         self.lost_after_seconds = lost_after_seconds
+        self.requeue_after_seconds = requeue_after_seconds
+        self.queue_expiry_seconds = queue_expiry_seconds
         self._run_numbers: dict[str, int] = {}
 
     # --- what users do
@@ -74,16 +115,69 @@ class Actions:
         with state.lock:
             now = state.clock.now()
             number = self._run_numbers[repository] = self._run_numbers.get(repository, 0) + 1
-            run = FakeWorkflowRun(state.new_id(), repository, workflow, number, now, updated_at=now)
+            run = FakeWorkflowRun(
+                state.new_id(), repository, workflow, number, now, updated_at=now, attempt_started_at=now
+            )
             state.runs[run.run_id] = run
             events = [self._run_event("requested", run)]
             for spec in jobs:
                 for name in spec.names():
                     labels = spec.labels(run.run_id)
-                    job = FakeJob(state.new_id(), run.run_id, name, labels, spec.seconds, now)
+                    job = FakeJob(
+                        state.new_id(), run.run_id, name, labels, spec.seconds, now, 1, spec.fail_attempts
+                    )
                     state.jobs[job.job_id] = job
                     run.job_ids.append(job.job_id)
                     events.append(self._job_event("queued", job))
+        self._send(events)
+        return run
+
+    def rerun_all_jobs(self, run_id: int) -> FakeWorkflowRun:
+        """ "Re-run all jobs": the next attempt of the run queues every job again."""
+        return self._rerun(run_id, lambda _job: True)
+
+    def rerun_failed_jobs(self, run_id: int) -> FakeWorkflowRun:
+        """ "Re-run failed jobs": the next attempt queues the failed jobs again and keeps the others."""
+        return self._rerun(run_id, lambda job: job.conclusion is Conclusion.FAILURE)
+
+    def _rerun(self, run_id: int, again: Callable[[FakeJob], bool]) -> FakeWorkflowRun:
+        state = self.state
+        with state.lock:
+            run = state.runs[run_id]
+            now = state.clock.now()
+            if run.status is not JobStatus.COMPLETED:
+                raise RerunRefusedError(f"run {run_id} is {run.status.value}: only a completed run is re-run")
+            if now - run.created_at > RERUN_WINDOW_SECONDS:
+                raise RerunRefusedError(f"run {run_id} is more than 30 days old")
+            earlier = self._jobs_of(run)
+            if not any(again(job) for job in earlier):
+                raise RerunRefusedError(f"run {run_id} has no job to re-run")
+            run.run_attempt += 1
+            run.status, run.conclusion, run.updated_at, run.attempt_started_at = (
+                JobStatus.QUEUED,
+                None,
+                now,
+                now,
+            )
+            events = [self._run_event("requested", run)]
+            run.job_ids = []
+            for job in earlier:
+                if not again(job):
+                    run.job_ids.append(job.job_id)
+                    continue
+                rerun = FakeJob(
+                    state.new_id(),
+                    run.run_id,
+                    job.name,
+                    list(job.labels),
+                    job.seconds,
+                    now,
+                    run.run_attempt,
+                    job.fail_attempts,
+                )
+                state.jobs[rerun.job_id] = rerun
+                run.job_ids.append(rerun.job_id)
+                events.append(self._job_event("queued", rerun))
         self._send(events)
         return run
 
@@ -107,24 +201,49 @@ class Actions:
             runner.last_seen = self.state.clock.now()
 
     def disconnect(self, runner: FakeRunner) -> None:
+        """The runner closes its session (it was stopped): offline, and a job it was running fails."""
         with self.state.lock:
             runner.online = False
             runner.last_seen = self.state.clock.now()
+            events = self._fail_job_of(runner)
+        self._send(events)
 
-    def next_job(self, runner: FakeRunner) -> FakeJob | None:
-        """The job for a connected runner that asks for work: its current one, or the oldest it fits."""
+    def offer(self, runner: FakeRunner) -> FakeJob | None:
+        """The job for a connected runner that asks for work: its current one, the one offered to it
+        already, or the oldest queued job it fits, which is offered to it (still queued)."""
         state = self.state
         with state.lock:
             runner.online = True
-            runner.last_seen = state.clock.now()
+            now = runner.last_seen = state.clock.now()
             if runner.job_id is not None:
                 return state.jobs[runner.job_id]
-            job = next((j for j in self._queued() if self._fits(runner, j)), None)
-            if job is None:
-                return None
+            queued = self._queued()
+            offered = next((j for j in queued if j.assigned_runner_id == runner.runner_id), None)
+            if offered is not None:
+                return offered
+            job = next((j for j in queued if j.assigned_runner_id is None and self._fits(runner, j)), None)
+            if job is not None:
+                job.assigned_runner_id, job.assigned_at = runner.runner_id, now
+            return job
+
+    def acquire(self, runner: FakeRunner, job_id: int) -> FakeJob:
+        """The runner picks up the job offered to it: in progress. JobGoneError once it went elsewhere."""
+        state = self.state
+        with state.lock:
+            runner.last_seen = state.clock.now()
+            job = state.jobs.get(job_id)
+            if runner.job_id == job_id and job is not None:
+                return job
+            if (
+                job is None
+                or job.status is not JobStatus.QUEUED
+                or job.assigned_runner_id != runner.runner_id
+            ):
+                raise JobGoneError(job_id)
             run = state.runs[job.run_id]
             job.status, job.started_at = JobStatus.IN_PROGRESS, state.clock.now()
             job.runner_id, job.runner_name = runner.runner_id, runner.name
+            job.runner_labels = tuple(label.name for label in runner.labels)
             runner.busy, runner.job_id = True, job.job_id
             events = [self._job_event("in_progress", job)]
             if run.status is JobStatus.QUEUED:
@@ -132,6 +251,11 @@ class Actions:
                 events.append(self._run_event("in_progress", run))
         self._send(events)
         return job
+
+    def next_job(self, runner: FakeRunner) -> FakeJob | None:
+        """A runner that asks for work and picks up what it is offered at once."""
+        job = self.offer(runner)
+        return None if job is None else self.acquire(runner, job.job_id)
 
     def renew(self, runner: FakeRunner, job_id: int) -> FakeJob:
         """The runner is still working on `job_id`; JobGoneError if the job is not its own any more."""
@@ -161,10 +285,43 @@ class Actions:
                     continue
                 lost.append(runner)
                 runner.online = False
-                if runner.job_id is not None:
-                    events += self._complete(state.jobs[runner.job_id], Conclusion.FAILURE)
+                events += self._fail_job_of(runner)
         self._send(events)
         return lost
+
+    def requeue_unpicked(self) -> list[FakeJob]:
+        """Jobs offered to a runner that did not pick them up in `requeue_after_seconds`: any runner
+        may have them now. Returns them."""
+        with self.state.lock:
+            deadline = self.state.clock.now() - self.requeue_after_seconds
+            lapsed = [
+                job
+                for job in self._queued()
+                if job.assigned_runner_id is not None
+                and job.assigned_at is not None
+                and job.assigned_at <= deadline
+            ]
+            for job in lapsed:
+                job.assigned_runner_id, job.assigned_at = None, None
+        return lapsed
+
+    def expire_queued(self) -> list[FakeJob]:
+        """Jobs queued for `queue_expiry_seconds` fail without a runner. Returns them."""
+        events: list[Event] = []
+        with self.state.lock:
+            deadline = self.state.clock.now() - self.queue_expiry_seconds
+            expired = [job for job in self._queued() if job.queued_at <= deadline]
+            for job in expired:
+                job.assigned_runner_id, job.assigned_at = None, None
+                events += self._complete(job, Conclusion.FAILURE)
+        self._send(events)
+        return expired
+
+    def tick(self) -> None:
+        """What GitHub does as time passes: lost runners, lapsed offers, expired queued jobs."""
+        self.notice_lost_runners()
+        self.requeue_unpicked()
+        self.expire_queued()
 
     # --- mechanics (under the state lock)
 
@@ -176,7 +333,16 @@ class Actions:
 
     def _fits(self, runner: FakeRunner, job: FakeJob) -> bool:
         run = self.state.runs[job.run_id]
-        return set(job.labels) <= runner.label_names and runner.serves(run.repository)
+        return runner.carries(job.labels) and runner.serves(run.repository)
+
+    def _fail_job_of(self, runner: FakeRunner) -> list[Event]:
+        """A runner gone while it held a job: the job fails; a job only offered to it goes back."""
+        for job in self._queued():
+            if job.assigned_runner_id == runner.runner_id:
+                job.assigned_runner_id, job.assigned_at = None, None
+        if runner.job_id is None:
+            return []
+        return self._complete(self.state.jobs[runner.job_id], Conclusion.FAILURE)
 
     def _jobs_of(self, run: FakeWorkflowRun) -> list[FakeJob]:
         return [self.state.jobs[job_id] for job_id in run.job_ids]

@@ -9,7 +9,9 @@
     ... and the same three runner endpoints under /orgs/{org}
 
 Where GitHub's documentation is silent the fake makes a choice and says so: an unknown runner
-group in a JIT request is a 422.
+group in a JIT request is a 422. A JIT request names 1 to 100 labels (the REST reference's `labels`:
+"Minimum items: 1. Maximum items: 100."). Limits on the runner endpoints (GitHub's secondary rate
+limits) are not modelled here: FakeGitHub.gates check each request before its route answers it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ in its JIT config (`.credentials`); a runner GitHub has removed is refused with 
 
     POST   /_runner/session                connect: the runner is online
     DELETE /_runner/session                disconnect: offline (the runner was stopped)
-    GET    /_runner/job                    200 with the runner's job, or 204: nothing yet, ask again
+    GET    /_runner/job                    200 with the job offered to the runner, or 204: nothing yet
+    POST   /_runner/jobs/{job_id}/acquire  pick up the job offered; 410 once it was offered elsewhere
     POST   /_runner/jobs/{job_id}/renew    still working on it; 410 when the job is not its own any more
     POST   /_runner/jobs/{job_id}/result   {"conclusion": "success" | "failure"}; the job is over
 """
@@ -41,10 +42,28 @@ def disconnect(github: FakeGitHub, request: Request) -> Answer:
 
 @route("GET", JOB, Auth.RUNNER)
 def next_job(github: FakeGitHub, request: Request) -> Answer:
-    job = github.actions.next_job(_runner(request))
+    job = github.actions.offer(_runner(request))
     if job is None:
         return Answer(204)
-    return Answer(200, {"job_id": job.job_id, "run_id": job.run_id, "name": job.name, "seconds": job.seconds})
+    # What the job's steps come to: the emulator's runner reports it as the job's result.
+    conclusion = Conclusion.FAILURE if job.fails else Conclusion.SUCCESS
+    body = {
+        "job_id": job.job_id,
+        "run_id": job.run_id,
+        "name": job.name,
+        "seconds": job.seconds,
+        "conclusion": conclusion.value,
+    }
+    return Answer(200, body)
+
+
+@route("POST", "/_runner/jobs/{job_id}/acquire", Auth.RUNNER)
+def acquire(github: FakeGitHub, request: Request) -> Answer:
+    try:
+        github.actions.acquire(_runner(request), whole(request.params["job_id"]))
+    except JobGoneError:
+        raise Refusal(410, "The job is no longer offered to this runner") from None
+    return Answer(204)
 
 
 @route("POST", "/_runner/jobs/{job_id}/renew", Auth.RUNNER)

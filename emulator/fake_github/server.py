@@ -7,7 +7,7 @@ import json
 import socket
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -17,7 +17,12 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import jwt
 
 from emulator.fake_github import rest, runner_protocol
-from emulator.fake_github.actions import LOST_AFTER_SECONDS, Actions
+from emulator.fake_github.actions import (
+    LOST_AFTER_SECONDS,
+    QUEUE_EXPIRY_SECONDS,
+    REQUEUE_AFTER_SECONDS,
+    Actions,
+)
 from emulator.fake_github.routes import ROUTES, Answer, Auth, Refusal, Request
 from emulator.fake_github.state import DEFAULT_RUNNER_GROUP_ID, FakeRunner, GitHubState
 from emulator.fake_github.webhooks import Webhooks
@@ -36,6 +41,11 @@ LOST_RUNNER_CHECK_SECONDS = 0.25
 _ENDPOINTS = (rest, runner_protocol)
 """The modules whose `@route`s make up the fake; imported for their routes."""
 
+Gate = Callable[[str, Request], None]
+"""Asked about every authenticated REST request, with its route's name (`POST /repos/{owner}/...`),
+before the route answers it: raises Refusal to refuse it (as GitHub's secondary rate limits do,
+with their `retry-after`), returns to let it through. The runners' own protocol passes no gate."""
+
 
 class FakeGitHub:
     """The fake GitHub App host: `with FakeGitHub(...) as github:` serves it on a free loopback port.
@@ -53,10 +63,20 @@ class FakeGitHub:
         path_prefix: str = "",
         api_versions: tuple[str, ...] = SUPPORTED_API_VERSIONS,
         lost_runner_seconds: float = LOST_AFTER_SECONDS,
+        requeue_after_seconds: float = REQUEUE_AFTER_SECONDS,
+        queue_expiry_seconds: float = QUEUE_EXPIRY_SECONDS,
     ) -> None:
         self.state = GitHubState(app_id, public_key_pem, clock or SystemClock())
         self.webhooks = Webhooks(self.state, app_id)
-        self.actions = Actions(self.state, self.webhooks, lost_runner_seconds)
+        self.actions = Actions(
+            self.state,
+            self.webhooks,
+            lost_runner_seconds,
+            requeue_after_seconds=requeue_after_seconds,
+            queue_expiry_seconds=queue_expiry_seconds,
+        )
+        self.gates: list[Gate] = []
+        """Checks every REST request passes before it is answered (see Gate): rate limits go here."""
         self._prefix = path_prefix.rstrip("/")
         self._api_versions = api_versions
         self._server: _Server | None = None
@@ -103,7 +123,7 @@ class FakeGitHub:
 
     def _watch_runners(self) -> None:
         while not self._stopping.wait(LOST_RUNNER_CHECK_SECONDS):
-            self.actions.notice_lost_runners()
+            self.actions.tick()
 
     @property
     def origin(self) -> str:
@@ -176,8 +196,11 @@ class FakeGitHub:
                 )
             request = Request(method, path, query, headers, body, match.groupdict())
             request = self._authenticate(candidate.auth, request)
-            if candidate.auth is not Auth.RUNNER and self.state.rate_limited():
-                raise Refusal(403, "API rate limit exceeded.", headers=self._rate_limit_headers())
+            if candidate.auth is not Auth.RUNNER:
+                if self.state.rate_limited():
+                    raise Refusal(403, "API rate limit exceeded.", headers=self._rate_limit_headers())
+                for gate in self.gates:
+                    gate(candidate.name, request)
             return candidate.handler(self, request)
         raise Refusal(404, "Not Found")
 

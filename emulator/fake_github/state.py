@@ -15,6 +15,10 @@ from runner_pool.domain.runner_scope import RepositoryScope, RunnerScope
 
 TOKEN_LIFETIME_SECONDS = 3600
 DEFAULT_RUNNER_GROUP_ID = 1
+DEFAULT_LABELS = ("self-hosted", "Linux", "X64")
+"""What GitHub gives a self-hosted runner on its own: "self-hosted", its OS ("linux, windows, or
+macOS") and its architecture ("x64, ARM, or ARM64") (docs.github.com, Actions, "Using self-hosted
+runners in a workflow", Using default labels to route jobs). The fake's runners run Linux on x64."""
 RUNNER_PERMISSIONS = {"administration": "write", "organization_self_hosted_runners": "write"}
 """What an App needs for repository runners and for organisation runners."""
 
@@ -58,6 +62,11 @@ class FakeRunner:
     @property
     def label_names(self) -> set[str]:
         return {label.name for label in self.labels}
+
+    def carries(self, labels: list[str]) -> bool:
+        """Whether the runner has every one of `labels`, compared as GitHub does: "Labels are
+        case-insensitive" (docs.github.com, Actions, "Using labels with self-hosted runners")."""
+        return {label.lower() for label in labels} <= {name.lower() for name in self.label_names}
 
     def serves(self, repository: str) -> bool:
         """Whether this runner may take jobs of `repository` (`owner/repo`)."""
@@ -115,12 +124,24 @@ class FakeJob:
     seconds: float
     """How long the job's steps take once a runner has it."""
     queued_at: Epoch
+    run_attempt: int = 1
+    fail_attempts: tuple[int, ...] = ()
+    """The run attempts in which the job's steps fail (the runner reports failure); it succeeds in others."""
     status: JobStatus = JobStatus.QUEUED
     conclusion: Conclusion | None = None
     runner_id: int | None = None
     runner_name: str | None = None
+    runner_labels: tuple[str, ...] = ()
+    """The labels of the runner that took the job, as they were when it took it."""
+    assigned_runner_id: int | None = None
+    """The runner the job is offered to, not picked up yet: a queued job waits for it for a while."""
+    assigned_at: Epoch | None = None
     started_at: Epoch | None = None
     completed_at: Epoch | None = None
+
+    @property
+    def fails(self) -> bool:
+        return self.run_attempt in self.fail_attempts
 
 
 @dataclass
@@ -132,9 +153,12 @@ class FakeWorkflowRun:
     run_number: int
     created_at: Epoch
     job_ids: list[int] = field(default_factory=list)
+    """The jobs of the latest attempt: those it ran, and those it kept from earlier attempts."""
     status: JobStatus = JobStatus.QUEUED
     conclusion: Conclusion | None = None
     updated_at: Epoch = 0.0
+    run_attempt: int = 1
+    attempt_started_at: Epoch | None = None
 
     @property
     def owner(self) -> str:
@@ -165,6 +189,12 @@ class GitHubState:
     """Requests received, per route (`POST /app/installations/{installation_id}/access_tokens`)."""
     connections: int = 0
     rate_limited_until: Epoch | None = None
+    jit_default_labels: bool = True
+    """Whether a runner registered from a JIT config gets DEFAULT_LABELS beside the labels asked for.
+    GitHub does not document it, and runner managers disagree on what they saw (github-aws-runners/
+    terraform-aws-github-runner#3491: "When we introduced the JIT config the default labels are not
+    added by default", answered "We're using JIT - and the default labels are added by default"), so
+    the product must work either way and the tests run both."""
     webhook_receiver: Receiver = field(default=lambda _delivery: 200, repr=False)
     """Where deliveries go. Accepts everything until the webhooks are pointed at an endpoint."""
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
@@ -248,14 +278,24 @@ class GitHubState:
         runner_group_id: int = DEFAULT_RUNNER_GROUP_ID,
         work_folder: str = "_work",
     ) -> FakeRunner:
-        """A runner as GitHub records it at registration: offline until it connects."""
+        """A runner as GitHub records it at registration: offline until it connects.
+
+        A custom label that repeats a default one in another case is the default one (labels are
+        case-insensitive), not a second label: the fake's choice, GitHub documents neither.
+        """
         with self.lock:
+            defaults = list(DEFAULT_LABELS) if self.jit_default_labels else []
+            taken = {name.lower() for name in defaults}
+            custom = [n for n in dict.fromkeys(labels) if n.lower() not in taken]
             runner = FakeRunner(
                 runner_id=self.new_id(),
                 name=name,
                 scope=scope,
                 runner_group_id=runner_group_id,
-                labels=[self._label("self-hosted", "read-only"), *(self._label(n, "custom") for n in labels)],
+                labels=[
+                    *(self._label(n, "read-only") for n in defaults),
+                    *(self._label(n, "custom") for n in custom),
+                ],
                 work_folder=work_folder,
                 secret=secrets.token_hex(16),
             )
