@@ -182,14 +182,32 @@ AL2023_AMI_PARAMETERS: Mapping[Arch, str] = MappingProxyType(
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 """A SHA-256 digest in lowercase hex."""
 
+DEFAULT_RUNNER_VERSION = "2.328.0"
+KNOWN_RUNNER_CHECKSUMS: Mapping[str, Mapping[Arch, str]] = MappingProxyType(
+    {
+        # The "SHA-256 Checksums" section of https://github.com/actions/runner/releases/tag/v2.328.0
+        # (actions/runner's releaseNote.md fills one line per package at release time); the same two
+        # digests appear in the "Validate the hash" step GitHub's "New self-hosted runner" page shows.
+        DEFAULT_RUNNER_VERSION: MappingProxyType(
+            {
+                Arch.X64: "01066fad3a2893e63e6ca880ae3a1fad5bf9329d60e77ee15f2b97c148c3cd4e",
+                Arch.ARM64: "b801b9809c4d9301932bccadf57ca13533073b2aa9fa9b8e625a8db905b5d8eb",
+            }
+        ),
+    }
+)
+"""SHA-256 of `actions-runner-linux-<arch>-<version>.tar.gz` for the runner releases this code knows,
+so that the default version is checked without the operator copying digests into the config."""
+
 
 class InstanceSettings(_Settings):
     """How runner instances are built: the launch templates and the user data that bootstraps them."""
 
-    runner_version: str = Field("2.328.0", pattern=r"^\d+\.\d+\.\d+$")
+    runner_version: str = Field(DEFAULT_RUNNER_VERSION, pattern=r"^\d+\.\d+\.\d+$")
     """The GitHub Actions runner release installed at boot."""
     runner_checksums: dict[Arch, Sha256] = Field(default_factory=dict)
-    """SHA-256 of the runner archive per architecture; the user data refuses an archive that differs."""
+    """SHA-256 of the runner archive per architecture; the user data refuses an archive that differs.
+    Needed for every architecture unless KNOWN_RUNNER_CHECKSUMS has the version's."""
     ami_parameters: dict[Arch, str] = Field(default_factory=lambda: dict(AL2023_AMI_PARAMETERS))
     """SSM parameter holding the AMI id of each architecture; an architecture left out keeps AL2023's."""
     root_device_name: str = Field("/dev/xvda", pattern=r"^/dev/[a-z0-9]+$")
@@ -208,6 +226,25 @@ class InstanceSettings(_Settings):
     @classmethod
     def _every_arch_has_an_ami(cls, parameters: dict[Arch, str]) -> dict[Arch, str]:
         return {**AL2023_AMI_PARAMETERS, **parameters}
+
+    @model_validator(mode="after")
+    def _every_arch_has_a_checksum(self) -> Self:
+        missing = [arch.value for arch in Arch if self.runner_checksum(arch) is None]
+        if missing:
+            raise _SettingError(
+                "runner_checksums",
+                f"has no SHA-256 for runner {self.runner_version} on {', '.join(missing)}, and an "
+                "instance installs only an archive whose checksum it can check",
+                "copy each digest from the SHA-256 Checksums of https://github.com/actions/runner/"
+                f'releases/tag/v{self.runner_version}, e.g. {{"{missing[0]}": "<64 hex digits>"}}',
+            )
+        return self
+
+    def runner_checksum(self, arch: Arch) -> str | None:
+        """The SHA-256 the runner archive of `arch` must have: the configured one, else the known one."""
+        return self.runner_checksums.get(arch) or KNOWN_RUNNER_CHECKSUMS.get(self.runner_version, {}).get(
+            arch
+        )
 
 
 class StackConfig(_Settings):
