@@ -16,6 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from agent.boot import run_pre_runner_script
 from agent.heartbeat import Heartbeat
 from agent.imds import InstanceIdentity
+from agent.jit_config import without_self_update
 from agent.log import EventLog
 from agent.memory import MemoryFile
 from agent.outbox import Outbox
@@ -194,7 +195,7 @@ class Agent:
         try:
             self._runner = RunnerProcess.start(
                 self._settings.runner_start_script,
-                config.jit_config,
+                without_self_update(config.jit_config),
                 cwd=self._settings.runner_dir,
                 user=self._settings.runner_user,
                 log=log,

@@ -8,6 +8,7 @@ credentials store.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -49,8 +50,34 @@ AGENT_BACKOFF = Backoff(attempts=3, base_seconds=0.005, cap_seconds=0.02)
 
 
 def jit_config(mode: str = "job", **behaviour: Any) -> str:
-    """A config the fake runner understands; `id` tells one start of the runner from another."""
-    return json.dumps({"id": uuid.uuid4().hex, "mode": mode, **behaviour})
+    """A config shaped as GitHub's generate-jitconfig returns it (base64 JSON of the runner's settings
+    files, each base64 JSON), whose `.runner` also tells the fake runner how to behave; `id` tells one
+    start of the runner from another."""
+    files = {
+        ".runner": {
+            "agentId": 7,
+            "agentName": "fake-runner",
+            "ephemeral": True,
+            "fakeRunner": {"id": uuid.uuid4().hex, "mode": mode, **behaviour},
+        },
+        ".credentials": {"scheme": "OAuthAccessToken", "data": {"token": "fake"}},
+    }
+    return _b64_json({name: _b64_json(content) for name, content in files.items()})
+
+
+def config_file(config: str, name: str = ".runner") -> dict[str, Any]:
+    """One settings file of a JIT config, decoded."""
+    decoded: dict[str, Any] = json.loads(base64.b64decode(json.loads(base64.b64decode(config))[name]))
+    return decoded
+
+
+def config_id(config: str) -> str:
+    """The `id` of a config jit_config made."""
+    return str(config_file(config)["fakeRunner"]["id"])
+
+
+def _b64_json(value: Any) -> str:
+    return base64.b64encode(json.dumps(value).encode()).decode()
 
 
 def eventually(check: Callable[[], Any], timeout: float = WAIT_SECONDS, what: str = "condition") -> Any:

@@ -1,8 +1,9 @@
 """Stands in for the GitHub runner's run.sh in the agent's tests.
 
-Called as `run.sh --jitconfig <config>` in the runner directory, like the real one. The config is
-JSON the tests write and the agent hands through unread (stored, encrypted, loaded, decrypted), so
-the fake also proves the runner got exactly the config the control plane stored. Modes:
+Called as `run.sh --jitconfig <config>` in the runner directory, like the real one, and like the real
+one (actions/runner src/Runner.Listener/Runner.cs) it writes each settings file the config holds
+into that directory before it reads `.runner`. The tests' configs carry in `.runner` how the fake
+behaves and an `id`, so the fake also proves which config the control plane stored reached it. Modes:
 
     job     say it is listening, run one job (files in _work, a leftover process), exit 0
     refuse  fail the way a runner with a bad config does, before listening; exit 1
@@ -12,6 +13,7 @@ the fake also proves the runner got exactly the config the control plane stored.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import subprocess
 import sys
@@ -27,8 +29,11 @@ def say(line: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jitconfig", required=True)
-    config = json.loads(parser.parse_args().jitconfig)
     here = Path.cwd()
+    files = json.loads(base64.b64decode(parser.parse_args().jitconfig))
+    for name, content in files.items():
+        (here / name).write_bytes(base64.b64decode(content))
+    config = json.loads((here / ".runner").read_text())["fakeRunner"]
     with (here / "starts.log").open("a") as starts:
         starts.write(config["id"] + "\n")
     say("√ Connected to GitHub")

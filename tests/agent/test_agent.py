@@ -14,6 +14,7 @@ from runner_pool.domain.records import Signal
 from tests.agent.conftest import (
     AgentFactory,
     ControlPlane,
+    config_id,
     eventually,
     jit_config,
     process_alive,
@@ -117,7 +118,7 @@ def test_a_claim_registers_a_runner_for_exactly_that_run_key(
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
 
     # And the runner was started once, with exactly the config the control plane stored
-    assert running.runner_starts == [json.loads(config)["id"]]
+    assert running.runner_starts == [config_id(config)]
 
 
 def test_the_agent_waits_for_a_config_handed_over_after_the_claim(
@@ -136,7 +137,7 @@ def test_the_agent_waits_for_a_config_handed_over_after_the_claim(
 
     # Then the runner starts with it and the agent signals UD_REG_OK
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
-    assert running.runner_starts == [json.loads(config)["id"]]
+    assert running.runner_starts == [config_id(config)]
 
 
 def test_a_config_stored_for_an_earlier_run_is_never_used(
@@ -227,7 +228,7 @@ def test_an_instance_back_in_the_pool_registers_again_for_the_same_run(
 
     # Then it registers a new runner with the new config, never the used one again
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
-    assert running.runner_starts == [json.loads(first)["id"], json.loads(second)["id"]]
+    assert running.runner_starts == [config_id(first), config_id(second)]
 
 
 def test_the_heartbeat_goes_on_while_a_slow_runner_starts(
@@ -335,7 +336,7 @@ def test_throttled_dynamodb_for_seconds_recovers_without_a_second_registration(
     assert throttle.throttled > 10
 
     # And the runner was started exactly once, though the agent read its record all along
-    assert running.runner_starts == [json.loads(config)["id"]]
+    assert running.runner_starts == [config_id(config)]
 
     # And the agent still follows its record: a release gets its receipt
     control_plane.activate(RUN)
