@@ -11,7 +11,7 @@ The role lets an instance do exactly its side of the protocol and nothing else:
   instance it is for (runner_pool.adapters.runner_credentials);
 - terminate only itself: `ec2:SourceInstanceARN` must be the ARN of the instance acted on
   (`${ec2:InstanceID}`), the pattern of AWS's own AWSEC2VssSnapshotPolicy;
-- read the one S3 object that holds the agent's source.
+- read the S3 objects that hold the agent's wheelhouses (one per architecture), and no other.
 
 Those credentials are the agent's alone: with `instances.block_imds_from_jobs` (the default) the user
 data lets only root reach the instance metadata service, so a job, running as the runner user,
@@ -20,9 +20,11 @@ cannot take them to forge the instance's signals or read its runner config.
 How instances are built (runner version, AMIs, root volume, pre-runner script, the agent's grace
 before it ends its own instance) is the `instances` section of the stack config.
 
-The agent is installed from a CDK asset of this project's source (pyproject.toml, README.md, agent/
-and lambdas/runner_pool/): the user data has pip build the project's wheel from it on the instance,
-so the instance runs the same record models as the control plane, at the same version.
+The agent is installed from a CDK asset per architecture: a wheelhouse of the project's wheel and the
+wheels uv.lock pins for its dependencies (infra/agent_wheelhouse.py), which the user data checks by
+its SHA-256 and installs offline, so the instance runs the same record models as the control plane,
+at the same versions the tests ran. The runner archive is checked by the SHA-256 the `instances`
+config gives or knows for its version.
 """
 
 from __future__ import annotations
@@ -42,13 +44,13 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from infra.agent_wheelhouse import BOOT_PYTHONS, AgentWheelhouse, agent_wheelhouse
 from runner_pool.adapters import state_table as schema
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
 from runner_pool.domain.config import InstanceSettings, StackConfig
 from runner_pool.domain.records import Arch
 
 PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 USER_DATA_TEMPLATE = Path(__file__).resolve().parents[1] / "instances" / "user_data.sh"
 SOURCE_INSTANCE_ARN = "${ec2:SourceInstanceARN}"
 """IAM's policy variable for the instance whose profile credentials signed the request."""
@@ -57,22 +59,6 @@ TARGET_INSTANCE_ID = "${ec2:InstanceID}"
 
 ANY_INSTANCE_FINDING = "arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*"
 """How cdk-nag names the one wildcard of the role, the instance/* of TerminateSelf."""
-
-AGENT_SOURCE_EXCLUDES = (
-    "*",
-    "!pyproject.toml",
-    "!README.md",
-    "!agent",
-    "!agent/**",
-    "!lambdas",
-    "!lambdas/runner_pool",
-    "!lambdas/runner_pool/**",
-    ".*",
-    "**/.*",
-    "**/__pycache__",
-    "**/*.pyc",
-)
-"""Everything but what pip needs to build the agent's wheel (the runtime code and its metadata)."""
 
 AGENT_ITEM_ATTRIBUTES = (
     schema.PARTITION_KEY,
@@ -94,8 +80,11 @@ class UserDataValues:
     runner_version: str
     runner_arch: str
     runner_sha256: str
-    agent_source_bucket: str
-    agent_source_key: str
+    wheelhouse_bucket: str
+    wheelhouse_key: str
+    wheelhouse_sha256: str
+    al2023_python: str
+    ubuntu_python: str
     pre_runner_script_base64: str
     table_name: str
     credentials_key_id: str
@@ -117,7 +106,11 @@ def render_user_data(values: UserDataValues, template: str | None = None) -> str
 
 
 class Instances(Construct):
-    """`launch_templates` maps each architecture to its template; `role` is what CreateFleet passes."""
+    """`launch_templates` maps each architecture to its template; `role` is what CreateFleet passes.
+
+    `wheelhouses` are the agent's, per architecture; built from uv.lock (or taken from their cache)
+    when not given.
+    """
 
     def __init__(
         self,
@@ -127,6 +120,7 @@ class Instances(Construct):
         config: StackConfig,
         vpc: ec2.IVpc,
         table: dynamodb.ITable,
+        wheelhouses: Mapping[Arch, AgentWheelhouse] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         settings = config.instances
@@ -139,8 +133,14 @@ class Instances(Construct):
             removal_policy=RemovalPolicy.DESTROY,
             pending_window=Duration.days(7),
         )
-        self.agent_source = s3_assets.Asset(
-            self, "AgentSource", path=str(PROJECT_ROOT), exclude=list(AGENT_SOURCE_EXCLUDES)
+        self.wheelhouses: Mapping[Arch, AgentWheelhouse] = MappingProxyType(
+            dict(wheelhouses) if wheelhouses is not None else {arch: agent_wheelhouse(arch) for arch in Arch}
+        )
+        self.wheelhouse_assets: Mapping[Arch, s3_assets.Asset] = MappingProxyType(
+            {
+                arch: s3_assets.Asset(self, f"AgentWheelhouse-{arch.value}", path=str(wheelhouse.path))
+                for arch, wheelhouse in self.wheelhouses.items()
+            }
         )
         self.security_group = ec2.SecurityGroup(
             self,
@@ -160,9 +160,12 @@ class Instances(Construct):
         self._grant_self_termination()
         self.role.add_to_policy(
             iam.PolicyStatement(
-                sid="ReadAgentSource",
+                sid="ReadAgentWheelhouses",
                 actions=["s3:GetObject"],
-                resources=[self.agent_source.bucket.arn_for_objects(self.agent_source.s3_object_key)],
+                resources=[
+                    asset.bucket.arn_for_objects(asset.s3_object_key)
+                    for asset in self.wheelhouse_assets.values()
+                ],
             )
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
@@ -232,13 +235,20 @@ class Instances(Construct):
     def _launch_template(
         self, arch: Arch, settings: InstanceSettings, config: StackConfig, table: dynamodb.ITable
     ) -> ec2.LaunchTemplate:
+        wheelhouse = self.wheelhouse_assets[arch]
+        checksum = settings.runner_checksum(arch)
+        if checksum is None:
+            raise ValueError(f"no runner checksum for {arch.value}: the config should have refused this")
         user_data = render_user_data(
             UserDataValues(
                 runner_version=settings.runner_version,
                 runner_arch=arch.value,
-                runner_sha256=settings.runner_checksums.get(arch, ""),
-                agent_source_bucket=self.agent_source.s3_bucket_name,
-                agent_source_key=self.agent_source.s3_object_key,
+                runner_sha256=checksum,
+                wheelhouse_bucket=wheelhouse.s3_bucket_name,
+                wheelhouse_key=wheelhouse.s3_object_key,
+                wheelhouse_sha256=self.wheelhouses[arch].sha256,
+                al2023_python=BOOT_PYTHONS["al2023"],
+                ubuntu_python=BOOT_PYTHONS["ubuntu-24.04"],
                 pre_runner_script_base64=base64.b64encode(settings.pre_runner_script.encode()).decode(),
                 table_name=table.table_name,
                 credentials_key_id=self.credentials_key.key_id,

@@ -7,25 +7,55 @@
 # two at signs) before it becomes the launch template's user data. Instance metadata is read with
 # IMDSv2 session tokens only, and (unless the stack config turns it off) by root alone: jobs run as
 # the runner user and must not act as the instance. Jobs that need AWS use GitHub's OIDC provider.
-set -euo pipefail
-trap 'echo "runner-pool bootstrap failed at line ${LINENO}" >&2' ERR
+#
+# What an instance runs is fixed at synth: the runner release the config pins, checked against its
+# SHA-256; the agent and its dependencies from a wheelhouse built from uv.lock, checked against its
+# SHA-256 and installed offline, each wheel against the hash its requirements file pins. Nothing is
+# installed from a package index. The distribution's own packages come from its signed repositories.
+set -Eeuo pipefail
 
 readonly RUNNER_VERSION="@RUNNER_VERSION@"
 readonly RUNNER_ARCH="@RUNNER_ARCH@"
 readonly RUNNER_SHA256="@RUNNER_SHA256@"
-readonly AGENT_SOURCE_BUCKET="@AGENT_SOURCE_BUCKET@"
-readonly AGENT_SOURCE_KEY="@AGENT_SOURCE_KEY@"
+readonly WHEELHOUSE_BUCKET="@WHEELHOUSE_BUCKET@"
+readonly WHEELHOUSE_KEY="@WHEELHOUSE_KEY@"
+readonly WHEELHOUSE_SHA256="@WHEELHOUSE_SHA256@"
+readonly AL2023_PYTHON="@AL2023_PYTHON@"
+readonly UBUNTU_PYTHON="@UBUNTU_PYTHON@"
 readonly PRE_RUNNER_SCRIPT_BASE64="@PRE_RUNNER_SCRIPT_BASE64@"
 readonly BLOCK_IMDS_FROM_JOBS="@BLOCK_IMDS_FROM_JOBS@"
 
+# Every path the boot reads or writes is under ROOT: the file system's root on an instance (where
+# nothing sets RUNNER_POOL_BOOT_ROOT), a throwaway directory in the boot tests.
+readonly ROOT="${RUNNER_POOL_BOOT_ROOT:-}"
+readonly OS_RELEASE="${ROOT}/etc/os-release"
 readonly RUNNER_USER="runner"
-readonly RUNNER_DIR="/opt/actions-runner"
-readonly AGENT_HOME="/opt/runner-pool"
-readonly CONFIG_DIR="/etc/runner-pool"
+readonly RUNNER_DIR="${ROOT}/opt/actions-runner"
+readonly AGENT_HOME="${ROOT}/opt/runner-pool"
+readonly CONFIG_DIR="${ROOT}/etc/runner-pool"
+readonly STATE_DIR="${ROOT}/var/lib/runner-pool"
+readonly UNIT_DIR="${ROOT}/etc/systemd/system"
+readonly IMDS_GUARD="${ROOT}/usr/local/sbin/runner-pool-imds-guard"
 readonly IMDS="http://169.254.169.254"
-readonly IMDS_GUARD="/usr/local/sbin/runner-pool-imds-guard"
 readonly AGENT_UNIT="runner-pool-agent.service"
 readonly IMDS_GUARD_UNIT="runner-pool-imds-guard.service"
+readonly SUPPORTED="Amazon Linux 2023 and Ubuntu 24.04"
+
+DISTRO=""
+AGENT_PYTHON=""
+WORK=""
+
+# A boot that fails leaves no agent to write UD_FAILED, so it says why where an operator looks: the
+# console (cloud-init's output, `aws ec2 get-console-output`) and the file boot-failed, which keeps
+# the first reason (a failure inside a command substitution stops its caller too). The instance
+# never heartbeats, so provisioning gives up on it and terminates it.
+fail() {
+    echo "runner-pool UD_FAILED: $*" >&2
+    mkdir -p "${STATE_DIR}"
+    [[ -e "${STATE_DIR}/boot-failed" ]] || echo "$*" >"${STATE_DIR}/boot-failed"
+    exit 1
+}
+trap 'fail "the boot stopped at line ${LINENO}: ${BASH_COMMAND}"' ERR
 
 imds() {
     local token
@@ -34,52 +64,112 @@ imds() {
     curl -fsS --retry 5 -H "X-aws-ec2-metadata-token: ${token}" "${IMDS}/latest/$1"
 }
 
-install_packages() {
-    if command -v dnf >/dev/null 2>&1; then
-        dnf install -y "$@"
-    elif command -v apt-get >/dev/null 2>&1; then
-        apt-get update -q
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"
-    else
-        echo "no dnf or apt-get on this image; install $* into the AMI" >&2
-        return 1
-    fi
+# One field of os-release(5), unquoted; the file is read, never sourced.
+os_release() {
+    sed -n "s/^$1=//p" "${OS_RELEASE}" | head -n 1 | sed -e 's/^"\(.*\)"$/\1/' -e "s/^'\(.*\)'\$/\1/"
 }
 
-# The agent needs Python 3.11 or later; AL2023's default python3 is 3.9, so 3.11 comes alongside.
-agent_python() {
-    local candidate
-    for candidate in python3.13 python3.12 python3.11; do
-        if command -v "${candidate}" >/dev/null 2>&1; then
-            command -v "${candidate}"
-            return 0
-        fi
-    done
-    return 1
+# The runner's own bin/installdependencies.sh tells Red Hat-likes by /etc/redhat-release, which Amazon
+# Linux 2023 does not have, and exits 1 there (actions/runner#2511, open). So the boot installs the
+# runner's prerequisites itself, for the distributions it knows by os-release's ID and VERSION_ID,
+# and refuses any other before it installs anything.
+detect_distribution() {
+    [[ -r "${OS_RELEASE}" ]] || fail "no ${OS_RELEASE} to tell the distribution by; runner-pool boots ${SUPPORTED}"
+    local id version
+    id="$(os_release ID)"
+    version="$(os_release VERSION_ID)"
+    case "${id} ${version}" in
+        "amzn 2023") DISTRO="al2023" ;;
+        "ubuntu 24.04") DISTRO="ubuntu-24.04" ;;
+        *) fail "unsupported distribution '${id} ${version}' (by ${OS_RELEASE}); runner-pool boots ${SUPPORTED}" ;;
+    esac
 }
 
+# The runner's .NET prerequisites are the lists of actions/runner's docs/start/envlinux.md: its
+# Fedora-based list on AL2023 (the packages the runner's script would install on Fedora), and on
+# Ubuntu 24.04 the noble names of its Debian list (libssl3t64, liblttng-ust1t64 and libicu74, as
+# noble's dotnet-runtime-8.0 depends on them). The agent's Python is AL2023_PYTHON or UBUNTU_PYTHON,
+# the interpreters the wheelhouse was built for (infra/agent_wheelhouse.py BOOT_PYTHONS).
 install_prerequisites() {
-    if command -v dnf >/dev/null 2>&1; then
-        install_packages python3.11 python3.11-pip tar gzip
-    else
-        install_packages python3 python3-venv curl tar gzip
-    fi
+    case "${DISTRO}" in
+        al2023)
+            local packages=(tar gzip "python${AL2023_PYTHON}" "python${AL2023_PYTHON}-pip"
+                lttng-ust openssl-libs krb5-libs zlib libicu)
+            if [[ "${BLOCK_IMDS_FROM_JOBS}" == "true" ]]; then
+                packages+=(iptables-nft)
+            fi
+            # AL2023 ships curl-minimal, which the boot uses; the curl package would conflict with it.
+            dnf install -y "${packages[@]}"
+            AGENT_PYTHON="python${AL2023_PYTHON}"
+            ;;
+        ubuntu-24.04)
+            local packages=(curl ca-certificates tar gzip "python${UBUNTU_PYTHON}" "python${UBUNTU_PYTHON}-venv"
+                liblttng-ust1t64 libkrb5-3 zlib1g libssl3t64 libicu74)
+            if [[ "${BLOCK_IMDS_FROM_JOBS}" == "true" ]]; then
+                packages+=(iptables)
+            fi
+            apt-get update -q
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
+            AGENT_PYTHON="python${UBUNTU_PYTHON}"
+            ;;
+    esac
 }
 
 install_runner() {
     local archive="actions-runner-linux-${RUNNER_ARCH}-${RUNNER_VERSION}.tar.gz"
     local url="https://github.com/actions/runner/releases/download/v${RUNNER_VERSION}/${archive}"
+    [[ "${RUNNER_SHA256}" =~ ^[0-9a-f]{64}$ ]] || fail "no SHA-256 to check ${archive} by; not installing it"
     id -u "${RUNNER_USER}" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "${RUNNER_USER}"
+    curl -fsSL --retry 5 -o "${WORK}/${archive}" "${url}"
+    echo "${RUNNER_SHA256}  ${WORK}/${archive}" | sha256sum --check --strict --quiet \
+        || fail "${archive} from ${url} does not have the pinned SHA-256 ${RUNNER_SHA256}; not installing it"
     mkdir -p "${RUNNER_DIR}"
-    curl -fsSL --retry 5 -o "/tmp/${archive}" "${url}"
-    if [[ -n "${RUNNER_SHA256}" ]]; then
-        echo "${RUNNER_SHA256}  /tmp/${archive}" | sha256sum --check --strict
-    fi
-    tar -xzf "/tmp/${archive}" -C "${RUNNER_DIR}"
-    rm -f "/tmp/${archive}"
-    "${RUNNER_DIR}/bin/installdependencies.sh"
+    tar -xzf "${WORK}/${archive}" -C "${RUNNER_DIR}"
     mkdir -p "${RUNNER_DIR}/_work"
     chown -R "${RUNNER_USER}:${RUNNER_USER}" "${RUNNER_DIR}"
+}
+
+# The instance profile's credentials as a curl config (user and session token), read on stdin so
+# that they never appear in a process list.
+credentials_as_curl_config() {
+    "${AGENT_PYTHON}" -c '
+import json, sys
+credentials = json.load(sys.stdin)
+print("user = \"" + credentials["AccessKeyId"] + ":" + credentials["SecretAccessKey"] + "\"")
+print("header = \"x-amz-security-token: " + credentials["Token"] + "\"")
+'
+}
+
+# The one S3 object the instance role may read, signed by curl itself (--aws-sigv4, in curl since
+# 7.75; AL2023 and Ubuntu 24.04 ship curl 8): no AWS CLI or SDK is needed, nor installed from an index.
+s3_get() {
+    local region="$1" key="$2" target="$3"
+    local domain role
+    domain="$(imds meta-data/services/domain)"
+    role="$(imds meta-data/iam/security-credentials/)"
+    imds "meta-data/iam/security-credentials/${role}" | credentials_as_curl_config \
+        | curl -fsS --retry 5 --config - --aws-sigv4 "aws:amz:${region}:s3" \
+            -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" -o "${target}" \
+            "https://${WHEELHOUSE_BUCKET}.s3.${region}.${domain}/${key}"
+}
+
+# The agent's wheelhouse (a CDK asset built from uv.lock by infra/agent_wheelhouse.py) is checked
+# whole against the SHA-256 synth saw, then pip installs it with no index: every wheel must match
+# the hash requirements.txt pins for it, and nothing else can be installed. --isolated keeps pip's
+# environment variables and configuration files out of it. --no-compile halves the install (the
+# agent, running as root, compiles what it imports on first import).
+install_agent() {
+    local region="$1"
+    local wheelhouse="${WORK}/agent-wheelhouse.zip"
+    s3_get "${region}" "${WHEELHOUSE_KEY}" "${wheelhouse}"
+    echo "${WHEELHOUSE_SHA256}  ${wheelhouse}" | sha256sum --check --strict --quiet \
+        || fail "the agent's wheelhouse s3://${WHEELHOUSE_BUCKET}/${WHEELHOUSE_KEY} does not have the SHA-256 ${WHEELHOUSE_SHA256} synth built; not installing it"
+    mkdir -p "${AGENT_HOME}"
+    "${AGENT_PYTHON}" -m zipfile -e "${wheelhouse}" "${AGENT_HOME}/wheelhouse"
+    "${AGENT_PYTHON}" -m venv "${AGENT_HOME}/venv"
+    "${AGENT_HOME}/venv/bin/python" -m pip install --isolated --disable-pip-version-check --no-input \
+        --quiet --no-cache-dir --no-compile --no-index --find-links "${AGENT_HOME}/wheelhouse/wheels" \
+        --only-binary :all: --require-hashes --requirement "${AGENT_HOME}/wheelhouse/requirements.txt"
 }
 
 # The instance role may write this instance's signals and read its runner config, and anyone who
@@ -88,11 +178,7 @@ install_runner() {
 # and the agent's unit requires it: without the rule no agent, so no runner, ever starts. (Containers
 # on a bridge network are already cut off by the launch template's hop limit of 1.)
 install_imds_guard() {
-    if command -v dnf >/dev/null 2>&1; then
-        install_packages iptables-nft
-    else
-        install_packages iptables
-    fi
+    mkdir -p "$(dirname "${IMDS_GUARD}")" "${UNIT_DIR}"
     cat >"${IMDS_GUARD}" <<'GUARD'
 #!/bin/bash
 # runner-pool: only root may reach the instance metadata service (IPv4, and IPv6 where it is on).
@@ -109,7 +195,7 @@ if command -v ip6tables >/dev/null 2>&1; then
 fi
 GUARD
     chmod 0755 "${IMDS_GUARD}"
-    cat >"/etc/systemd/system/${IMDS_GUARD_UNIT}" <<UNIT
+    cat >"${UNIT_DIR}/${IMDS_GUARD_UNIT}" <<UNIT
 [Unit]
 Description=runner-pool: only root may reach the instance metadata service
 Before=${AGENT_UNIT}
@@ -124,28 +210,6 @@ WantedBy=multi-user.target
 UNIT
     systemctl daemon-reload
     systemctl enable --now "${IMDS_GUARD_UNIT}"
-}
-
-# The agent's source is a CDK asset in the stack's asset bucket; pip builds the project's wheel
-# from it, so the instance runs the same code, and the same record models, as the control plane.
-install_agent() {
-    local region="$1"
-    local python
-    python="$(agent_python)"
-    mkdir -p "${AGENT_HOME}/source"
-    "${python}" -m venv "${AGENT_HOME}/venv"
-    "${AGENT_HOME}/venv/bin/pip" install --quiet --upgrade pip boto3
-    "${AGENT_HOME}/venv/bin/python" - "${region}" "${AGENT_SOURCE_BUCKET}" "${AGENT_SOURCE_KEY}" \
-        "${AGENT_HOME}/agent-source.zip" <<'PYTHON'
-import sys
-
-import boto3
-
-region, bucket, key, target = sys.argv[1:]
-boto3.client("s3", region_name=region).download_file(bucket, key, target)
-PYTHON
-    "${AGENT_HOME}/venv/bin/python" -m zipfile -e "${AGENT_HOME}/agent-source.zip" "${AGENT_HOME}/source"
-    "${AGENT_HOME}/venv/bin/pip" install --quiet "${AGENT_HOME}/source"
 }
 
 write_agent_settings() {
@@ -176,7 +240,8 @@ install_service() {
         guard="Requires=${IMDS_GUARD_UNIT}
 After=${IMDS_GUARD_UNIT}"
     fi
-    cat >"/etc/systemd/system/${AGENT_UNIT}" <<UNIT
+    mkdir -p "${UNIT_DIR}"
+    cat >"${UNIT_DIR}/${AGENT_UNIT}" <<UNIT
 [Unit]
 Description=runner-pool agent: heartbeat, runner registration and cleanup for this instance
 Wants=network-online.target
@@ -202,9 +267,12 @@ UNIT
 }
 
 main() {
+    detect_distribution
+    WORK="$(mktemp -d)"
+    install_prerequisites
     local region
     region="$(imds dynamic/instance-identity/document | sed -n 's/.*"region" *: *"\([^"]*\)".*/\1/p')"
-    install_prerequisites
+    [[ -n "${region}" ]] || fail "the instance identity document names no region"
     if [[ "${BLOCK_IMDS_FROM_JOBS}" == "true" ]]; then
         install_imds_guard
     fi
@@ -212,6 +280,7 @@ main() {
     install_agent "${region}"
     write_agent_settings "${region}"
     install_service
+    rm -rf "${WORK}"
 }
 
 main "$@"

@@ -5,11 +5,13 @@ that renders the configured runner, keeps jobs away from the metadata service, a
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +24,9 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk.assertions import Template
 from constructs import IConstruct
 
+from infra.agent_wheelhouse import BOOT_PYTHONS
 from infra.constructs.instances import (
     AGENT_ITEM_ATTRIBUTES,
-    AGENT_SOURCE_EXCLUDES,
     PLACEHOLDER,
     SOURCE_INSTANCE_ARN,
     USER_DATA_TEMPLATE,
@@ -34,7 +36,12 @@ from infra.constructs.instances import (
 )
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.domain.config import AL2023_AMI_PARAMETERS, InstanceSettings, StackConfig
+from runner_pool.domain.config import (
+    AL2023_AMI_PARAMETERS,
+    KNOWN_RUNNER_CHECKSUMS,
+    InstanceSettings,
+    StackConfig,
+)
 from runner_pool.domain.records import Arch, Signal
 from tests.conftest import TABLE_NAME
 from tests.infra.synthesis import Synthesis
@@ -136,9 +143,12 @@ def values(**overrides: str) -> UserDataValues:
     fields = {
         "runner_version": "2.328.0",
         "runner_arch": "x64",
-        "runner_sha256": "",
-        "agent_source_bucket": "cdk-assets-bucket",
-        "agent_source_key": "0123abcd.zip",
+        "runner_sha256": "ef" * 32,
+        "wheelhouse_bucket": "cdk-assets-bucket",
+        "wheelhouse_key": "0123abcd.zip",
+        "wheelhouse_sha256": "01" * 32,
+        "al2023_python": "3.11",
+        "ubuntu_python": "3.12",
         "pre_runner_script_base64": "",
         "table_name": "runner-pool-state",
         "credentials_key_id": "1234abcd-12ab-34cd-56ef-1234567890ab",
@@ -251,27 +261,35 @@ def test_termination_is_pinned_to_the_instance_itself(synthesis: Synthesis) -> N
     )
 
 
-def test_the_agent_source_is_the_one_object_the_role_may_read(synthesis: Synthesis) -> None:
-    # Given the synthesised S3 statement / Then it names one object, the agent's source asset
-    read = statement(synthesis, "ReadAgentSource")
-    key = synthesis.stack.instances.agent_source.s3_object_key
-    assert flat(read["Resource"]).endswith(f"/{key}")
-    assert "*" not in flat(read["Resource"])
+def test_the_agent_wheelhouses_are_the_only_objects_the_role_may_read(synthesis: Synthesis) -> None:
+    # Given the synthesised S3 statement
+    read = statement(synthesis, "ReadAgentWheelhouses")
+    resources = read["Resource"] if isinstance(read["Resource"], list) else [read["Resource"]]
+
+    # Then it names exactly one object per architecture, each wheelhouse asset's, and no wildcard
+    keys = {asset.s3_object_key for asset in synthesis.stack.instances.wheelhouse_assets.values()}
+    assert len(keys) == len(Arch)
+    assert sorted(flat(resource).rsplit("/", 1)[1] for resource in resources) == sorted(keys)
+    assert not any("*" in flat(resource) for resource in resources)
 
 
-def test_the_agent_source_holds_what_pip_needs_and_nothing_else(synthesis: Synthesis) -> None:
-    # Given the staged agent source asset
-    staged = Path(synthesis.app.outdir) / synthesis.stack.instances.agent_source.asset_path
-    names = {str(path.relative_to(staged)) for path in staged.rglob("*") if path.is_file()}
+def test_each_wheelhouse_asset_is_the_zip_its_user_data_checks(synthesis: Synthesis) -> None:
+    instances = synthesis.stack.instances
+    for arch, data in launch_templates(synthesis).items():
+        # Given the wheelhouse asset staged into the cloud assembly for an arch
+        staged = Path(synthesis.app.outdir) / instances.wheelhouse_assets[arch].asset_path
+        digest = hashlib.sha256(staged.read_bytes()).hexdigest()
 
-    # Then it has the package metadata and the agent's and the shared runtime code
-    assert {"pyproject.toml", "README.md", "agent/__main__.py"} <= names
-    assert "lambdas/runner_pool/adapters/runner_credentials.py" in names
-    # And nothing of the rest of the repository: no infra, tests, caches or git history
-    allowed = ("agent/", "lambdas/runner_pool/", "pyproject.toml", "README.md")
-    assert all(name.startswith(allowed) for name in names), sorted(names)
-    assert not any("__pycache__" in name or name.split("/")[-1].startswith(".") for name in names)
-    assert "**/.*" in AGENT_SOURCE_EXCLUDES
+        # Then the user data of that arch's template downloads that object and checks that digest
+        script = user_data(data)
+        assert f'readonly WHEELHOUSE_KEY="{instances.wheelhouse_assets[arch].s3_object_key}"' in script, arch
+        assert f'readonly WHEELHOUSE_SHA256="{digest}"' in script, arch
+        # And it holds wheels for that arch only, besides the pure-Python ones
+        with zipfile.ZipFile(staged) as archive:
+            platform_wheels = [name for name in archive.namelist() if "manylinux" in name]
+        other = {Arch.X64: "aarch64", Arch.ARM64: "x86_64"}[arch]
+        assert platform_wheels, arch
+        assert not any(other in name for name in platform_wheels), arch
 
 
 # --- the launch templates -------------------------------------------------------------------------
@@ -351,17 +369,32 @@ def test_each_template_bootstraps_the_runner_of_its_own_arch(synthesis: Synthesi
     for arch, data in launch_templates(synthesis).items():
         # Given each template's user data / Then it installs the default runner version for its arch
         script = user_data(data)
-        assert f'readonly RUNNER_VERSION="{InstanceSettings().runner_version}"' in script
+        version = InstanceSettings().runner_version
+        assert f'readonly RUNNER_VERSION="{version}"' in script
         assert f'readonly RUNNER_ARCH="{arch.value}"' in script
-        # And it names this stack's table, key and agent source
+        # And checks it by the release's own checksum, known to the code for the default version
+        assert f'readonly RUNNER_SHA256="{KNOWN_RUNNER_CHECKSUMS[version][arch]}"' in script
+        # And boots the agent with the Pythons its wheelhouse was built for
+        assert f'readonly AL2023_PYTHON="{BOOT_PYTHONS["al2023"]}"' in script
+        assert f'readonly UBUNTU_PYTHON="{BOOT_PYTHONS["ubuntu-24.04"]}"' in script
+        # And it names this stack's table and key
         assert "RUNNER_POOL_TABLE_NAME=<StateTable" in script
         assert "RUNNER_POOL_CREDENTIALS_KEY_ID=<InstancesRunnerCredentialsKey" in script
-        assert synthesis.stack.instances.agent_source.s3_object_key in script
+
+
+def test_the_default_runner_checksums_are_the_release_pages(synthesis: Synthesis) -> None:
+    # Given the digests the code ships for the default runner release / Then they are the ones the
+    # release page of v2.328.0 lists (and GitHub's "New self-hosted runner" page repeats)
+    assert dict(KNOWN_RUNNER_CHECKSUMS["2.328.0"]) == {
+        Arch.X64: "01066fad3a2893e63e6ca880ae3a1fad5bf9329d60e77ee15f2b97c148c3cd4e",
+        Arch.ARM64: "b801b9809c4d9301932bccadf57ca13533073b2aa9fa9b8e625a8db905b5d8eb",
+    }
+    assert InstanceSettings().runner_version == "2.328.0"
 
 
 CUSTOM_INSTANCES = InstanceSettings(
     runner_version="2.999.1",
-    runner_checksums={Arch.ARM64: "ab" * 32},
+    runner_checksums={Arch.ARM64: "ab" * 32, Arch.X64: "cd" * 32},
     ami_parameters={Arch.X64: "/my/ami/x64"},
     root_device_name="/dev/sda1",
     pre_runner_script="#!/bin/sh\napt-get install -y make\n",
@@ -402,7 +435,7 @@ def custom_instances() -> CustomInstances:
 def test_user_data_renders_the_configured_runner_version_checksum_and_pre_runner_script(
     custom_instances: CustomInstances,
 ) -> None:
-    # Given the construct configured with its own runner version, an arm64 checksum and a script
+    # Given the construct configured with its own runner version, its checksums and a script
     arm64, x64 = custom_instances.user_data(Arch.ARM64), custom_instances.user_data(Arch.X64)
 
     # Then each arch's user data downloads that version for its arch
@@ -410,9 +443,9 @@ def test_user_data_renders_the_configured_runner_version_checksum_and_pre_runner
     assert 'readonly RUNNER_VERSION="2.999.1"' in x64
     assert 'readonly RUNNER_ARCH="arm64"' in arm64
     assert 'readonly RUNNER_ARCH="x64"' in x64
-    # And checks the checksum where one is given
+    # And checks each arch's archive by its own checksum
     assert f'readonly RUNNER_SHA256="{"ab" * 32}"' in arm64
-    assert 'readonly RUNNER_SHA256=""' in x64
+    assert f'readonly RUNNER_SHA256="{"cd" * 32}"' in x64
     # And carries the pre-runner script, intact
     encoded = base64.b64encode(b"#!/bin/sh\napt-get install -y make\n").decode()
     assert f'readonly PRE_RUNNER_SCRIPT_BASE64="{encoded}"' in x64
