@@ -154,3 +154,33 @@ def test_config_is_immutable() -> None:
     config = StackConfig()
     with pytest.raises(ValueError, match="frozen"):
         config.refresh_rate_minutes = 5  # type: ignore[misc]
+
+
+def test_the_default_runner_release_is_checked_by_its_known_checksums() -> None:
+    # Given no instances settings / Then every arch's runner archive has a checksum to be checked by
+    instances = load_config().instances
+    assert all(instances.runner_checksum(arch) is not None for arch in Arch)
+
+
+def test_a_runner_version_without_checksums_is_refused_naming_the_arch_and_where_to_find_them() -> None:
+    # Given a runner release the code knows no checksums of, with only arm64's configured
+    settings = {"instances": {"runner_version": "2.999.1", "runner_checksums": {"arm64": "ab" * 32}}}
+
+    # When loaded / Then the config is refused, naming the arch left unchecked and the release page
+    with pytest.raises(ConfigError) as refused:
+        load_config(settings)
+    (problem,) = refused.value.problems
+    assert problem.startswith("instances.runner_checksums: has no SHA-256 for runner 2.999.1 on x64")
+    assert "https://github.com/actions/runner/releases/tag/v2.999.1" in problem
+
+
+def test_a_configured_checksum_wins_over_the_known_one() -> None:
+    # Given the default release with an x64 checksum of the operator's (a mirror's rebuilt archive)
+    instances = load_config({"instances": {"runner_checksums": {"x64": "cd" * 32}}}).instances
+
+    # Then x64 is checked by it, arm64 still by the release's
+    assert instances.runner_checksum(Arch.X64) == "cd" * 32
+    assert (
+        instances.runner_checksum(Arch.ARM64)
+        == "b801b9809c4d9301932bccadf57ca13533073b2aa9fa9b8e625a8db905b5d8eb"
+    )
