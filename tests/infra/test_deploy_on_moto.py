@@ -79,9 +79,12 @@ def deployed(synthesis: Synthesis) -> Iterator[dict[str, Any]]:
             source = outdir / asset["source"]["path"]
             if asset["source"]["packaging"] == "zip":
                 body = zipped(source)
-            else:
+            elif source.name.endswith(".template.json"):
                 body = json.dumps(deployable(json.loads(source.read_text()))).encode()
                 template_key = destination["objectKey"]
+            else:
+                # A file asset (the agent's wheelhouse zips) is uploaded as it is.
+                body = source.read_bytes()
             s3.put_object(Bucket=bucket, Key=destination["objectKey"], Body=body)
         cloudformation = boto3.client("cloudformation", region_name=REGION)
         cloudformation.create_stack(
