@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emulator import iam_check
 from emulator.api_gateway import ProxyEndpoint
-from emulator.aws import ACCOUNT, CallCounter, LocalAws
+from emulator.aws import ACCOUNT, REGION, CallCounter, LocalAws
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.event_sources import QueueEventSource, Schedule
 from emulator.fake_github import FakeGitHub
@@ -92,6 +93,8 @@ class Deployment:
     refresh: Schedule
     stepfunctions: Any
     """An uncounted client, for looking at executions."""
+    policy_check: iam_check.PolicyCheck
+    """Every AWS call of the Lambdas and in-process agents, checked against the synthesized IAM policies."""
 
     @property
     def ec2(self) -> FleetEc2:
@@ -171,6 +174,7 @@ def deploy(
     )
     meter = LambdaMeter()
     routes = {name: meter.wrap(name, handler) for name, handler in routes.items()}
+    check = attach_policy_check(settings)
     owner, repo = app.repository.split("/", 1)
     github_app = GitHubApp(
         app.app_id,
@@ -179,20 +183,32 @@ def deploy(
         RepositoryScope(owner=owner, repo=repo),
         base_url=github.url,
     )
-    clients = _CountedClients(aws, calls)
+    clients = _CountedClients(aws, calls, check)
     plane = ControlPlane(settings, clients=clients, github=github_app)
     use_control_plane(plane)
     try:
         with ExitStack() as running:
             invocations = running.enter_context(lambdas_in_process(routes))
             api = running.enter_context(
-                ProxyEndpoint(meter.wrap("webhook", webhook.receive), webhook.WEBHOOK_PATH, "webhook")
+                ProxyEndpoint(
+                    meter.wrap(
+                        "webhook",
+                        iam_check.as_function("runner_pool.handlers.webhook.receive", webhook.receive),
+                    ),
+                    webhook.WEBHOOK_PATH,
+                    "webhook",
+                )
             )
             github.webhooks.point_at(api.url, webhook_secret)
             running.callback(github.webhooks.disconnect)
             demand = running.enter_context(
                 QueueEventSource(
-                    meter.wrap("dispatcher", dispatcher.dispatch),
+                    meter.wrap(
+                        "dispatcher",
+                        iam_check.as_function(
+                            "runner_pool.handlers.dispatcher.dispatch", dispatcher.dispatch
+                        ),
+                    ),
                     "dispatcher",
                     sqs=sqs,
                     queue_url=settings.require("demand_queue_url", "the dispatcher"),
@@ -202,7 +218,10 @@ def deploy(
             )
             schedule = running.enter_context(
                 Schedule(
-                    meter.wrap("refresh", refresh.refresh),
+                    meter.wrap(
+                        "refresh",
+                        iam_check.as_function("runner_pool.handlers.refresh.refresh", refresh.refresh),
+                    ),
                     "refresh",
                     every_seconds=timers.refresh_every_seconds,
                     rule=f"{stack_name}-refresh",
@@ -218,9 +237,12 @@ def deploy(
                 demand,
                 schedule,
                 aws.client("stepfunctions"),
+                check,
             )
+        check.assert_allowed()
     finally:
         use_control_plane(None)
+        iam_check.detach_policy_check(check)
         github_app.close()
 
 
@@ -271,13 +293,22 @@ class FleetEc2(SimulatedEc2):
 class _CountedClients:
     """The control plane's clients, each counting its calls; EC2's with CreateFleet simulated."""
 
-    def __init__(self, aws: LocalAws, calls: CallCounter) -> None:
+    def __init__(self, aws: LocalAws, calls: CallCounter, check: iam_check.PolicyCheck) -> None:
         self._aws = aws
         self._calls = calls
+        self._check = check
 
     def __call__(self, service: str) -> Any:
         client = self._aws.client(service, self._calls)
-        return FleetEc2(client) if service == "ec2" else client
+        return self._check.on_client(FleetEc2(client) if service == "ec2" else client)
+
+
+def attach_policy_check(settings: ControlPlaneSettings) -> iam_check.PolicyCheck:
+    """The Lambdas' calls checked against the synthesized policies (emulator/iam_check.py), bound to this
+    deployment: one place, to move onto the one local stack's on_client hook."""
+    return iam_check.attach_policy_check(
+        iam_check.settings_environment(settings), region=REGION, account=ACCOUNT
+    )
 
 
 def _deploy_machine(machines: LocalStateMachines, machine: str) -> tuple[str, dict[str, Handler]]:
@@ -286,7 +317,10 @@ def _deploy_machine(machines: LocalStateMachines, machine: str) -> tuple[str, di
     module = importlib.import_module(f"runner_pool.handlers.{machine}")
     names = sorted(set(_FUNCTION.findall(path.read_text())))
     handlers: dict[str, Callable[..., Any]] = {
-        f"{machine}-{_snake(name)}": getattr(module, _snake(name)) for name in names
+        f"{machine}-{_snake(name)}": iam_check.as_function(
+            f"runner_pool.handlers.{machine}.{_snake(name)}", getattr(module, _snake(name))
+        )
+        for name in names
     }
     function_arns = machines.create_functions(list(handlers))
     filled = {f"{name}Function": function_arns[f"{machine}-{_snake(name)}"] for name in names}

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -36,7 +36,7 @@ from agent.imds import InstanceIdentity
 from agent.log import EventLog
 from agent.settings import ENV_PREFIX, AgentSettings
 from agent.wiring import build_agent
-from emulator import runner_program
+from emulator import iam_check, runner_program
 from emulator.aws import ACCOUNT, REGION, LocalAws
 from emulator.imds import InstanceMetadata
 from emulator.timeline import Happening, Timeline
@@ -296,6 +296,7 @@ class SimulatedInstances:
         with self._lock:
             if not self._clients:
                 self._clients = {service: self._aws.client(service) for service in ("dynamodb", "kms", "ec2")}
+                check_agent_calls(self._clients.values())
                 _route_agent_log(self._timeline)
             return self._clients
 
@@ -367,6 +368,7 @@ class _AgentThread(threading.Thread):
         super().__init__(name=f"agent-{instance.instance_id}", daemon=True)
         self.stopping = threading.Event()
         identity = InstanceIdentity(instance.instance_id, REGION, ACCOUNT)
+        self._instance_id = instance.instance_id
         self._agent = build_agent(
             settings,
             identity,
@@ -378,11 +380,33 @@ class _AgentThread(threading.Thread):
         )
 
     def run(self) -> None:
-        self._agent.run(self.stopping)
+        with acting_as_instance(self._instance_id):
+            self._agent.run(self.stopping)
 
     def stop(self, timeout_seconds: float) -> None:
         self.stopping.set()
         self.join(timeout_seconds)
+
+
+# --- the IAM check (emulator/iam_check.py): in-process agents' calls against the instance role ---------
+
+
+def check_agent_calls(clients: Iterable[Any]) -> None:
+    """The in-process agents' shared clients checked, each call as the instance whose agent makes it."""
+    check = iam_check.installed_check()
+    if check is not None:
+        for client in clients:
+            check.on_client(client)
+
+
+@contextlib.contextmanager
+def acting_as_instance(instance_id: str) -> Iterator[None]:
+    check = iam_check.installed_check()
+    if check is None:
+        yield
+        return
+    with check.acting_as(check.iam.instance(instance_id)):
+        yield
 
 
 class _TimelineHandler(logging.Handler):

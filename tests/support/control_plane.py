@@ -31,6 +31,9 @@ from emulator.accounting import Accounting, account
 from emulator.atomic_dynamodb import atomic_items
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
+from emulator import iam_check
+from emulator.aws import ACCOUNT
+from emulator.iam_check import PolicyCheck, as_function, detach_policy_check
 from emulator.resources import create_launch_templates, create_network, create_pool_queues, create_state_table
 from emulator.step_functions import (
     MOTO_CONFIG,
@@ -95,6 +98,8 @@ class LocalControlPlane:
     github: FakeGitHub
     ec2: SimulatedEc2
     sqs: Any
+    policy_check: PolicyCheck
+    """Every AWS call the handlers make, checked against the synthesized stack's IAM policies."""
     _launches: Iterator[int] = field(default_factory=itertools.count)
 
     @property
@@ -168,7 +173,7 @@ class LocalControlPlane:
 
     def refresh(self, at: Epoch | None = None) -> dict[str, Any]:
         """One scheduled refresh through its Lambda handler, for the schedule slot of `at` (default: now)."""
-        return refresh_handler(
+        return as_function(f"{HANDLERS}.refresh.refresh", refresh_handler)(
             scheduled_event(self.clock.now() if at is None else at), lambda_context("refresh")
         )
 
@@ -211,6 +216,7 @@ def local_control_plane(
             launch_templates=create_launch_templates(ec2),
         )
         clients: dict[str, Any] = {"ec2": ec2, "sqs": sqs, "dynamodb": dynamodb, "secretsmanager": secrets}
+        check = attach_policy_check(settings)
         app = GitHubApp(
             APP_ID,
             key.private_pem,
@@ -222,16 +228,18 @@ def local_control_plane(
         plane = ControlPlane(
             settings,
             clock=clock,
-            clients=lambda service: clients.get(service) or client(service),
+            clients=lambda service: check.on_client(clients.get(service) or client(service)),
             backoff=NO_WAIT,
             github=app,
             pause=pause,
         )
         use_control_plane(plane)
         try:
-            yield LocalControlPlane(plane, clock, github, ec2, sqs)
+            yield LocalControlPlane(plane, clock, github, ec2, sqs, check)
+            check.assert_allowed()
         finally:
             use_control_plane(None)
+            detach_policy_check(check)
             app.close()
 
 
@@ -258,14 +266,24 @@ class LocalStateMachine:
     ) -> Execution:
         """`on_wait(seconds)` stands in for each Wait state; `replace` swaps handlers by name."""
         chosen = {**self.handlers, **(replace or {})}
-        routed = {_function_name(self.machine, handler): chosen[handler] for handler in self.handlers}
+        routed = {
+            _function_name(self.machine, handler): as_function(
+                f"{HANDLERS}.{self.machine}.{handler}", chosen[handler]
+            )
+            for handler in self.handlers
+        }
         with without_waiting(on_wait), lambdas_in_process(routed):
             return self.machines.run(self.arn, payload, name=name)
 
     @property
     def routed(self) -> dict[str, Handler]:
         """Each of the machine's moto functions → our handler, for `lambdas_in_process`."""
-        return {_function_name(self.machine, handler): self.handlers[handler] for handler in self.handlers}
+        return {
+            _function_name(self.machine, handler): as_function(
+                f"{HANDLERS}.{self.machine}.{handler}", function
+            )
+            for handler, function in self.handlers.items()
+        }
 
 
 def deploy(machine: str, substitutions: Mapping[str, str] | None = None) -> LocalStateMachine:
@@ -302,6 +320,18 @@ def scheduled_event(at: Epoch) -> dict[str, Any]:
 
 def lambda_context(function_name: str) -> LambdaContext:
     return LambdaContext(function_name, str(uuid.uuid4()), function_arn(function_name))
+
+
+# --- the IAM check (emulator/iam_check.py): one place, to move onto the harness's on_client hook ------
+
+HANDLERS = "runner_pool.handlers"
+
+
+def attach_policy_check(settings: ControlPlaneSettings) -> PolicyCheck:
+    """Every call of the handlers checked against the synthesized policies, bound to this local stack."""
+    return iam_check.attach_policy_check(
+        iam_check.settings_environment(settings), region=REGION, account=ACCOUNT
+    )
 
 
 def _function_name(machine: str, handler: str) -> str:

@@ -23,7 +23,9 @@ import boto3
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
+from emulator import iam_check
 from emulator.atomic_dynamodb import atomic_items
+from emulator.aws import ACCOUNT
 from emulator.resources import create_demand_queue, create_idempotency_table
 from emulator.step_functions import LambdaContext, function_arn
 from runner_pool.domain.clock import ManualClock
@@ -216,7 +218,8 @@ class IngressWorld:
     _invocations: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def deliver(self, request: Mapping[str, Any]) -> Answer:
-        response = webhook.receive(dict(request), self.context("webhook"))
+        receive = iam_check.as_function("runner_pool.handlers.webhook.receive", webhook.receive)
+        response = receive(dict(request), self.context("webhook"))
         return Answer(response["statusCode"], json.loads(response["body"])["message"])
 
     def context(self, function: str) -> LambdaContext:
@@ -239,7 +242,8 @@ class IngressWorld:
         """Run the dispatcher on one batch; its partial batch response (Lambda never sends an empty batch)."""
         if not records:
             return {"batchItemFailures": []}
-        return dict(dispatcher.dispatch({"Records": records}, self.context("dispatcher")))
+        dispatch = iam_check.as_function("runner_pool.handlers.dispatcher.dispatch", dispatcher.dispatch)
+        return dict(dispatch({"Records": records}, self.context("dispatcher")))
 
     def executions(self, machine_arn: str) -> list[dict[str, Any]]:
         """Every execution of a machine, oldest first, with its input parsed."""
@@ -356,6 +360,9 @@ def ingress_world(
             provision_state_machine_arn=machines["provision"],
             release_state_machine_arn=machines["release"],
         )
+        check = attach_policy_check(settings)
+        for client in theirs.values():
+            check.on_client(client)
         plane = ControlPlane(settings, clock=clock, clients=theirs.__getitem__, backoff=NO_WAIT)
         use_control_plane(plane)
         try:
@@ -371,5 +378,15 @@ def ingress_world(
                 release_arn=machines["release"],
                 calls=calls,
             )
+            check.assert_allowed()
         finally:
             use_control_plane(None)
+            iam_check.detach_policy_check(check)
+
+
+def attach_policy_check(settings: ControlPlaneSettings) -> iam_check.PolicyCheck:
+    """The handlers' calls checked against the synthesized policies (emulator/iam_check.py), bound to this
+    world: one place, to move onto the harness's on_client hook."""
+    return iam_check.attach_policy_check(
+        iam_check.settings_environment(settings), region=REGION, account=ACCOUNT
+    )

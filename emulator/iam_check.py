@@ -1,0 +1,396 @@
+"""Every AWS call a function or an agent makes, checked against the policy that would be deployed.
+
+`PolicyCheck.on_client(client, principal)` attaches a botocore hook to a client: before each call is
+sent, its IAM requests (emulator/iam_calls.py) are evaluated (emulator/iam_policy.py) against the
+principal's statements in the synthesized template (emulator/iam_stack.py) and the resource's own
+policy. A call the deployed policy would not allow is answered as AWS answers it (AccessDenied,
+UnauthorizedOperation for EC2) without reaching local AWS, and noted: `assert_allowed()` then fails
+with every denial, naming the action, the resource and the statement that is lacking.
+
+Clients shared by several in-process functions (today's harness builds one ControlPlane for every
+handler) are attached without a principal: each call is then checked against the principal of the
+function being invoked on that thread, which `invoking(handler, fn)` sets around each invocation.
+A call made outside any invocation is the test's own setup and is counted, not checked.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache, wraps
+from typing import Any
+
+import boto3
+from botocore.awsrequest import AWSResponse, HTTPHeaders
+from botocore.exceptions import ClientError
+
+from emulator.iam_calls import Authorization, LaunchInputs, authorizations
+from emulator.iam_policy import Decision, Request, Statement, evaluate
+from emulator.iam_stack import Principal, ResourcePolicy, StackIam, checked_template
+
+_acting: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("iam_principal", default=None)
+_DENIED_CODES = {"ec2": ("UnauthorizedOperation", 403), "sqs": ("AccessDenied", 403)}
+"""The error each service answers a denied call with (EC2 API Reference "Error codes"; SQS API
+Reference "Common errors"); the others answer AccessDeniedException, HTTP 400."""
+_STASH = "runner_pool_iam_denial"
+SECURE_TRANSPORT = {"aws:SecureTransport": "true"}
+"""boto3 reaches AWS's endpoints over HTTPS, so every deployed call carries it (the queues' policies
+deny calls without it)."""
+
+
+class PolicyDeniedError(AssertionError):
+    """The deployed policy would have denied calls a test made."""
+
+
+@dataclass(frozen=True)
+class CheckedCall:
+    principal: str
+    operation: str
+    decisions: tuple[Decision, ...]
+
+    @property
+    def allowed(self) -> bool:
+        return all(decision.allowed for decision in self.decisions)
+
+    def explain(self) -> str:
+        denied = [d for d in self.decisions if not d.allowed]
+        lines = [f"{self.principal} calls {self.operation}: denied"]
+        for decision in denied:
+            lines.append(f"  - {decision.explain()}")
+            lines.append(f"    lacks: {_lacking(decision.request)}")
+        return "\n".join(lines)
+
+
+@dataclass
+class PolicyCheck:
+    iam: StackIam
+    calls: list[CheckedCall] = field(default_factory=list)
+    unchecked: int = 0
+    """Calls made outside any function's invocation (a test's own setup)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _simulating: threading.local = field(default_factory=threading.local, repr=False)
+    _resource_policies: dict[str, ResourcePolicy] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._resource_policies = self.iam.resource_policies()
+
+    # --- attaching
+
+    def on_client(self, client: Any, principal: Principal | None = None) -> Any:
+        """Check every call `client` makes, as `principal` (None: the principal being invoked).
+
+        A simulated EC2 (emulator/ec2_fleet.py) answers CreateFleet itself: that call is checked as
+        it is made, and the simulator's own calls to local EC2 underneath it are not the caller's.
+        """
+        inner = getattr(client, "_client", client)
+        lookups = _Lookups(self.iam, inner)
+        inner.meta.events.register("before-parameter-build", self._evaluator(principal, lookups))
+        inner.meta.events.register("before-call", _answer_denied)
+        if inner is not client and hasattr(client, "create_fleet"):
+            client.create_fleet = self._simulated_create_fleet(client.create_fleet, principal, lookups)
+        return client
+
+    @contextmanager
+    def acting_as(self, principal: Principal) -> Iterator[None]:
+        token = _acting.set(principal)
+        try:
+            yield
+        finally:
+            _acting.reset(token)
+
+    def invoking(self, handler: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """`function` run as the Lambda function whose handler is `handler` (`runner_pool.handlers.x.y`)."""
+        principal = self.iam.function(handler)
+
+        @wraps(function)
+        def invoked(*args: Any, **kwargs: Any) -> Any:
+            with self.acting_as(principal):
+                return function(*args, **kwargs)
+
+        return invoked
+
+    # --- results
+
+    def denials(self) -> list[CheckedCall]:
+        with self._lock:
+            return [call for call in self.calls if not call.allowed]
+
+    def checked(self) -> int:
+        with self._lock:
+            return len(self.calls)
+
+    def assert_allowed(self) -> None:
+        denied = self.denials()
+        if denied:
+            unique = list(dict.fromkeys(call.explain() for call in denied))
+            raise PolicyDeniedError(
+                f"{len(denied)} AWS call(s) the synthesized stack's IAM policies would deny:\n"
+                + "\n".join(unique)
+            )
+
+    # --- checking
+
+    def check(
+        self, principal: Principal, service: str, operation: str, params: Mapping[str, Any], lookups: Any
+    ) -> CheckedCall:
+        requests = authorizations(service, operation, params, lookups)
+        decisions = tuple(self._decide(principal, request) for request in requests)
+        checked = CheckedCall(principal.name, f"{service}:{operation}", decisions)
+        with self._lock:
+            self.calls.append(checked)
+        return checked
+
+    def _decide(self, principal: Principal, authorization: Authorization) -> Decision:
+        request = Request(
+            authorization.action,
+            authorization.resource,
+            {**SECURE_TRANSPORT, **principal.context, **authorization.context},
+        )
+        resource_policy = self._resource_policies.get(authorization.resource)
+        if resource_policy is None:
+            return evaluate(principal.statements, request)
+        applying = tuple(
+            statement
+            for statement, named in zip(resource_policy.statements, resource_policy.principals, strict=True)
+            if _names(named, principal, self.iam.bindings.account)
+        )
+        if authorization.action.startswith("kms:"):
+            # A key policy is the root of a key's access: IAM policies count only where it delegates to
+            # the account (KMS Developer Guide, key-policy-default.html#key-policy-default-allow-root-enable-iam).
+            delegated = evaluate(
+                [
+                    s
+                    for s, n in zip(resource_policy.statements, resource_policy.principals, strict=True)
+                    if _is_root(n, self.iam.bindings.account)
+                ],
+                request,
+            )
+            if not delegated.allowed:
+                return Decision(
+                    False, request, near_misses=("the key policy does not delegate to IAM policies",)
+                )
+        combined = evaluate((*principal.statements, *applying), request)
+        return combined
+
+    def _evaluator(self, fixed: Principal | None, lookups: _Lookups) -> Callable[..., None]:
+        def evaluate_call(params: Mapping[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
+            if getattr(self._simulating, "active", False):
+                return
+            principal = fixed or _acting.get()
+            if principal is None:
+                with self._lock:
+                    self.unchecked += 1
+                return
+            service = model.service_model.service_name
+            checked = self.check(principal, service, model.name, params, lookups)
+            if not checked.allowed:
+                context[_STASH] = (service, model.name, checked)
+
+        return evaluate_call
+
+    def _simulated_create_fleet(
+        self, create_fleet: Callable[..., Any], fixed: Principal | None, lookups: _Lookups
+    ) -> Callable[..., Any]:
+        def checked_create_fleet(**params: Any) -> Any:
+            principal = fixed or _acting.get()
+            if principal is None:
+                with self._lock:
+                    self.unchecked += 1
+            else:
+                checked = self.check(principal, "ec2", "CreateFleet", params, lookups)
+                if not checked.allowed:
+                    code, _ = _DENIED_CODES["ec2"]
+                    raise ClientError({"Error": {"Code": code, "Message": _message(checked)}}, "CreateFleet")
+            self._simulating.active = True
+            try:
+                return create_fleet(**params)
+            finally:
+                self._simulating.active = False
+
+        return checked_create_fleet
+
+
+def _answer_denied(context: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
+    """Answer a denied call as the service does, instead of sending it."""
+    stashed = context.pop(_STASH, None)
+    if stashed is None:
+        return None
+    service, _operation, checked = stashed
+    code, status = _DENIED_CODES.get(service, ("AccessDeniedException", 400))
+    http = AWSResponse("https://iam-check.local/", status, HTTPHeaders(), None)
+    return http, {
+        "Error": {"Code": code, "Message": _message(checked)},
+        "ResponseMetadata": {"HTTPStatusCode": status},
+    }
+
+
+def _message(checked: CheckedCall) -> str:
+    """AWS's wording: "User: <arn> is not authorized to perform: <action> on resource: <arn> because no
+    identity-based policy allows the <action> action" (IAM User Guide, troubleshoot_access-denied.html)."""
+    first = next(d for d in checked.decisions if not d.allowed)
+    return (
+        f"User: {checked.principal} is not authorized to perform: {first.request.action} on resource: "
+        f"{first.request.resource} because no identity-based policy allows the {first.request.action} action"
+    )
+
+
+def _lacking(request: Request) -> str:
+    """The statement that would allow the request."""
+    keys = {
+        k: v for k, v in request.context.items() if not k.startswith(("aws:Principal", "aws:SecureTransport"))
+    }
+    return f"Allow {request.action} on {request.resource}" + (f" (request context: {keys})" if keys else "")
+
+
+def _names(principal_element: Any, principal: Principal, account: str) -> bool:
+    if principal_element is None:
+        return False
+    if principal_element == "*":
+        return True
+    wanted = principal_element.get("AWS", []) if isinstance(principal_element, Mapping) else []
+    wanted = [wanted] if isinstance(wanted, str) else wanted
+    return any(w in ("*", principal.role_arn) or _is_root({"AWS": w}, account) for w in wanted)
+
+
+def _is_root(principal_element: Any, account: str) -> bool:
+    wanted = principal_element.get("AWS", []) if isinstance(principal_element, Mapping) else []
+    wanted = [wanted] if isinstance(wanted, str) else wanted
+    return any(w == account or (w.startswith("arn:") and w.endswith(f":iam::{account}:root")) for w in wanted)
+
+
+@cache
+def _session() -> boto3.session.Session:
+    return boto3.session.Session()
+
+
+class _Lookups:
+    """What the call table needs of the local world, read with clients of its own (not checked)."""
+
+    def __init__(self, iam: StackIam, client: Any) -> None:
+        self._iam = iam
+        self.partition = iam.bindings.partition
+        self.region = client.meta.region_name
+        self.account = iam.bindings.account
+        self._endpoint = client.meta.endpoint_url
+        self._keys = iam.table_partition_keys()
+        self._roles = iam.launch_template_roles()
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _client(self, service: str) -> Any:
+        with self._lock:
+            if service not in self._clients:
+                self._clients[service] = _session().client(
+                    service,  # type: ignore[call-overload]
+                    region_name=self.region,
+                    endpoint_url=None if "amazonaws.com" in self._endpoint else self._endpoint,
+                    aws_access_key_id="iam-check",
+                    aws_secret_access_key="iam-check",  # noqa: S106
+                )
+            return self._clients[service]
+
+    def partition_key(self, table_name: str) -> str:
+        if table_name not in self._keys:
+            schema = self._client("dynamodb").describe_table(TableName=table_name)["Table"]["KeySchema"]
+            self._keys[table_name] = next(k["AttributeName"] for k in schema if k["KeyType"] == "HASH")
+        return self._keys[table_name]
+
+    def secret_arn(self, secret_id: str) -> str:
+        if secret_id.startswith("arn:"):
+            return secret_id
+        return str(self._client("secretsmanager").describe_secret(SecretId=secret_id)["ARN"])
+
+    def instance_tags(self, instance_id: str) -> Mapping[str, str]:
+        try:
+            reservations = self._client("ec2").describe_instances(InstanceIds=[instance_id])["Reservations"]
+        except ClientError:
+            return {}
+        return {
+            tag["Key"]: tag["Value"]
+            for reservation in reservations
+            for instance in reservation["Instances"]
+            for tag in instance.get("Tags", [])
+        }
+
+    def launch_inputs(self, template_id: str) -> LaunchInputs:
+        versions = self._client("ec2").describe_launch_template_versions(
+            LaunchTemplateId=template_id, Versions=["$Default"]
+        )["LaunchTemplateVersions"]
+        data = versions[0]["LaunchTemplateData"]
+        return LaunchInputs(
+            image_id=data.get("ImageId", ""),
+            security_group_ids=tuple(data.get("SecurityGroupIds", [])),
+            role_arn=self._roles.get(template_id),
+        )
+
+    def key_arn(self, key_id: str) -> str:
+        if key_id.startswith("arn:") and ":key/" in key_id:
+            return key_id
+        if key_id.startswith(("alias/", "arn:")):
+            return str(self._client("kms").describe_key(KeyId=key_id)["KeyMetadata"]["Arn"])
+        return f"arn:{self.partition}:kms:{self.region}:{self.account}:key/{key_id}"
+
+
+def statements_used(calls: list[CheckedCall]) -> set[tuple[str, Statement]]:
+    """Which (principal, statement) pairs allowed at least one recorded call."""
+    return {
+        (call.principal, decision.allowed_by)
+        for call in calls
+        for decision in call.decisions
+        if decision.allowed_by is not None
+    }
+
+
+# --- plugging into a harness -----------------------------------------------------------------------
+
+_installed: PolicyCheck | None = None
+
+
+def attach_policy_check(local_environment: Mapping[str, str], *, region: str, account: str) -> PolicyCheck:
+    """A check of the synthesized stack's policies, bound to a local stack whose functions are given
+    `local_environment` (see `settings_environment`), installed for `as_function` and agents until
+    `detach_policy_check`."""
+    global _installed  # noqa: PLW0603 - one local stack per process at a time, like use_control_plane
+    iam = StackIam.bound(checked_template(), local_environment, region=region, account=account)
+    _installed = PolicyCheck(iam)
+    return _installed
+
+
+def detach_policy_check(check: PolicyCheck) -> None:
+    global _installed  # noqa: PLW0603
+    if _installed is check:
+        _installed = None
+
+
+def installed_check() -> PolicyCheck | None:
+    return _installed
+
+
+def as_function(handler: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` invoked as the Lambda function whose handler is `handler`, when a check is installed."""
+
+    @wraps(function)
+    def invoked(*args: Any, **kwargs: Any) -> Any:
+        check = _installed
+        if check is None:
+            return function(*args, **kwargs)
+        with check.acting_as(check.iam.function(handler)):
+            return function(*args, **kwargs)
+
+    return invoked
+
+
+def settings_environment(settings: Any) -> dict[str, str]:
+    """The environment a ControlPlaneSettings stands for: `RUNNER_POOL_<FIELD>`, structured values as JSON."""
+    from runner_pool.environment import ENV_PREFIX
+
+    environment = {}
+    for name, value in settings.model_dump(mode="json").items():
+        if value is None:
+            continue
+        environment[f"{ENV_PREFIX}{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    return environment
