@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import contextvars
 import json
+import os
+import uuid
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache, wraps
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -49,6 +52,7 @@ class PolicyDeniedError(AssertionError):
 @dataclass(frozen=True)
 class CheckedCall:
     principal: str
+    role: str
     operation: str
     decisions: tuple[Decision, ...]
 
@@ -74,6 +78,7 @@ class PolicyCheck:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _simulating: threading.local = field(default_factory=threading.local, repr=False)
     _resource_policies: dict[str, ResourcePolicy] = field(init=False, repr=False)
+    _excused: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._resource_policies = self.iam.resource_policies()
@@ -123,8 +128,16 @@ class PolicyCheck:
         with self._lock:
             return len(self.calls)
 
+    def excuse(self, operation: str, reason: str) -> None:
+        """Denials of `operation` (`ec2:TerminateInstances`) are what AWS answers in this test's scenario
+        and the product meets them (`reason` says why): they no longer fail `assert_allowed`."""
+        with self._lock:
+            self._excused[operation] = reason
+
     def assert_allowed(self) -> None:
-        denied = self.denials()
+        with self._lock:
+            excused = dict(self._excused)
+        denied = [call for call in self.denials() if call.operation not in excused]
         if denied:
             unique = list(dict.fromkeys(call.explain() for call in denied))
             raise PolicyDeniedError(
@@ -139,7 +152,7 @@ class PolicyCheck:
     ) -> CheckedCall:
         requests = authorizations(service, operation, params, lookups)
         decisions = tuple(self._decide(principal, request) for request in requests)
-        checked = CheckedCall(principal.name, f"{service}:{operation}", decisions)
+        checked = CheckedCall(principal.name, principal.role_arn, f"{service}:{operation}", decisions)
         with self._lock:
             self.calls.append(checked)
         return checked
@@ -253,7 +266,9 @@ def _names(principal_element: Any, principal: Principal, account: str) -> bool:
         return True
     wanted = principal_element.get("AWS", []) if isinstance(principal_element, Mapping) else []
     wanted = [wanted] if isinstance(wanted, str) else wanted
-    return any(w in ("*", principal.role_arn) or _is_root({"AWS": w}, account) for w in wanted)
+    # The account's root as Principal does not name the role: it delegates to the account's IAM policies
+    # (IAM User Guide, reference_policies_elements_principal.html#principal-accounts).
+    return any(w in ("*", principal.role_arn) for w in wanted)
 
 
 def _is_root(principal_element: Any, account: str) -> bool:
@@ -335,14 +350,74 @@ class _Lookups:
         return f"arn:{self.partition}:kms:{self.region}:{self.account}:key/{key_id}"
 
 
-def statements_used(calls: list[CheckedCall]) -> set[tuple[str, Statement]]:
-    """Which (principal, statement) pairs allowed at least one recorded call."""
-    return {
-        (call.principal, decision.allowed_by)
-        for call in calls
-        for decision in call.decisions
-        if decision.allowed_by is not None
+# --- what a test run used of the grants -------------------------------------------------------------
+
+USAGE_DIRECTORY_VARIABLE = "RUNNER_POOL_IAM_USAGE_DIR"
+"""Where each check writes, when it ends, the grants its calls used (the test session sets it)."""
+NOT_RECORDED = ("logs:", "xray:")
+"""Granted for the Lambda runtime's logs and X-Ray's daemon, which make no botocore call we can record."""
+
+
+def save_usage(check: PolicyCheck) -> None:
+    """Note the calls checked and the grants they used, for `usage_report`."""
+    directory = os.environ.get(USAGE_DIRECTORY_VARIABLE)
+    if not directory:
+        return
+    with check._lock:
+        calls = list(check.calls)
+        unchecked = check.unchecked
+    used = sorted(
+        {
+            (call.role, decision.allowed_by.describe(), decision.request.action)
+            for call in calls
+            for decision in call.decisions
+            if decision.allowed_by is not None
+        }
+    )
+    principals = [check.iam.function(handler) for handler in check.iam.handlers()]
+    principals.append(check.iam.role(check.iam.instance_role(), name="instances"))
+    granted = sorted(
+        {
+            (principal.role_arn, statement.describe(), action)
+            for principal in principals
+            for statement in principal.statements
+            if statement.effect == "Allow"
+            for action in statement.actions
+            if not action.startswith(NOT_RECORDED)
+        }
+    )
+    record = {
+        "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0],
+        "checked": len(calls),
+        "unchecked": unchecked,
+        "used": used,
+        "granted": granted,
     }
+    path = Path(directory) / f"{os.getpid()}-{uuid.uuid4().hex}.json"
+    path.write_text(json.dumps(record))
+
+
+def usage_report(directory: Path) -> list[str]:
+    """Calls checked in all, per end-to-end test, and the grants no checked call used."""
+    records = [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
+    if not records:
+        return []
+    used = {tuple(entry) for record in records for entry in record["used"]}
+    granted = {tuple(entry) for record in records for entry in record["granted"]}
+    lines = [
+        f"{sum(r['checked'] for r in records)} AWS calls checked against the synthesized IAM policies "
+        f"in {len(records)} local stacks ({sum(r['unchecked'] for r in records)} setup calls not checked)"
+    ]
+    per_test: dict[str, int] = {}
+    for record in records:
+        if record["test"].startswith("tests/e2e/"):
+            per_test[record["test"]] = per_test.get(record["test"], 0) + record["checked"]
+    lines += [f"  {count:6d} calls in {test}" for test, count in sorted(per_test.items())]
+    unused = sorted(granted - used)
+    if unused:
+        lines.append(f"{len(unused)} granted actions no checked call used (least privilege: remove, or test):")
+        lines += [f"  {role.rsplit('/', 1)[-1]}: {action}" for role, _statement, action in unused]
+    return lines
 
 
 # --- plugging into a harness -----------------------------------------------------------------------
@@ -362,6 +437,7 @@ def attach_policy_check(local_environment: Mapping[str, str], *, region: str, ac
 
 def detach_policy_check(check: PolicyCheck) -> None:
     global _installed  # noqa: PLW0603
+    save_usage(check)
     if _installed is check:
         _installed = None
 
@@ -382,6 +458,21 @@ def as_function(handler: str, function: Callable[..., Any]) -> Callable[..., Any
             return function(*args, **kwargs)
 
     return invoked
+
+
+def as_world(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` run as the test's world, not as the function whose invocation calls it: e.g. a step's
+    in-line pause, during which a test lets scripted agents act on the shared clients."""
+
+    @wraps(function)
+    def outside(*args: Any, **kwargs: Any) -> Any:
+        token = _acting.set(None)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _acting.reset(token)
+
+    return outside
 
 
 def settings_environment(settings: Any) -> dict[str, str]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -11,6 +13,7 @@ import pytest
 from moto import mock_aws
 
 from emulator.atomic_dynamodb import atomic_items
+from emulator.iam_check import USAGE_DIRECTORY_VARIABLE, usage_report
 from emulator.resources import create_pool_queues, create_state_table
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.state_table import StateTable
@@ -79,3 +82,22 @@ def sqs_calls(sqs: Any) -> list[tuple[str, dict[str, Any]]]:
 
     sqs.meta.events.register("provide-client-params.sqs.*", record)
     return calls
+
+
+# --- the IAM check's figures (emulator/iam_check.py): every local stack notes what its calls used -----
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One directory for the whole session, set before xdist starts its workers (they inherit it)."""
+    if not hasattr(config, "workerinput") and USAGE_DIRECTORY_VARIABLE not in os.environ:
+        os.environ[USAGE_DIRECTORY_VARIABLE] = tempfile.mkdtemp(prefix="runner-pool-iam-usage-")
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    lines = usage_report(Path(os.environ[USAGE_DIRECTORY_VARIABLE]))
+    if lines:
+        terminalreporter.section("IAM check")
+        for line in lines:
+            terminalreporter.write_line(line)

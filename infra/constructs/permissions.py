@@ -51,6 +51,22 @@ def find_by_run_key(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     _allow(grantee, ["dynamodb:Query"], [f"{table.table_arn}/index/{schema.RUN_KEY_INDEX}"])
 
 
+def mark_runs_finished(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Put a run's finished mark (StateTable.mark_run_finished) and no other item: every partition key
+    written must carry the marks' prefix (dynamodb:LeadingKeys, DynamoDB Developer Guide,
+    specifying-conditions.html; Null keeps ForAllValues from holding for a request without keys)."""
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["dynamodb:PutItem"],
+            resources=[table.table_arn],
+            conditions={
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{schema.FINISHED_RUN_PREFIX}*"]},
+                "Null": {"dynamodb:LeadingKeys": "false"},
+            },
+        )
+    )
+
+
 def sweep_thresholds(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     _allow(grantee, ["dynamodb:Query"], [f"{table.table_arn}/index/{schema.THRESHOLD_INDEX}"])
 

@@ -34,6 +34,7 @@ class Release(Construct):
 
         def plan(function: lambda_.Function) -> None:
             permissions.find_by_run_key(function, table)
+            permissions.mark_runs_finished(function, table)
 
         def give_back(function: lambda_.Function) -> None:
             permissions.write_records(function, table)

@@ -32,6 +32,8 @@ from agent.loop import Agent
 from agent.settings import AgentSettings
 from agent.wiring import build_agent
 from emulator.aws import ACCOUNT
+from emulator.iam_check import PolicyCheck, save_usage
+from emulator.iam_stack import StackIam, checked_template
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
@@ -269,6 +271,8 @@ class AgentFactory:
     kms_key: str
     tmp_path: Path
     started: list[RunningAgent] = field(default_factory=list)
+    policy_check: PolicyCheck | None = None
+    """Every call of the agents, checked against the synthesized instance role (emulator/iam_check.py)."""
 
     def settings(self, **overrides: Any) -> AgentSettings:
         values: dict[str, Any] = {
@@ -296,12 +300,14 @@ class AgentFactory:
         settings = self.settings(**overrides)
         dynamodb = boto3.client("dynamodb", region_name=REGION)
         ec2 = boto3.client("ec2", region_name=REGION)
+        kms = boto3.client("kms", region_name=REGION)
+        self.check_as_instance(settings, dynamodb, ec2, kms)
         powered_off: list[float] = []
         agent = build_agent(
             settings,
             self.identity,
             dynamodb=dynamodb,
-            kms=boto3.client("kms", region_name=REGION),
+            kms=kms,
             ec2=ec2,
             log=agent_log(),
             clock=self.clock,
@@ -309,6 +315,18 @@ class AgentFactory:
             poweroff=lambda: powered_off.append(self.clock.now()),
         )
         return RunningAgent(agent, settings, dynamodb, ec2, powered_off)
+
+    def check_as_instance(self, settings: AgentSettings, *clients: Any) -> None:
+        """The agent's clients checked as this instance (one place, to move onto the harness's hook)."""
+        if self.policy_check is None:
+            environment = {"RUNNER_POOL_TABLE_NAME": settings.table_name}
+            if settings.credentials_key_id:
+                environment["RUNNER_POOL_CREDENTIALS_KEY_ID"] = settings.credentials_key_id
+            self.policy_check = PolicyCheck(
+                StackIam.bound(checked_template(), environment, region=REGION, account=ACCOUNT)
+            )
+        for client in clients:
+            self.policy_check.on_client(client, self.policy_check.iam.instance(self.identity.instance_id))
 
 
 @pytest.fixture
@@ -319,6 +337,9 @@ def agents(
     yield factory
     for running in factory.started:
         running.halt()
+    if factory.policy_check is not None:
+        save_usage(factory.policy_check)
+        factory.policy_check.assert_allowed()
     leftover = runner_dir / "leftover.pid"
     if leftover.exists() and process_alive(pid := int(leftover.read_text())):
         os.kill(pid, 9)

@@ -231,7 +231,7 @@ def local_control_plane(
             clients=lambda service: check.on_client(clients.get(service) or client(service)),
             backoff=NO_WAIT,
             github=app,
-            pause=pause,
+            pause=iam_check.as_world(pause),
         )
         use_control_plane(plane)
         try:

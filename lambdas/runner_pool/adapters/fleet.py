@@ -78,6 +78,7 @@ INSTANCE_TYPES_BATCH = 100
 PAGE_SIZE = 1000
 
 UNKNOWN_INSTANCE_CODES = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
+UNAUTHORIZED = "UnauthorizedOperation"
 LIVE_EC2_STATES = ("pending", "running", "stopping", "stopped")
 """States of an instance that still has to be terminated; shutting-down ones already are being."""
 
@@ -325,13 +326,29 @@ class Fleet:
         try:
             response = self._backoff.call(lambda: self._client.terminate_instances(InstanceIds=instance_ids))
         except ClientError as exc:
-            if error_code(exc) not in UNKNOWN_INSTANCE_CODES:
-                raise
-            return self._sort_out_unknown(instance_ids)
+            if error_code(exc) in UNKNOWN_INSTANCE_CODES:
+                return self._sort_out_unknown(instance_ids)
+            if error_code(exc) == UNAUTHORIZED:
+                return self._sort_out_denied(instance_ids, exc)
+            raise
         return {
             item["InstanceId"]: _termination(item["CurrentState"]["Name"])
             for item in response.get("TerminatingInstances", [])
         }
+
+    def _sort_out_denied(self, instance_ids: list[str], denial: ClientError) -> dict[str, Termination]:
+        """Our TerminateInstances is allowed only on instances carrying the stack's tag, and an instance
+        EC2 no longer has carries none: IAM then denies the whole batch (UnauthorizedOperation) where
+        EC2 would have said NotFound (runs-on/terraform-aws-runs-on#60). The ids EC2 does not show are
+        gone; the rest are terminated on their own. A denial with every id still there is a real one."""
+        gone = {i for i, state in self.states(instance_ids).items() if state is Ec2State.UNKNOWN}
+        if not gone:
+            raise denial
+        results = dict.fromkeys(gone, Termination.UNKNOWN)
+        known = [i for i in instance_ids if i not in gone]
+        if known:
+            results.update(self._terminate_batch(known))
+        return results
 
     def _sort_out_unknown(self, instance_ids: list[str]) -> dict[str, Termination]:
         """One unknown id failed the whole batch and terminated none: terminate the ids EC2 knows.

@@ -1,0 +1,153 @@
+"""The instance role as synthesized, evaluated with the context EC2 gives an instance's calls: each instance
+reaches its own items, its own runner config and itself, and nothing of another instance.
+
+The agent's adapters (StateTable, RunnerCredentials, SelfTermination's TerminateInstances) run on moto
+with their clients checked as instance A (emulator/iam_check.py); the control plane's side is played
+with unchecked clients. Conditions evaluated: dynamodb:LeadingKeys and dynamodb:Attributes (DynamoDB
+Developer Guide, specifying-conditions.html), kms:EncryptionContext:instance-arn (KMS Developer Guide,
+conditions-kms.html), ec2:SourceInstanceARN against ec2:InstanceID (SAR list_amazonec2.html).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from emulator.aws import ACCOUNT
+from emulator.iam_check import PolicyCheck
+from emulator.iam_stack import StackIam, checked_template
+from runner_pool.adapters.instance_arns import InstanceArns
+from runner_pool.adapters.runner_credentials import CredentialsUnreadableError, RunnerCredentials
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.records import Signal
+from tests.conftest import NO_WAIT, REGION, TABLE_NAME
+from tests.support import builders
+
+ARNS = InstanceArns("aws", REGION, ACCOUNT)
+
+
+@dataclass
+class Instances:
+    check: PolicyCheck
+    a: str
+    b: str
+    own_table: StateTable
+    """Instance A's agent's view of the table, checked as A."""
+    own_credentials: RunnerCredentials
+    own_ec2: Any
+    plane_table: StateTable
+    plane_credentials: RunnerCredentials
+
+
+def run_instance(ec2: Any) -> str:
+    instance_id: str = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)["Instances"][0][
+        "InstanceId"
+    ]
+    return instance_id
+
+
+@pytest.fixture
+def instances(dynamodb: Any, clock: ManualClock, config: StackConfig) -> Iterator[Instances]:
+    kms = boto3.client("kms", region_name=REGION)
+    key_id = kms.create_key()["KeyMetadata"]["KeyId"]
+    ec2 = boto3.client("ec2", region_name=REGION)
+    a, b = run_instance(ec2), run_instance(ec2)
+    environment = {"RUNNER_POOL_TABLE_NAME": TABLE_NAME, "RUNNER_POOL_CREDENTIALS_KEY_ID": key_id}
+    check = PolicyCheck(StackIam.bound(checked_template(), environment, region=REGION, account=ACCOUNT))
+    as_a = check.iam.instance(a)
+    own = {s: check.on_client(boto3.client(s, region_name=REGION), as_a) for s in ("dynamodb", "kms", "ec2")}
+
+    def credentials(dynamodb_client: Any, kms_client: Any) -> RunnerCredentials:
+        return RunnerCredentials(
+            TABLE_NAME, config.timeouts, clock, key_id=key_id, dynamodb=dynamodb_client, kms=kms_client, backoff=NO_WAIT
+        )
+
+    yield Instances(
+        check=check,
+        a=a,
+        b=b,
+        own_table=StateTable(TABLE_NAME, config.timeouts, clock, own["dynamodb"], NO_WAIT, arns=ARNS),
+        own_credentials=credentials(own["dynamodb"], own["kms"]),
+        own_ec2=own["ec2"],
+        plane_table=StateTable(TABLE_NAME, config.timeouts, clock, dynamodb, NO_WAIT, arns=ARNS),
+        plane_credentials=credentials(dynamodb, kms),
+    )
+
+
+def denied_operations(check: PolicyCheck) -> list[str]:
+    return [call.operation for call in check.denials()]
+
+
+def test_an_instance_writes_and_reads_its_own_heartbeat_and_signal(instances: Instances) -> None:
+    # When instance A's agent beats, signals and reads both back
+    instances.own_table.write_heartbeat(instances.a)
+    instances.own_table.write_signal(instances.a, Signal.UD_REG_OK, "pool=1")
+    assert instances.own_table.read_heartbeat(instances.a) is not None
+    assert instances.own_table.read_signal(instances.a) is not None
+    # Then the instance role allowed every call
+    assert instances.check.checked() == 4
+    instances.check.assert_allowed()
+
+
+def test_an_instance_cannot_read_or_write_another_instances_items(instances: Instances) -> None:
+    # Given B's record and heartbeat, written by the control plane
+    instances.plane_table.create(builders.facts(instance_id=instances.b), run_key=None)
+    instances.plane_table.write_heartbeat(instances.b)
+    # When A's agent reads B's heartbeat, and writes a signal as B
+    with pytest.raises(ClientError, match="AccessDenied"):
+        instances.own_table.read_heartbeat(instances.b)
+    with pytest.raises(ClientError, match="AccessDenied"):
+        instances.own_table.write_signal(instances.b, Signal.UD_REG_OK, "pool=1")
+    # Then both were denied for B's partition key, the LeadingKeys condition naming A's ARN
+    assert denied_operations(instances.check) == ["dynamodb:GetItem", "dynamodb:PutItem"]
+    explained = "\n".join(call.explain() for call in instances.check.denials())
+    assert "dynamodb:LeadingKeys" in explained
+    assert ARNS.arn(instances.b) in explained
+
+
+def test_an_instance_cannot_write_its_own_state_record(instances: Instances) -> None:
+    # Given A's own key / When its agent writes an attribute the role does not list (its state)
+    with pytest.raises(ClientError, match="AccessDenied"):
+        instances.own_table.create(builders.facts(instance_id=instances.a), run_key=None)
+    # Then the dynamodb:Attributes condition refused it
+    assert denied_operations(instances.check) == ["dynamodb:PutItem"]
+    assert "dynamodb:Attributes" in instances.check.denials()[0].explain()
+
+
+def test_an_instance_decrypts_its_own_runner_config_and_not_another_instances(instances: Instances) -> None:
+    # Given a runner config stored for A and one for B
+    instances.plane_credentials.store(instances.a, ARNS.arn(instances.a), "pool=1", "config-for-a")
+    instances.plane_credentials.store(instances.b, ARNS.arn(instances.b), "pool=1", "config-for-b")
+    # When A's agent loads its own / Then it decrypts it
+    own = instances.own_credentials.load(instances.a, ARNS.arn(instances.a), "pool=1")
+    assert own is not None and own.jit_config == "config-for-a"
+    assert not instances.check.denials()
+    # When it reaches for B's item / Then the read is denied
+    with pytest.raises(ClientError, match="AccessDenied"):
+        instances.own_credentials.load(instances.b, ARNS.arn(instances.b), "pool=1")
+    # And had it B's ciphertext, decrypting it under B's context is denied by the key condition
+    blob = boto3.client("dynamodb", region_name=REGION).get_item(
+        TableName=TABLE_NAME, Key={"pk": {"S": ARNS.arn(instances.b)}, "sk": {"S": "runner-config"}}
+    )["Item"]["ciphertext"]["L"][0]["B"]
+    with pytest.raises(CredentialsUnreadableError, match="AccessDenied"):
+        instances.own_credentials._decrypt(blob, ARNS.arn(instances.b))
+    assert denied_operations(instances.check) == ["dynamodb:GetItem", "kms:Decrypt"]
+    assert "kms:EncryptionContext:instance-arn" in instances.check.denials()[1].explain()
+
+
+def test_an_instance_terminates_itself_and_no_other_instance(instances: Instances) -> None:
+    # When A's agent terminates B / Then EC2 answers UnauthorizedOperation and B still runs
+    with pytest.raises(ClientError, match="UnauthorizedOperation"):
+        instances.own_ec2.terminate_instances(InstanceIds=[instances.b])
+    assert "ec2:SourceInstanceARN" in instances.check.denials()[0].explain()
+    # When A terminates itself / Then the TerminateSelf statement allows it
+    instances.own_ec2.terminate_instances(InstanceIds=[instances.a])
+    assert denied_operations(instances.check) == ["ec2:TerminateInstances"]
+    assert instances.check.checked() == 2
