@@ -210,7 +210,11 @@ def deploy(
                         ),
                     ),
                     "dispatcher",
-                    sqs=sqs,
+                    # Lambda's event source reads the queue with the function's execution role
+                    # (Lambda Developer Guide, with-sqs.html, "Execution role permissions").
+                    sqs=check.on_client(
+                        aws.client("sqs"), check.iam.function("runner_pool.handlers.dispatcher.dispatch")
+                    ),
                     queue_url=settings.require("demand_queue_url", "the dispatcher"),
                     batch_size=timers.batch_size,
                     window_seconds=timers.batching_window_seconds,

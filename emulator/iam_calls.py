@@ -11,6 +11,7 @@ An operation missing from the table fails the check (`UnmappedCallError`) instea
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -271,7 +272,10 @@ MOTO_KEY_ID_BYTES = 36
 
 @_row("kms:Decrypt")
 def _decrypt(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
-    key = params.get("KeyId") or bytes(params["CiphertextBlob"][:MOTO_KEY_ID_BYTES]).decode()
+    blob = params["CiphertextBlob"]
+    if isinstance(blob, Mapping):  # a call replayed from another process carries bytes as base64
+        blob = base64.b64decode(blob["bytes"])
+    key = params.get("KeyId") or bytes(blob[:MOTO_KEY_ID_BYTES]).decode()
     return [Authorization("kms:Decrypt", world.key_arn(key), _encryption_context(params))]
 
 

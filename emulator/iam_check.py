@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextvars
 import json
 import os
-import uuid
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,8 +32,9 @@ from botocore.awsrequest import AWSResponse, HTTPHeaders
 from botocore.exceptions import ClientError
 
 from emulator.iam_calls import Authorization, LaunchInputs, authorizations
-from emulator.iam_policy import Decision, Request, Statement, evaluate
+from emulator.iam_policy import Decision, Request, evaluate
 from emulator.iam_stack import Principal, ResourcePolicy, StackIam, checked_template
+from runner_pool.environment import ENV_PREFIX
 
 _acting: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("iam_principal", default=None)
 _DENIED_CODES = {"ec2": ("UnauthorizedOperation", 403), "sqs": ("AccessDenied", 403)}
@@ -79,6 +80,8 @@ class PolicyCheck:
     _simulating: threading.local = field(default_factory=threading.local, repr=False)
     _resource_policies: dict[str, ResourcePolicy] = field(init=False, repr=False)
     _excused: dict[str, str] = field(default_factory=dict, repr=False)
+    remote_denials: list[str] = field(default_factory=list)
+    """Denials found in other processes (simulated instances' agents, emulator/iam_agent.py)."""
 
     def __post_init__(self) -> None:
         self._resource_policies = self.iam.resource_policies()
@@ -93,7 +96,7 @@ class PolicyCheck:
         """
         inner = getattr(client, "_client", client)
         lookups = _Lookups(self.iam, inner)
-        inner.meta.events.register("before-parameter-build", self._evaluator(principal, lookups))
+        inner.meta.events.register("provide-client-params", self._evaluator(principal, lookups))
         inner.meta.events.register("before-call", _answer_denied)
         if inner is not client and hasattr(client, "create_fleet"):
             client.create_fleet = self._simulated_create_fleet(client.create_fleet, principal, lookups)
@@ -137,9 +140,11 @@ class PolicyCheck:
     def assert_allowed(self) -> None:
         with self._lock:
             excused = dict(self._excused)
-        denied = [call for call in self.denials() if call.operation not in excused]
+        denied = [call.explain() for call in self.denials() if call.operation not in excused]
+        with self._lock:
+            denied += self.remote_denials
         if denied:
-            unique = list(dict.fromkeys(call.explain() for call in denied))
+            unique = list(dict.fromkeys(denied))
             raise PolicyDeniedError(
                 f"{len(denied)} AWS call(s) the synthesized stack's IAM policies would deny:\n"
                 + "\n".join(unique)
@@ -169,11 +174,12 @@ class PolicyCheck:
         applying = tuple(
             statement
             for statement, named in zip(resource_policy.statements, resource_policy.principals, strict=True)
-            if _names(named, principal, self.iam.bindings.account)
+            if _names(named, principal)
         )
         if authorization.action.startswith("kms:"):
-            # A key policy is the root of a key's access: IAM policies count only where it delegates to
-            # the account (KMS Developer Guide, key-policy-default.html#key-policy-default-allow-root-enable-iam).
+            # A key policy is the root of a key's access: IAM policies count only where it delegates
+            # to the account (KMS Developer Guide, key-policy-default.html, "allows access to the
+            # AWS account and enables IAM policies").
             delegated = evaluate(
                 [
                     s
@@ -200,7 +206,8 @@ class PolicyCheck:
                 return
             service = model.service_model.service_name
             checked = self.check(principal, service, model.name, params, lookups)
-            if not checked.allowed:
+            if not checked.allowed and not context.get("replayed"):
+                # A call replayed from another process has happened already: it is only noted.
                 context[_STASH] = (service, model.name, checked)
 
         return evaluate_call
@@ -259,7 +266,7 @@ def _lacking(request: Request) -> str:
     return f"Allow {request.action} on {request.resource}" + (f" (request context: {keys})" if keys else "")
 
 
-def _names(principal_element: Any, principal: Principal, account: str) -> bool:
+def _names(principal_element: Any, principal: Principal) -> bool:
     if principal_element is None:
         return False
     if principal_element == "*":
@@ -358,9 +365,9 @@ NOT_RECORDED = ("logs:", "xray:")
 """Granted for the Lambda runtime's logs and X-Ray's daemon, which make no botocore call we can record."""
 
 
-def save_usage(check: PolicyCheck) -> None:
+def save_usage(check: PolicyCheck, directory: str | None = None) -> None:
     """Note the calls checked and the grants they used, for `usage_report`."""
-    directory = os.environ.get(USAGE_DIRECTORY_VARIABLE)
+    directory = directory or os.environ.get(USAGE_DIRECTORY_VARIABLE)
     if not directory:
         return
     with check._lock:
@@ -402,8 +409,9 @@ def usage_report(directory: Path) -> list[str]:
     records = [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
     if not records:
         return []
-    used = {tuple(entry) for record in records for entry in record["used"]}
-    granted = {tuple(entry) for record in records for entry in record["granted"]}
+    # By role and action: each local stack names its resources its own way.
+    used = {(role, action) for record in records for role, _statement, action in record["used"]}
+    granted = {(role, action) for record in records for role, _statement, action in record["granted"]}
     lines = [
         f"{sum(r['checked'] for r in records)} AWS calls checked against the synthesized IAM policies "
         f"in {len(records)} local stacks ({sum(r['unchecked'] for r in records)} setup calls not checked)"
@@ -415,8 +423,10 @@ def usage_report(directory: Path) -> list[str]:
     lines += [f"  {count:6d} calls in {test}" for test, count in sorted(per_test.items())]
     unused = sorted(granted - used)
     if unused:
-        lines.append(f"{len(unused)} granted actions no checked call used (least privilege: remove, or test):")
-        lines += [f"  {role.rsplit('/', 1)[-1]}: {action}" for role, _statement, action in unused]
+        lines.append(
+            f"{len(unused)} granted actions no checked call used (least privilege: remove, or test):"
+        )
+        lines += [f"  {role.rsplit('/', 1)[-1]}: {action}" for role, action in unused]
     return lines
 
 
@@ -477,8 +487,6 @@ def as_world(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def settings_environment(settings: Any) -> dict[str, str]:
     """The environment a ControlPlaneSettings stands for: `RUNNER_POOL_<FIELD>`, structured values as JSON."""
-    from runner_pool.environment import ENV_PREFIX
-
     environment = {}
     for name, value in settings.model_dump(mode="json").items():
         if value is None:

@@ -161,7 +161,9 @@ def evaluate(statements: Iterable[Statement], request: Request) -> Decision:
 # --- conditions ----------------------------------------------------------------------------------
 
 
-def condition_holds(operator: str, key: str, policy_values: Sequence[str], request: Request) -> bool:
+def condition_holds(  # noqa: PLR0911 - one return per documented case
+    operator: str, key: str, policy_values: Sequence[str], request: Request
+) -> bool:
     """One `operator: {key: values}` entry of a Condition block against the request."""
     qualifier, _, base = operator.rpartition(":")
     if_exists = base.endswith("IfExists")

@@ -72,10 +72,11 @@ def synthesized_template() -> dict[str, Any]:
 
 def _synthesize() -> dict[str, Any]:
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-    from aws_cdk.assertions import Template
+    # CDK only on a cache miss: its jsii runtime takes seconds to start.
+    from aws_cdk.assertions import Template  # noqa: PLC0415
 
-    from infra.app import STACK_ID, build_app, project_context
-    from infra.dependency_layer import DependencyLayer
+    from infra.app import STACK_ID, build_app, project_context  # noqa: PLC0415
+    from infra.dependency_layer import DependencyLayer  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="runner-pool-synth-") as scratch:
         layer = Path(scratch) / "layer"
@@ -179,7 +180,7 @@ class Bindings:
 
     # --- resolving
 
-    def resolve(self, expression: Any) -> Any:
+    def resolve(self, expression: Any) -> Any:  # noqa: PLR0911 - one return per intrinsic function
         """A template value with its intrinsic functions resolved against the local stack."""
         if isinstance(expression, str):
             return self.literals.get(expression, expression)
@@ -235,7 +236,7 @@ class Bindings:
 
 
 def _is_json(text: str) -> bool:
-    if not text[:1] in ("{", "["):
+    if text[:1] not in ("{", "["):
         return False
     try:
         json.loads(text)
@@ -306,6 +307,17 @@ class StackIam:
             raise LookupError(f"the synthesized template has no function with handler {handler!r}")
         role = self.resources[logical]["Properties"]["Role"]["Fn::GetAtt"][0]
         return self.role(role, name=handler)
+
+    def of_role(self, role: str, instance_id: str | None = None) -> Principal:
+        """The principal of a role by its logical id: an instance's agent when `instance_id` is given."""
+        if instance_id is not None:
+            return self.instance(instance_id)
+        names = {
+            resource["Properties"]["Role"]["Fn::GetAtt"][0]: handler
+            for handler, logical in self.handlers().items()
+            for resource in [self.resources[logical]]
+        }
+        return self.role(role, name=names.get(role, role))
 
     def instance_role(self) -> str:
         """The logical id of the role the launch templates' instance profile carries."""

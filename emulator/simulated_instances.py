@@ -38,6 +38,7 @@ from agent.settings import ENV_PREFIX, AgentSettings
 from agent.wiring import build_agent
 from emulator import iam_check, runner_program
 from emulator.aws import ACCOUNT, REGION, LocalAws
+from emulator.iam_agent import AgentCheckSpec, collect_denials
 from emulator.imds import InstanceMetadata
 from emulator.timeline import Happening, Timeline
 from runner_pool.domain.clock import Epoch
@@ -175,7 +176,35 @@ class SimulatedInstances:
             self._end(instance, reason=None)
         for reader in self._readers:
             reader.join(1.0)
+        collect_agent_denials(self._scratch)
         self._metadata.__exit__(kind, error, trace)
+
+    def _agent_command(self, instance: SimulatedInstance) -> list[str]:
+        """`python -m agent`; with the IAM check on, the same agent checked as its instance."""
+        check = iam_check.installed_check()
+        if check is None:
+            return [sys.executable, "-m", "agent"]
+        template = self._scratch / IAM_TEMPLATE
+        if not template.exists():
+            template.write_text(json.dumps(check.iam.template))
+        spec = AgentCheckSpec(
+            template=str(template),
+            environment={
+                "RUNNER_POOL_TABLE_NAME": self._agent_settings["TABLE_NAME"],
+                "RUNNER_POOL_CREDENTIALS_KEY_ID": self._agent_settings["CREDENTIALS_KEY_ID"],
+            },
+            region=REGION,
+            account=ACCOUNT,
+            instance_id=instance.instance_id,
+            denials=str(instance.directory / IAM_DENIALS),
+            usage_directory=os.environ.get(iam_check.USAGE_DIRECTORY_VARIABLE),
+        )
+        return [
+            sys.executable,
+            "-m",
+            "emulator.iam_agent",
+            str(spec.write(instance.directory / "iam-check.json")),
+        ]
 
     # --- what a scenario does to instances
 
@@ -265,8 +294,8 @@ class SimulatedInstances:
         }
         environment = self._aws.child_environment(settings, ENV_PREFIX)
         environment["PATH"] = f"{tools}{os.pathsep}{environment.get('PATH', '')}"
-        process = subprocess.Popen(
-            [sys.executable, "-m", "agent"],
+        process = subprocess.Popen(  # noqa: S603 - this interpreter, running our agent
+            self._agent_command(instance),
             cwd=instance.directory,
             env=environment,
             stdin=subprocess.DEVNULL,
@@ -397,6 +426,17 @@ def check_agent_calls(clients: Iterable[Any]) -> None:
     if check is not None:
         for client in clients:
             check.on_client(client)
+
+
+IAM_TEMPLATE = "iam-template.json"
+IAM_DENIALS = "iam-denials.jsonl"
+
+
+def collect_agent_denials(scratch: Path) -> None:
+    """What the agents' processes found denied, into the installed check."""
+    check = iam_check.installed_check()
+    if check is not None:
+        check.remote_denials += collect_denials(sorted(scratch.glob(f"*/{IAM_DENIALS}")))
 
 
 @contextlib.contextmanager

@@ -1,11 +1,13 @@
-"""What each control-plane Lambda may do, as synthesised: its handler's AWS calls and nothing more."""
+"""The shape of what the control-plane roles grant, as synthesised: narrow resources and conditions.
+
+What each function calls is not listed here: every call a test makes is checked against its role by
+emulator/iam_check.py, and the test session reports the grants no call used.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-import pytest
 
 from infra.constructs.functions import HANDLERS_PACKAGE
 from runner_pool.adapters import state_table as schema
@@ -68,21 +70,11 @@ def test_no_policy_of_the_stack_grants_an_action_by_wildcard(synthesis: Synthesi
     assert not {action for action in named if "*" in action}
 
 
-@pytest.mark.parametrize("handler", ["provision.check_claim", "provision.check_fleet"])
-def test_the_checks_only_read_items(handler: str, synthesis: Synthesis) -> None:
-    # Given a check step / Then it may read named items of the state table and do nothing else
-    assert granted(synthesis, handler) == {"dynamodb:BatchGetItem", "dynamodb:GetItem"}
-
-
-def test_only_creation_and_refresh_may_launch_instances(synthesis: Synthesis) -> None:
-    # Given every function / Then CreateFleet, RunInstances and passing the instance role are theirs alone
-    launching = {handler for handler in handlers(synthesis) if granted(synthesis, handler) & LAUNCH}
-    assert launching == {"provision.create", "refresh.refresh"}
-
-
 def test_launching_passes_only_the_instance_role_and_tags_only_at_launch(synthesis: Synthesis) -> None:
     instance_role = synthesis.stack.get_logical_id(synthesis.stack.instances.role.node.default_child)
-    for handler in ("provision.create", "refresh.refresh"):
+    launching = [h for h in handlers(synthesis) if granted(synthesis, h) & LAUNCH]
+    assert launching
+    for handler in launching:
         # Given a launching function's statements
         found = statements(synthesis, handler)
         (pass_role,) = [s for s in found if "iam:PassRole" in actions(s)]
@@ -102,37 +94,17 @@ def test_every_termination_is_limited_to_the_stacks_tagged_instances(synthesis: 
         for s in statements(synthesis, handler)
         if "ec2:TerminateInstances" in actions(s)
     ]
+    assert terminating
     # Given every statement that allows TerminateInstances / Then it requires this stack's tag
-    assert {handler for handler, _ in terminating} == {
-        "provision.discard",
-        "provision.finish",
-        "provision.dump",
-        "refresh.refresh",
-    }
     for handler, statement in terminating:
         assert statement["Condition"] == {
             "StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": synthesis.stack.stack_name}
         }, handler
 
 
-def test_only_the_hand_off_may_encrypt_runner_configs(synthesis: Synthesis) -> None:
-    # Given every function / Then kms:Encrypt belongs to the steps that store runner configs
-    encrypting = {h for h in handlers(synthesis) if "kms:Encrypt" in granted(synthesis, h)}
-    assert encrypting == {"provision.claim", "provision.create"}
-    # And no function may decrypt them: only the instance they are for can
+def test_no_function_may_decrypt_runner_configs(synthesis: Synthesis) -> None:
+    # Given every function / Then none may decrypt: only the instance a config is for can
     assert not any("kms:Decrypt" in granted(synthesis, h) for h in handlers(synthesis))
-
-
-def test_the_github_app_key_is_read_only_by_what_talks_to_github(synthesis: Synthesis) -> None:
-    # Given every function / Then the secrets are read by the functions that act as the App or check hooks
-    reading = {h for h in handlers(synthesis) if "secretsmanager:GetSecretValue" in granted(synthesis, h)}
-    assert reading == {
-        "provision.claim",
-        "provision.create",
-        "release.give_back",
-        "refresh.refresh",
-        "webhook.receive",
-    }
 
 
 def test_table_queries_name_one_index_each(synthesis: Synthesis) -> None:
@@ -144,7 +116,7 @@ def test_table_queries_name_one_index_each(synthesis: Synthesis) -> None:
         for s in statements(synthesis, handler)
         if "dynamodb:Query" in actions(s)
     }
-    assert set(queries) == {"provision.claim", "provision.dump", "release.plan", "refresh.refresh"}
+    assert queries
     for handler, resource in queries.items():
         (index,) = [part for part in resource["Fn::Join"][1] if isinstance(part, str)]
         assert resource["Fn::Join"][1][0] == {"Fn::GetAtt": [table, "Arn"]}, handler

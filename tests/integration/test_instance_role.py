@@ -10,7 +10,6 @@ conditions-kms.html), ec2:SourceInstanceARN against ec2:InstanceID (SAR list_ama
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +53,7 @@ def run_instance(ec2: Any) -> str:
 
 
 @pytest.fixture
-def instances(dynamodb: Any, clock: ManualClock, config: StackConfig) -> Iterator[Instances]:
+def instances(dynamodb: Any, clock: ManualClock, config: StackConfig) -> Instances:
     kms = boto3.client("kms", region_name=REGION)
     key_id = kms.create_key()["KeyMetadata"]["KeyId"]
     ec2 = boto3.client("ec2", region_name=REGION)
@@ -66,10 +65,16 @@ def instances(dynamodb: Any, clock: ManualClock, config: StackConfig) -> Iterato
 
     def credentials(dynamodb_client: Any, kms_client: Any) -> RunnerCredentials:
         return RunnerCredentials(
-            TABLE_NAME, config.timeouts, clock, key_id=key_id, dynamodb=dynamodb_client, kms=kms_client, backoff=NO_WAIT
+            TABLE_NAME,
+            config.timeouts,
+            clock,
+            key_id=key_id,
+            dynamodb=dynamodb_client,
+            kms=kms_client,
+            backoff=NO_WAIT,
         )
 
-    yield Instances(
+    return Instances(
         check=check,
         a=a,
         b=b,
@@ -127,7 +132,8 @@ def test_an_instance_decrypts_its_own_runner_config_and_not_another_instances(in
     instances.plane_credentials.store(instances.b, ARNS.arn(instances.b), "pool=1", "config-for-b")
     # When A's agent loads its own / Then it decrypts it
     own = instances.own_credentials.load(instances.a, ARNS.arn(instances.a), "pool=1")
-    assert own is not None and own.jit_config == "config-for-a"
+    assert own is not None
+    assert own.jit_config == "config-for-a"
     assert not instances.check.denials()
     # When it reaches for B's item / Then the read is denied
     with pytest.raises(ClientError, match="AccessDenied"):

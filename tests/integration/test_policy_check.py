@@ -10,10 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from emulator.iam_policy import Request, evaluate
 from emulator.iam_stack import WITHOUT_GRANT_VARIABLE, StackIam, synthesized_template, without_grant
+from runner_pool.adapters.state_table import FINISHED_RUN_PREFIX
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SCENARIO = "tests/integration/test_release.py::test_a_clean_release_pools_the_instance_with_its_idle_threshold"
+SCENARIO = (
+    "tests/integration/test_release.py::test_a_clean_release_pools_the_instance_with_its_idle_threshold"
+)
 REMOVED = "runner_pool.handlers.release.give_back=dynamodb:UpdateItem"
 
 
@@ -23,7 +27,19 @@ def test_removing_one_grant_from_the_stack_fails_a_named_scenario_naming_the_mis
     environment = {**os.environ, WITHOUT_GRANT_VARIABLE: REMOVED}
     # When the clean-release scenario runs against it
     result = subprocess.run(  # noqa: S603 - this interpreter, running pytest on one of our tests
-        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:randomly", "-p", "no:cacheprovider", SCENARIO],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "0",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            SCENARIO,
+        ],
         cwd=PROJECT_ROOT,
         env=environment,
         capture_output=True,
@@ -53,3 +69,25 @@ def test_the_credentials_key_policy_delegates_to_iam_policies() -> None:
     (key_policy,) = [p for arn, p in iam.resource_policies().items() if ":kms:" in arn]
     assert {"AWS": "arn:aws:iam::123456789012:root"} in key_policy.principals
     assert [s.actions for s in key_policy.statements] == [("kms:*",)]
+
+
+def test_release_plan_may_put_run_finished_marks_and_no_other_item() -> None:
+    # Given release.plan's role as synthesized (defect 3: it had Query alone, so its PutItem was denied)
+    iam = StackIam.bound(
+        synthesized_template(),
+        {"RUNNER_POOL_TABLE_NAME": "state"},
+        region="us-east-1",
+        account="123456789012",
+    )
+    plan = iam.function("runner_pool.handlers.release.plan")
+    table = "arn:aws:dynamodb:us-east-1:123456789012:table/state"
+    # Then it may put a run's finished mark
+    mark = Request("dynamodb:PutItem", table, {"dynamodb:LeadingKeys": (f"{FINISHED_RUN_PREFIX}pool=1",)})
+    assert evaluate(plan.statements, mark).allowed
+    # And no item of an instance
+    record = Request(
+        "dynamodb:PutItem",
+        table,
+        {"dynamodb:LeadingKeys": ("arn:aws:ec2:us-east-1:123456789012:instance/i-1",)},
+    )
+    assert not evaluate(plan.statements, record).allowed

@@ -27,12 +27,12 @@ from typing import Any
 import boto3
 from moto import mock_aws
 
+from emulator import iam_check
 from emulator.accounting import Accounting, account
 from emulator.atomic_dynamodb import atomic_items
+from emulator.aws import ACCOUNT
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
-from emulator import iam_check
-from emulator.aws import ACCOUNT
 from emulator.iam_check import PolicyCheck, as_function, detach_policy_check
 from emulator.resources import create_launch_templates, create_network, create_pool_queues, create_state_table
 from emulator.step_functions import (

@@ -269,7 +269,9 @@ def test_a_denied_request_names_the_statements_whose_conditions_failed() -> None
     )
     decision = evaluate(
         [statement],
-        request(context={"ec2:SourceInstanceARN": INSTANCE_A, "kms:EncryptionContext:instance-arn": INSTANCE_B}),
+        request(
+            context={"ec2:SourceInstanceARN": INSTANCE_A, "kms:EncryptionContext:instance-arn": INSTANCE_B}
+        ),
     )
     assert not decision.allowed
     assert "kms:EncryptionContext:instance-arn" in decision.explain()

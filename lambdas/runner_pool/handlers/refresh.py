@@ -1,12 +1,8 @@
 """The refresh Lambda, on an EventBridge schedule: one run of domain.refresh, its report as metrics.
 
-What it calls, for its role: dynamodb:Query (the by-threshold index), GetItem (state, heartbeat,
-signal and `marker#` items), UpdateItem (state and `marker#` items), PutItem (state items);
-ec2:DescribeInstances, TerminateInstances (instances tagged with the stack), CreateFleet with
-RunInstances, CreateTags and iam:PassRole of the instance role (the launch templates), and
-DescribeInstanceTypes; sqs:SendMessage to the pool queues; secretsmanager:GetSecretValue (the
-GitHub App's key); sts:GetCallerIdentity; GitHub: list and delete runners, list hook deliveries and
-ask for redeliveries. Its timeout should be shorter than the schedule's period, so that runs of two
+Its AWS calls are checked against its role in the synthesized stack wherever a test invokes it
+(emulator/iam_check.py); on GitHub it lists and deletes runners, lists hook deliveries and asks for
+redeliveries. Its timeout should be shorter than the schedule's period, so that runs of two
 schedule slots never overlap (runs of one slot may: see domain.refresh).
 """
 

@@ -1,12 +1,7 @@
 """Lambda entry points of the release state machine (infra/statemachines/release.asl.json), one per task.
 
-What each function calls, for its role (every one also asks STS who it is, once, for the table's keys):
-- `plan`: dynamodb:Query on the state table's by-run-key index;
-- `give_back`: dynamodb:GetItem and UpdateItem (state items), GetItem (signal items);
-  secretsmanager:GetSecretValue (the GitHub App's key); GitHub: delete a runner;
-- `check_receipt`: dynamodb:GetItem (state, signal items) and UpdateItem (state); sqs:SendMessage
-  to the pool queues;
-- `salvage`: dynamodb:UpdateItem (state items).
+Their AWS calls are checked against each function's role in the synthesized stack wherever a test
+invokes them (emulator/iam_check.py); `give_back` also deletes unused runners on GitHub.
 """
 
 from __future__ import annotations
