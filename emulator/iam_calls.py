@@ -121,7 +121,7 @@ def _expression_names(expression: str | None, aliases: Mapping[str, str]) -> lis
     if not expression:
         return []
     names = []
-    for word in re.findall(r"(?<![:\w#])#?[A-Za-z_][A-Za-z0-9_]*(?!\s*\()", expression):
+    for word in re.findall(r"(?<![:\w#])#?[A-Za-z_][A-Za-z0-9_]*\b(?!\s*\()", expression):
         if word.upper() in _EXPRESSION_KEYWORDS:
             continue
         names.append(aliases.get(word, word) if word.startswith("#") else word)

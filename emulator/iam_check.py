@@ -102,6 +102,11 @@ class PolicyCheck:
             client.create_fleet = self._simulated_create_fleet(client.create_fleet, principal, lookups)
         return client
 
+    def on_stack_client(self, client: Any, principal: Any) -> None:
+        """A `ClientHooks.on_client` callback for a local stack that names principals by their role's
+        logical id in the template (`principal.role`, and `principal.instance_id` for an agent)."""
+        self.on_client(client, self.iam.of_role(principal.role, principal.instance_id))
+
     @contextmanager
     def acting_as(self, principal: Principal) -> Iterator[None]:
         token = _acting.set(principal)
