@@ -15,10 +15,12 @@ from typing import Any
 import boto3
 
 from runner_pool.adapters.backoff import Backoff
+from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.pool_queues import PoolQueues
+from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, SystemClock
@@ -102,6 +104,27 @@ class ControlPlane:
             kms=self.client("kms"),
             backoff=self.backoff,
         )
+
+    @cached_property
+    def registration_budget(self) -> DynamoDbRegistrationBudget:
+        """The App's shared budget of JIT registrations, an item of the state table."""
+        github = self.config.github
+        return DynamoDbRegistrationBudget(
+            self.settings.table_name,
+            github.app_id or "app",
+            per_minute=github.registrations_per_minute,
+            burst=github.registration_burst,
+            clock=self.clock,
+            client=self.client("dynamodb"),
+            backoff=self.backoff,
+        )
+
+    def executions(self, provision_machine_arn: str | None = None) -> Executions:
+        """Starts provisions (on `provision_machine_arn`, e.g. a step's own machine, else the configured
+        one) and releases."""
+        provision = provision_machine_arn or self.settings.provision_state_machine_arn or ""
+        release = self.settings.release_state_machine_arn or ""
+        return Executions(provision, release, self.client("stepfunctions"), self.backoff)
 
     @cached_property
     def instance_arns(self) -> InstanceArns:

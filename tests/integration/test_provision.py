@@ -6,15 +6,20 @@ and every live record an instance, so nothing was lost or leaked on any path.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from emulator.step_functions import LambdaContext
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.provision import REDRIVE_LIMIT
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.handlers import provision
+from tests.support.control_plane import client
 from tests.support.provision_world import ProvisionWorld, output, provision_world
 from tests.support.scripted_agents import Script
 
@@ -37,6 +42,21 @@ def states(world: ProvisionWorld, instance_ids: list[str]) -> list[InstanceState
 def live_records(world: ProvisionWorld, instance_ids: list[str]) -> list[InstanceRecord]:
     records = [world.plane.state_table.get(instance_id) for instance_id in instance_ids]
     return [record for record in records if record is not None]
+
+
+def executions_once_settled(world: ProvisionWorld, timeout_seconds: float = 60) -> list[dict[str, Any]]:
+    """Every execution of the machine (also those its steps started: redrives), oldest first, each
+    described with its input, once none is running any more."""
+    stepfunctions = client("stepfunctions")
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        listed = stepfunctions.list_executions(stateMachineArn=world.machine.arn)["executions"]
+        if all(e["status"] != "RUNNING" for e in listed):
+            break
+        assert time.monotonic() < deadline, f"executions still running after {timeout_seconds} s"
+        time.sleep(0.02)
+    described = [stepfunctions.describe_execution(executionArn=e["executionArn"]) for e in listed]
+    return sorted(described, key=lambda e: e["startDate"])
 
 
 def ec2_state(world: ProvisionWorld, instance_id: str) -> str:
@@ -163,18 +183,25 @@ def test_a_launch_short_of_capacity_reports_the_shortfall(world: ProvisionWorld)
     assert result["expired"] == []
 
 
-def test_an_unhandled_error_dumps_what_the_execution_claimed(world: ProvisionWorld) -> None:
+def test_an_unhandled_error_keeps_a_registered_runner_and_asks_again_for_the_rest(
+    world: ProvisionWorld,
+) -> None:
     # Given one warm instance, and EC2 refusing every CreateFleet
     warm = world.warm(1).instance_id
-    world.ec2.fail_next(10, "UnauthorizedOperation")
+    world.ec2.fail_next(1000, "UnauthorizedOperation")
     # When a run asks for two runners (one must be created)
     execution = world.provision(RUN, 2)
-    # Then the execution failed, and the instance it had claimed was expired and terminated
+    # Then the execution failed, but the warm instance, whose runner registered for the run, was
+    # set running to serve one of its jobs (issue 13: dump never throws away a registered runner)
     assert execution.status == "FAILED"
-    record = world.plane.state_table.get(warm)
-    assert record is not None
-    assert record.threshold_passed(world.clock.now())
-    assert ec2_state(world, warm) in ("shutting-down", "terminated")
+    assert states(world, [warm]) == [InstanceState.RUNNING]
+    assert ec2_state(world, warm) == "running"
+    # And the one runner still missing was asked for again, a bounded number of times, each failing
+    finished = executions_once_settled(world)
+    redriven = sorted(json.loads(e["input"])["redrives"] for e in finished[1:])
+    assert redriven == list(range(1, REDRIVE_LIMIT + 1))
+    assert all(json.loads(e["input"])["count"] == 1 for e in finished[1:])
+    assert {e["status"] for e in finished} == {"FAILED"}
 
 
 def snapshot(world: ProvisionWorld) -> tuple[object, ...]:

@@ -46,7 +46,7 @@ from runner_pool.domain.labels import is_pool_label
 from runner_pool.domain.runner_scope import RepositoryScope, RunnerScope
 
 if TYPE_CHECKING:
-    from githubkit_schemas.latest.models import Runner
+    from githubkit_schemas.latest.models import Job, Runner
 
 T = TypeVar("T")
 
@@ -105,6 +105,24 @@ class RegisteredRunner:
     def run_key(self) -> str | None:
         """The `pool=` label the runner was registered with; None for a runner that is not ours."""
         return next((label for label in self.labels if is_pool_label(label)), None)
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One job of a workflow run attempt, as GitHub lists it."""
+
+    job_id: int
+    status: str
+    """`queued`, `in_progress`, `completed`, or one of GitHub's other job statuses (`waiting`, ...)."""
+    labels: tuple[str, ...]
+    created_at: Epoch
+    """When the job was queued."""
+    runner_id: int | None = None
+    runner_name: str | None = None
+
+    @property
+    def queued(self) -> bool:
+        return self.status == "queued"
 
 
 @dataclass(frozen=True)
@@ -266,6 +284,34 @@ class GitHubApp:
         """Our runners in the scope (those registered with a `pool=` label), every page of them."""
         return [runner for runner in self._call(self._list_runners) if runner.run_key is not None]
 
+    # --- workflow jobs -----------------------------------------------------------------------------
+
+    def run_jobs(self, repository: str, run_id: int, attempt: int) -> tuple[list[RunJob], int]:
+        """The jobs of one attempt of a workflow run in `repository` (`owner/repo`), and the requests
+        it took (one per page of 100): GET /repos/{owner}/{repo}/actions/runs/{run_id}/attempts/
+        {attempt_number}/jobs (docs.github.com, "REST API endpoints for workflow jobs", "List jobs
+        for a workflow run attempt"). Needs `actions: read` on the repository."""
+        owner, _, repo = repository.partition("/")
+        rest = self._github.rest
+        pages = 0
+
+        def listed() -> list[RunJob]:
+            nonlocal pages
+            jobs: list[RunJob] = []
+            page = 1
+            while True:
+                pages += 1
+                response = rest.actions.list_jobs_for_workflow_run_attempt(
+                    owner, repo, run_id, attempt, per_page=PAGE_SIZE, page=page, headers=self._headers
+                )
+                data = response.parsed_data
+                jobs += [_run_job(job) for job in data.jobs]
+                if len(data.jobs) < PAGE_SIZE or len(jobs) >= data.total_count:
+                    return jobs
+                page += 1
+
+        return self._call(listed), pages
+
     # --- webhook deliveries ------------------------------------------------------------------------
 
     def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]:
@@ -406,6 +452,17 @@ def _registered(runner: Runner) -> RegisteredRunner:
     )
 
 
+def _run_job(job: Job) -> RunJob:
+    return RunJob(
+        job_id=job.id,
+        status=str(job.status),
+        labels=tuple(job.labels),
+        created_at=job.created_at.timestamp(),
+        runner_id=job.runner_id,
+        runner_name=job.runner_name,
+    )
+
+
 def _succeeded(status_code: int) -> bool:
     return 200 <= status_code < 300
 
@@ -453,29 +510,51 @@ def _unwrapped(exc: BaseException) -> BaseException:
 
 def _refused(exc: RequestFailed, now: Epoch) -> GitHubError:
     status = exc.response.status_code
-    if isinstance(exc, RateLimitExceeded):
+    if isinstance(exc, RateLimitExceeded) or _rate_limited(exc):
         wait = _retry_after(exc.response.headers, now)
         return GitHubRateLimitedError(f"{_described(exc)}; retry in {wait:.0f} s", status, wait)
     kind = GitHubUnavailableError if status >= 500 else _ERRORS_BY_STATUS.get(status, GitHubError)
     return kind(_described(exc), status)
 
 
-def _described(exc: RequestFailed) -> str:
-    request = exc.request
+def _rate_limited(exc: RequestFailed) -> bool:
+    """A secondary rate limit that names itself only in its message (no `retry-after`, remaining not 0),
+    which githubkit reads as a plain failure. GitHub answers it 403 or 429 "and an error message that
+    indicates that you exceeded a secondary rate limit" (docs.github.com, "Rate limits for the REST
+    API", "Exceeding the rate limit"); a 429 is a rate limit whatever it says."""
+    status = exc.response.status_code
+    if status == httpx.codes.TOO_MANY_REQUESTS:
+        return True
+    return status == httpx.codes.FORBIDDEN and "rate limit" in _message(exc).lower()
+
+
+def _message(exc: RequestFailed) -> str:
     try:
         body = exc.response.json()
     except ValueError:
-        body = None
+        return ""
     message = body.get("message") if isinstance(body, dict) else None
+    return message if isinstance(message, str) else ""
+
+
+def _described(exc: RequestFailed) -> str:
+    request = exc.request
+    message = _message(exc)
     said = f": {message}" if message else ""
     return f"{request.method} {request.url.path} answered {exc.response.status_code}{said}"
 
 
 def _retry_after(headers: httpx.Headers, now: Epoch) -> float:
-    """GitHub's wait: `retry-after` (secondary limits), else until `x-ratelimit-reset` (primary)."""
-    if "retry-after" in headers:
-        return float(headers["retry-after"])
-    if "x-ratelimit-reset" in headers:
+    """How long GitHub asks us to wait, in the order its documentation gives ("Exceeding the rate
+    limit"): `retry-after` seconds; else, when `x-ratelimit-remaining` is 0, until `x-ratelimit-reset`;
+    otherwise at least a minute."""
+    retry_after = headers.get("retry-after")
+    if retry_after is not None:
+        try:
+            return max(0.0, float(retry_after))
+        except ValueError:
+            pass  # an HTTP date, which GitHub does not send; wait the default
+    if headers.get("x-ratelimit-remaining") == "0" and "x-ratelimit-reset" in headers:
         return max(0.0, float(headers["x-ratelimit-reset"]) - now)
     return RATE_LIMIT_DEFAULT_WAIT_SECONDS
 

@@ -41,6 +41,7 @@ CONFIG_RUN_KEY_ATTRIBUTE = "config_run_key"
 """Not `run_key`: the runner-config item must never enter the state table's by-run-key index."""
 CIPHERTEXT_ATTRIBUTE = "ciphertext"
 CONFIG_ID_ATTRIBUTE = "config_id"
+RUNNER_ID_ATTRIBUTE = "runner_id"
 KMS_MAX_PLAINTEXT_BYTES = 4096
 
 _UNREADABLE_CODES = frozenset(
@@ -66,6 +67,8 @@ class RunnerConfig:
     config_id: str
     run_key: str
     jit_config: str = field(repr=False)
+    runner_id: int | None = None
+    """The GitHub runner the config registers, as the control plane noted it on the instance's record."""
 
 
 class RunnerCredentials:
@@ -90,7 +93,9 @@ class RunnerCredentials:
         self._kms: Any = kms or boto3.client("kms")
         self._backoff = backoff or Backoff()
 
-    def store(self, instance_id: str, arn: str, run_key: str, jit_config: str) -> str:
+    def store(
+        self, instance_id: str, arn: str, run_key: str, jit_config: str, runner_id: int | None = None
+    ) -> str:
         """Encrypt `jit_config` for the instance `arn` names and keep it as that instance's item.
 
         Each store replaces the instance's previous config and gets an id of its own, returned.
@@ -118,8 +123,27 @@ class RunnerCredentials:
             "stored_at": {"N": repr(now)},
             TTL_ATTRIBUTE: {"N": str(self._expiry(now))},
         }
+        if runner_id is not None:
+            item[RUNNER_ID_ATTRIBUTE] = {"N": str(runner_id)}
         self._backoff.call(lambda: self._dynamodb.put_item(TableName=self._table, Item=item))
         return config_id
+
+    def stored_runner(self, instance_id: str, arn: str) -> tuple[str, int | None] | None:
+        """(run key, runner id) of the config stored for the instance, without decrypting it; None if none."""
+        _check_arn(instance_id, arn)
+        response = self._backoff.call(
+            lambda: self._dynamodb.get_item(
+                TableName=self._table,
+                Key={PARTITION_KEY: {"S": arn}, SORT_KEY: {"S": RUNNER_CONFIG_ITEM}},
+                ConsistentRead=True,
+                ProjectionExpression=f"{CONFIG_RUN_KEY_ATTRIBUTE}, {RUNNER_ID_ATTRIBUTE}",
+            )
+        )
+        item = response.get("Item")
+        if item is None or CONFIG_RUN_KEY_ATTRIBUTE not in item:
+            return None
+        runner = item.get(RUNNER_ID_ATTRIBUTE, {}).get("N")
+        return item[CONFIG_RUN_KEY_ATTRIBUTE]["S"], None if runner is None else int(runner)
 
     def load(self, instance_id: str, arn: str, run_key: str) -> RunnerConfig | None:
         """The config stored for `run_key`, decrypted under `arn`; None while none is stored for that run.
@@ -139,10 +163,12 @@ class RunnerCredentials:
         if item is None or item.get(CONFIG_RUN_KEY_ATTRIBUTE, {}).get("S") != run_key:
             return None
         blobs = [entry["B"] for entry in item[CIPHERTEXT_ATTRIBUTE]["L"]]
+        runner = item.get(RUNNER_ID_ATTRIBUTE, {}).get("N")
         return RunnerConfig(
             config_id=item[CONFIG_ID_ATTRIBUTE]["S"],
             run_key=run_key,
             jit_config=b"".join(self._decrypt(blob, arn) for blob in blobs).decode(),
+            runner_id=None if runner is None else int(runner),
         )
 
     def _encrypt(self, chunk: bytes, context: dict[str, str]) -> bytes:

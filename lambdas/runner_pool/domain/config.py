@@ -131,6 +131,11 @@ class GitHubSettings(_Settings):
     api_version: str | None = None
     """The `X-GitHub-Api-Version` to send; GitHub Enterprise Server answers only its release's."""
     runner_group_id: int = Field(1, gt=0)
+    registrations_per_minute: float = Field(150, gt=0)
+    """JIT runner registrations the stack makes a minute on average, shared by every provision; GitHub's
+    secondary rate limits allow about 180 (900 points a minute per endpoint, 5 points a POST)."""
+    registration_burst: int = Field(20, ge=1)
+    """How many registrations may go at once after a quiet spell, within the average."""
     private_key_secret_name: str = "runner-pool/github-app-private-key"  # noqa: S105 - a name, not a secret
     webhook_secret_name: str = "runner-pool/github-webhook-secret"  # noqa: S105 - a name, not a secret
 

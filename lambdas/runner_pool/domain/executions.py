@@ -33,6 +33,11 @@ class ProvisionRequest(_Input):
     )
     count: int = Field(gt=0, le=1000)
     job_ids: tuple[int, ...] = ()
+    run_attempt: int = Field(1, gt=0, description="the run attempt the jobs belong to")
+    redrives: int = Field(0, ge=0, description="provisions for these jobs that ended short before this one")
+    origin: str | None = Field(
+        None, max_length=40, description="what asked again for jobs already counted, e.g. `reconcile-<tick>`"
+    )
 
     @field_validator("run_key")
     @classmethod
@@ -47,7 +52,13 @@ class ProvisionRequest(_Input):
 
     @property
     def execution_name(self) -> str:
-        return execution_name("provision", self.repository, self.run_key, *map(str, sorted(self.job_ids)))
+        # A redrive or a reconciliation asks again for jobs whose first provision already has this
+        # name: each gets a name of its own, and a retried start of the same one finds it again.
+        again = [f"redrive-{self.redrives}"] if self.redrives else []
+        again += [self.origin] if self.origin else []
+        return execution_name(
+            "provision", self.repository, self.run_key, *map(str, sorted(self.job_ids)), *again
+        )
 
 
 class ReleaseRequest(_Input):
@@ -60,6 +71,7 @@ class ReleaseRequest(_Input):
         None, description="the GitHub runner the completed job ran on: the one hand-off to release"
     )
     cause: str = Field(min_length=1, description="what asked for it, e.g. `job-123` or `run-45-attempt-1`")
+    runner_name: str | None = Field(None, description="the runner a completed job ran on, if it names one")
 
     @property
     def execution_name(self) -> str:

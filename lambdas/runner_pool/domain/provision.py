@@ -23,12 +23,24 @@ CANDIDATES_PER_SLOT = 3
 """How many warm candidates one claim worker may try (and discard) before leaving its slot to creation."""
 FIRST_CLAIM_WAIT_SECONDS = 1
 """Step Functions waits whole seconds; an agent that answers at once has registered within one."""
+REDRIVE_LIMIT = 3
+"""Provisions that may follow one that ended short for the same jobs; after them refresh reconciles."""
+UNAVAILABLE_WAIT_CAP_SECONDS = 30
+"""The longest wait between two tries at GitHub while it answers 5xx or not at all."""
 
 
 class Readiness(StrEnum):
     READY = "ready"
     WAITING = "waiting"
     FAILED = "failed"
+    DEFERRED = "deferred"
+    """No runner could be registered yet (the budget is spent, GitHub rate-limits or is down): the
+    worker holds nothing and claims again after `wait_seconds`."""
+
+
+def unavailable_wait_seconds(deferrals: int) -> int:
+    """How long to leave GitHub alone after its `deferrals`-th failure in a row: 1, 2, 4 ... up to 30 s."""
+    return int(min(UNAVAILABLE_WAIT_CAP_SECONDS, 2 ** min(deferrals, 5)))
 
 
 class _Step(BaseModel):
@@ -47,6 +59,8 @@ class ProvisionPlan(_Step):
     candidates_per_slot: int = Field(gt=0)
     started_at: Epoch = 0.0
     """When Begin ran: Finish reports the time from there to the runners being ready."""
+    registration_deadline: Epoch = 0.0
+    """A claim worker that could not register a runner by then leaves its slot to creation."""
 
     def claim_token(self, slot: int, attempt: int) -> str:
         """Names one claim: a retried claim step recognises its own claim by it, and nobody else's."""
@@ -73,6 +87,7 @@ def plan(
 ) -> ProvisionPlan:
     return ProvisionPlan(
         started_at=now,
+        registration_deadline=now + timeouts.fleet_validation_seconds,
         execution=execution,
         request=request,
         spec=spec,
@@ -99,6 +114,8 @@ class ClaimWorker(_Step):
     readiness: Readiness | None = None
     reason: str | None = None
     wait_seconds: int = 1
+    deferrals: int = 0
+    """Times this worker was told to wait for a registration (budget, rate limit, GitHub down)."""
 
     @property
     def remaining(self) -> int:
@@ -118,6 +135,10 @@ class Creation(_Step):
 
     requested: int = 0
     launched: tuple[str, ...] = ()
+    awaiting: tuple[str, ...] = ()
+    """Launched and recorded, but not yet handed a runner config: the budget ran out, or GitHub
+    rate-limited or failed part-way. Handed over at the next look, until the deadline."""
+    deferrals: int = 0
     pending: tuple[str, ...] = ()
     ready: tuple[str, ...] = ()
     failed: dict[str, str] = Field(default_factory=dict)
@@ -144,6 +165,12 @@ class ProvisionResult(_Step):
     @property
     def shortfall(self) -> int:
         return self.requested - len(self.warm) - len(self.cold)
+
+    @property
+    def unserved(self) -> int:
+        """Jobs no runner of this provision will take: a lost instance was moved on by someone else,
+        most often the release of a short job it already served (fix 6), so it is not one of them."""
+        return max(0, self.shortfall - len(self.lost))
 
 
 def readiness(

@@ -37,11 +37,14 @@ class FinishEvent(_Event):
     plan: ProvisionPlan
     workers: tuple[WorkerResult, ...]
     creation: Creation
+    machine: str | None = None
+    """The provision state machine's own ARN (`$$.StateMachine.Id`), to ask again for unserved runners."""
 
 
 class DumpEvent(_Event):
     plan: ProvisionPlan
     error: dict[str, Any] | None = None
+    machine: str | None = None
 
 
 def _provision() -> Provision:
@@ -96,7 +99,8 @@ def check_fleet(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any
 def finish(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
     parsed = FinishEvent.model_validate(event)
     logger.append_keys(run_key=parsed.plan.spec.run_key, execution=parsed.plan.execution)
-    return _provision().finish(parsed.plan, parsed.workers, parsed.creation).model_dump(mode="json")
+    result = _provision().finish(parsed.plan, parsed.workers, parsed.creation, parsed.machine)
+    return result.model_dump(mode="json")
 
 
 @logger.inject_lambda_context
@@ -104,4 +108,4 @@ def finish(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
 def dump(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
     parsed = DumpEvent.model_validate(event)
     logger.append_keys(run_key=parsed.plan.spec.run_key, execution=parsed.plan.execution)
-    return {"dumped": _provision().dump(parsed.plan), "error": parsed.error}
+    return {"dumped": _provision().dump(parsed.plan, parsed.machine), "error": parsed.error}

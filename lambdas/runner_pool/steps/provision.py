@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from runner_pool.adapters.fleet import LAUNCH_TAG
+from runner_pool.adapters.github_app import GitHubRateLimitedError, GitHubRetryableError
 from runner_pool.adapters.state_table import InstanceView
 from runner_pool.domain.executions import ProvisionRequest, runner_name
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import StopReason
 from runner_pool.domain.provision import (
+    REDRIVE_LIMIT,
     ClaimWorker,
     Creation,
     ProvisionPlan,
@@ -25,8 +27,10 @@ from runner_pool.domain.provision import (
     WorkerResult,
     plan,
     readiness,
+    unavailable_wait_seconds,
 )
-from runner_pool.domain.records import PoolMessage
+from runner_pool.domain.records import InstanceRecord, PoolMessage
+from runner_pool.domain.registration_budget import wait_seconds
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.observability import count, logger, seconds
 from runner_pool.wiring import ControlPlane
@@ -57,11 +61,27 @@ class Provision:
     # --- claim workers -------------------------------------------------------------------------
 
     def claim(self, worker: ClaimWorker) -> ClaimWorker:
-        """Pick up a warm candidate, claim it and hand it its runner config; or report the pool exhausted."""
-        spec = worker.plan.spec
-        resumed = self._own_claim(worker)
+        """Pick up a warm candidate, claim it and hand it its runner config; or report the pool exhausted.
+
+        A registration is taken from the App's budget first: while there is none, or GitHub rate-limits
+        or fails, the worker holds no instance and is told how long to wait before it claims again.
+        """
+        try:
+            resumed = self._own_claim(worker)
+        except _HandOverDeferred as deferred:
+            return self._deferred(worker.model_copy(update={"attempt": deferred.attempt}), deferred.cause)
         if resumed is not None:
             return resumed
+        grant = self._plane.registration_budget.take(1)
+        if grant.refused:
+            return self._deferred(worker, None, grant.wait_seconds)
+        try:
+            return self._claim_one(worker)
+        except _HandOverDeferred as deferred:
+            return self._deferred(worker.model_copy(update={"attempt": deferred.attempt}), deferred.cause)
+
+    def _claim_one(self, worker: ClaimWorker) -> ClaimWorker:
+        spec = worker.plan.spec
         attempt = worker.attempt
         empty_looks = 0
         for _ in range(PICKUPS_PER_CLAIM):
@@ -80,12 +100,57 @@ class Provision:
             if not claimed.succeeded:
                 count("ClaimRacesLost")
                 continue
-            self._hand_over_claimed(found.candidate, spec.run_key, token)
+            self._hand_over_claimed(found.candidate.instance_id, spec.run_key, token, attempt)
             return self._check_in_line(self._holding(worker, found.candidate.instance_id, token, attempt))
+        self._plane.registration_budget.give_back(1)
         count("PoolExhausted")
         return worker.model_copy(
-            update={"attempt": attempt, "claimed": False, "instance_id": None, "claim_token": None}
+            update={
+                "attempt": attempt,
+                "claimed": False,
+                "instance_id": None,
+                "claim_token": None,
+                "readiness": None,
+            }
         )
+
+    def _deferred(
+        self, worker: ClaimWorker, cause: GitHubRetryableError | None, budget_wait: int = 1
+    ) -> ClaimWorker:
+        """Wait before claiming again; past the registration deadline, leave the slot to creation."""
+        wait = budget_wait if cause is None else self._wait_for(cause, worker.deferrals)
+        reason = "the registration budget is spent" if cause is None else str(cause)
+        if self._clock.now() + wait > worker.plan.registration_deadline:
+            count("RegistrationsGivenUp")
+            logger.warning("no runner registered in time; the slot is left to creation", reason=reason)
+            return worker.model_copy(
+                update={"claimed": False, "instance_id": None, "claim_token": None, "readiness": None}
+            )
+        count("RegistrationsDeferred")
+        return worker.model_copy(
+            update={
+                "claimed": False,
+                "instance_id": None,
+                "claim_token": None,
+                "handed_over_at": None,
+                "deadline": None,
+                "readiness": Readiness.DEFERRED,
+                "reason": reason,
+                "wait_seconds": wait,
+                "deferrals": worker.deferrals + 1,
+            }
+        )
+
+    def _wait_for(self, cause: GitHubRetryableError, deferrals: int) -> int:
+        """GitHub's own wait for a rate limit, which every other registration then honours too
+        (docs.github.com, "Rate limits for the REST API", "Exceeding the rate limit"); a growing one
+        while GitHub fails."""
+        if isinstance(cause, GitHubRateLimitedError):
+            self._plane.registration_budget.hold_off(cause.retry_after_seconds)
+            count("GitHubRateLimited")
+            return wait_seconds(cause.retry_after_seconds)
+        count("GitHubUnavailable")
+        return unavailable_wait_seconds(deferrals)
 
     def _check_in_line(self, worker: ClaimWorker) -> ClaimWorker:
         checked = worker
@@ -107,7 +172,7 @@ class Provision:
             # An attempt below the worker's own is an earlier candidate, already discarded.
             if record.state is not InstanceState.CLAIMED or attempt is None or attempt < worker.attempt:
                 continue
-            self._hand_over(record.instance_id, record.run_key or "", token or "")
+            self._hand_over_claimed(record.instance_id, record.run_key or "", token or "", attempt + 1)
             # The claim set the threshold; the agent may have registered since, so time runs from then.
             claimed_at = (record.threshold or 0.0) - self._timeouts.claimed_threshold_seconds
             holding = self._holding(worker, record.instance_id, token or "", attempt + 1, claimed_at)
@@ -179,26 +244,69 @@ class Provision:
         for code, refused in errors.items():
             count(f"FleetErrors.{code}", refused)
         launched = tuple(facts.instance_id for facts in outcome.launched)
-        handed_over: list[str] = []
-        failed: dict[str, str] = {}
-        for instance_id in launched:
-            if self._hand_over(instance_id, spec.run_key, provision.creation_claim):
-                handed_over.append(instance_id)
-            else:
-                failed[instance_id] = "lost its record before its runner config was stored"
         now = self._clock.now()
-        return Creation(
+        created = Creation(
             requested=shortfall,
             launched=launched,
-            pending=tuple(handed_over),
-            failed=failed,
+            awaiting=launched,
             launch_errors=errors,
             deadline=now + self._timeouts.fleet_validation_seconds,
             wait_seconds=provision.fleet_wait_seconds,
-            validating=bool(handed_over),
+        )
+        return self._hand_over_created(provision, created)
+
+    def _hand_over_created(self, provision: ProvisionPlan, creation: Creation) -> Creation:
+        """Hand runner configs to launched instances as the registration budget allows.
+
+        A rate limit or a GitHub failure part-way stops the hand-overs, never the execution: every
+        launched instance is recorded already, the ones handed over are validated, and the rest wait
+        for the next look (after GitHub's wait), until the validation deadline expires them.
+        """
+        awaiting = list(creation.awaiting)
+        pending = list(creation.pending)
+        failed = dict(creation.failed)
+        deferrals = creation.deferrals
+        wait = provision.fleet_wait_seconds
+        if awaiting and self._clock.now() >= creation.deadline:
+            failed |= {instance_id: "no runner was registered for it in time" for instance_id in awaiting}
+            awaiting = []
+        budget = self._plane.registration_budget
+        while awaiting:
+            grant = budget.take(len(awaiting))
+            if grant.refused:
+                wait = grant.wait_seconds
+                break
+            batch, used = awaiting[: grant.granted], 0
+            try:
+                for instance_id in batch:
+                    used += 1
+                    if self._hand_over(instance_id, provision.spec.run_key, provision.creation_claim):
+                        pending.append(instance_id)
+                    else:
+                        failed[instance_id] = "lost its record before its runner config was stored"
+                    awaiting.remove(instance_id)
+            except GitHubRetryableError as exc:
+                budget.give_back(grant.granted - used)
+                logger.warning("runner configs not all handed over; trying again", error=str(exc))
+                wait = self._wait_for(exc, deferrals)
+                deferrals += 1
+                break
+        if pending:
+            wait = min(wait, provision.fleet_wait_seconds)
+        return creation.model_copy(
+            update={
+                "awaiting": tuple(awaiting),
+                "pending": tuple(pending),
+                "failed": failed,
+                "deferrals": deferrals,
+                "wait_seconds": wait,
+                "validating": bool(pending or awaiting),
+            }
         )
 
     def check_fleet(self, provision: ProvisionPlan, creation: Creation) -> Creation:
+        if creation.awaiting:
+            creation = self._hand_over_created(provision, creation)
         ready = list(creation.ready)
         failed = dict(creation.failed)
         pending: list[str] = []
@@ -223,14 +331,18 @@ class Provision:
                 "ready": tuple(ready),
                 "pending": tuple(pending),
                 "failed": failed,
-                "validating": bool(pending),
+                "validating": bool(pending or creation.awaiting),
             }
         )
 
     # --- post-provision and dump ---------------------------------------------------------------
 
     def finish(
-        self, provision: ProvisionPlan, workers: Iterable[WorkerResult], creation: Creation
+        self,
+        provision: ProvisionPlan,
+        workers: Iterable[WorkerResult],
+        creation: Creation,
+        machine: str | None = None,
     ) -> ProvisionResult:
         """Ready instances go running; created ones that never got ready are expired and terminated.
 
@@ -271,7 +383,38 @@ class Provision:
         count("ProvisionShortfall", outcome.shortfall)
         if never_ready:
             logger.warning("instances never got ready", failed=creation.failed, pending=creation.pending)
+        self._redrive(provision, outcome.unserved, machine)
         return outcome
+
+    def _redrive(self, provision: ProvisionPlan, unserved: int, machine: str | None) -> None:
+        """Ask again, at once, for the runners this provision could not serve (issue 13, "no job is
+        ever stranded"): the dispatcher counted these jobs already and will not start them twice, and
+        GitHub keeps them queued for 24 hours. A bounded number of times; then refresh's reconciliation,
+        which asks GitHub which jobs still wait, is what is left."""
+        if unserved <= 0:
+            return
+        request = provision.request
+        run_key = provision.spec.run_key
+        if request.redrives >= REDRIVE_LIMIT:
+            count("ProvisionRedrivesExhausted", unserved)
+            logger.error(
+                "runners still missing after every redrive; refresh reconciles the run's queued jobs",
+                run_key=run_key,
+                unserved=unserved,
+                redrives=request.redrives,
+            )
+            return
+        if self._table.run_finished(run_key):
+            return
+        again = request.model_copy(update={"count": unserved, "redrives": request.redrives + 1})
+        self._plane.executions(machine).provision(again)
+        count("ProvisionsRedriven")
+        logger.warning(
+            "provision ended short; asked again",
+            run_key=run_key,
+            unserved=unserved,
+            execution=again.execution_name,
+        )
 
     def _give_up(
         self, provision: ProvisionPlan, workers: Iterable[WorkerResult], creation: Creation
@@ -290,30 +433,82 @@ class Provision:
             expired=tuple(held),
         )
 
-    def dump(self, provision: ProvisionPlan) -> list[str]:
-        """Expire and terminate everything this execution claimed or created; returns their ids.
+    def dump(self, provision: ProvisionPlan, machine: str | None = None) -> list[str]:
+        """After an unhandled error: keep what can serve the run, give back what never got a runner,
+        expire and terminate the rest, and ask again for the runners still missing. Returns the ids
+        expired.
 
         Found from the records its claim tokens name and from the instances its launches tagged, not
-        from the execution's data, which a failed step may not have written.
+        from the execution's data, which a failed step may not have written. An instance whose runner
+        is registered for the run and healthy is set running, never terminated: it may be about to
+        take one of the run's jobs (issue 13). A claimed one that was never handed a runner is clean,
+        and goes back to the pool.
         """
         run_key = provision.spec.run_key
+        finished = self._table.run_finished(run_key)
         records = {record.instance_id: record for record in self._table.held_by(run_key)}
         claimed = [
-            record.instance_id
+            record
             for record in records.values()
             if record.state is InstanceState.CLAIMED and provision.claimed_by_this(record.claim_token)
         ]
         # An instance this execution created that already runs for the run (a Finish that failed
         # half-way) serves a job: it is left to release, like every running instance.
+        tagged = self._plane.fleet.tagged_instances(LAUNCH_TAG, provision.execution)
         launched = [
             instance_id
-            for instance_id in self._plane.fleet.tagged_instances(LAUNCH_TAG, provision.execution)
+            for instance_id in tagged
             if instance_id not in records or records[instance_id].state is InstanceState.CREATED
         ]
-        held = list(dict.fromkeys(claimed + launched))
+        kept = [i for i in tagged if i in records and records[i].state is InstanceState.RUNNING]
+        doomed: list[str] = []
+        for record in claimed:
+            if not finished and self._keep(provision, record.instance_id, record.claim_token):
+                kept.append(record.instance_id)
+            elif record.runner_id is not None or not self._give_back(record, run_key):
+                doomed.append(record.instance_id)
+        for instance_id in launched:
+            if not finished and instance_id in records and self._keep(provision, instance_id, None):
+                kept.append(instance_id)
+            else:
+                doomed.append(instance_id)
+        held = list(dict.fromkeys(doomed))
         self._expire_and_terminate(held, run_key)
-        logger.error("provision dumped", execution=provision.execution, instances=held)
+        logger.error("provision dumped", execution=provision.execution, instances=held, kept=kept)
+        if not finished:
+            self._redrive(provision, len(provision.slots) - len(set(kept)), machine)
         return held
+
+    def _keep(self, provision: ProvisionPlan, instance_id: str, claim_token: str | None) -> bool:
+        """Set running an instance this execution holds whose runner is registered for the run and healthy."""
+        view = self._table.observe(instance_id)
+        record = view.record
+        if record is None:
+            return False
+        if claim_token is None:
+            handed_over_at = record.created_at
+        else:
+            handed_over_at = (record.threshold or 0.0) - self._timeouts.claimed_threshold_seconds
+        verdict, _ = self._readiness(
+            view,
+            provision=provision,
+            claim_token=claim_token,
+            handed_over_at=handed_over_at,
+            deadline=self._clock.now() + 1.0,
+        )
+        if verdict is not Readiness.READY:
+            return False
+        spec = provision.spec
+        return self._table.activate(
+            instance_id, spec.run_key, spec.max_runtime_minutes, claim_token=claim_token
+        ).succeeded
+
+    def _give_back(self, record: InstanceRecord, run_key: str) -> bool:
+        returned = self._table.unclaim(record.instance_id, run_key, record.claim_token or "")
+        if returned.succeeded and returned.record is not None:
+            self._plane.pool_queues.offer(PoolMessage.for_idle(returned.record))
+            return True
+        return False
 
     # --- mechanics -----------------------------------------------------------------------------
 
@@ -338,39 +533,55 @@ class Provision:
             timeouts=self._timeouts,
         )
 
-    def _hand_over_claimed(self, candidate: PoolMessage, run_key: str, token: str) -> None:
-        """Hand a claimed instance its config; if that fails, give the instance back before raising."""
+    def _hand_over_claimed(self, instance_id: str, run_key: str, token: str, attempt: int) -> None:
+        """Hand a claimed instance its config; if that fails, give the instance back before raising.
+
+        A warm instance is never thrown away for GitHub's sake: while GitHub rate-limits or fails it
+        goes back to the pool, and the worker waits (_HandOverDeferred) with nothing held.
+        """
         try:
-            self._hand_over(candidate.instance_id, run_key, token)
-        except Exception:
-            returned = self._table.unclaim(candidate.instance_id, run_key, token)
+            self._hand_over(instance_id, run_key, token)
+        except Exception as exc:
+            returned = self._table.unclaim(instance_id, run_key, token)
             if returned.succeeded and returned.record is not None:
                 self._plane.pool_queues.offer(PoolMessage.for_idle(returned.record))
             else:
-                self._table.expire(candidate.instance_id, run_key)
+                self._table.expire(instance_id, run_key)
+            if isinstance(exc, GitHubRetryableError):
+                raise _HandOverDeferred(exc, attempt) from exc
             raise
 
     def _hand_over(self, instance_id: str, run_key: str, claim: str) -> bool:
         """DESIGN.md 5: register a JIT runner for the run and store its config for this instance only.
 
-        The runner's id is noted last, so a retry that finds it noted knows the hand-off is complete.
+        The runner is noted on the record before its config is stored (issue 13, fix 5). A retry that
+        finds a config stored for the noted runner knows the hand-off is complete; one that finds the
+        runner noted but no config for it registers again under the same name, which replaces a
+        registration no agent can have started. Noting it after the store instead would let a retry
+        replace the registration of a runner the agent already started with the stored config.
         Returns False if the record is no longer held for the run (nothing is handed over then).
         """
         record = self._table.get(instance_id)
         if record is None or record.run_key != run_key:
             return False
-        if record.runner_id is not None:
+        arn = self._plane.instance_arn(instance_id)
+        name = runner_name(instance_id, claim)
+        if (
+            record.runner_id is not None
+            and record.runner_name in (None, name)
+            and self._plane.credentials.stored_runner(instance_id, arn) == (run_key, record.runner_id)
+        ):
             return True
         github = self._plane.config.github
         # Every label the job asked for: GitHub gives a job only to a runner carrying all of them.
         labels = list(RunKey.parse(run_key).runner_labels)
-        runner = self._plane.github.jit_config(
-            runner_name(instance_id, claim), labels, runner_group_id=github.runner_group_id
-        )
+        runner = self._plane.github.jit_config(name, labels, runner_group_id=github.runner_group_id)
+        if not self._table.record_runner(instance_id, run_key, runner.runner_id, name).succeeded:
+            return False
         self._plane.credentials.store(
-            instance_id, self._plane.instance_arn(instance_id), run_key, runner.encoded_jit_config
+            instance_id, arn, run_key, runner.encoded_jit_config, runner_id=runner.runner_id
         )
-        return self._table.record_runner(instance_id, run_key, runner.runner_id).succeeded
+        return True
 
     def _expire_and_terminate(self, instance_ids: list[str], run_key: str) -> None:
         """Expire each record still held for the run, then terminate those (and any without a record).
@@ -386,3 +597,12 @@ class Provision:
                 doomed.append(instance_id)
         if doomed:
             self._plane.fleet.terminate(doomed)
+
+
+class _HandOverDeferred(Exception):  # noqa: N818 - an outcome carried out of the hand-over, not an error
+    """GitHub rate-limited or failed a claimed instance's hand-over; the instance went back to the pool."""
+
+    def __init__(self, cause: GitHubRetryableError, attempt: int) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.attempt = attempt

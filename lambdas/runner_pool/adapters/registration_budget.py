@@ -1,0 +1,172 @@
+"""The registration budget's bucket in the state table: one item per GitHub App, moved by conditional writes.
+
+    pk = budget#<app id>, sk = budget
+    tokens, at, held_until   the bucket (domain.registration_budget.Bucket)
+    version                  bumped by every write; a take writes only over the version it read
+    taker                    who wrote last (one id per take), so a take whose answer was lost and
+                             whose retry then fails its condition recognises its own write
+
+The item carries neither a run key nor a sweep shard, so it stays out of both of the table's indexes,
+and its key is no instance's ARN, so no instance role can reach it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.exceptions import ClientError
+
+from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY
+from runner_pool.domain.clock import Clock
+from runner_pool.domain.registration_budget import Bucket, Grant, take, wait_seconds
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.client import DynamoDBClient
+
+BUDGET_PREFIX = "budget#"
+BUDGET_ITEM = "budget"
+TAKE_ATTEMPTS = 8
+"""Conditional writes one take tries when other takers keep winning; then it asks the caller to wait."""
+
+
+class DynamoDbRegistrationBudget:
+    """`per_minute` registrations a minute on average, up to `burst` at once after a quiet spell."""
+
+    def __init__(
+        self,
+        table_name: str,
+        app_id: str,
+        *,
+        per_minute: float,
+        burst: int,
+        clock: Clock,
+        client: DynamoDBClient | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if per_minute <= 0 or burst < 1:
+            raise ValueError("a registration budget needs a positive rate and a burst of at least one")
+        self._table = table_name
+        self._key = {PARTITION_KEY: {"S": f"{BUDGET_PREFIX}{app_id}"}, SORT_KEY: {"S": BUDGET_ITEM}}
+        self._per_second = per_minute / 60.0
+        self._capacity = float(burst)
+        self._clock = clock
+        self._client: DynamoDBClient = client or boto3.client("dynamodb")
+        self._backoff = backoff or Backoff()
+
+    def take(self, wanted: int) -> Grant:
+        for _ in range(TAKE_ATTEMPTS):
+            item = self._read()
+            bucket, version = _bucket(item), _version(item)
+            grant, after = take(bucket, wanted, self._clock.now(), self._per_second, self._capacity)
+            if grant.refused:
+                return grant  # nothing taken, nothing to write
+            if self._write(after, version):
+                return grant
+        return Grant(0, wait_seconds(1.0))
+
+    def give_back(self, count: int) -> None:
+        if count < 1:
+            return
+        # Not guarded by the version: a refund that lands twice (a lost answer retried) adds a token
+        # too many, which the capacity caps at the next take; it never takes one from anybody.
+        try:
+            self._backoff.call(
+                lambda: self._client.update_item(
+                    TableName=self._table,
+                    Key=self._key,
+                    UpdateExpression="ADD tokens :count, version :one",
+                    ConditionExpression="attribute_exists(tokens)",
+                    ExpressionAttributeValues={":count": {"N": str(count)}, ":one": {"N": "1"}},
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            # No bucket yet: it starts full, nothing to give back to.
+
+    def hold_off(self, seconds: float) -> None:
+        until = self._clock.now() + seconds
+        try:
+            self._backoff.call(
+                lambda: self._client.update_item(
+                    TableName=self._table,
+                    Key=self._key,
+                    # Empty until the hold ends, then refilling from there: no burst the moment it ends.
+                    UpdateExpression="SET tokens = :zero, #at = :until, held_until = :until ADD version :one",
+                    ConditionExpression="attribute_not_exists(held_until) OR held_until < :until",
+                    ExpressionAttributeNames={"#at": "at"},
+                    ExpressionAttributeValues={
+                        ":zero": {"N": "0"},
+                        ":until": {"N": repr(until)},
+                        ":one": {"N": "1"},
+                    },
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            # A hold at least as long is in place already.
+
+    def bucket(self) -> Bucket | None:
+        """The bucket as it stands (for operators and tests)."""
+        return _bucket(self._read())
+
+    def _read(self) -> dict[str, Any] | None:
+        response = self._backoff.call(
+            lambda: self._client.get_item(TableName=self._table, Key=self._key, ConsistentRead=True)
+        )
+        item: dict[str, Any] | None = response.get("Item")
+        return item
+
+    def _write(self, bucket: Bucket, version: int | None) -> bool:
+        """Write the bucket over `version` (None: no item yet); False when another taker wrote first."""
+        taker = uuid.uuid4().hex
+        # Over the version read, or over no item yet (`:none` only keeps the values non-empty).
+        condition = "attribute_not_exists(pk) OR taker = :none" if version is None else "version = :version"
+        values: dict[str, Any] = (
+            {":none": {"S": ""}} if version is None else {":version": {"N": str(version)}}
+        )
+        item = {
+            **self._key,
+            "tokens": {"N": repr(bucket.tokens)},
+            "at": {"N": repr(bucket.at)},
+            "held_until": {"N": repr(bucket.held_until)},
+            "version": {"N": str((version or 0) + 1)},
+            "taker": {"S": taker},
+        }
+        try:
+            self._backoff.call(
+                lambda: self._client.put_item(
+                    TableName=self._table,
+                    Item=item,
+                    ConditionExpression=condition,
+                    ExpressionAttributeValues=values,
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
+            # Our own write, applied by an attempt whose answer was lost: the take stands.
+            return bool(current.get("taker", {}).get("S") == taker)
+        return True
+
+
+def _bucket(item: dict[str, Any] | None) -> Bucket | None:
+    if item is None or "tokens" not in item or "at" not in item:
+        return None
+    return Bucket(
+        tokens=float(item["tokens"]["N"]),
+        at=float(item["at"]["N"]),
+        held_until=float(item.get("held_until", {}).get("N", "0")),
+    )
+
+
+def _version(item: dict[str, Any] | None) -> int | None:
+    if item is None:
+        return None
+    return int(item.get("version", {}).get("N", "0"))
