@@ -16,13 +16,14 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import jwt
 
-from emulator.fake_github import rest, runner_protocol
+from emulator.fake_github import rest, runner_protocol, workflow_jobs
 from emulator.fake_github.actions import (
     LOST_AFTER_SECONDS,
     QUEUE_EXPIRY_SECONDS,
     REQUEUE_AFTER_SECONDS,
     Actions,
 )
+from emulator.fake_github.rate_limits import RateLimits
 from emulator.fake_github.routes import ROUTES, Answer, Auth, Refusal, Request
 from emulator.fake_github.state import DEFAULT_RUNNER_GROUP_ID, FakeRunner, GitHubState
 from emulator.fake_github.webhooks import Webhooks
@@ -38,7 +39,7 @@ SHUTDOWN_POLL_SECONDS = 0.01
 """How often the server looks for a stop request; `stop` waits up to this long."""
 LOST_RUNNER_CHECK_SECONDS = 0.25
 """How often a running fake looks for runners that stopped talking."""
-_ENDPOINTS = (rest, runner_protocol)
+_ENDPOINTS = (rest, runner_protocol, workflow_jobs)
 """The modules whose `@route`s make up the fake; imported for their routes."""
 
 Gate = Callable[[str, Request], None]
@@ -75,7 +76,9 @@ class FakeGitHub:
             requeue_after_seconds=requeue_after_seconds,
             queue_expiry_seconds=queue_expiry_seconds,
         )
-        self.gates: list[Gate] = []
+        self.limits = RateLimits(self.state.clock)
+        """Secondary rate limits and outages of the REST routes (emulator/fake_github/rate_limits.py)."""
+        self.gates: list[Gate] = [self.limits.gate]
         """Checks every REST request passes before it is answered (see Gate): rate limits go here."""
         self._prefix = path_prefix.rstrip("/")
         self._api_versions = api_versions

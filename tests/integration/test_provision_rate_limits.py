@@ -1,0 +1,82 @@
+"""The provision state machine under GitHub's secondary rate limits and outages (the real ASL in moto's
+interpreter, the real handlers, the fake GitHub's limits): a burst slows down, it never fails."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from runner_pool.domain.lifecycle import InstanceState
+from tests.support.provision_world import ProvisionWorld, output, provision_world
+
+RUN = "pool=4242"
+JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
+
+
+@pytest.fixture
+def world() -> Iterator[ProvisionWorld]:
+    with provision_world() as built:
+        yield built
+        accounting = built.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def test_claims_wait_out_a_rate_limit_and_every_warm_runner_is_served(world: ProvisionWorld) -> None:
+    # Given three warm instances, and GitHub allowing two registrations a minute
+    warm = sorted(world.warm(n).instance_id for n in (1, 2, 3))
+    world.github.limits.enabled = True
+    world.github.limits.points_per_window = 10
+    # When a run asks for three runners
+    result = output(world.provision(RUN, 3))
+    # Then GitHub's rate limit was hit, waited out, and all three warm instances serve the run
+    assert world.github.limits.refused[JIT_ROUTE] >= 1
+    assert sorted(result["warm"]) == warm
+    assert result["cold"] == []
+    assert world.ec2.calls["CreateFleet"] == 0
+    # And no instance was thrown away on the way (each given back while its worker waited)
+    assert all(world.plane.state_table.get(i).state is InstanceState.RUNNING for i in warm)  # type: ignore[union-attr]
+
+
+def test_a_rate_limit_part_way_through_creation_loses_no_instance_and_fails_nothing(
+    world: ProvisionWorld,
+) -> None:
+    # Given an empty pool, and GitHub allowing two registrations a minute
+    world.github.limits.enabled = True
+    world.github.limits.points_per_window = 10
+    # When a run asks for three runners (all three launched at once)
+    execution = world.provision(RUN, 3)
+    # Then the execution succeeded: the third config was handed over after GitHub's wait
+    result = output(execution)
+    assert len(result["cold"]) == 3
+    assert world.ec2.calls["CreateFleet"] == 1
+    assert world.github.limits.refused[JIT_ROUTE] >= 1
+    # And it waited in Step Functions (a Wait state), not in a Lambda
+    waits = [e for e in execution.events if e["type"] == "WaitStateEntered"]
+    assert waits
+
+
+def test_registrations_are_paced_by_the_shared_budget_before_github_has_to_refuse(
+    world: ProvisionWorld,
+) -> None:
+    # Given three warm instances, GitHub's documented limit, and a budget of one registration a second
+    warm = [world.warm(n).instance_id for n in (1, 2, 3)]
+    world.github.limits.enabled = True
+    world.plane.registration_budget._capacity = 1.0  # noqa: SLF001 - a burst of one, for this test
+    world.plane.registration_budget._per_second = 1.0  # noqa: SLF001
+    # When a run asks for three runners
+    result = output(world.provision(RUN, 3))
+    # Then all three were served, and GitHub never had to refuse one
+    assert sorted(result["warm"]) == sorted(warm)
+    assert world.github.limits.refused[JIT_ROUTE] == 0
+
+
+def test_a_claim_keeps_trying_while_github_is_down_and_gives_no_instance_away(world: ProvisionWorld) -> None:
+    # Given one warm instance, and GitHub down for the next 20 seconds
+    warm = world.warm(1).instance_id
+    world.github.limits.outage(world.clock.now(), world.clock.now() + 20)
+    # When a run asks for one runner
+    result = output(world.provision(RUN, 1))
+    # Then the claim waited GitHub's outage out and the warm instance serves the run
+    assert result["warm"] == [warm]
+    assert world.github.limits.outage_refused >= 1
