@@ -172,7 +172,7 @@ class StateTable:
             threshold_in=self._timeouts.claimed_threshold_seconds,
             set_fields={RUN_KEY_ATTRIBUTE: run_key, "claim_token": claim_token},
             # The previous run's runner stays on an idle record, for release to find; a claim starts anew.
-            remove_fields=("runner_id", "runner_name"),
+            remove_fields=("runner_id",),
             is_replay=lambda r: (
                 r.state is InstanceState.CLAIMED
                 and r.claim_token == claim_token
@@ -265,9 +265,7 @@ class StateTable:
             is_replay=lambda r: r.state is InstanceState.TERMINATED,
         )
 
-    def record_runner(
-        self, instance_id: str, run_key: str, runner_id: int, runner_name: str | None = None
-    ) -> TransitionResult:
+    def record_runner(self, instance_id: str, run_key: str, runner_id: int) -> TransitionResult:
         """Note the GitHub runner registered for the run on a claimed or created instance, before its
         config is stored: a retried hand-off that finds a runner noted but no config for it registers
         anew, one that finds both is complete (issue 13, fix 5). Release deletes the runner if it never
@@ -282,9 +280,6 @@ class StateTable:
             **_state_values(held),
         }
         update = "SET runner_id = :runner_id, updated_at = :now"
-        if runner_name is not None:
-            values[":runner_name"] = _value(runner_name)
-            update += ", runner_name = :runner_name"
         return self._write(
             instance_id,
             update=update,
@@ -299,13 +294,13 @@ class StateTable:
             ),
         )
 
-    def release_served(self, instance_id: str, run_key: str, runner_name: str) -> TransitionResult:
+    def release_served(self, instance_id: str, run_key: str, runner_id: int) -> TransitionResult:
         """running | claimed | created → idle: a job of the run completed on this instance's runner.
 
         A short job can end before its provision's Finish has set the instance running (issue 13,
         fix 6); the instance served all the same, so it goes back to the pool like any released one.
         Only the hand-off whose runner the job names: a later hand-off of the same instance to the
-        same run (another runner name) is not touched.
+        same run (another runner) is not touched.
         """
         now = self._clock.now()
         served = (InstanceState.RUNNING, InstanceState.CLAIMED, InstanceState.CREATED)
@@ -315,7 +310,7 @@ class StateTable:
             ":threshold": _value(now + self._timeouts.idle_seconds),
             ":idle": _value(InstanceState.IDLE.value),
             ":run_key": _value(run_key),
-            ":runner_name": _value(runner_name),
+            ":runner_id": _value(runner_id),
             **_state_values(served),
         }
         return self._write(
@@ -326,14 +321,14 @@ class StateTable:
             ),
             condition=(
                 f"#state IN ({', '.join(_state_placeholders(served))}) AND {RUN_KEY_ATTRIBUTE} = :run_key "
-                "AND runner_name = :runner_name AND #threshold > :now"
+                "AND runner_id = :runner_id AND #threshold > :now"
             ),
             names=names,
             values=values,
             is_replay=lambda r: (
                 r.state is InstanceState.IDLE
                 and r.run_key is None
-                and r.runner_name == runner_name
+                and r.runner_id == runner_id
                 and not r.threshold_passed(now)
             ),
         )

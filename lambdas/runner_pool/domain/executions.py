@@ -71,7 +71,6 @@ class ReleaseRequest(_Input):
         None, description="the GitHub runner the completed job ran on: the one hand-off to release"
     )
     cause: str = Field(min_length=1, description="what asked for it, e.g. `job-123` or `run-45-attempt-1`")
-    runner_name: str | None = Field(None, description="the runner a completed job ran on, if it names one")
 
     @property
     def execution_name(self) -> str:

@@ -57,8 +57,6 @@ class InstanceRecord(InstanceFacts):
     claim_token: str | None = None
     """Which claim worker holds a claimed instance, so a retried claim is recognised as its own."""
     runner_id: int | None = None
-    runner_name: str | None = None
-    """The GitHub runner of the latest hand-off, as a `workflow_job completed` names it."""
     created_at: Epoch
     updated_at: Epoch
     expires_at: int | None = None

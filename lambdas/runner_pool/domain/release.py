@@ -147,6 +147,20 @@ def give_back(
         held = "no runner" if record is None or record.runner_id is None else f"runner {record.runner_id}"
         reason = f"{_moved(record)}, with {held}, not runner {item.runner_id}"
         return progress.model_copy(update={"reason": reason})
+    if _served_before_running(record, item):
+        # A short job ended before its provision set the instance running (issue 13, fix 6): the
+        # instance served, so it is cleaned and pooled like any other; Finish then loses its activate.
+        served = table.release_served(item.instance_id, item.run_key, item.runner_id or 0)
+        if served.succeeded and served.record is not None:
+            return progress.model_copy(
+                update={
+                    "status": ReleaseStatus.AWAITING_RECEIPT,
+                    "idle_threshold": served.record.threshold,
+                    "deadline": served.record.updated_at + timeouts.release_receipt_seconds,
+                    "runner": _delete_runner(github, served.record),
+                }
+            )
+        record = served.record
     if record is not None and record.state in (InstanceState.CLAIMED, InstanceState.CREATED):
         expired = table.expire(item.instance_id, run_key=item.run_key)
         if not expired.succeeded:
@@ -246,6 +260,16 @@ def _released(
         # latest word is about this run. An idle record with any other story is another idle period.
         return record, record
     return None, record
+
+
+def _served_before_running(record: InstanceRecord | None, item: ReleaseItem) -> bool:
+    """A claimed or created instance whose current hand-off's runner is the one the completed job names."""
+    return (
+        record is not None
+        and record.state in (InstanceState.CLAIMED, InstanceState.CREATED)
+        and item.runner_id is not None
+        and record.runner_id == item.runner_id
+    )
 
 
 def _last_served(table: StateTable, record: InstanceRecord, run_key: str, now: Epoch) -> bool:

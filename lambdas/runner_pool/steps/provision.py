@@ -566,17 +566,16 @@ class Provision:
             return False
         arn = self._plane.instance_arn(instance_id)
         name = runner_name(instance_id, claim)
-        if (
-            record.runner_id is not None
-            and record.runner_name in (None, name)
-            and self._plane.credentials.stored_runner(instance_id, arn) == (run_key, record.runner_id)
+        if record.runner_id is not None and self._plane.credentials.stored_runner(instance_id, arn) == (
+            run_key,
+            record.runner_id,
         ):
             return True
         github = self._plane.config.github
         # Every label the job asked for: GitHub gives a job only to a runner carrying all of them.
         labels = list(RunKey.parse(run_key).runner_labels)
         runner = self._plane.github.jit_config(name, labels, runner_group_id=github.runner_group_id)
-        if not self._table.record_runner(instance_id, run_key, runner.runner_id, name).succeeded:
+        if not self._table.record_runner(instance_id, run_key, runner.runner_id).succeeded:
             return False
         self._plane.credentials.store(
             instance_id, arn, run_key, runner.encoded_jit_config, runner_id=runner.runner_id

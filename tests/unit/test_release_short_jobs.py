@@ -1,0 +1,81 @@
+"""Issue 13, fix 6: a job that ends before its provision's Finish finds its instance still claimed or
+created; the job's release pools that instance (it served), and Finish then lets go of it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from runner_pool.domain import release
+from runner_pool.domain.executions import runner_name
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
+from runner_pool.domain.release import ReleaseItem, ReleaseProgress, ReleaseStatus
+from tests.support.control_plane import LocalControlPlane, local_control_plane
+
+RUN = "pool=101"
+
+
+@pytest.fixture
+def local() -> Iterator[LocalControlPlane]:
+    with local_control_plane() as plane:
+        yield plane
+        accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def claimed_and_registered(local: LocalControlPlane, claim: str) -> tuple[InstanceRecord, int]:
+    """A warm instance claimed for the run, its runner registered and noted, its agent listening."""
+    (idle,) = local.pooled()
+    local.drain_pool()
+    assert local.table.claim(idle.instance_id, RUN, claim).succeeded
+    runner = local.plane.github.jit_config(runner_name(idle.instance_id, claim), [RUN])
+    assert local.table.record_runner(idle.instance_id, RUN, runner.runner_id).succeeded
+    local.table.write_signal(idle.instance_id, Signal.UD_REG_OK, RUN)
+    return local.record(idle.instance_id), runner.runner_id
+
+
+def give_back(local: LocalControlPlane, record: InstanceRecord, runner: int | None) -> ReleaseProgress:
+    item = ReleaseItem(instance_id=record.instance_id, run_key=RUN, poll_seconds=1, runner_id=runner)
+    return release.give_back(
+        item, local.table, lambda: local.plane.github, local.config.timeouts, local.clock.now()
+    )
+
+
+def test_a_job_done_before_finish_pools_its_still_claimed_instance(local: LocalControlPlane) -> None:
+    # Given a warm instance claimed by a provision whose Finish has not run yet, its runner listening
+    record, runner = claimed_and_registered(local, "provision-1#0#0")
+    # When the job that runner took completes and its release names the runner
+    progress = give_back(local, record, runner)
+    # Then the instance is idle, awaiting the agent's receipt, not expired
+    assert progress.status is ReleaseStatus.AWAITING_RECEIPT
+    assert local.record(record.instance_id).state is InstanceState.IDLE
+    # And on the agent's receipt it goes back to the pool
+    local.table.write_signal(record.instance_id, Signal.UD_REMOVE_REG_OK, RUN)
+    pooled = release.check_receipt(progress, local.table, local.plane.pool_queues, local.clock.now())
+    assert pooled.status is ReleaseStatus.POOLED
+    assert [m.instance_id for m in local.drain_pool()] == [record.instance_id]
+    # And the provision's late activate loses: the instance is not set running under nobody's job
+    late = local.table.activate(record.instance_id, RUN, 60, claim_token="provision-1#0#0")
+    assert not late.succeeded
+
+
+def test_a_release_naming_another_hand_off_expires_a_claimed_instance_as_before(
+    local: LocalControlPlane,
+) -> None:
+    # Given a claimed instance whose current runner is not the one a late completion names
+    record, _ = claimed_and_registered(local, "provision-2#0#1")
+    stale = runner_name(record.instance_id, "provision-2#0#0")
+    # When that stale completion's release arrives
+    progress = give_back(local, record, stale)
+    # Then the instance never served this hand-off: it is expired, as a run's release would
+    assert progress.status is ReleaseStatus.EXPIRED
+    assert not any(isinstance(m, PoolMessage) for m in local.drain_pool())
+
+
+def test_a_run_release_still_expires_what_the_run_held_without_serving(local: LocalControlPlane) -> None:
+    # Given a claimed instance, and the run's release (no runner named)
+    record, _ = claimed_and_registered(local, "provision-3#0#0")
+    # When it gives the instance back: Then it never served, so it is expired
+    assert give_back(local, record, None).status is ReleaseStatus.EXPIRED
