@@ -4,7 +4,13 @@ The record says everything the agent needs: a run key appearing means "register 
 the run key clearing means "clean up and give the receipt", a threshold long passed means "nobody
 will use this instance again". The agent reads it with a consistent read every watch period; a
 read that fails (throttling, a network blip) is retried with growing pauses and never ends the
-loop, and nothing the loop does is repeated for the same run key.
+loop, and nothing the loop does is repeated for the same hand-off.
+
+A hand-off is a run key and the runner the control plane registered for it (the record notes the
+runner before the config is stored): the record naming another runner for the same run key is a
+new hand-off, served like one (issue 13, fix 5). A runner that exits before GitHub gave it a job
+left that job queued: the agent says so (UD_REG_FAILED for the run key), once, and the control
+plane replaces it (issue 13, fix 8).
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class Agent:
         self._failures = 0
         self._last_threshold: Epoch | None = None
         self._awaiting_config_for: str | None = None
+        self._exit_reported = False
         self._terminated = False
         self._stopping = threading.Event()
 
@@ -160,17 +167,37 @@ class Agent:
             return period
         if self._terminate_if_due(now, record.threshold):
             return period
-        self._follow(record.run_key)
+        self._follow(record.run_key, record.runner_id)
+        self._watch_runner()
         return period
 
-    def _follow(self, wanted: str | None) -> None:
-        serving = self._memory.current.serving_run_key
-        if serving is not None and serving != wanted:
+    def _follow(self, wanted: str | None, runner_id: int | None) -> None:
+        memory = self._memory.current
+        serving = memory.serving_run_key
+        handed_over_again = (
+            serving is not None
+            and serving == wanted
+            and runner_id is not None
+            and memory.serving_runner_id is not None
+            and runner_id != memory.serving_runner_id
+        )
+        if serving is not None and (serving != wanted or handed_over_again):
             self._release(serving)
         if wanted is not None and self._memory.current.serving_run_key is None:
-            self._register(wanted)
+            self._register(wanted, runner_id)
 
-    def _register(self, run_key: str) -> None:
+    def _watch_runner(self) -> None:
+        """A runner that exited before it took a job: say so once, for the control plane to replace it."""
+        runner = self._runner
+        serving = self._memory.current.serving_run_key
+        if runner is None or serving is None or runner.running or runner.took_job or self._exit_reported:
+            return
+        self._exit_reported = True
+        reason = "the runner exited before it took a job"
+        self._log.bind(run_key=serving).warning(reason)
+        self._outbox.send(Signal.UD_REG_FAILED, serving, reason)
+
+    def _register(self, run_key: str, runner_id: int | None = None) -> None:
         log = self._log.bind(run_key=run_key)
         boot_failure = self._memory.current.boot_failure
         if boot_failure is not None:
@@ -184,13 +211,18 @@ class Agent:
             log.error("runner config unreadable", reason=str(exc))
             self._outbox.send(Signal.UD_REG_FAILED, run_key, str(exc))
             return
-        if config is None or config.config_id == self._memory.current.used_config_id:
+        stale = runner_id is not None and config is not None and config.runner_id not in (None, runner_id)
+        if config is None or stale or config.config_id == self._memory.current.used_config_id:
+            # None yet, or the config of an earlier hand-off: the one the record names is on its way.
             if self._awaiting_config_for != run_key:
                 log.info("claimed; waiting for the runner config")
                 self._awaiting_config_for = run_key
             return
-        # Remembered before the runner starts: whatever happens next, no second runner for this key.
-        self._memory.update(serving_run_key=run_key, used_config_id=config.config_id)
+        # Remembered before the runner starts: whatever happens next, no second runner for this hand-off.
+        self._memory.update(
+            serving_run_key=run_key, used_config_id=config.config_id, serving_runner_id=config.runner_id
+        )
+        self._exit_reported = False
         log.info("starting the runner")
         try:
             self._runner = RunnerProcess.start(
@@ -225,11 +257,11 @@ class Agent:
             killed = self._workspace.clean(session)
         except CleanupError as exc:
             log.error("cleanup failed", reason=str(exc))
-            self._memory.update(serving_run_key=None)
+            self._memory.update(serving_run_key=None, serving_runner_id=None)
             self._outbox.send(Signal.UD_REMOVE_REG_FAILED, run_key, str(exc))
             return
         log.info("workspace clean", leftover_processes_killed=len(killed))
-        self._memory.update(serving_run_key=None)
+        self._memory.update(serving_run_key=None, serving_runner_id=None)
         self._outbox.send(Signal.UD_REMOVE_REG_OK, run_key)
 
     def _terminate_if_due(self, now: Epoch, threshold: Epoch | None) -> bool:

@@ -33,6 +33,8 @@ class Memory(BaseModel):
     """The run key a runner was started, or registration attempted, for; cleared once released."""
     used_config_id: str | None = None
     """The runner config the last runner was started with: a config is good for one runner only."""
+    serving_runner_id: int | None = None
+    """The GitHub runner of the hand-off being served: the record naming another one is a new hand-off."""
     pending_signal: PendingSignal | None = None
     """A signal not yet written: after a restart it is still owed to the control plane."""
 

@@ -21,6 +21,8 @@ from agent.log import EventLog
 
 LISTENING_MARK = "Listening for Jobs"
 """What the runner prints once it holds a session with GitHub and waits for its job."""
+JOB_MARK = "Running job: "
+"""What the runner prints when GitHub hands it its job (actions/runner: Runner.Listener's JobDispatcher)."""
 _TAIL_LINES = 5
 _POLL_SECONDS = 0.02
 _SECRET_PREFIXES = ("RUNNER_POOL_", "AWS_")
@@ -37,6 +39,7 @@ class RunnerProcess:
         self._process = process
         self._log = log
         self._listening = threading.Event()
+        self._took_job = threading.Event()
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._reader = threading.Thread(target=self._read_output, name="runner-output", daemon=True)
         self._reader.start()
@@ -75,6 +78,11 @@ class RunnerProcess:
     @property
     def running(self) -> bool:
         return self._process.poll() is None
+
+    @property
+    def took_job(self) -> bool:
+        """Whether GitHub handed the runner its job: a runner that exits without one left it queued."""
+        return self._took_job.is_set()
 
     def wait_until_listening(self, timeout_seconds: float, cancel: threading.Event | None = None) -> None:
         """Returns once the runner listens for jobs; RunnerStartError if it exits, times out or
@@ -124,6 +132,8 @@ class RunnerProcess:
             self._log.info("runner output", line=line)
             if LISTENING_MARK in line:
                 self._listening.set()
+            if JOB_MARK in line:
+                self._took_job.set()
 
     def _last_words(self) -> str:
         return f"; last output: {' | '.join(self._tail)}" if self._tail else ""

@@ -8,6 +8,7 @@ behaves and an `id`, so the fake also proves which config the control plane stor
     job     say it is listening, run one job (files in _work, a leftover process), exit 0
     refuse  fail the way a runner with a bad config does, before listening; exit 1
     hang    say nothing more, until stopped
+    vanish  say it is listening, then exit before any job comes (a runner that dies waiting)
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def main() -> int:
         return 0
     say("Current runner version: '2.328.0'")
     say(f"{datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}: Listening for Jobs")
+    if config["mode"] == "vanish":
+        time.sleep(config.get("idle_seconds", 0.05))
+        return 1
     time.sleep(config.get("idle_seconds", 0.05))
     say(f"{datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}: Running job: build")
     workspace = here / "_work" / "repository"
