@@ -20,6 +20,7 @@ from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.pool_queues import PoolQueues
+from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
@@ -118,6 +119,11 @@ class ControlPlane:
             client=self.client("dynamodb"),
             backoff=self.backoff,
         )
+
+    @cached_property
+    def recent_demand(self) -> RecentDemand:
+        """Runs with recent demand, for refresh to reconcile with GitHub's queued jobs."""
+        return RecentDemand(self.settings.table_name, self.clock, self.client("dynamodb"), self.backoff)
 
     def executions(self, provision_machine_arn: str | None = None) -> Executions:
         """Starts provisions (on `provision_machine_arn`, e.g. a step's own machine, else the configured

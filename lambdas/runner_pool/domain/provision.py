@@ -38,6 +38,12 @@ class Readiness(StrEnum):
     worker holds nothing and claims again after `wait_seconds`."""
 
 
+def busy_seconds(timeouts: Timeouts) -> float:
+    """How long one provision may be at work: claims deferred up to the registration deadline, then
+    creation's validation; refresh leaves a run's queued jobs alone while one may still serve them."""
+    return 2 * timeouts.fleet_validation_seconds + timeouts.claim_registration_seconds
+
+
 def unavailable_wait_seconds(deferrals: int) -> int:
     """How long to leave GitHub alone after its `deferrals`-th failure in a row: 1, 2, 4 ... up to 30 s."""
     return int(min(UNAVAILABLE_WAIT_CAP_SECONDS, 2 ** min(deferrals, 5)))

@@ -1,6 +1,6 @@
 """Refresh (DESIGN.md section 8): the scheduled sweep that ends what is due, leaks nothing, keeps the pool.
 
-Each run does seven jobs, one after the other, each on its own (one failing does not stop the rest):
+Each run does nine jobs, one after the other, each on its own (one failing does not stop the rest):
 
 1. vanished: a live record whose instance EC2 reports gone (a spot interruption, a terminate from
    outside) is expired at once, rather than when its threshold would have passed;
@@ -13,7 +13,14 @@ Each run does seven jobs, one after the other, each on its own (one failing does
    heartbeat go created → idle and into their class's queue; `UD_FAILED` expires them;
 5. warm pool: each class short of its warm minimum (idle plus still booting) is topped up;
 6. runners: our runners GitHub lists as offline are deleted, unless one may still start;
-7. redeliveries: webhook deliveries that failed in the last hour are asked for again.
+7. redeliveries: webhook deliveries that failed in the last hour are asked for again;
+8. dead runners: a running instance whose agent reports its runner exited before it took a job
+   (UD_REG_FAILED for its run key) is released, to be cleaned and pooled, and one more runner is
+   asked for the run (issue 13, fix 8);
+9. reconcile: for runs with recent demand and no provision at work for them, GitHub is asked for
+   their jobs (List jobs for a workflow run attempt), and every queued job with our label that no
+   runner of ours is free to take gets one (issue 13: no job is ever stranded). At most
+   RECONCILE_REQUESTS_PER_RUN requests to GitHub a run, least recently reconciled runs first.
 
 Two runs at once, or a run that dies anywhere, leave nothing wrong: a passed threshold is final
 (no transition applies once it has passed), termination and deletion are idempotent, the marks and
@@ -29,20 +36,23 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from runner_pool.adapters.github_app import GitHubError, RegisteredRunner, RunnerRemoval, RunnerStatus
+from runner_pool.adapters.github_app import GitHubError, RegisteredRunner, RunJob, RunnerRemoval, RunnerStatus
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.executions import instance_of_runner
+from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, instance_of_runner
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PoolQueue
+from runner_pool.domain.provision import busy_seconds
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.observability import logger
 
 if TYPE_CHECKING:
+    from runner_pool.adapters.executions import Executions
     from runner_pool.adapters.fleet import Fleet
     from runner_pool.adapters.github_app import GitHubApp
+    from runner_pool.adapters.recent_demand import RecentDemand, RecentRun
     from runner_pool.adapters.state_table import StateTable
 
 _Item = TypeVar("_Item")
@@ -58,6 +68,14 @@ WARM_POOL_MARKER = "refresh-warm-pool"
 REDELIVERY_MARKER = "refresh-redelivery"
 """The highest webhook delivery id asked for again (GitHub's delivery ids grow with time)."""
 MAY_STILL_SERVE = frozenset({InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING})
+RECONCILE_REQUESTS_PER_RUN = 20
+"""GitHub requests one refresh run may make to reconcile (a page of 100 jobs each); with the default
+schedule, 20 a minute: a sliver of the App's 5,000 an hour, and of 900 points a minute per endpoint."""
+RECENT_DEMAND_SECONDS = 3600.0
+"""How long after its last provision a run is still reconciled; GitHub keeps a job queued 24 hours, but
+a run of ours that has waited an hour without runners is an incident, not something to paper over."""
+RECONCILE_GRACE_SECONDS = 30.0
+"""A job queued this recently may still be on its way through the webhook and the dispatcher."""
 
 
 @dataclass
@@ -79,6 +97,12 @@ class RefreshReport:
     """Idle instances per class before the top-up: the pool's size."""
     runners_deleted: int = 0
     redelivered: int = 0
+    runners_replaced: int = 0
+    """Running instances whose runner exited before it took a job: released, and a runner asked for."""
+    runs_reconciled: int = 0
+    """Runs whose jobs GitHub was asked about."""
+    jobs_reprovisioned: int = 0
+    """Queued jobs no runner of ours was free to take, provisioned again."""
     failed: list[str] = field(default_factory=list)
     """Jobs that failed; the next run tries them again."""
 
@@ -104,7 +128,10 @@ class Refresh:
         config: StackConfig,
         stack_tag: tuple[str, str],
         orphan_grace_seconds: float = ORPHAN_GRACE_SECONDS,
+        recent_demand: RecentDemand | None = None,
+        executions: Callable[[], Executions] | None = None,
     ) -> None:
+        """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing."""
         self._table = table
         self._fleet = fleet
         self._queues = queues
@@ -113,6 +140,8 @@ class Refresh:
         self._config = config
         self._stack_tag = stack_tag
         self._orphan_grace = orphan_grace_seconds
+        self._recent = recent_demand
+        self._executions = executions
 
     def run(self, tick: int) -> RefreshReport:
         report = RefreshReport()
@@ -124,6 +153,8 @@ class Refresh:
             ("warm-pool", lambda r: self._keep_warm(r, tick)),
             ("runners", self._delete_offline_runners),
             ("redeliveries", self._redeliver),
+            ("dead-runners", self._replace_dead_runners),
+            ("reconcile", lambda r: self._reconcile(r, tick)),
         ]
         for name, job in jobs:
             try:
@@ -297,6 +328,134 @@ class Refresh:
                 self._table.move_marker(REDELIVERY_MARKER, previous or 0, expected=delivery.delivery_id)
                 raise
             report.redelivered += 1
+
+    # --- 8. runners that died before their job --------------------------------------------------
+
+    def _replace_dead_runners(self, report: RefreshReport) -> None:
+        if self._recent is None or self._executions is None:
+            return
+        now = self._clock.now()
+        running = [
+            record
+            for record in self._table.live()
+            if record.state is InstanceState.RUNNING and record.run_key and not record.threshold_passed(now)
+        ]
+        if not running:
+            return
+        repositories = {key: run for run in self._recent.runs() for key in run.run_keys}
+        executions = self._executions()
+        for record in running:
+            run_key = record.run_key or ""
+            signal = self._table.read_signal(record.instance_id)
+            if signal is None or not signal.confirms(Signal.UD_REG_FAILED, run_key):
+                continue
+            logger.warning(
+                "runner exited before it took a job; releasing its instance and asking for another",
+                instance_id=record.instance_id,
+                runner_id=record.runner_id,
+                reason=signal.reason,
+            )
+            # Named by the runner that died: a second refresh (or a retried one) starts nothing twice.
+            cause = f"runner-{record.runner_id}-exited"
+            executions.release(
+                ReleaseRequest(
+                    run_key=run_key,
+                    instance_id=record.instance_id,
+                    cause=cause,
+                    runner_name=record.runner_name,
+                )
+            )
+            run = repositories.get(run_key)
+            if run is not None:
+                executions.provision(
+                    ProvisionRequest(
+                        repository=run.repository,
+                        run_key=run_key,
+                        count=1,
+                        run_attempt=run.attempt,
+                        origin=f"replace-{record.runner_id}",
+                    )
+                )
+            report.runners_replaced += 1
+
+    # --- 9. queued jobs nobody serves -------------------------------------------------------------
+
+    def _reconcile(self, report: RefreshReport, tick: int) -> None:
+        if self._recent is None or self._executions is None:
+            return
+        now = self._clock.now()
+        requests_left = RECONCILE_REQUESTS_PER_RUN
+        for run in self._recent.runs():
+            if now - run.demand_at > RECENT_DEMAND_SECONDS or all(
+                self._table.run_finished(run_key) for run_key in run.run_keys
+            ):
+                self._recent.forget(run)
+                continue
+            if now < run.busy_until:
+                continue  # a provision for it may still be claiming or creating
+            if requests_left <= 0:
+                return  # the rest first next time: they are the least recently reconciled
+            jobs, requests = self._github().run_jobs(run.repository, run.run_id, run.attempt)
+            requests_left -= requests
+            self._recent.reconciled(run)
+            report.runs_reconciled += 1
+            if self._reprovision(report, run, jobs, self._executions(), tick=tick, now=now):
+                self._recent.busy(run, busy_seconds(self._config.timeouts))
+
+    def _reprovision(
+        self,
+        report: RefreshReport,
+        run: RecentRun,
+        jobs: Sequence[RunJob],
+        executions: Executions,
+        *,
+        tick: int,
+        now: Epoch,
+    ) -> bool:
+        """Provision the run's queued jobs that no runner of ours is free to take; whether it did."""
+        # A runner named by a job that is not queued any more has (or had) its job: it is not free.
+        taken = {job.runner_id for job in jobs if not job.queued and job.runner_id is not None}
+        started = False
+        for run_key in sorted(run.run_keys):
+            waiting = sorted(
+                (
+                    job
+                    for job in jobs
+                    if job.queued
+                    and run_key in job.labels
+                    and now - job.created_at >= RECONCILE_GRACE_SECONDS
+                ),
+                key=lambda job: (job.created_at, job.job_id),
+            )
+            if not waiting:
+                continue
+            free = [
+                record
+                for record in self._table.held_by(run_key)
+                if not record.threshold_passed(now) and record.runner_id not in taken
+            ]
+            missing = len(waiting) - len(free)
+            if missing <= 0:
+                continue
+            logger.warning(
+                "queued jobs have no runner of ours; provisioning them again",
+                run_key=run_key,
+                queued=len(waiting),
+                free_runners=len(free),
+            )
+            executions.provision(
+                ProvisionRequest(
+                    repository=run.repository,
+                    run_key=run_key,
+                    count=missing,
+                    job_ids=tuple(job.job_id for job in waiting[:missing]),
+                    run_attempt=run.attempt,
+                    origin=f"reconcile-{tick}",
+                )
+            )
+            report.jobs_reprovisioned += missing
+            started = True
+        return started
 
     def _claim_marker(self, name: str, value: float, seen: float | None) -> tuple[bool, float | None]:
         """Move a marker, last `seen` at a value, up to `value`, first come first served: (won, the

@@ -2,7 +2,7 @@
 
 Its AWS calls are checked against its role in the synthesized stack wherever a test invokes it
 (emulator/iam_check.py); on GitHub it lists and deletes runners, lists hook deliveries and asks for
-redeliveries. Its timeout should be shorter than the schedule's period, so that runs of two
+redeliveries, and lists a run attempt's jobs. Its timeout should be shorter than the schedule's period, so that runs of two
 schedule slots never overlap (runs of one slot may: see domain.refresh).
 """
 
@@ -49,7 +49,11 @@ def refresh(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 
 
 def refresh_of(plane: ControlPlane) -> Refresh:
-    """The stack's refresh over the process's adapters; GitHub is reached only by the jobs that need it."""
+    """The stack's refresh over the process's adapters; GitHub is reached only by the jobs that need it.
+    Replacing dead runners and reconciling queued jobs start executions: only where the stack names both
+    state machines."""
+    settings = plane.settings
+    starts = bool(settings.provision_state_machine_arn and settings.release_state_machine_arn)
     return Refresh(
         plane.state_table,
         plane.fleet,
@@ -57,7 +61,9 @@ def refresh_of(plane: ControlPlane) -> Refresh:
         lambda: plane.github,
         clock=plane.clock,
         config=plane.config,
-        stack_tag=(STACK_TAG_KEY, plane.settings.stack_name),
+        stack_tag=(STACK_TAG_KEY, settings.stack_name),
+        recent_demand=plane.recent_demand if starts else None,
+        executions=plane.executions if starts else None,
     )
 
 
@@ -73,6 +79,9 @@ def _measure(report: RefreshReport) -> None:
         **{f"PoolIdle.{name}": count for name, count in report.idle.items()},
         "RunnersDeleted": report.runners_deleted,
         "WebhooksRedelivered": report.redelivered,
+        "RunnersReplaced": report.runners_replaced,
+        "RunsReconciled": report.runs_reconciled,
+        "JobsReprovisioned": report.jobs_reprovisioned,
         "RefreshJobsFailed": len(report.failed),
     }
     for name, count in counts.items():

@@ -25,6 +25,7 @@ from runner_pool.domain.provision import (
     ProvisionResult,
     Readiness,
     WorkerResult,
+    busy_seconds,
     plan,
     readiness,
     unavailable_wait_seconds,
@@ -54,9 +55,22 @@ class Provision:
     # --- Begin ---------------------------------------------------------------------------------
 
     def begin(self, request: ProvisionRequest, execution: str) -> ProvisionPlan:
-        """Resolve the label (a LabelError fails the execution before anything is held)."""
+        """Resolve the label (a LabelError fails the execution before anything is held), and note the run's
+        demand for refresh's reconciliation."""
         spec = request.key.resolve(self._plane.config)
-        return plan(request, spec, execution, self._timeouts, self._clock.now())
+        planned = plan(request, spec, execution, self._timeouts, self._clock.now())
+        if spec.run_id.isdigit():
+            try:
+                self._plane.recent_demand.note(
+                    request.repository,
+                    int(spec.run_id),
+                    request.key.attempt,
+                    spec.run_key,
+                    busy_seconds(self._timeouts),
+                )
+            except Exception:  # a backstop's bookkeeping never holds up a provision
+                logger.exception("run's demand not noted; refresh will not reconcile it")
+        return planned
 
     # --- claim workers -------------------------------------------------------------------------
 

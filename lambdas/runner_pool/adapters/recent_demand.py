@@ -1,0 +1,163 @@
+"""Runs with recent demand, kept in the state table for refresh to reconcile against GitHub's queued jobs.
+
+    pk = demand#recent, sk = <repository>#<run id>#<attempt>
+    repository, run_id, attempt
+    run_keys        (string set) the labels the run's demand used
+    demand_at       the last provision for it began
+    busy_until      until then a provision for it may still be claiming or creating: not reconciled
+    reconciled_at   when refresh last asked GitHub about it
+    expires_at      TTL, a backstop: refresh forgets a run once its demand is no longer recent
+
+One partition, written once per provision (not per job) and read once per refresh run, so it never
+gets hot; refresh keeps it small by forgetting runs whose demand has aged out. Its items carry no
+run key and no sweep shard, so they stay out of both of the table's indexes.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.exceptions import ClientError
+
+from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
+from runner_pool.domain.clock import Clock, Epoch
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.client import DynamoDBClient
+
+RECENT_DEMAND_PARTITION = "demand#recent"
+
+
+@dataclass(frozen=True)
+class RecentRun:
+    repository: str
+    run_id: int
+    attempt: int
+    run_keys: frozenset[str]
+    demand_at: Epoch
+    busy_until: Epoch
+    reconciled_at: Epoch = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.repository}#{self.run_id}#{self.attempt}"
+
+
+class RecentDemand:
+    def __init__(
+        self,
+        table_name: str,
+        clock: Clock,
+        client: DynamoDBClient | None = None,
+        backoff: Backoff | None = None,
+        *,
+        retention_seconds: float = 2 * 3600.0,
+    ) -> None:
+        self._table = table_name
+        self._clock = clock
+        self._client: DynamoDBClient = client or boto3.client("dynamodb")
+        self._backoff = backoff or Backoff()
+        self._retention = retention_seconds
+
+    def note(self, repository: str, run_id: int, attempt: int, run_key: str, busy_for: float) -> None:
+        """A provision for the run's `run_key` begins now and may be at work for `busy_for` seconds.
+        Idempotent: a retried note sets the same values again (a later one moves the times on)."""
+        now = self._clock.now()
+        run = RecentRun(repository, run_id, attempt, frozenset({run_key}), now, now + busy_for)
+        self._backoff.call(
+            lambda: self._client.update_item(
+                TableName=self._table,
+                Key=_key(run.key),
+                UpdateExpression=(
+                    "SET repository = :repository, run_id = :run_id, attempt = :attempt, "
+                    "demand_at = :now, busy_until = :busy, #ttl = :ttl ADD run_keys :run_keys"
+                ),
+                ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE},
+                ExpressionAttributeValues={
+                    ":repository": {"S": repository},
+                    ":run_id": {"N": str(run_id)},
+                    ":attempt": {"N": str(attempt)},
+                    ":now": {"N": repr(now)},
+                    ":busy": {"N": repr(run.busy_until)},
+                    ":ttl": {"N": str(int(now + self._retention))},
+                    ":run_keys": {"SS": [run_key]},
+                },
+            )
+        )
+
+    def runs(self) -> list[RecentRun]:
+        """Every run noted and not forgotten yet, least recently reconciled first."""
+        found: list[RecentRun] = []
+        start: dict[str, Any] | None = None
+        while True:
+            request: dict[str, Any] = {
+                "TableName": self._table,
+                "KeyConditionExpression": f"{PARTITION_KEY} = :pk",
+                "ExpressionAttributeValues": {":pk": {"S": RECENT_DEMAND_PARTITION}},
+                "ConsistentRead": True,
+            }
+            if start is not None:
+                request["ExclusiveStartKey"] = start
+            page = self._backoff.call(functools.partial(self._client.query, **request))
+            found += [_run(item) for item in page.get("Items", [])]
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return sorted(found, key=lambda run: (run.reconciled_at, run.demand_at))
+
+    def reconciled(self, run: RecentRun) -> None:
+        now = self._clock.now()
+        self._backoff.call(
+            lambda: self._client.update_item(
+                TableName=self._table,
+                Key=_key(run.key),
+                UpdateExpression="SET reconciled_at = :now",
+                ExpressionAttributeValues={":now": {"N": repr(now)}},
+            )
+        )
+
+    def busy(self, run: RecentRun, busy_for: float) -> None:
+        """A provision was started for the run (by refresh): leave it alone until it has had its chance."""
+        until = self._clock.now() + busy_for
+        self._backoff.call(
+            lambda: self._client.update_item(
+                TableName=self._table,
+                Key=_key(run.key),
+                UpdateExpression="SET busy_until = :until",
+                ExpressionAttributeValues={":until": {"N": repr(until)}},
+            )
+        )
+
+    def forget(self, run: RecentRun) -> None:
+        """Unless the run had new demand since it was read (its demand_at moved on)."""
+        try:
+            self._backoff.call(
+                lambda: self._client.delete_item(
+                    TableName=self._table,
+                    Key=_key(run.key),
+                    ConditionExpression="demand_at = :seen",
+                    ExpressionAttributeValues={":seen": {"N": repr(run.demand_at)}},
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+
+
+def _key(sort_key: str) -> dict[str, Any]:
+    return {PARTITION_KEY: {"S": RECENT_DEMAND_PARTITION}, SORT_KEY: {"S": sort_key}}
+
+
+def _run(item: dict[str, Any]) -> RecentRun:
+    return RecentRun(
+        repository=item["repository"]["S"],
+        run_id=int(item["run_id"]["N"]),
+        attempt=int(item["attempt"]["N"]),
+        run_keys=frozenset(item.get("run_keys", {}).get("SS", [])),
+        demand_at=float(item["demand_at"]["N"]),
+        busy_until=float(item.get("busy_until", {}).get("N", "0")),
+        reconciled_at=float(item.get("reconciled_at", {}).get("N", "0")),
+    )
