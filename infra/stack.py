@@ -85,6 +85,8 @@ class RunnerPoolStack(Stack):
             pool_queues=self.pool_queues.by_class,
             instances=self.instances,
             github_app_key=self.github_app_key,
+            provision=self.provision.state_machine,
+            release=self.release.state_machine,
         )
         self.ingress = Ingress(
             self,

@@ -210,3 +210,13 @@ def acknowledge_wildcards(grantee: lambda_.Function, resources: Sequence[str], r
 
 def _allow(grantee: iam.IGrantable, actions: list[str], resources: list[str]) -> None:
     grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=resources))
+
+
+def start_executions(grantee: iam.IGrantable, state_machine_arns: Sequence[str]) -> None:
+    """Start executions of the named state machines (a redrive, a reconciled job, a dead runner's release)."""
+    _allow(grantee, ["states:StartExecution"], list(state_machine_arns))
+
+
+def reconcile_recent_demand(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Read and forget the runs with recent demand (one partition of the state table, by Query)."""
+    _allow(grantee, ["dynamodb:Query", "dynamodb:DeleteItem"], [table.table_arn])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from aws_cdk import Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_secretsmanager as secretsmanager
@@ -13,7 +14,7 @@ from constructs import Construct
 from infra.constructs import permissions
 from infra.constructs.functions import ControlPlaneFunctions
 from infra.constructs.instances import Instances
-from infra.constructs.workflow import Step, Workflow
+from infra.constructs.workflow import Step, Workflow, state_machine_arn
 from runner_pool.domain.config import StackConfig
 
 
@@ -37,6 +38,10 @@ class Provision(Construct):
         queue_urls = {name: queue.queue_url for name, queue in pool_queues.items()}
         templates = list(instances.launch_templates.values())
         hand_off = {"credentials_key_id": instances.credentials_key.key_id}
+        # Finish and Dump start executions of this very machine (redrives): named, so their roles can
+        # name its ARN without referring to the machine they are part of.
+        name = f"{Stack.of(self).stack_name}-provision"
+        own_arn = state_machine_arn(self, name)
 
         def claim(function: lambda_.Function) -> None:
             permissions.take_from_pool(function, queues)
@@ -47,8 +52,19 @@ class Provision(Construct):
         def create(function: lambda_.Function) -> None:
             permissions.launch_instances(function, launch_templates=templates, instance_role=instances.role)
             permissions.describe_instances(function)
+            hand_over(function)
+
+        def hand_over(function: lambda_.Function) -> None:
+            """Runner configs to created instances, as the registration budget (a state-table item) allows."""
             permissions.write_records(function, table)
             permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
+
+        def begin(function: lambda_.Function) -> None:
+            permissions.write_records(function, table)  # the run's recent demand, for refresh
+
+        def finish(function: lambda_.Function) -> None:
+            expire(function)
+            permissions.start_executions(function, [own_arn])
 
         def expire(function: lambda_.Function) -> None:
             """Expire and terminate what failed or what a failed execution holds."""
@@ -57,8 +73,9 @@ class Provision(Construct):
             permissions.terminate_stack_instances(function)
 
         def dump(function: lambda_.Function) -> None:
-            expire(function)
+            finish(function)
             permissions.find_by_run_key(function, table)
+            permissions.offer_to_pool(function, queues)  # a claimed instance never handed a runner
 
         def check(function: lambda_.Function) -> None:
             permissions.read_records(function, table)
@@ -71,8 +88,9 @@ class Provision(Construct):
             machine="provision",
             functions=functions,
             workflow_type=config.workflow_type,
+            state_machine_name=name,
             steps={
-                "begin": Step("resolves the label and plans the claim workers"),
+                "begin": Step("resolves the label, plans the claim workers, notes the run's demand", begin),
                 "claim": Step(
                     "picks up a warm instance, claims it and hands it its runner config",
                     grant=claim,
@@ -93,17 +111,21 @@ class Provision(Construct):
                     },
                     timeout_seconds=120,
                 ),
-                "check_fleet": Step("reads the new instances' heartbeats and signals", check),
+                "check_fleet": Step(
+                    "hands runner configs to new instances still waiting for one, reads their heartbeats",
+                    hand_over,
+                    hand_off,
+                ),
                 "finish": Step(
-                    "sets ready instances running and gives back or expires the rest",
-                    expire,
+                    "sets ready instances running, expires the rest, asks again for what is missing",
+                    finish,
                     fleet_environment,
                     timeout_seconds=60,
                 ),
                 "dump": Step(
-                    "terminates and expires everything a failed execution holds",
+                    "keeps what is registered, gives back or terminates the rest of a failed execution",
                     dump,
-                    fleet_environment,
+                    {**fleet_environment, "pool_queue_urls": queue_urls},
                     timeout_seconds=120,
                 ),
             },

@@ -10,6 +10,7 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.constructs import permissions
@@ -35,6 +36,8 @@ class Refresh(Construct):
         pool_queues: Mapping[str, sqs.IQueue],
         instances: Instances,
         github_app_key: secretsmanager.ISecret,
+        provision: sfn.IStateMachine,
+        release: sfn.IStateMachine,
     ) -> None:
         super().__init__(scope, construct_id)
         self.function = functions.function(
@@ -48,6 +51,9 @@ class Refresh(Construct):
                     arch.value: template.launch_template_id
                     for arch, template in instances.launch_templates.items()
                 },
+                # A dead runner's release and replacement, and reconciled queued jobs (issue 13).
+                "provision_state_machine_arn": provision.state_machine_arn,
+                "release_state_machine_arn": release.state_machine_arn,
             },
             timeout=Duration.seconds(REFRESH_TIMEOUT_SECONDS),
             # One refresh at a time: two would each launch the warm pool's shortfall.
@@ -64,6 +70,8 @@ class Refresh(Construct):
         )
         permissions.offer_to_pool(self.function, pool_queues.values())
         permissions.act_as_github_app(self.function, github_app_key)
+        permissions.start_executions(self.function, [provision.state_machine_arn, release.state_machine_arn])
+        permissions.reconcile_recent_demand(self.function, table)
         self.schedule = events.Rule(
             self,
             "Schedule",

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Validations
+from aws_cdk import Acknowledgment, ArnFormat, Duration, RemovalPolicy, Stack, Validations
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -40,6 +40,16 @@ class Step:
     environment: Mapping[str, Any] = field(default_factory=dict)
     timeout_seconds: int = 30
     memory_mib: int = 512
+
+
+def state_machine_arn(scope: Construct, name: str) -> str:
+    """The ARN of the stack's state machine named `name`, written out rather than referenced."""
+    return Stack.of(scope).format_arn(
+        service="states",
+        resource="stateMachine",
+        resource_name=name,
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
 
 
 def handler_of(placeholder: str) -> str:
@@ -67,7 +77,10 @@ class Workflow(Construct):
         functions: ControlPlaneFunctions,
         workflow_type: WorkflowType,
         steps: Mapping[str, Step],
+        state_machine_name: str | None = None,
     ) -> None:
+        """`state_machine_name` fixes the machine's name, for steps that start executions of their own
+        machine: their role can name its ARN without a reference to it, which would be a cycle."""
         super().__init__(scope, construct_id)
         path = STATE_MACHINES / f"{machine}.asl.json"
         definition = path.read_text()
@@ -107,6 +120,7 @@ class Workflow(Construct):
         self.state_machine = sfn.StateMachine(
             self,
             "StateMachine",
+            state_machine_name=state_machine_name,
             definition_body=sfn.DefinitionBody.from_string(definition),
             definition_substitutions={
                 placeholder: built[name].function_arn for placeholder, name in handlers.items()

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from runner_pool.domain.lifecycle import InstanceState
+from tests.support.control_plane import stack_config
+from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
 from tests.support.provision_world import ProvisionWorld, output, provision_world
 
 RUN = "pool=4242"
@@ -56,19 +58,22 @@ def test_a_rate_limit_part_way_through_creation_loses_no_instance_and_fails_noth
     assert waits
 
 
-def test_registrations_are_paced_by_the_shared_budget_before_github_has_to_refuse(
-    world: ProvisionWorld,
-) -> None:
-    # Given three warm instances, GitHub's documented limit, and a budget of one registration a second
-    warm = [world.warm(n).instance_id for n in (1, 2, 3)]
-    world.github.limits.enabled = True
-    world.plane.registration_budget._capacity = 1.0  # noqa: SLF001 - a burst of one, for this test
-    world.plane.registration_budget._per_second = 1.0  # noqa: SLF001
-    # When a run asks for three runners
-    result = output(world.provision(RUN, 3))
-    # Then all three were served, and GitHub never had to refuse one
-    assert sorted(result["warm"]) == sorted(warm)
-    assert world.github.limits.refused[JIT_ROUTE] == 0
+def test_registrations_are_paced_by_the_shared_budget_before_github_has_to_refuse() -> None:
+    # Given GitHub allowing two registrations a minute, and a budget of one a minute, one at a time
+    github = {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": f"{OWNER}/{REPO}"}
+    paced = stack_config(github={**github, "registrations_per_minute": 1, "registration_burst": 1})
+    with provision_world(paced) as world:
+        warm = [world.warm(n).instance_id for n in (1, 2)]
+        world.github.limits.enabled = True
+        world.github.limits.points_per_window = 10
+        # When a run asks for two runners
+        execution = world.provision(RUN, 2)
+        # Then both were served, a minute apart, and GitHub never had to refuse one
+        assert sorted(output(execution)["warm"]) == sorted(warm)
+        assert world.github.limits.refused[JIT_ROUTE] == 0
+        assert any(e["type"] == "WaitStateEntered" for e in execution.events)
+        accounting = world.accounting()
+        assert accounting.holds, accounting.problems
 
 
 def test_a_claim_keeps_trying_while_github_is_down_and_gives_no_instance_away(world: ProvisionWorld) -> None:

@@ -55,7 +55,8 @@ def test_a_rate_limit_holds_every_registration_off_until_github_said(
     # When anyone asks during the wait: Then nothing is granted, and the wait is what is left of it
     clock.advance(40)
     grant = bucket.take(1)
-    assert grant.refused and grant.wait_seconds == 2
+    assert grant.refused
+    assert grant.wait_seconds == 2
     # And a shorter hold asked for meanwhile does not cut it short
     bucket.hold_off(1)
     assert bucket.take(1).refused
@@ -108,7 +109,8 @@ def test_a_take_whose_answer_was_lost_is_recognised_as_its_own(dynamodb: Any, cl
     assert bucket.take(1).granted == 1
     assert flaky.lost == 1
     stored = bucket.bucket()
-    assert stored is not None and stored.tokens == pytest.approx(4.0)
+    assert stored is not None
+    assert stored.tokens == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize("wanted", [1, 3, 7])
