@@ -1,0 +1,171 @@
+"""Issue 13 end to end: GitHub's rate limits waited out, a GitHub outage outlived, a short job's warm
+instance kept. The whole stack on local AWS, the fake GitHub with its documented limits, our agents.
+Every scenario ends with the accounting check (each instance of the stack has a live record, and
+each live record an instance)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from emulator.deployment import Timers
+from emulator.fake_github import Conclusion, JobSpec, JobStatus
+from emulator.simulated_instances import InstanceSettings
+from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
+from runner_pool.domain.executions import instance_of_runner
+from runner_pool.domain.lifecycle import InstanceState
+from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, eventually, settled
+
+pytestmark = pytest.mark.slow
+
+JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
+BURST_JOBS = int(os.environ.get("RUNNER_POOL_E2E_BURST_JOBS", "300"))
+BURST_RUNS = 10
+
+
+def accounted(system: World) -> None:
+    accounting = system.accounting()
+    assert accounting.holds, accounting.problems
+
+
+def failed_executions(system: World) -> list[dict[str, object]]:
+    return [e for e in system.stack.executions() if e["status"] != "SUCCEEDED" and e["status"] != "RUNNING"]
+
+
+@pytest.fixture
+def limited_system(tmp_path: Path) -> Iterator[World]:
+    """GitHub's documented secondary limit on, in real time (900 points a minute per endpoint: 180
+    registrations a minute), and a registration budget set above it, so that both the budget's pacing
+    and GitHub's refusals with retry-after are met. Agents in this process with slower periods: the
+    subject is the control plane's pacing, not 300 agents' polling."""
+    github = compressed_config().github.model_dump(mode="json", exclude_none=True)
+    config = compressed_config(
+        timeouts={
+            **COMPRESSED_TIMEOUTS,
+            "healthy_window_seconds": 30,
+            "claim_registration_seconds": 20,
+            "fleet_validation_seconds": 120,
+            "created_threshold_seconds": 300,
+            "claimed_threshold_seconds": 60,
+        },
+        github={**github, "registrations_per_minute": 240, "registration_burst": 40},
+    )
+    instances = InstanceSettings(
+        boot_delay_seconds=0.5, heartbeat_period_seconds=8.0, watch_period_seconds=2.0, in_process=True
+    )
+    timers = Timers(refresh_every_seconds=5.0, batching_window_seconds=2.0)
+    with world(tmp_path, config=config, instance_settings=instances, timers=timers) as running:
+        running.github.limits.enabled = True
+        yield running
+
+
+def test_a_burst_against_githubs_rate_limit_serves_every_job_and_fails_no_execution(
+    limited_system: World,
+) -> None:
+    system = limited_system
+    began = time.monotonic()
+    # When BURST_JOBS jobs are queued at once, in BURST_RUNS runs of a matrix
+    runs = [
+        system.start_run(f"burst-{n}", JobSpec("shard", LABEL, matrix=BURST_JOBS // BURST_RUNS, seconds=0.5))
+        for n in range(BURST_RUNS)
+    ]
+    for run in runs:
+        completed(system, run, timeout=900)
+    served_in = time.monotonic() - began
+    # Then every job ran to success on a runner of ours
+    jobs = [system.github.state.jobs[j] for run in runs for j in run.job_ids]
+    assert len(jobs) == BURST_JOBS
+    assert all(job.conclusion is Conclusion.SUCCESS for job in jobs)
+    assert all(instance_of_runner(job.runner_name) for job in jobs)
+    # And GitHub's limit was met (it refused some registrations) and waited out: no execution failed
+    assert system.github.limits.refused[JIT_ROUTE] > 0
+    assert failed_executions(system) == []
+    print(
+        f"\n{BURST_JOBS} jobs served in {served_in:.0f} s; {system.github.limits.refused[JIT_ROUTE]} refused"
+    )
+    settled(system, timeout=120)
+    accounted(system)
+
+
+@pytest.fixture
+def system_with_short_patience(tmp_path: Path) -> Iterator[World]:
+    """Registration waits of 10 s (claims, then creation's hand-overs), so a GitHub outage of 30 s
+    outlasts one provision and its redrive has to serve the jobs."""
+    config = compressed_config(
+        timeouts={**COMPRESSED_TIMEOUTS, "fleet_validation_seconds": 10, "release_receipt_seconds": 8}
+    )
+    with world(tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS) as running:
+        yield running
+
+
+def test_jobs_of_a_provision_that_failed_while_github_was_down_are_served_after_it_recovers(
+    system_with_short_patience: World,
+) -> None:
+    system = system_with_short_patience
+    # Given GitHub's API down for the next 30 seconds (webhooks still arrive)
+    now = system.github.state.clock.now()
+    system.github.limits.outage(now, now + 30)
+    # When a run of two jobs is queued
+    run = system.start_run("outage", JobSpec("build", LABEL, matrix=2, seconds=0.5))
+    # Then both jobs are served once GitHub is back
+    completed(system, run, timeout=180)
+    jobs = [system.github.state.jobs[j] for j in run.job_ids]
+    assert all(job.conclusion is Conclusion.SUCCESS for job in jobs)
+    assert all(job.started_at is not None and job.started_at >= now + 30 for job in jobs)
+    # And it took a second provision, asked for by the first, which ended short
+    provisions = [e for e in system.stack.executions() if e["machine"] == "provision"]
+    assert len(provisions) >= 2
+    assert system.github.limits.outage_refused > 0
+    settled(system, timeout=90)
+    accounted(system)
+
+
+@pytest.fixture
+def system_with_a_warm_instance(tmp_path: Path) -> Iterator[World]:
+    """One warm instance, and new instances slow to boot: a mixed batch's warm job ends before Finish."""
+    config = compressed_config(
+        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8}, warm_pool_minimum={"large": 1}
+    )
+    instances = InstanceSettings(
+        boot_delay_seconds=4.0, heartbeat_period_seconds=1.0, watch_period_seconds=0.2
+    )
+    with world(tmp_path, config=config, instance_settings=instances, timers=FAST_TIMERS) as running:
+        yield running
+
+
+def test_a_short_job_on_a_warm_runner_leaves_its_instance_pooled(system_with_a_warm_instance: World) -> None:
+    system = system_with_a_warm_instance
+
+    def pool() -> list[str]:
+        return [r.instance_id for r in system.records.live() if r.state is InstanceState.IDLE]
+
+    # Given one warm instance in the pool
+    (warm,) = eventually(pool, "the warm instance", 60)
+    # When a run of two very short jobs is queued: one runs warm, the other waits for a cold boot
+    run = system.start_run("short", JobSpec("quick", LABEL, matrix=2, seconds=0.1))
+    completed(system, run, timeout=90)
+    jobs = [system.github.state.jobs[j] for j in run.job_ids]
+    on_warm = [job for job in jobs if instance_of_runner(job.runner_name) == warm]
+    assert len(on_warm) == 1
+
+    # Then the warm job ended before its provision's Finish (which waited for the cold one) ...
+    def provisions_done() -> list[dict[str, object]]:
+        found = [e for e in system.stack.executions() if e["machine"] == "provision"]
+        return found if found and all("stopDate" in e for e in found) else []
+
+    finished = eventually(provisions_done, "the provision to finish", 60)
+    assert on_warm[0].completed_at is not None
+    assert on_warm[0].completed_at < min(e["stopDate"].timestamp() for e in finished)
+    # ... and its instance went back to the pool instead of being expired
+    settled(system, timeout=60)
+    record = system.records.get(warm)
+    assert record is not None
+    assert record.state is InstanceState.IDLE
+    assert not record.threshold_passed(time.time())
+    assert warm in system.instances.booted()
+    assert all(job.status is JobStatus.COMPLETED for job in jobs)
+    accounted(system)
