@@ -7,7 +7,7 @@ import sys
 
 from bench.results import RESULTS_PATH, merge_results
 
-BENCHMARKS = ("pickup", "agent", "provision", "webhook", "emulator")
+BENCHMARKS = ("pickup", "agent", "provision", "webhook", "emulator", "burst")
 """Modules of this package with a `run() -> BenchTable`; later issues add theirs here."""
 
 

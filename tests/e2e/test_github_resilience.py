@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator.deployment import Timers
+from bench import burst as bench_burst
+from emulator.burst import rate_limited_world, serve_burst
 from emulator.fake_github import Conclusion, JobSpec, JobStatus
 from emulator.simulated_instances import InstanceSettings
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
@@ -22,9 +23,7 @@ from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, ev
 
 pytestmark = pytest.mark.slow
 
-JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
 BURST_JOBS = int(os.environ.get("RUNNER_POOL_E2E_BURST_JOBS", "300"))
-BURST_RUNS = 10
 
 
 def accounted(system: World) -> None:
@@ -32,63 +31,38 @@ def accounted(system: World) -> None:
     assert accounting.holds, accounting.problems
 
 
-def failed_executions(system: World) -> list[dict[str, object]]:
-    return [e for e in system.stack.executions() if e["status"] != "SUCCEEDED" and e["status"] != "RUNNING"]
-
-
 @pytest.fixture
 def limited_system(tmp_path: Path) -> Iterator[World]:
-    """GitHub's documented secondary limit on, in real time (900 points a minute per endpoint: 180
-    registrations a minute), and a registration budget set above it, so that both the budget's pacing
-    and GitHub's refusals with retry-after are met. Agents in this process with slower periods: the
-    subject is the control plane's pacing, not 300 agents' polling."""
-    github = compressed_config().github.model_dump(mode="json", exclude_none=True)
-    config = compressed_config(
-        timeouts={
-            **COMPRESSED_TIMEOUTS,
-            "healthy_window_seconds": 30,
-            "claim_registration_seconds": 20,
-            "fleet_validation_seconds": 120,
-            "created_threshold_seconds": 300,
-            "claimed_threshold_seconds": 60,
-        },
-        github={**github, "registrations_per_minute": 240, "registration_burst": 40},
-    )
-    instances = InstanceSettings(
-        boot_delay_seconds=0.5, heartbeat_period_seconds=8.0, watch_period_seconds=2.0, in_process=True
-    )
-    timers = Timers(refresh_every_seconds=5.0, batching_window_seconds=2.0)
-    with world(tmp_path, config=config, instance_settings=instances, timers=timers) as running:
-        running.github.limits.enabled = True
+    with rate_limited_world(tmp_path) as running:
         yield running
 
 
 def test_a_burst_against_githubs_rate_limit_serves_every_job_and_fails_no_execution(
     limited_system: World,
 ) -> None:
-    system = limited_system
-    began = time.monotonic()
-    # When BURST_JOBS jobs are queued at once, in BURST_RUNS runs of a matrix
-    runs = [
-        system.start_run(f"burst-{n}", JobSpec("shard", LABEL, matrix=BURST_JOBS // BURST_RUNS, seconds=0.5))
-        for n in range(BURST_RUNS)
-    ]
-    for run in runs:
-        completed(system, run, timeout=900)
-    served_in = time.monotonic() - began
+    # When BURST_JOBS jobs are queued at once, in 10 runs of a matrix, against GitHub's documented
+    # limit of 180 registrations a minute (and a budget set above it)
+    burst = serve_burst(limited_system, BURST_JOBS, timeout=900)
     # Then every job ran to success on a runner of ours
-    jobs = [system.github.state.jobs[j] for run in runs for j in run.job_ids]
-    assert len(jobs) == BURST_JOBS
-    assert all(job.conclusion is Conclusion.SUCCESS for job in jobs)
-    assert all(instance_of_runner(job.runner_name) for job in jobs)
-    # And GitHub's limit was met (it refused some registrations) and waited out: no execution failed
-    assert system.github.limits.refused[JIT_ROUTE] > 0
-    assert failed_executions(system) == []
+    assert burst.jobs == BURST_JOBS
+    assert burst.served == BURST_JOBS
+    # And GitHub's limit was met (it refused registrations) and waited out: no execution failed
+    assert burst.refused > 0
+    assert burst.failed_executions == 0
     print(
-        f"\n{BURST_JOBS} jobs served in {served_in:.0f} s; {system.github.limits.refused[JIT_ROUTE]} refused"
+        f"\n{burst.jobs} jobs served in {burst.seconds:.0f} s, {burst.jit_calls_per_job:.2f} JIT calls a job"
     )
-    settled(system, timeout=120)
-    accounted(system)
+    settled(limited_system, timeout=120)
+    accounted(limited_system)
+
+
+def test_the_burst_benchmark_runs_and_keeps_its_figures() -> None:
+    # Given a small burst, as `make bench` runs a 300-job one / When the benchmark runs
+    table = bench_burst.run(jobs=20)
+    # Then it served them all and keeps its figures, each named with its unit
+    assert table.figures["burst_20_executions_failed_count"] == 0
+    assert table.figures["burst_20_jit_calls_per_job_ratio"] >= 1.0
+    assert table.figures["burst_20_jobs_served_seconds"] > 0
 
 
 @pytest.fixture

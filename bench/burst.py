@@ -1,0 +1,39 @@
+"""A 300-job burst against GitHub's secondary rate limit: how long until every job is served, and how
+many JIT registrations each job cost (refused ones included). The world is emulator/burst.py's."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from bench.results import BenchTable
+from emulator.burst import REGISTRATIONS_PER_MINUTE, rate_limited_world, serve_burst
+
+JOBS = int(os.environ.get("RUNNER_POOL_BENCH_BURST_JOBS", "300"))
+
+
+def run(jobs: int = JOBS) -> BenchTable:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch,
+        rate_limited_world(Path(scratch)) as system,
+    ):
+        burst = serve_burst(system, jobs)
+    table = BenchTable(
+        f"A burst of {burst.jobs} jobs against GitHub's rate limit (180 registrations a minute)",
+        ("figure", "value"),
+    )
+    table.row("jobs served", f"{burst.served} of {burst.jobs}")
+    table.row("time to serve every job", f"{burst.seconds:.0f} s")
+    table.row("JIT calls per job", f"{burst.jit_calls_per_job:.2f}")
+    table.row("  refused by GitHub (retry-after)", burst.refused)
+    table.row("executions failed", burst.failed_executions)
+    table.figure(f"burst_{jobs}_jobs_served_seconds", round(burst.seconds, 1))
+    table.figure(f"burst_{jobs}_jit_calls_per_job_ratio", round(burst.jit_calls_per_job, 3))
+    table.figure(f"burst_{jobs}_jit_refused_count", burst.refused)
+    table.figure(f"burst_{jobs}_executions_failed_count", burst.failed_executions)
+    table.note(
+        f"GitHub's limit in real time; the registration budget at {REGISTRATIONS_PER_MINUTE} a minute, above "
+        "it on purpose. 180 a minute bounds a burst of N cold jobs below N/3 s."
+    )
+    return table

@@ -1,0 +1,98 @@
+"""A burst of demand against GitHub's secondary rate limit: the world it runs in, and what it measured.
+
+GitHub's documented limit is on, in real time: 900 points a minute per REST endpoint, so 180 JIT
+registrations a minute (emulator/fake_github/rate_limits.py). The stack's registration budget is set
+above it (240 a minute, 40 at once), so both the budget's pacing and GitHub's refusals with
+`retry-after` are met on the way. Agents run in this process with slow periods: the subject is the
+control plane's pacing, not hundreds of agents' polling. `make bench` and tests/e2e share this.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from emulator.deployment import Timers
+from emulator.fake_github import Conclusion, JobSpec, JobStatus
+from emulator.simulated_instances import InstanceSettings
+from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
+from runner_pool.domain.executions import instance_of_runner
+
+JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
+LABEL = "pool=${{ github.run_id }}/class=large"
+REGISTRATIONS_PER_MINUTE = 240
+"""The budget, on purpose above GitHub's 180, so GitHub's own refusals are met as well."""
+JOB_SECONDS = 0.5
+POLL_SECONDS = 0.5
+
+
+@contextmanager
+def rate_limited_world(scratch: Path) -> Iterator[World]:
+    github = compressed_config().github.model_dump(mode="json", exclude_none=True)
+    config = compressed_config(
+        timeouts={
+            **COMPRESSED_TIMEOUTS,
+            "healthy_window_seconds": 30,
+            "claim_registration_seconds": 20,
+            "fleet_validation_seconds": 120,
+            "created_threshold_seconds": 300,
+            "claimed_threshold_seconds": 60,
+        },
+        github={**github, "registrations_per_minute": REGISTRATIONS_PER_MINUTE, "registration_burst": 40},
+    )
+    instances = InstanceSettings(
+        boot_delay_seconds=0.5, heartbeat_period_seconds=8.0, watch_period_seconds=2.0, in_process=True
+    )
+    timers = Timers(refresh_every_seconds=5.0, batching_window_seconds=2.0)
+    with world(scratch, config=config, instance_settings=instances, timers=timers) as running:
+        running.github.limits.enabled = True
+        yield running
+
+
+@dataclass(frozen=True)
+class Burst:
+    jobs: int
+    served: int
+    """Jobs that ran to success on a runner of ours."""
+    seconds: float
+    """From queuing the burst to its last job done."""
+    jit_calls: int
+    """Registrations asked of GitHub, refused ones included."""
+    refused: int
+    """Of those, refused with a rate limit."""
+    failed_executions: int
+
+    @property
+    def jit_calls_per_job(self) -> float:
+        return self.jit_calls / max(1, self.jobs)
+
+
+def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.0) -> Burst:
+    """Queue `jobs` jobs at once in `runs` runs of a matrix; wait until every run has completed."""
+    calls_before = system.github.state.calls[JIT_ROUTE]
+    refused_before = system.github.limits.refused[JIT_ROUTE]
+    began = time.monotonic()
+    started = [
+        system.start_run(f"burst-{n}", JobSpec("shard", LABEL, matrix=jobs // runs, seconds=JOB_SECONDS))
+        for n in range(runs)
+    ]
+    deadline = began + timeout
+    while any(run.status is not JobStatus.COMPLETED for run in started) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    seconds = time.monotonic() - began
+    queued = [system.github.state.jobs[j] for run in started for j in run.job_ids]
+    served = sum(
+        1 for j in queued if j.conclusion is Conclusion.SUCCESS and instance_of_runner(j.runner_name)
+    )
+    failed = sum(1 for e in system.stack.executions() if e["status"] in ("FAILED", "TIMED_OUT", "ABORTED"))
+    return Burst(
+        jobs=len(queued),
+        served=served,
+        seconds=seconds,
+        jit_calls=system.github.state.calls[JIT_ROUTE] - calls_before,
+        refused=system.github.limits.refused[JIT_ROUTE] - refused_before,
+        failed_executions=failed,
+    )
