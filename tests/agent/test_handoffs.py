@@ -14,9 +14,7 @@ RUN = "pool=777/class=large"
 
 def hand_over(control_plane: ControlPlane, runner_id: int, config: str) -> None:
     """As the provision step does it: the runner noted on the record first, then its config stored."""
-    assert control_plane.records.record_runner(
-        control_plane.instance_id, RUN, runner_id, f"r-{runner_id}"
-    ).succeeded
+    assert control_plane.records.record_runner(control_plane.instance_id, RUN, runner_id).succeeded
     control_plane.credentials.store(
         control_plane.instance_id, control_plane.identity.arn, RUN, config, runner_id=runner_id
     )

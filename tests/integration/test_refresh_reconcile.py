@@ -78,7 +78,7 @@ def test_a_runner_that_died_before_its_job_is_released_and_replaced(local: Local
     assert report.runners_replaced == 1
     (release,) = started.releases.values()
     assert (release.instance_id, release.run_key) == (record.instance_id, run_key)
-    assert release.runner_name == local.record(record.instance_id).runner_name
+    assert release.runner_id == local.record(record.instance_id).runner_id
     (provision,) = started.provisions.values()
     assert (provision.repository, provision.run_key, provision.count) == (REPOSITORY, run_key, 1)
 

@@ -61,16 +61,14 @@ def test_a_job_done_before_finish_pools_its_still_claimed_instance(local: LocalC
     assert not late.succeeded
 
 
-def test_a_release_naming_another_hand_off_expires_a_claimed_instance_as_before(
-    local: LocalControlPlane,
-) -> None:
+def test_a_release_naming_another_hand_off_leaves_a_claimed_instance_alone(local: LocalControlPlane) -> None:
     # Given a claimed instance whose current runner is not the one a late completion names
-    record, _ = claimed_and_registered(local, "provision-2#0#1")
-    stale = runner_name(record.instance_id, "provision-2#0#0")
+    record, runner = claimed_and_registered(local, "provision-2#0#1")
     # When that stale completion's release arrives
-    progress = give_back(local, record, stale)
-    # Then the instance never served this hand-off: it is expired, as a run's release would
-    assert progress.status is ReleaseStatus.EXPIRED
+    progress = give_back(local, record, runner + 1000)
+    # Then it is not this hand-off's: the instance stays claimed for its provision
+    assert progress.status is ReleaseStatus.MOVED_ON
+    assert local.record(record.instance_id).state is InstanceState.CLAIMED
     assert not any(isinstance(m, PoolMessage) for m in local.drain_pool())
 
 

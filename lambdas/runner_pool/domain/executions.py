@@ -33,7 +33,6 @@ class ProvisionRequest(_Input):
     )
     count: int = Field(gt=0, le=1000)
     job_ids: tuple[int, ...] = ()
-    run_attempt: int = Field(1, gt=0, description="the run attempt the jobs belong to")
     redrives: int = Field(0, ge=0, description="provisions for these jobs that ended short before this one")
     origin: str | None = Field(
         None, max_length=40, description="what asked again for jobs already counted, e.g. `reconcile-<tick>`"

@@ -41,6 +41,7 @@ from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, instance_of_runner
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
+from runner_pool.domain.labels import LabelError
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PoolQueue
 from runner_pool.domain.provision import busy_seconds
@@ -362,7 +363,7 @@ class Refresh:
                     run_key=run_key,
                     instance_id=record.instance_id,
                     cause=cause,
-                    runner_name=record.runner_name,
+                    runner_id=record.runner_id,
                 )
             )
             run = repositories.get(run_key)
@@ -372,7 +373,6 @@ class Refresh:
                         repository=run.repository,
                         run_key=run_key,
                         count=1,
-                        run_attempt=run.attempt,
                         origin=f"replace-{record.runner_id}",
                     )
                 )
@@ -422,7 +422,7 @@ class Refresh:
                     job
                     for job in jobs
                     if job.queued
-                    and run_key in job.labels
+                    and _run_key_of(job, run.attempt) == run_key
                     and now - job.created_at >= RECONCILE_GRACE_SECONDS
                 ),
                 key=lambda job: (job.created_at, job.job_id),
@@ -449,7 +449,6 @@ class Refresh:
                     run_key=run_key,
                     count=missing,
                     job_ids=tuple(job.job_id for job in waiting[:missing]),
-                    run_attempt=run.attempt,
                     origin=f"reconcile-{tick}",
                 )
             )
@@ -468,6 +467,14 @@ class Refresh:
                 return True, current
             current = self._table.read_marker(name)
         return False, current
+
+
+def _run_key_of(job: RunJob, attempt: int) -> str | None:
+    """The run key a listed job asks for (domain.run_keys), None for one no runner of ours can take."""
+    try:
+        return str(RunKey.of_job(job.labels, attempt))
+    except LabelError:
+        return None
 
 
 def _untracked(record: InstanceRecord | None) -> bool:
