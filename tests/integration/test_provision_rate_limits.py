@@ -25,10 +25,12 @@ def world() -> Iterator[ProvisionWorld]:
 
 
 def test_claims_wait_out_a_rate_limit_and_every_warm_runner_is_served(world: ProvisionWorld) -> None:
-    # Given three warm instances, and GitHub allowing two registrations a minute
+    # Given three warm instances, and GitHub allowing two registrations in its (compressed) minute:
+    # its waits stay within the agents' healthy window, which simulated time jumps by whole waits
     warm = sorted(world.warm(n).instance_id for n in (1, 2, 3))
     world.github.limits.enabled = True
     world.github.limits.points_per_window = 10
+    world.github.limits.window_seconds = 10
     # When a run asks for three runners
     result = output(world.provision(RUN, 3))
     # Then GitHub's rate limit was hit, waited out, and all three warm instances serve the run
