@@ -190,7 +190,7 @@ class Agent:
         """A runner that exited before it took a job: say so once, for the control plane to replace it."""
         runner = self._runner
         serving = self._memory.current.serving_run_key
-        if runner is None or serving is None or runner.running or runner.took_job or self._exit_reported:
+        if runner is None or serving is None or self._exit_reported or not runner.exited_without_job():
             return
         self._exit_reported = True
         reason = "the runner exited before it took a job"

@@ -79,10 +79,13 @@ class RunnerProcess:
     def running(self) -> bool:
         return self._process.poll() is None
 
-    @property
-    def took_job(self) -> bool:
-        """Whether GitHub handed the runner its job: a runner that exits without one left it queued."""
-        return self._took_job.is_set()
+    def exited_without_job(self) -> bool:
+        """Whether the runner has exited before GitHub gave it a job (which then stays queued); its
+        output is read to the end first, so a job taken just before the exit is never missed."""
+        if self.running:
+            return False
+        self._reader.join(1.0)
+        return not self._took_job.is_set()
 
     def wait_until_listening(self, timeout_seconds: float, cancel: threading.Event | None = None) -> None:
         """Returns once the runner listens for jobs; RunnerStartError if it exits, times out or

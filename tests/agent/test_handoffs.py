@@ -51,6 +51,8 @@ def test_a_runner_that_took_its_job_and_exited_is_not_reported(
     hand_over(control_plane, 12, jit_config(idle_seconds=0.05, job_seconds=0.05))
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
     eventually(lambda: running.agent._runner is not None and not running.agent._runner.running)
+    assert running.agent._runner is not None
+    assert not running.agent._runner.exited_without_job()
     # Then nothing is reported: the job's completion releases the instance
     time.sleep(0.3)
     signal = control_plane.signal()
