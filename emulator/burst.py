@@ -1,10 +1,14 @@
 """A burst of demand against GitHub's secondary rate limit: the world it runs in, and what it measured.
 
-GitHub's documented limit is on, in real time: 900 points a minute per REST endpoint, so 180 JIT
-registrations a minute (emulator/fake_github/rate_limits.py). The stack's registration budget is set
-above it (240 a minute, 40 at once), so both the budget's pacing and GitHub's refusals with
-`retry-after` are met on the way. Agents run in this process with slow periods: the subject is the
-control plane's pacing, not hundreds of agents' polling. `make bench` and tests/e2e share this.
+GitHub's limit is 900 points a minute per REST endpoint, 5 a POST: 180 JIT registrations a minute,
+3 a second (emulator/fake_github/rate_limits.py). The emulator, the whole stack on one shared
+machine, registers fewer than that, so at GitHub's own numbers the limit would never bind; the
+fake's limit is therefore GitHub's scaled down to the emulator, the same shape (points per endpoint
+in a sliding window, 5 a POST, 403 with `retry-after`) at 1 registration a second: 50 points in a
+10-second window. The stack's budget is set above it (72 a minute, 10 at once), so both the budget's
+pacing and GitHub's refusals with `retry-after` are met on the way. Agents run in this process with
+slow periods: the subject is the control plane's pacing, not hundreds of agents' polling.
+`make bench` and tests/e2e share this.
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ from runner_pool.domain.executions import instance_of_runner
 
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
 LABEL = "pool=${{ github.run_id }}/class=large"
-REGISTRATIONS_PER_MINUTE = 240
-"""The budget, on purpose above GitHub's 180, so GitHub's own refusals are met as well."""
+GITHUB_POINTS_PER_WINDOW = 50
+GITHUB_WINDOW_SECONDS = 10.0
+"""The fake's limit: 10 registrations in 10 seconds (GitHub's 180 a minute, scaled to the emulator)."""
+REGISTRATIONS_PER_MINUTE = 72
+"""The budget, on purpose 20 % above the fake's 60 a minute, so GitHub's own refusals are met as well."""
 JOB_SECONDS = 0.5
 POLL_SECONDS = 0.5
 
@@ -41,14 +48,17 @@ def rate_limited_world(scratch: Path) -> Iterator[World]:
             "created_threshold_seconds": 300,
             "claimed_threshold_seconds": 60,
         },
-        github={**github, "registrations_per_minute": REGISTRATIONS_PER_MINUTE, "registration_burst": 40},
+        github={**github, "registrations_per_minute": REGISTRATIONS_PER_MINUTE, "registration_burst": 10},
     )
     instances = InstanceSettings(
         boot_delay_seconds=0.5, heartbeat_period_seconds=8.0, watch_period_seconds=2.0, in_process=True
     )
     timers = Timers(refresh_every_seconds=5.0, batching_window_seconds=2.0)
     with world(scratch, config=config, instance_settings=instances, timers=timers) as running:
-        running.github.limits.enabled = True
+        limits = running.github.limits
+        limits.enabled = True
+        limits.points_per_window = GITHUB_POINTS_PER_WINDOW
+        limits.window_seconds = GITHUB_WINDOW_SECONDS
         yield running
 
 
