@@ -107,7 +107,14 @@ def test_a_matrix_of_twenty_jobs_in_one_batch_is_one_provision_of_twenty(world: 
     # Then one provision execution started, for 20 runners, naming every job
     assert response == {"batchItemFailures": []}
     assert world.provisions() == [
-        {"repository": REPOSITORY, "run_key": LABEL, "count": 20, "job_ids": list(range(1001, 1021))}
+        {
+            "repository": REPOSITORY,
+            "run_key": LABEL,
+            "count": 20,
+            "job_ids": list(range(1001, 1021)),
+            "redrives": 0,
+            "origin": None,
+        }
     ]
 
 
@@ -202,7 +209,16 @@ def test_a_job_cancelled_in_the_same_batch_as_its_demand_is_not_provisioned(worl
     # When the batch is dispatched
     world.dispatch(world.take_queued())
     # Then one runner is provisioned, for job 61
-    assert world.provisions() == [{"repository": REPOSITORY, "run_key": LABEL, "count": 1, "job_ids": [61]}]
+    assert world.provisions() == [
+        {
+            "repository": REPOSITORY,
+            "run_key": LABEL,
+            "count": 1,
+            "job_ids": [61],
+            "redrives": 0,
+            "origin": None,
+        }
+    ]
 
 
 def test_a_cancellation_that_overtakes_its_demand_still_cancels_it(world: IngressWorld) -> None:
