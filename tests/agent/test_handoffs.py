@@ -3,11 +3,10 @@ and a runner that exits before it took a job is reported (UD_REG_FAILED), once."
 
 from __future__ import annotations
 
-import json
 import time
 
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, eventually, jit_config
+from tests.agent.conftest import AgentFactory, ControlPlane, config_id, eventually, jit_config
 
 RUN = "pool=777/class=large"
 
@@ -69,11 +68,11 @@ def test_a_new_runner_for_the_run_key_it_serves_is_a_new_hand_off(
     control_plane.claim(RUN, config=None)
     first = jit_config("hang")
     hand_over(control_plane, 21, first)
-    eventually(lambda: running.runner_starts == [json.loads(first)["id"]])
+    eventually(lambda: running.runner_starts == [config_id(first)])
     # When the control plane hands the instance another runner for the same run key (a retried step
     # registered anew, or a dead runner's replacement)
     second = jit_config(idle_seconds=5)
     hand_over(control_plane, 22, second)
     # Then the agent stops the first, cleans up, and starts the second from its own config
-    eventually(lambda: running.runner_starts == [json.loads(first)["id"], json.loads(second)["id"]])
+    eventually(lambda: running.runner_starts == [config_id(first), config_id(second)])
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
