@@ -240,6 +240,7 @@ class Agent:
             log.error("runner registration failed", reason=reason)
             if self._runner is not None:
                 self._runner.stop(self._settings.stop_timeout_seconds)
+            self._exit_reported = True  # the failure is the report: never a second, vaguer one
             self._outbox.send(Signal.UD_REG_FAILED, run_key, reason)
             return
         log.info("runner listening for jobs")

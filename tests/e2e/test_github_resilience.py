@@ -54,7 +54,7 @@ def test_a_burst_against_githubs_rate_limit_serves_every_job_and_fails_no_execut
     print(
         f"\n{burst.jobs} jobs served in {burst.seconds:.0f} s, {burst.jit_calls_per_job:.2f} JIT calls a job"
     )
-    settled(limited_system, timeout=120)
+    settled(limited_system, timeout=300)
     accounted(limited_system)
 
 
