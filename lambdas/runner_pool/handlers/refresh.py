@@ -2,8 +2,8 @@
 
 Its AWS calls are checked against its role in the synthesized stack wherever a test invokes it
 (emulator/iam_check.py); on GitHub it lists and deletes runners, lists hook deliveries and asks for
-redeliveries, and lists a run attempt's jobs. Its timeout should be shorter than the schedule's period, so that runs of two
-schedule slots never overlap (runs of one slot may: see domain.refresh).
+redeliveries, and lists a run attempt's jobs. Its timeout should be shorter than the schedule's
+period, so that runs of two schedule slots never overlap (runs of one slot may: see domain.refresh).
 """
 
 from __future__ import annotations
