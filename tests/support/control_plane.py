@@ -32,9 +32,9 @@ from emulator.accounting import Accounting, account
 from emulator.atomic_dynamodb import atomic_items
 from emulator.aws import ACCOUNT
 from emulator.ec2_fleet import SimulatedEc2
-from emulator.iam_stack import synthesized_template
 from emulator.fake_github import FakeGitHub
 from emulator.iam_check import PolicyCheck, as_function, detach_policy_check
+from emulator.iam_stack import synthesized_template
 from emulator.resources import create_launch_templates, create_network, create_pool_queues, create_state_table
 from emulator.step_functions import (
     MOTO_CONFIG,
