@@ -34,6 +34,7 @@ from emulator.aws import ACCOUNT, REGION, CallCounter, LocalAws
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.event_sources import QueueEventSource, Schedule
 from emulator.fake_github import FakeGitHub
+from emulator.iam_stack import synthesized_template
 from emulator.resources import (
     create_demand_queue,
     create_idempotency_table,
@@ -328,8 +329,22 @@ def _deploy_machine(machines: LocalStateMachines, machine: str) -> tuple[str, di
     }
     function_arns = machines.create_functions(list(handlers))
     filled = {f"{name}Function": function_arns[f"{machine}-{_snake(name)}"] for name in names}
-    return machines.create(machine, render_asl(path, filled)), handlers
+    return machines.create(state_machine_name(machine), render_asl(path, filled)), handlers
 
 
 def _snake(pascal: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", pascal).lower()
+
+
+def state_machine_name(machine: str) -> str:
+    """The name the synthesized stack gives the machine, where it fixes one (provision: its steps start it
+    again, and their roles name it), so the IAM check sees the ARN the roles name; else the machine's."""
+    for logical_id, resource in synthesized_template()["Resources"].items():
+        named = resource.get("Properties", {}).get("StateMachineName")
+        if (
+            resource["Type"] == "AWS::StepFunctions::StateMachine"
+            and logical_id.lower().startswith(machine)
+            and named
+        ):
+            return str(named)
+    return machine

@@ -31,10 +31,10 @@ from emulator import iam_check
 from emulator.accounting import Accounting, account
 from emulator.atomic_dynamodb import atomic_items
 from emulator.aws import ACCOUNT
+from emulator.deployment import state_machine_name
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
 from emulator.iam_check import PolicyCheck, as_function, detach_policy_check
-from emulator.iam_stack import synthesized_template
 from emulator.resources import create_launch_templates, create_network, create_pool_queues, create_state_table
 from emulator.step_functions import (
     MOTO_CONFIG,
@@ -300,22 +300,8 @@ def deploy(machine: str, substitutions: Mapping[str, str] | None = None) -> Loca
     )
     arns = machines.create_functions([_function_name(machine, handler) for handler in handlers])
     filled = {f"{name}Function": arns[_function_name(machine, _snake(name))] for name in pascal_names}
-    arn = machines.create(_machine_name(machine), render_asl(path, {**filled, **(substitutions or {})}))
+    arn = machines.create(state_machine_name(machine), render_asl(path, {**filled, **(substitutions or {})}))
     return LocalStateMachine(machine, arn, handlers, machines)
-
-
-def _machine_name(machine: str) -> str:
-    """The name the synthesized stack gives the machine, where it fixes one (provision: its steps start it
-    again, and their roles name it), so the IAM check sees the ARN the roles name; else the machine's."""
-    for logical_id, resource in synthesized_template()["Resources"].items():
-        named = resource.get("Properties", {}).get("StateMachineName")
-        if (
-            resource["Type"] == "AWS::StepFunctions::StateMachine"
-            and logical_id.lower().startswith(machine)
-            and named
-        ):
-            return str(named)
-    return machine
 
 
 def scheduled_event(at: Epoch) -> dict[str, Any]:
