@@ -68,14 +68,21 @@ NETWORK_ZONES = 3
 
 
 def create_network(ec2: EC2Client, zones: int = NETWORK_ZONES) -> tuple[str, ...]:
-    """A VPC with one subnet in each of the region's first `zones` availability zones; the subnet ids."""
+    """A VPC with one subnet in each of the region's first `zones` availability zones; the subnet ids.
+
+    Each subnet is a /20 (4,091 usable addresses: AWS reserves five in every subnet, and moto, like EC2,
+    refuses an instance when its subnet has no address left). A /24 holds 251 and ran out in the
+    300-job burst. The user brings the subnets (`network.subnet_ids`): the README asks for room for
+    the pool's maximum in them.
+    https://docs.aws.amazon.com/vpc/latest/userguide/subnet-sizing.html
+    """
     vpc_id = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
     names = [zone["ZoneName"] for zone in ec2.describe_availability_zones()["AvailabilityZones"]]
     return tuple(
-        ec2.create_subnet(VpcId=vpc_id, CidrBlock=f"10.0.{number}.0/24", AvailabilityZone=zone)["Subnet"][
+        ec2.create_subnet(VpcId=vpc_id, CidrBlock=f"10.0.{block}.0/20", AvailabilityZone=zone)["Subnet"][
             "SubnetId"
         ]
-        for number, zone in enumerate(sorted(names)[:zones])
+        for block, zone in zip(range(0, 256, 16), sorted(names)[:zones], strict=False)
     )
 
 
