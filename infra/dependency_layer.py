@@ -6,14 +6,21 @@ tests ran against), installed by uv's pip interface for the Lambda platform (`--
 Each build lands in `layers/build/<key>/`, where the key is a digest of the pinned requirements,
 the Python version and the platform: a synth whose dependencies did not change reuses the directory
 and touches neither uv nor the network.
+
+Tests build the same locked requirements for the machine they run on (`host_target()`), to import
+every deployed handler with that layer alone on its path (tests/infra/test_deployed_functions.py): a
+runtime dependency the layer lacks fails there as it would on Lambda.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +30,25 @@ LAYER_CACHE = PROJECT_ROOT / "layers" / "build"
 LAMBDA_PYTHON_VERSION = "3.12"
 LAMBDA_PLATFORM = "aarch64-manylinux2014"
 """Graviton: every runtime dependency ships an aarch64 manylinux2014 wheel, and arm64 Lambdas cost less."""
+
+
+@dataclass(frozen=True)
+class LayerTarget:
+    """The Python and the platform a layer's wheels are chosen for."""
+
+    python_version: str
+    platform: str
+
+
+LAMBDA_TARGET = LayerTarget(LAMBDA_PYTHON_VERSION, LAMBDA_PLATFORM)
+
+
+def host_target() -> LayerTarget:
+    """This machine's Python and platform: the layer a test can import from here."""
+    return LayerTarget(
+        f"{sys.version_info.major}.{sys.version_info.minor}", f"{platform.machine()}-manylinux2014"
+    )
+
 
 Run = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 """Runs a command in the project root and returns what it printed; tests pass their own."""
@@ -40,14 +66,28 @@ class DependencyLayer:
     key: str
 
 
-def dependency_layer(cache: Path = LAYER_CACHE, run: Run | None = None) -> DependencyLayer:
-    """The layer for the locked runtime dependencies: from the cache, or built into it now."""
+def dependency_layer(
+    cache: Path = LAYER_CACHE, run: Run | None = None, target: LayerTarget = LAMBDA_TARGET
+) -> DependencyLayer:
+    """The layer for the locked runtime dependencies: from the cache, or built into it now.
+
+    Builds are serialised by a lock file in the cache, so parallel synths (test workers) build once."""
     run = run or _run
     requirements = _locked_requirements(run)
-    key = layer_key(requirements)
+    key = layer_key(requirements, target)
     built = cache / key
     if (built / "python").is_dir():
         return DependencyLayer(built, key)
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (built / "python").is_dir():  # built by whoever held the lock before us
+            return DependencyLayer(built, key)
+        return _build(cache, key, requirements, target, run)
+
+
+def _build(cache: Path, key: str, requirements: str, target: LayerTarget, run: Run) -> DependencyLayer:
+    built = cache / key
     staging = cache / f".{key}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -61,9 +101,9 @@ def dependency_layer(cache: Path = LAYER_CACHE, run: Run | None = None) -> Depen
             "--target",
             str(staging / "python"),
             "--python-platform",
-            LAMBDA_PLATFORM,
+            target.platform,
             "--python-version",
-            LAMBDA_PYTHON_VERSION,
+            target.python_version,
             "--only-binary",
             ":all:",
             "--no-deps",
@@ -79,12 +119,12 @@ def dependency_layer(cache: Path = LAYER_CACHE, run: Run | None = None) -> Depen
     return DependencyLayer(built, key)
 
 
-def layer_key(requirements: str) -> str:
+def layer_key(requirements: str, target: LayerTarget = LAMBDA_TARGET) -> str:
     """What the layer's content depends on: the pinned requirements, the Python version, the platform."""
-    digest = hashlib.sha256(f"{LAMBDA_PYTHON_VERSION}\n{LAMBDA_PLATFORM}\n{requirements}".encode())
+    digest = hashlib.sha256(f"{target.python_version}\n{target.platform}\n{requirements}".encode())
     # No dot in it: CDK would take what follows a dot in the asset's path for a file extension.
-    version = LAMBDA_PYTHON_VERSION.replace(".", "")
-    return f"py{version}-{LAMBDA_PLATFORM}-{digest.hexdigest()[:16]}"
+    version = target.python_version.replace(".", "")
+    return f"py{version}-{target.platform}-{digest.hexdigest()[:16]}"
 
 
 def _locked_requirements(run: Run) -> str:

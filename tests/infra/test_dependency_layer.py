@@ -14,6 +14,7 @@ from infra.dependency_layer import (
     LAMBDA_PYTHON_VERSION,
     LayerBuildError,
     dependency_layer,
+    host_target,
     layer_key,
 )
 
@@ -114,3 +115,18 @@ def test_without_uv_the_error_says_how_to_get_it(tmp_path: Path) -> None:
 
     with pytest.raises(LayerBuildError, match="uv is not installed"):
         dependency_layer(cache=tmp_path, run=missing)
+
+
+def test_a_layer_for_the_host_installs_the_same_pins_for_this_machine(tmp_path: Path) -> None:
+    # Given the host's target (what test_deployed_functions.py imports from)
+    uv = FakeUv()
+    target = host_target()
+
+    # When its layer is asked for
+    layer = dependency_layer(cache=tmp_path, run=uv, target=target)
+
+    # Then the same requirements are installed for this Python and platform, under a key of their own
+    (install,) = uv.installs
+    assert install[install.index("--python-platform") + 1] == target.platform
+    assert install[install.index("--python-version") + 1] == target.python_version
+    assert layer.key == layer_key(REQUIREMENTS, target) != layer_key(REQUIREMENTS)
