@@ -6,12 +6,12 @@ import threading
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.registration_budget import Bucket, take
 from tests.conftest import NO_WAIT, TABLE_NAME
+from tests.support.lost_answers import LosesFirstAnswer
 
 
 def budget(
@@ -88,22 +88,7 @@ def test_takers_racing_never_get_more_than_the_bucket_holds(dynamodb: Any, clock
 
 def test_a_take_whose_answer_was_lost_is_recognised_as_its_own(dynamodb: Any, clock: ManualClock) -> None:
     # Given DynamoDB applying a take's write but the answer getting lost (a 500), so it is retried
-    class LosesFirstAnswer:
-        def __init__(self, client: Any) -> None:
-            self._client = client
-            self.lost = 0
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._client, name)
-
-        def put_item(self, **request: Any) -> Any:
-            answer = self._client.put_item(**request)
-            if self.lost == 0:
-                self.lost += 1
-                raise ClientError({"Error": {"Code": "InternalServerError", "Message": "lost"}}, "PutItem")
-            return answer
-
-    flaky = LosesFirstAnswer(dynamodb)
+    flaky = LosesFirstAnswer(dynamodb, "put_item")
     bucket = budget(flaky, clock)
     # When one registration is taken: Then it is granted once, and only one token is gone
     assert bucket.take(1).granted == 1

@@ -25,6 +25,7 @@ from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.records import InstanceRecord, Signal
 from tests.conftest import REGION, TABLE_NAME
 from tests.support import builders
+from tests.support.lost_answers import LosesFirstAnswer
 
 RUN = builders.run_key(1, "/class=large")
 OTHER_RUN = builders.run_key(2, "/class=large")
@@ -1401,3 +1402,34 @@ def test_observe_retries_the_keys_dynamodb_left_unprocessed(
     assert view.heartbeat is not None
     assert view.heartbeat.beat_at == 5
     assert view.signal is None
+
+
+# --- markers ---------------------------------------------------------------------------------
+
+
+def test_a_marker_move_whose_answer_was_lost_is_its_own_win_on_retry(
+    dynamodb: Any, clock: ManualClock
+) -> None:
+    # Given DynamoDB applying a marker's compare-and-set but losing its answer, so it is retried
+    flaky = LosesFirstAnswer(dynamodb, "update_item")
+    table = StateTable(TABLE_NAME, StackConfig().timeouts, clock, flaky, Backoff(sleep=lambda _: None))  # type: ignore[arg-type]
+    # When refresh moves the redelivery high-water mark from unset to 5
+    moved = table.move_marker("redelivery", 5, expected=None)
+    # Then the retry met its own write and the move is won (issue 12, defect 6: before, the mark was
+    # read as another run's, and the failed delivery it stood for was skipped for good)
+    assert flaky.lost == 1
+    assert moved is True
+    assert table.read_marker("redelivery") == 5
+
+
+def test_a_marker_moved_by_another_run_to_the_same_value_is_still_lost(
+    dynamodb: Any, clock: ManualClock
+) -> None:
+    # Given two refresh runs that both read the warm-pool marker unset
+    one = StateTable(TABLE_NAME, StackConfig().timeouts, clock, dynamodb, Backoff(sleep=lambda _: None))
+    other = StateTable(TABLE_NAME, StackConfig().timeouts, clock, dynamodb, Backoff(sleep=lambda _: None))
+    # When both move it to the same schedule slot
+    first = one.move_marker("warm-pool", 60, expected=None)
+    second = other.move_marker("warm-pool", 60, expected=None)
+    # Then only the first owns the slot: the same value is not mistaken for one's own write
+    assert (first, second) == (True, False)

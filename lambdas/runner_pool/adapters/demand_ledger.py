@@ -77,6 +77,9 @@ class DynamoDbLedger:
                 raise
             current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
             state = current.get("state", {}).get("S")
+            if state == RESERVED and current.get("holder", {}).get("S") == holder:
+                # Our own reservation, met by a retry after its answer was lost (issue 12, defect 6).
+                return Reservation.RESERVED
             return Reservation.HELD if state == RESERVED else Reservation.COUNTED
         return Reservation.RESERVED
 

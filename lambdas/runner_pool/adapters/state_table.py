@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ FINISHED_RUN_PREFIX = "run#"
 FINISHED_RUN_ITEM = "finished"
 MARKER_ITEM = "marker"
 MARKER_ATTRIBUTE = "marker_value"
+MARKER_MOVER = "moved_by"
+"""A token each compare-and-set writes beside the value: a retry that meets it knows the move was its own."""
 
 _ANY_RUN = object()
 _serializer = TypeSerializer()
@@ -372,9 +375,12 @@ class StateTable:
         """Compare-and-set: the marker becomes `value` only if it still is `expected` (None: not set yet).
 
         Runs that overlap (two refreshes) both read a marker; whichever moves it first owns what it
-        stands for, and the other gets False and leaves that work alone.
+        stands for, and the other gets False and leaves that work alone. A move whose answer was lost
+        and that is retried (by botocore or the backoff) meets its own write: the token it wrote beside
+        the value tells it so, and it has won (issue 12, defect 6).
         """
-        values: dict[str, Any] = {":value": _value(value)}
+        mover = uuid.uuid4().hex
+        values: dict[str, Any] = {":value": _value(value), ":mover": {"S": mover}}
         if expected is None:
             condition = "attribute_not_exists(pk)"
         else:
@@ -385,15 +391,17 @@ class StateTable:
                 lambda: self._client.update_item(
                     TableName=self._table,
                     Key=_key(MARKER_PREFIX + name, MARKER_ITEM),
-                    UpdateExpression=f"SET {MARKER_ATTRIBUTE} = :value",
+                    UpdateExpression=f"SET {MARKER_ATTRIBUTE} = :value, {MARKER_MOVER} = :mover",
                     ConditionExpression=condition,
                     ExpressionAttributeValues=values,
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
             )
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":
                 raise
-            return False
+            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
+            return current.get(MARKER_MOVER, {}).get("S") == mover
         return True
 
     # --- reads ---------------------------------------------------------------------------------
