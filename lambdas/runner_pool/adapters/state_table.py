@@ -401,7 +401,7 @@ class StateTable:
             if error_code(exc) != "ConditionalCheckFailedException":
                 raise
             current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
-            return current.get(MARKER_MOVER, {}).get("S") == mover
+            return bool(current.get(MARKER_MOVER, {}).get("S") == mover)
         return True
 
     # --- reads ---------------------------------------------------------------------------------
