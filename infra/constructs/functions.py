@@ -91,7 +91,6 @@ class ControlPlaneFunctions(Construct):
         environment: Mapping[str, Any] | None = None,
         timeout: Duration | None = None,
         memory_mib: int = 512,
-        reserved_concurrency: int | None = None,
         construct_id: str | None = None,
     ) -> lambda_.Function:
         """The Lambda of `runner_pool.handlers.<handler>` (e.g. `provision.check_claim`), in `scope`.
@@ -131,7 +130,6 @@ class ControlPlaneFunctions(Construct):
             log_group=log_group,
             timeout=timeout or Duration.seconds(30),
             memory_size=memory_mib,
-            reserved_concurrent_executions=reserved_concurrency,
             tracing=lambda_.Tracing.ACTIVE,
             environment=self._environment(scope, environment or {}),
         )

@@ -56,8 +56,8 @@ class Refresh(Construct):
                 "release_state_machine_arn": release.state_machine_arn,
             },
             timeout=Duration.seconds(REFRESH_TIMEOUT_SECONDS),
-            # One refresh at a time: two would each launch the warm pool's shortfall.
-            reserved_concurrency=1,
+            # No reserved concurrency (accounts with a low quota could not create the stack): two
+            # overlapping runs are safe, each piece of work is claimed by a conditional write.
         )
         permissions.sweep_thresholds(self.function, table)
         permissions.write_records(self.function, table)
