@@ -277,3 +277,50 @@ def test_releasing_a_run_that_holds_nothing_succeeds_with_nothing_done(
     # Then the execution succeeds and released nothing
     assert execution.status == "SUCCEEDED"
     assert execution.output["released"] == []
+
+
+# --- a step's answer lost after its effect (issue 12, defect 8) -----------------------------------
+
+LAMBDA_TIMED_OUT = type("Sandbox.Timedout", (Exception,), {})
+"""What Lambda answers for a function that ran past its timeout (errorType `Sandbox.Timedout`; Step
+Functions' legacy Lambda resource reports it as `Lambda.Unknown`:
+https://docs.aws.amazon.com/step-functions/latest/dg/bp-lambda-serviceexception.html)."""
+
+
+@pytest.mark.parametrize("step", ["give_back", "check_receipt"])
+def test_a_step_that_timed_out_after_its_effect_is_retried_and_the_clean_instance_pooled(
+    local: LocalControlPlane, release: LocalStateMachine, step: str
+) -> None:
+    # Given a running instance whose agent answers, and a release step that does its work but whose
+    # Lambda then times out once (its answer lost after the side effect)
+    (running,) = local.running(RUN)
+    agents = Agents(local)
+    agents.serve(running.instance_id, RUN)
+    real = release.handlers[step]
+    timed_out: list[str] = []
+
+    def times_out_once(event: dict[str, Any], context: Any) -> Any:
+        answer = real(event, context)
+        if not timed_out:
+            timed_out.append(step)
+            raise LAMBDA_TIMED_OUT("Task timed out after 30.00 seconds")
+        return answer
+
+    # When the instance is released
+    execution = release.run(
+        by_instance(running.instance_id), on_wait=agents.on_wait, replace={step: times_out_once}
+    )
+    # Then the idempotent step was retried, and the clean instance went back to the pool, not salvaged
+    assert timed_out == [step]
+    assert execution.status == "SUCCEEDED", execution.output
+    assert statuses(execution) == {running.instance_id: "pooled"}
+    record = local.record(running.instance_id)
+    assert (record.state, record.run_key) == (InstanceState.IDLE, None)
+    assert not record.threshold_passed(local.clock.now())
+    # A replayed CheckReceipt may offer it twice: pickup takes pool messages at least once anyway (SQS
+    # standard queues may deliver any message twice:
+    # https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/standard-queues-at-least-once-delivery.html)
+    # and its claim is conditional on the record, so a duplicate offer claims nothing twice.
+    offers = local.drain_pool("large")
+    assert offers
+    assert set(offers) == {PoolMessage.for_idle(record)}
