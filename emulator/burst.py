@@ -46,7 +46,7 @@ def rate_limited_world(scratch: Path) -> Iterator[World]:
             "claim_registration_seconds": 20,
             "fleet_validation_seconds": 120,
             "created_threshold_seconds": 300,
-            "claimed_threshold_seconds": 60,
+            "claimed_threshold_seconds": 170,
         },
         github={**github, "registrations_per_minute": REGISTRATIONS_PER_MINUTE, "registration_burst": 10},
     )

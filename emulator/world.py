@@ -51,7 +51,7 @@ COMPRESSED_TIMEOUTS: dict[str, float] = {
     "fleet_validation_poll_seconds": 1,
     "release_receipt_seconds": 15,
     "created_threshold_seconds": 120,
-    "claimed_threshold_seconds": 30,
+    "claimed_threshold_seconds": 100,
     "idle_seconds": 300,
 }
 """The lifecycle's timeouts in seconds where the design has minutes; the agents beat every second."""

@@ -97,9 +97,23 @@ def _problems(settings: dict[str, Any]) -> list[str]:
             "timeouts.healthy_window_seconds: 5 s is not longer than heartbeat_period_seconds (5 s)",
         ),
         (
-            {"timeouts": {"claimed_threshold_seconds": 10}},
-            "timeouts.claimed_threshold_seconds: a claim would expire before the agent has had time to register; "
-            "fix: make it longer than claim_registration_seconds",
+            # Issue 12, defect 7: before, 190 s was accepted and a warm runner was expired before Finish.
+            {"timeouts": {"claimed_threshold_seconds": 190}},
+            "timeouts.claimed_threshold_seconds: 190 s is shorter than a provision can take: "
+            "claim_registration_seconds + fleet_validation_seconds + 30 s for Finish = 230 s, so an instance "
+            "would expire before Finish sets it running; fix: make it at least 230 s, or shorten those waits",
+        ),
+        (
+            {"timeouts": {"fleet_validation_seconds": 600, "claimed_threshold_seconds": 900}},
+            "timeouts.created_threshold_seconds: 600 s is shorter than a provision can take: "
+            "claim_registration_seconds + fleet_validation_seconds + 30 s for Finish = 650 s, so an instance "
+            "would expire before Finish sets it running; fix: make it at least 650 s, or shorten those waits",
+        ),
+        (
+            {"timeouts": {"idle_seconds": 100}},
+            "timeouts.idle_seconds: 100 s is not longer than release_receipt_seconds (120 s), so a released "
+            "instance's idle time would run out while its release still waits for the agent's receipt; "
+            "fix: make it longer than release_receipt_seconds",
         ),
         (
             {"timeouts": {"fleet_validation_poll_seconds": 200}},

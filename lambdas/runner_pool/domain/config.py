@@ -30,6 +30,8 @@ EXPRESS_LIMIT_SECONDS = 300
 """How long a Step Functions Express execution may run."""
 EXPRESS_MARGIN_SECONDS = 60
 """What an Express provision spends besides its waits: Lambda tasks, CreateFleet, GitHub calls."""
+FINISH_MARGIN_SECONDS = 30
+"""What a provision needs after its waits: the Map's last hand-offs and Finish's own Lambda."""
 
 
 class _Settings(BaseModel):
@@ -81,11 +83,27 @@ class Timeouts(_Settings):
                 "polls no more often than the validation timeout, so validation would check at most once",
                 "make it a fraction of fleet_validation_seconds",
             )
-        if self.claimed_threshold_seconds <= self.claim_registration_seconds:
+        # A warm instance claimed for a batch stays claimed until Finish, which runs once the batch's
+        # cold part has passed fleet validation; a created one likewise. Their thresholds must outlast
+        # both waits and Finish's own work, or a live runner is expired under its job (issue 12, defect 7).
+        provision = self.claim_registration_seconds + self.fleet_validation_seconds + FINISH_MARGIN_SECONDS
+        for setting in ("claimed_threshold_seconds", "created_threshold_seconds"):
+            if getattr(self, setting) < provision:
+                raise _SettingError(
+                    setting,
+                    f"{getattr(self, setting):g} s is shorter than a provision can take: "
+                    f"claim_registration_seconds + fleet_validation_seconds + {FINISH_MARGIN_SECONDS} s "
+                    f"for Finish = {provision:g} s, "
+                    "so an instance would expire before Finish sets it running",
+                    f"make it at least {provision:g} s, or shorten those waits",
+                )
+        if self.idle_seconds <= self.release_receipt_seconds:
             raise _SettingError(
-                "claimed_threshold_seconds",
-                "a claim would expire before the agent has had time to register",
-                "make it longer than claim_registration_seconds",
+                "idle_seconds",
+                f"{self.idle_seconds:g} s is not longer than release_receipt_seconds "
+                f"({self.release_receipt_seconds:g} s), so a released instance's idle time would run out "
+                "while its release still waits for the agent's receipt",
+                "make it longer than release_receipt_seconds",
             )
         return self
 
