@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -131,6 +132,22 @@ def test_a_body_that_is_not_a_pool_message_is_received_as_none(
     # Then it comes with its receipt, and no message, for pickup to drop and count
     assert received.message is None
     assert received.receipt
+
+
+@pytest.mark.parametrize(
+    "instance_id", ["i-" + "0" * 2000, "i-0123456789abcdeFF", "i-12345", "../i-0123abcd"]
+)
+def test_a_message_whose_instance_id_is_not_an_ec2_id_is_received_as_none(
+    sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues, instance_id: str
+) -> None:
+    # Given a forged message, well-formed but for its instance id (issue 12, defect 10: an over-long id
+    # reached DynamoDB's key limit in every provision that read it, and was put back each time)
+    body = json.loads(pool_message(1).model_dump_json()) | {"instance_id": instance_id}
+    sqs.send_message(QueueUrl=pool_queue_urls["large"], MessageBody=json.dumps(body))
+    # When the queue is received from
+    (received,) = queues.receive("large")
+    # Then it is no pool message: pickup drops and counts it
+    assert received.message is None
 
 
 def test_offer_goes_to_the_queue_of_the_message_class(

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
+import botocore.session
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.labels import OPTIONAL_KEYS, LabelError, RunnerLabel, is_pool_label
+from runner_pool.domain.labels import MAX_TYPE_GLOBS, OPTIONAL_KEYS, LabelError, RunnerLabel, is_pool_label
 from runner_pool.domain.records import Arch, UsageClass
 
 type_globs = st.lists(
-    st.from_regex(r"[a-z0-9*?][a-z0-9.*?-]{0,12}", fullmatch=True), min_size=1, max_size=4, unique=True
+    st.from_regex(r"[a-z0-9*][a-z0-9.*-]{0,12}", fullmatch=True), min_size=1, max_size=4, unique=True
 ).map(tuple)
 
 
@@ -96,6 +99,10 @@ def test_any_pool_text_parses_exactly_or_is_rejected_with_a_reason(text: str) ->
         ("pool=1/types=c7*+", "is not an instance-type glob"),
         ("pool=1/types=c7*+c7*", "lists the same glob twice"),
         ("pool=1/types=C7*", "is not an instance-type glob"),
+        # EC2's own rules for AllowedInstanceTypes (issue 12, defect 10): "*" only, 30 characters
+        ("pool=1/types=c7?.large", "is not an instance-type glob"),
+        ("pool=1/types=" + "c" * 31, "is not an instance-type glob"),
+        ("pool=1/types=" + "+".join(f"c{n}*" for n in range(401)), "EC2 takes at most 400"),
         ("pool=1/max-runtime=0", "whole minutes from 1 to 7200"),
         ("pool=1/max-runtime=7201", "whole minutes from 1 to 7200"),
         ("pool=1/max-runtime=060", "whole minutes from 1 to 7200"),
@@ -176,7 +183,7 @@ def test_unknown_class_is_rejected_naming_the_known_ones() -> None:
         ("c7*+m7*", "r7i.large", False),
         ("c7i.large", "c7i.large", True),
         ("c7i.large", "c7i.xlarge", False),
-        ("m?i.*", "m7i.2xlarge", True),
+        ("m*i.*", "m7i.2xlarge", True),
     ],
 )
 def test_spec_allows_types_by_glob(types: str, instance_type: str, allowed: bool) -> None:
@@ -185,3 +192,20 @@ def test_spec_allows_types_by_glob(types: str, instance_type: str, allowed: bool
 
 def test_spec_without_types_allows_any_type() -> None:
     assert StackConfig().spec_for("pool=1").allows_type("anything.large")
+
+
+def test_every_type_glob_the_grammar_accepts_is_one_ec2_accepts() -> None:
+    # Given EC2's own model of AllowedInstanceTypes, as botocore ships it (the request CreateFleet validates)
+    model = botocore.session.get_session().get_service_model("ec2")
+    entry = model.shape_for("AllowedInstanceType").metadata
+    entries = model.shape_for("AllowedInstanceTypeSet").metadata
+    pattern = re.compile(entry["pattern"])
+    # Then the longest and widest globs we accept are inside it, and one character more is refused
+    for glob in ["c" * entry["max"], "*", "m7i-flex.*", "*3*", "r*"]:
+        spec = RunnerLabel.parse(f"pool=1/types={glob}")
+        assert spec.types == (glob,)
+        assert pattern.fullmatch(glob)
+        assert entry["min"] <= len(glob) <= entry["max"]
+    with pytest.raises(LabelError):
+        RunnerLabel.parse("pool=1/types=" + "c" * (entry["max"] + 1))
+    assert entries["max"] == MAX_TYPE_GLOBS

@@ -118,7 +118,7 @@ specs = st.builds(
 )
 messages = st.builds(
     PoolMessage,
-    instance_id=st.just("i-0000000000000001"),
+    instance_id=st.just("i-00000000000000001"),
     resource_class=st.just("large"),
     instance_type=st.sampled_from(INSTANCE_TYPES),
     usage_class=st.sampled_from(UsageClass),
@@ -165,7 +165,7 @@ def test_an_instance_built_to_the_spec_always_matches(spec: RunnerSpec, data: st
     # (every glob in GLOBS matches at least one of INSTANCE_TYPES, so there is always a type to draw)
     allowed = [t for t in INSTANCE_TYPES if spec.allows_type(t)]
     message = PoolMessage(
-        instance_id="i-0000000000000001",
+        instance_id="i-00000000000000001",
         resource_class=spec.resource_class,
         instance_type=data.draw(st.sampled_from(allowed)),
         usage_class=spec.usage,

@@ -27,7 +27,13 @@ OPTIONAL_KEYS = ("class", "usage", "types", "arch", "max-runtime")
 
 _RUN_ID = re.compile(r"[1-9][0-9]{0,19}")
 CLASS_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
-_TYPE_GLOB = re.compile(r"[a-z0-9*?][a-z0-9.*?-]{0,39}")
+_TYPE_GLOB = re.compile(r"[a-z0-9*][a-z0-9.*-]{0,29}")
+"""One `types=` glob, as CreateFleet takes it in InstanceRequirements.AllowedInstanceTypes: "*" is the
+only wildcard, each entry 1 to 30 characters of `[a-zA-Z0-9.*-]` (botocore's EC2 model, shape
+AllowedInstanceType; EC2 API reference, InstanceRequirementsRequest), lowercase as type names are.
+A glob outside it was accepted here and failed every CreateFleet (issue 12, defect 10)."""
+MAX_TYPE_GLOBS = 400
+"""AllowedInstanceTypes holds at most 400 entries (botocore's EC2 model, AllowedInstanceTypeSet)."""
 _MINUTES = re.compile(r"[1-9][0-9]{0,5}")
 _Choice = TypeVar("_Choice", UsageClass, Arch)
 
@@ -171,11 +177,13 @@ def _parse_types(text: str, value: str | None) -> tuple[str, ...] | None:
         if not _TYPE_GLOB.fullmatch(glob):
             raise LabelError(
                 text,
-                f"types entry {glob!r} is not an instance-type glob such as c7i.large or m7*; "
-                "join several with '+'",
+                f"types entry {glob!r} is not an instance-type glob such as c7i.large or m7* "
+                "(lowercase letters, digits, '.', '-' and '*', at most 30 characters); join several with '+'",
             )
     if len(set(globs)) != len(globs):
         raise LabelError(text, "types lists the same glob twice; give each once")
+    if len(globs) > MAX_TYPE_GLOBS:
+        raise LabelError(text, f"types lists {len(globs)} globs; EC2 takes at most {MAX_TYPE_GLOBS}")
     return globs
 
 

@@ -31,6 +31,13 @@ class Signal(StrEnum):
     UD_REMOVE_REG_FAILED = "UD_REMOVE_REG_FAILED"
 
 
+INSTANCE_ID_PATTERN = r"^i-(?:[0-9a-f]{8}|[0-9a-f]{17})$"
+"""An EC2 instance id: `i-` and 8 (older) or 17 hexadecimal characters
+(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/resource-ids.html). Anything else read from a
+queue or a request is not one of our instances: a forged over-long id would otherwise reach DynamoDB's
+key-size limit and fail every provision that reads it (issue 12, defect 10)."""
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -115,7 +122,7 @@ class PoolMessage(_Record):
     whose threshold differs from the record's is from an earlier idle period and is stale.
     """
 
-    instance_id: str
+    instance_id: str = Field(pattern=INSTANCE_ID_PATTERN)
     resource_class: str
     instance_type: str
     usage_class: UsageClass
