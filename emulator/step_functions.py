@@ -28,6 +28,10 @@ from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
 
+from emulator import step_functions_quotas
+
+step_functions_quotas.install()  # AWS's payload and history quotas, on whatever executes our ASL here
+
 Handler = Callable[[dict[str, Any], Any], Any]
 """A Lambda handler: (event, context) -> JSON-serialisable result."""
 

@@ -15,6 +15,8 @@ from moto import mock_aws
 from emulator.atomic_dynamodb import atomic_items
 from emulator.iam_check import USAGE_DIRECTORY_VARIABLE, usage_report
 from emulator.resources import create_pool_queues, create_state_table
+from emulator.step_functions_quotas import QuotaWatch
+from emulator.step_functions_quotas import install as install_step_functions_quotas
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
@@ -101,3 +103,17 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.section("IAM check")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+# --- Step Functions' quotas (emulator/step_functions_quotas.py) ------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def step_functions_quotas() -> Iterator[QuotaWatch]:
+    """Fails the test during which any state machine passed a payload or history quota of AWS's."""
+    watch = install_step_functions_quotas()
+    watch.take_violations()
+    yield watch
+    breaches = watch.take_violations()
+    if breaches:
+        pytest.fail("Step Functions would fail this: " + "; ".join(dict.fromkeys(breaches)), pytrace=False)

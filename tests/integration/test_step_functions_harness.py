@@ -17,6 +17,7 @@ from emulator.step_functions import (
     render_asl,
     without_waiting,
 )
+from emulator.step_functions_quotas import HISTORY_LIMIT_EVENTS, QuotaWatch
 from tests.conftest import REGION
 
 ASL = Path(__file__).parent / "asl" / "harness.asl.json"
@@ -85,3 +86,48 @@ def test_retries_and_waits_take_no_time_in_tests(machines: LocalStateMachines) -
     # Then the retry and the loop back through the Wait happened, without waiting
     assert execution.status == "SUCCEEDED"
     assert attempts == [7, 7, 7]
+
+
+# --- AWS's quotas, which moto does not enforce (emulator/step_functions_quotas.py) ---------------
+
+
+def test_a_state_output_over_256_kib_is_a_quota_breach_that_fails_the_test(
+    machines: LocalStateMachines, step_functions_quotas: QuotaWatch
+) -> None:
+    # Given a pick that returns 300 KiB: over Step Functions' 256 KiB for a state's output
+    def pick(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        return {**event, "picked": True, "reason": "x" * (300 * 1024)}
+
+    with lambdas_in_process({"pick": pick, "finish": lambda e, _c: e}):
+        # When an execution runs it
+        machines.run(deploy(machines), {"slots": [1]})
+    # Then the breach was noted, naming the state (the autouse fixture would fail this test on it)
+    breaches = step_functions_quotas.take_violations()
+    assert any("'Pick'" in breach and "262,144-byte payload quota" in breach for breach in breaches), breaches
+
+
+def test_a_state_input_over_256_kib_is_a_quota_breach(
+    machines: LocalStateMachines, step_functions_quotas: QuotaWatch
+) -> None:
+    # Given an execution whose input is 300 KiB
+    with lambdas_in_process({"pick": lambda e, _c: {**e, "picked": True}, "finish": lambda e, _c: e}):
+        machines.run(deploy(machines), {"slots": [1], "ballast": "y" * (300 * 1024)})
+    # Then the first state's input breached the quota
+    breaches = step_functions_quotas.take_violations()
+    assert any("'Slots' input" in breach for breach in breaches), breaches
+
+
+def test_an_execution_history_past_its_quota_is_a_breach(
+    machines: LocalStateMachines, step_functions_quotas: QuotaWatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the history quota (25,000 events on AWS) lowered for the test to 40 events
+    assert HISTORY_LIMIT_EVENTS == 25_000
+    monkeypatch.setattr(step_functions_quotas, "history_limit", 40)
+    # When an execution of 10 slots runs (each slot's Pick, Hold and Choice add several events)
+    with lambdas_in_process({"pick": lambda e, _c: {**e, "picked": True}, "finish": lambda e, _c: e}):
+        execution = machines.run(deploy(machines), {"slots": list(range(10))})
+    # Then the history passed the quota and the breach was noted
+    assert execution.status == "SUCCEEDED"
+    assert step_functions_quotas.take_violations() == [
+        "an execution's history passed Step Functions' 40-event quota"
+    ]
