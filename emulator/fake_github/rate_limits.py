@@ -70,6 +70,12 @@ class RateLimits:
         with self._lock:
             self._down = (start, end)
 
+    def spend(self, endpoint: str, points: int, now: Epoch) -> None:
+        """Another client of the same App spent `points` on `endpoint` at `now`: GitHub counts an App's
+        requests together, whichever of its clients made them."""
+        with self._lock:
+            self._spent.setdefault(endpoint, deque()).append((now, points))
+
     def gate(self, endpoint: str, request: Request) -> None:
         self.admit(endpoint, request.method, self.clock.now())
 
