@@ -7,7 +7,7 @@ import sys
 
 from bench.results import RESULTS_PATH, merge_results
 
-BENCHMARKS = ("pickup", "agent", "provision", "webhook", "emulator", "burst")
+BENCHMARKS = ("pickup", "agent", "provision", "webhook", "emulator", "burst", "quotas")
 """Modules of this package with a `run() -> BenchTable`; later issues add theirs here."""
 
 

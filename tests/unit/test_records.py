@@ -6,7 +6,14 @@ import pytest
 
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.lifecycle import InstanceState, Outcome
-from runner_pool.domain.records import Heartbeat, InstanceRecord, PoolMessage, Signal, WorkerSignal
+from runner_pool.domain.records import (
+    MAX_REASON_CHARS,
+    Heartbeat,
+    InstanceRecord,
+    PoolMessage,
+    Signal,
+    WorkerSignal,
+)
 from tests.support import builders
 
 NOW = 1_800_000_000.0
@@ -94,3 +101,15 @@ def test_manual_clock_moves_only_forward() -> None:
     assert clock.advance(2.5) == NOW + 2.5
     with pytest.raises(ValueError, match="never moves backwards"):
         clock.advance(-1)
+
+
+def test_an_agents_failure_reason_is_bounded_before_it_reaches_a_state_machine() -> None:
+    # Given an agent that reports a runner's whole output as its reason (issue 12, item 3: unbounded
+    # reasons inside the Map's output could pass Step Functions' 256 KiB)
+    signal = WorkerSignal(
+        instance_id="i-00000000000000001", signal=Signal.UD_REG_FAILED, at=1.0, reason="x" * 300_000
+    )
+    # Then what it carries is cut to MAX_REASON_CHARS, marked as cut
+    assert signal.reason is not None
+    assert len(signal.reason) == MAX_REASON_CHARS
+    assert signal.reason.endswith("…")

@@ -46,16 +46,13 @@ from typing import Annotated, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
+from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.run_keys import RunKey
 
 BATCHING_WINDOW_SECONDS = 1
 """How long SQS gathers demand before invoking the dispatcher. A matrix's `queued` deliveries arrive
 within a second of each other, so one window makes them one provision; every second of it is also
 a second of every job's queue time (the warm path's control-plane share was 2.6 s with 2 s)."""
-
-PROVISION_LIMIT = 1000
-"""The most runners one provision execution is asked for (ProvisionRequest.count); a larger group is split."""
 
 
 class _Message(BaseModel):

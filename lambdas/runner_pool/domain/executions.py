@@ -24,6 +24,19 @@ class _Input(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+PROVISION_LIMIT = 50
+"""The most runners one provision execution is asked for; the dispatcher splits a larger group into
+several executions, each named after its own jobs.
+
+Sized to stay within half of each Step Functions quota (25,000 history events, 256 KiB a state:
+emulator/step_functions_quotas.py), measured by `make bench` (bench/quotas.py): a runner's happy path
+costs about 18 history events and 110 bytes of the Map's output; its worst path also loops through the
+claim check once a second for the whole claim registration (20 checks of 9 events at the defaults) and
+claims once more, about 220 events. 50 x 220 + the fleet-validation loop (36 polls of 9 events) + ~20
+= ~11,400 events, under 12,500; 50 x 110 bytes is far under 128 KiB.
+tests/integration/test_quota_bench.py checks the figures this rests on."""
+
+
 class ProvisionRequest(_Input):
     """N runners for N queued jobs of one run attempt that ask for the same labels (`run_key`)."""
 
@@ -31,7 +44,7 @@ class ProvisionRequest(_Input):
     run_key: str = Field(
         min_length=1, description="the jobs' run key (domain.run_keys): label, attempt, labels"
     )
-    count: int = Field(gt=0, le=1000)
+    count: int = Field(gt=0, le=PROVISION_LIMIT)
     job_ids: tuple[int, ...] = ()
     redrives: int = Field(0, ge=0, description="provisions for these jobs that ended short before this one")
     origin: str | None = Field(

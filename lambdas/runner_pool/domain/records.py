@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.lifecycle import HELD_STATES, InstanceState
@@ -36,6 +36,10 @@ INSTANCE_ID_PATTERN = r"^i-(?:[0-9a-f]{8}|[0-9a-f]{17})$"
 (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/resource-ids.html). Anything else read from a
 queue or a request is not one of our instances: a forged over-long id would otherwise reach DynamoDB's
 key-size limit and fail every provision that reads it (issue 12, defect 10)."""
+
+
+MAX_REASON_CHARS = 500
+"""The longest failure reason a signal carries (issue 12, item 3: bounded, whatever the agent wrote)."""
 
 
 class _Record(BaseModel):
@@ -110,6 +114,15 @@ class WorkerSignal(_Record):
     run_key: str | None = None
     at: Epoch
     reason: str | None = None
+
+    @field_validator("reason")
+    @classmethod
+    def _bounded(cls, reason: str | None) -> str | None:
+        """An agent's reason is its own text (a runner's last lines, a script's error): it travels into
+        Step Functions states whose payload quota is 256 KiB, so only its first MAX_REASON_CHARS do."""
+        if reason is None or len(reason) <= MAX_REASON_CHARS:
+            return reason
+        return reason[: MAX_REASON_CHARS - 1] + "…"
 
     def confirms(self, signal: Signal, run_key: str | None) -> bool:
         return self.signal is signal and self.run_key == run_key

@@ -39,7 +39,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from runner_pool.adapters.github_app import GitHubError, RegisteredRunner, RunJob, RunnerRemoval, RunnerStatus
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, instance_of_runner
+from runner_pool.domain.executions import (
+    PROVISION_LIMIT,
+    ProvisionRequest,
+    ReleaseRequest,
+    instance_of_runner,
+)
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
 from runner_pool.domain.labels import LabelError
 from runner_pool.domain.lifecycle import InstanceState, Outcome
@@ -434,7 +439,8 @@ class Refresh:
                 for record in self._table.held_by(run_key)
                 if not record.threshold_passed(now) and record.runner_id not in taken
             ]
-            missing = len(waiting) - len(free)
+            # One provision's worth a run at a time (Step Functions' quotas); the rest at the next refresh.
+            missing = min(len(waiting) - len(free), PROVISION_LIMIT)
             if missing <= 0:
                 continue
             logger.warning(
