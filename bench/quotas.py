@@ -5,14 +5,10 @@ moto's interpreter (emulator/step_functions_quotas.py counts them), against AWS'
 
 from __future__ import annotations
 
-import os
-
 from bench.results import BenchTable
 from emulator.step_functions_quotas import HISTORY_LIMIT_EVENTS, PAYLOAD_LIMIT_BYTES, install
 from runner_pool.domain.executions import PROVISION_LIMIT
 from tests.support.provision_world import output, provision_world
-
-os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 
 WORST_SLOT_EVENTS = 220
 """A slot that polls its claim for the whole claim registration and claims once more (demand.py)."""
