@@ -23,9 +23,9 @@ from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, ev
 
 pytestmark = pytest.mark.slow
 
-BURST_JOBS = 300 if os.environ.get("RUNNER_POOL_E2E_FULL_BURST") == "1" else 60
+BURST_JOBS = 300 if os.environ.get("RUNNER_POOL_E2E_FULL_BURST") == "1" else 40
 """300 jobs take over 5 minutes on a 2-core machine (the limit alone bounds them below 300 s): make test
-runs 60; RUNNER_POOL_E2E_FULL_BURST=1 runs the issue's 300, and `make bench` measures it."""
+runs 40 (make test must fit 10 minutes on 2 cores); RUNNER_POOL_E2E_FULL_BURST=1 runs the issue's 300, and `make bench` measures it."""
 
 
 def accounted(system: World) -> None:
