@@ -47,6 +47,13 @@ def without_self_update(encoded: str) -> str:
     return _encode_json(files)
 
 
+def runner_files(encoded: str) -> dict[str, bytes]:
+    """The settings files `encoded` holds, self-update off, as the runner would write them (name: content).
+    The agent writes them itself (agent/runner_install.py), so the config is never a runner argument."""
+    files = _decode_json(without_self_update(encoded), "the JIT config")
+    return {name: base64.b64decode(content) for name, content in files.items()}
+
+
 def _decode_json(encoded: Any, what: str) -> Any:
     if not isinstance(encoded, str):
         raise JitConfigError(f"{what} is not base64 text")

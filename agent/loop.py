@@ -22,14 +22,15 @@ from botocore.exceptions import BotoCoreError, ClientError
 from agent.boot import run_pre_runner_script
 from agent.heartbeat import Heartbeat
 from agent.imds import InstanceIdentity
-from agent.jit_config import without_self_update
+from agent.jit_config import runner_files
 from agent.log import EventLog
 from agent.memory import MemoryFile
 from agent.outbox import Outbox
 from agent.runner import RunnerProcess, RunnerStartError
+from agent.runner_install import RunnerInstallError
+from agent.scrub import Scrub
 from agent.settings import AgentSettings
 from agent.termination import SelfTermination
-from agent.workspace import CleanupError, Workspace
 from runner_pool.adapters.backoff import ServiceBusyError
 from runner_pool.adapters.runner_credentials import CredentialsUnreadableError, RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
@@ -50,7 +51,7 @@ class Agent:
         records: StateTable,
         credentials: RunnerCredentials,
         termination: SelfTermination,
-        workspace: Workspace,
+        scrub: Scrub,
         memory: MemoryFile,
         clock: Clock,
         log: EventLog,
@@ -60,7 +61,7 @@ class Agent:
         self._records = records
         self._credentials = credentials
         self._termination = termination
-        self._workspace = workspace
+        self._scrub = scrub
         self._memory = memory
         self._clock = clock
         self._log = log
@@ -112,7 +113,7 @@ class Agent:
             )
             return
         try:
-            self._workspace.prepare()
+            self._scrub.prepare()
         except OSError as exc:
             failure: str | None = f"the runner's work directory could not be prepared: {exc}"
         else:
@@ -199,10 +200,12 @@ class Agent:
 
     def _register(self, run_key: str, runner_id: int | None = None) -> None:
         log = self._log.bind(run_key=run_key)
-        boot_failure = self._memory.current.boot_failure
-        if boot_failure is not None:
+        memory = self._memory.current
+        refusal = memory.boot_failure or memory.scrub_failure
+        if refusal is not None:
+            # A failed boot, or a scrub that left something of an earlier job: no job runs here again.
             self._memory.update(serving_run_key=run_key)
-            self._outbox.send(Signal.UD_REG_FAILED, run_key, f"not registering: {boot_failure}")
+            self._outbox.send(Signal.UD_REG_FAILED, run_key, f"not registering: {refusal}")
             return
         try:
             config = self._credentials.load(self._identity.instance_id, self._identity.arn, run_key)
@@ -225,17 +228,22 @@ class Agent:
         self._exit_reported = False
         log.info("starting the runner")
         try:
+            files = runner_files(config.jit_config)
+            self._scrub.runner.check_before_start()
+            self._scrub.runner.install_config(files)
             self._runner = RunnerProcess.start(
                 self._settings.runner_start_script,
-                without_self_update(config.jit_config),
                 cwd=self._settings.runner_dir,
                 user=self._settings.runner_user,
                 log=log,
+                cgroup=self._scrub.cgroup,
             )
             self._runner.wait_until_listening(self._settings.listening_timeout_seconds, self._stopping)
         except Exception as exc:
             reason = (
-                str(exc) if isinstance(exc, RunnerStartError) else f"the runner could not be started: {exc!r}"
+                str(exc)
+                if isinstance(exc, (RunnerStartError, RunnerInstallError))
+                else f"the runner could not be started: {exc!r}"
             )
             log.error("runner registration failed", reason=reason)
             if self._runner is not None:
@@ -254,14 +262,18 @@ class Agent:
             self._runner.stop(self._settings.stop_timeout_seconds)
             session = self._runner.session_id
             self._runner = None
-        try:
-            killed = self._workspace.clean(session)
-        except CleanupError as exc:
-            log.error("cleanup failed", reason=str(exc))
-            self._memory.update(serving_run_key=None, serving_runner_id=None)
-            self._outbox.send(Signal.UD_REMOVE_REG_FAILED, run_key, str(exc))
+        report = self._scrub.run(session)
+        if not report.clean:
+            reason = report.reason()
+            log.error("cleanup failed", reason=reason, scrub_seconds=round(report.seconds, 3))
+            # Remembered: should the instance come back to the pool anyway (a provision giving it back
+            # before the receipt), it refuses every later run key.
+            self._memory.update(serving_run_key=None, serving_runner_id=None, scrub_failure=reason)
+            self._outbox.send(Signal.UD_REMOVE_REG_FAILED, run_key, reason)
             return
-        log.info("workspace clean", leftover_processes_killed=len(killed))
+        log.info(
+            "workspace clean", leftover_processes_killed=report.killed, scrub_seconds=round(report.seconds, 3)
+        )
         self._memory.update(serving_run_key=None, serving_runner_id=None)
         self._outbox.send(Signal.UD_REMOVE_REG_OK, run_key)
 

@@ -29,6 +29,8 @@ class Memory(BaseModel):
     booted: bool = False
     """The pre-runner script has run (and its outcome is below)."""
     boot_failure: str | None = None
+    scrub_failure: str | None = None
+    """What a scrub left behind: the instance serves no other run key (agent/scrub.py)."""
     serving_run_key: str | None = None
     """The run key a runner was started, or registration attempted, for; cleared once released."""
     used_config_id: str | None = None

@@ -14,10 +14,11 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent.log import EventLog
+from agent.processes import JobCgroup
 
 LISTENING_MARK = "Listening for Jobs"
 """What the runner prints once it holds a session with GitHub and waits for its job."""
@@ -46,13 +47,27 @@ class RunnerProcess:
 
     @classmethod
     def start(
-        cls, program: Path, jit_config: str, *, cwd: Path, user: str | None, log: EventLog
+        cls,
+        program: Path,
+        *,
+        cwd: Path,
+        user: str | None,
+        log: EventLog,
+        cgroup: JobCgroup | None = None,
     ) -> RunnerProcess:
-        """`program --jitconfig <config>` in `cwd`, as `user` if given; RunnerStartError if it won't start."""
+        """`program` (run.sh, which finds its config files in the runner directory) in `cwd`, as `user`
+        if given, in `cgroup` if given; RunnerStartError if it won't start. No argument and no variable
+        of its environment carries the runner's credentials: every process can read a process's
+        arguments, and the job's processes (same account) its environment."""
         account = pwd.getpwnam(user) if user else None
+        if cgroup is not None:
+            try:
+                cgroup.prepare()
+            except OSError as exc:
+                raise RunnerStartError(f"the job's cgroup {cgroup.path} could not be made: {exc}") from exc
         try:
             process = subprocess.Popen(  # noqa: S603 - the runner's own start script, no shell
-                [str(program), "--jitconfig", jit_config],
+                [str(program)],
                 cwd=cwd,
                 env=_runner_environment(os.environ, account),
                 stdin=subprocess.DEVNULL,
@@ -61,11 +76,16 @@ class RunnerProcess:
                 text=True,
                 bufsize=1,
                 start_new_session=True,
-                user=account.pw_uid if account else None,
-                group=account.pw_gid if account else None,
-                extra_groups=os.getgrouplist(account.pw_name, account.pw_gid) if account else None,
+                # Between fork and exec: into the job's cgroup while still root, then the account.
+                # Popen's own user= would drop root before preexec_fn runs, so the switch is done here.
+                preexec_fn=_enter(cgroup, account) if cgroup is not None else None,  # noqa: PLW1509
+                user=account.pw_uid if account and cgroup is None else None,
+                group=account.pw_gid if account and cgroup is None else None,
+                extra_groups=os.getgrouplist(account.pw_name, account.pw_gid)
+                if account and cgroup is None
+                else None,
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             raise RunnerStartError(f"the runner could not be started: {exc}") from exc
         log.info("runner started", pid=process.pid)
         return cls(process, log)
@@ -140,6 +160,19 @@ class RunnerProcess:
 
     def _last_words(self) -> str:
         return f"; last output: {' | '.join(self._tail)}" if self._tail else ""
+
+
+def _enter(cgroup: JobCgroup, account: pwd.struct_passwd | None) -> Callable[[], None]:
+    groups = os.getgrouplist(account.pw_name, account.pw_gid) if account else None
+
+    def enter() -> None:
+        cgroup.enter()
+        if account is not None and groups is not None:
+            os.setgroups(groups)
+            os.setresgid(account.pw_gid, account.pw_gid, account.pw_gid)
+            os.setresuid(account.pw_uid, account.pw_uid, account.pw_uid)
+
+    return enter
 
 
 def _runner_environment(environment: Mapping[str, str], account: pwd.struct_passwd | None) -> dict[str, str]:

@@ -39,7 +39,42 @@ class AgentSettings(BaseSettings):
     work_dir: Path | None = None
     """The runner's work folder; `_work` in the runner directory unless set."""
     runner_user: str | None = None
-    """The account the runner (and so every job) runs as; the agent's own when unset."""
+    """The account the runner (and so every job) runs as; the agent's own when unset. Only an account
+    of its own is scrubbed back to its first boot between jobs (agent/scrub.py)."""
+    runner_manifest: Path | None = None
+    """The runner's files as installed (agent/runner_install.py): checked before each start and after
+    each job. Unset (as in the emulator), the runner directory is trusted."""
+    job_cgroup: str | None = None
+    """A cgroup v2 directory, relative to the agent's own cgroup, that the runner starts in: whatever
+    the job starts (under any uid, through sudo too) stays in it and is killed with it. Needs the agent's
+    unit to delegate its cgroup (systemd Delegate=yes)."""
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+
+    home_skeleton: Path = Path("/etc/skel")
+    """What the runner account's home holds at first boot (useradd copies it): the home is reset to it."""
+    temp_dirs: tuple[Path, ...] = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))  # noqa: S108
+    """Shared writable directories: whatever the runner account owns in them is removed."""
+    crontab_dirs: tuple[Path, ...] = (Path("/var/spool/cron/crontabs"), Path("/var/spool/cron"))
+    """Where crontab(1) keeps a user's table: Debian's cron and cronie (Amazon Linux) respectively."""
+    linger_dir: Path = Path("/var/lib/systemd/linger")
+    """systemd-logind's lingering markers (loginctl enable-linger): one file per user."""
+    mail_dirs: tuple[Path, ...] = (Path("/var/spool/mail"), Path("/var/mail"))
+    """Mail spools: useradd may create the account's (CREATE_MAIL_SPOOL); it is emptied, not removed."""
+    scan_roots: tuple[Path, ...] = (Path("/"),)
+    """Searched, one file system each, for anything the runner account still owns after the scrub."""
+    scan_exclude: tuple[Path, ...] = (
+        Path("/proc"),
+        Path("/sys"),
+        Path("/dev"),
+        Path("/var/lib/docker"),
+        Path("/var/lib/containerd"),
+    )
+    """Not searched: kernel views, and image layers whose files may carry any uid (docker is checked
+    through its daemon instead)."""
+    docker_socket: Path = Path("/var/run/docker.sock")
+    """No socket, no daemon: nothing of docker to clean."""
+    docker_base_images: tuple[str, ...] = ()
+    """Images kept between jobs (by reference or id, e.g. the pre-runner script's); any other is removed."""
     listening_timeout_seconds: float = Field(120, gt=0)
     stop_timeout_seconds: float = Field(30, gt=0)
 
@@ -47,6 +82,9 @@ class AgentSettings(BaseSettings):
     pre_runner_timeout_seconds: float = Field(1800, gt=0)
     state_file: Path | None = Path("/var/lib/runner-pool/agent-state.json")
     """What the agent must remember across its own restarts; None keeps it in memory only."""
+
+    docker_timeout_seconds: float = Field(60, gt=0)
+    """Bounds each docker command of the scrub; well inside the release receipt timeout."""
 
     @property
     def runner_start_script(self) -> Path:

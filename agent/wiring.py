@@ -9,9 +9,9 @@ from agent.imds import InstanceIdentity
 from agent.log import EventLog
 from agent.loop import Agent
 from agent.memory import MemoryFile
+from agent.scrub import build_scrub
 from agent.settings import AgentSettings
 from agent.termination import SelfTermination, power_off
-from agent.workspace import Workspace
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
@@ -52,7 +52,7 @@ def build_agent(
             backoff=backoff,
         ),
         termination=SelfTermination(identity.instance_id, ec2, log, backoff, poweroff),
-        workspace=Workspace(settings.runner_work_dir, settings.runner_user),
+        scrub=build_scrub(settings),
         memory=MemoryFile(settings.state_file),
         clock=clock,
         log=log,

@@ -1,4 +1,4 @@
-"""The emulator's GitHub runner: what `run.sh --jitconfig <encoded config>` starts on a simulated instance.
+"""The emulator's GitHub runner: what `run.sh` starts on a simulated instance, set up by the JIT config.
 
 Like the real runner started with a JIT config it connects to GitHub (here the fake, at the
 config's `ServerUrl`, with the token in its `.credentials`), prints that it is listening, takes one
@@ -10,8 +10,6 @@ agent's stop) disconnects and exits. Standard library only: it starts once per j
 
 from __future__ import annotations
 
-import argparse
-import base64
 import contextlib
 import json
 import os
@@ -74,9 +72,10 @@ def stamp() -> str:
     return f"{datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}"
 
 
-def runner_files(encoded: str) -> dict[str, Any]:
-    files = json.loads(base64.b64decode(encoded))
-    return {name: json.loads(base64.b64decode(content)) for name, content in files.items()}
+def runner_files(directory: Path) -> dict[str, Any]:
+    """The settings files the agent wrote into the runner directory from the JIT config, as the real
+    listener loads them when started without `--jitconfig` (actions/runner Runner.cs, `LoadSettings`)."""
+    return {name: json.loads((directory / name).read_text()) for name in (".runner", ".credentials")}
 
 
 def serve_one_job(github: FakeGitHubClient) -> int:
@@ -106,9 +105,7 @@ def serve_one_job(github: FakeGitHubClient) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jitconfig", required=True)
-    files = runner_files(parser.parse_args().jitconfig)
+    files = runner_files(Path.cwd())
     Path(PID_FILE).write_text(str(os.getpid()))
     github = FakeGitHubClient(files[".runner"]["ServerUrl"], files[".credentials"]["Data"]["token"])
     say("√ Connected to GitHub")

@@ -1,9 +1,9 @@
 """Stands in for the GitHub runner's run.sh in the agent's tests.
 
-Called as `run.sh --jitconfig <config>` in the runner directory, like the real one, and like the real
-one (actions/runner src/Runner.Listener/Runner.cs) it writes each settings file the config holds
-into that directory before it reads `.runner`. The tests' configs carry in `.runner` how the fake
-behaves and an `id`, so the fake also proves which config the control plane stored reached it. Modes:
+Called as `run.sh` in the runner directory, like the real one, and like the real one
+(actions/runner src/Runner.Listener/Runner.cs, `LoadSettings`) it reads its settings from the files
+the agent wrote there from the JIT config. The tests' configs carry in `.runner` how the fake behaves
+and an `id`, so the fake also proves which config the control plane stored reached it. Modes:
 
     job     say it is listening, run one job (files in _work, a leftover process), exit 0
     refuse  fail the way a runner with a bad config does, before listening; exit 1
@@ -13,8 +13,6 @@ behaves and an `id`, so the fake also proves which config the control plane stor
 
 from __future__ import annotations
 
-import argparse
-import base64
 import json
 import subprocess
 import sys
@@ -28,12 +26,10 @@ def say(line: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--jitconfig", required=True)
+    if sys.argv[1:]:
+        say(f"An error occurred: unexpected arguments {sys.argv[1:]}")
+        return 1
     here = Path.cwd()
-    files = json.loads(base64.b64decode(parser.parse_args().jitconfig))
-    for name, content in files.items():
-        (here / name).write_bytes(base64.b64decode(content))
     config = json.loads((here / ".runner").read_text())["fakeRunner"]
     with (here / "starts.log").open("a") as starts:
         starts.write(config["id"] + "\n")

@@ -86,7 +86,7 @@ def test_the_runner_is_started_with_updates_disabled(
     control_plane.claim(RUN, config)
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
 
-    # Then the .runner the runner wrote from its config (as run.sh --jitconfig does) disables updates
+    # Then the .runner the agent wrote for the runner from its config disables updates
     written = json.loads((running.settings.runner_dir / SETTINGS_FILE).read_text())
     assert written == {**config_file(config), DISABLE_UPDATE: True}
 

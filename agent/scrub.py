@@ -1,0 +1,392 @@
+"""Between two jobs: the runner account back to its first boot, and proof that nothing of the job is left.
+
+The scrub kills first (so nothing of the job can write while its files go), then removes, then looks
+again, from scratch, for anything the account still has:
+
+- processes: of the runner's session, of the account (any uid of theirs), of the job's cgroup;
+- docker: every container (with its anonymous volumes), volume and user-defined network, every image
+  but the operator's base set;
+- files: the home reset from the skeleton useradd copied, the account's entries in the shared
+  temporary directories, its crontab, its lingering marker (systemd-logind starts a lingering user's
+  manager, and so its user units, at boot), its mail spool emptied; the runner directory back to its
+  manifest, its work and log directories emptied;
+- then the check: no process, no container, volume, network or foreign image, a home equal to the
+  skeleton, no crontab or linger marker, the runner program as installed (hashed), and nothing the
+  account owns anywhere on the searched file systems but its home, its empty work and log directories
+  and its empty mail spool.
+
+Whatever is left is the reason in UD_REMOVE_REG_FAILED, and the instance is not pooled. The scrub
+cannot undo what a job did as root (a job that can sudo can change anything); README "Security model".
+
+When the runner shares the agent's account (the emulator), there is no account to restore: the scrub
+kills the runner's session and resets the runner directory only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pwd
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.docker import Docker, DockerCli, DockerError
+from agent.processes import JobCgroup, JobProcesses
+from agent.runner_install import RunnerInstall
+from agent.settings import AgentSettings
+
+MAX_LISTED = 8
+"""How many leftovers of one kind the reason names; the count says how many more."""
+
+
+class CleanupError(RuntimeError):
+    """Something of the last job could not be removed; the message is the reason in UD_REMOVE_REG_FAILED."""
+
+
+@dataclass(frozen=True)
+class AccountPlaces:
+    """Where a job running as the runner account can leave something behind, besides its home."""
+
+    skeleton: Path
+    temp_dirs: tuple[Path, ...]
+    crontab_dirs: tuple[Path, ...]
+    linger_dir: Path
+    mail_dirs: tuple[Path, ...]
+    scan_roots: tuple[Path, ...]
+    scan_exclude: tuple[Path, ...]
+
+
+@dataclass
+class ScrubReport:
+    killed: int = 0
+    left: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return not self.left
+
+    def reason(self) -> str:
+        return "the scrub left: " + "; ".join(self.left)
+
+
+class Scrub:
+    def __init__(
+        self,
+        *,
+        work_dir: Path,
+        runner: RunnerInstall,
+        processes: JobProcesses,
+        account: pwd.struct_passwd | None = None,
+        places: AccountPlaces | None = None,
+        docker: Callable[[], Docker | None] = lambda: None,
+        base_images: frozenset[str] = frozenset(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if account is not None and places is None:
+            raise ValueError("a runner account of its own needs the places to scrub")
+        self._work_dir = work_dir
+        self._runner = runner
+        self._processes = processes
+        self._account = account
+        self._places = places
+        self._docker = docker
+        self._base_images = base_images
+        self._clock = clock
+
+    @property
+    def work_dir(self) -> Path:
+        return self._work_dir
+
+    @property
+    def runner(self) -> RunnerInstall:
+        return self._runner
+
+    @property
+    def cgroup(self) -> JobCgroup | None:
+        """Where the runner starts, so that the job's processes can all be found again."""
+        return self._processes.cgroup
+
+    def prepare(self) -> None:
+        """An empty work directory the runner's account owns, as the runner expects to find it."""
+        self._work_dir.mkdir(parents=True, exist_ok=True)
+        if self._account is not None:
+            os.chown(self._work_dir, self._account.pw_uid, self._account.pw_gid)
+
+    def run(self, session_id: int | None) -> ScrubReport:
+        """Kill, remove, then check; the report lists what is left (nothing, when clean)."""
+        started = self._clock()
+        report = ScrubReport()
+        killed, survivors = self._processes.kill(session_id)
+        report.killed = len(killed)
+        if survivors:
+            report.left.append(_listed("processes survived being killed", [str(pid) for pid in survivors]))
+        account = self._account
+        docker = self._docker() if account is not None else None
+        steps: list[tuple[str, Callable[[], None]]] = [("runner directory", self._runner.reset)]
+        if account is not None:
+            places = self._places or _never("a runner account of its own without places")
+            steps += [
+                ("home", lambda: _reset_home(account, places.skeleton)),
+                ("temporary files", lambda: _remove_owned(places.temp_dirs, account.pw_uid)),
+                ("crontab and lingering", lambda: _remove_named(account.pw_name, places)),
+                ("mail spool", lambda: _empty_mail(account.pw_name, places)),
+            ]
+            if docker is not None:
+                steps.insert(0, ("docker", lambda: _remove_docker(docker, self._base_images)))
+        steps.append(("work directory", self._reset_work_dir))
+        for what, step in steps:
+            try:
+                step()
+            except (OSError, DockerError) as exc:
+                report.left.append(f"{what} could not be reset: {exc}")
+        report.left += self._check(session_id, docker)
+        report.seconds = self._clock() - started
+        return report
+
+    def _reset_work_dir(self) -> None:
+        _remove(self._work_dir)
+        self.prepare()
+
+    def _check(self, session_id: int | None, docker: Docker | None) -> list[str]:
+        left: list[str] = []
+        processes = self._processes.find(session_id)
+        if processes:
+            left.append(_listed("processes", [str(p.pid) for p in processes]))
+        if any(self._work_dir.iterdir()):
+            left.append(_listed("work directory not empty", sorted(p.name for p in self._work_dir.iterdir())))
+        left += self._runner.verify(full=True)
+        account, places = self._account, self._places
+        if account is None or places is None:
+            return left
+        if docker is not None:
+            left += _docker_left(docker, self._base_images)
+        left += _home_differences(account, places.skeleton)
+        for marker in _named_files(account.pw_name, places):
+            if os.path.lexists(marker):
+                left.append(f"{marker} exists")
+        owned = sorted(str(path) for path in self._owned_outside_allowed(account, places))
+        if owned:
+            left.append(_listed("files of the runner account", owned))
+        return left
+
+    def _owned_outside_allowed(self, account: pwd.struct_passwd, places: AccountPlaces) -> Iterator[Path]:
+        home = Path(account.pw_dir)
+        allowed_trees = {home}
+        allowed_empty = {self._work_dir, self._runner.directory / "_diag"}
+        allowed_empty |= {directory / account.pw_name for directory in places.mail_dirs}
+        excluded = set(places.scan_exclude)
+        seen: set[Path] = set()
+        for root in (*places.scan_roots, *places.temp_dirs):
+            if not root.exists():
+                continue
+            device = root.lstat().st_dev
+            for path, info in _walk(root, device, excluded | allowed_trees):
+                if path in seen or info.st_uid != account.pw_uid:
+                    continue
+                seen.add(path)
+                if path in allowed_empty and (stat.S_ISDIR(info.st_mode) or info.st_size == 0):
+                    continue
+                yield path
+
+
+def _listed(what: str, items: list[str]) -> str:
+    more = f" (+{len(items) - MAX_LISTED} more)" if len(items) > MAX_LISTED else ""
+    return f"{what}: {', '.join(items[:MAX_LISTED])}{more}"
+
+
+def _remove(path: Path) -> None:
+    """`path`, whatever it is, never following a link (shutil.rmtree does not, on Linux)."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _walk(root: Path, device: int, skipped: set[Path]) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every entry under `root` on its file system, `skipped` subtrees left out; never follows links."""
+    pending = [root]
+    while pending:
+        directory = pending.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            if path in skipped:
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            yield path, info
+            if stat.S_ISDIR(info.st_mode) and info.st_dev == device:
+                pending.append(path)
+
+
+def _reset_home(account: pwd.struct_passwd, skeleton: Path) -> None:
+    """The home as useradd made it: emptied, the skeleton copied in, all of it the account's."""
+    home = Path(account.pw_dir)
+    home.mkdir(parents=True, exist_ok=True)
+    for entry in list(home.iterdir()):
+        _remove(entry)
+    if skeleton.is_dir():
+        shutil.copytree(skeleton, home, symlinks=True, dirs_exist_ok=True)
+    for path in (home, *_tree(home)):
+        os.lchown(path, account.pw_uid, account.pw_gid)
+
+
+def _tree(directory: Path) -> Iterator[Path]:
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            yield Path(root) / name
+
+
+def _fingerprint(directory: Path) -> dict[str, tuple[str, int, str]]:
+    """Each entry below `directory`: its kind, permission bits and content (digest or link target)."""
+    found: dict[str, tuple[str, int, str]] = {}
+    if not directory.is_dir():
+        return found
+    for path in _tree(directory):
+        info = path.lstat()
+        relative = str(path.relative_to(directory))
+        if stat.S_ISLNK(info.st_mode):
+            found[relative] = ("link", 0, os.readlink(path))
+        elif stat.S_ISDIR(info.st_mode):
+            found[relative] = ("dir", stat.S_IMODE(info.st_mode), "")
+        else:
+            found[relative] = (
+                "file",
+                stat.S_IMODE(info.st_mode),
+                hashlib.sha256(path.read_bytes()).hexdigest(),
+            )
+    return found
+
+
+def _home_differences(account: pwd.struct_passwd, skeleton: Path) -> list[str]:
+    home = Path(account.pw_dir)
+    expected, found = _fingerprint(skeleton), _fingerprint(home)
+    differing = sorted(
+        name for name in expected.keys() | found.keys() if expected.get(name) != found.get(name)
+    )
+    foreign = sorted(
+        str(path.relative_to(home)) for path in _tree(home) if path.lstat().st_uid != account.pw_uid
+    )
+    left = []
+    if differing:
+        left.append(_listed(f"home {home} differs from {skeleton}", differing))
+    if foreign:
+        left.append(_listed(f"home {home} holds files of another account", foreign))
+    return left
+
+
+def _remove_owned(directories: tuple[Path, ...], uid: int) -> None:
+    """Every entry `uid` owns in `directories` (at any depth, on their file systems), with what it holds."""
+    for directory in directories:
+        if not directory.is_dir():
+            continue
+        device = directory.lstat().st_dev
+        pending = [directory]
+        while pending:
+            current = pending.pop()
+            for entry in list(os.scandir(current)):
+                info = entry.stat(follow_symlinks=False)
+                path = Path(entry.path)
+                if info.st_uid == uid:
+                    _remove(path)
+                elif stat.S_ISDIR(info.st_mode) and info.st_dev == device:
+                    pending.append(path)
+
+
+def _named_files(user: str, places: AccountPlaces) -> list[Path]:
+    return [*(directory / user for directory in places.crontab_dirs), places.linger_dir / user]
+
+
+def _remove_named(user: str, places: AccountPlaces) -> None:
+    for path in _named_files(user, places):
+        if not path.is_dir() or path.is_symlink():
+            path.unlink(missing_ok=True)
+
+
+def _empty_mail(user: str, places: AccountPlaces) -> None:
+    for directory in places.mail_dirs:
+        spool = directory / user
+        with contextlib.suppress(FileNotFoundError):
+            if spool.is_symlink() or not spool.is_file():
+                _remove(spool)
+                continue
+            descriptor = os.open(spool, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+            os.close(descriptor)
+
+
+def _remove_docker(docker: Docker, base_images: frozenset[str]) -> None:
+    # The order docker requires: containers hold volumes, networks and images.
+    docker.remove_containers(docker.containers())
+    docker.remove_volumes(docker.volumes())
+    docker.remove_networks(docker.networks())
+    docker.remove_images([image.id for image in docker.images() if not image.kept_by(base_images)])
+
+
+def _docker_left(docker: Docker, base_images: frozenset[str]) -> list[str]:
+    try:
+        found = {
+            "containers": docker.containers(),
+            "volumes": docker.volumes(),
+            "networks": docker.networks(),
+            "images": [image.id for image in docker.images() if not image.kept_by(base_images)],
+        }
+    except DockerError as exc:
+        return [f"docker could not be checked: {exc}"]
+    return [_listed(f"docker {kind}", items) for kind, items in found.items() if items]
+
+
+def build_scrub(settings: AgentSettings) -> Scrub:
+    """The scrub for the runner account the settings name (none: the agent's own, scrubbed least)."""
+    account = pwd.getpwnam(settings.runner_user) if settings.runner_user else None
+    own = account is not None and account.pw_uid != os.getuid()
+    cgroup = (
+        JobCgroup.below_own(settings.job_cgroup, settings.cgroup_root)
+        if settings.job_cgroup is not None
+        else None
+    )
+    places = AccountPlaces(
+        skeleton=settings.home_skeleton,
+        temp_dirs=settings.temp_dirs,
+        crontab_dirs=settings.crontab_dirs,
+        linger_dir=settings.linger_dir,
+        mail_dirs=settings.mail_dirs,
+        scan_roots=settings.scan_roots,
+        scan_exclude=settings.scan_exclude,
+    )
+
+    def docker() -> Docker | None:
+        return DockerCli(settings.docker_timeout_seconds) if settings.docker_socket.exists() else None
+
+    return Scrub(
+        work_dir=settings.runner_work_dir,
+        runner=RunnerInstall(
+            settings.runner_dir,
+            settings.runner_manifest,
+            account.pw_uid if account else None,
+            account.pw_gid if account else None,
+        ),
+        processes=JobProcesses(account.pw_uid if account else None, cgroup),
+        account=account if own else None,
+        places=places if own else None,
+        docker=docker,
+        base_images=frozenset(settings.docker_base_images),
+    )
+
+
+def _never(what: str) -> AccountPlaces:
+    raise ValueError(what)
