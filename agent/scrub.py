@@ -350,8 +350,9 @@ def _docker_left(docker: Docker, base_images: frozenset[str]) -> list[str]:
     return [_listed(f"docker {kind}", items) for kind, items in found.items() if items]
 
 
-def build_scrub(settings: AgentSettings) -> Scrub:
-    """The scrub for the runner account the settings name (none: the agent's own, scrubbed least)."""
+def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | None = None) -> Scrub:
+    """The scrub for the runner account the settings name (none: the agent's own, scrubbed least);
+    docker through its CLI whenever its socket is there, unless `docker` is given."""
     account = pwd.getpwnam(settings.runner_user) if settings.runner_user else None
     own = account is not None and account.pw_uid != os.getuid()
     cgroup = (
@@ -369,7 +370,7 @@ def build_scrub(settings: AgentSettings) -> Scrub:
         scan_exclude=settings.scan_exclude,
     )
 
-    def docker() -> Docker | None:
+    def docker_cli() -> Docker | None:
         return DockerCli(settings.docker_timeout_seconds) if settings.docker_socket.exists() else None
 
     return Scrub(
@@ -383,7 +384,7 @@ def build_scrub(settings: AgentSettings) -> Scrub:
         processes=JobProcesses(account.pw_uid if account else None, cgroup),
         account=account if own else None,
         places=places if own else None,
-        docker=docker,
+        docker=docker or docker_cli,
         base_images=frozenset(settings.docker_base_images),
     )
 

