@@ -107,8 +107,12 @@ def _cgroup_root() -> Path | None:
     return None
 
 
+LISTENER = "#!/bin/sh\necho 'the runner listener'\n"
+
+
 @contextlib.contextmanager
-def instance_root() -> Iterator[InstanceRoot]:
+def instance_root(listener: str = LISTENER) -> Iterator[InstanceRoot]:
+    """The instance, its runner's listener being `listener` (a shell script run by run.sh)."""
     name = f"rp-{uuid.uuid4().hex[:10]}"
     # Not under pytest's tmp_path: its parents are root's alone, and the account must reach its home.
     root = Path(tempfile.mkdtemp(prefix="runner-pool-instance-", dir="/tmp"))
@@ -131,7 +135,7 @@ def instance_root() -> Iterator[InstanceRoot]:
     account = pwd.getpwnam(name)
     instance = InstanceRoot(root, account, _cgroup_root(), f"runner-pool-job-{name}")
     try:
-        _lay_out(instance)
+        _lay_out(instance, listener)
         yield instance
     finally:
         _end_everything_of(instance)
@@ -139,7 +143,7 @@ def instance_root() -> Iterator[InstanceRoot]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _lay_out(instance: InstanceRoot) -> None:
+def _lay_out(instance: InstanceRoot, listener: str) -> None:
     root, account = instance.root, instance.account
     for shared in ("tmp", "var/tmp", "dev/shm"):
         (root / shared).mkdir(parents=True)
@@ -156,16 +160,16 @@ def _lay_out(instance: InstanceRoot) -> None:
         (root / directory).mkdir(parents=True)
     (root / "var/spool/mail" / account.pw_name).touch()
     instance.as_account(root / "var/spool/mail" / account.pw_name)
-    _install_runner(instance)
+    _install_runner(instance, listener)
 
 
-def _install_runner(instance: InstanceRoot) -> None:
+def _install_runner(instance: InstanceRoot, listener: str) -> None:
     """The runner directory as user_data.sh leaves it, with a stand-in listener; then its manifest."""
     runner = instance.runner_dir
     (runner / "bin").mkdir(parents=True)
     (runner / "run.sh").write_text('#!/bin/sh\nexec "$(dirname "$0")/bin/Runner.Listener" run "$@"\n')
     (runner / "run-helper.sh.template").write_text("#!/bin/sh\n")
-    (runner / "bin/Runner.Listener").write_text("#!/bin/sh\necho 'the runner listener'\n")
+    (runner / "bin/Runner.Listener").write_text(listener)
     for script in ("run.sh", "bin/Runner.Listener"):
         (runner / script).chmod(0o755)
     os.chown(runner, 0, instance.account.pw_gid)
