@@ -33,6 +33,7 @@ readonly RUNNER_USER="runner"
 readonly RUNNER_DIR="${ROOT}/opt/actions-runner"
 readonly AGENT_HOME="${ROOT}/opt/runner-pool"
 readonly CONFIG_DIR="${ROOT}/etc/runner-pool"
+readonly RUNNER_MANIFEST="${CONFIG_DIR}/runner-manifest.json"
 readonly STATE_DIR="${ROOT}/var/lib/runner-pool"
 readonly UNIT_DIR="${ROOT}/etc/systemd/system"
 readonly IMDS_GUARD="${ROOT}/usr/local/sbin/runner-pool-imds-guard"
@@ -125,8 +126,23 @@ install_runner() {
         || fail "${archive} from ${url} does not have the pinned SHA-256 ${RUNNER_SHA256}; not installing it"
     mkdir -p "${RUNNER_DIR}"
     tar -xzf "${WORK}/${archive}" -C "${RUNNER_DIR}"
-    mkdir -p "${RUNNER_DIR}/_work"
-    chown -R "${RUNNER_USER}:${RUNNER_USER}" "${RUNNER_DIR}"
+    # The runner's program is root's and read-only to the runner account, so no job can change what
+    # the next job's runner runs. The top directory is root:runner with the sticky bit: the runner adds
+    # and removes its own files there (run.sh writes run-helper.sh, the listener its settings), never
+    # root's; the agent removes whatever the manifest below does not name (agent/runner_install.py).
+    chown -R root:root "${RUNNER_DIR}"
+    chmod -R go-w "${RUNNER_DIR}"
+    chown "root:${RUNNER_USER}" "${RUNNER_DIR}"
+    chmod 1775 "${RUNNER_DIR}"
+    mkdir -p "${RUNNER_DIR}/_work" "${RUNNER_DIR}/_diag"
+    chown "${RUNNER_USER}:${RUNNER_USER}" "${RUNNER_DIR}/_work" "${RUNNER_DIR}/_diag"
+}
+
+# Every file of the runner as installed, hashed: the agent checks the runner against it before each
+# start and after each job, and refuses to serve another job when it differs.
+record_runner_manifest() {
+    mkdir -p "${CONFIG_DIR}"
+    "${AGENT_HOME}/venv/bin/python" -m agent.runner_install "${RUNNER_DIR}" "${RUNNER_MANIFEST}"
 }
 
 # The instance profile's credentials as a curl config (user and session token), read on stdin so
@@ -228,6 +244,8 @@ RUNNER_POOL_TERMINATION_GRACE_SECONDS=@TERMINATION_GRACE_SECONDS@
 RUNNER_POOL_RETENTION_DAYS=@RETENTION_DAYS@
 RUNNER_POOL_RUNNER_DIR=${RUNNER_DIR}
 RUNNER_POOL_RUNNER_USER=${RUNNER_USER}
+RUNNER_POOL_RUNNER_MANIFEST=${RUNNER_MANIFEST}
+RUNNER_POOL_JOB_CGROUP=job
 SETTINGS
     if [[ -n "${PRE_RUNNER_SCRIPT_BASE64}" ]]; then
         echo "RUNNER_POOL_PRE_RUNNER_SCRIPT=${CONFIG_DIR}/pre-runner.sh" >>"${CONFIG_DIR}/agent.env"
@@ -255,8 +273,10 @@ ExecStart=${AGENT_HOME}/venv/bin/python -m agent
 Restart=always
 RestartSec=2
 # The runner and its job live in the agent's control group: stopping the agent stops them too,
-# the agent first (SIGTERM), everything left a little later.
+# the agent first (SIGTERM), everything left a little later. The agent starts the runner in a cgroup
+# of its own below it ("job"), so everything a job starts, under any uid, is found and killed with it.
 KillMode=mixed
+Delegate=yes
 TimeoutStopSec=60
 
 [Install]
@@ -278,6 +298,7 @@ main() {
     fi
     install_runner
     install_agent "${region}"
+    record_runner_manifest
     write_agent_settings "${region}"
     install_service
     rm -rf "${WORK}"

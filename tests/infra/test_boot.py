@@ -485,9 +485,21 @@ def unpacks_the_runner_for_the_runner_user(boot: Boot) -> None:
     unpacked = {str(path.relative_to(runner)) for path in runner.rglob("*") if path.is_file()}
     assert unpacked == set(RUNNER_ARCHIVE_LAYOUT)
     assert (runner / "_work").is_dir()
-    # It belongs to the runner user, who was created
+    assert (runner / "_diag").is_dir()
+    # The runner user was created; the program is root's and no file of it is writable by the user;
+    # the top directory is root:runner with the sticky bit, _work and _diag the runner user's
     assert boot.of("useradd") == [["--create-home", "--shell", "/bin/bash", "runner"]]
-    assert ["-R", "runner:runner", str(runner)] in boot.of("chown")
+    assert boot.of("chown") == [
+        ["-R", "root:root", str(runner)],
+        ["root:runner", str(runner)],
+        ["runner:runner", str(runner / "_work"), str(runner / "_diag")],
+    ]
+    assert oct(runner.stat().st_mode & 0o7777) == "0o1775"
+    assert not [path for path in runner.rglob("*") if path.stat().st_mode & 0o022]
+    # And a manifest records every file of it as installed, for the agent to check the runner against
+    manifest = json.loads((boot.root / "etc/runner-pool/runner-manifest.json").read_text())
+    assert {name for name, entry in manifest.items() if entry["kind"] == "file"} == set(RUNNER_ARCHIVE_LAYOUT)
+    assert all(entry["sha256"] for entry in manifest.values() if entry["kind"] == "file")
 
 
 def installs_the_agent_offline_from_exactly_the_wheelhouse_pins(boot: Boot, boot_world: BootWorld) -> None:
@@ -525,6 +537,11 @@ def runs_the_agent_as_a_service_behind_the_metadata_guard(boot: Boot, boot_world
     settings = (boot.root / "etc/runner-pool/agent.env").read_text()
     assert f"RUNNER_POOL_TABLE_NAME={boot_world.table_ref}\n" in settings
     assert f"RUNNER_POOL_REGION={REGION}\n" in settings
+    # And the agent checks the runner against its manifest, and starts it in a cgroup of its own below
+    # the agent's, which the unit delegates to it
+    assert f"RUNNER_POOL_RUNNER_MANIFEST={boot.root}/etc/runner-pool/runner-manifest.json\n" in settings
+    assert "RUNNER_POOL_JOB_CGROUP=job\n" in settings
+    assert "Delegate=yes\n" in agent
 
 
 @pytest.mark.parametrize(
