@@ -20,6 +20,7 @@ import threading
 from botocore.exceptions import BotoCoreError, ClientError
 
 from agent.boot import run_pre_runner_script
+from agent.docker import DockerError
 from agent.heartbeat import Heartbeat
 from agent.imds import InstanceIdentity
 from agent.jit_config import runner_files
@@ -111,6 +112,7 @@ class Agent:
             self._log.info(
                 "agent restarted; the pre-runner script has already run", boot_failure=memory.boot_failure
             )
+            self._scrub.keep_images(memory.first_boot_images)
             return
         try:
             self._scrub.prepare()
@@ -120,12 +122,23 @@ class Agent:
             failure = run_pre_runner_script(
                 self._settings.pre_runner_script, self._settings.pre_runner_timeout_seconds, self._log
             )
-        self._memory.update(booted=True, boot_failure=failure)
+        images = self._first_boot_images() if failure is None else ()
+        self._scrub.keep_images(images)
+        self._memory.update(booted=True, boot_failure=failure, first_boot_images=images)
         if failure is None:
             self._outbox.send(Signal.UD_OK)
         else:
             self._log.error("pre-runner script failed", reason=failure)
             self._outbox.send(Signal.UD_FAILED, reason=failure)
+
+    def _first_boot_images(self) -> tuple[str, ...]:
+        try:
+            return tuple(self._scrub.images_now())
+        except DockerError as exc:
+            # Not a reason to refuse the instance: the scrub then removes every image, the pre-runner
+            # script's too, which costs pulls, not safety.
+            self._log.warning("could not list docker's images at first boot", error=str(exc))
+            return ()
 
     def step(self) -> float:
         """One look at the record and what follows from it; returns the seconds until the next look."""

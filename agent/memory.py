@@ -29,6 +29,8 @@ class Memory(BaseModel):
     booted: bool = False
     """The pre-runner script has run (and its outcome is below)."""
     boot_failure: str | None = None
+    first_boot_images: tuple[str, ...] = ()
+    """The docker images the instance had once the pre-runner script ran: every scrub keeps them."""
     scrub_failure: str | None = None
     """What a scrub left behind: the instance serves no other run key (agent/scrub.py)."""
     serving_run_key: str | None = None

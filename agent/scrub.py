@@ -31,7 +31,7 @@ import pwd
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,6 +111,15 @@ class Scrub:
     def cgroup(self) -> JobCgroup | None:
         """Where the runner starts, so that the job's processes can all be found again."""
         return self._processes.cgroup
+
+    def keep_images(self, ids: Iterable[str]) -> None:
+        """Images the instance had at first boot (the pre-runner script's): the scrub keeps them."""
+        self._base_images = self._base_images | frozenset(ids)
+
+    def images_now(self) -> list[str]:
+        """The ids of the images docker holds now; none without a runner account or a daemon."""
+        docker = self._docker() if self._account is not None else None
+        return [image.id for image in docker.images()] if docker is not None else []
 
     def prepare(self) -> None:
         """An empty work directory the runner's account owns, as the runner expects to find it."""
@@ -385,7 +394,6 @@ def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | N
         account=account if own else None,
         places=places if own else None,
         docker=docker or docker_cli,
-        base_images=frozenset(settings.docker_base_images),
     )
 
 

@@ -73,8 +73,6 @@ class AgentSettings(BaseSettings):
     through its daemon instead)."""
     docker_socket: Path = Path("/var/run/docker.sock")
     """No socket, no daemon: nothing of docker to clean."""
-    docker_base_images: tuple[str, ...] = ()
-    """Images kept between jobs (by reference or id, e.g. the pre-runner script's); any other is removed."""
     listening_timeout_seconds: float = Field(120, gt=0)
     stop_timeout_seconds: float = Field(30, gt=0)
 

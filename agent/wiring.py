@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agent.docker import Docker
 from agent.imds import InstanceIdentity
 from agent.log import EventLog
 from agent.loop import Agent
@@ -30,6 +31,7 @@ def build_agent(
     clock: Clock | None = None,
     backoff: Backoff | None = None,
     poweroff: Callable[[], None] = power_off,
+    docker: Callable[[], Docker | None] | None = None,
 ) -> Agent:
     clock = clock or SystemClock()
     backoff = backoff or Backoff()
@@ -52,7 +54,7 @@ def build_agent(
             backoff=backoff,
         ),
         termination=SelfTermination(identity.instance_id, ec2, log, backoff, poweroff),
-        scrub=build_scrub(settings),
+        scrub=build_scrub(settings, docker),
         memory=MemoryFile(settings.state_file),
         clock=clock,
         log=log,

@@ -16,6 +16,7 @@ is not in the figure).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import statistics
@@ -126,8 +127,8 @@ def measure_scrub(releases: int, runner_megabytes: int) -> ScrubTimes:
         runner_files={f"externals/blob-{n:04}": blob for n in range(runner_megabytes)}
     ) as instance:
         docker = FakeDocker()
-        docker.pull("ubuntu:24.04")
         scrub = build_scrub(instance.agent_settings(), docker=lambda: docker)
+        scrub.keep_images([docker.pull("ubuntu:24.04")])
         seconds, checks = [], []
         for _ in range(releases):
             scrub.runner.check_before_start()
@@ -172,7 +173,7 @@ def _measure(aws: LocalAws, scratch: Path) -> BenchTable:
             instance_id,
             arn,
             RUN_KEY,
-            json.dumps({"id": token, "mode": "job", "job_seconds": 3 * WINDOW_SECONDS}),
+            _jit_config({"id": token, "mode": "job", "job_seconds": 3 * WINDOW_SECONDS}),
         )
         _await(lambda: _confirms(records, instance_id, Signal.UD_REG_OK, RUN_KEY), "UD_REG_OK")
         registration_seconds = time.monotonic() - claimed_at
@@ -273,6 +274,17 @@ def _child(instance_id: str) -> None:
             print(json.dumps(snapshot), flush=True)
         stop.set()
         thread.join(30)
+
+
+def _jit_config(fake_runner: dict[str, object]) -> str:
+    """A config shaped as GitHub's generate-jitconfig returns it (base64 JSON of the runner's settings
+    files, each base64 JSON); its `.runner` tells the fake runner what to do."""
+    files = {
+        ".runner": {"agentId": 1, "agentName": "bench", "ephemeral": True, "fakeRunner": fake_runner},
+        ".credentials": {"scheme": "OAuthAccessToken", "data": {"token": "bench"}},
+    }
+    encoded = {name: base64.b64encode(json.dumps(body).encode()).decode() for name, body in files.items()}
+    return base64.b64encode(json.dumps(encoded).encode()).decode()
 
 
 def _confirms(records: StateTable, instance_id: str, signal: Signal, run_key: str | None) -> bool:

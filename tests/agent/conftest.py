@@ -26,6 +26,7 @@ import boto3
 import pytest
 from botocore.awsrequest import AWSResponse, HTTPHeaders
 
+from agent.docker import Docker
 from agent.imds import InstanceIdentity
 from agent.log import agent_log
 from agent.loop import Agent
@@ -291,12 +292,13 @@ class AgentFactory:
         }
         return AgentSettings(_env_file=None, **values)
 
-    def start(self, **overrides: Any) -> RunningAgent:
-        running = self.build(**overrides).start()
+    def start(self, docker: Docker | None = None, **overrides: Any) -> RunningAgent:
+        running = self.build(docker, **overrides).start()
         self.started.append(running)
         return running
 
-    def build(self, **overrides: Any) -> RunningAgent:
+    def build(self, docker: Docker | None = None, **overrides: Any) -> RunningAgent:
+        """The agent with `overrides` of its settings; docker, if given, is the daemon it scrubs."""
         settings = self.settings(**overrides)
         dynamodb = boto3.client("dynamodb", region_name=REGION)
         ec2 = boto3.client("ec2", region_name=REGION)
@@ -313,6 +315,7 @@ class AgentFactory:
             clock=self.clock,
             backoff=AGENT_BACKOFF,
             poweroff=lambda: powered_off.append(self.clock.now()),
+            docker=(lambda: docker) if docker is not None else None,
         )
         return RunningAgent(agent, settings, dynamodb, ec2, powered_off)
 

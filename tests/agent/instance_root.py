@@ -94,7 +94,6 @@ class InstanceRoot:
             "scan_roots": (self.root,),
             "scan_exclude": (),
             "docker_socket": self.root / "var/run/docker.sock",
-            "docker_base_images": ("ubuntu:24.04",),
         }
         if self.cgroup_root is not None:
             values |= {"cgroup_root": self.cgroup_root, "job_cgroup": self.cgroup_name}

@@ -15,7 +15,8 @@ import pytest
 
 from runner_pool.domain.records import Signal
 from tests.agent.conftest import AgentFactory, ControlPlane, eventually
-from tests.agent.instance_root import InstanceRoot, instance_root
+from tests.agent.fake_docker import FakeDocker
+from tests.agent.instance_root import InstanceRoot, instance_root, plant_in_docker
 from tests.support import builders
 
 RUN = builders.run_key(7, "/class=large")
@@ -68,9 +69,12 @@ def processes_showing(secret: str) -> list[str]:
 def test_a_job_on_a_runner_account_never_sees_the_runner_config_and_leaves_nothing_behind(
     control_plane: ControlPlane, agents: AgentFactory, instance: InstanceRoot
 ) -> None:
-    # Given an idle instance whose agent runs its runner as an account of its own
+    # Given an idle instance whose agent runs its runner as an account of its own, and whose docker
+    # holds an image pulled before the first job (by the pre-runner script)
+    docker = FakeDocker()
+    base_image = docker.pull("ubuntu:24.04")
     control_plane.launch_for_pool()
-    agents.start(**instance.settings())
+    agents.start(docker, **instance.settings())
     control_plane.await_signal(Signal.UD_OK, None)
 
     # When a run claims it with a JIT config holding a secret, and the runner listens
@@ -92,6 +96,7 @@ def test_a_job_on_a_runner_account_never_sees_the_runner_config_and_leaves_nothi
     handed.write_text(str(instance.root))
     eventually((instance.home / ".git-credentials").exists, what="the job's files")
     eventually(instance.processes_of_the_job, what="the job's detached process")
+    plant_in_docker(docker)
     control_plane.release(RUN)
 
     # Then the agent gives its receipt, and nothing of the job is left
@@ -100,6 +105,9 @@ def test_a_job_on_a_runner_account_never_sees_the_runner_config_and_leaves_nothi
     assert not instance.path("tmp/job-cache").exists()
     assert not credentials.exists()
     assert instance.processes_of_the_job() == []
+    # And docker holds what it held at first boot, the image the job did not pull kept
+    assert (docker.containers(), docker.volumes(), docker.networks()) == ([], [], [])
+    assert [image.id for image in docker.images()] == [base_image]
 
 
 def test_an_instance_whose_scrub_left_something_refuses_every_later_run(

@@ -28,6 +28,9 @@ from tests.agent.instance_root import (
     run_job,
 )
 
+BASE_IMAGE = "ubuntu:24.04"
+"""Pulled before the first job (by the pre-runner script): the agent keeps it through every scrub."""
+
 
 @pytest.fixture
 def instance() -> Iterator[InstanceRoot]:
@@ -39,7 +42,7 @@ def instance() -> Iterator[InstanceRoot]:
 def docker() -> FakeDocker:
     """The daemon at first boot: the operator's base image only."""
     daemon = FakeDocker()
-    daemon.pull("ubuntu:24.04")
+    daemon.pull(BASE_IMAGE)
     return daemon
 
 
@@ -95,8 +98,11 @@ def plant(instance: InstanceRoot, docker: FakeDocker) -> dict[str, Path | str]:
     return planted
 
 
-def scrub_of(instance: InstanceRoot, docker: FakeDocker, **overrides: object) -> Scrub:
-    return build_scrub(instance.agent_settings(**overrides), docker=lambda: docker)
+def scrub_of(instance: InstanceRoot, docker: FakeDocker) -> Scrub:
+    """The scrub as the agent builds it, keeping the images docker had at first boot, as the agent does."""
+    scrub = build_scrub(instance.agent_settings(), docker=lambda: docker)
+    scrub.keep_images([docker.pull(BASE_IMAGE)])  # already there: its id
+    return scrub
 
 
 def test_every_kind_of_residue_a_job_plants_is_gone_after_the_scrub(
