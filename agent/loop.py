@@ -122,6 +122,11 @@ class Agent:
             failure = run_pre_runner_script(
                 self._settings.pre_runner_script, self._settings.pre_runner_timeout_seconds, self._log
             )
+        if failure is None:
+            # Hashed now, while the instance boots, so that the first claim's start only checks stats.
+            problems = self._scrub.runner.verify(full=True)
+            if problems:
+                failure = "the runner program is not as installed: " + "; ".join(problems[:5])
         images = self._first_boot_images() if failure is None else ()
         self._scrub.keep_images(images)
         self._memory.update(booted=True, boot_failure=failure, first_boot_images=images)

@@ -139,3 +139,19 @@ def test_an_instance_whose_scrub_left_something_refuses_every_later_run(
     refused = control_plane.await_signal(Signal.UD_REG_FAILED, NEXT_RUN)
     assert refused.reason is not None
     assert refused.reason.startswith("not registering: the scrub left: files of the runner account")
+
+
+def test_an_instance_whose_runner_is_not_as_installed_fails_its_boot(
+    control_plane: ControlPlane, agents: AgentFactory, instance: InstanceRoot
+) -> None:
+    # Given an instance whose runner program changed after the boot recorded its manifest
+    listener = instance.runner_dir / "bin/Runner.Listener"
+    listener.write_text(listener.read_text() + "# changed\n")
+
+    # When its agent starts / Then it signals UD_FAILED naming the file, and never serves a job
+    agents.start(**instance.settings())
+    failed = control_plane.await_signal(Signal.UD_FAILED, None)
+    assert failed.reason is not None
+    assert failed.reason.startswith(
+        "the runner program is not as installed: runner file changed: bin/Runner.Listener"
+    )
