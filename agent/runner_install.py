@@ -160,7 +160,7 @@ class RunnerInstall:
             if name not in RUNTIME_ENTRIES:
                 raise RunnerInstallError(f"the JIT config holds a file the runner never writes: {name!r}")
             path = self._directory / name
-            _remove(path)
+            remove_path(path)
             # Never through a link the account may have planted: O_EXCL|O_NOFOLLOW on a fresh name.
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
@@ -179,12 +179,12 @@ class RunnerInstall:
             if name in ACCOUNT_DIRS:
                 continue
             if name in RUNTIME_ENTRIES or (manifest is not None and name not in manifest):
-                _remove(entry)
+                remove_path(entry)
         for name in ACCOUNT_DIRS:
             directory = self._directory / name
             if name == "_diag" and manifest is None and not directory.exists():
                 continue
-            _remove(directory)
+            remove_path(directory)
             directory.mkdir(mode=0o755)
             if self._uid is not None and self._gid is not None:
                 os.chown(directory, self._uid, self._gid)
@@ -214,7 +214,8 @@ def _program_entries(directory: Path) -> list[str]:
     return names
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
+    """`path`, whatever it is, never following a link (shutil.rmtree does not, on Linux)."""
     try:
         info = path.lstat()
     except FileNotFoundError:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from agent.docker import Docker, DockerCli, DockerError
 from agent.processes import JobCgroup, JobProcesses
-from agent.runner_install import RunnerInstall
+from agent.runner_install import RunnerInstall, remove_path
 from agent.settings import AgentSettings
 
 MAX_LISTED = 8
@@ -159,7 +159,7 @@ class Scrub:
         return report
 
     def _reset_work_dir(self) -> None:
-        _remove(self._work_dir)
+        remove_path(self._work_dir)
         self.prepare()
 
     def _check(self, session_id: int | None, docker: Docker | None) -> list[str]:
@@ -209,18 +209,6 @@ def _listed(what: str, items: list[str]) -> str:
     return f"{what}: {', '.join(items[:MAX_LISTED])}{more}"
 
 
-def _remove(path: Path) -> None:
-    """`path`, whatever it is, never following a link (shutil.rmtree does not, on Linux)."""
-    try:
-        info = path.lstat()
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(info.st_mode):
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
 def _walk(root: Path, device: int, skipped: set[Path]) -> Iterator[tuple[Path, os.stat_result]]:
     """Every entry under `root` on its file system, `skipped` subtrees left out; never follows links."""
     pending = [root]
@@ -248,7 +236,7 @@ def _reset_home(account: pwd.struct_passwd, skeleton: Path) -> None:
     home = Path(account.pw_dir)
     home.mkdir(parents=True, exist_ok=True)
     for entry in list(home.iterdir()):
-        _remove(entry)
+        remove_path(entry)
     if skeleton.is_dir():
         shutil.copytree(skeleton, home, symlinks=True, dirs_exist_ok=True)
     for path in (home, *_tree(home)):
@@ -312,7 +300,7 @@ def _remove_owned(directories: tuple[Path, ...], uid: int) -> None:
                 info = entry.stat(follow_symlinks=False)
                 path = Path(entry.path)
                 if info.st_uid == uid:
-                    _remove(path)
+                    remove_path(path)
                 elif stat.S_ISDIR(info.st_mode) and info.st_dev == device:
                     pending.append(path)
 
@@ -332,7 +320,7 @@ def _empty_mail(user: str, places: AccountPlaces) -> None:
         spool = directory / user
         with contextlib.suppress(FileNotFoundError):
             if spool.is_symlink() or not spool.is_file():
-                _remove(spool)
+                remove_path(spool)
                 continue
             descriptor = os.open(spool, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
             os.close(descriptor)
