@@ -22,7 +22,7 @@ help:
 install: .venv/.installed
 
 test: install
-	$(RUN) pytest -n 2 -q
+	$(RUN) pytest -n 2 -q --durations=15
 
 lint: install
 	$(RUN) ruff check .

@@ -289,9 +289,18 @@ def _is_root(principal_element: Any, account: str) -> bool:
     return any(w == account or (w.startswith("arn:") and w.endswith(f":iam::{account}:root")) for w in wanted)
 
 
+_UNCHECKED_CLIENT = boto3.session.Session.client
+"""boto3's own client maker, taken at import: emulator/iam_agent.py replaces `Session.client` in an agent's
+process so that every client the agent makes is checked, and the lookups' own clients must not be."""
+
+
 @cache
 def _session() -> boto3.session.Session:
     return boto3.session.Session()
+
+
+def _unchecked_client(service: str, **kwargs: Any) -> Any:
+    return _UNCHECKED_CLIENT(_session(), service, **kwargs)
 
 
 class _Lookups:
@@ -311,8 +320,8 @@ class _Lookups:
     def _client(self, service: str) -> Any:
         with self._lock:
             if service not in self._clients:
-                self._clients[service] = _session().client(
-                    service,  # type: ignore[call-overload]
+                self._clients[service] = _unchecked_client(
+                    service,
                     region_name=self.region,
                     endpoint_url=None if "amazonaws.com" in self._endpoint else self._endpoint,
                     aws_access_key_id="iam-check",

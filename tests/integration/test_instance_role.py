@@ -157,3 +157,24 @@ def test_an_instance_terminates_itself_and_no_other_instance(instances: Instance
     instances.own_ec2.terminate_instances(InstanceIds=[instances.a])
     assert denied_operations(instances.check) == ["ec2:TerminateInstances"]
     assert instances.check.checked() == 2
+
+
+def test_the_checks_own_lookups_are_not_checked_where_every_session_client_is(
+    instances: Instances, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given every boto3 Session's clients checked as instance A, as emulator/iam_agent.py does in an
+    # agent's process (a self-termination once failed a scenario: the check's own DescribeInstances,
+    # made to read B's tags, was taken for A's call)
+    make_client = boto3.session.Session.client
+
+    def checked_client(session: Any, *args: Any, **kwargs: Any) -> Any:
+        return instances.check.on_client(
+            make_client(session, *args, **kwargs), instances.check.iam.instance(instances.a)
+        )
+
+    monkeypatch.setattr(boto3.session.Session, "client", checked_client)
+    # When A terminates itself
+    instances.own_ec2.terminate_instances(InstanceIds=[instances.a])
+    # Then the one call checked is A's TerminateInstances, allowed
+    assert instances.check.checked() == 1
+    assert denied_operations(instances.check) == []
