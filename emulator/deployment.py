@@ -1,12 +1,11 @@
 """The stack on local AWS: what the CDK app deploys, and our Lambdas invoked the way AWS invokes them.
 
-`deploy` creates in local AWS (moto's server, executing state machines) the state table, the pool
-queues, the network and launch templates, the runner credentials key, the App's private key and
-the webhook secret, the idempotency table and the demand queue, and our two state machines from
-infra/statemachines/ with every `${<Pascal>Function}` routed to `runner_pool.handlers.<machine>.<snake>`
-in this process. It installs one ControlPlane for every handler, with clients that count their
-calls, EC2's CreateFleet simulated (emulator/ec2_fleet.py) and the GitHub App aimed at the fake.
-Then, until the `with` ends:
+`deploy` builds the whole local stack (emulator/stack.py) on local AWS (moto's server, executing state
+machines): the state table, what instances need (pool queues, network, launch templates, the runner
+credentials key, the App's private key), the ingress (webhook secret, idempotency table, demand queue)
+and our two state machines, all as the synthesized template declares them. It runs the stack with
+clients that count their calls, EC2's CreateFleet simulated (emulator/ec2_fleet.py) and the GitHub App
+aimed at the fake. Then, until the `with` ends:
 
 - the webhook Lambda behind API Gateway on localhost (emulator/api_gateway.py), and the fake
   GitHub's webhooks pointed at it;
@@ -17,46 +16,33 @@ Then, until the `with` ends:
 
 from __future__ import annotations
 
-import importlib
-import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from emulator import iam_check
 from emulator.api_gateway import ProxyEndpoint
-from emulator.aws import ACCOUNT, REGION, CallCounter, LocalAws
+from emulator.aws import CallCounter, LocalAws
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.event_sources import QueueEventSource, Schedule
 from emulator.fake_github import FakeGitHub
-from emulator.iam_stack import synthesized_template
-from emulator.resources import (
-    create_demand_queue,
-    create_idempotency_table,
-    create_launch_templates,
-    create_network,
-    create_pool_queues,
-    create_state_table,
-)
-from emulator.step_functions import Handler, Invocations, LocalStateMachines, lambdas_in_process, render_asl
+from emulator.stack import LocalStack, RuntimeFactory
+from emulator.step_functions import Handler, Invocations, lambdas_in_process
 from runner_pool.adapters.fleet import LAUNCH_TAG
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.demand import BATCHING_WINDOW_SECONDS
 from runner_pool.domain.runner_scope import RepositoryScope
-from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
-from runner_pool.handlers import dispatcher, refresh, webhook
-from runner_pool.wiring import ControlPlane, use_control_plane
+from runner_pool.environment import STACK_TAG_KEY
+from runner_pool.handlers import webhook
+from runner_pool.wiring import ControlPlane
 
-STATE_MACHINES = Path(__file__).resolve().parents[1] / "infra" / "statemachines"
 MACHINES = ("provision", "release")
-_FUNCTION = re.compile(r"\$\{([A-Z][A-Za-z0-9]*)Function\}")
 
 
 @dataclass(frozen=True)
@@ -143,39 +129,22 @@ def deploy(
     webhook_secret: str,
     stack_name: str = "runner-pool-local",
     timers: Timers | None = None,
+    runtime: RuntimeFactory | None = None,
 ) -> Iterator[Deployment]:
-    """The stack deployed on `aws` (started with `state_machines=True`), running until the `with` ends."""
+    """The stack deployed on `aws` (started with `state_machines=True`), running until the `with` ends;
+    its functions run by `runtime` (in this process by default)."""
     timers = timers or Timers()
     calls = CallCounter()
-    ec2, sqs, dynamodb = aws.client("ec2"), aws.client("sqs"), aws.client("dynamodb")
-    secrets = aws.client("secretsmanager")
-    create_state_table(dynamodb, f"{stack_name}-state")
-    create_idempotency_table(dynamodb, f"{stack_name}-idempotency")
-    secrets.create_secret(Name=config.github.private_key_secret_name, SecretString=app.private_key_pem)
-    secrets.create_secret(Name=config.github.webhook_secret_name, SecretString=webhook_secret)
-    machines = LocalStateMachines(aws.client("stepfunctions"), aws.client("lambda"), aws.client("iam"))
-    routes: dict[str, Handler] = {}
-    arns: dict[str, str] = {}
+    stack = LocalStack(config, aws.client, stack_name=stack_name)
+    stack.create_state_table()
+    stack.create_instance_resources(app.private_key_pem)
+    stack.create_ingress_resources(webhook_secret)
     for machine in MACHINES:
-        arn, handlers = _deploy_machine(machines, machine)
-        arns[machine], routes = arn, routes | handlers
-    settings = ControlPlaneSettings(
-        table_name=f"{stack_name}-state",
-        config=config,
-        stack_name=stack_name,
-        pool_queue_urls=create_pool_queues(sqs, stack_name, list(config.resource_classes)),
-        credentials_key_id=aws.client("kms").create_key()["KeyMetadata"]["KeyId"],
-        subnet_ids=create_network(ec2),
-        launch_templates=create_launch_templates(ec2, stack_name),
-        provision_state_machine_arn=arns["provision"],
-        release_state_machine_arn=arns["release"],
-        demand_queue_url=create_demand_queue(sqs, stack_name),
-        idempotency_table_name=f"{stack_name}-idempotency",
-        account_id=ACCOUNT,
-    )
+        stack.create_state_machine(machine)
+    unset = {name: stack.missing(name) for name in stack.template.function_names() if stack.missing(name)}
+    if unset:
+        raise LookupError(f"the local stack gives no value for what the template gives: {unset}")
     meter = LambdaMeter()
-    routes = {name: meter.wrap(name, handler) for name, handler in routes.items()}
-    check = attach_policy_check(settings)
     owner, repo = app.repository.split("/", 1)
     github_app = GitHubApp(
         app.app_id,
@@ -184,56 +153,52 @@ def deploy(
         RepositoryScope(owner=owner, repo=repo),
         base_url=github.url,
     )
-    clients = _CountedClients(aws, calls, check)
-    plane = ControlPlane(settings, clients=clients, github=github_app)
-    use_control_plane(plane)
+
+    def counted(service: str) -> Any:
+        client = aws.client(service, calls)
+        return FleetEc2(client) if service == "ec2" else client
+
     try:
-        with ExitStack() as running:
+        with (
+            stack.running(clients=counted, github=github_app, runtime=runtime),
+            ExitStack() as running,
+        ):
+            check = stack.policy_check
+            routes = {
+                name: meter.wrap(name, stack.handler(name)) for m in MACHINES for name in stack.routes(m)
+            }
             invocations = running.enter_context(lambdas_in_process(routes))
             api = running.enter_context(
                 ProxyEndpoint(
-                    meter.wrap(
-                        "webhook",
-                        iam_check.as_function("runner_pool.handlers.webhook.receive", webhook.receive),
-                    ),
-                    webhook.WEBHOOK_PATH,
-                    "webhook",
+                    meter.wrap("webhook", stack.handler("webhook")), webhook.WEBHOOK_PATH, "webhook"
                 )
             )
             github.webhooks.point_at(api.url, webhook_secret)
             running.callback(github.webhooks.disconnect)
             demand = running.enter_context(
                 QueueEventSource(
-                    meter.wrap(
-                        "dispatcher",
-                        iam_check.as_function(
-                            "runner_pool.handlers.dispatcher.dispatch", dispatcher.dispatch
-                        ),
-                    ),
+                    meter.wrap("dispatcher", stack.handler("dispatcher")),
                     "dispatcher",
                     # Lambda's event source reads the queue with the function's execution role
                     # (Lambda Developer Guide, with-sqs.html, "Execution role permissions").
                     sqs=check.on_client(
-                        aws.client("sqs"), check.iam.function("runner_pool.handlers.dispatcher.dispatch")
+                        aws.client("sqs"), check.iam.function(stack.function("dispatcher").handler)
                     ),
-                    queue_url=settings.require("demand_queue_url", "the dispatcher"),
+                    queue_url=stack.settings.require("demand_queue_url", "the dispatcher"),
                     batch_size=timers.batch_size,
                     window_seconds=timers.batching_window_seconds,
                 )
             )
             schedule = running.enter_context(
                 Schedule(
-                    meter.wrap(
-                        "refresh",
-                        iam_check.as_function("runner_pool.handlers.refresh.refresh", refresh.refresh),
-                    ),
+                    meter.wrap("refresh", stack.handler("refresh")),
                     "refresh",
                     every_seconds=timers.refresh_every_seconds,
                     rule=f"{stack_name}-refresh",
                 )
             )
             yield Deployment(
-                plane,
+                stack.plane,
                 stack_name,
                 calls,
                 invocations,
@@ -244,10 +209,7 @@ def deploy(
                 aws.client("stepfunctions"),
                 check,
             )
-        check.assert_allowed()
     finally:
-        use_control_plane(None)
-        iam_check.detach_policy_check(check)
         github_app.close()
 
 
@@ -293,58 +255,3 @@ class FleetEc2(SimulatedEc2):
             tags = [tag for spec in params.get("TagSpecifications", []) for tag in spec.get("Tags", [])]
             self.launches[next((t["Value"] for t in tags if t["Key"] == LAUNCH_TAG), "")] += 1
         return response
-
-
-class _CountedClients:
-    """The control plane's clients, each counting its calls; EC2's with CreateFleet simulated."""
-
-    def __init__(self, aws: LocalAws, calls: CallCounter, check: iam_check.PolicyCheck) -> None:
-        self._aws = aws
-        self._calls = calls
-        self._check = check
-
-    def __call__(self, service: str) -> Any:
-        client = self._aws.client(service, self._calls)
-        return self._check.on_client(FleetEc2(client) if service == "ec2" else client)
-
-
-def attach_policy_check(settings: ControlPlaneSettings) -> iam_check.PolicyCheck:
-    """The Lambdas' calls checked against the synthesized policies (emulator/iam_check.py), bound to this
-    deployment: one place, to move onto the one local stack's on_client hook."""
-    return iam_check.attach_policy_check(
-        iam_check.settings_environment(settings), region=REGION, account=ACCOUNT
-    )
-
-
-def _deploy_machine(machines: LocalStateMachines, machine: str) -> tuple[str, dict[str, Handler]]:
-    """One of infra/statemachines/ in local Step Functions; its ARN, and the handler of each function."""
-    path = STATE_MACHINES / f"{machine}.asl.json"
-    module = importlib.import_module(f"runner_pool.handlers.{machine}")
-    names = sorted(set(_FUNCTION.findall(path.read_text())))
-    handlers: dict[str, Callable[..., Any]] = {
-        f"{machine}-{_snake(name)}": iam_check.as_function(
-            f"runner_pool.handlers.{machine}.{_snake(name)}", getattr(module, _snake(name))
-        )
-        for name in names
-    }
-    function_arns = machines.create_functions(list(handlers))
-    filled = {f"{name}Function": function_arns[f"{machine}-{_snake(name)}"] for name in names}
-    return machines.create(state_machine_name(machine), render_asl(path, filled)), handlers
-
-
-def _snake(pascal: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", pascal).lower()
-
-
-def state_machine_name(machine: str) -> str:
-    """The name the synthesized stack gives the machine, where it fixes one (provision: its steps start it
-    again, and their roles name it), so the IAM check sees the ARN the roles name; else the machine's."""
-    for logical_id, resource in synthesized_template()["Resources"].items():
-        named = resource.get("Properties", {}).get("StateMachineName")
-        if (
-            resource["Type"] == "AWS::StepFunctions::StateMachine"
-            and logical_id.lower().startswith(machine)
-            and named
-        ):
-            return str(named)
-    return machine

@@ -7,9 +7,9 @@ policy. A call the deployed policy would not allow is answered as AWS answers it
 UnauthorizedOperation for EC2) without reaching local AWS, and noted: `assert_allowed()` then fails
 with every denial, naming the action, the resource and the statement that is lacking.
 
-Clients shared by several in-process functions (today's harness builds one ControlPlane for every
-handler) are attached without a principal: each call is then checked against the principal of the
-function being invoked on that thread, which `invoking(handler, fn)` sets around each invocation.
+Clients shared by several in-process functions (the local stack's functions share their clients) are
+attached without a principal: each call is then checked against the principal of the function being
+invoked on that thread, which `acting_as(principal)` sets around each invocation.
 A call made outside any invocation is the test's own setup and is counted, not checked.
 """
 
@@ -33,8 +33,7 @@ from botocore.exceptions import ClientError
 
 from emulator.iam_calls import Authorization, LaunchInputs, authorizations
 from emulator.iam_policy import Decision, Request, evaluate
-from emulator.iam_stack import Principal, ResourcePolicy, StackIam, checked_template
-from runner_pool.environment import ENV_PREFIX
+from emulator.iam_stack import Principal, ResourcePolicy, StackIam
 
 _acting: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("iam_principal", default=None)
 _DENIED_CODES = {"ec2": ("UnauthorizedOperation", 403), "sqs": ("AccessDenied", 403)}
@@ -114,17 +113,6 @@ class PolicyCheck:
             yield
         finally:
             _acting.reset(token)
-
-    def invoking(self, handler: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        """`function` run as the Lambda function whose handler is `handler` (`runner_pool.handlers.x.y`)."""
-        principal = self.iam.function(handler)
-
-        @wraps(function)
-        def invoked(*args: Any, **kwargs: Any) -> Any:
-            with self.acting_as(principal):
-                return function(*args, **kwargs)
-
-        return invoked
 
     # --- results
 
@@ -449,12 +437,10 @@ def usage_report(directory: Path) -> list[str]:
 _installed: PolicyCheck | None = None
 
 
-def attach_policy_check(local_environment: Mapping[str, str], *, region: str, account: str) -> PolicyCheck:
-    """A check of the synthesized stack's policies, bound to a local stack whose functions are given
-    `local_environment` (see `settings_environment`), installed for `as_function` and agents until
-    `detach_policy_check`."""
+def attach_policy_check(iam: StackIam) -> PolicyCheck:
+    """A check of `iam` (the synthesized stack's policies, bound to a local stack: emulator/stack.py),
+    installed for the agents until `detach_policy_check`."""
     global _installed  # noqa: PLW0603 - one local stack per process at a time, like use_control_plane
-    iam = StackIam.bound(checked_template(), local_environment, region=region, account=account)
     _installed = PolicyCheck(iam)
     return _installed
 
@@ -470,20 +456,6 @@ def installed_check() -> PolicyCheck | None:
     return _installed
 
 
-def as_function(handler: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function` invoked as the Lambda function whose handler is `handler`, when a check is installed."""
-
-    @wraps(function)
-    def invoked(*args: Any, **kwargs: Any) -> Any:
-        check = _installed
-        if check is None:
-            return function(*args, **kwargs)
-        with check.acting_as(check.iam.function(handler)):
-            return function(*args, **kwargs)
-
-    return invoked
-
-
 def as_world(function: Callable[..., Any]) -> Callable[..., Any]:
     """`function` run as the test's world, not as the function whose invocation calls it: e.g. a step's
     in-line pause, during which a test lets scripted agents act on the shared clients."""
@@ -497,13 +469,3 @@ def as_world(function: Callable[..., Any]) -> Callable[..., Any]:
             _acting.reset(token)
 
     return outside
-
-
-def settings_environment(settings: Any) -> dict[str, str]:
-    """The environment a ControlPlaneSettings stands for: `RUNNER_POOL_<FIELD>`, structured values as JSON."""
-    environment = {}
-    for name, value in settings.model_dump(mode="json").items():
-        if value is None:
-            continue
-        environment[f"{ENV_PREFIX}{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
-    return environment

@@ -1,13 +1,12 @@
 """The synthesized stack's IAM, resolved against the local resources: each principal's statements.
 
-`synthesized_template()` is the CloudFormation template `python app.py` writes (synthesised once per
-content of infra/, the Lambdas' and the agent's code and cdk.json, and cached). `StackIam` reads
-from it, for each Lambda function (by its handler) and for the instance role, the statements of every
-AWS::IAM::Policy attached to its role, with Ref, Fn::GetAtt, Fn::Join and Fn::Sub resolved against
-the local stack's names: each function's environment in the template (`RUNNER_POOL_TABLE_NAME: {Ref:
-StateTable…}`) is matched with the value the local stack gives that variable, which binds the
-logical id to the local name; ARNs follow from the resource type as CloudFormation documents each
-type's `Ref` and `Fn::GetAtt Arn` return values. Resources no environment names (the roles, log
+`StackIam` reads from the synthesized template (emulator/template.py), for each Lambda function (by
+its handler) and for the instance role, the statements of every AWS::IAM::Policy attached to its
+role, with Ref, Fn::GetAtt, Fn::Join and Fn::Sub resolved against the local stack's names: each
+function's environment in the template (`RUNNER_POOL_TABLE_NAME: {Ref: StateTable…}`) is matched with
+the value the local stack gives that variable, which binds the logical id to the local name; ARNs
+follow from the resource type as CloudFormation documents each type's `Ref` and `Fn::GetAtt Arn`
+return values. Resources no environment names (the roles, log
 groups) resolve to names made of their logical ids, the same on both sides of every comparison.
 
 Resource policies: the queues' policies (Deny without TLS) and the credentials key's policy are read
@@ -17,75 +16,19 @@ account root principal lets IAM policies grant the key's use), else no IAM polic
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from emulator.iam_policy import ContextValue, Statement
+from emulator.template import synthesized_template
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-_TEMPLATE_INPUTS = ("app.py", "cdk.json", "infra", "lambdas/runner_pool", "agent")
 _SUB = re.compile(r"\$\{([^}!]+)\}")
 _MARK = "@@hole-{}@@"
 _MARKED = re.compile(r"@@hole-(\d+)@@")
-
-
-# --- the template --------------------------------------------------------------------------------
-
-
-def template_key() -> str:
-    """A digest of everything the synthesized template is made from."""
-    digest = hashlib.sha256()
-    for name in _TEMPLATE_INPUTS:
-        root = PROJECT_ROOT / name
-        paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        for path in paths:
-            if "__pycache__" in path.parts:
-                continue
-            digest.update(str(path.relative_to(PROJECT_ROOT)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:20]
-
-
-@functools.cache
-def synthesized_template() -> dict[str, Any]:
-    """The stack's template as `python app.py` synthesises it from cdk.json (with a stand-in layer: the
-    layer's content changes no IAM statement), cached on disk by `template_key()`."""
-    cache = Path(tempfile.gettempdir()) / "runner-pool-templates" / f"{template_key()}.json"
-    if cache.exists():
-        loaded: dict[str, Any] = json.loads(cache.read_text())
-        return loaded
-    template = _synthesize()
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps(template))
-    partial.replace(cache)
-    return template
-
-
-def _synthesize() -> dict[str, Any]:
-    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-    # CDK only on a cache miss: its jsii runtime takes seconds to start.
-    from aws_cdk.assertions import Template  # noqa: PLC0415
-
-    from infra.app import STACK_ID, build_app, project_context  # noqa: PLC0415
-    from infra.dependency_layer import DependencyLayer  # noqa: PLC0415
-
-    with tempfile.TemporaryDirectory(prefix="runner-pool-synth-") as scratch:
-        layer = Path(scratch) / "layer"
-        (layer / "python").mkdir(parents=True)
-        context = {**project_context(), "aws:cdk:disable-asset-staging": True}
-        app = build_app(context, outdir=str(Path(scratch) / "out"), layer=DependencyLayer(layer, "stand-in"))
-        app.synth()
-        template: dict[str, Any] = Template.from_stack(app.node.find_child(STACK_ID)).to_json()  # type: ignore[arg-type]
-        return template
 
 
 # --- binding the template to the local stack -------------------------------------------------------

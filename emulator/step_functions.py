@@ -121,7 +121,12 @@ def function_arn(name: str, region: str = "us-east-1") -> str:
 
 
 def render_asl(path: Path, substitutions: Mapping[str, str]) -> str:
-    """An ASL file with its ${Name} placeholders filled, as CloudFormation's DefinitionSubstitutions do.
+    """An ASL file with its ${Name} placeholders filled (see `substitute`)."""
+    return substitute(path.read_text(), substitutions, path.name)
+
+
+def substitute(definition: str, substitutions: Mapping[str, str], source: str) -> str:
+    """A definition with its ${Name} placeholders filled, as CloudFormation's DefinitionSubstitutions do.
 
     Only ${Name} is a placeholder: ASL's own paths ($.x, $$.Map.Item.Value) are left alone.
     """
@@ -129,10 +134,10 @@ def render_asl(path: Path, substitutions: Mapping[str, str]) -> str:
     def fill(placeholder: re.Match[str]) -> str:
         name = placeholder.group(1)
         if name not in substitutions:
-            raise KeyError(f"{path.name} needs a substitution for ${{{name}}}")
+            raise KeyError(f"{source} needs a substitution for ${{{name}}}")
         return substitutions[name]
 
-    return _PLACEHOLDER.sub(fill, path.read_text())
+    return _PLACEHOLDER.sub(fill, definition)
 
 
 @dataclass(frozen=True)
@@ -173,11 +178,11 @@ class LocalStateMachines:
             for name in names
         }
 
-    def create(self, name: str, definition: str) -> str:
+    def create(self, name: str, definition: str, workflow_type: str = "STANDARD") -> str:
         return str(
-            self._sfn.create_state_machine(name=name, definition=definition, roleArn=self._role)[
-                "stateMachineArn"
-            ]
+            self._sfn.create_state_machine(
+                name=name, definition=definition, roleArn=self._role, type=workflow_type
+            )["stateMachineArn"]
         )
 
     def run(

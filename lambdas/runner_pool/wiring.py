@@ -2,13 +2,17 @@
 
 Handlers ask `control_plane()` for what they need; each adapter is built on first use, so a function
 only creates the clients it calls. Tests and the local emulator install a ControlPlane of their
-own (`use_control_plane`), with their clock, their clients and a GitHub App aimed at the fake.
+own (`use_control_plane`), with their clock, their clients and a GitHub App aimed at the fake; a
+harness that runs several functions in one process gives each invocation its function's own
+(`invoked_with`), as each Lambda builds its own from its environment.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cached_property
 from typing import Any
 
@@ -174,11 +178,15 @@ def _default_client(service: str) -> Any:
 
 
 _current: ControlPlane | None = None
+_invoked: ContextVar[ControlPlane | None] = ContextVar("runner_pool_invoked_plane", default=None)
 
 
 def control_plane() -> ControlPlane:
     """The process's control plane: built from the environment on first use (a Lambda's cold start)."""
     global _current  # noqa: PLW0603 - one per Lambda process, by design
+    invoked = _invoked.get()
+    if invoked is not None:
+        return invoked
     if _current is None:
         _current = ControlPlane(ControlPlaneSettings())
     return _current
@@ -188,3 +196,13 @@ def use_control_plane(plane: ControlPlane | None) -> None:
     """Install `plane` for every handler of this process (tests, the emulator); None forgets it."""
     global _current  # noqa: PLW0603
     _current = plane
+
+
+@contextmanager
+def invoked_with(plane: ControlPlane) -> Iterator[None]:
+    """`plane` for the handlers this thread runs until the block ends, over `use_control_plane`'s."""
+    token = _invoked.set(plane)
+    try:
+        yield
+    finally:
+        _invoked.reset(token)

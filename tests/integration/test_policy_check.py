@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from emulator.iam_policy import Request, evaluate
-from emulator.iam_stack import WITHOUT_GRANT_VARIABLE, StackIam, synthesized_template, without_grant
+from emulator.iam_stack import WITHOUT_GRANT_VARIABLE, StackIam, without_grant
+from emulator.template import synthesized_template
 from runner_pool.adapters.state_table import FINISHED_RUN_PREFIX
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ def test_removing_one_grant_from_the_stack_fails_a_named_scenario_naming_the_mis
     assert result.returncode == 1, result.stdout[-3000:]
     assert "runner_pool.handlers.release.give_back calls dynamodb:UpdateItem: denied" in result.stdout
     assert (
-        "lacks: Allow dynamodb:UpdateItem on arn:aws:dynamodb:us-east-1:123456789012:table/runner-pool-state"
+        "lacks: Allow dynamodb:UpdateItem on arn:aws:dynamodb:us-east-1:123456789012:table/runner-pool-test-state"
         in result.stdout
     )
 

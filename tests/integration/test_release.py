@@ -17,12 +17,7 @@ import pytest
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import PoolMessage, Signal
-from tests.support.control_plane import (
-    LocalControlPlane,
-    LocalStateMachine,
-    deploy,
-    local_control_plane,
-)
+from tests.support.control_plane import LocalControlPlane, LocalStateMachine, local_control_plane
 
 RUN = "pool=101"
 OTHER_RUN = "pool=202"
@@ -38,7 +33,7 @@ def local() -> Iterator[LocalControlPlane]:
 
 @pytest.fixture
 def release(local: LocalControlPlane) -> LocalStateMachine:
-    return deploy("release")
+    return local.deploy("release")
 
 
 @dataclass

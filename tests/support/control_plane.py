@@ -1,50 +1,40 @@
 """A control plane on moto for integration tests: the stack's resources, a fake GitHub App, our state machines.
 
-`local_control_plane()` creates, inside one moto mock (DynamoDB's item atomicity on, Step Functions
-executing ASL), what the stack deploys: the state table, one pool queue per class, a network and
-launch templates, a KMS key for runner configs and the App's private key in Secrets Manager. It
-starts a fake GitHub with the App installed on the repository, and installs for every handler of
-this process a ControlPlane on a ManualClock, with EC2's CreateFleet simulated, no backoff sleeps,
-and a GitHubApp aimed at the fake. `deploy(machine)` puts one of infra/statemachines/ into moto,
-each `${<Pascal>Function}` routed to `runner_pool.handlers.<machine>.<snake>`.
+`local_control_plane()` builds, inside one moto mock (DynamoDB's item atomicity on, Step Functions
+executing ASL), the local stack (emulator/stack.py) with the state table and what instances need (pool
+queues, a network and launch templates, a KMS key for runner configs, the App's private key). It starts
+a fake GitHub with the App installed on the repository, and runs the stack with a ControlPlane on a
+ManualClock, EC2's CreateFleet simulated, no backoff sleeps, and a GitHubApp aimed at the fake.
+`local.deploy(machine)` puts one of our state machines into moto as the synthesized template defines it.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import itertools
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import boto3
 from moto import mock_aws
 
-from emulator import iam_check
 from emulator.accounting import Accounting, account
 from emulator.atomic_dynamodb import atomic_items
-from emulator.aws import ACCOUNT
-from emulator.deployment import state_machine_name
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
-from emulator.iam_check import PolicyCheck, as_function, detach_policy_check
-from emulator.resources import create_launch_templates, create_network, create_pool_queues, create_state_table
+from emulator.iam_check import PolicyCheck
+from emulator.stack import DeployedMachine, InProcess, LocalStack, handler_function
 from emulator.step_functions import (
     MOTO_CONFIG,
     Execution,
     Handler,
-    LambdaContext,
     LocalStateMachines,
-    function_arn,
     lambdas_in_process,
-    render_asl,
     without_waiting,
 )
 from runner_pool.adapters.github_app import GitHubApp
@@ -55,17 +45,12 @@ from runner_pool.domain.executions import runner_name
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.records import InstanceFacts, InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.runner_scope import RepositoryScope
-from runner_pool.environment import ControlPlaneSettings
-from runner_pool.handlers.refresh import refresh as refresh_handler
-from runner_pool.wiring import ControlPlane, use_control_plane
+from runner_pool.wiring import ControlPlane
 from tests.conftest import NO_WAIT, REGION
 from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 
 STACK_NAME = "runner-pool-test"
-TABLE_NAME = "runner-pool-state"
-STATE_MACHINES = Path(__file__).resolve().parents[2] / "infra" / "statemachines"
 MAX_RUNTIME_MINUTES = 60
-_FUNCTION = re.compile(r"\$\{([A-Z][A-Za-z0-9]*)Function\}")
 
 
 @functools.cache
@@ -94,14 +79,21 @@ def stack_config(**settings: Any) -> StackConfig:
 class LocalControlPlane:
     """The installed ControlPlane and what stands behind it, with builders for instances in each state."""
 
-    plane: ControlPlane
+    stack: LocalStack
     clock: ManualClock
     github: FakeGitHub
     ec2: SimulatedEc2
     sqs: Any
-    policy_check: PolicyCheck
-    """Every AWS call the handlers make, checked against the synthesized stack's IAM policies."""
     _launches: Iterator[int] = field(default_factory=itertools.count)
+
+    @property
+    def plane(self) -> ControlPlane:
+        return self.stack.plane
+
+    @property
+    def policy_check(self) -> PolicyCheck:
+        """Every AWS call the handlers make, checked against the synthesized stack's IAM policies."""
+        return self.stack.policy_check
 
     @property
     def table(self) -> StateTable:
@@ -174,9 +166,11 @@ class LocalControlPlane:
 
     def refresh(self, at: Epoch | None = None) -> dict[str, Any]:
         """One scheduled refresh through its Lambda handler, for the schedule slot of `at` (default: now)."""
-        return as_function(f"{HANDLERS}.refresh.refresh", refresh_handler)(
-            scheduled_event(self.clock.now() if at is None else at), lambda_context("refresh")
-        )
+        return dict(self.stack.invoke("refresh", scheduled_event(self.clock.now() if at is None else at)))
+
+    def deploy(self, machine: str) -> LocalStateMachine:
+        """One of our state machines in moto, as the synthesized template defines it."""
+        return LocalStateMachine(self.stack, self.stack.create_state_machine(machine))
 
     def accounting(self) -> Accounting:
         """Every EC2 instance with the stack's tag has a live record, and every live record an instance
@@ -202,22 +196,9 @@ def local_control_plane(
     ):
         github.state.add_installation(INSTALLATION_ID, OWNER)
         ec2 = SimulatedEc2(client("ec2"))
-        sqs = client("sqs")
-        dynamodb = client("dynamodb")
-        create_state_table(dynamodb, TABLE_NAME)
-        secrets = client("secretsmanager")
-        secrets.create_secret(Name=config.github.private_key_secret_name, SecretString=key.private_pem)
-        settings = ControlPlaneSettings(
-            table_name=TABLE_NAME,
-            config=config,
-            stack_name=STACK_NAME,
-            pool_queue_urls=create_pool_queues(sqs, STACK_NAME, list(config.resource_classes)),
-            credentials_key_id=client("kms").create_key()["KeyMetadata"]["KeyId"],
-            subnet_ids=create_network(ec2),
-            launch_templates=create_launch_templates(ec2),
-        )
-        clients: dict[str, Any] = {"ec2": ec2, "sqs": sqs, "dynamodb": dynamodb, "secretsmanager": secrets}
-        check = attach_policy_check(settings)
+        stack = LocalStack(config, client, stack_name=STACK_NAME)
+        stack.create_state_table()
+        stack.create_instance_resources(key.private_pem)
         app = GitHubApp(
             APP_ID,
             key.private_pem,
@@ -226,21 +207,17 @@ def local_control_plane(
             base_url=github.url,
             clock=clock,
         )
-        plane = ControlPlane(
-            settings,
-            clock=clock,
-            clients=lambda service: check.on_client(clients.get(service) or client(service)),
-            backoff=NO_WAIT,
-            github=app,
-            pause=iam_check.as_world(pause),
-        )
-        use_control_plane(plane)
+        functions_clients: dict[str, Any] = {"ec2": ec2}
         try:
-            yield LocalControlPlane(plane, clock, github, ec2, sqs, check)
-            check.assert_allowed()
+            with stack.running(
+                clients=lambda service: functions_clients.get(service) or client(service),
+                clock=clock,
+                backoff=NO_WAIT,
+                github=app,
+                pause=pause,
+            ):
+                yield LocalControlPlane(stack, clock, github, ec2, client("sqs"))
         finally:
-            use_control_plane(None)
-            detach_policy_check(check)
             app.close()
 
 
@@ -251,11 +228,29 @@ def local_control_plane(
 class LocalStateMachine:
     """One of our state machines in moto; `run` executes it to the end with its tasks on our handlers."""
 
-    machine: str
-    arn: str
-    handlers: Mapping[str, Handler]
-    """The handler of each task, by its name in runner_pool.handlers.<machine>."""
-    machines: LocalStateMachines
+    stack: LocalStack
+    deployed: DeployedMachine
+
+    @property
+    def arn(self) -> str:
+        return self.deployed.arn
+
+    @property
+    def machines(self) -> LocalStateMachines:
+        return self.deployed.machines
+
+    @property
+    def handlers(self) -> dict[str, Handler]:
+        """The real handler of each task, by its function's name in the handler module (`give_back`)."""
+        return {
+            spec.handler.rsplit(".", 1)[-1]: handler_function(spec.handler)
+            for spec in (self.stack.function(name) for name in self.deployed.spec.functions.values())
+        }
+
+    @property
+    def routed(self) -> dict[str, Handler]:
+        """Each of the machine's moto functions → the stack's handler, for `lambdas_in_process`."""
+        return self.stack.routes(self.deployed.spec.machine)
 
     def run(
         self,
@@ -265,43 +260,17 @@ class LocalStateMachine:
         on_wait: Callable[[int], None] | None = None,
         replace: Mapping[str, Handler] | None = None,
     ) -> Execution:
-        """`on_wait(seconds)` stands in for each Wait state; `replace` swaps handlers by name."""
-        chosen = {**self.handlers, **(replace or {})}
-        routed = {
-            _function_name(self.machine, handler): as_function(
-                f"{HANDLERS}.{self.machine}.{handler}", chosen[handler]
-            )
-            for handler in self.handlers
+        """`on_wait(seconds)` stands in for each Wait state; `replace` swaps handlers by their name in the
+        handler module (they still run as their function)."""
+        runtime = self.stack.runtime
+        assert isinstance(runtime, InProcess), "handlers are swapped in-process only"
+        functions = {
+            spec.handler.rsplit(".", 1)[-1]: spec.name
+            for spec in (self.stack.function(name) for name in self.deployed.spec.functions.values())
         }
-        with without_waiting(on_wait), lambdas_in_process(routed):
+        swapped = {functions[handler]: function for handler, function in (replace or {}).items()}
+        with without_waiting(on_wait), runtime.replacing(swapped), lambdas_in_process(self.routed):
             return self.machines.run(self.arn, payload, name=name)
-
-    @property
-    def routed(self) -> dict[str, Handler]:
-        """Each of the machine's moto functions → our handler, for `lambdas_in_process`."""
-        return {
-            _function_name(self.machine, handler): as_function(
-                f"{HANDLERS}.{self.machine}.{handler}", function
-            )
-            for handler, function in self.handlers.items()
-        }
-
-
-def deploy(machine: str, substitutions: Mapping[str, str] | None = None) -> LocalStateMachine:
-    """infra/statemachines/<machine>.asl.json in moto, every `${XFunction}` a function routed to our handler."""
-    path = STATE_MACHINES / f"{machine}.asl.json"
-    module = importlib.import_module(f"runner_pool.handlers.{machine}")
-    pascal_names = sorted(set(_FUNCTION.findall(path.read_text())))
-    handlers = {_snake(name): getattr(module, _snake(name)) for name in pascal_names}
-    machines = LocalStateMachines(
-        client("stepfunctions"),
-        client("lambda"),
-        client("iam"),
-    )
-    arns = machines.create_functions([_function_name(machine, handler) for handler in handlers])
-    filled = {f"{name}Function": arns[_function_name(machine, _snake(name))] for name in pascal_names}
-    arn = machines.create(state_machine_name(machine), render_asl(path, {**filled, **(substitutions or {})}))
-    return LocalStateMachine(machine, arn, handlers, machines)
 
 
 def scheduled_event(at: Epoch) -> dict[str, Any]:
@@ -317,30 +286,6 @@ def scheduled_event(at: Epoch) -> dict[str, Any]:
         "resources": [f"arn:aws:events:{REGION}:123456789012:rule/{STACK_NAME}-refresh"],
         "detail": {},
     }
-
-
-def lambda_context(function_name: str) -> LambdaContext:
-    return LambdaContext(function_name, str(uuid.uuid4()), function_arn(function_name))
-
-
-# --- the IAM check (emulator/iam_check.py): one place, to move onto the harness's on_client hook ------
-
-HANDLERS = "runner_pool.handlers"
-
-
-def attach_policy_check(settings: ControlPlaneSettings) -> PolicyCheck:
-    """Every call of the handlers checked against the synthesized policies, bound to this local stack."""
-    return iam_check.attach_policy_check(
-        iam_check.settings_environment(settings), region=REGION, account=ACCOUNT
-    )
-
-
-def _function_name(machine: str, handler: str) -> str:
-    return f"{machine}-{handler}"
-
-
-def _snake(pascal: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", pascal).lower()
 
 
 def _applied(result: TransitionResult) -> InstanceRecord:

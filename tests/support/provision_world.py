@@ -23,13 +23,7 @@ from runner_pool.domain.clock import ManualClock, SystemClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.records import Arch, InstanceFacts, PoolMessage
-from tests.support.control_plane import (
-    STACK_NAME,
-    LocalControlPlane,
-    LocalStateMachine,
-    deploy,
-    local_control_plane,
-)
+from tests.support.control_plane import STACK_NAME, LocalControlPlane, LocalStateMachine, local_control_plane
 from tests.support.github_app import OWNER, REPO
 from tests.support.scripted_agents import ScriptedAgents
 
@@ -125,7 +119,7 @@ def provision_world(
         plane = local.plane
         agents = ScriptedAgents(plane.state_table, plane.credentials, plane.instance_arn)
         acting.append(agents)
-        machine = deploy("provision")
+        machine = local.deploy("provision")
         if real_time:
             stack.enter_context(agents_acting(agents))
         else:

@@ -1,6 +1,7 @@
 """Builders for GitHub deliveries: the real payloads of tests/fixtures/github-webhooks/, re-labelled with our
 label where a test needs one, signed and wrapped as API Gateway (REST, Lambda proxy) events; and
-`ingress_world()`, the webhook's and the dispatcher's AWS on moto, with their handlers installed.
+`ingress_world()`, the webhook's and the dispatcher's AWS on moto (the local stack of emulator/stack.py,
+its ingress part and state machines that record executions without running them), with both handlers.
 """
 
 from __future__ import annotations
@@ -23,23 +24,20 @@ import boto3
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from emulator import iam_check
 from emulator.atomic_dynamodb import atomic_items
-from emulator.aws import ACCOUNT
-from emulator.resources import create_demand_queue, create_idempotency_table
+from emulator.stack import LocalStack
 from emulator.step_functions import LambdaContext, function_arn
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
-from runner_pool.environment import ControlPlaneSettings
-from runner_pool.handlers import dispatcher, webhook
-from runner_pool.wiring import ControlPlane, use_control_plane
+from runner_pool.wiring import ControlPlane
 from tests.conftest import NO_WAIT, REGION
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "github-webhooks"
 WEBHOOK_SECRET = "it's a secret to everybody"
 REPOSITORY = "Codertocat/Hello-World"
 """The repository of the workflow_job fixtures."""
-IDEMPOTENCY_TABLE = "runner-pool-ingress"
+STACK_NAME = "runner-pool"
+IDEMPOTENCY_TABLE = f"{STACK_NAME}-idempotency"
 _numbers = itertools.count(1)
 
 
@@ -191,8 +189,6 @@ def delivery(
 
 # --- the ingress on moto -------------------------------------------------------------------------------
 
-TRIVIAL_MACHINE = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}})
-
 
 @dataclass(frozen=True)
 class Answer:
@@ -204,7 +200,7 @@ class Answer:
 class IngressWorld:
     """The webhook's and the dispatcher's AWS on moto, and ways to drive both handlers."""
 
-    plane: ControlPlane
+    stack: LocalStack
     clock: ManualClock
     sqs: Any
     dynamodb: Any
@@ -217,9 +213,12 @@ class IngressWorld:
     """Every AWS operation the handlers made, as `service:Operation` (the world's own clients are apart)."""
     _invocations: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
+    @property
+    def plane(self) -> ControlPlane:
+        return self.stack.plane
+
     def deliver(self, request: Mapping[str, Any]) -> Answer:
-        receive = iam_check.as_function("runner_pool.handlers.webhook.receive", webhook.receive)
-        response = receive(dict(request), self.context("webhook"))
+        response = self.stack.invoke("webhook", dict(request), self.context("webhook"))
         return Answer(response["statusCode"], json.loads(response["body"])["message"])
 
     def context(self, function: str) -> LambdaContext:
@@ -242,8 +241,7 @@ class IngressWorld:
         """Run the dispatcher on one batch; its partial batch response (Lambda never sends an empty batch)."""
         if not records:
             return {"batchItemFailures": []}
-        dispatch = iam_check.as_function("runner_pool.handlers.dispatcher.dispatch", dispatcher.dispatch)
-        return dict(dispatch({"Records": records}, self.context("dispatcher")))
+        return dict(self.stack.invoke("dispatcher", {"Records": records}, self.context("dispatcher")))
 
     def executions(self, machine_arn: str) -> list[dict[str, Any]]:
         """Every execution of a machine, oldest first, with its input parsed."""
@@ -321,16 +319,14 @@ def _session() -> boto3.session.Session:
 
 
 @contextmanager
-def ingress_world(
-    config: StackConfig | None = None, *, workflow_type: str = "STANDARD"
-) -> Iterator[IngressWorld]:
-    """moto with the webhook secret, the idempotency table, the demand queue and two trivial state machines,
-    and a ControlPlane for them installed for every handler of this process."""
+def ingress_world(config: StackConfig | None = None) -> Iterator[IngressWorld]:
+    """moto with the webhook secret, the idempotency table, the demand queue and our two state machines
+    (which record executions: moto's mock does not run them), and both handlers running as themselves."""
     config = config or StackConfig()
     with mock_aws(), atomic_items():
         services = ("sqs", "dynamodb", "secretsmanager", "stepfunctions")
         session = _session()
-        ours = {service: session.client(service) for service in services}
+        ours = {service: session.client(service) for service in (*services, "lambda", "iam")}
         theirs = {service: session.client(service) for service in services}
         calls: list[str] = []
 
@@ -339,54 +335,20 @@ def ingress_world(
 
         for client in theirs.values():
             client.meta.events.register("before-call.*.*", record)
-        ours["secretsmanager"].create_secret(
-            Name=config.github.webhook_secret_name, SecretString=WEBHOOK_SECRET
-        )
-        create_idempotency_table(ours["dynamodb"], IDEMPOTENCY_TABLE)
-        queue_url = create_demand_queue(ours["sqs"], "runner-pool")
-        role = session.client("iam").create_role(RoleName="machines", AssumeRolePolicyDocument="{}")
-        machines = {
-            name: ours["stepfunctions"].create_state_machine(
-                name=name, definition=TRIVIAL_MACHINE, roleArn=role["Role"]["Arn"], type=workflow_type
-            )["stateMachineArn"]
-            for name in ("provision", "release")
-        }
+        stack = LocalStack(config, ours.__getitem__, stack_name=STACK_NAME)
+        stack.create_ingress_resources(WEBHOOK_SECRET)
+        provision, release = (stack.create_state_machine(machine) for machine in ("provision", "release"))
         clock = ManualClock()
-        settings = ControlPlaneSettings(
-            table_name="runner-pool-state",
-            config=config,
-            demand_queue_url=queue_url,
-            idempotency_table_name=IDEMPOTENCY_TABLE,
-            provision_state_machine_arn=machines["provision"],
-            release_state_machine_arn=machines["release"],
-        )
-        check = attach_policy_check(settings)
-        for client in theirs.values():
-            check.on_client(client)
-        plane = ControlPlane(settings, clock=clock, clients=theirs.__getitem__, backoff=NO_WAIT)
-        use_control_plane(plane)
-        try:
+        with stack.running(clients=theirs.__getitem__, clock=clock, backoff=NO_WAIT):
             yield IngressWorld(
-                plane=plane,
+                stack=stack,
                 clock=clock,
                 sqs=ours["sqs"],
                 dynamodb=ours["dynamodb"],
                 secrets=ours["secretsmanager"],
                 stepfunctions=ours["stepfunctions"],
-                queue_url=queue_url,
-                provision_arn=machines["provision"],
-                release_arn=machines["release"],
+                queue_url=stack.settings.require("demand_queue_url", "the tests"),
+                provision_arn=provision.arn,
+                release_arn=release.arn,
                 calls=calls,
             )
-            check.assert_allowed()
-        finally:
-            use_control_plane(None)
-            iam_check.detach_policy_check(check)
-
-
-def attach_policy_check(settings: ControlPlaneSettings) -> iam_check.PolicyCheck:
-    """The handlers' calls checked against the synthesized policies (emulator/iam_check.py), bound to this
-    world: one place, to move onto the harness's on_client hook."""
-    return iam_check.attach_policy_check(
-        iam_check.settings_environment(settings), region=REGION, account=ACCOUNT
-    )
