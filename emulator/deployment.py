@@ -135,6 +135,10 @@ def deploy(
     its functions run by `runtime` (in this process by default)."""
     timers = timers or Timers()
     calls = CallCounter()
+    # The functions' own config names the fake as GitHub's API, as an operator's names GitHub Enterprise
+    # Server's: a function that builds its App from its environment (a runtime out of this process)
+    # reaches the fake.
+    config = config.model_copy(update={"github": config.github.model_copy(update={"api_url": github.url})})
     stack = LocalStack(config, aws.client, stack_name=stack_name)
     stack.create_state_table()
     stack.create_instance_resources(app.private_key_pem)
