@@ -26,6 +26,7 @@ from emulator.aws import INSTANCE_ARNS, LocalAws, local_aws
 from emulator.deployment import Deployment, GitHubAppSetup, Timers, deploy
 from emulator.fake_github import FakeGitHub, FakeWorkflowRun, JobSpec
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
+from emulator.stack import RuntimeFactory
 from emulator.timeline import RecordWatcher, Timeline, TimelineEvent
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
@@ -98,7 +99,9 @@ def world(
     instance_settings: InstanceSettings | None = None,
     timers: Timers | None = None,
     lost_runner_seconds: float = LOST_RUNNER_SECONDS,
+    runtime: RuntimeFactory | None = None,
 ) -> Iterator[World]:
+    """`runtime` runs the stack's functions (emulator/stack.py; in this process by default)."""
     config = config or compressed_config()
     private_pem, public_pem = _app_key()
     app = GitHubAppSetup(APP_ID, INSTALLATION_ID, private_pem, REPOSITORY)
@@ -116,6 +119,7 @@ def world(
             webhook_secret=secrets.token_hex(20),
             stack_name=STACK_NAME,
             timers=timers,
+            runtime=runtime,
         ) as stack:
             timeline = Timeline()
             records = StateTable(
