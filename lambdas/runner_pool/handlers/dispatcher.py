@@ -8,8 +8,7 @@ and ends in the queue's dead-letter queue.
 Event source: the demand queue, with ReportBatchItemFailures, a batching window of a few seconds
 and a batch size of at least 100, so a matrix arrives in one batch. Environment (RUNNER_POOL_*):
 IDEMPOTENCY_TABLE_NAME (the demand ledger), PROVISION_STATE_MACHINE_ARN, RELEASE_STATE_MACHINE_ARN.
-AWS calls: states:StartExecution on both state machines; dynamodb:PutItem, UpdateItem, DeleteItem
-on the idempotency table.
+The AWS calls it makes are recorded in the tests and checked against its role (emulator/iam_check.py).
 """
 
 from __future__ import annotations

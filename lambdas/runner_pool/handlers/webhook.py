@@ -6,9 +6,8 @@ something puts one message on the demand queue, once per `X-GitHub-Delivery` (Po
 idempotency on DynamoDB): a repeated delivery gets the first one's answer and queues nothing.
 
 Route: POST /webhook. Environment (RUNNER_POOL_*): CONFIG (labels; github.webhook_secret_name),
-DEMAND_QUEUE_URL, IDEMPOTENCY_TABLE_NAME. AWS calls: secretsmanager:GetSecretValue on the webhook
-secret (AWSCURRENT and AWSPREVIOUS); sqs:SendMessage on the demand queue; dynamodb:PutItem,
-GetItem, UpdateItem, DeleteItem on the idempotency table.
+DEMAND_QUEUE_URL, IDEMPOTENCY_TABLE_NAME. The AWS calls it makes are recorded in the tests and
+checked against its role (emulator/iam_check.py).
 """
 
 from __future__ import annotations
