@@ -106,6 +106,17 @@ class PolicyCheck:
         logical id in the template (`principal.role`, and `principal.instance_id` for an agent)."""
         self.on_client(client, self.iam.of_role(principal.role, principal.instance_id))
 
+    def lookups(self, endpoint: str, region: str) -> Any:
+        """What `check` needs to know of the AWS at `endpoint` (for calls made in another process)."""
+        client = _session().client(
+            "sts",
+            region_name=region,
+            endpoint_url=endpoint,
+            aws_access_key_id="iam-check",
+            aws_secret_access_key="iam-check",  # noqa: S106
+        )
+        return _Lookups(self.iam, client)
+
     @contextmanager
     def acting_as(self, principal: Principal) -> Iterator[None]:
         token = _acting.set(principal)
@@ -233,9 +244,17 @@ def _answer_denied(context: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict
     if stashed is None:
         return None
     service, _operation, checked = stashed
+    answer = denied_answer(service, checked)
+    http = AWSResponse(
+        "https://iam-check.local/", answer["ResponseMetadata"]["HTTPStatusCode"], HTTPHeaders(), None
+    )
+    return http, answer
+
+
+def denied_answer(service: str, checked: CheckedCall) -> dict[str, Any]:
+    """What `service` answers a call the policy denied: its error code, HTTP status and AWS's message."""
     code, status = _DENIED_CODES.get(service, ("AccessDeniedException", 400))
-    http = AWSResponse("https://iam-check.local/", status, HTTPHeaders(), None)
-    return http, {
+    return {
         "Error": {"Code": code, "Message": _message(checked)},
         "ResponseMetadata": {"HTTPStatusCode": status},
     }

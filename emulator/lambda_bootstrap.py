@@ -1,0 +1,208 @@
+"""The runtime inside one local Lambda execution environment: what Lambda's runtime interface client is.
+
+emulator/lambda_runtime.py starts it as `python -S -I lambda_bootstrap.py '<sys.path as JSON>'` with the
+function's environment, so it may use only the standard library and what the function's code asset and
+layers hold (botocore is in our layer): nothing of the emulator, nothing of the dev virtualenv.
+
+Init (the cold start): put the code asset and the layers' `python/` on `sys.path`, hook every botocore
+client the function will make, import the `_HANDLER`, and report `ready` or the init error. Then serve
+invocations one at a time, as JSON lines: `{"invoke": ...}` on stdin; `{"result": ...}` or
+`{"error": ...}` back. File descriptor 1 is the channel back, so the process's own stdout (Powertools'
+metrics print there) is pointed at stderr, which is the function's log.
+
+Every AWS call the function makes is first reported to the parent (`{"call": {service, operation,
+params}}`), which answers before it is sent: `{"proceed": true}` (send it), `{"error": <AWS error
+response>}` (answered as AWS would, e.g. AccessDenied from the IAM check) or `{"response": <parsed
+response>}` (the parent answered it, e.g. the simulated EC2 CreateFleet). botocore's `before-call` event
+is where a handler may return a response instead of sending the request.
+
+Error shapes follow the Python runtime interface client (aws/aws-lambda-python-runtime-interface-client,
+awslambdaric/bootstrap.py): an exception is `{"errorMessage": str(e), "errorType": type(e).__name__,
+"stackTrace": [...]}`; a handler module that does not import is `Runtime.ImportModuleError` with
+"Unable to import module '<module>': <error>", a missing function `Runtime.HandlerNotFound`.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+_PARAMS = "runner_pool_call"
+"""Where a call's parameters wait, in botocore's request context, between the two events."""
+
+
+class _Channel:
+    """JSON lines to and from the parent; one exchange at a time (a handler's threads share it)."""
+
+    def __init__(self) -> None:
+        self._out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+        os.dup2(2, 1)  # whatever the function prints goes to its log, never into the channel
+        self._in = sys.stdin
+        self._lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self._lock:
+            self._write(message)
+
+    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self._write(message)
+            answer: dict[str, Any] = json.loads(self._in.readline())["reply"]
+            return answer
+
+    def receive(self) -> dict[str, Any] | None:
+        line = self._in.readline()
+        return json.loads(line) if line else None
+
+    def _write(self, message: dict[str, Any]) -> None:
+        self._out.write(json.dumps(message, default=_jsonable) + "\n")
+        self._out.flush()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return {"__bytes__": base64.b64encode(bytes(value)).decode()}
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+class _FaultError(Exception):
+    def __init__(self, error_type: str, message: str, stack: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.payload = {"errorType": error_type, "errorMessage": message, "stackTrace": stack or []}
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    return {
+        "errorType": type(exc).__name__,
+        "errorMessage": str(exc),
+        "stackTrace": traceback.format_list(traceback.extract_tb(exc.__traceback__)),
+    }
+
+
+def _load(handler: str) -> Any:
+    module_name, _, function_name = handler.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise _FaultError(
+            "Runtime.ImportModuleError", f"Unable to import module '{module_name}': {exc}"
+        ) from None
+    except SyntaxError as exc:
+        raise _FaultError(
+            "Runtime.UserCodeSyntaxError", f"Syntax error in module '{module_name}': {exc}"
+        ) from None
+    try:
+        return getattr(module, function_name)
+    except AttributeError:
+        raise _FaultError(
+            "Runtime.HandlerNotFound", f"Handler '{function_name}' missing on module '{module_name}'"
+        ) from None
+
+
+def _hook_botocore(channel: _Channel) -> None:
+    """Every client any session makes reports each call to the parent and obeys its answer."""
+    import botocore.session  # noqa: PLC0415 - from the layer, once sys.path holds it
+    from botocore.awsrequest import AWSResponse  # noqa: PLC0415
+    from botocore.compat import HTTPHeaders  # noqa: PLC0415
+
+    def note(params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
+        # The caller's parameters, before botocore's own handlers reshape them for the wire.
+        context[_PARAMS] = {
+            "service": model.service_model.service_name,
+            "operation": model.name,
+            "params": json.loads(json.dumps(params, default=_jsonable)),
+        }
+
+    def ask(model: Any, context: dict[str, Any], **_: Any) -> tuple[Any, dict[str, Any]] | None:
+        call = context.pop(_PARAMS, None)
+        if call is None:
+            return None
+        answer = channel.ask({"call": call})
+        if "error" in answer:
+            status = int(answer["error"].get("ResponseMetadata", {}).get("HTTPStatusCode", 400))
+            return AWSResponse("https://lambda-runtime.local/", status, HTTPHeaders(), None), answer["error"]
+        if "response" in answer:
+            return AWSResponse("https://lambda-runtime.local/", 200, HTTPHeaders(), None), answer["response"]
+        return None
+
+    create_client = botocore.session.Session.create_client
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        client = create_client(self, *args, **kwargs)
+        client.meta.events.register("provide-client-params", note)
+        client.meta.events.register_first("before-call", ask)  # type: ignore[arg-type]
+        return client
+
+    botocore.session.Session.create_client = hooked  # type: ignore[method-assign]
+
+
+class _Context:
+    """The context the Python runtime passes a handler (Lambda Developer Guide, python-context.html)."""
+
+    def __init__(self, fields: dict[str, Any], deadline: float) -> None:
+        self.function_name: str = fields["function_name"]
+        self.function_version: str = os.environ.get("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+        self.invoked_function_arn: str = fields["invoked_function_arn"]
+        self.memory_limit_in_mb: int = int(os.environ["AWS_LAMBDA_FUNCTION_MEMORY_SIZE"])
+        self.aws_request_id: str = fields["aws_request_id"]
+        self.log_group_name: str = os.environ.get("AWS_LAMBDA_LOG_GROUP_NAME", "")
+        self.log_stream_name: str = os.environ.get("AWS_LAMBDA_LOG_STREAM_NAME", "")
+        self.identity = None
+        self.client_context = None
+        self._deadline = deadline
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+def _invoke(handler: Any, event: Any, context: _Context) -> dict[str, Any]:
+    try:
+        result = handler(event, context)
+    except Exception as exc:
+        return {"error": _error(exc)}
+    try:
+        return {"result": json.loads(json.dumps(result))}
+    except (TypeError, ValueError) as exc:  # awslambdaric: a result JSON cannot hold
+        return {"error": _FaultError("Runtime.MarshalError", f"Unable to marshal response: {exc}").payload}
+
+
+def main() -> int:
+    channel = _Channel()
+    sys.path[:0] = json.loads(sys.argv[1])
+    try:
+        try:
+            _hook_botocore(channel)
+        except ImportError as exc:
+            raise _FaultError(
+                "Runtime.ImportModuleError", f"Unable to import module 'botocore': {exc}"
+            ) from None
+        handler = _load(os.environ["_HANDLER"])
+    except _FaultError as fault:
+        channel.send({"init_error": fault.payload})
+        return 1
+    except Exception as exc:  # the module's own code failed at import: Lambda reports it as is
+        channel.send({"init_error": _error(exc)})
+        return 1
+    channel.send({"ready": True})
+    while (message := channel.receive()) is not None:
+        invoke = message["invoke"]
+        # Lambda sets the trace header per invocation (configuration-envvars.html, `_X_AMZN_TRACE_ID`).
+        os.environ["_X_AMZN_TRACE_ID"] = invoke["trace_id"]
+        context = _Context(invoke["context"], time.monotonic() + invoke["remaining_ms"] / 1000)
+        channel.send(_invoke(handler, invoke["event"], context))
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

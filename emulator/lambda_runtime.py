@@ -1,0 +1,560 @@
+"""A local Lambda service: each function runs from its deployed artifacts, in environments of its own.
+
+An execution environment is a persistent worker process started the way the Lambda Python runtime
+starts one: this interpreter with `-S -I` (no site-packages, no PYTHONPATH), `sys.path` = the function's
+code asset + its layers' `python/` ("/opt/python" for a Python layer, Lambda Developer Guide,
+packaging-layers.html#packaging-layers-paths), the working directory its code (LAMBDA_TASK_ROOT), and
+an environment of the function's own variables plus those the runtime defines (configuration-envvars.html,
+"Defined runtime environment variables"), its credentials and `AWS_ENDPOINT_URL` pointing at local AWS.
+Inside, emulator/lambda_bootstrap.py imports the handler once (the cold start) and then serves
+invocations over a pipe; the function's log is its stderr.
+
+As on Lambda (Lambda Developer Guide, "Understand the Lambda execution environment lifecycle",
+lambda-runtime-environment.html): an environment serves one invocation at a time; an invocation
+when all of a function's environments are busy starts another (up to `max_environments`, past which
+it waits for one); idle ones are reused. The Init phase may take 10 s, and is retried with the
+function's timeout, so a cold start gets both. The function's timeout bounds each invocation: past
+it the environment is killed and replaced, and the invocation fails with `Sandbox.Timedout`, "RequestId:
+<id> Error: Task timed out after <timeout> seconds" ("If the Lambda function crashes or times out during
+the Invoke phase, Lambda resets the execution environment"; the error type is what Lambda reports
+and Step Functions matches, as in localstack/lambda-runtime-init's reproduction of it).
+
+A failed invocation raises `FunctionError`, whose class is named after Lambda's `errorType`
+(`ValueError`, `Runtime.ImportModuleError`, `Sandbox.Timedout`): a harness that reports `type(exc).__name__`
+(emulator/step_functions.py `lambdas_in_process`) reports exactly what Lambda would, so Retry and Catch
+on `Lambda.*` or a custom error name behave as on AWS.
+
+Every AWS call a function makes comes to this process before it is sent: counted (`calls`), checked
+against the function's role in the synthesized stack when a `PolicyCheck` is given (a denied call is
+answered AccessDenied, as emulator/iam_check.py answers in-process clients), and EC2 CreateFleet is
+answered by the simulated EC2 when one is given (emulator/ec2_fleet.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+from botocore.exceptions import ClientError
+
+from emulator.aws import ACCOUNT, REGION
+from emulator.iam_check import PolicyCheck, denied_answer
+from emulator.iam_stack import Principal, template_key
+from infra.dependency_layer import DependencyLayer, dependency_layer, host_target
+
+BOOTSTRAP = Path(__file__).resolve().with_name("lambda_bootstrap.py")
+INIT_LIMIT_SECONDS = 10.0
+"""Lambda's limit on the Init phase (lambda-runtime-environment.html, "Init phase")."""
+SHUTDOWN_SECONDS = 2.0
+"""Lambda's cap on the Shutdown phase (lambda-runtime-environment.html, "Shutdown phase")."""
+LOG_TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One function of the stack: what Lambda would be told of it."""
+
+    name: str
+    handler: str
+    """`module.function`, as the template's `Handler`."""
+    environment: Mapping[str, str]
+    """Its `Environment.Variables`, resolved to the local stack's values."""
+    timeout_seconds: float = 3.0
+    memory_mb: int = 128
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """What `cdk deploy` uploads for a function: its code asset and its layers (each holding `python/`)."""
+
+    code: Path
+    layers: tuple[Path, ...]
+
+    @property
+    def sys_path(self) -> list[str]:
+        return [str(self.code), *(str(layer / "python") for layer in self.layers)]
+
+    @classmethod
+    def from_assembly(cls, outdir: Path) -> Artifacts:
+        """The Python functions' code asset and layers, as the assembly's asset manifest names them (every
+        function of the stack shares them; one that does not is refused rather than guessed)."""
+        (template_path,) = outdir.glob("*.template.json")
+        (manifest_path,) = outdir.glob("*.assets.json")
+        resources = json.loads(template_path.read_text())["Resources"]
+        files = json.loads(manifest_path.read_text())["files"]
+
+        def asset(code: Mapping[str, Any]) -> Path:
+            source = files[str(code["S3Key"]).removesuffix(".zip")]["source"]
+            if source["packaging"] != "zip":
+                raise ValueError(f"asset {source['path']} is not a directory zipped by CDK")
+            return outdir / str(source["path"])  # absolute when staging is disabled: then the source itself
+
+        found = {
+            cls(
+                asset(resource["Properties"]["Code"]),
+                tuple(
+                    asset(resources[layer["Ref"]]["Properties"]["Content"])
+                    for layer in resource["Properties"].get("Layers", [])
+                ),
+            )
+            for resource in resources.values()
+            if resource["Type"] == "AWS::Lambda::Function"
+            and str(resource["Properties"].get("Runtime", "")).startswith("python")
+        }
+        if len(found) != 1:
+            raise ValueError(f"expected one code asset and layer set for every function, found {found}")
+        return found.pop()
+
+
+ASSEMBLIES = Path(tempfile.gettempdir()) / "runner-pool-assemblies"
+
+
+def host_artifacts(cache: Path = ASSEMBLIES) -> Artifacts:
+    """The stack's artifacts, for this machine: the CDK app synthesised as `make synth` does but with the
+    dependency layer built for this interpreter and platform (infra/dependency_layer.py `host_target()`:
+    uv.lock's runtime pins, wheels this Python can load) and assets unstaged, so each asset is its source
+    directory (the code asset's source holds only runner_pool, all CODE_EXCLUDES keeps). Cached per
+    content of what the template is made from and per layer: a hit costs no CDK."""
+    layer = dependency_layer(target=host_target())
+    assembly = cache / f"{template_key()}-{layer.key}"
+    if not (assembly / "done").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (assembly / "done").exists():
+                _synthesize(assembly, layer)
+    return Artifacts.from_assembly(assembly)
+
+
+def _synthesize(assembly: Path, layer: DependencyLayer) -> None:
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    # CDK only on a cache miss: its jsii runtime takes seconds to start.
+    from infra.app import build_app, project_context  # noqa: PLC0415
+
+    shutil.rmtree(assembly, ignore_errors=True)
+    context = {**project_context(), "aws:cdk:disable-asset-staging": True}
+    build_app(context, outdir=str(assembly), layer=layer).synth()
+    (assembly / "done").write_text("")
+
+
+def error_class(error_type: str) -> type[FunctionError]:
+    """The FunctionError subclass whose name is Lambda's `errorType` (botocore names its errors so too)."""
+    with _CLASSES_LOCK:
+        if error_type not in _CLASSES:
+            _CLASSES[error_type] = type(error_type, (FunctionError,), {})
+        return _CLASSES[error_type]
+
+
+class FunctionError(Exception):
+    """An invocation that failed; `payload` is what Lambda returns with `X-Amz-Function-Error: Unhandled`."""
+
+    def __init__(self, payload: Mapping[str, Any]) -> None:
+        super().__init__(payload.get("errorMessage", ""))
+        self.payload = dict(payload)
+
+    @property
+    def error_type(self) -> str:
+        return str(self.payload["errorType"])
+
+
+_CLASSES: dict[str, type[FunctionError]] = {}
+_CLASSES_LOCK = threading.Lock()
+
+
+def _fail(error_type: str, message: str) -> FunctionError:
+    return error_class(error_type)({"errorType": error_type, "errorMessage": message})
+
+
+class _ExitedError(Exception):
+    """The environment's process ended (or was killed) before it answered."""
+
+
+class Environment:
+    """One execution environment: a worker process, its channel, its log."""
+
+    def __init__(self, spec: FunctionSpec, command: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.spec = spec
+        self.id = uuid.uuid4().hex[:8]
+        self.invocations = 0
+        self.log_tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self._messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._logger = logging.getLogger(f"emulator.lambda.{spec.name}")
+        self.process = subprocess.Popen(  # noqa: S603 - this interpreter, our bootstrap
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            text=True,
+            encoding="utf-8",
+        )
+        stdin, stdout, stderr = self.process.stdin, self.process.stdout, self.process.stderr
+        if stdin is None or stdout is None or stderr is None:
+            raise RuntimeError("an execution environment needs its three pipes")
+        self._stdin = stdin
+        threading.Thread(
+            target=self._read, args=(stdout,), name=f"{spec.name}-{self.id}", daemon=True
+        ).start()
+        threading.Thread(
+            target=self._log, args=(stderr,), name=f"{spec.name}-{self.id}-log", daemon=True
+        ).start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            self._stdin.write(json.dumps(message) + "\n")
+            self._stdin.flush()
+        except (BrokenPipeError, ValueError):
+            raise _ExitedError from None
+
+    def receive(self, deadline: float) -> dict[str, Any]:
+        """The next message; TimeoutError past `deadline` (monotonic), _ExitedError once the process ended."""
+        try:
+            message = self._messages.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError from None
+        if message is None:
+            raise _ExitedError
+        return message
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def shut_down(self) -> None:
+        """Shutdown: its input closed, so the bootstrap's loop ends (`wait` then reaps it)."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.close()
+
+    def wait(self, deadline: float) -> None:
+        """Reaped by `deadline`, killed past it (Lambda's Shutdown phase is capped at 2 s, then SIGKILL)."""
+        try:
+            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def _read(self, channel: IO[str]) -> None:
+        for line in channel:
+            self._messages.put(json.loads(line))
+        self._messages.put(None)
+
+    def _log(self, log: IO[str]) -> None:
+        for line in log:
+            self.log_tail.append(line.rstrip("\n"))
+            self._logger.info(line.rstrip("\n"))
+
+
+PrincipalOf = Callable[[FunctionSpec], Principal]
+
+
+@dataclass
+class _Pool:
+    idle: list[Environment] = field(default_factory=list)
+    busy: int = 0
+    started: int = 0
+
+
+class LambdaRuntime:
+    """`with LambdaRuntime(artifacts, functions, endpoint=aws.endpoint) as lambdas: lambdas.invoke(...)`."""
+
+    def __init__(
+        self,
+        artifacts: Artifacts,
+        functions: Mapping[str, FunctionSpec],
+        *,
+        endpoint: str,
+        policy_check: PolicyCheck | None = None,
+        principal_of: PrincipalOf | None = None,
+        ec2: Any = None,
+        max_environments: int = 8,
+        region: str = REGION,
+    ) -> None:
+        """`endpoint`: local AWS (emulator/aws.py). `policy_check`: every call checked as the function's
+        role (`principal_of`, by default the role of the function whose handler the template names so).
+        `ec2`: what answers CreateFleet (a SimulatedEc2). `max_environments`: per function."""
+        self.artifacts = artifacts
+        self.functions = dict(functions)
+        self.calls: Counter[str] = Counter()
+        """Every AWS call the functions made, `service:Operation`."""
+        self.faults: list[str] = []
+        """Failures of this service itself while answering a function's call (never the function's)."""
+        self._endpoint = endpoint
+        self._region = region
+        self._check = policy_check
+        self._principal_of = principal_of or (
+            (lambda spec: policy_check.iam.function(spec.handler)) if policy_check is not None else None
+        )
+        self._lookups = None if policy_check is None else policy_check.lookups(endpoint, region)
+        self._ec2 = ec2
+        self._max = max_environments
+        self._pools: dict[str, _Pool] = {name: _Pool() for name in self.functions}
+        self._all: list[Environment] = []
+        self._lock = threading.Condition()
+        self._closed = False
+        self._requests = 0
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            environments = list(self._all)
+            self._all.clear()
+            for pool in self._pools.values():
+                pool.idle.clear()
+        for environment in environments:
+            environment.shut_down()
+        deadline = time.monotonic() + SHUTDOWN_SECONDS
+        for environment in environments:
+            environment.wait(deadline)
+
+    # --- invoking
+
+    def handler(self, name: str) -> Callable[[dict[str, Any], Any], Any]:
+        """The function as a Lambda handler `(event, context) -> result` that raises FunctionError: what
+        emulator/step_functions.py `lambdas_in_process`, ProxyEndpoint and the event sources invoke."""
+        if name not in self.functions:
+            raise KeyError(f"no function {name!r} in this runtime")
+
+        def invoke(event: dict[str, Any], context: Any = None) -> Any:
+            return self.invoke(name, event, context)
+
+        invoke.__name__ = name
+        return invoke
+
+    def invoke(self, name: str, event: Any, context: Any = None) -> Any:
+        """Invoke `name` with `event` and wait for its result; a failed invocation raises FunctionError."""
+        spec = self.functions[name]
+        request_id = getattr(context, "aws_request_id", None) or str(uuid.uuid4())
+        environment = self._acquire(spec)
+        began = time.monotonic()
+        deadline = began + spec.timeout_seconds
+        healthy = False
+        try:
+            if environment.invocations == 0:
+                self._await_ready(environment, began + INIT_LIMIT_SECONDS + spec.timeout_seconds)
+                deadline = time.monotonic() + spec.timeout_seconds
+            environment.invocations += 1
+            environment.send(
+                {
+                    "invoke": {
+                        "event": event,
+                        "context": {
+                            "function_name": spec.name,
+                            "aws_request_id": request_id,
+                            "invoked_function_arn": getattr(context, "invoked_function_arn", None)
+                            or f"arn:aws:lambda:{self._region}:{ACCOUNT}:function:{spec.name}",
+                        },
+                        "remaining_ms": int(spec.timeout_seconds * 1000),
+                        "trace_id": f"Root=1-{int(time.time()):08x}-{uuid.uuid4().hex[:24]};Sampled=0",
+                    }
+                }
+            )
+            result = self._serve(spec, environment, deadline, request_id)
+            healthy = True
+            return result
+        except FunctionError as failed:
+            healthy = not failed.error_type.startswith(("Runtime.", "Sandbox."))
+            raise
+        finally:
+            self._release(spec, environment, healthy)
+
+    def _serve(self, spec: FunctionSpec, environment: Environment, deadline: float, request_id: str) -> Any:
+        while True:
+            try:
+                message = environment.receive(deadline)
+            except TimeoutError:
+                environment.kill()
+                raise _fail(
+                    "Sandbox.Timedout",
+                    f"RequestId: {request_id} Error: Task timed out after {spec.timeout_seconds:.2f} seconds",
+                ) from None
+            except _ExitedError:
+                raise self._exited(environment, request_id) from None
+            if "call" in message:
+                environment.send({"reply": self._answer(spec, message["call"])})
+            elif "result" in message:
+                return message["result"]
+            else:
+                raise error_class(message["error"]["errorType"])(message["error"])
+
+    def _await_ready(self, environment: Environment, deadline: float) -> None:
+        """The cold start: the handler imported, or the init error as the invocation's error."""
+        try:
+            message = environment.receive(deadline)
+        except TimeoutError:
+            environment.kill()
+            raise _fail(
+                "Sandbox.Timedout",
+                f"Init of {environment.spec.name} did not finish within "
+                f"{INIT_LIMIT_SECONDS + environment.spec.timeout_seconds:.2f} seconds",
+            ) from None
+        except _ExitedError:
+            raise self._exited(environment, "init") from None
+        if "init_error" in message:
+            environment.kill()
+            raise error_class(message["init_error"]["errorType"])(message["init_error"])
+
+    def _exited(self, environment: Environment, request_id: str) -> FunctionError:
+        code = environment.process.wait()
+        tail = "\n".join(environment.log_tail)
+        return _fail(
+            "Runtime.ExitError",
+            f"RequestId: {request_id} Error: Runtime exited with error: exit status {code}\n{tail}",
+        )
+
+    # --- environments
+
+    def _acquire(self, spec: FunctionSpec) -> Environment:
+        with self._lock:
+            pool = self._pools[spec.name]
+            while True:
+                if self._closed:
+                    raise RuntimeError("the Lambda runtime is closed")
+                if pool.idle:
+                    pool.busy += 1
+                    return pool.idle.pop()
+                if pool.busy < self._max:
+                    pool.busy += 1
+                    pool.started += 1
+                    break
+                self._lock.wait()
+        try:
+            environment = self._start(spec)
+        except BaseException:
+            with self._lock:
+                pool.busy -= 1
+                self._lock.notify_all()
+            raise
+        with self._lock:
+            self._all.append(environment)
+        return environment
+
+    def _release(self, spec: FunctionSpec, environment: Environment, healthy: bool) -> None:
+        with self._lock:
+            pool = self._pools[spec.name]
+            pool.busy -= 1
+            if healthy and not self._closed and environment.process.poll() is None:
+                pool.idle.append(environment)
+            else:
+                if environment in self._all:
+                    self._all.remove(environment)
+                environment.kill()
+            self._lock.notify_all()
+
+    def _start(self, spec: FunctionSpec) -> Environment:
+        command = [sys.executable, "-S", "-I", str(BOOTSTRAP), json.dumps(self.artifacts.sys_path)]
+        return Environment(spec, command, self._environment(spec), self.artifacts.code)
+
+    def _environment(self, spec: FunctionSpec) -> dict[str, str]:
+        """The function's variables, then the runtime's own (reserved: a function cannot set them)."""
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        return {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "LANG": "en_US.UTF-8",
+            "TZ": ":UTC",
+            **spec.environment,
+            "_HANDLER": spec.handler,
+            "AWS_REGION": self._region,
+            "AWS_DEFAULT_REGION": self._region,
+            "AWS_EXECUTION_ENV": f"AWS_Lambda_python{version}",
+            "AWS_LAMBDA_FUNCTION_NAME": spec.name,
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
+            "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+            "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
+            "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{spec.name}",
+            "AWS_LAMBDA_LOG_STREAM_NAME": f"local/[$LATEST]{uuid.uuid4().hex}",
+            "LAMBDA_TASK_ROOT": str(self.artifacts.code),
+            "AWS_XRAY_CONTEXT_MISSING": "LOG_ERROR",
+            "AWS_XRAY_DAEMON_ADDRESS": "127.0.0.1:2000",
+            # The execution role's credentials, here local AWS's; and no shared config or credentials
+            # file of this machine's (a Lambda has none).
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            "AWS_ENDPOINT_URL": self._endpoint,
+        }
+
+    # --- the function's AWS calls
+
+    def _answer(self, spec: FunctionSpec, call: Mapping[str, Any]) -> dict[str, Any]:
+        service, operation = call["service"], call["operation"]
+        params = _decoded(call["params"])
+        with self._lock:
+            self.calls[f"{service}:{operation}"] += 1
+        try:
+            if self._check is not None and self._principal_of is not None:
+                checked = self._check.check(
+                    self._principal_of(spec), service, operation, params, self._lookups
+                )
+                if not checked.allowed:
+                    return {"error": denied_answer(service, checked)}
+            if service == "ec2" and operation == "CreateFleet" and self._ec2 is not None:
+                try:
+                    return {"response": self._ec2.create_fleet(**params)}
+                except ClientError as refused:
+                    return {"error": refused.response}
+        except Exception as fault:  # the emulator's own failure: fail the call, and the test that made it
+            logging.getLogger(__name__).exception("answering %s:%s for %s", service, operation, spec.name)
+            with self._lock:
+                self.faults.append(f"{spec.name} {service}:{operation}: {type(fault).__name__}: {fault}")
+            return {
+                "error": {
+                    "Error": {"Code": "EmulatorFault", "Message": f"{type(fault).__name__}: {fault}"},
+                    "ResponseMetadata": {"HTTPStatusCode": 500},
+                }
+            }
+        return {"proceed": True}
+
+    # --- looking at it
+
+    def environments(self, name: str) -> int:
+        """How many environments `name` has started so far (cold starts)."""
+        with self._lock:
+            return self._pools[name].started
+
+    def live(self) -> Iterator[Environment]:
+        with self._lock:
+            return iter(list(self._all))
+
+
+def _decoded(value: Any) -> Any:
+    """A call's parameters as botocore took them: the bootstrap sends bytes as `{"__bytes__": base64}`."""
+    if isinstance(value, dict):
+        if set(value) == {"__bytes__"}:
+            return base64.b64decode(value["__bytes__"])
+        return {key: _decoded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_decoded(item) for item in value]
+    return value

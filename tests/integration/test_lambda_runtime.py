@@ -1,0 +1,338 @@
+"""The local Lambda service (emulator/lambda_runtime.py): functions run from the deployed artifacts, in
+persistent execution environments, with their AWS calls checked and answered as the emulator does.
+
+One runtime per concern and module: a real handler's cold start is about a second. Real handlers run
+from the stack's code asset and its layer built for this machine (`host_artifacts()`); probes, small
+functions of this test's own, run from a code asset of theirs on the same layer.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulator.aws import ACCOUNT, REGION, LocalAws, local_aws
+from emulator.ec2_fleet import SimulatedEc2
+from emulator.iam_check import PolicyCheck
+from emulator.iam_stack import StackIam, synthesized_template, without_grant
+from emulator.lambda_runtime import Artifacts, FunctionError, FunctionSpec, LambdaRuntime, host_artifacts
+from emulator.resources import create_state_table
+
+pytestmark = pytest.mark.slow
+
+TABLE = "runtime-test-state"
+LOCAL = {
+    "RUNNER_POOL_TABLE_NAME": TABLE,
+    "RUNNER_POOL_STACK_NAME": "runtime-test",
+    "RUNNER_POOL_ACCOUNT_ID": ACCOUNT,
+}
+"""What the local stack gives the variables the template fills from its resources."""
+PLAN = "runner_pool.handlers.release.plan"
+
+PROBES = '''
+"""Probes: functions of the test's own, run in the same environments as the stack's."""
+import os
+import sys
+import threading
+import time
+
+import boto3
+import botocore
+
+
+def where(event, context):
+    return {
+        "sys_path": sys.path,
+        "botocore": botocore.__file__,
+        "site": "site" in sys.modules,
+        "environment": dict(os.environ),
+        "remaining_ms": context.get_remaining_time_in_millis(),
+    }
+
+
+def together(event, context):
+    """Returns once `count` invocations are in this one's directory at the same time: only concurrent
+    environments can all return."""
+    directory = event["directory"]
+    open(os.path.join(directory, context.aws_request_id), "w").close()
+    deadline = time.monotonic() + 20
+    while len(os.listdir(directory)) < event["count"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other invocations never ran alongside this one")
+        time.sleep(0.01)
+    return os.getpid()
+
+
+def block(event, context):
+    if event["block"]:
+        threading.Event().wait()
+    return os.getpid()
+
+
+def create_fleet(event, context):
+    try:
+        return boto3.client("ec2").create_fleet(**event)
+    except botocore.exceptions.ClientError as refused:
+        return refused.response["Error"]["Code"]
+'''
+
+
+def function_spec(template: Mapping[str, Any], handler: str, name: str) -> FunctionSpec:
+    """The function of the template whose handler is `handler`, its variables resolved to the local stack's."""
+    (properties,) = [
+        resource["Properties"]
+        for resource in template["Resources"].values()
+        if resource["Type"] == "AWS::Lambda::Function" and resource["Properties"]["Handler"] == handler
+    ]
+    variables = properties.get("Environment", {}).get("Variables", {})
+    return FunctionSpec(
+        name=name,
+        handler=handler,
+        environment={
+            key: value if isinstance(value, str) else LOCAL[key] for key, value in variables.items()
+        },
+        timeout_seconds=properties.get("Timeout", 3),
+        memory_mb=properties.get("MemorySize", 128),
+    )
+
+
+def probe(handler: str, timeout_seconds: float = 30) -> FunctionSpec:
+    return FunctionSpec(handler, f"probes.{handler}", {"PROBE": "yes"}, timeout_seconds, 128)
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Artifacts:
+    return host_artifacts()
+
+
+@pytest.fixture(scope="module")
+def aws() -> Iterator[LocalAws]:
+    with local_aws() as aws:
+        create_state_table(aws.client("dynamodb"), TABLE)
+        yield aws
+
+
+@pytest.fixture(scope="module")
+def check() -> PolicyCheck:
+    return PolicyCheck(StackIam.bound(synthesized_template(), LOCAL, region=REGION, account=ACCOUNT))
+
+
+@pytest.fixture(scope="module")
+def stack(artifacts: Artifacts, aws: LocalAws, check: PolicyCheck) -> Iterator[LambdaRuntime]:
+    functions = {"plan": function_spec(synthesized_template(), PLAN, "plan")}
+    with LambdaRuntime(artifacts, functions, endpoint=aws.endpoint, policy_check=check) as runtime:
+        yield runtime
+
+
+@pytest.fixture(scope="module")
+def probe_artifacts(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    code = tmp_path_factory.mktemp("probe-asset")
+    (code / "probes.py").write_text(textwrap.dedent(PROBES))
+    # The shape of f478fe5's aws_xray_sdk: a module only the dev virtualenv has.
+    (code / "needs_moto.py").write_text("import moto\n\n\ndef handler(event, context):\n    return 1\n")
+    return Artifacts(code, artifacts.layers)
+
+
+@pytest.fixture(scope="module")
+def ec2(aws: LocalAws) -> SimulatedEc2:
+    return SimulatedEc2(aws.client("ec2"))
+
+
+@pytest.fixture(scope="module")
+def probes(probe_artifacts: Artifacts, aws: LocalAws, ec2: SimulatedEc2) -> Iterator[LambdaRuntime]:
+    functions = {
+        "where": probe("where"),
+        "together": probe("together"),
+        "block": probe("block", timeout_seconds=1),
+        "create_fleet": probe("create_fleet"),
+        "needs_moto": FunctionSpec("needs_moto", "needs_moto.handler", {}, 3, 128),
+    }
+    with LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint, ec2=ec2) as runtime:
+        yield runtime
+
+
+def test_a_real_handler_runs_from_the_artifacts_against_local_aws_and_returns_its_result(
+    stack: LambdaRuntime, check: PolicyCheck
+) -> None:
+    # Given release's Plan as the template defines it, its environment resolved to the local stack
+    checked_before = check.checked()
+
+    # When a run-level release is planned
+    planned = stack.invoke("plan", {"run_key": "pool=7/class=large", "cause": "run-7-attempt-1"})
+
+    # Then its result comes back; its calls to local AWS were recorded and checked against its role
+    assert planned["run_key"] == "pool=7/class=large"
+    assert planned["instance_ids"] == []
+    assert stack.calls["dynamodb:Query"] >= 1
+    assert check.checked() > checked_before
+    assert not check.denials(), [denial.explain() for denial in check.denials()]
+
+
+def test_an_environment_holds_the_code_asset_and_layers_alone_and_lambdas_variables(
+    probes: LambdaRuntime, probe_artifacts: Artifacts, aws: LocalAws
+) -> None:
+    # When a probe reports what its interpreter sees
+    seen = probes.invoke("where", {})
+
+    # Then its path is the code asset, the layer and the standard library; botocore is the layer's
+    stdlib = [p for p in seen["sys_path"] if p not in probe_artifacts.sys_path]
+    assert seen["sys_path"][: len(probe_artifacts.sys_path)] == probe_artifacts.sys_path
+    assert not [p for p in stdlib if "site-packages" in p], stdlib
+    assert seen["botocore"].startswith(str(probe_artifacts.layers[0] / "python"))
+    assert not seen["site"]
+    # And its environment is the function's, Lambda's and local AWS's, nothing of this process's
+    environment = seen["environment"]
+    assert environment["PROBE"] == "yes"
+    assert environment["AWS_LAMBDA_FUNCTION_NAME"] == "where"
+    assert environment["_HANDLER"] == "probes.where"
+    assert environment["AWS_ENDPOINT_URL"] == aws.endpoint
+    assert environment["_X_AMZN_TRACE_ID"].startswith("Root=1-")
+    assert "PYTEST_CURRENT_TEST" not in environment
+    assert 0 < seen["remaining_ms"] <= 30_000
+
+
+def test_a_handler_error_comes_back_with_its_error_type_and_keeps_the_environment(
+    stack: LambdaRuntime,
+) -> None:
+    # Given plan's environment, warm
+    stack.invoke("plan", {"run_key": "pool=8", "cause": "run-8-attempt-1"})
+    started = stack.environments("plan")
+
+    # When it is invoked with an event its model refuses
+    with pytest.raises(FunctionError) as failed:
+        stack.invoke("plan", {"run_key": "", "cause": "run-8-attempt-1"})
+
+    # Then the error is pydantic's, by the name Step Functions matches; the environment serves on
+    assert type(failed.value).__name__ == "ValidationError"
+    assert failed.value.payload["errorType"] == "ValidationError"
+    assert "run_key" in failed.value.payload["errorMessage"]
+    stack.invoke("plan", {"run_key": "pool=8", "cause": "run-8-attempt-1"})
+    assert stack.environments("plan") == started
+
+
+def test_concurrent_invocations_start_an_environment_each_and_later_ones_reuse_them(
+    probes: LambdaRuntime, tmp_path: Path
+) -> None:
+    count = 3
+
+    def round_of(directory: Path) -> set[int]:
+        directory.mkdir()
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            return set(
+                pool.map(
+                    lambda _: probes.invoke("together", {"directory": str(directory), "count": count}),
+                    range(count),
+                )
+            )
+
+    # When three invocations must all be running at once to return
+    first = round_of(tmp_path / "first")
+
+    # Then three environments served them
+    assert len(first) == count
+    assert probes.environments("together") == count
+
+    # And three more, later, are served by the same environments: no cold start
+    second = round_of(tmp_path / "second")
+    assert second == first
+    assert probes.environments("together") == count
+
+
+def test_a_call_the_deployed_policy_lacks_is_denied_and_reported(artifacts: Artifacts, aws: LocalAws) -> None:
+    # Given the template less Plan's PutItem (the run-finished mark a run-level release writes)
+    template = without_grant(synthesized_template(), PLAN, "dynamodb:PutItem")
+    check = PolicyCheck(StackIam.bound(template, LOCAL, region=REGION, account=ACCOUNT))
+    functions = {"plan": function_spec(template, PLAN, "plan")}
+
+    # When Plan runs a run-level release
+    with (
+        LambdaRuntime(artifacts, functions, endpoint=aws.endpoint, policy_check=check) as runtime,
+        pytest.raises(FunctionError),
+    ):
+        runtime.invoke("plan", {"run_key": "pool=9", "cause": "run-9-attempt-1"})
+
+    # Then the call was answered AccessDenied, and the check names the statement it lacks
+    (denied,) = check.denials()
+    assert denied.principal == PLAN
+    assert denied.operation == "dynamodb:PutItem"
+    assert f"lacks: Allow dynamodb:PutItem on arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{TABLE}" in (
+        denied.explain()
+    )
+
+
+def test_create_fleet_is_answered_by_the_simulated_ec2(probes: LambdaRuntime, ec2: SimulatedEc2) -> None:
+    # Given a simulated EC2 that refuses its next CreateFleet (local EC2 would answer otherwise)
+    ec2.fail_next(1, "RequestLimitExceeded")
+
+    # When a function calls CreateFleet
+    code = probes.invoke(
+        "create_fleet",
+        {
+            "Type": "instant",
+            "LaunchTemplateConfigs": [
+                {"LaunchTemplateSpecification": {"LaunchTemplateId": "lt-0abc", "Version": "$Default"}}
+            ],
+            "TargetCapacitySpecification": {"TotalTargetCapacity": 1, "DefaultTargetCapacityType": "spot"},
+        },
+    )
+
+    # Then the simulator answered it
+    assert code == "RequestLimitExceeded"
+    assert ec2.calls["CreateFleet"] == 1
+    assert probes.calls["ec2:CreateFleet"] == 1
+
+
+def test_a_dependency_the_layer_lacks_fails_the_cold_start_as_lambda_reports_it(
+    probes: LambdaRuntime,
+) -> None:
+    # When a function whose module imports what only the dev virtualenv has is invoked
+    with pytest.raises(FunctionError) as failed:
+        probes.invoke("needs_moto", {})
+
+    # Then the invocation fails as Lambda's Python runtime reports an init failure
+    assert type(failed.value).__name__ == "Runtime.ImportModuleError"
+    assert (
+        failed.value.payload["errorMessage"] == "Unable to import module 'needs_moto': No module named 'moto'"
+    )
+    assert not [e for e in probes.live() if e.spec.name == "needs_moto"]
+
+
+def test_an_invocation_past_its_timeout_kills_the_environment_and_the_next_gets_a_new_one(
+    probes: LambdaRuntime,
+) -> None:
+    # Given a warm environment of a function with a one-second timeout
+    first = probes.invoke("block", {"block": False})
+
+    # When an invocation runs past the timeout
+    with pytest.raises(FunctionError) as failed:
+        probes.invoke("block", {"block": True})
+
+    # Then it fails as Lambda reports a timeout, and the environment is gone
+    assert type(failed.value).__name__ == "Sandbox.Timedout"
+    assert "Task timed out after 1.00 seconds" in failed.value.payload["errorMessage"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(first, 0)
+    # And the next invocation is served by a new environment
+    assert probes.invoke("block", {"block": False}) != first
+    assert probes.environments("block") == 2
+
+
+def test_closing_the_runtime_ends_every_environment(probe_artifacts: Artifacts, aws: LocalAws) -> None:
+    # Given a runtime with a warm environment
+    runtime = LambdaRuntime(probe_artifacts, {"block": probe("block")}, endpoint=aws.endpoint)
+    pid = runtime.invoke("block", {"block": False})
+
+    # When it is closed
+    runtime.close()
+
+    # Then its environments are gone, and it invokes nothing more
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with pytest.raises(RuntimeError):
+        runtime.invoke("block", {"block": False})
