@@ -194,6 +194,7 @@ class Environment:
         self.spec = spec
         self.id = uuid.uuid4().hex[:8]
         self.invocations = 0
+        self.last_used = time.monotonic()
         self.log_tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self._messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._logger = logging.getLogger(f"emulator.lambda.{spec.name}")
@@ -291,11 +292,17 @@ class LambdaRuntime:
         principal_of: PrincipalOf | None = None,
         ec2: Any = None,
         max_environments: int = 8,
+        max_total_environments: int = 32,
         region: str = REGION,
     ) -> None:
         """`endpoint`: local AWS (emulator/aws.py). `policy_check`: every call checked as the function's
         role (`principal_of`, by default the role of the function whose handler the template names so).
-        `ec2`: what answers CreateFleet (a SimulatedEc2). `max_environments`: per function."""
+        `ec2`: what answers CreateFleet (a SimulatedEc2). `max_environments`: per function, past which an
+        invocation waits for one; `max_total_environments`: in all, past which an idle environment of
+        another function is shut down to make room (each holds about 90 MB)."""
+        misnamed = sorted(name for name, spec in functions.items() if spec.name != name)
+        if misnamed:
+            raise ValueError(f"functions must be keyed by their own names: {misnamed}")
         self.artifacts = artifacts
         self.functions = dict(functions)
         self.calls: Counter[str] = Counter()
@@ -311,6 +318,8 @@ class LambdaRuntime:
         self._lookups = None if policy_check is None else policy_check.lookups(endpoint, region)
         self._ec2 = ec2
         self._max = max_environments
+        self._max_total = max_total_environments
+        self._starting = 0
         self._pools: dict[str, _Pool] = {name: _Pool() for name in self.functions}
         self._all: list[Environment] = []
         self._lock = threading.Condition()
@@ -444,9 +453,15 @@ class LambdaRuntime:
                 if pool.idle:
                     pool.busy += 1
                     return pool.idle.pop()
-                if pool.busy < self._max:
+                if pool.busy < self._max and len(self._all) + self._starting >= self._max_total:
+                    evicted = self._evict()
+                    if evicted is not None:
+                        evicted.kill()
+                        continue
+                if pool.busy < self._max and len(self._all) + self._starting < self._max_total:
                     pool.busy += 1
                     pool.started += 1
+                    self._starting += 1
                     break
                 self._lock.wait()
         try:
@@ -454,17 +469,35 @@ class LambdaRuntime:
         except BaseException:
             with self._lock:
                 pool.busy -= 1
+                self._starting -= 1
                 self._lock.notify_all()
             raise
         with self._lock:
+            self._starting -= 1
             self._all.append(environment)
         return environment
+
+    def _evict(self) -> Environment | None:
+        """The idle environment used least recently, of any function, taken out to make room (Lambda
+        reclaims idle environments as it needs); None when every environment is busy."""
+        idle = [
+            (environment.last_used, name) for name, pool in self._pools.items() for environment in pool.idle
+        ]
+        if not idle:
+            return None
+        _, name = min(idle)
+        pool = self._pools[name]
+        oldest = min(pool.idle, key=lambda environment: environment.last_used)
+        pool.idle.remove(oldest)
+        self._all.remove(oldest)
+        return oldest
 
     def _release(self, spec: FunctionSpec, environment: Environment, healthy: bool) -> None:
         with self._lock:
             pool = self._pools[spec.name]
             pool.busy -= 1
             if healthy and not self._closed and environment.process.poll() is None:
+                environment.last_used = time.monotonic()
                 pool.idle.append(environment)
             else:
                 if environment in self._all:

@@ -12,6 +12,7 @@ import os
 import textwrap
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,7 @@ def test_a_real_handler_runs_from_the_artifacts_against_local_aws_and_returns_it
     assert stack.calls["dynamodb:Query"] >= 1
     assert check.checked() > checked_before
     assert not check.denials(), [denial.explain() for denial in check.denials()]
+    assert not stack.faults
 
 
 def test_an_environment_holds_the_code_asset_and_layers_alone_and_lambdas_variables(
@@ -336,3 +338,22 @@ def test_closing_the_runtime_ends_every_environment(probe_artifacts: Artifacts, 
         os.kill(pid, 0)
     with pytest.raises(RuntimeError):
         runtime.invoke("block", {"block": False})
+
+
+def test_past_the_total_cap_the_least_recently_used_idle_environment_makes_room(
+    probe_artifacts: Artifacts, aws: LocalAws
+) -> None:
+    # Given a runtime that may hold one environment in all, warm for one function
+    functions = {name: replace(probe("block"), name=name) for name in ("first", "second")}
+    with LambdaRuntime(
+        probe_artifacts, functions, endpoint=aws.endpoint, max_total_environments=1
+    ) as runtime:
+        first = runtime.invoke("first", {"block": False})
+
+        # When another function is invoked
+        second = runtime.invoke("second", {"block": False})
+
+        # Then the idle environment was shut down to make room for the new one
+        with pytest.raises(ProcessLookupError):
+            os.kill(first, 0)
+        assert [environment.pid for environment in runtime.live()] == [second]
