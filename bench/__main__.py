@@ -7,7 +7,7 @@ import sys
 
 from bench.results import RESULTS_PATH, merge_results
 
-BENCHMARKS = ("pickup", "agent", "provision", "webhook", "emulator", "burst", "quotas")
+BENCHMARKS = ("pickup", "agent", "provision", "webhook", "emulator", "burst", "quotas", "lambda_runtime")
 """Modules of this package with a `run() -> BenchTable`; later issues add theirs here."""
 
 
