@@ -293,6 +293,7 @@ class LambdaRuntime:
         ec2: Any = None,
         max_environments: int = 8,
         max_total_environments: int = 32,
+        calls: Counter[str] | None = None,
         region: str = REGION,
     ) -> None:
         """`endpoint`: local AWS (emulator/aws.py). `policy_check`: every call checked as the function's
@@ -305,8 +306,8 @@ class LambdaRuntime:
             raise ValueError(f"functions must be keyed by their own names: {misnamed}")
         self.artifacts = artifacts
         self.functions = dict(functions)
-        self.calls: Counter[str] = Counter()
-        """Every AWS call the functions made, `service:Operation`."""
+        self.calls: Counter[str] = Counter() if calls is None else calls
+        """Every AWS call the functions made, `service:Operation` (a CallCounter's `calls`, if given)."""
         self.faults: list[str] = []
         """Failures of this service itself while answering a function's call (never the function's)."""
         self._endpoint = endpoint
