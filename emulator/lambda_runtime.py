@@ -47,7 +47,8 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -194,6 +195,8 @@ class Environment:
         self.spec = spec
         self.id = uuid.uuid4().hex[:8]
         self.invocations = 0
+        self.ready = False
+        """Initialised: the handler imported (the cold start done)."""
         self.last_used = time.monotonic()
         self.log_tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self._messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
@@ -350,6 +353,26 @@ class LambdaRuntime:
 
     # --- invoking
 
+    def warm(self, names: Iterable[str] | None = None) -> None:
+        """Start one environment for each of `names` (every function by default), all at once, and wait
+        until each has imported its handler: what provisioned concurrency of 1 does (Lambda Developer
+        Guide, provisioned-concurrency.html), so that cold starts happen here rather than inside a
+        scenario's timings. An init failure is raised here, as its first invocation would raise it."""
+
+        def start(name: str) -> None:
+            spec = self.functions[name]
+            environment = self._acquire(spec)
+            healthy = False
+            try:
+                self._await_ready(environment, time.monotonic() + INIT_LIMIT_SECONDS + spec.timeout_seconds)
+                healthy = True
+            finally:
+                self._release(spec, environment, healthy)
+
+        with ThreadPoolExecutor(max_workers=8, thread_name_prefix="lambda-warm") as pool:
+            for started in [pool.submit(start, name) for name in names or list(self.functions)]:
+                started.result()
+
     def handler(self, name: str) -> Callable[[dict[str, Any], Any], Any]:
         """The function as a Lambda handler `(event, context) -> result` that raises FunctionError: what
         emulator/step_functions.py `lambdas_in_process`, ProxyEndpoint and the event sources invoke."""
@@ -371,7 +394,7 @@ class LambdaRuntime:
         deadline = began + spec.timeout_seconds
         healthy = False
         try:
-            if environment.invocations == 0:
+            if not environment.ready:
                 self._await_ready(environment, began + INIT_LIMIT_SECONDS + spec.timeout_seconds)
                 deadline = time.monotonic() + spec.timeout_seconds
             environment.invocations += 1
@@ -434,6 +457,7 @@ class LambdaRuntime:
         if "init_error" in message:
             environment.kill()
             raise error_class(message["init_error"]["errorType"])(message["init_error"])
+        environment.ready = True
 
     def _exited(self, environment: Environment, request_id: str) -> FunctionError:
         code = environment.process.wait()

@@ -357,3 +357,22 @@ def test_past_the_total_cap_the_least_recently_used_idle_environment_makes_room(
         with pytest.raises(ProcessLookupError):
             os.kill(first, 0)
         assert [environment.pid for environment in runtime.live()] == [second]
+
+
+def test_warming_starts_an_environment_per_function_before_any_invocation(
+    probe_artifacts: Artifacts, aws: LocalAws
+) -> None:
+    # Given a runtime of two functions, one of which cannot import
+    functions = {
+        "block": probe("block"),
+        "needs_moto": FunctionSpec("needs_moto", "needs_moto.handler", {}, 3, 128),
+    }
+    with LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint) as runtime:
+        # When both are warmed / Then the one that cannot import fails there, as its invocation would
+        with pytest.raises(FunctionError, match="No module named 'moto'"):
+            runtime.warm()
+
+        # And the other's environment is ready: its first invocation starts none
+        assert runtime.environments("block") == 1
+        runtime.invoke("block", {"block": False})
+        assert runtime.environments("block") == 1
