@@ -28,12 +28,16 @@ import base64
 import importlib
 import json
 import os
+import signal
+import socket
 import sys
 import threading
 import time
 import traceback
 from typing import Any
 
+_LAYERS: list[str] = []
+"""The layers' `python/` directories on sys.path (after the code asset)."""
 _PARAMS = "runner_pool_call"
 """Where a call's parameters wait, in botocore's request context, between the two events."""
 
@@ -175,9 +179,12 @@ def _invoke(handler: Any, event: Any, context: _Context) -> dict[str, Any]:
         return {"error": _FaultError("Runtime.MarshalError", f"Unable to marshal response: {exc}").payload}
 
 
-def main() -> int:
+def main(sys_path: list[str] | None) -> int:
+    """One environment: init, then invocations until the parent closes the channel."""
     channel = _Channel()
-    sys.path[:0] = json.loads(sys.argv[1])
+    if sys_path is not None:
+        sys.path[:0] = sys_path
+        _LAYERS[:] = sys_path[1:]
     try:
         try:
             _hook_botocore(channel)
@@ -192,7 +199,13 @@ def main() -> int:
     except Exception as exc:  # the module's own code failed at import: Lambda reports it as is
         channel.send({"init_error": _error(exc)})
         return 1
-    channel.send({"ready": True})
+    layers = tuple(_LAYERS)
+    loaded = sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if str(getattr(module, "__file__", None) or "").startswith(layers)
+    )
+    channel.send({"ready": True, "loaded": loaded})
     while (message := channel.receive()) is not None:
         invoke = message["invoke"]
         # Lambda sets the trace header per invocation (configuration-envvars.html, `_X_AMZN_TRACE_ID`).
@@ -204,5 +217,46 @@ def main() -> int:
     return 0
 
 
+def fork_server(sys_path: list[str], preload: list[str]) -> int:
+    """Imports `preload` (modules of the layers a first environment loaded), then forks an environment
+    for each request on the socket that is its stdin: the request is the function's environment with
+    its three pipes attached (SCM_RIGHTS); the answer, the child's pid. What a child imports from its
+    own code asset (the handler's module) it imports itself, after the fork, under its own environment."""
+    sys.path[:0] = sys_path
+    _LAYERS[:] = sys_path[1:]
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: S112 - the environment's own import will report it, with Lambda's error
+            continue
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel; the parent kills
+    control = socket.socket(fileno=0)
+    while True:
+        request, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
+        if not request:
+            return 0
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+                os.close(fd)
+            os.environ.clear()
+            os.environ.update(json.loads(request))
+            code = 1
+            try:
+                code = main(None)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        control.sendall(json.dumps({"pid": pid}).encode())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1] == "--fork-server":
+        sys.exit(fork_server(json.loads(sys.argv[2]), json.loads(sys.argv[3])))
+    sys.exit(main(json.loads(sys.argv[1])))

@@ -19,6 +19,13 @@ it the environment is killed and replaced, and the invocation fails with `Sandbo
 the Invoke phase, Lambda resets the execution environment"; the error type is what Lambda reports
 and Step Functions matches, as in localstack/lambda-runtime-init's reproduction of it).
 
+Cold starts: the first environment of a runtime starts as above and imports everything itself (a
+dependency the layer lacks fails there, `Runtime.ImportModuleError`, as on Lambda). It reports the layer
+modules it loaded; a fork server (`python -S -I` with the same path and runtime variables) then imports
+those, and every later environment is forked from it, given its function's variables and pipes, and
+imports its handler's module (from the code asset) itself. A cold start then costs about a tenth of
+the layers' import time; `fork_server=False` starts every environment anew.
+
 A failed invocation raises `FunctionError`, whose class is named after Lambda's `errorType`
 (`ValueError`, `Runtime.ImportModuleError`, `Sandbox.Timedout`): a harness that reports `type(exc).__name__`
 (emulator/step_functions.py `lambdas_in_process`) reports exactly what Lambda would, so Retry and Catch
@@ -40,6 +47,8 @@ import logging
 import os
 import queue
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -64,6 +73,8 @@ from infra.dependency_layer import DependencyLayer, dependency_layer, host_targe
 BOOTSTRAP = Path(__file__).resolve().with_name("lambda_bootstrap.py")
 INIT_LIMIT_SECONDS = 10.0
 """Lambda's limit on the Init phase (lambda-runtime-environment.html, "Init phase")."""
+UNRESERVED = ("PATH", "LANG", "TZ")
+"""Variables Lambda sets that a function may set otherwise (configuration-envvars.html)."""
 SHUTDOWN_SECONDS = 2.0
 """Lambda's cap on the Shutdown phase (lambda-runtime-environment.html, "Shutdown phase")."""
 LOG_TAIL_LINES = 40
@@ -188,20 +199,11 @@ class _ExitedError(Exception):
     """The environment's process ended (or was killed) before it answered."""
 
 
-class Environment:
-    """One execution environment: a worker process, its channel, its log."""
+class _Spawned:
+    """An environment's process started on its own: a full cold start."""
 
-    def __init__(self, spec: FunctionSpec, command: list[str], env: dict[str, str], cwd: Path) -> None:
-        self.spec = spec
-        self.id = uuid.uuid4().hex[:8]
-        self.invocations = 0
-        self.ready = False
-        """Initialised: the handler imported (the cold start done)."""
-        self.last_used = time.monotonic()
-        self.log_tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-        self._messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._logger = logging.getLogger(f"emulator.lambda.{spec.name}")
-        self.process = subprocess.Popen(  # noqa: S603 - this interpreter, our bootstrap
+    def __init__(self, command: list[str], env: dict[str, str], cwd: Path) -> None:
+        self._popen = subprocess.Popen(  # noqa: S603 - this interpreter, our bootstrap
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -211,10 +213,127 @@ class Environment:
             text=True,
             encoding="utf-8",
         )
-        stdin, stdout, stderr = self.process.stdin, self.process.stdout, self.process.stderr
+        stdin, stdout, stderr = self._popen.stdin, self._popen.stdout, self._popen.stderr
         if stdin is None or stdout is None or stderr is None:
             raise RuntimeError("an execution environment needs its three pipes")
-        self._stdin = stdin
+        self.pid = self._popen.pid
+        self.pipes: tuple[IO[str], IO[str], IO[str]] = (stdin, stdout, stderr)
+
+    def running(self) -> bool:
+        return self._popen.poll() is None
+
+    def kill(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.kill()
+        self._popen.wait()
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self._popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def status(self) -> str:
+        return f"exit status {self._popen.wait()}"
+
+
+class _Forked:
+    """An environment's process forked by the fork server (its child, reaped there): only its pid is ours."""
+
+    def __init__(self, pid: int, pipes: tuple[IO[str], IO[str], IO[str]]) -> None:
+        self.pid = pid
+        self.pipes = pipes
+
+    def running(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self.wait(SHUTDOWN_SECONDS)
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.running():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def status(self) -> str:
+        return "ended"
+
+
+_Process = _Spawned | _Forked
+
+
+class _ForkServer:
+    """A process that has imported what the layers hold for our functions and forks environments from
+    itself: a cold start without the layers' import time (emulator/lambda_bootstrap.py `fork_server`)."""
+
+    def __init__(self, command: list[str], env: dict[str, str], cwd: Path) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._process = subprocess.Popen(  # noqa: S603 - this interpreter, our bootstrap
+            command, stdin=theirs.fileno(), stdout=subprocess.DEVNULL, env=env, cwd=cwd
+        )
+        theirs.close()
+        self._socket = ours
+        self._lock = threading.Lock()
+
+    def running(self) -> bool:
+        return self._process.poll() is None
+
+    def fork(self, env: dict[str, str]) -> _Forked:
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        try:
+            with self._lock:
+                socket.send_fds(self._socket, [json.dumps(env).encode()], [stdin_r, stdout_w, stderr_w])
+                answer = self._socket.recv(4096)
+        finally:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                os.close(fd)
+        if not answer:
+            for fd in (stdin_w, stdout_r, stderr_r):
+                os.close(fd)
+            raise RuntimeError("the fork server ended")
+        pipes = (
+            os.fdopen(stdin_w, "w", encoding="utf-8"),
+            os.fdopen(stdout_r, "r", encoding="utf-8"),
+            os.fdopen(stderr_r, "r", encoding="utf-8"),
+        )
+        return _Forked(int(json.loads(answer)["pid"]), pipes)
+
+    def close(self) -> None:
+        self._socket.close()
+        try:
+            self._process.wait(timeout=SHUTDOWN_SECONDS)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+class Environment:
+    """One execution environment: a worker process, its channel, its log."""
+
+    def __init__(self, spec: FunctionSpec, process: _Process) -> None:
+        self.spec = spec
+        self.process = process
+        self.id = uuid.uuid4().hex[:8]
+        self.invocations = 0
+        self.ready = False
+        """Initialised: the handler imported (the cold start done)."""
+        self.last_used = time.monotonic()
+        self.log_tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self._messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._logger = logging.getLogger(f"emulator.lambda.{spec.name}")
+        self._stdin, stdout, stderr = process.pipes
         threading.Thread(
             target=self._read, args=(stdout,), name=f"{spec.name}-{self.id}", daemon=True
         ).start()
@@ -244,21 +363,18 @@ class Environment:
         return message
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
+        self.process.kill()
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            self._stdin.close()
 
     def shut_down(self) -> None:
         """Shutdown: its input closed, so the bootstrap's loop ends (`wait` then reaps it)."""
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            with contextlib.suppress(BrokenPipeError):
-                self.process.stdin.close()
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            self._stdin.close()
 
     def wait(self, deadline: float) -> None:
-        """Reaped by `deadline`, killed past it (Lambda's Shutdown phase is capped at 2 s, then SIGKILL)."""
-        try:
-            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        """Ended by `deadline`, killed past it (Lambda's Shutdown phase is capped at 2 s, then SIGKILL)."""
+        if not self.process.wait(max(0.0, deadline - time.monotonic())):
             self.kill()
 
     def _read(self, channel: IO[str]) -> None:
@@ -297,13 +413,16 @@ class LambdaRuntime:
         max_environments: int = 8,
         max_total_environments: int = 32,
         calls: Counter[str] | None = None,
+        fork_server: bool = True,
         region: str = REGION,
     ) -> None:
         """`endpoint`: local AWS (emulator/aws.py). `policy_check`: every call checked as the function's
         role (`principal_of`, by default the role of the function whose handler the template names so).
         `ec2`: what answers CreateFleet (a SimulatedEc2). `max_environments`: per function, past which an
         invocation waits for one; `max_total_environments`: in all, past which an idle environment of
-        another function is shut down to make room (each holds about 90 MB)."""
+        another function is shut down to make room (each holds about 80 MB). `fork_server`: after a
+        first cold start, environments are forked from a process that has imported the layer modules
+        that first environment loaded (see the module's docstring); False: every one starts anew."""
         misnamed = sorted(name for name, spec in functions.items() if spec.name != name)
         if misnamed:
             raise ValueError(f"functions must be keyed by their own names: {misnamed}")
@@ -323,6 +442,10 @@ class LambdaRuntime:
         self._ec2 = ec2
         self._max = max_environments
         self._max_total = max_total_environments
+        self._fork = fork_server
+        self._preload: list[str] | None = None
+        self._server: _ForkServer | None = None
+        self._server_lock = threading.Lock()
         self._starting = 0
         self._pools: dict[str, _Pool] = {name: _Pool() for name in self.functions}
         self._all: list[Environment] = []
@@ -350,6 +473,10 @@ class LambdaRuntime:
         deadline = time.monotonic() + SHUTDOWN_SECONDS
         for environment in environments:
             environment.wait(deadline)
+        with self._server_lock:
+            server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
     # --- invoking
 
@@ -458,13 +585,16 @@ class LambdaRuntime:
             environment.kill()
             raise error_class(message["init_error"]["errorType"])(message["init_error"])
         environment.ready = True
+        with self._server_lock:
+            if self._preload is None:
+                self._preload = list(message.get("loaded", []))
 
     def _exited(self, environment: Environment, request_id: str) -> FunctionError:
-        code = environment.process.wait()
+        environment.process.wait(SHUTDOWN_SECONDS)
         tail = "\n".join(environment.log_tail)
+        status = environment.process.status()
         return _fail(
-            "Runtime.ExitError",
-            f"RequestId: {request_id} Error: Runtime exited with error: exit status {code}\n{tail}",
+            "Runtime.ExitError", f"RequestId: {request_id} Error: Runtime exited with error: {status}\n{tail}"
         )
 
     # --- environments
@@ -521,7 +651,7 @@ class LambdaRuntime:
         with self._lock:
             pool = self._pools[spec.name]
             pool.busy -= 1
-            if healthy and not self._closed and environment.process.poll() is None:
+            if healthy and not self._closed and environment.process.running():
                 environment.last_used = time.monotonic()
                 pool.idle.append(environment)
             else:
@@ -531,27 +661,59 @@ class LambdaRuntime:
             self._lock.notify_all()
 
     def _start(self, spec: FunctionSpec) -> Environment:
+        server = self._fork_server()
+        if server is not None:
+            return Environment(spec, server.fork(self._environment(spec)))
         command = [sys.executable, "-S", "-I", str(BOOTSTRAP), json.dumps(self.artifacts.sys_path)]
-        return Environment(spec, command, self._environment(spec), self.artifacts.code)
+        return Environment(spec, _Spawned(command, self._environment(spec), self.artifacts.code))
+
+    def _fork_server(self) -> _ForkServer | None:
+        """The fork server, started once a first environment has said which layer modules it loaded."""
+        if not self._fork:
+            return None
+        with self._server_lock:
+            if self._preload is None or self._closed:
+                return None
+            if self._server is None or not self._server.running():
+                command = [
+                    sys.executable,
+                    "-S",
+                    "-I",
+                    str(BOOTSTRAP),
+                    "--fork-server",
+                    json.dumps(self.artifacts.sys_path),
+                    json.dumps(self._preload),
+                ]
+                self._server = _ForkServer(command, self._runtime_environment(), self.artifacts.code)
+            return self._server
 
     def _environment(self, spec: FunctionSpec) -> dict[str, str]:
         """The function's variables, then the runtime's own (reserved: a function cannot set them)."""
+        reserved = self._runtime_environment()
+        unreserved = {name: reserved.pop(name) for name in UNRESERVED if name in reserved}
+        return {
+            **unreserved,
+            **spec.environment,
+            **reserved,
+            "_HANDLER": spec.handler,
+            "AWS_LAMBDA_FUNCTION_NAME": spec.name,
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
+            "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{spec.name}",
+            "AWS_LAMBDA_LOG_STREAM_NAME": f"local/[$LATEST]{uuid.uuid4().hex}",
+        }
+
+    def _runtime_environment(self) -> dict[str, str]:
+        """What every function of this runtime is given alike."""
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
         return {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "LANG": "en_US.UTF-8",
             "TZ": ":UTC",
-            **spec.environment,
-            "_HANDLER": spec.handler,
             "AWS_REGION": self._region,
             "AWS_DEFAULT_REGION": self._region,
             "AWS_EXECUTION_ENV": f"AWS_Lambda_python{version}",
-            "AWS_LAMBDA_FUNCTION_NAME": spec.name,
-            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory_mb),
             "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
             "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
-            "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{spec.name}",
-            "AWS_LAMBDA_LOG_STREAM_NAME": f"local/[$LATEST]{uuid.uuid4().hex}",
             "LAMBDA_TASK_ROOT": str(self.artifacts.code),
             "AWS_XRAY_CONTEXT_MISSING": "LOG_ERROR",
             "AWS_XRAY_DAEMON_ADDRESS": "127.0.0.1:2000",

@@ -54,6 +54,7 @@ def where(event, context):
         "site": "site" in sys.modules,
         "environment": dict(os.environ),
         "remaining_ms": context.get_remaining_time_in_millis(),
+        "parent": os.getppid(),
     }
 
 
@@ -148,9 +149,7 @@ def ec2(aws: LocalAws) -> SimulatedEc2:
 @pytest.fixture(scope="module")
 def probes(probe_artifacts: Artifacts, aws: LocalAws, ec2: SimulatedEc2) -> Iterator[LambdaRuntime]:
     functions = {
-        "where": probe("where"),
         "together": probe("together"),
-        "block": probe("block", timeout_seconds=1),
         "create_fleet": probe("create_fleet"),
         "needs_moto": FunctionSpec("needs_moto", "needs_moto.handler", {}, 3, 128),
     }
@@ -176,22 +175,30 @@ def test_a_real_handler_runs_from_the_artifacts_against_local_aws_and_returns_it
     assert not stack.faults
 
 
+@pytest.mark.parametrize("started", ["anew", "forked"])
 def test_an_environment_holds_the_code_asset_and_layers_alone_and_lambdas_variables(
-    probes: LambdaRuntime, probe_artifacts: Artifacts, aws: LocalAws
+    probe_artifacts: Artifacts, aws: LocalAws, started: str
 ) -> None:
-    # When a probe reports what its interpreter sees
-    seen = probes.invoke("where", {})
+    # Given a runtime whose first environment starts anew, and later ones fork from the fork server
+    functions = {name: replace(probe("where"), name=name) for name in ("first", "later")}
+    with LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint) as runtime:
+        # When a probe reports what its interpreter sees
+        seen = runtime.invoke("first", {})
+        if started == "forked":
+            seen = runtime.invoke("later", {})
 
-    # Then its path is the code asset, the layer and the standard library; botocore is the layer's
+    # Then it is this process's child, or the fork server's
+    assert (seen["parent"] == os.getpid()) == (started == "anew")
+    # And its path is the code asset, the layer and the standard library; botocore is the layer's
     stdlib = [p for p in seen["sys_path"] if p not in probe_artifacts.sys_path]
     assert seen["sys_path"][: len(probe_artifacts.sys_path)] == probe_artifacts.sys_path
     assert not [p for p in stdlib if "site-packages" in p], stdlib
     assert seen["botocore"].startswith(str(probe_artifacts.layers[0] / "python"))
     assert not seen["site"]
-    # And its environment is the function's, Lambda's and local AWS's, nothing of this process's
+    # And its environment is its function's, Lambda's and local AWS's, nothing of this process's
     environment = seen["environment"]
     assert environment["PROBE"] == "yes"
-    assert environment["AWS_LAMBDA_FUNCTION_NAME"] == "where"
+    assert environment["AWS_LAMBDA_FUNCTION_NAME"] == ("first" if started == "anew" else "later")
     assert environment["_HANDLER"] == "probes.where"
     assert environment["AWS_ENDPOINT_URL"] == aws.endpoint
     assert environment["_X_AMZN_TRACE_ID"].startswith("Root=1-")
@@ -305,24 +312,30 @@ def test_a_dependency_the_layer_lacks_fails_the_cold_start_as_lambda_reports_it(
     assert not [e for e in probes.live() if e.spec.name == "needs_moto"]
 
 
+@pytest.mark.parametrize("started", ["anew", "forked"])
 def test_an_invocation_past_its_timeout_kills_the_environment_and_the_next_gets_a_new_one(
-    probes: LambdaRuntime,
+    probe_artifacts: Artifacts, aws: LocalAws, started: str
 ) -> None:
     # Given a warm environment of a function with a one-second timeout
-    first = probes.invoke("block", {"block": False})
+    functions = {"block": probe("block", timeout_seconds=1), "other": replace(probe("block"), name="other")}
+    with LambdaRuntime(
+        probe_artifacts, functions, endpoint=aws.endpoint, fork_server=started == "forked"
+    ) as runtime:
+        runtime.invoke("other", {"block": False})  # the first environment: the fork server's preload
+        first = runtime.invoke("block", {"block": False})
 
-    # When an invocation runs past the timeout
-    with pytest.raises(FunctionError) as failed:
-        probes.invoke("block", {"block": True})
+        # When an invocation runs past the timeout
+        with pytest.raises(FunctionError) as failed:
+            runtime.invoke("block", {"block": True})
 
-    # Then it fails as Lambda reports a timeout, and the environment is gone
-    assert type(failed.value).__name__ == "Sandbox.Timedout"
-    assert "Task timed out after 1.00 seconds" in failed.value.payload["errorMessage"]
-    with pytest.raises(ProcessLookupError):
-        os.kill(first, 0)
-    # And the next invocation is served by a new environment
-    assert probes.invoke("block", {"block": False}) != first
-    assert probes.environments("block") == 2
+        # Then it fails as Lambda reports a timeout, and the environment is gone
+        assert type(failed.value).__name__ == "Sandbox.Timedout"
+        assert "Task timed out after 1.00 seconds" in failed.value.payload["errorMessage"]
+        with pytest.raises(ProcessLookupError):
+            os.kill(first, 0)
+        # And the next invocation is served by a new environment
+        assert runtime.invoke("block", {"block": False}) != first
+        assert runtime.environments("block") == 2
 
 
 def test_closing_the_runtime_ends_every_environment(probe_artifacts: Artifacts, aws: LocalAws) -> None:
