@@ -759,6 +759,14 @@ class LambdaRuntime:
 
     # --- looking at it
 
+    def assert_no_faults(self) -> None:
+        """Fail if this service itself failed to answer a function's call (an AWS call the IAM check has no
+        row for, a simulator's crash): the function was answered `EmulatorFault`, never what AWS says."""
+        with self._lock:
+            faults = list(self.faults)
+        if faults:
+            raise AssertionError("the local Lambda service could not answer:\n" + "\n".join(faults))
+
     def environments(self, name: str) -> int:
         """How many environments `name` has started so far (cold starts)."""
         with self._lock:

@@ -77,6 +77,13 @@ def block(event, context):
     return os.getpid()
 
 
+def get_session_token(event, context):
+    try:
+        return boto3.client("sts").get_session_token()
+    except botocore.exceptions.ClientError as refused:
+        return refused.response["Error"]["Code"]
+
+
 def create_fleet(event, context):
     try:
         return boto3.client("ec2").create_fleet(**event)
@@ -389,3 +396,24 @@ def test_warming_starts_an_environment_per_function_before_any_invocation(
         assert runtime.environments("block") == 1
         runtime.invoke("block", {"block": False})
         assert runtime.environments("block") == 1
+
+
+def test_a_call_the_service_cannot_answer_fails_the_call_and_is_reported(
+    probe_artifacts: Artifacts, aws: LocalAws, check: PolicyCheck
+) -> None:
+    # Given a function checked against Plan's role, calling an operation the IAM check has no row for
+    functions = {"get_session_token": probe("get_session_token")}
+    with LambdaRuntime(
+        probe_artifacts,
+        functions,
+        endpoint=aws.endpoint,
+        policy_check=check,
+        principal_of=lambda _spec: check.iam.function(PLAN),
+    ) as runtime:
+        # When it makes the call
+        code = runtime.invoke("get_session_token", {})
+
+        # Then the call fails instead of reaching local AWS unchecked, and the fault fails the test
+        assert code == "EmulatorFault"
+        with pytest.raises(AssertionError, match="sts:GetSessionToken: UnmappedCallError"):
+            runtime.assert_no_faults()
