@@ -19,9 +19,10 @@ it the environment is killed and replaced, and the invocation fails with `Sandbo
 the Invoke phase, Lambda resets the execution environment"; the error type is what Lambda reports
 and Step Functions matches, as in localstack/lambda-runtime-init's reproduction of it).
 
-Cold starts: the first environment of a runtime starts as above and imports everything itself (a
-dependency the layer lacks fails there, `Runtime.ImportModuleError`, as on Lambda). It reports the layer
-modules it loaded; a fork server (`python -S -I` with the same path and runtime variables) then imports
+Cold starts: the first environment of the process's first runtime starts as above and imports
+everything itself (a dependency the layer lacks fails there, `Runtime.ImportModuleError`, as on Lambda).
+It reports the layer modules it loaded; a fork server (`python -S -I` with the same path and runtime
+variables, one per set of artifacts, shared by the process's runtimes, ended at exit) then imports
 those, and every later environment is forked from it, given its function's variables and pipes, and
 imports its handler's module (from the code asset) itself. A cold start then costs about a tenth of
 the layers' import time; `fork_server=False` starts every environment anew.
@@ -39,6 +40,7 @@ answered by the simulated EC2 when one is given (emulator/ec2_fleet.py).
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import fcntl
@@ -319,6 +321,20 @@ class _ForkServer:
             self._process.wait()
 
 
+_SERVERS: dict[Artifacts, _ForkServer] = {}
+_PRELOADS: dict[Artifacts, list[str]] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_fork_servers() -> None:
+    with _SERVERS_LOCK:
+        servers = list(_SERVERS.values())
+        _SERVERS.clear()
+    for server in servers:
+        server.close()
+
+
 class Environment:
     """One execution environment: a worker process, its channel, its log."""
 
@@ -443,9 +459,6 @@ class LambdaRuntime:
         self._max = max_environments
         self._max_total = max_total_environments
         self._fork = fork_server
-        self._preload: list[str] | None = None
-        self._server: _ForkServer | None = None
-        self._server_lock = threading.Lock()
         self._starting = 0
         self._pools: dict[str, _Pool] = {name: _Pool() for name in self.functions}
         self._all: list[Environment] = []
@@ -473,10 +486,6 @@ class LambdaRuntime:
         deadline = time.monotonic() + SHUTDOWN_SECONDS
         for environment in environments:
             environment.wait(deadline)
-        with self._server_lock:
-            server, self._server = self._server, None
-        if server is not None:
-            server.close()
 
     # --- invoking
 
@@ -585,9 +594,8 @@ class LambdaRuntime:
             environment.kill()
             raise error_class(message["init_error"]["errorType"])(message["init_error"])
         environment.ready = True
-        with self._server_lock:
-            if self._preload is None:
-                self._preload = list(message.get("loaded", []))
+        with _SERVERS_LOCK:
+            _PRELOADS.setdefault(self.artifacts, list(message.get("loaded", [])))
 
     def _exited(self, environment: Environment, request_id: str) -> FunctionError:
         environment.process.wait(SHUTDOWN_SECONDS)
@@ -668,13 +676,17 @@ class LambdaRuntime:
         return Environment(spec, _Spawned(command, self._environment(spec), self.artifacts.code))
 
     def _fork_server(self) -> _ForkServer | None:
-        """The fork server, started once a first environment has said which layer modules it loaded."""
+        """The fork server of these artifacts, started once a first environment (of any runtime of this
+        process) has said which layer modules it loaded; shared by every runtime of the process, since
+        what it holds is the layers' modules, and a child's environment is its own."""
         if not self._fork:
             return None
-        with self._server_lock:
-            if self._preload is None or self._closed:
+        with _SERVERS_LOCK:
+            preload = _PRELOADS.get(self.artifacts)
+            if preload is None:
                 return None
-            if self._server is None or not self._server.running():
+            server = _SERVERS.get(self.artifacts)
+            if server is None or not server.running():
                 command = [
                     sys.executable,
                     "-S",
@@ -682,10 +694,12 @@ class LambdaRuntime:
                     str(BOOTSTRAP),
                     "--fork-server",
                     json.dumps(self.artifacts.sys_path),
-                    json.dumps(self._preload),
+                    json.dumps(preload),
                 ]
-                self._server = _ForkServer(command, self._runtime_environment(), self.artifacts.code)
-            return self._server
+                server = _SERVERS[self.artifacts] = _ForkServer(
+                    command, self._runtime_environment(), self.artifacts.code
+                )
+            return server
 
     def _environment(self, spec: FunctionSpec) -> dict[str, str]:
         """The function's variables, then the runtime's own (reserved: a function cannot set them)."""

@@ -186,9 +186,11 @@ def test_a_real_handler_runs_from_the_artifacts_against_local_aws_and_returns_it
 def test_an_environment_holds_the_code_asset_and_layers_alone_and_lambdas_variables(
     probe_artifacts: Artifacts, aws: LocalAws, started: str
 ) -> None:
-    # Given a runtime whose first environment starts anew, and later ones fork from the fork server
+    # Given a runtime whose environments start anew, or fork from the fork server once one environment
+    # (this one's or an earlier runtime's) has cold-started
     functions = {name: replace(probe("where"), name=name) for name in ("first", "later")}
-    with LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint) as runtime:
+    fork_server = started == "forked"
+    with LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint, fork_server=fork_server) as runtime:
         # When a probe reports what its interpreter sees
         seen = runtime.invoke("first", {})
         if started == "forked":
