@@ -44,6 +44,7 @@ import atexit
 import base64
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -141,12 +142,13 @@ class Artifacts:
 ASSEMBLIES = Path(tempfile.gettempdir()) / "runner-pool-assemblies"
 
 
+@functools.cache
 def host_artifacts(cache: Path = ASSEMBLIES) -> Artifacts:
     """The stack's artifacts, for this machine: the CDK app synthesised as `make synth` does but with the
     dependency layer built for this interpreter and platform (infra/dependency_layer.py `host_target()`:
     uv.lock's runtime pins, wheels this Python can load) and assets unstaged, so each asset is its source
     directory (the code asset's source holds only runner_pool, all CODE_EXCLUDES keeps). Cached per
-    content of what the template is made from and per layer: a hit costs no CDK."""
+    content of what the template is made from and per layer: a hit costs no CDK; once per process."""
     layer = dependency_layer(target=host_target())
     assembly = cache / f"{template_key()}-{layer.key}"
     if not (assembly / "done").exists():
