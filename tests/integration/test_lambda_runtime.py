@@ -8,6 +8,7 @@ functions of this test's own, run from a code asset of theirs on the same layer.
 
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 from collections.abc import Iterator, Mapping
@@ -16,7 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from moto import mock_aws
 
 from emulator.aws import ACCOUNT, REGION, LocalAws, local_aws
 from emulator.ec2_fleet import SimulatedEc2
@@ -24,6 +27,7 @@ from emulator.iam_check import PolicyCheck
 from emulator.iam_stack import StackIam, synthesized_template, without_grant
 from emulator.lambda_runtime import Artifacts, FunctionError, FunctionSpec, LambdaRuntime, host_artifacts
 from emulator.resources import create_state_table
+from emulator.step_functions import MOTO_CONFIG, LocalStateMachines, lambdas_in_process, without_waiting
 
 pytestmark = pytest.mark.slow
 
@@ -419,3 +423,42 @@ def test_a_call_the_service_cannot_answer_fails_the_call_and_is_reported(
         assert code == "EmulatorFault"
         with pytest.raises(AssertionError, match="sts:GetSessionToken: UnmappedCallError"):
             runtime.assert_no_faults()
+
+
+def test_step_functions_catches_a_timeout_by_the_name_lambda_reports(probe_artifacts: Artifacts) -> None:
+    # Given a state machine that retries a timed-out task once, then catches it, on moto's interpreter
+    definition = {
+        "StartAt": "Run",
+        "States": {
+            "Run": {
+                "Type": "Task",
+                "Resource": "${BlockArn}",
+                "Retry": [{"ErrorEquals": ["Sandbox.Timedout"], "MaxAttempts": 1}],
+                "Catch": [{"ErrorEquals": ["Sandbox.Timedout"], "Next": "TimedOut", "ResultPath": "$.error"}],
+                "End": True,
+            },
+            "TimedOut": {"Type": "Pass", "End": True},
+        },
+    }
+    functions = {"block": probe("block", timeout_seconds=1)}
+    with (
+        mock_aws(config=MOTO_CONFIG),  # type: ignore[call-overload]
+        without_waiting(),
+        LambdaRuntime(probe_artifacts, functions, endpoint="http://127.0.0.1:9") as runtime,
+        lambdas_in_process({"block": runtime.handler("block")}) as invocations,
+    ):
+        machines = LocalStateMachines(
+            boto3.client("stepfunctions", region_name=REGION),
+            boto3.client("lambda", region_name=REGION),
+            boto3.client("iam", region_name=REGION),
+        )
+        arn = machines.create_functions(["block"])["block"]
+        machine = machines.create("timeouts", json.dumps(definition).replace("${BlockArn}", arn))
+
+        # When its task runs past the function's timeout, twice
+        execution = machines.run(machine, {"block": True})
+
+    # Then the Retry and the Catch matched the error by Lambda's name for it
+    assert execution.status == "SUCCEEDED"
+    assert execution.output["error"]["Error"] == "Sandbox.Timedout"
+    assert len(invocations.of("block")) == 2
