@@ -75,6 +75,10 @@ def together(event, context):
     return os.getpid()
 
 
+def crash(event, context):
+    os._exit(3)
+
+
 def block(event, context):
     if event["block"]:
         threading.Event().wait()
@@ -462,3 +466,21 @@ def test_step_functions_catches_a_timeout_by_the_name_lambda_reports(probe_artif
     assert execution.status == "SUCCEEDED"
     assert execution.output["error"]["Error"] == "Sandbox.Timedout"
     assert len(invocations.of("block")) == 2
+
+
+def test_an_environment_that_exits_mid_invocation_fails_it_as_lambda_reports_it(
+    probe_artifacts: Artifacts, aws: LocalAws
+) -> None:
+    # Given a function whose handler ends its process
+    functions = {"crash": probe("crash")}
+    with LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint, fork_server=False) as runtime:
+        # When it is invoked twice
+        for _ in range(2):
+            with pytest.raises(FunctionError) as failed:
+                runtime.invoke("crash", {})
+
+            # Then each invocation fails as Lambda reports a runtime that exited
+            assert type(failed.value).__name__ == "Runtime.ExitError"
+            assert "Runtime exited with error: exit status 3" in failed.value.payload["errorMessage"]
+        # And each had an environment of its own
+        assert runtime.environments("crash") == 2
