@@ -71,7 +71,8 @@ from botocore.exceptions import ClientError
 
 from emulator.aws import ACCOUNT, REGION
 from emulator.iam_check import PolicyCheck, denied_answer
-from emulator.iam_stack import Principal, template_key
+from emulator.iam_stack import Principal
+from emulator.template import template_key
 from infra.dependency_layer import DependencyLayer, dependency_layer, host_target
 
 BOOTSTRAP = Path(__file__).resolve().with_name("lambda_bootstrap.py")
