@@ -5,7 +5,8 @@ machines): the state table, what instances need (pool queues, network, launch te
 credentials key, the App's private key), the ingress (webhook secret, idempotency table, demand queue)
 and our two state machines, all as the synthesized template declares them. It runs the stack with
 clients that count their calls, EC2's CreateFleet simulated (emulator/ec2_fleet.py) and the GitHub App
-aimed at the fake. Then, until the `with` ends:
+aimed at the fake, each function run from the deployed artifacts (emulator/lambda_runtime.py). Then,
+until the `with` ends:
 
 - the webhook Lambda behind API Gateway on localhost (emulator/api_gateway.py), and the fake
   GitHub's webhooks pointed at it;
@@ -30,6 +31,7 @@ from emulator.aws import CallCounter, LocalAws
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.event_sources import QueueEventSource, Schedule
 from emulator.fake_github import FakeGitHub
+from emulator.lambda_runtime import FunctionSpec, LambdaRuntime, host_artifacts
 from emulator.stack import LocalStack, RuntimeFactory
 from emulator.step_functions import Handler, Invocations, lambdas_in_process
 from runner_pool.adapters.fleet import LAUNCH_TAG
@@ -132,7 +134,10 @@ def deploy(
     runtime: RuntimeFactory | None = None,
 ) -> Iterator[Deployment]:
     """The stack deployed on `aws` (started with `state_machines=True`), running until the `with` ends;
-    its functions run by `runtime` (in this process by default)."""
+    its functions run by `runtime`: by default as deployed, from the code asset and the layer built for
+    this machine, each in execution environments of its own (emulator/lambda_runtime.py), so a
+    dependency missing from the layer or a variable CDK does not give fails here as on Lambda;
+    `emulator.stack.InProcess` calls our handlers in this process instead."""
     timers = timers or Timers()
     calls = CallCounter()
     # The functions' own config names the fake as GitHub's API, as an operator's names GitHub Enterprise
@@ -158,16 +163,36 @@ def deploy(
         base_url=github.url,
     )
 
+    fleet = FleetEc2(aws.client("ec2", calls))
+
     def counted(service: str) -> Any:
-        client = aws.client(service, calls)
-        return FleetEc2(client) if service == "ec2" else client
+        return fleet if service == "ec2" else aws.client(service, calls)
+
+    def from_artifacts(running_stack: LocalStack) -> LambdaRuntime:
+        """Every function run as deployed: its code asset and the layer, in execution environments of
+        their own (emulator/lambda_runtime.py), its calls counted, checked and CreateFleet simulated."""
+        return LambdaRuntime(
+            host_artifacts(),
+            {
+                name: FunctionSpec(
+                    spec.name, spec.handler, spec.environment, spec.timeout_seconds, spec.memory_mb
+                )
+                for name, spec in running_stack.functions().items()
+            },
+            endpoint=aws.endpoint,
+            policy_check=running_stack.policy_check,
+            ec2=fleet,
+            calls=calls.calls,
+        )
 
     try:
         with (
-            stack.running(clients=counted, github=github_app, runtime=runtime),
+            stack.running(clients=counted, github=github_app, runtime=runtime or from_artifacts),
             ExitStack() as running,
         ):
             check = stack.policy_check
+            if isinstance(stack.runtime, LambdaRuntime):
+                running.callback(stack.runtime.assert_no_faults)
             routes = {
                 name: meter.wrap(name, stack.handler(name)) for m in MACHINES for name in stack.routes(m)
             }

@@ -44,18 +44,15 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import fcntl
 import functools
 import json
 import logging
 import os
 import queue
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -72,8 +69,7 @@ from botocore.exceptions import ClientError
 from emulator.aws import ACCOUNT, REGION
 from emulator.iam_check import PolicyCheck, denied_answer
 from emulator.iam_stack import Principal
-from emulator.template import template_key
-from infra.dependency_layer import DependencyLayer, dependency_layer, host_target
+from emulator.template import host_assembly
 
 BOOTSTRAP = Path(__file__).resolve().with_name("lambda_bootstrap.py")
 INIT_LIMIT_SECONDS = 10.0
@@ -141,37 +137,12 @@ class Artifacts:
         return found.pop()
 
 
-ASSEMBLIES = Path(tempfile.gettempdir()) / "runner-pool-assemblies"
-
-
 @functools.cache
-def host_artifacts(cache: Path = ASSEMBLIES) -> Artifacts:
-    """The stack's artifacts, for this machine: the CDK app synthesised as `make synth` does but with the
-    dependency layer built for this interpreter and platform (infra/dependency_layer.py `host_target()`:
-    uv.lock's runtime pins, wheels this Python can load) and assets unstaged, so each asset is its source
-    directory: for the code, `lambdas/`, which holds only the runner_pool package CODE_EXCLUDES keeps (a
-    file put beside it would be on the path here, not on Lambda). Cached per content of what the
-    template is made from and per layer: a hit costs no CDK; once per process."""
-    layer = dependency_layer(target=host_target())
-    assembly = cache / f"{template_key()}-{layer.key}"
-    if not (assembly / "done").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        with open(cache / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (assembly / "done").exists():
-                _synthesize(assembly, layer)
-    return Artifacts.from_assembly(assembly)
-
-
-def _synthesize(assembly: Path, layer: DependencyLayer) -> None:
-    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-    # CDK only on a cache miss: its jsii runtime takes seconds to start.
-    from infra.app import build_app, project_context  # noqa: PLC0415
-
-    shutil.rmtree(assembly, ignore_errors=True)
-    context = {**project_context(), "aws:cdk:disable-asset-staging": True}
-    build_app(context, outdir=str(assembly), layer=layer).synth()
-    (assembly / "done").write_text("")
+def host_artifacts() -> Artifacts:
+    """The stack's artifacts, for this machine: from the one synthesis (emulator/template.py
+    `host_assembly()`), whose code asset is `lambdas/` itself, holding only the runner_pool package
+    CODE_EXCLUDES keeps (a file put beside it would be on the path here, not on Lambda)."""
+    return Artifacts.from_assembly(host_assembly())
 
 
 def error_class(error_type: str) -> type[FunctionError]:

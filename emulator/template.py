@@ -2,20 +2,29 @@
 
 Every harness that needs the stack as deployed reads it from here: the local stack (emulator/stack.py)
 takes its functions, their environment and roles and its state machines from it, and the IAM check
-(emulator/iam_stack.py) its policies. It is synthesised once per content of its inputs (app.py,
-cdk.json, infra/, the Lambdas' and the agent's code) and cached on disk, so parallel test workers and
-later runs share one synthesis (a cache miss costs the seconds jsii takes to start CDK).
+(emulator/iam_stack.py) its policies, and the Lambda runtime (emulator/lambda_runtime.py) each
+function's code asset and layer. It is synthesised once per content of its inputs (app.py, cdk.json,
+infra/, the Lambdas' and the agent's code) and of the layer, and cached on disk, so parallel test
+workers and later runs share one synthesis.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infra.dependency_layer import DependencyLayer
+
+STACK_ID = "RunnerPool"
+"""infra.app's stack id, which names the template in the assembly (not imported: CDK only on a miss)."""
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _TEMPLATE_INPUTS = ("app.py", "cdk.json", "infra", "lambdas/runner_pool", "agent")
@@ -35,36 +44,43 @@ def template_key() -> str:
     return digest.hexdigest()[:20]
 
 
+ASSEMBLIES = Path(tempfile.gettempdir()) / "runner-pool-assemblies"
+
+
+@functools.cache
+def host_assembly(cache: Path = ASSEMBLIES) -> Path:
+    """The cloud assembly `python app.py` makes, but with the dependency layer built for this interpreter
+    and platform (infra/dependency_layer.py `host_target()`: uv.lock's runtime pins, wheels this Python
+    can load) and assets unstaged, so each asset is its source directory (for the code, `lambdas/`).
+    Cached on disk per `template_key()` and per layer; synthesised under a lock, so parallel test workers
+    synthesise once (a miss costs the seconds jsii takes to start CDK); once per process."""
+    from infra.dependency_layer import dependency_layer, host_target  # noqa: PLC0415
+
+    layer = dependency_layer(target=host_target())
+    assembly = cache / f"{template_key()}-{layer.key}"
+    if not (assembly / "done").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (assembly / "done").exists():
+                _synthesize(assembly, layer)
+    return assembly
+
+
 @functools.cache
 def synthesized_template() -> dict[str, Any]:
-    """The stack's template as `python app.py` synthesises it from cdk.json (with a stand-in layer: the
-    layer's content changes no resource of the template but the layer's own asset), cached on disk by
-    `template_key()`."""
-    cache = Path(tempfile.gettempdir()) / "runner-pool-templates" / f"{template_key()}.json"
-    if cache.exists():
-        loaded: dict[str, Any] = json.loads(cache.read_text())
-        return loaded
-    template = _synthesize()
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps(template))
-    partial.replace(cache)
-    return template
+    """The stack's template, from `host_assembly()`: the layer it was built with changes no resource of
+    the template but the layer's own asset."""
+    loaded: dict[str, Any] = json.loads((host_assembly() / f"{STACK_ID}.template.json").read_text())
+    return loaded
 
 
-def _synthesize() -> dict[str, Any]:
+def _synthesize(assembly: Path, layer: DependencyLayer) -> None:
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
     # CDK only on a cache miss: its jsii runtime takes seconds to start.
-    from aws_cdk.assertions import Template  # noqa: PLC0415
+    from infra.app import build_app, project_context  # noqa: PLC0415
 
-    from infra.app import STACK_ID, build_app, project_context  # noqa: PLC0415
-    from infra.dependency_layer import DependencyLayer  # noqa: PLC0415
-
-    with tempfile.TemporaryDirectory(prefix="runner-pool-synth-") as scratch:
-        layer = Path(scratch) / "layer"
-        (layer / "python").mkdir(parents=True)
-        context = {**project_context(), "aws:cdk:disable-asset-staging": True}
-        app = build_app(context, outdir=str(Path(scratch) / "out"), layer=DependencyLayer(layer, "stand-in"))
-        app.synth()
-        template: dict[str, Any] = Template.from_stack(app.node.find_child(STACK_ID)).to_json()  # type: ignore[arg-type]
-        return template
+    shutil.rmtree(assembly, ignore_errors=True)
+    context = {**project_context(), "aws:cdk:disable-asset-staging": True}
+    build_app(context, outdir=str(assembly), layer=layer).synth()
+    (assembly / "done").write_text("")
