@@ -116,7 +116,14 @@ class Actions:
             now = state.clock.now()
             number = self._run_numbers[repository] = self._run_numbers.get(repository, 0) + 1
             run = FakeWorkflowRun(
-                state.new_id(), repository, workflow, number, now, updated_at=now, attempt_started_at=now
+                state.new_id(),
+                repository,
+                workflow,
+                number,
+                now,
+                updated_at=now,
+                attempt_started_at=now,
+                public=repository.lower() in state.public_repositories,
             )
             state.runs[run.run_id] = run
             events = [self._run_event("requested", run)]

@@ -102,7 +102,7 @@ def workflow_run(
                 "timestamp": iso(run.created_at - 60),
                 "tree_id": "c30f6c3377009c4c91c85d1f15deb6f2b7c2eb37",
             },
-            "head_repository": _minimal_repository(run.repository, repository_id, owner),
+            "head_repository": _minimal_repository(run.repository, repository_id, owner, run.public),
             "head_sha": HEAD_SHA,
             "path": path,
             "display_title": "Build on the warm pool",
@@ -112,7 +112,7 @@ def workflow_run(
             "logs_url": f"{runs}/logs",
             "node_id": _node_id("WorkflowRun", run.run_id),
             "pull_requests": [],
-            "repository": _minimal_repository(run.repository, repository_id, owner),
+            "repository": _minimal_repository(run.repository, repository_id, owner, run.public),
             "rerun_url": f"{runs}/rerun",
             "run_number": run.run_number,
             "run_attempt": run.run_attempt,
@@ -255,7 +255,9 @@ _REPOSITORY_LINKS = {
 }
 
 
-def _minimal_repository(full_name: str, repository_id: int, owner: dict[str, Any]) -> dict[str, Any]:
+def _minimal_repository(
+    full_name: str, repository_id: int, owner: dict[str, Any], public: bool
+) -> dict[str, Any]:
     """The repository as a workflow run names it: ids, names and API links."""
     api = f"{API}/repos/{full_name}"
     return {
@@ -263,7 +265,7 @@ def _minimal_repository(full_name: str, repository_id: int, owner: dict[str, Any
         "node_id": _node_id("Repository", repository_id),
         "name": full_name.split("/", 1)[1],
         "full_name": full_name,
-        "private": False,
+        "private": not public,
         "owner": owner,
         "html_url": f"{WEB}/{full_name}",
         "description": None,
@@ -276,7 +278,7 @@ def _minimal_repository(full_name: str, repository_id: int, owner: dict[str, Any
 def _repository(run: FakeWorkflowRun, repository_id: int, owner: dict[str, Any]) -> dict[str, Any]:
     """The repository as the top level of an event carries it: everything a repository shows."""
     full_name = run.repository
-    return _minimal_repository(full_name, repository_id, owner) | {
+    return _minimal_repository(full_name, repository_id, owner, run.public) | {
         "created_at": iso(run.created_at - 365 * 86400),
         "updated_at": iso(run.created_at - 60),
         "pushed_at": iso(run.created_at - 60),
@@ -306,7 +308,7 @@ def _repository(run: FakeWorkflowRun, repository_id: int, owner: dict[str, Any])
         "default_branch": "main",
         "is_template": False,
         "topics": [],
-        "visibility": "public",
+        "visibility": "public" if run.public else "private",
         "web_commit_signoff_required": False,
         "custom_properties": {},
     }

@@ -69,7 +69,10 @@ class FakeRunner:
         return {label.lower() for label in labels} <= {name.lower() for name in self.label_names}
 
     def serves(self, repository: str) -> bool:
-        """Whether this runner may take jobs of `repository` (`owner/repo`)."""
+        """Whether this runner may take jobs of `repository` (`owner/repo`): a repository's runner only
+        that repository's ("You can add self-hosted runners to a single repository"), an
+        organisation's any of its repositories' ("makes the runner available to multiple repositories
+        in your organization") (docs.github.com, Actions, "Adding self-hosted runners")."""
         owner = repository.split("/", 1)[0]
         if isinstance(self.scope, RepositoryScope):
             return str(self.scope).lower() == repository.lower()
@@ -159,6 +162,8 @@ class FakeWorkflowRun:
     updated_at: Epoch = 0.0
     run_attempt: int = 1
     attempt_started_at: Epoch | None = None
+    public: bool = False
+    """Whether the repository is public; its events say so in `repository.private` and `.visibility`."""
 
     @property
     def owner(self) -> str:
@@ -189,6 +194,10 @@ class GitHubState:
     """Requests received, per route (`POST /app/installations/{installation_id}/access_tokens`)."""
     connections: int = 0
     rate_limited_until: Epoch | None = None
+    public_repositories: set[str] = field(default_factory=set)
+    """Repositories (`owner/repo`, lowercased) that are public; every other one is private. The demo's
+    repositories are private, the usual case for self-hosted runners, which GitHub advises against
+    for public repositories ("Security hardening for GitHub Actions")."""
     jit_default_labels: bool = True
     """Whether a runner registered from a JIT config gets DEFAULT_LABELS beside the labels asked for.
     GitHub does not document it, and runner managers disagree on what they saw (github-aws-runners/
@@ -263,6 +272,8 @@ class GitHubState:
             self.runner_groups.setdefault(org.lower(), set()).add(runner_group_id)
 
     def has_runner_group(self, scope: RunnerScope, runner_group_id: int) -> bool:
+        """A repository has only the Default group: runner groups exist "at the organization and/or
+        enterprise levels" (docs.github.com, Actions, "About runner groups")."""
         if runner_group_id == DEFAULT_RUNNER_GROUP_ID:
             return True
         if isinstance(scope, RepositoryScope):

@@ -84,7 +84,9 @@ class ControlPlane:
 
     @cached_property
     def pickup(self) -> PickupManager:
-        return PickupManager(self.pool_queues, self.state_table, self.clock, self.config.pickup)
+        return PickupManager(
+            self.pool_queues, self.state_table, self.clock, self.config.pickup, reuse=self.config.reuse
+        )
 
     @cached_property
     def fleet(self) -> Fleet:

@@ -137,12 +137,9 @@ def test_the_app_manifest_asks_for_what_the_control_plane_uses() -> None:
     # Given the GitHub App manifest the README creates the App from
     manifest = json.loads((PROJECT_ROOT / "github-app-manifest.json").read_text())
 
-    # Then it may register runners (repository or organisation) and read workflow runs, and nothing more
-    assert manifest["default_permissions"] == {
-        "actions": "read",
-        "administration": "write",
-        "organization_self_hosted_runners": "write",
-    }
+    # Then it may register runners at repositories (every runner is registered at its job's repository,
+    # issue 14) and read workflow runs, and nothing more: no organisation runner permission
+    assert manifest["default_permissions"] == {"actions": "read", "administration": "write"}
     # And it subscribes to the two events the webhook serves
     assert sorted(manifest["default_events"]) == ["workflow_job", "workflow_run"]
     assert manifest["public"] is False

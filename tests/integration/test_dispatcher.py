@@ -115,6 +115,7 @@ def test_a_matrix_of_twenty_jobs_in_one_batch_is_one_provision_of_twenty(world: 
             "job_ids": list(range(1001, 1021)),
             "redrives": 0,
             "origin": None,
+            "public": True,  # GitHub's example payload's repository is public
         }
     ]
 
@@ -218,6 +219,7 @@ def test_a_job_cancelled_in_the_same_batch_as_its_demand_is_not_provisioned(worl
             "job_ids": [61],
             "redrives": 0,
             "origin": None,
+            "public": True,
         }
     ]
 
@@ -258,7 +260,9 @@ def test_a_job_completed_on_our_runner_starts_the_release_of_its_instance(world:
     # When dispatched
     world.dispatch(world.take_queued())
     # Then one release execution started for that instance, named by the request
-    request = ReleaseRequest(run_key=LABEL, instance_id=INSTANCE, runner_id=5, cause="job-91")
+    request = ReleaseRequest(
+        run_key=LABEL, instance_id=INSTANCE, runner_id=5, cause="job-91", repository=REPOSITORY
+    )
     assert world.releases() == [request.model_dump(mode="json")]
     assert [e["name"] for e in world.executions(world.release_arn)] == [request.execution_name]
 
@@ -412,3 +416,50 @@ def test_a_reservation_whose_answer_was_lost_is_recognised_as_its_own_on_retry(w
     assert reserved is Reservation.RESERVED
     # And another dispatch still finds it held
     assert ledger.reserve(152, "other-dispatch", until=world.clock.now() + 30) is Reservation.HELD
+
+
+# --- runs from forks never reuse (issue 14, item 2) -------------------------------------------------
+
+
+def requested_run(head: str, run_id: int = 4242) -> dict[str, Any]:
+    """GitHub's `workflow_run requested` example for run `run_id` of REPOSITORY, its head in `head`."""
+    payload = fixture("workflow_run.requested.payload.json")
+    payload["repository"]["full_name"] = REPOSITORY
+    payload["workflow_run"].update(id=run_id, run_attempt=1)
+    payload["workflow_run"]["head_repository"]["full_name"] = head
+    return payload
+
+
+def private_jobs(world: IngressWorld, job_ids: list[int]) -> None:
+    for job_id in job_ids:
+        payload = queued_job(LABEL, job_id=job_id)
+        payload["repository"].update(private=True, visibility="private")
+        assert world.deliver(delivery(payload, "workflow_job")).status == 202
+
+
+@pytest.mark.parametrize(
+    ("head", "single_use"), [("someone/Hello-World", True), (REPOSITORY, False)], ids=["fork", "own"]
+)
+def test_the_jobs_of_a_run_from_a_fork_are_provisioned_single_use(
+    world: IngressWorld, head: str, single_use: bool
+) -> None:
+    # Given a private repository's run requested from `head` (a fork's pull request, or its own branch)
+    world.deliver(delivery(requested_run(head), "workflow_run"))
+    world.dispatch(world.take_queued())
+    # When its jobs' demand is dispatched, in a batch of its own as GitHub sends it later
+    private_jobs(world, [71, 72])
+    world.dispatch(world.take_queued())
+    # Then the provision marks them single use exactly when the run comes from a fork
+    (provision,) = world.provisions()
+    assert provision["job_ids"] == [71, 72]
+    assert provision["public"] is single_use
+
+
+def test_a_fork_mark_in_the_same_batch_as_the_demand_still_counts(world: IngressWorld) -> None:
+    # Given a fork's run requested and its job queued, arriving in one batch (the demand first)
+    private_jobs(world, [73])
+    world.deliver(delivery(requested_run("someone/Hello-World"), "workflow_run"))
+    # When the batch is dispatched / Then the mark is written before the demand is counted
+    world.dispatch(world.take_queued())
+    (provision,) = world.provisions()
+    assert provision["public"] is True

@@ -215,6 +215,39 @@ def test_jit_config_for_an_organisation_registers_in_the_group_asked_for(
     assert registered.work_folder == "work"
 
 
+def test_an_organisation_installation_registers_each_runner_at_its_jobs_repository(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    # Given a client of the App installed on the organisation
+    github = connect(ORGANIZATION)
+
+    # When it asks for a JIT runner for a job of one of the organisation's repositories (issue 14)
+    runner = github.jit_config("i-0abc-8", [run_key(8)], repository=f"{OWNER}/lib")
+
+    # Then GitHub registered it at that repository, not at the organisation, so only its jobs can take it
+    registered = fake.state.runners[runner.runner_id]
+    assert registered.scope == RepositoryScope(owner=OWNER, repo="lib")
+    assert registered.serves(f"{OWNER}/lib")
+    assert not registered.serves(f"{OWNER}/{REPO}")
+    # And it is listed, and deleted, there
+    assert [r.runner_id for r in github.runners(f"{OWNER}/lib")] == [runner.runner_id]
+    assert github.runners() == []
+    assert github.delete_runner(runner.runner_id, f"{OWNER}/lib") is RunnerRemoval.DELETED
+
+
+@pytest.mark.parametrize(
+    ("scope", "repository"), [(ORGANIZATION, "someone-else/lib"), (REPOSITORY, f"{OWNER}/other")]
+)
+def test_a_runner_for_a_repository_outside_the_apps_scope_is_refused(
+    connect: Connect, fake: FakeGitHub, scope: RunnerScope, repository: str
+) -> None:
+    # Given a client of one scope / When asked for a runner at a repository outside it
+    with pytest.raises(ValueError, match="outside the App's runner scope"):
+        connect(scope).jit_config("i-0abc-9", [run_key(9)], repository=repository)
+    # Then nothing was registered
+    assert fake.state.runners == {}
+
+
 def test_asking_again_for_a_name_replaces_the_earlier_registration(
     github: GitHubApp, fake: FakeGitHub
 ) -> None:

@@ -104,6 +104,22 @@ def test_queued_jobs_without_a_free_runner_are_provisioned_again(local: LocalCon
     assert again.runs_reconciled == 0
 
 
+@pytest.mark.parametrize("single_use", [True, False], ids=["public-or-fork", "private"])
+def test_jobs_provisioned_again_stay_single_use_if_their_run_was(
+    local: LocalControlPlane, single_use: bool
+) -> None:
+    # Given a run whose provision was single use (a public repository's, or a fork's: issue 14), its one
+    # job queued for a while with no runner of ours for it
+    run, run_key = queued_run(local, 1)
+    local.plane.recent_demand.note(REPOSITORY, run.run_id, 1, run_key, busy_for=0, single_use=single_use)
+    local.clock.advance(RECONCILE_GRACE_SECONDS)
+    started = StartedExecutions()
+    # When refresh reconciles / Then the provision it starts is single use exactly when the run's was
+    refresh(local, started)
+    (provision,) = started.provisions.values()
+    assert provision.public is single_use
+
+
 def test_a_run_whose_provision_may_still_be_at_work_is_not_reconciled(local: LocalControlPlane) -> None:
     # Given a run whose provision began a moment ago and has claimed nothing yet
     run, run_key = queued_run(local, 2)

@@ -70,6 +70,7 @@ def test_a_queued_job_with_our_label_queues_one_unit_of_demand(world: IngressWor
             "run_id": 4242,
             "run_attempt": 1,
             "job_id": 901,
+            "public": True,  # GitHub's example payload's repository is public
         }
     ]
 
@@ -83,7 +84,14 @@ def test_a_job_completed_on_our_runner_queues_its_release(world: IngressWorld) -
     assert world.queued_bodies() == [
         {
             "kind": "release",
-            "request": {"run_key": LABEL, "instance_id": INSTANCE, "runner_id": 5, "cause": "job-902"},
+            "request": {
+                "run_key": LABEL,
+                "instance_id": INSTANCE,
+                "runner_id": 5,
+                "cause": "job-902",
+                "repository": "Codertocat/Hello-World",
+                "quarantine": False,
+            },
         }
     ]
 

@@ -35,6 +35,7 @@ def labels(draw: st.DrawFn) -> RunnerLabel:
         types=values["types"] if "types" in order else None,
         arch=values["arch"] if "arch" in order else None,
         max_runtime_minutes=values["max-runtime"] if "max-runtime" in order else None,
+        fresh=True if "fresh" in order else None,
         key_order=order,
     )
 
@@ -89,7 +90,10 @@ def test_any_pool_text_parses_exactly_or_is_rejected_with_a_reason(text: str) ->
         ("pool=012", "is not a run id"),
         ("pool=1/", "is not key=value"),
         ("pool=1//class=large", "is not key=value"),
-        ("pool=1/size=large", "unknown key 'size'; the keys are class, usage, types, arch, max-runtime"),
+        (
+            "pool=1/size=large",
+            "unknown key 'size'; the keys are class, usage, types, arch, max-runtime, fresh",
+        ),
         ("pool=1/class=large/class=xlarge", "key 'class' appears twice"),
         ("pool=1/pool=2", "'pool' must appear once"),
         ("pool=1/class=Large", "is not a class name"),
@@ -108,6 +112,8 @@ def test_any_pool_text_parses_exactly_or_is_rejected_with_a_reason(text: str) ->
         ("pool=1/max-runtime=060", "whole minutes from 1 to 7200"),
         ("pool=1/max-runtime=1.5", "whole minutes from 1 to 7200"),
         ("run=1", "starts with 'pool=<run id>'"),
+        ("pool=1/fresh=false", "write fresh=true or leave the key out"),
+        ("pool=1/fresh=True", "write fresh=true or leave the key out"),
     ],
 )
 def test_bad_label_is_rejected_with_an_actionable_reason(text: str, reason: str) -> None:
@@ -209,3 +215,11 @@ def test_every_type_glob_the_grammar_accepts_is_one_ec2_accepts() -> None:
     with pytest.raises(LabelError):
         RunnerLabel.parse("pool=1/types=" + "c" * (entry["max"] + 1))
     assert entries["max"] == MAX_TYPE_GLOBS
+
+
+def test_fresh_asks_for_a_newly_launched_instance() -> None:
+    # Given a label with fresh=true (issue 14, item 2) / When resolved with the stack defaults
+    spec = StackConfig().spec_for("pool=7/fresh=true")
+    # Then the spec asks to skip the pool, and a label without the key does not
+    assert spec.fresh
+    assert not StackConfig().spec_for("pool=7").fresh

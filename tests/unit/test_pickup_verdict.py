@@ -178,3 +178,38 @@ def test_an_instance_built_to_the_spec_always_matches(spec: RunnerSpec, data: st
     verdict = judge(message, spec, NOW)
     # Then it matches
     assert verdict is Verdict.MATCH
+
+
+# --- reuse scope and age (issue 14, item 2) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scope", "served", "asker", "verdict"),
+    [
+        ("repository", None, "octo/app", Verdict.MATCH),
+        ("repository", "octo/app", "octo/app", Verdict.MATCH),
+        ("repository", "octo/app", "octo/other", Verdict.REQUEUE),
+        ("owner", "octo/app", "octo/other", Verdict.MATCH),
+        ("owner", "octo/app", "someone/app", Verdict.REQUEUE),
+        ("any", "octo/app", "someone/else", Verdict.MATCH),
+    ],
+)
+def test_an_instance_is_offered_only_to_jobs_within_the_reuse_scope_of_what_it_served(
+    spec: RunnerSpec, scope: str, served: str | None, asker: str, verdict: Verdict
+) -> None:
+    # Given an idle instance that last served `served` (None: nothing yet), under reuse.scope `scope`
+    reuse = StackConfig.model_validate({"reuse": {"scope": scope}}).reuse
+    message = pool_message(threshold=AHEAD, repository=served, created_at=NOW - 60)
+    # When it is judged for a job of `asker` / Then it matches only within the scope; otherwise another
+    # request (of a repository in scope) may want it, so it goes back
+    assert judge(message, spec, NOW, asker, reuse) is verdict
+
+
+def test_an_instance_past_its_maximum_age_is_dropped(spec: RunnerSpec, config: StackConfig) -> None:
+    # Given an idle instance launched reuse.max_age_minutes ago, offered to its own repository
+    reuse = config.reuse
+    message = pool_message(
+        threshold=AHEAD, repository="octo/app", created_at=NOW - reuse.max_age_minutes * 60
+    )
+    # When it is judged / Then no request may use it any more
+    assert judge(message, spec, NOW, "octo/app", reuse) is Verdict.DROP

@@ -8,7 +8,7 @@ import pytest
 from aws_lambda_powertools.utilities.data_classes.common import CaseInsensitiveDict
 
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.demand import InstanceRelease, JobCancelled, JobQueued, RunCompleted
+from runner_pool.domain.demand import InstanceRelease, JobCancelled, JobQueued, RunCompleted, RunFromFork
 from runner_pool.domain.executions import ReleaseRequest, runner_name
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.webhooks import (
@@ -56,6 +56,10 @@ def read(body: bytes, event: str = "workflow_job", **header_changes: str | None)
 
 def job_delivery(payload: dict[str, Any]) -> Delivery:
     return Delivery("d-1", "workflow_job", WorkflowJobEvent.model_validate(payload))
+
+
+def run_delivery(payload: dict[str, Any]) -> Delivery:
+    return Delivery("d-2", "workflow_run", WorkflowRunEvent.model_validate(payload))
 
 
 # --- the signature ---------------------------------------------------------------------------------
@@ -193,12 +197,34 @@ def test_headers_are_found_whatever_their_case() -> None:
 def test_a_queued_job_with_our_label_is_one_unit_of_demand() -> None:
     # Given the real queued payload re-labelled for run 4242
     delivery = job_delivery(queued_job(LABEL, job_id=77, run_id=4242, attempt=2))
-    # When judged / Then it asks for one runner for that job, under its label and run attempt
+    # When judged / Then it asks for one runner for that job, under its label and run attempt, and
+    # says the repository is public, as GitHub's example payload's is (`visibility: public`)
     judged = verdict(delivery, StackConfig())
     assert isinstance(judged, Accepted)
     assert judged.message == JobQueued(
-        repository=REPOSITORY, run_key=f"{LABEL}@2", run_id=4242, run_attempt=2, job_id=77
+        repository=REPOSITORY, run_key=f"{LABEL}@2", run_id=4242, run_attempt=2, job_id=77, public=True
     )
+
+
+@pytest.mark.parametrize(
+    ("private", "visibility", "public"),
+    [(True, "private", False), (True, "internal", False), (False, "public", True), (None, None, True)],
+)
+def test_a_queued_jobs_repository_is_public_unless_github_says_it_is_not(
+    private: bool | None, visibility: str | None, public: bool
+) -> None:
+    # Given a queued job whose repository GitHub describes with `private` and `visibility` (or neither)
+    payload = queued_job(LABEL)
+    for key, value in (("private", private), ("visibility", visibility)):
+        if value is None:
+            payload["repository"].pop(key)
+        else:
+            payload["repository"][key] = value
+    # When judged / Then its demand is public exactly when GitHub says so, or says nothing (issue 14)
+    judged = verdict(job_delivery(payload), StackConfig())
+    assert isinstance(judged, Accepted)
+    assert isinstance(judged.message, JobQueued)
+    assert judged.message.public is public
 
 
 def test_a_queued_job_with_a_label_that_does_not_parse_is_not_served_with_the_reason() -> None:
@@ -286,8 +312,45 @@ def test_a_job_completed_on_our_runner_releases_that_instance() -> None:
     judged = verdict(delivery, StackConfig())
     assert isinstance(judged, Accepted)
     assert judged.message == InstanceRelease(
-        request=ReleaseRequest(run_key=LABEL, instance_id="i-0123456789abcdef0", runner_id=5, cause="job-55")
+        request=ReleaseRequest(
+            run_key=LABEL,
+            instance_id="i-0123456789abcdef0",
+            runner_id=5,
+            cause="job-55",
+            repository=REPOSITORY,
+        )
     )
+
+
+@pytest.mark.parametrize("action", ["in_progress", "completed"])
+def test_a_job_of_another_run_on_our_runner_quarantines_its_instance(action: str) -> None:
+    # Given job 57 of run 999 that copied run 4242's label and ran on the runner we registered for 4242
+    # (issue 14: run ids are not secret; GitHub gives a job any runner carrying its labels)
+    payload = completed_job(LABEL, runner_name=RUNNER, job_id=57, run_id=999)
+    payload["action"] = action
+    # When judged
+    judged = verdict(job_delivery(payload), StackConfig())
+    # Then that instance's hand-off (runner 5) is quarantined, naming the foreign job's run key and
+    # repository; nothing is released to the pool
+    assert isinstance(judged, Accepted)
+    assert judged.message == InstanceRelease(
+        request=ReleaseRequest(
+            run_key=LABEL,
+            instance_id="i-0123456789abcdef0",
+            runner_id=5,
+            cause="foreign-job-57",
+            repository=REPOSITORY,
+            quarantine=True,
+        )
+    )
+
+
+def test_a_job_of_its_own_run_in_progress_on_our_runner_needs_nothing() -> None:
+    # Given job 58 of run 4242 in progress on the runner registered for run 4242
+    payload = completed_job(LABEL, runner_name=RUNNER, job_id=58)
+    payload["action"] = "in_progress"
+    # When judged / Then nothing is asked for: the runner serves its own run
+    assert isinstance(verdict(job_delivery(payload), StackConfig()), Ignored)
 
 
 def test_a_job_of_a_rerun_completed_on_our_runner_releases_under_that_attempts_run_key() -> None:
@@ -351,3 +414,21 @@ def test_ping_is_answered_pong() -> None:
 def test_an_event_we_do_not_use_is_acknowledged() -> None:
     # Given an issues event / When judged / Then it is ignored with the event named
     assert verdict(Delivery("d-1", "issues", None), StackConfig()) == Ignored("event issues is not used")
+
+
+def test_a_run_requested_from_a_fork_is_marked_for_the_dispatcher() -> None:
+    # Given GitHub's `workflow_run requested` example, its head moved to a fork (a fork's pull request)
+    payload = fixture("workflow_run.requested.payload.json")
+    payload["workflow_run"]["head_repository"]["full_name"] = "someone/octo-repo"
+    # When judged / Then the run is marked as a fork's, so its jobs never reuse (issue 14, item 2)
+    judged = verdict(run_delivery(payload), StackConfig())
+    assert isinstance(judged, Accepted)
+    assert isinstance(judged.message, RunFromFork)
+    assert judged.message.head_repository == "someone/octo-repo"
+
+
+def test_a_run_requested_from_its_own_repository_needs_nothing() -> None:
+    # Given GitHub's `workflow_run requested` example as it is (head and base the same repository)
+    payload = fixture("workflow_run.requested.payload.json")
+    # When judged / Then nothing is asked for
+    assert isinstance(verdict(run_delivery(payload), StackConfig()), Ignored)

@@ -6,7 +6,8 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
     job#<job id>                    state reserved | started | cancelled; the holder and lease of a
                                     reservation; the provision execution that counted the job
     run#<run id>/attempt#<attempt>  run_keys (string set) the attempt's demand used; completed_at once
-                                    the attempt completed (written first if the completion comes first)
+                                    the attempt completed (written first if the completion comes first);
+                                    from_fork once its `requested` webhook named a fork as its head
 
 Each change is one conditional write, so two dispatchers that see the same job never both count
 it. Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run be re-run.
@@ -22,7 +23,7 @@ from botocore.exceptions import ClientError
 
 from runner_pool.adapters.backoff import Backoff, error_code
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.demand import Reservation
+from runner_pool.domain.demand import Reservation, RunMark
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -35,6 +36,7 @@ LEDGER_RETENTION_SECONDS = 35 * 24 * 3600
 RESERVED = "reserved"
 STARTED = "started"
 CANCELLED = "cancelled"
+FORK_ATTRIBUTE = "from_fork"
 
 
 class DynamoDbLedger:
@@ -128,18 +130,38 @@ class DynamoDbLedger:
             )
         )
 
-    def remember_run_key(self, run_id: int, run_key: str, attempt: int) -> bool:
-        return self._conditional(
+    def remember_run_key(self, run_id: int, run_key: str, attempt: int) -> RunMark:
+        try:
+            response = self._backoff.call(
+                lambda: self._client.update_item(
+                    TableName=self._table,
+                    Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
+                    UpdateExpression="ADD run_keys :key SET #expiry = :expiry",
+                    ConditionExpression="attribute_not_exists(completed_at)",
+                    ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
+                    ExpressionAttributeValues={
+                        ":key": {"SS": [run_key]},
+                        ":expiry": {"N": self._expiry(self._clock.now())},
+                    },
+                    ReturnValues="ALL_NEW",
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return RunMark.COMPLETED
+            raise
+        from_fork = response.get("Attributes", {}).get(FORK_ATTRIBUTE, {}).get("BOOL", False)
+        return RunMark.FROM_FORK if from_fork else RunMark.OPEN
+
+    def mark_fork(self, run_id: int, attempt: int) -> None:
+        now = self._clock.now()
+        self._backoff.call(
             lambda: self._client.update_item(
                 TableName=self._table,
                 Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
-                UpdateExpression="ADD run_keys :key SET #expiry = :expiry",
-                ConditionExpression="attribute_not_exists(completed_at)",
+                UpdateExpression=f"SET {FORK_ATTRIBUTE} = :yes, #expiry = :expiry",
                 ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
-                ExpressionAttributeValues={
-                    ":key": {"SS": [run_key]},
-                    ":expiry": {"N": self._expiry(self._clock.now())},
-                },
+                ExpressionAttributeValues={":yes": {"BOOL": True}, ":expiry": {"N": self._expiry(now)}},
             )
         )
 

@@ -43,7 +43,7 @@ from githubkit.utils import UNSET
 
 from runner_pool.domain.clock import Clock, Epoch, SystemClock
 from runner_pool.domain.labels import is_pool_label
-from runner_pool.domain.runner_scope import RepositoryScope, RunnerScope
+from runner_pool.domain.runner_scope import RepositoryScope, RunnerScope, runner_scope
 
 if TYPE_CHECKING:
     from githubkit_schemas.latest.models import Job, Runner
@@ -231,8 +231,17 @@ class GitHubApp:
         labels: Sequence[str],
         runner_group_id: int = DEFAULT_RUNNER_GROUP_ID,
         work_folder: str | None = None,
+        repository: str | None = None,
     ) -> JitRunner:
-        """Register a just-in-time runner `name` with exactly `labels` (for us: `[run key]`).
+        """Register a just-in-time runner `name` with exactly `labels` (for us: `[run key]`), at the
+        repository `repository` (`owner/repo`) when given, else at the App's scope.
+
+        At a repository, only that repository's jobs can take the runner, also when the App is
+        installed on the whole organisation (issue 14, item 1): "Create configuration for a
+        just-in-time runner for a repository", POST /repos/{owner}/{repo}/actions/runners/
+        generate-jitconfig, needs `runner_group_id` and the App's repository Administration: write
+        (docs.github.com, REST API endpoints for self-hosted runners). A repository outside the scope
+        is a ValueError: the installation could not register there.
 
         A name is one registration: asking again for a name GitHub already knows replaces the earlier
         registration, so a retried step whose first answer was lost still gets a config. A runner of
@@ -242,23 +251,43 @@ class GitHubApp:
             raise ValueError("a runner needs a name")
         if not 1 <= len(labels) <= MAX_RUNNER_LABELS:
             raise ValueError(f"a JIT runner takes 1 to {MAX_RUNNER_LABELS} labels, not {len(labels)}")
+        where = self.registration_scope(repository)
         try:
-            return self._call(lambda: self._generate_jit(name, labels, runner_group_id, work_folder))
+            return self._call(lambda: self._generate_jit(where, name, labels, runner_group_id, work_folder))
         except GitHubRejectedError as exc:
             if exc.status != httpx.codes.CONFLICT:
                 raise
-        for stale in self._runners_named(name):
-            if self.delete_runner(stale.runner_id) is RunnerRemoval.BUSY:
+        for stale in self._runners_named(where, name):
+            if self.delete_runner(stale.runner_id, repository) is RunnerRemoval.BUSY:
                 raise GitHubRejectedError(
                     f"runner name {name!r} belongs to runner {stale.runner_id}, which is running a job",
                     httpx.codes.CONFLICT,
                 )
-        return self._call(lambda: self._generate_jit(name, labels, runner_group_id, work_folder))
+        return self._call(lambda: self._generate_jit(where, name, labels, runner_group_id, work_folder))
 
-    def delete_runner(self, runner_id: int) -> RunnerRemoval:
-        """Remove a runner registration; one that is already gone is a normal outcome, not an error."""
-        rest = self._github.rest
+    def registration_scope(self, repository: str | None) -> RunnerScope:
+        """Where a runner for a job of `repository` is registered: at that repository, which must be
+        the App's repository or one of its organisation's; at the App's scope when None."""
+        if repository is None:
+            return self._scope
+        where = runner_scope(repository)
+        if not isinstance(where, RepositoryScope):
+            raise ValueError(f"{repository!r} is not an owner/repo")
         scope = self._scope
+        inside = (
+            str(where).lower() == str(scope).lower()
+            if isinstance(scope, RepositoryScope)
+            else where.owner.lower() == scope.org.lower()
+        )
+        if not inside:
+            raise ValueError(f"repository {repository} is outside the App's runner scope {scope}")
+        return where
+
+    def delete_runner(self, runner_id: int, repository: str | None = None) -> RunnerRemoval:
+        """Remove a runner registration (at `repository` if it was registered there); one that is
+        already gone is a normal outcome, not an error."""
+        rest = self._github.rest
+        scope = self.registration_scope(repository)
         try:
             if isinstance(scope, RepositoryScope):
                 self._call(
@@ -280,9 +309,13 @@ class GitHubApp:
             return RunnerRemoval.BUSY
         return RunnerRemoval.DELETED
 
-    def runners(self) -> list[RegisteredRunner]:
-        """Our runners in the scope (those registered with a `pool=` label), every page of them."""
-        return [runner for runner in self._call(self._list_runners) if runner.run_key is not None]
+    def runners(self, repository: str | None = None) -> list[RegisteredRunner]:
+        """Our runners (those registered with a `pool=` label) at `repository`, or at the App's scope,
+        every page of them. An organisation's list does not hold its repositories' runners."""
+        where = self.registration_scope(repository)
+        return [
+            runner for runner in self._call(lambda: self._list_runners(where)) if runner.run_key is not None
+        ]
 
     # --- workflow jobs -----------------------------------------------------------------------------
 
@@ -358,10 +391,14 @@ class GitHubApp:
     # --- mechanics -------------------------------------------------------------------------------
 
     def _generate_jit(
-        self, name: str, labels: Sequence[str], runner_group_id: int, work_folder: str | None
+        self,
+        scope: RunnerScope,
+        name: str,
+        labels: Sequence[str],
+        runner_group_id: int,
+        work_folder: str | None,
     ) -> JitRunner:
         rest = self._github.rest
-        scope = self._scope
         folder = UNSET if work_folder is None else work_folder
         if isinstance(scope, RepositoryScope):
             response = rest.actions.generate_runner_jitconfig_for_repo(
@@ -388,9 +425,8 @@ class GitHubApp:
             config = org_response.parsed_data.encoded_jit_config
         return JitRunner(runner_id=runner_id, name=name, encoded_jit_config=config)
 
-    def _list_runners(self, name: str | None = None) -> list[RegisteredRunner]:
+    def _list_runners(self, scope: RunnerScope, name: str | None = None) -> list[RegisteredRunner]:
         rest = self._github.rest
-        scope = self._scope
         only = UNSET if name is None else name
         if isinstance(scope, RepositoryScope):
             repo_pages = rest.paginate(
@@ -413,8 +449,9 @@ class GitHubApp:
         )
         return [_registered(runner) for runner in org_pages]
 
-    def _runners_named(self, name: str) -> list[RegisteredRunner]:
-        return [runner for runner in self._call(lambda: self._list_runners(name)) if runner.name == name]
+    def _runners_named(self, scope: RunnerScope, name: str) -> list[RegisteredRunner]:
+        listed = self._call(lambda: self._list_runners(scope, name))
+        return [runner for runner in listed if runner.name == name]
 
     def _call(self, operation: Callable[[], T]) -> T:
         """Run one githubkit operation; whatever it raises comes out as a GitHubError."""

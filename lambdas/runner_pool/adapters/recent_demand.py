@@ -41,6 +41,8 @@ class RecentRun:
     demand_at: Epoch
     busy_until: Epoch
     reconciled_at: Epoch = 0.0
+    single_use: bool = False
+    """Its jobs were public or a fork's: what refresh provisions again for it stays single use."""
 
     @property
     def key(self) -> str:
@@ -63,18 +65,29 @@ class RecentDemand:
         self._backoff = backoff or Backoff()
         self._retention = retention_seconds
 
-    def note(self, repository: str, run_id: int, attempt: int, run_key: str, busy_for: float) -> None:
+    def note(
+        self,
+        repository: str,
+        run_id: int,
+        attempt: int,
+        run_key: str,
+        busy_for: float,
+        *,
+        single_use: bool = False,
+    ) -> None:
         """A provision for the run's `run_key` begins now and may be at work for `busy_for` seconds.
-        Idempotent: a retried note sets the same values again (a later one moves the times on)."""
+        Idempotent: a retried note sets the same values again (a later one moves the times on); once
+        single use, a run stays so."""
         now = self._clock.now()
         run = RecentRun(repository, run_id, attempt, frozenset({run_key}), now, now + busy_for)
+        marks = ", single_use = :single_use" if single_use else ""
         self._backoff.call(
             lambda: self._client.update_item(
                 TableName=self._table,
                 Key=_key(run.key),
                 UpdateExpression=(
                     "SET repository = :repository, run_id = :run_id, attempt = :attempt, "
-                    "demand_at = :now, busy_until = :busy, #ttl = :ttl ADD run_keys :run_keys"
+                    f"demand_at = :now, busy_until = :busy, #ttl = :ttl{marks} ADD run_keys :run_keys"
                 ),
                 ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE},
                 ExpressionAttributeValues={
@@ -85,6 +98,7 @@ class RecentDemand:
                     ":busy": {"N": repr(run.busy_until)},
                     ":ttl": {"N": str(int(now + self._retention))},
                     ":run_keys": {"SS": [run_key]},
+                    **({":single_use": {"BOOL": True}} if single_use else {}),
                 },
             )
         )
@@ -160,4 +174,5 @@ def _run(item: dict[str, Any]) -> RecentRun:
         demand_at=float(item["demand_at"]["N"]),
         busy_until=float(item.get("busy_until", {}).get("N", "0")),
         reconciled_at=float(item.get("reconciled_at", {}).get("N", "0")),
+        single_use=bool(item.get("single_use", {}).get("BOOL", False)),
     )

@@ -37,7 +37,7 @@ from botocore.exceptions import ClientError
 from runner_pool.adapters.backoff import Backoff, error_code
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.config import Timeouts
+from runner_pool.domain.config import ReuseScope, ReuseSettings, Timeouts
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
 from runner_pool.domain.records import Heartbeat, InstanceFacts, InstanceRecord, Signal, WorkerSignal
 
@@ -52,6 +52,7 @@ SIGNAL_ITEM = "signal"
 TTL_ATTRIBUTE = "expires_at"
 RUN_KEY_INDEX = "by-run-key"
 RUN_KEY_ATTRIBUTE = "run_key"
+REPOSITORY_ATTRIBUTE = "repository"
 THRESHOLD_INDEX = "by-threshold"
 SWEEP_SHARD_ATTRIBUTE = "sweep_shard"
 THRESHOLD_ATTRIBUTE = "threshold"
@@ -127,14 +128,25 @@ class StateTable:
 
     # --- transitions -------------------------------------------------------------------------
 
-    def create(self, facts: InstanceFacts, run_key: str | None) -> TransitionResult:
-        """(new) → created: record a launched instance, for a run or (run_key None) for the pool."""
+    def create(
+        self,
+        facts: InstanceFacts,
+        run_key: str | None,
+        *,
+        repository: str | None = None,
+        single_use: bool = False,
+    ) -> TransitionResult:
+        """(new) → created: record a launched instance, for a run of `repository` or (run_key None) for
+        the pool."""
         now = self._clock.now()
         record = InstanceRecord(
             **facts.model_dump(),
             state=InstanceState.CREATED,
             run_key=run_key,
             threshold=now + self._timeouts.created_threshold_seconds,
+            repository=repository if run_key else None,
+            jobs_served=1 if run_key else 0,
+            single_use=single_use and bool(run_key),
             created_at=now,
             updated_at=now,
         )
@@ -163,9 +175,45 @@ class StateTable:
             return TransitionResult(Outcome.REPLAYED if replayed else Outcome.LOST, current)
         return TransitionResult(Outcome.APPLIED, record)
 
-    def claim(self, instance_id: str, run_key: str, claim_token: str) -> TransitionResult:
-        """idle → claimed(run): only an idle, unheld instance whose idle time has not run out."""
+    def claim(
+        self,
+        instance_id: str,
+        run_key: str,
+        claim_token: str,
+        *,
+        repository: str | None = None,
+        reuse: ReuseSettings | None = None,
+        single_use: bool = False,
+    ) -> TransitionResult:
+        """idle → claimed(run): only an idle, unheld instance whose idle time has not run out.
+
+        For a run of `repository`: only an instance that served nothing yet or served a repository
+        within `reuse.scope` of it, and fewer than `reuse.max_jobs` jobs (issue 14, item 2); the record
+        then names `repository` and counts the hand-off. Pickup chose it by the same rule from a read
+        a moment older: the condition, not that read, decides.
+        """
         now = self._clock.now()
+        conditions: list[str] = []
+        values: dict[str, Any] = {}
+        set_fields: dict[str, Any] = {RUN_KEY_ATTRIBUTE: run_key, "claim_token": claim_token}
+        if repository is not None:
+            set_fields |= {REPOSITORY_ATTRIBUTE: repository, "single_use": single_use}
+        if repository is not None and reuse is not None:
+            values |= {
+                ":max_jobs": _value(reuse.max_jobs),
+                ":created_after": _value(now - reuse.max_age_minutes * 60.0),
+            }
+            conditions += [
+                "(attribute_not_exists(jobs_served) OR jobs_served < :max_jobs)",
+                "created_at > :created_after",
+            ]
+            unserved = f"attribute_not_exists({REPOSITORY_ATTRIBUTE})"
+            if reuse.scope is ReuseScope.REPOSITORY:
+                values[":served"] = _value(repository)
+                conditions.append(f"({unserved} OR {REPOSITORY_ATTRIBUTE} = :served)")
+            elif reuse.scope is ReuseScope.OWNER:
+                values[":owner"] = _value(repository.split("/", 1)[0] + "/")
+                conditions.append(f"({unserved} OR begins_with({REPOSITORY_ATTRIBUTE}, :owner))")
         return self._transition(
             instance_id,
             now,
@@ -173,13 +221,34 @@ class StateTable:
             expect_run_key=None,
             new_state=InstanceState.CLAIMED,
             threshold_in=self._timeouts.claimed_threshold_seconds,
-            set_fields={RUN_KEY_ATTRIBUTE: run_key, "claim_token": claim_token},
+            set_fields=set_fields,
             # The previous run's runner stays on an idle record, for release to find; a claim starts anew.
             remove_fields=("runner_id",),
+            extra_conditions=conditions,
+            extra_values=values,
+            count_job=repository is not None,
             is_replay=lambda r: (
                 r.state is InstanceState.CLAIMED
                 and r.claim_token == claim_token
                 and not r.threshold_passed(now)
+            ),
+        )
+
+    def quarantine(self, instance_id: str, runner_id: int) -> TransitionResult:
+        """any live → expired, while the record still holds the hand-off to `runner_id`: GitHub gave that
+        runner a job of another run or repository (issue 14, item 1), so the instance must never serve
+        again. Idle counts too (the run's release may have come first); a later hand-off does not."""
+        now = self._clock.now()
+        return self._transition(
+            instance_id,
+            now,
+            expect_states=tuple(LIVE_STATES),
+            expect_run_key=_ANY_RUN,
+            expect_runner_id=runner_id,
+            new_state=None,
+            threshold_in=0.0,
+            is_replay=lambda r: (
+                r.state in LIVE_STATES and r.runner_id == runner_id and r.threshold_passed(now)
             ),
         )
 
@@ -563,6 +632,9 @@ class StateTable:
         is_replay: Callable[[InstanceRecord], bool],
         set_fields: Mapping[str, Any] | None = None,
         remove_fields: tuple[str, ...] = (),
+        extra_conditions: list[str] | None = None,
+        extra_values: Mapping[str, Any] | None = None,
+        count_job: bool = False,
     ) -> TransitionResult:
         """One conditional UpdateItem: expected state, expected run key, threshold still ahead.
 
@@ -583,6 +655,10 @@ class StateTable:
         for index, (name, value) in enumerate((set_fields or {}).items()):
             values[f":set{index}"] = _value(value)
             assignments.append(f"{name} = :set{index}")
+        if count_job:
+            values |= {":zero": _value(0), ":one": _value(1)}
+            assignments.append("jobs_served = if_not_exists(jobs_served, :zero) + :one")
+        values |= dict(extra_values or {})
         conditions = [
             f"#state IN ({', '.join(_state_placeholders(expect_states))})",
             "#threshold > :now",
@@ -598,6 +674,7 @@ class StateTable:
         if expect_runner_id is not None:
             values[":expected_runner_id"] = _value(expect_runner_id)
             conditions.append("runner_id = :expected_runner_id")
+        conditions += extra_conditions or []
         update = "SET " + ", ".join(assignments)
         if remove_fields:
             update += " REMOVE " + ", ".join(remove_fields)

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from runner_pool.domain.clock import Epoch
 from runner_pool.domain.labels import (
     CLASS_NAME,
     MAX_RUNTIME_LIMIT_MINUTES,
@@ -22,7 +23,7 @@ from runner_pool.domain.labels import (
     RunnerLabel,
     RunnerSpec,
 )
-from runner_pool.domain.records import Arch, UsageClass
+from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
 from runner_pool.domain.runner_scope import RunnerScopeSetting
 
 SQS_MAX_DELAY_SECONDS = 900
@@ -133,6 +134,56 @@ class FleetSettings(_Settings):
     spot_fallback_to_on_demand: bool = True
     """Launch a spot shortfall once more as on-demand: the job runs at the on-demand price rather
     than waiting for spot capacity that may not come back before the validation timeout."""
+
+
+class ReuseScope(StrEnum):
+    """Which jobs an instance that served a job may serve next (README, Security model)."""
+
+    REPOSITORY = "repository"
+    """Only jobs of the repository it served: GitHub's guidance for reused runners, and the default."""
+    OWNER = "owner"
+    """Jobs of any repository of the same owner (organisation or user)."""
+    ANY = "any"
+    """Jobs of any repository the App is installed on."""
+
+
+class ReuseSettings(_Settings):
+    """How far one instance is reused between jobs (issue 14, item 2).
+
+    GitHub: self-hosted runners "can be persistently compromised by untrusted code in a workflow"
+    (docs.github.com, "Security hardening for GitHub Actions", Hardening for self-hosted runners).
+    Reuse is therefore kept within one repository by default, never offered to public repositories,
+    and bounded, so that whatever a scrub could not see lives a few jobs and a few hours at most.
+    """
+
+    scope: ReuseScope = ReuseScope.REPOSITORY
+    public_repositories: bool = False
+    """Whether a public repository's job may take a reused instance and leave its own to the pool."""
+    max_jobs: int = Field(20, ge=1)
+    """Jobs one instance serves at most; then it is terminated instead of pooled."""
+    max_age_minutes: int = Field(360, ge=1)
+    """How long after its launch an instance is still pooled or picked up; then it is terminated."""
+
+    def in_scope(self, served: str | None, repository: str) -> bool:
+        """Whether an instance that last served `served` (None: no job yet) may serve `repository`."""
+        if served is None or self.scope is ReuseScope.ANY:
+            return True
+        if self.scope is ReuseScope.OWNER:
+            return served.split("/", 1)[0].lower() == repository.split("/", 1)[0].lower()
+        return served.lower() == repository.lower()
+
+    def retire_reason(self, record: InstanceRecord, now: Epoch) -> str | None:
+        """Why an instance that has just served a job must not go back to the pool; None if it may."""
+        if record.single_use:
+            return f"single use: served {record.repository}, whose jobs never share an instance"
+        if record.jobs_served >= self.max_jobs:
+            return f"served {record.jobs_served} jobs, reuse.max_jobs is {self.max_jobs}"
+        if self.too_old(record.created_at, now):
+            return f"launched more than reuse.max_age_minutes ({self.max_age_minutes}) ago"
+        return None
+
+    def too_old(self, launched_at: Epoch | None, now: Epoch) -> bool:
+        return launched_at is not None and now - launched_at >= self.max_age_minutes * 60
 
 
 class GitHubSettings(_Settings):
@@ -285,6 +336,7 @@ class StackConfig(_Settings):
     workflow_type: WorkflowType = WorkflowType.STANDARD
     alarms: AlarmSettings = AlarmSettings()
     instances: InstanceSettings = InstanceSettings()
+    reuse: ReuseSettings = ReuseSettings()
 
     @model_validator(mode="after")
     def _classes_are_coherent(self) -> Self:
@@ -390,6 +442,7 @@ class StackConfig(_Settings):
             types=label.types if label.types is not None else self.defaults.types,
             arch=label.arch or self.defaults.arch,
             max_runtime_minutes=label.max_runtime_minutes or self.defaults.max_runtime_minutes,
+            fresh=bool(label.fresh),
         )
 
     def spec_for(self, label_text: str) -> RunnerSpec:

@@ -66,6 +66,8 @@ class JobQueued(_Message):
     run_id: int = Field(gt=0)
     run_attempt: int = Field(gt=0)
     job_id: int = Field(gt=0)
+    public: bool = False
+    """The job's repository is public: its jobs never share an instance (unless the config allows)."""
 
     @model_validator(mode="after")
     def _of_its_attempt(self) -> JobQueued:
@@ -79,6 +81,18 @@ class JobCancelled(_Message):
     repository: str = Field(min_length=1)
     run_key: str = Field(min_length=1)
     job_id: int = Field(gt=0)
+
+
+class RunFromFork(_Message):
+    """A workflow run whose head repository is not its repository (a fork's pull request, issue 14):
+    its jobs never share an instance, like a public repository's. Its `requested` webhook comes before
+    its jobs' `queued` ones, so the mark is usually in the ledger before the run's demand."""
+
+    kind: Literal["run-from-fork"] = "run-from-fork"
+    repository: str = Field(min_length=1)
+    head_repository: str = Field(min_length=1)
+    run_id: int = Field(gt=0)
+    run_attempt: int = Field(gt=0)
 
 
 class InstanceRelease(_Message):
@@ -98,7 +112,7 @@ class RunCompleted(_Message):
 
 
 DemandMessage = Annotated[
-    JobQueued | JobCancelled | InstanceRelease | RunCompleted, Field(discriminator="kind")
+    JobQueued | JobCancelled | InstanceRelease | RunCompleted | RunFromFork, Field(discriminator="kind")
 ]
 _MESSAGES: TypeAdapter[DemandMessage] = TypeAdapter(DemandMessage)
 
@@ -129,6 +143,15 @@ class Reservation(StrEnum):
     """Another dispatch holds it now; ask again once that has started it or let it lapse."""
 
 
+class RunMark(StrEnum):
+    """What the ledger knows of a run attempt when its demand is dispatched."""
+
+    OPEN = "open"
+    FROM_FORK = "from-fork"
+    """Open, and its head repository is a fork: its jobs are single use."""
+    COMPLETED = "completed"
+
+
 class DemandLedger(Protocol):
     """Which jobs have been counted, and which run keys each run used (DynamoDB in production)."""
 
@@ -144,8 +167,12 @@ class DemandLedger(Protocol):
         """Mark a job nobody has counted as cancelled; False when it was counted (or cancelled) already."""
         ...
 
-    def remember_run_key(self, run_id: int, run_key: str, attempt: int) -> bool:
-        """Note that the run attempt's demand uses `run_key`, unless that attempt has completed (False)."""
+    def remember_run_key(self, run_id: int, run_key: str, attempt: int) -> RunMark:
+        """Note that the run attempt's demand uses `run_key`, unless that attempt has completed."""
+        ...
+
+    def mark_fork(self, run_id: int, attempt: int) -> None:
+        """Note that the run attempt comes from a fork, whenever its demand comes."""
         ...
 
     def complete_run(self, run_id: int, attempt: int) -> frozenset[str]:
@@ -204,6 +231,7 @@ class _Group:
     run_key: str
     jobs: dict[int, JobQueued] = field(default_factory=dict)
     messages: dict[int, list[str]] = field(default_factory=dict)
+    from_fork: bool = False
 
     def add(self, message_id: str, job: JobQueued) -> None:
         self.jobs.setdefault(job.job_id, job)
@@ -238,6 +266,9 @@ class Dispatcher:
             if isinstance(message, JobCancelled):
                 with _failing(report, [message_id], f"cancel job {message.job_id}"):
                     self._cancel(report, message)
+            elif isinstance(message, RunFromFork):
+                with _failing(report, [message_id], f"mark run {message.run_id} as a fork's"):
+                    self._ledger.mark_fork(message.run_id, message.run_attempt)
         for message_id, message in batch:
             if isinstance(message, RunCompleted):
                 with _failing(report, [message_id], f"release {message.cause}"):
@@ -270,14 +301,15 @@ class Dispatcher:
         try:
             # Remembered before anything starts, in the same write that checks the run is not over:
             # a run completed later finds the key, one completed earlier refuses its demand.
-            live = {
-                (run_id, attempt)
+            marks = {
+                (run_id, attempt): self._ledger.remember_run_key(run_id, group.run_key, attempt)
                 for run_id, attempt in attempts
-                if self._ledger.remember_run_key(run_id, group.run_key, attempt)
             }
         except Exception as exc:  # any fault fails the group's messages, for SQS to retry them
             report.failures.append(Failure(group.message_ids(group.jobs), "remember the run key", repr(exc)))
             return
+        live = {attempt for attempt, mark in marks.items() if mark is not RunMark.COMPLETED}
+        group.from_fork = any(mark is RunMark.FROM_FORK for mark in marks.values())
         current = [job for job in group.jobs.values() if (job.run_id, job.run_attempt) in live]
         report.stale += len(group.jobs) - len(current)
         for start in range(0, len(current), PROVISION_LIMIT):
@@ -303,6 +335,7 @@ class Dispatcher:
                 run_key=group.run_key,
                 count=len(reserved),
                 job_ids=tuple(reserved),
+                public=group.from_fork or any(group.jobs[job_id].public for job_id in reserved),
             )
             self._starter.provision(request)
         except Exception as exc:  # any fault fails the chunk's messages, for SQS to retry them

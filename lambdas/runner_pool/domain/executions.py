@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runner_pool.domain.run_keys import RunKey
 
@@ -50,6 +50,9 @@ class ProvisionRequest(_Input):
     origin: str | None = Field(
         None, max_length=40, description="what asked again for jobs already counted, e.g. `reconcile-<tick>`"
     )
+    public: bool = Field(
+        False, description="the repository is public (or the run comes from a fork): its jobs never reuse"
+    )
 
     @field_validator("run_key")
     @classmethod
@@ -83,6 +86,18 @@ class ReleaseRequest(_Input):
         None, description="the GitHub runner the completed job ran on: the one hand-off to release"
     )
     cause: str = Field(min_length=1, description="what asked for it, e.g. `job-123` or `run-45-attempt-1`")
+    repository: str | None = Field(None, description="owner/repo of the job that completed or started")
+    quarantine: bool = Field(
+        False,
+        description="GitHub gave the runner a job of another run or repository (`run_key` is that job's): "
+        "the instance is expired, never pooled",
+    )
+
+    @model_validator(mode="after")
+    def _quarantine_names_a_hand_off(self) -> ReleaseRequest:
+        if self.quarantine and (self.instance_id is None or self.runner_id is None):
+            raise ValueError("a quarantine names the instance and the runner GitHub gave the foreign job")
+        return self
 
     @property
     def execution_name(self) -> str:

@@ -1,7 +1,7 @@
 """The `runs-on` label grammar of DESIGN.md section 2, and the runner spec a label resolves to.
 
     pool=<run id>[/class=<name>][/usage=spot|on-demand][/types=<glob>+<glob>...]
-                 [/arch=x64|arm64][/max-runtime=<minutes>]
+                 [/arch=x64|arm64][/max-runtime=<minutes>][/fresh=true]
 
 `pool` comes first; the optional keys follow in any order, each at most once. The label is also
 the run key: the runner is registered with exactly this string, so `format` gives back, character
@@ -23,7 +23,7 @@ POOL_PREFIX = "pool="
 MAX_RUNTIME_LIMIT_MINUTES = 7200
 """GitHub stops a self-hosted job after 5 days; a longer runtime could never be used."""
 
-OPTIONAL_KEYS = ("class", "usage", "types", "arch", "max-runtime")
+OPTIONAL_KEYS = ("class", "usage", "types", "arch", "max-runtime", "fresh")
 
 _RUN_ID = re.compile(r"[1-9][0-9]{0,19}")
 CLASS_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
@@ -62,6 +62,8 @@ class RunnerLabel:
     types: tuple[str, ...] | None = None
     arch: Arch | None = None
     max_runtime_minutes: int | None = None
+    fresh: bool | None = None
+    """`fresh=true`: this job takes a newly launched instance, never one from the pool."""
     key_order: tuple[str, ...] = field(default=())
     """The optional keys in the order they were written; empty means the canonical order."""
 
@@ -101,6 +103,7 @@ class RunnerLabel:
             types=_parse_types(text, values.get("types")),
             arch=_parse_choice(text, "arch", values.get("arch"), Arch),
             max_runtime_minutes=_parse_minutes(text, values.get("max-runtime")),
+            fresh=_parse_fresh(text, values.get("fresh")),
             key_order=tuple(values)[1:],
         )
 
@@ -124,6 +127,8 @@ class RunnerLabel:
                 return None if self.arch is None else self.arch.value
             case "max-runtime":
                 return None if self.max_runtime_minutes is None else str(self.max_runtime_minutes)
+            case "fresh":
+                return None if self.fresh is None else "true"
         raise KeyError(key)
 
 
@@ -142,6 +147,8 @@ class RunnerSpec(BaseModel):
     """Allowed instance-type globs; empty means any type of the class's size."""
     arch: Arch
     max_runtime_minutes: int
+    fresh: bool = False
+    """The job asked for a newly launched instance (`fresh=true`): pickup is skipped."""
 
     def allows_type(self, instance_type: str) -> bool:
         return not self.types or any(fnmatchcase(instance_type, glob) for glob in self.types)
@@ -195,3 +202,13 @@ def _parse_minutes(text: str, value: str | None) -> int | None:
             text, f"max-runtime={value!r} must be whole minutes from 1 to {MAX_RUNTIME_LIMIT_MINUTES}"
         )
     return int(value)
+
+
+def _parse_fresh(text: str, value: str | None) -> bool | None:
+    """Only `fresh=true`: a `fresh=false` would be the default written out, and a second spelling of
+    one run key."""
+    if value is None:
+        return None
+    if value != "true":
+        raise LabelError(text, f"fresh={value!r} is not allowed; write fresh=true or leave the key out")
+    return True

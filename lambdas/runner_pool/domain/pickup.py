@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.config import PickupSettings
+from runner_pool.domain.config import PickupSettings, ReuseSettings
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, PoolMessage
@@ -76,9 +76,21 @@ class Verdict(StrEnum):
     """Stale: the idle period the message offers has run out, so no request can use it."""
 
 
-def judge(message: PoolMessage, spec: RunnerSpec, now: Epoch) -> Verdict:
+def judge(
+    message: PoolMessage,
+    spec: RunnerSpec,
+    now: Epoch,
+    repository: str | None = None,
+    reuse: ReuseSettings | None = None,
+) -> Verdict:
+    """With `repository` and `reuse`: an instance is offered only to jobs within `reuse.scope` of the
+    repository it served, and not once it is older than `reuse.max_age_minutes` (issue 14, item 2)."""
     if message.threshold <= now:
         return Verdict.DROP
+    if reuse is not None and reuse.too_old(message.created_at, now):
+        return Verdict.DROP
+    if reuse is not None and repository is not None and not reuse.in_scope(message.repository, repository):
+        return Verdict.REQUEUE
     fits = (
         message.usage_class is spec.usage
         and message.arch is spec.arch
@@ -161,15 +173,19 @@ class PickupManager:
         clock: Clock,
         settings: PickupSettings,
         max_batches: int = MAX_BATCHES,
+        *,
+        reuse: ReuseSettings | None = None,
     ) -> None:
         self._queue = queue
         self._records = records
         self._clock = clock
         self._settings = settings
         self._max_batches = max_batches
+        self._reuse = reuse
 
-    def pickup(self, spec: RunnerSpec) -> PickupResult:
-        """Find one idle instance for `spec` in its class's queue, or say why there is none."""
+    def pickup(self, spec: RunnerSpec, repository: str | None = None) -> PickupResult:
+        """Find one idle instance for `spec` (a job of `repository`) in its class's queue, or say why
+        there is none."""
         tally = _Tally()
         seen: Counter[str] = Counter()
         while True:
@@ -187,7 +203,7 @@ class PickupManager:
             messages = [r.message for r in batch if r.message is not None]
             tally.counts["dropped_unparseable"] += len(batch) - len(messages)
             seen.update(message.instance_id for message in messages)
-            candidate = self._settle(spec, messages, tally)
+            candidate = self._settle(spec, repository, messages, tally)
             if candidate is not None:
                 return tally.result(candidate, StopReason.FOUND)
             if seen and max(seen.values()) >= self._settings.same_instance_tolerance:
@@ -195,7 +211,9 @@ class PickupManager:
             if tally.counts["receive_calls"] >= self._max_batches:
                 return tally.result(None, StopReason.BUDGET)
 
-    def _settle(self, spec: RunnerSpec, messages: list[PoolMessage], tally: _Tally) -> PoolMessage | None:
+    def _settle(
+        self, spec: RunnerSpec, repository: str | None, messages: list[PoolMessage], tally: _Tally
+    ) -> PoolMessage | None:
         """Judge one deleted batch, send back what others may use, and return the candidate if any."""
         now = self._clock.now()
         candidate: PoolMessage | None = None
@@ -204,7 +222,7 @@ class PickupManager:
         judged = 0
         try:
             for message in messages:
-                verdict = judge(message, spec, now)
+                verdict = judge(message, spec, now, repository, self._reuse)
                 if verdict is Verdict.REQUEUE:
                     misfits.append(message)
                 elif verdict is Verdict.DROP:

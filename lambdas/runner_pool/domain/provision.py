@@ -67,6 +67,14 @@ class ProvisionPlan(_Step):
     """When Begin ran: Finish reports the time from there to the runners being ready."""
     registration_deadline: Epoch = 0.0
     """A claim worker that could not register a runner by then leaves its slot to creation."""
+    single_use: bool = False
+    """The jobs must neither take a reused instance nor leave theirs to the pool (a public repository's,
+    unless `reuse.public_repositories`)."""
+
+    @property
+    def fresh(self) -> bool:
+        """Whether the pool is skipped: the jobs asked for `fresh=true`, or are single use."""
+        return self.spec.fresh or self.single_use
 
     def claim_token(self, slot: int, attempt: int) -> str:
         """Names one claim: a retried claim step recognises its own claim by it, and nobody else's."""

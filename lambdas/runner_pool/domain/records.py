@@ -68,6 +68,14 @@ class InstanceRecord(InstanceFacts):
     claim_token: str | None = None
     """Which claim worker holds a claimed instance, so a retried claim is recognised as its own."""
     runner_id: int | None = None
+    repository: str | None = None
+    """The repository (`owner/repo`) of the run that holds it or last held it; None until it serves one.
+    Pickup offers an idle instance only to jobs within `reuse.scope` of it (issue 14, item 2)."""
+    jobs_served: int = Field(0, ge=0)
+    """Hand-offs to a run so far (created for one, or claimed); `reuse.max_jobs` caps it."""
+    single_use: bool = False
+    """Held for a job that must not share its instance with later ones (a public repository's, unless
+    `reuse.public_repositories`): released, it is expired and terminated, never pooled."""
     created_at: Epoch
     updated_at: Epoch
     expires_at: int | None = None
@@ -143,6 +151,10 @@ class PoolMessage(_Record):
     cpu: int
     memory_mib: int
     threshold: Epoch
+    repository: str | None = None
+    """The repository the instance last served (None: none yet); pickup keeps it within `reuse.scope`."""
+    created_at: Epoch | None = None
+    """When the instance was launched; pickup drops an offer past `reuse.max_age_minutes`."""
 
     @classmethod
     def for_idle(cls, record: InstanceRecord) -> PoolMessage:

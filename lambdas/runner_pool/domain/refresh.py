@@ -52,6 +52,7 @@ from runner_pool.domain.pickup import PoolQueue
 from runner_pool.domain.provision import busy_seconds
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.run_keys import RunKey
+from runner_pool.domain.runner_scope import OrganizationScope
 from runner_pool.observability import logger
 
 if TYPE_CHECKING:
@@ -305,14 +306,25 @@ class Refresh:
     def _delete_offline_runners(self, report: RefreshReport) -> None:
         github = self._github()
         now = self._clock.now()
-        for runner in github.runners():
-            instance_id = instance_of_runner(runner.name)
-            if runner.status is not RunnerStatus.OFFLINE or instance_id is None:
-                continue
-            if _may_still_start(self._table.get(instance_id), runner, now):
-                continue
-            if github.delete_runner(runner.runner_id) is RunnerRemoval.DELETED:
-                report.runners_deleted += 1
+        for repository in self._runner_places():
+            for runner in github.runners(repository):
+                instance_id = instance_of_runner(runner.name)
+                if runner.status is not RunnerStatus.OFFLINE or instance_id is None:
+                    continue
+                if _may_still_start(self._table.get(instance_id), runner, now):
+                    continue
+                if github.delete_runner(runner.runner_id, repository) is RunnerRemoval.DELETED:
+                    report.runners_deleted += 1
+
+    def _runner_places(self) -> Sequence[str | None]:
+        """Where our runners are registered: the App's repository (None), or, for an organisation,
+        each repository with recent demand (runners are registered at the job's repository, and an
+        organisation's list does not hold its repositories' runners)."""
+        if not isinstance(self._config.github.scope, OrganizationScope):
+            return [None]
+        if self._recent is None:
+            return []
+        return sorted({run.repository for run in self._recent.runs()})
 
     # --- 7. missed webhooks --------------------------------------------------------------------
 
@@ -379,6 +391,7 @@ class Refresh:
                         run_key=run_key,
                         count=1,
                         origin=f"replace-{record.runner_id}",
+                        public=run.single_use,
                     )
                 )
             report.runners_replaced += 1
@@ -456,6 +469,7 @@ class Refresh:
                     count=missing,
                     job_ids=tuple(job.job_id for job in waiting[:missing]),
                     origin=f"reconcile-{tick}",
+                    public=run.single_use,
                 )
             )
             report.jobs_reprovisioned += missing

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runner_pool.adapters.github_app import GitHubError, RunnerRemoval
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.config import Timeouts
+from runner_pool.domain.config import ReuseSettings, Timeouts
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import PoolQueue
@@ -54,6 +54,10 @@ class ReleaseStatus(StrEnum):
     """Someone else moved the instance first (another release, an expiry, another run); nothing to do."""
     SALVAGED = "salvaged"
     """A step failed unexpectedly; what the release held is expired."""
+    RETIRED = "retired"
+    """Served its last job: expired, not pooled (single use, `reuse.max_jobs`, `reuse.max_age_minutes`)."""
+    QUARANTINED = "quarantined"
+    """GitHub gave its runner a job of another run or repository: expired, never pooled (issue 14)."""
 
 
 class _Step(BaseModel):
@@ -69,6 +73,9 @@ class ReleasePlan(_Step):
     runner_id: int | None = None
     """For one instance: the hand-off (GitHub runner) whose job completed; nothing else is released."""
     poll_seconds: int = Field(gt=0, description="the Wait between two looks for the agent's receipt")
+    repository: str | None = None
+    """The repository of the job that completed (or, quarantining, of the foreign job)."""
+    quarantine: bool = False
 
 
 class ReleaseItem(_Step):
@@ -78,6 +85,8 @@ class ReleaseItem(_Step):
     run_key: str
     poll_seconds: int = Field(gt=0)
     runner_id: int | None = None
+    repository: str | None = None
+    quarantine: bool = False
 
 
 class ReleaseProgress(_Step):
@@ -127,13 +136,25 @@ def plan(request: ReleaseRequest, table: StateTable, timeouts: Timeouts) -> Rele
         instance_ids=instance_ids,
         runner_id=request.runner_id if request.instance_id is not None else None,
         poll_seconds=receipt_poll_seconds(timeouts),
+        repository=request.repository,
+        quarantine=request.quarantine,
     )
 
 
 def give_back(
-    item: ReleaseItem, table: StateTable, github: Callable[[], GitHubApp], timeouts: Timeouts, now: Epoch
+    item: ReleaseItem,
+    table: StateTable,
+    github: Callable[[], GitHubApp],
+    timeouts: Timeouts,
+    now: Epoch,
+    *,
+    reuse: ReuseSettings | None = None,
 ) -> ReleaseProgress:
-    """Running → idle (or, never having served, expired), and the run's runner deleted from GitHub."""
+    """Running → idle (or, never having served, expired), and the run's runner deleted from GitHub.
+
+    An instance that must not serve again (`reuse`: single use, or at its limits) is expired once
+    idle instead of awaiting its receipt; one whose runner ran a foreign job is quarantined.
+    """
     progress = ReleaseProgress(
         instance_id=item.instance_id,
         run_key=item.run_key,
@@ -141,6 +162,79 @@ def give_back(
         status=ReleaseStatus.MOVED_ON,
     )
     record = table.get(item.instance_id)
+    if item.quarantine or _of_another_repository(record, item):
+        return _quarantine(item, record, table, progress)
+    released = _give_back(item, record, table, github, timeouts, now=now, progress=progress)
+    reason = (
+        None
+        if reuse is None or released.status is not ReleaseStatus.AWAITING_RECEIPT
+        else (_retire_reason(table, released, reuse, now))
+    )
+    if reason is None:
+        return released
+    retired = _expire_idle(released, table, reason)
+    if retired.status is ReleaseStatus.EXPIRED:
+        return retired.model_copy(update={"status": ReleaseStatus.RETIRED})
+    return retired
+
+
+def _retire_reason(
+    table: StateTable, progress: ReleaseProgress, reuse: ReuseSettings, now: Epoch
+) -> str | None:
+    record = table.get(progress.instance_id)
+    if record is None or record.threshold != progress.idle_threshold:
+        return None
+    return reuse.retire_reason(record, now)
+
+
+def _of_another_repository(record: InstanceRecord | None, item: ReleaseItem) -> bool:
+    """A completed job of a repository other than the one its instance was handed to (a runner that
+    only that repository's jobs can take: defence in depth, never expected)."""
+    return (
+        item.runner_id is not None
+        and item.repository is not None
+        and record is not None
+        and record.runner_id == item.runner_id
+        and record.repository is not None
+        and record.repository.lower() != item.repository.lower()
+    )
+
+
+def _quarantine(
+    item: ReleaseItem, record: InstanceRecord | None, table: StateTable, progress: ReleaseProgress
+) -> ReleaseProgress:
+    """Expire the instance whose hand-off to `item.runner_id` GitHub gave a foreign job; log both runs."""
+    if item.runner_id is None or record is None:
+        return progress.model_copy(update={"reason": _moved(record)})
+    quarantined = table.quarantine(item.instance_id, item.runner_id)
+    if not quarantined.succeeded:
+        return progress.model_copy(update={"reason": _moved(quarantined.record)})
+    logger.error(
+        "runner quarantined: GitHub gave it a job of another run or repository",
+        instance_id=item.instance_id,
+        runner_id=item.runner_id,
+        instance_run_key=record.run_key,
+        instance_repository=record.repository,
+        job_run_key=item.run_key,
+        job_repository=item.repository,
+    )
+    reason = (
+        f"runner {item.runner_id} of {record.repository or 'no repository'} "
+        f"({record.run_key or 'idle'}) ran a job of {item.repository} ({item.run_key})"
+    )
+    return progress.model_copy(update={"status": ReleaseStatus.QUARANTINED, "reason": reason})
+
+
+def _give_back(
+    item: ReleaseItem,
+    record: InstanceRecord | None,
+    table: StateTable,
+    github: Callable[[], GitHubApp],
+    timeouts: Timeouts,
+    *,
+    now: Epoch,
+    progress: ReleaseProgress,
+) -> ReleaseProgress:
     if item.runner_id is not None and (record is None or record.runner_id != item.runner_id):
         # A job's completion releases the hand-off it ran on, and no other: a late or repeated one
         # finds the instance taken again (by the same run, for its next job) under another runner.
@@ -288,7 +382,7 @@ def _delete_runner(github: Callable[[], GitHubApp], record: InstanceRecord) -> R
     if record.runner_id is None:
         return None
     try:
-        return github().delete_runner(record.runner_id)
+        return github().delete_runner(record.runner_id, record.repository)
     except GitHubError as exc:
         logger.warning(
             "runner not deleted; refresh deletes it later", runner_id=record.runner_id, error=str(exc)

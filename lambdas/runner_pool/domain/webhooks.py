@@ -32,9 +32,10 @@ from runner_pool.domain.demand import (
     JobCancelled,
     JobQueued,
     RunCompleted,
+    RunFromFork,
 )
 from runner_pool.domain.executions import ReleaseRequest, instance_of_runner
-from runner_pool.domain.labels import LabelError, is_pool_label
+from runner_pool.domain.labels import LabelError, RunnerLabel, is_pool_label
 from runner_pool.domain.run_keys import RunKey
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -81,6 +82,17 @@ class _Payload(BaseModel):
 
 class Repository(_Payload):
     full_name: str = Field(pattern=r"^[^/\s]+/[^/\s]+$", max_length=200)
+    private: bool | None = None
+    visibility: str | None = None
+    """`public`, `private` or `internal`; GitHub's webhook examples carry it beside `private`."""
+
+    @property
+    def public(self) -> bool:
+        """Public unless GitHub says otherwise: a payload without either field is treated as public, the
+        side that never shares an instance."""
+        if self.visibility is not None:
+            return self.visibility == "public"
+        return self.private is not True
 
 
 class WorkflowJob(_Payload):
@@ -101,6 +113,8 @@ class WorkflowJobEvent(_Payload):
 class WorkflowRun(_Payload):
     id: int = Field(gt=0)
     run_attempt: int = Field(1, gt=0)
+    head_repository: Repository | None = None
+    """Where the run's commit comes from: another repository than the run's for a fork's pull request."""
 
 
 class WorkflowRunEvent(_Payload):
@@ -246,9 +260,41 @@ def _job_verdict(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
         return Ignored(f"job {job.id} has no pool= label")
     if event.action == "queued":
         return _queued(event, config)
+    foreign = _foreign(event)
+    if foreign is not None:
+        return foreign
     if event.action == "completed":
         return _completed(event)
     return Ignored(_short(f"workflow_job {event.action} needs nothing"))
+
+
+def _foreign(event: WorkflowJobEvent) -> Verdict | None:
+    """A job running on one of our runners that is not of the run its `pool=` label names: another
+    repository's job that copied our label (run ids are not secret), which GitHub could hand an
+    organisation-scoped runner (issue 14, item 1). Its runner's instance is quarantined."""
+    job = event.workflow_job
+    if event.action not in ("in_progress", "completed") or job.runner_id is None:
+        return None
+    instance_id = instance_of_runner(job.runner_name)
+    if instance_id is None:
+        return None
+    try:
+        run_key = RunKey.of_job(job.labels, job.run_attempt)
+        run_id = RunnerLabel.parse(run_key.label).run_id
+    except LabelError:
+        return None
+    if run_id == str(job.run_id):
+        return None
+    request = ReleaseRequest(
+        run_key=str(run_key),
+        instance_id=instance_id,
+        runner_id=job.runner_id,
+        cause=f"foreign-job-{job.id}",
+        repository=event.repository.full_name,
+        quarantine=True,
+    )
+    summary = f"job {job.id} of run {job.run_id} ran on {instance_id}, a runner for run {run_id}: quarantined"
+    return Accepted(InstanceRelease(request=request), _short(summary))
 
 
 def _completed(event: WorkflowJobEvent) -> Verdict:
@@ -263,7 +309,11 @@ def _completed(event: WorkflowJobEvent) -> Verdict:
             return Ignored(_short(f"job {job.id} names runner {job.runner_name!r} but no runner id"))
         # The runner's id names the hand-off: a late or repeated completion never releases a later one.
         request = ReleaseRequest(
-            run_key=str(run_key), instance_id=instance_id, runner_id=job.runner_id, cause=f"job-{job.id}"
+            run_key=str(run_key),
+            instance_id=instance_id,
+            runner_id=job.runner_id,
+            cause=f"job-{job.id}",
+            repository=event.repository.full_name,
         )
         return Accepted(InstanceRelease(request=request), f"release of {instance_id} queued")
     if not job.runner_name:
@@ -288,15 +338,29 @@ def _queued(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
         run_id=job.run_id,
         run_attempt=job.run_attempt,
         job_id=job.id,
+        public=event.repository.public,
     )
     return Accepted(demand, f"1 runner asked for job {job.id}")
 
 
 def _run_verdict(event: WorkflowRunEvent) -> Verdict:
+    run = event.workflow_run
+    head = run.head_repository
+    if event.action == "requested" and head is not None and _other(head, event.repository):
+        fork = RunFromFork(
+            repository=event.repository.full_name,
+            head_repository=head.full_name,
+            run_id=run.id,
+            run_attempt=run.run_attempt,
+        )
+        return Accepted(fork, _short(f"run {run.id} comes from fork {head.full_name}: its jobs never reuse"))
     if event.action != "completed":
         return Ignored(_short(f"workflow_run {event.action} needs nothing"))
-    run = event.workflow_run
     completed = RunCompleted(
         repository=event.repository.full_name, run_id=run.id, run_attempt=run.run_attempt
     )
     return Accepted(completed, f"release of run {run.id} attempt {run.run_attempt} queued")
+
+
+def _other(head: Repository, repository: Repository) -> bool:
+    return head.full_name.lower() != repository.full_name.lower()

@@ -20,6 +20,8 @@ SETTLED_METRICS = {
     ReleaseStatus.POOLED: "ReleasesPooled",
     ReleaseStatus.EXPIRED: "ReleasesExpired",
     ReleaseStatus.SALVAGED: "ReleasesSalvaged",
+    ReleaseStatus.RETIRED: "ReleasesRetired",
+    ReleaseStatus.QUARANTINED: "RunnersQuarantined",
 }
 
 
@@ -44,6 +46,7 @@ def give_back(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         lambda: plane.github,
         plane.config.timeouts,
         plane.clock.now(),
+        reuse=plane.config.reuse,
     )
     return _reported(progress)
 
@@ -69,7 +72,14 @@ def salvage(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 
 
 def _reported(progress: ReleaseProgress) -> dict[str, Any]:
-    if progress.status is not ReleaseStatus.AWAITING_RECEIPT:
+    if progress.status is ReleaseStatus.QUARANTINED:
+        logger.error(
+            "instance quarantined",
+            instance_id=progress.instance_id,
+            run_key=progress.run_key,
+            reason=progress.reason,
+        )
+    elif progress.status is not ReleaseStatus.AWAITING_RECEIPT:
         logger.info(
             "release settled",
             instance_id=progress.instance_id,

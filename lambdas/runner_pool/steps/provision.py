@@ -57,8 +57,11 @@ class Provision:
     def begin(self, request: ProvisionRequest, execution: str) -> ProvisionPlan:
         """Resolve the label (a LabelError fails the execution before anything is held), and note the run's
         demand for refresh's reconciliation."""
-        spec = request.key.resolve(self._plane.config)
+        config = self._plane.config
+        spec = request.key.resolve(config)
         planned = plan(request, spec, execution, self._timeouts, self._clock.now())
+        if request.public and not config.reuse.public_repositories:
+            planned = planned.model_copy(update={"single_use": True})
         if spec.run_id.isdigit():
             try:
                 self._plane.recent_demand.note(
@@ -67,6 +70,7 @@ class Provision:
                     request.key.attempt,
                     spec.run_key,
                     busy_seconds(self._timeouts),
+                    single_use=request.public,
                 )
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")
@@ -86,6 +90,11 @@ class Provision:
             return self._deferred(worker.model_copy(update={"attempt": deferred.attempt}), deferred.cause)
         if resumed is not None:
             return resumed
+        if worker.plan.fresh:
+            # A fresh or single-use job never takes a pooled instance: its slot goes to creation.
+            return worker.model_copy(
+                update={"claimed": False, "instance_id": None, "claim_token": None, "readiness": None}
+            )
         grant = self._plane.registration_budget.take(1)
         if grant.refused:
             return self._deferred(worker, None, grant.wait_seconds)
@@ -99,7 +108,7 @@ class Provision:
         attempt = worker.attempt
         empty_looks = 0
         for _ in range(PICKUPS_PER_CLAIM):
-            found = self._plane.pickup.pickup(spec)
+            found = self._plane.pickup.pickup(spec, worker.plan.request.repository)
             if found.counts.lost:
                 logger.warning("pool messages lost in pickup", lost=[m.instance_id for m in found.lost])
             if found.candidate is None:
@@ -110,7 +119,14 @@ class Provision:
                 break
             token = worker.plan.claim_token(worker.slot, attempt)
             attempt += 1
-            claimed = self._table.claim(found.candidate.instance_id, spec.run_key, token)
+            claimed = self._table.claim(
+                found.candidate.instance_id,
+                spec.run_key,
+                token,
+                repository=worker.plan.request.repository,
+                reuse=self._plane.config.reuse,
+                single_use=worker.plan.single_use,
+            )
             if not claimed.succeeded:
                 count("ClaimRacesLost")
                 continue
@@ -253,7 +269,12 @@ class Provision:
         outcome = self._plane.fleet.launch_with_fallback(request, self._plane.config.fleet)
         for facts in outcome.launched:
             # Recorded before anything else can fail: no instance is ever left without a record.
-            self._table.create(facts, spec.run_key)
+            self._table.create(
+                facts,
+                spec.run_key,
+                repository=provision.request.repository,
+                single_use=provision.single_use,
+            )
         errors = {code: len(failures) for code, failures in outcome.failures_by_code().items()}
         for code, refused in errors.items():
             count(f"FleetErrors.{code}", refused)
@@ -588,7 +609,10 @@ class Provision:
         github = self._plane.config.github
         # Every label the job asked for: GitHub gives a job only to a runner carrying all of them.
         labels = list(RunKey.parse(run_key).runner_labels)
-        runner = self._plane.github.jit_config(name, labels, runner_group_id=github.runner_group_id)
+        # At the job's repository, so no other repository's job can be given the runner (issue 14).
+        runner = self._plane.github.jit_config(
+            name, labels, runner_group_id=github.runner_group_id, repository=record.repository
+        )
         if not self._table.record_runner(instance_id, run_key, runner.runner_id).succeeded:
             return False
         self._plane.credentials.store(

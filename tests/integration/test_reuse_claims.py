@@ -1,0 +1,155 @@
+"""The state table's reuse conditions (issue 14, item 2): which repository an instance serves, how often
+and how long; and the quarantine of a hand-off whose runner ran a foreign job (item 1).
+
+Pickup chooses from a read that may be a moment old, so each rule is also a condition of the claim's
+own write: these tests write the claim against a record that no longer fits it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runner_pool.adapters.state_table import StateTable, TransitionResult
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.config import ReuseSettings, StackConfig
+from runner_pool.domain.lifecycle import InstanceState, Outcome
+from runner_pool.domain.records import InstanceRecord
+from tests.support import builders
+
+RUN = builders.run_key(1, "/class=large")
+NEXT_RUN = builders.run_key(2, "/class=large")
+APP = "octo/app"
+OTHER = "octo/other"
+STRANGER = "someone/app"
+ONE_ID = builders.facts(1).instance_id
+
+
+def served(table: StateTable, repository: str | None, *, jobs: int = 1) -> InstanceRecord:
+    """One instance, idle after serving `jobs` jobs of `repository` (None: launched for the pool)."""
+    if repository is None:
+        assert table.create(builders.facts(1), None).succeeded
+        return _ok(table.admit(ONE_ID))
+    assert table.create(builders.facts(1), RUN, repository=repository).succeeded
+    assert table.activate(ONE_ID, RUN, 60).succeeded
+    record = _ok(table.release(ONE_ID, RUN))
+    for job in range(1, jobs):
+        token = f"again-{job}"
+        assert table.claim(ONE_ID, RUN, token, repository=repository).succeeded
+        assert table.activate(ONE_ID, RUN, 60, claim_token=token).succeeded
+        record = _ok(table.release(ONE_ID, RUN))
+    return record
+
+
+def _ok(result: TransitionResult) -> InstanceRecord:
+    assert result.outcome is Outcome.APPLIED, result
+    assert result.record is not None
+    return result.record
+
+
+def reuse(**settings: object) -> ReuseSettings:
+    return StackConfig.model_validate({"reuse": settings}).reuse
+
+
+def test_an_instance_created_for_a_run_names_its_repository_and_its_first_job(
+    state_table: StateTable,
+) -> None:
+    # Given an instance launched for a public repository's run
+    result = state_table.create(builders.facts(1), RUN, repository=APP, single_use=True)
+    # Then its record names the repository, counts one job and is single use
+    assert result.record is not None
+    assert (result.record.repository, result.record.jobs_served, result.record.single_use) == (APP, 1, True)
+    assert state_table.get(ONE_ID) == result.record
+
+
+def test_a_claim_names_the_repository_and_counts_the_job(state_table: StateTable) -> None:
+    # Given an instance that served one job of APP
+    served(state_table, APP)
+    # When a job of APP claims it
+    result = state_table.claim(ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse())
+    # Then it is held for that run, names APP, and has served two jobs
+    assert result.outcome is Outcome.APPLIED
+    assert result.record is not None
+    assert (result.record.repository, result.record.jobs_served) == (APP, 2)
+
+
+@pytest.mark.parametrize(
+    ("scope", "served_by", "asker", "outcome"),
+    [
+        ("repository", None, OTHER, Outcome.APPLIED),
+        ("repository", APP, APP, Outcome.APPLIED),
+        ("repository", APP, OTHER, Outcome.LOST),
+        ("owner", APP, OTHER, Outcome.APPLIED),
+        ("owner", APP, STRANGER, Outcome.LOST),
+        ("any", APP, STRANGER, Outcome.APPLIED),
+    ],
+)
+def test_a_claim_outside_the_reuse_scope_loses_whatever_pickup_saw(
+    state_table: StateTable, scope: str, served_by: str | None, asker: str, outcome: Outcome
+) -> None:
+    # Given an idle instance that served `served_by` (pickup may have read it before that)
+    before = served(state_table, served_by)
+    # When a job of `asker` claims it under reuse.scope `scope`
+    result = state_table.claim(ONE_ID, NEXT_RUN, "t", repository=asker, reuse=reuse(scope=scope))
+    # Then the write itself decides: in scope it applies, out of scope it loses and changes nothing
+    assert result.outcome is outcome
+    if outcome is Outcome.LOST:
+        assert state_table.get(ONE_ID) == before
+
+
+def test_a_claim_of_an_instance_that_served_its_maximum_of_jobs_loses(state_table: StateTable) -> None:
+    # Given an instance that has served reuse.max_jobs (2) jobs of APP
+    before = served(state_table, APP, jobs=2)
+    # When a third job of APP claims it / Then the claim loses
+    result = state_table.claim(ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse(max_jobs=2))
+    assert result.outcome is Outcome.LOST
+    assert state_table.get(ONE_ID) == before
+
+
+def test_a_claim_of_an_instance_past_its_maximum_age_loses(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given an idle instance launched reuse.max_age_minutes (1) ago, its idle time still running
+    served(state_table, APP)
+    clock.advance(60)
+    # When a job of APP claims it / Then the claim loses
+    result = state_table.claim(ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse(max_age_minutes=1))
+    assert result.outcome is Outcome.LOST
+
+
+def running_with_runner(table: StateTable, runner_id: int) -> InstanceRecord:
+    assert table.create(builders.facts(1), RUN, repository=APP).succeeded
+    assert table.record_runner(ONE_ID, RUN, runner_id).succeeded
+    return _ok(table.activate(ONE_ID, RUN, 60))
+
+
+@pytest.mark.parametrize("released_first", [False, True], ids=["running", "released-first"])
+def test_quarantine_expires_the_hand_off_whose_runner_ran_a_foreign_job(
+    state_table: StateTable, clock: ManualClock, released_first: bool
+) -> None:
+    # Given an instance handed runner 7, still running or already released by its own run
+    running_with_runner(state_table, 7)
+    if released_first:
+        assert state_table.release(ONE_ID, RUN).succeeded
+    # When runner 7's hand-off is quarantined
+    result = state_table.quarantine(ONE_ID, 7)
+    # Then the record is expired (for refresh to terminate), in whatever state it was
+    assert result.outcome is Outcome.APPLIED
+    assert result.record is not None
+    assert result.record.threshold_passed(clock.now())
+    # And a retry is recognised as its own
+    clock.advance(1)
+    assert state_table.quarantine(ONE_ID, 7).outcome is Outcome.REPLAYED
+
+
+def test_quarantine_of_an_earlier_hand_off_leaves_a_later_one_alone(state_table: StateTable) -> None:
+    # Given an instance released after runner 7's job and claimed again, its new runner 8 noted
+    running_with_runner(state_table, 7)
+    assert state_table.release(ONE_ID, RUN).succeeded
+    assert state_table.claim(ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse()).succeeded
+    assert state_table.record_runner(ONE_ID, NEXT_RUN, 8).succeeded
+    before = state_table.get(ONE_ID)
+    # When a late quarantine of runner 7 arrives / Then it loses and the new hand-off is untouched
+    assert state_table.quarantine(ONE_ID, 7).outcome is Outcome.LOST
+    assert state_table.get(ONE_ID) == before
+    assert before is not None
+    assert before.state is InstanceState.CLAIMED

@@ -1,0 +1,140 @@
+"""Release under the reuse rules (issue 14): an instance that must not serve again is retired instead of
+pooled, and one whose runner ran a foreign job is quarantined, on moto's table and a fake GitHub."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from runner_pool.domain import release
+from runner_pool.domain.config import ReuseSettings
+from runner_pool.domain.fleet import LaunchRequest
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import InstanceRecord, Signal
+from runner_pool.domain.release import ReleaseItem, ReleaseProgress, ReleaseStatus
+from tests.support.control_plane import LocalControlPlane, local_control_plane
+from tests.support.github_app import OWNER, REPO
+
+RUN = "pool=101"
+FOREIGN_RUN = "pool=101 gpu"
+REPOSITORY = f"{OWNER}/{REPO}"
+
+
+@pytest.fixture
+def local() -> Iterator[LocalControlPlane]:
+    with local_control_plane() as plane:
+        yield plane
+        accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def running(local: LocalControlPlane, *, single_use: bool = False) -> InstanceRecord:
+    """An instance created for a job of REPOSITORY, its runner registered there, running the job."""
+    request = LaunchRequest.for_run(local.config.spec_for(RUN), 1, "reuse-test")
+    (facts,) = local.plane.fleet.launch(request).launched
+    assert local.table.create(facts, RUN, repository=REPOSITORY, single_use=single_use).succeeded
+    local.register_runner(facts.instance_id, RUN)
+    local.table.write_signal(facts.instance_id, Signal.UD_REG_OK, RUN)
+    activated = local.table.activate(facts.instance_id, RUN, 60)
+    assert activated.record is not None
+    return activated.record
+
+
+def give_back(
+    local: LocalControlPlane, record: InstanceRecord, reuse: ReuseSettings | None = None, **item: object
+) -> ReleaseProgress:
+    fields: dict[str, object] = {
+        "instance_id": record.instance_id,
+        "run_key": RUN,
+        "poll_seconds": 5,
+        "runner_id": record.runner_id,
+        "repository": REPOSITORY,
+    }
+    return release.give_back(
+        ReleaseItem.model_validate(fields | item),
+        local.table,
+        lambda: local.plane.github,
+        local.config.timeouts,
+        local.clock.now(),
+        reuse=reuse or local.config.reuse,
+    )
+
+
+def never_pooled(local: LocalControlPlane, record: InstanceRecord) -> None:
+    current = local.record(record.instance_id)
+    assert current.threshold_passed(local.clock.now())
+    assert not [m for m in local.drain_pool() if m.instance_id == record.instance_id]
+
+
+def test_a_single_use_instance_is_retired_after_its_job(local: LocalControlPlane) -> None:
+    # Given an instance running a public repository's job (single use)
+    record = running(local, single_use=True)
+    # When its job's completion is given back
+    progress = give_back(local, record)
+    # Then it is retired: expired for refresh to terminate, never pooled
+    assert progress.status is ReleaseStatus.RETIRED
+    assert "single use" in (progress.reason or "")
+    never_pooled(local, record)
+
+
+def test_an_instance_that_served_its_maximum_of_jobs_is_retired(local: LocalControlPlane) -> None:
+    # Given an instance running its first job, and reuse.max_jobs 1
+    record = running(local)
+    limits = ReuseSettings(max_jobs=1)
+    # When the job is given back / Then the instance is retired, naming the limit
+    progress = give_back(local, record, limits)
+    assert progress.status is ReleaseStatus.RETIRED
+    assert "reuse.max_jobs" in (progress.reason or "")
+    never_pooled(local, record)
+
+
+def test_an_instance_past_its_maximum_age_is_retired(local: LocalControlPlane) -> None:
+    # Given an instance launched reuse.max_age_minutes (1) ago, still running its job
+    record = running(local)
+    local.clock.advance(60)
+    # When the job is given back / Then the instance is retired
+    progress = give_back(local, record, ReuseSettings(max_age_minutes=1))
+    assert progress.status is ReleaseStatus.RETIRED
+    never_pooled(local, record)
+
+
+def test_an_instance_within_every_limit_awaits_its_receipt_to_be_pooled(local: LocalControlPlane) -> None:
+    # Given a private repository's instance after its first job / When given back
+    progress = give_back(local, running(local))
+    # Then it waits for the agent's scrub, as ever
+    assert progress.status is ReleaseStatus.AWAITING_RECEIPT
+
+
+@pytest.mark.parametrize("own_release_first", [False, True], ids=["running", "released-first"])
+def test_a_foreign_job_on_our_runner_quarantines_the_instance(
+    local: LocalControlPlane, own_release_first: bool
+) -> None:
+    # Given an instance running for RUN under its runner (or already given back by RUN's own release,
+    # its pool message on the way)
+    record = running(local)
+    if own_release_first:
+        assert give_back(local, record).status is ReleaseStatus.AWAITING_RECEIPT
+    # When GitHub reports that runner running a job of another run
+    progress = give_back(local, record, run_key=FOREIGN_RUN, quarantine=True)
+    # Then the instance is quarantined: expired, never pooled, the reason naming both runs
+    assert progress.status is ReleaseStatus.QUARANTINED
+    assert RUN in (progress.reason or "")
+    assert FOREIGN_RUN in (progress.reason or "")
+    never_pooled(local, record)
+    # And the run's own release, later, moves on without pooling it
+    assert give_back(local, record).status is ReleaseStatus.MOVED_ON
+    never_pooled(local, record)
+
+
+def test_a_completed_job_of_another_repository_on_our_runner_quarantines_the_instance(
+    local: LocalControlPlane,
+) -> None:
+    # Given an instance handed to a job of REPOSITORY
+    record = running(local)
+    # When GitHub reports its runner completed a job of another repository under the same run key
+    progress = give_back(local, record, repository=f"{OWNER}/elsewhere")
+    # Then it is quarantined, never released to the pool
+    assert progress.status is ReleaseStatus.QUARANTINED
+    assert local.record(record.instance_id).state is InstanceState.RUNNING
+    never_pooled(local, record)
