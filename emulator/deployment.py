@@ -39,7 +39,7 @@ from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.demand import BATCHING_WINDOW_SECONDS
-from runner_pool.domain.runner_scope import RepositoryScope
+from runner_pool.domain.runner_scope import runner_scope
 from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.handlers import webhook
 from runner_pool.wiring import ControlPlane
@@ -55,7 +55,7 @@ class GitHubAppSetup:
     installation_id: int
     private_key_pem: str
     repository: str
-    """`owner/repo`: where the runners are registered."""
+    """The App's scope: `owner/repo` for a repository installation, `org` for an organisation's."""
 
 
 @dataclass(frozen=True)
@@ -154,12 +154,11 @@ def deploy(
     if unset:
         raise LookupError(f"the local stack gives no value for what the template gives: {unset}")
     meter = LambdaMeter()
-    owner, repo = app.repository.split("/", 1)
     github_app = GitHubApp(
         app.app_id,
         app.private_key_pem,
         app.installation_id,
-        RepositoryScope(owner=owner, repo=repo),
+        runner_scope(app.repository),
         base_url=github.url,
     )
 

@@ -104,7 +104,7 @@ def world(
     """`runtime` runs the stack's functions (emulator/stack.py; in this process by default)."""
     config = config or compressed_config()
     private_pem, public_pem = _app_key()
-    app = GitHubAppSetup(APP_ID, INSTALLATION_ID, private_pem, REPOSITORY)
+    app = GitHubAppSetup(APP_ID, INSTALLATION_ID, private_pem, str(config.github.scope or REPOSITORY))
     with (
         _lambdas_quiet(),
         local_aws(state_machines=True) as aws,

@@ -1,0 +1,153 @@
+"""Who may follow whom on an instance (issue 14), end to end on an organisation installation: runners
+registered at their job's repository, reuse within the job's repository only, public repositories never
+reusing, and a foreign job on one of our runners quarantining its instance.
+
+Each scenario ends with the accounting check: every instance of the stack has a live record, and
+every live record an instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from emulator.fake_github import Conclusion, FakeWorkflowRun, JobSpec
+from emulator.timeline import Happening
+from emulator.world import (
+    APP_ID,
+    COMPRESSED_TIMEOUTS,
+    INSTALLATION_ID,
+    OWNER,
+    World,
+    compressed_config,
+    world,
+)
+from runner_pool.domain.executions import instance_of_runner
+from runner_pool.domain.lifecycle import InstanceState
+from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, eventually, job_of, settled
+
+pytestmark = pytest.mark.slow
+
+APP = f"{OWNER}/app"
+LIB = f"{OWNER}/lib"
+SITE = f"{OWNER}/site"
+REPOSITORY_JIT = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
+ORGANISATION_JIT = "POST /orgs/{org}/actions/runners/generate-jitconfig"
+
+
+def organisation_world(tmp_path: Path, **reuse: object) -> Iterator[World]:
+    github = {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": OWNER}
+    config = compressed_config(
+        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8}, github=github, reuse=reuse
+    )
+    with world(
+        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def org(tmp_path: Path) -> Iterator[World]:
+    """The whole system with the App installed on the organisation, reuse at its defaults."""
+    yield from organisation_world(tmp_path)
+
+
+@pytest.fixture
+def org_any_scope(tmp_path: Path) -> Iterator[World]:
+    """As `org`, with reuse.scope `any`: only the public-repository rule keeps instances apart."""
+    yield from organisation_world(tmp_path, scope="any")
+
+
+def run_in(system: World, repository: str, workflow: str, seconds: float = 0.5) -> FakeWorkflowRun:
+    jobs = [JobSpec(workflow, LABEL, seconds=seconds)]
+    return completed(system, system.github.actions.start_run(repository, workflow, jobs))
+
+
+def instance_of(system: World, run: FakeWorkflowRun) -> str:
+    instance_id = instance_of_runner(job_of(system, run).runner_name)
+    assert instance_id is not None
+    return instance_id
+
+
+def launched(system: World) -> list[str]:
+    return [e.instance_id or "" for e in system.timeline.events() if e.happening is Happening.LAUNCHED]
+
+
+def test_two_repositories_jobs_never_share_an_instance_under_the_default_scope(org: World) -> None:
+    # Given a job of repository app that ran, its instance back in the pool
+    first = run_in(org, APP, "build")
+    settled(org)
+
+    # When a job of repository lib of the same organisation comes, then another of app
+    other = run_in(org, LIB, "build")
+    again = run_in(org, APP, "test")
+
+    # Then lib's job ran on an instance of its own, and app's second job reused app's instance
+    assert instance_of(org, other) != instance_of(org, first)
+    assert instance_of(org, again) == instance_of(org, first)
+    assert len(launched(org)) == 2
+    # And every runner was registered at its job's repository, none at the organisation
+    calls = org.github.state.calls
+    assert calls[REPOSITORY_JIT] == 3
+    assert calls[ORGANISATION_JIT] == 0
+    settled(org)
+    assert {r.repository for r in org.records.live()} == {APP, LIB}
+    assert org.accounting().holds, org.accounting().problems
+
+
+def test_a_public_repositorys_job_never_gets_a_reused_instance_and_its_own_is_not_pooled(
+    org_any_scope: World,
+) -> None:
+    system = org_any_scope
+    # Given a private repository's instance in the pool, which reuse.scope `any` would offer anyone
+    system.github.state.public_repositories.add(SITE)
+    private = instance_of(system, run_in(system, APP, "build"))
+    settled(system)
+
+    # When a public repository's job comes
+    public_run = run_in(system, SITE, "docs")
+
+    # Then it ran on a newly launched instance, not the pooled one
+    public = instance_of(system, public_run)
+    assert public != private
+    assert job_of(system, public_run).conclusion is Conclusion.SUCCESS
+    # And its instance was terminated after the job, never pooled, while the private one waits in the pool
+    eventually(
+        lambda: system.timeline.first(Happening.TERMINATED, instance_id=public), "the public instance's end"
+    )
+    settled(system)
+    assert [r.instance_id for r in system.records.live()] == [private]
+    assert system.accounting().holds, system.accounting().problems
+
+
+def test_a_foreign_job_on_our_runner_gets_the_instance_quarantined(org: World) -> None:
+    # Given run 1's job ran, its instance pooled; and a job of run 2 (same repository) that copied run 1's
+    # label (run ids are not secret), refused by our webhook and left queued on GitHub
+    run = run_in(org, APP, "build")
+    ours = instance_of(org, run)
+    settled(org)
+    copied = f"pool={run.run_id}/class=large"
+    foreign_run = org.github.actions.start_run(APP, "sneaky", [JobSpec("sneaky", copied, seconds=30)])
+
+    # When run 1 is re-run, its runner registered on the pooled instance, and GitHub hands that runner
+    # the older queued job: the foreign one
+    org.github.actions.rerun_all_jobs(run.run_id)
+    foreign_job = job_of(org, foreign_run)
+    eventually(lambda: foreign_job.runner_name is not None, "GitHub to hand the foreign job a runner")
+    assert instance_of_runner(foreign_job.runner_name) == ours
+
+    # Then the instance is quarantined: terminated, never pooled again
+    eventually(
+        lambda: org.timeline.first(Happening.TERMINATED, instance_id=ours), "the quarantined instance's end"
+    )
+    record = org.records.get(ours)
+    assert record is not None
+    assert record.state is InstanceState.TERMINATED
+    # And once both runs are over (the robbed re-run cancelled), nothing is left but what is pooled
+    for over in (run, foreign_run):
+        org.github.actions.cancel_run(over.run_id)
+    settled(org)
+    assert ours not in {r.instance_id for r in org.records.live()}
+    assert org.accounting().holds, org.accounting().problems
