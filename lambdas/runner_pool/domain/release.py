@@ -165,10 +165,12 @@ def give_back(
     if item.quarantine or _of_another_repository(record, item):
         return _quarantine(item, record, table, progress)
     released = _give_back(item, record, table, github, timeouts, now=now, progress=progress)
+    # What decides (single use, jobs served, launch time) is as the record read above had it: a
+    # release changes none of it.
     reason = (
-        None
-        if reuse is None or released.status is not ReleaseStatus.AWAITING_RECEIPT
-        else (_retire_reason(table, released, reuse, now))
+        reuse.retire_reason(record, now)
+        if reuse is not None and record is not None and released.status is ReleaseStatus.AWAITING_RECEIPT
+        else None
     )
     if reason is None:
         return released
@@ -176,15 +178,6 @@ def give_back(
     if retired.status is ReleaseStatus.EXPIRED:
         return retired.model_copy(update={"status": ReleaseStatus.RETIRED})
     return retired
-
-
-def _retire_reason(
-    table: StateTable, progress: ReleaseProgress, reuse: ReuseSettings, now: Epoch
-) -> str | None:
-    record = table.get(progress.instance_id)
-    if record is None or record.threshold != progress.idle_threshold:
-        return None
-    return reuse.retire_reason(record, now)
 
 
 def _of_another_repository(record: InstanceRecord | None, item: ReleaseItem) -> bool:
