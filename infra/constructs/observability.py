@@ -39,6 +39,8 @@ PRODUCT_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
             ("pooled", "ReleasesPooled"),
             ("expired (no receipt)", "ReleasesExpired"),
             ("salvaged", "ReleasesSalvaged"),
+            ("retired (reuse limits)", "ReleasesRetired"),
+            ("quarantined (foreign job)", "RunnersQuarantined"),
         ),
         "Refresh: what it cleaned up": (
             ("orphans terminated", "OrphansTerminated"),
@@ -107,6 +109,13 @@ class Observability(Construct):
                 ),
                 f"{name} executions failed, timed out or were aborted: check the execution's error",
             )
+        # GitHub gave one of our runners a job of another run or repository (issue 14): a person looks.
+        self._alarm(
+            "RunnersQuarantined",
+            _product_metric("RunnersQuarantined", "quarantined"),
+            "an instance was quarantined: GitHub gave its runner a job of another run or repository; "
+            "the release's log names both run keys",
+        )
         for name, function in (scheduled_functions or {}).items():
             # A scheduled run that fails once is retried by the next; three in a row need a person.
             self._alarm(

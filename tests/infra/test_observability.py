@@ -40,7 +40,13 @@ def test_every_metric_on_the_dashboard_is_one_a_handler_emits() -> None:
 def test_the_alarms_watch_dead_letters_failed_executions_and_refresh_errors(synthesis: Synthesis) -> None:
     # Given the synthesised alarms / Then there is one for each thing that needs a person
     names = {re.sub(r"[0-9A-F]{8}$", "", name) for name in alarms(synthesis)}
-    assert names == {"DemandDeadLetters", "ProvisionFailures", "ReleaseFailures", "RefreshErrors"}
+    assert names == {
+        "DemandDeadLetters",
+        "ProvisionFailures",
+        "ReleaseFailures",
+        "RefreshErrors",
+        "RunnersQuarantined",
+    }
 
 
 def test_without_a_topic_the_alarms_notify_nobody(synthesis: Synthesis) -> None:
