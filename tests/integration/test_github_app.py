@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from emulator.fake_github import FakeGitHub, decode_jit_config
+from emulator.fake_github import FakeGitHub, JobSpec, decode_jit_config
 from runner_pool.adapters.github_app import (
     TOKEN_REFRESH_MARGIN_SECONDS,
     GitHubApp,
@@ -233,6 +233,34 @@ def test_an_organisation_installation_registers_each_runner_at_its_jobs_reposito
     assert [r.runner_id for r in github.runners(f"{OWNER}/lib")] == [runner.runner_id]
     assert github.runners() == []
     assert github.delete_runner(runner.runner_id, f"{OWNER}/lib") is RunnerRemoval.DELETED
+
+
+def test_a_repository_runner_can_join_only_the_default_group(connect: Connect, fake: FakeGitHub) -> None:
+    # Given an organisation with runner group 7, and an App installed on it
+    fake.state.add_runner_group(OWNER, 7)
+    github = connect(ORGANIZATION)
+    # When a runner is asked for at one of its repositories in group 7 / Then GitHub refuses it: runner
+    # groups are the organisation's ("About runner groups"), a repository has the Default group only
+    with pytest.raises(GitHubRejectedError):
+        github.jit_config("i-0abc-6", [run_key(6)], runner_group_id=7, repository=f"{OWNER}/lib")
+    assert fake.state.runners == {}
+
+
+def test_a_repository_runner_is_offered_only_its_repositorys_jobs(connect: Connect, fake: FakeGitHub) -> None:
+    # Given a runner registered at repository lib, and a queued job of repository app that carries
+    # exactly its labels (it copied lib's run's pool= label)
+    github = connect(ORGANIZATION)
+    label = run_key(5)
+    runner = github.jit_config("i-0abc-5", [label], repository=f"{OWNER}/lib")
+    fake.actions.start_run(f"{OWNER}/{REPO}", "copycat", [JobSpec("copycat", label)])
+    # When the runner asks GitHub for work / Then it is offered nothing ("Adding self-hosted runners":
+    # a repository's runner is that repository's alone)
+    assert fake.actions.offer(fake.state.runners[runner.runner_id]) is None
+    # And a job of lib with those labels is offered to it
+    lib_run = fake.actions.start_run(f"{OWNER}/lib", "build", [JobSpec("build", label)])
+    offered = fake.actions.offer(fake.state.runners[runner.runner_id])
+    assert offered is not None
+    assert offered.run_id == lib_run.run_id
 
 
 @pytest.mark.parametrize(

@@ -138,3 +138,19 @@ def test_a_completed_job_of_another_repository_on_our_runner_quarantines_the_ins
     assert progress.status is ReleaseStatus.QUARANTINED
     assert local.record(record.instance_id).state is InstanceState.RUNNING
     never_pooled(local, record)
+
+
+def test_a_scrub_receipt_that_comes_after_the_quarantine_does_not_pool_the_instance(
+    local: LocalControlPlane,
+) -> None:
+    # Given an instance released by its own run and awaiting its agent's receipt, then quarantined
+    record = running(local)
+    awaiting = give_back(local, record)
+    assert awaiting.status is ReleaseStatus.AWAITING_RECEIPT
+    assert give_back(local, record, run_key=FOREIGN_RUN, quarantine=True).status is ReleaseStatus.QUARANTINED
+    # When the agent's scrub confirms, and the release looks
+    local.table.write_signal(record.instance_id, Signal.UD_REMOVE_REG_OK, RUN)
+    checked = release.check_receipt(awaiting, local.table, local.plane.pool_queues, local.clock.now())
+    # Then the release does not pool it: the quarantine's expiry stands
+    assert checked.status is not ReleaseStatus.POOLED
+    never_pooled(local, record)
