@@ -255,7 +255,7 @@ every_bad_request = st.one_of(
 
 @pytest.mark.slow
 @settings(
-    max_examples=1000,
+    max_examples=500,
     deadline=None,
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,
