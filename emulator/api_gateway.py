@@ -3,14 +3,17 @@
 Each HTTP request becomes the proxy event API Gateway (REST, v1 payload) hands the function, and
 the function's answer (statusCode, headers, body) becomes the HTTP response. As API Gateway does,
 a body over the payload limit is refused with 413 before the function runs, and a function that
-raises is answered with 502. Invocations run one at a time, as in one warm Lambda environment:
-our handlers keep per-invocation state in module globals (Powertools' resolver and logger), as a
-Lambda environment allows.
+raises is answered with 502. API Gateway invokes the function for each request as it comes, so
+requests run concurrently when the function runs in execution environments of its own
+(emulator/lambda_runtime.py: one invocation per environment); a handler called in this process
+(`one_at_a_time=True`) runs one invocation at a time, as in one warm environment, since our handlers
+keep per-invocation state in module globals (Powertools' resolver and logger), as Lambda allows.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import threading
 import time
@@ -33,12 +36,17 @@ STAGE = "prod"
 class ProxyEndpoint:
     """`with ProxyEndpoint(handler, "/webhook", "webhook") as api:` serves POST `api.url` on 127.0.0.1."""
 
-    def __init__(self, handler: Handler, resource: str, function_name: str) -> None:
+    def __init__(
+        self, handler: Handler, resource: str, function_name: str, *, one_at_a_time: bool = True
+    ) -> None:
         self.handler = handler
         self.resource = resource
         self.function_name = function_name
         self.invocations = 0
+        self._one_at_a_time = one_at_a_time
         self._invoking = threading.Lock()
+        self._state = threading.Condition()
+        self._in_flight = 0
         self._closed = False
         self._server = _Server(self)
         self._thread = threading.Thread(
@@ -59,8 +67,9 @@ class ProxyEndpoint:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
-        with self._invoking:
+        with self._state:
             self._closed = True  # requests already accepted get API Gateway's answer, not the function's
+            self._state.wait_for(lambda: self._in_flight == 0)
 
     def answer(self, method: str, target: str, headers: list[tuple[str, str]], body: bytes) -> dict[str, Any]:
         """The function's proxy answer to one request (or API Gateway's own, when it refuses or fails)."""
@@ -70,19 +79,25 @@ class ProxyEndpoint:
         if len(body) > PAYLOAD_LIMIT_BYTES:
             return _gateway_answer(413, "Request Too Long")
         event = proxy_event(method, target, headers, body, self.resource)
-        with self._invoking:
+        with self._state:
             if self._closed:
                 return _gateway_answer(503, "Service Unavailable")
             self.invocations += 1
-            context = LambdaContext(
-                function_name=self.function_name,
-                aws_request_id=str(uuid.uuid4()),
-                invoked_function_arn=function_arn(self.function_name),
-            )
-            try:
+            self._in_flight += 1
+        context = LambdaContext(
+            function_name=self.function_name,
+            aws_request_id=str(uuid.uuid4()),
+            invoked_function_arn=function_arn(self.function_name),
+        )
+        try:
+            with self._invoking if self._one_at_a_time else contextlib.nullcontext():
                 answer: dict[str, Any] = self.handler(event, context)
-            except Exception:  # API Gateway answers a failed integration so, whatever the failure
-                return _gateway_answer(502, "Internal server error")
+        except Exception:  # API Gateway answers a failed integration so, whatever the failure
+            return _gateway_answer(502, "Internal server error")
+        finally:
+            with self._state:
+                self._in_flight -= 1
+                self._state.notify_all()
         return answer
 
 

@@ -203,7 +203,10 @@ def deploy(
             invocations = running.enter_context(lambdas_in_process(routes))
             api = running.enter_context(
                 ProxyEndpoint(
-                    meter.wrap("webhook", stack.handler("webhook")), webhook.WEBHOOK_PATH, "webhook"
+                    meter.wrap("webhook", stack.handler("webhook")),
+                    webhook.WEBHOOK_PATH,
+                    "webhook",
+                    one_at_a_time=not isinstance(stack.runtime, LambdaRuntime),
                 )
             )
             github.webhooks.point_at(api.url, webhook_secret)

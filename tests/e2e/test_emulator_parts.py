@@ -123,6 +123,36 @@ def test_api_gateway_refuses_an_oversized_request_before_the_function_runs() -> 
     assert calls == []
 
 
+@pytest.mark.parametrize("one_at_a_time", [False, True])
+def test_api_gateway_invokes_per_request_unless_the_function_runs_in_this_process(
+    one_at_a_time: bool,
+) -> None:
+    # Given a function that holds each invocation until a second one has begun (or 2 s have passed):
+    # API Gateway invokes the function for each request as it arrives (Lambda Developer Guide,
+    # "Understanding Lambda function scaling": concurrent requests get concurrent environments)
+    began = threading.Barrier(2)
+    overlapped: list[bool] = []
+
+    def function(_event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        try:
+            began.wait(timeout=2)
+            overlapped.append(True)
+        except threading.BrokenBarrierError:
+            overlapped.append(False)
+        return {"statusCode": 200}
+
+    with ProxyEndpoint(function, "/webhook", "f", one_at_a_time=one_at_a_time) as api:
+        # When two requests arrive together
+        posts = [threading.Thread(target=post, args=(api.url, b"{}")) for _ in range(2)]
+        for thread in posts:
+            thread.start()
+        for thread in posts:
+            thread.join()
+
+    # Then they ran at once, unless the function runs in this process (one warm environment's globals)
+    assert overlapped == ([False, False] if one_at_a_time else [True, True])
+
+
 def test_the_queue_event_source_deletes_handled_messages_and_leaves_failed_ones() -> None:
     # Given a queue of three messages and a function that reports the second as failed
     with local_aws() as aws:
