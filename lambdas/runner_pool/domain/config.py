@@ -11,19 +11,28 @@ from collections.abc import Mapping
 from enum import StrEnum
 from itertools import pairwise
 from types import MappingProxyType
-from typing import Annotated, Any, Self
+from typing import TYPE_CHECKING, Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.labels import (
     CLASS_NAME,
-    MAX_RUNTIME_LIMIT_MINUTES,
+    LABEL_KEYS,
+    ConfigDefault,
     LabelError,
     RunnerLabel,
     RunnerSpec,
 )
-from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
+from runner_pool.domain.records import Arch, InstanceRecord
 from runner_pool.domain.runner_scope import RunnerScopeSetting
 
 SQS_MAX_DELAY_SECONDS = 900
@@ -109,14 +118,24 @@ class Timeouts(_Settings):
         return self
 
 
-class LabelDefaults(_Settings):
-    """What a label that leaves a key out gets."""
+if TYPE_CHECKING:
 
-    resource_class: str = "large"
-    usage: UsageClass = UsageClass.SPOT
-    types: tuple[str, ...] = ()
-    arch: Arch = Arch.X64
-    max_runtime_minutes: int = Field(360, gt=0, le=MAX_RUNTIME_LIMIT_MINUTES)
+    class LabelDefaults(_Settings):
+        def __getattr__(self, setting: str) -> Any: ...
+
+else:
+    LabelDefaults = create_model(
+        "LabelDefaults",
+        __base__=_Settings,
+        __doc__="What a label that leaves a key out gets: one setting per key of LABEL_KEYS with a "
+        "config default.",
+        __module__=__name__,
+        **{
+            key.attribute: key.default.setting()
+            for key in LABEL_KEYS
+            if isinstance(key.default, ConfigDefault)
+        },
+    )
 
 
 class PickupSettings(_Settings):
@@ -424,8 +443,13 @@ class StackConfig(_Settings):
         return self.warm_pool_minimum.get(resource_class, 0)
 
     def resolve(self, label: RunnerLabel) -> RunnerSpec:
-        """Fill the label's missing keys with the stack defaults; an unknown class is a LabelError."""
-        class_name = label.resource_class or self.defaults.resource_class
+        """Fill the label's missing keys with their defaults; an unknown class is a LabelError."""
+        resolved = {
+            key.attribute: key.default_value(self.defaults) if value is None else value
+            for key in LABEL_KEYS
+            for value in [getattr(label, key.attribute)]
+        }
+        class_name = resolved["resource_class"]
         resource_class = self.resource_classes.get(class_name)
         if resource_class is None:
             raise LabelError(
@@ -435,14 +459,9 @@ class StackConfig(_Settings):
         return RunnerSpec(
             run_key=label.format(),
             run_id=label.run_id,
-            resource_class=class_name,
             cpu=resource_class.cpu,
             memory_mib=resource_class.memory_mib,
-            usage=label.usage or self.defaults.usage,
-            types=label.types if label.types is not None else self.defaults.types,
-            arch=label.arch or self.defaults.arch,
-            max_runtime_minutes=label.max_runtime_minutes or self.defaults.max_runtime_minutes,
-            fresh=bool(label.fresh),
+            **resolved,
         )
 
     def spec_for(self, label_text: str) -> RunnerSpec:

@@ -16,7 +16,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from runner_pool.domain.config import FleetSettings, StackConfig
-from runner_pool.domain.labels import RunnerSpec
+from runner_pool.domain.labels import LABEL_KEYS, NotUsed, RunnerLabel, RunnerSpec
 from runner_pool.domain.records import Arch, InstanceFacts, UsageClass
 
 MEMORY_HEADROOM = 2
@@ -56,34 +56,18 @@ class LaunchRequest(_Value):
 
     @classmethod
     def for_run(cls, spec: RunnerSpec, count: int, idempotency_key: str) -> LaunchRequest:
-        return cls(
-            idempotency_key=idempotency_key,
-            count=count,
-            resource_class=spec.resource_class,
-            cpu=spec.cpu,
-            memory_mib=spec.memory_mib,
-            usage=spec.usage,
-            arch=spec.arch,
-            types=spec.types,
-            run_key=spec.run_key,
-        )
+        return cls(idempotency_key=idempotency_key, count=count, run_key=spec.run_key, **launched_as(spec))
 
     @classmethod
     def for_pool(
         cls, config: StackConfig, resource_class: str, count: int, idempotency_key: str
     ) -> LaunchRequest:
         """Warm-pool instances: the class's size with the stack's label defaults, held by no run."""
-        size = config.resource_classes[resource_class]
-        return cls(
-            idempotency_key=idempotency_key,
-            count=count,
-            resource_class=resource_class,
-            cpu=size.cpu,
-            memory_mib=size.memory_mib,
-            usage=config.defaults.usage,
-            arch=config.defaults.arch,
-            types=config.defaults.types,
-        )
+        if resource_class not in config.resource_classes:
+            raise KeyError(resource_class)
+        # What a label naming only the class resolves to; the run id is never used, only the keys.
+        spec = config.resolve(RunnerLabel(run_id="0", resource_class=resource_class))
+        return cls(idempotency_key=idempotency_key, count=count, **launched_as(spec))
 
     @property
     def client_token(self) -> str:
@@ -102,6 +86,16 @@ class LaunchRequest(_Value):
     def excludes_accelerators(self) -> bool:
         """GPU types at a class's size cost several times as much; only a job naming types gets one."""
         return not self.types
+
+
+def launched_as(spec: RunnerSpec) -> dict[str, object]:
+    """The spec's fields a launch carries: those each label key names in its `fleet` column."""
+    return {
+        name: getattr(spec, name)
+        for key in LABEL_KEYS
+        if not isinstance(key.fleet, NotUsed)
+        for name in key.fleet
+    }
 
 
 class LaunchFailure(_Value):

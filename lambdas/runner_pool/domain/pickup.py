@@ -91,14 +91,7 @@ def judge(
         return Verdict.DROP
     if reuse is not None and repository is not None and not reuse.in_scope(message.repository, repository):
         return Verdict.REQUEUE
-    fits = (
-        message.usage_class is spec.usage
-        and message.arch is spec.arch
-        and spec.allows_type(message.instance_type)
-        and message.cpu >= spec.cpu
-        and message.memory_mib >= spec.memory_mib
-    )
-    return Verdict.MATCH if fits else Verdict.REQUEUE
+    return Verdict.MATCH if spec.fits(message) else Verdict.REQUEUE
 
 
 def still_offered(message: PoolMessage, record: InstanceRecord | None, now: Epoch) -> bool:
