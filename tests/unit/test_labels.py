@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.labels import MAX_TYPE_GLOBS, OPTIONAL_KEYS, LabelError, RunnerLabel, is_pool_label
+from runner_pool.domain.labels import (
+    LABEL_KEYS,
+    MAX_TYPE_GLOBS,
+    OPTIONAL_KEYS,
+    LabelError,
+    RunnerLabel,
+    is_pool_label,
+)
 from runner_pool.domain.records import Arch, UsageClass
 
 type_globs = st.lists(
@@ -18,26 +25,25 @@ type_globs = st.lists(
 ).map(tuple)
 
 
+VALUES: dict[str, st.SearchStrategy[object]] = {
+    "class": st.from_regex(r"[a-z0-9][a-z0-9-]{0,10}", fullmatch=True),
+    "usage": st.sampled_from(UsageClass),
+    "types": type_globs,
+    "arch": st.sampled_from(Arch),
+    "max-runtime": st.integers(1, 7200),
+}
+"""Wider values than a key's examples, for the keys that have many; any other key draws its examples."""
+
+
 @st.composite
 def labels(draw: st.DrawFn) -> RunnerLabel:
-    values = {
-        "class": draw(st.from_regex(r"[a-z0-9][a-z0-9-]{0,10}", fullmatch=True)),
-        "usage": draw(st.sampled_from(UsageClass)),
-        "types": draw(type_globs),
-        "arch": draw(st.sampled_from(Arch)),
-        "max-runtime": draw(st.integers(1, 7200)),
-    }
     order = tuple(draw(st.permutations(OPTIONAL_KEYS))[: draw(st.integers(0, len(OPTIONAL_KEYS)))])
-    return RunnerLabel(
-        run_id=str(draw(st.integers(1, 10**19))),
-        resource_class=values["class"] if "class" in order else None,
-        usage=values["usage"] if "usage" in order else None,
-        types=values["types"] if "types" in order else None,
-        arch=values["arch"] if "arch" in order else None,
-        max_runtime_minutes=values["max-runtime"] if "max-runtime" in order else None,
-        fresh=True if "fresh" in order else None,
-        key_order=order,
-    )
+    values = {
+        key.attribute: draw(VALUES.get(key.name, st.sampled_from(key.examples).map(key.parse)))
+        for key in LABEL_KEYS
+        if key.name in order
+    }
+    return RunnerLabel(run_id=str(draw(st.integers(1, 10**19))), key_order=order, **values)
 
 
 def test_full_label_parses_into_its_parts() -> None:
