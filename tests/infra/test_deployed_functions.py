@@ -180,3 +180,48 @@ def test_the_import_check_fails_a_handler_whose_dependency_the_layer_lacks(
 
     # Then the check names the missing module
     assert "No module named 'moto'" in failure
+
+
+TIME_ZONES = """
+import sys, zoneinfo
+zoneinfo.reset_tzpath([])  # no system tz database, as Lambda's AL2023 images do not promise one
+from runner_pool.domain.config import load_config
+schedule = {"time_zone": "Europe/Berlin", "windows": [{"start": "09:00", "end": "18:00", "hot": 2}]}
+minimum = load_config({"warm_pool_minimum": {"large": schedule}}).warm_pool_minimum["large"]
+print(minimum.in_force(1_800_000_000.0), sys.modules["tzdata"].__file__)
+"""
+"""Validates a warm-minimum schedule in Berlin and asks for the minimum at Friday 09:00 there (08:00 UTC)."""
+
+
+def test_a_deployed_function_reads_time_zones_from_its_layer_without_the_systems_database(
+    deployed: tuple[Path, dict[str, Any]],
+) -> None:
+    # Given the refresh function's code asset and layers, and no system tz database (aws-lambda-dotnet#1620:
+    # provided.al2023 shipped none; Python's zoneinfo then needs the `tzdata` package)
+    outdir, resources = deployed
+    (function,) = (
+        f
+        for f in _functions(resources).values()
+        if f["Properties"]["Handler"] == "runner_pool.handlers.refresh.refresh"
+    )
+    properties = function["Properties"]
+    path = [
+        str(_asset(outdir, properties["Code"])),
+        *(
+            str(_asset(outdir, resources[layer["Ref"]]["Properties"]["Content"]) / "python")
+            for layer in properties["Layers"]
+        ),
+    ]
+    # When a schedule in Europe/Berlin is validated and asked for its minimum there
+    done = subprocess.run(  # noqa: S603 - this interpreter, our own program
+        [sys.executable, "-S", "-I", "-c", f"import sys; sys.path[:0] = {path!r}\n{TIME_ZONES}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    # Then the window's minimum is in force, from a tz database the layer carries
+    assert done.returncode == 0, done.stderr
+    in_force, tzdata = done.stdout.split()
+    assert in_force == "2"
+    assert tzdata.startswith(path[1]), tzdata

@@ -21,7 +21,7 @@ def test_defaults_are_the_designs() -> None:
     assert (t.created_threshold_seconds, t.claimed_threshold_seconds) == (600, 300)
     assert t.idle_seconds == 600
     assert config.defaults.max_runtime_minutes == 360
-    assert config.warm_minimum("large") == 0
+    assert config.warm_minimum("large", 0) == 0
     # Except the requeue delay: 0, not 1 s, so concurrent requests see each other's misfits at once
     assert (config.pickup.same_instance_tolerance, config.pickup.requeue_delay_seconds) == (5, 0)
     assert config.refresh_rate_minutes == 1
@@ -49,7 +49,7 @@ def test_settings_override_defaults() -> None:
     )
     assert config.spec_for("pool=1").resource_class == "small"
     assert config.spec_for("pool=1").usage is UsageClass.ON_DEMAND
-    assert config.warm_minimum("small") == 3
+    assert config.warm_minimum("small", 0) == 3
     assert config.timeouts.idle_seconds == 1800
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from enum import StrEnum
 from itertools import pairwise
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, Self
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     BaseModel,
@@ -340,6 +342,166 @@ class InstanceSettings(_Settings):
         )
 
 
+class Weekday(StrEnum):
+    """A day of the week as a schedule names it; in `datetime.weekday()` order, Monday first."""
+
+    MON = "mon"
+    TUE = "tue"
+    WED = "wed"
+    THU = "thu"
+    FRI = "fri"
+    SAT = "sat"
+    SUN = "sun"
+
+
+MINUTES_PER_DAY = 24 * 60
+MINUTES_PER_WEEK = 7 * MINUTES_PER_DAY
+_CLOCK_TIME = re.compile(r"(?P<hour>[01]\d|2[0-3]):(?P<minute>[0-5]\d)")
+
+
+def _minute_of_day(text: str, *, end: bool) -> int | None:
+    """`HH:MM` as minutes after midnight; an end may also be `24:00`. None if it is neither."""
+    if end and text == "24:00":
+        return MINUTES_PER_DAY
+    match = _CLOCK_TIME.fullmatch(text)
+    return None if match is None else int(match["hour"]) * 60 + int(match["minute"])
+
+
+class WarmWindow(_Settings):
+    """A weekly window of local time in which a class keeps its own warm minimum.
+
+    It opens at `start` on each of its `days` and closes at `end`; an `end` at or before `start`
+    closes on the next day (`22:00` to `06:00` on fri runs into Saturday morning). Local time is the
+    schedule's time zone's wall clock, so a window keeps its hours across a daylight-saving change.
+    A stopped minimum (issue 16, item 2) will sit beside `hot`.
+    """
+
+    days: tuple[Weekday, ...] = tuple(Weekday)
+    start: str
+    """Local time of day the window opens, `HH:MM`."""
+    end: str
+    """Local time of day it closes, `HH:MM` or `24:00`; the window does not include it."""
+    hot: int = Field(ge=0)
+    """Idle (running) instances to keep while the window is open."""
+
+    @model_validator(mode="after")
+    def _times_are_times(self) -> Self:
+        for setting in ("start", "end"):
+            if _minute_of_day(getattr(self, setting), end=setting == "end") is None:
+                raise _SettingError(
+                    setting,
+                    f"{getattr(self, setting)!r} is not a time of day",
+                    "write HH:MM on a 24-hour clock, 00:00 to 23:59 (an end may be 24:00)",
+                )
+        if self.start_minute == self.end_minute:
+            raise _SettingError(
+                "end",
+                f"equals start ({self.start}), so the window would be empty or never close",
+                "for a whole day write start 00:00 and end 24:00",
+            )
+        if not self.days or len(set(self.days)) != len(self.days):
+            raise _SettingError(
+                "days", "is empty or names a day twice", 'list each day once, e.g. ["mon", "tue"]'
+            )
+        return self
+
+    @property
+    def start_minute(self) -> int:
+        return _minute_of_day(self.start, end=False) or 0
+
+    @property
+    def end_minute(self) -> int:
+        return _minute_of_day(self.end, end=True) or 0
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The minutes of the week it is open, one `[from, to)` per day; `to` passes the week's end
+        for a Sunday window that closes on Monday."""
+        length = (self.end_minute - self.start_minute) % MINUTES_PER_DAY or MINUTES_PER_DAY
+        starts = [list(Weekday).index(day) * MINUTES_PER_DAY + self.start_minute for day in self.days]
+        return [(start, start + length) for start in sorted(starts)]
+
+    def is_open(self, minute_of_week: int) -> bool:
+        return any(
+            start <= minute < end
+            for start, end in self.spans()
+            for minute in (minute_of_week, minute_of_week + MINUTES_PER_WEEK)
+        )
+
+
+class WarmMinimum(_Settings):
+    """A class's warm minimum: `hot` idle instances, or another number in each window of a schedule.
+
+    A plain number in the config (`{"large": 2}`) is this with `hot` 2 and no windows.
+    """
+
+    hot: int = Field(0, ge=0)
+    """Idle instances to keep when no window is open (all the time, without windows)."""
+    time_zone: str = "UTC"
+    """The IANA time zone the windows' days and times are in, e.g. `Europe/Berlin`."""
+    windows: tuple[WarmWindow, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_number_is_a_constant_minimum(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 0:
+                raise _SettingError("", f"is {value}", "set 0 or more idle instances")
+            return {"hot": value}
+        if not isinstance(value, Mapping | WarmMinimum):
+            raise _SettingError(
+                "",
+                f"is {value!r}",
+                'write a number of idle instances, or a schedule such as {"time_zone": "Europe/Berlin", '
+                '"windows": [{"days": ["mon"], "start": "08:00", "end": "18:00", "hot": 2}]}',
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _schedule_is_coherent(self) -> Self:
+        try:
+            ZoneInfo(self.time_zone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise _SettingError(
+                "time_zone",
+                f"{self.time_zone!r} is not an IANA time zone",
+                "use a name from the tz database, e.g. Europe/Berlin, America/New_York or UTC",
+            ) from None
+        for later, window in enumerate(self.windows):
+            for earlier in range(later):
+                overlap = _first_overlap(self.windows[earlier], window)
+                if overlap is not None:
+                    day = list(Weekday)[overlap // MINUTES_PER_DAY % 7].value
+                    raise _SettingError(
+                        f"windows.{later}",
+                        f"{window.start}-{window.end} overlaps windows.{earlier} "
+                        f"({self.windows[earlier].start}-{self.windows[earlier].end}) on {day}, "
+                        "so the minimum in force there would be ambiguous",
+                        "let one window end where the next starts (an end equal to a start does not overlap)",
+                    )
+        return self
+
+    def in_force(self, now: Epoch) -> int:
+        """The hot minimum at `now`: the open window's, else `hot`."""
+        if not self.windows:
+            return self.hot
+        local = datetime.fromtimestamp(now, ZoneInfo(self.time_zone))
+        minute = local.weekday() * MINUTES_PER_DAY + local.hour * 60 + local.minute
+        for window in self.windows:
+            if window.is_open(minute):
+                return window.hot
+        return self.hot
+
+
+def _first_overlap(first: WarmWindow, second: WarmWindow) -> int | None:
+    """The first minute of the week both windows are open, or None; the week wraps (Sunday into Monday)."""
+    for a_start, a_end in first.spans():
+        for b_start, b_end in second.spans():
+            for shift in (-MINUTES_PER_WEEK, 0, MINUTES_PER_WEEK):
+                if max(a_start, b_start + shift) < min(a_end, b_end + shift):
+                    return max(a_start, b_start + shift)
+    return None
+
+
 class StackConfig(_Settings):
     """Everything about pool behaviour an operator may set; every field has the design's default."""
 
@@ -349,7 +511,7 @@ class StackConfig(_Settings):
     pickup: PickupSettings = PickupSettings()
     fleet: FleetSettings = FleetSettings()
     github: GitHubSettings = GitHubSettings()
-    warm_pool_minimum: dict[str, int] = Field(default_factory=dict)
+    warm_pool_minimum: dict[str, WarmMinimum] = Field(default_factory=dict)
     refresh_rate_minutes: int = Field(1, gt=0)
     network: NetworkSettings = NetworkSettings()
     workflow_type: WorkflowType = WorkflowType.STANDARD
@@ -390,14 +552,10 @@ class StackConfig(_Settings):
                 f"{self.defaults.resource_class!r} is not a defined class",
                 f"use one of: {known}",
             )
-        for name, minimum in self.warm_pool_minimum.items():
+        for name in self.warm_pool_minimum:
             if name not in self.resource_classes:
                 raise _SettingError(
                     f"warm_pool_minimum.{name}", "names no defined class", f"use one of: {known}"
-                )
-            if minimum < 0:
-                raise _SettingError(
-                    f"warm_pool_minimum.{name}", f"is {minimum}", "set 0 or more idle instances"
                 )
         return self
 
@@ -439,8 +597,10 @@ class StackConfig(_Settings):
             if not value
         ]
 
-    def warm_minimum(self, resource_class: str) -> int:
-        return self.warm_pool_minimum.get(resource_class, 0)
+    def warm_minimum(self, resource_class: str, now: Epoch) -> int:
+        """Idle instances of a class refresh keeps at `now`: its schedule's window then, if any."""
+        minimum = self.warm_pool_minimum.get(resource_class)
+        return 0 if minimum is None else minimum.in_force(now)
 
     def resolve(self, label: RunnerLabel) -> RunnerSpec:
         """Fill the label's missing keys with their defaults; an unknown class is a LabelError."""
@@ -509,7 +669,7 @@ def _describe(error: Any) -> str:
     kind = error["type"]
     cause = error.get("ctx", {}).get("error")
     if isinstance(cause, _SettingError):
-        setting = f"{location}.{cause.setting}" if location else cause.setting
+        setting = ".".join(part for part in (location, cause.setting) if part)
         return f"{setting}: {cause.problem}; fix: {cause.fix}"
     value = error.get("input")
     bound = {
