@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -214,6 +215,39 @@ def test_the_warm_minimum_is_restored_after_pooled_instances_expire(warm: LocalC
     assert (second["admitted"], second["launched"]) == (2, {})
 
 
+def test_a_schedule_window_tops_the_pool_up_and_its_end_leaves_the_surplus_to_idle_expiry() -> None:
+    # Given a stack keeping two `large` instances from 09:30 to 09:35 Berlin time, none otherwise, and a
+    # clock at Friday 2027-01-15 09:00 CET (08:00 UTC)
+    clock = ManualClock(datetime(2027, 1, 15, 8, tzinfo=UTC).timestamp())
+    window = {"start": "09:30", "end": "09:35", "hot": 2}
+    schedule = {"large": {"time_zone": "Europe/Berlin", "windows": [window]}}
+    with local_control_plane(stack_config(warm_pool_minimum=schedule), clock) as plane:
+        # When refresh runs before the window / Then it keeps nothing warm
+        before = plane.refresh()
+        assert (before["minimum"]["large"], before["launched"]) == (0, {})
+        # When the window opens / Then refresh launches the window's minimum for the pool
+        clock.advance(30 * 60)
+        opened = plane.refresh()
+        assert (opened["minimum"]["large"], opened["launched"]) == (2, {"large": 2})
+        # And once their agents are ready the next refresh pools them and launches nothing more
+        clock.advance(ONE_TICK)
+        boot(plane, booting_for_pool(plane))
+        pooled = plane.refresh()
+        assert (pooled["admitted"], pooled["launched"]) == (2, {})
+        # When the window has closed (09:36) / Then nothing is terminated early: they stay idle in the pool
+        clock.advance(5 * 60)
+        closed = plane.refresh()
+        assert (closed["minimum"]["large"], closed["launched"], closed["terminated"]) == (0, {}, {})
+        assert closed["idle"]["large"] == 2
+        # When their idle time has run out / Then refresh terminates them and launches none in their place
+        clock.advance(plane.config.timeouts.idle_seconds)
+        shrunk = plane.refresh()
+        assert (shrunk["terminated"], shrunk["launched"]) == ({"idle": 2}, {})
+        assert plane.table.live() == []
+        accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
 def test_instances_still_booting_count_toward_the_warm_minimum(warm: LocalControlPlane) -> None:
     # Given a refresh that launched the warm minimum, whose instances have not booted yet
     warm.refresh()
@@ -266,7 +300,7 @@ def test_an_instance_whose_boot_failed_is_expired_and_not_admitted(warm: LocalCo
     assert all(warm.record(r.instance_id).state is InstanceState.TERMINATED for r in booting)
 
 
-def test_pool_size_per_class_is_published_as_a_metric(
+def test_pool_size_and_minimum_per_class_are_published_as_metrics(
     warm: LocalControlPlane, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Given one pooled instance
@@ -274,11 +308,12 @@ def test_pool_size_per_class_is_published_as_a_metric(
     capsys.readouterr()
     # When refresh runs
     warm.refresh()
-    # Then its metrics carry the idle count of each class
+    # Then its metrics carry the idle count of each class, and the warm minimum in force for each
     blobs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
-    values = {key: value for blob in blobs for key, value in blob.items() if key.startswith("PoolIdle.")}
+    values = {key: value for blob in blobs for key, value in blob.items() if key.startswith("Pool")}
     assert values["PoolIdle.large"] == [1.0]
     assert values["PoolIdle.xlarge"] == [0.0]
+    assert (values["PoolMinimum.large"], values["PoolMinimum.xlarge"]) == ([2.0], [0.0])
 
 
 # --- GitHub ---------------------------------------------------------------------------------------

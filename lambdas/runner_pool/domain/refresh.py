@@ -11,7 +11,8 @@ Each run does nine jobs, one after the other, each on its own (one failing does 
    grace period (a creation records its instances right after CreateFleet returns);
 4. admit: instances launched for the pool whose agent has signalled `UD_OK` with a fresh
    heartbeat go created → idle and into their class's queue; `UD_FAILED` expires them;
-5. warm pool: each class short of its warm minimum (idle plus still booting) is topped up;
+5. warm pool: each class short of the warm minimum in force now (idle plus still booting) is topped
+   up; a minimum that drops (a schedule's window closes) terminates nothing;
 6. runners: our runners GitHub lists as offline are deleted, unless one may still start;
 7. redeliveries: webhook deliveries that failed in the last hour are asked for again;
 8. dead runners: a running instance whose agent reports its runner exited before it took a job
@@ -102,6 +103,8 @@ class RefreshReport:
     launched: Counter[str] = field(default_factory=Counter)
     idle: dict[str, int] = field(default_factory=dict)
     """Idle instances per class before the top-up: the pool's size."""
+    minimum: dict[str, int] = field(default_factory=dict)
+    """The warm minimum in force per class at this run (a schedule's window, or the plain number)."""
     runners_deleted: int = 0
     redelivered: int = 0
     runners_replaced: int = 0
@@ -274,10 +277,15 @@ class Refresh:
             elif _booting_for_pool(record, now):
                 booting[record.resource_class] += 1
         report.idle = {name: idle[name] for name in self._config.resource_classes}
+        # Only a shortfall launches: when a window closes and its minimum drops, the surplus is left to
+        # run out its idle time and be terminated as due, like any idle instance.
+        report.minimum = {
+            name: self._config.warm_minimum(name, now) for name in self._config.resource_classes
+        }
         shortfall = {
             name: minimum - idle[name] - booting[name]
-            for name in self._config.resource_classes
-            if (minimum := self._config.warm_minimum(name)) > idle[name] + booting[name]
+            for name, minimum in report.minimum.items()
+            if minimum > idle[name] + booting[name]
         }
         if not shortfall:
             return

@@ -77,6 +77,7 @@ def _measure(report: RefreshReport) -> None:
         "PoolUnready": report.unready,
         **{f"PoolLaunched.{name}": count for name, count in report.launched.items()},
         **{f"PoolIdle.{name}": count for name, count in report.idle.items()},
+        **{f"PoolMinimum.{name}": count for name, count in report.minimum.items()},
         "RunnersDeleted": report.runners_deleted,
         "WebhooksRedelivered": report.redelivered,
         "RunnersReplaced": report.runners_replaced,
