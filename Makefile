@@ -38,7 +38,7 @@ format: install
 	$(RUN) ruff check --fix .
 
 demo: install
-	$(RUN) python -m emulator
+	$(RUN) python -m demo
 
 bench: install
 	$(RUN) python -m bench

@@ -1,5 +1,5 @@
 """A 300-job burst against GitHub's secondary rate limit: how long until every job is served, and how
-many JIT registrations each job cost (refused ones included). The world is emulator/burst.py's."""
+many JIT registrations each job cost (refused ones included). The world is demo/burst.py's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from bench.results import BenchTable
-from emulator.burst import REGISTRATIONS_PER_MINUTE, rate_limited_world, serve_burst
+from demo.burst import REGISTRATIONS_PER_MINUTE, rate_limited_world, serve_burst
 
 JOBS = int(os.environ.get("RUNNER_POOL_BENCH_BURST_JOBS", "300"))
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.results import BenchTable
+from demo.figures import Kind, Spread, job_figures
+from demo.scenario import LABEL
 from emulator.fake_github import JobSpec
-from emulator.figures import Kind, Spread, job_figures
-from emulator.scenario import LABEL
 from emulator.timeline import Happening
 from emulator.world import World, world
 from runner_pool.domain.lifecycle import InstanceState

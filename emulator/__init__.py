@@ -1,1 +1,1 @@
-"""The local emulator: the whole system on one machine, over moto, for the demo, tests and benchmarks."""
+"""The local emulator: the whole system on one machine, over moto; the ground of tests, demo and bench."""

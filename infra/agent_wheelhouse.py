@@ -70,7 +70,7 @@ _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 """Every entry's timestamp: the same inputs give the same zip, so the same CDK asset."""
 _AGENT_SOURCES = ("pyproject.toml", "README.md", "agent", "lambdas/runner_pool")
 """What the project's wheel is built from on the instance's behalf: the agent and the shared code it
-imports. The project's other packages (infra, emulator) never run on an instance and stay out."""
+imports. The project's other packages (infra, emulator, demo) never run on an instance and stay out."""
 
 
 class WheelhouseBuildError(RuntimeError):

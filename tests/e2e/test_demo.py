@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from emulator import scenario
+from demo import scenario
+from demo.report import holds, print_report, summary_lines, totals
+from demo.timeline_chart import write_chart
 from emulator.fake_github import JobSpec
-from emulator.report import holds, print_report, summary_lines, totals
-from emulator.timeline_chart import write_chart
 from emulator.world import World
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import burst as bench_burst
-from emulator.burst import rate_limited_world, serve_burst
+from demo.burst import rate_limited_world, serve_burst
 from emulator.fake_github import Conclusion, JobSpec, JobStatus
 from emulator.simulated_instances import InstanceSettings
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
@@ -43,7 +43,7 @@ def test_a_burst_against_githubs_rate_limit_serves_every_job_and_fails_no_execut
     limited_system: World,
 ) -> None:
     # When BURST_JOBS jobs are queued at once, in 10 runs of a matrix, against GitHub's rate limit
-    # (scaled to the emulator: emulator/burst.py) and a registration budget set above it
+    # (scaled to the emulator: demo/burst.py) and a registration budget set above it
     burst = serve_burst(limited_system, BURST_JOBS, timeout=900)
     # Then every job ran to success on a runner of ours
     assert burst.jobs == BURST_JOBS

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from xml.etree import ElementTree
 
+from demo.timeline_chart import JOB_COLOURS, STATE_COLOURS, render
 from emulator.timeline import Happening, Timeline
-from emulator.timeline_chart import JOB_COLOURS, STATE_COLOURS, render
 
 SVG = "{http://www.w3.org/2000/svg}"
 T0 = 1_800_000_000.0

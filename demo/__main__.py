@@ -1,4 +1,4 @@
-"""The demo: `python -m emulator [--chart PATH]` plays `scenario.DEMO` on the emulated world and reports.
+"""`make demo`, `python -m demo [--chart PATH]`: plays `scenario.DEMO` on the emulated world and reports.
 
 Several workflows arrive over a minute, some with matrices: the first ones find the pool empty and
 cold-start instances, the later ones get the instances the first ones gave back. One instance
@@ -11,20 +11,21 @@ timeline chart.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from emulator import scenario
-from emulator.report import holds, print_report, summary_lines, totals
-from emulator.timeline_chart import write_chart
+from demo import scenario
+from demo.report import holds, print_report, summary_lines, totals
+from demo.timeline_chart import write_chart
 from emulator.world import world
 
 CHART = Path("demo-timeline.html")
 
 
 def run(argv: list[str]) -> bool:
-    parser = argparse.ArgumentParser(prog="python -m emulator", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     parser.add_argument("--chart", type=Path, default=CHART, help=f"where to write the chart ({CHART})")
     chart = parser.parse_args(argv).chart
     began = time.time()
@@ -43,3 +44,7 @@ def run(argv: list[str]) -> bool:
     print(f"timeline chart: {chart.resolve()}")
     print(f"demo {'passed' if verdict else 'FAILED'} in {time.time() - began:.0f} s")
     return verdict
+
+
+if __name__ == "__main__":
+    sys.exit(0 if run(sys.argv[1:]) else 1)

@@ -7,9 +7,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from demo.figures import JobFigures, Kind, Spread, job_figures
+from demo.scenario import Played
 from emulator.accounting import Accounting
-from emulator.figures import JobFigures, Kind, Spread, job_figures
-from emulator.scenario import Played
 from emulator.timeline import Happening
 from emulator.world import World
 
