@@ -27,12 +27,12 @@ from typing import Any
 from unittest import mock
 
 from moto.core.utils import unix_time
-from moto.sqs import models as sqs_models
 from moto.sqs.models import Message, SQSBackend
 
 from bench.results import BenchTable
 from emulator.aws import INSTANCE_ARNS, CallCounter, LocalAws, local_aws
 from emulator.instances import instance_facts, put_in_pool
+from emulator.moto_internals import patch_point
 from emulator.resources import create_pool_queues, create_state_table
 from runner_pool.adapters.pool_queues import PoolQueues
 from runner_pool.adapters.state_table import StateTable
@@ -46,6 +46,7 @@ NON_MATCHING = 1_000
 LABEL = "pool=1/usage=spot/types=c7*"
 TARGET_CALLS_RATIO = 5.0
 TARGET_TIME_RATIO = 3.0
+_SQS = "moto.sqs.models:SQSBackend"
 
 MISFITS: list[dict[str, Any]] = [
     {"usage_class": UsageClass.ON_DEMAND},
@@ -88,9 +89,9 @@ def _without_moto_per_message_overheads() -> Iterator[None]:
         return bool(retention_seconds + message.sent_timestamp / 1000 > clock_seconds())  # type: ignore[operator]
 
     with (
-        mock.patch.object(sqs_models, "unix_time", clock_seconds),
-        mock.patch.object(sqs_models, "unix_time_millis", clock_millis),
-        mock.patch.object(SQSBackend, "is_message_valid_based_on_retention_period", still_retained),
+        mock.patch.object(*patch_point("moto.sqs.models:unix_time"), clock_seconds),
+        mock.patch.object(*patch_point("moto.sqs.models:unix_time_millis"), clock_millis),
+        mock.patch.object(*patch_point(f"{_SQS}.is_message_valid_based_on_retention_period"), still_retained),
     ):
         yield
 

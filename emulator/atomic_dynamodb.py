@@ -15,19 +15,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from moto.dynamodb.models import DynamoDBBackend
+from emulator.moto_internals import patch_point
 
-_ITEM_OPERATIONS = (
-    "put_item",
-    "get_item",
-    "update_item",
-    "delete_item",
-    "query",
-    "scan",
-    "batch_get_item",
-    "batch_write_item",
-    "transact_get_items",
-    "transact_write_items",
+_ITEM_OPERATIONS = tuple(
+    f"moto.dynamodb.models:DynamoDBBackend.{name}"
+    for name in (
+        "put_item",
+        "get_item",
+        "update_item",
+        "delete_item",
+        "query",
+        "scan",
+        "batch_get_item",
+        "batch_write_item",
+        "transact_get_items",
+        "transact_write_items",
+    )
 )
 _lock = threading.RLock()
 
@@ -45,16 +48,15 @@ def _serialised(operation: Callable[..., Any]) -> Callable[..., Any]:
 @contextmanager
 def atomic_items() -> Iterator[None]:
     """While inside, every moto DynamoDB item operation runs alone, as it would in DynamoDB."""
-    originals = {
-        name: getattr(DynamoDBBackend, name) for name in _ITEM_OPERATIONS if hasattr(DynamoDBBackend, name)
-    }
-    already = any(getattr(op, "__wrapped_by_runner_pool__", False) for op in originals.values())
+    points = [patch_point(path) for path in _ITEM_OPERATIONS]
+    originals = [(owner, name, getattr(owner, name)) for owner, name in points]
+    already = any(getattr(op, "__wrapped_by_runner_pool__", False) for _, _, op in originals)
     if not already:
-        for name, operation in originals.items():
-            setattr(DynamoDBBackend, name, _serialised(operation))
+        for owner, name, operation in originals:
+            setattr(owner, name, _serialised(operation))
     try:
         yield
     finally:
         if not already:
-            for name, operation in originals.items():
-                setattr(DynamoDBBackend, name, operation)
+            for owner, name, operation in originals:
+                setattr(owner, name, operation)

@@ -267,7 +267,7 @@ def _encrypt(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
 
 
 MOTO_KEY_ID_BYTES = 36
-"""moto's ciphertext starts with the key's id (moto/kms/utils.py, `_serialize_ciphertext_blob`)."""
+"""moto's ciphertext starts with the key's id (`_serialize_ciphertext_blob`: emulator/moto_internals.py)."""
 
 
 @_row("kms:Decrypt")

@@ -24,11 +24,8 @@ from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
-from moto.awslambda_simple.models import LambdaSimpleBackend
-from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
-from moto.stepfunctions.parser.asl.component.state.wait.wait_function import wait_function
-
 from emulator import step_functions_quotas
+from emulator.moto_internals import patch_point
 
 step_functions_quotas.install()  # AWS's payload and history quotas, on whatever executes our ASL here
 
@@ -40,6 +37,10 @@ MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use
 
 _ACCOUNT = "123456789012"
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z][A-Za-z0-9]*)\}")
+_LAMBDA_INVOKE = "moto.awslambda_simple.models:LambdaSimpleBackend.invoke"
+_ASL = "moto.stepfunctions.parser.asl.component"
+_WAIT = f"{_ASL}.state.wait.wait_function.wait_function:WaitFunction._wait_interval"
+_RETRY_CLOCK = f"{_ASL}.common.retry.retrier_decl:time"
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def lambdas_in_process(handlers: Mapping[str, Handler]) -> Iterator[Invocations]
     invocations = Invocations()
 
     def invoke(
-        _backend: LambdaSimpleBackend,
+        _backend: Any,
         function_name: str,
         _qualifier: str | None,
         body: Any,
@@ -92,7 +93,7 @@ def lambdas_in_process(handlers: Mapping[str, Handler]) -> Iterator[Invocations]
             response_headers["x-amz-function-error"] = "Unhandled"
             return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc)}).encode()
 
-    with mock.patch.object(LambdaSimpleBackend, "invoke", invoke):
+    with mock.patch.object(*patch_point(_LAMBDA_INVOKE), invoke):
         yield invocations
 
 
@@ -110,8 +111,8 @@ def without_waiting(on_wait: Callable[[int], None] | None = None) -> Iterator[No
             on_wait(wait_seconds)
 
     with (
-        mock.patch.object(wait_function.WaitFunction, "_wait_interval", wait),
-        mock.patch.object(retrier_decl, "time", no_sleep),
+        mock.patch.object(*patch_point(_WAIT), wait),
+        mock.patch.object(*patch_point(_RETRY_CLOCK), no_sleep),
     ):
         yield
 

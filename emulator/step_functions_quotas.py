@@ -22,13 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service import (
-    StateTaskService,
-)
-from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import StateTaskLambda
-from moto.stepfunctions.parser.asl.component.state.state import CommonStateField
-from moto.stepfunctions.parser.asl.eval.event.event_manager import EventManager
 from moto.stepfunctions.parser.asl.utils.encoding import to_json_str
+
+from emulator.moto_internals import patch_point
 
 PAYLOAD_LIMIT_BYTES = 256 * 1024
 """A state's input or output, as UTF-8 JSON."""
@@ -81,36 +77,59 @@ _INSTALLED: list[bool] = []
 _INSTALL_LOCK = threading.Lock()
 
 
+_ASL = "moto.stepfunctions.parser.asl"
+_STATE = f"{_ASL}.component.state.state:CommonStateField"
+_TASK = f"{_ASL}.component.state.exec.state_task"
+_SIZE_CHECKS = (
+    f"{_STATE}._verify_size_quota",
+    f"{_TASK}.state_task_lambda:StateTaskLambda._verify_size_quota",
+    f"{_TASK}.service.state_task_service:StateTaskService._verify_size_quota",
+)
+"""moto's own checks of a state's or a task's result: they fail the state as AWS does; noted here too."""
+
+
 def install() -> QuotaWatch:
     """Wrap moto's interpreter once per process; returns the process's watch."""
     with _INSTALL_LOCK:
         if _INSTALLED:
             return WATCH
         _INSTALLED.append(True)
-    eval_input = CommonStateField._eval_state_input
-    eval_output = CommonStateField._eval_state_output
-    add_event = EventManager.add_event
+    _wrap(f"{_STATE}._eval_state_input", _measured_input)
+    _wrap(f"{_STATE}._eval_state_output", _measured_output)
+    for check in _SIZE_CHECKS:
+        _wrap(check, _noted)
+    _wrap(f"{_ASL}.eval.event.event_manager:EventManager.add_event", _counted)
+    return WATCH
 
-    def _eval_state_input(self: CommonStateField, env: Any) -> None:
-        WATCH.payload(f"state {self.name!r} input", env.states.get_input())
-        eval_input(self, env)
 
-    def _eval_state_output(self: CommonStateField, env: Any) -> None:
-        eval_output(self, env)
-        WATCH.payload(f"state {self.name!r} output", env.states.get_input())
+def _wrap(path: str, wrapper: Callable[[Any], Any]) -> None:
+    owner, name = patch_point(path)
+    setattr(owner, name, wrapper(getattr(owner, name)))
 
-    def _add_event(self: EventManager, *args: Any, **kwargs: Any) -> int:
-        event_id = add_event(self, *args, **kwargs)
-        WATCH.history(len(self._history_event_list))
+
+def _measured_input(eval_input: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    def _eval_state_input(state: Any, env: Any) -> None:
+        WATCH.payload(f"state {state.name!r} input", env.states.get_input())
+        eval_input(state, env)
+
+    return _eval_state_input
+
+
+def _measured_output(eval_output: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    def _eval_state_output(state: Any, env: Any) -> None:
+        eval_output(state, env)
+        WATCH.payload(f"state {state.name!r} output", env.states.get_input())
+
+    return _eval_state_output
+
+
+def _counted(add_event: Callable[..., int]) -> Callable[..., int]:
+    def _add_event(events: Any, *args: Any, **kwargs: Any) -> int:
+        event_id = add_event(events, *args, **kwargs)
+        WATCH.history(len(events._history_event_list))
         return event_id
 
-    CommonStateField._eval_state_input = _eval_state_input  # type: ignore[method-assign]
-    CommonStateField._eval_state_output = _eval_state_output  # type: ignore[method-assign]
-    # moto's own checks of a state's or a task's result fail the state as AWS does; noted here too
-    for checking in (CommonStateField, StateTaskLambda, StateTaskService):
-        checking._verify_size_quota = _noted(checking._verify_size_quota)  # type: ignore[method-assign]
-    EventManager.add_event = _add_event  # type: ignore[method-assign]
-    return WATCH
+    return _add_event
 
 
 def _noted(verify: Callable[[Any, Any, Any], None]) -> Callable[[Any, Any, Any], None]:

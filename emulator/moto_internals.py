@@ -1,0 +1,297 @@
+"""Every moto internal the emulator, the benchmarks and the tests patch or rely on, in one list.
+
+moto's public surface is `mock_aws`, its server (`ThreadedMotoServer`) and its configuration
+(https://docs.getmoto.org/en/latest/docs/configuration/index.html); what is listed here is not, and
+may change in any release. pyproject.toml pins moto to the minor version the list was recorded with,
+and tests/unit/test_moto_internals.py checks each entry against the installed moto: still there,
+with the signature recorded, and the source we rely on unchanged (a digest of it). Patches take
+their targets from here (`patch_point`), so a patch cannot reach an internal the test does not check.
+
+After an upgrade of moto the test names each internal whose source changed: re-read it against
+what `relied_on` says, adjust its user (`by`) if needed, then record the new figures that
+`python -m emulator.moto_internals` prints.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+MOTO_VERSION = "5.2.5"
+"""The moto the digests and signatures below were recorded with."""
+
+
+@dataclass(frozen=True)
+class Internal:
+    path: str
+    """What we touch: "module:attribute.path" (a module global, a class, a method)."""
+    by: str
+    """Who touches it."""
+    relied_on: str
+    """What of it our code relies on: what to re-read when it changes."""
+    digest: str
+    """sha256 of the source of `read` (or of `path`), first 16 hex digits, at MOTO_VERSION."""
+    signature: str | None = None
+    """`path`'s signature at MOTO_VERSION, where we replace or call it."""
+    read: str | None = None
+    """The source our reliance is on, when it is not `path`'s own (e.g. the module that reads a global)."""
+
+    def resolve(self) -> Any:
+        return resolve(self.path)
+
+    def current_digest(self) -> str:
+        return hashlib.sha256(source_of(self.read or self.path).encode()).hexdigest()[:16]
+
+    def current_signature(self) -> str | None:
+        return parameters_of(self.path) if self.signature is not None else None
+
+
+def resolve(path: str) -> Any:
+    module_name, _, attributes = path.partition(":")
+    found: Any = importlib.import_module(module_name)
+    for attribute in attributes.split(".") if attributes else ():
+        found = getattr(found, attribute)
+    return found
+
+
+def source_of(path: str) -> str:
+    """The source of `path` as moto's file has it (read from the file: a patch in place does not hide it)."""
+    module_name, _, attributes = path.partition(":")
+    module = importlib.import_module(module_name)
+    source = inspect.getsource(module)
+    if not attributes:
+        return source
+    definition = _definition(ast.parse(source), attributes.split("."))
+    if definition is not None:
+        return ast.get_source_segment(source, definition) or ""
+    return inspect.getsource(inspect.unwrap(resolve(path)))  # defined elsewhere, e.g. an imported function
+
+
+def parameters_of(path: str) -> str:
+    """The parameters' names of the function at `path`: "(self, env, value)"."""
+    module_name, _, attributes = path.partition(":")
+    tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+    definition = _definition(tree, attributes.split("."))
+    if isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef):
+        a = definition.args
+        names = [x.arg for x in (*a.posonlyargs, *a.args)]
+        names += [f"*{a.vararg.arg}"] if a.vararg else (["*"] if a.kwonlyargs else [])
+        names += [x.arg for x in a.kwonlyargs] + ([f"**{a.kwarg.arg}"] if a.kwarg else [])
+        return f"({', '.join(names)})"
+    return (
+        "("
+        + ", ".join(
+            str(p).split(":")[0].split("=")[0] for p in inspect.signature(resolve(path)).parameters.values()
+        )
+        + ")"
+    )
+
+
+def _definition(tree: ast.Module, names: list[str]) -> ast.AST | None:
+    scope: list[ast.stmt] = tree.body
+    found: ast.AST | None = None
+    for name in names:
+        found = next(
+            (
+                node
+                for node in scope
+                if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.name == name
+            ),
+            None,
+        )
+        if found is None:
+            return None
+        scope = found.body  # type: ignore[attr-defined]
+    return found
+
+
+def patch_point(path: str) -> tuple[Any, str]:
+    """(owner, attribute name) of a listed internal, for `mock.patch.object` or `setattr`."""
+    if path not in _BY_PATH:
+        raise KeyError(f"{path} is not in emulator/moto_internals.py: list it, so its test checks it")
+    owner, _, name = path.rpartition(".")
+    if ":" not in owner:  # a module global: "module:name"
+        owner, _, name = path.partition(":")
+    return resolve(owner), name
+
+
+_DYNAMODB = "moto.dynamodb.models:DynamoDBBackend"
+_SFN = "moto.stepfunctions.parser.asl"
+_ATOMIC = "emulator/atomic_dynamodb.py"
+_QUOTAS = "emulator/step_functions_quotas.py"
+_ITEM_OPERATION = "every item read or write of a request goes through it, once; wrapped whole under one lock"
+
+INTERNALS: tuple[Internal, ...] = (
+    # DynamoDB's item atomicity: each item operation of the backend runs alone.
+    Internal(f"{_DYNAMODB}.put_item", _ATOMIC, _ITEM_OPERATION, "7efe9807b019969a"),
+    Internal(f"{_DYNAMODB}.get_item", _ATOMIC, _ITEM_OPERATION, "88d651150e51b2d6"),
+    Internal(f"{_DYNAMODB}.update_item", _ATOMIC, _ITEM_OPERATION, "d8e4e02a421005da"),
+    Internal(f"{_DYNAMODB}.delete_item", _ATOMIC, _ITEM_OPERATION, "f1160c7db9568612"),
+    Internal(f"{_DYNAMODB}.query", _ATOMIC, _ITEM_OPERATION, "11708cf9cf09bd0a"),
+    Internal(f"{_DYNAMODB}.scan", _ATOMIC, _ITEM_OPERATION, "82cad0bc41e030c0"),
+    Internal(f"{_DYNAMODB}.batch_get_item", _ATOMIC, _ITEM_OPERATION, "499593dac7ac64c2"),
+    Internal(f"{_DYNAMODB}.batch_write_item", _ATOMIC, _ITEM_OPERATION, "d07b7ec03a887e1f"),
+    Internal(f"{_DYNAMODB}.transact_get_items", _ATOMIC, _ITEM_OPERATION, "565cdb1e37d0e22c"),
+    Internal(f"{_DYNAMODB}.transact_write_items", _ATOMIC, _ITEM_OPERATION, "c3c395e934006404"),
+    # Lambda tasks of our state machines routed to our handlers in this process.
+    Internal(
+        "moto.awslambda_simple.models:LambdaSimpleBackend.invoke",
+        "emulator/step_functions.py",
+        "replaced: called with (function_name, qualifier, body, headers, response_headers); returns the "
+        "payload as bytes",
+        "bd8b3406d9998341",
+        signature="(self, function_name, qualifier, body, headers, response_headers)",
+    ),
+    Internal(
+        "moto.awslambda.responses:LambdaResponse.invoke",
+        "emulator/step_functions.py",
+        "hands the backend's invoke a response_headers dict and answers with it, so the "
+        "x-amz-function-error our invoke sets reaches Step Functions' Retry and Catch",
+        "dfa159d0a8466400",
+    ),
+    # Waits and back-offs that take no time in the tests.
+    Internal(
+        f"{_SFN}.component.state.wait.wait_function.wait_function:WaitFunction._wait_interval",
+        "emulator/step_functions.py",
+        "replaced: every Wait state waits through it, called with env= and wait_seconds= by name",
+        "778fc7df842c2206",
+        signature="(self, env, wait_seconds)",
+    ),
+    Internal(
+        f"{_SFN}.component.common.retry.retrier_decl:time",
+        "emulator/step_functions.py",
+        "replaced: a Retry's back-off is the module global time's sleep(interval_seconds)",
+        "c816d4644fe2c182",
+        read=f"{_SFN}.component.common.retry.retrier_decl:RetrierDecl._eval_body",
+    ),
+    # Step Functions' quotas measured on the interpreter.
+    Internal(
+        f"{_SFN}.component.state.state:CommonStateField._eval_state_input",
+        _QUOTAS,
+        "wrapped: a state's input is env.states.get_input() when it is called",
+        "27756c6a0c96c768",
+        signature="(self, env)",
+    ),
+    Internal(
+        f"{_SFN}.component.state.state:CommonStateField._eval_state_output",
+        _QUOTAS,
+        "wrapped: a state's output is env.states.get_input() once it returns",
+        "e8cad47414e56c8d",
+        signature="(self, env)",
+    ),
+    Internal(
+        f"{_SFN}.component.state.state:CommonStateField._verify_size_quota",
+        _QUOTAS,
+        "wrapped: moto's own size check of a state's value, (env, value)",
+        "a9f3fdb17ed31a56",
+        signature="(self, env, value)",
+    ),
+    Internal(
+        f"{_SFN}.component.state.exec.state_task.state_task_lambda:StateTaskLambda._verify_size_quota",
+        _QUOTAS,
+        "wrapped: moto's size check of a Lambda task's result, (env, value)",
+        "6fd35cbe1e14caf0",
+        signature="(self, env, value)",
+    ),
+    Internal(
+        f"{_SFN}.component.state.exec.state_task.service.state_task_service:StateTaskService._verify_size_quota",
+        _QUOTAS,
+        "wrapped: moto's size check of a service task's result, (env, value)",
+        "79a377cb672c56e2",
+        signature="(self, env, value)",
+    ),
+    Internal(
+        f"{_SFN}.eval.event.event_manager:EventManager.add_event",
+        _QUOTAS,
+        "wrapped: every history event is added through it, and appended to self._history_event_list",
+        "26e450d7bdaaa595",
+        signature="(self, context, event_type, event_details, timestamp, update_source_event_id)",
+    ),
+    Internal(
+        f"{_SFN}.utils.encoding:to_json_str",
+        _QUOTAS,
+        "called: a value as the JSON string Step Functions measures",
+        "4b1d40e1707982a3",
+        signature="(obj, separators)",
+    ),
+    # Local AWS: the server's configuration and its reset between runs.
+    Internal(
+        "moto.core.config:default_user_config",
+        "emulator/aws.py",
+        "mutated while the server runs: the process-wide dict Step Functions and Lambda read per request",
+        "e94e671c391b0f59",
+        read="moto.core.config",
+    ),
+    Internal(
+        "moto.moto_api._internal.models:moto_api_backend",
+        "emulator/aws.py",
+        "reset() empties every backend of the process, so the next local AWS starts empty",
+        "69b216da81df94e5",
+        read="moto.moto_api._internal.models:MotoAPIBackend.reset",
+    ),
+    # KMS: the key a ciphertext was made with, read from the ciphertext.
+    Internal(
+        "moto.kms.utils:_serialize_ciphertext_blob",
+        "emulator/iam_calls.py",
+        "a ciphertext starts with the key id's 36 bytes (MOTO_KEY_ID_BYTES)",
+        "87873a74e251a487",
+    ),
+    # CloudFormation: which resource types moto creates.
+    Internal(
+        "moto.cloudformation.parsing:resource_class_from_type",
+        "tests/infra/test_deploy_on_moto.py",
+        "called: None for a resource type moto's CloudFormation does not create",
+        "f0eb48efe828dd49",
+        signature="(resource_type)",
+    ),
+    # The pickup benchmark's cheap SQS clock and retention check.
+    Internal(
+        "moto.sqs.models:unix_time",
+        "bench/pickup.py",
+        "replaced for the run: SQS reads its clock in seconds through this module global, unix_time(dt)",
+        "c04224ad14c39581",
+        signature="(dt)",
+        read="moto.sqs.models",
+    ),
+    Internal(
+        "moto.sqs.models:unix_time_millis",
+        "bench/pickup.py",
+        "replaced for the run: SQS reads its clock in ms through this module global, unix_time_millis(dt)",
+        "c04224ad14c39581",
+        signature="(dt)",
+        read="moto.sqs.models",
+    ),
+    Internal(
+        "moto.sqs.models:Message",
+        "bench/pickup.py",
+        "read: a message's sent_timestamp is when it was sent, in milliseconds since the epoch",
+        "e2ea9b18dc7ba5da",
+        read="moto.sqs.models:Message.__init__",
+    ),
+    Internal(
+        "moto.sqs.models:SQSBackend.is_message_valid_based_on_retention_period",
+        "bench/pickup.py",
+        "replaced for the run: (queue_name, message), compares the queue's retention with sent_timestamp",
+        "828b4ee1efb0bfbd",
+        signature="(self, queue_name, message)",
+    ),
+)
+_BY_PATH = {internal.path: internal for internal in INTERNALS}
+
+
+def _record() -> None:
+    """Print each internal's figures as installed, to record after re-reading a changed one."""
+    import moto  # noqa: PLC0415
+
+    print(f"moto {moto.__version__}")
+    for internal in INTERNALS:
+        print(internal.path, internal.current_digest(), internal.current_signature())
+
+
+if __name__ == "__main__":
+    _record()
