@@ -9,7 +9,7 @@ RUN := $(UV) run --frozen
 help:
 	@echo "make demo   run the local emulator's scenario (no AWS account, no GitHub)"
 	@echo "make test   run the test suite"
-	@echo "make lint   ruff, mypy, and cfn-lint on the synthesised template"
+	@echo "make lint   ruff, mypy, import contracts, and cfn-lint on the synthesised template"
 	@echo "make bench  benchmarks; figures printed and written to bench/results.json"
 	@echo "make synth  synthesise the CloudFormation template into cdk.out/"
 
@@ -28,6 +28,7 @@ lint: install
 	$(RUN) ruff check .
 	$(RUN) ruff format --check .
 	$(RUN) mypy
+	$(RUN) lint-imports
 	$(RUN) python app.py
 # W3005: CDK makes each function depend on its role's policy explicitly, on purpose, so the policy
 # exists before the function can first run; cfn-lint calls that redundant.
@@ -47,4 +48,4 @@ synth: install
 	$(RUN) python app.py
 
 clean:
-	rm -rf .venv cdk.out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv cdk.out .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
