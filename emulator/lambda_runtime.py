@@ -537,17 +537,9 @@ class LambdaRuntime:
             self._release(spec, environment, healthy)
 
     def _serve(self, spec: FunctionSpec, environment: Environment, deadline: float, request_id: str) -> Any:
+        timed_out = f"RequestId: {request_id} Error: Task timed out after {spec.timeout_seconds:.2f} seconds"
         while True:
-            try:
-                message = environment.receive(deadline)
-            except TimeoutError:
-                environment.kill()
-                raise _fail(
-                    "Sandbox.Timedout",
-                    f"RequestId: {request_id} Error: Task timed out after {spec.timeout_seconds:.2f} seconds",
-                ) from None
-            except _ExitedError:
-                raise self._exited(environment, request_id) from None
+            message = self._receive(environment, deadline, request_id, timed_out)
             if "call" in message:
                 environment.send({"reply": self._answer(spec, message["call"])})
             elif "result" in message:
@@ -557,23 +549,28 @@ class LambdaRuntime:
 
     def _await_ready(self, environment: Environment, deadline: float) -> None:
         """The cold start: the handler imported, or the init error as the invocation's error."""
-        try:
-            message = environment.receive(deadline)
-        except TimeoutError:
-            environment.kill()
-            raise _fail(
-                "Sandbox.Timedout",
-                f"Init of {environment.spec.name} did not finish within "
-                f"{INIT_LIMIT_SECONDS + environment.spec.timeout_seconds:.2f} seconds",
-            ) from None
-        except _ExitedError:
-            raise self._exited(environment, "init") from None
+        limit = INIT_LIMIT_SECONDS + environment.spec.timeout_seconds
+        timed_out = f"Init of {environment.spec.name} did not finish within {limit:.2f} seconds"
+        message = self._receive(environment, deadline, "init", timed_out)
         if "init_error" in message:
             environment.kill()
             raise error_class(message["init_error"]["errorType"])(message["init_error"])
         environment.ready = True
         with _SERVERS_LOCK:
             _PRELOADS.setdefault(self.artifacts, list(message.get("loaded", [])))
+
+    def _receive(
+        self, environment: Environment, deadline: float, request_id: str, timed_out: str
+    ) -> dict[str, Any]:
+        """The environment's next message; past `deadline` the environment is killed and the invocation
+        fails as Lambda fails it (`Sandbox.Timedout`, `timed_out` its message); gone, `Runtime.ExitError`."""
+        try:
+            return environment.receive(deadline)
+        except TimeoutError:
+            environment.kill()
+            raise _fail("Sandbox.Timedout", timed_out) from None
+        except _ExitedError:
+            raise self._exited(environment, request_id) from None
 
     def _exited(self, environment: Environment, request_id: str) -> FunctionError:
         environment.process.wait(SHUTDOWN_SECONDS)
