@@ -10,7 +10,7 @@ help:
 	@echo "make demo   run the local emulator's scenario (no AWS account, no GitHub)"
 	@echo "make test   run the test suite"
 	@echo "make lint   ruff, mypy, import contracts, and cfn-lint on the synthesised template"
-	@echo "make bench  benchmarks; figures printed and written to bench/results.json"
+	@echo "make bench  benchmarks (BENCH=\"pickup agent\" for some), 3 runs each; min/median to bench/results.json"
 	@echo "make synth  synthesise the CloudFormation template into cdk.out/"
 
 .venv/.installed: pyproject.toml uv.lock
@@ -42,7 +42,7 @@ demo: install
 	$(RUN) python -m demo
 
 bench: install
-	$(RUN) python -m bench
+	$(RUN) python -m bench $(BENCH)
 
 synth: install
 	$(RUN) python app.py

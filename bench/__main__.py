@@ -1,26 +1,56 @@
-"""`make bench`: run every benchmark (or those named as arguments), print their tables, keep figures."""
+"""`make bench`: every benchmark (or those named) at full size, 3 times each; min and median kept.
+
+`python -m bench --small [names]` runs each once at the size `make test` runs it (tests/bench), and
+writes nothing: small figures must never overwrite the full ones in bench/results.json.
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+from typing import Any
 
-from bench.results import RESULTS_PATH, merge_results
+from bench.results import RESULTS_PATH, BenchTable, merge_results, repeated
 
 BENCHMARKS = ("pickup", "agent", "provision", "webhook", "emulator", "burst", "quotas", "lambda_runtime")
-"""Modules of this package with a `run() -> BenchTable`; later issues add theirs here."""
+"""Modules of this package with `run(**size) -> BenchTable` and a `SMALL` size; later issues add theirs."""
+
+REPEATS = 3
+"""A benchmark on a shared 2-core machine varies from run to run: the median of 3 resists one bad run,
+and the min is the figure least disturbed by the machine."""
 
 
-def main(names: list[str]) -> int:
-    unknown = sorted(set(names) - set(BENCHMARKS))
+def run_bench(name: str, small: bool = False) -> BenchTable:
+    """One run of benchmark `name`, at its full size or at `make test`'s."""
+    module: Any = importlib.import_module(f"bench.{name}")
+    return module.run(**(module.SMALL if small else {}))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("names", nargs="*", metavar="name", help=f"any of: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--small", action="store_true", help="once each at make test's size; writes nothing")
+    parser.add_argument("--repeat", type=int, default=REPEATS, help=f"runs of each (default {REPEATS})")
+    arguments = parser.parse_args(argv)
+    unknown = sorted(set(arguments.names) - set(BENCHMARKS))
     if unknown:
         print(f"unknown benchmark {', '.join(unknown)}; the benchmarks are: {', '.join(BENCHMARKS)}")
         return 2
-    for name in names or BENCHMARKS:
-        table = importlib.import_module(f"bench.{name}").run()
-        print(table.render(), end="\n\n", flush=True)
-        merge_results(table.figures)
-    print(f"figures merged into {RESULTS_PATH}")
+    for name in arguments.names or BENCHMARKS:
+        if arguments.small:
+            print(run_bench(name, small=True).render(), end="\n\n", flush=True)
+            continue
+        runs = []
+        for number in range(1, arguments.repeat + 1):
+            print(f"[{name}: run {number} of {arguments.repeat}]", flush=True)
+            runs.append(run_bench(name))
+        summary, figures = repeated(runs)
+        print(runs[-1].render(), end="\n\n")
+        print(summary.render(), end="\n\n", flush=True)
+        merge_results(figures)
+    if not arguments.small:
+        print(f"figures merged into {RESULTS_PATH}")
     return 0
 
 

@@ -82,9 +82,17 @@ RUNNER_MEGABYTES = 128
 """A runner directory of this size, in 1 MiB files, stands in for the real release's (hashed each scrub)."""
 
 
-def run(scrub_releases: int = SCRUB_RELEASES, runner_megabytes: int = RUNNER_MEGABYTES) -> BenchTable:
+SMALL = {"scrub_releases": 2, "runner_megabytes": 4, "window_seconds": 3.0}
+"""`make test`'s size (tests/bench): the same measurements, short windows and a small runner."""
+
+
+def run(
+    scrub_releases: int = SCRUB_RELEASES,
+    runner_megabytes: int = RUNNER_MEGABYTES,
+    window_seconds: float = WINDOW_SECONDS,
+) -> BenchTable:
     with local_aws() as aws, tempfile.TemporaryDirectory() as scratch:
-        table = _measure(aws, Path(scratch))
+        table = _measure(aws, Path(scratch), window_seconds)
     scrub = measure_scrub(scrub_releases, runner_megabytes)
     scrub.add_to(table)
     return table
@@ -146,7 +154,7 @@ def measure_scrub(releases: int, runner_megabytes: int) -> ScrubTimes:
     return ScrubTimes(releases, runner_megabytes, seconds, checks)
 
 
-def _measure(aws: LocalAws, scratch: Path) -> BenchTable:
+def _measure(aws: LocalAws, scratch: Path, window_seconds: float) -> BenchTable:
     dynamodb, kms, ec2 = aws.client("dynamodb"), aws.client("kms"), aws.client("ec2")
     create_state_table(dynamodb, TABLE)
     key_id = kms.create_key()["KeyMetadata"]["KeyId"]
@@ -164,7 +172,7 @@ def _measure(aws: LocalAws, scratch: Path) -> BenchTable:
     try:
         _await(lambda: _confirms(records, instance_id, Signal.UD_OK, None), "UD_OK")
         time.sleep(1.0)
-        idle = child.measure(WINDOW_SECONDS)
+        idle = child.measure(window_seconds)
 
         token = uuid.uuid4().hex
         claimed_at = time.monotonic()
@@ -173,19 +181,19 @@ def _measure(aws: LocalAws, scratch: Path) -> BenchTable:
             instance_id,
             arn,
             RUN_KEY,
-            _jit_config({"id": token, "mode": "job", "job_seconds": 3 * WINDOW_SECONDS}),
+            _jit_config({"id": token, "mode": "job", "job_seconds": 3 * window_seconds}),
         )
         _await(lambda: _confirms(records, instance_id, Signal.UD_REG_OK, RUN_KEY), "UD_REG_OK")
         registration_seconds = time.monotonic() - claimed_at
         records.activate(instance_id, RUN_KEY, max_runtime_minutes=60, claim_token=token)
         time.sleep(0.5)
-        busy = child.measure(WINDOW_SECONDS)
+        busy = child.measure(window_seconds)
 
         records.release(instance_id, RUN_KEY)
         _await(lambda: _confirms(records, instance_id, Signal.UD_REMOVE_REG_OK, RUN_KEY), "UD_REMOVE_REG_OK")
     finally:
         child.stop()
-    return _table(idle, busy, registration_seconds)
+    return _table(idle, busy, registration_seconds, window_seconds)
 
 
 class _AgentProcess:
@@ -302,7 +310,7 @@ def _await(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def _table(idle: Window, busy: Window, registration_seconds: float) -> BenchTable:
+def _table(idle: Window, busy: Window, registration_seconds: float, window_seconds: float) -> BenchTable:
     table = BenchTable(
         title="agent: steady-state cost per minute (heartbeat 5 s, watch 1 s; fake runner, moto server)",
         columns=("", "idle", "running a job"),
@@ -316,7 +324,7 @@ def _table(idle: Window, busy: Window, registration_seconds: float) -> BenchTabl
     table.note(f"running a job, calls per minute: {busy.operations()}")
     table.note(f"claim to UD_REG_OK (fake runner listens at once): {registration_seconds:.2f} s")
     table.note(
-        f"each window {WINDOW_SECONDS:g} s; the periods alone predict GetItem 60 + PutItem 12 per minute "
+        f"each window {window_seconds:g} s; the periods alone predict GetItem 60 + PutItem 12 per minute "
         "(a window holds 2 or 3 heartbeats, hence the PutItem spread)"
     )
     table.figure("agent_idle_cpu_per_minute_milliseconds", round(idle.cpu_ms_per_minute, 1))

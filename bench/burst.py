@@ -13,6 +13,10 @@ from demo.burst import REGISTRATIONS_PER_MINUTE, rate_limited_world, serve_burst
 JOBS = int(os.environ.get("RUNNER_POOL_BENCH_BURST_JOBS", "300"))
 
 
+SMALL = {"jobs": 20}
+"""`make test`'s size (tests/e2e/test_github_resilience.py)."""
+
+
 def run(jobs: int = JOBS) -> BenchTable:
     with (
         tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch,

@@ -135,12 +135,16 @@ def _duration(execution: dict[str, Any]) -> float:
     return max(0.0, (stop - start).total_seconds())
 
 
-def run() -> BenchTable:
+SMALL = {"warm_runs": 1}
+"""`make test`'s size (tests/bench): the cold phase and one warm run."""
+
+
+def run(warm_runs: int = WARM_RUNS) -> BenchTable:
     with tempfile.TemporaryDirectory(prefix="bench-emulator-") as scratch, world(Path(scratch)) as system:
         cold_start = Usage.now(system)
         _serve(system, "cold")
         cold_end = Usage.now(system)
-        for number in range(WARM_RUNS):
+        for number in range(warm_runs):
             _serve(system, f"warm-{number}")
         warm_end = Usage.now(system)
         figures = job_figures(system.events(), system.github.state)

@@ -46,7 +46,11 @@ PLAN = FunctionSpec(
 EVENT = {"run_key": "pool=1/class=large", "cause": "run-1-attempt-1"}
 
 
-def run() -> BenchTable:
+SMALL = {"cold_starts": 1, "invocations": 10}
+"""`make test`'s size (tests/bench): one cold start of each kind, few round trips."""
+
+
+def run(cold_starts: int = COLD_STARTS, invocations: int = INVOCATIONS) -> BenchTable:
     table = BenchTable(
         "Local Lambda service: functions from the deployed artifacts in execution environments",
         ("measure", "median", "p99", "n"),
@@ -57,8 +61,8 @@ def run() -> BenchTable:
         code = Path(scratch)
         (code / "bench_probe.py").write_text("def echo(event, context):\n    return event\n")
         probes = Artifacts(code, artifacts.layers)
-        _cold_starts(artifacts, aws, table)
-        _round_trips(artifacts, probes, aws, table)
+        _cold_starts(artifacts, aws, table, cold_starts)
+        _round_trips(artifacts, probes, aws, table, invocations)
     table.note(
         "In this process the handler shares the interpreter (and its lock) with moto's server; in its "
         "environment it does not, but each AWS call is reported to this process before it is sent."
@@ -66,16 +70,16 @@ def run() -> BenchTable:
     return table
 
 
-def _cold_starts(artifacts: Artifacts, aws: LocalAws, table: BenchTable) -> None:
+def _cold_starts(artifacts: Artifacts, aws: LocalAws, table: BenchTable, count: int) -> None:
     seconds, rss = [], []
-    for _ in range(COLD_STARTS):
+    for _ in range(count):
         with LambdaRuntime(artifacts, {"plan": PLAN}, endpoint=aws.endpoint) as runtime:
             began = time.perf_counter()
             runtime.invoke("plan", EVENT)
             seconds.append(time.perf_counter() - began)
             rss += [_memory_bytes(environment.pid, "status", "VmRSS:") for environment in runtime.live()]
     forked, forked_pss = [], []
-    names = [f"plan-{n}" for n in range(COLD_STARTS)]
+    names = [f"plan-{n}" for n in range(count)]
     functions = {name: replace(PLAN, name=name) for name in ("first", "server", *names)}
     with LambdaRuntime(artifacts, functions, endpoint=aws.endpoint) as runtime:
         runtime.invoke("first", EVENT)  # a cold start anew: what the fork server learns to preload
@@ -99,15 +103,17 @@ def _cold_starts(artifacts: Artifacts, aws: LocalAws, table: BenchTable) -> None
     table.figure("lambda_runtime_environment_rss_bytes", statistics.median(rss))
 
 
-def _round_trips(artifacts: Artifacts, probes: Artifacts, aws: LocalAws, table: BenchTable) -> None:
+def _round_trips(
+    artifacts: Artifacts, probes: Artifacts, aws: LocalAws, table: BenchTable, invocations: int
+) -> None:
     echo = FunctionSpec("echo", "bench_probe.echo", {}, 30, 128)
     with LambdaRuntime(probes, {"echo": echo}, endpoint=aws.endpoint) as runtime:
-        empty = _timed(lambda: runtime.invoke("echo", EVENT))
+        empty = _timed(lambda: runtime.invoke("echo", EVENT), invocations)
     with LambdaRuntime(artifacts, {"plan": PLAN}, endpoint=aws.endpoint) as runtime:
-        warm = _timed(lambda: runtime.invoke("plan", EVENT))
+        warm = _timed(lambda: runtime.invoke("plan", EVENT), invocations)
     with _in_this_process(PLAN, aws) as plan:
         context = LambdaContext("plan", "bench", "arn:aws:lambda:us-east-1:123456789012:function:plan", 512)
-        local = _timed(lambda: plan(EVENT, context))
+        local = _timed(lambda: plan(EVENT, context), invocations)
     table.row("empty invocation, round trip (ms)", *_stats(empty, 2), len(empty))
     table.row("warm Plan (2 DynamoDB calls), environment (ms)", *_stats(warm, 2), len(warm))
     table.row("warm Plan, in this process (ms)", *_stats(local, 2), len(local))
@@ -116,11 +122,11 @@ def _round_trips(artifacts: Artifacts, probes: Artifacts, aws: LocalAws, table: 
     table.figure("in_process_warm_plan_milliseconds", statistics.median(local))
 
 
-def _timed(invoke: Callable[[], Any]) -> list[float]:
+def _timed(invoke: Callable[[], Any], invocations: int) -> list[float]:
     for _ in range(10):  # warm: the cold start and the first calls' connections
         invoke()
     durations = []
-    for _ in range(INVOCATIONS):
+    for _ in range(invocations):
         began = time.perf_counter()
         invoke()
         durations.append((time.perf_counter() - began) * 1000)

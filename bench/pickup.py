@@ -69,9 +69,13 @@ class Run:
         return self.calls / self.examined
 
 
-def run() -> BenchTable:
+SMALL = {"misfits": 40}
+"""`make test`'s size (tests/bench): the same pickups, a short queue."""
+
+
+def run(misfits: int = NON_MATCHING) -> BenchTable:
     with _without_moto_per_message_overheads(), local_aws() as aws:
-        return _measure(aws)
+        return _measure(aws, misfits)
 
 
 @contextmanager
@@ -96,7 +100,7 @@ def _without_moto_per_message_overheads() -> Iterator[None]:
         yield
 
 
-def _measure(aws: LocalAws) -> BenchTable:
+def _measure(aws: LocalAws, misfits: int) -> BenchTable:
     client = aws.client
     config = StackConfig()
     spec = config.spec_for(LABEL)
@@ -106,7 +110,7 @@ def _measure(aws: LocalAws) -> BenchTable:
     records = StateTable("bench-state", config.timeouts, clock, dynamodb, arns=INSTANCE_ARNS)
     delay = config.pickup.requeue_delay_seconds
 
-    ours_url = _filled_queue(client("sqs"), records, "bench-ours", instance_base=0)
+    ours_url = _filled_queue(client("sqs"), records, "bench-ours", misfits, instance_base=0)
     ours_counter = CallCounter()
     ours_client = client("sqs", ours_counter)
     manager = PickupManager(PoolQueues({"large": ours_url}, ours_client), records, clock, config.pickup)
@@ -115,7 +119,7 @@ def _measure(aws: LocalAws) -> BenchTable:
     ours = Run(ours_counter.total(), result.counts.examined, time.perf_counter() - started)
     _require_match(result.candidate, "PickupManager")
 
-    baseline_url = _filled_queue(client("sqs"), records, "bench-baseline", instance_base=10_000)
+    baseline_url = _filled_queue(client("sqs"), records, "bench-baseline", misfits, instance_base=10_000)
     baseline_counter = CallCounter()
     baseline_client = client("sqs", baseline_counter)
     started = time.perf_counter()
@@ -125,7 +129,7 @@ def _measure(aws: LocalAws) -> BenchTable:
     baseline = Run(baseline_counter.total(), examined, time.perf_counter() - started)
     _require_match(candidate, "baseline")
 
-    return _table(ours, baseline, ours_counter, baseline_counter)
+    return _table(misfits, ours, baseline, ours_counter, baseline_counter)
 
 
 def _baseline_pickup(
@@ -154,8 +158,8 @@ def _baseline_pickup(
             sqs.send_message(QueueUrl=url, MessageBody=received[0]["Body"], DelaySeconds=delay_seconds)
 
 
-def _filled_queue(sqs: Any, records: StateTable, prefix: str, instance_base: int) -> str:
-    """A fresh pool queue holding NON_MATCHING misfits, then one idle instance that fits, sent last."""
+def _filled_queue(sqs: Any, records: StateTable, prefix: str, misfits_count: int, instance_base: int) -> str:
+    """A fresh pool queue holding `misfits_count` misfits, then one idle instance that fits, sent last."""
     url = create_pool_queues(sqs, prefix, ["large"])["large"]
     queues = PoolQueues({"large": url}, sqs, wait_seconds=0)
     threshold = time.time() + 600
@@ -163,11 +167,11 @@ def _filled_queue(sqs: Any, records: StateTable, prefix: str, instance_base: int
         PoolMessage(
             **instance_facts(instance_base + n, **MISFITS[n % len(MISFITS)]).model_dump(), threshold=threshold
         )
-        for n in range(1, NON_MATCHING + 1)
+        for n in range(1, misfits_count + 1)
     ]
     if queues.requeue("large", misfits, delay_seconds=0):
         raise RuntimeError("moto refused to take the bench's messages")
-    put_in_pool(records, queues, instance_facts(instance_base + NON_MATCHING + 1))
+    put_in_pool(records, queues, instance_facts(instance_base + misfits_count + 1))
     return url
 
 
@@ -176,9 +180,11 @@ def _require_match(candidate: PoolMessage | None, who: str) -> None:
         raise RuntimeError(f"{who} did not find the matching instance; the figures would mean nothing")
 
 
-def _table(ours: Run, baseline: Run, ours_calls: CallCounter, baseline_calls: CallCounter) -> BenchTable:
+def _table(
+    misfits: int, ours: Run, baseline: Run, ours_calls: CallCounter, baseline_calls: CallCounter
+) -> BenchTable:
     table = BenchTable(
-        title=f"pickup: 1 matching instance among {NON_MATCHING:,} non-matching messages, one moto server",
+        title=f"pickup: 1 matching instance among {misfits:,} non-matching messages, one moto server",
         columns=("", "PickupManager", "baseline", "baseline / ours"),
     )
     calls_ratio = baseline.calls_per_examined / ours.calls_per_examined

@@ -49,9 +49,9 @@ def _cold_round(world: ProvisionWorld, round_number: int) -> tuple[float, int, i
     return elapsed, execution.state_transitions, len(world.invocations.calls) - calls_before
 
 
-def _single_warm(world: ProvisionWorld) -> list[float]:
+def _single_warm(world: ProvisionWorld, rounds: int) -> list[float]:
     times = []
-    for n in range(ROUNDS):
+    for n in range(rounds):
         world.warm(900 + n)
         started = time.perf_counter()
         output(world.provision(f"pool={3000 + n}", 1))
@@ -59,20 +59,24 @@ def _single_warm(world: ProvisionWorld) -> list[float]:
     return times
 
 
-def run() -> BenchTable:
+SMALL = {"rounds": 1}
+"""`make test`'s size (tests/bench): one execution of each kind."""
+
+
+def run(rounds: int = ROUNDS) -> BenchTable:
     table = BenchTable(
-        f"provision: per runner, batches of {BATCH} ({ROUNDS} executions each), real ASL, moto interpreter",
+        f"provision: per runner, batches of {BATCH} ({rounds} executions each), real ASL, moto interpreter",
         ("path", "transitions/runner", "lambda calls/runner", "execution s (median)"),
     )
     with provision_world(real_time=True) as world:
-        tried = [_warm_round(world, n) for n in range(ROUNDS * 2)]
-        warm = [figures for figures in tried if figures is not None][:ROUNDS]
-        cold = [_cold_round(world, n) for n in range(ROUNDS)]
-        single = _single_warm(world)
-    for name, rounds in (("warm claim", warm), ("cold create", cold)):
-        transitions = statistics.median(r[1] for r in rounds) / BATCH
-        invocations = statistics.median(r[2] for r in rounds) / BATCH
-        seconds = statistics.median(r[0] for r in rounds)
+        tried = [_warm_round(world, n) for n in range(rounds * 2)]
+        warm = [figures for figures in tried if figures is not None][:rounds]
+        cold = [_cold_round(world, n) for n in range(rounds)]
+        single = _single_warm(world, rounds)
+    for name, kept in (("warm claim", warm), ("cold create", cold)):
+        transitions = statistics.median(r[1] for r in kept) / BATCH
+        invocations = statistics.median(r[2] for r in kept) / BATCH
+        seconds = statistics.median(r[0] for r in kept)
         table.row(name, f"{transitions:.1f}", f"{invocations:.1f}", f"{seconds:.2f}")
         key = name.split()[0]
         table.figure(f"provision_{key}_transitions_per_runner_count", transitions)

@@ -14,6 +14,10 @@ WORST_SLOT_EVENTS = 220
 """A slot that polls its claim for the whole claim registration and claims once more (demand.py)."""
 
 
+SMALL = {"batches": (3, 8)}
+"""`make test`'s size (tests/integration/test_quota_bench.py): two small provisions."""
+
+
 def run(batches: tuple[int, ...] = (10, PROVISION_LIMIT)) -> BenchTable:
     watch = install()
     measured: list[tuple[int, int, int]] = []

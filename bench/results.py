@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -69,3 +70,24 @@ def merge_results(figures: Mapping[str, float], path: Path = RESULTS_PATH) -> di
     os.chmod(handle.name, 0o644)  # a temporary file is private; the results file is not
     os.replace(handle.name, path)
     return merged
+
+
+def repeated(runs: list[BenchTable]) -> tuple[BenchTable, dict[str, float]]:
+    """Runs of one benchmark in one table of min / median / max per figure, and the figures to keep:
+    the median under each figure's own key, the min under the key with `min_` in front (the unit stays
+    last). A figure some run did not produce is kept from the runs that did."""
+    first = runs[0]
+    summary = BenchTable(f"{first.title}: {len(runs)} runs", ("figure", "min", "median", "max", "runs"))
+    kept: dict[str, float] = {}
+    keys = list(dict.fromkeys(key for table in runs for key in table.figures))
+    for key in keys:
+        values = [table.figures[key] for table in runs if key in table.figures]
+        median = statistics.median(values)
+        kept[key] = median
+        kept[f"min_{key}"] = min(values)
+        summary.row(key, _figure(min(values)), _figure(median), _figure(max(values)), len(values))
+    return summary, kept
+
+
+def _figure(value: float) -> str:
+    return f"{value:.3f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)

@@ -36,18 +36,22 @@ MATRICES = 5
 MATRIX_JOBS = 20
 
 
-def run() -> BenchTable:
+SMALL = {"requests": 20, "matrix_jobs": 4}
+"""`make test`'s size (tests/bench): every measurement, few requests."""
+
+
+def run(requests: int = REQUESTS, matrix_jobs: int = MATRIX_JOBS) -> BenchTable:
     table = BenchTable(
         "Webhook ingress: the webhook per request (in-process, moto in-process) and the dispatcher",
         ("measure", "median", "p99", "result"),
     )
     with _quiet(), ingress_world() as world:
-        _time_requests(world, table)
+        _time_requests(world, table, requests)
     for batch_size, replayed in ((10, False), (100, False), (100, True)):
         with _quiet(), ingress_world() as world:
-            _dispatch_hundred(world, table, batch_size, replayed)
+            _dispatch_hundred(world, table, batch_size, replayed, matrix_jobs)
     table.note(
-        f"{REQUESTS} requests of each kind after {WARM_UP} to warm up; GitHub allows 10 s per delivery."
+        f"{requests} requests of each kind after {WARM_UP} to warm up; GitHub allows 10 s per delivery."
     )
     table.note("The dispatcher's event source needs a batch size of 100 or more and a batching window.")
     return table
@@ -63,7 +67,7 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _time_requests(world: IngressWorld, table: BenchTable) -> None:
+def _time_requests(world: IngressWorld, table: BenchTable, requests: int) -> None:
     kinds: dict[str, Callable[[int], dict[str, Any]]] = {
         "demand": lambda n: delivery(queued_job(f"pool={n}/class=large", job_id=n, run_id=n), "workflow_job"),
         "ignored": lambda n: delivery(queued_job("ubuntu-latest", job_id=n, run_id=n), "workflow_job"),
@@ -72,7 +76,7 @@ def _time_requests(world: IngressWorld, table: BenchTable) -> None:
     number = 0
     for kind, request in kinds.items():
         seconds: list[float] = []
-        for attempt in range(WARM_UP + REQUESTS):
+        for attempt in range(WARM_UP + requests):
             number += 1
             event = request(number)
             started = time.perf_counter()
@@ -86,8 +90,10 @@ def _time_requests(world: IngressWorld, table: BenchTable) -> None:
         table.row(f"webhook: {kind}", f"{median:.1f} ms", f"{p99:.1f} ms", "")
 
 
-def _dispatch_hundred(world: IngressWorld, table: BenchTable, batch_size: int, replayed: bool) -> None:
-    jobs = [(matrix, job) for matrix in range(1, MATRICES + 1) for job in range(MATRIX_JOBS)]
+def _dispatch_hundred(
+    world: IngressWorld, table: BenchTable, batch_size: int, replayed: bool, matrix_jobs: int
+) -> None:
+    jobs = [(matrix, job) for matrix in range(1, MATRICES + 1) for job in range(matrix_jobs)]
     random.Random(5).shuffle(jobs)
     for matrix, job in jobs * (2 if replayed else 1):
         label = f"pool=7000/class=large/max-runtime={matrix * 10}"
@@ -101,7 +107,9 @@ def _dispatch_hundred(world: IngressWorld, table: BenchTable, batch_size: int, r
     case = f"batches of {batch_size}" + (", every delivery twice" if replayed else "")
     key = f"dispatcher_executions_per_100_jobs_batch_{batch_size}{'_replayed' if replayed else ''}_count"
     table.figure(key, executions)
-    table.row(f"dispatcher: 100 jobs of {MATRICES} matrices, {case}", "", "", f"{executions} executions")
+    table.row(
+        f"dispatcher: {len(jobs)} jobs of {MATRICES} matrices, {case}", "", "", f"{executions} executions"
+    )
     if batch_size == 100 and not replayed:
         table.figure("dispatcher_batch_of_100_jobs_seconds", round(seconds, 3))
-        table.row("dispatcher: one batch of 100 jobs (moto in-process)", "", "", f"{seconds:.2f} s")
+        table.row(f"dispatcher: one batch of {len(jobs)} jobs (moto in-process)", "", "", f"{seconds:.2f} s")

@@ -9,7 +9,7 @@ from runner_pool.domain.executions import PROVISION_LIMIT
 
 def test_the_largest_provision_stays_within_half_of_each_step_functions_quota() -> None:
     # Given provisions of 3 and 8 cold runners, measured on the real ASL
-    table = quotas.run(batches=(3, 8))
+    table = quotas.run(**quotas.SMALL)
     figures = table.figures
     # Then no quota was breached, and a runner costs what executions.PROVISION_LIMIT's arithmetic assumes
     assert not any("QUOTA BREACHED" in note for note in table.notes), table.notes

@@ -1,0 +1,66 @@
+"""Every benchmark runs in `make test` at its small size, so none can rot between `make bench` runs."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import BENCHMARKS, run_bench
+from bench.results import UNITS, BenchTable, repeated
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RUN_SMALL_ELSEWHERE = {
+    "burst": "tests/e2e/test_github_resilience.py",
+    "quotas": "tests/integration/test_quota_bench.py",
+}
+"""Benchmarks whose small run is a test with its own assertions on the figures."""
+
+
+@pytest.mark.parametrize("name", [name for name in BENCHMARKS if name not in RUN_SMALL_ELSEWHERE])
+def test_the_benchmark_runs_at_its_small_size_and_keeps_figures_named_with_their_units(name: str) -> None:
+    # Given a benchmark / When it runs at make test's size
+    table = run_bench(name, small=True)
+    # Then it printed a table and kept figures, each ending with its unit
+    assert table.rows
+    assert table.render()
+    assert table.figures
+    assert all(key.endswith(tuple(f"_{unit}" for unit in UNITS)) for key in table.figures)
+
+
+@pytest.mark.parametrize("name", sorted(RUN_SMALL_ELSEWHERE))
+def test_a_benchmark_run_small_elsewhere_is_called_there_at_its_small_size(name: str) -> None:
+    # Given the test file said to run the benchmark small
+    tree = ast.parse((ROOT / RUN_SMALL_ELSEWHERE[name]).read_text())
+    # Then it calls that benchmark's run()
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run"
+    ]
+    assert calls, f"{RUN_SMALL_ELSEWHERE[name]} never calls {name}.run"
+    assert importlib.import_module(f"bench.{name}").SMALL
+
+
+def test_every_benchmark_declares_its_small_size() -> None:
+    for name in BENCHMARKS:
+        assert isinstance(importlib.import_module(f"bench.{name}").SMALL, dict), name
+
+
+def test_repeated_runs_keep_the_median_and_the_min_of_each_figure() -> None:
+    # Given three runs of one benchmark, one without a figure the others have
+    runs = []
+    for seconds, count in ((3.0, 7), (1.0, 9), (2.0, None)):
+        table = BenchTable("b", ("x",))
+        table.figure("b_seconds", seconds)
+        if count is not None:
+            table.figure("b_count", count)
+        runs.append(table)
+    # When they are summarised
+    summary, kept = repeated(runs)
+    # Then each figure keeps its median under its key and its min with min_ in front, unit last
+    assert kept == {"b_seconds": 2.0, "min_b_seconds": 1.0, "b_count": 8.0, "min_b_count": 7}
+    assert len(summary.rows) == 2
