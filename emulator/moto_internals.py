@@ -249,6 +249,36 @@ INTERNALS: tuple[Internal, ...] = (
         "f0eb48efe828dd49",
         signature="(resource_type)",
     ),
+    # Step Functions: each ASL definition parsed once per process (emulator/asl_parse_cache.py).
+    Internal(
+        "moto.stepfunctions.parser.asl.parse.asl_parser:AmazonStateLanguageParser.parse",
+        "emulator/asl_parse_cache.py",
+        "replaced: parse(definition) -> (program, tree); the program is Preprocessor().visit(tree), "
+        "which only reads the tree; raises on a bad definition; called at creation and each execution",
+        "a247b919a584eae9",
+        signature="(definition)",
+    ),
+    Internal(
+        "moto.stepfunctions.parser.asl.parse.preprocessor:Preprocessor",
+        "emulator/asl_parse_cache.py",
+        "visit(tree) builds fresh evaluation components and assigns nothing to the tree's nodes",
+        "03c8a0e3b3cf0716",
+        read="moto.stepfunctions.parser.asl.parse.preprocessor",
+    ),
+    # Local EC2's images: the file named by MOTO_AMIS_PATH instead of ~1,300 defaults.
+    Internal(
+        "moto.utilities.utils:load_resource",
+        "emulator/moto_amis.py",
+        "called: the JSON list of ec2/resources/amis.json and latest_amis/<region>.json, as moto loads them",
+        "f9307723af29dcff",
+        signature="(resource)",
+    ),
+    Internal(
+        "moto.ec2.models.amis:AmiBackend._load_amis",
+        "emulator/moto_amis.py",
+        "with MOTO_AMIS_PATH set, an EC2 backend loads that file's images and no region's latest_amis",
+        "4adae04303990d2c",
+    ),
     # The pickup benchmark's cheap SQS clock and retention check.
     Internal(
         "moto.sqs.models:unix_time",

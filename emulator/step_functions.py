@@ -24,10 +24,11 @@ from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
-from emulator import step_functions_quotas
+from emulator import asl_parse_cache, step_functions_quotas
 from emulator.moto_internals import patch_point
 
 step_functions_quotas.install()  # AWS's payload and history quotas, on whatever executes our ASL here
+asl_parse_cache.install()  # each definition parsed once, not at every execution
 
 Handler = Callable[[dict[str, Any], Any], Any]
 """A Lambda handler: (event, context) -> JSON-serialisable result."""
