@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -66,6 +66,9 @@ class InstanceSettings:
     """How simulated instances behave: their boot time and their agents' (compressed) periods."""
 
     boot_delay_seconds: float = 2.0
+    boot_delays: Callable[[], float] | None = None
+    """Draws each instance's boot delay instead of `boot_delay_seconds` (e.g. emulator/boot_model.py's
+    `compressed_boot_delays`: published boot segments, time-compressed)."""
     heartbeat_period_seconds: float = 1.0
     watch_period_seconds: float = 0.25
     listening_timeout_seconds: float = 20.0
@@ -78,6 +81,9 @@ class InstanceSettings:
     """Run each agent in a thread of this process instead of a process of its own: the same agent
     (`agent.wiring.build_agent`), without a Python start-up per instance, for scenarios with many
     instances. A crash then kills the runner and stops the agent where it stands."""
+
+    def boot_delay(self) -> float:
+        return self.boot_delay_seconds if self.boot_delays is None else self.boot_delays()
 
     def agent_environment(self) -> dict[str, str]:
         return {
@@ -246,7 +252,7 @@ class SimulatedInstances:
                         instance_id,
                         self._scratch / instance_id,
                         launched_at=now,
-                        boot_at=now + self.settings.boot_delay_seconds,
+                        boot_at=now + self.settings.boot_delay(),
                     )
                     self._timeline.record(Happening.LAUNCHED, instance_id, at=now)
             if instance is not None and state in ENDED_EC2_STATES and instance.phase is not Phase.ENDED:
