@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -22,11 +22,16 @@ from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord
+from runner_pool.prices import on_demand_hourly
 
 DEFAULT_STACK = "RunnerPool"
 TABLE_OUTPUT = "StateTableName"
 QUEUES_OUTPUT = "PoolQueueUrls"
 LIVE_STATES = (InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING, InstanceState.IDLE)
+STOPPED: InstanceState | None = getattr(InstanceState, "STOPPED", None)
+"""The stopped tier's state (issue 16, item 2). The lifecycle has no such state yet, so `status` shows 0
+stopped; once it does, its records are counted here (and a stopped instance costs its EBS volume only,
+not its type's hourly price, so it stays out of the idle cost)."""
 
 
 class DeploymentNotFoundError(LookupError):
@@ -67,11 +72,17 @@ class Operator:
         self._out = out
 
     def status(self) -> int:
-        """Instances per class and state, with how many are overdue and how many wait in the pool."""
+        """Instances per class and state, with how many are overdue and how many wait in the pool; then
+        each class's hot (idle and still offered) and stopped counts, and what its idle instances cost an
+        hour at their types' on-demand list prices (runner_pool/prices.py; `+?` for a type it lacks)."""
         records = self._table.live()
         now = self._clock.now()
         by_class_state = Counter((r.resource_class, r.state) for r in records)
         overdue = Counter(r.resource_class for r in records if r.threshold_passed(now))
+        hot = Counter(
+            r.resource_class for r in records if r.state is InstanceState.IDLE and not r.threshold_passed(now)
+        )
+        stopped = Counter(r.resource_class for r in records if STOPPED is not None and r.state is STOPPED)
         depths = self._depths()
         classes = sorted(set(self._deployment.pool_queue_urls) | {r.resource_class for r in records})
         rows = [
@@ -80,10 +91,24 @@ class Operator:
                 *(str(by_class_state[(name, state)]) for state in LIVE_STATES),
                 str(overdue[name]),
                 depths.get(name, ("-",))[0],
+                str(hot[name]),
+                str(stopped[name]),
+                _idle_cost_per_hour(r for r in records if r.resource_class == name),
             ]
             for name in classes
         ]
-        self._table_out(["class", *(s.value for s in LIVE_STATES), "overdue", "pooled"], rows)
+        self._table_out(
+            [
+                "class",
+                *(s.value for s in LIVE_STATES),
+                "overdue",
+                "pooled",
+                "hot",
+                "stopped",
+                "idle_usd_per_hour",
+            ],
+            rows,
+        )
         return 0
 
     def instances(self) -> int:
@@ -163,6 +188,16 @@ class Operator:
             )
 
 
+def _idle_cost_per_hour(records: Iterable[InstanceRecord]) -> str:
+    """The hourly list price of every idle instance among `records`; `+?` when a type's price is unknown."""
+    prices = [on_demand_hourly(r.instance_type) for r in records if r.state is InstanceState.IDLE]
+    known = sum(price for price in prices if price is not None)
+    unknown = "+?" if None in prices else ""
+    if not known and unknown:
+        return "?"
+    return f"{known:.5f}".rstrip("0").rstrip(".") + unknown
+
+
 def _until(record: InstanceRecord, now: float) -> str:
     if record.threshold is None:
         return ""
@@ -183,7 +218,9 @@ def parser() -> argparse.ArgumentParser:
     root.add_argument("--stack", default=DEFAULT_STACK, help=f"the stack's name (default {DEFAULT_STACK})")
     root.add_argument("--region", help="the stack's region (default: your AWS configuration's)")
     commands = root.add_subparsers(dest="command", required=True)
-    commands.add_parser("status", help="instances per class and state")
+    commands.add_parser(
+        "status", help="instances per class and state, hot and stopped counts, idle cost per hour"
+    )
     commands.add_parser("instances", help="every live instance")
     commands.add_parser("pool", help="the pool queues' depths")
     drain = commands.add_parser(

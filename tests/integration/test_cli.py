@@ -12,6 +12,7 @@ import pytest
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.cli import main
 from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
 from tests.conftest import REGION, TABLE_NAME
 from tests.support import builders
@@ -77,10 +78,67 @@ def test_status_counts_instances_per_class_and_state(
 
     # Then each class shows its counts per state, and how many wait in its pool queue
     assert code == 0
-    assert rows[0] == ["class", "created", "claimed", "running", "idle", "overdue", "pooled"]
-    by_class = {row[0]: row[1:] for row in rows[1:]}
+    assert rows[0][:7] == ["class", "created", "claimed", "running", "idle", "overdue", "pooled"]
+    by_class = {row[0]: row[1:7] for row in rows[1:]}
     assert by_class["large"] == ["0", "0", "1", "2", "0", "1"]
     assert by_class["xlarge"] == ["0", "0", "0", "1", "0", "0"]
+
+
+def test_status_shows_hot_and_stopped_counts_and_the_idle_cost_per_hour(
+    stack: str, state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given two idle c7i.large, one running c7i.large (billed, but not idle) and an idle m7i.xlarge
+    idle(state_table, 1)
+    idle(state_table, 2)
+    running(state_table, 3)
+    idle(state_table, 4, resource_class="xlarge", cpu=4, memory_mib=8192, instance_type="m7i.xlarge")
+
+    # When the operator asks for the status
+    code, rows = run("status", clock=clock)
+
+    # Then each class shows its hot (idle, still offered) count, no stopped instance (the lifecycle has
+    # no stopped tier yet), and its idle instances' hourly on-demand list price: c7i.large $0.08925
+    # and m7i.xlarge $0.2016 (aws.amazon.com/ec2/pricing/on-demand, us-east-1, Linux)
+    assert code == 0
+    assert rows[0][7:] == ["hot", "stopped", "idle_usd_per_hour"]
+    extra = {row[0]: row[7:] for row in rows[1:]}
+    assert extra["large"] == ["2", "0", "0.1785"]
+    assert extra["xlarge"] == ["1", "0", "0.2016"]
+    assert extra["2xlarge"] == ["0", "0", "0"]
+
+
+def test_status_counts_an_overdue_idle_instance_in_the_cost_but_not_as_hot(
+    stack: str, state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given an idle instance whose idle time has passed (refresh has not terminated it yet: it still bills)
+    idle(state_table, 1)
+    clock.advance(Timeouts().idle_seconds + 1)
+
+    # When the operator asks for the status
+    code, rows = run("status", clock=clock)
+
+    # Then it is overdue, not hot, and its price still counts
+    extra = {row[0]: row[7:] for row in rows[1:]}
+    assert code == 0
+    assert extra["large"] == ["0", "0", "0.08925"]
+
+
+def test_status_says_it_does_not_know_the_price_of_a_type_missing_from_its_table(
+    stack: str, state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given an idle instance of a type the price table lacks, beside one it knows
+    idle(state_table, 1)
+    idle(state_table, 2, instance_type="x9z.large")
+    idle(state_table, 3, resource_class="xlarge", cpu=4, memory_mib=8192, instance_type="x9z.xlarge")
+
+    # When the operator asks for the status
+    code, rows = run("status", clock=clock)
+
+    # Then the known part is summed and the unknown one is marked, never priced as zero
+    extra = {row[0]: row[7:] for row in rows[1:]}
+    assert code == 0
+    assert extra["large"][2] == "0.08925+?"
+    assert extra["xlarge"][2] == "?"
 
 
 def test_instances_lists_every_live_instance_with_its_holder(
