@@ -13,7 +13,17 @@ from typing import Any
 
 from bench.results import RESULTS_PATH, BenchTable, merge_results, repeated
 
-BENCHMARKS = ("pickup", "agent", "provision", "webhook", "emulator", "burst", "quotas", "lambda_runtime")
+BENCHMARKS = (
+    "pickup",
+    "agent",
+    "provision",
+    "webhook",
+    "emulator",
+    "burst",
+    "quotas",
+    "lambda_runtime",
+    "day_trace",
+)
 """Modules of this package with `run(**size) -> BenchTable` and a `SMALL` size; later issues add theirs."""
 
 REPEATS = 3

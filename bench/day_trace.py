@@ -1,0 +1,514 @@
+"""A working day of jobs through the pool, per policy: jobs warm/stopped/cold, queued→ready, dollars per job.
+
+A discrete-event model in simulated time (not the emulator: a day takes well under a second). The trace
+is one weekday of workflow runs in one time zone, shaped like a working day (a morning ramp, a lunch
+dip, an afternoon peak, a quiet night), each run a matrix of 1 to 20 jobs queued at once, each job of
+a lognormal length; all drawn from a seeded generator.
+
+What is the product's own code: the warm minimum in force at each moment (`StackConfig.warm_minimum`,
+a weekly schedule in the time zone), the idle time in the pool (`timeouts.idle_seconds`), whether a
+released instance is retired or pooled (`reuse.retire_reason`: `max_jobs`, `max_age_minutes`), which
+pool instance pickup still offers (`reuse.too_old`), the refresh period (`refresh_rate_minutes`), and
+the volume size (`instances.root_volume_gib`). What refresh does is modelled as refresh does it
+(lambdas/runner_pool/domain/refresh.py): each tick terminates what is due, then admits booted pool
+instances, then launches the shortfall below the minimum, counting idle instances whose idle time has
+not passed and pool instances still booting. An idle instance at the minimum is not kept: its idle
+time runs out and refresh replaces it, as the product does today.
+
+What the product does not do yet, modelled from issue 16, item 2 (the stopped tier): an idle instance
+whose idle time passes is stopped instead of terminated while the class has fewer than
+`stopped_maximum` stopped, and terminated once `reuse.max_age_minutes` after its launch; refresh keeps
+a stopped minimum in the same window as the hot one by launching instances that boot and then stop;
+pickup prefers hot, then stopped (StartInstances), then a launch. Stopping itself is taken as instant.
+
+How long each step takes is emulator/boot_model.py's published figures. Prices: every instance is the
+default class's on-demand c7i.large (a stopped tier needs on-demand: an instant fleet's spot
+instances cannot be stopped), billed per second from running to stopped or terminated with a
+60-second minimum each time it starts; its gp3 root volume is billed from launch to termination,
+stopped or not (runner_pool/prices.py has both prices and their sources). The control plane's share
+per job is the emulator's measured Step Functions cost per warm or cold job (bench/results.json).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date, datetime, time
+from enum import StrEnum
+from itertools import count
+from zoneinfo import ZoneInfo
+
+from bench.results import RESULTS_PATH, BenchTable
+from emulator.boot_model import BootModel, Path
+from emulator.instances import instance_facts
+from runner_pool.domain.clock import Epoch
+from runner_pool.domain.config import (
+    ReuseSettings,
+    StackConfig,
+    WarmMinimum,
+    WarmWindow,
+    Weekday,
+    WorkflowType,
+)
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import InstanceRecord, UsageClass
+from runner_pool.prices import gp3_hourly, on_demand_hourly
+
+DAY = date(2026, 11, 24)
+"""A Tuesday."""
+TIME_ZONE = "Europe/Berlin"
+RESOURCE_CLASS = "large"
+INSTANCE_TYPE = "c7i.large"
+"""The smallest current-generation compute type in class large's fence (2 vCPU, 4 GiB): issue 16's example."""
+REPOSITORY = "octo/app"
+WEEKDAYS = (Weekday.MON, Weekday.TUE, Weekday.WED, Weekday.THU, Weekday.FRI)
+
+RUNS_PER_LOCAL_HOUR = (
+    0.2, 0.1, 0.1, 0.1, 0.1, 0.2, 0.5, 1.5, 4, 8, 10, 9, 6, 8, 10, 9, 7, 4, 2, 1.2, 0.8, 0.6, 0.4, 0.3,
+)  # fmt: skip
+"""Relative workflow runs started in each local hour: a working day with a lunch dip."""
+MATRIX_SIZES = ((1, 0.55), (2, 0.12), (3, 0.1), (4, 0.08), (6, 0.06), (8, 0.05), (12, 0.02), (20, 0.02))
+"""How many jobs a run queues at once, and how often: mostly single jobs, some matrices."""
+JOB_MEDIAN_SECONDS = 300.0
+JOB_SIGMA = 0.8
+"""Job lengths are lognormal: median 5 min, p95 about 19 min; capped at an hour."""
+
+FALLBACK_CONTROL_PLANE_MICRODOLLARS = {"warm": 514.0, "cold": 606.3}
+"""Step Functions Standard cost per warm and cold job as the emulator bench measured it (2026-11), for a
+results file without those keys."""
+
+SMALL = {"runs": 40}
+"""`make test`'s size (tests/bench): a sparse day."""
+
+
+@dataclass(frozen=True)
+class Job:
+    run: int
+    queued_at: Epoch
+    duration: float
+
+
+def working_day(runs: int, seed: int, day: date = DAY, time_zone: str = TIME_ZONE) -> list[Job]:
+    """`runs` workflow runs over one day in `time_zone`, each a matrix of jobs queued together."""
+    rng = random.Random(seed)
+    midnight = datetime.combine(day, time(0), ZoneInfo(time_zone)).timestamp()
+    sizes, weights = zip(*MATRIX_SIZES, strict=True)
+    jobs = []
+    for run in range(runs):
+        (hour,) = rng.choices(range(24), weights=RUNS_PER_LOCAL_HOUR)
+        queued_at = midnight + hour * 3600 + rng.uniform(0, 3600)
+        (size,) = rng.choices(sizes, weights=weights)
+        for _ in range(size):
+            duration = min(3600.0, rng.lognormvariate(math.log(JOB_MEDIAN_SECONDS), JOB_SIGMA))
+            jobs.append(Job(run, queued_at, duration))
+    return sorted(jobs, key=lambda job: job.queued_at)
+
+
+def working_hours_minimum(count: int, time_zone: str = TIME_ZONE) -> WarmMinimum:
+    """A warm minimum of `count` on weekdays 08:00-18:00 in `time_zone`, none outside."""
+    window = WarmWindow(days=WEEKDAYS, start="08:00", end="18:00", hot=count)
+    return WarmMinimum(time_zone=time_zone, windows=(window,))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A pool policy: the product's config, the image, and the (modelled) stopped tier's settings."""
+
+    name: str
+    config: StackConfig
+    baked: bool
+    stopped_minimum: WarmMinimum | None = None
+    """The stopped instances refresh keeps (issue 16 item 3 puts `stopped` beside `hot` in a window)."""
+    stopped_maximum: int = 0
+    """Idle instances past their idle time are stopped, not terminated, up to this many (item 2)."""
+
+    @property
+    def cold_path(self) -> Path:
+        return Path.COLD_BAKED if self.baked else Path.COLD_INSTALL
+
+
+def policies(
+    hot: int = 6, hot_with_stopped: int = 3, stopped: int = 6, stopped_maximum: int = 12
+) -> list[Policy]:
+    """No pool, hot only, hot+stopped; each with a boot-time install and with a baked image."""
+    shapes = {
+        "no_pool": (StackConfig(reuse=ReuseSettings(max_jobs=1)), None, 0),
+        "hot": (StackConfig(warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(hot)}), None, 0),
+        "hot_stopped": (
+            StackConfig(warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(hot_with_stopped)}),
+            working_hours_minimum(stopped),
+            stopped_maximum,
+        ),
+    }
+    return [
+        Policy(f"{name}_{'baked' if baked else 'install'}", config, baked, stopped_minimum, maximum)
+        for name, (config, stopped_minimum, maximum) in shapes.items()
+        for baked in (False, True)
+    ]
+
+
+class Tier(StrEnum):
+    BOOTING = "booting for the pool"
+    IDLE = "idle"
+    BUSY = "busy"
+    EXPIRED = "expired"
+    STOPPED = "stopped"
+    GONE = "terminated"
+
+
+@dataclass
+class Instance:
+    number: int
+    launched_at: Epoch
+    tier: Tier
+    running_since: Epoch | None = None
+    """When its current running period began (EC2 bills from running); None while stopped or gone."""
+    agent_up_at: Epoch = 0.0
+    for_stopped: bool = False
+    jobs_served: int = 0
+    threshold: Epoch = 0.0
+    offered_at: Epoch = 0.0
+    billed_seconds: float = 0.0
+    volume_seconds: float = 0.0
+
+
+@dataclass
+class Outcome:
+    """One policy's day: each job's path and queued→ready, and what the instances were billed."""
+
+    policy: Policy
+    paths: list[Path] = field(default_factory=list)
+    ready_seconds: list[float] = field(default_factory=list)
+    billed_seconds: float = 0.0
+    volume_seconds: float = 0.0
+    launches: int = 0
+
+    def jobs(self, path: Path | None = None) -> int:
+        return len(self.paths) if path is None else self.paths.count(path)
+
+    def cold_jobs(self) -> int:
+        return self.jobs(Path.COLD_INSTALL) + self.jobs(Path.COLD_BAKED)
+
+    def ready_percentile(self, q: float) -> float:
+        ordered = sorted(self.ready_seconds)
+        return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+    def ec2_dollars(self) -> float:
+        return self.billed_seconds / 3600 * (on_demand_hourly(INSTANCE_TYPE) or 0.0)
+
+    def ebs_dollars(self) -> float:
+        return self.volume_seconds / 3600 * gp3_hourly(self.policy.config.instances.root_volume_gib)
+
+    def control_plane_dollars(self, per_job: dict[str, float]) -> float:
+        warm = self.jobs(Path.HOT) + self.jobs(Path.STOPPED)
+        return (warm * per_job["warm"] + self.cold_jobs() * per_job["cold"]) / 1e6
+
+
+def ec2_billed_seconds(running_seconds: float) -> float:
+    """EC2 per-second billing: "Every time you start your instance, Amazon EC2 charges a one-minute
+    minimum for instance usage, and thereafter charges per second" (EC2 API Reference, StopInstances)."""
+    return max(60.0, running_seconds)
+
+
+class DaySimulation:
+    """One policy over one trace, event by event in simulated time."""
+
+    def __init__(self, policy: Policy, boot: BootModel, seed: int) -> None:
+        self._policy = policy
+        self._config = policy.config
+        self._boot = boot
+        self._rng = random.Random(seed)
+        self._events: list[tuple[Epoch, int, Callable[[Epoch], None]]] = []
+        self._order = count()
+        self._instances: list[Instance] = []
+        self._outstanding = 0
+        self._day_end = 0.0
+        self.outcome = Outcome(policy)
+
+    def run(self, jobs: list[Job]) -> Outcome:
+        if not jobs:
+            return self.outcome
+        first = datetime.fromtimestamp(jobs[0].queued_at, ZoneInfo(TIME_ZONE))
+        midnight = datetime.combine(first.date(), time(0), first.tzinfo).timestamp()
+        self._day_end = max(midnight + 86_400, jobs[-1].queued_at)
+        self._outstanding = len(jobs)
+        for job in jobs:
+            self._at(
+                job.queued_at + self._draw(self._boot.control_plane),
+                lambda now, job=job: self._pickup(job, now),
+            )
+        self._at(midnight, self._refresh)
+        now = midnight
+        while self._events:
+            now, _, action = heapq.heappop(self._events)
+            action(now)
+        for instance in self._instances:
+            self._end(instance, now)
+        return self.outcome
+
+    # --- events
+
+    def _at(self, when: Epoch, action: Callable[[Epoch], None]) -> None:
+        heapq.heappush(self._events, (when, next(self._order), action))
+
+    def _draw(self, *segments: object) -> float:
+        return sum(segment.draw(self._rng) for segment in segments)  # type: ignore[attr-defined]
+
+    def _pickup(self, job: Job, now: Epoch) -> None:
+        """Pickup prefers an idle instance still offered, then a stopped one (modelled), then a launch."""
+        reuse = self._config.reuse
+        hot = [
+            i
+            for i in self._instances
+            if i.tier is Tier.IDLE
+            and i.offered_at <= now < i.threshold
+            and not reuse.too_old(i.launched_at, now)
+        ]
+        stopped = [
+            i for i in self._instances if i.tier is Tier.STOPPED and not reuse.too_old(i.launched_at, now)
+        ]
+        if hot:
+            instance, path = min(hot, key=lambda i: i.offered_at), Path.HOT
+        elif stopped:
+            instance, path = min(stopped, key=lambda i: i.offered_at), Path.STOPPED
+        else:
+            instance, path = self._launch(now, Tier.BUSY), self._policy.cold_path
+        instance.tier = Tier.BUSY
+        instance.jobs_served += 1
+        # The control plane's share is already behind `now`; a hot instance is running (and billed) already.
+        to_running = self._draw(*self._boot.to_running(path))
+        if path is not Path.HOT:
+            instance.running_since = now + to_running
+        ready = now + to_running + self._draw(*self._boot.running_to_agent(path), self._boot.registration)
+        self.outcome.paths.append(path)
+        self.outcome.ready_seconds.append(ready - job.queued_at)
+        self._at(ready + job.duration, lambda at: self._release(instance, at))
+
+    def _release(self, instance: Instance, now: Epoch) -> None:
+        """Release: retired as the product's reuse settings say, else idle, offered once the agent's receipt
+        is in (a control-plane round trip), with the idle time from now."""
+        self._outstanding -= 1
+        if self._config.reuse.retire_reason(self._record(instance, now), now) is not None:
+            instance.tier = Tier.EXPIRED
+            return
+        instance.tier = Tier.IDLE
+        instance.threshold = now + self._config.timeouts.idle_seconds
+        instance.offered_at = now + self._draw(self._boot.control_plane)
+
+    def _refresh(self, now: Epoch) -> None:
+        """One refresh run (domain/refresh.py's order): what is due, then admissions, then the minimums."""
+        self._terminate_due(now)
+        self._instances = [i for i in self._instances if i.tier is not Tier.GONE]
+        self._admit_booted(now)
+        self._keep_minimums(now)
+        # The day ends at the next midnight, or when its last job is done if later; what is left then is
+        # billed up to that moment.
+        if self._outstanding or now < self._day_end:
+            self._at(now + self._config.refresh_rate_minutes * 60, self._refresh)
+
+    def _terminate_due(self, now: Epoch) -> None:
+        reuse = self._config.reuse
+        for instance in self._instances:
+            if instance.tier is Tier.EXPIRED:
+                self._end(instance, now)
+            elif instance.tier is Tier.IDLE and instance.threshold <= now:
+                if self._room_to_stop() and not reuse.too_old(instance.launched_at, now):
+                    self._stop(instance, now)
+                else:
+                    self._end(instance, now)
+            elif instance.tier is Tier.STOPPED and reuse.too_old(instance.launched_at, now):
+                self._end(instance, now)
+
+    def _admit_booted(self, now: Epoch) -> None:
+        for instance in self._instances:
+            if instance.tier is Tier.BOOTING and instance.agent_up_at <= now:
+                if instance.for_stopped:
+                    self._stop(instance, now)
+                else:
+                    instance.tier = Tier.IDLE
+                    instance.threshold = now + self._config.timeouts.idle_seconds
+                    instance.offered_at = now
+
+    def _keep_minimums(self, now: Epoch) -> None:
+        hot_minimum = self._config.warm_minimum(RESOURCE_CLASS, now)
+        idle = sum(1 for i in self._instances if i.tier is Tier.IDLE and i.threshold > now)
+        booting = sum(1 for i in self._instances if i.tier is Tier.BOOTING and not i.for_stopped)
+        for _ in range(hot_minimum - idle - booting):
+            self._launch_for_pool(now, for_stopped=False)
+        if self._policy.stopped_minimum is None:
+            return
+        stopped_minimum = min(self._policy.stopped_minimum.in_force(now), self._policy.stopped_maximum)
+        stopped = sum(
+            1 for i in self._instances if i.tier is Tier.STOPPED or (i.tier is Tier.BOOTING and i.for_stopped)
+        )
+        for _ in range(stopped_minimum - stopped):
+            self._launch_for_pool(now, for_stopped=True)
+
+    # --- instances
+
+    def _launch(self, now: Epoch, tier: Tier) -> Instance:
+        instance = Instance(self.outcome.launches, launched_at=now, tier=tier)
+        self._instances.append(instance)
+        self.outcome.launches += 1
+        return instance
+
+    def _launch_for_pool(self, now: Epoch, for_stopped: bool) -> None:
+        instance = self._launch(now, Tier.BOOTING)
+        instance.for_stopped = for_stopped
+        path = self._policy.cold_path
+        instance.running_since = now + self._draw(*self._boot.to_running(path))
+        instance.agent_up_at = instance.running_since + self._draw(*self._boot.running_to_agent(path))
+
+    def _room_to_stop(self) -> bool:
+        stopped = sum(1 for i in self._instances if i.tier is Tier.STOPPED)
+        return stopped < self._policy.stopped_maximum
+
+    def _stop(self, instance: Instance, now: Epoch) -> None:
+        self._close_running(instance, now)
+        instance.tier = Tier.STOPPED
+        instance.offered_at = now
+
+    def _end(self, instance: Instance, now: Epoch) -> None:
+        if instance.tier is Tier.GONE:
+            return
+        self._close_running(instance, now)
+        instance.volume_seconds = now - instance.launched_at
+        self.outcome.volume_seconds += instance.volume_seconds
+        instance.tier = Tier.GONE
+
+    def _close_running(self, instance: Instance, now: Epoch) -> None:
+        if instance.running_since is not None:
+            billed = ec2_billed_seconds(max(0.0, now - instance.running_since))
+            instance.billed_seconds += billed
+            self.outcome.billed_seconds += billed
+            instance.running_since = None
+
+    def _record(self, instance: Instance, now: Epoch) -> InstanceRecord:
+        """The instance as the product's records would hold it at release, for `reuse.retire_reason`."""
+        facts = instance_facts(
+            instance.number + 1, usage_class=UsageClass.ON_DEMAND, instance_type=INSTANCE_TYPE
+        )
+        return InstanceRecord(
+            **facts.model_dump(),
+            state=InstanceState.RUNNING,
+            run_key="pool=1",
+            threshold=now,
+            repository=REPOSITORY,
+            jobs_served=instance.jobs_served,
+            created_at=instance.launched_at,
+            updated_at=now,
+        )
+
+
+def control_plane_per_job(config: StackConfig) -> tuple[dict[str, float], str]:
+    """Microdollars of Step Functions per warm and cold job, from the emulator bench's figures if present."""
+    kind = "express" if config.workflow_type is WorkflowType.EXPRESS else "standard"
+    figures = json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {}
+    keys = {path: f"emulator_{path}_{kind}_cost_per_job_microdollars_count" for path in ("warm", "cold")}
+    if all(key in figures for key in keys.values()):
+        return {
+            path: float(figures[key]) for path, key in keys.items()
+        }, f"bench/results.json emulator_*_{kind}_*"
+    return dict(FALLBACK_CONTROL_PLANE_MICRODOLLARS), "the 2026-11 emulator figures (no results file)"
+
+
+def run(runs: int = 600, seed: int = 16, boot: BootModel | None = None) -> BenchTable:
+    jobs = working_day(runs, seed)
+    outcomes = [DaySimulation(policy, boot or BootModel(), seed).run(jobs) for policy in policies()]
+    per_job, per_job_source = control_plane_per_job(outcomes[0].policy.config)
+    table = BenchTable(
+        f"day trace: {len(jobs)} jobs in {runs} runs over a working day ({DAY:%a %Y-%m-%d}, {TIME_ZONE})",
+        (
+            "policy",
+            "warm",
+            "stopped",
+            "cold",
+            "ready p50 s",
+            "ready p95 s",
+            "EC2 $/job",
+            "EBS $/job",
+            "control $/job",
+            "total $/job",
+            "launches",
+        ),
+    )
+    totals = {}
+    for outcome in outcomes:
+        name = outcome.policy.name
+        jobs_count = outcome.jobs()
+        ec2, ebs = outcome.ec2_dollars() / jobs_count, outcome.ebs_dollars() / jobs_count
+        control = outcome.control_plane_dollars(per_job) / jobs_count
+        total = ec2 + ebs + control
+        totals[name] = (total, outcome.ready_percentile(0.95))
+        p50, p95 = outcome.ready_percentile(0.5), outcome.ready_percentile(0.95)
+        table.row(
+            name,
+            outcome.jobs(Path.HOT),
+            outcome.jobs(Path.STOPPED),
+            outcome.cold_jobs(),
+            f"{p50:.1f}",
+            f"{p95:.1f}",
+            f"{ec2:.5f}",
+            f"{ebs:.5f}",
+            f"{control:.5f}",
+            f"{total:.5f}",
+            outcome.launches,
+        )
+        prefix = f"day_trace_{name}"
+        table.figure(f"{prefix}_warm_jobs_count", outcome.jobs(Path.HOT))
+        table.figure(f"{prefix}_stopped_jobs_count", outcome.jobs(Path.STOPPED))
+        table.figure(f"{prefix}_cold_jobs_count", outcome.cold_jobs())
+        table.figure(f"{prefix}_ready_p50_seconds", round(p50, 2))
+        table.figure(f"{prefix}_ready_p95_seconds", round(p95, 2))
+        table.figure(f"{prefix}_ec2_cost_per_job_microdollars_count", round(ec2 * 1e6, 1))
+        table.figure(f"{prefix}_ebs_cost_per_job_microdollars_count", round(ebs * 1e6, 1))
+        table.figure(f"{prefix}_control_plane_cost_per_job_microdollars_count", round(control * 1e6, 1))
+        table.figure(f"{prefix}_cost_per_job_microdollars_count", round(total * 1e6, 1))
+    _explain(table, totals, per_job, per_job_source)
+    return table
+
+
+def _explain(
+    table: BenchTable, totals: dict[str, tuple[float, float]], per_job: dict[str, float], source: str
+) -> None:
+    """The policies' settings, the prices, and the answer issue 16 asks for: is hot+stopped cheaper per job
+    than hot-only at the same or better p95?"""
+    by_name = {policy.name: policy for policy in policies()}
+    hot, hot_stopped = by_name["hot_baked"], by_name["hot_stopped_baked"]
+    noon = datetime.combine(DAY, time(12), ZoneInfo(TIME_ZONE)).timestamp()
+    stopped = hot_stopped.stopped_minimum.in_force(noon) if hot_stopped.stopped_minimum else 0
+    volume_gib = hot.config.instances.root_volume_gib
+    table.note(
+        f"hot: warm minimum {hot.config.warm_minimum(RESOURCE_CLASS, noon)} on weekdays 08:00-18:00 "
+        f"{TIME_ZONE}; "
+        f"hot_stopped: {hot_stopped.config.warm_minimum(RESOURCE_CLASS, noon)} hot and {stopped} stopped in "
+        f"the same hours, at most {hot_stopped.stopped_maximum} stopped (modelled: issue 16 item 2 is not "
+        f"built); no_pool: reuse.max_jobs 1, no minimum. Idle time {hot.config.timeouts.idle_seconds:g} s, "
+        f"max age {hot.config.reuse.max_age_minutes} min (config defaults)."
+    )
+    table.note(
+        f"Prices: {INSTANCE_TYPE} on-demand ${on_demand_hourly(INSTANCE_TYPE)}/h by the second, "
+        f"60 s minimum per start; gp3 {volume_gib} GiB ${gp3_hourly(volume_gib):.5f}/h from launch to "
+        f"termination; control plane {per_job['warm']:g}/{per_job['cold']:g} microdollars per warm/cold "
+        f"job ({source})."
+    )
+    cheapest = min(totals, key=lambda name: totals[name][0])
+    table.note(
+        f"Cheapest per job: {cheapest} (${totals[cheapest][0]:.5f}); a pool buys queued→ready with idle "
+        f"instance time. Launches beyond cold jobs are pool launches: refresh lets an idle instance at the "
+        f"minimum run out its idle time and launches its replacement, so an unused pool is relaunched "
+        f"every idle time plus a boot (domain/refresh.py)."
+    )
+    for image in ("install", "baked"):
+        hot_cost, hot_p95 = totals[f"hot_{image}"]
+        stopped_cost, stopped_p95 = totals[f"hot_stopped_{image}"]
+        cheaper = "costs less" if stopped_cost < hot_cost else "does NOT cost less"
+        p95 = "at the same or better" if stopped_p95 <= hot_p95 else "at a WORSE"
+        table.note(
+            f"{image}: hot+stopped {cheaper} per job than hot-only (${stopped_cost:.5f} vs ${hot_cost:.5f}) "
+            f"{p95} p95 queued→ready ({stopped_p95:.1f} s vs {hot_p95:.1f} s)."
+        )
