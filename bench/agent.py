@@ -300,7 +300,8 @@ def _confirms(records: StateTable, instance_id: str, signal: Signal, run_key: st
     return current is not None and current.confirms(signal, run_key)
 
 
-def _await(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+def _await(check: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    # A bound, not a wait: the agent answers in a second; a loaded shared machine can take far longer.
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
