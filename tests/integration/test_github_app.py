@@ -12,6 +12,10 @@ from emulator.fake_github import FakeGitHub, JobSpec, decode_jit_config
 from runner_pool.adapters.github_app import (
     TOKEN_REFRESH_MARGIN_SECONDS,
     GitHubApp,
+)
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.runner_scope import OrganizationScope, RepositoryScope, RunnerScope
+from runner_pool.domain.runners import (
     GitHubAuthError,
     GitHubForbiddenError,
     GitHubNotFoundError,
@@ -22,8 +26,6 @@ from runner_pool.adapters.github_app import (
     RunnerRemoval,
     RunnerStatus,
 )
-from runner_pool.domain.clock import ManualClock
-from runner_pool.domain.runner_scope import OrganizationScope, RepositoryScope, RunnerScope
 from tests.support.builders import run_key
 from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 

@@ -12,12 +12,14 @@ from emulator.fake_github import FakeGitHub, JobSpec
 from emulator.fake_github.rate_limits import CONTENT_PER_MINUTE
 from runner_pool.adapters.github_app import (
     GitHubApp,
-    GitHubRateLimitedError,
-    GitHubUnavailableError,
     _retry_after,
 )
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
+from runner_pool.domain.runners import (
+    GitHubRateLimitedError,
+    GitHubUnavailableError,
+)
 from tests.support.builders import run_key
 from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 

@@ -40,11 +40,12 @@ from emulator.step_functions import (
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.state_table import StateTable, TransitionResult
 from runner_pool.domain.clock import Epoch, ManualClock
-from runner_pool.domain.config import StackConfig
+from runner_pool.domain.config import ReuseSettings, StackConfig
 from runner_pool.domain.executions import runner_name
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.records import InstanceFacts, InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.runner_scope import RepositoryScope
+from runner_pool.steps.release import Release
 from runner_pool.wiring import ControlPlane
 from tests.conftest import NO_WAIT, REGION
 from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
@@ -102,6 +103,18 @@ class LocalControlPlane:
     @property
     def config(self) -> StackConfig:
         return self.plane.config
+
+    def release(self, reuse: ReuseSettings | None = None) -> Release:
+        """The release steps over this plane's adapters; without `reuse` none retires an instance."""
+        plane = self.plane
+        return Release(
+            plane.state_table,
+            lambda: plane.pool_queues,
+            lambda: plane.github,
+            clock=self.clock,
+            timeouts=plane.config.timeouts,
+            reuse=reuse,
+        )
 
     # --- instances -------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The release steps (domain.release) one at a time, on moto's table and queues and a fake GitHub."""
+"""The release steps (steps.release) one at a time, on moto's table and queues and a fake GitHub."""
 
 from __future__ import annotations
 
@@ -6,12 +6,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from runner_pool.domain import release
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, Signal
-from runner_pool.domain.release import ReleaseItem, ReleaseProgress, ReleaseStatus, SalvageRequest
+from runner_pool.domain.release import (
+    ReleaseItem,
+    ReleaseProgress,
+    ReleaseStatus,
+    SalvageRequest,
+    receipt_poll_seconds,
+)
 from tests.support.control_plane import LocalControlPlane, local_control_plane
 
 RUN = "pool=101"
@@ -31,17 +36,11 @@ def item(record: InstanceRecord, run_key: str = RUN) -> ReleaseItem:
 
 
 def give_back(local: LocalControlPlane, record: InstanceRecord, run_key: str = RUN) -> ReleaseProgress:
-    return release.give_back(
-        item(record, run_key),
-        local.table,
-        lambda: local.plane.github,
-        local.config.timeouts,
-        local.clock.now(),
-    )
+    return local.release().give_back(item(record, run_key))
 
 
 def check(local: LocalControlPlane, progress: ReleaseProgress) -> ReleaseProgress:
-    return release.check_receipt(progress, local.table, local.plane.pool_queues, local.clock.now())
+    return local.release().check_receipt(progress)
 
 
 @pytest.mark.parametrize(
@@ -52,7 +51,7 @@ def test_the_receipt_poll_is_the_heartbeat_period_in_whole_seconds(
 ) -> None:
     # Given a heartbeat period / When the poll is derived / Then it is the period rounded up, at least 1 s
     timeouts = Timeouts(heartbeat_period_seconds=heartbeat_period, healthy_window_seconds=15)
-    assert release.receipt_poll_seconds(timeouts) == poll
+    assert receipt_poll_seconds(timeouts) == poll
 
 
 def test_a_release_by_run_plans_every_instance_the_run_holds(local: LocalControlPlane) -> None:
@@ -61,7 +60,7 @@ def test_a_release_by_run_plans_every_instance_the_run_holds(local: LocalControl
     (created,) = local.launch(1, RUN)
     local.running(OTHER_RUN)
     # When the run's release is planned
-    plan = release.plan(ReleaseRequest(run_key=RUN, cause="run-1"), local.table, local.config.timeouts)
+    plan = local.release().plan(ReleaseRequest(run_key=RUN, cause="run-1"))
     # Then it names exactly the run's instances
     assert set(plan.instance_ids) == {running.instance_id, created.instance_id}
 
@@ -71,7 +70,7 @@ def test_a_release_by_instance_plans_that_instance_alone(local: LocalControlPlan
     first, _second = local.running(RUN, count=2)
     # When the release of one of them is planned
     request = ReleaseRequest(run_key=RUN, instance_id=first.instance_id, cause="job-1")
-    plan = release.plan(request, local.table, local.config.timeouts)
+    plan = local.release().plan(request)
     # Then only that one is named
     assert plan.instance_ids == (first.instance_id,)
 
@@ -143,8 +142,8 @@ def test_salvage_expires_an_instance_still_running_for_the_run(local: LocalContr
     # Given a running instance whose give-back failed before it changed anything
     (running,) = local.running(RUN)
     # When the release salvages it
-    progress = release.salvage(
-        SalvageRequest(instance_id=running.instance_id, run_key=RUN, error={"Error": "Boom"}), local.table
+    progress = local.release().salvage(
+        SalvageRequest(instance_id=running.instance_id, run_key=RUN, error={"Error": "Boom"})
     )
     # Then it is expired, still held by the run (refresh terminates it)
     assert progress.status is ReleaseStatus.SALVAGED
@@ -157,7 +156,7 @@ def test_salvage_leaves_alone_an_instance_another_run_holds(local: LocalControlP
     # Given an instance running for another run
     (running,) = local.running(OTHER_RUN)
     # When a failed release for this run salvages it
-    progress = release.salvage(SalvageRequest(instance_id=running.instance_id, run_key=RUN), local.table)
+    progress = local.release().salvage(SalvageRequest(instance_id=running.instance_id, run_key=RUN))
     # Then nothing changes
     assert progress.status is ReleaseStatus.MOVED_ON
     assert local.record(running.instance_id) == running
@@ -171,9 +170,7 @@ def job_item(record: InstanceRecord, runner_id: int | None, run_key: str = RUN) 
 
 
 def give_back_item(local: LocalControlPlane, released: ReleaseItem) -> ReleaseProgress:
-    return release.give_back(
-        released, local.table, lambda: local.plane.github, local.config.timeouts, local.clock.now()
-    )
+    return local.release().give_back(released)
 
 
 def taken_again(local: LocalControlPlane, record: InstanceRecord, *, activate: bool) -> int:

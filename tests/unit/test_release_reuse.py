@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from runner_pool.domain import release
 from runner_pool.domain.config import ReuseSettings
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
@@ -51,14 +50,7 @@ def give_back(
         "runner_id": record.runner_id,
         "repository": REPOSITORY,
     }
-    return release.give_back(
-        ReleaseItem.model_validate(fields | item),
-        local.table,
-        lambda: local.plane.github,
-        local.config.timeouts,
-        local.clock.now(),
-        reuse=reuse or local.config.reuse,
-    )
+    return local.release(reuse or local.config.reuse).give_back(ReleaseItem.model_validate(fields | item))
 
 
 def never_pooled(local: LocalControlPlane, record: InstanceRecord) -> None:
@@ -150,7 +142,7 @@ def test_a_scrub_receipt_that_comes_after_the_quarantine_does_not_pool_the_insta
     assert give_back(local, record, run_key=FOREIGN_RUN, quarantine=True).status is ReleaseStatus.QUARANTINED
     # When the agent's scrub confirms, and the release looks
     local.table.write_signal(record.instance_id, Signal.UD_REMOVE_REG_OK, RUN)
-    checked = release.check_receipt(awaiting, local.table, local.plane.pool_queues, local.clock.now())
+    checked = local.release().check_receipt(awaiting)
     # Then the release does not pool it: the quarantine's expiry stands
     assert checked.status is not ReleaseStatus.POOLED
     never_pooled(local, record)

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from runner_pool.domain import release
 from runner_pool.domain.executions import runner_name
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
@@ -38,9 +37,7 @@ def claimed_and_registered(local: LocalControlPlane, claim: str) -> tuple[Instan
 
 def give_back(local: LocalControlPlane, record: InstanceRecord, runner: int | None) -> ReleaseProgress:
     item = ReleaseItem(instance_id=record.instance_id, run_key=RUN, poll_seconds=1, runner_id=runner)
-    return release.give_back(
-        item, local.table, lambda: local.plane.github, local.config.timeouts, local.clock.now()
-    )
+    return local.release().give_back(item)
 
 
 def test_a_job_done_before_finish_pools_its_still_claimed_instance(local: LocalControlPlane) -> None:
@@ -53,7 +50,7 @@ def test_a_job_done_before_finish_pools_its_still_claimed_instance(local: LocalC
     assert local.record(record.instance_id).state is InstanceState.IDLE
     # And on the agent's receipt it goes back to the pool
     local.table.write_signal(record.instance_id, Signal.UD_REMOVE_REG_OK, RUN)
-    pooled = release.check_receipt(progress, local.table, local.plane.pool_queues, local.clock.now())
+    pooled = local.release().check_receipt(progress)
     assert pooled.status is ReleaseStatus.POOLED
     assert [m.instance_id for m in local.drain_pool()] == [record.instance_id]
     # And the provision's late activate loses: the instance is not set running under nobody's job

@@ -37,7 +37,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from runner_pool.adapters.github_app import GitHubError, RegisteredRunner, RunJob, RunnerRemoval, RunnerStatus
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import (
@@ -54,6 +53,7 @@ from runner_pool.domain.provision import busy_seconds
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runner_scope import OrganizationScope
+from runner_pool.domain.runners import GitHubError, RegisteredRunner, RunJob, RunnerRemoval, RunnerStatus
 from runner_pool.observability import logger
 
 if TYPE_CHECKING:

@@ -1,8 +1,4 @@
-"""Lambda entry points of the release state machine (infra/statemachines/release.asl.json), one per task.
-
-Their AWS calls are checked against each function's role in the synthesized stack wherever a test
-invokes them (emulator/iam_check.py); `give_back` also deletes unused runners on GitHub.
-"""
+"""Lambda entry points of the release state machine (infra/statemachines/release.asl.json), one per task."""
 
 from __future__ import annotations
 
@@ -10,11 +6,11 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from runner_pool.domain import release
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.release import ReleaseItem, ReleaseProgress, ReleaseStatus, SalvageRequest
 from runner_pool.observability import count, logger, tracer
-from runner_pool.wiring import control_plane
+from runner_pool.steps.release import Release
+from runner_pool.wiring import ControlPlane, control_plane
 
 SETTLED_METRICS = {
     ReleaseStatus.POOLED: "ReleasesPooled",
@@ -28,8 +24,7 @@ SETTLED_METRICS = {
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def plan(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    plane = control_plane()
-    planned = release.plan(ReleaseRequest.model_validate(event), plane.state_table, plane.config.timeouts)
+    planned = release_of(control_plane()).plan(ReleaseRequest.model_validate(event))
     logger.info(
         "release planned", run_key=planned.run_key, cause=planned.cause, instances=list(planned.instance_ids)
     )
@@ -39,26 +34,13 @@ def plan(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def give_back(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    plane = control_plane()
-    progress = release.give_back(
-        ReleaseItem.model_validate(event),
-        plane.state_table,
-        lambda: plane.github,
-        plane.config.timeouts,
-        plane.clock.now(),
-        reuse=plane.config.reuse,
-    )
-    return _reported(progress)
+    return _reported(release_of(control_plane()).give_back(ReleaseItem.model_validate(event)))
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def check_receipt(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    plane = control_plane()
-    progress = release.check_receipt(
-        ReleaseProgress.model_validate(event), plane.state_table, plane.pool_queues, plane.clock.now()
-    )
-    return _reported(progress)
+    return _reported(release_of(control_plane()).check_receipt(ReleaseProgress.model_validate(event)))
 
 
 @logger.inject_lambda_context
@@ -68,7 +50,18 @@ def salvage(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.error(
         "a release step failed; expiring what it held", instance_id=request.instance_id, error=request.error
     )
-    return _reported(release.salvage(request, control_plane().state_table))
+    return _reported(release_of(control_plane()).salvage(request))
+
+
+def release_of(plane: ControlPlane) -> Release:
+    return Release(
+        plane.state_table,
+        lambda: plane.pool_queues,
+        lambda: plane.github,
+        clock=plane.clock,
+        timeouts=plane.config.timeouts,
+        reuse=plane.config.reuse,
+    )
 
 
 def _reported(progress: ReleaseProgress) -> dict[str, Any]:

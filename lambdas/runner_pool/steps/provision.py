@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from runner_pool.adapters.fleet import LAUNCH_TAG
-from runner_pool.adapters.github_app import GitHubRateLimitedError, GitHubRetryableError
 from runner_pool.adapters.state_table import InstanceView
 from runner_pool.domain.executions import ProvisionRequest, runner_name
 from runner_pool.domain.fleet import LaunchRequest
@@ -33,6 +32,7 @@ from runner_pool.domain.provision import (
 from runner_pool.domain.records import InstanceRecord, PoolMessage
 from runner_pool.domain.registration_budget import wait_seconds
 from runner_pool.domain.run_keys import RunKey
+from runner_pool.domain.runners import GitHubRateLimitedError, GitHubRetryableError
 from runner_pool.observability import count, logger, seconds
 from runner_pool.wiring import ControlPlane
 

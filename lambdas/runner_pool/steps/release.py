@@ -1,0 +1,276 @@
+"""The release state machine's steps (infra/statemachines/release.asl.json), over explicit collaborators.
+
+One instance goes through give back (running → idle, or expired if it never served, or quarantined),
+then check receipt every poll until the agent confirms its cleanup or the deadline passes; salvage
+runs only when a step failed unexpectedly. Each step is a conditional transition that recognises its
+own replay, so a retried step never acts twice; a transition lost to someone else (who moved the
+instance) ends the instance's release without error. The one effect that can happen twice is a pool
+message sent again by a retried check: pickup drops the copy whose record has moved on (see
+domain.pickup).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.config import ReuseSettings, Timeouts
+from runner_pool.domain.executions import ReleaseRequest
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pickup import PoolQueue
+from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
+from runner_pool.domain.release import (
+    RUN_SIGNALS,
+    ReleaseItem,
+    ReleasePlan,
+    ReleaseProgress,
+    ReleaseStatus,
+    SalvageRequest,
+    moved,
+    of_another_repository,
+    receipt_poll_seconds,
+    served_before_running,
+)
+from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
+from runner_pool.observability import logger
+
+
+class Release:
+    """The pool queues and the runner registry are built on first use: only check receipt offers to a
+    queue, and only give back reaches GitHub."""
+
+    def __init__(
+        self,
+        table: StateTable,
+        queues: Callable[[], PoolQueue],
+        registry: Callable[[], RunnerRegistry],
+        *,
+        clock: Clock,
+        timeouts: Timeouts,
+        reuse: ReuseSettings | None = None,
+    ) -> None:
+        """Without `reuse`, no instance is retired: every one that served is cleaned for the pool."""
+        self._table = table
+        self._queues = queues
+        self._registry = registry
+        self._clock = clock
+        self._timeouts = timeouts
+        self._reuse = reuse
+
+    def plan(self, request: ReleaseRequest) -> ReleasePlan:
+        """The instances to give back: the one named, or every record still holding the run key."""
+        if request.instance_id is not None:
+            instance_ids: tuple[str, ...] = (request.instance_id,)
+        else:
+            # Marked before the index is read: a provision for the run that activates after this sees the
+            # mark and gives back; one that activated before is found running by the read below.
+            self._table.mark_run_finished(request.run_key)
+            held = self._table.held_by(request.run_key)
+            instance_ids = tuple(sorted(record.instance_id for record in held))
+        return ReleasePlan(
+            run_key=request.run_key,
+            cause=request.cause,
+            instance_ids=instance_ids,
+            runner_id=request.runner_id if request.instance_id is not None else None,
+            poll_seconds=receipt_poll_seconds(self._timeouts),
+            repository=request.repository,
+            quarantine=request.quarantine,
+        )
+
+    def give_back(self, item: ReleaseItem) -> ReleaseProgress:
+        """Running → idle (or, never having served, expired), and the run's runner deleted from GitHub.
+
+        An instance that must not serve again (single use, or at its reuse limits) is expired once idle
+        instead of awaiting its receipt; one whose runner ran a foreign job is quarantined.
+        """
+        now = self._clock.now()
+        progress = ReleaseProgress(
+            instance_id=item.instance_id,
+            run_key=item.run_key,
+            poll_seconds=item.poll_seconds,
+            status=ReleaseStatus.MOVED_ON,
+        )
+        record = self._table.get(item.instance_id)
+        if item.quarantine or of_another_repository(record, item):
+            return self._quarantine(item, record, progress)
+        released = self._give_back(item, record, now=now, progress=progress)
+        # What decides (single use, jobs served, launch time) is as the record read above had it: a
+        # release changes none of it.
+        reason = (
+            self._reuse.retire_reason(record, now)
+            if self._reuse is not None
+            and record is not None
+            and released.status is ReleaseStatus.AWAITING_RECEIPT
+            else None
+        )
+        if reason is None:
+            return released
+        retired = self._expire_idle(released, reason)
+        if retired.status is ReleaseStatus.EXPIRED:
+            return retired.model_copy(update={"status": ReleaseStatus.RETIRED})
+        return retired
+
+    def check_receipt(self, progress: ReleaseProgress) -> ReleaseProgress:
+        """Pool the instance once the agent confirms it is clean; expire it on failure or when overdue."""
+        now = self._clock.now()
+        if progress.status is not ReleaseStatus.AWAITING_RECEIPT or progress.deadline is None:
+            raise ValueError(f"{progress.instance_id} is not awaiting a receipt: {progress.status}")
+        view = self._table.observe(progress.instance_id)
+        record = view.record
+        if (
+            record is None
+            or record.state is not InstanceState.IDLE
+            or record.run_key is not None
+            or record.threshold != progress.idle_threshold
+        ):
+            return progress.model_copy(update={"status": ReleaseStatus.MOVED_ON, "reason": moved(record)})
+        if record.threshold_passed(now):
+            return progress.model_copy(
+                update={"status": ReleaseStatus.EXPIRED, "reason": "its idle time ran out before the receipt"}
+            )
+        signal = view.signal
+        if signal is not None and signal.confirms(Signal.UD_REMOVE_REG_OK, progress.run_key):
+            self._queues().offer(PoolMessage.for_idle(record))
+            return progress.model_copy(update={"status": ReleaseStatus.POOLED, "reason": None})
+        if signal is not None and signal.confirms(Signal.UD_REMOVE_REG_FAILED, progress.run_key):
+            reason = f"the agent could not clean up: {signal.reason or 'no reason'}"
+            return self._expire_idle(progress, reason)
+        if now >= progress.deadline:
+            return self._expire_idle(progress, "no receipt from the agent in time")
+        return progress
+
+    def salvage(self, request: SalvageRequest) -> ReleaseProgress:
+        """Expire what the release held when a step failed: still running for the run, or released by it."""
+        expired = self._table.expire(request.instance_id, run_key=request.run_key)
+        current = expired.record
+        if (
+            not expired.succeeded
+            and current is not None
+            and current.state is InstanceState.IDLE
+            and current.run_key is None
+            and (request.idle_threshold is None or current.threshold == request.idle_threshold)
+        ):
+            expired = self._table.expire(request.instance_id, run_key=None)
+        error = request.error or {}
+        return ReleaseProgress(
+            instance_id=request.instance_id,
+            run_key=request.run_key,
+            poll_seconds=request.poll_seconds,
+            status=ReleaseStatus.SALVAGED if expired.succeeded else ReleaseStatus.MOVED_ON,
+            reason=f"{error.get('Error', 'a step failed')}: {error.get('Cause', '')}".strip(": "),
+        )
+
+    # --- mechanics -----------------------------------------------------------------------------
+
+    def _quarantine(
+        self, item: ReleaseItem, record: InstanceRecord | None, progress: ReleaseProgress
+    ) -> ReleaseProgress:
+        """Expire the instance whose hand-off to `item.runner_id` GitHub gave a foreign job; log both runs."""
+        if item.runner_id is None or record is None:
+            return progress.model_copy(update={"reason": moved(record)})
+        quarantined = self._table.quarantine(item.instance_id, item.runner_id)
+        if not quarantined.succeeded:
+            return progress.model_copy(update={"reason": moved(quarantined.record)})
+        logger.error(
+            "runner quarantined: GitHub gave it a job of another run or repository",
+            instance_id=item.instance_id,
+            runner_id=item.runner_id,
+            instance_run_key=record.run_key,
+            instance_repository=record.repository,
+            job_run_key=item.run_key,
+            job_repository=item.repository,
+        )
+        reason = (
+            f"runner {item.runner_id} of {record.repository or 'no repository'} "
+            f"({record.run_key or 'idle'}) ran a job of {item.repository} ({item.run_key})"
+        )
+        return progress.model_copy(update={"status": ReleaseStatus.QUARANTINED, "reason": reason})
+
+    def _give_back(
+        self, item: ReleaseItem, record: InstanceRecord | None, *, now: Epoch, progress: ReleaseProgress
+    ) -> ReleaseProgress:
+        if item.runner_id is not None and (record is None or record.runner_id != item.runner_id):
+            # A job's completion releases the hand-off it ran on, and no other: a late or repeated one
+            # finds the instance taken again (by the same run, for its next job) under another runner.
+            held = "no runner" if record is None or record.runner_id is None else f"runner {record.runner_id}"
+            reason = f"{moved(record)}, with {held}, not runner {item.runner_id}"
+            return progress.model_copy(update={"reason": reason})
+        if served_before_running(record, item):
+            # A short job ended before its provision set the instance running (issue 13, fix 6): the
+            # instance served, so it is cleaned and pooled like any other; Finish then loses its activate.
+            served = self._table.release_served(item.instance_id, item.run_key, item.runner_id or 0)
+            if served.succeeded and served.record is not None:
+                return self._awaiting_receipt(progress, served.record)
+            record = served.record
+        if record is not None and record.state in (InstanceState.CLAIMED, InstanceState.CREATED):
+            expired = self._table.expire(item.instance_id, run_key=item.run_key)
+            if not expired.succeeded:
+                return progress.model_copy(update={"reason": moved(expired.record)})
+            return progress.model_copy(
+                update={
+                    "status": ReleaseStatus.EXPIRED,
+                    "runner": self._delete_runner(record),
+                    "reason": f"{record.state} for the run, never served",
+                }
+            )
+        released, found = self._released(item, record, now)
+        if released is None:
+            return progress.model_copy(update={"reason": moved(found)})
+        return self._awaiting_receipt(progress, released)
+
+    def _awaiting_receipt(self, progress: ReleaseProgress, released: InstanceRecord) -> ReleaseProgress:
+        return progress.model_copy(
+            update={
+                "status": ReleaseStatus.AWAITING_RECEIPT,
+                "idle_threshold": released.threshold,
+                "deadline": released.updated_at + self._timeouts.release_receipt_seconds,
+                "runner": self._delete_runner(released),
+            }
+        )
+
+    def _expire_idle(self, progress: ReleaseProgress, reason: str) -> ReleaseProgress:
+        expired = self._table.expire(progress.instance_id, run_key=None)
+        if not expired.succeeded:
+            return progress.model_copy(
+                update={"status": ReleaseStatus.MOVED_ON, "reason": moved(expired.record)}
+            )
+        return progress.model_copy(update={"status": ReleaseStatus.EXPIRED, "reason": reason})
+
+    def _released(
+        self, item: ReleaseItem, record: InstanceRecord | None, now: Epoch
+    ) -> tuple[InstanceRecord | None, InstanceRecord | None]:
+        """The idle record this release made (now, or in an earlier attempt), or None; and the record as
+        found."""
+        if record is None:
+            return None, None
+        if record.state is InstanceState.RUNNING:
+            result = self._table.release(item.instance_id, item.run_key, runner_id=item.runner_id)
+            return (result.record if result.succeeded else None), result.record
+        if record.state is InstanceState.IDLE and self._last_served(record, item.run_key, now):
+            # This step's own earlier attempt (a retry), or a twin release of the same run: the agent's
+            # latest word is about this run. An idle record with any other story is another idle period.
+            return record, record
+        return None, record
+
+    def _last_served(self, record: InstanceRecord, run_key: str, now: Epoch) -> bool:
+        if record.run_key is not None or record.threshold_passed(now):
+            return False
+        signal = self._table.read_signal(record.instance_id)
+        return signal is not None and signal.signal in RUN_SIGNALS and signal.run_key == run_key
+
+    def _delete_runner(self, record: InstanceRecord) -> RunnerRemoval | None:
+        """Best effort: a runner left behind while GitHub is unavailable is deleted by refresh later.
+
+        A runner that took its job is already gone (GitHub removes a JIT runner after its one job); one
+        still busy is left for GitHub to remove when its job ends.
+        """
+        if record.runner_id is None:
+            return None
+        try:
+            return self._registry().delete_runner(record.runner_id, record.repository)
+        except GitHubError as exc:
+            logger.warning(
+                "runner not deleted; refresh deletes it later", runner_id=record.runner_id, error=str(exc)
+            )
+            return None
