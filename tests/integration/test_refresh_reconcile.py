@@ -12,8 +12,9 @@ import pytest
 from emulator.fake_github import FakeWorkflowRun, JobSpec
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
 from runner_pool.domain.records import Signal
-from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS, Refresh, RefreshReport
+from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS, RefreshReport
 from runner_pool.environment import STACK_TAG_KEY
+from runner_pool.steps.refresh import Refresh
 from tests.support.control_plane import STACK_NAME, LocalControlPlane, local_control_plane
 from tests.support.github_app import OWNER, REPO
 

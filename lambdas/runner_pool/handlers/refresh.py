@@ -1,9 +1,7 @@
-"""The refresh Lambda, on an EventBridge schedule: one run of domain.refresh, its report as metrics.
+"""The refresh Lambda, on an EventBridge schedule: one run of steps.refresh, its report as metrics.
 
-Its AWS calls are checked against its role in the synthesized stack wherever a test invokes it
-(emulator/iam_check.py); on GitHub it lists and deletes runners, lists hook deliveries and asks for
-redeliveries, and lists a run attempt's jobs. Its timeout should be shorter than the schedule's
-period, so that runs of two schedule slots never overlap (runs of one slot may: see domain.refresh).
+Its timeout should be shorter than the schedule's period, so that runs of two schedule slots never
+overlap (runs of one slot may: see steps.refresh).
 """
 
 from __future__ import annotations
@@ -15,9 +13,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, ConfigDict
 
-from runner_pool.domain.refresh import Refresh, RefreshReport, refresh_tick
+from runner_pool.domain.refresh import RefreshReport, refresh_tick
 from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.observability import logger, metrics, tracer
+from runner_pool.steps.refresh import Refresh
 from runner_pool.wiring import ControlPlane, control_plane
 
 

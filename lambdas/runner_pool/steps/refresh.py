@@ -1,0 +1,444 @@
+"""Refresh (DESIGN.md section 8): the scheduled sweep that ends what is due, leaks nothing, keeps the pool.
+
+Each run does nine jobs, one after the other, each on its own (one failing does not stop the rest):
+
+1. vanished: a live record whose instance EC2 reports gone (a spot interruption, a terminate from
+   outside) is expired at once, rather than when its threshold would have passed;
+2. terminate due: every live record whose threshold has passed (expired created, claimed, running
+   and idle alike) is terminated in EC2, in batches, then marked terminated; one EC2 no longer
+   knows is marked terminated too;
+3. orphans: instances with the stack's tag and no live record are terminated, once older than a
+   grace period (a creation records its instances right after CreateFleet returns);
+4. admit: instances launched for the pool whose agent has signalled `UD_OK` with a fresh
+   heartbeat go created → idle and into their class's queue; `UD_FAILED` expires them;
+5. warm pool: each class short of the warm minimum in force now (idle plus still booting) is topped
+   up; a minimum that drops (a schedule's window closes) terminates nothing;
+6. runners: our runners GitHub lists as offline are deleted, unless one may still start;
+7. redeliveries: webhook deliveries that failed in the last hour are asked for again;
+8. dead runners: a running instance whose agent reports its runner exited before it took a job
+   (UD_REG_FAILED for its run key) is released, to be cleaned and pooled, and one more runner is
+   asked for the run (issue 13, fix 8);
+9. reconcile: for runs with recent demand and no provision at work for them, GitHub is asked for
+   their jobs (List jobs for a workflow run attempt), and every queued job with our label that no
+   runner of ours is free to take gets one (issue 13: no job is ever stranded). At most
+   RECONCILE_REQUESTS_PER_RUN requests to GitHub a run, least recently reconciled runs first.
+
+Two runs at once, or a run that dies anywhere, leave nothing wrong: a passed threshold is final
+(no transition applies once it has passed), termination and deletion are idempotent, the marks and
+admissions are conditional writes whose loser leaves the work alone, and the warm-pool top-up and
+each redelivery are claimed through a compare-and-set marker in the state table before acting.
+What a dead run left undone, the next run finds still to do.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from runner_pool.adapters.executions import Executions
+from runner_pool.adapters.fleet import Fleet
+from runner_pool.adapters.recent_demand import RecentDemand, RecentRun
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.executions import (
+    PROVISION_LIMIT,
+    ProvisionRequest,
+    ReleaseRequest,
+    instance_of_runner,
+)
+from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
+from runner_pool.domain.lifecycle import InstanceState, Outcome
+from runner_pool.domain.pickup import PoolQueue
+from runner_pool.domain.provision import busy_seconds
+from runner_pool.domain.records import PoolMessage, Signal
+from runner_pool.domain.refresh import (
+    ORPHAN_GRACE_SECONDS,
+    RECENT_DEMAND_SECONDS,
+    RECONCILE_GRACE_SECONDS,
+    RECONCILE_REQUESTS_PER_RUN,
+    REDELIVERY_MARKER,
+    REDELIVERY_WINDOW_SECONDS,
+    SWEEP_BATCH,
+    WARM_POOL_MARKER,
+    RefreshReport,
+    batches,
+    booting_for_pool,
+    may_still_start,
+    run_key_of,
+    untracked,
+)
+from runner_pool.domain.runner_scope import OrganizationScope
+from runner_pool.domain.runners import GitHubError, RunJob, RunnerRegistry, RunnerRemoval, RunnerStatus
+from runner_pool.observability import logger
+
+
+class Refresh:
+    def __init__(
+        self,
+        table: StateTable,
+        fleet: Fleet,
+        queues: PoolQueue,
+        registry: Callable[[], RunnerRegistry],
+        *,
+        clock: Clock,
+        config: StackConfig,
+        stack_tag: tuple[str, str],
+        orphan_grace_seconds: float = ORPHAN_GRACE_SECONDS,
+        recent_demand: RecentDemand | None = None,
+        executions: Callable[[], Executions] | None = None,
+    ) -> None:
+        """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing."""
+        self._table = table
+        self._fleet = fleet
+        self._queues = queues
+        self._registry = registry
+        self._clock = clock
+        self._config = config
+        self._stack_tag = stack_tag
+        self._orphan_grace = orphan_grace_seconds
+        self._recent = recent_demand
+        self._executions = executions
+
+    def run(self, tick: int) -> RefreshReport:
+        report = RefreshReport()
+        jobs: list[tuple[str, Callable[[RefreshReport], None]]] = [
+            ("vanished", self._expire_vanished),
+            ("terminate-due", self._terminate_due),
+            ("orphans", self._terminate_orphans),
+            ("admit", self._admit_ready),
+            ("warm-pool", lambda r: self._keep_warm(r, tick)),
+            ("runners", self._delete_offline_runners),
+            ("redeliveries", self._redeliver),
+            ("dead-runners", self._replace_dead_runners),
+            ("reconcile", lambda r: self._reconcile(r, tick)),
+        ]
+        for name, job in jobs:
+            try:
+                job(report)
+            except Exception:
+                logger.exception("refresh job failed; the next run tries again", job=name)
+                report.failed.append(name)
+        return report
+
+    # --- 1. instances EC2 has lost -------------------------------------------------------------
+
+    def _expire_vanished(self, report: RefreshReport) -> None:
+        now = self._clock.now()
+        # EC2 may not show an instance launched a moment ago: only records older than the grace count.
+        settled = [
+            record
+            for record in self._table.live()
+            if not record.threshold_passed(now) and now - record.created_at >= self._orphan_grace
+        ]
+        if not settled:
+            return
+        states = self._fleet.states([record.instance_id for record in settled])
+        for record in settled:
+            state = states.get(record.instance_id, Ec2State.UNKNOWN)
+            if not state.is_gone:
+                continue
+            logger.warning(
+                "instance gone from EC2; expiring its record", instance_id=record.instance_id, ec2=state
+            )
+            # Whoever holds it loses its next transition and lets go; the sweep below marks it terminated.
+            if self._table.expire(record.instance_id).outcome is Outcome.APPLIED:
+                report.vanished += 1
+
+    # --- 2. what is due ------------------------------------------------------------------------
+
+    def _terminate_due(self, report: RefreshReport) -> None:
+        for batch in batches(self._table.due(), SWEEP_BATCH):
+            results = self._fleet.terminate([record.instance_id for record in batch])
+            for record in batch:
+                # TerminateInstances first: a record is never marked terminated while its instance runs.
+                if self._table.mark_terminated(record.instance_id).outcome is not Outcome.APPLIED:
+                    continue
+                report.terminated[record.state.value] += 1
+                if results.get(record.instance_id) in (Termination.TERMINATED, Termination.UNKNOWN):
+                    report.already_gone += 1
+
+    # --- 3. orphans ----------------------------------------------------------------------------
+
+    def _terminate_orphans(self, report: RefreshReport) -> None:
+        launched_before = self._clock.now() - self._orphan_grace
+        tagged = self._fleet.tagged_instances(*self._stack_tag, launched_before=launched_before)
+        if not tagged:
+            return
+        live = {record.instance_id for record in self._table.live()}
+        # The index may not show a record written a moment ago; a consistent read settles each suspect.
+        orphans = [
+            instance_id
+            for instance_id in tagged
+            if instance_id not in live and untracked(self._table.get(instance_id))
+        ]
+        if not orphans:
+            return
+        logger.warning("terminating instances that have no live record", instance_ids=orphans)
+        results = self._fleet.terminate(orphans)
+        report.orphans_terminated += sum(
+            1 for result in results.values() if result is Termination.TERMINATING
+        )
+
+    # --- 4. pooled instances that are ready ----------------------------------------------------
+
+    def _admit_ready(self, report: RefreshReport) -> None:
+        now = self._clock.now()
+        healthy_window = self._config.timeouts.healthy_window_seconds
+        for record in self._table.live():
+            if not booting_for_pool(record, now):
+                continue
+            view = self._table.observe(record.instance_id)
+            signal = view.signal
+            if signal is not None and signal.confirms(Signal.UD_FAILED, None):
+                logger.warning(
+                    "pool instance failed to boot", instance_id=record.instance_id, reason=signal.reason
+                )
+                if self._table.expire(record.instance_id, run_key=None).outcome is Outcome.APPLIED:
+                    report.unready += 1
+                continue
+            beat = view.heartbeat
+            if signal is None or not signal.confirms(Signal.UD_OK, None) or beat is None:
+                continue
+            if not beat.is_fresh(now, healthy_window):
+                continue
+            admitted = self._table.admit(record.instance_id)
+            # Only the run whose admit applied offers the instance: it is pooled once.
+            if admitted.outcome is Outcome.APPLIED and admitted.record is not None:
+                self._queues.offer(PoolMessage.for_idle(admitted.record))
+                report.admitted += 1
+
+    # --- 5. the warm minimum -------------------------------------------------------------------
+
+    def _keep_warm(self, report: RefreshReport, tick: int) -> None:
+        now = self._clock.now()
+        idle: Counter[str] = Counter()
+        booting: Counter[str] = Counter()
+        for record in self._table.live():
+            if (
+                record.state is InstanceState.IDLE
+                and record.run_key is None
+                and not record.threshold_passed(now)
+            ):
+                idle[record.resource_class] += 1
+            elif booting_for_pool(record, now):
+                booting[record.resource_class] += 1
+        report.idle = {name: idle[name] for name in self._config.resource_classes}
+        # Only a shortfall launches: when a window closes and its minimum drops, the surplus is left to
+        # run out its idle time and be terminated as due, like any idle instance.
+        report.minimum = {
+            name: self._config.warm_minimum(name, now) for name in self._config.resource_classes
+        }
+        shortfall = {
+            name: minimum - idle[name] - booting[name]
+            for name, minimum in report.minimum.items()
+            if minimum > idle[name] + booting[name]
+        }
+        if not shortfall:
+            return
+        claimed, _ = self._claim_marker(WARM_POOL_MARKER, tick, self._table.read_marker(WARM_POOL_MARKER))
+        if not claimed:
+            return  # this schedule slot's top-up is another run's
+        failures = []
+        for name, count in sorted(shortfall.items()):
+            request = LaunchRequest.for_pool(self._config, name, count, f"refresh-{tick}-warm-pool-{name}")
+            try:
+                outcome = self._fleet.launch_with_fallback(request, self._config.fleet)
+            except Exception:
+                logger.exception("warm-pool launch failed", resource_class=name, count=count)
+                failures.append(name)
+                continue
+            for facts in outcome.launched:
+                # Recorded at once: an instance is never left without a record (the orphan sweep's grace
+                # covers the moment between CreateFleet's answer and these writes).
+                self._table.create(facts, run_key=None)
+            report.launched[name] += len(outcome.launched)
+        if failures:
+            raise RuntimeError(f"warm-pool launches failed for: {', '.join(failures)}")
+
+    # --- 6. GitHub's offline runners -----------------------------------------------------------
+
+    def _delete_offline_runners(self, report: RefreshReport) -> None:
+        github = self._registry()
+        now = self._clock.now()
+        for repository in self._runner_places():
+            for runner in github.runners(repository):
+                instance_id = instance_of_runner(runner.name)
+                if runner.status is not RunnerStatus.OFFLINE or instance_id is None:
+                    continue
+                if may_still_start(self._table.get(instance_id), runner, now):
+                    continue
+                if github.delete_runner(runner.runner_id, repository) is RunnerRemoval.DELETED:
+                    report.runners_deleted += 1
+
+    def _runner_places(self) -> Sequence[str | None]:
+        """Where our runners are registered: the App's repository (None), or, for an organisation,
+        each repository with recent demand (runners are registered at the job's repository, and an
+        organisation's list does not hold its repositories' runners)."""
+        if not isinstance(self._config.github.scope, OrganizationScope):
+            return [None]
+        if self._recent is None:
+            return []
+        return sorted({run.repository for run in self._recent.runs()})
+
+    # --- 7. missed webhooks --------------------------------------------------------------------
+
+    def _redeliver(self, report: RefreshReport) -> None:
+        github = self._registry()
+        since = self._clock.now() - REDELIVERY_WINDOW_SECONDS
+        failed = sorted(github.failed_deliveries(since), key=lambda delivery: delivery.delivery_id)
+        seen = self._table.read_marker(REDELIVERY_MARKER)
+        for delivery in failed:
+            claimed, previous = self._claim_marker(REDELIVERY_MARKER, delivery.delivery_id, seen)
+            if not claimed:
+                seen = previous
+                continue
+            seen = delivery.delivery_id
+            try:
+                github.redeliver(delivery.delivery_id)
+            except GitHubError:
+                # Handed back unless another run has moved past it since, so the next run asks again.
+                self._table.move_marker(REDELIVERY_MARKER, previous or 0, expected=delivery.delivery_id)
+                raise
+            report.redelivered += 1
+
+    # --- 8. runners that died before their job --------------------------------------------------
+
+    def _replace_dead_runners(self, report: RefreshReport) -> None:
+        if self._recent is None or self._executions is None:
+            return
+        now = self._clock.now()
+        running = [
+            record
+            for record in self._table.live()
+            if record.state is InstanceState.RUNNING and record.run_key and not record.threshold_passed(now)
+        ]
+        if not running:
+            return
+        repositories = {key: run for run in self._recent.runs() for key in run.run_keys}
+        executions = self._executions()
+        for record in running:
+            run_key = record.run_key or ""
+            signal = self._table.read_signal(record.instance_id)
+            if signal is None or not signal.confirms(Signal.UD_REG_FAILED, run_key):
+                continue
+            logger.warning(
+                "runner exited before it took a job; releasing its instance and asking for another",
+                instance_id=record.instance_id,
+                runner_id=record.runner_id,
+                reason=signal.reason,
+            )
+            # Named by the runner that died: a second refresh (or a retried one) starts nothing twice.
+            cause = f"runner-{record.runner_id}-exited"
+            executions.release(
+                ReleaseRequest(
+                    run_key=run_key,
+                    instance_id=record.instance_id,
+                    cause=cause,
+                    runner_id=record.runner_id,
+                )
+            )
+            run = repositories.get(run_key)
+            if run is not None:
+                executions.provision(
+                    ProvisionRequest(
+                        repository=run.repository,
+                        run_key=run_key,
+                        count=1,
+                        origin=f"replace-{record.runner_id}",
+                        public=run.single_use,
+                    )
+                )
+            report.runners_replaced += 1
+
+    # --- 9. queued jobs nobody serves -------------------------------------------------------------
+
+    def _reconcile(self, report: RefreshReport, tick: int) -> None:
+        if self._recent is None or self._executions is None:
+            return
+        now = self._clock.now()
+        requests_left = RECONCILE_REQUESTS_PER_RUN
+        for run in self._recent.runs():
+            if now - run.demand_at > RECENT_DEMAND_SECONDS or all(
+                self._table.run_finished(run_key) for run_key in run.run_keys
+            ):
+                self._recent.forget(run)
+                continue
+            if now < run.busy_until:
+                continue  # a provision for it may still be claiming or creating
+            if requests_left <= 0:
+                return  # the rest first next time: they are the least recently reconciled
+            jobs, requests = self._registry().run_jobs(run.repository, run.run_id, run.attempt)
+            requests_left -= requests
+            self._recent.reconciled(run)
+            report.runs_reconciled += 1
+            if self._reprovision(report, run, jobs, self._executions(), tick=tick, now=now):
+                self._recent.busy(run, busy_seconds(self._config.timeouts))
+
+    def _reprovision(
+        self,
+        report: RefreshReport,
+        run: RecentRun,
+        jobs: Sequence[RunJob],
+        executions: Executions,
+        *,
+        tick: int,
+        now: Epoch,
+    ) -> bool:
+        """Provision the run's queued jobs that no runner of ours is free to take; whether it did."""
+        # A runner named by a job that is not queued any more has (or had) its job: it is not free.
+        taken = {job.runner_id for job in jobs if not job.queued and job.runner_id is not None}
+        started = False
+        for run_key in sorted(run.run_keys):
+            waiting = sorted(
+                (
+                    job
+                    for job in jobs
+                    if job.queued
+                    and run_key_of(job, run.attempt) == run_key
+                    and now - job.created_at >= RECONCILE_GRACE_SECONDS
+                ),
+                key=lambda job: (job.created_at, job.job_id),
+            )
+            if not waiting:
+                continue
+            free = [
+                record
+                for record in self._table.held_by(run_key)
+                if not record.threshold_passed(now) and record.runner_id not in taken
+            ]
+            # One provision's worth a run at a time (Step Functions' quotas); the rest at the next refresh.
+            missing = min(len(waiting) - len(free), PROVISION_LIMIT)
+            if missing <= 0:
+                continue
+            logger.warning(
+                "queued jobs have no runner of ours; provisioning them again",
+                run_key=run_key,
+                queued=len(waiting),
+                free_runners=len(free),
+            )
+            executions.provision(
+                ProvisionRequest(
+                    repository=run.repository,
+                    run_key=run_key,
+                    count=missing,
+                    job_ids=tuple(job.job_id for job in waiting[:missing]),
+                    origin=f"reconcile-{tick}",
+                    public=run.single_use,
+                )
+            )
+            report.jobs_reprovisioned += missing
+            started = True
+        return started
+
+    def _claim_marker(self, name: str, value: float, seen: float | None) -> tuple[bool, float | None]:
+        """Move a marker, last `seen` at a value, up to `value`, first come first served: (won, the
+        marker before it moved). Losing means another run got the marker to `value` or beyond: that
+        work is its.
+        """
+        current = seen
+        while current is None or current < value:
+            if self._table.move_marker(name, value, expected=current):
+                return True, current
+            current = self._table.read_marker(name)
+        return False, current
