@@ -10,6 +10,7 @@ import pytest
 
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.provision import ClaimWorker
+from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.provision import Provision
 from tests.support.control_plane import LocalControlPlane, local_control_plane
 
@@ -32,7 +33,7 @@ def test_a_retry_after_the_config_was_stored_leaves_the_started_runner_alone(
 ) -> None:
     # Given a claim step that stored the runner config and died before it could answer
     (idle,) = local.pooled()
-    steps = Provision(local.plane)
+    steps = provision_of(local.plane)
     first = steps.claim(worker(steps))
     assert first.claimed
     record = local.record(idle.instance_id)
@@ -56,7 +57,7 @@ def test_a_retry_after_the_runner_was_noted_but_before_its_config_registers_anew
 ) -> None:
     # Given a claim step that died after noting the runner, before storing its config
     (idle,) = local.pooled()
-    steps = Provision(local.plane)
+    steps = provision_of(local.plane)
     credentials = local.plane.credentials
 
     def dies(*_args: Any, **_kwargs: Any) -> str:

@@ -11,7 +11,7 @@ from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.provision import ClaimWorker, Creation, ProvisionPlan, WorkerResult
 from runner_pool.observability import logger, tracer
 from runner_pool.steps.provision import Provision
-from runner_pool.wiring import control_plane
+from runner_pool.wiring import ControlPlane, control_plane
 
 
 class _Event(BaseModel):
@@ -48,7 +48,25 @@ class DumpEvent(_Event):
 
 
 def _provision() -> Provision:
-    return Provision(control_plane())
+    return provision_of(control_plane())
+
+
+def provision_of(plane: ControlPlane) -> Provision:
+    return Provision(
+        plane.state_table,
+        clock=plane.clock,
+        config=plane.config,
+        arns=plane.instance_arns,
+        pickup=lambda: plane.pickup,
+        queues=lambda: plane.pool_queues,
+        fleet=lambda: plane.fleet,
+        budget=lambda: plane.registration_budget,
+        registry=lambda: plane.github,
+        credentials=lambda: plane.credentials,
+        recent_demand=lambda: plane.recent_demand,
+        executions=plane.executions,
+        pause=plane.pause,
+    )
 
 
 @logger.inject_lambda_context

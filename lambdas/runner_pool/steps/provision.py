@@ -1,4 +1,4 @@
-"""The provision state machine's steps (infra/statemachines/provision.asl.json), each over the adapters.
+"""The provision state machine's steps (infra/statemachines/provision.asl.json), over explicit collaborators.
 
 Each step is safe to run again with the same input: claims carry a token that names them, creation
 launches with a client token that names it, and every record change is a conditional transition
@@ -8,14 +8,21 @@ lets go of it and reports, it never raises for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
-from runner_pool.adapters.fleet import LAUNCH_TAG
-from runner_pool.adapters.state_table import InstanceView
+from runner_pool.adapters.executions import Executions
+from runner_pool.adapters.fleet import LAUNCH_TAG, Fleet
+from runner_pool.adapters.instance_arns import InstanceArns
+from runner_pool.adapters.recent_demand import RecentDemand
+from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.state_table import InstanceView, StateTable
+from runner_pool.domain.clock import Clock
+from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest, runner_name
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.pickup import StopReason
+from runner_pool.domain.pickup import PickupManager, PoolQueue, StopReason
 from runner_pool.domain.provision import (
     REDRIVE_LIMIT,
     ClaimWorker,
@@ -30,11 +37,10 @@ from runner_pool.domain.provision import (
     unavailable_wait_seconds,
 )
 from runner_pool.domain.records import InstanceRecord, PoolMessage
-from runner_pool.domain.registration_budget import wait_seconds
+from runner_pool.domain.registration_budget import RegistrationBudget, wait_seconds
 from runner_pool.domain.run_keys import RunKey
-from runner_pool.domain.runners import GitHubRateLimitedError, GitHubRetryableError
+from runner_pool.domain.runners import GitHubRateLimitedError, GitHubRetryableError, RunnerRegistry
 from runner_pool.observability import count, logger, seconds
-from runner_pool.wiring import ControlPlane
 
 INLINE_CHECKS = 4
 INLINE_CHECK_PAUSE_SECONDS = 0.25
@@ -46,25 +52,56 @@ PICKUPS_PER_CLAIM = 3
 
 
 class Provision:
-    def __init__(self, plane: ControlPlane) -> None:
-        self._plane = plane
-        self._table = plane.state_table
-        self._clock = plane.clock
-        self._timeouts = plane.config.timeouts
+    """The table is built with the steps; every other adapter is built on first use, so a step's Lambda
+    creates only the clients that step calls, and reads the App's key only when it reaches GitHub."""
+
+    def __init__(
+        self,
+        table: StateTable,
+        *,
+        clock: Clock,
+        config: StackConfig,
+        arns: InstanceArns,
+        pickup: Callable[[], PickupManager],
+        queues: Callable[[], PoolQueue],
+        fleet: Callable[[], Fleet],
+        budget: Callable[[], RegistrationBudget],
+        registry: Callable[[], RunnerRegistry],
+        credentials: Callable[[], RunnerCredentials],
+        recent_demand: Callable[[], RecentDemand],
+        executions: Callable[[str | None], Executions],
+        pause: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """`executions(machine)` starts provisions on `machine` (a step's own state machine), else on the
+        configured one. `pause` is how a step waits briefly in-line."""
+        self._table = table
+        self._clock = clock
+        self._config = config
+        self._timeouts = config.timeouts
+        self._arns = arns
+        self._pickup = pickup
+        self._queues = queues
+        self._fleet = fleet
+        self._budget = budget
+        self._registry = registry
+        self._credentials = credentials
+        self._recent_demand = recent_demand
+        self._executions = executions
+        self._pause = pause
 
     # --- Begin ---------------------------------------------------------------------------------
 
     def begin(self, request: ProvisionRequest, execution: str) -> ProvisionPlan:
         """Resolve the label (a LabelError fails the execution before anything is held), and note the run's
         demand for refresh's reconciliation."""
-        config = self._plane.config
+        config = self._config
         spec = request.key.resolve(config)
         planned = plan(request, spec, execution, self._timeouts, self._clock.now())
         if request.public and not config.reuse.public_repositories:
             planned = planned.model_copy(update={"single_use": True})
         if spec.run_id.isdigit():
             try:
-                self._plane.recent_demand.note(
+                self._recent_demand().note(
                     request.repository,
                     int(spec.run_id),
                     request.key.attempt,
@@ -95,7 +132,7 @@ class Provision:
             return worker.model_copy(
                 update={"claimed": False, "instance_id": None, "claim_token": None, "readiness": None}
             )
-        grant = self._plane.registration_budget.take(1)
+        grant = self._budget().take(1)
         if grant.refused:
             return self._deferred(worker, None, grant.wait_seconds)
         try:
@@ -108,7 +145,7 @@ class Provision:
         attempt = worker.attempt
         empty_looks = 0
         for _ in range(PICKUPS_PER_CLAIM):
-            found = self._plane.pickup.pickup(spec, worker.plan.request.repository)
+            found = self._pickup().pickup(spec, worker.plan.request.repository)
             if found.counts.lost:
                 logger.warning("pool messages lost in pickup", lost=[m.instance_id for m in found.lost])
             if found.candidate is None:
@@ -124,7 +161,7 @@ class Provision:
                 spec.run_key,
                 token,
                 repository=worker.plan.request.repository,
-                reuse=self._plane.config.reuse,
+                reuse=self._config.reuse,
                 single_use=worker.plan.single_use,
             )
             if not claimed.succeeded:
@@ -132,7 +169,7 @@ class Provision:
                 continue
             self._hand_over_claimed(found.candidate.instance_id, spec.run_key, token, attempt)
             return self._check_in_line(self._holding(worker, found.candidate.instance_id, token, attempt))
-        self._plane.registration_budget.give_back(1)
+        self._budget().give_back(1)
         count("PoolExhausted")
         return worker.model_copy(
             update={
@@ -176,7 +213,7 @@ class Provision:
         (docs.github.com, "Rate limits for the REST API", "Exceeding the rate limit"); a growing one
         while GitHub fails."""
         if isinstance(cause, GitHubRateLimitedError):
-            self._plane.registration_budget.hold_off(cause.retry_after_seconds)
+            self._budget().hold_off(cause.retry_after_seconds)
             count("GitHubRateLimited")
             return wait_seconds(cause.retry_after_seconds)
         count("GitHubUnavailable")
@@ -185,7 +222,7 @@ class Provision:
     def _check_in_line(self, worker: ClaimWorker) -> ClaimWorker:
         checked = worker
         for _ in range(INLINE_CHECKS):
-            self._plane.pause(INLINE_CHECK_PAUSE_SECONDS)
+            self._pause(INLINE_CHECK_PAUSE_SECONDS)
             checked = self.check_claim(worker)
             if checked.readiness is not Readiness.WAITING:
                 break
@@ -266,7 +303,7 @@ class Provision:
             return Creation()
         spec = provision.spec
         request = LaunchRequest.for_run(spec, shortfall, idempotency_key=provision.execution)
-        outcome = self._plane.fleet.launch_with_fallback(request, self._plane.config.fleet)
+        outcome = self._fleet().launch_with_fallback(request, self._config.fleet)
         for facts in outcome.launched:
             # Recorded before anything else can fail: no instance is ever left without a record.
             self._table.create(
@@ -305,7 +342,7 @@ class Provision:
         if awaiting and self._clock.now() >= creation.deadline:
             failed |= {instance_id: "no runner was registered for it in time" for instance_id in awaiting}
             awaiting = []
-        budget = self._plane.registration_budget
+        budget = self._budget()
         while awaiting:
             grant = budget.take(len(awaiting))
             if grant.refused:
@@ -442,7 +479,7 @@ class Provision:
         if self._table.run_finished(run_key):
             return
         again = request.model_copy(update={"count": unserved, "redrives": request.redrives + 1})
-        self._plane.executions(machine).provision(again)
+        self._executions(machine).provision(again)
         count("ProvisionsRedriven")
         logger.warning(
             "provision ended short; asked again",
@@ -489,7 +526,7 @@ class Provision:
         ]
         # An instance this execution created that already runs for the run (a Finish that failed
         # half-way) serves a job: it is left to release, like every running instance.
-        tagged = self._plane.fleet.tagged_instances(LAUNCH_TAG, provision.execution)
+        tagged = self._fleet().tagged_instances(LAUNCH_TAG, provision.execution)
         launched = [
             instance_id
             for instance_id in tagged
@@ -541,7 +578,7 @@ class Provision:
     def _give_back(self, record: InstanceRecord, run_key: str) -> bool:
         returned = self._table.unclaim(record.instance_id, run_key, record.claim_token or "")
         if returned.succeeded and returned.record is not None:
-            self._plane.pool_queues.offer(PoolMessage.for_idle(returned.record))
+            self._queues().offer(PoolMessage.for_idle(returned.record))
             return True
         return False
 
@@ -579,7 +616,7 @@ class Provision:
         except Exception as exc:
             returned = self._table.unclaim(instance_id, run_key, token)
             if returned.succeeded and returned.record is not None:
-                self._plane.pool_queues.offer(PoolMessage.for_idle(returned.record))
+                self._queues().offer(PoolMessage.for_idle(returned.record))
             else:
                 self._table.expire(instance_id, run_key)
             if isinstance(exc, GitHubRetryableError):
@@ -599,23 +636,23 @@ class Provision:
         record = self._table.get(instance_id)
         if record is None or record.run_key != run_key:
             return False
-        arn = self._plane.instance_arn(instance_id)
+        arn = self._arns.arn(instance_id)
         name = runner_name(instance_id, claim)
-        if record.runner_id is not None and self._plane.credentials.stored_runner(instance_id, arn) == (
+        if record.runner_id is not None and self._credentials().stored_runner(instance_id, arn) == (
             run_key,
             record.runner_id,
         ):
             return True
-        github = self._plane.config.github
+        github = self._config.github
         # Every label the job asked for: GitHub gives a job only to a runner carrying all of them.
         labels = list(RunKey.parse(run_key).runner_labels)
         # At the job's repository, so no other repository's job can be given the runner (issue 14).
-        runner = self._plane.github.jit_config(
+        runner = self._registry().jit_config(
             name, labels, runner_group_id=github.runner_group_id, repository=record.repository
         )
         if not self._table.record_runner(instance_id, run_key, runner.runner_id).succeeded:
             return False
-        self._plane.credentials.store(
+        self._credentials().store(
             instance_id, arn, run_key, runner.encoded_jit_config, runner_id=runner.runner_id
         )
         return True
@@ -633,7 +670,7 @@ class Provision:
             if result.succeeded or result.record is None:
                 doomed.append(instance_id)
         if doomed:
-            self._plane.fleet.terminate(doomed)
+            self._fleet().terminate(doomed)
 
 
 class _HandOverDeferred(Exception):  # noqa: N818 - an outcome carried out of the hand-over, not an error
