@@ -10,7 +10,7 @@ until the `with` ends:
 
 - the webhook Lambda behind API Gateway on localhost (emulator/api_gateway.py), and the fake
   GitHub's webhooks pointed at it;
-- the dispatcher Lambda fed by the demand queue (an SQS event source with a batching window);
+- the dispatcher Lambda fed by the demand queue (an SQS event source with Lambda's five pollers);
 - the refresh Lambda on a timer (an EventBridge rate rule);
 - the state machines' Lambda tasks, in Step Functions' own threads.
 """
@@ -29,7 +29,7 @@ from emulator import iam_check
 from emulator.api_gateway import ProxyEndpoint
 from emulator.aws import CallCounter, LocalAws
 from emulator.ec2_fleet import SimulatedEc2
-from emulator.event_sources import QueueEventSource, Schedule
+from emulator.event_sources import STANDARD_QUEUE_POLLERS, QueueEventSource, Schedule
 from emulator.fake_github import FakeGitHub
 from emulator.lambda_runtime import FunctionSpec, LambdaRuntime, host_artifacts
 from emulator.stack import LocalStack, RuntimeFactory
@@ -38,7 +38,6 @@ from runner_pool.adapters.fleet import LAUNCH_TAG
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.demand import BATCHING_WINDOW_SECONDS
 from runner_pool.domain.runner_scope import runner_scope
 from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.handlers import webhook
@@ -62,9 +61,12 @@ class GitHubAppSetup:
 class Timers:
     refresh_every_seconds: float = 5.0
     """The refresh schedule; the stack's is every minute."""
-    batching_window_seconds: float = BATCHING_WINDOW_SECONDS
-    """The dispatcher's batching window on the demand queue."""
-    batch_size: int = 100
+    batching_window_seconds: float | None = None
+    """The dispatcher's batching window on the demand queue; None: the template's event source mapping's."""
+    batch_size: int | None = None
+    """The dispatcher's batch size; None: the template's event source mapping's."""
+    dispatcher_pollers: int = STANDARD_QUEUE_POLLERS
+    """Concurrent batches of the demand queue's event source: Lambda's five for a standard queue."""
 
 
 @dataclass
@@ -211,6 +213,7 @@ def deploy(
             )
             github.webhooks.point_at(api.url, webhook_secret)
             running.callback(github.webhooks.disconnect)
+            batch_size, window_seconds = stack.template.event_source("dispatcher")
             demand = running.enter_context(
                 QueueEventSource(
                     meter.wrap("dispatcher", stack.handler("dispatcher")),
@@ -221,8 +224,14 @@ def deploy(
                         aws.client("sqs"), check.iam.function(stack.function("dispatcher").handler)
                     ),
                     queue_url=stack.settings.require("demand_queue_url", "the dispatcher"),
-                    batch_size=timers.batch_size,
-                    window_seconds=timers.batching_window_seconds,
+                    batch_size=batch_size if timers.batch_size is None else timers.batch_size,
+                    window_seconds=(
+                        window_seconds
+                        if timers.batching_window_seconds is None
+                        else timers.batching_window_seconds
+                    ),
+                    pollers=timers.dispatcher_pollers,
+                    one_at_a_time=not isinstance(stack.runtime, LambdaRuntime),
                 )
             )
             schedule = running.enter_context(

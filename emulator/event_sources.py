@@ -1,11 +1,24 @@
 """What invokes our Lambdas besides API Gateway and Step Functions: an SQS event source and a schedule.
 
-`QueueEventSource` plays Lambda's SQS event source mapping: it polls the queue, gathers messages
-until the batch is full or the batching window has passed since the first, invokes the function
-with the batch, and deletes every message except those the function reports as failed
-(ReportBatchItemFailures). When the function raises, nothing is deleted, and the messages come
-back after their visibility timeout, as on AWS. `Schedule` plays an EventBridge rule with a rate:
-it invokes the function with a scheduled event every period.
+`QueueEventSource` plays Lambda's SQS event source mapping with the concurrency it has on AWS
+(Lambda Developer Guide, "Configuring scaling behavior for SQS event source mappings",
+https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-scaling.html): for a standard queue
+"Lambda starts processing five batches at a time with five concurrent invocations of your
+function", so five pollers here, each of which receives, gathers messages until its batch is full
+or the batching window has passed since its first message, invokes the function with its batch, and
+deletes every message except those the function reports as failed (ReportBatchItemFailures). Two
+messages sent a moment apart therefore often land in two batches handled at the same time. (AWS
+then adds up to 300 pollers a minute while messages remain; five is the floor, and the worst case
+for batching a matrix is already there.) For a FIFO queue, "Amazon SQS ensures that messages in the
+same group are delivered to Lambda in order" and "the function attempts all retries on the affected
+messages before Lambda receives additional messages from the same group": SQS itself (moto too)
+hands out no message of a group while another of it is in flight, so the pollers need no rule of
+their own. The parameters are checked as Lambda checks them ("Lambda parameters for Amazon SQS event
+source mappings", services-sqs-parameters.html, and CreateEventSourceMapping's BatchSize): a FIFO
+queue takes batches of at most 10 and no batching window, and a batch larger than 10 needs a window
+of at least 1 s. When the function raises, nothing is deleted, and the messages come back after
+their visibility timeout, as on AWS. `Schedule` plays an EventBridge rule with a rate: it invokes
+the function with a scheduled event every period.
 
 Their own SQS calls are the event source's, not the function's, so they go through a client of
 their own (not counted with the control plane's calls).
@@ -27,34 +40,60 @@ from emulator.step_functions import LambdaContext, function_arn
 Handler = Callable[[dict[str, Any], Any], Any]
 SQS_RECEIVE_LIMIT = 10
 LONG_POLL_SECONDS = 1
+"""Lambda long-polls for 20 s; 1 s here, so a stopping event source is not held up for long."""
+STANDARD_QUEUE_POLLERS = 5
+"""services-sqs-scaling.html: "five batches at a time with five concurrent invocations"."""
+FIFO_BATCH_LIMIT = 10
+"""services-sqs-parameters.html: BatchSize "For FIFO queues, the maximum is 10"."""
 
 
 class _Invoker:
-    def __init__(self, handler: Handler, function_name: str) -> None:
+    def __init__(
+        self, handler: Handler, function_name: str, *, threads: int = 1, one_at_a_time: bool = False
+    ) -> None:
         self.handler = handler
         self.function_name = function_name
         self.invocations = 0
         self.failures = 0
+        self._counting = threading.Lock()
+        self._one_at_a_time = threading.Lock() if one_at_a_time else None
+        """Set when the handler runs in this process: its module globals (Powertools' batch processor)
+        are one execution environment's, which Lambda never gives two invocations at once."""
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=function_name, daemon=True)
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"{function_name}-{n}", daemon=True)
+            for n in range(threads)
+        ]
+
+    @property
+    def concurrency(self) -> int:
+        """How many invocations this source can have under way at once (its pollers)."""
+        return len(self._threads)
 
     def __enter__(self) -> Self:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self._stop.set()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
 
     def invoke(self, event: dict[str, Any]) -> Any:
-        self.invocations += 1
+        with self._counting:
+            self.invocations += 1
         context = LambdaContext(self.function_name, str(uuid.uuid4()), function_arn(self.function_name))
         try:
-            return self.handler(event, context)
+            if self._one_at_a_time is None:
+                return self.handler(event, context)
+            with self._one_at_a_time:
+                return self.handler(event, context)
         except Exception:
-            self.failures += 1
+            with self._counting:
+                self.failures += 1
             raise
 
     def _loop(self) -> None:
@@ -69,13 +108,17 @@ class QueueEventSource(_Invoker):
         *,
         sqs: Any,
         queue_url: str,
-        batch_size: int = 100,
-        window_seconds: float = 2.0,
+        batch_size: int = 10,
+        window_seconds: float = 0.0,
+        pollers: int = STANDARD_QUEUE_POLLERS,
+        one_at_a_time: bool = False,
     ) -> None:
-        super().__init__(handler, function_name)
+        name = queue_url.rsplit("/", 1)[-1]
+        _check_mapping(fifo=name.endswith(".fifo"), batch_size=batch_size, window_seconds=window_seconds)
+        super().__init__(handler, function_name, threads=pollers, one_at_a_time=one_at_a_time)
         self._sqs = sqs
         self._queue_url = queue_url
-        self._queue_arn = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue_url.rsplit('/', 1)[-1]}"
+        self._queue_arn = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"
         self._batch_size = batch_size
         self._window = window_seconds
 
@@ -145,6 +188,19 @@ class QueueEventSource(_Invoker):
             "eventSourceARN": self._queue_arn,
             "awsRegion": REGION,
         }
+
+
+def _check_mapping(*, fifo: bool, batch_size: int, window_seconds: float) -> None:
+    """Refuse what CreateEventSourceMapping refuses, so the emulator never runs a mapping AWS would not."""
+    if fifo and window_seconds:
+        raise ValueError("Batching window is not supported for FIFO queues (services-sqs-parameters.html)")
+    if fifo and batch_size > FIFO_BATCH_LIMIT:
+        raise ValueError(f"a FIFO queue's batch size is at most {FIFO_BATCH_LIMIT}, not {batch_size}")
+    if batch_size > SQS_RECEIVE_LIMIT and window_seconds < 1:
+        raise ValueError(
+            f"a batch size of {batch_size} (above 10) needs a batching window of at least 1 s "
+            "(MaximumBatchingWindowInSeconds, CreateEventSourceMapping)"
+        )
 
 
 class Schedule(_Invoker):

@@ -155,6 +155,21 @@ class StackTemplate:
                     return variable
         raise LookupError(f"no function of the template is told {logical_id}")
 
+    def event_source(self, name: str) -> tuple[int, float]:
+        """(BatchSize, MaximumBatchingWindowInSeconds) of the SQS event source mapping that invokes the
+        function `name`, with Lambda's defaults for what the template leaves out (10 and 0 s,
+        services-sqs-parameters.html)."""
+        logical_id = self.logical_id(name)
+        for resource in self.resources.values():
+            properties = resource["Properties"]
+            if resource["Type"] == "AWS::Lambda::EventSourceMapping" and properties.get("FunctionName") == {
+                "Ref": logical_id
+            }:
+                return int(properties.get("BatchSize", 10)), float(
+                    properties.get("MaximumBatchingWindowInSeconds", 0)
+                )
+        raise LookupError(f"the synthesized template maps no event source to {name!r}")
+
     def state_machine(self, machine: str) -> StateMachineSpec:
         """The state machine whose tasks are the handlers of `runner_pool.handlers.<machine>`."""
         for logical, resource in self.resources.items():

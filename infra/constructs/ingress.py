@@ -25,18 +25,35 @@ from constructs import Construct
 
 from infra.constructs.functions import LOG_RETENTION, ControlPlaneFunctions
 from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
-from runner_pool.domain.demand import BATCHING_WINDOW_SECONDS
 
 WEBHOOK_PATH = "webhook"
 REQUIRED_HEADERS = ("X-GitHub-Event", "X-GitHub-Delivery")
 """Headers GitHub sends with every delivery; a request without them is refused by API Gateway."""
-THROTTLE_RATE_PER_SECOND = 50
-THROTTLE_BURST = 100
-"""Far above what GitHub sends (a 256-job matrix is 256 deliveries over seconds), low enough that a
-flood of forged requests cannot run up the Lambda bill."""
+GITHUB_DELIVERY_BURST = 1000
+"""The burst of deliveries the stage must take without refusing one: a thousand jobs queued at once
+(four 256-job matrices, GitHub's matrix limit) are a thousand `queued` deliveries within seconds."""
+THROTTLE_BURST = GITHUB_DELIVERY_BURST
+THROTTLE_RATE_PER_SECOND = 500
+"""API Gateway's stage throttle is a token bucket: THROTTLE_BURST requests at once, refilled at the
+rate. A refused request is a 429, and "GitHub does not automatically redeliver failed deliveries"
+(GitHub Docs, "Handling failed webhook deliveries"): the job waits until refresh asks for the
+failed delivery again, a minute or more. So the bucket holds the whole burst (it starts full) and
+refills it in two seconds; the old 50 rps with a burst of 100 turned most of such a burst into failed
+deliveries. Both stay within the account's Regional limit (10,000 rps, burst 5,000: API Gateway
+quotas), and a flood of forged requests still stops at 500 a second, each refused by the webhook in
+milliseconds."""
 DISPATCHER_TIMEOUT_SECONDS = 60
-DEMAND_BATCH_SIZE = 100
-DEMAND_BATCHING_WINDOW_SECONDS = BATCHING_WINDOW_SECONDS
+DEMAND_BATCH_SIZE = 10
+DEMAND_BATCHING_WINDOW_SECONDS = 0
+"""No batching window: a run's first job is dispatched the moment the event source receives it, and
+the rest of its matrix is gathered by the dispatcher's follow-up batch (domain.demand), which holds
+across Lambda's concurrent batches where a window does not (each poller gathers its own). With no
+window a batch is at most 10 messages ("when you set BatchSize to a value greater than 10, you must
+set MaximumBatchingWindowInSeconds to at least 1", CreateEventSourceMapping); Lambda's event source
+reads the queue with five concurrent batches and adds up to 300 a minute while messages remain
+(services-sqs-scaling.html), so a burst of 1,000 deliveries is 100 batches, the first 5 at once.
+The dispatcher reserves no concurrency (the stack fits an account's first quota of 10): what bounds
+its concurrency is that scaling, and a leader's wait of at most FOLLOW_UP_WINDOW_SECONDS."""
 DEMAND_MAX_RECEIVES = 5
 
 

@@ -150,7 +150,8 @@ def stage(app_key: AppKey, tmp_path: Path) -> Iterator[Stage]:
 FAST_INSTANCES = InstanceSettings(
     boot_delay_seconds=0.5, heartbeat_period_seconds=1.0, watch_period_seconds=0.2
 )
-FAST_TIMERS = Timers(refresh_every_seconds=2.0, batching_window_seconds=1.0)
+FAST_TIMERS = Timers(refresh_every_seconds=2.0)
+"""The dispatcher's event source as the template maps it (no batching window, Lambda's five pollers)."""
 
 
 @pytest.fixture

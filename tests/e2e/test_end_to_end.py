@@ -13,9 +13,10 @@ import pytest
 from emulator.fake_github import Conclusion, JobSpec, JobStatus
 from emulator.timeline import Happening
 from emulator.world import World
+from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import FAST_TIMERS, LABEL, completed, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, completed, eventually, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +89,7 @@ def test_a_duplicated_delivery_has_no_second_effect(system: World) -> None:
 
     # When GitHub delivers its queued webhook once more
     again = system.github.state.redeliver(queued.delivery_id)
-    time.sleep(3 * FAST_TIMERS.batching_window_seconds)  # what a second provision would take to start
+    time.sleep(3 * FOLLOW_UP_WINDOW_SECONDS)  # what a second provision would take to start
 
     # Then it was answered as the first was, and nothing more was provisioned or launched
     assert again.status_code == queued.status_code

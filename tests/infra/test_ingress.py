@@ -10,6 +10,7 @@ from infra.constructs.ingress import (
     DEMAND_BATCH_SIZE,
     DEMAND_BATCHING_WINDOW_SECONDS,
     DEMAND_MAX_RECEIVES,
+    GITHUB_DELIVERY_BURST,
     REQUIRED_HEADERS,
     THROTTLE_BURST,
     THROTTLE_RATE_PER_SECOND,
@@ -42,6 +43,10 @@ def test_the_stage_throttles_logs_every_request_and_traces(synthesis: Synthesis)
         THROTTLE_RATE_PER_SECOND,
         THROTTLE_BURST,
     )
+    # And the bucket takes GitHub's burst of 1,000 deliveries whole: a 429 is a failed delivery that
+    # GitHub does not redeliver on its own ("Handling failed webhook deliveries")
+    assert settings["ThrottlingBurstLimit"] >= GITHUB_DELIVERY_BURST == 1000
+    assert settings["ThrottlingRateLimit"] >= GITHUB_DELIVERY_BURST / 2
     assert settings["LoggingLevel"] == "ERROR"
     assert "$context.requestId" in stage["AccessLogSetting"]["Format"]
     access_logs = logical_id(synthesis, synthesis.stack.ingress.access_logs)
@@ -83,9 +88,11 @@ def test_the_dispatcher_takes_demand_in_batches_and_reports_partial_failures(syn
     # Given the event source of the dispatcher
     mapping = only(synthesis, "AWS::Lambda::EventSourceMapping")
 
-    # Then a matrix of jobs arrives in one batch, and only failed messages come back
-    assert mapping["BatchSize"] == DEMAND_BATCH_SIZE
-    assert mapping["MaximumBatchingWindowInSeconds"] == DEMAND_BATCHING_WINDOW_SECONDS
+    # Then a run's first job is not held for a batching window (the dispatcher's follow-up batch
+    # gathers the rest), so a batch is at most 10 messages (CreateEventSourceMapping: a larger one
+    # needs a window of at least 1 s), and only failed messages come back
+    assert mapping.get("MaximumBatchingWindowInSeconds", 0) == DEMAND_BATCHING_WINDOW_SECONDS == 0
+    assert mapping["BatchSize"] == DEMAND_BATCH_SIZE == 10
     assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
     assert mapping["FunctionName"] == {"Ref": logical_id(synthesis, synthesis.stack.ingress.dispatcher)}
     # And the queue hides a message long enough for the dispatcher to finish with it

@@ -339,7 +339,8 @@ def ingress_world(config: StackConfig | None = None) -> Iterator[IngressWorld]:
         stack.create_ingress_resources(WEBHOOK_SECRET)
         provision, release = (stack.create_state_machine(machine) for machine in ("provision", "release"))
         clock = ManualClock()
-        with stack.running(clients=theirs.__getitem__, clock=clock, backoff=NO_WAIT):
+        # A follow-up batch's leader waits for its window by letting the clock move (ControlPlane.pause).
+        with stack.running(clients=theirs.__getitem__, clock=clock, backoff=NO_WAIT, pause=clock.advance):
             yield IngressWorld(
                 stack=stack,
                 clock=clock,

@@ -8,6 +8,11 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
     run#<run id>/attempt#<attempt>  run_keys (string set) the attempt's demand used; completed_at once
                                     the attempt completed (written first if the completion comes first);
                                     from_fork once its `requested` webhook named a fork as its head
+    batch#<sha256 of repository, run key>
+                                    the run key's follow-up window (domain.demand): repository, run_key,
+                                    opened_at, closes_at; once a dispatch joins, leader and lease_until,
+                                    jobs and public_jobs (number sets); sealed when the leader closed it
+                                    to further jobs; started when its provision started
 
 Each change is one conditional write, so two dispatchers that see the same job never both count
 it. Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run be re-run.
@@ -15,6 +20,7 @@ it. Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run b
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +29,7 @@ from botocore.exceptions import ClientError
 
 from runner_pool.adapters.backoff import Backoff, error_code
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.demand import Reservation, RunMark
+from runner_pool.domain.demand import BatchRole, BatchTurn, FollowUp, Reservation, RunMark
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -37,6 +43,27 @@ RESERVED = "reserved"
 STARTED = "started"
 CANCELLED = "cancelled"
 FORK_ATTRIBUTE = "from_fork"
+BATCH_RETENTION_SECONDS = 24 * 3600
+"""A follow-up window is over in seconds; its item is kept a day, for an operator to look at."""
+TURN_ATTEMPTS = 3
+"""Each lost race of take_turn moves the item on (opened, joined, sealed); after three, dispatch apart."""
+
+# take_turn's conditions, on the batch item (see domain.demand for the roles)
+_SETTLED = (
+    "attribute_not_exists(#id) OR attribute_exists(started) OR "
+    "(attribute_not_exists(leader) AND closes_at < :now)"
+)
+"""No follow-up is pending: the next demand is a first."""
+_JOINABLE = (
+    "attribute_exists(#id) AND attribute_not_exists(sealed) AND attribute_not_exists(started) AND "
+    "((attribute_not_exists(leader) AND closes_at >= :now) OR lease_until >= :now)"
+)
+"""The window is open (or its live leader has not sealed it yet)."""
+_ABANDONED = (
+    "attribute_exists(#id) AND attribute_exists(leader) AND attribute_not_exists(started) "
+    "AND lease_until < :now"
+)
+"""Its leader's lease passed before the follow-up started."""
 
 
 class DynamoDbLedger:
@@ -182,6 +209,155 @@ class DynamoDbLedger:
         )
         return _run_keys(response.get("Attributes", {}))
 
+    def take_turn(
+        self,
+        repository: str,
+        run_key: str,
+        *,
+        job_ids: Sequence[int],
+        public_ids: Sequence[int],
+        holder: str,
+        lease_until: Epoch,
+        window_seconds: float,
+    ) -> BatchTurn:
+        key = {KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}}
+        for _ in range(TURN_ATTEMPTS):
+            now = self._clock.now()
+            current = self._open(key, repository, run_key, now, now + window_seconds)
+            if current is None:
+                return BatchTurn(BatchRole.FIRST, closes_at=now + window_seconds)
+            if "sealed" in current and _epoch(current, "lease_until") >= now:
+                return BatchTurn(BatchRole.ALONE)  # its leader is starting it right now
+            abandoned = "leader" in current and _epoch(current, "lease_until") < now
+            turn = self._add(
+                key,
+                job_ids=job_ids,
+                public_ids=public_ids,
+                holder=holder,
+                lease_until=lease_until,
+                now=now,
+                take_over=abandoned,
+            )
+            if turn is not None:
+                return turn
+        return BatchTurn(BatchRole.ALONE)
+
+    def _open(
+        self, key: dict[str, Any], repository: str, run_key: str, now: Epoch, closes_at: Epoch
+    ) -> dict[str, Any] | None:
+        """Open a new follow-up window when none is pending; None when opened, else the item as it is."""
+        try:
+            self._backoff.call(
+                lambda: self._client.update_item(
+                    TableName=self._table,
+                    Key=key,
+                    UpdateExpression=(
+                        "SET repository = :repository, run_key = :run_key, opened_at = :now, "
+                        "closes_at = :closes, #expiry = :expiry "
+                        "REMOVE leader, lease_until, sealed, started, jobs, public_jobs"
+                    ),
+                    ConditionExpression=_SETTLED,
+                    ExpressionAttributeNames={"#id": KEY_ATTRIBUTE, "#expiry": EXPIRY_ATTRIBUTE},
+                    ExpressionAttributeValues={
+                        ":repository": {"S": repository},
+                        ":run_key": {"S": run_key},
+                        ":now": {"N": _number(now)},
+                        ":closes": {"N": _number(closes_at)},
+                        ":expiry": {"N": str(int(now + BATCH_RETENTION_SECONDS))},
+                    },
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
+            return current
+        return None
+
+    def _add(
+        self,
+        key: dict[str, Any],
+        *,
+        job_ids: Sequence[int],
+        public_ids: Sequence[int],
+        holder: str,
+        lease_until: Epoch,
+        now: Epoch,
+        take_over: bool,
+    ) -> BatchTurn | None:
+        """Add the jobs to the follow-up: joining it, or taking it over (sealed: it starts now); None when
+        the item moved on meanwhile."""
+        additions = "ADD jobs :jobs" + (", public_jobs :public" if public_ids else "")
+        values: dict[str, Any] = {
+            ":jobs": {"NS": [str(job_id) for job_id in job_ids]},
+            ":me": {"S": holder},
+            ":lease": {"N": _number(lease_until)},
+            ":now": {"N": _number(now)},
+        }
+        if public_ids:
+            values[":public"] = {"NS": [str(job_id) for job_id in public_ids]}
+        if take_over:
+            values[":yes"] = {"BOOL": True}
+            update = f"{additions} SET leader = :me, lease_until = :lease, sealed = :yes"
+        else:
+            update = (
+                f"{additions} SET leader = if_not_exists(leader, :me), "
+                "lease_until = if_not_exists(lease_until, :lease)"
+            )
+        try:
+            response = self._backoff.call(
+                lambda: self._client.update_item(
+                    TableName=self._table,
+                    Key=key,
+                    UpdateExpression=update,
+                    ConditionExpression=_ABANDONED if take_over else _JOINABLE,
+                    ExpressionAttributeValues=values,
+                    ExpressionAttributeNames={"#id": KEY_ATTRIBUTE},
+                    ReturnValues="ALL_NEW",
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return None
+            raise
+        item = response.get("Attributes", {})
+        closes_at = _epoch(item, "closes_at")
+        if take_over:
+            return BatchTurn(BatchRole.TAKEN_OVER, closes_at, _follow_up(item))
+        leads = item.get("leader", {}).get("S") == holder
+        return BatchTurn(BatchRole.LEADER if leads else BatchRole.JOINED, closes_at)
+
+    def seal(self, repository: str, run_key: str, holder: str) -> FollowUp | None:
+        try:
+            response = self._backoff.call(
+                lambda: self._client.update_item(
+                    TableName=self._table,
+                    Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
+                    UpdateExpression="SET sealed = :yes",
+                    ConditionExpression="leader = :me AND attribute_not_exists(started)",
+                    ExpressionAttributeValues={":yes": {"BOOL": True}, ":me": {"S": holder}},
+                    ReturnValues="ALL_NEW",
+                )
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return None
+            raise
+        return _follow_up(response.get("Attributes", {}))
+
+    def follow_up_started(self, repository: str, run_key: str, holder: str) -> None:
+        now = self._clock.now()
+        self._conditional(
+            lambda: self._client.update_item(
+                TableName=self._table,
+                Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
+                UpdateExpression="SET started = :now",
+                ConditionExpression="leader = :me",
+                ExpressionAttributeValues={":now": {"N": _number(now)}, ":me": {"S": holder}},
+            )
+        )
+
     def _conditional(self, write: Callable[[], object]) -> bool:
         """Run a conditional write; False when its condition did not hold."""
         try:
@@ -202,6 +378,22 @@ def _job(job_id: int) -> str:
 
 def _run(run_id: int, attempt: int) -> str:
     return f"run#{run_id}/attempt#{attempt}"
+
+
+def _batch(repository: str, run_key: str) -> str:
+    # Hashed: a run key with many labels can outgrow a partition key (2048 bytes); the item keeps both.
+    return "batch#" + hashlib.sha256(f"{repository}\n{run_key}".encode()).hexdigest()
+
+
+def _epoch(item: Any, name: str) -> Epoch:
+    return float(item.get(name, {}).get("N", "0"))
+
+
+def _follow_up(item: Any) -> FollowUp:
+    return FollowUp(
+        frozenset(int(job_id) for job_id in item.get("jobs", {}).get("NS", [])),
+        frozenset(int(job_id) for job_id in item.get("public_jobs", {}).get("NS", [])),
+    )
 
 
 def _number(value: Epoch) -> str:

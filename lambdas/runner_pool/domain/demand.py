@@ -16,6 +16,31 @@ in between lets its reservation lapse, and the message, redelivered by SQS, rese
 message whose job another invocation holds right now is handed back to SQS (a partial batch
 failure), not dropped: that holder may still die, and the job would then never get a runner.
 
+A run key's first demand is dispatched at once; what arrives in the next moments joins ONE follow-up
+batch. Lambda reads a standard queue with five concurrent pollers (and more under load), so the
+`queued` deliveries of a matrix, sent a moment apart, reach the dispatcher as several batches at the
+same time; a batching window per poller does not bring them together (issue 15 measured 5 runs of 4
+jobs become 14 executions). The ledger does, with one item per (repository, run key) and conditional
+writes (DynamoDbLedger.take_turn):
+
+    first      nobody dispatched this run key within the follow-up window: start its provision now,
+               and open the window (FOLLOW_UP_WINDOW_SECONDS)
+    joined     the window is open and another dispatch leads the follow-up: the jobs are added to it
+               and the messages are done
+    leader     the window is open and nobody leads the follow-up yet: the jobs are added, and this
+               dispatch waits for the window to close, seals the follow-up (no job joins after) and
+               starts one provision for every job in it
+    taken over the follow-up's leader died before starting it (its lease passed): this dispatch adds
+               its jobs, seals it and starts it at once
+    alone      the follow-up is sealed and being started right now: start these jobs at once, apart
+
+So a matrix whose jobs arrive within the window costs two executions however the pollers split it.
+A joined message is acknowledged before its job is started: what makes that safe is the leader's own
+messages, which stay unacknowledged until the follow-up has started, so a leader that dies has them
+delivered again, and that delivery takes the follow-up over. Every job of a follow-up is reserved
+and counted in the ledger like any other, so a job in both a first batch and a follow-up (a repeated
+delivery) is started once.
+
 Cancellation works by job id, which is exact where "one unit of demand" would be a guess: a cancel
 that reaches the ledger before the job's demand marks the job cancelled, so the demand is never
 counted (this nets the two out within one batch, and across batches whatever the order). A cancel
@@ -37,7 +62,7 @@ never be lost to demand still in the queue.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -49,10 +74,11 @@ from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.run_keys import RunKey
 
-BATCHING_WINDOW_SECONDS = 1
-"""How long SQS gathers demand before invoking the dispatcher. A matrix's `queued` deliveries arrive
-within a second of each other, so one window makes them one provision; every second of it is also
-a second of every job's queue time (the warm path's control-plane share was 2.6 s with 2 s)."""
+FOLLOW_UP_WINDOW_SECONDS = 1.0
+"""How long after a run key's first dispatch its further demand gathers into one follow-up batch. A
+matrix's `queued` deliveries arrive within a second of each other, so the first job is dispatched at
+once and the rest in one provision a second later. It used to be the event source's batching window
+(MaximumBatchingWindowInSeconds), in front of every job, the first one too."""
 
 
 class _Message(BaseModel):
@@ -152,6 +178,33 @@ class RunMark(StrEnum):
     COMPLETED = "completed"
 
 
+class BatchRole(StrEnum):
+    """What one dispatch does with a run key's demand (see the module's docstring)."""
+
+    FIRST = "first"
+    JOINED = "joined"
+    LEADER = "leader"
+    TAKEN_OVER = "taken-over"
+    ALONE = "alone"
+
+
+@dataclass(frozen=True)
+class FollowUp:
+    """The jobs of a sealed follow-up batch, and which of them are a public repository's."""
+
+    job_ids: frozenset[int]
+    public_ids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class BatchTurn:
+    role: BatchRole
+    closes_at: Epoch = 0.0
+    """When the follow-up window closes (FIRST, LEADER, JOINED)."""
+    follow_up: FollowUp | None = None
+    """TAKEN_OVER: every job of the follow-up, this dispatch's too."""
+
+
 class DemandLedger(Protocol):
     """Which jobs have been counted, and which run keys each run used (DynamoDB in production)."""
 
@@ -178,6 +231,30 @@ class DemandLedger(Protocol):
     def complete_run(self, run_id: int, attempt: int) -> frozenset[str]:
         """Note the run attempt completed, even before any of its demand; the run keys its demand used
         (empty for a run not ours, or whose demand has not come yet)."""
+        ...
+
+    def take_turn(
+        self,
+        repository: str,
+        run_key: str,
+        *,
+        job_ids: Sequence[int],
+        public_ids: Sequence[int],
+        holder: str,
+        lease_until: Epoch,
+        window_seconds: float,
+    ) -> BatchTurn:
+        """Open the run key's follow-up window, or add the jobs to its follow-up batch, or take over a
+        follow-up whose leader's lease passed; `holder` leads a follow-up until `lease_until`."""
+        ...
+
+    def seal(self, repository: str, run_key: str, holder: str) -> FollowUp | None:
+        """Close the follow-up `holder` leads to further jobs; its jobs, or None when another dispatch
+        took it over."""
+        ...
+
+    def follow_up_started(self, repository: str, run_key: str, holder: str) -> None:
+        """Note that the follow-up `holder` leads has started: the run key's next demand is a first again."""
         ...
 
 
@@ -214,6 +291,8 @@ class DispatchReport:
     """Queued jobs of a run attempt that had already completed (or whose completion came first)."""
     cancelled: int = 0
     """Jobs cancelled before their demand was counted."""
+    joined: int = 0
+    """Jobs added to a follow-up batch that another dispatch starts."""
     failures: list[Failure] = field(default_factory=list)
 
     @property
@@ -238,7 +317,12 @@ class _Group:
         self.messages.setdefault(job.job_id, []).append(message_id)
 
     def message_ids(self, job_ids: Iterable[int]) -> tuple[str, ...]:
-        return tuple(message_id for job_id in job_ids for message_id in self.messages[job_id])
+        """This batch's messages for these jobs (a follow-up's jobs that others added have none here)."""
+        return tuple(message_id for job_id in job_ids for message_id in self.messages.get(job_id, ()))
+
+    @property
+    def attempts(self) -> list[tuple[int, int]]:
+        return sorted({(job.run_id, job.run_attempt) for job in self.jobs.values()})
 
     @property
     def repeated_messages(self) -> int:
@@ -247,10 +331,20 @@ class _Group:
 
 
 class Dispatcher:
-    def __init__(self, ledger: DemandLedger, starter: ExecutionStarter, clock: Clock) -> None:
+    def __init__(
+        self,
+        ledger: DemandLedger,
+        starter: ExecutionStarter,
+        clock: Clock,
+        pause: Callable[[float], None],
+        window_seconds: float = FOLLOW_UP_WINDOW_SECONDS,
+    ) -> None:
         self._ledger = ledger
         self._starter = starter
         self._clock = clock
+        self._pause = pause
+        """How the leader of a follow-up waits for its window to close (time.sleep in a Lambda)."""
+        self._window = window_seconds
 
     def dispatch(
         self, batch: Sequence[tuple[str, DemandMessage]], holder: str, lease_seconds: float
@@ -274,13 +368,19 @@ class Dispatcher:
                 with _failing(report, [message_id], f"release {message.cause}"):
                     self._complete(report, message)
         until = self._clock.now() + lease_seconds
+        led: list[tuple[_Group, Epoch]] = []
         for group in _groups(batch):
-            self._provision(report, group, holder, until)
+            self._provision(report, group, holder, until, led)
         for message_id, message in batch:
             if isinstance(message, InstanceRelease):
                 request = message.request
                 with _failing(report, [message_id], f"release {request.instance_id} ({request.cause})"):
                     self._release(report, request)
+        if led:
+            # Last, so nothing else of the batch waits for the window: the leader's only wait.
+            self._pause(max(0.0, max(closes_at for _group, closes_at in led) - self._clock.now()))
+            for group, _closes_at in led:
+                self._lead(report, group, holder, until)
         return report
 
     def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
@@ -295,59 +395,152 @@ class Dispatcher:
         self._starter.release(request)
         report.releases.append(request)
 
-    def _provision(self, report: DispatchReport, group: _Group, holder: str, until: Epoch) -> None:
+    def _provision(
+        self,
+        report: DispatchReport,
+        group: _Group,
+        holder: str,
+        until: Epoch,
+        led: list[tuple[_Group, Epoch]],
+    ) -> None:
         report.duplicates += group.repeated_messages
-        attempts = sorted({(job.run_id, job.run_attempt) for job in group.jobs.values()})
         try:
             # Remembered before anything starts, in the same write that checks the run is not over:
             # a run completed later finds the key, one completed earlier refuses its demand.
-            marks = {
-                (run_id, attempt): self._ledger.remember_run_key(run_id, group.run_key, attempt)
-                for run_id, attempt in attempts
-            }
+            live = self._live_attempts(group)
+            current = [job for job in group.jobs.values() if (job.run_id, job.run_attempt) in live]
+            report.stale += len(group.jobs) - len(current)
+            if not current:
+                return
+            turn = self._ledger.take_turn(
+                group.repository,
+                group.run_key,
+                job_ids=[job.job_id for job in current],
+                public_ids=[job.job_id for job in current if job.public],
+                holder=holder,
+                lease_until=until,
+                window_seconds=self._window,
+            )
         except Exception as exc:  # any fault fails the group's messages, for SQS to retry them
-            report.failures.append(Failure(group.message_ids(group.jobs), "remember the run key", repr(exc)))
+            what = f"batch the demand of {group.run_key}"
+            report.failures.append(Failure(group.message_ids(group.jobs), what, repr(exc)))
             return
-        live = {attempt for attempt, mark in marks.items() if mark is not RunMark.COMPLETED}
+        match turn.role:
+            case BatchRole.FIRST | BatchRole.ALONE:
+                public = {job.job_id for job in current if job.public}
+                job_ids = [job.job_id for job in current]
+                for start in range(0, len(job_ids), PROVISION_LIMIT):
+                    chunk = job_ids[start : start + PROVISION_LIMIT]
+                    self._provision_chunk(report, group, chunk, public_ids=public, holder=holder, until=until)
+            case BatchRole.JOINED:
+                report.joined += len(current)
+            case BatchRole.LEADER:
+                led.append((group, turn.closes_at))
+            case BatchRole.TAKEN_OVER if turn.follow_up is not None:
+                self._start_follow_up(report, group, turn.follow_up, holder, until)
+
+    def _live_attempts(self, group: _Group) -> set[tuple[int, int]]:
+        """The group's run attempts that have not completed (noting its run key for each); marks the
+        group a fork's when its run is."""
+        marks = {
+            (run_id, attempt): self._ledger.remember_run_key(run_id, group.run_key, attempt)
+            for run_id, attempt in group.attempts
+        }
         group.from_fork = any(mark is RunMark.FROM_FORK for mark in marks.values())
-        current = [job for job in group.jobs.values() if (job.run_id, job.run_attempt) in live]
-        report.stale += len(group.jobs) - len(current)
-        for start in range(0, len(current), PROVISION_LIMIT):
-            self._provision_chunk(report, group, current[start : start + PROVISION_LIMIT], holder, until)
+        return {attempt for attempt, mark in marks.items() if mark is not RunMark.COMPLETED}
+
+    def _lead(self, report: DispatchReport, group: _Group, holder: str, until: Epoch) -> None:
+        """Seal the follow-up this dispatch leads, now that its window has closed, and start it."""
+        with _failing(report, group.message_ids(group.jobs), f"seal the follow-up of {group.run_key}"):
+            follow_up = self._ledger.seal(group.repository, group.run_key, holder)
+            if follow_up is None:
+                return  # another dispatch took it over (our lease passed): it starts these jobs
+            self._start_follow_up(report, group, follow_up, holder, until)
+
+    def _start_follow_up(
+        self, report: DispatchReport, group: _Group, follow_up: FollowUp, holder: str, until: Epoch
+    ) -> None:
+        """Start one provision (per PROVISION_LIMIT jobs) for a sealed follow-up, then mark it started.
+
+        Until it is marked, this dispatch's own messages are its guarantee: any failure fails them, so
+        SQS delivers them again and that delivery takes the follow-up over (its jobs already started
+        are counted in the ledger and not started twice).
+        """
+        own = group.message_ids(group.jobs)
+        try:
+            live = self._live_attempts(group)  # the run may have completed while the window was open
+        except Exception as exc:  # any fault fails our messages, for SQS to retry them
+            report.failures.append(Failure(own, f"start the follow-up of {group.run_key}", repr(exc)))
+            return
+        if not live:
+            report.stale += len(follow_up.job_ids)
+        else:
+            job_ids = sorted(follow_up.job_ids)
+            started = [
+                self._provision_chunk(
+                    report,
+                    group,
+                    job_ids[start : start + PROVISION_LIMIT],
+                    public_ids=follow_up.public_ids,
+                    holder=holder,
+                    until=until,
+                )
+                for start in range(0, len(job_ids), PROVISION_LIMIT)
+            ]
+            if not all(started):
+                # Jobs others added have no message here: ours come back, and take the follow-up over.
+                report.failures.append(
+                    Failure(own, f"start the follow-up of {group.run_key}", "not all started")
+                )
+                return
+        with _failing(report, [], f"mark the follow-up of {group.run_key} started"):
+            # Unmarked, the follow-up is taken over once our lease passes, and finds its jobs counted.
+            self._ledger.follow_up_started(group.repository, group.run_key, holder)
 
     def _provision_chunk(
-        self, report: DispatchReport, group: _Group, jobs: list[JobQueued], holder: str, until: Epoch
-    ) -> None:
+        self,
+        report: DispatchReport,
+        group: _Group,
+        job_ids: list[int],
+        *,
+        public_ids: Collection[int],
+        holder: str,
+        until: Epoch,
+    ) -> bool:
+        """Reserve the jobs and start one provision for those reserved; False when it failed."""
         reserved: list[int] = []
         try:
-            for job in jobs:
-                match self._ledger.reserve(job.job_id, holder, until):
+            for job_id in job_ids:
+                match self._ledger.reserve(job_id, holder, until):
                     case Reservation.RESERVED:
-                        reserved.append(job.job_id)
+                        reserved.append(job_id)
                     case Reservation.COUNTED:
                         report.duplicates += 1
                     case Reservation.HELD:
-                        report.held.update(group.message_ids([job.job_id]))
+                        # Our message goes back to SQS; a job another dispatch added to a follow-up is
+                        # that dispatch's message's to retry.
+                        report.held.update(group.message_ids([job_id]))
             if not reserved:
-                return
+                return True
             request = ProvisionRequest(
                 repository=group.repository,
                 run_key=group.run_key,
                 count=len(reserved),
                 job_ids=tuple(reserved),
-                public=group.from_fork or any(group.jobs[job_id].public for job_id in reserved),
+                public=group.from_fork or any(job_id in public_ids for job_id in reserved),
             )
             self._starter.provision(request)
         except Exception as exc:  # any fault fails the chunk's messages, for SQS to retry them
             self._let_go(reserved, holder)
-            what = f"provision {len(jobs)} runners for {group.run_key}"
-            report.failures.append(Failure(group.message_ids(job.job_id for job in jobs), what, repr(exc)))
-            return
+            what = f"provision {len(job_ids)} runners for {group.run_key}"
+            report.failures.append(Failure(group.message_ids(job_ids), what, repr(exc)))
+            return False
         report.provisions.append(request)
         # The execution runs from here on: a failed confirmation fails no message (a redelivery would
         # count the jobs twice); it leaves the reservation to lapse instead, and is reported.
         with _failing(report, [], f"confirm {request.execution_name}"):
             self._ledger.confirm(reserved, holder, request.execution_name)
+        return True
 
     def _let_go(self, job_ids: list[int], holder: str) -> None:
         """Free what a failed chunk reserved, so its redelivered messages can reserve it again at once."""

@@ -5,8 +5,11 @@ records and reports the messages whose work failed as partial batch failures (Po
 processor), so SQS redelivers only those. A message that is not a demand message fails every time
 and ends in the queue's dead-letter queue.
 
-Event source: the demand queue, with ReportBatchItemFailures, a batching window of a few seconds
-and a batch size of at least 100, so a matrix arrives in one batch. Environment (RUNNER_POOL_*):
+Event source: the demand queue, with ReportBatchItemFailures, no batching window (a run's first job
+is dispatched the moment it is received) and batches of 10; a matrix split across Lambda's
+concurrent batches is brought together by the ledger (domain.demand, follow-up batches), so an
+invocation that leads a follow-up waits up to FOLLOW_UP_WINDOW_SECONDS before it starts it.
+Environment (RUNNER_POOL_*):
 IDEMPOTENCY_TABLE_NAME (the demand ledger), PROVISION_STATE_MACHINE_ARN, RELEASE_STATE_MACHINE_ARN.
 The AWS calls it makes are recorded in the tests and checked against its role (emulator/iam_check.py).
 """
@@ -84,7 +87,7 @@ def _dispatcher(plane: ControlPlane) -> Dispatcher:
         plane.client("stepfunctions"),
         plane.backoff,
     )
-    return Dispatcher(ledger, executions, plane.clock)
+    return Dispatcher(ledger, executions, plane.clock, plane.pause)
 
 
 def _observe(report: DispatchReport) -> None:
@@ -95,6 +98,8 @@ def _observe(report: DispatchReport) -> None:
             count=request.count,
             execution=request.execution_name,
         )
+    if report.joined:
+        logger.info("joined a follow-up batch", jobs=report.joined)
     for failure in report.failures:
         logger.error("not dispatched", what=failure.what, error=failure.error, messages=failure.message_ids)
     figures = {

@@ -1,0 +1,203 @@
+"""Follow-up batches: a run key's first demand is dispatched at once, what comes within the window joins
+one follow-up, however Lambda's concurrent batches split the demand (domain.demand).
+
+Lambda reads a standard queue with five concurrent batches ("Configuring scaling behavior for SQS event
+source mappings", services-sqs-scaling.html), so dispatches of one matrix overlap. Here the ledger is
+the real one on moto, and overlapping dispatches are played in the one place where a dispatch waits:
+a follow-up leader's pause, during which the test runs the other batches, then moves the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from runner_pool.adapters.demand_ledger import DynamoDbLedger
+from runner_pool.domain.demand import (
+    FOLLOW_UP_WINDOW_SECONDS,
+    DemandMessage,
+    Dispatcher,
+    DispatchReport,
+    JobQueued,
+    RunCompleted,
+)
+from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
+from tests.support.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
+
+REPOSITORY = "octo-org/octo-repo"
+RUN_ID = 4242
+LABEL = f"pool={RUN_ID}/class=large"
+LEASE_SECONDS = 60.0
+
+
+class LeaderDiedError(RuntimeError):
+    """The leader's Lambda ended (a timeout, a crash) while it waited for the window."""
+
+
+@dataclass
+class Starts:
+    """Records the provisions started; `during` runs inside the next start (another dispatch meanwhile)."""
+
+    provisions: list[ProvisionRequest] = field(default_factory=list)
+    during: Callable[[], None] | None = None
+
+    def provision(self, request: ProvisionRequest) -> bool:
+        if self.during is not None:
+            during, self.during = self.during, None
+            during()
+        self.provisions.append(request)
+        return True
+
+    def release(self, request: ReleaseRequest) -> bool:
+        return True
+
+    def job_ids(self) -> list[tuple[int, ...]]:
+        return [request.job_ids for request in self.provisions]
+
+
+@dataclass
+class Dispatches:
+    world: IngressWorld
+    starts: Starts = field(default_factory=Starts)
+    meanwhile: list[Callable[[], None]] = field(default_factory=list)
+    """What other dispatches do while a leader waits (run in its pause, in order), before the clock moves."""
+
+    def pause(self, seconds: float) -> None:
+        while self.meanwhile:
+            self.meanwhile.pop(0)()
+        self.world.clock.advance(seconds)
+
+    def dispatch(self, holder: str, messages: list[DemandMessage]) -> DispatchReport:
+        ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, self.world.clock, self.world.plane.client("dynamodb"))
+        dispatcher = Dispatcher(ledger, self.starts, self.world.clock, self.pause)
+        batch = [(f"{holder}-m{n}", message) for n, message in enumerate(messages)]
+        return dispatcher.dispatch(batch, holder, LEASE_SECONDS)
+
+
+@pytest.fixture
+def dispatches() -> Iterator[Dispatches]:
+    with ingress_world() as world:
+        yield Dispatches(world)
+
+
+def jobs(*job_ids: int) -> list[DemandMessage]:
+    return [
+        JobQueued(repository=REPOSITORY, run_key=LABEL, run_id=RUN_ID, run_attempt=1, job_id=job_id)
+        for job_id in job_ids
+    ]
+
+
+def test_the_first_demand_starts_at_once_and_overlapping_batches_make_one_follow_up(
+    dispatches: Dispatches,
+) -> None:
+    # Given a run's first job, dispatched on its own
+    first = dispatches.dispatch("a", jobs(1))
+    # Then its provision started at once, without waiting
+    assert dispatches.starts.job_ids() == [(1,)]
+    assert first.failed_message_ids == set()
+
+    # When four more batches of the matrix overlap: one leads the follow-up, three join while it waits
+    dispatches.meanwhile += [
+        lambda: dispatches.dispatch("c", jobs(6, 7, 8, 9, 10)),
+        lambda: dispatches.dispatch("d", jobs(11, 12, 13, 14, 15)),
+        lambda: dispatches.dispatch("e", jobs(16, 17, 18, 19, 20)),
+    ]
+    leader = dispatches.dispatch("b", jobs(2, 3, 4, 5))
+
+    # Then the 20 jobs cost two provisions: the first job, then the other 19 together
+    assert dispatches.starts.job_ids() == [(1,), tuple(range(2, 21))]
+    assert leader.failed_message_ids == set()
+
+
+def test_the_leader_waits_only_for_what_is_left_of_the_window(dispatches: Dispatches) -> None:
+    # Given a first dispatch, and the clock moved on by most of the window
+    dispatches.dispatch("a", jobs(1))
+    opened = dispatches.world.clock.now()
+    dispatches.world.clock.advance(0.75 * FOLLOW_UP_WINDOW_SECONDS)
+
+    # When the next batch leads the follow-up
+    dispatches.dispatch("b", jobs(2))
+
+    # Then it waited until the window closed, not a whole window more
+    assert dispatches.world.clock.now() == pytest.approx(opened + FOLLOW_UP_WINDOW_SECONDS)
+    assert dispatches.starts.job_ids() == [(1,), (2,)]
+
+
+def test_a_job_delivered_twice_across_the_first_batch_and_the_follow_up_starts_once(
+    dispatches: Dispatches,
+) -> None:
+    # Given a first batch with jobs 1 and 2
+    dispatches.dispatch("a", jobs(1, 2))
+    # When job 2's delivery comes again in the follow-up, with job 3
+    dispatches.meanwhile.append(lambda: dispatches.dispatch("c", jobs(2)))
+    report = dispatches.dispatch("b", jobs(3))
+    # Then job 2 was counted once: the follow-up starts job 3 alone
+    assert dispatches.starts.job_ids() == [(1, 2), (3,)]
+    assert report.duplicates == 1
+
+
+def test_a_follow_up_whose_leader_died_is_started_by_the_redelivery_of_the_leaders_messages(
+    dispatches: Dispatches,
+) -> None:
+    # Given a first dispatch, a follow-up led by "b", which batch "c" joined (its message acknowledged)
+    dispatches.dispatch("a", jobs(1))
+    joined: list[DispatchReport] = []
+
+    def join_then_die() -> None:
+        joined.append(dispatches.dispatch("c", jobs(3, 4)))
+        raise LeaderDiedError
+
+    dispatches.meanwhile.append(join_then_die)
+    # When the leader's Lambda ends while it waits
+    with pytest.raises(LeaderDiedError):
+        dispatches.dispatch("b", jobs(2))
+    assert joined[0].failed_message_ids == set()
+    assert dispatches.starts.job_ids() == [(1,)]
+
+    # And SQS delivers the leader's message again once its visibility timeout passed (past the lease)
+    dispatches.world.clock.advance(LEASE_SECONDS + 1)
+    dispatches.dispatch("b-again", jobs(2))
+
+    # Then that delivery took the follow-up over and started every job in it, the joined ones too
+    assert dispatches.starts.job_ids() == [(1,), (2, 3, 4)]
+
+
+def test_demand_after_the_follow_up_started_is_a_first_again(dispatches: Dispatches) -> None:
+    # Given a matrix served by a first batch and a follow-up
+    dispatches.dispatch("a", jobs(1))
+    dispatches.dispatch("b", jobs(2))
+    # When a later job of the run is queued (a job that `needs` the matrix)
+    dispatches.dispatch("c", jobs(3))
+    # Then it is dispatched at once, not held for a window
+    assert dispatches.starts.job_ids() == [(1,), (2,), (3,)]
+
+
+def test_demand_that_arrives_while_the_follow_up_is_being_started_is_dispatched_at_once_apart(
+    dispatches: Dispatches,
+) -> None:
+    # Given a first batch, and a follow-up whose leader is starting it right now
+    dispatches.dispatch("a", jobs(1))
+    # (the first batch's start has passed: the next start is the follow-up's)
+    dispatches.starts.during = lambda: dispatches.dispatch("c", jobs(3)) and None
+    # When a job arrives during that start: it cannot join a sealed follow-up
+    dispatches.dispatch("b", jobs(2))
+    # Then it got a provision of its own at once, and the follow-up kept its own job
+    assert sorted(dispatches.starts.job_ids()) == [(1,), (2,), (3,)]
+
+
+def test_a_run_that_completes_while_the_window_is_open_gets_no_follow_up(dispatches: Dispatches) -> None:
+    # Given a first dispatch, and a follow-up that another batch joined
+    dispatches.dispatch("a", jobs(1))
+    completion = RunCompleted(repository=REPOSITORY, run_id=RUN_ID, run_attempt=1)
+    dispatches.meanwhile += [
+        lambda: dispatches.dispatch("c", jobs(3)),
+        # When the run completes (cancelled) before the window closes
+        lambda: dispatches.dispatch("d", [completion]),
+    ]
+    report = dispatches.dispatch("b", jobs(2))
+    # Then the follow-up's jobs are stale: nothing more is provisioned for the finished run
+    assert dispatches.starts.job_ids() == [(1,)]
+    assert report.stale == 2
+    assert report.failed_message_ids == set()
