@@ -16,7 +16,7 @@ from githubkit.webhooks import verify
 
 from emulator.api_gateway import PAYLOAD_LIMIT_BYTES, ProxyEndpoint
 from emulator.aws import local_aws
-from emulator.event_sources import QueueEventSource
+from emulator.event_sources import STANDARD_QUEUE_POLLERS, QueueEventSource
 from emulator.fake_github import FakeGitHub, JobSpec
 from tests.e2e.conftest import LABEL, REPOSITORY, eventually
 from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, AppKey
@@ -176,3 +176,95 @@ def test_the_queue_event_source_deletes_handled_messages_and_leaves_failed_ones(
     assert sorted(batches[0]) == ["0", "1", "2"]
     assert int(attributes["ApproximateNumberOfMessagesNotVisible"]) == 1
     assert int(attributes["ApproximateNumberOfMessages"]) == 0
+
+
+def test_the_queue_event_source_runs_five_batches_at_once_as_lambda_does_for_a_standard_queue() -> None:
+    # Given a standard queue with more messages than one batch, and a function that holds each batch
+    # until five are in hand ("Lambda starts processing five batches at a time with five concurrent
+    # invocations", services-sqs-scaling.html)
+    with local_aws() as aws:
+        sqs = aws.client("sqs")
+        url = sqs.create_queue(QueueName="demand", Attributes={"VisibilityTimeout": "60"})["QueueUrl"]
+        five_at_once = threading.Barrier(STANDARD_QUEUE_POLLERS, timeout=20)
+        met: list[bool] = []
+
+        def dispatch(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+            try:
+                five_at_once.wait()
+                met.append(True)
+            except threading.BrokenBarrierError:
+                met.append(False)
+            return {"batchItemFailures": []}
+
+        # When it runs, with batches of one message and no window, and five messages arrive
+        with QueueEventSource(dispatch, "dispatcher", sqs=sqs, queue_url=url, batch_size=1) as source:
+            for number in range(STANDARD_QUEUE_POLLERS):
+                sqs.send_message(QueueUrl=url, MessageBody=str(number))
+            eventually(lambda: len(met) == STANDARD_QUEUE_POLLERS, "five invocations")
+
+    # Then five invocations were under way at the same time
+    assert source.concurrency == STANDARD_QUEUE_POLLERS
+    assert met == [True] * STANDARD_QUEUE_POLLERS
+
+
+def test_the_queue_event_source_never_hands_out_two_batches_of_one_fifo_group_at_once() -> None:
+    # Given a FIFO queue with two message groups of four messages each
+    with local_aws() as aws:
+        sqs = aws.client("sqs")
+        url = sqs.create_queue(
+            QueueName="demand.fifo",
+            Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true", "VisibilityTimeout": "60"},
+        )["QueueUrl"]
+        for number in range(8):
+            sqs.send_message(QueueUrl=url, MessageBody=str(number), MessageGroupId=f"run-{number % 2}")
+        lock = threading.Lock()
+        in_flight: dict[str, int] = {}
+        most: dict[str, int] = {}
+        order: dict[str, list[str]] = {}
+
+        def dispatch(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+            groups = {record["attributes"]["MessageGroupId"] for record in event["Records"]}
+            with lock:
+                for group in groups:
+                    in_flight[group] = in_flight.get(group, 0) + 1
+                    most[group] = max(most.get(group, 0), in_flight[group])
+                for record in event["Records"]:
+                    order.setdefault(record["attributes"]["MessageGroupId"], []).append(record["body"])
+            threading.Event().wait(0.2)  # long enough for the other pollers to ask for more
+            with lock:
+                for group in groups:
+                    in_flight[group] -= 1
+            return {"batchItemFailures": []}
+
+        # When the event source reads it with five pollers and batches of one
+        with QueueEventSource(dispatch, "dispatcher", sqs=sqs, queue_url=url, batch_size=1):
+            eventually(lambda: sum(map(len, order.values())) == 8, "every message")
+
+    # Then each group was handled one batch at a time, in the order it was sent ("Amazon SQS ensures
+    # that messages in the same group are delivered to Lambda in order", services-sqs-scaling.html)
+    assert most == {"run-0": 1, "run-1": 1}
+    assert order == {"run-0": ["0", "2", "4", "6"], "run-1": ["1", "3", "5", "7"]}
+
+
+@pytest.mark.parametrize(
+    ("queue", "batch_size", "window_seconds", "refusal"),
+    [
+        ("demand.fifo", 10, 1.0, "Batching window is not supported for FIFO queues"),
+        ("demand.fifo", 11, 0.0, "a FIFO queue's batch size is at most 10"),
+        ("demand", 100, 0.0, "needs a batching window of at least 1 s"),
+    ],
+)
+def test_the_queue_event_source_refuses_a_mapping_lambda_refuses(
+    queue: str, batch_size: int, window_seconds: float, refusal: str
+) -> None:
+    # Given a mapping CreateEventSourceMapping refuses (services-sqs-parameters.html) / Then so does the emulator
+    url = f"http://localhost/123456789012/{queue}"
+    with pytest.raises(ValueError, match=refusal):
+        QueueEventSource(
+            lambda _event, _context: None,
+            "dispatcher",
+            sqs=None,
+            queue_url=url,
+            batch_size=batch_size,
+            window_seconds=window_seconds,
+        )

@@ -16,6 +16,7 @@ import pytest
 
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain.demand import (
+    FOLLOW_UP_LIMIT_SECONDS,
     FOLLOW_UP_WINDOW_SECONDS,
     DemandMessage,
     Dispatcher,
@@ -32,8 +33,8 @@ LABEL = f"pool={RUN_ID}/class=large"
 LEASE_SECONDS = 60.0
 
 
-class LeaderDiedError(RuntimeError):
-    """The leader's Lambda ended (a timeout, a crash) while it waited for the window."""
+class LeaderDiedError(BaseException):
+    """The leader's Lambda ended (a timeout kills its environment) while it waited: nothing of it runs on."""
 
 
 @dataclass
@@ -111,18 +112,52 @@ def test_the_first_demand_starts_at_once_and_overlapping_batches_make_one_follow
     assert leader.failed_message_ids == set()
 
 
-def test_the_leader_waits_only_for_what_is_left_of_the_window(dispatches: Dispatches) -> None:
+def test_the_follow_up_closes_a_window_after_its_last_job_joined(dispatches: Dispatches) -> None:
     # Given a first dispatch, and the clock moved on by most of the window
     dispatches.dispatch("a", jobs(1))
-    opened = dispatches.world.clock.now()
-    dispatches.world.clock.advance(0.75 * FOLLOW_UP_WINDOW_SECONDS)
+    clock = dispatches.world.clock
+    clock.advance(0.75 * FOLLOW_UP_WINDOW_SECONDS)
 
-    # When the next batch leads the follow-up
+    # When the next batch leads the follow-up, and another joins half a window later
+    def join_later() -> None:
+        clock.advance(0.5 * FOLLOW_UP_WINDOW_SECONDS)
+        dispatches.dispatch("c", jobs(3))
+
+    dispatches.meanwhile.append(join_later)
+    led_at = clock.now()
     dispatches.dispatch("b", jobs(2))
 
-    # Then it waited until the window closed, not a whole window more
-    assert dispatches.world.clock.now() == pytest.approx(opened + FOLLOW_UP_WINDOW_SECONDS)
-    assert dispatches.starts.job_ids() == [(1,), (2,)]
+    # Then the leader waited until a window had passed since the last join, and started both
+    assert clock.now() == pytest.approx(led_at + 0.5 * FOLLOW_UP_WINDOW_SECONDS + FOLLOW_UP_WINDOW_SECONDS)
+    assert dispatches.starts.job_ids() == [(1,), (2, 3)]
+
+
+def test_a_follow_up_that_keeps_growing_is_started_at_its_limit(dispatches: Dispatches) -> None:
+    # Given a first dispatch at t0
+    dispatches.dispatch("a", jobs(1))
+    clock = dispatches.world.clock
+    opened = clock.now()
+
+    # When jobs keep joining the follow-up, each less than a window after the last, for twice the limit
+    def trickle(job_id: int) -> Callable[[], None]:
+        def join() -> None:
+            clock.advance(0.5 * FOLLOW_UP_WINDOW_SECONDS)
+            dispatches.dispatch(f"j{job_id}", jobs(job_id))
+
+        return join
+
+    steps = int(2 * FOLLOW_UP_LIMIT_SECONDS / (0.5 * FOLLOW_UP_WINDOW_SECONDS))
+    dispatches.meanwhile += [trickle(job_id) for job_id in range(3, 3 + steps)]
+    dispatches.dispatch("b", jobs(2))
+
+    # Then the follow-up was sealed once its limit had passed: what joined until then is in it, the
+    # rest started at once, apart from it or in the next follow-up
+    assert dispatches.starts.job_ids()[0] == (1,)
+    follow_up = dispatches.starts.job_ids()[-1]
+    assert follow_up[0] == 2
+    assert len(follow_up) >= FOLLOW_UP_LIMIT_SECONDS / (0.5 * FOLLOW_UP_WINDOW_SECONDS)
+    assert sorted(j for started in dispatches.starts.job_ids() for j in started) == list(range(1, 3 + steps))
+    assert clock.now() >= opened + FOLLOW_UP_LIMIT_SECONDS
 
 
 def test_a_job_delivered_twice_across_the_first_batch_and_the_follow_up_starts_once(

@@ -10,9 +10,9 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
                                     from_fork once its `requested` webhook named a fork as its head
     batch#<sha256 of repository, run key>
                                     the run key's follow-up window (domain.demand): repository, run_key,
-                                    opened_at, closes_at; once a dispatch joins, leader and lease_until,
-                                    jobs and public_jobs (number sets); sealed when the leader closed it
-                                    to further jobs; started when its provision started
+                                    opened_at, closes_at, limit_at; once a dispatch joins, leader and
+                                    lease_until, jobs and public_jobs (number sets); sealed when the
+                                    leader closed it to further jobs; started when its provision started
 
 Each change is one conditional write, so two dispatchers that see the same job never both count
 it. Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run be re-run.
@@ -29,7 +29,7 @@ from botocore.exceptions import ClientError
 
 from runner_pool.adapters.backoff import Backoff, error_code
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.demand import BatchRole, BatchTurn, FollowUp, Reservation, RunMark
+from runner_pool.domain.demand import BatchRole, BatchTurn, FollowUp, Reservation, RunMark, Sealing
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -219,11 +219,12 @@ class DynamoDbLedger:
         holder: str,
         lease_until: Epoch,
         window_seconds: float,
+        limit_seconds: float,
     ) -> BatchTurn:
         key = {KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}}
         for _ in range(TURN_ATTEMPTS):
             now = self._clock.now()
-            current = self._open(key, repository, run_key, now, now + window_seconds)
+            current = self._open(key, repository, run_key, now, now + window_seconds, now + limit_seconds)
             if current is None:
                 return BatchTurn(BatchRole.FIRST, closes_at=now + window_seconds)
             if "sealed" in current and _epoch(current, "lease_until") >= now:
@@ -236,14 +237,21 @@ class DynamoDbLedger:
                 holder=holder,
                 lease_until=lease_until,
                 now=now,
+                closes_at=min(now + window_seconds, _epoch(current, "limit_at")),
                 take_over=abandoned,
             )
             if turn is not None:
                 return turn
         return BatchTurn(BatchRole.ALONE)
 
-    def _open(
-        self, key: dict[str, Any], repository: str, run_key: str, now: Epoch, closes_at: Epoch
+    def _open(  # noqa: PLR0917 - one conditional write's values
+        self,
+        key: dict[str, Any],
+        repository: str,
+        run_key: str,
+        now: Epoch,
+        closes_at: Epoch,
+        limit_at: Epoch,
     ) -> dict[str, Any] | None:
         """Open a new follow-up window when none is pending; None when opened, else the item as it is."""
         try:
@@ -253,7 +261,7 @@ class DynamoDbLedger:
                     Key=key,
                     UpdateExpression=(
                         "SET repository = :repository, run_key = :run_key, opened_at = :now, "
-                        "closes_at = :closes, #expiry = :expiry "
+                        "closes_at = :closes, limit_at = :limit, #expiry = :expiry "
                         "REMOVE leader, lease_until, sealed, started, jobs, public_jobs"
                     ),
                     ConditionExpression=_SETTLED,
@@ -263,6 +271,7 @@ class DynamoDbLedger:
                         ":run_key": {"S": run_key},
                         ":now": {"N": _number(now)},
                         ":closes": {"N": _number(closes_at)},
+                        ":limit": {"N": _number(limit_at)},
                         ":expiry": {"N": str(int(now + BATCH_RETENTION_SECONDS))},
                     },
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
@@ -284,6 +293,7 @@ class DynamoDbLedger:
         holder: str,
         lease_until: Epoch,
         now: Epoch,
+        closes_at: Epoch,
         take_over: bool,
     ) -> BatchTurn | None:
         """Add the jobs to the follow-up: joining it, or taking it over (sealed: it starts now); None when
@@ -301,9 +311,11 @@ class DynamoDbLedger:
             values[":yes"] = {"BOOL": True}
             update = f"{additions} SET leader = :me, lease_until = :lease, sealed = :yes"
         else:
+            # Each join keeps the window open a little longer (capped by limit_at, by the caller).
+            values[":closes"] = {"N": _number(closes_at)}
             update = (
                 f"{additions} SET leader = if_not_exists(leader, :me), "
-                "lease_until = if_not_exists(lease_until, :lease)"
+                "lease_until = if_not_exists(lease_until, :lease), closes_at = :closes"
             )
         try:
             response = self._backoff.call(
@@ -328,23 +340,35 @@ class DynamoDbLedger:
         leads = item.get("leader", {}).get("S") == holder
         return BatchTurn(BatchRole.LEADER if leads else BatchRole.JOINED, closes_at)
 
-    def seal(self, repository: str, run_key: str, holder: str) -> FollowUp | None:
+    def seal(self, repository: str, run_key: str, holder: str) -> Sealing:
+        now = self._clock.now()
         try:
             response = self._backoff.call(
                 lambda: self._client.update_item(
                     TableName=self._table,
                     Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
                     UpdateExpression="SET sealed = :yes",
-                    ConditionExpression="leader = :me AND attribute_not_exists(started)",
-                    ExpressionAttributeValues={":yes": {"BOOL": True}, ":me": {"S": holder}},
+                    ConditionExpression=(
+                        "leader = :me AND attribute_not_exists(started) AND closes_at <= :now"
+                    ),
+                    ExpressionAttributeValues={
+                        ":yes": {"BOOL": True},
+                        ":me": {"S": holder},
+                        ":now": {"N": _number(now)},
+                    },
                     ReturnValues="ALL_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
             )
         except ClientError as exc:
-            if error_code(exc) == "ConditionalCheckFailedException":
-                return None
-            raise
-        return _follow_up(response.get("Attributes", {}))
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
+            ours = current.get("leader", {}).get("S") == holder and "started" not in current
+            if ours and "sealed" in current:  # sealed by our own write, whose answer was lost
+                return Sealing(follow_up=_follow_up(current))
+            return Sealing(closes_at=_epoch(current, "closes_at") if ours else None)
+        return Sealing(follow_up=_follow_up(response.get("Attributes", {})))
 
     def follow_up_started(self, repository: str, run_key: str, holder: str) -> None:
         now = self._clock.now()

@@ -23,8 +23,9 @@ same time; a batching window per poller does not bring them together (issue 15 m
 jobs become 14 executions). The ledger does, with one item per (repository, run key) and conditional
 writes (DynamoDbLedger.take_turn):
 
-    first      nobody dispatched this run key within the follow-up window: start its provision now,
-               and open the window (FOLLOW_UP_WINDOW_SECONDS)
+    first      no follow-up of this run key is open or pending: start its provision now, and open
+               the follow-up window (FOLLOW_UP_WINDOW_SECONDS; each job that joins keeps it open
+               that much longer, up to FOLLOW_UP_LIMIT_SECONDS after the first)
     joined     the window is open and another dispatch leads the follow-up: the jobs are added to it
                and the messages are done
     leader     the window is open and nobody leads the follow-up yet: the jobs are added, and this
@@ -75,10 +76,13 @@ from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest, Rel
 from runner_pool.domain.run_keys import RunKey
 
 FOLLOW_UP_WINDOW_SECONDS = 1.0
-"""How long after a run key's first dispatch its further demand gathers into one follow-up batch. A
-matrix's `queued` deliveries arrive within a second of each other, so the first job is dispatched at
-once and the rest in one provision a second later. It used to be the event source's batching window
-(MaximumBatchingWindowInSeconds), in front of every job, the first one too."""
+"""How long a run key's follow-up stays open after its first dispatch, and after each job that joins
+it: a matrix's `queued` deliveries come a moment apart (GitHub sends them one by one), so its first
+job is dispatched at once and the rest in one provision once a second passes with no more. It used to
+be the event source's batching window (MaximumBatchingWindowInSeconds), in front of every job, the
+first one too, and per poller."""
+FOLLOW_UP_LIMIT_SECONDS = 5.0
+"""The longest a follow-up stays open after the first dispatch, however its demand keeps coming."""
 
 
 class _Message(BaseModel):
@@ -178,6 +182,10 @@ class RunMark(StrEnum):
     COMPLETED = "completed"
 
 
+SEAL_ATTEMPTS = 100
+"""A leader looks again each time a join moved the window; the limit ends that long before this."""
+
+
 class BatchRole(StrEnum):
     """What one dispatch does with a run key's demand (see the module's docstring)."""
 
@@ -200,9 +208,18 @@ class FollowUp:
 class BatchTurn:
     role: BatchRole
     closes_at: Epoch = 0.0
-    """When the follow-up window closes (FIRST, LEADER, JOINED)."""
+    """When the follow-up window closes, unless another job joins (FIRST, LEADER, JOINED)."""
     follow_up: FollowUp | None = None
     """TAKEN_OVER: every job of the follow-up, this dispatch's too."""
+
+
+@dataclass(frozen=True)
+class Sealing:
+    """What sealing a follow-up found: sealed (its jobs), still open (a job joined since: try again at
+    `closes_at`), or neither (another dispatch took it over)."""
+
+    follow_up: FollowUp | None = None
+    closes_at: Epoch | None = None
 
 
 class DemandLedger(Protocol):
@@ -243,14 +260,15 @@ class DemandLedger(Protocol):
         holder: str,
         lease_until: Epoch,
         window_seconds: float,
+        limit_seconds: float,
     ) -> BatchTurn:
-        """Open the run key's follow-up window, or add the jobs to its follow-up batch, or take over a
-        follow-up whose leader's lease passed; `holder` leads a follow-up until `lease_until`."""
+        """Open the run key's follow-up window, or add the jobs to its follow-up batch (keeping it open
+        `window_seconds` more, up to `limit_seconds` after it opened), or take over a follow-up whose
+        leader's lease passed; `holder` leads a follow-up until `lease_until`."""
         ...
 
-    def seal(self, repository: str, run_key: str, holder: str) -> FollowUp | None:
-        """Close the follow-up `holder` leads to further jobs; its jobs, or None when another dispatch
-        took it over."""
+    def seal(self, repository: str, run_key: str, holder: str) -> Sealing:
+        """Close the follow-up `holder` leads to further jobs, if its window has closed."""
         ...
 
     def follow_up_started(self, repository: str, run_key: str, holder: str) -> None:
@@ -337,7 +355,9 @@ class Dispatcher:
         starter: ExecutionStarter,
         clock: Clock,
         pause: Callable[[float], None],
+        *,
         window_seconds: float = FOLLOW_UP_WINDOW_SECONDS,
+        limit_seconds: float = FOLLOW_UP_LIMIT_SECONDS,
     ) -> None:
         self._ledger = ledger
         self._starter = starter
@@ -345,6 +365,7 @@ class Dispatcher:
         self._pause = pause
         """How the leader of a follow-up waits for its window to close (time.sleep in a Lambda)."""
         self._window = window_seconds
+        self._limit = limit_seconds
 
     def dispatch(
         self, batch: Sequence[tuple[str, DemandMessage]], holder: str, lease_seconds: float
@@ -376,11 +397,9 @@ class Dispatcher:
                 request = message.request
                 with _failing(report, [message_id], f"release {request.instance_id} ({request.cause})"):
                     self._release(report, request)
-        if led:
-            # Last, so nothing else of the batch waits for the window: the leader's only wait.
-            self._pause(max(0.0, max(closes_at for _group, closes_at in led) - self._clock.now()))
-            for group, _closes_at in led:
-                self._lead(report, group, holder, until)
+        # Last, so nothing else of the batch waits for a window: the leader's only wait.
+        for group, closes_at in led:
+            self._lead(report, group, closes_at, holder, until)
         return report
 
     def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
@@ -420,6 +439,7 @@ class Dispatcher:
                 holder=holder,
                 lease_until=until,
                 window_seconds=self._window,
+                limit_seconds=self._limit,
             )
         except Exception as exc:  # any fault fails the group's messages, for SQS to retry them
             what = f"batch the demand of {group.run_key}"
@@ -449,13 +469,21 @@ class Dispatcher:
         group.from_fork = any(mark is RunMark.FROM_FORK for mark in marks.values())
         return {attempt for attempt, mark in marks.items() if mark is not RunMark.COMPLETED}
 
-    def _lead(self, report: DispatchReport, group: _Group, holder: str, until: Epoch) -> None:
-        """Seal the follow-up this dispatch leads, now that its window has closed, and start it."""
+    def _lead(
+        self, report: DispatchReport, group: _Group, closes_at: Epoch, holder: str, until: Epoch
+    ) -> None:
+        """Wait for the follow-up's window to close (each join moves it, up to its limit), seal, start it."""
         with _failing(report, group.message_ids(group.jobs), f"seal the follow-up of {group.run_key}"):
-            follow_up = self._ledger.seal(group.repository, group.run_key, holder)
-            if follow_up is None:
-                return  # another dispatch took it over (our lease passed): it starts these jobs
-            self._start_follow_up(report, group, follow_up, holder, until)
+            for _ in range(SEAL_ATTEMPTS):
+                self._pause(max(0.0, closes_at - self._clock.now()))
+                sealing = self._ledger.seal(group.repository, group.run_key, holder)
+                if sealing.follow_up is not None:
+                    self._start_follow_up(report, group, sealing.follow_up, holder, until)
+                    return
+                if sealing.closes_at is None:
+                    return  # another dispatch took it over (our lease passed): it starts these jobs
+                closes_at = sealing.closes_at
+            raise RuntimeError(f"the follow-up was still open after {SEAL_ATTEMPTS} looks")
 
     def _start_follow_up(
         self, report: DispatchReport, group: _Group, follow_up: FollowUp, holder: str, until: Epoch
