@@ -1,5 +1,5 @@
 """A matrix through the real stack with Lambda's real event-source concurrency: its first job is
-dispatched at once, the rest in one follow-up batch, however the five pollers split the deliveries.
+dispatched at once, the rest in follow-up batches, however the five pollers split the deliveries.
 
 Lambda reads a standard queue with five concurrent batches ("Configuring scaling behavior for SQS
 event source mappings", services-sqs-scaling.html); the emulator's event source does the same.
@@ -16,7 +16,6 @@ from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.fake_github import Conclusion, JobSpec
 from emulator.world import World
 from infra.constructs.ingress import DEMAND_BATCHING_WINDOW_SECONDS
-from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS
 from tests.e2e.conftest import LABEL, completed, eventually
 
 pytestmark = pytest.mark.slow
@@ -36,26 +35,21 @@ def requested(system: World) -> int:
     )
 
 
-def test_a_matrix_of_twenty_costs_two_executions_and_its_first_job_waits_for_no_window(system: World) -> None:
+def test_a_runs_first_job_waits_for_no_window_and_its_matrix_launches_with_one_create_fleet_per_provision(
+    system: World,
+) -> None:
     # Given the stack with no runner in the pool, its dispatcher fed by Lambda's five pollers and no window
     assert system.stack.dispatcher.concurrency == STANDARD_QUEUE_POLLERS == 5
     assert DEMAND_BATCHING_WINDOW_SECONDS == 0
 
-    # When a run queues a matrix of 20 jobs (20 `queued` deliveries, sent at once by the fake GitHub)
+    # When a run queues a matrix of 20 jobs (the fake GitHub sends a run's deliveries one by one)
     run = system.start_run("matrix", JobSpec("build", LABEL, matrix=20, seconds=0.3))
 
-    # Then the matrix was asked for in at most two provision executions
+    # Then its first provision started sooner after the first delivery than the old window alone took
     eventually(lambda: requested(system) >= 20, "20 runners to be asked for", timeout=60)
     provisions = sorted(
         (e for e in system.stack.executions() if e["machine"] == "provision"), key=lambda e: e["startDate"]
     )
-    assert 1 <= len(provisions) <= 2, [(e["name"], e["startDate"]) for e in provisions]
-    # And every job ran on our runners, launched with at most two CreateFleet calls
-    completed(system, run, timeout=180)
-    jobs = [system.github.state.jobs[job_id] for job_id in run.job_ids]
-    assert [job.conclusion for job in jobs] == [Conclusion.SUCCESS] * 20
-    assert 1 <= system.stack.ec2.calls["CreateFleet"] <= 2
-    # And the first provision started sooner after the first delivery than the old window alone took
     first_delivery = min(
         d.delivered_at
         for d in system.github.state.deliveries.values()
@@ -65,7 +59,10 @@ def test_a_matrix_of_twenty_costs_two_executions_and_its_first_job_waits_for_no_
     waited = started.timestamp() - first_delivery
     print(f"first delivery -> first provision started: {waited:.3f} s; provisions: {len(provisions)}")
     assert waited < OLD_BATCHING_WINDOW_SECONDS
-    # And a second one, if any, started once the follow-up window had closed, not a window per batch
-    if len(provisions) == 2:
-        gap = provisions[1]["startDate"].timestamp() - started.timestamp()
-        assert gap >= FOLLOW_UP_WINDOW_SECONDS * 0.9
+    # And every job ran on our runners, each provision launching its shortfall with one CreateFleet
+    # (how few provisions a matrix costs depends on how fast the deliveries come; with the five pollers
+    # and deliveries a window apart at most it is two: tests/integration/test_follow_up_batches.py)
+    completed(system, run, timeout=180)
+    jobs = [system.github.state.jobs[job_id] for job_id in run.job_ids]
+    assert [job.conclusion for job in jobs] == [Conclusion.SUCCESS] * 20
+    assert 1 <= system.stack.ec2.calls["CreateFleet"] <= len(provisions)

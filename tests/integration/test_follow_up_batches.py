@@ -9,12 +9,17 @@ a follow-up leader's pause, during which the test runs the other batches, then m
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
+from emulator.event_sources import QueueEventSource
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
+from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.demand import (
     FOLLOW_UP_LIMIT_SECONDS,
     FOLLOW_UP_WINDOW_SECONDS,
@@ -23,6 +28,8 @@ from runner_pool.domain.demand import (
     DispatchReport,
     JobQueued,
     RunCompleted,
+    from_body,
+    to_body,
 )
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
 from tests.support.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
@@ -42,7 +49,7 @@ class Starts:
     """Records the provisions started; `during` runs inside the next start (another dispatch meanwhile)."""
 
     provisions: list[ProvisionRequest] = field(default_factory=list)
-    during: Callable[[], None] | None = None
+    during: Callable[[], object] | None = None
 
     def provision(self, request: ProvisionRequest) -> bool:
         if self.during is not None:
@@ -59,10 +66,23 @@ class Starts:
 
 
 @dataclass
+class TimedStarts(Starts):
+    """Starts from several threads, with when each began."""
+
+    started_at: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def provision(self, request: ProvisionRequest) -> bool:
+        with self.lock:
+            self.started_at.append(time.time())
+            return super().provision(request)
+
+
+@dataclass
 class Dispatches:
     world: IngressWorld
     starts: Starts = field(default_factory=Starts)
-    meanwhile: list[Callable[[], None]] = field(default_factory=list)
+    meanwhile: list[Callable[[], object]] = field(default_factory=list)
     """What other dispatches do while a leader waits (run in its pause, in order), before the clock moves."""
 
     def pause(self, seconds: float) -> None:
@@ -215,7 +235,7 @@ def test_demand_that_arrives_while_the_follow_up_is_being_started_is_dispatched_
     # Given a first batch, and a follow-up whose leader is starting it right now
     dispatches.dispatch("a", jobs(1))
     # (the first batch's start has passed: the next start is the follow-up's)
-    dispatches.starts.during = lambda: dispatches.dispatch("c", jobs(3)) and None
+    dispatches.starts.during = lambda: dispatches.dispatch("c", jobs(3))
     # When a job arrives during that start: it cannot join a sealed follow-up
     dispatches.dispatch("b", jobs(2))
     # Then it got a provision of its own at once, and the follow-up kept its own job
@@ -236,3 +256,39 @@ def test_a_run_that_completes_while_the_window_is_open_gets_no_follow_up(dispatc
     assert dispatches.starts.job_ids() == [(1,)]
     assert report.stale == 2
     assert report.failed_message_ids == set()
+
+
+def test_a_matrix_read_by_five_concurrent_pollers_costs_two_provisions_and_its_first_waits_for_none(
+    dispatches: Dispatches,
+) -> None:
+    # Given the demand queue read as Lambda reads a standard queue: five pollers, batches of up to 10,
+    # no window (services-sqs-scaling.html), each invocation a dispatcher of its own on the real ledger,
+    # waiting in real time
+    world = dispatches.world
+    dynamodb = world.plane.client("dynamodb")
+    clock = SystemClock()
+    starts = TimedStarts()
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, clock, dynamodb)
+        batch = [(record["messageId"], from_body(record["body"])) for record in event["Records"]]
+        report = Dispatcher(ledger, starts, clock, time.sleep).dispatch(batch, context.aws_request_id, 60)
+        return {"batchItemFailures": [{"itemIdentifier": m} for m in report.failed_message_ids]}
+
+    # When a matrix's 20 `queued` messages arrive a few milliseconds apart
+    with QueueEventSource(handler, "dispatcher", sqs=world.sqs, queue_url=world.queue_url) as source:
+        first_sent = time.time()
+        for message in jobs(*range(1, 21)):
+            world.sqs.send_message(QueueUrl=world.queue_url, MessageBody=to_body(message))
+            time.sleep(0.02)
+        deadline = time.monotonic() + 30
+        while sum(request.count for request in starts.provisions) < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    # Then the five pollers split it into several batches, yet it cost two provisions at most
+    assert source.concurrency == 5
+    assert source.invocations >= 2
+    assert sorted(job for request in starts.provisions for job in request.job_ids) == list(range(1, 21))
+    assert len(starts.provisions) <= 2
+    # And the first provision started within a fraction of the event source's old 1 s window
+    assert starts.started_at[0] - first_sent < 1.0
