@@ -10,6 +10,7 @@ from typing import Any
 
 import boto3
 import pytest
+from hypothesis import HealthCheck, settings
 from moto import mock_aws
 
 from emulator.atomic_dynamodb import atomic_items
@@ -21,6 +22,12 @@ from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
+
+# Property tests judge behaviour, never speed: make test shares 2 cores with whatever else runs, and
+# there Hypothesis' deadline (200 ms an example) and its slow-generation check fail good code. Speed
+# belongs to make bench.
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 # Never let a test reach for real credentials or a real region.
 os.environ.update(
