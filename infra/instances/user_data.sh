@@ -12,6 +12,13 @@
 # SHA-256; the agent and its dependencies from a wheelhouse built from uv.lock, checked against its
 # SHA-256 and installed offline, each wheel against the hash its requirements file pins. Nothing is
 # installed from a package index. The distribution's own packages come from its signed repositories.
+#
+# Two phases. `bake` (the runner image's Image Builder component runs this script with that argument,
+# infra/constructs/runner_image.py) installs the three parts and records, for each, the pins it was
+# installed at under BAKED_DIR. The boot (cloud-init runs it with no argument) installs only the parts
+# whose record is missing or differs from this script's pins, so on a current image it only configures
+# and starts the agent, on a base AMI (no image built yet) it installs everything, and on an image
+# baked at older pins it reinstalls just what changed.
 set -Eeuo pipefail
 
 readonly RUNNER_VERSION="@RUNNER_VERSION@"
@@ -35,6 +42,7 @@ readonly AGENT_HOME="${ROOT}/opt/runner-pool"
 readonly CONFIG_DIR="${ROOT}/etc/runner-pool"
 readonly RUNNER_MANIFEST="${CONFIG_DIR}/runner-manifest.json"
 readonly STATE_DIR="${ROOT}/var/lib/runner-pool"
+readonly BAKED_DIR="${STATE_DIR}/baked"
 readonly UNIT_DIR="${ROOT}/etc/systemd/system"
 readonly IMDS_GUARD="${ROOT}/usr/local/sbin/runner-pool-imds-guard"
 readonly IMDS="http://169.254.169.254"
@@ -101,7 +109,6 @@ install_prerequisites() {
             fi
             # AL2023 ships curl-minimal, which the boot uses; the curl package would conflict with it.
             dnf install -y "${packages[@]}"
-            AGENT_PYTHON="python${AL2023_PYTHON}"
             ;;
         ubuntu-24.04)
             local packages=(curl ca-certificates tar gzip "python${UBUNTU_PYTHON}" "python${UBUNTU_PYTHON}-venv"
@@ -111,9 +118,34 @@ install_prerequisites() {
             fi
             apt-get update -q
             DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
-            AGENT_PYTHON="python${UBUNTU_PYTHON}"
             ;;
     esac
+}
+
+select_agent_python() {
+    case "${DISTRO}" in
+        al2023) AGENT_PYTHON="python${AL2023_PYTHON}" ;;
+        ubuntu-24.04) AGENT_PYTHON="python${UBUNTU_PYTHON}" ;;
+    esac
+}
+
+# What each part is installed at: a part whose record under BAKED_DIR says the same was installed by
+# the image's bake (or an earlier boot) and is not installed again.
+pins_of() {
+    case "$1" in
+        packages) echo "${DISTRO} python ${AL2023_PYTHON}/${UBUNTU_PYTHON} imds-guard ${BLOCK_IMDS_FROM_JOBS}" ;;
+        runner) echo "${RUNNER_VERSION} ${RUNNER_ARCH} ${RUNNER_SHA256}" ;;
+        agent) echo "${WHEELHOUSE_SHA256}" ;;
+    esac
+}
+
+installed_at_pins() {
+    [[ -f "${BAKED_DIR}/$1" && "$(cat "${BAKED_DIR}/$1")" == "$(pins_of "$1")" ]]
+}
+
+record_pins() {
+    mkdir -p "${BAKED_DIR}"
+    pins_of "$1" >"${BAKED_DIR}/$1"
 }
 
 install_runner() {
@@ -286,19 +318,48 @@ UNIT
     systemctl enable --now "${AGENT_UNIT}"
 }
 
+# Each part is installed unless it already is at this script's pins; a part installed at other pins
+# (an image baked before a deploy changed them) is removed first, so nothing of the old one is left.
+install_parts() {
+    local region="$1"
+    if ! installed_at_pins packages; then
+        install_prerequisites
+        record_pins packages
+    fi
+    if ! installed_at_pins runner; then
+        rm -rf "${RUNNER_DIR}" "${RUNNER_MANIFEST}" "${BAKED_DIR}/runner"
+        install_runner
+    fi
+    if ! installed_at_pins agent; then
+        rm -rf "${AGENT_HOME}" "${BAKED_DIR}/agent"
+        install_agent "${region}"
+        record_pins agent
+    fi
+    if ! installed_at_pins runner; then
+        record_runner_manifest
+        record_pins runner
+    fi
+}
+
 main() {
+    local phase="${1:-boot}"
+    [[ "${phase}" == "boot" || "${phase}" == "bake" ]] || fail "unknown phase '${phase}': bake or nothing"
     detect_distribution
+    select_agent_python
     WORK="$(mktemp -d)"
-    install_prerequisites
     local region
     region="$(imds dynamic/instance-identity/document | sed -n 's/.*"region" *: *"\([^"]*\)".*/\1/p')"
     [[ -n "${region}" ]] || fail "the instance identity document names no region"
+    if [[ "${phase}" == "bake" ]]; then
+        install_parts "${region}"
+        rm -rf "${WORK}"
+        return
+    fi
+    install_parts "${region}"
+    # The guard, the agent's settings and its unit are this deploy's, never the image's.
     if [[ "${BLOCK_IMDS_FROM_JOBS}" == "true" ]]; then
         install_imds_guard
     fi
-    install_runner
-    install_agent "${region}"
-    record_runner_manifest
     write_agent_settings "${region}"
     install_service
     rm -rf "${WORK}"

@@ -256,18 +256,29 @@ class BootWorld:
         runner_sha256: str | None = None,
         archive_layout: Mapping[str, str] = RUNNER_ARCHIVE_LAYOUT,
         wheelhouse: Path | None = None,
+        phase: str | None = None,
+        script: str | None = None,
     ) -> Boot:
-        """Run the user data in a fresh root whose /etc/os-release is `os_release` (None: none at all).
-        `runner_sha256`, when given, replaces the pinned checksum: the stub archive is not the release."""
+        """Run the user data in the root under `tmp_path` whose /etc/os-release is `os_release` (None: none
+        at all): a fresh one, or what an earlier run (a bake) left there. `runner_sha256`, when given,
+        replaces the pinned checksum: the stub archive is not the release. `phase` is the script's
+        argument (`bake`, as the image's component runs it); `script`, another rendering of the user data."""
         root, stubs = tmp_path / "root", tmp_path / "root" / "stubs"
-        (root / "etc").mkdir(parents=True)
-        (root / "tmp").mkdir()
+        (root / "etc").mkdir(parents=True, exist_ok=True)
+        (root / "tmp").mkdir(exist_ok=True)
+        if stubs.exists():
+            shutil.rmtree(stubs)
         stubs.mkdir()
         if os_release is not None:
             (root / "etc/os-release").write_text(os_release)
+        # One archive per root (gzip stamps the time), so a boot after a bake sees the bake's checksum.
         archive = tmp_path / "actions-runner.tar.gz"
-        archive_sha = runner_archive(archive, archive_layout)
-        script = self.script
+        archive_sha = (
+            hashlib.sha256(archive.read_bytes()).hexdigest()
+            if archive.exists()
+            else runner_archive(archive, archive_layout)
+        )
+        script = self.script if script is None else script
         if runner_sha256 is not None:
             pinned = f'readonly RUNNER_SHA256="{KNOWN_RUNNER_CHECKSUMS[InstanceSettings().runner_version][Arch.X64]}"'
             assert script.count(pinned) == 1
@@ -314,7 +325,7 @@ class BootWorld:
         }
         started = time.monotonic()
         result = subprocess.run(  # noqa: S603 - the user data, in a network namespace of its own
-            [UNSHARE, "--net", "--", "bash", str(tmp_path / "user_data.sh")],
+            [UNSHARE, "--net", "--", "bash", str(tmp_path / "user_data.sh"), *([phase] if phase else [])],
             env=env,
             capture_output=True,
             text=True,
@@ -600,3 +611,109 @@ def test_a_wheelhouse_that_is_not_the_one_synthesised_is_refused_before_it_is_un
     assert "does not have the SHA-256" in boot.failure
     assert not (boot.root / "opt/runner-pool/wheelhouse").exists()
     assert not (boot.root / "opt/runner-pool/venv").exists()
+
+
+# --- on the runner image ----------------------------------------------------------------------------
+# The image's component runs this same user data with `bake` (infra/constructs/runner_image.py); an
+# instance launched from the image runs it again at boot, with no argument.
+
+BAKED = "var/lib/runner-pool/baked"
+PARTS = ("packages", "runner", "agent")
+
+
+@dataclass(frozen=True)
+class BakedImage:
+    """A root as the image's bake left it, and what the bake did."""
+
+    root_parent: Path
+    bake: Boot
+
+
+@pytest.fixture(scope="module")
+def baked_image(boot_world: BootWorld, tmp_path_factory: pytest.TempPathFactory) -> BakedImage:
+    directory = tmp_path_factory.mktemp("image")
+    bake = boot_world.boot(directory, AL2023_OS_RELEASE, runner_sha256="", phase="bake")
+    return BakedImage(directory, bake)
+
+
+def launched_from(image: BakedImage, tmp_path: Path) -> Path:
+    """A new instance's disk: a copy of the image's root (and its archive), under `tmp_path`."""
+    shutil.copytree(image.root_parent, tmp_path, symlinks=True, dirs_exist_ok=True)
+    return tmp_path
+
+
+def test_the_bake_installs_every_part_and_records_its_pins_but_starts_nothing(
+    baked_image: BakedImage, boot_world: BootWorld
+) -> None:
+    # Given the user data run with `bake` on AL2023 (the image's build instance)
+    bake = baked_image.bake
+
+    # Then it succeeds, having installed the packages, the runner and the agent as a boot would
+    assert bake.result.returncode == 0, bake.result.stderr[-3000:]
+    installs_the_runners_prerequisites_itself(AL2023, bake)
+    fetches_only_the_pinned_runner_and_the_checked_wheelhouse(bake, boot_world)
+    unpacks_the_runner_for_the_runner_user(bake)
+    installs_the_agent_offline_from_exactly_the_wheelhouse_pins(bake, boot_world)
+    # And it recorded the pins of each part
+    records = {part: (bake.root / BAKED / part).read_text().strip() for part in PARTS}
+    assert records["runner"].startswith(f"{InstanceSettings().runner_version} x64 ")
+    assert records["agent"] == hashlib.sha256(boot_world.wheelhouse.read_bytes()).hexdigest()
+    assert records["packages"].startswith("al2023 ")
+    # And it configured and started nothing: no guard, no agent unit, no agent settings (a deploy's own)
+    assert bake.of("systemctl") == []
+    assert not (bake.root / "etc/systemd/system/runner-pool-agent.service").exists()
+    assert not (bake.root / "etc/runner-pool/agent.env").exists()
+
+
+def test_a_boot_on_a_current_image_only_configures_and_starts_the_agent(
+    baked_image: BakedImage, boot_world: BootWorld, tmp_path: Path
+) -> None:
+    # Given an instance launched from an image baked at the user data's pins
+    launched_from(baked_image, tmp_path)
+
+    # When it boots
+    boot = boot_world.boot(tmp_path, AL2023_OS_RELEASE, runner_sha256="")
+    print(f"\nboot on the image: {boot.seconds:.1f} s (bake: {baked_image.bake.seconds:.1f} s)")
+
+    # Then it installs nothing: no package, no download, no account, no unpacking
+    assert boot.result.returncode == 0, boot.result.stderr[-3000:]
+    assert [program for program in ("dnf", "apt-get", "useradd", "chown") if boot.of(program)] == []
+    assert [url for url in boot.fetched if not url.startswith(IMDS)] == []
+    # And the agent the image holds is the wheelhouse's, as baked
+    assert installed(boot.root) == requirement_pins(boot_world.wheelhouse)
+    # And it configures and starts the agent behind the metadata guard, as any boot does
+    runs_the_agent_as_a_service_behind_the_metadata_guard(boot, boot_world)
+
+
+def test_a_boot_on_an_image_baked_at_an_older_runner_reinstalls_the_runner_alone(
+    baked_image: BakedImage, boot_world: BootWorld, tmp_path: Path
+) -> None:
+    # Given an instance of an image baked before the deploy pinned this runner (its record and a file
+    # of its runner differ)
+    root = launched_from(baked_image, tmp_path) / "root"
+    (root / BAKED / "runner").write_text(f"2.327.0 x64 {'0' * 64}\n")
+    (root / "opt/actions-runner/bin/Runner.Old").write_text("the old release's")
+
+    # When it boots
+    boot = boot_world.boot(tmp_path, AL2023_OS_RELEASE, runner_sha256="")
+
+    # Then it installs the pinned runner in place of the old one, and nothing else
+    assert boot.result.returncode == 0, boot.result.stderr[-3000:]
+    assert [url for url in boot.fetched if not url.startswith(IMDS)] == [boot_world.runner_url]
+    assert boot.of("dnf") == []
+    assert not (root / "opt/actions-runner/bin/Runner.Old").exists()
+    unpacks_the_runner_for_the_runner_user(boot)
+    # And records the runner at its new pins, and starts the agent
+    assert (root / BAKED / "runner").read_text().startswith(f"{InstanceSettings().runner_version} x64 ")
+    assert ["enable", "--now", "runner-pool-agent.service"] in boot.of("systemctl")
+
+
+def test_an_unknown_phase_fails_before_installing_anything(boot_world: BootWorld, tmp_path: Path) -> None:
+    # When the user data is run with an argument it does not know
+    boot = boot_world.boot(tmp_path, AL2023_OS_RELEASE, phase="install")
+
+    # Then it fails, saying so, and nothing was installed or fetched
+    assert boot.result.returncode == 1
+    assert boot.failure is not None
+    assert "unknown phase 'install'" in boot.failure
+    assert boot.calls == []
