@@ -9,6 +9,9 @@ EC2 answers an instant fleet:
   fails with the ParamValidationError a real client raises before sending anything;
 - each override's requirements are resolved to a real instance type from `CATALOG` (shapes from
   moto's DescribeInstanceTypes), of the architecture of the launch template's AMI;
+- a launch template's AMI given as `resolve:ssm:<parameter>` (the stack's: infra/constructs/instances.py)
+  is resolved at each launch from Parameter Store, as EC2 does ("The Systems Manager parameter will
+  resolve to an AMI ID on launch": EC2 API Reference, FleetLaunchTemplateOverridesRequest ImageId);
 - the instances are launched with moto's RunInstances, so everything after the launch (describe,
   tags, terminate) is moto's real EC2;
 - capacity is finite when a test says so: what fits is launched and the rest is reported in
@@ -32,6 +35,9 @@ from typing import Any, Literal
 
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
+
+RESOLVE_SSM = "resolve:ssm:"
+"""How a launch template names its AMI by an SSM parameter, resolved at launch."""
 
 Market = Literal["spot", "on-demand"]
 MARKETS: tuple[Market, ...] = ("spot", "on-demand")
@@ -89,6 +95,8 @@ class _Pool:
     template: Mapping[str, str]
     subnet_id: str | None
     instance_type: str | None
+    image_id: str
+    """The AMI the instances boot, as EC2 resolved the template's at this launch."""
 
     def overrides(self) -> dict[str, str]:
         overrides = {"SubnetId": self.subnet_id, "InstanceType": self.instance_type}
@@ -106,6 +114,7 @@ class SimulatedEc2:
     default, is unlimited); `subnet_capacity[subnet_id]` limits one subnet across both markets.
     `fail_next(n, code)` makes the next n CreateFleet calls fail as a whole with that error code.
     `calls` counts CreateFleet calls (failed, replayed and launching ones), `launched` the instances.
+    `ssm` is the Parameter Store client that `resolve:ssm:` AMIs are read with.
     """
 
     def __init__(
@@ -113,8 +122,10 @@ class SimulatedEc2:
         client: Any,
         capacity: Mapping[Market, int | None] | None = None,
         subnet_capacity: Mapping[str, int] | None = None,
+        ssm: Any = None,
     ) -> None:
         self._client = client
+        self._ssm = ssm
         self._lock = threading.RLock()
         self.capacity: dict[Market, int | None] = {market: None for market in MARKETS}
         self.capacity.update(capacity or {})
@@ -200,12 +211,12 @@ class SimulatedEc2:
         errors: list[dict[str, Any]] = []
         for config in configs:
             template = self._template(config["LaunchTemplateSpecification"])
-            architecture = self._architecture(template)
+            image_id, architecture = self._image(template)
             for override in config.get("Overrides") or [{}]:
                 instance_type = override.get("InstanceType") or self._choose(
                     override.get("InstanceRequirements"), architecture
                 )
-                pool = _Pool(template, override.get("SubnetId"), instance_type)
+                pool = _Pool(template, override.get("SubnetId"), instance_type, image_id)
                 if instance_type is None:
                     errors.append(
                         {
@@ -251,6 +262,7 @@ class SimulatedEc2:
     def _run(self, market: Market, pool: _Pool, count: int, params: Mapping[str, Any]) -> list[str]:
         request: dict[str, Any] = {
             "LaunchTemplate": dict(pool.template),
+            "ImageId": pool.image_id,
             "InstanceType": pool.instance_type,
             "MinCount": count,
             "MaxCount": count,
@@ -284,8 +296,9 @@ class SimulatedEc2:
             return {"LaunchTemplateId": specification["LaunchTemplateId"], "Version": version}
         return {"LaunchTemplateName": specification["LaunchTemplateName"], "Version": version}
 
-    def _architecture(self, template: Mapping[str, str]) -> str:
-        """The architecture of the template's AMI: the only one its instances can boot."""
+    def _image(self, template: Mapping[str, str]) -> tuple[str, str]:
+        """The template's AMI as EC2 resolves it at launch, and its architecture: the only one its
+        instances can boot."""
         selector = {key: value for key, value in template.items() if key != "Version"}
         try:
             versions = self._client.describe_launch_template_versions(
@@ -299,8 +312,21 @@ class SimulatedEc2:
         image_id = versions[0]["LaunchTemplateData"].get("ImageId")
         if image_id is None:
             raise _client_error("InvalidLaunchTemplate", f"launch template {selector} has no ImageId")
+        if image_id.startswith(RESOLVE_SSM):
+            image_id = self._parameter(image_id.removeprefix(RESOLVE_SSM))
         (image,) = self._client.describe_images(ImageIds=[image_id])["Images"]
-        return str(image["Architecture"])
+        return str(image["ImageId"]), str(image["Architecture"])
+
+    def _parameter(self, name: str) -> str:
+        if self._ssm is None:
+            raise _client_error(
+                "InvalidLaunchTemplate", f"the simulated EC2 has no Parameter Store to resolve {name} with"
+            )
+        try:
+            return str(self._ssm.get_parameter(Name=name)["Parameter"]["Value"])
+        except ClientError as exc:
+            # EC2 refuses a launch whose AMI parameter it cannot read.
+            raise _client_error("InvalidParameterValue", f"cannot resolve resolve:ssm:{name}: {exc}") from exc
 
     def _choose(self, requirements: Mapping[str, Any] | None, architecture: str) -> str | None:
         """The type attribute-based selection settles on: the smallest (cheapest) that qualifies."""

@@ -18,6 +18,7 @@ from infra.constructs import (
     Provision,
     Refresh,
     Release,
+    RunnerImage,
     StateTable,
 )
 from infra.constructs.ingress import WEBHOOK_PATH
@@ -45,6 +46,13 @@ class RunnerPoolStack(Stack):
         self.pool_queues = PoolQueues(self, "PoolQueues", config=config)
         self.instances = Instances(
             self, "Instances", config=config, vpc=self._runner_vpc(config), table=self.state_table.table
+        )
+        self.runner_image = RunnerImage(
+            self,
+            "RunnerImage",
+            config=config,
+            instances=self.instances,
+            subnet_ids=config.network.subnet_ids,
         )
         # Imported by name, never created here: the operator stores them before the first deploy, so
         # the key never passes through CloudFormation and outlives a stack teardown (README: Deploying).
@@ -148,3 +156,11 @@ class RunnerPoolStack(Stack):
         CfnOutput(self, "ProvisionStateMachineArn", value=self.provision.state_machine.state_machine_arn)
         CfnOutput(self, "ReleaseStateMachineArn", value=self.release.state_machine.state_machine_arn)
         CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
+        CfnOutput(
+            self,
+            "RunnerImagePipelineArns",
+            value=self.to_json_string(
+                {arch.value: pipeline.attr_arn for arch, pipeline in self.runner_image.pipelines.items()}
+            ),
+            description="The runner image pipelines (aws imagebuilder start-image-pipeline-execution)",
+        )

@@ -8,6 +8,7 @@ from infra.constructs.pool_queues import PoolQueues
 from infra.constructs.provision import Provision
 from infra.constructs.refresh import Refresh
 from infra.constructs.release import Release
+from infra.constructs.runner_image import RunnerImage
 from infra.constructs.state_table import StateTable
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "Provision",
     "Refresh",
     "Release",
+    "RunnerImage",
     "StateTable",
 ]

@@ -20,6 +20,12 @@ cannot take them to forge the instance's signals or read its runner config.
 How instances are built (runner version, AMIs, root volume, pre-runner script, the agent's grace
 before it ends its own instance) is the `instances` section of the stack config.
 
+What an instance boots is the stack's runner image of its architecture once Image Builder has built one
+(infra/constructs/runner_image.py), else the base AMI: each launch template names an SSM parameter of
+the stack's (`resolve:ssm:`, resolved by EC2 at every launch), created holding the base AMI and
+overwritten by the image pipeline's distribution with each new image. The user data installs what the
+image does not already hold at this deploy's pins (infra/instances/user_data.sh).
+
 The agent is installed from a CDK asset per architecture: a wheelhouse of the project's wheel and the
 wheels uv.lock pins for its dependencies (infra/agent_wheelhouse.py), which the user data checks by
 its SHA-256 and installs offline, so the instance runs the same record models as the control plane,
@@ -42,6 +48,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from infra.agent_wheelhouse import BOOT_PYTHONS, AgentWheelhouse, agent_wheelhouse
@@ -92,6 +99,28 @@ class UserDataValues:
     termination_grace_seconds: str
     retention_days: str
     block_imds_from_jobs: str
+
+
+BOOT_ONLY_VALUES = (
+    "pre_runner_script_base64",
+    "table_name",
+    "credentials_key_id",
+    "heartbeat_period_seconds",
+    "termination_grace_seconds",
+    "retention_days",
+)
+"""The placeholders only the boot reads (the agent's settings): the bake leaves them empty, so an image
+depends on the pins alone and one image serves every deploy of the same pins."""
+
+IMAGE_PARAMETER_PREFIX = "/imagebuilder/runner-pool"
+"""Where the image parameters live. Image Builder writes them with its service-linked role; the prefix is
+the one AWS's own examples of SSM output parameters use (aws-cdk's imagebuilder README: `/imagebuilder/ami`),
+as that role's policy may scope ssm:PutParameter by it."""
+
+
+def image_parameter_name(stack_name: str, arch: Arch) -> str:
+    """The SSM parameter naming the AMI that instances of `arch` boot: the newest image, else the base AMI."""
+    return f"{IMAGE_PARAMETER_PREFIX}/{stack_name}/{arch.value}"
 
 
 def render_user_data(values: UserDataValues, template: str | None = None) -> str:
@@ -169,8 +198,14 @@ class Instances(Construct):
             )
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
+        self.image_parameters: Mapping[Arch, ssm.CfnParameter] = MappingProxyType(
+            {arch: self._image_parameter(arch, settings) for arch in Arch}
+        )
+        self.user_data_values: Mapping[Arch, UserDataValues] = MappingProxyType(
+            {arch: self._user_data_values(arch, settings, config, table) for arch in Arch}
+        )
         self.launch_templates: Mapping[Arch, ec2.LaunchTemplate] = MappingProxyType(
-            {arch: self._launch_template(arch, settings, config, table) for arch in Arch}
+            {arch: self._launch_template(arch, settings) for arch in Arch}
         )
         Validations.of(self.role).acknowledge(
             Acknowledgment(
@@ -232,37 +267,82 @@ class Instances(Construct):
             )
         )
 
-    def _launch_template(
+    @property
+    def image_parameter_arns(self) -> list[str]:
+        """What launching needs `ssm:GetParameters` on: EC2 resolves a launch template's `resolve:ssm:`
+        AMI with the caller's permissions (EC2 Auto Scaling User Guide, "Use AWS Systems Manager
+        parameters instead of AMI IDs in launch templates": "Anyone who uses the launch template also
+        needs the ssm:GetParameters permission")."""
+        stack = Stack.of(self)
+        return [
+            stack.format_arn(
+                service="ssm",
+                resource="parameter",
+                resource_name=image_parameter_name(stack.stack_name, arch)[1:],
+            )
+            for arch in Arch
+        ]
+
+    def _image_parameter(self, arch: Arch, settings: InstanceSettings) -> ssm.CfnParameter:
+        """The parameter EC2 reads the AMI from at every launch, created holding the base AMI.
+
+        Its value is a dynamic reference CloudFormation resolves when it creates the parameter; a later
+        deploy leaves it alone while this resource's template is unchanged (CloudFormation does not
+        re-resolve an unchanged dynamic reference: aws-cloudformation/cloudformation-coverage-roadmap#844,
+        and the User Guide's "Get a plaintext value from Systems Manager Parameter Store"), so the image
+        the pipeline wrote stays. Changing `instances.ami_parameters` changes it, and resets it to the new
+        base AMI until the pipeline has built on that one.
+        """
+        return ssm.CfnParameter(
+            self,
+            f"RunnerImage-{arch.value}",
+            name=image_parameter_name(Stack.of(self).stack_name, arch),
+            type="String",
+            data_type="aws:ec2:image",
+            value=f"{{{{resolve:ssm:{settings.ami_parameters[arch]}}}}}",
+            description=(
+                f"runner-pool: the AMI {arch.value} instances boot; the base AMI until the runner image "
+                "pipeline writes its newest image here"
+            ),
+        )
+
+    def _user_data_values(
         self, arch: Arch, settings: InstanceSettings, config: StackConfig, table: dynamodb.ITable
-    ) -> ec2.LaunchTemplate:
+    ) -> UserDataValues:
         wheelhouse = self.wheelhouse_assets[arch]
         checksum = settings.runner_checksum(arch)
         if checksum is None:
             raise ValueError(f"no runner checksum for {arch.value}: the config should have refused this")
-        user_data = render_user_data(
-            UserDataValues(
-                runner_version=settings.runner_version,
-                runner_arch=arch.value,
-                runner_sha256=checksum,
-                wheelhouse_bucket=wheelhouse.s3_bucket_name,
-                wheelhouse_key=wheelhouse.s3_object_key,
-                wheelhouse_sha256=self.wheelhouses[arch].sha256,
-                al2023_python=BOOT_PYTHONS["al2023"],
-                ubuntu_python=BOOT_PYTHONS["ubuntu-24.04"],
-                pre_runner_script_base64=base64.b64encode(settings.pre_runner_script.encode()).decode(),
-                table_name=table.table_name,
-                credentials_key_id=self.credentials_key.key_id,
-                heartbeat_period_seconds=f"{config.timeouts.heartbeat_period_seconds:g}",
-                termination_grace_seconds=str(settings.termination_grace_seconds),
-                retention_days=str(config.timeouts.terminated_retention_days),
-                block_imds_from_jobs="true" if settings.block_imds_from_jobs else "false",
-            )
+        return UserDataValues(
+            runner_version=settings.runner_version,
+            runner_arch=arch.value,
+            runner_sha256=checksum,
+            wheelhouse_bucket=wheelhouse.s3_bucket_name,
+            wheelhouse_key=wheelhouse.s3_object_key,
+            wheelhouse_sha256=self.wheelhouses[arch].sha256,
+            al2023_python=BOOT_PYTHONS["al2023"],
+            ubuntu_python=BOOT_PYTHONS["ubuntu-24.04"],
+            pre_runner_script_base64=base64.b64encode(settings.pre_runner_script.encode()).decode(),
+            table_name=table.table_name,
+            credentials_key_id=self.credentials_key.key_id,
+            heartbeat_period_seconds=f"{config.timeouts.heartbeat_period_seconds:g}",
+            termination_grace_seconds=str(settings.termination_grace_seconds),
+            retention_days=str(config.timeouts.terminated_retention_days),
+            block_imds_from_jobs="true" if settings.block_imds_from_jobs else "false",
         )
-        return ec2.LaunchTemplate(
+
+    def _launch_template(self, arch: Arch, settings: InstanceSettings) -> ec2.LaunchTemplate:
+        parameter = self.image_parameters[arch]
+        user_data = render_user_data(self.user_data_values[arch])
+        template = ec2.LaunchTemplate(
             self,
             f"LaunchTemplate-{arch.value}",
-            machine_image=ec2.MachineImage.from_ssm_parameter(
-                settings.ami_parameters[arch], os=ec2.OperatingSystemType.LINUX
+            # Resolved by EC2 at each launch, so a new image is used from the moment the pipeline writes
+            # it (instant fleets take it: "resolve:ssm:" in the EC2 API Reference's
+            # FleetLaunchTemplateOverridesRequest ImageId, "only available for fleets of type instant").
+            machine_image=ec2.MachineImage.resolve_ssm_parameter_at_launch(
+                image_parameter_name(Stack.of(self).stack_name, arch),
+                os=ec2.OperatingSystemType.LINUX,
             ),
             user_data=ec2.UserData.custom(user_data),
             instance_profile=self.instance_profile,
@@ -286,3 +366,6 @@ class Instances(Construct):
             ],
             version_description=f"runner {settings.runner_version}, {arch.value}",
         )
+        # EC2 checks the parameter when the template is created, so it must exist first.
+        template.node.add_dependency(parameter)
+        return template

@@ -130,13 +130,15 @@ def launch_instances(
     *,
     launch_templates: Sequence[ec2.ILaunchTemplate],
     instance_role: iam.IRole,
+    image_parameter_arns: Sequence[str],
     images: str = "*",
 ) -> None:
     """One instant CreateFleet (and the RunInstances it makes) from the stack's launch templates.
 
     The fleet, instances, volumes and interfaces are new, so their ARNs end in `*`; the launch
     templates are named one by one, the role passed is the instance role alone, and tags may only
-    be written as part of the launch.
+    be written as part of the launch. The templates' AMIs are SSM parameters EC2 resolves with the
+    caller's permissions (`image_parameter_arns`, infra/constructs/instances.py).
     """
     stack = Stack.of(grantee)
 
@@ -161,6 +163,7 @@ def launch_instances(
         )
     )
     instance_role.grant_pass_role(grantee.grant_principal)
+    _allow(grantee, ["ssm:GetParameters"], list(image_parameter_arns))
     acknowledge_wildcards(
         grantee,
         [

@@ -50,7 +50,12 @@ class Provision(Construct):
             permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
 
         def create(function: lambda_.Function) -> None:
-            permissions.launch_instances(function, launch_templates=templates, instance_role=instances.role)
+            permissions.launch_instances(
+                function,
+                launch_templates=templates,
+                instance_role=instances.role,
+                image_parameter_arns=instances.image_parameter_arns,
+            )
             permissions.describe_instances(function)
             hand_over(function)
 

@@ -67,6 +67,7 @@ class Refresh(Construct):
             self.function,
             launch_templates=list(instances.launch_templates.values()),
             instance_role=instances.role,
+            image_parameter_arns=instances.image_parameter_arns,
         )
         permissions.offer_to_pool(self.function, pool_queues.values())
         permissions.act_as_github_app(self.function, github_app_key)

@@ -32,6 +32,7 @@ from infra.constructs.instances import (
     USER_DATA_TEMPLATE,
     Instances,
     UserDataValues,
+    image_parameter_name,
     render_user_data,
 )
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
@@ -69,6 +70,8 @@ def logical_id(stack: Stack, construct: IConstruct) -> str:
 
 
 def instance_role_id(synthesis: Synthesis) -> str:
+    """The runners' role: of the two roles EC2 assumes, the one the launch templates' profile holds (the
+    other is the image builds', tests/infra/test_runner_image.py)."""
     roles = synthesis.template.find_resources(
         ROLE,
         {
@@ -77,8 +80,10 @@ def instance_role_id(synthesis: Synthesis) -> str:
             }
         },
     )
-    assert len(roles) == 1
-    return next(iter(roles))
+    runners = logical_id(synthesis.stack, synthesis.stack.instances.role)
+    builds = logical_id(synthesis.stack, synthesis.stack.runner_image.build_role)
+    assert set(roles) == {runners, builds}
+    return runners
 
 
 def role_statements(synthesis: Synthesis) -> list[Mapping[str, Any]]:
@@ -321,17 +326,40 @@ def test_launch_templates_encrypt_the_root_volume(synthesis: Synthesis) -> None:
         assert root["Ebs"]["DeleteOnTermination"] is True, arch
 
 
-def test_launch_templates_take_their_ami_from_the_public_ssm_parameter_of_their_arch(
+def image_parameters(resources: Mapping[str, Any]) -> dict[str, tuple[str, Mapping[str, Any]]]:
+    """The stack's SSM parameters by name: each one's logical id and properties."""
+    return {
+        resource["Properties"]["Name"]: (logical, resource["Properties"])
+        for logical, resource in resources.items()
+        if resource["Type"] == "AWS::SSM::Parameter"
+    }
+
+
+def test_launch_templates_boot_the_image_parameter_which_starts_as_the_public_ami_of_their_arch(
     synthesis: Synthesis,
 ) -> None:
-    parameters = synthesis.template.to_json()["Parameters"]
-    for arch, data in launch_templates(synthesis).items():
-        # Given each launch template / When its image id's parameter is followed
-        parameter = parameters[data["ImageId"]["Ref"]]
+    parameters = image_parameters(synthesis.resources)
+    templates = {
+        arch: resource
+        for arch in Arch
+        for logical, resource in synthesis.resources.items()
+        if logical == logical_id(synthesis.stack, synthesis.stack.instances.launch_templates[arch])
+    }
+    for arch, template in templates.items():
+        # Given each launch template / When its image id is followed
+        image_id = template["Properties"]["LaunchTemplateData"]["ImageId"]
 
-        # Then CloudFormation resolves it at deploy time from the arch's AL2023 SSM parameter
-        assert parameter["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
-        assert parameter["Default"] == AL2023_AMI_PARAMETERS[arch]
+        # Then EC2 resolves it at each launch from the stack's image parameter of the arch
+        # (EC2 API Reference, FleetLaunchTemplateOverridesRequest ImageId: "resolve:ssm:parameter-name")
+        name = image_parameter_name(synthesis.stack.stack_name, arch)
+        assert image_id == f"resolve:ssm:{name}"
+        # And that parameter is the stack's, an AMI id, created from the arch's AL2023 parameter, which
+        # is what instances boot until an image is built (the fallback)
+        logical, parameter = parameters[name]
+        assert parameter["DataType"] == "aws:ec2:image"
+        assert parameter["Value"] == f"{{{{resolve:ssm:{AL2023_AMI_PARAMETERS[arch]}}}}}"
+        # And the template is created only once the parameter exists (EC2 checks it)
+        assert logical in template["DependsOn"]
 
 
 def instances_security_group(synthesis: Synthesis) -> tuple[str, Mapping[str, Any]]:
@@ -408,7 +436,7 @@ CUSTOM_INSTANCES = InstanceSettings(
 @dataclass(frozen=True)
 class CustomInstances:
     template_data: dict[Arch, Mapping[str, Any]]
-    parameters: Mapping[str, Any]
+    resources: Mapping[str, Any]
 
     def user_data(self, arch: Arch) -> str:
         return user_data(self.template_data[arch])
@@ -427,9 +455,7 @@ def custom_instances() -> CustomInstances:
         stack, "Instances", config=StackConfig(instances=CUSTOM_INSTANCES), vpc=vpc, table=table
     )
     rendered = Template.from_stack(stack)
-    return CustomInstances(
-        launch_template_data(stack, rendered, instances), rendered.to_json().get("Parameters", {})
-    )
+    return CustomInstances(launch_template_data(stack, rendered, instances), rendered.to_json()["Resources"])
 
 
 def test_user_data_renders_the_configured_runner_version_checksum_and_pre_runner_script(
@@ -463,14 +489,17 @@ def test_launch_templates_take_the_configured_ami_device_and_volume_size(
     for arch, data in custom_instances.template_data.items():
         # Given each launch template built from the custom `instances` section
         (root,) = data["BlockDeviceMappings"]
-        parameter = custom_instances.parameters[data["ImageId"]["Ref"]]
+        _, parameter = image_parameters(custom_instances.resources)[
+            data["ImageId"].removeprefix("resolve:ssm:")
+        ]
 
         # Then its root volume is the configured device and size, still encrypted
         assert (root["DeviceName"], root["Ebs"]["VolumeSize"]) == ("/dev/sda1", 100), arch
         assert root["Ebs"]["Encrypted"] is True, arch
-        # And its AMI comes from the configured parameter; an arch the config leaves out keeps AL2023's
+        # And its AMI, until an image is built, comes from the configured parameter; an arch the config
+        # leaves out keeps AL2023's
         expected = "/my/ami/x64" if arch is Arch.X64 else AL2023_AMI_PARAMETERS[arch]
-        assert parameter["Default"] == expected, arch
+        assert parameter["Value"] == f"{{{{resolve:ssm:{expected}}}}}", arch
 
 
 # --- keeping jobs away from the metadata service ----------------------------------------------------

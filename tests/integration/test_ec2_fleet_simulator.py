@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import threading
 from typing import Any, NamedTuple
@@ -13,10 +14,10 @@ from botocore.validate import validate_parameters
 
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.resources import create_fleet_setup
-from runner_pool.adapters.fleet import RESOURCE_CLASS_TAG, RUN_KEY_TAG, Fleet, FleetSetup
+from runner_pool.adapters.fleet import RESOURCE_CLASS_TAG, RUN_KEY_TAG, Fleet, FleetSetup, LaunchTemplate
 from runner_pool.domain.config import FleetSettings, StackConfig
 from runner_pool.domain.fleet import FleetRequestError, LaunchOutcome, LaunchRequest
-from runner_pool.domain.records import UsageClass
+from runner_pool.domain.records import Arch, UsageClass
 from runner_pool.environment import STACK_TAG_KEY
 from tests.conftest import NO_WAIT, REGION
 
@@ -293,3 +294,71 @@ def test_concurrent_launches_never_exceed_the_capacity(
     # Then exactly 5 are launched in all, and EC2 holds exactly those
     assert sum(len(outcome.launched) for outcome in outcomes) == 5
     assert ec2_instance_count(ec2) == 5
+
+
+# --- the runner image: launch templates that boot an SSM parameter ----------------------------------
+
+
+def image_parameter_name(stack: str, arch: Arch) -> str:
+    """Named as infra/constructs/instances.py names the stack's (not imported: that would start CDK)."""
+    return f"/imagebuilder/runner-pool/{stack}/{arch.value}"
+
+
+def test_without_an_image_instances_boot_the_base_ami_and_the_next_launch_after_one_boots_it(
+    aws: None, ec2: Any, config: StackConfig
+) -> None:
+    # Given launch templates shaped as the stack's: each boots the stack's image parameter, which the
+    # stack creates holding the base AMI (infra/constructs/instances.py), and no image built yet
+    ssm = boto3.client("ssm", region_name=REGION)
+    base = create_fleet_setup(ec2, STACK)
+    base_ami = {
+        arch: ec2.describe_launch_template_versions(LaunchTemplateId=t.template_id, Versions=["$Default"])[
+            "LaunchTemplateVersions"
+        ][0]["LaunchTemplateData"]["ImageId"]
+        for arch, t in base.templates.items()
+    }
+    templates = {}
+    for arch, ami in base_ami.items():
+        name = image_parameter_name(STACK, arch)
+        ssm.put_parameter(Name=name, Value=ami, Type="String", DataType="aws:ec2:image")
+        templates[arch] = LaunchTemplate(
+            ec2.create_launch_template(
+                LaunchTemplateName=f"{STACK}-image-{arch.value}",
+                LaunchTemplateData={"ImageId": f"resolve:ssm:{name}"},
+            )["LaunchTemplate"]["LaunchTemplateId"]
+        )
+    setup = dataclasses.replace(base, templates=templates)
+    fleet = Fleet(setup, SimulatedEc2(ec2, ssm=ssm), NO_WAIT)  # type: ignore[arg-type]
+
+    # When runners are launched
+    first = fleet.launch(request_for(config, "pool=42", count=2, key="before"))
+
+    # Then they boot the base AMI: the fallback, on which the user data installs everything
+    assert {i["ImageId"] for i in described(ec2, first).values()} == {base_ami[Arch.X64]}
+
+    # When the pipeline's distribution writes a new image into the parameter (as Image Builder does)
+    (instance_id, *_) = described(ec2, first)
+    image = ec2.create_image(InstanceId=instance_id, Name="runnerpool-runner-x64-2026-11-26")["ImageId"]
+    ssm.put_parameter(Name=image_parameter_name(STACK, Arch.X64), Value=image, Type="String", Overwrite=True)
+    later = fleet.launch(request_for(config, "pool=43", count=2, key="after"))
+
+    # Then the next launch boots the image, with no change to the launch template
+    assert {i["ImageId"] for i in described(ec2, later).values()} == {image}
+
+
+def test_a_launch_whose_image_parameter_is_missing_is_refused(
+    aws: None, ec2: Any, config: StackConfig
+) -> None:
+    # Given a launch template naming an image parameter that does not exist
+    ssm = boto3.client("ssm", region_name=REGION)
+    base = create_fleet_setup(ec2, STACK)
+    template = ec2.create_launch_template(
+        LaunchTemplateName=f"{STACK}-missing", LaunchTemplateData={"ImageId": "resolve:ssm:/nowhere/x64"}
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    setup = dataclasses.replace(base, templates={Arch.X64: LaunchTemplate(template)})
+    simulated = SimulatedEc2(ec2, ssm=ssm)
+
+    # When runners are launched / Then EC2 refuses the call, and nothing is launched
+    with pytest.raises(FleetRequestError):
+        Fleet(setup, simulated, NO_WAIT).launch(request_for(config, count=1))  # type: ignore[arg-type]
+    assert ec2_instance_count(ec2) == 0

@@ -342,6 +342,45 @@ class InstanceSettings(_Settings):
         )
 
 
+DEFAULT_IMAGE_BUILD_INSTANCE_TYPES: Mapping[Arch, tuple[str, ...]] = MappingProxyType(
+    {Arch.X64: ("c7i.large", "m7i.large", "c6i.large"), Arch.ARM64: ("c7g.large", "m7g.large", "c6g.large")}
+)
+"""The instances Image Builder may build each architecture's image on: 2 vCPUs are enough to unpack the
+runner and install the wheelhouse, and Image Builder picks the first of them with capacity."""
+
+
+class ImageSettings(_Settings):
+    """The runner image the stack builds with EC2 Image Builder (infra/constructs/runner_image.py).
+
+    It bakes what the user data would install at every boot (the runner's prerequisites, the pinned runner,
+    the agent's wheelhouse), so that a baked instance only configures and starts its agent.
+    """
+
+    docker: bool = False
+    """Also install the distribution's Docker engine and enable its service (`docker` on AL2023,
+    `docker.io` on Ubuntu 24.04). The runner account is never put in the `docker` group: see the
+    README's security model."""
+    schedule: str = Field("cron(0 4 * * ? *)", min_length=1, max_length=1024)
+    """When Image Builder checks for changes (Image Builder's cron syntax, UTC): it builds only when a
+    component's version (the pins) or the base AMI changed since its last image."""
+    images_kept: int = Field(3, ge=1, le=100)
+    """Images of each architecture kept; older ones are deregistered with their snapshots."""
+    build_instance_types: dict[Arch, tuple[str, ...]] = Field(
+        default_factory=lambda: dict(DEFAULT_IMAGE_BUILD_INSTANCE_TYPES)
+    )
+    """The instance types Image Builder may build each architecture's image on; an architecture left
+    out keeps the default."""
+
+    @field_validator("build_instance_types")
+    @classmethod
+    def _every_arch_has_build_types(cls, types: dict[Arch, tuple[str, ...]]) -> dict[Arch, tuple[str, ...]]:
+        merged = {**DEFAULT_IMAGE_BUILD_INSTANCE_TYPES, **types}
+        for arch, names in merged.items():
+            if not names:
+                raise ValueError(f"names no instance type for {arch.value}")
+        return merged
+
+
 class Weekday(StrEnum):
     """A day of the week as a schedule names it; in `datetime.weekday()` order, Monday first."""
 
@@ -517,6 +556,7 @@ class StackConfig(_Settings):
     workflow_type: WorkflowType = WorkflowType.STANDARD
     alarms: AlarmSettings = AlarmSettings()
     instances: InstanceSettings = InstanceSettings()
+    image: ImageSettings = ImageSettings()
     reuse: ReuseSettings = ReuseSettings()
 
     @model_validator(mode="after")
