@@ -263,9 +263,13 @@ class StackIam:
         return self.role(role, name=names.get(role, role))
 
     def instance_role(self) -> str:
-        """The logical id of the role the launch templates' instance profile carries."""
-        (profile,) = _of_type(self.resources, "AWS::IAM::InstanceProfile")
-        (role,) = profile["Properties"]["Roles"]
+        """The logical id of the role the launch templates' instance profile carries (the stack has
+        another profile, the runner image builds', which no launch template names)."""
+        (profile,) = {
+            template["Properties"]["LaunchTemplateData"]["IamInstanceProfile"]["Arn"]["Fn::GetAtt"][0]
+            for template in _of_type(self.resources, "AWS::EC2::LaunchTemplate")
+        }
+        (role,) = self.resources[profile]["Properties"]["Roles"]
         return str(role["Ref"])
 
     def instance(self, instance_id: str) -> Principal:

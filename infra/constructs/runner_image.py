@@ -223,14 +223,18 @@ class RunnerImage(Construct):
             ),
             Acknowledgment(
                 id="AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::ec2imagebuilder*]",
-                reason="AWSTOE is downloaded from Image Builder's regional buckets, named ec2imagebuilder*.",
+                reason=(
+                    "AWSTOE, which runs the component on the build instance, is downloaded from Image "
+                    "Builder's own regional buckets, all named ec2imagebuilder*, as AWS's policy grants."
+                ),
             ),
             *(
                 Acknowledgment(id=f"AwsSolutions-IAM5[Resource::{finding}]", reason=reason)
                 for finding, reason in (
                     (
                         f"arn:<AWS::Partition>:imagebuilder:<AWS::Region>:<AWS::AccountId>:component/{self.prefix}-{arch.value}/*",
-                        "A component's build versions are known only once Image Builder has made them.",
+                        "Only this stack's components, by name; their build versions are known only once "
+                        "Image Builder has made them, so the version part is a wildcard.",
                     )
                     for arch in Arch
                 )
@@ -238,7 +242,10 @@ class RunnerImage(Construct):
             *(
                 Acknowledgment(
                     id=f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:/aws/imagebuilder/{self.prefix}-*{suffix}]",
-                    reason="Each build's log group is named after the image, each stream after its build.",
+                    reason=(
+                        "Only this stack's build log groups: each group is named after its image, each "
+                        "stream after its build, both known only when the build runs."
+                    ),
                 )
                 for suffix in ("", ":*")
             ),
@@ -362,7 +369,10 @@ class RunnerImage(Construct):
                 id=MANAGED_POLICY_ACKNOWLEDGED.format(
                     name="service-role/EC2ImageBuilderLifecycleExecutionPolicy"
                 ),
-                reason="AWS's policy for Image Builder lifecycle execution roles, as its User Guide says.",
+                reason=(
+                    "AWS's own policy for Image Builder lifecycle execution roles, which the Image Builder "
+                    "User Guide prescribes; it deletes only what the policy's selection names."
+                ),
             )
         )
         policy = imagebuilder.CfnLifecyclePolicy

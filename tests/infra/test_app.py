@@ -47,6 +47,40 @@ REVIEWED = {
         + "AmazonAPIGatewayPushToCloudWatchLogs]",
     ),
     ("Ingress/Api", "AwsSolutions-(APIG2|APIG3|APIG4|COG4)"),
+    # The runner image's build role: the SSM agent's managed core, AWSTOE's buckets, its own components'
+    # build versions and its own build log groups; the lifecycle role: AWS's policy for it
+    (
+        "RunnerImage/BuildRole",
+        re.escape(
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]"
+        ),
+    ),
+    (
+        "RunnerImage/BuildRole",
+        re.escape("AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::ec2imagebuilder*]"),
+    ),
+    (
+        "RunnerImage/BuildRole",
+        re.escape(
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:imagebuilder:<AWS::Region>:<AWS::AccountId>:"
+        )
+        + r"component/runnerpool-runner-(x64|arm64)/\*\]",
+    ),
+    (
+        "RunnerImage/BuildRole",
+        re.escape(
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:"
+            "/aws/imagebuilder/runnerpool-runner-*"
+        )
+        + r"(:\*)?\]",
+    ),
+    (
+        "RunnerImage/LifecycleRole",
+        re.escape(
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
+            "service-role/EC2ImageBuilderLifecycleExecutionPolicy]"
+        ),
+    ),
 }
 """(construct path, rule) patterns of every acknowledgement a reviewer has read, with its reason in the code."""
 
