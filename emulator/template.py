@@ -31,8 +31,11 @@ _TEMPLATE_INPUTS = ("app.py", "cdk.json", "infra", "lambdas/runner_pool", "agent
 
 
 def template_key() -> str:
-    """A digest of everything the synthesized template is made from."""
-    digest = hashlib.sha256()
+    """A digest of everything the synthesized template is made from, and of where it is: the assembly's
+    assets are this checkout's directories (`lambdas/`, the layer's build), by absolute path, so another
+    checkout with the same content must not be handed this one's assembly (nor this one another's, which
+    breaks once that checkout is deleted)."""
+    digest = hashlib.sha256(str(PROJECT_ROOT).encode())
     for name in _TEMPLATE_INPUTS:
         root = PROJECT_ROOT / name
         paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
