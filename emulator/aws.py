@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import boto3
 from moto.core.config import default_user_config
@@ -17,6 +18,7 @@ from moto.moto_api._internal.models import moto_api_backend
 from moto.server import ThreadedMotoServer
 
 from emulator.atomic_dynamodb import atomic_items
+from emulator.moto_internals import patch_point
 from emulator.step_functions import MOTO_CONFIG
 from runner_pool.adapters.instance_arns import InstanceArns
 
@@ -93,7 +95,7 @@ def local_aws(*, state_machines: bool = False) -> Iterator[LocalAws]:
     port = _free_port()
     os.environ["MOTO_PORT"] = str(port)  # moto builds queue URLs and the like from it
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    with atomic_items(), _moto_config(MOTO_CONFIG if state_machines else {}):
+    with atomic_items(), _backends_found_once(), _moto_config(MOTO_CONFIG if state_machines else {}):
         server.start()
         try:
             yield LocalAws(f"http://127.0.0.1:{port}")
@@ -101,6 +103,29 @@ def local_aws(*, state_machines: bool = False) -> Iterator[LocalAws]:
             server.stop()
             # moto's backends are this process's, not the server's: the next local AWS starts empty.
             moto_api_backend.reset()
+
+
+_BACKEND_FOR_HOST = "moto.moto_server.werkzeug_app:DomainDispatcherApplication.get_backend_for_host"
+
+
+@contextmanager
+def _backends_found_once() -> Iterator[None]:
+    """moto's server finds the backend of every request anew, under its dispatcher's one lock: it lists
+    moto's package directory (a stat for each of its ~200 services) and tries every service's URL
+    patterns, which was a tenth of a 300-instance burst's samples, every request of every thread queued
+    behind it. Which backend a host names does not change while the server runs: found once per host."""
+    owner, name = patch_point(_BACKEND_FOR_HOST)
+    find = getattr(owner, name)
+    found: dict[str | None, Any] = {}
+
+    def backend_for_host(dispatcher: Any, host: str | None) -> Any:
+        # Called under the dispatcher's lock (DomainDispatcherApplication.get_application).
+        if host not in found:
+            found[host] = find(dispatcher, host)
+        return found[host]
+
+    with mock.patch.object(owner, name, backend_for_host):
+        yield
 
 
 @contextmanager

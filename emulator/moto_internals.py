@@ -234,6 +234,15 @@ INTERNALS: tuple[Internal, ...] = (
         "69b216da81df94e5",
         read="moto.moto_api._internal.models:MotoAPIBackend.reset",
     ),
+    # Local AWS: the server's dispatcher, which finds the backend for each request.
+    Internal(
+        "moto.moto_server.werkzeug_app:DomainDispatcherApplication.get_backend_for_host",
+        "emulator/aws.py",
+        "wrapped with a cache per host: called under the dispatcher's lock with the host inferred for "
+        "a request; its answer depends on the host and on what moto ships alone",
+        "686676e229858e5d",
+        signature="(self, host)",
+    ),
     # KMS: the key a ciphertext was made with, read from the ciphertext.
     Internal(
         "moto.kms.utils:_serialize_ciphertext_blob",

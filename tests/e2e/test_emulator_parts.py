@@ -6,9 +6,11 @@ import json
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from unittest import mock
 
 import pytest
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
@@ -18,6 +20,7 @@ from emulator.api_gateway import PAYLOAD_LIMIT_BYTES, ProxyEndpoint
 from emulator.aws import local_aws
 from emulator.event_sources import STANDARD_QUEUE_POLLERS, QueueEventSource
 from emulator.fake_github import FakeGitHub, JobSpec
+from emulator.moto_internals import patch_point
 from tests.e2e.conftest import LABEL, REPOSITORY, eventually
 from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, AppKey
 
@@ -268,3 +271,29 @@ def test_the_queue_event_source_refuses_a_mapping_lambda_refuses(
             batch_size=batch_size,
             window_seconds=window_seconds,
         )
+
+
+def test_local_aws_finds_each_services_backend_once_and_still_routes_every_request() -> None:
+    # Given moto's server dispatcher, whose lookup of a host's backend is counted here
+    owner, name = patch_point(
+        "moto.moto_server.werkzeug_app:DomainDispatcherApplication.get_backend_for_host"
+    )
+    lookups: Counter[str | None] = Counter()
+    find = getattr(owner, name)
+
+    def counted(dispatcher: Any, host: str | None) -> Any:
+        lookups[host] += 1
+        return find(dispatcher, host)
+
+    with mock.patch.object(owner, name, counted), local_aws() as aws:
+        # When clients of three services make several requests each
+        sqs, dynamodb, ec2 = aws.client("sqs"), aws.client("dynamodb"), aws.client("ec2")
+        for n in range(3):
+            sqs.create_queue(QueueName=f"routed-{n}")
+            dynamodb.list_tables()
+            ec2.describe_vpcs()
+        # Then every request reached its own service (another backend would have refused it)
+        assert len(sqs.list_queues()["QueueUrls"]) == 3
+        # And each host's backend was looked up once, not once a request
+        assert lookups
+        assert set(lookups.values()) == {1}, lookups
