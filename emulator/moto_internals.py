@@ -243,6 +243,27 @@ INTERNALS: tuple[Internal, ...] = (
         "686676e229858e5d",
         signature="(self, host)",
     ),
+    # Simulated instances: which instances EC2 has, in which state, read from local AWS's EC2 backend.
+    Internal(
+        "moto.ec2.models:ec2_backends",
+        "emulator/simulated_instances.py",
+        "read: [account][region] is the EC2 backend the server answers from; its `reservations` dict's "
+        "values each hold `instances`, a list, as all_reservations reads them",
+        "29ef7fdff1f1a207",
+        read="moto.ec2.models.instances:InstanceBackend.all_reservations",
+    ),
+    Internal(
+        "moto.ec2.models.instances:Instance.state",
+        "emulator/simulated_instances.py",
+        "read: an instance's `id`, and `state`, the name of its state (pending, running, terminated...)",
+        "e2e0be8664d28508",
+    ),
+    Internal(
+        "moto.ec2.models.tags:TagBackend.create_tags",
+        "emulator/simulated_instances.py",
+        "read: the backend's `tags` maps a resource id to its tags, {key: value}",
+        "6e8b61b098731a51",
+    ),
     # KMS: the key a ciphertext was made with, read from the ciphertext.
     Internal(
         "moto.kms.utils:_serialize_ciphertext_blob",

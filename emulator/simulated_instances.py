@@ -40,10 +40,12 @@ from emulator import iam_check, runner_program
 from emulator.aws import ACCOUNT, REGION, LocalAws
 from emulator.iam_agent import AgentCheckSpec, collect_denials
 from emulator.imds import InstanceMetadata
+from emulator.moto_internals import resolve
 from emulator.timeline import Happening, Timeline
 from runner_pool.domain.clock import Epoch
 
 ENDED_EC2_STATES = ("shutting-down", "terminated")
+_EC2_BACKENDS = "moto.ec2.models:ec2_backends"
 POWERED_OFF = "powered-off"
 """The file the simulated `systemctl poweroff` leaves in the instance's directory."""
 _SYSTEMCTL = """#!/bin/sh
@@ -266,12 +268,19 @@ class SimulatedInstances:
                 self._ec2.terminate_instances(InstanceIds=[instance.instance_id])
 
     def _ec2_states(self) -> dict[str, str]:
+        """The state of every instance with the stack's tag, read from the EC2 backend local AWS answers
+        from. DescribeInstances said the same at a cost that grew with the square of the instances
+        (moto matches a tag filter by listing every tag of the region, for each instance) and serialised
+        all of them to XML a few times a second: with 300 instances, a seventh of local AWS's time."""
         key, value = self._tag
-        reservations = self._ec2.describe_instances(Filters=[{"Name": f"tag:{key}", "Values": [value]}])
+        backend = resolve(_EC2_BACKENDS)[ACCOUNT][REGION]
+        # Copies first: moto's request threads add instances and tags meanwhile.
+        tagged = {resource for resource, tags in list(backend.tags.items()) if tags.get(key) == value}
         return {
-            instance["InstanceId"]: instance["State"]["Name"]
-            for reservation in reservations["Reservations"]
-            for instance in reservation["Instances"]
+            instance.id: instance.state
+            for reservation in list(backend.reservations.values())
+            for instance in list(reservation.instances)
+            if instance.id in tagged
         }
 
     # --- one instance
