@@ -33,6 +33,8 @@ GITHUB_WINDOW_SECONDS = 10.0
 REGISTRATIONS_PER_MINUTE = 72
 """The budget, on purpose 20 % above the fake's 60 a minute, so GitHub's own refusals are met as well."""
 JOB_SECONDS = 0.5
+RECORD_WATCH_SECONDS = 2.0
+"""The timeline's look at every live record, slower than a small world's: hundreds of records."""
 POLL_SECONDS = 0.5
 
 
@@ -54,7 +56,13 @@ def rate_limited_world(scratch: Path) -> Iterator[World]:
         boot_delay_seconds=0.5, heartbeat_period_seconds=8.0, watch_period_seconds=2.0, in_process=True
     )
     timers = Timers(refresh_every_seconds=5.0, batching_window_seconds=2.0)
-    with world(scratch, config=config, instance_settings=instances, timers=timers) as running:
+    with world(
+        scratch,
+        config=config,
+        instance_settings=instances,
+        timers=timers,
+        record_watch_seconds=RECORD_WATCH_SECONDS,
+    ) as running:
         limits = running.github.limits
         limits.enabled = True
         limits.points_per_window = GITHUB_POINTS_PER_WINDOW

@@ -42,6 +42,7 @@ METRICS_DISABLED = "POWERTOOLS_METRICS_DISABLED"
 MOTO_STEP_FUNCTIONS = "moto.stepfunctions"
 LOST_RUNNER_SECONDS = 6.0
 """How long GitHub waits for a silent runner before it fails its job (minutes on GitHub)."""
+RECORD_WATCH_SECONDS = 0.25
 
 
 COMPRESSED_TIMEOUTS: dict[str, float] = {
@@ -100,8 +101,11 @@ def world(
     timers: Timers | None = None,
     lost_runner_seconds: float = LOST_RUNNER_SECONDS,
     runtime: RuntimeFactory | None = None,
+    record_watch_seconds: float = RECORD_WATCH_SECONDS,
 ) -> Iterator[World]:
-    """`runtime` runs the stack's functions (emulator/stack.py; in this process by default)."""
+    """`runtime` runs the stack's functions (emulator/stack.py; in this process by default).
+    `record_watch_seconds`: how often the timeline looks at every live record (a sweep of the whole
+    threshold index, which a world of hundreds of instances wants less often)."""
     config = config or compressed_config()
     private_pem, public_pem = _app_key()
     app = GitHubAppSetup(APP_ID, INSTALLATION_ID, private_pem, str(config.github.scope or REPOSITORY))
@@ -129,7 +133,7 @@ def world(
                 aws.client("dynamodb"),
                 arns=INSTANCE_ARNS,
             )
-            watcher = RecordWatcher(records, timeline).start()
+            watcher = RecordWatcher(records, timeline, record_watch_seconds).start()
             try:
                 with SimulatedInstances(
                     aws,
