@@ -24,8 +24,9 @@ from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, ev
 pytestmark = pytest.mark.slow
 
 BURST_JOBS = 300 if os.environ.get("RUNNER_POOL_E2E_FULL_BURST") == "1" else 40
-"""300 jobs take over 5 minutes on a 2-core machine (the limit alone bounds them below 300 s): make test
-runs 40 (make test must fit 10 minutes on 2 cores); RUNNER_POOL_E2E_FULL_BURST=1 runs the issue's 300, and `make bench` measures it."""
+"""The issue asks for 300 in make test; on the shared 2-core machine (load 20 to 35) 300 jobs still take
+over 400 s, so make test runs 40 (about 75 s) until the emulator carries 300 instances in 60 to 90 s;
+RUNNER_POOL_E2E_FULL_BURST=1 runs the issue's 300, and `make bench` measures it."""
 
 
 def accounted(system: World) -> None:
@@ -43,7 +44,7 @@ def test_a_burst_against_githubs_rate_limit_serves_every_job_and_fails_no_execut
     limited_system: World,
 ) -> None:
     # When BURST_JOBS jobs are queued at once, in 10 runs of a matrix, against GitHub's rate limit
-    # (scaled to the emulator: demo/burst.py) and a registration budget set above it
+    # (GitHub's minute compressed, as every time here: demo/burst.py) and a registration budget above it
     burst = serve_burst(limited_system, BURST_JOBS, timeout=900)
     # Then every job ran to success on a runner of ours
     assert burst.jobs == BURST_JOBS
