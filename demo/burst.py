@@ -65,7 +65,7 @@ def rate_limited_world(scratch: Path) -> Iterator[World]:
     instances = InstanceSettings(
         boot_delay_seconds=0.5, heartbeat_period_seconds=10.0, watch_period_seconds=3.0, in_process=True
     )
-    timers = Timers(refresh_every_seconds=5.0, batching_window_seconds=2.0)
+    timers = Timers(refresh_every_seconds=5.0)
     with world(
         scratch,
         config=config,
