@@ -5,8 +5,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import boto3
 import pytest
+from moto import mock_aws
 
+from emulator.aws import REGION
 from emulator.boot_model import BootModel, Path, Segment, compressed_boot_delays
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
 from emulator.timeline import Timeline
@@ -79,32 +82,40 @@ def test_compressed_boot_delays_scale_the_launch_to_agent_segments() -> None:
     assert compressed_boot_delays(baked=False, scale=0.01, model=model)() == pytest.approx(1.14)
 
 
-class _Ec2:
-    """Local EC2 as the watcher sees it: one running instance of the stack."""
-
-    def describe_instances(self, **_: Any) -> dict[str, Any]:
-        return {"Reservations": [{"Instances": [{"InstanceId": "i-1", "State": {"Name": "running"}}]}]}
-
-
 class _Aws:
+    """Local AWS as the watcher uses it here: its EC2 client (the states it reads from EC2's backend)."""
+
+    def __init__(self, ec2: Any) -> None:
+        self._ec2 = ec2
+
     def client(self, _service: str) -> Any:
-        return _Ec2()
+        return self._ec2
 
 
 def test_simulated_instances_draw_their_boot_delay_when_given_a_draw(tmp_path: Any) -> None:
     # Given simulated instances whose boot delays come from a draw
     settings = InstanceSettings(boot_delays=lambda: 123.0)
-    instances = SimulatedInstances(
-        _Aws(),  # type: ignore[arg-type]
-        table_name="t",
-        credentials_key_id="k",
-        stack_tag=("stack", "s"),
-        scratch=tmp_path,
-        timeline=Timeline(),
-        settings=settings,
-    )
-    # When the watcher first sees an instance
-    instances.look()
+    with mock_aws():
+        # (the watcher reads local EC2's backend: one running instance with the stack's tag)
+        ec2 = boto3.client("ec2", region_name=REGION)
+        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        ec2.run_instances(
+            ImageId=image,
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "stack", "Value": "s"}]}],
+        )
+        instances = SimulatedInstances(
+            _Aws(ec2),  # type: ignore[arg-type]
+            table_name="t",
+            credentials_key_id="k",
+            stack_tag=("stack", "s"),
+            scratch=tmp_path,
+            timeline=Timeline(),
+            settings=settings,
+        )
+        # When the watcher first sees an instance
+        instances.look()
     # Then it boots after the drawn delay, not the fixed default
     (seen,) = instances.instances().values()
     assert seen.boot_at - seen.launched_at == pytest.approx(123.0)
