@@ -8,20 +8,13 @@ import threading
 from types import FrameType
 
 import boto3
-from botocore.config import Config
 from pydantic import ValidationError
 
 from agent import log as agent_log
 from agent.imds import Imds, MetadataUnavailableError
 from agent.settings import AgentSettings
 from agent.wiring import build_agent
-
-CLIENT_CONFIG = Config(
-    retries={"mode": "standard", "max_attempts": 2},
-    connect_timeout=3,
-    read_timeout=10,
-)
-"""Short timeouts: a hung request must not hold the loop; the agent's own backoff does the retrying."""
+from runner_pool.adapters import aws_clients
 
 
 def main() -> int:
@@ -40,9 +33,10 @@ def main() -> int:
     agent = build_agent(
         settings,
         identity,
-        dynamodb=session.client("dynamodb", config=CLIENT_CONFIG),
-        kms=session.client("kms", config=CLIENT_CONFIG),
-        ec2=session.client("ec2", config=CLIENT_CONFIG),
+        # The product's one retry policy (aws_clients); after its attempts, the agent's loop tries again.
+        dynamodb=aws_clients.client("dynamodb", session),
+        kms=aws_clients.client("kms", session),
+        ec2=aws_clients.client("ec2", session),
         log=log,
     )
     stop = threading.Event()

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from botocore.exceptions import BotoCoreError, ClientError
-
+from agent.aws_errors import AWS_FAILURES, fault_of
 from agent.log import EventLog
-from runner_pool.adapters.backoff import ServiceBusyError
 from runner_pool.adapters.state_table import StateTable
 
 
@@ -32,9 +30,11 @@ class Heartbeat(threading.Thread):
         while not self._stopping.is_set():
             try:
                 self._records.write_heartbeat(self._instance_id)
-            except (ClientError, BotoCoreError, ServiceBusyError) as exc:
+            except AWS_FAILURES as exc:
                 if not self._failing:
-                    self._log.warning("heartbeat not written; retrying every period", error=str(exc))
+                    self._log.warning(
+                        "heartbeat not written; retrying every period", fault=fault_of(exc), error=str(exc)
+                    )
                 self._failing = True
             except Exception:
                 # Whatever went wrong, the next period tries again: a dead heartbeat thread would

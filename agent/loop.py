@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import threading
 
-from botocore.exceptions import BotoCoreError, ClientError
-
+from agent.aws_errors import fault_of
 from agent.boot import run_pre_runner_script
 from agent.docker import DockerError
 from agent.heartbeat import Heartbeat
@@ -32,14 +31,12 @@ from agent.runner_install import RunnerInstallError
 from agent.scrub import Scrub
 from agent.settings import AgentSettings
 from agent.termination import SelfTermination
-from runner_pool.adapters.backoff import ServiceBusyError
 from runner_pool.adapters.runner_credentials import CredentialsUnreadableError, RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Signal
 
-_EXPECTED_FAILURES = (ClientError, BotoCoreError, ServiceBusyError)
 _HEARTBEAT_JOIN_SECONDS = 5.0
 
 
@@ -155,9 +152,13 @@ class Agent:
                 self._settings.watch_period_seconds * 2.0**self._failures,
                 self._settings.watch_backoff_cap_seconds,
             )
-            if isinstance(exc, _EXPECTED_FAILURES):
+            fault = fault_of(exc)
+            if fault is not None:
                 self._log.warning(
-                    "could not read or act on the record; retrying", error=str(exc), retry_in=delay
+                    "could not read or act on the record; retrying",
+                    fault=fault,
+                    error=str(exc),
+                    retry_in=delay,
                 )
             else:
                 self._log.exception("unexpected failure; retrying", retry_in=delay)

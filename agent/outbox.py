@@ -8,11 +8,9 @@ lost to a crash.
 
 from __future__ import annotations
 
-from botocore.exceptions import BotoCoreError, ClientError
-
+from agent.aws_errors import AWS_FAILURES, fault_of
 from agent.log import EventLog
 from agent.memory import MemoryFile, PendingSignal
-from runner_pool.adapters.backoff import ServiceBusyError
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.records import Signal
 
@@ -40,9 +38,12 @@ class Outbox:
             return True
         try:
             self._records.write_signal(self._instance_id, pending.signal, pending.run_key, pending.reason)
-        except (ClientError, BotoCoreError, ServiceBusyError) as exc:
+        except AWS_FAILURES as exc:
             self._log.warning(
-                "signal not written yet; will retry", signal=pending.signal.value, error=str(exc)
+                "signal not written yet; will retry",
+                signal=pending.signal.value,
+                fault=fault_of(exc),
+                error=str(exc),
             )
             return False
         self._memory.update(pending_signal=None)

@@ -10,10 +10,8 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
+from agent.aws_errors import AWS_FAILURES, fault_of
 from agent.log import EventLog
-from runner_pool.adapters.backoff import Backoff, ServiceBusyError
 
 POWEROFF_COMMAND = ("systemctl", "poweroff")
 
@@ -28,21 +26,23 @@ class SelfTermination:
         instance_id: str,
         ec2: Any,
         log: EventLog,
-        backoff: Backoff | None = None,
         poweroff: Callable[[], None] = power_off,
     ) -> None:
         self._instance_id = instance_id
         self._ec2 = ec2
         self._log = log
-        self._backoff = backoff or Backoff()
         self._poweroff = poweroff
 
     def terminate(self, reason: str) -> None:
         self._log.warning("terminating this instance", reason=reason)
         try:
-            self._backoff.call(lambda: self._ec2.terminate_instances(InstanceIds=[self._instance_id]))
-        except (ClientError, BotoCoreError, ServiceBusyError) as exc:
-            self._log.error("TerminateInstances failed; powering off instead", error=str(exc))
+            self._ec2.terminate_instances(InstanceIds=[self._instance_id])
+        except AWS_FAILURES as exc:
+            # Whatever the fault (EC2 busy through botocore's attempts, the call refused, EC2 not
+            # reached), powering off ends the instance just as well.
+            self._log.error(
+                "TerminateInstances failed; powering off instead", fault=fault_of(exc), error=str(exc)
+            )
             try:
                 self._poweroff()
             except OSError as failure:

@@ -13,7 +13,6 @@ from agent.memory import MemoryFile
 from agent.scrub import build_scrub
 from agent.settings import AgentSettings
 from agent.termination import SelfTermination, power_off
-from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, SystemClock
@@ -29,12 +28,10 @@ def build_agent(
     ec2: Any,
     log: EventLog,
     clock: Clock | None = None,
-    backoff: Backoff | None = None,
     poweroff: Callable[[], None] = power_off,
     docker: Callable[[], Docker | None] | None = None,
 ) -> Agent:
     clock = clock or SystemClock()
-    backoff = backoff or Backoff()
     # Of the timeouts, the agent's writes use only the retention (the TTL of its items).
     timeouts = Timeouts(terminated_retention_days=settings.retention_days)
     log = log.bind(instance_id=identity.instance_id)
@@ -43,7 +40,7 @@ def build_agent(
         settings=settings,
         # Keyed by this instance's own ARN, from the metadata service: no STS call, and the very
         # key the instance role's LeadingKeys condition allows.
-        records=StateTable(settings.table_name, timeouts, clock, dynamodb, backoff, arns=identity.arns),
+        records=StateTable(settings.table_name, timeouts, clock, dynamodb, arns=identity.arns),
         credentials=RunnerCredentials(
             settings.table_name,
             timeouts,
@@ -51,9 +48,8 @@ def build_agent(
             key_id=settings.credentials_key_id,
             dynamodb=dynamodb,
             kms=kms,
-            backoff=backoff,
         ),
-        termination=SelfTermination(identity.instance_id, ec2, log, backoff, poweroff),
+        termination=SelfTermination(identity.instance_id, ec2, log, poweroff),
         scrub=build_scrub(settings, docker),
         memory=MemoryFile(settings.state_file),
         clock=clock,

@@ -252,10 +252,10 @@ def _child(instance_id: str) -> None:
     import boto3  # noqa: PLC0415 - only the child talks to AWS itself
 
     from agent import log as agent_log  # noqa: PLC0415
-    from agent.__main__ import CLIENT_CONFIG  # noqa: PLC0415
     from agent.imds import InstanceIdentity  # noqa: PLC0415
     from agent.settings import AgentSettings  # noqa: PLC0415
     from agent.wiring import build_agent  # noqa: PLC0415
+    from runner_pool.adapters import aws_clients  # noqa: PLC0415
 
     counter = CallCounter()
     session = boto3.session.Session(region_name=REGION)
@@ -263,9 +263,9 @@ def _child(instance_id: str) -> None:
         agent = build_agent(
             AgentSettings(_env_file=None),
             InstanceIdentity(instance_id, REGION, ACCOUNT),
-            dynamodb=counter.watch(session.client("dynamodb", config=CLIENT_CONFIG)),
-            kms=counter.watch(session.client("kms", config=CLIENT_CONFIG)),
-            ec2=counter.watch(session.client("ec2", config=CLIENT_CONFIG)),
+            dynamodb=counter.watch(aws_clients.client("dynamodb", session)),
+            kms=counter.watch(aws_clients.client("kms", session)),
+            ec2=counter.watch(aws_clients.client("ec2", session)),
             log=agent_log.configure(journal),
         )
         stop = threading.Event()

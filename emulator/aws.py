@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
-import boto3
 from moto.core.config import default_user_config
 from moto.moto_api._internal.models import moto_api_backend
 from moto.server import ThreadedMotoServer
@@ -20,6 +19,7 @@ from moto.server import ThreadedMotoServer
 from emulator.atomic_dynamodb import atomic_items
 from emulator.moto_internals import patch_point
 from emulator.step_functions import MOTO_CONFIG
+from runner_pool.adapters import aws_clients
 from runner_pool.adapters.instance_arns import InstanceArns
 
 REGION = "us-east-1"
@@ -74,7 +74,8 @@ class LocalAws:
         }
 
     def client(self, service: str, counter: CallCounter | None = None) -> Any:
-        client = boto3.client(  # type: ignore[call-overload]
+        # Built as the product builds its clients (its retry policy, its ServiceBusyError), aimed here.
+        client = aws_clients.client(
             service,
             endpoint_url=self.endpoint,
             region_name=REGION,

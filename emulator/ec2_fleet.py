@@ -36,6 +36,8 @@ from typing import Any, Literal
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
 
+from runner_pool.adapters import aws_clients
+
 RESOLVE_SSM = "resolve:ssm:"
 """How a launch template names its AMI by an SSM parameter, resolved at launch."""
 
@@ -112,7 +114,9 @@ class SimulatedEc2:
 
     Capacity knobs: `capacity[market]` is how many more instances of that market EC2 has (None, the
     default, is unlimited); `subnet_capacity[subnet_id]` limits one subnet across both markets.
-    `fail_next(n, code)` makes the next n CreateFleet calls fail as a whole with that error code.
+    `fail_next(n, code)` makes the next n CreateFleet calls fail as a whole with that error code, as the
+    client reports it after its own retries: a code botocore retries (RequestLimitExceeded) comes out
+    as the ServiceBusyError a client built by `aws_clients` raises once its attempts are spent.
     `calls` counts CreateFleet calls (failed, replayed and launching ones), `launched` the instances.
     `ssm` is the Parameter Store client that `resolve:ssm:` AMIs are read with.
     """
@@ -160,7 +164,10 @@ class SimulatedEc2:
             self.calls["CreateFleet"] += 1
             if self._failures:
                 code, message = self._failures.pop(0)
-                raise _client_error(code, message)
+                error = _client_error(code, message)
+                if aws_clients.is_busy(code, error.response["ResponseMetadata"]["HTTPStatusCode"]):
+                    raise aws_clients.ServiceBusyError(f"CreateFleet: EC2 answered {code} to every attempt")
+                raise error
             if params.get("Type") != "instant":
                 raise _client_error(
                     "InvalidParameterValue",

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from hypothesis import HealthCheck, settings
 from moto import mock_aws
@@ -18,10 +17,12 @@ from emulator.iam_check import USAGE_DIRECTORY_VARIABLE, usage_report
 from emulator.resources import create_pool_queues, create_state_table
 from emulator.step_functions_quotas import QuotaWatch
 from emulator.step_functions_quotas import install as install_step_functions_quotas
+from runner_pool.adapters import aws_clients
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
+from tests.support.aws_faults import RetryDelays, record_retry_delays
 
 # Property tests judge behaviour, never speed: make test shares 2 cores with whatever else runs, and
 # there Hypothesis' deadline (200 ms an example) and its slow-generation check fail good code. Speed
@@ -40,7 +41,13 @@ REGION = "us-east-1"
 TABLE_NAME = "runner-pool-state"
 
 NO_WAIT = Backoff(sleep=lambda _seconds: None)
-"""Throttling backoff with its sleeps zeroed: tests prove the retry path, not the waiting."""
+"""The house backoff (whole operations) with its sleeps zeroed: tests prove the retry path, not the waiting."""
+
+
+@pytest.fixture(autouse=True)
+def retry_delays(monkeypatch: pytest.MonkeyPatch) -> RetryDelays:
+    """botocore's retries, as deployed but without their waits; the delays it chose, for tests to check."""
+    return record_retry_delays(monkeypatch)
 
 
 @pytest.fixture
@@ -61,7 +68,7 @@ def config() -> StackConfig:
 
 @pytest.fixture
 def dynamodb(aws: None) -> object:
-    client = boto3.client("dynamodb", region_name=REGION)
+    client = aws_clients.client("dynamodb", region_name=REGION)
     create_state_table(client, TABLE_NAME)
     return client
 
@@ -73,7 +80,7 @@ def state_table(dynamodb: object, clock: ManualClock, config: StackConfig) -> St
 
 @pytest.fixture
 def sqs(aws: None) -> Any:
-    return boto3.client("sqs", region_name=REGION)
+    return aws_clients.client("sqs", region_name=REGION)
 
 
 @pytest.fixture

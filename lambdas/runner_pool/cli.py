@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import boto3
-
+from runner_pool.adapters import aws_clients
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import Timeouts
@@ -239,7 +238,7 @@ def main(
 ) -> int:
     """The `runner-pool` entry point; tests pass their own clients (moto), clock and output."""
     arguments = parser().parse_args(argv)
-    make = clients or (lambda service, region: boto3.client(service, region_name=region))  # type: ignore[call-overload]
+    make = clients or (lambda service, region: aws_clients.client(service, region_name=region))
     try:
         deployment = Deployment.of_stack(arguments.stack, make("cloudformation", arguments.region))
     except DeploymentNotFoundError as error:

@@ -16,8 +16,7 @@ from contextvars import ContextVar
 from functools import cached_property
 from typing import Any
 
-import boto3
-
+from runner_pool.adapters import aws_clients
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
@@ -52,6 +51,7 @@ class ControlPlane:
         self.clock: Clock = clock or SystemClock()
         self._clients: ClientFactory = clients or _default_client
         self.backoff = backoff or Backoff()
+        """Paces the state table's retries of whole operations; single calls are retried by botocore."""
         self._github = github
         self.pause = pause
         """How a step waits briefly in-line (tests and the emulator let simulated time pass instead)."""
@@ -80,7 +80,7 @@ class ControlPlane:
 
     @cached_property
     def pool_queues(self) -> PoolQueues:
-        return PoolQueues(self.settings.pool_queue_urls, self.client("sqs"), self.backoff)
+        return PoolQueues(self.settings.pool_queue_urls, self.client("sqs"))
 
     @cached_property
     def pickup(self) -> PickupManager:
@@ -98,7 +98,7 @@ class ControlPlane:
             stack_tag_key=STACK_TAG_KEY,
             stack_tag_value=self.settings.stack_name,
         )
-        return Fleet(setup, self.client("ec2"), self.backoff)
+        return Fleet(setup, self.client("ec2"))
 
     @cached_property
     def credentials(self) -> RunnerCredentials:
@@ -109,7 +109,6 @@ class ControlPlane:
             key_id=self.settings.require("credentials_key_id", "encrypting runner configs"),
             dynamodb=self.client("dynamodb"),
             kms=self.client("kms"),
-            backoff=self.backoff,
         )
 
     @cached_property
@@ -123,20 +122,19 @@ class ControlPlane:
             burst=github.registration_burst,
             clock=self.clock,
             client=self.client("dynamodb"),
-            backoff=self.backoff,
         )
 
     @cached_property
     def recent_demand(self) -> RecentDemand:
         """Runs with recent demand, for refresh to reconcile with GitHub's queued jobs."""
-        return RecentDemand(self.settings.table_name, self.clock, self.client("dynamodb"), self.backoff)
+        return RecentDemand(self.settings.table_name, self.clock, self.client("dynamodb"))
 
     def executions(self, provision_machine_arn: str | None = None) -> Executions:
         """Starts provisions (on `provision_machine_arn`, e.g. a step's own machine, else the configured
         one) and releases."""
         provision = provision_machine_arn or self.settings.provision_state_machine_arn or ""
         release = self.settings.release_state_machine_arn or ""
-        return Executions(provision, release, self.client("stepfunctions"), self.backoff)
+        return Executions(provision, release, self.client("stepfunctions"))
 
     @cached_property
     def instance_arns(self) -> InstanceArns:
@@ -176,7 +174,7 @@ class ControlPlane:
 
 
 def _default_client(service: str) -> Any:
-    return boto3.client(service)  # type: ignore[call-overload]
+    return aws_clients.client(service)
 
 
 _current: ControlPlane | None = None

@@ -35,7 +35,7 @@ from agent.wiring import build_agent
 from emulator.aws import ACCOUNT
 from emulator.iam_check import PolicyCheck, save_usage
 from emulator.iam_stack import StackIam, checked_template
-from runner_pool.adapters.backoff import Backoff
+from runner_pool.adapters import aws_clients
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
@@ -48,7 +48,6 @@ FAKE_RUNNER = Path(__file__).with_name("fake_runner.py")
 MOTO_IMAGE_ID = "ami-12c6146b"
 """One of the images moto knows without being asked (describing them costs a second)."""
 WAIT_SECONDS = 10.0
-AGENT_BACKOFF = Backoff(attempts=3, base_seconds=0.005, cap_seconds=0.02)
 """Real but tiny pauses: the agent's retries are exercised as they run, in milliseconds."""
 
 
@@ -215,7 +214,6 @@ def control_plane(
         key_id=kms_key,
         dynamodb=dynamodb,
         kms=boto3.client("kms", region_name=REGION),
-        backoff=NO_WAIT,
     )
     return ControlPlane(records, credentials, identity)
 
@@ -300,9 +298,10 @@ class AgentFactory:
     def build(self, docker: Docker | None = None, **overrides: Any) -> RunningAgent:
         """The agent with `overrides` of its settings; docker, if given, is the daemon it scrubs."""
         settings = self.settings(**overrides)
-        dynamodb = boto3.client("dynamodb", region_name=REGION)
-        ec2 = boto3.client("ec2", region_name=REGION)
-        kms = boto3.client("kms", region_name=REGION)
+        # Built as `python -m agent` builds them: the product's retry policy (aws_clients).
+        dynamodb = aws_clients.client("dynamodb", region_name=REGION)
+        ec2 = aws_clients.client("ec2", region_name=REGION)
+        kms = aws_clients.client("kms", region_name=REGION)
         self.check_as_instance(settings, dynamodb, ec2, kms)
         powered_off: list[float] = []
         agent = build_agent(
@@ -313,7 +312,6 @@ class AgentFactory:
             ec2=ec2,
             log=agent_log(),
             clock=self.clock,
-            backoff=AGENT_BACKOFF,
             poweroff=lambda: powered_off.append(self.clock.now()),
             docker=(lambda: docker) if docker is not None else None,
         )

@@ -19,7 +19,7 @@ from runner_pool.adapters.runner_credentials import (
 from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
-from tests.conftest import NO_WAIT, REGION, TABLE_NAME
+from tests.conftest import REGION, TABLE_NAME
 from tests.support import builders
 
 ONE = builders.facts(1).instance_id
@@ -31,9 +31,7 @@ RUN = builders.run_key(1)
 def store(dynamodb: Any, clock: ManualClock, config: StackConfig) -> RunnerCredentials:
     kms = boto3.client("kms", region_name=REGION)
     key_id = kms.create_key()["KeyMetadata"]["KeyId"]
-    return RunnerCredentials(
-        TABLE_NAME, config.timeouts, clock, key_id=key_id, dynamodb=dynamodb, kms=kms, backoff=NO_WAIT
-    )
+    return RunnerCredentials(TABLE_NAME, config.timeouts, clock, key_id=key_id, dynamodb=dynamodb, kms=kms)
 
 
 def arn_of(instance_id: str) -> str:

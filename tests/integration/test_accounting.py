@@ -18,7 +18,7 @@ from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceFacts
-from tests.conftest import NO_WAIT, REGION
+from tests.conftest import REGION
 
 STACK = "runner-pool-test"
 
@@ -35,7 +35,7 @@ def setup(ec2: Any) -> FleetSetup:
 
 @pytest.fixture
 def fleet(ec2: Any, setup: FleetSetup) -> Fleet:
-    return Fleet(setup, ec2, NO_WAIT)
+    return Fleet(setup, ec2)
 
 
 def launch(fleet: Fleet, config: StackConfig, count: int, key: str = "p-1") -> list[InstanceFacts]:
@@ -105,7 +105,7 @@ def test_instances_of_another_stack_and_terminated_ones_are_not_this_stacks_conc
     fleet: Fleet, ec2: Any, setup: FleetSetup, state_table: StateTable, config: StackConfig
 ) -> None:
     # Given an instance of another stack, and one of this stack terminated along with its record
-    another_stack = Fleet(dataclasses.replace(setup, stack_tag_value="another-stack"), ec2, NO_WAIT)
+    another_stack = Fleet(dataclasses.replace(setup, stack_tag_value="another-stack"), ec2)
     launch(another_stack, config, 1, key="other")
     (ours,) = launch(fleet, config, 1)
     state_table.create(ours, run_key=None)

@@ -17,7 +17,7 @@ from runner_pool.domain import demand
 from runner_pool.domain.demand import Reservation
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
 from runner_pool.handlers.dispatcher import LEASE_MARGIN_SECONDS
-from tests.support.lost_answers import LosesFirstAnswer
+from tests.support.aws_faults import lose_answers
 from tests.support.webhooks import (
     IDEMPOTENCY_TABLE,
     REPOSITORY,
@@ -406,13 +406,13 @@ def test_a_job_another_dispatch_holds_is_handed_back_and_taken_once_the_hold_lap
 
 
 def test_a_reservation_whose_answer_was_lost_is_recognised_as_its_own_on_retry(world: IngressWorld) -> None:
-    # Given DynamoDB applying a reservation but losing its answer, so the backoff tries it again
-    flaky = LosesFirstAnswer(world.dynamodb, "put_item")
-    ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, world.clock, flaky)  # type: ignore[arg-type]
+    # Given DynamoDB applying a reservation but losing its answer, so botocore tries it again
+    lost = lose_answers(world.dynamodb, "PutItem")
+    ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, world.clock, world.dynamodb)
     # When job 152 is reserved
     reserved = ledger.reserve(152, "this-dispatch", until=world.clock.now() + 30)
     # Then the retry met its own write: reserved, not held by "somebody else" (issue 12, defect 6)
-    assert flaky.lost == 1
+    assert (lost.lost, lost.sent) == (1, 2)
     assert reserved is Reservation.RESERVED
     # And another dispatch still finds it held
     assert ledger.reserve(152, "other-dispatch", until=world.clock.now() + 30) is Reservation.HELD

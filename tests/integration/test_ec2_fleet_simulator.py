@@ -14,12 +14,13 @@ from botocore.validate import validate_parameters
 
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.resources import create_fleet_setup
+from runner_pool.adapters.aws_clients import ServiceBusyError
 from runner_pool.adapters.fleet import RESOURCE_CLASS_TAG, RUN_KEY_TAG, Fleet, FleetSetup, LaunchTemplate
 from runner_pool.domain.config import FleetSettings, StackConfig
 from runner_pool.domain.fleet import FleetRequestError, LaunchOutcome, LaunchRequest
 from runner_pool.domain.records import Arch, UsageClass
 from runner_pool.environment import STACK_TAG_KEY
-from tests.conftest import NO_WAIT, REGION
+from tests.conftest import REGION
 
 STACK = "runner-pool-test"
 FALLBACK_ON = FleetSettings(spot_fallback_to_on_demand=True)
@@ -42,7 +43,7 @@ def setup(ec2: Any) -> FleetSetup:
 
 @pytest.fixture
 def fleet(setup: FleetSetup, simulated: SimulatedEc2) -> Fleet:
-    return Fleet(setup, simulated, NO_WAIT)  # type: ignore[arg-type]
+    return Fleet(setup, simulated)  # type: ignore[arg-type]
 
 
 class Fence(NamedTuple):
@@ -211,16 +212,20 @@ def test_a_token_reused_for_another_launch_is_refused(fleet: Fleet, config: Stac
     assert refused.value.code == "IdempotentParameterMismatch"
 
 
-def test_throttling_is_recovered_by_the_adapters_backoff(
+def test_a_create_fleet_throttled_past_botocores_retries_is_service_busy_and_the_callers_retry_launches(
     fleet: Fleet, simulated: SimulatedEc2, config: StackConfig
 ) -> None:
-    # Given EC2 throttles the next two CreateFleet calls
-    simulated.fail_next(2, "RequestLimitExceeded")
-    # When 2 instances are launched
+    # Given EC2 throttling the next CreateFleet through every attempt the client makes
+    simulated.fail_next(1, "RequestLimitExceeded")
+    # When 2 instances are launched, the adapter does not try again itself: the caller is told EC2
+    # is busy (Step Functions retries the step), and nothing was launched
+    with pytest.raises(ServiceBusyError):
+        fleet.launch(request_for(config, count=2))
+    assert ec2_instance_count(simulated) == 0
+    # Then the caller's retry, under the same key, launches them
     outcome = fleet.launch(request_for(config, count=2))
-    # Then the third call launches them
     assert len(outcome.launched) == 2
-    assert simulated.calls["CreateFleet"] == 3
+    assert simulated.calls["CreateFleet"] == 2
 
 
 def test_a_refused_call_launches_nothing_and_carries_ec2s_code(

@@ -16,6 +16,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
+from runner_pool.adapters import aws_clients
 from runner_pool.adapters.fleet import (
     LAUNCH_TAG,
     RESOURCE_CLASS_TAG,
@@ -36,7 +37,8 @@ from runner_pool.domain.fleet import (
     Termination,
 )
 from runner_pool.domain.records import Arch, InstanceFacts, UsageClass
-from tests.conftest import NO_WAIT, REGION
+from tests.conftest import REGION
+from tests.support.aws_faults import RawBody, answer_busy
 
 STACK_TAG = ("runner-pool:stack", "runner-pool-test")
 SUBNETS = ("subnet-0a", "subnet-0b", "subnet-0c")
@@ -133,7 +135,7 @@ def stubbed() -> Iterator[StubbedEc2]:
 
 @pytest.fixture
 def fleet(stubbed: StubbedEc2) -> Fleet:
-    return Fleet(SETUP, stubbed.client, NO_WAIT)
+    return Fleet(SETUP, stubbed.client)
 
 
 def request_for(config: StackConfig, label: str = "pool=42", count: int = 3, key: str = KEY) -> LaunchRequest:
@@ -295,9 +297,7 @@ def test_an_arch_without_a_template_is_refused_before_any_call(
     stubbed: StubbedEc2, config: StackConfig
 ) -> None:
     # Given a stack deployed with an x64 template only
-    fleet = Fleet(
-        FleetSetup(SUBNETS, {Arch.X64: LaunchTemplate("lt-x64")}, *STACK_TAG), stubbed.client, NO_WAIT
-    )
+    fleet = Fleet(FleetSetup(SUBNETS, {Arch.X64: LaunchTemplate("lt-x64")}, *STACK_TAG), stubbed.client)
     # When an arm64 launch is asked for / Then it is refused, naming what the stack has
     with pytest.raises(NoLaunchTemplateError, match=r"arch=arm64.*x64"):
         fleet.launch(request_for(config, "pool=42/arch=arm64"))
@@ -545,18 +545,40 @@ def test_a_full_launch_is_not_retried(fleet: Fleet, stubbed: StubbedEc2, config:
     assert len(outcome.launched) == 2
 
 
-def test_a_throttled_create_fleet_is_retried_with_the_same_token(
-    fleet: Fleet, stubbed: StubbedEc2, config: StackConfig
+def created_fleet_response(instance_id: str) -> AWSResponse:
+    """EC2's wire answer to a CreateFleet that launched one spot c7i.large (CreateFleetResult's XML names)."""
+    body = (
+        '<CreateFleetResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+        "<requestId>test</requestId><fleetId>fleet-0test</fleetId><errorSet/>"
+        "<fleetInstanceSet><item><instanceIds><item>"
+        f"{instance_id}"
+        "</item></instanceIds><instanceType>c7i.large</instanceType><lifecycle>spot</lifecycle></item>"
+        "</fleetInstanceSet></CreateFleetResponse>"
+    )
+    return AWSResponse("https://ec2.test/", 200, {"Content-Type": "text/xml"}, RawBody(body.encode()))
+
+
+def test_a_throttled_create_fleet_is_retried_by_botocore_with_the_same_token(
+    aws: None, config: StackConfig
 ) -> None:
-    # Given EC2 throttles the first CreateFleet
-    stubbed.stubber.add_client_error("create_fleet", "RequestLimitExceeded", "Request limit exceeded.", 503)
-    stubbed.answer_fleet(launched=[("c7i.large", ["i-0aaa"], "spot")])
-    stubbed.answer_instance_types("c7i.large")
+    # Given a client built as the product builds it, and EC2 throttling the first CreateFleet attempt
+    # (RequestLimitExceeded, EC2's throttling code: https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html)
+    ec2 = aws_clients.client("ec2", region_name=REGION)
+    busy = answer_busy(ec2, "CreateFleet", times=1, code="RequestLimitExceeded", status=503)
+    sent: list[str] = []
+
+    def launched(request: Any, **_: Any) -> AWSResponse:
+        sent.append(request.body)
+        return created_fleet_response("i-0aaa")
+
+    ec2.meta.events.register("before-send.ec2.CreateFleet", launched)
     # When launched
-    outcome = fleet.launch(request_for(config, count=1))
-    # Then the call was made again, under the same token, and its instance reported
-    first, second = stubbed.fleets_sent()
-    assert first == second
+    outcome = Fleet(SETUP, ec2).launch(request_for(config, count=1))
+    # Then botocore sent it again, under the same token, and its instance is reported
+    assert busy.sent == 2
+    assert len(sent) == 2
+    assert sent[0] == sent[1]
+    assert "ClientToken=" in sent[1]
     assert [facts.instance_id for facts in outcome.launched] == ["i-0aaa"]
 
 
@@ -576,12 +598,12 @@ def test_a_refused_call_raises_with_ec2s_code(fleet: Fleet, stubbed: StubbedEc2,
 
 @pytest.fixture
 def ec2(aws: None) -> Any:
-    return boto3.client("ec2", region_name=REGION)
+    return aws_clients.client("ec2", region_name=REGION)
 
 
 @pytest.fixture
 def moto_fleet(ec2: Any) -> Fleet:
-    return Fleet(SETUP, ec2, NO_WAIT)
+    return Fleet(SETUP, ec2)
 
 
 MOTO_AMI = "ami-12c6146b"
@@ -655,19 +677,11 @@ def test_terminate_goes_in_batches_of_a_hundred(ec2: Any, moto_fleet: Fleet) -> 
 def test_a_throttled_terminate_is_retried(ec2: Any, moto_fleet: Fleet) -> None:
     # Given a running instance, and EC2 throttling the first TerminateInstances
     (instance_id,) = run(ec2)
-    throttled = [1]
-
-    def throttle(**_: Any) -> Any:
-        if not throttled[0]:
-            return None
-        throttled[0] -= 1
-        error = {"Code": "RequestLimitExceeded", "Message": "Request limit exceeded."}
-        return AWSResponse("", 503, {}, None), {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 503}}
-
-    ec2.meta.events.register("before-call.ec2.TerminateInstances", throttle)
-    # When it is terminated / Then it is, on the second try
+    busy = answer_busy(ec2, "TerminateInstances", times=1, code="RequestLimitExceeded", status=503)
+    # When it is terminated / Then it is, on botocore's second attempt
     assert moto_fleet.terminate([instance_id]) == {instance_id: Termination.TERMINATING}
     assert ec2_state(ec2, instance_id) == "terminated"
+    assert busy.sent == 2
 
 
 def test_an_already_terminated_instance_is_reported_terminated(stubbed: StubbedEc2, fleet: Fleet) -> None:
@@ -813,7 +827,7 @@ def test_states_name_each_instance_and_unknown_ones(ec2: Any, moto_fleet: Fleet)
 
 def test_the_catalog_reads_shapes_from_describe_instance_types(ec2: Any) -> None:
     # Given moto's EC2 and a catalog over it
-    catalog = InstanceTypeCatalog(ec2, NO_WAIT)
+    catalog = InstanceTypeCatalog(ec2)
     # When two types are looked up
     shapes = catalog.shapes(["c7i.large", "m7g.xlarge"])
     # Then each has its vCPUs, memory and architecture
@@ -825,7 +839,7 @@ def test_the_catalog_reads_shapes_from_describe_instance_types(ec2: Any) -> None
 
 def test_the_catalog_describes_a_type_only_once(ec2: Any) -> None:
     # Given a catalog that has looked up one type
-    catalog = InstanceTypeCatalog(ec2, NO_WAIT)
+    catalog = InstanceTypeCatalog(ec2)
     catalog.shapes(["c7i.large"])
     calls = calls_of(ec2, "DescribeInstanceTypes")
     # When it and a new one are looked up

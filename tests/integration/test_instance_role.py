@@ -71,7 +71,6 @@ def instances(dynamodb: Any, clock: ManualClock, config: StackConfig) -> Instanc
             key_id=key_id,
             dynamodb=dynamodb_client,
             kms=kms_client,
-            backoff=NO_WAIT,
         )
 
     return Instances(

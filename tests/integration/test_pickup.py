@@ -15,7 +15,6 @@ from runner_pool.domain.config import PickupSettings, StackConfig
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.pickup import PickupManager, PickupResult, RecordReader, StopReason
 from runner_pool.domain.records import InstanceRecord, PoolMessage, UsageClass
-from tests.conftest import NO_WAIT
 from tests.support.builders import facts
 
 SPOT = {"usage_class": UsageClass.SPOT}
@@ -61,7 +60,7 @@ class Pool:
 @pytest.fixture
 def pool(sqs: Any, pool_queue_urls: dict[str, str], state_table: StateTable, clock: ManualClock) -> Pool:
     # No long poll: moto holds every message in one place, and an empty moto queue really waits.
-    queues = PoolQueues(pool_queue_urls, sqs, NO_WAIT, wait_seconds=0)
+    queues = PoolQueues(pool_queue_urls, sqs, wait_seconds=0)
     return Pool(sqs, pool_queue_urls["large"], queues, state_table, clock)
 
 
@@ -310,7 +309,7 @@ def test_a_message_the_queue_refuses_to_take_back_is_reported_as_lost(
     # Given a non-matching and a matching instance, and a queue that refuses whatever is sent back
     misfit = pool.add_idle(1, **ON_DEMAND)
     wanted = pool.add_idle(2, **SPOT)
-    refusing = _RefusingRequeues(pool_queue_urls, pool.sqs, NO_WAIT, wait_seconds=0)
+    refusing = _RefusingRequeues(pool_queue_urls, pool.sqs, wait_seconds=0)
     # When a runner is picked up
     result = PickupManager(refusing, pool.records, pool.clock, PickupSettings()).pickup(spec)
     # Then the candidate is still handed out, and the misfit is reported lost, not passed over

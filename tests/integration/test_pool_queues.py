@@ -6,32 +6,17 @@ import json
 from typing import Any
 
 import pytest
-from botocore.awsrequest import AWSResponse
 
-from runner_pool.adapters.backoff import ServiceBusyError
+from runner_pool.adapters.aws_clients import ATTEMPTS, ServiceBusyError
 from runner_pool.adapters.pool_queues import NoPoolQueueError, PoolQueues
 from runner_pool.domain.records import PoolMessage
-from tests.conftest import NO_WAIT
+from tests.support.aws_faults import answer_busy
 from tests.support.builders import pool_message
 
 
 @pytest.fixture
 def queues(sqs: Any, pool_queue_urls: dict[str, str]) -> PoolQueues:
-    return PoolQueues(pool_queue_urls, sqs, NO_WAIT, wait_seconds=0)
-
-
-def throttle(sqs: Any, operation: str, times: int) -> None:
-    """Make the next `times` calls of `operation` answer RequestThrottled, as SQS does under load."""
-    remaining = [times]
-
-    def throttled(**_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
-        if remaining[0] == 0:
-            return None
-        remaining[0] -= 1
-        error = {"Code": "RequestThrottled", "Message": "Rate exceeded"}
-        return AWSResponse("", 400, {}, None), {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 400}}
-
-    sqs.meta.events.register(f"before-call.sqs.{operation}", throttled)
+    return PoolQueues(pool_queue_urls, sqs, wait_seconds=0)
 
 
 class _RefusingBatches:
@@ -82,7 +67,7 @@ def test_receive_asks_for_ten_with_the_configured_wait(
     sqs: Any, pool_queue_urls: dict[str, str], sqs_calls: list[tuple[str, dict[str, Any]]]
 ) -> None:
     # Given pool queues configured with a one-second long poll, and twelve messages queued
-    queues = PoolQueues(pool_queue_urls, sqs, NO_WAIT, wait_seconds=1)
+    queues = PoolQueues(pool_queue_urls, sqs, wait_seconds=1)
     queues.requeue("large", messages(12), delay_seconds=0)
     sqs_calls.clear()
     # When one receive is made
@@ -99,7 +84,7 @@ def test_receive_asks_for_ten_with_the_configured_wait(
 
 def test_the_production_default_is_a_short_long_poll(sqs: Any, pool_queue_urls: dict[str, str]) -> None:
     # Given pool queues built without a wait
-    queues = PoolQueues(pool_queue_urls, sqs, NO_WAIT)
+    queues = PoolQueues(pool_queue_urls, sqs)
     calls: list[dict[str, Any]] = []
     sqs.meta.events.register(
         "provide-client-params.sqs.ReceiveMessage", lambda params, **_: calls.append(dict(params))
@@ -202,7 +187,7 @@ def test_delete_removes_received_messages_in_batches_of_ten(
 def test_a_requeue_entry_that_fails_once_is_retried_alone(sqs: Any, pool_queue_urls: dict[str, str]) -> None:
     # Given SQS that fails one entry of the first batch call
     client = _RefusingBatches(sqs, refusals=1)
-    queues = PoolQueues(pool_queue_urls, client, NO_WAIT, wait_seconds=0)
+    queues = PoolQueues(pool_queue_urls, client, wait_seconds=0)
     # When three messages are requeued
     refused = queues.requeue("large", messages(3), delay_seconds=0)
     # Then the failed entry was sent again on its own, and all three are in the queue
@@ -216,7 +201,7 @@ def test_a_requeue_entry_that_fails_twice_is_reported_not_retried_again(
 ) -> None:
     # Given SQS that fails the same entry on the first call and on the retry
     client = _RefusingBatches(sqs, refusals=2)
-    queues = PoolQueues(pool_queue_urls, client, NO_WAIT, wait_seconds=0)
+    queues = PoolQueues(pool_queue_urls, client, wait_seconds=0)
     sent = messages(3)
     # When three messages are requeued
     refused = queues.requeue("large", sent, delay_seconds=0)
@@ -232,7 +217,7 @@ def test_a_receipt_that_cannot_be_deleted_is_reported(
     # Given three received messages, and SQS that fails one delete entry twice
     queues.requeue("large", messages(3), delay_seconds=0)
     receipts = [r.receipt for r in queues.receive("large")]
-    refusing = PoolQueues(pool_queue_urls, _RefusingBatches(sqs, refusals=2), NO_WAIT, wait_seconds=0)
+    refusing = PoolQueues(pool_queue_urls, _RefusingBatches(sqs, refusals=2), wait_seconds=0)
     # When they are deleted
     undeleted = refusing.delete("large", receipts)
     # Then that receipt is handed back, and its message is still in the queue (in flight)
@@ -241,20 +226,21 @@ def test_a_receipt_that_cannot_be_deleted_is_reported(
 
 
 def test_a_throttled_receive_is_retried(sqs: Any, queues: PoolQueues) -> None:
-    # Given an offered instance, and SQS throttling the next two receives
+    # Given an offered instance, and SQS throttling the next two receives (RequestThrottled, as SQS does)
     queues.offer(pool_message(1))
-    throttle(sqs, "ReceiveMessage", times=2)
+    busy = answer_busy(sqs, "ReceiveMessage", times=2, code="RequestThrottled")
     # When the queue is received from
     received = queues.receive("large")
-    # Then the third attempt got the message
+    # Then botocore's third attempt got the message
     assert [r.message for r in received] == [pool_message(1)]
+    assert busy.sent == 3
 
 
 def test_a_throttled_requeue_is_retried(
     sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues
 ) -> None:
     # Given SQS throttling the next batch send
-    throttle(sqs, "SendMessageBatch", times=1)
+    answer_busy(sqs, "SendMessageBatch", times=1, code="RequestThrottled")
     # When messages are requeued
     refused = queues.requeue("large", messages(2), delay_seconds=0)
     # Then the retry sent them
@@ -264,11 +250,13 @@ def test_a_throttled_requeue_is_retried(
 
 def test_throttling_past_every_retry_reaches_the_caller(sqs: Any, queues: PoolQueues) -> None:
     # Given SQS throttling every receive
-    throttle(sqs, "ReceiveMessage", times=1000)
+    busy = answer_busy(sqs, "ReceiveMessage", times=1000, code="RequestThrottled")
     # When the queue is received from
-    # Then the caller is told the service stayed busy, rather than shown an empty queue
+    # Then the caller is told the service stayed busy, rather than shown an empty queue, after the
+    # attempts botocore makes and no more
     with pytest.raises(ServiceBusyError):
         queues.receive("large")
+    assert busy.sent == ATTEMPTS
 
 
 @pytest.mark.parametrize(

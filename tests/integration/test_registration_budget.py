@@ -10,15 +10,15 @@ import pytest
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.registration_budget import Bucket, take
-from tests.conftest import NO_WAIT, TABLE_NAME
-from tests.support.lost_answers import LosesFirstAnswer
+from tests.conftest import TABLE_NAME
+from tests.support.aws_faults import lose_answers
 
 
 def budget(
     dynamodb: Any, clock: ManualClock, per_minute: float = 60, burst: int = 5
 ) -> DynamoDbRegistrationBudget:
     return DynamoDbRegistrationBudget(
-        TABLE_NAME, "4242", per_minute=per_minute, burst=burst, clock=clock, client=dynamodb, backoff=NO_WAIT
+        TABLE_NAME, "4242", per_minute=per_minute, burst=burst, clock=clock, client=dynamodb
     )
 
 
@@ -88,11 +88,11 @@ def test_takers_racing_never_get_more_than_the_bucket_holds(dynamodb: Any, clock
 
 def test_a_take_whose_answer_was_lost_is_recognised_as_its_own(dynamodb: Any, clock: ManualClock) -> None:
     # Given DynamoDB applying a take's write but the answer getting lost (a 500), so it is retried
-    flaky = LosesFirstAnswer(dynamodb, "put_item")
-    bucket = budget(flaky, clock)
+    lost = lose_answers(dynamodb, "PutItem")
+    bucket = budget(dynamodb, clock)
     # When one registration is taken: Then it is granted once, and only one token is gone
     assert bucket.take(1).granted == 1
-    assert flaky.lost == 1
+    assert (lost.lost, lost.sent) == (1, 2)
     stored = bucket.bucket()
     assert stored is not None
     assert stored.tokens == pytest.approx(4.0)

@@ -16,7 +16,8 @@ from botocore.stub import Stubber
 from emulator.aws import INSTANCE_ARNS
 from emulator.resources import create_state_table
 from runner_pool.adapters import state_table as schema
-from runner_pool.adapters.backoff import Backoff, ServiceBusyError
+from runner_pool.adapters.aws_clients import ATTEMPTS, ServiceBusyError
+from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
@@ -25,7 +26,7 @@ from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.records import InstanceRecord, Signal
 from tests.conftest import REGION, TABLE_NAME
 from tests.support import builders
-from tests.support.lost_answers import LosesFirstAnswer
+from tests.support.aws_faults import RetryDelays, answer_busy, lose_answers
 
 RUN = builders.run_key(1, "/class=large")
 OTHER_RUN = builders.run_key(2, "/class=large")
@@ -1228,94 +1229,72 @@ def claimed_record(clock: ManualClock, config: StackConfig) -> InstanceRecord:
     )
 
 
-def throttle(stubber: Stubber, operation: str, times: int) -> None:
-    for _ in range(times):
-        stubber.add_client_error(
-            operation,
-            service_error_code="ProvisionedThroughputExceededException",
-            service_message="Rate of requests exceeds the allowed throughput.",
-            http_status_code=400,
-        )
+THROTTLED = "ProvisionedThroughputExceededException"
+"""What DynamoDB answers a request over the table's throughput (DynamoDB's "Error handling" page)."""
 
 
-def test_a_transition_throttled_twice_is_retried_and_applied(
-    stubbed: tuple[StateTable, Stubber, list[float]], clock: ManualClock, config: StackConfig
+def test_a_transition_throttled_twice_is_retried_by_botocore_and_applied(
+    state_table: StateTable, dynamodb: Any, retry_delays: RetryDelays
 ) -> None:
-    # Given DynamoDB throttles the claim twice, then accepts it
-    table, stubber, sleeps = stubbed
-    record = claimed_record(clock, config)
-    throttle(stubber, "update_item", 2)
-    stubber.add_response("update_item", {"Attributes": wire_item(record)})
+    # Given an idle instance, and DynamoDB throttling the next two UpdateItems
+    instance_in(state_table, InstanceState.IDLE)
+    busy = answer_busy(dynamodb, "UpdateItem", times=2, code=THROTTLED)
+    # When a worker claims it
+    result = state_table.claim(ONE_ID, RUN, TOKEN)
+    # Then botocore's third attempt applied it, after two waits within standard mode's bounds
+    # (rand(0, 1) * 2**i seconds for throttling: botocore/retries/standard.py, ExponentialBackoff)
+    assert result.outcome is Outcome.APPLIED
+    assert busy.sent == 3
+    assert len(retry_delays.delays) == 2
+    assert all(0 <= delay <= 2**i for i, delay in enumerate(retry_delays.delays))
 
+
+def test_a_call_throttled_on_every_attempt_is_tried_exactly_attempts_times_then_service_busy(
+    state_table: StateTable, dynamodb: Any
+) -> None:
+    # Given an idle instance, and DynamoDB throttling every UpdateItem
+    instance_in(state_table, InstanceState.IDLE)
+    busy = answer_busy(dynamodb, "UpdateItem", times=1000, code=THROTTLED)
     # When a worker claims
-    with stubber:
-        result = table.claim(ONE_ID, RUN, TOKEN)
-        stubber.assert_no_pending_responses()
-
-    # Then the claim applies after backing off twice
-    assert result == schema.TransitionResult(Outcome.APPLIED, record)
-    assert len(sleeps) == 2
+    # Then the caller is told the service is busy (for its own retry), after the stated number of
+    # attempts and not one more: one retry layer (issue 17)
+    with pytest.raises(ServiceBusyError):
+        state_table.claim(ONE_ID, RUN, TOKEN)
+    assert busy.sent == ATTEMPTS == 3
 
 
-def test_a_transition_throttled_on_every_attempt_raises_service_busy(
-    stubbed: tuple[StateTable, Stubber, list[float]],
-) -> None:
-    # Given DynamoDB throttles every attempt the backoff allows
-    table, stubber, _ = stubbed
-    throttle(stubber, "update_item", Backoff().attempts)
-
-    # When a worker claims
-    # Then the caller is told the service is busy (for its own retry), after every attempt was used
-    with stubber, pytest.raises(ServiceBusyError):
-        table.claim(ONE_ID, RUN, TOKEN)
-    stubber.assert_no_pending_responses()
-
-
-def test_a_lookup_throttled_once_is_retried(
-    stubbed: tuple[StateTable, Stubber, list[float]], clock: ManualClock, config: StackConfig
-) -> None:
-    # Given DynamoDB throttles a read once
-    table, stubber, _ = stubbed
-    record = claimed_record(clock, config)
-    throttle(stubber, "get_item", 1)
-    stubber.add_response("get_item", {"Item": wire_item(record)})
-
+def test_a_lookup_throttled_once_is_retried(state_table: StateTable, dynamodb: Any) -> None:
+    # Given an idle instance, and DynamoDB throttling a read once
+    record = instance_in(state_table, InstanceState.IDLE)
+    busy = answer_busy(dynamodb, "GetItem", times=1, code=THROTTLED)
     # When the record is read
-    with stubber:
-        read = table.get(ONE_ID)
-
+    read = state_table.get(ONE_ID)
     # Then the read is retried and succeeds
     assert read == record
+    assert busy.sent == 2
 
 
 @pytest.mark.parametrize(
     ("operation", "call"),
     [
-        ("update_item", lambda table: table.claim(ONE_ID, RUN, TOKEN)),
-        ("put_item", lambda table: table.create(builders.facts(1), RUN)),
-        ("query", lambda table: table.held_by(RUN)),
-        ("put_item", lambda table: table.write_heartbeat(ONE_ID)),
+        ("UpdateItem", lambda table: table.claim(ONE_ID, RUN, TOKEN)),
+        ("PutItem", lambda table: table.create(builders.facts(1), RUN)),
+        ("Query", lambda table: table.held_by(RUN)),
+        ("PutItem", lambda table: table.write_heartbeat(ONE_ID)),
     ],
     ids=["claim", "create", "held_by", "write_heartbeat"],
 )
 def test_errors_other_than_throttling_are_not_swallowed_or_retried(
-    stubbed: tuple[StateTable, Stubber, list[float]], operation: str, call: Callable[[StateTable], Any]
+    state_table: StateTable, dynamodb: Any, operation: str, call: Callable[[StateTable], Any]
 ) -> None:
     # Given a table that does not exist
-    table, stubber, sleeps = stubbed
-    stubber.add_client_error(
-        operation,
-        service_error_code="ResourceNotFoundException",
-        service_message="Requested resource not found",
-        http_status_code=400,
-    )
-
+    busy = answer_busy(dynamodb, operation, times=1000, code="ResourceNotFoundException")
     # When the adapter is called
     # Then the error reaches the caller at once, not as a lost race and not after retries
-    with stubber, pytest.raises(ClientError) as raised:
-        call(table)
+    with pytest.raises(ClientError) as raised:
+        call(state_table)
     assert raised.value.response["Error"]["Code"] == "ResourceNotFoundException"
-    assert sleeps == []
+    assert busy.sent == 1
 
 
 def test_the_runner_of_a_claim_is_noted_and_kept_through_release(state_table: StateTable) -> None:
@@ -1396,7 +1375,8 @@ def test_observe_retries_the_keys_dynamodb_left_unprocessed(
     # When the instance is observed
     with stubber:
         view = table.observe(ONE_ID)
-    # Then the remaining keys were asked for again after a backoff, and everything found is in the view
+    # Then the remaining keys were asked for again after the house backoff (the one whole operation it
+    # retries), and everything found is in the view
     assert len(sleeps) == 1
     assert view.record == record
     assert view.heartbeat is not None
@@ -1411,13 +1391,13 @@ def test_a_marker_move_whose_answer_was_lost_is_its_own_win_on_retry(
     dynamodb: Any, clock: ManualClock
 ) -> None:
     # Given DynamoDB applying a marker's compare-and-set but losing its answer, so it is retried
-    flaky = LosesFirstAnswer(dynamodb, "update_item")
-    table = StateTable(TABLE_NAME, StackConfig().timeouts, clock, flaky, Backoff(sleep=lambda _: None))  # type: ignore[arg-type]
+    lost = lose_answers(dynamodb, "UpdateItem")
+    table = StateTable(TABLE_NAME, StackConfig().timeouts, clock, dynamodb)
     # When refresh moves the redelivery high-water mark from unset to 5
     moved = table.move_marker("redelivery", 5, expected=None)
     # Then the retry met its own write and the move is won (issue 12, defect 6: before, the mark was
     # read as another run's, and the failed delivery it stood for was skipped for good)
-    assert flaky.lost == 1
+    assert (lost.lost, lost.sent) == (1, 2)
     assert moved is True
     assert table.read_marker("redelivery") == 5
 

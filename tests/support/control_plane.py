@@ -37,6 +37,7 @@ from emulator.step_functions import (
     lambdas_in_process,
     without_waiting,
 )
+from runner_pool.adapters import aws_clients
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.state_table import StateTable, TransitionResult
 from runner_pool.domain.clock import Epoch, ManualClock
@@ -61,7 +62,8 @@ def aws_session() -> boto3.session.Session:
 
 
 def client(service: str) -> Any:
-    return aws_session().client(service)  # type: ignore[call-overload]
+    """A client as the product builds it (aws_clients), from the shared session."""
+    return aws_clients.client(service, aws_session())
 
 
 @functools.cache

@@ -27,6 +27,7 @@ from moto import mock_aws
 from emulator.atomic_dynamodb import atomic_items
 from emulator.stack import LocalStack
 from emulator.step_functions import LambdaContext, function_arn
+from runner_pool.adapters import aws_clients
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.wiring import ControlPlane
@@ -326,8 +327,8 @@ def ingress_world(config: StackConfig | None = None) -> Iterator[IngressWorld]:
     with mock_aws(), atomic_items():
         services = ("sqs", "dynamodb", "secretsmanager", "stepfunctions")
         session = _session()
-        ours = {service: session.client(service) for service in (*services, "lambda", "iam")}
-        theirs = {service: session.client(service) for service in services}
+        ours = {service: aws_clients.client(service, session) for service in (*services, "lambda", "iam")}
+        theirs = {service: aws_clients.client(service, session) for service in services}
         calls: list[str] = []
 
         def record(model: Any, **_: Any) -> None:

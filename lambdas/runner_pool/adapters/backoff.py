@@ -1,4 +1,11 @@
-"""Retrying AWS calls that were throttled, with capped exponential backoff and full jitter."""
+"""Retrying a whole operation that AWS answered only in part, with capped exponential backoff and full jitter.
+
+Not for single calls: botocore retries those (aws_clients.ATTEMPTS). A call can succeed and still
+leave part of its work undone, which botocore cannot see: BatchGetItem answers with UnprocessedKeys
+when it throttles some reads, and DynamoDB asks for the rest to be asked again "using an exponential
+backoff algorithm" (https://docs.aws.amazon.com/amazondynamodb/latest/APIReference/API_BatchGetItem.html).
+An operation says so by raising Unfinished; each of its calls is still retried by botocore within.
+"""
 
 from __future__ import annotations
 
@@ -8,50 +15,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from botocore.exceptions import ClientError
+from runner_pool.adapters.aws_clients import ServiceBusyError
 
 T = TypeVar("T")
 
-THROTTLING_CODES = frozenset(
-    {
-        "ProvisionedThroughputExceededException",
-        "RequestLimitExceeded",
-        "ThrottlingException",
-        "Throttling",
-        "TooManyRequestsException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "SlowDown",
-        "InternalServerError",
-        "ServiceUnavailable",
-    }
-)
 
-
-class ServiceBusyError(RuntimeError):
-    """AWS kept throttling past every retry; the caller's own retry (Lambda, Step Functions) is next."""
-
-
-def error_code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
+class Unfinished(Exception):  # noqa: N818 - a signal to retry, not an error anybody sees
+    """The operation's call succeeded but left part of its work for another try."""
 
 
 @dataclass(frozen=True)
 class Backoff:
-    attempts: int = 6
+    attempts: int = 3
     base_seconds: float = 0.05
     cap_seconds: float = 2.0
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
 
     def call(self, operation: Callable[[], T]) -> T:
-        """Run `operation`, retrying only throttling; every other error goes straight to the caller."""
+        """Run `operation` until it finishes; ServiceBusyError if still unfinished after every attempt."""
         for attempt in range(self.attempts):
             try:
                 return operation()
-            except ClientError as exc:
-                if error_code(exc) not in THROTTLING_CODES:
-                    raise
+            except Unfinished as exc:
                 if attempt == self.attempts - 1:
-                    raise ServiceBusyError(f"still throttled after {self.attempts} attempts: {exc}") from exc
+                    raise ServiceBusyError(f"still unfinished after {self.attempts} attempts: {exc}") from exc
                 self.sleep(random.uniform(0, min(self.cap_seconds, self.base_seconds * 2**attempt)))  # noqa: S311
         raise AssertionError("unreachable: the loop returns or raises")

@@ -24,10 +24,10 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import boto3
 from botocore.exceptions import ClientError
 
-from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters import aws_clients
+from runner_pool.adapters.aws_clients import error_code
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.demand import BatchRole, BatchTurn, FollowUp, Reservation, RunMark, Sealing
 
@@ -72,34 +72,30 @@ class DynamoDbLedger:
         table_name: str,
         clock: Clock,
         client: DynamoDBClient | None = None,
-        backoff: Backoff | None = None,
     ) -> None:
         self._table = table_name
         self._clock = clock
-        self._client: DynamoDBClient = client or boto3.client("dynamodb")
-        self._backoff = backoff or Backoff()
+        self._client: DynamoDBClient = client or aws_clients.client("dynamodb")
 
     def reserve(self, job_id: int, holder: str, until: Epoch) -> Reservation:
         now = self._clock.now()
         try:
-            self._backoff.call(
-                lambda: self._client.put_item(
-                    TableName=self._table,
-                    Item={
-                        KEY_ATTRIBUTE: {"S": _job(job_id)},
-                        "state": {"S": RESERVED},
-                        "holder": {"S": holder},
-                        "lease_until": {"N": _number(until)},
-                        EXPIRY_ATTRIBUTE: {"N": self._expiry(now)},
-                    },
-                    # A reservation whose holder died lapses; started and cancelled jobs never do.
-                    ConditionExpression=(
-                        "attribute_not_exists(#id) OR (#state = :reserved AND lease_until < :now)"
-                    ),
-                    ExpressionAttributeNames={"#id": KEY_ATTRIBUTE, "#state": "state"},
-                    ExpressionAttributeValues={":reserved": {"S": RESERVED}, ":now": {"N": _number(now)}},
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+            self._client.put_item(
+                TableName=self._table,
+                Item={
+                    KEY_ATTRIBUTE: {"S": _job(job_id)},
+                    "state": {"S": RESERVED},
+                    "holder": {"S": holder},
+                    "lease_until": {"N": _number(until)},
+                    EXPIRY_ATTRIBUTE: {"N": self._expiry(now)},
+                },
+                # A reservation whose holder died lapses; started and cancelled jobs never do.
+                ConditionExpression=(
+                    "attribute_not_exists(#id) OR (#state = :reserved AND lease_until < :now)"
+                ),
+                ExpressionAttributeNames={"#id": KEY_ATTRIBUTE, "#state": "state"},
+                ExpressionAttributeValues={":reserved": {"S": RESERVED}, ":now": {"N": _number(now)}},
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":
@@ -159,19 +155,17 @@ class DynamoDbLedger:
 
     def remember_run_key(self, run_id: int, run_key: str, attempt: int) -> RunMark:
         try:
-            response = self._backoff.call(
-                lambda: self._client.update_item(
-                    TableName=self._table,
-                    Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
-                    UpdateExpression="ADD run_keys :key SET #expiry = :expiry",
-                    ConditionExpression="attribute_not_exists(completed_at)",
-                    ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
-                    ExpressionAttributeValues={
-                        ":key": {"SS": [run_key]},
-                        ":expiry": {"N": self._expiry(self._clock.now())},
-                    },
-                    ReturnValues="ALL_NEW",
-                )
+            response = self._client.update_item(
+                TableName=self._table,
+                Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
+                UpdateExpression="ADD run_keys :key SET #expiry = :expiry",
+                ConditionExpression="attribute_not_exists(completed_at)",
+                ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
+                ExpressionAttributeValues={
+                    ":key": {"SS": [run_key]},
+                    ":expiry": {"N": self._expiry(self._clock.now())},
+                },
+                ReturnValues="ALL_NEW",
             )
         except ClientError as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
@@ -182,14 +176,12 @@ class DynamoDbLedger:
 
     def mark_fork(self, run_id: int, attempt: int) -> None:
         now = self._clock.now()
-        self._backoff.call(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
-                UpdateExpression=f"SET {FORK_ATTRIBUTE} = :yes, #expiry = :expiry",
-                ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
-                ExpressionAttributeValues={":yes": {"BOOL": True}, ":expiry": {"N": self._expiry(now)}},
-            )
+        self._client.update_item(
+            TableName=self._table,
+            Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
+            UpdateExpression=f"SET {FORK_ATTRIBUTE} = :yes, #expiry = :expiry",
+            ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
+            ExpressionAttributeValues={":yes": {"BOOL": True}, ":expiry": {"N": self._expiry(now)}},
         )
 
     def complete_run(self, run_id: int, attempt: int) -> frozenset[str]:
@@ -197,15 +189,13 @@ class DynamoDbLedger:
         # Written for every run of the installation, ours or not, seen or not: the ledger cannot tell a
         # run that is not ours from one whose demand is still to come. A repeated completion keeps the
         # first time, and answers the run keys again, to release again.
-        response = self._backoff.call(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
-                UpdateExpression="SET completed_at = if_not_exists(completed_at, :now), #expiry = :expiry",
-                ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
-                ExpressionAttributeValues={":now": {"N": _number(now)}, ":expiry": {"N": self._expiry(now)}},
-                ReturnValues="ALL_NEW",
-            )
+        response = self._client.update_item(
+            TableName=self._table,
+            Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
+            UpdateExpression="SET completed_at = if_not_exists(completed_at, :now), #expiry = :expiry",
+            ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
+            ExpressionAttributeValues={":now": {"N": _number(now)}, ":expiry": {"N": self._expiry(now)}},
+            ReturnValues="ALL_NEW",
         )
         return _run_keys(response.get("Attributes", {}))
 
@@ -385,7 +375,7 @@ class DynamoDbLedger:
     def _conditional(self, write: Callable[[], object]) -> bool:
         """Run a conditional write; False when its condition did not hold."""
         try:
-            self._backoff.call(write)
+            write()
         except ClientError as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
                 return False

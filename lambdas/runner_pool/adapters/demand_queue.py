@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import boto3
 from botocore.exceptions import ClientError
 
-from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters import aws_clients
+from runner_pool.adapters.aws_clients import error_code
 from runner_pool.domain.demand import DemandMessage, to_body
 
 if TYPE_CHECKING:
@@ -28,19 +28,14 @@ class DemandQueueError(RuntimeError):
 
 
 class DemandQueue:
-    def __init__(
-        self, queue_url: str, client: SQSClient | None = None, backoff: Backoff | None = None
-    ) -> None:
+    def __init__(self, queue_url: str, client: SQSClient | None = None) -> None:
         self._url = queue_url
-        self._client: SQSClient = client or boto3.client("sqs")
-        self._backoff = backoff or Backoff()
+        self._client: SQSClient = client or aws_clients.client("sqs")
 
     def send(self, message: DemandMessage) -> str:
         """Queue one message; its SQS message id. Raises DemandQueueError when SQS did not take it."""
         try:
-            response = self._backoff.call(
-                lambda: self._client.send_message(QueueUrl=self._url, MessageBody=to_body(message))
-            )
+            response = self._client.send_message(QueueUrl=self._url, MessageBody=to_body(message))
         except ClientError as exc:
             raise DemandQueueError(error_code(exc), str(exc)) from exc
         return response["MessageId"]

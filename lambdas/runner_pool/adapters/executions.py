@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
-from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters import aws_clients
+from runner_pool.adapters.aws_clients import error_code
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
 
 
@@ -32,12 +32,10 @@ class Executions:
         provision_machine_arn: str,
         release_machine_arn: str,
         client: Any | None = None,
-        backoff: Backoff | None = None,
     ) -> None:
         self._provision_arn = provision_machine_arn
         self._release_arn = release_machine_arn
-        self._client: Any = client or boto3.client("stepfunctions")
-        self._backoff = backoff or Backoff()
+        self._client: Any = client or aws_clients.client("stepfunctions")
 
     def provision(self, request: ProvisionRequest) -> bool:
         return self.start(self._provision_arn, request.execution_name, request)
@@ -48,10 +46,8 @@ class Executions:
     def start(self, machine_arn: str, name: str, request: BaseModel) -> bool:
         """Start an execution named `name` with the request as its input; False if that name existed."""
         try:
-            self._backoff.call(
-                lambda: self._client.start_execution(
-                    stateMachineArn=machine_arn, name=name, input=request.model_dump_json()
-                )
+            self._client.start_execution(
+                stateMachineArn=machine_arn, name=name, input=request.model_dump_json()
             )
         except ClientError as exc:
             if error_code(exc) == "ExecutionAlreadyExists":

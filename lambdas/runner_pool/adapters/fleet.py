@@ -11,9 +11,9 @@ template (whose AMI boots only one architecture) is chosen per Arch, and `CpuMan
 restricts EC2's choice to types of that architecture (Graviton is arm64, Intel and AMD are
 x86_64), so EC2 is never left to pair an arm64 AMI with an x86_64 type.
 
-Every call is retried on throttling with the same parameters; CreateFleet's ClientToken makes a
-retried or replayed call (a retried Lambda, a redriven step) return the first call's result
-instead of launching again.
+botocore retries every call on throttling with the same parameters (aws_clients); CreateFleet's
+ClientToken makes a retried or replayed call (a retried Lambda, a redriven step) return the first
+call's result instead of launching again.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import boto3
 from botocore.exceptions import ClientError
 
-from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters import aws_clients
+from runner_pool.adapters.aws_clients import error_code
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import FleetSettings
 from runner_pool.domain.fleet import (
@@ -151,14 +151,13 @@ class InstanceTypeCatalog:
     """
 
     client: EC2Client
-    backoff: Backoff = field(default_factory=Backoff)
     _shapes: dict[str, InstanceShape] = field(default_factory=dict, init=False)
 
     def shapes(self, instance_types: Iterable[str]) -> dict[str, InstanceShape]:
         wanted = set(instance_types)
         missing = sorted(wanted - self._shapes.keys())
         for chunk in _chunks(missing, INSTANCE_TYPES_BATCH):
-            for page in _pages(self.backoff, functools.partial(self._describe, chunk)):
+            for page in _pages(functools.partial(self._describe, chunk)):
                 for info in page.get("InstanceTypes", []):
                     archs = info.get("ProcessorInfo", {}).get("SupportedArchitectures", [])
                     self._shapes[info["InstanceType"]] = InstanceShape(
@@ -180,13 +179,11 @@ class Fleet:
         self,
         setup: FleetSetup,
         client: EC2Client | None = None,
-        backoff: Backoff | None = None,
         catalog: InstanceTypeCatalog | None = None,
     ) -> None:
         self._setup = setup
-        self._client: EC2Client = client or boto3.client("ec2")
-        self._backoff = backoff or Backoff()
-        self._catalog = catalog or InstanceTypeCatalog(self._client, self._backoff)
+        self._client: EC2Client = client or aws_clients.client("ec2")
+        self._catalog = catalog or InstanceTypeCatalog(self._client)
 
     # --- creation ------------------------------------------------------------------------------
 
@@ -198,7 +195,7 @@ class Fleet:
         """
         params = self.fleet_request(request)
         try:
-            response = self._backoff.call(lambda: self._client.create_fleet(**params))
+            response = self._client.create_fleet(**params)
         except ClientError as exc:
             raise FleetRequestError(
                 error_code(exc), str(exc.response.get("Error", {}).get("Message", ""))
@@ -324,7 +321,7 @@ class Fleet:
 
     def _terminate_batch(self, instance_ids: list[str]) -> dict[str, Termination]:
         try:
-            response = self._backoff.call(lambda: self._client.terminate_instances(InstanceIds=instance_ids))
+            response = self._client.terminate_instances(InstanceIds=instance_ids)
         except ClientError as exc:
             if error_code(exc) in UNKNOWN_INSTANCE_CODES:
                 return self._sort_out_unknown(instance_ids)
@@ -383,7 +380,7 @@ class Fleet:
                 return self._client.describe_instances(Filters=filters, MaxResults=PAGE_SIZE)
             return self._client.describe_instances(Filters=filters, MaxResults=PAGE_SIZE, NextToken=token)
 
-        for response in _pages(self._backoff, page):
+        for response in _pages(page):
             for reservation in response.get("Reservations", []):
                 yield from reservation.get("Instances", [])
 
@@ -432,11 +429,11 @@ def _chunks(items: Sequence[_Item], size: int) -> Iterator[list[_Item]]:
         yield list(items[start : start + size])
 
 
-def _pages(backoff: Backoff, page: Callable[[str | None], Any]) -> Iterator[Any]:
-    """Every page of a paginated call, each fetched with throttling retries; `page(token)` fetches one."""
+def _pages(page: Callable[[str | None], Any]) -> Iterator[Any]:
+    """Every page of a paginated call; `page(token)` fetches one."""
     token: str | None = None
     while True:
-        response = backoff.call(functools.partial(page, token))
+        response = page(token)
         yield response
         token = response.get("NextToken")
         if not token:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
+from runner_pool.adapters import aws_clients
 
 _INSTANCE_RESOURCE = ":instance/"
 
@@ -35,7 +35,7 @@ class InstanceArns:
         defaults to a client of the same region. One GetCallerIdentity call, which needs no permission.
         """
         region: str = client.meta.region_name
-        sts = sts or boto3.client("sts", region_name=region)
+        sts = sts or aws_clients.client("sts", region_name=region)
         account_id: str = sts.get_caller_identity()["Account"]
         return cls(partition=client.meta.partition, region=region, account_id=account_id)
 

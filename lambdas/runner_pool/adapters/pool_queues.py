@@ -20,9 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-import boto3
-
-from runner_pool.adapters.backoff import Backoff
+from runner_pool.adapters import aws_clients
 from runner_pool.domain.pickup import RECEIVE_BATCH, ReceivedMessage
 from runner_pool.domain.records import PoolMessage
 
@@ -56,12 +54,10 @@ class PoolQueues:
         self,
         queue_urls: Mapping[str, str],
         client: SQSClient | None = None,
-        backoff: Backoff | None = None,
         wait_seconds: int = DEFAULT_WAIT_SECONDS,
     ) -> None:
         self._urls = dict(queue_urls)
-        self._client: SQSClient = client or boto3.client("sqs")
-        self._backoff = backoff or Backoff()
+        self._client: SQSClient = client or aws_clients.client("sqs")
         self._wait_seconds = wait_seconds
 
     def receive(self, resource_class: str) -> list[ReceivedMessage]:
@@ -70,10 +66,8 @@ class PoolQueues:
         # answer empty, and an empty answer makes pickup give up and launch a new instance. A long
         # poll asks every server and returns as soon as one message is there; it only costs its
         # wait when the queue really is empty, where the caller is about to launch anyway.
-        response = self._backoff.call(
-            lambda: self._client.receive_message(
-                QueueUrl=url, MaxNumberOfMessages=RECEIVE_BATCH, WaitTimeSeconds=self._wait_seconds
-            )
+        response = self._client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=RECEIVE_BATCH, WaitTimeSeconds=self._wait_seconds
         )
         return [
             ReceivedMessage(receipt=message["ReceiptHandle"], message=_parse(message.get("Body", "")))
@@ -87,9 +81,7 @@ class PoolQueues:
             return {"Id": entry_id, "ReceiptHandle": receipt}
 
         def delete_chunk(entries: list[DeleteMessageBatchRequestEntryTypeDef]) -> list[str]:
-            response = self._backoff.call(
-                lambda: self._client.delete_message_batch(QueueUrl=url, Entries=entries)
-            )
+            response = self._client.delete_message_batch(QueueUrl=url, Entries=entries)
             return [failed["Id"] for failed in response.get("Failed", [])]
 
         return _in_batches(receipts, entry, delete_chunk)
@@ -103,16 +95,14 @@ class PoolQueues:
             return {"Id": entry_id, "MessageBody": message.to_body(), "DelaySeconds": delay_seconds}
 
         def send_chunk(entries: list[SendMessageBatchRequestEntryTypeDef]) -> list[str]:
-            response = self._backoff.call(
-                lambda: self._client.send_message_batch(QueueUrl=url, Entries=entries)
-            )
+            response = self._client.send_message_batch(QueueUrl=url, Entries=entries)
             return [failed["Id"] for failed in response.get("Failed", [])]
 
         return _in_batches(messages, entry, send_chunk)
 
     def offer(self, message: PoolMessage) -> None:
         url = self._url(message.resource_class)
-        self._backoff.call(lambda: self._client.send_message(QueueUrl=url, MessageBody=message.to_body()))
+        self._client.send_message(QueueUrl=url, MessageBody=message.to_body())
 
     def _url(self, resource_class: str) -> str:
         url = self._urls.get(resource_class)

@@ -15,14 +15,13 @@ run key and no sweep shard, so they stay out of both of the table's indexes.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import boto3
 from botocore.exceptions import ClientError
 
-from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters import aws_clients
+from runner_pool.adapters.aws_clients import error_code
 from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from runner_pool.domain.clock import Clock, Epoch
 
@@ -55,14 +54,12 @@ class RecentDemand:
         table_name: str,
         clock: Clock,
         client: DynamoDBClient | None = None,
-        backoff: Backoff | None = None,
         *,
         retention_seconds: float = 2 * 3600.0,
     ) -> None:
         self._table = table_name
         self._clock = clock
-        self._client: DynamoDBClient = client or boto3.client("dynamodb")
-        self._backoff = backoff or Backoff()
+        self._client: DynamoDBClient = client or aws_clients.client("dynamodb")
         self._retention = retention_seconds
 
     def note(
@@ -81,26 +78,24 @@ class RecentDemand:
         now = self._clock.now()
         run = RecentRun(repository, run_id, attempt, frozenset({run_key}), now, now + busy_for)
         marks = ", single_use = :single_use" if single_use else ""
-        self._backoff.call(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key=_key(run.key),
-                UpdateExpression=(
-                    "SET repository = :repository, run_id = :run_id, attempt = :attempt, "
-                    f"demand_at = :now, busy_until = :busy, #ttl = :ttl{marks} ADD run_keys :run_keys"
-                ),
-                ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE},
-                ExpressionAttributeValues={
-                    ":repository": {"S": repository},
-                    ":run_id": {"N": str(run_id)},
-                    ":attempt": {"N": str(attempt)},
-                    ":now": {"N": repr(now)},
-                    ":busy": {"N": repr(run.busy_until)},
-                    ":ttl": {"N": str(int(now + self._retention))},
-                    ":run_keys": {"SS": [run_key]},
-                    **({":single_use": {"BOOL": True}} if single_use else {}),
-                },
-            )
+        self._client.update_item(
+            TableName=self._table,
+            Key=_key(run.key),
+            UpdateExpression=(
+                "SET repository = :repository, run_id = :run_id, attempt = :attempt, "
+                f"demand_at = :now, busy_until = :busy, #ttl = :ttl{marks} ADD run_keys :run_keys"
+            ),
+            ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE},
+            ExpressionAttributeValues={
+                ":repository": {"S": repository},
+                ":run_id": {"N": str(run_id)},
+                ":attempt": {"N": str(attempt)},
+                ":now": {"N": repr(now)},
+                ":busy": {"N": repr(run.busy_until)},
+                ":ttl": {"N": str(int(now + self._retention))},
+                ":run_keys": {"SS": [run_key]},
+                **({":single_use": {"BOOL": True}} if single_use else {}),
+            },
         )
 
     def runs(self) -> list[RecentRun]:
@@ -116,7 +111,7 @@ class RecentDemand:
             }
             if start is not None:
                 request["ExclusiveStartKey"] = start
-            page = self._backoff.call(functools.partial(self._client.query, **request))
+            page = self._client.query(**request)
             found += [_run(item) for item in page.get("Items", [])]
             start = page.get("LastEvaluatedKey")
             if not start:
@@ -124,37 +119,31 @@ class RecentDemand:
 
     def reconciled(self, run: RecentRun) -> None:
         now = self._clock.now()
-        self._backoff.call(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key=_key(run.key),
-                UpdateExpression="SET reconciled_at = :now",
-                ExpressionAttributeValues={":now": {"N": repr(now)}},
-            )
+        self._client.update_item(
+            TableName=self._table,
+            Key=_key(run.key),
+            UpdateExpression="SET reconciled_at = :now",
+            ExpressionAttributeValues={":now": {"N": repr(now)}},
         )
 
     def busy(self, run: RecentRun, busy_for: float) -> None:
         """A provision was started for the run (by refresh): leave it alone until it has had its chance."""
         until = self._clock.now() + busy_for
-        self._backoff.call(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key=_key(run.key),
-                UpdateExpression="SET busy_until = :until",
-                ExpressionAttributeValues={":until": {"N": repr(until)}},
-            )
+        self._client.update_item(
+            TableName=self._table,
+            Key=_key(run.key),
+            UpdateExpression="SET busy_until = :until",
+            ExpressionAttributeValues={":until": {"N": repr(until)}},
         )
 
     def forget(self, run: RecentRun) -> None:
         """Unless the run had new demand since it was read (its demand_at moved on)."""
         try:
-            self._backoff.call(
-                lambda: self._client.delete_item(
-                    TableName=self._table,
-                    Key=_key(run.key),
-                    ConditionExpression="demand_at = :seen",
-                    ExpressionAttributeValues={":seen": {"N": repr(run.demand_at)}},
-                )
+            self._client.delete_item(
+                TableName=self._table,
+                Key=_key(run.key),
+                ConditionExpression="demand_at = :seen",
+                ExpressionAttributeValues={":seen": {"N": repr(run.demand_at)}},
             )
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":

@@ -15,10 +15,10 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import boto3
 from botocore.exceptions import ClientError
 
-from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters import aws_clients
+from runner_pool.adapters.aws_clients import error_code
 from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.registration_budget import Bucket, Grant, take, wait_seconds
@@ -44,7 +44,6 @@ class DynamoDbRegistrationBudget:
         burst: int,
         clock: Clock,
         client: DynamoDBClient | None = None,
-        backoff: Backoff | None = None,
     ) -> None:
         if per_minute <= 0 or burst < 1:
             raise ValueError("a registration budget needs a positive rate and a burst of at least one")
@@ -53,8 +52,7 @@ class DynamoDbRegistrationBudget:
         self._per_second = per_minute / 60.0
         self._capacity = float(burst)
         self._clock = clock
-        self._client: DynamoDBClient = client or boto3.client("dynamodb")
-        self._backoff = backoff or Backoff()
+        self._client: DynamoDBClient = client or aws_clients.client("dynamodb")
 
     def take(self, wanted: int) -> Grant:
         for _ in range(TAKE_ATTEMPTS):
@@ -73,14 +71,12 @@ class DynamoDbRegistrationBudget:
         # Not guarded by the version: a refund that lands twice (a lost answer retried) adds a token
         # too many, which the capacity caps at the next take; it never takes one from anybody.
         try:
-            self._backoff.call(
-                lambda: self._client.update_item(
-                    TableName=self._table,
-                    Key=self._key,
-                    UpdateExpression="ADD tokens :count, version :one",
-                    ConditionExpression="attribute_exists(tokens)",
-                    ExpressionAttributeValues={":count": {"N": str(count)}, ":one": {"N": "1"}},
-                )
+            self._client.update_item(
+                TableName=self._table,
+                Key=self._key,
+                UpdateExpression="ADD tokens :count, version :one",
+                ConditionExpression="attribute_exists(tokens)",
+                ExpressionAttributeValues={":count": {"N": str(count)}, ":one": {"N": "1"}},
             )
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":
@@ -90,20 +86,18 @@ class DynamoDbRegistrationBudget:
     def hold_off(self, seconds: float) -> None:
         until = self._clock.now() + seconds
         try:
-            self._backoff.call(
-                lambda: self._client.update_item(
-                    TableName=self._table,
-                    Key=self._key,
-                    # Empty until the hold ends, then refilling from there: no burst the moment it ends.
-                    UpdateExpression="SET tokens = :zero, #at = :until, held_until = :until ADD version :one",
-                    ConditionExpression="attribute_not_exists(held_until) OR held_until < :until",
-                    ExpressionAttributeNames={"#at": "at"},
-                    ExpressionAttributeValues={
-                        ":zero": {"N": "0"},
-                        ":until": {"N": repr(until)},
-                        ":one": {"N": "1"},
-                    },
-                )
+            self._client.update_item(
+                TableName=self._table,
+                Key=self._key,
+                # Empty until the hold ends, then refilling from there: no burst the moment it ends.
+                UpdateExpression="SET tokens = :zero, #at = :until, held_until = :until ADD version :one",
+                ConditionExpression="attribute_not_exists(held_until) OR held_until < :until",
+                ExpressionAttributeNames={"#at": "at"},
+                ExpressionAttributeValues={
+                    ":zero": {"N": "0"},
+                    ":until": {"N": repr(until)},
+                    ":one": {"N": "1"},
+                },
             )
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":
@@ -115,9 +109,7 @@ class DynamoDbRegistrationBudget:
         return _bucket(self._read())
 
     def _read(self) -> dict[str, Any] | None:
-        response = self._backoff.call(
-            lambda: self._client.get_item(TableName=self._table, Key=self._key, ConsistentRead=True)
-        )
+        response = self._client.get_item(TableName=self._table, Key=self._key, ConsistentRead=True)
         item: dict[str, Any] | None = response.get("Item")
         return item
 
@@ -138,14 +130,12 @@ class DynamoDbRegistrationBudget:
             "taker": {"S": taker},
         }
         try:
-            self._backoff.call(
-                lambda: self._client.put_item(
-                    TableName=self._table,
-                    Item=item,
-                    ConditionExpression=condition,
-                    ExpressionAttributeValues=values,
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+            self._client.put_item(
+                TableName=self._table,
+                Item=item,
+                ConditionExpression=condition,
+                ExpressionAttributeValues=values,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":

@@ -17,16 +17,15 @@ until the new config is stored the old one, for the same run key, is still there
 
 from __future__ import annotations
 
-import functools
 import math
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import boto3
 from botocore.exceptions import ClientError
 
-from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters import aws_clients
+from runner_pool.adapters.aws_clients import error_code
 from runner_pool.adapters.instance_arns import names_instance
 from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from runner_pool.domain.clock import Clock
@@ -83,15 +82,13 @@ class RunnerCredentials:
         key_id: str | None = None,
         dynamodb: DynamoDBClient | None = None,
         kms: Any = None,
-        backoff: Backoff | None = None,
     ) -> None:
         self._table = table_name
         self._timeouts = timeouts
         self._clock = clock
         self._key_id = key_id
-        self._dynamodb: DynamoDBClient = dynamodb or boto3.client("dynamodb")
-        self._kms: Any = kms or boto3.client("kms")
-        self._backoff = backoff or Backoff()
+        self._dynamodb: DynamoDBClient = dynamodb or aws_clients.client("dynamodb")
+        self._kms: Any = kms or aws_clients.client("kms")
 
     def store(
         self, instance_id: str, arn: str, run_key: str, jit_config: str, runner_id: int | None = None
@@ -109,9 +106,7 @@ class RunnerCredentials:
             for start in range(0, max(len(plaintext), 1), KMS_MAX_PLAINTEXT_BYTES)
         ]
         context = {ENCRYPTION_CONTEXT_KEY: arn}
-        ciphertexts = [
-            self._backoff.call(functools.partial(self._encrypt, chunk, context)) for chunk in chunks
-        ]
+        ciphertexts = [self._encrypt(chunk, context) for chunk in chunks]
         now = self._clock.now()
         config_id = uuid.uuid4().hex
         item: dict[str, Any] = {
@@ -125,19 +120,17 @@ class RunnerCredentials:
         }
         if runner_id is not None:
             item[RUNNER_ID_ATTRIBUTE] = {"N": str(runner_id)}
-        self._backoff.call(lambda: self._dynamodb.put_item(TableName=self._table, Item=item))
+        self._dynamodb.put_item(TableName=self._table, Item=item)
         return config_id
 
     def stored_runner(self, instance_id: str, arn: str) -> tuple[str, int | None] | None:
         """(run key, runner id) of the config stored for the instance, without decrypting it; None if none."""
         _check_arn(instance_id, arn)
-        response = self._backoff.call(
-            lambda: self._dynamodb.get_item(
-                TableName=self._table,
-                Key={PARTITION_KEY: {"S": arn}, SORT_KEY: {"S": RUNNER_CONFIG_ITEM}},
-                ConsistentRead=True,
-                ProjectionExpression=f"{CONFIG_RUN_KEY_ATTRIBUTE}, {RUNNER_ID_ATTRIBUTE}",
-            )
+        response = self._dynamodb.get_item(
+            TableName=self._table,
+            Key={PARTITION_KEY: {"S": arn}, SORT_KEY: {"S": RUNNER_CONFIG_ITEM}},
+            ConsistentRead=True,
+            ProjectionExpression=f"{CONFIG_RUN_KEY_ATTRIBUTE}, {RUNNER_ID_ATTRIBUTE}",
         )
         item = response.get("Item")
         if item is None or CONFIG_RUN_KEY_ATTRIBUTE not in item:
@@ -152,12 +145,10 @@ class RunnerCredentials:
         and ServiceBusyError when DynamoDB or KMS kept throttling.
         """
         _check_arn(instance_id, arn)
-        response = self._backoff.call(
-            lambda: self._dynamodb.get_item(
-                TableName=self._table,
-                Key={PARTITION_KEY: {"S": arn}, SORT_KEY: {"S": RUNNER_CONFIG_ITEM}},
-                ConsistentRead=True,
-            )
+        response = self._dynamodb.get_item(
+            TableName=self._table,
+            Key={PARTITION_KEY: {"S": arn}, SORT_KEY: {"S": RUNNER_CONFIG_ITEM}},
+            ConsistentRead=True,
         )
         item = response.get("Item")
         if item is None or item.get(CONFIG_RUN_KEY_ATTRIBUTE, {}).get("S") != run_key:
@@ -185,7 +176,7 @@ class RunnerCredentials:
         if self._key_id is not None:
             request["KeyId"] = self._key_id
         try:
-            plaintext: bytes = self._backoff.call(lambda: self._kms.decrypt(**request)["Plaintext"])
+            plaintext: bytes = self._kms.decrypt(**request)["Plaintext"]
         except ClientError as exc:
             if error_code(exc) in _UNREADABLE_CODES:
                 raise CredentialsUnreadableError(

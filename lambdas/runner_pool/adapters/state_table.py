@@ -21,7 +21,6 @@ and gets a TTL, and so do heartbeat and signal items on every write.
 
 from __future__ import annotations
 
-import functools
 import threading
 import uuid
 import zlib
@@ -30,11 +29,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-import boto3
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from runner_pool.adapters.backoff import Backoff, error_code
+from runner_pool.adapters import aws_clients
+from runner_pool.adapters.aws_clients import error_code
+from runner_pool.adapters.backoff import Backoff, Unfinished
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import ReuseScope, ReuseSettings, Timeouts
@@ -108,12 +108,14 @@ class StateTable:
         *,
         arns: InstanceArns | None = None,
     ) -> None:
-        """`arns` turns instance ids into the ARNs items are keyed by; without it, they are those of
-        the client's region and of the account STS names as the caller's, asked once, when first needed."""
+        """`backoff` paces the retries of `observe`'s unprocessed keys (botocore retries each single call:
+        aws_clients). `arns` turns instance ids into the ARNs items are keyed by; without it, they are
+        those of the client's region and of the account STS names as the caller's, asked once, when
+        first needed."""
         self._table = table_name
         self._timeouts = timeouts
         self._clock = clock
-        self._client: DynamoDBClient = client or boto3.client("dynamodb")
+        self._client: DynamoDBClient = client or aws_clients.client("dynamodb")
         self._backoff = backoff or Backoff()
         self._arns = arns
         self._arns_lock = threading.Lock()
@@ -156,13 +158,11 @@ class StateTable:
             SWEEP_SHARD_ATTRIBUTE: {"S": sweep_shard(facts.instance_id)},
         }
         try:
-            self._backoff.call(
-                lambda: self._client.put_item(
-                    TableName=self._table,
-                    Item=item,
-                    ConditionExpression="attribute_not_exists(pk)",
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+            self._client.put_item(
+                TableName=self._table,
+                Item=item,
+                ConditionExpression="attribute_not_exists(pk)",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
             current = _lost_race_record(exc)
@@ -418,24 +418,20 @@ class StateTable:
             "finished_at": _value(now),
             TTL_ATTRIBUTE: _value(self._expiry(now)),
         }
-        self._backoff.call(lambda: self._client.put_item(TableName=self._table, Item=item))
+        self._client.put_item(TableName=self._table, Item=item)
 
     def run_finished(self, run_key: str) -> bool:
-        response = self._backoff.call(
-            lambda: self._client.get_item(
-                TableName=self._table,
-                Key=_key(FINISHED_RUN_PREFIX + run_key, FINISHED_RUN_ITEM),
-                ConsistentRead=True,
-            )
+        response = self._client.get_item(
+            TableName=self._table,
+            Key=_key(FINISHED_RUN_PREFIX + run_key, FINISHED_RUN_ITEM),
+            ConsistentRead=True,
         )
         return "Item" in response
 
     def read_marker(self, name: str) -> float | None:
         """A marker's value (e.g. refresh's redelivery high-water mark); None if it was never set."""
-        response = self._backoff.call(
-            lambda: self._client.get_item(
-                TableName=self._table, Key=_key(MARKER_PREFIX + name, MARKER_ITEM), ConsistentRead=True
-            )
+        response = self._client.get_item(
+            TableName=self._table, Key=_key(MARKER_PREFIX + name, MARKER_ITEM), ConsistentRead=True
         )
         item = response.get("Item")
         return None if item is None else float(_from_item(item)[MARKER_ATTRIBUTE])
@@ -445,7 +441,7 @@ class StateTable:
 
         Runs that overlap (two refreshes) both read a marker; whichever moves it first owns what it
         stands for, and the other gets False and leaves that work alone. A move whose answer was lost
-        and that is retried (by botocore or the backoff) meets its own write: the token it wrote beside
+        and that is retried (by botocore) meets its own write: the token it wrote beside
         the value tells it so, and it has won (issue 12, defect 6).
         """
         mover = uuid.uuid4().hex
@@ -456,15 +452,13 @@ class StateTable:
             condition = f"{MARKER_ATTRIBUTE} = :expected"
             values[":expected"] = _value(expected)
         try:
-            self._backoff.call(
-                lambda: self._client.update_item(
-                    TableName=self._table,
-                    Key=_key(MARKER_PREFIX + name, MARKER_ITEM),
-                    UpdateExpression=f"SET {MARKER_ATTRIBUTE} = :value, {MARKER_MOVER} = :mover",
-                    ConditionExpression=condition,
-                    ExpressionAttributeValues=values,
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+            self._client.update_item(
+                TableName=self._table,
+                Key=_key(MARKER_PREFIX + name, MARKER_ITEM),
+                UpdateExpression=f"SET {MARKER_ATTRIBUTE} = :value, {MARKER_MOVER} = :mover",
+                ConditionExpression=condition,
+                ExpressionAttributeValues=values,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":
@@ -476,12 +470,10 @@ class StateTable:
     # --- reads ---------------------------------------------------------------------------------
 
     def get(self, instance_id: str) -> InstanceRecord | None:
-        response = self._backoff.call(
-            lambda: self._client.get_item(
-                TableName=self._table,
-                Key=self._instance_key(instance_id, STATE_ITEM),
-                ConsistentRead=True,
-            )
+        response = self._client.get_item(
+            TableName=self._table,
+            Key=self._instance_key(instance_id, STATE_ITEM),
+            ConsistentRead=True,
         )
         item = response.get("Item")
         return None if item is None else _to_record(item)
@@ -567,17 +559,10 @@ class StateTable:
             items.update({item[SORT_KEY]["S"]: item for item in response["Responses"].get(self._table, [])})
             pending = dict(response.get("UnprocessedKeys") or {})
             if pending:
-                # DynamoDB leaves keys unprocessed when it throttles: retried, with backoff, like throttling.
-                raise ClientError(
-                    {
-                        "Error": {
-                            "Code": "ProvisionedThroughputExceededException",
-                            "Message": "unprocessed keys",
-                        }
-                    },
-                    "BatchGetItem",
-                )
+                raise Unfinished(f"{len(pending[self._table]['Keys'])} keys unprocessed")
 
+        # The one whole operation retried here: a BatchGetItem that succeeded but left keys unprocessed
+        # (it does when some reads are throttled), which botocore's retries cannot see.
         self._backoff.call(fetch)
         state = items.get(STATE_ITEM)
         heartbeat = items.get(HEARTBEAT_ITEM)
@@ -698,17 +683,15 @@ class StateTable:
         is_replay: Callable[[InstanceRecord], bool],
     ) -> TransitionResult:
         try:
-            response = self._backoff.call(
-                lambda: self._client.update_item(
-                    TableName=self._table,
-                    Key=self._instance_key(instance_id, STATE_ITEM),
-                    UpdateExpression=update,
-                    ConditionExpression=f"attribute_exists(pk) AND {condition}",
-                    ExpressionAttributeNames=names,
-                    ExpressionAttributeValues=values,
-                    ReturnValues="ALL_NEW",
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+            response = self._client.update_item(
+                TableName=self._table,
+                Key=self._instance_key(instance_id, STATE_ITEM),
+                UpdateExpression=update,
+                ConditionExpression=f"attribute_exists(pk) AND {condition}",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
             current = _lost_race_record(exc)
@@ -720,7 +703,7 @@ class StateTable:
     def _query(self, **request: Any) -> Iterator[InstanceRecord]:
         start: dict[str, Any] | None = None
         while True:
-            page = self._backoff.call(functools.partial(self._query_page, request, start))
+            page = self._query_page(request, start)
             for item in page.get("Items", []):
                 yield _to_record(item)
             start = page.get("LastEvaluatedKey")
@@ -738,13 +721,11 @@ class StateTable:
             **self._instance_key(instance_id, kind),
             TTL_ATTRIBUTE: _value(self._expiry(now)),
         }
-        self._backoff.call(lambda: self._client.put_item(TableName=self._table, Item=item))
+        self._client.put_item(TableName=self._table, Item=item)
 
     def _get_agent_item(self, instance_id: str, kind: str) -> dict[str, Any] | None:
-        response = self._backoff.call(
-            lambda: self._client.get_item(
-                TableName=self._table, Key=self._instance_key(instance_id, kind), ConsistentRead=True
-            )
+        response = self._client.get_item(
+            TableName=self._table, Key=self._instance_key(instance_id, kind), ConsistentRead=True
         )
         item = response.get("Item")
         return None if item is None else _from_item(item)

@@ -21,7 +21,7 @@ from aws_lambda_powertools.utilities.parameters import SecretsProvider
 from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
 from botocore.exceptions import ClientError
 
-from runner_pool.adapters.backoff import error_code
+from runner_pool.adapters.aws_clients import error_code
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.webhooks import signature_matches
 

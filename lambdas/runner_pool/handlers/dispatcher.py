@@ -79,13 +79,11 @@ def _dispatcher(plane: ControlPlane) -> Dispatcher:
         settings.require("idempotency_table_name", "the demand ledger"),
         plane.clock,
         plane.client("dynamodb"),
-        plane.backoff,
     )
     executions = Executions(
         settings.require("provision_state_machine_arn", "starting provisions"),
         settings.require("release_state_machine_arn", "starting releases"),
         plane.client("stepfunctions"),
-        plane.backoff,
     )
     return Dispatcher(ledger, executions, plane.clock, plane.pause)
 

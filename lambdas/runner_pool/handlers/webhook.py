@@ -136,9 +136,7 @@ def _ingress() -> _Ingress:
 
 def _build(plane: ControlPlane) -> _Ingress:
     settings = plane.settings
-    queue = DemandQueue(
-        settings.require("demand_queue_url", "queuing demand"), plane.client("sqs"), plane.backoff
-    )
+    queue = DemandQueue(settings.require("demand_queue_url", "queuing demand"), plane.client("sqs"))
 
     def enqueue(*, delivery: dict[str, str], message: DemandMessage, summary: str) -> dict[str, Any]:
         queue.send(message)

@@ -1,0 +1,131 @@
+"""Every AWS client of the product, built here with the one retry policy: how often a call is tried.
+
+botocore retries each call, and nothing else does: standard mode, ATTEMPTS tries in all
+(https://boto3.amazonaws.com/v1/documentation/api/latest/guide/retries.html, "Standard retry mode").
+`total_max_attempts` counts the first try too; the older `max_attempts` key counts only retries
+(botocore PR #1972, "Add support for new retry modes"). It is set explicitly because standard mode's
+default differs by service (DynamoDB's is 4 since the cross-SDK retry revision, aws-sdk-go-v2 PR #3400).
+The house `Backoff` retries only whole operations a successful call left undone (see backoff.py).
+
+A call botocore gave up on because AWS stayed busy (throttling, or a transient 5xx) raises
+ServiceBusyError, the product's own error, which the caller's own retry takes from there: the
+agent's loop, Step Functions' Retry (release.asl.json names it), SQS redelivering to the dispatcher.
+
+Worst case, as botocore 1.44 computes a retry's delay (botocore/retries/standard.py,
+ExponentialBackoff): the i-th retry (0-based) waits rand(0, 1) * min(base * 2**i, 20 s), base 1 s for
+throttling; a response carrying `x-amz-retry-after` may raise a wait to at most 5 s more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+ATTEMPTS = 3
+"""How many times one call is tried in all, a throttled one included: the figure, stated once."""
+
+CONNECT_TIMEOUT_SECONDS = 2
+READ_TIMEOUT_SECONDS = 10
+"""A hung attempt ends within these (botocore's defaults are 60 s each), and counts as an attempt."""
+
+THROTTLING_BASE_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 20.0
+RETRY_AFTER_EXTRA_SECONDS = 5.0
+"""botocore's ExponentialBackoff: throttling_base_scale, _MAX_BACKOFF, _RETRY_AFTER_MAX_ADDITIONAL."""
+
+
+def throttled_wait_seconds(*, retry_after: bool = True) -> float:
+    """The longest a throttled call waits between its attempts (its answers come on top)."""
+    extra = RETRY_AFTER_EXTRA_SECONDS if retry_after else 0.0
+    return float(
+        sum(
+            min(THROTTLING_BASE_SECONDS * 2**retry, MAX_BACKOFF_SECONDS) + extra
+            for retry in range(ATTEMPTS - 1)
+        )
+    )
+
+
+def hung_call_seconds() -> float:
+    """The longest a call whose every attempt hangs can take: each attempt times out, then is retried.
+
+    Non-throttling retries wait at most 50 ms * 2**i (botocore's non-throttling base scale)."""
+    waits = sum(0.05 * 2**retry for retry in range(ATTEMPTS - 1))
+    return float(ATTEMPTS * (CONNECT_TIMEOUT_SECONDS + READ_TIMEOUT_SECONDS) + waits)
+
+
+CLIENT_CONFIG = Config(
+    retries={"mode": "standard", "total_max_attempts": ATTEMPTS},
+    connect_timeout=CONNECT_TIMEOUT_SECONDS,
+    read_timeout=READ_TIMEOUT_SECONDS,
+)
+
+THROTTLING_CODES = frozenset(
+    {
+        # botocore's standard mode (ThrottledRetryableChecker) retries exactly these as throttling.
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "TransactionInProgressException",
+        "RequestLimitExceeded",
+        "BandwidthLimitExceeded",
+        "LimitExceededException",
+        "RequestThrottled",
+        "SlowDown",
+        "EC2ThrottledException",
+    }
+)
+TRANSIENT_CODES = frozenset(
+    {
+        # ...and these as transient (TransientRetryableChecker), with the 5xx codes AWS names them by.
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        "InternalServerError",
+        "InternalFailure",
+        "ServiceUnavailable",
+    }
+)
+BUSY_STATUS_CODES = frozenset({429, 500, 502, 503, 504})
+"""HTTP statuses standard mode retries whatever the error code (429 as throttling, 5xx as transient)."""
+
+
+class ServiceBusyError(RuntimeError):
+    """AWS stayed busy through every attempt botocore made; the caller's own retry is next."""
+
+
+def error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def is_busy(code: str, status: int | None = None) -> bool:
+    """Whether an AWS error is one standard mode retries: AWS was busy, not the request wrong."""
+    return code in THROTTLING_CODES or code in TRANSIENT_CODES or status in BUSY_STATUS_CODES
+
+
+def client(service: str, session: boto3.session.Session | None = None, **options: Any) -> Any:
+    """A client of `service` with the product's retry policy; `options` as boto3's (endpoint, region...)."""
+    factory: Any = session or boto3  # boto3.client: the default session, shared by the process's clients
+    return with_busy_errors(factory.client(service, config=CLIENT_CONFIG, **options))
+
+
+def with_busy_errors(made: Any) -> Any:
+    """`made` raises ServiceBusyError for a call AWS kept busy (for clients the caller configured itself)."""
+    made.meta.events.register("after-call", _raise_when_busy, unique_id="runner-pool-busy")
+    return made
+
+
+def _raise_when_busy(http_response: Any, parsed: dict[str, Any], model: Any, **_: Any) -> None:
+    # after-call comes once per call, after botocore's last attempt: this is the answer the caller gets.
+    status = getattr(http_response, "status_code", 200)
+    if status < 300:
+        return
+    code = str(parsed.get("Error", {}).get("Code", ""))
+    if is_busy(code, status):
+        attempts = parsed.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
+        raise ServiceBusyError(f"{model.name}: AWS answered {code or status} to each of {attempts} attempts")

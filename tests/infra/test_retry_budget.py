@@ -1,0 +1,36 @@
+"""One retry layer (issue 17): every function's timeout outlasts a call AWS throttles through every attempt."""
+
+from __future__ import annotations
+
+from runner_pool.adapters import aws_clients
+from tests.infra.synthesis import Synthesis
+from tests.infra.test_functions import functions
+
+GITHUB_DELIVERY_TIMEOUT_SECONDS = 10
+"""GitHub gives up on a delivery not answered within 10 s
+(https://docs.github.com/en/webhooks/using-webhooks/best-practices-for-using-webhooks#respond-within-10-seconds)."""
+WEBHOOK = "webhook.receive"
+
+
+def test_the_waits_of_a_throttled_call_are_the_stated_figures() -> None:
+    # Given ATTEMPTS = 3: two retries, waiting at most 1 s and 2 s (rand(0, 1) * 2**i, throttling base
+    # 1 s), each raised by at most 5 s if AWS asks for it with x-amz-retry-after
+    # Then the worst case is 3 s, or 13 s with the retry-after allowance
+    assert aws_clients.ATTEMPTS == 3
+    assert aws_clients.throttled_wait_seconds(retry_after=False) == 3.0
+    assert aws_clients.throttled_wait_seconds() == 13.0
+
+
+def test_every_function_outlasts_a_call_throttled_through_every_attempt(synthesis: Synthesis) -> None:
+    # Given every Lambda as synthesised, and the longest a throttled call can wait between its attempts
+    worst = aws_clients.throttled_wait_seconds()
+    timeouts = {handler: properties["Timeout"] for handler, properties in functions(synthesis).items()}
+    # Then each function ends a call AWS kept throttling with ServiceBusyError, not with its own timeout
+    too_short = {
+        handler: timeout for handler, timeout in timeouts.items() if handler != WEBHOOK and timeout <= worst
+    }
+    assert too_short == {}, f"timeouts shorter than a throttled call's {worst} s of waits: {too_short}"
+    # And the webhook, whose timeout is GitHub's 10 s, outlasts the waits of a call AWS throttles
+    # without a retry-after; one that waits longer fails the delivery, which refresh redelivers, as a 503
+    assert timeouts[WEBHOOK] == GITHUB_DELIVERY_TIMEOUT_SECONDS
+    assert aws_clients.throttled_wait_seconds(retry_after=False) < timeouts[WEBHOOK]

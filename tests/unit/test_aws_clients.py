@@ -1,0 +1,55 @@
+"""The one retry policy: every client the product builds retries in standard mode, ATTEMPTS times in all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runner_pool.adapters import aws_clients
+from runner_pool.environment import ControlPlaneSettings
+from runner_pool.wiring import ControlPlane
+
+STANDARD = {"mode": "standard", "total_max_attempts": aws_clients.ATTEMPTS}
+"""botocore's client config for standard mode with a total number of attempts, the first included
+(https://boto3.amazonaws.com/v1/documentation/api/latest/guide/retries.html)."""
+
+
+def retries_of(client: Any) -> dict[str, Any]:
+    return dict(client.meta.config.retries)
+
+
+@pytest.mark.parametrize("service", ["dynamodb", "sqs", "ec2", "kms", "stepfunctions", "secretsmanager"])
+def test_a_lambdas_clients_retry_as_stated(service: str) -> None:
+    # Given a control plane built from its environment, as a Lambda's cold start builds it
+    plane = ControlPlane(ControlPlaneSettings(table_name="t"))
+    # When it makes a client / Then the client retries in standard mode, ATTEMPTS times in all
+    assert retries_of(plane.client(service)) == STANDARD
+
+
+def test_the_agents_clients_retry_as_stated() -> None:
+    # Given the clients `python -m agent` builds (from a session of the instance's region)
+    import boto3  # noqa: PLC0415
+
+    session = boto3.session.Session(region_name="us-east-1")
+    # Then they retry as the Lambdas' do, and give up with the product's own error
+    for service in ("dynamodb", "kms", "ec2"):
+        assert retries_of(aws_clients.client(service, session)) == STANDARD
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "busy"),
+    [
+        ("ProvisionedThroughputExceededException", 400, True),
+        ("ThrottlingException", 400, True),
+        ("RequestLimitExceeded", 503, True),
+        ("InternalServerError", 500, True),
+        ("SomethingNew", 503, True),
+        ("ConditionalCheckFailedException", 400, False),
+        ("ResourceNotFoundException", 400, False),
+        ("AccessDeniedException", 400, False),
+    ],
+)
+def test_busy_is_what_standard_mode_retries(code: str, status: int, busy: bool) -> None:
+    # Given an AWS error / Then it is "busy" exactly when botocore's standard mode would have retried it
+    assert aws_clients.is_busy(code, status) is busy
