@@ -33,10 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
-
-from runner_pool.adapters import aws_clients
 
 RESOLVE_SSM = "resolve:ssm:"
 """How a launch template names its AMI by an SSM parameter, resolved at launch."""
@@ -114,9 +113,10 @@ class SimulatedEc2:
 
     Capacity knobs: `capacity[market]` is how many more instances of that market EC2 has (None, the
     default, is unlimited); `subnet_capacity[subnet_id]` limits one subnet across both markets.
-    `fail_next(n, code)` makes the next n CreateFleet calls fail as a whole with that error code, as the
-    client reports it after its own retries: a code botocore retries (RequestLimitExceeded) comes out
-    as the ServiceBusyError a client built by `aws_clients` raises once its attempts are spent.
+    `fail_next(n, code)` makes the next n CreateFleet calls fail as a whole with that error code: each
+    is the answer to every attempt of the call, so a client built by `aws_clients` turns a code botocore
+    retries (RequestLimitExceeded) into its ServiceBusyError, as it does when the simulator answers a
+    Lambda's call from beneath its client (emulator/lambda_runtime.py).
     `calls` counts CreateFleet calls (failed, replayed and launching ones), `launched` the instances.
     `ssm` is the Parameter Store client that `resolve:ssm:` AMIs are read with.
     """
@@ -157,6 +157,22 @@ class SimulatedEc2:
     # --- CreateFleet ---------------------------------------------------------------------------
 
     def create_fleet(self, **params: Any) -> dict[str, Any]:
+        """CreateFleet as a caller of the client sees it: an error goes through the client's own
+        after-call handlers first, as an answer given from beneath the client does."""
+        try:
+            return self.answer_create_fleet(**params)
+        except ClientError as refused:
+            status = refused.response["ResponseMetadata"]["HTTPStatusCode"]
+            self._client.meta.events.emit(
+                "after-call.ec2.CreateFleet",
+                http_response=AWSResponse("https://ec2.test/", status, {}, None),
+                parsed=refused.response,
+                model=self._client.meta.service_model.operation_model("CreateFleet"),
+                context={},
+            )
+            raise
+
+    def answer_create_fleet(self, **params: Any) -> dict[str, Any]:
         """CreateFleet of type instant, answered as EC2 answers it; see the module docstring."""
         operation = self._client.meta.service_model.operation_model("CreateFleet")
         validate_parameters(params, operation.input_shape)
@@ -164,10 +180,7 @@ class SimulatedEc2:
             self.calls["CreateFleet"] += 1
             if self._failures:
                 code, message = self._failures.pop(0)
-                error = _client_error(code, message)
-                if aws_clients.is_busy(code, error.response["ResponseMetadata"]["HTTPStatusCode"]):
-                    raise aws_clients.ServiceBusyError(f"CreateFleet: EC2 answered {code} to every attempt")
-                raise error
+                raise _client_error(code, message)
             if params.get("Type") != "instant":
                 raise _client_error(
                     "InvalidParameterValue",

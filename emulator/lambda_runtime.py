@@ -731,7 +731,7 @@ class LambdaRuntime:
                     return {"error": denied_answer(service, checked)}
             if service == "ec2" and operation == "CreateFleet" and self._ec2 is not None:
                 try:
-                    return {"response": self._ec2.create_fleet(**params)}
+                    return {"response": self._ec2.answer_create_fleet(**params)}
                 except ClientError as refused:
                     return {"error": refused.response}
         except Exception as fault:  # the emulator's own failure: fail the call, and the test that made it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from runner_pool.adapters import aws_clients
 from tests.infra.synthesis import Synthesis
 from tests.infra.test_functions import functions
@@ -34,3 +36,16 @@ def test_every_function_outlasts_a_call_throttled_through_every_attempt(synthesi
     # without a retry-after; one that waits longer fails the delivery, which refresh redelivers, as a 503
     assert timeouts[WEBHOOK] == GITHUB_DELIVERY_TIMEOUT_SECONDS
     assert aws_clients.throttled_wait_seconds(retry_after=False) < timeouts[WEBHOOK]
+
+
+def test_a_call_whose_every_attempt_hangs_ends_within_the_stated_bound(synthesis: Synthesis) -> None:
+    # Given 3 attempts, each given up after 2 s to connect and 10 s to read, with transient waits of at
+    # most 50 ms and 100 ms between them (botocore's non-throttling base scale)
+    bound = aws_clients.hung_call_seconds()
+    # Then such a call ends within 36.15 s: within the functions that launch and dump (CreateFleet can
+    # be slow), while a 30 s step is ended by its own timeout first, and its state machine retries it
+    # like any failure (every step is idempotent)
+    assert bound == pytest.approx(36.15)
+    timeouts = {handler: properties["Timeout"] for handler, properties in functions(synthesis).items()}
+    outlasting = sorted(handler for handler, timeout in timeouts.items() if timeout > bound)
+    assert {"provision.create", "provision.dump"} <= set(outlasting), outlasting

@@ -7,13 +7,13 @@ import fnmatch
 import threading
 from typing import Any, NamedTuple
 
-import boto3
 import pytest
 from botocore.exceptions import ClientError, ParamValidationError
 from botocore.validate import validate_parameters
 
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.resources import create_fleet_setup
+from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import ServiceBusyError
 from runner_pool.adapters.fleet import RESOURCE_CLASS_TAG, RUN_KEY_TAG, Fleet, FleetSetup, LaunchTemplate
 from runner_pool.domain.config import FleetSettings, StackConfig
@@ -28,7 +28,7 @@ FALLBACK_ON = FleetSettings(spot_fallback_to_on_demand=True)
 
 @pytest.fixture
 def ec2(aws: None) -> Any:
-    return boto3.client("ec2", region_name=REGION)
+    return aws_clients.client("ec2", region_name=REGION)
 
 
 @pytest.fixture

@@ -49,9 +49,9 @@ def throttled_wait_seconds(*, retry_after: bool = True) -> float:
 
 
 def hung_call_seconds() -> float:
-    """The longest a call whose every attempt hangs can take: each attempt times out, then is retried.
-
-    Non-throttling retries wait at most 50 ms * 2**i (botocore's non-throttling base scale)."""
+    """The longest a call whose every attempt hangs can take: each attempt times out, then is retried
+    after at most 50 ms * 2**i (botocore's non-throttling base scale). 36.15 s: longer than a 30 s
+    function, whose own timeout then ends it and whose caller retries it (see test_retry_budget.py)."""
     waits = sum(0.05 * 2**retry for retry in range(ATTEMPTS - 1))
     return float(ATTEMPTS * (CONNECT_TIMEOUT_SECONDS + READ_TIMEOUT_SECONDS) + waits)
 
