@@ -293,9 +293,9 @@ class FleetEc2(SimulatedEc2):
         super().__init__(client)
         self.launches: Counter[str] = Counter()
 
-    def create_fleet(self, **params: Any) -> dict[str, Any]:
+    def answer_create_fleet(self, **params: Any) -> dict[str, Any]:
         replayed = self.calls["CreateFleet replayed"]
-        response = super().create_fleet(**params)
+        response = super().answer_create_fleet(**params)
         if self.calls["CreateFleet replayed"] == replayed:
             tags = [tag for spec in params.get("TagSpecifications", []) for tag in spec.get("Tags", [])]
             self.launches[next((t["Value"] for t in tags if t["Key"] == LAUNCH_TAG), "")] += 1
