@@ -314,7 +314,7 @@ def test_without_an_image_instances_boot_the_base_ami_and_the_next_launch_after_
 ) -> None:
     # Given launch templates shaped as the stack's: each boots the stack's image parameter, which the
     # stack creates holding the base AMI (infra/constructs/instances.py), and no image built yet
-    ssm = boto3.client("ssm", region_name=REGION)
+    ssm = aws_clients.client("ssm", region_name=REGION)
     base = create_fleet_setup(ec2, STACK)
     base_ami = {
         arch: ec2.describe_launch_template_versions(LaunchTemplateId=t.template_id, Versions=["$Default"])[
@@ -333,7 +333,7 @@ def test_without_an_image_instances_boot_the_base_ami_and_the_next_launch_after_
             )["LaunchTemplate"]["LaunchTemplateId"]
         )
     setup = dataclasses.replace(base, templates=templates)
-    fleet = Fleet(setup, SimulatedEc2(ec2, ssm=ssm), NO_WAIT)  # type: ignore[arg-type]
+    fleet = Fleet(setup, SimulatedEc2(ec2, ssm=ssm))  # type: ignore[arg-type]
 
     # When runners are launched
     first = fleet.launch(request_for(config, "pool=42", count=2, key="before"))
@@ -355,7 +355,7 @@ def test_a_launch_whose_image_parameter_is_missing_is_refused(
     aws: None, ec2: Any, config: StackConfig
 ) -> None:
     # Given a launch template naming an image parameter that does not exist
-    ssm = boto3.client("ssm", region_name=REGION)
+    ssm = aws_clients.client("ssm", region_name=REGION)
     base = create_fleet_setup(ec2, STACK)
     template = ec2.create_launch_template(
         LaunchTemplateName=f"{STACK}-missing", LaunchTemplateData={"ImageId": "resolve:ssm:/nowhere/x64"}
@@ -365,5 +365,5 @@ def test_a_launch_whose_image_parameter_is_missing_is_refused(
 
     # When runners are launched / Then EC2 refuses the call, and nothing is launched
     with pytest.raises(FleetRequestError):
-        Fleet(setup, simulated, NO_WAIT).launch(request_for(config, count=1))  # type: ignore[arg-type]
+        Fleet(setup, simulated).launch(request_for(config, count=1))  # type: ignore[arg-type]
     assert ec2_instance_count(ec2) == 0

@@ -245,27 +245,25 @@ class DynamoDbLedger:
     ) -> dict[str, Any] | None:
         """Open a new follow-up window when none is pending; None when opened, else the item as it is."""
         try:
-            self._backoff.call(
-                lambda: self._client.update_item(
-                    TableName=self._table,
-                    Key=key,
-                    UpdateExpression=(
-                        "SET repository = :repository, run_key = :run_key, opened_at = :now, "
-                        "closes_at = :closes, limit_at = :limit, #expiry = :expiry "
-                        "REMOVE leader, lease_until, sealed, started, jobs, public_jobs"
-                    ),
-                    ConditionExpression=_SETTLED,
-                    ExpressionAttributeNames={"#id": KEY_ATTRIBUTE, "#expiry": EXPIRY_ATTRIBUTE},
-                    ExpressionAttributeValues={
-                        ":repository": {"S": repository},
-                        ":run_key": {"S": run_key},
-                        ":now": {"N": _number(now)},
-                        ":closes": {"N": _number(closes_at)},
-                        ":limit": {"N": _number(limit_at)},
-                        ":expiry": {"N": str(int(now + BATCH_RETENTION_SECONDS))},
-                    },
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+            self._client.update_item(
+                TableName=self._table,
+                Key=key,
+                UpdateExpression=(
+                    "SET repository = :repository, run_key = :run_key, opened_at = :now, "
+                    "closes_at = :closes, limit_at = :limit, #expiry = :expiry "
+                    "REMOVE leader, lease_until, sealed, started, jobs, public_jobs"
+                ),
+                ConditionExpression=_SETTLED,
+                ExpressionAttributeNames={"#id": KEY_ATTRIBUTE, "#expiry": EXPIRY_ATTRIBUTE},
+                ExpressionAttributeValues={
+                    ":repository": {"S": repository},
+                    ":run_key": {"S": run_key},
+                    ":now": {"N": _number(now)},
+                    ":closes": {"N": _number(closes_at)},
+                    ":limit": {"N": _number(limit_at)},
+                    ":expiry": {"N": str(int(now + BATCH_RETENTION_SECONDS))},
+                },
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":
@@ -308,16 +306,14 @@ class DynamoDbLedger:
                 "lease_until = if_not_exists(lease_until, :lease), closes_at = :closes"
             )
         try:
-            response = self._backoff.call(
-                lambda: self._client.update_item(
-                    TableName=self._table,
-                    Key=key,
-                    UpdateExpression=update,
-                    ConditionExpression=_ABANDONED if take_over else _JOINABLE,
-                    ExpressionAttributeValues=values,
-                    ExpressionAttributeNames={"#id": KEY_ATTRIBUTE},
-                    ReturnValues="ALL_NEW",
-                )
+            response = self._client.update_item(
+                TableName=self._table,
+                Key=key,
+                UpdateExpression=update,
+                ConditionExpression=_ABANDONED if take_over else _JOINABLE,
+                ExpressionAttributeValues=values,
+                ExpressionAttributeNames={"#id": KEY_ATTRIBUTE},
+                ReturnValues="ALL_NEW",
             )
         except ClientError as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
@@ -333,22 +329,18 @@ class DynamoDbLedger:
     def seal(self, repository: str, run_key: str, holder: str) -> Sealing:
         now = self._clock.now()
         try:
-            response = self._backoff.call(
-                lambda: self._client.update_item(
-                    TableName=self._table,
-                    Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
-                    UpdateExpression="SET sealed = :yes",
-                    ConditionExpression=(
-                        "leader = :me AND attribute_not_exists(started) AND closes_at <= :now"
-                    ),
-                    ExpressionAttributeValues={
-                        ":yes": {"BOOL": True},
-                        ":me": {"S": holder},
-                        ":now": {"N": _number(now)},
-                    },
-                    ReturnValues="ALL_NEW",
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+            response = self._client.update_item(
+                TableName=self._table,
+                Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
+                UpdateExpression="SET sealed = :yes",
+                ConditionExpression=("leader = :me AND attribute_not_exists(started) AND closes_at <= :now"),
+                ExpressionAttributeValues={
+                    ":yes": {"BOOL": True},
+                    ":me": {"S": holder},
+                    ":now": {"N": _number(now)},
+                },
+                ReturnValues="ALL_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":
