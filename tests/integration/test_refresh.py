@@ -17,7 +17,8 @@ import pytest
 
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.fleet import LaunchRequest
-from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.lifecycle import InstanceState, Outcome
+from runner_pool.domain.pickup import still_offered
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.refresh import ORPHAN_GRACE_SECONDS, RefreshReport, refresh_tick
 from runner_pool.handlers.refresh import RefreshIncompleteError, refresh_of
@@ -467,3 +468,121 @@ def test_a_refresh_killed_after_terminating_converges_on_the_next_run(local: Loc
     assert all(local.record(r.instance_id).state is InstanceState.TERMINATED for r in due)
     assert report["terminated"] == {"running": 1, "idle": 1, "created": 1}
     assert report["orphans_terminated"] == 0
+
+
+# --- the warm minimum kept, not replaced ------------------------------------------------------------
+
+
+def offered(local: LocalControlPlane) -> dict[str, set[float]]:
+    """The thresholds each pooled instance's messages carry."""
+    found: dict[str, set[float]] = {}
+    for message in local.drain_pool():
+        found.setdefault(message.instance_id, set()).add(message.threshold)
+    return found
+
+
+def test_the_warm_minimums_idle_instances_are_kept_past_their_idle_time_not_replaced(
+    warm: LocalControlPlane,
+) -> None:
+    # Given the two pooled instances of the warm minimum, a minute before their idle time runs out,
+    # their agents beating
+    pooled = warm.pooled(2)
+    warm.clock.advance(warm.config.timeouts.idle_seconds - ONE_TICK)
+    for record in pooled:
+        warm.table.write_heartbeat(record.instance_id)
+    # When refresh runs
+    report = warm.refresh()
+    # Then both are renewed, nothing is launched, and each is offered again under its new threshold
+    assert (report["renewed"], report["launched"]) == ({"large": 2}, {})
+    renewed = [warm.record(r.instance_id) for r in pooled]
+    assert all(r.state is InstanceState.IDLE and r.threshold is not None for r in renewed)
+    assert all(r.threshold == warm.clock.now() + warm.config.timeouts.idle_seconds for r in renewed)
+    messages = offered(warm)
+    assert all(r.threshold in messages[r.instance_id] for r in renewed)
+    # And the message of the old idle period no longer speaks for the instance
+    old, new = PoolMessage.for_idle(pooled[0]), PoolMessage.for_idle(renewed[0])
+    assert not still_offered(old, renewed[0], warm.clock.now())
+    assert still_offered(new, renewed[0], warm.clock.now())
+    # When the old idle time has passed and refresh runs again / Then they are still there, none terminated
+    warm.clock.advance(2 * ONE_TICK)
+    for record in pooled:
+        warm.table.write_heartbeat(record.instance_id)
+    later = warm.refresh()
+    assert (later["terminated"], later["launched"], later["idle"]["large"]) == ({}, {}, 2)
+
+
+def test_only_as_many_as_the_minimum_needs_are_renewed_and_the_surplus_runs_out() -> None:
+    # Given a minimum of one and two pooled instances about to run out of idle time
+    with local_control_plane(stack_config(warm_pool_minimum={"large": 1})) as plane:
+        pooled = plane.pooled(2)
+        plane.clock.advance(plane.config.timeouts.idle_seconds - ONE_TICK)
+        for record in pooled:
+            plane.table.write_heartbeat(record.instance_id)
+        # When refresh runs / Then one is renewed
+        assert plane.refresh()["renewed"] == {"large": 1}
+        # And once the other's idle time has passed, it alone is terminated and nothing is launched
+        plane.clock.advance(2 * ONE_TICK)
+        for record in pooled:
+            plane.table.write_heartbeat(record.instance_id)
+        later = plane.refresh()
+        assert (later["terminated"], later["launched"]) == ({"idle": 1}, {})
+        accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def test_an_instance_reuse_would_retire_while_idle_is_replaced_not_renewed() -> None:
+    # Given a minimum of two, reuse.max_age_minutes shorter than two idle periods, and two pooled
+    # instances about to run out of idle time, their agents beating
+    config = stack_config(warm_pool_minimum={"large": 2}, reuse={"max_age_minutes": 15})
+    with local_control_plane(config) as plane:
+        pooled = plane.pooled(2)
+        plane.clock.advance(plane.config.timeouts.idle_seconds - ONE_TICK)
+        for record in pooled:
+            plane.table.write_heartbeat(record.instance_id)
+        # When refresh runs / Then neither is renewed: each would pass its max age while idle
+        assert plane.refresh()["renewed"] == {}
+        # And once their idle time has passed they are terminated and replaced by launches
+        plane.clock.advance(2 * ONE_TICK)
+        later = plane.refresh()
+        assert (later["terminated"], later["launched"]) == ({"idle": 2}, {"large": 2})
+        accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def test_an_idle_instance_whose_agent_went_silent_is_not_renewed(warm: LocalControlPlane) -> None:
+    # Given the warm minimum's two instances about to run out of idle time, one agent beating, one silent
+    beating, silent = warm.pooled(2)
+    warm.clock.advance(warm.config.timeouts.idle_seconds - ONE_TICK)
+    warm.table.write_heartbeat(beating.instance_id)
+    # When refresh runs / Then only the beating one is renewed; the silent one is left to expire
+    assert warm.refresh()["renewed"] == {"large": 1}
+    assert warm.record(silent.instance_id).threshold == silent.threshold
+
+
+def test_a_renewal_loses_to_a_claim_that_came_first_and_offers_nothing(local: LocalControlPlane) -> None:
+    # Given an idle instance read by refresh, then claimed by a provision before refresh renews it
+    (record,) = local.pooled()
+    local.drain_pool()
+    assert local.table.claim(record.instance_id, RUN, "claim-1").succeeded
+    # When refresh's renewal arrives with the threshold it read
+    assert record.threshold is not None
+    result = local.table.renew_idle(record.instance_id, record.threshold)
+    # Then it is lost: the claim stands, and the record is as the claim left it
+    assert result.outcome is Outcome.LOST
+    after = local.record(record.instance_id)
+    assert (after.state, after.run_key) == (InstanceState.CLAIMED, RUN)
+
+
+def test_a_renewal_sent_again_after_its_answer_was_lost_is_a_replay(
+    local: LocalControlPlane,
+) -> None:
+    # Given an idle instance renewed once, a minute into its idle time
+    (record,) = local.pooled()
+    assert record.threshold is not None
+    local.clock.advance(ONE_TICK)
+    first = local.table.renew_idle(record.instance_id, record.threshold)
+    assert first.outcome is Outcome.APPLIED
+    # When the same renewal is sent again (its answer was lost) / Then it is a replay, the threshold kept
+    again = local.table.renew_idle(record.instance_id, record.threshold)
+    assert again.outcome is Outcome.REPLAYED
+    assert again.record == first.record
