@@ -8,20 +8,32 @@ event source mappings", services-sqs-scaling.html); the emulator's event source 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
 from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.fake_github import Conclusion, JobSpec
-from emulator.world import World
+from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from infra.constructs.ingress import DEMAND_BATCHING_WINDOW_SECONDS
-from tests.e2e.conftest import LABEL, completed, eventually
+from tests.e2e.conftest import FAST_INSTANCES, LABEL, LAMBDA_POLLER_TIMERS, completed, eventually
 
 pytestmark = pytest.mark.slow
 
 OLD_BATCHING_WINDOW_SECONDS = 1.0
 """The event source's batching window before issue 15, in front of every run's first job."""
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[World]:
+    """The whole system with the dispatcher read by Lambda's five pollers."""
+    config = compressed_config(timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8})
+    with world(
+        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=LAMBDA_POLLER_TIMERS
+    ) as running:
+        yield running
 
 
 def requested(system: World) -> int:
