@@ -378,11 +378,7 @@ class Actions:
         payload = payloads.workflow_job(
             action, job, run, self.state.repository_id(run.repository), self._installation_id(run)
         )
-        # One job's events go out in order (queued, in_progress, completed); different jobs' events go
-        # out side by side, as GitHub sends a matrix's deliveries: it promises no order between
-        # deliveries ("Best practices for using webhooks": handle them out of order; the receiver
-        # here does, tests/integration/test_dispatcher.py).
-        return "workflow_job", action, payload, f"{run.run_id}/{job.job_id}"
+        return "workflow_job", action, payload, str(run.run_id)
 
     def _run_event(self, action: str, run: FakeWorkflowRun) -> Event:
         payload = payloads.workflow_run(

@@ -6,8 +6,7 @@ It never retries a failed delivery on its own: the attempt is listed by the App'
 API, and whoever wants it asks for a redelivery.
 
 Events go out from a few sender threads, so a slow receiver does not hold up the runner or the test
-that caused them; events of one job go out in the order they happened, events of different jobs of
-a run side by side (GitHub promises no order between deliveries). A test can tell
+that caused them; events of one workflow run go out in the order they happened. A test can tell
 the sender to drop the next matching events: they are recorded as failed attempts that never
 reached the receiver, as when the endpoint could not be reached.
 """
