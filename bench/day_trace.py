@@ -11,9 +11,9 @@ released instance is retired or pooled (`reuse.retire_reason`: `max_jobs`, `max_
 pool instance pickup still offers (`reuse.too_old`), the refresh period (`refresh_rate_minutes`), and
 the volume size (`instances.root_volume_gib`). What refresh does is modelled as refresh does it
 (lambdas/runner_pool/domain/refresh.py): each tick terminates what is due, then admits booted pool
-instances, then renews the minimum's idle instances before their idle time runs out (`to_renew`, the
-product's own rule) and launches the shortfall below the minimum, counting idle instances whose idle
-time has not passed and pool instances still booting.
+instances, then launches the shortfall below the minimum, counting idle instances whose idle time has
+not passed and pool instances still booting. An idle instance at the minimum is not kept: its idle
+time runs out and refresh replaces it, as the product does today.
 
 What the product does not do yet, modelled from issue 16, item 2 (the stopped tier): an idle instance
 whose idle time passes is stopped instead of terminated while the class has fewer than
@@ -56,7 +56,6 @@ from runner_pool.domain.config import (
 )
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, UsageClass
-from runner_pool.domain.refresh import to_renew
 from runner_pool.prices import gp3_hourly, on_demand_hourly
 
 DAY = date(2026, 11, 24)
@@ -336,7 +335,6 @@ class DaySimulation:
 
     def _keep_minimums(self, now: Epoch) -> None:
         hot_minimum = self._config.warm_minimum(RESOURCE_CLASS, now)
-        self._renew(hot_minimum, now)
         idle = sum(1 for i in self._instances if i.tier is Tier.IDLE and i.threshold > now)
         booting = sum(1 for i in self._instances if i.tier is Tier.BOOTING and not i.for_stopped)
         for _ in range(hot_minimum - idle - booting):
@@ -349,15 +347,6 @@ class DaySimulation:
         )
         for _ in range(stopped_minimum - stopped):
             self._launch_for_pool(now, for_stopped=True)
-
-    def _renew(self, minimum: int, now: Epoch) -> None:
-        """Refresh keeps the minimum's idle instances by beginning their idle time anew; which ones is the
-        product's own rule (domain/refresh.py `to_renew`)."""
-        idle = [i for i in self._instances if i.tier is Tier.IDLE and i.threshold > now]
-        by_id = {self._idle_record(instance, now).instance_id: instance for instance in idle}
-        records = [self._idle_record(instance, now) for instance in idle]
-        for record in to_renew(records, minimum, now, self._config):
-            by_id[record.instance_id].threshold = now + self._config.timeouts.idle_seconds
 
     # --- instances
 
@@ -397,12 +386,6 @@ class DaySimulation:
             instance.billed_seconds += billed
             self.outcome.billed_seconds += billed
             instance.running_since = None
-
-    def _idle_record(self, instance: Instance, now: Epoch) -> InstanceRecord:
-        """The idle instance as the product's records would hold it in the pool."""
-        return self._record(instance, now).model_copy(
-            update={"state": InstanceState.IDLE, "run_key": None, "threshold": instance.threshold}
-        )
 
     def _record(self, instance: Instance, now: Epoch) -> InstanceRecord:
         """The instance as the product's records would hold it at release, for `reuse.retire_reason`."""
@@ -516,9 +499,9 @@ def _explain(
     cheapest = min(totals, key=lambda name: totals[name][0])
     table.note(
         f"Cheapest per job: {cheapest} (${totals[cheapest][0]:.5f}); a pool buys queued→ready with idle "
-        f"instance time. Launches beyond cold jobs are pool launches: refresh renews the minimum's idle "
-        f"instances until reuse.max_age_minutes would retire them, then launches their replacements "
-        f"(domain/refresh.py to_renew)."
+        f"instance time. Launches beyond cold jobs are pool launches: refresh lets an idle instance at the "
+        f"minimum run out its idle time and launches its replacement, so an unused pool is relaunched "
+        f"every idle time plus a boot (domain/refresh.py)."
     )
     for image in ("install", "baked"):
         hot_cost, hot_p95 = totals[f"hot_{image}"]

@@ -68,17 +68,17 @@ def test_a_hot_pool_larger_than_the_peak_leaves_no_cold_job_after_the_first() ->
     assert outcome.ready_seconds[1:] == [pytest.approx(HOT_SECONDS)] * 30
 
 
-def test_a_pool_at_its_minimum_is_kept_until_reuse_retires_it_not_relaunched_every_idle_time() -> None:
-    # Given the product's refresh: the minimum's idle instances are renewed before their idle time runs
-    # out (domain/refresh.py to_renew), until reuse.max_age_minutes (360) would retire them
+def test_a_pool_at_its_minimum_is_relaunched_every_idle_time_as_refresh_does_today() -> None:
+    # Given the product's refresh: an idle instance whose idle time passes is terminated as due, and the
+    # minimum counts only idle instances whose idle time has not passed (domain/refresh.py _keep_warm)
     policy = Policy("two", StackConfig(warm_pool_minimum={"large": working_hours_minimum(2)}), baked=False)
     # And one job before the window opens, so the pool serves nothing all day
     outcome = DaySimulation(policy, FIXED, seed=1).run([Job(0, at(7), 60.0)])
-    # Then from 08:00 to 18:00 the pool is launched twice (at 08:00, and ~6 h later when the first two
-    # reach their max age), plus the job's instance: not 50 cycles of 2 as when refresh replaced them
-    assert outcome.launches == 1 + 2 * 2
-    # And the pool is billed for the whole window, with no boot gap each idle period
-    assert outcome.billed_seconds >= 2 * 10 * 3600
+    # Then each pool instance lives one cycle: launched at a tick, admitted at the next after its 75 s
+    # boot (120 s), due 600 s later (720 s); from 08:00 to 18:00 that is 50 cycles of 2, plus the job's
+    assert outcome.launches == 1 + 50 * 2
+    # And every one of those is billed: 60 s minimum or more each
+    assert outcome.billed_seconds >= 101 * 60
 
 
 def test_a_stopped_instance_serves_a_job_in_the_stopped_path_time_and_pays_only_its_volume_while_stopped() -> (

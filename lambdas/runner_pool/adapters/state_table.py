@@ -234,31 +234,6 @@ class StateTable:
             ),
         )
 
-    def renew_idle(self, instance_id: str, seen_threshold: Epoch) -> TransitionResult:
-        """idle → idle, its idle time begun anew: refresh keeps a warm minimum's instance instead of
-        letting it expire and launching another in its place. Only while the record still has the
-        threshold refresh read (no claim, release or other renewal came between) and it has not passed;
-        a pool message carrying the old threshold no longer speaks for the instance (pickup.still_offered).
-        """
-        now = self._clock.now()
-        return self._transition(
-            instance_id,
-            now,
-            expect_states=(InstanceState.IDLE,),
-            expect_run_key=None,
-            new_state=None,
-            threshold_in=self._timeouts.idle_seconds,
-            extra_conditions=["#threshold = :seen"],
-            extra_values={":seen": _value(seen_threshold)},
-            is_replay=lambda r: (
-                r.state is InstanceState.IDLE
-                and r.run_key is None
-                and r.threshold is not None
-                and r.threshold > seen_threshold
-                and not r.threshold_passed(now)
-            ),
-        )
-
     def quarantine(self, instance_id: str, runner_id: int) -> TransitionResult:
         """any live → expired, while the record still holds the hand-off to `runner_id`: GitHub gave that
         runner a job of another run or repository (issue 14, item 1), so the instance must never serve

@@ -56,9 +56,6 @@ class RefreshReport:
     unready: int = 0
     """Instances launched for the pool whose agent reported UD_FAILED; expired."""
     launched: Counter[str] = field(default_factory=Counter)
-    renewed: Counter[str] = field(default_factory=Counter)
-    """Idle instances of a warm minimum whose idle time was begun anew, so they stay instead of being
-    replaced by a launch."""
     idle: dict[str, int] = field(default_factory=dict)
     """Idle instances per class before the top-up: the pool's size."""
     minimum: dict[str, int] = field(default_factory=dict)
@@ -77,37 +74,6 @@ class RefreshReport:
     def as_json(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it rebuilds a Counter from its items, counting them again.
         return {name: dict(value) if isinstance(value, dict) else value for name, value in vars(self).items()}
-
-
-RENEWAL_RUNS_AHEAD = 2
-"""A warm minimum's idle instance is renewed once its idle time would run out within this many
-scheduled runs: a run that is late or fails still leaves the next one time to do it."""
-
-
-def to_renew(
-    idle: Sequence[InstanceRecord], minimum: int, now: Epoch, config: StackConfig
-) -> list[InstanceRecord]:
-    """Which of one class's idle instances to keep by beginning their idle time anew.
-
-    Without renewal a pool at its minimum is replaced every idle period: each instance expires, is
-    terminated, and refresh launches another, which is short for a boot (a minimum of 2 kept for 10 h
-    cost 100 launches in the day-trace model). Kept are those whose idle time runs out before the next
-    runs, as many as the minimum needs beyond the instances that outlast them, youngest first; never
-    one that reuse would retire before its renewed idle time is over.
-    """
-    horizon = now + RENEWAL_RUNS_AHEAD * config.refresh_rate_minutes * 60
-    known = [record for record in idle if record.threshold is not None]
-    lasting = sum(1 for record in known if record.threshold is not None and record.threshold > horizon)
-    renewed_until = now + config.timeouts.idle_seconds
-    expiring = [
-        record
-        for record in known
-        if record.threshold is not None
-        and record.threshold <= horizon
-        and config.reuse.retire_reason(record, renewed_until) is None
-    ]
-    expiring.sort(key=lambda record: record.created_at or 0.0, reverse=True)
-    return expiring[: max(0, minimum - lasting)]
 
 
 def refresh_tick(at: Epoch, config: StackConfig) -> int:

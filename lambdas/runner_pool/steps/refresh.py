@@ -51,7 +51,7 @@ from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PoolQueue
 from runner_pool.domain.provision import busy_seconds
-from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
+from runner_pool.domain.records import PoolMessage, Signal
 from runner_pool.domain.refresh import (
     ORPHAN_GRACE_SECONDS,
     RECENT_DEMAND_SECONDS,
@@ -66,7 +66,6 @@ from runner_pool.domain.refresh import (
     booting_for_pool,
     may_still_start,
     run_key_of,
-    to_renew,
     untracked,
 )
 from runner_pool.domain.runner_scope import OrganizationScope
@@ -213,7 +212,7 @@ class Refresh:
 
     def _keep_warm(self, report: RefreshReport, tick: int) -> None:
         now = self._clock.now()
-        idle_records: dict[str, list[InstanceRecord]] = {}
+        idle: Counter[str] = Counter()
         booting: Counter[str] = Counter()
         for record in self._table.live():
             if (
@@ -221,20 +220,15 @@ class Refresh:
                 and record.run_key is None
                 and not record.threshold_passed(now)
             ):
-                idle_records.setdefault(record.resource_class, []).append(record)
+                idle[record.resource_class] += 1
             elif booting_for_pool(record, now):
                 booting[record.resource_class] += 1
-        idle = Counter({name: len(records) for name, records in idle_records.items()})
         report.idle = {name: idle[name] for name in self._config.resource_classes}
         # Only a shortfall launches: when a window closes and its minimum drops, the surplus is left to
         # run out its idle time and be terminated as due, like any idle instance.
         report.minimum = {
             name: self._config.warm_minimum(name, now) for name in self._config.resource_classes
         }
-        for name, minimum in report.minimum.items():
-            for record in to_renew(idle_records.get(name, []), minimum, now, self._config):
-                if self._renew(record, now):
-                    report.renewed[name] += 1
         shortfall = {
             name: minimum - idle[name] - booting[name]
             for name, minimum in report.minimum.items()
@@ -261,24 +255,6 @@ class Refresh:
             report.launched[name] += len(outcome.launched)
         if failures:
             raise RuntimeError(f"warm-pool launches failed for: {', '.join(failures)}")
-
-    def _renew(self, record: InstanceRecord, now: Epoch) -> bool:
-        """Begin an idle instance's idle time anew and offer it again under its new threshold; only one
-        whose agent still beats (a dead one is left to expire and be replaced)."""
-        beat = self._table.observe(record.instance_id).heartbeat
-        if (
-            record.threshold is None
-            or beat is None
-            or not beat.is_fresh(now, self._config.timeouts.healthy_window_seconds)
-        ):
-            return False
-        renewed = self._table.renew_idle(record.instance_id, record.threshold)
-        if not renewed.succeeded or renewed.record is None:
-            return False  # claimed, released or renewed by another run since it was read: theirs now
-        # Offered on a replay too (this run's write took effect, its answer was lost): a second message
-        # for one idle period is harmless (the first claim wins), a missing one would hide the instance.
-        self._queues.offer(PoolMessage.for_idle(renewed.record))
-        return True
 
     # --- 6. GitHub's offline runners -----------------------------------------------------------
 
