@@ -152,12 +152,8 @@ FAST_INSTANCES = InstanceSettings(
 )
 LAMBDA_POLLER_TIMERS = Timers(refresh_every_seconds=2.0)
 """The dispatcher's event source as the template maps it (no batching window, Lambda's five pollers)."""
-FAST_TIMERS = Timers(refresh_every_seconds=2.0, dispatcher_pollers=1)
-"""As LAMBDA_POLLER_TIMERS with ONE poller, for now: with Lambda's five, deliveries of one run are
-handled side by side, and three scenarios (cancel returns the instance to the pool; the reuse-scope
-ones) sometimes found an instance terminated, or claimed, where they expected it pooled, or
-quarantined: a race between a run's release and its job's that is not understood yet (session note
-2026-11-26). test_dispatch_batching.py runs the five."""
+FAST_TIMERS = LAMBDA_POLLER_TIMERS
+"""The e2e scenarios' timers: the dispatcher read by Lambda's five pollers, as deployed."""
 
 
 @pytest.fixture
