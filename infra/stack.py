@@ -65,6 +65,15 @@ class RunnerPoolStack(Stack):
         self.functions = ControlPlaneFunctions(
             self, "Functions", config=config, layer=layer, table=self.state_table.table
         )
+        self.release = Release(
+            self,
+            "Release",
+            config=config,
+            functions=self.functions,
+            table=self.state_table.table,
+            pool_queues=self.pool_queues.by_class,
+            github_app_key=self.github_app_key,
+        )
         self.provision = Provision(
             self,
             "Provision",
@@ -74,15 +83,7 @@ class RunnerPoolStack(Stack):
             pool_queues=self.pool_queues.by_class,
             instances=self.instances,
             github_app_key=self.github_app_key,
-        )
-        self.release = Release(
-            self,
-            "Release",
-            config=config,
-            functions=self.functions,
-            table=self.state_table.table,
-            pool_queues=self.pool_queues.by_class,
-            github_app_key=self.github_app_key,
+            release=self.release.state_machine,
         )
         self.refresh = Refresh(
             self,

@@ -9,6 +9,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.constructs import permissions
@@ -32,6 +33,7 @@ class Provision(Construct):
         pool_queues: Mapping[str, sqs.IQueue],
         instances: Instances,
         github_app_key: secretsmanager.ISecret,
+        release: sfn.IStateMachine,
     ) -> None:
         super().__init__(scope, construct_id)
         queues = list(pool_queues.values())
@@ -69,7 +71,7 @@ class Provision(Construct):
 
         def finish(function: lambda_.Function) -> None:
             expire(function)
-            permissions.start_executions(function, [own_arn])
+            permissions.start_executions(function, [own_arn, release.state_machine_arn])
 
         def expire(function: lambda_.Function) -> None:
             """Expire and terminate what failed or what a failed execution holds."""
@@ -87,6 +89,8 @@ class Provision(Construct):
 
         # The fleet adapter is built with its subnets even when it only terminates.
         fleet_environment = {"subnet_ids": config.network.subnet_ids}
+        # A Finish or Dump that finds its run finished hands what has a runner to a release of the run.
+        finish_environment = {**fleet_environment, "release_state_machine_arn": release.state_machine_arn}
         self.workflow = Workflow(
             self,
             "Workflow",
@@ -124,13 +128,13 @@ class Provision(Construct):
                 "finish": Step(
                     "sets ready instances running, expires the rest, asks again for what is missing",
                     finish,
-                    fleet_environment,
+                    finish_environment,
                     timeout_seconds=60,
                 ),
                 "dump": Step(
                     "keeps what is registered, gives back or terminates the rest of a failed execution",
                     dump,
-                    {**fleet_environment, "pool_queue_urls": queue_urls},
+                    {**finish_environment, "pool_queue_urls": queue_urls},
                     timeout_seconds=120,
                 ),
             },

@@ -98,14 +98,6 @@ def test_a_duplicated_delivery_has_no_second_effect(system: World) -> None:
     assert job_of(system, run).conclusion is Conclusion.SUCCESS
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "known defect, first for the next session (note 2026-11-26): since this session's merges a "
-        "cancelled run's release often fails a step and falls to Salvage, which expires the instance "
-        "instead of pooling it; nothing leaks (accounting holds), the instance is lost to the pool"
-    ),
-)
 def test_cancelling_a_run_releases_its_instance_back_to_the_pool(system: World) -> None:
     # Given a run whose long job is running on an instance
     run = system.start_run("build", JobSpec("build", LABEL, seconds=120))

@@ -75,13 +75,6 @@ def launched(system: World) -> list[str]:
     return [e.instance_id or "" for e in system.timeline.events() if e.happening is Happening.LAUNCHED]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "flaky since the dispatcher's five pollers (note 2026-11-26): which instance serves which job "
-        "races; first for the next session"
-    ),
-)
 def test_two_repositories_jobs_never_share_an_instance_under_the_default_scope(org: World) -> None:
     # Given a job of repository app that ran, its instance back in the pool
     first = run_in(org, APP, "build")
@@ -129,13 +122,6 @@ def test_a_public_repositorys_job_never_gets_a_reused_instance_and_its_own_is_no
     assert system.accounting().holds, system.accounting().problems
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "flaky since the dispatcher's five pollers (note 2026-11-26): which instance serves which job "
-        "races; first for the next session"
-    ),
-)
 def test_a_foreign_job_on_our_runner_gets_the_instance_quarantined(org: World) -> None:
     # Given run 1's job ran, its instance pooled; and a job of run 2 (same repository) that copied run 1's
     # label (run ids are not secret), refused by our webhook and left queued on GitHub

@@ -44,13 +44,16 @@ def live_records(world: ProvisionWorld, instance_ids: list[str]) -> list[Instanc
     return [record for record in records if record is not None]
 
 
-def executions_once_settled(world: ProvisionWorld, timeout_seconds: float = 60) -> list[dict[str, Any]]:
+def executions_once_settled(
+    world: ProvisionWorld, timeout_seconds: float = 60, machine: str = "provision"
+) -> list[dict[str, Any]]:
     """Every execution of the machine (also those its steps started: redrives), oldest first, each
     described with its input, once none is running any more."""
     stepfunctions = client("stepfunctions")
+    arn = world.machine.arn if machine == "provision" else world.local.stack.machines[machine].arn
     deadline = time.monotonic() + timeout_seconds
     while True:
-        listed = stepfunctions.list_executions(stateMachineArn=world.machine.arn)["executions"]
+        listed = stepfunctions.list_executions(stateMachineArn=arn)["executions"]
         if all(e["status"] != "RUNNING" for e in listed):
             break
         assert time.monotonic() < deadline, f"executions still running after {timeout_seconds} s"
@@ -261,17 +264,23 @@ def test_every_step_run_twice_with_the_same_input_changes_nothing_more(world: Pr
     assert len(result["cold"]) == 1
 
 
-def test_a_run_that_finished_while_its_provision_was_under_way_gets_nothing_set_running(
-    world: ProvisionWorld,
-) -> None:
-    # Given one warm instance, and the run already finished (its release began) when provision ends
-    warm = world.warm(1).instance_id
-    world.plane.state_table.mark_run_finished(RUN)
-    # When the provision for two runners runs
-    result = output(world.provision(RUN, 2))
-    # Then nothing was set running for the finished run: what it claimed and created was expired
-    assert result["warm"] == []
-    assert result["cold"] == []
-    assert warm in result["expired"]
-    assert len(result["expired"]) == 2
-    assert ec2_state(world, warm) in ("shutting-down", "terminated")
+def test_a_run_that_finished_while_its_provision_was_under_way_hands_its_runners_to_a_release() -> None:
+    with provision_world(with_release=True) as world:
+        # Given one warm instance, and the run already finished (its release began) when provision ends
+        warm = world.warm(1).instance_id
+        world.plane.state_table.mark_run_finished(RUN)
+        # When the provision for two runners runs
+        result = output(world.provision(RUN, 2))
+        # Then nothing was set running for the finished run, and nothing handed a runner was thrown away:
+        # a short job may already have run on it (its completion delivered after the run's)
+        assert (result["warm"], result["cold"], result["expired"]) == ([], [], [])
+        assert ec2_state(world, warm) == "running"
+        # But a release of the run was started, which ends both hand-offs like any others
+        releases = executions_once_settled(world, machine="release")
+        assert [json.loads(e["input"])["run_key"] for e in releases] == [RUN]
+        assert json.loads(releases[0]["input"])["cause"].startswith("gave-up-provision-")
+        released = json.loads(releases[0]["output"])["released"]
+        assert len(released) == 2
+        assert all(item["status"] != "salvaged" for item in released), released
+        accounting = world.accounting()
+        assert accounting.holds, accounting.problems

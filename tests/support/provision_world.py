@@ -102,10 +102,12 @@ class ProvisionWorld:
 
 @contextmanager
 def provision_world(
-    config: StackConfig | None = None, *, real_time: bool = False
+    config: StackConfig | None = None, *, real_time: bool = False, with_release: bool = False
 ) -> Iterator[ProvisionWorld]:
     """The world on a ManualClock moved where the machine waits; or (`real_time`, for benchmarks) on
-    the system clock with real waits, the scripted agents acting every few milliseconds meanwhile."""
+    the system clock with real waits, the scripted agents acting every few milliseconds meanwhile.
+    `with_release`: the release machine is deployed too (a provision that finds its run finished
+    starts one)."""
     clock: Any = SystemClock() if real_time else ManualClock()
     acting: list[ScriptedAgents] = []
 
@@ -120,11 +122,14 @@ def provision_world(
         agents = ScriptedAgents(plane.state_table, plane.credentials, plane.instance_arn)
         acting.append(agents)
         machine = local.deploy("provision")
+        routed = dict(machine.routed)
+        if with_release:
+            routed |= local.deploy("release").routed
         if real_time:
             stack.enter_context(agents_acting(agents))
         else:
             stack.enter_context(without_waiting(on_wait=time_passes))
-        invocations = stack.enter_context(lambdas_in_process(machine.routed))
+        invocations = stack.enter_context(lambdas_in_process(routed))
         yield ProvisionWorld(local, agents, machine, invocations)
 
 

@@ -1,5 +1,6 @@
 """Issue 13, fix 6: a job that ends before its provision's Finish finds its instance still claimed or
-created; the job's release pools that instance (it served), and Finish then lets go of it."""
+created; the job's release pools that instance (it served), and Finish then lets go of it. The run's
+release ends such a hand-off the same way, whichever of the two completions is handled first."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from runner_pool.domain.executions import runner_name
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.release import ReleaseItem, ReleaseProgress, ReleaseStatus
+from runner_pool.domain.runners import RunnerRemoval
 from tests.support.control_plane import LocalControlPlane, local_control_plane
 
 RUN = "pool=101"
@@ -69,8 +71,46 @@ def test_a_release_naming_another_hand_off_leaves_a_claimed_instance_alone(local
     assert not any(isinstance(m, PoolMessage) for m in local.drain_pool())
 
 
-def test_a_run_release_still_expires_what_the_run_held_without_serving(local: LocalControlPlane) -> None:
-    # Given a claimed instance, and the run's release (no runner named)
-    record, _ = claimed_and_registered(local, "provision-3#0#0")
-    # When it gives the instance back: Then it never served, so it is expired
-    assert give_back(local, record, None).status is ReleaseStatus.EXPIRED
+def test_a_run_release_ends_a_claimed_hand_off_whose_runner_took_no_job_and_pools_it(
+    local: LocalControlPlane,
+) -> None:
+    # Given a claimed instance with its runner listening, and the run's release (no runner named)
+    record, runner = claimed_and_registered(local, "provision-3#0#0")
+    # When it gives the instance back
+    progress = give_back(local, record, None)
+    # Then the hand-off ends like any other: the runner is deleted from GitHub, the instance awaits its
+    # agent's cleanup, and on the receipt it is pooled, not thrown away
+    assert progress.status is ReleaseStatus.AWAITING_RECEIPT
+    assert progress.runner is RunnerRemoval.DELETED
+    assert runner not in local.github.state.runners
+    local.table.write_signal(record.instance_id, Signal.UD_REMOVE_REG_OK, RUN)
+    assert local.release().check_receipt(progress).status is ReleaseStatus.POOLED
+
+
+def test_a_run_release_delivered_before_its_short_jobs_release_pools_the_instance_that_served_it(
+    local: LocalControlPlane,
+) -> None:
+    # Given a claimed instance whose runner already ran its job (GitHub removed the JIT runner), and
+    # the run's completion handled before the job's (GitHub promises no order between deliveries:
+    # https://docs.github.com/en/webhooks/using-webhooks/best-practices-for-using-webhooks)
+    record, runner = claimed_and_registered(local, "provision-4#0#0")
+    local.github.state.runners.pop(runner)
+    # When the run's release gives it back, then the job's
+    by_run = give_back(local, record, None)
+    by_job = give_back(local, record, runner)
+    # Then the first ends the hand-off, the second finds it ended: the instance is cleaned and pooled
+    assert by_run.status is ReleaseStatus.AWAITING_RECEIPT
+    assert by_run.runner is RunnerRemoval.ALREADY_GONE
+    assert by_job.status is ReleaseStatus.AWAITING_RECEIPT
+    local.table.write_signal(record.instance_id, Signal.UD_REMOVE_REG_OK, RUN)
+    assert local.release().check_receipt(by_run).status is ReleaseStatus.POOLED
+
+
+def test_a_run_release_expires_a_claimed_instance_never_handed_a_runner(local: LocalControlPlane) -> None:
+    # Given a warm instance claimed for the run, its runner not registered yet (no config stored)
+    (idle,) = local.pooled()
+    local.drain_pool()
+    assert local.table.claim(idle.instance_id, RUN, "provision-5#0#0").succeeded
+    # When the run's release gives it back: Then it is expired, and the claim worker's hand-over loses
+    assert give_back(local, local.record(idle.instance_id), None).status is ReleaseStatus.EXPIRED
+    assert not local.table.record_runner(idle.instance_id, RUN, 77).succeeded

@@ -113,14 +113,20 @@ def of_another_repository(record: InstanceRecord | None, item: ReleaseItem) -> b
     )
 
 
-def served_before_running(record: InstanceRecord | None, item: ReleaseItem) -> bool:
-    """A claimed or created instance whose current hand-off's runner is the one the completed job names."""
-    return (
-        record is not None
-        and record.state in (InstanceState.CLAIMED, InstanceState.CREATED)
-        and item.runner_id is not None
-        and record.runner_id == item.runner_id
-    )
+def hand_off_to_end(record: InstanceRecord | None, item: ReleaseItem) -> int | None:
+    """The runner of a claimed or created instance's hand-off that this job or run release ends, if any.
+
+    Its runner may have taken one of the run's jobs already: a short job can end before its provision's
+    Finish sets the instance running (issue 13, fix 6), and GitHub may deliver the run's completion
+    before that job's, or the two releases may run side by side. Served or not, the instance was handed
+    nothing but the run's runner config, so it is cleaned by its agent and pooled like any released
+    one. A job's release names the runner it ran on; only that hand-off is ended by it.
+    """
+    if record is None or record.state not in (InstanceState.CLAIMED, InstanceState.CREATED):
+        return None
+    if item.runner_id is not None and record.runner_id != item.runner_id:
+        return None
+    return record.runner_id
 
 
 def moved(record: InstanceRecord | None) -> str:

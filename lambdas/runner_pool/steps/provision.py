@@ -19,7 +19,7 @@ from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import InstanceView, StateTable
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.executions import ProvisionRequest, runner_name
+from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import PickupManager, PoolQueue, StopReason
@@ -492,17 +492,24 @@ class Provision:
         self, provision: ProvisionPlan, workers: Iterable[WorkerResult], creation: Creation
     ) -> ProvisionResult:
         """The run finished while this provision was under way (its release has begun): nothing is set
-        running for it. Everything held is expired and terminated: its agent has already been handed
-        the run's config, and release, which cleans an instance for reuse, no longer looks for it."""
+        running for it.
+
+        An instance whose runner is noted may already have served one of the run's jobs (a short job
+        ends before Finish), and its agent holds the run's config either way: a release of the run ends
+        its hand-off as it ends every other (cleaned by the agent and pooled on its receipt, the runner
+        deleted), whether or not the run's own release read it before this provision recorded it. The
+        rest were never handed a config: expired and terminated here.
+        """
+        run_key = provision.spec.run_key
         held = [w.instance_id for w in workers if w.instance_id] + list(creation.launched)
-        self._expire_and_terminate(held, provision.spec.run_key)
-        logger.info("run finished before its runners were ready", instances=held)
+        doomed = self._end_for_finished_run(provision, held)
+        logger.info("run finished before its runners were ready", expired=doomed)
         return ProvisionResult(
-            run_key=provision.spec.run_key,
+            run_key=run_key,
             requested=len(provision.slots),
             warm=(),
             cold=(),
-            expired=tuple(held),
+            expired=tuple(doomed),
         )
 
     def dump(self, provision: ProvisionPlan, machine: str | None = None) -> list[str]:
@@ -544,12 +551,34 @@ class Provision:
                 kept.append(instance_id)
             else:
                 doomed.append(instance_id)
-        held = list(dict.fromkeys(doomed))
-        self._expire_and_terminate(held, run_key)
+        if finished:
+            held = self._end_for_finished_run(provision, doomed)
+        else:
+            held = list(dict.fromkeys(doomed))
+            self._expire_and_terminate(held, run_key)
         logger.error("provision dumped", execution=provision.execution, instances=held, kept=kept)
         if not finished:
             self._redrive(provision, len(provision.slots) - len(set(kept)), machine)
         return held
+
+    def _end_for_finished_run(self, provision: ProvisionPlan, instance_ids: Iterable[str]) -> list[str]:
+        """What a provision holds when its run has finished: an instance whose runner is noted goes to a
+        release of the run (named by this execution, so a retried step starts it once); the rest are
+        expired and terminated. Returns those."""
+        run_key = provision.spec.run_key
+        held = list(dict.fromkeys(instance_ids))
+        handed = [instance_id for instance_id in held if self._runner_noted(instance_id, run_key)]
+        doomed = [instance_id for instance_id in held if instance_id not in handed]
+        self._expire_and_terminate(doomed, run_key)
+        if handed:
+            request = ReleaseRequest(run_key=run_key, cause=f"gave-up-{provision.execution}")
+            self._executions(None).release(request)
+            logger.info("hand-offs of a finished run left to its release", instances=handed)
+        return doomed
+
+    def _runner_noted(self, instance_id: str, run_key: str) -> bool:
+        record = self._table.get(instance_id)
+        return record is not None and record.run_key == run_key and record.runner_id is not None
 
     def _keep(self, provision: ProvisionPlan, instance_id: str, claim_token: str | None) -> bool:
         """Set running an instance this execution holds whose runner is registered for the run and healthy."""

@@ -27,10 +27,10 @@ from runner_pool.domain.release import (
     ReleaseProgress,
     ReleaseStatus,
     SalvageRequest,
+    hand_off_to_end,
     moved,
     of_another_repository,
     receipt_poll_seconds,
-    served_before_running,
 )
 from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
 from runner_pool.observability import logger
@@ -196,14 +196,15 @@ class Release:
             held = "no runner" if record is None or record.runner_id is None else f"runner {record.runner_id}"
             reason = f"{moved(record)}, with {held}, not runner {item.runner_id}"
             return progress.model_copy(update={"reason": reason})
-        if served_before_running(record, item):
-            # A short job ended before its provision set the instance running (issue 13, fix 6): the
-            # instance served, so it is cleaned and pooled like any other; Finish then loses its activate.
-            served = self._table.release_served(item.instance_id, item.run_key, item.runner_id or 0)
-            if served.succeeded and served.record is not None:
-                return self._awaiting_receipt(progress, served.record)
-            record = served.record
+        runner = hand_off_to_end(record, item)
+        if runner is not None:
+            ended = self._table.release_served(item.instance_id, item.run_key, runner)
+            if ended.succeeded and ended.record is not None:
+                return self._awaiting_receipt(progress, ended.record)
+            record = ended.record
         if record is not None and record.state in (InstanceState.CLAIMED, InstanceState.CREATED):
+            # Never handed a runner config (none is stored before its runner is noted), or its hand-off was
+            # ended by someone else meanwhile: nothing of the run's reached it that needs cleaning here.
             expired = self._table.expire(item.instance_id, run_key=item.run_key)
             if not expired.succeeded:
                 return progress.model_copy(update={"reason": moved(expired.record)})
@@ -211,7 +212,7 @@ class Release:
                 update={
                     "status": ReleaseStatus.EXPIRED,
                     "runner": self._delete_runner(record),
-                    "reason": f"{record.state} for the run, never served",
+                    "reason": f"{record.state} for the run, never handed a runner",
                 }
             )
         released, found = self._released(item, record, now)
