@@ -378,13 +378,13 @@ class Actions:
         payload = payloads.workflow_job(
             action, job, run, self.state.repository_id(run.repository), self._installation_id(run)
         )
-        return "workflow_job", action, payload, str(run.run_id)
+        return "workflow_job", action, payload, f"job-{job.job_id}"
 
     def _run_event(self, action: str, run: FakeWorkflowRun) -> Event:
         payload = payloads.workflow_run(
             action, run, self.state.repository_id(run.repository), self._installation_id(run)
         )
-        return "workflow_run", action, payload, str(run.run_id)
+        return "workflow_run", action, payload, f"run-{run.run_id}"
 
     def _installation_id(self, run: FakeWorkflowRun) -> int | None:
         installation = self.state.installation_of(run.owner)

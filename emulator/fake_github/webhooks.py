@@ -6,7 +6,12 @@ It never retries a failed delivery on its own: the attempt is listed by the App'
 API, and whoever wants it asks for a redelivery.
 
 Events go out from a few sender threads, so a slow receiver does not hold up the runner or the test
-that caused them; events of one workflow run go out in the order they happened. A test can tell
+that caused them. Only the events of one job (queued, in progress, completed), and those of one run,
+go out in the order they happened: GitHub promises no order between deliveries (none is documented;
+each can take "a few minutes" and may be throttled, docs.github.com/en/webhooks/testing-and-
+troubleshooting-webhooks/troubleshooting-webhooks), so a run's completion may overtake its last job's,
+and a matrix's queued jobs arrive side by side (community discussion #211830, "Handling Duplicate and
+Out-of-Order GitHub Webhook Events"). A test can tell
 the sender to drop the next matching events: they are recorded as failed attempts that never
 reached the receiver, as when the endpoint could not be reached.
 """
@@ -196,7 +201,7 @@ class Webhooks:
                     self._changed.notify_all()
 
     def _next(self) -> _Pending | None:
-        """The oldest pending event whose run has no event in flight; None once stopping."""
+        """The oldest pending event whose job or run has no event in flight; None once stopping."""
         with self._changed:
             while True:
                 if self._stopping:

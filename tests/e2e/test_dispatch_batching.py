@@ -22,9 +22,6 @@ from tests.e2e.conftest import FAST_INSTANCES, LABEL, LAMBDA_POLLER_TIMERS, comp
 
 pytestmark = pytest.mark.slow
 
-OLD_BATCHING_WINDOW_SECONDS = 1.0
-"""The event source's batching window before issue 15, in front of every run's first job."""
-
 
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[World]:
@@ -47,17 +44,18 @@ def requested(system: World) -> int:
     )
 
 
-def test_a_runs_first_job_waits_for_no_window_and_its_matrix_launches_with_one_create_fleet_per_provision(
+def test_a_matrix_of_20_costs_at_most_two_provisions_and_two_create_fleets_with_five_pollers(
     system: World,
 ) -> None:
     # Given the stack with no runner in the pool, its dispatcher fed by Lambda's five pollers and no window
     assert system.stack.dispatcher.concurrency == STANDARD_QUEUE_POLLERS == 5
     assert DEMAND_BATCHING_WINDOW_SECONDS == 0
 
-    # When a run queues a matrix of 20 jobs (the fake GitHub sends a run's deliveries one by one)
+    # When a run queues a matrix of 20 jobs (the fake GitHub sends their deliveries side by side, as GitHub
+    # promises no order between them)
     run = system.start_run("matrix", JobSpec("build", LABEL, matrix=20, seconds=0.3))
 
-    # Then its first provision started sooner after the first delivery than the old window alone took
+    # Then the matrix cost at most two provisions: its first job's at once, the rest in one follow-up
     eventually(lambda: requested(system) >= 20, "20 runners to be asked for", timeout=60)
     provisions = sorted(
         (e for e in system.stack.executions() if e["machine"] == "provision"), key=lambda e: e["startDate"]
@@ -69,12 +67,12 @@ def test_a_runs_first_job_waits_for_no_window_and_its_matrix_launches_with_one_c
     )
     started: datetime = provisions[0]["startDate"]
     waited = started.timestamp() - first_delivery
+    # (how soon the first starts is a figure, not a check here: on two busy cores the webhook's cold
+    # starts dominate it; the dispatch itself waits for no window: tests/integration/test_follow_up_batches.py)
     print(f"first delivery -> first provision started: {waited:.3f} s; provisions: {len(provisions)}")
-    assert waited < OLD_BATCHING_WINDOW_SECONDS
+    assert len(provisions) <= 2
     # And every job ran on our runners, each provision launching its shortfall with one CreateFleet
-    # (how few provisions a matrix costs depends on how fast the deliveries come; with the five pollers
-    # and deliveries a window apart at most it is two: tests/integration/test_follow_up_batches.py)
     completed(system, run, timeout=180)
     jobs = [system.github.state.jobs[job_id] for job_id in run.job_ids]
     assert [job.conclusion for job in jobs] == [Conclusion.SUCCESS] * 20
-    assert 1 <= system.stack.ec2.calls["CreateFleet"] <= len(provisions)
+    assert 1 <= system.stack.ec2.calls["CreateFleet"] <= len(provisions) <= 2
