@@ -13,17 +13,22 @@ def starts(synthesis: Synthesis, handler: str) -> list[Any]:
     return [s["Resource"] for s in statements(synthesis, handler) if "states:StartExecution" in actions(s)]
 
 
-def test_finish_and_dump_may_start_their_own_machine_and_nothing_else(synthesis: Synthesis) -> None:
+def test_finish_and_dump_may_start_their_own_machine_and_the_release_machine_and_nothing_else(
+    synthesis: Synthesis,
+) -> None:
     # Given the provision machine, named so its own steps can name its ARN without a cycle
-    machine = synthesis.resources[
-        synthesis.stack.get_logical_id(synthesis.stack.provision.state_machine.node.default_child)
-    ]
+    stack = synthesis.stack
+    machine = synthesis.resources[stack.get_logical_id(stack.provision.state_machine.node.default_child)]
     name = machine["Properties"]["StateMachineName"]
+    release = stack.get_logical_id(stack.release.state_machine.node.default_child)
     for handler in ("provision.finish", "provision.dump"):
-        # Then each may start executions of that machine (a redrive), spelled out by name
-        (resource,) = starts(synthesis, handler)
-        joined = "".join(part for part in resource["Fn::Join"][1] if isinstance(part, str))
+        # Then each may start executions of that machine (a redrive), spelled out by name, and of the
+        # release machine (a run that finished meanwhile: its hand-offs are ended by a release)
+        (resources,) = starts(synthesis, handler)
+        (own,) = [r for r in resources if "Fn::Join" in r]
+        joined = "".join(part for part in own["Fn::Join"][1] if isinstance(part, str))
         assert joined.endswith(f":stateMachine:{name}"), handler
+        assert [r for r in resources if "Fn::Join" not in r] == [{"Ref": release}], handler
     # And no other provision step may start anything
     for handler in ("provision.begin", "provision.claim", "provision.create", "provision.check_fleet"):
         assert starts(synthesis, handler) == [], handler
