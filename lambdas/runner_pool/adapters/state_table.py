@@ -367,12 +367,14 @@ class StateTable:
         )
 
     def release_served(self, instance_id: str, run_key: str, runner_id: int) -> TransitionResult:
-        """running | claimed | created → idle: a job of the run completed on this instance's runner.
+        """running | claimed | created → idle: the hand-off to `runner_id` ends (its job completed, or
+        its run did).
 
         A short job can end before its provision's Finish has set the instance running (issue 13,
-        fix 6); the instance served all the same, so it goes back to the pool like any released one.
-        Only the hand-off whose runner the job names: a later hand-off of the same instance to the
-        same run (another runner) is not touched.
+        fix 6), and the run's completion can be handled before the job's; the instance was handed
+        nothing but the run's runner config either way, so it goes back to the pool like any
+        released one once its agent has cleaned up. Only the hand-off to that runner: a later
+        hand-off of the same instance to the same run (another runner) is not touched.
         """
         now = self._clock.now()
         served = (InstanceState.RUNNING, InstanceState.CLAIMED, InstanceState.CREATED)

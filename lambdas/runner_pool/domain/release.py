@@ -28,7 +28,7 @@ class ReleaseStatus(StrEnum):
     """Idle, not yet pooled: the agent is cleaning up after the run."""
     POOLED = "pooled"
     EXPIRED = "expired"
-    """Not pooled: expired for refresh to terminate (it never served, or the agent did not confirm)."""
+    """Not pooled: expired for refresh to terminate (never handed a runner, or the agent did not confirm)."""
     MOVED_ON = "moved-on"
     """Someone else moved the instance first (another release, an expiry, another run); nothing to do."""
     SALVAGED = "salvaged"

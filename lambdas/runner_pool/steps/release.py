@@ -1,12 +1,12 @@
 """The release state machine's steps (infra/statemachines/release.asl.json), over explicit collaborators.
 
-One instance goes through give back (running → idle, or expired if it never served, or quarantined),
-then check receipt every poll until the agent confirms its cleanup or the deadline passes; salvage
-runs only when a step failed unexpectedly. Each step is a conditional transition that recognises its
-own replay, so a retried step never acts twice; a transition lost to someone else (who moved the
-instance) ends the instance's release without error. The one effect that can happen twice is a pool
-message sent again by a retried check: pickup drops the copy whose record has moved on (see
-domain.pickup).
+One instance goes through give back (running, or claimed/created with its runner noted → idle; expired
+if it was never handed a runner; or quarantined), then check receipt every poll until the agent confirms
+its cleanup or the deadline passes; salvage runs only when a step failed unexpectedly. Each step is a
+conditional transition that recognises its own replay, so a retried step never acts twice; a transition
+lost to someone else (who moved the instance) ends the instance's release without error. The one effect
+that can happen twice is a pool message sent again by a retried check: pickup drops the copy whose
+record has moved on (see domain.pickup).
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ class Release:
         )
 
     def give_back(self, item: ReleaseItem) -> ReleaseProgress:
-        """Running → idle (or, never having served, expired), and the run's runner deleted from GitHub.
+        """Running, claimed or created → idle (or, never handed a runner, expired), and the run's runner
+        deleted from GitHub.
 
         An instance that must not serve again (single use, or at its reuse limits) is expired once idle
         instead of awaiting its receipt; one whose runner ran a foreign job is quarantined.
