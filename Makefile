@@ -16,12 +16,15 @@ help:
 .venv/.installed: pyproject.toml uv.lock
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet 'uv>=0.5' \
 		|| python3 -m pip install --quiet --user 'uv>=0.5'
-	$(UV) sync --frozen
+# Compiled at install: where PYTHONDONTWRITEBYTECODE is set (CI here sets it), every interpreter (each
+# test worker, Lambda environment and agent the emulator starts) would compile each module it imports.
+	$(UV) sync --frozen --compile-bytecode
 	@touch $@
 
 install: .venv/.installed
 
 test: install
+	@$(RUN) python -m compileall -q -j 0 lambdas agent emulator bench demo infra tests >/dev/null
 	$(RUN) pytest -n 2 -q --durations=15
 
 lint: install

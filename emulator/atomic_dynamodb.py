@@ -5,10 +5,17 @@ never sees half a write. moto checks the condition and then applies the update i
 steps, so two threads can both pass the same condition. Serialising moto's item operations behind
 one lock restores DynamoDB's guarantee; callers still race as hard as ever, so races test our
 conditions and not moto's.
+
+What an operation answers is a copy taken under the lock. moto's operations return its live items,
+which its request handlers read after the lock is released (to write the answer, and
+`DynamoHandler.update_item` deep-copies the item it is about to update), while another thread's
+write changes the same item in place: a read saw half a write, or failed with "dictionary changed
+size during iteration" (seen in tests/integration/test_lifecycle_stateful.py's race, 2026-11-26).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 from collections.abc import Callable, Iterator
@@ -39,7 +46,7 @@ def _serialised(operation: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(operation)
     def locked(*args: Any, **kwargs: Any) -> Any:
         with _lock:
-            return operation(*args, **kwargs)
+            return copy.deepcopy(operation(*args, **kwargs))
 
     locked.__wrapped_by_runner_pool__ = True  # type: ignore[attr-defined]
     return locked

@@ -18,6 +18,7 @@ from moto.server import ThreadedMotoServer
 
 from emulator.atomic_dynamodb import atomic_items
 from emulator.moto_internals import patch_point
+from emulator.moto_speedups import speedups
 from emulator.step_functions import MOTO_CONFIG
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.instance_arns import InstanceArns
@@ -87,7 +88,8 @@ class LocalAws:
 
 @contextmanager
 def local_aws(*, state_machines: bool = False) -> Iterator[LocalAws]:
-    """moto's server in this process, on a free port of 127.0.0.1, with DynamoDB's item atomicity.
+    """moto's server in this process, on a free port of 127.0.0.1, with DynamoDB's item atomicity and
+    without the work moto repeats per request (emulator/moto_speedups.py).
 
     `state_machines=True`: Step Functions executes state machines, and Lambda stays in this process
     (with `emulator.step_functions.lambdas_in_process` routing invocations to our handlers).
@@ -96,7 +98,12 @@ def local_aws(*, state_machines: bool = False) -> Iterator[LocalAws]:
     port = _free_port()
     os.environ["MOTO_PORT"] = str(port)  # moto builds queue URLs and the like from it
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    with atomic_items(), _backends_found_once(), _moto_config(MOTO_CONFIG if state_machines else {}):
+    with (
+        atomic_items(),
+        _backends_found_once(),
+        speedups(),
+        _moto_config(MOTO_CONFIG if state_machines else {}),
+    ):
         server.start()
         try:
             yield LocalAws(f"http://127.0.0.1:{port}")

@@ -124,7 +124,10 @@ _DYNAMODB = "moto.dynamodb.models:DynamoDBBackend"
 _SFN = "moto.stepfunctions.parser.asl"
 _ATOMIC = "emulator/atomic_dynamodb.py"
 _QUOTAS = "emulator/step_functions_quotas.py"
-_ITEM_OPERATION = "every item read or write of a request goes through it, once; wrapped whole under one lock"
+_ITEM_OPERATION = (
+    "every item read or write of a request goes through it, once; wrapped whole under one lock, its "
+    "answer copied under it"
+)
 
 INTERNALS: tuple[Internal, ...] = (
     # DynamoDB's item atomicity: each item operation of the backend runs alone.
@@ -242,6 +245,54 @@ INTERNALS: tuple[Internal, ...] = (
         "a request; its answer depends on the host and on what moto ships alone",
         "686676e229858e5d",
         signature="(self, host)",
+    ),
+    # Local AWS: work moto repeats per request, done once or directly (emulator/moto_speedups.py).
+    Internal(
+        "moto.core.responses:method_names_from_class",
+        "emulator/moto_speedups.py",
+        "replaced by a cache: call_action asks it, per request, for the names of the response class's "
+        "functions (clazz) -> list[str], and only tests membership",
+        "ce5f71add322c22a",
+        signature="(clazz)",
+        read="moto.core.responses:BaseResponse.call_action",
+    ),
+    Internal(
+        "moto.dynamodb.responses:DynamoResult.execute_result",
+        "emulator/moto_speedups.py",
+        "replaced for item operations: (self, context) -> (status, headers, body); self.result is "
+        "dynamo_to_dict's plain data, binary values as bytes; context.operation_model.name the operation",
+        "ba49df8839c1c886",
+        signature="(self, context)",
+        read="moto.core.responses:ActionResult.execute_result",
+    ),
+    Internal(
+        "moto.dynamodb.models.utilities:dynamo_to_dict",
+        "emulator/moto_speedups.py",
+        "read: turns an answer into plain data, {type: value} per attribute, B and BS as raw bytes",
+        "658c88f9c8493716",
+    ),
+    Internal(
+        "moto.stepfunctions.parser.asl.component.state.exec.state_task.lambda_eval_utils:boto_client_for",
+        "emulator/moto_speedups.py",
+        "replaced: called with region=, service=, state_credentials= by name; the client it makes depends "
+        "on region and service alone (fixed keys, the server's endpoint)",
+        "2c53599692cbcdda",
+        signature="(region, service, state_credentials)",
+        read="moto.stepfunctions.parser.asl.utils.boto_client:boto_client_for",
+    ),
+    Internal(
+        "moto.stepfunctions.parser.asl.utils.json_path:parse",
+        "emulator/moto_speedups.py",
+        "replaced by a cache: extract_json parses its path through this module global, then only finds",
+        "0d79f1ca93a4d5f2",
+        read="moto.stepfunctions.parser.asl.utils.json_path:extract_json",
+    ),
+    Internal(
+        "moto.stepfunctions.parser.asl.component.common.path.result_path:parse",
+        "emulator/moto_speedups.py",
+        "replaced by a cache: ResultPath parses its path through this module global, then update_or_create",
+        "63888dfe47fa6569",
+        read="moto.stepfunctions.parser.asl.component.common.path.result_path:ResultPath._eval_body",
     ),
     # Simulated instances: which instances EC2 has, in which state, read from local AWS's EC2 backend.
     Internal(

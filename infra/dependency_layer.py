@@ -39,6 +39,16 @@ class LayerTarget:
     python_version: str
     platform: str
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the layer ships bytecode: only for this machine's own Python, which compiles it.
+
+        Where PYTHONDONTWRITEBYTECODE is set (as on CI here) every interpreter that imports the layer
+        (each Lambda environment of the emulator) would compile each module anew. The Lambda target's
+        bytecode would have to come from a Python 3.12 this machine may lack, so that layer has none.
+        """
+        return self == host_target()
+
 
 LAMBDA_TARGET = LayerTarget(LAMBDA_PYTHON_VERSION, LAMBDA_PLATFORM)
 
@@ -110,6 +120,7 @@ def _build(cache: Path, key: str, requirements: str, target: LayerTarget, run: R
             "--require-hashes",
             "--requirement",
             str(staging / "requirements.txt"),
+            *(["--compile-bytecode"] if target.compiled else []),
         ],
         "install the runtime dependencies for the Lambda platform",
     )
@@ -121,7 +132,8 @@ def _build(cache: Path, key: str, requirements: str, target: LayerTarget, run: R
 
 def layer_key(requirements: str, target: LayerTarget = LAMBDA_TARGET) -> str:
     """What the layer's content depends on: the pinned requirements, the Python version, the platform."""
-    digest = hashlib.sha256(f"{target.python_version}\n{target.platform}\n{requirements}".encode())
+    compiled = "compiled\n" if target.compiled else ""
+    digest = hashlib.sha256(f"{target.python_version}\n{target.platform}\n{compiled}{requirements}".encode())
     # No dot in it: CDK would take what follows a dot in the asset's path for a file extension.
     version = target.python_version.replace(".", "")
     return f"py{version}-{target.platform}-{digest.hexdigest()[:16]}"

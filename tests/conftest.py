@@ -14,6 +14,7 @@ from moto import mock_aws
 
 from emulator.atomic_dynamodb import atomic_items
 from emulator.iam_check import USAGE_DIRECTORY_VARIABLE, usage_report
+from emulator.moto_speedups import speedups
 from emulator.resources import create_pool_queues, create_state_table
 from emulator.step_functions_quotas import QuotaWatch
 from emulator.step_functions_quotas import install as install_step_functions_quotas
@@ -52,7 +53,7 @@ def retry_delays(monkeypatch: pytest.MonkeyPatch) -> RetryDelays:
 
 @pytest.fixture
 def aws() -> Iterator[None]:
-    with mock_aws(), atomic_items():
+    with mock_aws(), atomic_items(), speedups():
         yield
 
 

@@ -60,6 +60,8 @@ def test_the_layer_installs_the_locked_requirements_for_the_lambda_platform(tmp_
     }.items():
         assert install[install.index(flag) + 1] == value
     assert {"--no-deps", "--require-hashes"} <= set(install)
+    # And no bytecode: this machine's Python would compile for itself, not for the Lambda's 3.12
+    assert "--compile-bytecode" not in install
     assert (layer.path / "requirements.txt").read_text() == REQUIREMENTS
     # And the layer's content is under python/, where Lambda's runtime looks
     assert (layer.path / "python" / "pydantic").is_dir()
@@ -130,3 +132,6 @@ def test_a_layer_for_the_host_installs_the_same_pins_for_this_machine(tmp_path: 
     assert install[install.index("--python-platform") + 1] == target.platform
     assert install[install.index("--python-version") + 1] == target.python_version
     assert layer.key == layer_key(REQUIREMENTS, target) != layer_key(REQUIREMENTS)
+    # And compiled by this Python, so an environment importing it under PYTHONDONTWRITEBYTECODE (as CI
+    # runs) does not compile every module anew
+    assert "--compile-bytecode" in install

@@ -28,6 +28,7 @@ from emulator.atomic_dynamodb import atomic_items
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
 from emulator.iam_check import PolicyCheck
+from emulator.moto_speedups import speedups
 from emulator.stack import DeployedMachine, InProcess, LocalStack, handler_function
 from emulator.step_functions import (
     MOTO_CONFIG,
@@ -207,6 +208,7 @@ def local_control_plane(
     with (
         mock_aws(config=MOTO_CONFIG),  # type: ignore[arg-type]
         atomic_items(),
+        speedups(),
         FakeGitHub(APP_ID, key.public_pem, clock=clock) as github,
     ):
         github.state.add_installation(INSTALLATION_ID, OWNER)

@@ -1,0 +1,134 @@
+"""Work moto repeats on every request that AWS never does, done once or directly, with the same answers.
+
+The emulator's control plane, agents and local AWS share one interpreter, so its one core bounds how
+many jobs a world serves a second: a 100-job burst held the GIL for 0.78 s a job, and four
+places of moto held a third of that (py-spy --gil, 2026-11-26):
+
+- **Every request** lists its response class's methods anew (`inspect.getmembers`, 3 % of the
+  samples) to see whether the action is one; a class's methods do not change while the server runs.
+
+- **DynamoDB's item answers** go through moto's generic response serializer, which walks the
+  operation's output shape member by member (about 1.5 ms for one small item, 13 % of the samples).
+  moto has already turned the answer into the wire's plain data (`dynamo_to_dict`): attribute
+  values `{type: value}`, binary values as bytes. For the item operations the answer is written as
+  JSON directly (the output shape's top-level members only, as the serializer keeps), binary values in
+  base64 as the serializer writes them (DynamoDB API reference,
+  "AttributeValue": "B — An attribute of type Binary ... base64-encoded"). Table operations (whose
+  answers carry timestamps the serializer formats) keep the serializer. tests/unit/test_moto_speedups.py
+  checks the direct answer against the serializer's for every attribute type and item operation.
+- **Step Functions' Lambda tasks** build a new boto3 client for every invocation (9.5 %: botocore
+  loads and compiles the Lambda service model each time). Its arguments are the same for every call
+  of a region (moto passes fixed keys, and the server's port), and boto3 clients are thread-safe
+  (boto3 docs, "Multithreading or multiprocessing with clients"), so one client per region serves all.
+- **Step Functions' JSONPath** builds a new PLY parser (reading its tables) for every path it
+  evaluates (5.4 %). A parsed path is an expression tree that `find` and `update_or_create` read and
+  never change, so each path text is parsed once.
+
+Each target is listed in emulator/moto_internals.py, whose test fails when moto changes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+from unittest import mock
+
+from emulator.moto_internals import patch_point
+
+ITEM_OPERATIONS = frozenset(
+    {
+        "GetItem",
+        "PutItem",
+        "UpdateItem",
+        "DeleteItem",
+        "Query",
+        "Scan",
+        "BatchGetItem",
+        "TransactGetItems",
+    }
+)
+"""Operations whose answers hold items, counts, keys and consumed capacity: no timestamp, no shape
+member the serializer would drop (the test proves it per operation). moto answers BatchWriteItem and
+TransactWriteItems without the serializer already."""
+
+JSON_CONTENT_TYPE = "application/x-amz-json-1.0"
+"""DynamoDB's protocol (awsJson1_0), the content type moto's serializer answers with."""
+
+KEPT_PATHS = 4096
+"""JSONPath texts kept parsed: a state machine has a few dozen; tests deploy a handful."""
+
+_METHOD_NAMES = "moto.core.responses:method_names_from_class"
+_DYNAMO_RESULT = "moto.dynamodb.responses:DynamoResult.execute_result"
+_LAMBDA_CLIENT = (
+    "moto.stepfunctions.parser.asl.component.state.exec.state_task.lambda_eval_utils:boto_client_for"
+)
+_JSON_PATH = "moto.stepfunctions.parser.asl.utils.json_path:parse"
+_RESULT_PATH = "moto.stepfunctions.parser.asl.component.common.path.result_path:parse"
+
+
+@contextmanager
+def speedups() -> Iterator[None]:
+    """All four, for as long as local AWS runs."""
+    with ExitStack() as stack:
+        stack.enter_context(_direct(_METHOD_NAMES, _listed_once))
+        stack.enter_context(_direct(_DYNAMO_RESULT, _item_answers_written_directly))
+        stack.enter_context(_direct(_LAMBDA_CLIENT, _one_client_per_region))
+        stack.enter_context(_direct(_JSON_PATH, _parsed_once))
+        stack.enter_context(_direct(_RESULT_PATH, _parsed_once))
+        yield
+
+
+@contextmanager
+def _direct(path: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    owner, name = patch_point(path)
+    with mock.patch.object(owner, name, make(getattr(owner, name))):
+        yield
+
+
+def _listed_once(method_names: Callable[[type], list[str]]) -> Callable[[type], list[str]]:
+    return functools.lru_cache(maxsize=None)(method_names)
+
+
+def _item_answers_written_directly(serialize: Callable[..., Any]) -> Callable[..., Any]:
+    def execute_result(result: Any, context: Any) -> Any:
+        if context.operation_model.name not in ITEM_OPERATIONS:
+            return serialize(result, context)
+        # Only the output shape's members, as the serializer writes (moto adds e.g. DeleteItem's legacy
+        # ConsumedCapacityUnits); below them an answer is attribute values, written whole.
+        members = context.operation_model.output_shape.members
+        answer = {key: value for key, value in result.result.items() if key in members}
+        body = json.dumps(answer, default=_binary_in_base64)
+        return 200, {"Content-Type": JSON_CONTENT_TYPE}, body
+
+    return execute_result
+
+
+def _binary_in_base64(value: Any) -> str:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    raise TypeError(f"{type(value).__name__} in a DynamoDB item answer; the serializer should write it")
+
+
+def _one_client_per_region(make_client: Callable[..., Any]) -> Callable[..., Any]:
+    """Kept for this local AWS only (its server's port is in each client's endpoint)."""
+    clients: dict[tuple[str, str], Any] = {}
+    lock = threading.Lock()
+
+    def boto_client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+        key = (region, service)
+        with lock:
+            client = clients.get(key)
+            if client is None:
+                client = clients[key] = make_client(region=region, service=service)
+        return client
+
+    return boto_client_for
+
+
+def _parsed_once(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    return functools.lru_cache(maxsize=KEPT_PATHS)(parse)

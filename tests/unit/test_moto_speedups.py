@@ -1,0 +1,153 @@
+"""The work local AWS does once or directly (emulator/moto_speedups.py) answers exactly as moto does.
+
+The reference is moto's own serializer, run on the same answer: for every item operation and every
+attribute type DynamoDB has (DynamoDB API reference, "AttributeValue": S, N, B, SS, NS, BS, M, L,
+NULL, BOOL), the direct JSON is the serializer's JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from moto.dynamodb.responses import DynamoResult
+
+from emulator.aws import LocalAws, local_aws
+from emulator.moto_internals import resolve
+from emulator.moto_speedups import ITEM_OPERATIONS
+
+LAMBDA_CLIENT = (
+    "moto.stepfunctions.parser.asl.component.state.exec.state_task.lambda_eval_utils:boto_client_for"
+)
+JSON_PATH = "moto.stepfunctions.parser.asl.utils.json_path:parse"
+RESULT_PATH = "moto.stepfunctions.parser.asl.component.common.path.result_path:parse"
+
+EVERY_TYPE: dict[str, Any] = {
+    "pk": {"S": "arn:aws:ec2:us-east-1:123456789012:instance/i-0abc"},
+    "sk": {"S": "record"},
+    "n": {"N": "1795720173.321"},
+    "b": {"B": b"\x00\x01\xfe\xff ciphertext"},
+    "ss": {"SS": ["a", "b"]},
+    "ns": {"NS": ["1", "2.5"]},
+    "bs": {"BS": [b"\x00", b"\xff"]},
+    "m": {"M": {"nested": {"L": [{"S": "x"}, {"N": "3"}, {"BOOL": False}]}, "gone": {"NULL": True}}},
+    "l": {"L": [{"M": {"k": {"B": b"\x10"}}}]},
+    "t": {"BOOL": True},
+    "u": {"S": "ünïcode ✓"},
+}
+KEY = {"pk": EVERY_TYPE["pk"], "sk": EVERY_TYPE["sk"]}
+
+
+@pytest.fixture
+def answers() -> Iterator[tuple[LocalAws, list[tuple[str, str, str]]]]:
+    """Local AWS whose DynamoDB answers are kept with what moto's serializer makes of the same answer."""
+    seen: list[tuple[str, str, str]] = []
+    serializer = resolve("moto.dynamodb.responses:DynamoResult.execute_result")  # moto's, inherited
+    with local_aws() as aws:
+        direct = DynamoResult.execute_result
+
+        def both(result: Any, context: Any) -> Any:
+            status, headers, body = direct(result, context)
+            _, _, reference = serializer(result, context)
+            seen.append((context.operation_model.name, body, reference))
+            return status, headers, body
+
+        DynamoResult.execute_result = both  # type: ignore[method-assign]
+        try:
+            yield aws, seen
+        finally:
+            DynamoResult.execute_result = direct  # type: ignore[method-assign]
+
+
+def test_every_item_operation_answers_as_motos_serializer_does(
+    answers: tuple[LocalAws, list[tuple[str, str, str]]],
+) -> None:
+    aws, seen = answers
+    dynamodb = aws.client("dynamodb")
+    dynamodb.create_table(
+        TableName="t",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.put_item(TableName="t", Item=EVERY_TYPE, ReturnConsumedCapacity="TOTAL")
+    item = dynamodb.get_item(TableName="t", Key=KEY, ConsistentRead=True)["Item"]
+    dynamodb.get_item(TableName="t", Key={**KEY, "sk": {"S": "none"}})
+    dynamodb.update_item(
+        TableName="t",
+        Key=KEY,
+        UpdateExpression="SET n = n + :one",
+        ExpressionAttributeValues={":one": {"N": "1"}},
+        ReturnValues="ALL_NEW",
+        ReturnConsumedCapacity="TOTAL",
+    )
+    dynamodb.query(
+        TableName="t",
+        KeyConditionExpression="pk = :p",
+        ExpressionAttributeValues={":p": KEY["pk"]},
+        Limit=1,
+    )
+    dynamodb.scan(TableName="t", ReturnConsumedCapacity="INDEXES")
+    dynamodb.batch_get_item(RequestItems={"t": {"Keys": [KEY], "ConsistentRead": True}})
+    dynamodb.batch_write_item(RequestItems={"t": [{"PutRequest": {"Item": {**KEY, "sk": {"S": "other"}}}}]})
+    dynamodb.transact_get_items(TransactItems=[{"Get": {"TableName": "t", "Key": KEY}}])
+    dynamodb.transact_write_items(
+        TransactItems=[{"Put": {"TableName": "t", "Item": {**KEY, "sk": {"S": "third"}}}}]
+    )
+    with pytest.raises(dynamodb.exceptions.ConditionalCheckFailedException):
+        dynamodb.put_item(
+            TableName="t",
+            Item=KEY,
+            ConditionExpression="attribute_not_exists(pk)",
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+    dynamodb.delete_item(TableName="t", Key=KEY, ReturnValues="ALL_OLD")
+    dynamodb.describe_table(TableName="t")
+
+    # Then the client read every type back as written
+    assert item == EVERY_TYPE
+    operations = {name for name, _, _ in seen}
+    assert ITEM_OPERATIONS | {"DescribeTable"} <= operations
+    # And each answer is, as JSON, the one moto's serializer writes
+    for name, body, reference in seen:
+        assert json.loads(body or "{}") == json.loads(reference or "{}"), name
+
+
+def test_step_functions_lambda_tasks_share_one_client_per_region() -> None:
+    with local_aws():
+        client_for = resolve(LAMBDA_CLIENT)
+        first = client_for(region="us-east-1", service="lambda", state_credentials=None)
+        again = client_for(region="us-east-1", service="lambda", state_credentials=None)
+        other = client_for(region="eu-west-1", service="lambda", state_credentials=None)
+        assert again is first
+        assert other is not first
+        assert first.meta.endpoint_url.startswith("http://localhost:")
+    # And outside local AWS, moto makes its own clients again
+    assert resolve(LAMBDA_CLIENT)(region="us-east-1", service="lambda") is not first
+
+
+@pytest.mark.parametrize("where", [JSON_PATH, RESULT_PATH])
+def test_a_json_path_is_parsed_once_and_finds_as_before(where: str) -> None:
+    data = {"a": {"b": [1, 2, 3]}, "c": "x"}
+    paths = ("$.a.b", "$.a.b[1]", "$.c", "$")
+    outside = [[m.value for m in resolve(where)(path).find(data)] for path in paths]
+    with local_aws():
+        parse = resolve(where)
+        assert parse("$.a.b") is parse("$.a.b")
+        inside = [[m.value for m in parse(path).find(data)] for path in paths]
+    assert inside == outside == [[[1, 2, 3]], [2], ["x"], [data]]
+
+
+def test_a_response_class_methods_are_listed_once_and_as_before() -> None:
+    handler = resolve("moto.dynamodb.responses:DynamoHandler")
+    method_names = "moto.core.responses:method_names_from_class"
+    outside = resolve(method_names)(handler)
+    with local_aws():
+        listed = resolve(method_names)
+        assert listed(handler) is listed(handler)
+        assert listed(handler) == outside
+    assert "update_item" in outside
