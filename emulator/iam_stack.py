@@ -161,6 +161,9 @@ class Bindings:
             return self.values[(logical, attribute)]
         kind = self.resources.get(logical, {}).get("Type", "")
         ref = self.ref(logical)
+        if kind == "AWS::SQS::Queue" and "QueueName" in self.resources[logical]["Properties"]:
+            # A named queue (the pool's): its URL ends with its name, though no function is told the URL.
+            ref = self.resolve(self.resources[logical]["Properties"]["QueueName"])
         p, r, a = self.partition, self.region, self.account
         # The return values of each resource type (CloudFormation User Guide, the type's page).
         arns = {

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from runner_pool.adapters import state_table as schema
 from runner_pool.adapters.fleet import FleetSetup, LaunchTemplate
+from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch
 from runner_pool.environment import STACK_TAG_KEY
 
@@ -56,9 +58,20 @@ def create_state_table(client: DynamoDBClient, name: str) -> None:
     )
 
 
-def create_pool_queues(client: SQSClient, prefix: str, classes: list[str]) -> dict[str, str]:
-    """One pool queue per resource class; returns the queue URL of each class."""
-    return {name: client.create_queue(QueueName=f"{prefix}-pool-{name}")["QueueUrl"] for name in classes}
+def create_pool_queues(client: SQSClient, name_prefix: str, classes: Iterable[str]) -> str:
+    """One pool queue per partition of the classes, named as infra/ names them under `name_prefix`
+    (pool_partitions.queue_name_prefix); returns the URL prefix the functions are told.
+
+    The prefix has SQS's own shape, `https://sqs.<region>.amazonaws.com/<account>/` (SQS Developer Guide,
+    "Amazon SQS queue and message identifiers"), as the template builds it, not the local server's
+    address: moto finds a queue by the URL's last part, whatever host it names.
+    """
+    urls = [
+        client.create_queue(QueueName=partition.queue_name(name_prefix))["QueueUrl"]
+        for partition in PoolPartition.every(classes)
+    ]
+    account = urls[0].rstrip("/").split("/")[-2]
+    return f"https://sqs.{client.meta.region_name}.amazonaws.com/{account}/{name_prefix}"
 
 
 AMI_ARCHITECTURES = {Arch.X64: "x86_64", Arch.ARM64: "arm64"}

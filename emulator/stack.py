@@ -57,10 +57,12 @@ from emulator.resources import (
     create_state_table,
 )
 from emulator.step_functions import Handler, LambdaContext, LocalStateMachines, function_arn, substitute
+from emulator.template import STACK_ID
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.pool_partitions import queue_name_prefix
 from runner_pool.environment import ENV_PREFIX, ControlPlaneSettings
 from runner_pool.wiring import ClientFactory, ControlPlane, invoked_with, use_control_plane
 
@@ -264,8 +266,10 @@ class LocalStack:
             Name=self.config.github.private_key_secret_name, SecretString=private_key_pem
         )
         self.give(
-            pool_queue_urls=create_pool_queues(
-                self._clients("sqs"), self.stack_name, list(self.config.resource_classes)
+            # Named as the template names them (it fixes the stack's name in them, as in the state
+            # machines' names): the functions' URL prefix is the template's.
+            pool_queue_url_prefix=create_pool_queues(
+                self._clients("sqs"), queue_name_prefix(STACK_ID), self.config.resource_classes
             ),
             credentials_key_id=self._clients("kms").create_key()["KeyMetadata"]["KeyId"],
             subnet_ids=create_network(ec2),

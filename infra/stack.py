@@ -71,7 +71,7 @@ class RunnerPoolStack(Stack):
             config=config,
             functions=self.functions,
             table=self.state_table.table,
-            pool_queues=self.pool_queues.by_class,
+            pool_queues=self.pool_queues,
             github_app_key=self.github_app_key,
         )
         self.provision = Provision(
@@ -80,7 +80,7 @@ class RunnerPoolStack(Stack):
             config=config,
             functions=self.functions,
             table=self.state_table.table,
-            pool_queues=self.pool_queues.by_class,
+            pool_queues=self.pool_queues,
             instances=self.instances,
             github_app_key=self.github_app_key,
             release=self.release.state_machine,
@@ -91,7 +91,7 @@ class RunnerPoolStack(Stack):
             config=config,
             functions=self.functions,
             table=self.state_table.table,
-            pool_queues=self.pool_queues.by_class,
+            pool_queues=self.pool_queues,
             instances=self.instances,
             github_app_key=self.github_app_key,
             provision=self.provision.state_machine,
@@ -113,7 +113,7 @@ class RunnerPoolStack(Stack):
                 "provision": self.provision.state_machine,
                 "release": self.release.state_machine,
             },
-            pool_queues=self.pool_queues.by_class,
+            pool_queues={p.name: q for p, q in self.pool_queues.by_partition.items()},
             dead_letter_queues={"Demand": self.ingress.dead_letters},
             scheduled_functions={"refresh": self.refresh.function},
             functions=[
@@ -143,10 +143,9 @@ class RunnerPoolStack(Stack):
     def _outputs(self) -> None:
         """What the operator CLI (`runner-pool`) reads to find the table and queues."""
         CfnOutput(self, "StateTableName", value=self.state_table.table.table_name)
+        CfnOutput(self, "PoolQueueUrlPrefix", value=self.pool_queues.url_prefix)
         CfnOutput(
-            self,
-            "PoolQueueUrls",
-            value=self.to_json_string({name: q.queue_url for name, q in self.pool_queues.by_class.items()}),
+            self, "ResourceClasses", value=self.to_json_string(sorted(self.pool_queues.resource_classes))
         )
         CfnOutput(
             self,

@@ -85,8 +85,8 @@ def sqs(aws: None) -> Any:
 
 
 @pytest.fixture
-def pool_queue_urls(sqs: object, config: StackConfig) -> dict[str, str]:
-    return create_pool_queues(sqs, "runner-pool", list(config.resource_classes))  # type: ignore[arg-type]
+def pool_queue_url_prefix(sqs: object, config: StackConfig) -> str:
+    return create_pool_queues(sqs, "runner-pool-pool-", config.resource_classes)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -161,7 +161,7 @@ class Observability(Construct):
                 width=12,
             ),
             cloudwatch.GraphWidget(
-                title="Pool size per class (idle instances)",
+                title="Pool size per partition (idle instances)",
                 left=[
                     queue.metric_approximate_number_of_messages_visible(
                         period=Duration.minutes(1), statistic="Maximum", label=name

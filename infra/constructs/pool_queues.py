@@ -1,4 +1,5 @@
-"""The pool queues: one SQS queue per resource class, one message per idle, vetted instance of that class."""
+"""The pool queues: one SQS queue per pool partition (resource class, usage, architecture), one message
+per idle, vetted instance of that partition (domain/pool_partitions.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,18 @@ import math
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from aws_cdk import Acknowledgment, Duration, Validations
+from aws_cdk import Acknowledgment, Aws, Duration, Fn, Stack, Validations
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from runner_pool.domain.config import ConfigError, StackConfig
+from runner_pool.domain.pool_partitions import (
+    QUEUE_NAME_LIMIT,
+    PoolPartition,
+    longest_queue_name,
+    queue_name_prefix,
+)
 
 SQS_MIN_RETENTION_SECONDS = 60
 SQS_MAX_RETENTION_SECONDS = 14 * 86_400
@@ -19,24 +27,57 @@ RETENTION_MARGIN_SECONDS = 300
 
 
 class PoolQueues(Construct):
-    """The pool queue of every resource class in the config; `by_class` maps each class to its queue."""
+    """The pool queue of every partition of the config's classes; `by_partition` maps each to its queue.
+
+    Queues are named `<stack>-pool-<partition>` so that a function is told one URL prefix
+    (`url_prefix`) instead of every queue's URL.
+    """
 
     def __init__(self, scope: Construct, construct_id: str, *, config: StackConfig) -> None:
         super().__init__(scope, construct_id)
+        self.resource_classes = tuple(config.resource_classes)
         retention = Duration.seconds(message_retention_seconds(config))
-        self.by_class: Mapping[str, sqs.Queue] = MappingProxyType(
+        prefix = queue_name_prefix(Stack.of(self).stack_name)
+        longest = longest_queue_name(prefix, config.resource_classes)
+        if len(longest) > QUEUE_NAME_LIMIT:
+            raise ConfigError(
+                [
+                    f"resource_classes: the pool queue {longest!r} would have {len(longest)} characters, "
+                    f"more than SQS's {QUEUE_NAME_LIMIT}; fix: shorten the longest class name or the "
+                    "stack's name"
+                ]
+            )
+        self.by_partition: Mapping[PoolPartition, sqs.Queue] = MappingProxyType(
             {
-                name: sqs.Queue(
+                partition: sqs.Queue(
                     self,
-                    name,
+                    partition.name,
+                    queue_name=partition.queue_name(prefix),
                     # SQS-owned keys: pool messages hold instance facts, not secrets, and no
                     # producer or consumer then needs a KMS grant.
                     encryption=sqs.QueueEncryption.SQS_MANAGED,
-                    enforce_ssl=True,
                     retention_period=retention,
                 )
-                for name in config.resource_classes
+                for partition in PoolPartition.every(config.resource_classes)
             }
+        )
+        # One policy for every pool queue rather than CDK's one per queue (`enforce_ssl`): a stack has
+        # four queues per class, and each resource counts against CloudFormation's 500 per template
+        # (CloudFormation User Guide, "CloudFormation quotas": Resources).
+        require_tls = sqs.QueuePolicy(self, "RequireTls", queues=list(self.queues))
+        require_tls.document.add_statements(
+            iam.PolicyStatement(
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["sqs:*"],
+                resources=[queue.queue_arn for queue in self.queues],
+                conditions={"Bool": {"aws:SecureTransport": "false"}},
+            )
+        )
+        # A queue's URL is `https://sqs.<region>.<domain>/<account>/<name>` (SQS Developer Guide,
+        # "Amazon SQS queue and message identifiers": Queue name and URL).
+        self.url_prefix: str = Fn.join(
+            "", ["https://sqs.", Aws.REGION, ".", Aws.URL_SUFFIX, "/", Aws.ACCOUNT_ID, "/", prefix]
         )
         Validations.of(self).acknowledge(
             Acknowledgment(
@@ -50,6 +91,10 @@ class PoolQueues(Construct):
                 ),
             )
         )
+
+    @property
+    def queues(self) -> list[sqs.Queue]:
+        return list(self.by_partition.values())
 
 
 def message_retention_seconds(config: StackConfig) -> int:

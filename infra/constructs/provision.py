@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from aws_cdk import Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_secretsmanager as secretsmanager
-from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.constructs import permissions
 from infra.constructs.functions import ControlPlaneFunctions
 from infra.constructs.instances import Instances
+from infra.constructs.pool_queues import PoolQueues
 from infra.constructs.workflow import Step, Workflow, state_machine_arn
 from runner_pool.domain.config import StackConfig
 
@@ -30,14 +28,13 @@ class Provision(Construct):
         config: StackConfig,
         functions: ControlPlaneFunctions,
         table: dynamodb.ITable,
-        pool_queues: Mapping[str, sqs.IQueue],
+        pool_queues: PoolQueues,
         instances: Instances,
         github_app_key: secretsmanager.ISecret,
         release: sfn.IStateMachine,
     ) -> None:
         super().__init__(scope, construct_id)
-        queues = list(pool_queues.values())
-        queue_urls = {name: queue.queue_url for name, queue in pool_queues.items()}
+        queues = pool_queues.queues
         templates = list(instances.launch_templates.values())
         hand_off = {"credentials_key_id": instances.credentials_key.key_id}
         # Finish and Dump start executions of this very machine (redrives): named, so their roles can
@@ -103,7 +100,7 @@ class Provision(Construct):
                 "claim": Step(
                     "picks up a warm instance, claims it and hands it its runner config",
                     grant=claim,
-                    environment={**hand_off, "pool_queue_urls": queue_urls},
+                    environment={**hand_off, "pool_queue_url_prefix": pool_queues.url_prefix},
                 ),
                 "check_claim": Step("reads a claimed instance's heartbeat and signal", check),
                 "discard": Step("expires and terminates a candidate that failed", expire, fleet_environment),
@@ -134,7 +131,7 @@ class Provision(Construct):
                 "dump": Step(
                     "keeps what is registered, gives back or terminates the rest of a failed execution",
                     dump,
-                    {**finish_environment, "pool_queue_urls": queue_urls},
+                    {**finish_environment, "pool_queue_url_prefix": pool_queues.url_prefix},
                     timeout_seconds=120,
                 ),
             },

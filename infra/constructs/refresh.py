@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from aws_cdk import Duration
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_secretsmanager as secretsmanager
-from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.constructs import permissions
 from infra.constructs.functions import ControlPlaneFunctions
 from infra.constructs.instances import Instances
+from infra.constructs.pool_queues import PoolQueues
 from runner_pool.domain.config import StackConfig
 
 REFRESH_TIMEOUT_SECONDS = 50
@@ -33,7 +31,7 @@ class Refresh(Construct):
         config: StackConfig,
         functions: ControlPlaneFunctions,
         table: dynamodb.ITable,
-        pool_queues: Mapping[str, sqs.IQueue],
+        pool_queues: PoolQueues,
         instances: Instances,
         github_app_key: secretsmanager.ISecret,
         provision: sfn.IStateMachine,
@@ -45,7 +43,7 @@ class Refresh(Construct):
             "refresh.refresh",
             description="terminates what expired, sweeps orphans, keeps the warm pool, asks for redeliveries",
             environment={
-                "pool_queue_urls": {name: queue.queue_url for name, queue in pool_queues.items()},
+                "pool_queue_url_prefix": pool_queues.url_prefix,
                 "subnet_ids": config.network.subnet_ids,
                 "launch_templates": {
                     arch.value: template.launch_template_id
@@ -69,7 +67,7 @@ class Refresh(Construct):
             instance_role=instances.role,
             image_parameter_arns=instances.image_parameter_arns,
         )
-        permissions.offer_to_pool(self.function, pool_queues.values())
+        permissions.offer_to_pool(self.function, pool_queues.queues)
         permissions.act_as_github_app(self.function, github_app_key)
         permissions.start_executions(self.function, [provision.state_machine_arn, release.state_machine_arn])
         permissions.reconcile_recent_demand(self.function, table)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_secretsmanager as secretsmanager
-from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra.constructs import permissions
 from infra.constructs.functions import ControlPlaneFunctions
+from infra.constructs.pool_queues import PoolQueues
 from infra.constructs.workflow import Step, Workflow
 from runner_pool.domain.config import StackConfig
 
@@ -27,7 +25,7 @@ class Release(Construct):
         config: StackConfig,
         functions: ControlPlaneFunctions,
         table: dynamodb.ITable,
-        pool_queues: Mapping[str, sqs.IQueue],
+        pool_queues: PoolQueues,
         github_app_key: secretsmanager.ISecret,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -42,7 +40,7 @@ class Release(Construct):
 
         def check_receipt(function: lambda_.Function) -> None:
             permissions.write_records(function, table)
-            permissions.offer_to_pool(function, pool_queues.values())
+            permissions.offer_to_pool(function, pool_queues.queues)
 
         def salvage(function: lambda_.Function) -> None:
             permissions.write_records(function, table)
@@ -61,7 +59,7 @@ class Release(Construct):
                 "check_receipt": Step(
                     "pools an instance once its agent has cleaned up, or expires it",
                     check_receipt,
-                    {"pool_queue_urls": {n: q.queue_url for n, q in pool_queues.items()}},
+                    {"pool_queue_url_prefix": pool_queues.url_prefix},
                 ),
                 "salvage": Step("expires what a failed release step held", salvage),
             },

@@ -1,6 +1,7 @@
 """The operator CLI, `runner-pool status|instances|pool|drain`: a deployed pool, from its table and queues.
 
-It finds the state table and the pool queues through the stack's outputs (`--stack`, default
+It finds the state table and the pool queues (one per class, usage and architecture) through the
+stack's outputs (`--stack`, default
 RunnerPool), with the operator's own AWS credentials, and prints plain tables. `drain CLASS` expires
 the idle instances of one class: their pool messages go stale, and the next refresh terminates them.
 """
@@ -20,12 +21,14 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.prices import on_demand_hourly
 
 DEFAULT_STACK = "RunnerPool"
 TABLE_OUTPUT = "StateTableName"
-QUEUES_OUTPUT = "PoolQueueUrls"
+QUEUES_OUTPUT = "PoolQueueUrlPrefix"
+CLASSES_OUTPUT = "ResourceClasses"
 LIVE_STATES = (InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING, InstanceState.IDLE)
 STOPPED: InstanceState | None = getattr(InstanceState, "STOPPED", None)
 """The stopped tier's state (issue 16, item 2). The lifecycle has no such state yet, so `status` shows 0
@@ -42,7 +45,15 @@ class Deployment:
     """Where a deployed pool keeps its records and its idle instances."""
 
     table_name: str
-    pool_queue_urls: dict[str, str]
+    pool_queue_url_prefix: str
+    resource_classes: tuple[str, ...]
+
+    @property
+    def pool_queue_urls(self) -> dict[PoolPartition, str]:
+        """Each partition's queue URL."""
+        return {
+            p: p.queue_name(self.pool_queue_url_prefix) for p in PoolPartition.every(self.resource_classes)
+        }
 
     @classmethod
     def of_stack(cls, stack_name: str, cloudformation: Any) -> Deployment:
@@ -51,12 +62,12 @@ class Deployment:
         except cloudformation.exceptions.ClientError as error:
             raise DeploymentNotFoundError(f"stack {stack_name!r}: {error}") from None
         outputs = {output["OutputKey"]: output["OutputValue"] for output in stack.get("Outputs", [])}
-        missing = [name for name in (TABLE_OUTPUT, QUEUES_OUTPUT) if name not in outputs]
+        missing = [name for name in (TABLE_OUTPUT, QUEUES_OUTPUT, CLASSES_OUTPUT) if name not in outputs]
         if missing:
             raise DeploymentNotFoundError(
                 f"stack {stack_name!r} has no output {', '.join(missing)}: is it a runner-pool stack?"
             )
-        return cls(outputs[TABLE_OUTPUT], json.loads(outputs[QUEUES_OUTPUT]))
+        return cls(outputs[TABLE_OUTPUT], outputs[QUEUES_OUTPUT], tuple(json.loads(outputs[CLASSES_OUTPUT])))
 
 
 class Operator:
@@ -82,14 +93,16 @@ class Operator:
             r.resource_class for r in records if r.state is InstanceState.IDLE and not r.threshold_passed(now)
         )
         stopped = Counter(r.resource_class for r in records if STOPPED is not None and r.state is STOPPED)
-        depths = self._depths()
-        classes = sorted(set(self._deployment.pool_queue_urls) | {r.resource_class for r in records})
+        pooled: Counter[str] = Counter()
+        for partition, (ready, _, _) in self._depths().items():
+            pooled[partition.resource_class] += int(ready)
+        classes = sorted(set(self._deployment.resource_classes) | {r.resource_class for r in records})
         rows = [
             [
                 name,
                 *(str(by_class_state[(name, state)]) for state in LIVE_STATES),
                 str(overdue[name]),
-                depths.get(name, ("-",))[0],
+                str(pooled[name]) if name in self._deployment.resource_classes else "-",
                 str(hot[name]),
                 str(stopped[name]),
                 _idle_cost_per_hour(r for r in records if r.resource_class == name),
@@ -130,17 +143,23 @@ class Operator:
         return 0
 
     def pool(self) -> int:
-        """Each class's pool queue: messages ready to be picked up, being picked up, and delayed."""
-        idle = Counter(r.resource_class for r in self._table.live() if r.state is InstanceState.IDLE)
+        """Each partition's pool queue: messages ready to be picked up, being picked up, and delayed."""
+        idle = Counter(
+            PoolPartition(r.resource_class, r.usage_class, r.arch)
+            for r in self._table.live()
+            if r.state is InstanceState.IDLE
+        )
         depths = self._depths()
-        rows = [[name, *depths[name], str(idle[name])] for name in sorted(depths)]
-        self._table_out(["class", "ready", "in flight", "delayed", "idle records"], rows)
+        rows = [
+            [p.resource_class, p.usage.value, p.arch.value, *depths[p], str(idle[p])] for p in sorted(depths)
+        ]
+        self._table_out(["class", "usage", "arch", "ready", "in flight", "delayed", "idle records"], rows)
         return 0
 
     def drain(self, resource_class: str) -> int:
         """Expire every idle instance of a class; refresh then terminates them."""
-        if resource_class not in self._deployment.pool_queue_urls:
-            known = ", ".join(sorted(self._deployment.pool_queue_urls))
+        if resource_class not in self._deployment.resource_classes:
+            known = ", ".join(sorted(self._deployment.resource_classes))
             print(f"no class {resource_class!r} in this stack; classes: {known}", file=sys.stderr)
             return 2
         idle = [
@@ -161,18 +180,18 @@ class Operator:
         )
         return 0
 
-    def _depths(self) -> dict[str, tuple[str, str, str]]:
+    def _depths(self) -> dict[PoolPartition, tuple[str, str, str]]:
         attributes = (
             "ApproximateNumberOfMessages",
             "ApproximateNumberOfMessagesNotVisible",
             "ApproximateNumberOfMessagesDelayed",
         )
         depths = {}
-        for name, url in self._deployment.pool_queue_urls.items():
+        for partition, url in self._deployment.pool_queue_urls.items():
             found = self._sqs.get_queue_attributes(QueueUrl=url, AttributeNames=list(attributes))[
                 "Attributes"
             ]
-            depths[name] = (found[attributes[0]], found[attributes[1]], found[attributes[2]])
+            depths[partition] = (found[attributes[0]], found[attributes[1]], found[attributes[2]])
         return depths
 
     def _table_out(self, header: list[str], rows: list[list[str]]) -> None:

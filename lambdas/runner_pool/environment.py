@@ -2,7 +2,7 @@
 
 One model for all of them: each function is given the variables it needs (the CDK constructs set
 them), and a handler that reaches for one it was not given fails at once with the variable's name.
-Variables are named `RUNNER_POOL_<FIELD>`; structured ones (the stack config, the queue URLs) are JSON.
+Variables are named `RUNNER_POOL_<FIELD>`; structured ones (the stack config, the launch templates) are JSON.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ class ControlPlaneSettings(BaseSettings):
     config: StackConfig = StackConfig()
     stack_name: str = "runner-pool"
     """The value of the stack tag (`runner-pool:stack`) on every instance this stack launches."""
-    pool_queue_urls: dict[str, str] = Field(default_factory=dict)
+    pool_queue_url_prefix: str | None = None
+    """Every pool queue's URL up to its partition's name (domain/pool_partitions.py)."""
     credentials_key_id: str | None = None
     """The KMS key that runner configs are encrypted with."""
     account_id: str | None = Field(None, pattern=r"^\d{12}$")

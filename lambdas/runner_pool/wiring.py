@@ -80,12 +80,21 @@ class ControlPlane:
 
     @cached_property
     def pool_queues(self) -> PoolQueues:
-        return PoolQueues(self.settings.pool_queue_urls, self.client("sqs"))
+        return PoolQueues(
+            self.settings.require("pool_queue_url_prefix", "the pool queues"),
+            self.config.resource_classes,
+            self.client("sqs"),
+        )
 
     @cached_property
     def pickup(self) -> PickupManager:
         return PickupManager(
-            self.pool_queues, self.state_table, self.clock, self.config.pickup, reuse=self.config.reuse
+            self.pool_queues,
+            self.state_table,
+            self.clock,
+            self.config.pickup,
+            reuse=self.config.reuse,
+            partitions=self.pool_queues.partitions,
         )
 
     @cached_property

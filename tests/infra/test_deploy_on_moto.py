@@ -22,6 +22,7 @@ from moto import mock_aws
 from moto.cloudformation.parsing import resource_class_from_type
 
 from infra.constructs.instances import image_parameter_name
+from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch
 from tests.conftest import REGION
 from tests.infra.synthesis import Synthesis
@@ -150,11 +151,12 @@ def test_the_outputs_name_the_deployed_table_and_queues(
     # Given the deployed stack's outputs (what the operator CLI reads)
     outputs = deployed["outputs"]
 
-    # Then the table output names a real table, and the queue output a real queue per class
+    # Then the table output names a real table, and the queue outputs a real queue per partition
     deployed["dynamodb"].describe_table(TableName=outputs["StateTableName"])
-    queue_urls = json.loads(outputs["PoolQueueUrls"])
-    assert set(queue_urls) == set(synthesis.config.resource_classes)
-    for url in queue_urls.values():
+    classes = json.loads(outputs["ResourceClasses"])
+    assert set(classes) == set(synthesis.config.resource_classes)
+    for partition in PoolPartition.every(classes):
+        url = partition.queue_name(outputs["PoolQueueUrlPrefix"])
         deployed["sqs"].get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
     # And the webhook URL is the API's /webhook path
     assert outputs["WebhookUrl"].endswith("/webhook")

@@ -40,9 +40,12 @@ def placeholder(value: Any) -> str:
     if name == "Fn::Join":
         return argument[0].join(placeholder(part) for part in argument[1])
     if name == "Ref":
-        return {"AWS::AccountId": ACCOUNT, "AWS::Region": "us-east-1", "AWS::StackName": "RunnerPool"}.get(
-            argument, f"ref-{argument}"
-        )
+        return {
+            "AWS::AccountId": ACCOUNT,
+            "AWS::Region": "us-east-1",
+            "AWS::StackName": "RunnerPool",
+            "AWS::URLSuffix": "amazonaws.com",
+        }.get(argument, f"ref-{argument}")
     if name == "Fn::GetAtt":
         return f"{argument[1].lower()}-{argument[0]}"
     raise AssertionError(f"unexpected intrinsic {name}")
@@ -147,8 +150,9 @@ def test_the_pool_and_launch_settings_name_the_stacks_queues_templates_and_subne
     # Given refresh's settings, read as the Lambda reads them
     settings = settings_of(functions(synthesis)["refresh.refresh"], monkeypatch)
 
-    # Then there is a queue per class, a template per architecture, and the configured subnets
-    assert set(settings.pool_queue_urls) == set(synthesis.config.resource_classes)
+    # Then the pool queues are named by one prefix of SQS's URL shape, a template per architecture, and
+    # the configured subnets
+    assert settings.pool_queue_url_prefix == f"https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/RunnerPool-pool-"
     assert {arch.value for arch in settings.launch_templates} == {"x64", "arm64"}
     assert settings.subnet_ids == synthesis.config.network.subnet_ids
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.constructs.observability import PER_KEY_METRICS, PRODUCT_METRICS
+from runner_pool.domain.pool_partitions import PoolPartition
 from tests.infra.synthesis import Synthesis
 
 LAMBDAS = Path(__file__).resolve().parents[2] / "lambdas" / "runner_pool"
@@ -80,14 +81,14 @@ def test_an_alarm_address_gets_an_encrypted_topic_that_every_alarm_notifies(
         assert alarm["OKActions"] == [{"Ref": topic_id}]
 
 
-def test_the_dashboard_shows_pool_size_per_class(synthesis: Synthesis) -> None:
+def test_the_dashboard_shows_pool_size_per_partition(synthesis: Synthesis) -> None:
     # Given the dashboard's body
     (dashboard,) = [r for r in synthesis.resources.values() if r["Type"] == "AWS::CloudWatch::Dashboard"]
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
 
-    # Then each class's pool queue depth is graphed under the class's name
-    for name in synthesis.config.resource_classes:
-        assert f'\\"label\\":\\"{name}\\"' in body, name
+    # Then each partition's pool queue depth is graphed under the partition's name
+    for partition in PoolPartition.every(synthesis.config.resource_classes):
+        assert f'\\"label\\":\\"{partition.name}\\"' in body, partition
     assert "ApproximateNumberOfMessagesVisible" in body
 
 

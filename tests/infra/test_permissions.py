@@ -126,3 +126,37 @@ def test_table_queries_name_one_index_each(synthesis: Synthesis) -> None:
         (index,) = [part for part in resource["Fn::Join"][1] if isinstance(part, str)]
         assert resource["Fn::Join"][1][0] == {"Fn::GetAtt": [table, "Arn"]}, handler
         assert index in {f"/index/{schema.RUN_KEY_INDEX}", f"/index/{schema.THRESHOLD_INDEX}"}, handler
+
+
+POOL_USERS = {
+    "provision.claim": {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:SendMessage"},
+    "provision.dump": {"sqs:SendMessage"},
+    "release.check_receipt": {"sqs:SendMessage"},
+    "refresh.refresh": {"sqs:SendMessage"},
+}
+"""What each function that reads or writes the pool does with its queues (DESIGN.md 6.2, 6.5, 7, 8)."""
+
+
+def test_the_pool_grants_name_exactly_the_partition_queues(synthesis: Synthesis) -> None:
+    # Given the pool queues of every partition, by their ARNs in the template
+    pool = [
+        {"Fn::GetAtt": [synthesis.stack.get_logical_id(queue.node.default_child), "Arn"]}
+        for queue in synthesis.stack.pool_queues.queues
+    ]
+    assert len(pool) == len(synthesis.config.resource_classes) * 4
+    for handler in handlers(synthesis):
+        # When the function's SQS statements on pool queues are read
+        on_pool = [
+            s for s in statements(synthesis, handler) if any(resource in pool for resource in _resources(s))
+        ]
+        # Then a function that uses the pool is granted its actions on every partition's queue and on
+        # nothing else, and no other function is granted anything on a pool queue
+        granted_actions = {action for s in on_pool for action in actions(s)}
+        assert granted_actions == POOL_USERS.get(handler, set()), handler
+        for statement in on_pool:
+            assert sorted(map(str, _resources(statement))) == sorted(map(str, pool)), handler
+
+
+def _resources(statement: Mapping[str, Any]) -> list[Any]:
+    resource = statement["Resource"]
+    return resource if isinstance(resource, list) else [resource]

@@ -12,22 +12,26 @@ import pytest
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.cli import main
 from runner_pool.domain.clock import ManualClock
-from runner_pool.domain.config import Timeouts
+from runner_pool.domain.config import StackConfig, Timeouts
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pool_partitions import PoolPartition
+from runner_pool.domain.records import Arch, UsageClass
 from tests.conftest import REGION, TABLE_NAME
 from tests.support import builders
 
 STACK = "RunnerPool"
+LARGE = PoolPartition("large", UsageClass.SPOT, Arch.X64)
 
 
 @pytest.fixture
-def stack(dynamodb: Any, pool_queue_urls: dict[str, str]) -> str:
+def stack(dynamodb: Any, pool_queue_url_prefix: str, config: StackConfig) -> str:
     """A CloudFormation stack whose outputs name the test's table and queues, as the real stack's do."""
     template = {
         "Resources": {"Marker": {"Type": "AWS::SQS::Queue"}},
         "Outputs": {
             "StateTableName": {"Value": TABLE_NAME},
-            "PoolQueueUrls": {"Value": json.dumps(pool_queue_urls)},
+            "PoolQueueUrlPrefix": {"Value": pool_queue_url_prefix},
+            "ResourceClasses": {"Value": json.dumps(sorted(config.resource_classes))},
         },
     }
     boto3.client("cloudformation", region_name=REGION).create_stack(
@@ -64,19 +68,21 @@ def running(table: StateTable, number: int) -> str:
 
 
 def test_status_counts_instances_per_class_and_state(
-    stack: str, state_table: StateTable, clock: ManualClock, sqs: Any, pool_queue_urls: dict[str, str]
+    stack: str, state_table: StateTable, clock: ManualClock, sqs: Any, pool_queue_url_prefix: str
 ) -> None:
     # Given two idle large instances (one of them pooled), one running large and one idle xlarge
     idle(state_table, 1)
     idle(state_table, 2)
     running(state_table, 3)
     idle(state_table, 4, resource_class="xlarge", cpu=4, memory_mib=8192)
-    sqs.send_message(QueueUrl=pool_queue_urls["large"], MessageBody=builders.pool_message(1).to_body())
+    sqs.send_message(
+        QueueUrl=LARGE.queue_name(pool_queue_url_prefix), MessageBody=builders.pool_message(1).to_body()
+    )
 
     # When the operator asks for the status
     code, rows = run("status", clock=clock)
 
-    # Then each class shows its counts per state, and how many wait in its pool queue
+    # Then each class shows its counts per state, and how many wait in its pool queues
     assert code == 0
     assert rows[0][:7] == ["class", "created", "claimed", "running", "idle", "overdue", "pooled"]
     by_class = {row[0]: row[1:7] for row in rows[1:]}
@@ -162,21 +168,33 @@ def test_instances_lists_every_live_instance_with_its_holder(
     assert listed[builders.facts(2).instance_id][-1] == builders.run_key(2)
 
 
-def test_pool_shows_each_queue_and_the_idle_records_of_its_class(
-    stack: str, state_table: StateTable, clock: ManualClock, sqs: Any, pool_queue_urls: dict[str, str]
+def test_pool_shows_each_partitions_queue_and_its_idle_records(  # noqa: PLR0917 - pytest fixtures
+    stack: str,
+    state_table: StateTable,
+    clock: ManualClock,
+    sqs: Any,
+    pool_queue_url_prefix: str,
+    config: StackConfig,
 ) -> None:
-    # Given one idle large instance whose message waits in the large pool queue
+    # Given one idle large spot x64 instance whose message waits in its partition's queue, and an idle
+    # large on-demand arm64 one not pooled yet
     idle(state_table, 1)
-    sqs.send_message(QueueUrl=pool_queue_urls["large"], MessageBody=builders.pool_message(1).to_body())
+    idle(state_table, 2, usage_class=UsageClass.ON_DEMAND, arch=Arch.ARM64, instance_type="c7g.large")
+    sqs.send_message(
+        QueueUrl=LARGE.queue_name(pool_queue_url_prefix), MessageBody=builders.pool_message(1).to_body()
+    )
 
     # When the operator looks at the pool
     code, rows = run("pool", clock=clock)
 
-    # Then the large queue has one message ready, and one idle record backs it
+    # Then every partition has its row; the spot x64 queue has one message ready and one idle record
+    # behind it, the on-demand arm64 queue none for its one idle record
     assert code == 0
-    by_class = {row[0]: row[1:] for row in rows[1:]}
-    assert by_class["large"] == ["1", "0", "0", "1"]
-    assert set(by_class) == set(pool_queue_urls)
+    assert rows[0][:3] == ["class", "usage", "arch"]
+    by_partition = {tuple(row[:3]): row[3:] for row in rows[1:]}
+    assert by_partition[("large", "spot", "x64")] == ["1", "0", "0", "1"]
+    assert by_partition[("large", "on-demand", "arm64")] == ["0", "0", "0", "1"]
+    assert len(by_partition) == len(config.resource_classes) * 4
 
 
 def test_drain_expires_the_idle_instances_of_one_class_only(

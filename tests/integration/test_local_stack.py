@@ -83,10 +83,10 @@ def test_a_function_reads_only_the_settings_the_template_gives_it(stack: LocalSt
         (settings,) = read
         assert settings.demand_queue_url == stack.plane.settings.demand_queue_url
         assert settings.idempotency_table_name == stack.plane.settings.idempotency_table_name
-        assert settings.pool_queue_urls == {}
+        assert settings.pool_queue_url_prefix is None
         assert settings.credentials_key_id is None
         assert settings.provision_state_machine_arn is None
-        assert stack.plane.settings.pool_queue_urls
+        assert stack.plane.settings.pool_queue_url_prefix
         assert stack.plane.settings.provision_state_machine_arn
 
 

@@ -13,17 +13,28 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import PickupSettings, StackConfig
 from runner_pool.domain.labels import RunnerSpec
-from runner_pool.domain.pickup import PickupManager, PickupResult, RecordReader, StopReason
-from runner_pool.domain.records import InstanceRecord, PoolMessage, UsageClass
+from runner_pool.domain.pickup import (
+    PickupManager,
+    PickupResult,
+    ReceivedMessage,
+    RecordReader,
+    StopReason,
+)
+from runner_pool.domain.pool_partitions import PoolPartition
+from runner_pool.domain.records import Arch, InstanceRecord, PoolMessage, UsageClass
 from tests.support.builders import facts
 
 SPOT = {"usage_class": UsageClass.SPOT}
-ON_DEMAND = {"usage_class": UsageClass.ON_DEMAND}
+OTHER_TYPE = {"instance_type": "m7i.large"}
+"""A misfit for the spec below that shares its partition: only an instance's type can be, since the
+partition's queue holds nothing of another class, usage or architecture."""
+LARGE = PoolPartition("large", UsageClass.SPOT, Arch.X64)
+LARGE_ON_DEMAND = PoolPartition("large", UsageClass.ON_DEMAND, Arch.X64)
 
 
 @dataclass
 class Pool:
-    """The large class's pool queue and the state table behind it, as a test sets them up."""
+    """The large spot x64 partition's pool queue and the state table behind it, as a test sets them up."""
 
     sqs: Any
     url: str
@@ -41,8 +52,19 @@ class Pool:
         self.queues.offer(message)
         return message
 
-    def picker(self, records: RecordReader | None = None, **settings: int) -> PickupManager:
-        return PickupManager(self.queues, records or self.records, self.clock, PickupSettings(**settings))
+    def picker(
+        self,
+        records: RecordReader | None = None,
+        partitions: Sequence[PoolPartition] | None = None,
+        **settings: int,
+    ) -> PickupManager:
+        return PickupManager(
+            self.queues,
+            records or self.records,
+            self.clock,
+            PickupSettings(**settings),
+            partitions=partitions,
+        )
 
     def depth(self) -> dict[str, int]:
         attributes = self.sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["All"])["Attributes"]
@@ -54,19 +76,21 @@ class Pool:
 
     def visible(self) -> list[PoolMessage | None]:
         """What a receive gets right now (at most ten)."""
-        return [received.message for received in self.queues.receive("large")]
+        return [received.message for received in self.queues.receive(LARGE)]
 
 
 @pytest.fixture
-def pool(sqs: Any, pool_queue_urls: dict[str, str], state_table: StateTable, clock: ManualClock) -> Pool:
+def pool(
+    sqs: Any, pool_queue_url_prefix: str, state_table: StateTable, clock: ManualClock, config: StackConfig
+) -> Pool:
     # No long poll: moto holds every message in one place, and an empty moto queue really waits.
-    queues = PoolQueues(pool_queue_urls, sqs, wait_seconds=0)
-    return Pool(sqs, pool_queue_urls["large"], queues, state_table, clock)
+    queues = PoolQueues(pool_queue_url_prefix, config.resource_classes, sqs, wait_seconds=0)
+    return Pool(sqs, LARGE.queue_name(pool_queue_url_prefix), queues, state_table, clock)
 
 
 @pytest.fixture
 def spec(config: StackConfig) -> RunnerSpec:
-    return config.spec_for("pool=7/usage=spot")
+    return config.spec_for("pool=7/usage=spot/types=c7*")
 
 
 def instance_ids(messages: Sequence[PoolMessage | None]) -> list[str]:
@@ -74,23 +98,23 @@ def instance_ids(messages: Sequence[PoolMessage | None]) -> list[str]:
 
 
 def test_the_matching_instance_is_found_among_non_matches(pool: Pool, spec: RunnerSpec) -> None:
-    # Given five on-demand instances and one spot instance in the pool, the spot one offered last
+    # Given five m7i instances and one c7i instance in the pool, the spot one offered last
     for number in range(1, 6):
-        pool.add_idle(number, **ON_DEMAND)
+        pool.add_idle(number, **OTHER_TYPE)
     wanted = pool.add_idle(6, **SPOT)
-    # When a spot runner is picked up
+    # When a c7i runner is picked up
     result = pool.picker().pickup(spec)
-    # Then the spot instance is the candidate, and the five others went back
+    # Then the c7i instance is the candidate, and the five others went back
     assert result.stopped is StopReason.FOUND
     assert result.candidate == wanted
     assert (result.counts.examined, result.counts.requeued) == (6, 5)
 
 
 def test_non_matches_go_back_with_the_delay_and_stay_in_the_queue(pool: Pool, spec: RunnerSpec) -> None:
-    # Given five on-demand instances in the pool, and a requeue delay long enough to observe
+    # Given five m7i instances in the pool, and a requeue delay long enough to observe
     for number in range(1, 6):
-        pool.add_idle(number, **ON_DEMAND)
-    # When a spot runner is picked up
+        pool.add_idle(number, **OTHER_TYPE)
+    # When a c7i runner is picked up
     result = pool.picker(requeue_delay_seconds=60).pickup(spec)
     # Then none was taken, and all five are back in the queue, held back by the delay
     assert result.candidate is None
@@ -179,9 +203,9 @@ def test_an_empty_queue_exhausts_the_request_at_once(pool: Pool, spec: RunnerSpe
 def test_the_request_is_exhausted_once_the_same_instance_came_round_five_times(
     pool: Pool, spec: RunnerSpec
 ) -> None:
-    # Given one on-demand instance, sent back without delay so it comes straight round again
-    pool.add_idle(1, **ON_DEMAND)
-    # When a spot runner is picked up
+    # Given one m7i instance, sent back without delay so it comes straight round again
+    pool.add_idle(1, **OTHER_TYPE)
+    # When a c7i runner is picked up
     result = pool.picker(requeue_delay_seconds=0).pickup(spec)
     # Then pickup gives up after seeing it the fifth time, and leaves it in the queue for others
     assert result.stopped is StopReason.CYCLED
@@ -191,7 +215,7 @@ def test_the_request_is_exhausted_once_the_same_instance_came_round_five_times(
 
 def test_the_tolerance_comes_from_the_settings(pool: Pool, spec: RunnerSpec) -> None:
     # Given one non-matching instance that comes straight round, and a tolerance of 2
-    pool.add_idle(1, **ON_DEMAND)
+    pool.add_idle(1, **OTHER_TYPE)
     # When a runner is picked up
     result = pool.picker(requeue_delay_seconds=0, same_instance_tolerance=2).pickup(spec)
     # Then pickup gives up at the second sighting
@@ -235,12 +259,12 @@ def test_only_the_candidates_record_is_read(pool: Pool, spec: RunnerSpec) -> Non
 def test_each_batch_costs_one_receive_of_ten_one_delete_and_one_send(
     pool: Pool, spec: RunnerSpec, sqs_calls: list[tuple[str, dict[str, Any]]]
 ) -> None:
-    # Given fifteen on-demand instances and one spot instance in the pool
+    # Given fifteen m7i instances and one c7i instance in the pool
     for number in range(1, 16):
-        pool.add_idle(number, **ON_DEMAND)
+        pool.add_idle(number, **OTHER_TYPE)
     pool.add_idle(16, **SPOT)
     sqs_calls.clear()
-    # When a spot runner is picked up, misfits going back with a delay so they do not come round again
+    # When a c7i runner is picked up, misfits going back with a delay so they do not come round again
     result = pool.picker(requeue_delay_seconds=1).pickup(spec)
     # Then two batches of at most ten were enough, each costing one receive, one delete and one send
     operations = [name for name, _ in sqs_calls]
@@ -266,7 +290,7 @@ def test_every_message_received_is_handed_out_sent_back_or_dropped_on_purpose(
     claimed = pool.add_idle(5, **SPOT)
     assert pool.records.claim(claimed.instance_id, "pool=99", "claim-99").succeeded
     matches = [pool.add_idle(number, **SPOT) for number in (1, 2)]
-    misfits = [pool.add_idle(number, **ON_DEMAND) for number in (3, 4)]
+    misfits = [pool.add_idle(number, **OTHER_TYPE) for number in (3, 4)]
     pool.queues.offer(PoolMessage(**facts(6).model_dump(), threshold=pool.clock.now() - 1))
     pool.sqs.send_message(QueueUrl=pool.url, MessageBody="not json")
     # When a runner is picked up
@@ -286,7 +310,7 @@ def test_a_failed_record_lookup_sends_back_what_was_in_hand_before_raising(
     pool: Pool, spec: RunnerSpec
 ) -> None:
     # Given a matching and a non-matching instance in the pool, and a state table that fails reads
-    offered = [pool.add_idle(1, **SPOT), pool.add_idle(2, **ON_DEMAND)]
+    offered = [pool.add_idle(1, **SPOT), pool.add_idle(2, **OTHER_TYPE)]
     # When a runner is picked up
     with pytest.raises(RuntimeError, match="unavailable"):
         pool.picker(_FailingRecords()).pickup(spec)
@@ -298,18 +322,18 @@ class _RefusingRequeues(PoolQueues):
     """The pool queues, except that the queue refuses every message sent back."""
 
     def requeue(
-        self, resource_class: str, messages: Sequence[PoolMessage], delay_seconds: int
+        self, partition: PoolPartition, messages: Sequence[PoolMessage], delay_seconds: int
     ) -> list[PoolMessage]:
         return list(messages)
 
 
 def test_a_message_the_queue_refuses_to_take_back_is_reported_as_lost(
-    pool: Pool, spec: RunnerSpec, pool_queue_urls: dict[str, str]
+    pool: Pool, spec: RunnerSpec, pool_queue_url_prefix: str, config: StackConfig
 ) -> None:
     # Given a non-matching and a matching instance, and a queue that refuses whatever is sent back
-    misfit = pool.add_idle(1, **ON_DEMAND)
+    misfit = pool.add_idle(1, **OTHER_TYPE)
     wanted = pool.add_idle(2, **SPOT)
-    refusing = _RefusingRequeues(pool_queue_urls, pool.sqs, wait_seconds=0)
+    refusing = _RefusingRequeues(pool_queue_url_prefix, config.resource_classes, pool.sqs, wait_seconds=0)
     # When a runner is picked up
     result = PickupManager(refusing, pool.records, pool.clock, PickupSettings()).pickup(spec)
     # Then the candidate is still handed out, and the misfit is reported lost, not passed over
@@ -318,15 +342,66 @@ def test_a_message_the_queue_refuses_to_take_back_is_reported_as_lost(
     assert (result.counts.lost, result.counts.requeued) == (1, 0)
 
 
+class _SlowQueues(PoolQueues):
+    """The pool queues, except that every receive takes a second of the test's clock."""
+
+    def __init__(self, queues: PoolQueues, clock: ManualClock) -> None:
+        self.__dict__.update(queues.__dict__)
+        self._clock = clock
+
+    def receive(self, partition: PoolPartition) -> list[ReceivedMessage]:
+        self._clock.advance(1)
+        return super().receive(partition)
+
+
 def test_a_long_queue_of_misfits_ends_the_pickup_at_its_budget(pool: Pool, spec: RunnerSpec) -> None:
-    # Given 40 non-matching instances, more than three batches' worth
+    # Given 40 non-matching instances, more than three batches' worth, and receives of a second each
     for number in range(1, 41):
-        pool.add_idle(number, **ON_DEMAND)
-    picker = PickupManager(pool.queues, pool.records, pool.clock, PickupSettings(), max_batches=3)
-    # When a spot runner is picked up with a budget of three batches
+        pool.add_idle(number, **OTHER_TYPE)
+    slow = _SlowQueues(pool.queues, pool.clock)
+    picker = PickupManager(slow, pool.records, pool.clock, PickupSettings(), budget_seconds=3)
+    # When a c7i runner is picked up with a budget of three seconds
     result = picker.pickup(spec)
     # Then it stops after three receives, with every misfit back in the queue for others
     assert result.stopped is StopReason.BUDGET
     assert result.counts.receive_calls == 3
     assert result.counts.requeued == result.counts.examined
     assert pool.depth()["visible"] + pool.depth()["delayed"] == 40
+
+
+def test_an_offer_of_another_partition_found_in_the_queue_goes_to_its_own_and_is_never_lost(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given an idle on-demand instance whose message reached the spot queue (an older release, say)
+    launched = facts(1, usage_class=UsageClass.ON_DEMAND)
+    pool.records.create(launched, run_key=None)
+    admitted = pool.records.admit(launched.instance_id).record
+    assert admitted is not None
+    stray = PoolMessage.for_idle(admitted)
+    pool.sqs.send_message(QueueUrl=pool.url, MessageBody=stray.to_body())
+    # When a spot runner is picked up from the spot queue, which holds nothing else
+    result = pool.picker(partitions=pool.queues.partitions).pickup(spec)
+    # Then the stray is no candidate, and it was sent to the on-demand queue, not back or away
+    assert result.candidate is None
+    assert_every_message_accounted_for(result)
+    assert (result.counts.requeued, result.counts.lost) == (1, 0)
+    assert pool.depth()["visible"] == 0
+    assert [r.message for r in pool.queues.receive(LARGE_ON_DEMAND)] == [stray]
+
+
+def test_an_offer_of_a_partition_without_a_queue_goes_back_where_it_was_read(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given a misfit of a class the stack no longer has, in the spot queue
+    stray = PoolMessage(
+        **facts(1, resource_class="retired", instance_type="m7i.large").model_dump(),
+        threshold=pool.clock.now() + 300,
+    )
+    pool.sqs.send_message(QueueUrl=pool.url, MessageBody=stray.to_body())
+    # When a runner is picked up
+    result = pool.picker(partitions=pool.queues.partitions).pickup(spec)
+    # Then it went back to the queue it came from, where a queue exists (and so came round until the
+    # request gave up), and was never lost
+    assert result.stopped is StopReason.CYCLED
+    assert result.counts.lost == 0
+    assert pool.visible() == [stray]

@@ -9,14 +9,21 @@ import pytest
 
 from runner_pool.adapters.aws_clients import ATTEMPTS, ServiceBusyError
 from runner_pool.adapters.pool_queues import NoPoolQueueError, PoolQueues
-from runner_pool.domain.records import PoolMessage
+from runner_pool.domain.config import DEFAULT_RESOURCE_CLASSES
+from runner_pool.domain.pool_partitions import PoolPartition
+from runner_pool.domain.records import Arch, PoolMessage, UsageClass
 from tests.support.aws_faults import answer_busy
 from tests.support.builders import pool_message
 
+CLASSES = tuple(DEFAULT_RESOURCE_CLASSES)
+LARGE = PoolPartition("large", UsageClass.SPOT, Arch.X64)
+"""The partition of builders.pool_message's instance: a spot c7i.large."""
+HUGE = PoolPartition("huge", UsageClass.SPOT, Arch.X64)
+
 
 @pytest.fixture
-def queues(sqs: Any, pool_queue_urls: dict[str, str]) -> PoolQueues:
-    return PoolQueues(pool_queue_urls, sqs, wait_seconds=0)
+def queues(sqs: Any, pool_queue_url_prefix: str) -> PoolQueues:
+    return PoolQueues(pool_queue_url_prefix, CLASSES, sqs, wait_seconds=0)
 
 
 class _RefusingBatches:
@@ -64,34 +71,38 @@ def depth(sqs: Any, url: str) -> dict[str, int]:
 
 
 def test_receive_asks_for_ten_with_the_configured_wait(
-    sqs: Any, pool_queue_urls: dict[str, str], sqs_calls: list[tuple[str, dict[str, Any]]]
+    sqs: Any, pool_queue_url_prefix: str, sqs_calls: list[tuple[str, dict[str, Any]]]
 ) -> None:
     # Given pool queues configured with a one-second long poll, and twelve messages queued
-    queues = PoolQueues(pool_queue_urls, sqs, wait_seconds=1)
-    queues.requeue("large", messages(12), delay_seconds=0)
+    queues = PoolQueues(pool_queue_url_prefix, CLASSES, sqs, wait_seconds=1)
+    queues.requeue(LARGE, messages(12), delay_seconds=0)
     sqs_calls.clear()
     # When one receive is made
-    received = queues.receive("large")
+    received = queues.receive(LARGE)
     # Then it asked SQS for the maximum of ten, waiting up to one second, and got ten
     assert sqs_calls == [
         (
             "ReceiveMessage",
-            {"QueueUrl": pool_queue_urls["large"], "MaxNumberOfMessages": 10, "WaitTimeSeconds": 1},
+            {
+                "QueueUrl": LARGE.queue_name(pool_queue_url_prefix),
+                "MaxNumberOfMessages": 10,
+                "WaitTimeSeconds": 1,
+            },
         )
     ]
     assert len(received) == 10
 
 
-def test_the_production_default_is_a_short_long_poll(sqs: Any, pool_queue_urls: dict[str, str]) -> None:
+def test_the_production_default_is_a_short_long_poll(sqs: Any, pool_queue_url_prefix: str) -> None:
     # Given pool queues built without a wait
-    queues = PoolQueues(pool_queue_urls, sqs)
+    queues = PoolQueues(pool_queue_url_prefix, CLASSES, sqs)
     calls: list[dict[str, Any]] = []
     sqs.meta.events.register(
         "provide-client-params.sqs.ReceiveMessage", lambda params, **_: calls.append(dict(params))
     )
-    queues.requeue("large", messages(1), delay_seconds=0)
+    queues.requeue(LARGE, messages(1), delay_seconds=0)
     # When they receive
-    queues.receive("large")
+    queues.receive(LARGE)
     # Then they long-poll for one second, so a small queue is not mistaken for an empty one
     assert calls[0]["WaitTimeSeconds"] == 1
 
@@ -101,19 +112,19 @@ def test_a_received_body_is_parsed_into_a_pool_message(queues: PoolQueues) -> No
     offered = pool_message(1)
     queues.offer(offered)
     # When the queue is received from
-    (received,) = queues.receive("large")
+    (received,) = queues.receive(LARGE)
     # Then the message is the one offered, threshold and all, with a receipt to delete it by
     assert received.message == offered
     assert received.receipt
 
 
 def test_a_body_that_is_not_a_pool_message_is_received_as_none(
-    sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues
+    sqs: Any, pool_queue_url_prefix: str, queues: PoolQueues
 ) -> None:
     # Given a body of the right JSON shape but missing fields
-    sqs.send_message(QueueUrl=pool_queue_urls["large"], MessageBody='{"instance_id": "i-1"}')
+    sqs.send_message(QueueUrl=LARGE.queue_name(pool_queue_url_prefix), MessageBody='{"instance_id": "i-1"}')
     # When the queue is received from
-    (received,) = queues.receive("large")
+    (received,) = queues.receive(LARGE)
     # Then it comes with its receipt, and no message, for pickup to drop and count
     assert received.message is None
     assert received.receipt
@@ -123,106 +134,115 @@ def test_a_body_that_is_not_a_pool_message_is_received_as_none(
     "instance_id", ["i-" + "0" * 2000, "i-0123456789abcdeFF", "i-12345", "../i-0123abcd"]
 )
 def test_a_message_whose_instance_id_is_not_an_ec2_id_is_received_as_none(
-    sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues, instance_id: str
+    sqs: Any, pool_queue_url_prefix: str, queues: PoolQueues, instance_id: str
 ) -> None:
     # Given a forged message, well-formed but for its instance id (issue 12, defect 10: an over-long id
     # reached DynamoDB's key limit in every provision that read it, and was put back each time)
     body = json.loads(pool_message(1).model_dump_json()) | {"instance_id": instance_id}
-    sqs.send_message(QueueUrl=pool_queue_urls["large"], MessageBody=json.dumps(body))
+    sqs.send_message(QueueUrl=LARGE.queue_name(pool_queue_url_prefix), MessageBody=json.dumps(body))
     # When the queue is received from
-    (received,) = queues.receive("large")
+    (received,) = queues.receive(LARGE)
     # Then it is no pool message: pickup drops and counts it
     assert received.message is None
 
 
-def test_offer_goes_to_the_queue_of_the_message_class(
-    sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues
+def test_offer_goes_to_the_queue_of_the_instances_own_partition(
+    sqs: Any, pool_queue_url_prefix: str, queues: PoolQueues
 ) -> None:
-    # Given an idle xlarge instance
-    offered = pool_message(1, resource_class="xlarge", cpu=4, memory_mib=8192)
+    # Given an idle xlarge on-demand arm64 instance
+    offered = pool_message(
+        1, resource_class="xlarge", cpu=4, memory_mib=8192, usage_class=UsageClass.ON_DEMAND, arch=Arch.ARM64
+    )
     # When it is offered
     queues.offer(offered)
-    # Then it sits in the xlarge queue and not in the large one
-    assert [r.message for r in queues.receive("xlarge")] == [offered]
-    assert depth(sqs, pool_queue_urls["large"])["visible"] == 0
+    # Then it sits in the queue of exactly its class, usage and architecture, and in no other
+    own = PoolPartition("xlarge", UsageClass.ON_DEMAND, Arch.ARM64)
+    assert [r.message for r in queues.receive(own)] == [offered]
+    others = [p for p in queues.partitions if p != own]
+    assert len(others) == len(CLASSES) * 4 - 1
+    assert all(depth(sqs, p.queue_name(pool_queue_url_prefix))["visible"] == 0 for p in others)
 
 
 def test_requeue_sends_in_batches_of_ten_with_the_delay(
     sqs: Any,
-    pool_queue_urls: dict[str, str],
+    pool_queue_url_prefix: str,
     queues: PoolQueues,
     sqs_calls: list[tuple[str, dict[str, Any]]],
 ) -> None:
     # Given 25 messages to send back
     # When they are requeued with a delay
-    refused = queues.requeue("large", messages(25), delay_seconds=30)
+    refused = queues.requeue(LARGE, messages(25), delay_seconds=30)
     # Then three batch calls of 10, 10 and 5 sent them all, each held back by the delay
     assert refused == []
     assert [(name, len(p["Entries"])) for name, p in sqs_calls] == [
         ("SendMessageBatch", n) for n in (10, 10, 5)
     ]
     assert {entry["DelaySeconds"] for _, p in sqs_calls for entry in p["Entries"]} == {30}
-    assert depth(sqs, pool_queue_urls["large"]) == {"visible": 0, "delayed": 25, "in_flight": 0}
+    assert depth(sqs, LARGE.queue_name(pool_queue_url_prefix)) == {
+        "visible": 0,
+        "delayed": 25,
+        "in_flight": 0,
+    }
 
 
 def test_delete_removes_received_messages_in_batches_of_ten(
     sqs: Any,
-    pool_queue_urls: dict[str, str],
+    pool_queue_url_prefix: str,
     queues: PoolQueues,
     sqs_calls: list[tuple[str, dict[str, Any]]],
 ) -> None:
     # Given 25 messages received
-    queues.requeue("large", messages(25), delay_seconds=0)
-    receipts = [r.receipt for _ in range(3) for r in queues.receive("large")]
+    queues.requeue(LARGE, messages(25), delay_seconds=0)
+    receipts = [r.receipt for _ in range(3) for r in queues.receive(LARGE)]
     sqs_calls.clear()
     # When they are deleted
-    undeleted = queues.delete("large", receipts)
+    undeleted = queues.delete(LARGE, receipts)
     # Then three batch calls removed them all from the queue
     assert len(receipts) == 25
     assert undeleted == []
     assert [name for name, _ in sqs_calls] == ["DeleteMessageBatch"] * 3
-    assert depth(sqs, pool_queue_urls["large"]) == {"visible": 0, "delayed": 0, "in_flight": 0}
+    assert depth(sqs, LARGE.queue_name(pool_queue_url_prefix)) == {"visible": 0, "delayed": 0, "in_flight": 0}
 
 
-def test_a_requeue_entry_that_fails_once_is_retried_alone(sqs: Any, pool_queue_urls: dict[str, str]) -> None:
+def test_a_requeue_entry_that_fails_once_is_retried_alone(sqs: Any, pool_queue_url_prefix: str) -> None:
     # Given SQS that fails one entry of the first batch call
     client = _RefusingBatches(sqs, refusals=1)
-    queues = PoolQueues(pool_queue_urls, client, wait_seconds=0)
+    queues = PoolQueues(pool_queue_url_prefix, CLASSES, client, wait_seconds=0)
     # When three messages are requeued
-    refused = queues.requeue("large", messages(3), delay_seconds=0)
+    refused = queues.requeue(LARGE, messages(3), delay_seconds=0)
     # Then the failed entry was sent again on its own, and all three are in the queue
     assert refused == []
     assert client.batches == [["0", "1", "2"], ["2"]]
-    assert depth(sqs, pool_queue_urls["large"])["visible"] == 3
+    assert depth(sqs, LARGE.queue_name(pool_queue_url_prefix))["visible"] == 3
 
 
 def test_a_requeue_entry_that_fails_twice_is_reported_not_retried_again(
-    sqs: Any, pool_queue_urls: dict[str, str]
+    sqs: Any, pool_queue_url_prefix: str
 ) -> None:
     # Given SQS that fails the same entry on the first call and on the retry
     client = _RefusingBatches(sqs, refusals=2)
-    queues = PoolQueues(pool_queue_urls, client, wait_seconds=0)
+    queues = PoolQueues(pool_queue_url_prefix, CLASSES, client, wait_seconds=0)
     sent = messages(3)
     # When three messages are requeued
-    refused = queues.requeue("large", sent, delay_seconds=0)
+    refused = queues.requeue(LARGE, sent, delay_seconds=0)
     # Then that message is handed back to the caller after one retry, and the other two are queued
     assert refused == [sent[2]]
     assert len(client.batches) == 2
-    assert depth(sqs, pool_queue_urls["large"])["visible"] == 2
+    assert depth(sqs, LARGE.queue_name(pool_queue_url_prefix))["visible"] == 2
 
 
 def test_a_receipt_that_cannot_be_deleted_is_reported(
-    sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues
+    sqs: Any, pool_queue_url_prefix: str, queues: PoolQueues
 ) -> None:
     # Given three received messages, and SQS that fails one delete entry twice
-    queues.requeue("large", messages(3), delay_seconds=0)
-    receipts = [r.receipt for r in queues.receive("large")]
-    refusing = PoolQueues(pool_queue_urls, _RefusingBatches(sqs, refusals=2), wait_seconds=0)
+    queues.requeue(LARGE, messages(3), delay_seconds=0)
+    receipts = [r.receipt for r in queues.receive(LARGE)]
+    refusing = PoolQueues(pool_queue_url_prefix, CLASSES, _RefusingBatches(sqs, refusals=2), wait_seconds=0)
     # When they are deleted
-    undeleted = refusing.delete("large", receipts)
+    undeleted = refusing.delete(LARGE, receipts)
     # Then that receipt is handed back, and its message is still in the queue (in flight)
     assert undeleted == [receipts[2]]
-    assert depth(sqs, pool_queue_urls["large"]) == {"visible": 0, "delayed": 0, "in_flight": 1}
+    assert depth(sqs, LARGE.queue_name(pool_queue_url_prefix)) == {"visible": 0, "delayed": 0, "in_flight": 1}
 
 
 def test_a_throttled_receive_is_retried(sqs: Any, queues: PoolQueues) -> None:
@@ -230,22 +250,20 @@ def test_a_throttled_receive_is_retried(sqs: Any, queues: PoolQueues) -> None:
     queues.offer(pool_message(1))
     busy = answer_busy(sqs, "ReceiveMessage", times=2, code="RequestThrottled")
     # When the queue is received from
-    received = queues.receive("large")
+    received = queues.receive(LARGE)
     # Then botocore's third attempt got the message
     assert [r.message for r in received] == [pool_message(1)]
     assert busy.sent == 3
 
 
-def test_a_throttled_requeue_is_retried(
-    sqs: Any, pool_queue_urls: dict[str, str], queues: PoolQueues
-) -> None:
+def test_a_throttled_requeue_is_retried(sqs: Any, pool_queue_url_prefix: str, queues: PoolQueues) -> None:
     # Given SQS throttling the next batch send
     answer_busy(sqs, "SendMessageBatch", times=1, code="RequestThrottled")
     # When messages are requeued
-    refused = queues.requeue("large", messages(2), delay_seconds=0)
+    refused = queues.requeue(LARGE, messages(2), delay_seconds=0)
     # Then the retry sent them
     assert refused == []
-    assert depth(sqs, pool_queue_urls["large"])["visible"] == 2
+    assert depth(sqs, LARGE.queue_name(pool_queue_url_prefix))["visible"] == 2
 
 
 def test_throttling_past_every_retry_reaches_the_caller(sqs: Any, queues: PoolQueues) -> None:
@@ -255,16 +273,16 @@ def test_throttling_past_every_retry_reaches_the_caller(sqs: Any, queues: PoolQu
     # Then the caller is told the service stayed busy, rather than shown an empty queue, after the
     # attempts botocore makes and no more
     with pytest.raises(ServiceBusyError):
-        queues.receive("large")
+        queues.receive(LARGE)
     assert busy.sent == ATTEMPTS
 
 
 @pytest.mark.parametrize(
     "use",
     [
-        lambda q: q.receive("huge"),
-        lambda q: q.delete("huge", ["receipt"]),
-        lambda q: q.requeue("huge", messages(1), 0),
+        lambda q: q.receive(HUGE),
+        lambda q: q.delete(HUGE, ["receipt"]),
+        lambda q: q.requeue(HUGE, messages(1), 0),
         lambda q: q.offer(pool_message(1, resource_class="huge")),
     ],
     ids=["receive", "delete", "requeue", "offer"],
@@ -272,6 +290,6 @@ def test_throttling_past_every_retry_reaches_the_caller(sqs: Any, queues: PoolQu
 def test_a_class_without_a_queue_is_a_clear_error(queues: PoolQueues, use: Any) -> None:
     # Given pool queues for the configured classes only
     # When a class that has no queue is used
-    # Then the error names the class and the classes that do have queues
+    # Then the error names the partition and the classes that do have queues
     with pytest.raises(NoPoolQueueError, match=r"'huge'.*2xlarge, 4xlarge, 8xlarge, large, xlarge"):
         use(queues)

@@ -45,8 +45,10 @@ from runner_pool.domain.clock import Epoch, ManualClock
 from runner_pool.domain.config import ReuseSettings, StackConfig
 from runner_pool.domain.executions import runner_name
 from runner_pool.domain.fleet import LaunchRequest
+from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceFacts, InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.runner_scope import RepositoryScope
+from runner_pool.environment import ControlPlaneSettings
 from runner_pool.steps.release import Release
 from runner_pool.wiring import ControlPlane
 from tests.conftest import NO_WAIT, REGION
@@ -167,11 +169,11 @@ class LocalControlPlane:
     # --- what the world looks like ------------------------------------------------------------------
 
     def drain_pool(self, resource_class: str = "large") -> list[PoolMessage]:
-        """Every message in the class's pool queue, taken out of it."""
-        url = self.plane.settings.pool_queue_urls[resource_class]
+        """Every message in the class's pool queues (each usage and architecture), taken out of them."""
         messages: list[PoolMessage] = []
-        while batch := self.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
-            messages += [PoolMessage.from_body(message["Body"]) for message in batch]
+        for url in pool_queue_urls(self.plane.settings, resource_class):
+            while batch := self.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
+                messages += [PoolMessage.from_body(message["Body"]) for message in batch]
         return messages
 
     def ec2_state(self, instance_id: str) -> str:
@@ -309,3 +311,9 @@ def _applied(result: TransitionResult) -> InstanceRecord:
     assert result.succeeded, result
     assert result.record is not None
     return result.record
+
+
+def pool_queue_urls(settings: ControlPlaneSettings, resource_class: str) -> list[str]:
+    """The URLs of a class's pool queues, one per usage and architecture, as the functions name them."""
+    prefix = settings.require("pool_queue_url_prefix", "reading the pool")
+    return [partition.queue_name(prefix) for partition in PoolPartition.every([resource_class])]

@@ -23,7 +23,13 @@ from runner_pool.domain.clock import ManualClock, SystemClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.records import Arch, InstanceFacts, PoolMessage
-from tests.support.control_plane import STACK_NAME, LocalControlPlane, LocalStateMachine, local_control_plane
+from tests.support.control_plane import (
+    STACK_NAME,
+    LocalControlPlane,
+    LocalStateMachine,
+    local_control_plane,
+    pool_queue_urls,
+)
 from tests.support.github_app import OWNER, REPO
 from tests.support.scripted_agents import ScriptedAgents
 
@@ -94,10 +100,12 @@ class ProvisionWorld:
         return self.local.accounting()
 
     def pool_messages(self, resource_class: str = "large") -> list[PoolMessage]:
-        """What the class's pool queue holds (received and made visible again at once)."""
-        url = self.plane.settings.pool_queue_urls[resource_class]
-        bodies = self.local.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)
-        return [PoolMessage.from_body(m["Body"]) for m in bodies.get("Messages", [])]
+        """What the class's pool queues hold (at most ten of each, received and made visible again at once)."""
+        messages: list[PoolMessage] = []
+        for url in pool_queue_urls(self.plane.settings, resource_class):
+            bodies = self.local.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)
+            messages += [PoolMessage.from_body(m["Body"]) for m in bodies.get("Messages", [])]
+        return messages
 
 
 @contextmanager

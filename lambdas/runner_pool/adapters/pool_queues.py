@@ -1,4 +1,9 @@
-"""The pool queues over SQS: one standard queue per resource class, one message per idle instance.
+"""The pool queues over SQS: one standard queue per pool partition, one message per idle instance.
+
+A partition's queue URL is the stack's URL prefix followed by the partition's name
+(PoolPartition.queue_name): the functions are told the prefix, not one URL per queue, because a
+Lambda function's environment holds 4 KB in all (Lambda quotas, "Function configuration, deployment,
+and execution") and a stack has a queue for every class, usage and architecture.
 
 Batch calls (DeleteMessageBatch, SendMessageBatch) can succeed for some entries and fail for others;
 the failed entries are retried once. What fails twice is handed back to the caller, never dropped
@@ -17,11 +22,12 @@ Errors of a whole call (a missing queue, denied access, throttling past every re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from runner_pool.adapters import aws_clients
 from runner_pool.domain.pickup import RECEIVE_BATCH, ReceivedMessage
+from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import PoolMessage
 
 if TYPE_CHECKING:
@@ -39,29 +45,38 @@ DEFAULT_WAIT_SECONDS = 1
 
 
 class NoPoolQueueError(LookupError):
-    """A resource class that has no pool queue: the stack config and the deployed queues disagree."""
+    """A partition that has no pool queue: the stack config and the deployed queues disagree."""
 
-    def __init__(self, resource_class: str, known: Sequence[str]) -> None:
+    def __init__(self, partition: PoolPartition, classes: Iterable[str]) -> None:
         super().__init__(
-            f"no pool queue for resource class {resource_class!r}; the queues deployed are for: "
-            f"{', '.join(sorted(known)) or 'no class at all'}"
+            f"no pool queue for {partition.name!r}: resource class {partition.resource_class!r} is not "
+            f"one of the stack's; its classes are: {', '.join(sorted(classes)) or 'none at all'}"
         )
-        self.resource_class = resource_class
+        self.partition = partition
 
 
 class PoolQueues:
     def __init__(
         self,
-        queue_urls: Mapping[str, str],
+        url_prefix: str,
+        resource_classes: Iterable[str],
         client: SQSClient | None = None,
         wait_seconds: int = DEFAULT_WAIT_SECONDS,
     ) -> None:
-        self._urls = dict(queue_urls)
+        """`url_prefix`: every pool queue's URL up to its partition's name; `resource_classes`: the
+        stack's, which have a queue for each usage and architecture."""
+        self._url_prefix = url_prefix
+        self._classes = frozenset(resource_classes)
         self._client: SQSClient = client or aws_clients.client("sqs")
         self._wait_seconds = wait_seconds
 
-    def receive(self, resource_class: str) -> list[ReceivedMessage]:
-        url = self._url(resource_class)
+    @property
+    def partitions(self) -> tuple[PoolPartition, ...]:
+        """Every partition that has a queue."""
+        return PoolPartition.every(sorted(self._classes))
+
+    def receive(self, partition: PoolPartition) -> list[ReceivedMessage]:
+        url = self._url(partition)
         # Short polling asks only a sample of SQS's servers, so a queue holding a few messages can
         # answer empty, and an empty answer makes pickup give up and launch a new instance. A long
         # poll asks every server and returns as soon as one message is there; it only costs its
@@ -74,8 +89,8 @@ class PoolQueues:
             for message in response.get("Messages", [])
         ]
 
-    def delete(self, resource_class: str, receipts: Sequence[str]) -> list[str]:
-        url = self._url(resource_class)
+    def delete(self, partition: PoolPartition, receipts: Sequence[str]) -> list[str]:
+        url = self._url(partition)
 
         def entry(entry_id: str, receipt: str) -> DeleteMessageBatchRequestEntryTypeDef:
             return {"Id": entry_id, "ReceiptHandle": receipt}
@@ -87,9 +102,9 @@ class PoolQueues:
         return _in_batches(receipts, entry, delete_chunk)
 
     def requeue(
-        self, resource_class: str, messages: Sequence[PoolMessage], delay_seconds: int
+        self, partition: PoolPartition, messages: Sequence[PoolMessage], delay_seconds: int
     ) -> list[PoolMessage]:
-        url = self._url(resource_class)
+        url = self._url(partition)
 
         def entry(entry_id: str, message: PoolMessage) -> SendMessageBatchRequestEntryTypeDef:
             return {"Id": entry_id, "MessageBody": message.to_body(), "DelaySeconds": delay_seconds}
@@ -101,14 +116,13 @@ class PoolQueues:
         return _in_batches(messages, entry, send_chunk)
 
     def offer(self, message: PoolMessage) -> None:
-        url = self._url(message.resource_class)
+        url = self._url(PoolPartition.of(message))
         self._client.send_message(QueueUrl=url, MessageBody=message.to_body())
 
-    def _url(self, resource_class: str) -> str:
-        url = self._urls.get(resource_class)
-        if url is None:
-            raise NoPoolQueueError(resource_class, list(self._urls))
-        return url
+    def _url(self, partition: PoolPartition) -> str:
+        if partition.resource_class not in self._classes:
+            raise NoPoolQueueError(partition, self._classes)
+        return partition.queue_name(self._url_prefix)
 
 
 def _in_batches(

@@ -1,6 +1,8 @@
-"""Pickup (DESIGN.md section 6.2): finding an idle instance for a runner spec in its class's pool queue.
+"""Pickup (DESIGN.md section 6.2): finding an idle instance for a runner spec in its partition's pool queue.
 
-A pool queue holds one message per idle, vetted instance. Pickup pulls messages in batches, deletes
+A pool queue holds one message per idle, vetted instance of one partition (domain/pool_partitions.py:
+resource class, usage, architecture), so the spec's hard keys choose the queue and only its soft ones
+(type globs, reuse scope, age) are judged here. Pickup pulls messages in batches, deletes
 each batch with one call (what it puts back goes as new messages, and the candidate must not come
 round again), judges them in memory, and sends back whatever it does not use. Every message
 received ends in exactly one of four places: returned as the candidate, sent back to the queue,
@@ -8,13 +10,14 @@ dropped on purpose (stale or unparseable), or, when the queue refuses it even af
 reported in the result as lost. A lost message wastes an instance (it idles out and refresh
 terminates it); it never leaks one. The same holds if the process dies between delete and send.
 A duplicated message is harmless: the record check below drops the extra copy. So wherever the
-choice is between losing a message and duplicating it, pickup duplicates.
+choice is between losing a message and duplicating it, pickup duplicates. What it sends back goes to
+the partition of the instance it offers, so an offer that reached the wrong queue finds its own.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -23,6 +26,7 @@ from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import PickupSettings, ReuseSettings
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord, PoolMessage
 
 RECEIVE_BATCH = 10
@@ -38,24 +42,26 @@ class ReceivedMessage:
 
 
 class PoolQueue(Protocol):
-    """The pool queues, one per resource class (adapters.pool_queues implements it over SQS)."""
+    """The pool queues, one per partition (adapters.pool_queues implements it over SQS)."""
 
-    def receive(self, resource_class: str) -> list[ReceivedMessage]:
-        """Up to 10 messages from the class's queue; an empty list when the queue has none to give."""
+    def receive(self, partition: PoolPartition) -> list[ReceivedMessage]:
+        """Up to 10 messages from the partition's queue; an empty list when the queue has none to give."""
         ...
 
-    def delete(self, resource_class: str, receipts: Sequence[str]) -> list[str]:
-        """Delete received messages; returns the receipts the queue still refused after a retry."""
+    def delete(self, partition: PoolPartition, receipts: Sequence[str]) -> list[str]:
+        """Delete messages received from the partition's queue; returns the receipts it still refused
+        after a retry."""
         ...
 
     def requeue(
-        self, resource_class: str, messages: Sequence[PoolMessage], delay_seconds: int
+        self, partition: PoolPartition, messages: Sequence[PoolMessage], delay_seconds: int
     ) -> list[PoolMessage]:
-        """Send messages back, invisible for `delay_seconds`; returns those the queue still refused."""
+        """Send messages to the partition's queue, invisible for `delay_seconds`; returns those the
+        queue still refused."""
         ...
 
     def offer(self, message: PoolMessage) -> None:
-        """Put an instance that has just become idle into its class's queue."""
+        """Put an instance that has just become idle into its own partition's queue."""
         ...
 
 
@@ -113,12 +119,12 @@ class StopReason(StrEnum):
     FOUND = "found"
     """A candidate was found."""
     EMPTY = "empty"
-    """The queue had nothing (left) to give."""
+    """The queues had nothing (left) to give."""
     CYCLED = "cycled"
     """Some instance came round `same_instance_tolerance` times: the queue holds nothing new for us."""
     BUDGET = "budget"
-    """`max_batches` batches read without a match: a long queue of misfits must not hold a claim
-    step past its Lambda's timeout; the claim worker counts the pool as exhausted."""
+    """`budget_seconds` spent without a match: a long queue of misfits must not hold a claim step
+    past its Lambda's timeout; the claim worker counts the pool as exhausted."""
 
 
 @dataclass(frozen=True)
@@ -154,8 +160,12 @@ class _Tally:
         return PickupResult(candidate, stopped, PickupCounts(**self.counts), tuple(self.lost_messages))
 
 
-MAX_BATCHES = 30
-"""Batches one pickup reads at most (300 messages, a few seconds of SQS calls)."""
+PICKUP_BUDGET_SECONDS = 8.0
+"""How long one pickup reads misfits before it counts the pool as exhausted. A claim step makes at most
+PICKUPS_PER_CLAIM (3) pickups and then hands its candidate over, inside its Lambda's 30 s timeout
+(infra/constructs/provision.py; tests/infra check the two agree). Every instance in the partition
+admits the spec's hard keys, so only type, scope and age misfits stand in front of a match: 8 s is
+about 2,400 batches at SQS's few milliseconds a call, and bench/pickup.py measures it behind 10,000."""
 
 
 class PickupManager:
@@ -165,47 +175,73 @@ class PickupManager:
         records: RecordReader,
         clock: Clock,
         settings: PickupSettings,
-        max_batches: int = MAX_BATCHES,
+        budget_seconds: float = PICKUP_BUDGET_SECONDS,
         *,
         reuse: ReuseSettings | None = None,
+        partitions: Collection[PoolPartition] | None = None,
     ) -> None:
+        """`partitions`: the stack's (None: any); an offer whose own partition is not among them goes
+        back to the queue it was read from rather than to a queue that does not exist."""
         self._queue = queue
         self._records = records
         self._clock = clock
         self._settings = settings
-        self._max_batches = max_batches
+        self._budget_seconds = budget_seconds
         self._reuse = reuse
+        self._partitions = None if partitions is None else frozenset(partitions)
 
     def pickup(self, spec: RunnerSpec, repository: str | None = None) -> PickupResult:
-        """Find one idle instance for `spec` (a job of `repository`) in its class's queue, or say why
-        there is none."""
+        """Find one idle instance for `spec` (a job of `repository`) in the partitions its hard keys
+        admit, in their order, or say why there is none."""
         tally = _Tally()
+        deadline = self._clock.now() + self._budget_seconds
+        stopped = StopReason.EMPTY
+        for partition in PoolPartition.admitting(spec):
+            candidate, reason = self._read(partition, spec, repository, tally, deadline)
+            if candidate is not None or reason is StopReason.BUDGET:
+                return tally.result(candidate, reason)
+            if reason is StopReason.CYCLED:
+                stopped = reason
+        return tally.result(None, stopped)
+
+    def _read(
+        self,
+        partition: PoolPartition,
+        spec: RunnerSpec,
+        repository: str | None,
+        tally: _Tally,
+        deadline: float,
+    ) -> tuple[PoolMessage | None, StopReason]:
+        """Read one partition's queue until a match, an empty queue, a cycle or the deadline."""
         seen: Counter[str] = Counter()
         while True:
-            batch = self._queue.receive(spec.resource_class)
+            batch = self._queue.receive(partition)
             tally.counts["receive_calls"] += 1
             if not batch:
-                return tally.result(None, StopReason.EMPTY)
+                return None, StopReason.EMPTY
             tally.counts["examined"] += len(batch)
             # A message whose delete failed is used all the same: at worst it comes round again as a
             # duplicate, which the record check drops; skipping it could lose it if the delete had in
             # fact gone through.
-            tally.counts["undeleted"] += len(
-                self._queue.delete(spec.resource_class, [r.receipt for r in batch])
-            )
+            tally.counts["undeleted"] += len(self._queue.delete(partition, [r.receipt for r in batch]))
             messages = [r.message for r in batch if r.message is not None]
             tally.counts["dropped_unparseable"] += len(batch) - len(messages)
             seen.update(message.instance_id for message in messages)
-            candidate = self._settle(spec, repository, messages, tally)
+            candidate = self._settle(partition, spec, repository, messages, tally)
             if candidate is not None:
-                return tally.result(candidate, StopReason.FOUND)
+                return candidate, StopReason.FOUND
             if seen and max(seen.values()) >= self._settings.same_instance_tolerance:
-                return tally.result(None, StopReason.CYCLED)
-            if tally.counts["receive_calls"] >= self._max_batches:
-                return tally.result(None, StopReason.BUDGET)
+                return None, StopReason.CYCLED
+            if self._clock.now() >= deadline:
+                return None, StopReason.BUDGET
 
     def _settle(
-        self, spec: RunnerSpec, repository: str | None, messages: list[PoolMessage], tally: _Tally
+        self,
+        partition: PoolPartition,
+        spec: RunnerSpec,
+        repository: str | None,
+        messages: list[PoolMessage],
+        tally: _Tally,
     ) -> PoolMessage | None:
         """Judge one deleted batch, send back what others may use, and return the candidate if any."""
         now = self._clock.now()
@@ -232,7 +268,7 @@ class PickupManager:
             # The batch is already deleted: what is in hand goes back before the error propagates.
             in_hand = ([candidate] if candidate else []) + spare + misfits + messages[judged:]
             try:
-                self._send_back(spec, in_hand, 0, tally)
+                self._send_back(partition, in_hand, 0, tally)
             except Exception as requeue_error:
                 exc.add_note(
                     f"and sending back what was in hand failed too ({requeue_error}): {_ids(in_hand)}"
@@ -241,7 +277,7 @@ class PickupManager:
         groups = [(spare, 0), (misfits, self._settings.requeue_delay_seconds)]
         for index, (group, delay_seconds) in enumerate(groups):
             try:
-                self._send_back(spec, group, delay_seconds, tally)
+                self._send_back(partition, group, delay_seconds, tally)
             except Exception as exc:
                 stranded = ([candidate] if candidate else []) + [m for g, _ in groups[index:] for m in g]
                 exc.add_note(
@@ -251,14 +287,21 @@ class PickupManager:
         return candidate
 
     def _send_back(
-        self, spec: RunnerSpec, messages: list[PoolMessage], delay_seconds: int, tally: _Tally
+        self, read_from: PoolPartition, messages: list[PoolMessage], delay_seconds: int, tally: _Tally
     ) -> None:
-        if not messages:
-            return
-        refused = self._queue.requeue(spec.resource_class, messages, delay_seconds)
-        tally.counts["requeued"] += len(messages) - len(refused)
-        tally.counts["lost"] += len(refused)
-        tally.lost_messages.extend(refused)
+        """Each message to its own partition's queue: one that was offered to the wrong queue goes home."""
+        homes: dict[PoolPartition, list[PoolMessage]] = {}
+        for message in messages:
+            homes.setdefault(self._home(message, read_from), []).append(message)
+        for home, group in sorted(homes.items()):
+            refused = self._queue.requeue(home, group, delay_seconds)
+            tally.counts["requeued"] += len(group) - len(refused)
+            tally.counts["lost"] += len(refused)
+            tally.lost_messages.extend(refused)
+
+    def _home(self, message: PoolMessage, read_from: PoolPartition) -> PoolPartition:
+        own = PoolPartition.of(message)
+        return own if self._partitions is None or own in self._partitions else read_from
 
 
 def _ids(messages: list[PoolMessage]) -> str:
