@@ -1,7 +1,17 @@
-"""Pickup against the reference design's one-message-at-a-time loop, on one moto server in one run.
+"""Pickup on one moto server in one run: behind 10,000 misfits of its class, and against the reference
+design's one-message-at-a-time loop.
 
-Both pickups face the same queue: 1,000 idle instances that do not fit the spec (on-demand, arm64,
-another type family, too small), then the one that does, sent last. Both judge messages with the
+Behind 10,000: the pool holds 10,000 idle instances of the request's class that do not fit it, a
+quarter each of another usage, another architecture, both, and another type of the request's own
+partition, each offered to its own partition's queue, and then the one that fits, sent last. The
+partitioning keeps three quarters out of the request's queue; pickup reads through the other quarter
+(type misfits share the partition: domain/pool_partitions.py says why) within its budget
+(domain/pickup.py PICKUP_BUDGET_SECONDS). The figures say whether it found the match, with how many
+SQS calls and how long.
+
+Against the baseline: both pickups face the same queue: 1,000 idle instances of the request's
+partition that do not fit the spec (another type family, too small), then the one that does, sent
+last. Both judge messages with the
 same verdict and check the match's record the same way, so the only difference measured is how
 they use SQS: ours receives 10 at a time, deletes each batch with one call and sends misfits back
 with one call per batch; the baseline receives one message, deletes it, and sends it back alone.
@@ -39,21 +49,32 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.labels import RunnerSpec
-from runner_pool.domain.pickup import PickupManager, Verdict, judge, still_offered
+from runner_pool.domain.pickup import PickupManager, PickupResult, Verdict, judge, still_offered
+from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch, PoolMessage, UsageClass
 
 NON_MATCHING = 1_000
+BEHIND = 10_000
+"""Misfits of the request's class in front of the match: the issue's bar (issue 15, item 3)."""
 LABEL = "pool=1/usage=spot/types=c7*"
+PARTITION = PoolPartition("large", UsageClass.SPOT, Arch.X64)
+"""The partition LABEL's hard keys choose: class large (the default), spot, x64 (the default)."""
 TARGET_CALLS_RATIO = 5.0
 TARGET_TIME_RATIO = 3.0
 _SQS = "moto.sqs.models:SQSBackend"
 
 MISFITS: list[dict[str, Any]] = [
-    {"usage_class": UsageClass.ON_DEMAND},
-    {"arch": Arch.ARM64, "instance_type": "c7g.large"},
     {"instance_type": "m7i.large"},
     {"cpu": 1, "memory_mib": 2048, "instance_type": "c7i.medium"},
 ]
+"""Misfits of LABEL in its own partition: another type family, too small for the class."""
+BEHIND_MISFITS: list[dict[str, Any]] = [
+    {"usage_class": UsageClass.ON_DEMAND},
+    {"arch": Arch.ARM64, "instance_type": "c7g.large"},
+    {"usage_class": UsageClass.ON_DEMAND, "arch": Arch.ARM64, "instance_type": "m7g.large"},
+    {"instance_type": "m7i.large"},
+]
+"""Misfits of LABEL of its class: another usage, another architecture, both, another type."""
 
 
 @dataclass(frozen=True)
@@ -69,13 +90,13 @@ class Run:
         return self.calls / self.examined
 
 
-SMALL = {"misfits": 40}
-"""`make test`'s size (tests/bench): the same pickups, a short queue."""
+SMALL = {"misfits": 40, "behind": 400}
+"""`make test`'s size (tests/bench): the same pickups, short queues."""
 
 
-def run(misfits: int = NON_MATCHING) -> BenchTable:
+def run(misfits: int = NON_MATCHING, behind: int = BEHIND) -> BenchTable:
     with _without_moto_per_message_overheads(), local_aws() as aws:
-        return _measure(aws, misfits)
+        return _measure(aws, misfits, behind)
 
 
 @contextmanager
@@ -100,7 +121,7 @@ def _without_moto_per_message_overheads() -> Iterator[None]:
         yield
 
 
-def _measure(aws: LocalAws, misfits: int) -> BenchTable:
+def _measure(aws: LocalAws, misfits: int, behind: int) -> BenchTable:
     client = aws.client
     config = StackConfig()
     spec = config.spec_for(LABEL)
@@ -110,16 +131,29 @@ def _measure(aws: LocalAws, misfits: int) -> BenchTable:
     records = StateTable("bench-state", config.timeouts, clock, dynamodb, arns=INSTANCE_ARNS)
     delay = config.pickup.requeue_delay_seconds
 
-    ours_url = _filled_queue(client("sqs"), records, "bench-ours", misfits, instance_base=0)
+    behind_prefix = _filled_pool(
+        client("sqs"), records, "bench-behind", behind, kinds=BEHIND_MISFITS, instance_base=100_000
+    )
+    behind_counter = CallCounter()
+    behind_queues = PoolQueues(behind_prefix, ["large"], client("sqs", behind_counter))
+    manager = PickupManager(behind_queues, records, clock, config.pickup, partitions=behind_queues.partitions)
+    started = time.perf_counter()
+    behind_result = manager.pickup(spec)
+    behind_run = Run(behind_counter.total(), behind_result.counts.examined, time.perf_counter() - started)
+
+    ours_prefix = _filled_pool(client("sqs"), records, "bench-ours", misfits, kinds=MISFITS, instance_base=0)
     ours_counter = CallCounter()
     ours_client = client("sqs", ours_counter)
-    manager = PickupManager(PoolQueues({"large": ours_url}, ours_client), records, clock, config.pickup)
+    manager = PickupManager(PoolQueues(ours_prefix, ["large"], ours_client), records, clock, config.pickup)
     started = time.perf_counter()
     result = manager.pickup(spec)
     ours = Run(ours_counter.total(), result.counts.examined, time.perf_counter() - started)
     _require_match(result.candidate, "PickupManager")
 
-    baseline_url = _filled_queue(client("sqs"), records, "bench-baseline", misfits, instance_base=10_000)
+    baseline_prefix = _filled_pool(
+        client("sqs"), records, "bench-baseline", misfits, kinds=MISFITS, instance_base=10_000
+    )
+    baseline_url = PARTITION.queue_name(baseline_prefix)
     baseline_counter = CallCounter()
     baseline_client = client("sqs", baseline_counter)
     started = time.perf_counter()
@@ -129,7 +163,9 @@ def _measure(aws: LocalAws, misfits: int) -> BenchTable:
     baseline = Run(baseline_counter.total(), examined, time.perf_counter() - started)
     _require_match(candidate, "baseline")
 
-    return _table(misfits, ours, baseline, ours_counter, baseline_counter)
+    table = _table(misfits, ours, baseline, ours_counter, baseline_counter)
+    _behind_figures(table, behind, behind_result, behind_run, behind_counter)
+    return table
 
 
 def _baseline_pickup(
@@ -158,21 +194,50 @@ def _baseline_pickup(
             sqs.send_message(QueueUrl=url, MessageBody=received[0]["Body"], DelaySeconds=delay_seconds)
 
 
-def _filled_queue(sqs: Any, records: StateTable, prefix: str, misfits_count: int, instance_base: int) -> str:
-    """A fresh pool queue holding `misfits_count` misfits, then one idle instance that fits, sent last."""
-    url = create_pool_queues(sqs, prefix, ["large"])["large"]
-    queues = PoolQueues({"large": url}, sqs, wait_seconds=0)
+def _filled_pool(
+    sqs: Any,
+    records: StateTable,
+    name_prefix: str,
+    misfits_count: int,
+    *,
+    kinds: list[dict[str, Any]],
+    instance_base: int,
+) -> str:
+    """Fresh pool queues of class large holding `misfits_count` misfits (of `kinds` in turn), each in its
+    own partition's queue, then one idle instance that fits, sent last; returns the queues' URL prefix."""
+    prefix = create_pool_queues(sqs, f"{name_prefix}-pool-", ["large"])
+    queues = PoolQueues(prefix, ["large"], sqs, wait_seconds=0)
     threshold = time.time() + 600
-    misfits = [
-        PoolMessage(
-            **instance_facts(instance_base + n, **MISFITS[n % len(MISFITS)]).model_dump(), threshold=threshold
-        )
-        for n in range(1, misfits_count + 1)
-    ]
-    if queues.requeue("large", misfits, delay_seconds=0):
-        raise RuntimeError("moto refused to take the bench's messages")
+    by_partition: dict[PoolPartition, list[PoolMessage]] = {}
+    for n in range(1, misfits_count + 1):
+        facts = instance_facts(instance_base + n, **kinds[n % len(kinds)])
+        message = PoolMessage(**facts.model_dump(), threshold=threshold)
+        by_partition.setdefault(PoolPartition.of(message), []).append(message)
+    for partition, messages in by_partition.items():
+        if queues.requeue(partition, messages, delay_seconds=0):
+            raise RuntimeError("moto refused to take the bench's messages")
     put_in_pool(records, queues, instance_facts(instance_base + misfits_count + 1))
-    return url
+    return prefix
+
+
+def _behind_figures(
+    table: BenchTable, behind: int, result: PickupResult, run: Run, calls: CallCounter
+) -> None:
+    found = result.candidate is not None
+    in_partition = sum(
+        1 for n in range(1, behind + 1) if not {"usage_class", "arch"} & BEHIND_MISFITS[n % 4].keys()
+    )
+    table.note(
+        f"behind {behind:,} misfits of class large ({in_partition:,} of them in the request's partition): "
+        f"{'found' if found else 'NOT found'} ({result.stopped.value}) after examining "
+        f"{result.counts.examined:,} messages, {run.calls:,} SQS calls, {run.seconds:.2f} s; "
+        f"calls by operation: {calls.by_operation('sqs')}"
+    )
+    prefix = f"pickup_match_behind_{behind}_misfits"
+    table.figure(f"{prefix}_found", 1 if found else 0)
+    table.figure(f"{prefix}_sqs_calls_count", run.calls)
+    table.figure(f"{prefix}_seconds", round(run.seconds, 3))
+    table.figure(f"{prefix}_examined_count", run.examined)
 
 
 def _require_match(candidate: PoolMessage | None, who: str) -> None:

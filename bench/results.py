@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RESULTS_PATH = Path(__file__).with_name("results.json")
-UNITS = ("seconds", "milliseconds", "count", "ratio", "percent", "bytes", "per_second")
+UNITS = ("seconds", "milliseconds", "count", "ratio", "percent", "bytes", "per_second", "found")
+"""`found` is an outcome, 1 or 0: whether what the figure names was found (issue 15's
+`pickup_match_behind_10000_misfits_found`)."""
 
 
 @dataclass

@@ -72,10 +72,10 @@ def sweep_thresholds(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
 
 
 def take_from_pool(grantee: iam.IGrantable, queues: Iterable[sqs.IQueue]) -> None:
-    """Receive and delete pool messages, and send non-matches back."""
+    """Receive, hold and release pool messages, delete what is taken, move offers to their own queue."""
     _allow(
         grantee,
-        ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:SendMessage"],
+        ["sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage"],
         [queue.queue_arn for queue in queues],
     )
 

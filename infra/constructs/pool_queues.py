@@ -83,11 +83,11 @@ class PoolQueues(Construct):
             Acknowledgment(
                 id="AwsSolutions-SQS3",
                 reason=(
-                    "Pool messages are never redriven: the pickup manager deletes each batch right after "
-                    "receiving it and sends non-matches back as new messages, so no message is received "
-                    "again and again and a receive-count redrive would never fire. A message that a "
-                    "crashed pickup took with it only leaves its idle instance unused until the "
-                    "instance's threshold passes and refresh terminates it."
+                    "Pool messages are never redriven: a pool message is an offer, not work that can fail, "
+                    "and every pickup that reads past an offer it cannot use receives it and releases it "
+                    "again, so a receive count says nothing about a message being poison and a redrive "
+                    "would take good offers out of the pool. A message whose idle time has run out is "
+                    "dropped by pickup, and SQS's retention removes it soon after."
                 ),
             )
         )

@@ -13,8 +13,10 @@ import pytest
 
 from infra.constructs.functions import HANDLERS_PACKAGE
 from infra.dependency_layer import LAMBDA_PYTHON_VERSION
+from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS
 from runner_pool.environment import ENV_PREFIX, ControlPlaneSettings
 from runner_pool.observability import METRICS_NAMESPACE, SERVICE
+from runner_pool.steps.provision import PICKUPS_PER_CLAIM
 from tests.infra.synthesis import Synthesis
 
 FUNCTION = "AWS::Lambda::Function"
@@ -170,3 +172,12 @@ def test_no_function_reserves_concurrency(synthesis: Synthesis) -> None:
         if "ReservedConcurrentExecutions" in function
     }
     assert reserving == {}
+
+
+def test_the_claim_step_outlasts_its_pickups_read_to_their_budget(synthesis: Synthesis) -> None:
+    # Given the claim step's timeout, and what its pickups may spend reading misfits
+    timeout = functions(synthesis)["provision.claim"]["Timeout"]
+    pickups = PICKUPS_PER_CLAIM * PICKUP_BUDGET_SECONDS
+    # Then every pickup may read to its budget and still leave seconds to hand the candidate over
+    # (GitHub's JIT call, KMS, two writes)
+    assert timeout - pickups >= 5

@@ -129,7 +129,12 @@ def test_table_queries_name_one_index_each(synthesis: Synthesis) -> None:
 
 
 POOL_USERS = {
-    "provision.claim": {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:SendMessage"},
+    "provision.claim": {
+        "sqs:ReceiveMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:DeleteMessage",
+        "sqs:SendMessage",
+    },
     "provision.dump": {"sqs:SendMessage"},
     "release.check_receipt": {"sqs:SendMessage"},
     "refresh.refresh": {"sqs:SendMessage"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import PickupSettings, StackConfig
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.pickup import (
+    HOLD_SECONDS,
     PickupManager,
     PickupResult,
     ReceivedMessage,
@@ -74,9 +76,9 @@ class Pool:
             "in_flight": int(attributes["ApproximateNumberOfMessagesNotVisible"]),
         }
 
-    def visible(self) -> list[PoolMessage | None]:
-        """What a receive gets right now (at most ten)."""
-        return [received.message for received in self.queues.receive(LARGE)]
+    def visible(self, partition: PoolPartition = LARGE) -> list[PoolMessage | None]:
+        """What a receive gets right now (at most ten), made visible again at once."""
+        return [received.message for received in self.queues.receive(partition, 0)]
 
 
 @pytest.fixture
@@ -116,11 +118,11 @@ def test_non_matches_go_back_with_the_delay_and_stay_in_the_queue(pool: Pool, sp
         pool.add_idle(number, **OTHER_TYPE)
     # When a c7i runner is picked up
     result = pool.picker(requeue_delay_seconds=60).pickup(spec)
-    # Then none was taken, and all five are back in the queue, held back by the delay
+    # Then none was taken, and all five are still in the queue (never deleted), hidden for the delay
     assert result.candidate is None
     assert result.stopped is StopReason.EMPTY
     assert result.counts.requeued == 5
-    assert pool.depth() == {"visible": 0, "delayed": 5, "in_flight": 0}
+    assert pool.depth() == {"visible": 0, "delayed": 0, "in_flight": 5}
 
 
 def test_a_message_whose_threshold_passed_is_dropped_and_counted(
@@ -200,27 +202,41 @@ def test_an_empty_queue_exhausts_the_request_at_once(pool: Pool, spec: RunnerSpe
     assert (result.counts.receive_calls, result.counts.examined) == (1, 0)
 
 
-def test_the_request_is_exhausted_once_the_same_instance_came_round_five_times(
-    pool: Pool, spec: RunnerSpec
-) -> None:
-    # Given one m7i instance, sent back without delay so it comes straight round again
+def test_a_pickup_never_reads_its_own_misfits_twice(pool: Pool, spec: RunnerSpec) -> None:
+    # Given one m7i instance, released without delay when pickup stops
     pool.add_idle(1, **OTHER_TYPE)
     # When a c7i runner is picked up
     result = pool.picker(requeue_delay_seconds=0).pickup(spec)
-    # Then pickup gives up after seeing it the fifth time, and leaves it in the queue for others
-    assert result.stopped is StopReason.CYCLED
-    assert (result.counts.receive_calls, result.counts.examined, result.counts.requeued) == (5, 5, 5)
+    # Then pickup held it while it read on, found the queue empty at the next receive, and left it
+    # visible in the queue for others
+    assert result.stopped is StopReason.EMPTY
+    assert (result.counts.receive_calls, result.counts.examined, result.counts.requeued) == (2, 1, 1)
     assert pool.depth()["visible"] == 1
 
 
+def test_the_request_is_exhausted_once_the_same_instance_came_round_five_times(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given one m7i instance offered five times over (duplicates, as a retried release may leave)
+    offered = pool.add_idle(1, **OTHER_TYPE)
+    for _ in range(4):
+        pool.queues.offer(offered)
+    # When a c7i runner is picked up
+    result = pool.picker().pickup(spec)
+    # Then pickup gives up once it has seen the instance the fifth time, and leaves every copy
+    assert result.stopped is StopReason.CYCLED
+    assert (result.counts.examined, result.counts.requeued) == (5, 5)
+    assert pool.depth()["visible"] == 5
+
+
 def test_the_tolerance_comes_from_the_settings(pool: Pool, spec: RunnerSpec) -> None:
-    # Given one non-matching instance that comes straight round, and a tolerance of 2
-    pool.add_idle(1, **OTHER_TYPE)
+    # Given one non-matching instance offered twice, and a tolerance of 2
+    offered = pool.add_idle(1, **OTHER_TYPE)
+    pool.queues.offer(offered)
     # When a runner is picked up
-    result = pool.picker(requeue_delay_seconds=0, same_instance_tolerance=2).pickup(spec)
+    result = pool.picker(same_instance_tolerance=2).pickup(spec)
     # Then pickup gives up at the second sighting
     assert result.stopped is StopReason.CYCLED
-    assert result.counts.receive_calls == 2
 
 
 def test_matches_beyond_the_candidate_go_back_without_delay(pool: Pool, spec: RunnerSpec) -> None:
@@ -256,30 +272,37 @@ def test_only_the_candidates_record_is_read(pool: Pool, spec: RunnerSpec) -> Non
     assert records.reads == [result.candidate.instance_id]
 
 
-def test_each_batch_costs_one_receive_of_ten_one_delete_and_one_send(
+def test_a_misfit_costs_a_tenth_of_a_receive_and_a_tenth_of_a_release(
     pool: Pool, spec: RunnerSpec, sqs_calls: list[tuple[str, dict[str, Any]]]
 ) -> None:
-    # Given fifteen m7i instances and one c7i instance in the pool
+    # Given fifteen m7i instances and one c7i instance in the pool, offered in that order
     for number in range(1, 16):
         pool.add_idle(number, **OTHER_TYPE)
     pool.add_idle(16, **SPOT)
     sqs_calls.clear()
-    # When a c7i runner is picked up, misfits going back with a delay so they do not come round again
+    # When a c7i runner is picked up, with a requeue delay of 1 s
     result = pool.picker(requeue_delay_seconds=1).pickup(spec)
-    # Then two batches of at most ten were enough, each costing one receive, one delete and one send
-    operations = [name for name, _ in sqs_calls]
+    # Then two receives of ten, each holding what it got for the pickup's Lambda's lifetime, one delete
+    # (the candidate) and two releases of the fifteen misfits with the delay were all it took: no
+    # misfit was deleted or sent
     assert result.counts.examined == 16
-    assert operations == ["ReceiveMessage", "DeleteMessageBatch", "SendMessageBatch"] * 2
-    assert [p["MaxNumberOfMessages"] for name, p in sqs_calls if name == "ReceiveMessage"] == [10, 10]
-    sent = [entry for name, p in sqs_calls if name == "SendMessageBatch" for entry in p["Entries"]]
-    assert {entry["DelaySeconds"] for entry in sent} == {1}
+    assert Counter(name for name, _ in sqs_calls) == {
+        "ReceiveMessage": 2,
+        "DeleteMessageBatch": 1,
+        "ChangeMessageVisibilityBatch": 2,
+    }
+    received = [p for name, p in sqs_calls if name == "ReceiveMessage"]
+    assert {(p["MaxNumberOfMessages"], p["VisibilityTimeout"]) for p in received} == {(10, HOLD_SECONDS)}
+    released = [e for name, p in sqs_calls if name == "ChangeMessageVisibilityBatch" for e in p["Entries"]]
+    assert len(released) == 15
+    assert {entry["VisibilityTimeout"] for entry in released} == {1}
 
 
 def assert_every_message_accounted_for(result: PickupResult) -> None:
     counts = result.counts
     handed_out = 1 if result.candidate is not None else 0
     assert counts.examined == (
-        handed_out + counts.requeued + counts.dropped_stale + counts.dropped_unparseable + counts.lost
+        handed_out + counts.requeued + counts.dropped_stale + counts.dropped_unparseable + counts.held
     )
 
 
@@ -318,28 +341,27 @@ def test_a_failed_record_lookup_sends_back_what_was_in_hand_before_raising(
     assert instance_ids(pool.visible()) == instance_ids(offered)
 
 
-class _RefusingRequeues(PoolQueues):
-    """The pool queues, except that the queue refuses every message sent back."""
+class _RefusingReleases(PoolQueues):
+    """The pool queues, except that the queue refuses to release any message."""
 
-    def requeue(
-        self, partition: PoolPartition, messages: Sequence[PoolMessage], delay_seconds: int
-    ) -> list[PoolMessage]:
-        return list(messages)
+    def release(self, partition: PoolPartition, receipts: Sequence[str], delay_seconds: int) -> list[str]:
+        return list(receipts)
 
 
-def test_a_message_the_queue_refuses_to_take_back_is_reported_as_lost(
+def test_a_misfit_the_queue_refuses_to_release_stays_in_it_hidden_until_its_hold_ends(
     pool: Pool, spec: RunnerSpec, pool_queue_url_prefix: str, config: StackConfig
 ) -> None:
-    # Given a non-matching and a matching instance, and a queue that refuses whatever is sent back
-    misfit = pool.add_idle(1, **OTHER_TYPE)
+    # Given a non-matching and a matching instance, and a queue that refuses every release
+    pool.add_idle(1, **OTHER_TYPE)
     wanted = pool.add_idle(2, **SPOT)
-    refusing = _RefusingRequeues(pool_queue_url_prefix, config.resource_classes, pool.sqs, wait_seconds=0)
+    refusing = _RefusingReleases(pool_queue_url_prefix, config.resource_classes, pool.sqs, wait_seconds=0)
     # When a runner is picked up
     result = PickupManager(refusing, pool.records, pool.clock, PickupSettings()).pickup(spec)
-    # Then the candidate is still handed out, and the misfit is reported lost, not passed over
+    # Then the candidate is still handed out, and the misfit is counted held: still in the queue, in
+    # flight until its hold ends, not lost
     assert result.candidate == wanted
-    assert result.lost == (misfit,)
-    assert (result.counts.lost, result.counts.requeued) == (1, 0)
+    assert (result.counts.held, result.counts.requeued) == (1, 0)
+    assert pool.depth() == {"visible": 0, "delayed": 0, "in_flight": 1}
 
 
 class _SlowQueues(PoolQueues):
@@ -349,9 +371,9 @@ class _SlowQueues(PoolQueues):
         self.__dict__.update(queues.__dict__)
         self._clock = clock
 
-    def receive(self, partition: PoolPartition) -> list[ReceivedMessage]:
+    def receive(self, partition: PoolPartition, hold_seconds: int) -> list[ReceivedMessage]:
         self._clock.advance(1)
-        return super().receive(partition)
+        return super().receive(partition, hold_seconds)
 
 
 def test_a_long_queue_of_misfits_ends_the_pickup_at_its_budget(pool: Pool, spec: RunnerSpec) -> None:
@@ -362,11 +384,11 @@ def test_a_long_queue_of_misfits_ends_the_pickup_at_its_budget(pool: Pool, spec:
     picker = PickupManager(slow, pool.records, pool.clock, PickupSettings(), budget_seconds=3)
     # When a c7i runner is picked up with a budget of three seconds
     result = picker.pickup(spec)
-    # Then it stops after three receives, with every misfit back in the queue for others
+    # Then it stops after three receives, with every misfit released to others and none gone
     assert result.stopped is StopReason.BUDGET
     assert result.counts.receive_calls == 3
-    assert result.counts.requeued == result.counts.examined
-    assert pool.depth()["visible"] + pool.depth()["delayed"] == 40
+    assert result.counts.requeued == result.counts.examined == 30
+    assert pool.depth()["visible"] == 40
 
 
 def test_an_offer_of_another_partition_found_in_the_queue_goes_to_its_own_and_is_never_lost(
@@ -384,9 +406,9 @@ def test_an_offer_of_another_partition_found_in_the_queue_goes_to_its_own_and_is
     # Then the stray is no candidate, and it was sent to the on-demand queue, not back or away
     assert result.candidate is None
     assert_every_message_accounted_for(result)
-    assert (result.counts.requeued, result.counts.lost) == (1, 0)
+    assert (result.counts.requeued, result.counts.held) == (1, 0)
     assert pool.depth()["visible"] == 0
-    assert [r.message for r in pool.queues.receive(LARGE_ON_DEMAND)] == [stray]
+    assert pool.visible(LARGE_ON_DEMAND) == [stray]
 
 
 def test_an_offer_of_a_partition_without_a_queue_goes_back_where_it_was_read(
@@ -400,8 +422,7 @@ def test_an_offer_of_a_partition_without_a_queue_goes_back_where_it_was_read(
     pool.sqs.send_message(QueueUrl=pool.url, MessageBody=stray.to_body())
     # When a runner is picked up
     result = pool.picker(partitions=pool.queues.partitions).pickup(spec)
-    # Then it went back to the queue it came from, where a queue exists (and so came round until the
-    # request gave up), and was never lost
-    assert result.stopped is StopReason.CYCLED
-    assert result.counts.lost == 0
+    # Then it stayed in the queue it came from, where a queue exists, and was released there
+    assert result.stopped is StopReason.EMPTY
+    assert (result.counts.requeued, result.counts.held) == (1, 0)
     assert pool.visible() == [stray]

@@ -77,9 +77,9 @@ def test_receive_asks_for_ten_with_the_configured_wait(
     queues = PoolQueues(pool_queue_url_prefix, CLASSES, sqs, wait_seconds=1)
     queues.requeue(LARGE, messages(12), delay_seconds=0)
     sqs_calls.clear()
-    # When one receive is made
-    received = queues.receive(LARGE)
-    # Then it asked SQS for the maximum of ten, waiting up to one second, and got ten
+    # When one receive is made, holding what it gets for 30 s
+    received = queues.receive(LARGE, 30)
+    # Then it asked SQS for the maximum of ten, waiting up to one second, hidden for 30 s, and got ten
     assert sqs_calls == [
         (
             "ReceiveMessage",
@@ -87,6 +87,7 @@ def test_receive_asks_for_ten_with_the_configured_wait(
                 "QueueUrl": LARGE.queue_name(pool_queue_url_prefix),
                 "MaxNumberOfMessages": 10,
                 "WaitTimeSeconds": 1,
+                "VisibilityTimeout": 30,
             },
         )
     ]
@@ -102,7 +103,7 @@ def test_the_production_default_is_a_short_long_poll(sqs: Any, pool_queue_url_pr
     )
     queues.requeue(LARGE, messages(1), delay_seconds=0)
     # When they receive
-    queues.receive(LARGE)
+    queues.receive(LARGE, 0)
     # Then they long-poll for one second, so a small queue is not mistaken for an empty one
     assert calls[0]["WaitTimeSeconds"] == 1
 
@@ -112,7 +113,7 @@ def test_a_received_body_is_parsed_into_a_pool_message(queues: PoolQueues) -> No
     offered = pool_message(1)
     queues.offer(offered)
     # When the queue is received from
-    (received,) = queues.receive(LARGE)
+    (received,) = queues.receive(LARGE, 0)
     # Then the message is the one offered, threshold and all, with a receipt to delete it by
     assert received.message == offered
     assert received.receipt
@@ -124,7 +125,7 @@ def test_a_body_that_is_not_a_pool_message_is_received_as_none(
     # Given a body of the right JSON shape but missing fields
     sqs.send_message(QueueUrl=LARGE.queue_name(pool_queue_url_prefix), MessageBody='{"instance_id": "i-1"}')
     # When the queue is received from
-    (received,) = queues.receive(LARGE)
+    (received,) = queues.receive(LARGE, 0)
     # Then it comes with its receipt, and no message, for pickup to drop and count
     assert received.message is None
     assert received.receipt
@@ -141,7 +142,7 @@ def test_a_message_whose_instance_id_is_not_an_ec2_id_is_received_as_none(
     body = json.loads(pool_message(1).model_dump_json()) | {"instance_id": instance_id}
     sqs.send_message(QueueUrl=LARGE.queue_name(pool_queue_url_prefix), MessageBody=json.dumps(body))
     # When the queue is received from
-    (received,) = queues.receive(LARGE)
+    (received,) = queues.receive(LARGE, 0)
     # Then it is no pool message: pickup drops and counts it
     assert received.message is None
 
@@ -157,7 +158,7 @@ def test_offer_goes_to_the_queue_of_the_instances_own_partition(
     queues.offer(offered)
     # Then it sits in the queue of exactly its class, usage and architecture, and in no other
     own = PoolPartition("xlarge", UsageClass.ON_DEMAND, Arch.ARM64)
-    assert [r.message for r in queues.receive(own)] == [offered]
+    assert [r.message for r in queues.receive(own, 0)] == [offered]
     others = [p for p in queues.partitions if p != own]
     assert len(others) == len(CLASSES) * 4 - 1
     assert all(depth(sqs, p.queue_name(pool_queue_url_prefix))["visible"] == 0 for p in others)
@@ -193,7 +194,7 @@ def test_delete_removes_received_messages_in_batches_of_ten(
 ) -> None:
     # Given 25 messages received
     queues.requeue(LARGE, messages(25), delay_seconds=0)
-    receipts = [r.receipt for _ in range(3) for r in queues.receive(LARGE)]
+    receipts = [r.receipt for _ in range(3) for r in queues.receive(LARGE, 30)]
     sqs_calls.clear()
     # When they are deleted
     undeleted = queues.delete(LARGE, receipts)
@@ -202,6 +203,28 @@ def test_delete_removes_received_messages_in_batches_of_ten(
     assert undeleted == []
     assert [name for name, _ in sqs_calls] == ["DeleteMessageBatch"] * 3
     assert depth(sqs, LARGE.queue_name(pool_queue_url_prefix)) == {"visible": 0, "delayed": 0, "in_flight": 0}
+
+
+def test_release_makes_held_messages_visible_after_the_delay_in_batches_of_ten(
+    sqs: Any,
+    pool_queue_url_prefix: str,
+    queues: PoolQueues,
+    sqs_calls: list[tuple[str, dict[str, Any]]],
+) -> None:
+    # Given 25 messages received and held for 30 s
+    queues.requeue(LARGE, messages(25), delay_seconds=0)
+    receipts = [r.receipt for _ in range(3) for r in queues.receive(LARGE, 30)]
+    url = LARGE.queue_name(pool_queue_url_prefix)
+    assert depth(sqs, url)["in_flight"] == 25
+    sqs_calls.clear()
+    # When the first ten are released at once and the others with a delay
+    refused = queues.release(LARGE, receipts[:10], 0) + queues.release(LARGE, receipts[10:], 60)
+    # Then three batch calls released them all: ten visible now, fifteen still hidden for the delay
+    assert refused == []
+    assert [(name, len(p["Entries"])) for name, p in sqs_calls] == [
+        ("ChangeMessageVisibilityBatch", n) for n in (10, 10, 5)
+    ]
+    assert depth(sqs, url) == {"visible": 10, "delayed": 0, "in_flight": 15}
 
 
 def test_a_requeue_entry_that_fails_once_is_retried_alone(sqs: Any, pool_queue_url_prefix: str) -> None:
@@ -236,7 +259,7 @@ def test_a_receipt_that_cannot_be_deleted_is_reported(
 ) -> None:
     # Given three received messages, and SQS that fails one delete entry twice
     queues.requeue(LARGE, messages(3), delay_seconds=0)
-    receipts = [r.receipt for r in queues.receive(LARGE)]
+    receipts = [r.receipt for r in queues.receive(LARGE, 30)]
     refusing = PoolQueues(pool_queue_url_prefix, CLASSES, _RefusingBatches(sqs, refusals=2), wait_seconds=0)
     # When they are deleted
     undeleted = refusing.delete(LARGE, receipts)
@@ -250,7 +273,7 @@ def test_a_throttled_receive_is_retried(sqs: Any, queues: PoolQueues) -> None:
     queues.offer(pool_message(1))
     busy = answer_busy(sqs, "ReceiveMessage", times=2, code="RequestThrottled")
     # When the queue is received from
-    received = queues.receive(LARGE)
+    received = queues.receive(LARGE, 0)
     # Then botocore's third attempt got the message
     assert [r.message for r in received] == [pool_message(1)]
     assert busy.sent == 3
@@ -273,19 +296,20 @@ def test_throttling_past_every_retry_reaches_the_caller(sqs: Any, queues: PoolQu
     # Then the caller is told the service stayed busy, rather than shown an empty queue, after the
     # attempts botocore makes and no more
     with pytest.raises(ServiceBusyError):
-        queues.receive(LARGE)
+        queues.receive(LARGE, 0)
     assert busy.sent == ATTEMPTS
 
 
 @pytest.mark.parametrize(
     "use",
     [
-        lambda q: q.receive(HUGE),
+        lambda q: q.receive(HUGE, 0),
         lambda q: q.delete(HUGE, ["receipt"]),
+        lambda q: q.release(HUGE, ["receipt"], 0),
         lambda q: q.requeue(HUGE, messages(1), 0),
         lambda q: q.offer(pool_message(1, resource_class="huge")),
     ],
-    ids=["receive", "delete", "requeue", "offer"],
+    ids=["receive", "delete", "release", "requeue", "offer"],
 )
 def test_a_class_without_a_queue_is_a_clear_error(queues: PoolQueues, use: Any) -> None:
     # Given pool queues for the configured classes only

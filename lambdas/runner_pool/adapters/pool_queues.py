@@ -5,17 +5,16 @@ A partition's queue URL is the stack's URL prefix followed by the partition's na
 Lambda function's environment holds 4 KB in all (Lambda quotas, "Function configuration, deployment,
 and execution") and a stack has a queue for every class, usage and architecture.
 
-Batch calls (DeleteMessageBatch, SendMessageBatch) can succeed for some entries and fail for others;
-the failed entries are retried once. What fails twice is handed back to the caller, never dropped
-quietly and never raised for the whole batch, because the two kinds of failure have different
-safest outcomes:
+Batch calls (DeleteMessageBatch, ChangeMessageVisibilityBatch, SendMessageBatch) can succeed for some
+entries and fail for others; the failed entries are retried once. What fails twice is handed back to
+the caller, never dropped quietly and never raised for the whole batch:
 
-- A message that cannot be deleted stays in the queue and comes round again. If the caller also
-  sends it back, the pool holds a duplicate, which is harmless: every use of a message goes through
-  a record check and a conditional claim, and pickup drops the copy whose record has moved on.
-- A message that cannot be sent back is gone from the pool. Its instance is not leaked: it stays
-  idle until its threshold passes and refresh terminates it. It is wasted for the rest of its idle
-  time, so the caller counts and logs it.
+- A message that cannot be deleted stays in the queue and comes round again when its hold ends: a
+  harmless duplicate, since every use of a message goes through a record check and a conditional
+  claim, and pickup drops the copy whose record has moved on.
+- A message that cannot be released stays hidden until its hold ends, then comes round again.
+- A message that cannot be sent is not in that queue; pickup, which sends only to move an offer to
+  its own partition, keeps it where it was.
 
 Errors of a whole call (a missing queue, denied access, throttling past every retry) propagate.
 """
@@ -33,6 +32,7 @@ from runner_pool.domain.records import PoolMessage
 if TYPE_CHECKING:
     from mypy_boto3_sqs.client import SQSClient
     from mypy_boto3_sqs.type_defs import (
+        ChangeMessageVisibilityBatchRequestEntryTypeDef,
         DeleteMessageBatchRequestEntryTypeDef,
         SendMessageBatchRequestEntryTypeDef,
     )
@@ -75,14 +75,17 @@ class PoolQueues:
         """Every partition that has a queue."""
         return PoolPartition.every(sorted(self._classes))
 
-    def receive(self, partition: PoolPartition) -> list[ReceivedMessage]:
+    def receive(self, partition: PoolPartition, hold_seconds: int) -> list[ReceivedMessage]:
         url = self._url(partition)
         # Short polling asks only a sample of SQS's servers, so a queue holding a few messages can
         # answer empty, and an empty answer makes pickup give up and launch a new instance. A long
         # poll asks every server and returns as soon as one message is there; it only costs its
         # wait when the queue really is empty, where the caller is about to launch anyway.
         response = self._client.receive_message(
-            QueueUrl=url, MaxNumberOfMessages=RECEIVE_BATCH, WaitTimeSeconds=self._wait_seconds
+            QueueUrl=url,
+            MaxNumberOfMessages=RECEIVE_BATCH,
+            WaitTimeSeconds=self._wait_seconds,
+            VisibilityTimeout=hold_seconds,
         )
         return [
             ReceivedMessage(receipt=message["ReceiptHandle"], message=_parse(message.get("Body", "")))
@@ -100,6 +103,18 @@ class PoolQueues:
             return [failed["Id"] for failed in response.get("Failed", [])]
 
         return _in_batches(receipts, entry, delete_chunk)
+
+    def release(self, partition: PoolPartition, receipts: Sequence[str], delay_seconds: int) -> list[str]:
+        url = self._url(partition)
+
+        def entry(entry_id: str, receipt: str) -> ChangeMessageVisibilityBatchRequestEntryTypeDef:
+            return {"Id": entry_id, "ReceiptHandle": receipt, "VisibilityTimeout": delay_seconds}
+
+        def release_chunk(entries: list[ChangeMessageVisibilityBatchRequestEntryTypeDef]) -> list[str]:
+            response = self._client.change_message_visibility_batch(QueueUrl=url, Entries=entries)
+            return [failed["Id"] for failed in response.get("Failed", [])]
+
+        return _in_batches(receipts, entry, release_chunk)
 
     def requeue(
         self, partition: PoolPartition, messages: Sequence[PoolMessage], delay_seconds: int

@@ -2,16 +2,18 @@
 
 A pool queue holds one message per idle, vetted instance of one partition (domain/pool_partitions.py:
 resource class, usage, architecture), so the spec's hard keys choose the queue and only its soft ones
-(type globs, reuse scope, age) are judged here. Pickup pulls messages in batches, deletes
-each batch with one call (what it puts back goes as new messages, and the candidate must not come
-round again), judges them in memory, and sends back whatever it does not use. Every message
-received ends in exactly one of four places: returned as the candidate, sent back to the queue,
-dropped on purpose (stale or unparseable), or, when the queue refuses it even after a retry,
-reported in the result as lost. A lost message wastes an instance (it idles out and refresh
-terminates it); it never leaks one. The same holds if the process dies between delete and send.
-A duplicated message is harmless: the record check below drops the extra copy. So wherever the
-choice is between losing a message and duplicating it, pickup duplicates. What it sends back goes to
-the partition of the instance it offers, so an offer that reached the wrong queue finds its own.
+(type globs, reuse scope, age) are judged here.
+
+Pickup receives messages in batches of ten and holds each one it received (SQS's visibility timeout)
+while it reads on, so that it never reads its own misfits twice and a sibling claim worker reading the
+same queue skips them too. What it takes (the candidate) or drops on purpose (stale, unparseable) it
+deletes; when it stops, it releases every misfit it holds (visible again after the requeue delay) and
+at once any match beyond the candidate. A misfit thus costs a tenth of a ReceiveMessage and a tenth
+of a ChangeMessageVisibilityBatch, where deleting it and sending it back cost a third call and could
+lose it: nothing pickup did not mean to remove ever leaves the queue, so a pickup that dies (or a
+release the queue refuses) only hides its misfits until their hold ends. An offer found in another
+partition's queue is sent to its own and then deleted here; one whose send is refused stays here.
+A duplicated message is harmless: the record check below drops the extra copy.
 """
 
 from __future__ import annotations
@@ -44,8 +46,14 @@ class ReceivedMessage:
 class PoolQueue(Protocol):
     """The pool queues, one per partition (adapters.pool_queues implements it over SQS)."""
 
-    def receive(self, partition: PoolPartition) -> list[ReceivedMessage]:
-        """Up to 10 messages from the partition's queue; an empty list when the queue has none to give."""
+    def receive(self, partition: PoolPartition, hold_seconds: int) -> list[ReceivedMessage]:
+        """Up to 10 messages from the partition's queue, each invisible to every reader for
+        `hold_seconds` unless deleted or released; an empty list when the queue has none to give."""
+        ...
+
+    def release(self, partition: PoolPartition, receipts: Sequence[str], delay_seconds: int) -> list[str]:
+        """Let held messages be received again after `delay_seconds`; returns the receipts the queue
+        still refused after a retry (those come back when their hold ends)."""
         ...
 
     def delete(self, partition: PoolPartition, receipts: Sequence[str]) -> list[str]:
@@ -57,7 +65,7 @@ class PoolQueue(Protocol):
         self, partition: PoolPartition, messages: Sequence[PoolMessage], delay_seconds: int
     ) -> list[PoolMessage]:
         """Send messages to the partition's queue, invisible for `delay_seconds`; returns those the
-        queue still refused."""
+        queue still refused (pickup moves an offer to its own partition's queue with it)."""
         ...
 
     def offer(self, message: PoolMessage) -> None:
@@ -133,11 +141,12 @@ class PickupCounts:
     examined: int = 0
     """Every message received, parseable or not."""
     requeued: int = 0
-    """Sent back to the queue, with the delay (non-matches) or without (matches beyond the candidate)."""
+    """Released to be received again (misfits after the delay, matches beyond the candidate at once), or
+    moved to their own partition's queue."""
     dropped_stale: int = 0
     dropped_unparseable: int = 0
-    lost: int = 0
-    """Deleted but refused by the queue when sent back; wasted until refresh terminates them."""
+    held: int = 0
+    """Misfits the queue refused to release: hidden from every reader until their hold ends."""
     undeleted: int = 0
     """Still in the queue after a failed delete, so they will come round again (a harmless duplicate)."""
 
@@ -147,25 +156,28 @@ class PickupResult:
     candidate: PoolMessage | None
     stopped: StopReason
     counts: PickupCounts
-    lost: tuple[PoolMessage, ...] = ()
-    """The messages counted in `counts.lost`, for the caller to log."""
-
-
-@dataclass
-class _Tally:
-    counts: Counter[str] = field(default_factory=Counter)
-    lost_messages: list[PoolMessage] = field(default_factory=list)
-
-    def result(self, candidate: PoolMessage | None, stopped: StopReason) -> PickupResult:
-        return PickupResult(candidate, stopped, PickupCounts(**self.counts), tuple(self.lost_messages))
 
 
 PICKUP_BUDGET_SECONDS = 8.0
 """How long one pickup reads misfits before it counts the pool as exhausted. A claim step makes at most
 PICKUPS_PER_CLAIM (3) pickups and then hands its candidate over, inside its Lambda's 30 s timeout
 (infra/constructs/provision.py; tests/infra check the two agree). Every instance in the partition
-admits the spec's hard keys, so only type, scope and age misfits stand in front of a match: 8 s is
-about 2,400 batches at SQS's few milliseconds a call, and bench/pickup.py measures it behind 10,000."""
+admits the spec's hard keys, so only type, scope and age misfits stand in front of a match, and each
+costs a tenth of a call while pickup reads: bench/pickup.py measures it behind 10,000 misfits."""
+HOLD_SECONDS = 30
+"""How long a received message stays hidden unless pickup deletes or releases it first: the claim step's
+Lambda timeout, so a pickup that dies with its Lambda hides what it held no longer than it lived, and
+longer than any pickup reads (PICKUP_BUDGET_SECONDS), so a pickup never receives its own misfits again."""
+
+
+@dataclass
+class _Read:
+    """One pickup's messages in hand and its counts."""
+
+    partition: PoolPartition
+    counts: Counter[str] = field(default_factory=Counter)
+    misfits: list[str] = field(default_factory=list)
+    """Receipts of held misfits of this partition, released when pickup stops."""
 
 
 class PickupManager:
@@ -180,8 +192,8 @@ class PickupManager:
         reuse: ReuseSettings | None = None,
         partitions: Collection[PoolPartition] | None = None,
     ) -> None:
-        """`partitions`: the stack's (None: any); an offer whose own partition is not among them goes
-        back to the queue it was read from rather than to a queue that does not exist."""
+        """`partitions`: the stack's (None: any); an offer whose own partition is not among them is
+        held and released where it was found rather than sent to a queue that does not exist."""
         self._queue = queue
         self._records = records
         self._clock = clock
@@ -193,41 +205,36 @@ class PickupManager:
     def pickup(self, spec: RunnerSpec, repository: str | None = None) -> PickupResult:
         """Find one idle instance for `spec` (a job of `repository`) in the partitions its hard keys
         admit, in their order, or say why there is none."""
-        tally = _Tally()
+        counts: Counter[str] = Counter()
         deadline = self._clock.now() + self._budget_seconds
         stopped = StopReason.EMPTY
         for partition in PoolPartition.admitting(spec):
-            candidate, reason = self._read(partition, spec, repository, tally, deadline)
+            read = _Read(partition)
+            try:
+                candidate, reason = self._read(read, spec, repository, deadline)
+            finally:
+                # Whatever happened, what this pickup holds goes back before it returns or raises.
+                self._release(read, read.misfits, self._settings.requeue_delay_seconds)
+                counts.update(read.counts)
             if candidate is not None or reason is StopReason.BUDGET:
-                return tally.result(candidate, reason)
+                return PickupResult(candidate, reason, PickupCounts(**counts))
             if reason is StopReason.CYCLED:
                 stopped = reason
-        return tally.result(None, stopped)
+        return PickupResult(None, stopped, PickupCounts(**counts))
 
     def _read(
-        self,
-        partition: PoolPartition,
-        spec: RunnerSpec,
-        repository: str | None,
-        tally: _Tally,
-        deadline: float,
+        self, read: _Read, spec: RunnerSpec, repository: str | None, deadline: float
     ) -> tuple[PoolMessage | None, StopReason]:
         """Read one partition's queue until a match, an empty queue, a cycle or the deadline."""
         seen: Counter[str] = Counter()
         while True:
-            batch = self._queue.receive(partition)
-            tally.counts["receive_calls"] += 1
+            batch = self._queue.receive(read.partition, HOLD_SECONDS)
+            read.counts["receive_calls"] += 1
             if not batch:
                 return None, StopReason.EMPTY
-            tally.counts["examined"] += len(batch)
-            # A message whose delete failed is used all the same: at worst it comes round again as a
-            # duplicate, which the record check drops; skipping it could lose it if the delete had in
-            # fact gone through.
-            tally.counts["undeleted"] += len(self._queue.delete(partition, [r.receipt for r in batch]))
-            messages = [r.message for r in batch if r.message is not None]
-            tally.counts["dropped_unparseable"] += len(batch) - len(messages)
-            seen.update(message.instance_id for message in messages)
-            candidate = self._settle(partition, spec, repository, messages, tally)
+            read.counts["examined"] += len(batch)
+            seen.update(r.message.instance_id for r in batch if r.message is not None)
+            candidate = self._settle(read, spec, repository, batch)
             if candidate is not None:
                 return candidate, StopReason.FOUND
             if seen and max(seen.values()) >= self._settings.same_instance_tolerance:
@@ -236,73 +243,76 @@ class PickupManager:
                 return None, StopReason.BUDGET
 
     def _settle(
-        self,
-        partition: PoolPartition,
-        spec: RunnerSpec,
-        repository: str | None,
-        messages: list[PoolMessage],
-        tally: _Tally,
+        self, read: _Read, spec: RunnerSpec, repository: str | None, batch: list[ReceivedMessage]
     ) -> PoolMessage | None:
-        """Judge one deleted batch, send back what others may use, and return the candidate if any."""
+        """Judge one received batch: delete what is taken or dropped, release spare matches at once, move
+        strays to their own partition, keep misfits held; return the candidate if any."""
         now = self._clock.now()
         candidate: PoolMessage | None = None
-        spare: list[PoolMessage] = []
-        misfits: list[PoolMessage] = []
-        judged = 0
+        remove: list[str] = []
+        spare: list[str] = []
+        strays: list[ReceivedMessage] = []
         try:
-            for message in messages:
+            for received in batch:
+                message = received.message
+                if message is None:
+                    read.counts["dropped_unparseable"] += 1
+                    remove.append(received.receipt)
+                    continue
                 verdict = judge(message, spec, now, repository, self._reuse)
-                if verdict is Verdict.REQUEUE:
-                    misfits.append(message)
-                elif verdict is Verdict.DROP:
-                    tally.counts["dropped_stale"] += 1
+                if verdict is Verdict.DROP:
+                    read.counts["dropped_stale"] += 1
+                    remove.append(received.receipt)
+                elif verdict is Verdict.REQUEUE:
+                    if self._home(message) in (read.partition, None):
+                        read.misfits.append(received.receipt)
+                    else:
+                        strays.append(received)
                 elif candidate is not None:
                     # Not looked up: the caller is waiting, and whoever picks it next checks its record.
-                    spare.append(message)
+                    spare.append(received.receipt)
                 elif still_offered(message, self._records.get(message.instance_id), now):
                     candidate = message
+                    remove.append(received.receipt)
                 else:
-                    tally.counts["dropped_stale"] += 1
-                judged += 1
-        except Exception as exc:
-            # The batch is already deleted: what is in hand goes back before the error propagates.
-            in_hand = ([candidate] if candidate else []) + spare + misfits + messages[judged:]
-            try:
-                self._send_back(partition, in_hand, 0, tally)
-            except Exception as requeue_error:
-                exc.add_note(
-                    f"and sending back what was in hand failed too ({requeue_error}): {_ids(in_hand)}"
-                )
+                    read.counts["dropped_stale"] += 1
+                    remove.append(received.receipt)
+        except Exception:
+            # What was judged so far is in hand: the whole batch goes back rather than be decided half.
+            read.misfits += [r.receipt for r in batch]
             raise
-        groups = [(spare, 0), (misfits, self._settings.requeue_delay_seconds)]
-        for index, (group, delay_seconds) in enumerate(groups):
-            try:
-                self._send_back(partition, group, delay_seconds, tally)
-            except Exception as exc:
-                stranded = ([candidate] if candidate else []) + [m for g, _ in groups[index:] for m in g]
-                exc.add_note(
-                    f"pool messages deleted and not sent back (wasted until refresh): {_ids(stranded)}"
-                )
-                raise
+        self._release(read, spare, 0)
+        self._move_home(read, strays)
+        # A message whose delete failed stays held and comes back when its hold ends: a duplicate of
+        # the candidate, or a stale one dropped again; either is harmless.
+        read.counts["undeleted"] += len(self._queue.delete(read.partition, remove)) if remove else 0
         return candidate
 
-    def _send_back(
-        self, read_from: PoolPartition, messages: list[PoolMessage], delay_seconds: int, tally: _Tally
-    ) -> None:
-        """Each message to its own partition's queue: one that was offered to the wrong queue goes home."""
-        homes: dict[PoolPartition, list[PoolMessage]] = {}
-        for message in messages:
-            homes.setdefault(self._home(message, read_from), []).append(message)
-        for home, group in sorted(homes.items()):
-            refused = self._queue.requeue(home, group, delay_seconds)
-            tally.counts["requeued"] += len(group) - len(refused)
-            tally.counts["lost"] += len(refused)
-            tally.lost_messages.extend(refused)
-
-    def _home(self, message: PoolMessage, read_from: PoolPartition) -> PoolPartition:
+    def _home(self, message: PoolMessage) -> PoolPartition | None:
+        """The partition an offer belongs in, if the stack has it."""
         own = PoolPartition.of(message)
-        return own if self._partitions is None or own in self._partitions else read_from
+        return own if self._partitions is None or own in self._partitions else None
 
+    def _move_home(self, read: _Read, strays: list[ReceivedMessage]) -> None:
+        """Send each stray to its own partition's queue, then delete it here; one the queue refuses stays
+        held here with the misfits, so it is never lost."""
+        homes: dict[PoolPartition, list[ReceivedMessage]] = {}
+        for received in strays:
+            if received.message is not None:
+                homes.setdefault(PoolPartition.of(received.message), []).append(received)
+        for home, group in sorted(homes.items()):
+            refused = self._queue.requeue(home, [r.message for r in group if r.message is not None], 0)
+            moved = [r for r in group if r.message not in refused]
+            read.misfits += [r.receipt for r in group if r.message in refused]
+            read.counts["requeued"] += len(moved)
+            if moved:
+                undeleted = self._queue.delete(read.partition, [r.receipt for r in moved])
+                read.counts["undeleted"] += len(undeleted)
 
-def _ids(messages: list[PoolMessage]) -> str:
-    return ", ".join(message.instance_id for message in messages) or "none"
+    def _release(self, read: _Read, receipts: list[str], delay_seconds: int) -> None:
+        if not receipts:
+            return
+        refused = self._queue.release(read.partition, receipts, delay_seconds)
+        read.counts["requeued"] += len(receipts) - len(refused)
+        read.counts["held"] += len(refused)
+        receipts.clear()

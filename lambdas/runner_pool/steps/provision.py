@@ -146,8 +146,9 @@ class Provision:
         empty_looks = 0
         for _ in range(PICKUPS_PER_CLAIM):
             found = self._pickup().pickup(spec, worker.plan.request.repository)
-            if found.counts.lost:
-                logger.warning("pool messages lost in pickup", lost=[m.instance_id for m in found.lost])
+            if found.counts.held:
+                # Hidden from every request until their hold ends (pickup.HOLD_SECONDS), never lost.
+                logger.warning("pool messages the queue would not release", held=found.counts.held)
             if found.candidate is None:
                 if found.stopped is StopReason.EMPTY and empty_looks == 0:
                     # Under load a long poll can come back empty while messages are in flight; look once more.
