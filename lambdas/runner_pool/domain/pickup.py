@@ -7,8 +7,8 @@ resource class, usage, architecture), so the spec's hard keys choose the queue a
 Pickup receives messages in batches of ten and holds each one it received (SQS's visibility timeout)
 while it reads on, so that it never reads its own misfits twice and a sibling claim worker reading the
 same queue skips them too. What it takes (the candidate) or drops on purpose (stale, unparseable) it
-deletes; when it stops, it releases every misfit it holds (visible again after the requeue delay) and
-at once any match beyond the candidate. A misfit thus costs a tenth of a ReceiveMessage and a tenth
+deletes, with any match beyond the candidate, which it sends again at once as a new message; when it
+stops, it releases every misfit it holds (visible again after the requeue delay). A misfit thus costs a tenth of a ReceiveMessage and a tenth
 of a ChangeMessageVisibilityBatch, where deleting it and sending it back cost a third call and could
 lose it: nothing pickup did not mean to remove ever leaves the queue, so a pickup that dies (or a
 release the queue refuses) only hides its misfits until their hold ends. An offer found in another
@@ -250,7 +250,7 @@ class PickupManager:
         now = self._clock.now()
         candidate: PoolMessage | None = None
         remove: list[str] = []
-        spare: list[str] = []
+        spare: list[ReceivedMessage] = []
         strays: list[ReceivedMessage] = []
         try:
             for received in batch:
@@ -270,7 +270,7 @@ class PickupManager:
                         strays.append(received)
                 elif candidate is not None:
                     # Not looked up: the caller is waiting, and whoever picks it next checks its record.
-                    spare.append(received.receipt)
+                    spare.append(received)
                 elif still_offered(message, self._records.get(message.instance_id), now):
                     candidate = message
                     remove.append(received.receipt)
@@ -281,12 +281,24 @@ class PickupManager:
             # What was judged so far is in hand: the whole batch goes back rather than be decided half.
             read.misfits += [r.receipt for r in batch]
             raise
-        self._release(read, spare, 0)
+        remove += self._resend(read, spare)
         self._move_home(read, strays)
         # A message whose delete failed stays held and comes back when its hold ends: a duplicate of
         # the candidate, or a stale one dropped again; either is harmless.
         read.counts["undeleted"] += len(self._queue.delete(read.partition, remove)) if remove else 0
         return candidate
+
+    def _resend(self, read: _Read, spare: list[ReceivedMessage]) -> list[str]:
+        """Offer matches beyond the candidate again at once, as new messages; returns the receipts of
+        those sent, to delete with the candidate's. Sent rather than released: a sibling claim worker
+        long-polling the queue is handed a new message the moment it arrives, which moto does not do
+        for a released one; on SQS both cost the one call. One the queue refuses is released instead."""
+        messages = [r.message for r in spare if r.message is not None]
+        refused = self._queue.requeue(read.partition, messages, 0) if messages else []
+        sent = [r.receipt for r in spare if r.message not in refused]
+        read.counts["requeued"] += len(sent)
+        self._release(read, [r.receipt for r in spare if r.message in refused], 0)
+        return sent
 
     def _home(self, message: PoolMessage) -> PoolPartition | None:
         """The partition an offer belongs in, if the stack has it."""
