@@ -8,12 +8,13 @@ Pickup receives messages in batches of ten and holds each one it received (SQS's
 while it reads on, so that it never reads its own misfits twice and a sibling claim worker reading the
 same queue skips them too. What it takes (the candidate) or drops on purpose (stale, unparseable) it
 deletes, with any match beyond the candidate, which it sends again at once as a new message; when it
-stops, it releases every misfit it holds (visible again after the requeue delay). A misfit thus costs a tenth of a ReceiveMessage and a tenth
-of a ChangeMessageVisibilityBatch, where deleting it and sending it back cost a third call and could
-lose it: nothing pickup did not mean to remove ever leaves the queue, so a pickup that dies (or a
-release the queue refuses) only hides its misfits until their hold ends. An offer found in another
-partition's queue is sent to its own and then deleted here; one whose send is refused stays here.
-A duplicated message is harmless: the record check below drops the extra copy.
+stops, it releases every misfit it holds (visible again after the requeue delay). A misfit thus costs
+a tenth of a ReceiveMessage and a tenth of a ChangeMessageVisibilityBatch, where deleting it and
+sending it back cost a third call and could lose it: nothing pickup did not mean to remove ever
+leaves the queue, so a pickup that dies (or a release the queue refuses) only hides its misfits until
+their hold ends. An offer found in another partition's queue is sent to its own and then deleted
+here; one whose send is refused stays here. A duplicated message is harmless: the record check below
+drops the extra copy.
 """
 
 from __future__ import annotations
