@@ -229,7 +229,7 @@ def _behind_figures(
     )
     table.note(
         f"behind {behind:,} misfits of class large ({in_partition:,} of them in the request's partition): "
-        f"{'found' if found else 'NOT found'} ({result.stopped.value}) after examining "
+        f"{'found' if found else 'NOT found'} (pickup stopped: {result.stopped.value}) after examining "
         f"{result.counts.examined:,} messages, {run.calls:,} SQS calls, {run.seconds:.2f} s; "
         f"calls by operation: {calls.by_operation('sqs')}"
     )
