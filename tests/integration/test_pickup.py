@@ -411,7 +411,7 @@ def test_an_offer_of_another_partition_found_in_the_queue_goes_to_its_own_and_is
     assert pool.visible(LARGE_ON_DEMAND) == [stray]
 
 
-def test_an_offer_of_a_partition_without_a_queue_goes_back_where_it_was_read(
+def test_an_offer_of_a_partition_without_a_queue_stays_where_it_was_read(
     pool: Pool, spec: RunnerSpec
 ) -> None:
     # Given a misfit of a class the stack no longer has, in the spot queue
