@@ -168,7 +168,10 @@ costs a tenth of a call while pickup reads: bench/pickup.py measures it behind 1
 HOLD_SECONDS = 30
 """How long a received message stays hidden unless pickup deletes or releases it first: the claim step's
 Lambda timeout, so a pickup that dies with its Lambda hides what it held no longer than it lived, and
-longer than any pickup reads (PICKUP_BUDGET_SECONDS), so a pickup never receives its own misfits again."""
+longer than any pickup reads (PICKUP_BUDGET_SECONDS), so a pickup never receives its own misfits again.
+SQS takes a visibility timeout of 0 to 43,200 s, and holds up to about 120,000 messages of a standard
+queue in flight (Amazon SQS API Reference, ChangeMessageVisibility): a pickup holds what it reads in
+8 s, a few thousand at most."""
 
 
 @dataclass
