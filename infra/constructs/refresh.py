@@ -71,6 +71,8 @@ class Refresh(Construct):
         permissions.act_as_github_app(self.function, github_app_key)
         permissions.start_executions(self.function, [provision.state_machine_arn, release.state_machine_arn])
         permissions.reconcile_recent_demand(self.function, table)
+        # Reconciling a run's queued jobs counts the runners of ours it still holds (StateTable.held_by).
+        permissions.find_by_run_key(self.function, table)
         self.schedule = events.Rule(
             self,
             "Schedule",

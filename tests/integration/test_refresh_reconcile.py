@@ -41,7 +41,18 @@ def local() -> Iterator[LocalControlPlane]:
         yield plane
 
 
+REFRESH_HANDLER = "runner_pool.handlers.refresh.refresh"
+
+
 def refresh(local: LocalControlPlane, started: StartedExecutions, tick: int = 1) -> RefreshReport:
+    """One refresh run, its AWS calls checked against refresh's role (the local stack fails the test
+    at its end on a call the synthesized policy denies)."""
+    check = local.policy_check
+    with check.acting_as(check.iam.function(REFRESH_HANDLER)):
+        return _refresh(local, started, tick)
+
+
+def _refresh(local: LocalControlPlane, started: StartedExecutions, tick: int) -> RefreshReport:
     plane = local.plane
     return Refresh(
         plane.state_table,
