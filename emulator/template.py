@@ -28,6 +28,11 @@ STACK_ID = "RunnerPool"
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _TEMPLATE_INPUTS = ("app.py", "cdk.json", "infra", "lambdas/runner_pool", "agent")
+BUILD_OUTPUTS = ("infra/instances/build",)
+"""Under the inputs but made by synthesis (the agent's wheelhouse, infra/agent_wheelhouse.py), so not
+inputs: another test worker's synthesis writes and renames files there while this one hashes (a fresh
+clone's make test failed reading a `.partial` wheel that had just been renamed), and a key taken after
+a synthesis must equal the one taken before it."""
 
 
 def template_key() -> str:
@@ -37,14 +42,23 @@ def template_key() -> str:
     breaks once that checkout is deleted)."""
     digest = hashlib.sha256(str(PROJECT_ROOT).encode())
     for name in _TEMPLATE_INPUTS:
-        root = PROJECT_ROOT / name
-        paths = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-        for path in paths:
-            if "__pycache__" in path.parts:
-                continue
+        for path in _input_files(PROJECT_ROOT / name):
             digest.update(str(path.relative_to(PROJECT_ROOT)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
+
+
+def _input_files(root: Path) -> list[Path]:
+    """The files under `root`, without bytecode caches and without BUILD_OUTPUTS (never entered)."""
+    if root.is_file():
+        return [root]
+    outputs = {PROJECT_ROOT / output for output in BUILD_OUTPUTS}
+    found: list[Path] = []
+    for directory, subdirectories, files in os.walk(root):
+        here = Path(directory)
+        subdirectories[:] = [d for d in subdirectories if d != "__pycache__" and here / d not in outputs]
+        found.extend(here / name for name in files)
+    return sorted(found)
 
 
 ASSEMBLIES = Path(tempfile.gettempdir()) / "runner-pool-assemblies"

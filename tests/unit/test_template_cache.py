@@ -33,3 +33,22 @@ def test_two_checkouts_with_the_same_content_get_assemblies_of_their_own(
     assert first_key != second_key
     # ... while the same checkout keeps its key as long as its content does not change
     assert template.template_key() == second_key
+
+
+def test_what_synthesis_builds_under_its_inputs_leaves_the_key_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a checkout and its key before any synthesis
+    root = _checkout(tmp_path / "checkout")
+    monkeypatch.setattr(template, "PROJECT_ROOT", root)
+    before = template.template_key()
+    # When a synthesis builds the agent's wheelhouse under infra/ (another test worker may be writing it
+    # while this one hashes: a `.partial` file there vanished mid-read on a fresh clone's make test)
+    wheels = root / "infra" / "instances" / "build" / "wheels"
+    wheels.mkdir(parents=True)
+    (wheels / ".cryptography.whl.partial").write_bytes(b"half a wheel")
+    # Then the key is the one from before: the assembly made before the wheelhouse is found after it
+    assert template.template_key() == before
+    # ... while a real input under infra/ still changes it
+    (root / "infra" / "instances" / "user_data.sh").write_text("#!/bin/sh")
+    assert template.template_key() != before
