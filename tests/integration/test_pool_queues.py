@@ -61,6 +61,12 @@ def messages(count: int) -> list[PoolMessage]:
     return [pool_message(number) for number in range(1, count + 1)]
 
 
+def received(queues: PoolQueues, count: int, hold_seconds: int) -> list[str]:
+    """`count` (at most 30) messages offered, then received and held: their receipts."""
+    queues.requeue(LARGE, messages(count), delay_seconds=0)
+    return [r.receipt for _ in range(3) for r in queues.receive(LARGE, hold_seconds)]
+
+
 def depth(sqs: Any, url: str) -> dict[str, int]:
     attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     return {
@@ -193,8 +199,7 @@ def test_delete_removes_received_messages_in_batches_of_ten(
     sqs_calls: list[tuple[str, dict[str, Any]]],
 ) -> None:
     # Given 25 messages received
-    queues.requeue(LARGE, messages(25), delay_seconds=0)
-    receipts = [r.receipt for _ in range(3) for r in queues.receive(LARGE, 30)]
+    receipts = received(queues, 25, hold_seconds=30)
     sqs_calls.clear()
     # When they are deleted
     undeleted = queues.delete(LARGE, receipts)
@@ -212,8 +217,7 @@ def test_release_makes_held_messages_visible_after_the_delay_in_batches_of_ten(
     sqs_calls: list[tuple[str, dict[str, Any]]],
 ) -> None:
     # Given 25 messages received and held for 30 s
-    queues.requeue(LARGE, messages(25), delay_seconds=0)
-    receipts = [r.receipt for _ in range(3) for r in queues.receive(LARGE, 30)]
+    receipts = received(queues, 25, hold_seconds=30)
     url = LARGE.queue_name(pool_queue_url_prefix)
     assert depth(sqs, url)["in_flight"] == 25
     sqs_calls.clear()
