@@ -353,8 +353,8 @@ class _Lookups:
     def instance_tags(self, instance_id: str) -> Mapping[str, str]:
         """An instance EC2 does not show has no tags, so a tag-conditioned TerminateInstances is denied
         (runs-on/terraform-aws-runs-on#60; the fleet adapter sorts that out). Any other answer without
-        tags is logged: twice in this session's runs a discard's TerminateInstances was denied for
-        want of the stack tag, and which of the two it was is the next thing to learn."""
+        tags is logged, so that a denial for want of the stack tag says whether the instance was gone
+        or the lookup failed (two such denials under full-suite load, 2026-11-26, left it open)."""
         try:
             reservations = self._client("ec2").describe_instances(InstanceIds=[instance_id])["Reservations"]
         except ClientError as exc:

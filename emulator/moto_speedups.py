@@ -73,7 +73,7 @@ _RESULT_PATH = "moto.stepfunctions.parser.asl.component.common.path.result_path:
 
 @contextmanager
 def speedups() -> Iterator[None]:
-    """All four, for as long as local AWS runs."""
+    """All four, while moto runs: local AWS's server (emulator/aws.py) or a test's `mock_aws`."""
     with ExitStack() as stack:
         stack.enter_context(_direct(_METHOD_NAMES, _listed_once))
         stack.enter_context(_direct(_DYNAMO_RESULT, _item_answers_written_directly))
