@@ -1,0 +1,63 @@
+"""The AWS model's arithmetic, and how it reads calls into steps, on hand-made input."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.aws_model import LATENCIES, Call, Hop, Step, model, steps
+
+
+def test_a_path_is_priced_count_times_latency_per_segment_and_hop() -> None:
+    # Given a path with two segments, a hop counted twice in one, and a configured wait
+    path = [
+        Step("webhook", Hop.SQS, 1),
+        Step("webhook", Hop.DYNAMODB, 1),
+        Step("window", Hop.WAIT, 1.5),
+        Step("webhook", Hop.DYNAMODB, 2),
+    ]
+    latencies = {hop: 0.0 for hop in Hop} | {Hop.DYNAMODB: 0.010, Hop.SQS: 0.020, Hop.WAIT: 1.0}
+    # When it is modelled
+    modelled = model(path, latencies)
+    # Then each segment's hops are summed and priced, together and in the order the path reaches them
+    assert [(r.segment, r.hop, r.count) for r in modelled.rows] == [
+        ("webhook", Hop.SQS, 1),
+        ("webhook", Hop.DYNAMODB, 3),
+        ("window", Hop.WAIT, 1.5),
+    ]
+    assert [r.seconds for r in modelled.rows] == pytest.approx([0.020, 0.030, 1.5])
+    assert modelled.seconds == pytest.approx(1.55)
+    assert modelled.total(Hop.DYNAMODB, Hop.SQS) == 4
+    assert modelled.rows[1].describe() == "3 x 10 ms = 0.030 s"
+    assert modelled.rows[2].describe() == "1.5 s waited = 1.500 s"
+
+
+def test_every_hop_has_a_published_latency_and_a_wait_counts_its_seconds() -> None:
+    assert set(LATENCIES) == set(Hop)
+    assert LATENCIES[Hop.WAIT] == 1.0
+    assert all(seconds > 0 for seconds in LATENCIES.values())
+
+
+def test_an_empty_long_poll_is_its_wait_and_a_hand_over_brings_its_github_calls() -> None:
+    # Given a claim's calls: an empty long poll (the next call a full WaitTimeSeconds later), one that
+    # found a message, the App's key read, the config encrypted and stored, then an in-line check
+    calls = [
+        Call(0.0, 1, "sqs:ReceiveMessage", {"WaitTimeSeconds": 1}),
+        Call(1.0, 1, "sqs:ReceiveMessage", {"WaitTimeSeconds": 1}),
+        Call(1.01, 1, "secretsmanager:GetSecretValue", {}),
+        Call(1.2, 1, "kms:Encrypt", {}),
+        Call(1.21, 1, "dynamodb:PutItem", {"Item": {"sk": {"S": "runner-config"}}}),
+        Call(1.5, 1, "dynamodb:BatchGetItem", {}),
+    ]
+    # When they are read up to the config stored
+    read = steps("claim", calls, until=lambda call: call.operation == "dynamodb:PutItem", hand_over=True)
+    # Then the empty poll is a wait, the other calls their services, the hand-over its token and JIT
+    # registration, and nothing after the store is on the path
+    assert [(s.hop, s.count) for s in read] == [
+        (Hop.WAIT, 1.0),
+        (Hop.SQS, 1),
+        (Hop.SECRETS_MANAGER, 1),
+        (Hop.GITHUB_AUTH, 1),
+        (Hop.KMS, 1),
+        (Hop.GITHUB_JIT, 1),
+        (Hop.DYNAMODB, 1),
+    ]
