@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench import aws_model
 from bench.results import BenchTable
 from demo.figures import Kind, Spread, job_figures
 from demo.scenario import LABEL
@@ -142,6 +143,7 @@ SMALL = {"warm_runs": 1}
 
 def run(warm_runs: int = WARM_RUNS) -> BenchTable:
     with tempfile.TemporaryDirectory(prefix="bench-emulator-") as scratch, world(Path(scratch)) as system:
+        calls = aws_model.CallLog.attach(system)
         cold_start = Usage.now(system)
         _serve(system, "cold")
         cold_end = Usage.now(system)
@@ -153,7 +155,10 @@ def run(warm_runs: int = WARM_RUNS) -> BenchTable:
         warm = cost_between(system, cold_end, warm_end)
         refresh_seconds = warm_end.lambda_seconds.get("refresh", [])
         launched = sum(1 for e in system.timeline.events() if e.happening is Happening.LAUNCHED)
-    return _table(figures, cold, warm, refresh_seconds, launched)
+        critical_paths = aws_model.record(system, calls, figures)
+    table = _table(figures, cold, warm, refresh_seconds, launched)
+    aws_model.report(table, critical_paths)
+    return table
 
 
 def _serve(system: World, workflow: str) -> None:
