@@ -578,11 +578,16 @@ def report(table: BenchTable, traced: Sequence[Traced]) -> None:
     """Add the modelled figures, and a row per segment and hop of each kind's median job, to `table`
     (the emulator's: columns figure, cold, warm)."""
     medians: dict[Kind, Modelled] = {}
+    spreads = []
     for kind in (Kind.COLD, Kind.WARM):
         modelled = sorted((model(t.path) for t in traced if t.job.kind is kind), key=lambda m: m.seconds)
         if not modelled:
             continue
         seconds = statistics.median(m.seconds for m in modelled)
+        spreads.append(
+            f"{kind.value} {modelled[0].seconds:.2f} / {seconds:.2f} / {modelled[-1].seconds:.2f} s "
+            f"(min / median / max of {len(modelled)})"
+        )
         table.figure(f"aws_model_{kind.value}_control_plane_seconds", round(seconds, 3))
         median = medians[kind] = modelled[(len(modelled) - 1) // 2]
         table.figure(
@@ -613,7 +618,10 @@ def report(table: BenchTable, traced: Sequence[Traced]) -> None:
         f"AWS model: {len(traced)} jobs' critical paths as measured here, priced at published "
         "latencies (bench/aws_model.py LATENCIES, each with its source): "
         + ", ".join(f"{hop.value} {LATENCIES[hop] * 1000:g} ms" for hop in Hop if hop is not Hop.WAIT)
-        + "; windows, Wait states and empty long polls at their configured seconds."
+        + "; windows, Wait states and empty long polls at their configured seconds. Modelled: "
+        + ", ".join(spreads)
+        + ". A run's first job skips the follow-up window its later jobs wait; Lambda cold starts are not "
+        "priced, a fresh environment's first reads (its secrets, the App's installation token) are."
     )
 
 

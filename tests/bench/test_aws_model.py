@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.aws_model import LATENCIES, Call, Hop, Step, model, steps
+from bench.aws_model import LATENCIES, Call, Hop, JobTrace, Step, Traced, model, report, steps
+from bench.results import BenchTable
+from demo.figures import Kind
 
 
 def test_a_path_is_priced_count_times_latency_per_segment_and_hop() -> None:
@@ -61,3 +63,34 @@ def test_an_empty_long_poll_is_its_wait_and_a_hand_over_brings_its_github_calls(
         (Hop.GITHUB_JIT, 1),
         (Hop.DYNAMODB, 1),
     ]
+
+
+def test_the_report_keeps_each_kinds_median_and_shows_the_median_jobs_segments_side_by_side() -> None:
+    # Given two warm jobs (one waited a window) and a cold one that launched
+    def traced(job_id: int, kind: Kind, *path: Step) -> Traced:
+        return Traced(JobTrace(job_id, 0.0, f"i-{job_id}", kind), path)
+
+    common = (Step("webhook", Hop.DYNAMODB, 1), Step("webhook", Hop.SQS, 1))
+    jobs = [
+        traced(1, Kind.WARM, *common, Step("claim", Hop.GITHUB_JIT, 1)),
+        traced(2, Kind.WARM, *common, Step("window", Hop.WAIT, 1.0), Step("claim", Hop.GITHUB_JIT, 1)),
+        traced(3, Kind.COLD, *common, Step("create", Hop.EC2_CREATE_FLEET, 1)),
+    ]
+    table = BenchTable("emulator", ("figure", "cold", "warm"))
+    # When they are reported
+    report(table, jobs)
+    # Then each kind keeps the median of its jobs' modelled seconds, and the rows follow the path, each
+    # kind's cell empty where its median job (warm: the lower of two) has no such segment
+    warm = [
+        LATENCIES[Hop.DYNAMODB] + LATENCIES[Hop.SQS] + LATENCIES[Hop.GITHUB_JIT] + extra for extra in (0, 1)
+    ]
+    assert table.figures["aws_model_warm_control_plane_seconds"] == pytest.approx(sum(warm) / 2, abs=1e-3)
+    assert table.figures["aws_model_cold_critical_path_aws_calls_count"] == 3
+    assert [row[0] for row in table.rows] == [
+        "AWS model: webhook, DynamoDB",
+        "AWS model: webhook, SQS",
+        "AWS model: claim, GitHub JIT",
+        "AWS model: create, EC2 CreateFleet",
+        "AWS model: queued -> config stored (median job)",
+    ]
+    assert table.rows[2][1:] == ("-", "1 x 300 ms = 0.300 s")
