@@ -37,6 +37,7 @@ def main() -> int:
         dynamodb=aws_clients.client("dynamodb", session),
         kms=aws_clients.client("kms", session),
         ec2=aws_clients.client("ec2", session),
+        sqs=aws_clients.long_poll_client("sqs", settings.notice_wait_seconds, session),
         log=log,
     )
     stop = threading.Event()

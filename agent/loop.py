@@ -2,7 +2,8 @@
 
 The record says everything the agent needs: a run key appearing means "register a runner for it",
 the run key clearing means "clean up and give the receipt", a threshold long passed means "nobody
-will use this instance again". The agent reads it with a consistent read every watch period; a
+will use this instance again". The agent reads it with a consistent read the moment a notice arrives
+(agent/notices.py), and every watch period without one; a
 read that fails (throttling, a network blip) is retried with growing pauses and never ends the
 loop, and nothing the loop does is repeated for the same hand-off.
 
@@ -25,6 +26,7 @@ from agent.imds import InstanceIdentity
 from agent.jit_config import runner_files
 from agent.log import EventLog
 from agent.memory import MemoryFile
+from agent.notices import NoticeListener, Wakeup
 from agent.outbox import Outbox
 from agent.runner import RunnerProcess, RunnerStartError
 from agent.runner_install import RunnerInstallError
@@ -53,6 +55,7 @@ class Agent:
         memory: MemoryFile,
         clock: Clock,
         log: EventLog,
+        notices: NoticeListener | None = None,
     ) -> None:
         self._identity = identity
         self._settings = settings
@@ -63,6 +66,8 @@ class Agent:
         self._memory = memory
         self._clock = clock
         self._log = log
+        self._notices = notices
+        self._wakeup = Wakeup()
         self._outbox = Outbox(records, identity.instance_id, memory, log)
         self._runner: RunnerProcess | None = None
         self._started_at = clock.now()
@@ -90,11 +95,15 @@ class Agent:
             self._log,
         )
         heartbeat.start()
-        self._log.info("agent started", instance_arn=self._identity.arn)
+        self._wakeup.wake_on(stop)
+        if self._notices is not None:
+            self._notices.start(stop, self._wakeup)
+        self._log.info("agent started", instance_arn=self._identity.arn, notices=self._notices is not None)
         try:
             self.boot()
             while not stop.is_set() and not self._terminated:
-                stop.wait(self.step())
+                # A notice ends the wait at once: the record changed in a way this agent must act on.
+                self._wakeup.wait(self.step())
         finally:
             beat_stop.set()
             heartbeat.join(_HEARTBEAT_JOIN_SECONDS)
@@ -245,7 +254,9 @@ class Agent:
             serving_run_key=run_key, used_config_id=config.config_id, serving_runner_id=config.runner_id
         )
         self._exit_reported = False
-        log.info("starting the runner")
+        waited = None if config.stored_at is None else round(self._clock.now() - config.stored_at, 3)
+        # How long the config waited for this agent: the notice's worth, readable in every instance's log.
+        log.info("starting the runner", config_waited_seconds=waited)
         try:
             files = runner_files(config.jit_config)
             self._scrub.runner.check_before_start()

@@ -23,9 +23,18 @@ class AgentSettings(BaseSettings):
     """Defaults to the instance's own region, from the instance metadata."""
     imds_endpoint: str = "http://169.254.169.254"
 
-    heartbeat_period_seconds: float = Field(5, gt=0)
-    watch_period_seconds: float = Field(1, gt=0)
-    """How often the agent reads its own record; bounds how long a claim waits for the agent to see it."""
+    notice_queue_url_prefix: str | None = None
+    """The stack's notice queue URLs up to the instance id (runner_pool.domain.notices): the agent
+    long-polls its own and reads its record the moment a notice arrives. Unset, it reads its record
+    every watch period only."""
+    notice_wait_seconds: int = Field(20, ge=1, le=20)
+    """Each ReceiveMessage's long-poll wait: SQS's longest, 20 s, is the cheapest (Amazon SQS Developer
+    Guide, "Amazon SQS short and long polling")."""
+    heartbeat_period_seconds: float = Field(30, gt=0)
+    watch_period_seconds: float = Field(15, gt=0)
+    """The longest the agent goes without reading its own record: what a lost notice can cost a claim
+    (less than the control plane's claim_registration_seconds), and, without notices, how long a claim
+    waits for the agent to see it."""
     watch_backoff_cap_seconds: float = Field(30, gt=0)
     termination_grace_seconds: float = Field(300, ge=0)
     """How long after its threshold the agent terminates its own instance, if the control plane has not."""

@@ -10,11 +10,13 @@ from agent.imds import InstanceIdentity
 from agent.log import EventLog
 from agent.loop import Agent
 from agent.memory import MemoryFile
+from agent.notices import NoticeListener
 from agent.scrub import build_scrub
 from agent.settings import AgentSettings
 from agent.termination import SelfTermination, power_off
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain import notices
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import Timeouts
 
@@ -27,10 +29,13 @@ def build_agent(
     kms: Any,
     ec2: Any,
     log: EventLog,
+    sqs: Any = None,
     clock: Clock | None = None,
     poweroff: Callable[[], None] = power_off,
     docker: Callable[[], Docker | None] | None = None,
 ) -> Agent:
+    """Without `sqs` (or a notice queue prefix in the settings), the agent hears of changes only by
+    reading its record every watch period."""
     clock = clock or SystemClock()
     # Of the timeouts, the agent's writes use only the retention (the TTL of its items).
     timeouts = Timeouts(terminated_retention_days=settings.retention_days)
@@ -53,5 +58,20 @@ def build_agent(
         scrub=build_scrub(settings, docker),
         memory=MemoryFile(settings.state_file),
         clock=clock,
+        log=log,
+        notices=_notices(settings, identity, sqs, log),
+    )
+
+
+def _notices(
+    settings: AgentSettings, identity: InstanceIdentity, sqs: Any, log: EventLog
+) -> NoticeListener | None:
+    if sqs is None or not settings.notice_queue_url_prefix:
+        return None
+    return NoticeListener(
+        sqs,
+        notices.queue_name(settings.notice_queue_url_prefix, identity.instance_id),
+        wait_seconds=settings.notice_wait_seconds,
+        retry_seconds=settings.watch_period_seconds,
         log=log,
     )

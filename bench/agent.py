@@ -1,11 +1,13 @@
-"""The agent's steady-state cost: CPU time and DynamoDB requests per minute, idle and while a job runs;
-and the scrub's time per release.
+"""The agent's steady-state cost: CPU time, DynamoDB and SQS requests per minute and their dollars per
+month, idle and while a job runs; how fast a notice gets a claim heard; and the scrub's time per release.
 
 The agent runs as on an instance, in a process of its own with the design's default periods
-(heartbeat 5 s, record watch 1 s), against a moto server in this process; a fake runner (the
-tests' one) stands in for the GitHub runner and runs a long job. The child process reports its own
-CPU time (every thread of the agent; the runner, a separate process, is not counted) and counts its
-AWS calls; the figures are the differences between two reports taken a measuring window apart.
+(heartbeat 30 s, record watch 15 s) and its notice queue (a 20 s long poll; runner_pool.domain.notices),
+against a moto server in this process; a fake runner (the tests' one) stands in for the GitHub runner
+and runs a long job. The child process reports its own CPU time (every thread of the agent; the
+runner, a separate process, is not counted) and counts its AWS calls; the figures are the differences
+between two reports taken a measuring window apart. The claim is handed over as the claim step does
+it (config stored, then a notice), and timed from the notice to the runner's UD_REG_OK.
 
 The scrub is measured apart, in this process, as the residue test runs it (tests/agent/instance_root.py):
 a throwaway instance root, a real runner account (useradd), a job that plants every kind of residue
@@ -31,17 +33,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.settings import ENV_PREFIX
+from bench.emulator import DYNAMODB_PER_READ, DYNAMODB_PER_WRITE, SQS_PER_REQUEST
 from bench.results import BenchTable
 from emulator.aws import ACCOUNT, INSTANCE_ARNS, REGION, CallCounter, LocalAws, local_aws
 from emulator.instances import instance_facts
 from emulator.resources import create_state_table
+from runner_pool.adapters import aws_clients
+from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain import notices
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.records import Signal
+from runner_pool.prices import HOURS_PER_MONTH
 
-WINDOW_SECONDS = 14.0
+WINDOW_SECONDS = 90.0
+"""Three heartbeats, six record reads and four or five long polls at the default periods."""
+MINUTES_PER_MONTH = HOURS_PER_MONTH * 60
+TARGET_IDLE_DYNAMODB_DOLLARS_PER_MONTH = 0.13
+"""Issue 15: at least 5x below the $0.65 of the agent that read its record every second."""
 TABLE = "bench-agent-state"
 RUN_KEY = "pool=1/class=large"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +74,7 @@ class Window:
     cpu_ms_per_minute: float
     cpu_percent: float
     dynamodb_per_minute: float
+    sqs_per_minute: float
     by_operation: dict[str, float]
 
     @classmethod
@@ -71,7 +83,21 @@ class Window:
         cpu = end.cpu_seconds - start.cpu_seconds
         calls = {name: (n - start.calls.get(name, 0)) / minutes for name, n in end.calls.items()}
         dynamodb = sum(n for name, n in calls.items() if name.startswith("dynamodb:"))
-        return cls(cpu * 1000 / minutes, cpu / (minutes * 60) * 100, dynamodb, calls)
+        sqs = sum(n for name, n in calls.items() if name.startswith("sqs:"))
+        return cls(cpu * 1000 / minutes, cpu / (minutes * 60) * 100, dynamodb, sqs, calls)
+
+    @property
+    def dynamodb_dollars_per_month(self) -> float:
+        """At on-demand list prices: a consistent GetItem of an item under 4 KB is one read request unit,
+        a PutItem under 1 KB one write request unit (DynamoDB Developer Guide, "Read/write capacity mode")."""
+        reads = sum(n for name, n in self.by_operation.items() if name.startswith("dynamodb:Get"))
+        writes = self.dynamodb_per_minute - reads
+        return (reads * DYNAMODB_PER_READ + writes * DYNAMODB_PER_WRITE) * MINUTES_PER_MONTH
+
+    @property
+    def sqs_dollars_per_month(self) -> float:
+        """Every SQS request is billed, an empty long poll too (Amazon SQS pricing)."""
+        return self.sqs_per_minute * SQS_PER_REQUEST * MINUTES_PER_MONTH
 
     def operations(self) -> str:
         return ", ".join(f"{name} {n:.0f}" for name, n in sorted(self.by_operation.items()) if n)
@@ -156,6 +182,8 @@ def measure_scrub(releases: int, runner_megabytes: int) -> ScrubTimes:
 
 def _measure(aws: LocalAws, scratch: Path, window_seconds: float) -> BenchTable:
     dynamodb, kms, ec2 = aws.client("dynamodb"), aws.client("kms"), aws.client("ec2")
+    prefix = f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{notices.queue_name_prefix('bench')}"
+    queues = NoticeQueues(prefix, aws.client("sqs"), stack_tag=("runner-pool:stack", "bench"))
     create_state_table(dynamodb, TABLE)
     key_id = kms.create_key()["KeyMetadata"]["KeyId"]
     instance_id = ec2.run_instances(ImageId=MOTO_IMAGE_ID, MinCount=1, MaxCount=1)["Instances"][0][
@@ -167,15 +195,15 @@ def _measure(aws: LocalAws, scratch: Path, window_seconds: float) -> BenchTable:
     credentials = RunnerCredentials(TABLE, timeouts, SystemClock(), key_id=key_id, dynamodb=dynamodb, kms=kms)
     records.create(instance_facts(instance_id=instance_id), run_key=None)
     records.admit(instance_id)
+    assert queues.open({instance_id: arn}) == []
 
-    child = _AgentProcess.start(aws, scratch, instance_id, key_id)
+    child = _AgentProcess.start(aws, scratch, instance_id, key_id, prefix)
     try:
         _await(lambda: _confirms(records, instance_id, Signal.UD_OK, None), "UD_OK")
         time.sleep(1.0)
         idle = child.measure(window_seconds)
 
         token = uuid.uuid4().hex
-        claimed_at = time.monotonic()
         records.claim(instance_id, RUN_KEY, token)
         credentials.store(
             instance_id,
@@ -183,13 +211,16 @@ def _measure(aws: LocalAws, scratch: Path, window_seconds: float) -> BenchTable:
             RUN_KEY,
             _jit_config({"id": token, "mode": "job", "job_seconds": 3 * window_seconds}),
         )
+        noticed_at = time.monotonic()
+        assert queues.notify(instance_id) is None
         _await(lambda: _confirms(records, instance_id, Signal.UD_REG_OK, RUN_KEY), "UD_REG_OK")
-        registration_seconds = time.monotonic() - claimed_at
+        registration_seconds = time.monotonic() - noticed_at
         records.activate(instance_id, RUN_KEY, max_runtime_minutes=60, claim_token=token)
         time.sleep(0.5)
         busy = child.measure(window_seconds)
 
         records.release(instance_id, RUN_KEY)
+        assert queues.notify(instance_id) is None
         _await(lambda: _confirms(records, instance_id, Signal.UD_REMOVE_REG_OK, RUN_KEY), "UD_REMOVE_REG_OK")
     finally:
         child.stop()
@@ -203,7 +234,9 @@ class _AgentProcess:
         self._process = process
 
     @classmethod
-    def start(cls, aws: LocalAws, scratch: Path, instance_id: str, key_id: str) -> _AgentProcess:
+    def start(
+        cls, aws: LocalAws, scratch: Path, instance_id: str, key_id: str, notice_prefix: str
+    ) -> _AgentProcess:
         runner_dir = scratch / "actions-runner"
         runner_dir.mkdir()
         run_sh = runner_dir / "run.sh"
@@ -214,6 +247,7 @@ class _AgentProcess:
             "CREDENTIALS_KEY_ID": key_id,
             "RUNNER_DIR": str(runner_dir),
             "STATE_FILE": str(scratch / "agent-state.json"),
+            "NOTICE_QUEUE_URL_PREFIX": notice_prefix,
         }
         env = aws.child_environment(settings, ENV_PREFIX)
         process = subprocess.Popen(  # noqa: S603 - this very module, as the child
@@ -255,17 +289,18 @@ def _child(instance_id: str) -> None:
     from agent.imds import InstanceIdentity  # noqa: PLC0415
     from agent.settings import AgentSettings  # noqa: PLC0415
     from agent.wiring import build_agent  # noqa: PLC0415
-    from runner_pool.adapters import aws_clients  # noqa: PLC0415
 
     counter = CallCounter()
     session = boto3.session.Session(region_name=REGION)
+    settings = AgentSettings(_env_file=None)
     with open(os.devnull, "w") as journal:  # the agent's lines are formatted and written, as for the journal
         agent = build_agent(
-            AgentSettings(_env_file=None),
+            settings,
             InstanceIdentity(instance_id, REGION, ACCOUNT),
             dynamodb=counter.watch(aws_clients.client("dynamodb", session)),
             kms=counter.watch(aws_clients.client("kms", session)),
             ec2=counter.watch(aws_clients.client("ec2", session)),
+            sqs=counter.watch(aws_clients.long_poll_client("sqs", settings.notice_wait_seconds, session)),
             log=agent_log.configure(journal),
         )
         stop = threading.Event()
@@ -313,28 +348,47 @@ def _await(check: Callable[[], bool], what: str, timeout: float = 120.0) -> None
 
 def _table(idle: Window, busy: Window, registration_seconds: float, window_seconds: float) -> BenchTable:
     table = BenchTable(
-        title="agent: steady-state cost per minute (heartbeat 5 s, watch 1 s; fake runner, moto server)",
+        title=(
+            "agent: steady-state cost (heartbeat 30 s, watch 15 s, notices by 20 s long poll; "
+            "fake runner, moto server)"
+        ),
         columns=("", "idle", "running a job"),
     )
     table.row("CPU time (ms per minute)", f"{idle.cpu_ms_per_minute:.0f}", f"{busy.cpu_ms_per_minute:.0f}")
     table.row("CPU (% of one core)", f"{idle.cpu_percent:.2f}", f"{busy.cpu_percent:.2f}")
     table.row(
-        "DynamoDB requests per minute", f"{idle.dynamodb_per_minute:.0f}", f"{busy.dynamodb_per_minute:.0f}"
+        "DynamoDB requests per minute", f"{idle.dynamodb_per_minute:.1f}", f"{busy.dynamodb_per_minute:.1f}"
     )
+    table.row("SQS requests per minute", f"{idle.sqs_per_minute:.1f}", f"{busy.sqs_per_minute:.1f}")
+    table.row(
+        "DynamoDB, USD per month",
+        f"{idle.dynamodb_dollars_per_month:.3f}",
+        f"{busy.dynamodb_dollars_per_month:.3f}",
+    )
+    table.row("SQS, USD per month", f"{idle.sqs_dollars_per_month:.3f}", f"{busy.sqs_dollars_per_month:.3f}")
     table.note(f"idle, calls per minute: {idle.operations()}")
     table.note(f"running a job, calls per minute: {busy.operations()}")
-    table.note(f"claim to UD_REG_OK (fake runner listens at once): {registration_seconds:.2f} s")
+    table.note(f"notice to UD_REG_OK (fake runner listens at once): {registration_seconds:.2f} s")
     table.note(
-        f"each window {window_seconds:g} s; the periods alone predict GetItem 60 + PutItem 12 per minute "
-        "(a window holds 2 or 3 heartbeats, hence the PutItem spread)"
+        f"each window {window_seconds:g} s; the periods alone predict GetItem 4 + PutItem 2 + ReceiveMessage "
+        "3 per minute. Before notices (heartbeat 5 s, watch 1 s): GetItem 60 + PutItem 12, $0.65 a month"
     )
+    idle_dollars = idle.dynamodb_dollars_per_month
+    table.note(
+        f"target: idle DynamoDB <= ${TARGET_IDLE_DYNAMODB_DOLLARS_PER_MONTH} a month: "
+        + ("met" if idle_dollars <= TARGET_IDLE_DYNAMODB_DOLLARS_PER_MONTH else "NOT met")
+        + f" (with SQS: ${idle_dollars + idle.sqs_dollars_per_month:.3f})"
+    )
+    table.figure("agent_idle_dynamodb_dollars_per_month", round(idle_dollars, 4))
+    table.figure("agent_idle_sqs_dollars_per_month", round(idle.sqs_dollars_per_month, 4))
+    table.figure("agent_idle_sqs_requests_per_minute_count", round(idle.sqs_per_minute, 1))
     table.figure("agent_idle_cpu_per_minute_milliseconds", round(idle.cpu_ms_per_minute, 1))
     table.figure("agent_idle_cpu_percent", round(idle.cpu_percent, 3))
     table.figure("agent_idle_dynamodb_requests_per_minute_count", round(idle.dynamodb_per_minute, 1))
     table.figure("agent_job_cpu_per_minute_milliseconds", round(busy.cpu_ms_per_minute, 1))
     table.figure("agent_job_cpu_percent", round(busy.cpu_percent, 3))
     table.figure("agent_job_dynamodb_requests_per_minute_count", round(busy.dynamodb_per_minute, 1))
-    table.figure("agent_claim_to_registered_seconds", round(registration_seconds, 3))
+    table.figure("agent_notice_to_registered_seconds", round(registration_seconds, 3))
     return table
 
 

@@ -188,18 +188,14 @@ class CallLog:
     @classmethod
     def attach(cls, system: Any) -> CallLog:
         """Log `system`'s (an emulator World's) calls from now on: each goes through the IAM check in the
-        thread that invoked its function, and the Lambda meter notes each invocation's end there."""
+        thread that invoked its function, and the Lambda meter tells each invocation's end there."""
         log = cls()
-        check = system.stack.policy_check
-        checked = check.check
-
-        def logging_check(principal: Any, service: str, operation: str, params: Any, lookups: Any) -> Any:
-            log._add_call(Call(time.time(), threading.get_ident(), f"{service}:{operation}", params))
-            return checked(principal, service, operation, params, lookups)
-
-        check.check = logging_check
-        meter = system.stack.meter
-        meter.seconds = _EndNotingDict(meter.seconds, log)
+        system.stack.policy_check.observers.append(
+            lambda operation, params: log._add_call(
+                Call(time.time(), threading.get_ident(), operation, params)
+            )
+        )
+        system.stack.meter.ended.append(log._add_end)
         return log
 
     def _add_call(self, call: Call) -> None:
@@ -222,18 +218,6 @@ class CallLog:
             else:
                 pending.setdefault(thread, []).append(what)
         return found
-
-
-class _EndNotingDict(dict[str, list[float]]):
-    """The Lambda meter's durations; the meter calls `setdefault` once as each invocation ends."""
-
-    def __init__(self, durations: Mapping[str, list[float]], log: CallLog) -> None:
-        super().__init__(durations)
-        self._log = log
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        self._log._add_end(key)
-        return super().setdefault(key, default)
 
 
 @dataclass(frozen=True)

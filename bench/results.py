@@ -16,9 +16,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RESULTS_PATH = Path(__file__).with_name("results.json")
-UNITS = ("seconds", "milliseconds", "count", "ratio", "percent", "bytes", "per_second", "found")
+UNITS = (
+    "seconds",
+    "milliseconds",
+    "count",
+    "ratio",
+    "percent",
+    "bytes",
+    "per_second",
+    "found",
+    "dollars_per_month",
+)
 """`found` is an outcome, 1 or 0: whether what the figure names was found (issue 15's
-`pickup_match_behind_10000_misfits_found`)."""
+`pickup_match_behind_10000_misfits_found`); `dollars_per_month` a cost at list prices (issue 15's
+`agent_idle_dynamodb_dollars_per_month`)."""
 
 
 @dataclass

@@ -74,6 +74,18 @@ class LocalAws:
             "AWS_DEFAULT_REGION": REGION,
         }
 
+    def long_poll_client(self, service: str, wait_seconds: float, connections: int = 10) -> Any:
+        """`client`, for long polls of up to `wait_seconds`, `connections` of them at once at most."""
+        return aws_clients.long_poll_client(
+            service,
+            wait_seconds,
+            connections=connections,
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id="local",
+            aws_secret_access_key="local",  # noqa: S106
+        )
+
     def client(self, service: str, counter: CallCounter | None = None) -> Any:
         # Built as the product builds its clients (its retry policy, its ServiceBusyError), aimed here.
         client = aws_clients.client(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -263,6 +263,8 @@ class LambdaMeter:
     """How long each invocation of each function took, for its bill (GB-seconds)."""
 
     seconds: dict[str, list[float]] = field(default_factory=dict)
+    ended: list[Callable[[str], None]] = field(default_factory=list)
+    """Told each invocation's function name as it ends, in the thread that ran it (bench/aws_model.py)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def wrap(self, function_name: str, handler: Handler) -> Handler:
@@ -273,6 +275,8 @@ class LambdaMeter:
             finally:
                 with self._lock:
                     self.seconds.setdefault(function_name, []).append(time.perf_counter() - began)
+                for listener in self.ended:
+                    listener(function_name)
 
         return timed
 

@@ -50,6 +50,7 @@ class Lookups(Protocol):
     def instance_tags(self, instance_id: str) -> Mapping[str, str]: ...
     def launch_inputs(self, template_id: str) -> LaunchInputs: ...
     def key_arn(self, key_id: str) -> str: ...
+    def queue_tags(self, queue_url: str) -> Mapping[str, str] | None: ...
 
 
 class UnmappedCallError(LookupError):
@@ -221,9 +222,19 @@ def _queue_arn(world: Lookups, url: str) -> str:
     return _arn(world, "sqs", url.rstrip("/").rsplit("/", 1)[-1])
 
 
+# A queue's tags are aws:ResourceTag/<key> for every queue action (SQS Developer Guide, "ABAC condition
+# keys for Amazon SQS", sqs-abac-condition-keys.html: "Amazon SQS queue resource operations"). A call on
+# a queue that does not exist touches nothing whatever IAM says of it; it is left to the service's own
+# answer (NonExistentQueue), as an agent meets it when it listens before its queue is opened.
+
+
 def _queue_call(action: str) -> Row:
     def row(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
-        return [Authorization(action, _queue_arn(world, params["QueueUrl"]))]
+        tags = world.queue_tags(params["QueueUrl"])
+        if tags is None:
+            return []
+        context = {f"aws:ResourceTag/{key}": value for key, value in tags.items()}
+        return [Authorization(action, _queue_arn(world, params["QueueUrl"]), context)]
 
     return row
 
@@ -237,8 +248,28 @@ for _operation, _action in {
     "ChangeMessageVisibility": "sqs:ChangeMessageVisibility",
     "ChangeMessageVisibilityBatch": "sqs:ChangeMessageVisibility",
     "GetQueueAttributes": "sqs:GetQueueAttributes",
+    "DeleteQueue": "sqs:DeleteQueue",
 }.items():
     ROWS[f"sqs:{_operation}"] = _queue_call(_action)
+
+
+@_row("sqs:CreateQueue")
+def _create_queue(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
+    """Tags given at creation need sqs:TagQueue as well (Amazon SQS API Reference, CreateQueue), and
+    both are authorized with the request's tags (aws:RequestTag/<key>, aws:TagKeys)."""
+    tags: Mapping[str, str] = params.get("tags", {})
+    context: dict[str, ContextValue] = {f"aws:RequestTag/{key}": value for key, value in tags.items()}
+    context["aws:TagKeys"] = tuple(tags)
+    queue = _arn(world, "sqs", params["QueueName"])
+    actions = ("sqs:CreateQueue", "sqs:TagQueue") if tags else ("sqs:CreateQueue",)
+    return [Authorization(action, queue, context) for action in actions]
+
+
+@_row("sqs:ListQueues")
+def _list_queues(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
+    """Authorizes every queue of the account and region, whatever the prefix (SQS Developer Guide,
+    "Amazon SQS API permissions: Actions and resource reference": ListQueues)."""
+    return [Authorization("sqs:ListQueues", _arn(world, "sqs", "*"))]
 
 
 @_row("sqs:GetQueueUrl")

@@ -84,6 +84,8 @@ class PolicyCheck:
     _excused: dict[str, str] = field(default_factory=dict, repr=False)
     remote_denials: list[str] = field(default_factory=list)
     """Denials found in other processes (simulated instances' agents, emulator/iam_agent.py)."""
+    observers: list[Callable[[str, Mapping[str, Any]], None]] = field(default_factory=list)
+    """Told each checked call (`service:Operation`, its parameters) as it is made, in the caller's thread."""
 
     def __post_init__(self) -> None:
         self._resource_policies = self.iam.resource_policies()
@@ -162,6 +164,8 @@ class PolicyCheck:
     def check(
         self, principal: Principal, service: str, operation: str, params: Mapping[str, Any], lookups: Any
     ) -> CheckedCall:
+        for observer in self.observers:
+            observer(f"{service}:{operation}", params)
         requests = authorizations(service, operation, params, lookups)
         decisions = tuple(self._decide(principal, request) for request in requests)
         checked = CheckedCall(principal.name, principal.role_arn, f"{service}:{operation}", decisions)
@@ -325,6 +329,7 @@ class _Lookups:
         self._keys = iam.table_partition_keys()
         self._roles = iam.launch_template_roles()
         self._clients: dict[str, Any] = {}
+        self._queue_tags: dict[str, Mapping[str, str]] = {}
         self._lock = threading.Lock()
 
     def _client(self, service: str) -> Any:
@@ -381,6 +386,23 @@ class _Lookups:
             security_group_ids=tuple(data.get("SecurityGroupIds", [])),
             role_arn=self._roles.get(template_id),
         )
+
+    def queue_tags(self, queue_url: str) -> Mapping[str, str] | None:
+        """A queue's tags, None when it does not exist. Kept once seen: our queues get their tags when
+        they are created and never after (a queue deleted since is then answered by SQS itself)."""
+        name = queue_url.rstrip("/").rsplit("/", 1)[-1]
+        with self._lock:
+            if name in self._queue_tags:
+                return self._queue_tags[name]
+        client = self._client("sqs")
+        try:
+            url = client.get_queue_url(QueueName=name)["QueueUrl"]
+            tags: Mapping[str, str] = client.list_queue_tags(QueueUrl=url).get("Tags", {})
+        except ClientError:
+            return None
+        with self._lock:
+            self._queue_tags[name] = tags
+        return tags
 
     def key_arn(self, key_id: str) -> str:
         if key_id.startswith("arn:") and ":key/" in key_id:

@@ -57,10 +57,15 @@ IN_PROCESS_LOGGER = "runner_pool.agent.in_process"
 _RUN_SH = '#!/bin/sh\nexec "{python}" "{program}" "$@"\n'
 _AGENT_MESSAGES = {
     "agent started": Happening.BOOTED,
+    "starting the runner": Happening.HEARD,
     "runner listening for jobs": Happening.REGISTERED,
     "workspace clean": Happening.CLEANED,
 }
 """Lines of the agent's journal that the timeline notes (the rest stays in the instance's agent.log)."""
+
+
+IN_PROCESS_CONNECTIONS = 2000
+"""Connections of the in-process agents' shared SQS client: one per agent's open long poll."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,9 @@ class InstanceSettings:
     """Draws each instance's boot delay instead of `boot_delay_seconds` (e.g. emulator/boot_model.py's
     `compressed_boot_delays`: published boot segments, time-compressed)."""
     heartbeat_period_seconds: float = 1.0
-    watch_period_seconds: float = 0.25
+    watch_period_seconds: float = 5.0
+    """Slow, as in production (15 s): claims and releases reach an agent by its notice queue; the
+    period only bounds what a lost notice costs."""
     listening_timeout_seconds: float = 20.0
     stop_timeout_seconds: float = 5.0
     termination_grace_seconds: float = 30.0
@@ -137,6 +144,7 @@ class SimulatedInstances:
         table_name: str,
         credentials_key_id: str,
         stack_tag: tuple[str, str],
+        notice_queue_url_prefix: str | None = None,
         scratch: Path,
         timeline: Timeline,
         settings: InstanceSettings | None = None,
@@ -152,6 +160,7 @@ class SimulatedInstances:
             "TABLE_NAME": table_name,
             "CREDENTIALS_KEY_ID": credentials_key_id,
             "REGION": REGION,
+            **({"NOTICE_QUEUE_URL_PREFIX": notice_queue_url_prefix} if notice_queue_url_prefix else {}),
             **self.settings.agent_environment(),
         }
         self._poll = poll_seconds
@@ -200,6 +209,11 @@ class SimulatedInstances:
             environment={
                 "RUNNER_POOL_TABLE_NAME": self._agent_settings["TABLE_NAME"],
                 "RUNNER_POOL_CREDENTIALS_KEY_ID": self._agent_settings["CREDENTIALS_KEY_ID"],
+                **{
+                    f"RUNNER_POOL_{name}": self._agent_settings[name]
+                    for name in ("NOTICE_QUEUE_URL_PREFIX",)
+                    if name in self._agent_settings
+                },
             },
             region=REGION,
             account=ACCOUNT,
@@ -340,6 +354,10 @@ class SimulatedInstances:
         with self._lock:
             if not self._clients:
                 self._clients = {service: self._aws.client(service) for service in ("dynamodb", "kms", "ec2")}
+                # Every in-process agent holds one long poll open: a connection each, not botocore's 10.
+                self._clients["sqs"] = self._aws.long_poll_client(
+                    "sqs", AgentSettings.model_fields["notice_wait_seconds"].default, IN_PROCESS_CONNECTIONS
+                )
                 check_agent_calls(self._clients.values())
                 _route_agent_log(self._timeline)
             return self._clients
@@ -353,7 +371,9 @@ class SimulatedInstances:
                 happening, fields = _noted(line)
                 if happening is not None:
                     detail = str(fields.get("run_key", ""))
-                    self._timeline.record(happening, instance.instance_id, detail=detail)
+                    self._timeline.record(
+                        happening, instance.instance_id, detail=detail, seconds=_waited(fields)
+                    )
 
     def _end(self, instance: SimulatedInstance, reason: str | None) -> None:
         """The instance is gone (`reason`, for the timeline): give its agent the shutdown's grace, then
@@ -419,6 +439,7 @@ class _AgentThread(threading.Thread):
             dynamodb=clients["dynamodb"],
             kms=clients["kms"],
             ec2=clients["ec2"],
+            sqs=clients.get("sqs"),
             log=EventLog(logging.getLogger(IN_PROCESS_LOGGER), {"instance_id": instance.instance_id}),
             poweroff=(instance.directory / POWERED_OFF).touch,
         )
@@ -476,8 +497,16 @@ class _TimelineHandler(logging.Handler):
         fields: Mapping[str, Any] = getattr(record, "fields", {})
         if happening is not None and "instance_id" in fields:
             self._timeline.record(
-                happening, str(fields["instance_id"]), detail=str(fields.get("run_key", ""))
+                happening,
+                str(fields["instance_id"]),
+                detail=str(fields.get("run_key", "")),
+                seconds=_waited(fields),
             )
+
+
+def _waited(fields: Mapping[str, Any]) -> float | None:
+    waited = fields.get("config_waited_seconds")
+    return None if waited is None else float(waited)
 
 
 def _route_agent_log(timeline: Timeline) -> None:

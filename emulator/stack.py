@@ -60,6 +60,7 @@ from emulator.step_functions import Handler, LambdaContext, LocalStateMachines, 
 from emulator.template import STACK_ID
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.domain import notices
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.pool_partitions import queue_name_prefix
@@ -271,6 +272,9 @@ class LocalStack:
             pool_queue_url_prefix=create_pool_queues(
                 self._clients("sqs"), queue_name_prefix(STACK_ID), self.config.resource_classes
             ),
+            # Opened per instance by the functions themselves (domain/notices.py): only the prefix here.
+            notice_queue_url_prefix=f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/"
+            + notices.queue_name_prefix(STACK_ID),
             credentials_key_id=self._clients("kms").create_key()["KeyMetadata"]["KeyId"],
             subnet_ids=create_network(ec2),
             launch_templates=create_launch_templates(ec2, self.stack_name),

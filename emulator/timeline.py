@@ -27,6 +27,9 @@ class Happening(StrEnum):
     """Its agent started, after the boot delay."""
     STATE = "state"
     """Its record entered a state; the detail names it."""
+    HEARD = "config heard"
+    """Its agent read its runner config for the run key in the detail; `seconds`: how long the config
+    had waited for it since the control plane stored it."""
     REGISTERED = "registered"
     """Its agent's runner listens for the run key in the detail."""
     CLEANED = "cleaned"
@@ -46,6 +49,8 @@ class TimelineEvent:
     job: str | None = None
     """`<run id>/<job name>` for job events."""
     detail: str = ""
+    seconds: float | None = None
+    """A duration the happening reports (HEARD's wait)."""
 
 
 @dataclass
@@ -62,8 +67,11 @@ class Timeline:
         job: str | None = None,
         detail: str = "",
         at: Epoch | None = None,
+        seconds: float | None = None,
     ) -> TimelineEvent:
-        event = TimelineEvent(self.clock.now() if at is None else at, happening, instance_id, job, detail)
+        event = TimelineEvent(
+            self.clock.now() if at is None else at, happening, instance_id, job, detail, seconds
+        )
         with self._lock:
             self._events.append(event)
         return event

@@ -72,6 +72,7 @@ class RunnerPoolStack(Stack):
             functions=self.functions,
             table=self.state_table.table,
             pool_queues=self.pool_queues,
+            notice_queues=self.instances.notice_queues,
             github_app_key=self.github_app_key,
         )
         self.provision = Provision(
@@ -144,6 +145,7 @@ class RunnerPoolStack(Stack):
         """What the operator CLI (`runner-pool`) reads to find the table and queues."""
         CfnOutput(self, "StateTableName", value=self.state_table.table.table_name)
         CfnOutput(self, "PoolQueueUrlPrefix", value=self.pool_queues.url_prefix)
+        CfnOutput(self, "NoticeQueueUrlPrefix", value=self.instances.notice_queues.url_prefix)
         CfnOutput(
             self, "ResourceClasses", value=self.to_json_string(sorted(self.pool_queues.resource_classes))
         )

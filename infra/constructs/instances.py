@@ -11,7 +11,11 @@ The role lets an instance do exactly its side of the protocol and nothing else:
   instance it is for (runner_pool.adapters.runner_credentials);
 - terminate only itself: `ec2:SourceInstanceARN` must be the ARN of the instance acted on
   (`${ec2:InstanceID}`), the pattern of AWS's own AWSEC2VssSnapshotPolicy;
-- read the S3 objects that hold the agent's wheelhouses (one per architecture), and no other.
+- read the S3 objects that hold the agent's wheelhouses (one per architecture), and no other;
+- receive (and delete) notices from its own notice queue only: the queue's `runner-pool:instance` tag
+  must equal the same `${ec2:SourceInstanceARN}` (aws:ResourceTag, which SQS supports for its queue
+  actions: SQS Developer Guide, "ABAC condition keys for Amazon SQS"), and the control plane tags each
+  queue with its instance's ARN when it opens it (runner_pool.domain.notices).
 
 Those credentials are the agent's alone: with `instances.block_imds_from_jobs` (the default) the user
 data lets only root reach the instance metadata service, so a job, running as the runner user,
@@ -52,8 +56,10 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from infra.agent_wheelhouse import BOOT_PYTHONS, AgentWheelhouse, agent_wheelhouse
+from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_table as schema
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
+from runner_pool.domain import notices
 from runner_pool.domain.config import InstanceSettings, StackConfig
 from runner_pool.domain.records import Arch
 
@@ -95,6 +101,7 @@ class UserDataValues:
     pre_runner_script_base64: str
     table_name: str
     credentials_key_id: str
+    notice_queue_url_prefix: str
     heartbeat_period_seconds: str
     termination_grace_seconds: str
     retention_days: str
@@ -105,6 +112,7 @@ BOOT_ONLY_VALUES = (
     "pre_runner_script_base64",
     "table_name",
     "credentials_key_id",
+    "notice_queue_url_prefix",
     "heartbeat_period_seconds",
     "termination_grace_seconds",
     "retention_days",
@@ -153,6 +161,7 @@ class Instances(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         settings = config.instances
+        self.notice_queues = NoticeQueueNames(self)
         self.credentials_key = kms.Key(
             self,
             "RunnerCredentialsKey",
@@ -187,6 +196,7 @@ class Instances(Construct):
         self._grant_own_items(table)
         self._grant_own_runner_config()
         self._grant_self_termination()
+        self._grant_own_notices()
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="ReadAgentWheelhouses",
@@ -251,6 +261,28 @@ class Instances(Construct):
                 conditions={
                     "StringEquals": {f"kms:EncryptionContext:{ENCRYPTION_CONTEXT_KEY}": SOURCE_INSTANCE_ARN}
                 },
+            )
+        )
+
+    def _grant_own_notices(self) -> None:
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ReceiveOwnNotices",
+                actions=["sqs:ReceiveMessage", "sqs:DeleteMessage"],
+                resources=[self.notice_queues.arns],
+                conditions={
+                    "StringEquals": {f"aws:ResourceTag/{notices.INSTANCE_TAG_KEY}": SOURCE_INSTANCE_ARN}
+                },
+            )
+        )
+        Validations.of(self.role).acknowledge(
+            Acknowledgment(
+                id=f"AwsSolutions-IAM5[Resource::{self.notice_queues.finding}]",
+                reason=(
+                    "Notice queues are opened at run time, one per instance; the statement's condition "
+                    "requires the queue's runner-pool:instance tag to be the calling instance's own ARN, "
+                    "so each instance receives from its own queue and no other."
+                ),
             )
         )
 
@@ -325,6 +357,7 @@ class Instances(Construct):
             pre_runner_script_base64=base64.b64encode(settings.pre_runner_script.encode()).decode(),
             table_name=table.table_name,
             credentials_key_id=self.credentials_key.key_id,
+            notice_queue_url_prefix=self.notice_queues.url_prefix,
             heartbeat_period_seconds=f"{config.timeouts.heartbeat_period_seconds:g}",
             termination_grace_seconds=str(settings.termination_grace_seconds),
             retention_days=str(config.timeouts.terminated_retention_days),

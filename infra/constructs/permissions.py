@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from aws_cdk import Acknowledgment, Stack, Validations
+from aws_cdk import Acknowledgment, ArnFormat, Stack, Validations
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -18,6 +18,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sqs as sqs
 
+from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_table as schema
 from runner_pool.environment import STACK_TAG_KEY
 
@@ -82,6 +83,58 @@ def take_from_pool(grantee: iam.IGrantable, queues: Iterable[sqs.IQueue]) -> Non
 
 def offer_to_pool(grantee: iam.IGrantable, queues: Iterable[sqs.IQueue]) -> None:
     _allow(grantee, ["sqs:SendMessage"], [queue.queue_arn for queue in queues])
+
+
+def send_notices(grantee: lambda_.Function, notice_queues: NoticeQueueNames) -> None:
+    """Send to any instance's notice queue of the stack (domain/notices.py): the queues exist only at run
+    time, one per instance, so the statement names the stack's prefix."""
+    _allow(grantee, ["sqs:SendMessage"], [notice_queues.arns])
+    _acknowledge_notice_queues(grantee, notice_queues)
+
+
+def open_notice_queues(grantee: lambda_.Function, notice_queues: NoticeQueueNames) -> None:
+    """Create (and tag at creation) a notice queue of the stack for each new instance, and only with the
+    stack's tag: tagging on creation needs sqs:TagQueue as well as sqs:CreateQueue (Amazon SQS API
+    Reference, CreateQueue), and aws:RequestTag applies to both (SQS Developer Guide, "ABAC condition
+    keys for Amazon SQS", sqs-abac-condition-keys.html)."""
+    stack = Stack.of(grantee)
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["sqs:CreateQueue", "sqs:TagQueue"],
+            resources=[notice_queues.arns],
+            conditions={"StringEquals": {f"aws:RequestTag/{STACK_TAG_KEY}": stack.stack_name}},
+        )
+    )
+    _acknowledge_notice_queues(grantee, notice_queues)
+
+
+def sweep_notice_queues(grantee: lambda_.Function, notice_queues: NoticeQueueNames) -> None:
+    """List the stack's notice queues and delete those whose instance has ended. ListQueues authorizes
+    `arn:<p>:sqs:<region>:<account>:*` whatever prefix it is given (SQS Developer Guide, "Amazon SQS API
+    permissions: Actions and resource reference")."""
+    stack = Stack.of(grantee)
+    _allow(
+        grantee,
+        ["sqs:ListQueues"],
+        [stack.format_arn(service="sqs", resource="*", arn_format=ArnFormat.NO_RESOURCE_NAME)],
+    )
+    _allow(grantee, ["sqs:DeleteQueue"], [notice_queues.arns])
+    acknowledge_wildcards(
+        grantee,
+        ["arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:*"],
+        "ListQueues supports no narrower resource than every queue of the account and region; it only "
+        "lists names (the function asks for the stack's notice prefix), and grants nothing on a queue.",
+    )
+    _acknowledge_notice_queues(grantee, notice_queues)
+
+
+def _acknowledge_notice_queues(grantee: lambda_.Function, notice_queues: NoticeQueueNames) -> None:
+    acknowledge_wildcards(
+        grantee,
+        [notice_queues.finding],
+        "Notice queues are opened at run time, one per instance, named by the instance id after the "
+        "stack's prefix: only the prefix is known at deploy time.",
+    )
 
 
 def hand_off_runner_configs(

@@ -74,11 +74,7 @@ class PoolQueues(Construct):
                 conditions={"Bool": {"aws:SecureTransport": "false"}},
             )
         )
-        # A queue's URL is `https://sqs.<region>.<domain>/<account>/<name>` (SQS Developer Guide,
-        # "Amazon SQS queue and message identifiers": Queue name and URL).
-        self.url_prefix: str = Fn.join(
-            "", ["https://sqs.", Aws.REGION, ".", Aws.URL_SUFFIX, "/", Aws.ACCOUNT_ID, "/", prefix]
-        )
+        self.url_prefix: str = queue_url_prefix(prefix)
         Validations.of(self).acknowledge(
             Acknowledgment(
                 id="AwsSolutions-SQS3",
@@ -95,6 +91,15 @@ class PoolQueues(Construct):
     @property
     def queues(self) -> list[sqs.Queue]:
         return list(self.by_partition.values())
+
+
+def queue_url_prefix(name_prefix: str) -> str:
+    """The URL of every queue of this stack's account and region whose name starts with `name_prefix`,
+    up to the rest of its name: a queue's URL is `https://sqs.<region>.<domain>/<account>/<name>` (SQS
+    Developer Guide, "Amazon SQS queue and message identifiers": Queue name and URL)."""
+    return Fn.join(
+        "", ["https://sqs.", Aws.REGION, ".", Aws.URL_SUFFIX, "/", Aws.ACCOUNT_ID, "/", name_prefix]
+    )
 
 
 def message_retention_seconds(config: StackConfig) -> int:

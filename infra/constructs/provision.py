@@ -36,13 +36,18 @@ class Provision(Construct):
         super().__init__(scope, construct_id)
         queues = pool_queues.queues
         templates = list(instances.launch_templates.values())
-        hand_off = {"credentials_key_id": instances.credentials_key.key_id}
+        notice_queues = instances.notice_queues
+        hand_off = {
+            "credentials_key_id": instances.credentials_key.key_id,
+            "notice_queue_url_prefix": notice_queues.url_prefix,
+        }
         # Finish and Dump start executions of this very machine (redrives): named, so their roles can
         # name its ARN without referring to the machine they are part of.
         name = f"{Stack.of(self).stack_name}-provision"
         own_arn = state_machine_arn(self, name)
 
         def claim(function: lambda_.Function) -> None:
+            permissions.send_notices(function, notice_queues)  # the agent hears of its config at once
             permissions.take_from_pool(function, queues)
             permissions.write_records(function, table)
             permissions.find_by_run_key(function, table)  # a retried claim step finds its own claim
@@ -56,12 +61,14 @@ class Provision(Construct):
                 image_parameter_arns=instances.image_parameter_arns,
             )
             permissions.describe_instances(function)
+            permissions.open_notice_queues(function, notice_queues)
             hand_over(function)
 
         def hand_over(function: lambda_.Function) -> None:
             """Runner configs to created instances, as the registration budget (a state-table item) allows."""
             permissions.write_records(function, table)
             permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
+            permissions.send_notices(function, notice_queues)
 
         def begin(function: lambda_.Function) -> None:
             permissions.write_records(function, table)  # the run's recent demand, for refresh

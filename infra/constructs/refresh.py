@@ -44,6 +44,7 @@ class Refresh(Construct):
             description="terminates what expired, sweeps orphans, keeps the warm pool, asks for redeliveries",
             environment={
                 "pool_queue_url_prefix": pool_queues.url_prefix,
+                "notice_queue_url_prefix": instances.notice_queues.url_prefix,
                 "subnet_ids": config.network.subnet_ids,
                 "launch_templates": {
                     arch.value: template.launch_template_id
@@ -68,6 +69,8 @@ class Refresh(Construct):
             image_parameter_arns=instances.image_parameter_arns,
         )
         permissions.offer_to_pool(self.function, pool_queues.queues)
+        permissions.open_notice_queues(self.function, instances.notice_queues)
+        permissions.sweep_notice_queues(self.function, instances.notice_queues)
         permissions.act_as_github_app(self.function, github_app_key)
         permissions.start_executions(self.function, [provision.state_machine_arn, release.state_machine_arn])
         permissions.reconcile_recent_demand(self.function, table)

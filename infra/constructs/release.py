@@ -9,6 +9,7 @@ from constructs import Construct
 
 from infra.constructs import permissions
 from infra.constructs.functions import ControlPlaneFunctions
+from infra.constructs.notice_queues import NoticeQueueNames
 from infra.constructs.pool_queues import PoolQueues
 from infra.constructs.workflow import Step, Workflow
 from runner_pool.domain.config import StackConfig
@@ -26,6 +27,7 @@ class Release(Construct):
         functions: ControlPlaneFunctions,
         table: dynamodb.ITable,
         pool_queues: PoolQueues,
+        notice_queues: NoticeQueueNames,
         github_app_key: secretsmanager.ISecret,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -36,6 +38,7 @@ class Release(Construct):
 
         def give_back(function: lambda_.Function) -> None:
             permissions.write_records(function, table)
+            permissions.send_notices(function, notice_queues)  # the agent cleans up at once
             permissions.act_as_github_app(function, github_app_key)
 
         def check_receipt(function: lambda_.Function) -> None:
@@ -54,7 +57,9 @@ class Release(Construct):
             steps={
                 "plan": Step("finds the instances a completed job or run holds", plan),
                 "give_back": Step(
-                    "sets an instance idle and deletes its runner if no job took it", give_back
+                    "sets an instance idle and deletes its runner if no job took it",
+                    give_back,
+                    {"notice_queue_url_prefix": notice_queues.url_prefix},
                 ),
                 "check_receipt": Step(
                     "pools an instance once its agent has cleaned up, or expires it",

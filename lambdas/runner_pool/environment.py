@@ -32,6 +32,9 @@ class ControlPlaneSettings(BaseSettings):
     """The value of the stack tag (`runner-pool:stack`) on every instance this stack launches."""
     pool_queue_url_prefix: str | None = None
     """Every pool queue's URL up to its partition's name (domain/pool_partitions.py)."""
+    notice_queue_url_prefix: str | None = None
+    """Every instance's notice queue URL up to its instance id (domain/notices.py); unset, no step sends
+    notices and agents find their claims by reading their records."""
     credentials_key_id: str | None = None
     """The KMS key that runner configs are encrypted with."""
     account_id: str | None = Field(None, pattern=r"^\d{12}$")

@@ -22,6 +22,7 @@ from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.instance_arns import InstanceArns
+from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.adapters.pool_queues import PoolQueues
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
@@ -85,6 +86,14 @@ class ControlPlane:
             self.config.resource_classes,
             self.client("sqs"),
         )
+
+    @cached_property
+    def notices(self) -> NoticeQueues | None:
+        """The instances' notice queues; None where the stack gives no prefix (then none is sent)."""
+        prefix = self.settings.notice_queue_url_prefix
+        if not prefix:
+            return None
+        return NoticeQueues(prefix, self.client("sqs"), stack_tag=(STACK_TAG_KEY, self.settings.stack_name))
 
     @cached_property
     def pickup(self) -> PickupManager:

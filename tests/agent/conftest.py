@@ -302,7 +302,8 @@ class AgentFactory:
         dynamodb = aws_clients.client("dynamodb", region_name=REGION)
         ec2 = aws_clients.client("ec2", region_name=REGION)
         kms = aws_clients.client("kms", region_name=REGION)
-        self.check_as_instance(settings, dynamodb, ec2, kms)
+        sqs = aws_clients.long_poll_client("sqs", settings.notice_wait_seconds, region_name=REGION)
+        self.check_as_instance(settings, dynamodb, ec2, kms, sqs)
         powered_off: list[float] = []
         agent = build_agent(
             settings,
@@ -310,6 +311,7 @@ class AgentFactory:
             dynamodb=dynamodb,
             kms=kms,
             ec2=ec2,
+            sqs=sqs,
             log=agent_log(),
             clock=self.clock,
             poweroff=lambda: powered_off.append(self.clock.now()),

@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -179,8 +180,8 @@ def host_python(version: str) -> Path:
 
 
 def resolve(value: Any, refs: Mapping[str, str]) -> str:
-    """A CloudFormation value with its intrinsic functions resolved: Ref by `refs`, Fn::Sub's pseudo
-    parameters by this test's account and region."""
+    """A CloudFormation value with its intrinsic functions resolved: Ref by `refs`, pseudo parameters
+    (in Ref and in Fn::Sub) by this test's account and region."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
@@ -189,7 +190,12 @@ def resolve(value: Any, refs: Mapping[str, str]) -> str:
     if name == "Fn::Join":
         return str(argument[0]).join(resolve(part, refs) for part in argument[1])
     if name == "Ref":
-        return refs[argument]
+        pseudo_parameters = {"AWS::AccountId": ACCOUNT, "AWS::Region": REGION, "AWS::Partition": "aws"}
+        return (
+            pseudo_parameters.get(argument)
+            or refs.get(argument)
+            or {"AWS::URLSuffix": "amazonaws.com"}[argument]
+        )
     if name == "Fn::Sub":
         pseudo = {"${AWS::AccountId}": ACCOUNT, "${AWS::Region}": REGION, "${AWS::Partition}": "aws"}
         text = str(argument)
@@ -548,6 +554,12 @@ def runs_the_agent_as_a_service_behind_the_metadata_guard(boot: Boot, boot_world
     settings = (boot.root / "etc/runner-pool/agent.env").read_text()
     assert f"RUNNER_POOL_TABLE_NAME={boot_world.table_ref}\n" in settings
     assert f"RUNNER_POOL_REGION={REGION}\n" in settings
+    # And the URL of its notice queue up to its instance id, in SQS's shape (runner_pool.domain.notices)
+    assert re.search(
+        rf"^RUNNER_POOL_NOTICE_QUEUE_URL_PREFIX=https://sqs\.{REGION}\.amazonaws\.com/{ACCOUNT}/[\w-]+-notice-$",
+        settings,
+        re.MULTILINE,
+    )
     # And the agent checks the runner against its manifest, and starts it in a cgroup of its own below
     # the agent's, which the unit delegates to it
     assert f"RUNNER_POOL_RUNNER_MANIFEST={boot.root}/etc/runner-pool/runner-manifest.json\n" in settings

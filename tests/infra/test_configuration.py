@@ -89,7 +89,7 @@ def test_a_config_file_that_is_missing_or_not_an_object_fails_naming_it(
 
 def test_express_workflows_are_refused_when_provision_could_outlast_five_minutes() -> None:
     # Given Express with a fleet validation so long that provision would pass Express's 300 s limit
-    settings = {"workflow_type": "EXPRESS", "timeouts": {"fleet_validation_seconds": 250}}
+    settings = {"workflow_type": "EXPRESS", "timeouts": {"fleet_validation_seconds": 240}}
 
     # When loaded / Then the workflow type is named, with the waits that do not fit and the fix
     (problem,) = _problems(settings)

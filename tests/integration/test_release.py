@@ -99,7 +99,7 @@ def test_a_clean_release_pools_the_instance_with_its_idle_threshold(
     assert statuses(execution) == {running.instance_id: "pooled"}
 
 
-def test_the_receipt_is_looked_for_at_the_heartbeat_pace(
+def test_the_receipt_is_looked_for_at_its_poll_setting(
     local: LocalControlPlane, release: LocalStateMachine
 ) -> None:
     # Given a running instance whose agent never answers
@@ -107,8 +107,8 @@ def test_the_receipt_is_looked_for_at_the_heartbeat_pace(
     agents = Agents(local, answer=None)
     # When it is released
     release.run(by_instance(running.instance_id), on_wait=agents.on_wait)
-    # Then every wait lasted one heartbeat period, set from the config, until the receipt timeout
-    period = int(local.config.timeouts.heartbeat_period_seconds)
+    # Then every wait lasted one receipt poll, set from the config, until the receipt timeout
+    period = int(local.config.timeouts.release_receipt_poll_seconds)
     assert set(agents.waits) == {period}
     assert sum(agents.waits) == local.config.timeouts.release_receipt_seconds
 

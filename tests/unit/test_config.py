@@ -14,8 +14,9 @@ def test_defaults_are_the_designs() -> None:
     # Given no settings at all / When loaded / Then every default of DESIGN.md section 9 holds
     config = load_config()
     t = config.timeouts
-    assert (t.heartbeat_period_seconds, t.healthy_window_seconds) == (5, 15)
-    assert t.claim_registration_seconds == 20
+    # A slow heartbeat now that notices carry the claims (issue 15, item 4).
+    assert (t.heartbeat_period_seconds, t.healthy_window_seconds) == (30, 90)
+    assert t.claim_registration_seconds == 30
     assert (t.fleet_validation_seconds, t.fleet_validation_poll_seconds) == (180, 5)
     assert t.release_receipt_seconds == 120
     assert (t.created_threshold_seconds, t.claimed_threshold_seconds) == (600, 300)
@@ -93,21 +94,21 @@ def _problems(settings: dict[str, Any]) -> list[str]:
             "timeouts.claimed_threshold_seconds: input should be greater than 0 (got -5); fix: set a number above 0",
         ),
         (
-            {"timeouts": {"healthy_window_seconds": 5}},
-            "timeouts.healthy_window_seconds: 5 s is not longer than heartbeat_period_seconds (5 s)",
+            {"timeouts": {"healthy_window_seconds": 30}},
+            "timeouts.healthy_window_seconds: 30 s is not longer than heartbeat_period_seconds (30 s)",
         ),
         (
             # Issue 12, defect 7: before, 190 s was accepted and a warm runner was expired before Finish.
             {"timeouts": {"claimed_threshold_seconds": 190}},
             "timeouts.claimed_threshold_seconds: 190 s is shorter than a provision can take: "
-            "claim_registration_seconds + fleet_validation_seconds + 30 s for Finish = 230 s, so an instance "
-            "would expire before Finish sets it running; fix: make it at least 230 s, or shorten those waits",
+            "claim_registration_seconds + fleet_validation_seconds + 30 s for Finish = 240 s, so an instance "
+            "would expire before Finish sets it running; fix: make it at least 240 s, or shorten those waits",
         ),
         (
             {"timeouts": {"fleet_validation_seconds": 600, "claimed_threshold_seconds": 900}},
             "timeouts.created_threshold_seconds: 600 s is shorter than a provision can take: "
-            "claim_registration_seconds + fleet_validation_seconds + 30 s for Finish = 650 s, so an instance "
-            "would expire before Finish sets it running; fix: make it at least 650 s, or shorten those waits",
+            "claim_registration_seconds + fleet_validation_seconds + 30 s for Finish = 660 s, so an instance "
+            "would expire before Finish sets it running; fix: make it at least 660 s, or shorten those waits",
         ),
         (
             {"timeouts": {"idle_seconds": 100}},

@@ -35,6 +35,12 @@ class World:
     def key_arn(self, key_id: str) -> str:
         return f"arn:aws:kms:us-east-1:123456789012:key/{key_id}"
 
+    def queue_tags(self, queue_url: str) -> Mapping[str, str] | None:
+        name = queue_url.rsplit("/", 1)[-1]
+        if name.startswith("pool-notice-"):
+            return {"runner-pool:instance": f"arn:aws:ec2:us-east-1:123456789012:instance/{name[12:]}"}
+        return None if name == "gone" else {}
+
 
 def test_a_query_on_an_index_authorizes_the_index_not_the_table() -> None:
     # SAR list_amazondynamodb.html: the `index` resource type of Query
@@ -92,6 +98,37 @@ def test_batch_queue_calls_need_their_single_actions() -> None:
     (deleted,) = authorizations("sqs", "DeleteMessageBatch", {"QueueUrl": url, "Entries": []}, World())
     assert (sent.action, deleted.action) == ("sqs:SendMessage", "sqs:DeleteMessage")
     assert sent.resource == "arn:aws:sqs:us-east-1:123456789012:pool-large"
+
+
+def test_a_queue_call_carries_the_queues_tags() -> None:
+    # SQS Developer Guide, sqs-abac-condition-keys.html: aws:ResourceTag for queue resource operations
+    url = "https://sqs.us-east-1.amazonaws.com/123456789012/pool-notice-i-1"
+    (received,) = authorizations("sqs", "ReceiveMessage", {"QueueUrl": url}, World())
+    assert received.context == {
+        "aws:ResourceTag/runner-pool:instance": "arn:aws:ec2:us-east-1:123456789012:instance/i-1"
+    }
+
+
+def test_a_call_on_a_queue_that_does_not_exist_is_left_to_sqs() -> None:
+    url = "https://sqs.us-east-1.amazonaws.com/123456789012/gone"
+    assert authorizations("sqs", "ReceiveMessage", {"QueueUrl": url}, World()) == []
+
+
+def test_creating_a_tagged_queue_needs_tag_queue_with_the_request_tags() -> None:
+    # Amazon SQS API Reference, CreateQueue: tagging on creation needs sqs:CreateQueue and sqs:TagQueue
+    params = {"QueueName": "pool-notice-i-1", "tags": {"runner-pool:stack": "pool"}}
+    created, tagged = authorizations("sqs", "CreateQueue", params, World())
+    assert (created.action, tagged.action) == ("sqs:CreateQueue", "sqs:TagQueue")
+    assert created.resource == "arn:aws:sqs:us-east-1:123456789012:pool-notice-i-1"
+    assert tagged.context == {
+        "aws:RequestTag/runner-pool:stack": "pool",
+        "aws:TagKeys": ("runner-pool:stack",),
+    }
+
+
+def test_listing_queues_authorizes_every_queue_of_the_region() -> None:
+    (listed,) = authorizations("sqs", "ListQueues", {"QueueNamePrefix": "pool-notice-"}, World())
+    assert listed.resource == "arn:aws:sqs:us-east-1:123456789012:*"
 
 
 def test_terminating_reads_each_instances_tags_and_id() -> None:

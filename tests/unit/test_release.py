@@ -44,13 +44,11 @@ def check(local: LocalControlPlane, progress: ReleaseProgress) -> ReleaseProgres
 
 
 @pytest.mark.parametrize(
-    ("heartbeat_period", "poll"), [(5.0, 5), (2.5, 3), (0.2, 1)], ids=["whole", "fraction", "below-one"]
+    ("setting", "poll"), [(5.0, 5), (2.5, 3), (0.2, 1)], ids=["whole", "fraction", "below-one"]
 )
-def test_the_receipt_poll_is_the_heartbeat_period_in_whole_seconds(
-    heartbeat_period: float, poll: int
-) -> None:
-    # Given a heartbeat period / When the poll is derived / Then it is the period rounded up, at least 1 s
-    timeouts = Timeouts(heartbeat_period_seconds=heartbeat_period, healthy_window_seconds=15)
+def test_the_receipt_poll_is_its_setting_in_whole_seconds(setting: float, poll: int) -> None:
+    # Given a receipt poll setting / When the Wait state's seconds are derived / Then rounded up, at least 1 s
+    timeouts = Timeouts(release_receipt_poll_seconds=setting)
     assert receipt_poll_seconds(timeouts) == poll
 
 

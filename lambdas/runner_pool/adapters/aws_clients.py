@@ -114,6 +114,24 @@ def client(service: str, session: boto3.session.Session | None = None, **options
     return with_busy_errors(factory.client(service, config=CLIENT_CONFIG, **options))
 
 
+def long_poll_client(
+    service: str,
+    wait_seconds: float,
+    session: boto3.session.Session | None = None,
+    *,
+    connections: int = 10,
+    **options: Any,
+) -> Any:
+    """`client`, for calls that wait up to `wait_seconds` on the server (SQS long polls): its read timeout
+    outlasts the wait, so a long poll is not cut short and retried as a hung call. `connections`:
+    how many calls may wait at once (botocore's max_pool_connections, 10 by default)."""
+    factory: Any = session or boto3
+    config = CLIENT_CONFIG.merge(
+        Config(read_timeout=wait_seconds + READ_TIMEOUT_SECONDS, max_pool_connections=connections)
+    )
+    return with_busy_errors(factory.client(service, config=config, **options))
+
+
 def with_busy_errors(made: Any) -> Any:
     """`made` raises ServiceBusyError for a call AWS kept busy (for clients the caller configured itself)."""
     made.meta.events.register("after-call", _raise_when_busy, unique_id="runner-pool-busy")

@@ -68,6 +68,8 @@ class RunnerConfig:
     jit_config: str = field(repr=False)
     runner_id: int | None = None
     """The GitHub runner the config registers, as the control plane noted it on the instance's record."""
+    stored_at: float | None = None
+    """When the control plane stored it: the agent reports how long the config waited to be heard."""
 
 
 class RunnerCredentials:
@@ -160,6 +162,7 @@ class RunnerCredentials:
             run_key=run_key,
             jit_config=b"".join(self._decrypt(blob, arn) for blob in blobs).decode(),
             runner_id=None if runner is None else int(runner),
+            stored_at=float(item["stored_at"]["N"]) if "stored_at" in item else None,
         )
 
     def _encrypt(self, chunk: bytes, context: dict[str, str]) -> bytes:

@@ -69,12 +69,18 @@ DEFAULT_RESOURCE_CLASSES: dict[str, ResourceClass] = {
 class Timeouts(_Settings):
     """How long each wait of the lifecycle lasts, in seconds."""
 
-    heartbeat_period_seconds: float = Field(5, gt=0)
-    healthy_window_seconds: float = Field(15, gt=0)
-    claim_registration_seconds: float = Field(20, gt=0)
+    heartbeat_period_seconds: float = Field(30, gt=0)
+    """The agent's heartbeat; with notices (domain/notices.py) no claim waits on it: slow and cheap."""
+    healthy_window_seconds: float = Field(90, gt=0)
+    claim_registration_seconds: float = Field(30, gt=0)
+    """How long a claim waits for the agent's runner to listen: more than the agent's watch period (15 s),
+    so a claim whose notice was lost is still served by the agent's next look at its record."""
     fleet_validation_seconds: float = Field(180, gt=0)
     fleet_validation_poll_seconds: float = Field(5, gt=0)
     release_receipt_seconds: float = Field(120, gt=0)
+    release_receipt_poll_seconds: float = Field(2, gt=0)
+    """How often a release looks for the agent's receipt; the agent hears of its release at once (a
+    notice) and cleans up in a second or two."""
     created_threshold_seconds: float = Field(600, gt=0)
     claimed_threshold_seconds: float = Field(300, gt=0)
     idle_seconds: float = Field(600, gt=0)

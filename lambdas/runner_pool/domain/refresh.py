@@ -68,6 +68,10 @@ class RefreshReport:
     """Runs whose jobs GitHub was asked about."""
     jobs_reprovisioned: int = 0
     """Queued jobs no runner of ours was free to take, provisioned again."""
+    notice_queues_closed: int = 0
+    """Notice queues of instances that have ended, deleted."""
+    notice_queues_opened: int = 0
+    """Live instances found without a notice queue, given one."""
     failed: list[str] = field(default_factory=list)
     """Jobs that failed; the next run tries them again."""
 

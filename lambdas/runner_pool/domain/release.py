@@ -96,8 +96,8 @@ class SalvageRequest(_Step):
 
 
 def receipt_poll_seconds(timeouts: Timeouts) -> int:
-    """The agent reports at its heartbeat's pace, so looking more often than that finds nothing new."""
-    return max(1, math.ceil(timeouts.heartbeat_period_seconds))
+    """The release's poll in whole seconds, as a Wait state takes them."""
+    return max(1, math.ceil(timeouts.release_receipt_poll_seconds))
 
 
 def of_another_repository(record: InstanceRecord | None, item: ReleaseItem) -> bool:

@@ -65,6 +65,7 @@ def provision_of(plane: ControlPlane) -> Provision:
         credentials=lambda: plane.credentials,
         recent_demand=lambda: plane.recent_demand,
         executions=plane.executions,
+        notices=lambda: plane.notices,
         pause=plane.pause,
     )
 

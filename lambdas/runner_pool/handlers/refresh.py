@@ -63,6 +63,7 @@ def refresh_of(plane: ControlPlane) -> Refresh:
         stack_tag=(STACK_TAG_KEY, settings.stack_name),
         recent_demand=plane.recent_demand if starts else None,
         executions=plane.executions if starts else None,
+        notices=lambda: plane.notices,
     )
 
 
@@ -82,6 +83,8 @@ def _measure(report: RefreshReport) -> None:
         "RunnersReplaced": report.runners_replaced,
         "RunsReconciled": report.runs_reconciled,
         "JobsReprovisioned": report.jobs_reprovisioned,
+        "NoticeQueuesClosed": report.notice_queues_closed,
+        "NoticeQueuesOpened": report.notice_queues_opened,
         "RefreshJobsFailed": len(report.failed),
     }
     for name, count in counts.items():

@@ -61,6 +61,7 @@ def release_of(plane: ControlPlane) -> Release:
         clock=plane.clock,
         timeouts=plane.config.timeouts,
         reuse=plane.config.reuse,
+        notices=lambda: plane.notices,
     )
 
 

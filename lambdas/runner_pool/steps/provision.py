@@ -41,6 +41,7 @@ from runner_pool.domain.registration_budget import RegistrationBudget, wait_seco
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runners import GitHubRateLimitedError, GitHubRetryableError, RunnerRegistry
 from runner_pool.observability import count, logger, seconds
+from runner_pool.steps.notices import NoticeSource, no_notices, notify, open_queues
 
 INLINE_CHECKS = 4
 INLINE_CHECK_PAUSE_SECONDS = 0.25
@@ -70,6 +71,7 @@ class Provision:
         credentials: Callable[[], RunnerCredentials],
         recent_demand: Callable[[], RecentDemand],
         executions: Callable[[str | None], Executions],
+        notices: NoticeSource = no_notices,
         pause: Callable[[float], None] = time.sleep,
     ) -> None:
         """`executions(machine)` starts provisions on `machine` (a step's own state machine), else on the
@@ -87,6 +89,7 @@ class Provision:
         self._credentials = credentials
         self._recent_demand = recent_demand
         self._executions = executions
+        self._notices = notices
         self._pause = pause
 
     # --- Begin ---------------------------------------------------------------------------------
@@ -313,6 +316,8 @@ class Provision:
                 repository=provision.request.repository,
                 single_use=provision.single_use,
             )
+        # After the records: a notice queue without a record is refresh's to delete (domain/notices.py).
+        open_queues(self._notices, {f.instance_id: self._arns.arn(f.instance_id) for f in outcome.launched})
         errors = {code: len(failures) for code, failures in outcome.failures_by_code().items()}
         for code, refused in errors.items():
             count(f"FleetErrors.{code}", refused)
@@ -646,6 +651,7 @@ class Provision:
         except Exception as exc:
             returned = self._table.unclaim(instance_id, run_key, token)
             if returned.succeeded and returned.record is not None:
+                notify(self._notices, [instance_id])
                 self._queues().offer(PoolMessage.for_idle(returned.record))
             else:
                 self._table.expire(instance_id, run_key)
@@ -672,6 +678,8 @@ class Provision:
             run_key,
             record.runner_id,
         ):
+            # Handed over by an earlier try, whose notice may not have gone out.
+            notify(self._notices, [instance_id])
             return True
         github = self._config.github
         # Every label the job asked for: GitHub gives a job only to a runner carrying all of them.
@@ -685,6 +693,8 @@ class Provision:
         self._credentials().store(
             instance_id, arn, run_key, runner.encoded_jit_config, runner_id=runner.runner_id
         )
+        # Only now, with the config in place: the agent that reads its record on this notice finds it.
+        notify(self._notices, [instance_id])
         return True
 
     def _expire_and_terminate(self, instance_ids: list[str], run_key: str) -> None:

@@ -1,6 +1,6 @@
 """Refresh (DESIGN.md section 8): the scheduled sweep that ends what is due, leaks nothing, keeps the pool.
 
-Each run does nine jobs, one after the other, each on its own (one failing does not stop the rest):
+Each run does ten jobs, one after the other, each on its own (one failing does not stop the rest):
 
 1. vanished: a live record whose instance EC2 reports gone (a spot interruption, a terminate from
    outside) is expired at once, rather than when its threshold would have passed;
@@ -21,7 +21,10 @@ Each run does nine jobs, one after the other, each on its own (one failing does 
 9. reconcile: for runs with recent demand and no provision at work for them, GitHub is asked for
    their jobs (List jobs for a workflow run attempt), and every queued job with our label that no
    runner of ours is free to take gets one (issue 13: no job is ever stranded). At most
-   RECONCILE_REQUESTS_PER_RUN requests to GitHub a run, least recently reconciled runs first.
+   RECONCILE_REQUESTS_PER_RUN requests to GitHub a run, least recently reconciled runs first;
+10. notice queues: a notice queue whose instance has no live record is deleted, and a live record
+   without one gets one (its opening failed); queues are opened only after their record is written, so
+   a queue without a record is one whose instance has ended (domain/notices.py).
 
 Two runs at once, or a run that dies anywhere, leave nothing wrong: a passed threshold is final
 (no transition applies once it has passed), termination and deletion are idempotent, the marks and
@@ -71,6 +74,7 @@ from runner_pool.domain.refresh import (
 from runner_pool.domain.runner_scope import OrganizationScope
 from runner_pool.domain.runners import GitHubError, RunJob, RunnerRegistry, RunnerRemoval, RunnerStatus
 from runner_pool.observability import logger
+from runner_pool.steps.notices import NoticeSource, no_notices, open_queues
 
 
 class Refresh:
@@ -87,6 +91,7 @@ class Refresh:
         orphan_grace_seconds: float = ORPHAN_GRACE_SECONDS,
         recent_demand: RecentDemand | None = None,
         executions: Callable[[], Executions] | None = None,
+        notices: NoticeSource = no_notices,
     ) -> None:
         """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing."""
         self._table = table
@@ -99,6 +104,7 @@ class Refresh:
         self._orphan_grace = orphan_grace_seconds
         self._recent = recent_demand
         self._executions = executions
+        self._notices = notices
 
     def run(self, tick: int) -> RefreshReport:
         report = RefreshReport()
@@ -112,6 +118,7 @@ class Refresh:
             ("redeliveries", self._redeliver),
             ("dead-runners", self._replace_dead_runners),
             ("reconcile", lambda r: self._reconcile(r, tick)),
+            ("notice-queues", self._sync_notice_queues),
         ]
         for name, job in jobs:
             try:
@@ -252,6 +259,8 @@ class Refresh:
                 # Recorded at once: an instance is never left without a record (the orphan sweep's grace
                 # covers the moment between CreateFleet's answer and these writes).
                 self._table.create(facts, run_key=None)
+            arns = self._table.instance_arns
+            open_queues(self._notices, {f.instance_id: arns.arn(f.instance_id) for f in outcome.launched})
             report.launched[name] += len(outcome.launched)
         if failures:
             raise RuntimeError(f"warm-pool launches failed for: {', '.join(failures)}")
@@ -442,3 +451,25 @@ class Refresh:
                 return True, current
             current = self._table.read_marker(name)
         return False, current
+
+    # --- 10. notice queues ---------------------------------------------------------------------
+
+    def _sync_notice_queues(self, report: RefreshReport) -> None:
+        queues = self._notices()
+        if queues is None:
+            return
+        # Listed before the records are read: a queue is opened only after its record is written, so a
+        # queue listed here whose record is not live is one whose instance has ended.
+        opened = set(queues.instance_ids())
+        live = {record.instance_id for record in self._table.live()}
+        # The index may lag a record written or ended a moment ago; a consistent read settles each suspect.
+        ended = sorted(i for i in opened - live if untracked(self._table.get(i)))
+        missing = sorted(live - opened)
+        failures = queues.close(ended)
+        report.notice_queues_closed += len(ended) - len(failures)
+        for failure in failures:
+            logger.warning("notice queue not deleted", instance_id=failure.instance_id, reason=failure.reason)
+        if missing:
+            arns = self._table.instance_arns
+            open_queues(self._notices, {instance_id: arns.arn(instance_id) for instance_id in missing})
+            report.notice_queues_opened += len(missing)

@@ -34,6 +34,7 @@ from runner_pool.domain.release import (
 )
 from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
 from runner_pool.observability import logger
+from runner_pool.steps.notices import NoticeSource, no_notices, notify
 
 
 class Release:
@@ -49,6 +50,7 @@ class Release:
         clock: Clock,
         timeouts: Timeouts,
         reuse: ReuseSettings | None = None,
+        notices: NoticeSource = no_notices,
     ) -> None:
         """Without `reuse`, no instance is retired: every one that served is cleaned for the pool."""
         self._table = table
@@ -57,6 +59,7 @@ class Release:
         self._clock = clock
         self._timeouts = timeouts
         self._reuse = reuse
+        self._notices = notices
 
     def plan(self, request: ReleaseRequest) -> ReleasePlan:
         """The instances to give back: the one named, or every record still holding the run key."""
@@ -222,6 +225,8 @@ class Release:
         return self._awaiting_receipt(progress, released)
 
     def _awaiting_receipt(self, progress: ReleaseProgress, released: InstanceRecord) -> ReleaseProgress:
+        # The agent stops its runner and cleans up as soon as it reads its record: now, not at its watch.
+        notify(self._notices, [released.instance_id])
         return progress.model_copy(
             update={
                 "status": ReleaseStatus.AWAITING_RECEIPT,

@@ -1,0 +1,47 @@
+"""What every step does with notices (domain/notices.py): send or open them, and log what SQS refused.
+
+A refusal never fails a step: the agent reads its record at its watch period anyway, and refresh opens
+a queue that is missing. So each failure is logged and counted, and the step goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from runner_pool.adapters.notice_queues import NoticeFailure, NoticeQueues
+from runner_pool.observability import count, logger
+
+NoticeSource = Callable[[], NoticeQueues | None]
+"""How a step reaches the notice queues, built on first use; None where the stack has none."""
+
+
+def no_notices() -> NoticeQueues | None:
+    """For steps built without notice queues (the unit tests' planes): nothing is sent."""
+    return None
+
+
+def notify(source: NoticeSource, instance_ids: Iterable[str]) -> None:
+    """Tell each instance's agent to read its record now."""
+    queues = source()
+    if queues is None:
+        return
+    for instance_id in instance_ids:
+        failure = queues.notify(instance_id)
+        if failure is not None:
+            _failed("notice not sent; the agent will see its record at its watch period", [failure])
+
+
+def open_queues(source: NoticeSource, instance_arns: Mapping[str, str]) -> None:
+    """Open the notice queue of each newly recorded instance (id → ARN)."""
+    queues = source()
+    if queues is None or not instance_arns:
+        return
+    _failed("notice queue not opened; refresh opens it later", queues.open(instance_arns))
+
+
+def _failed(message: str, failures: list[NoticeFailure]) -> None:
+    if not failures:
+        return
+    count("NoticeFailures", len(failures))
+    for failure in failures:
+        logger.warning(message, instance_id=failure.instance_id, reason=failure.reason)

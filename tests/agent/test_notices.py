@@ -1,0 +1,104 @@
+"""Issue 15, item 4: the agent hears of its claim by a notice, long before its watch period, from its own
+queue only; a queue that is missing or a notice that is lost costs time, never the claim.
+
+The control plane's side is the adapter the Lambdas use (runner_pool.adapters.notice_queues); the agent's
+calls are checked against the synthesized instance role, whose receive condition is the queue's
+`runner-pool:instance` tag (SQS Developer Guide, "ABAC condition keys for Amazon SQS").
+"""
+
+from __future__ import annotations
+
+import time
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from emulator.aws import ACCOUNT
+from runner_pool.adapters.notice_queues import NoticeQueues
+from runner_pool.domain import notices
+from runner_pool.domain.records import Signal
+from tests.agent.conftest import AgentFactory, ControlPlane, jit_config
+from tests.conftest import REGION
+
+RUN = "pool=778/class=large"
+PREFIX = f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{notices.queue_name_prefix('RunnerPool')}"
+SLOW_WATCH = 30.0
+"""A watch period no test waits out: whatever the agent does sooner, a notice made it do."""
+
+
+@pytest.fixture
+def queues(aws: None) -> NoticeQueues:
+    return NoticeQueues(
+        PREFIX, boto3.client("sqs", region_name=REGION), stack_tag=("runner-pool:stack", "RunnerPool")
+    )
+
+
+def claimed_and_handed_over(control_plane: ControlPlane) -> None:
+    control_plane.claim(RUN, config=None)
+    assert control_plane.records.record_runner(control_plane.instance_id, RUN, 21).succeeded
+    control_plane.credentials.store(
+        control_plane.instance_id, control_plane.identity.arn, RUN, jit_config(), runner_id=21
+    )
+
+
+def test_a_notice_wakes_the_agent_long_before_its_watch_period(
+    control_plane: ControlPlane, agents: AgentFactory, queues: NoticeQueues
+) -> None:
+    # Given an idle pooled instance whose agent reads its record only every 30 s, with its notice queue open
+    control_plane.launch_for_pool()
+    assert queues.open({control_plane.instance_id: control_plane.identity.arn}) == []
+    agents.start(notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=SLOW_WATCH)
+    control_plane.await_signal(Signal.UD_OK, None)
+    # When it is claimed and handed its config, and nothing is sent yet
+    claimed_and_handed_over(control_plane)
+    time.sleep(1.0)
+    # Then the agent has not seen it (the test can fail: without a notice the claim waits for the watch)
+    signal = control_plane.signal()
+    assert signal is not None
+    assert signal.signal is Signal.UD_OK
+    # And when the notice is sent, the runner listens within seconds, not the watch period
+    sent = time.monotonic()
+    assert queues.notify(control_plane.instance_id) is None
+    control_plane.await_signal(Signal.UD_REG_OK, RUN, timeout=5.0)
+    assert time.monotonic() - sent < SLOW_WATCH / 3
+    # And the notice was taken off the queue
+    attributes = boto3.client("sqs", region_name=REGION).get_queue_attributes(
+        QueueUrl=queues.url(control_plane.instance_id), AttributeNames=["ApproximateNumberOfMessages"]
+    )
+    assert attributes["Attributes"]["ApproximateNumberOfMessages"] == "0"
+
+
+def test_an_agent_without_a_queue_still_serves_its_claim_at_its_watch_period(
+    control_plane: ControlPlane, agents: AgentFactory
+) -> None:
+    # Given an agent told of notice queues whose own queue was never opened (refresh would open it later)
+    control_plane.launch_for_pool()
+    agents.start(notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=0.2)
+    control_plane.await_signal(Signal.UD_OK, None)
+    # When it is claimed and handed over / Then it reads its record and serves, its listener retrying aside
+    claimed_and_handed_over(control_plane)
+    control_plane.await_signal(Signal.UD_REG_OK, RUN)
+
+
+def test_an_instance_cannot_receive_another_instances_notices(
+    control_plane: ControlPlane, agents: AgentFactory, queues: NoticeQueues
+) -> None:
+    # Given another instance's notice queue, tagged with that instance's ARN
+    other = "i-0fedcba9876543210"
+    assert queues.open({other: control_plane.identity.arns.arn(other)}) == []
+    queues.notify(other)
+    running = agents.build(notice_queue_url_prefix=PREFIX)
+    check = agents.policy_check
+    assert check is not None
+    sqs = boto3.client("sqs", region_name=REGION)
+    check.on_client(sqs, check.iam.instance(control_plane.instance_id))
+    # When this instance's credentials receive from it / Then the instance role denies it
+    with pytest.raises(ClientError) as denied:
+        sqs.receive_message(QueueUrl=queues.url(other), WaitTimeSeconds=0)
+    assert denied.value.response["Error"]["Code"] == "AccessDenied"
+    check.excuse("sqs:ReceiveMessage", "this test asks for the denial")
+    # And its own queue is allowed
+    assert queues.open({control_plane.instance_id: control_plane.identity.arn}) == []
+    sqs.receive_message(QueueUrl=queues.url(control_plane.instance_id), WaitTimeSeconds=0)
+    assert running.settings.notice_queue_url_prefix == PREFIX
