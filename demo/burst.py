@@ -63,7 +63,7 @@ def rate_limited_world(scratch: Path) -> Iterator[World]:
         },
     )
     instances = InstanceSettings(
-        boot_delay_seconds=0.5, heartbeat_period_seconds=10.0, watch_period_seconds=3.0, in_process=True
+        boot_delay_seconds=0.5, heartbeat_period_seconds=10.0, watch_period_seconds=10.0, in_process=True
     )
     timers = Timers(refresh_every_seconds=5.0)
     with world(

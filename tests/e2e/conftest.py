@@ -148,8 +148,10 @@ def stage(app_key: AppKey, tmp_path: Path) -> Iterator[Stage]:
 # --- the whole system -------------------------------------------------------------------------------
 
 FAST_INSTANCES = InstanceSettings(
-    boot_delay_seconds=0.5, heartbeat_period_seconds=1.0, watch_period_seconds=0.2
+    boot_delay_seconds=0.5, heartbeat_period_seconds=1.0, watch_period_seconds=5.0
 )
+"""The agents hear their claims and releases by notice (runner_pool.domain.notices); a 5 s watch makes a
+hand-over whose notice went missing show as a slow scenario."""
 LAMBDA_POLLER_TIMERS = Timers(refresh_every_seconds=2.0)
 """The dispatcher's event source as the template maps it (no batching window, Lambda's five pollers)."""
 FAST_TIMERS = LAMBDA_POLLER_TIMERS

@@ -37,7 +37,7 @@ def busy_system(tmp_path: Path) -> World:  # type: ignore[misc]
         warm_pool_minimum={"large": WARM},
     )
     instances = InstanceSettings(
-        boot_delay_seconds=0.5, heartbeat_period_seconds=3.0, watch_period_seconds=1.0, in_process=True
+        boot_delay_seconds=0.5, heartbeat_period_seconds=3.0, watch_period_seconds=5.0, in_process=True
     )
     timers = Timers(refresh_every_seconds=2.0)
     with world(tmp_path, config=config, instance_settings=instances, timers=timers) as running:
