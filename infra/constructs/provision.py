@@ -71,7 +71,9 @@ class Provision(Construct):
             permissions.send_notices(function, notice_queues)
 
         def begin(function: lambda_.Function) -> None:
-            permissions.write_records(function, table)  # the run's recent demand, for refresh
+            permissions.write_records(function, table)  # the run's demand; the claims of its one pickup
+            permissions.take_from_pool(function, queues)  # one pickup for every slot (issue 15, item 2)
+            permissions.find_by_run_key(function, table)  # a retried Begin finds its own claims
 
         def finish(function: lambda_.Function) -> None:
             expire(function)
@@ -103,7 +105,12 @@ class Provision(Construct):
             workflow_type=config.workflow_type,
             state_machine_name=name,
             steps={
-                "begin": Step("resolves the label, plans the claim workers, notes the run's demand", begin),
+                "begin": Step(
+                    "resolves the label, notes the run's demand, picks up and claims warm instances for "
+                    "every slot at once",
+                    begin,
+                    {"pool_queue_url_prefix": pool_queues.url_prefix},
+                ),
                 "claim": Step(
                     "picks up a warm instance, claims it and hands it its runner config",
                     grant=claim,

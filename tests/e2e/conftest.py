@@ -7,6 +7,7 @@ state machines.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -184,6 +185,22 @@ def settled(system: World, timeout: float = 60.0) -> None:
         ) and not any(e["status"] == "RUNNING" for e in system.stack.executions())
 
     eventually(quiet, "the system to settle", timeout)
+
+
+def accounted(system: World) -> None:
+    """The accounting check holds; if not, the failure shows each instance's timeline, so that a rare
+    failure under load says what happened to the instance (a record left idle on a terminated one was
+    seen once, 2026-11-26, and not reproduced)."""
+    accounting = system.accounting()
+    if accounting.holds:
+        return
+    stories = []
+    for instance_id in sorted({i for p in accounting.problems for i in re.findall(r"i-[0-9a-f]+", p)}):
+        events = "\n".join(
+            f"  {e.at:.3f} {e.happening.value} {e.detail}".rstrip() for e in system.timeline.of(instance_id)
+        )
+        stories.append(f"{instance_id}:\n{events}")
+    pytest.fail("\n".join([*accounting.problems, *stories]))
 
 
 def job_of(system: World, run: FakeWorkflowRun, index: int = 0) -> FakeJob:

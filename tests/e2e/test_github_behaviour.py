@@ -20,6 +20,7 @@ from emulator.timeline import Happening
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from runner_pool.domain.executions import instance_of_runner
 from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, eventually, settled
+from tests.e2e.conftest import accounted as accounted_for
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +45,7 @@ def jobs_of_attempt(system: World, run: FakeWorkflowRun, attempt: int) -> list[F
 
 def accounted(system: World) -> None:
     settled(system)
-    accounting = system.accounting()
-    assert accounting.holds, accounting.problems
+    accounted_for(system)
 
 
 def a_run_that_failed(system: World) -> tuple[FakeWorkflowRun, list[str]]:

@@ -19,7 +19,7 @@ from emulator.simulated_instances import InstanceSettings
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, eventually, settled
+from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, accounted, completed, eventually, settled
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +29,6 @@ test takes 288 s with its settling and accounting; 2026-11-26, idle machine), th
 the ceiling at about 0.7 s of its CPU a job, most of it local AWS answering the agents' polling, so
 make test runs 40 (about 55 to 70 s) until the emulator carries 300 instances in 60 to 90 s;
 RUNNER_POOL_E2E_FULL_BURST=1 runs the issue's 300, and `make bench` measures it."""
-
-
-def accounted(system: World) -> None:
-    accounting = system.accounting()
-    assert accounting.holds, accounting.problems
 
 
 @pytest.fixture

@@ -130,6 +130,13 @@ def test_table_queries_name_one_index_each(synthesis: Synthesis) -> None:
 
 
 POOL_USERS = {
+    # Begin's one pickup for every slot (issue 15, item 2); a claim worker's own, after a discard
+    "provision.begin": {
+        "sqs:ReceiveMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:DeleteMessage",
+        "sqs:SendMessage",
+    },
     "provision.claim": {
         "sqs:ReceiveMessage",
         "sqs:ChangeMessageVisibility",

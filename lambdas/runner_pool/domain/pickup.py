@@ -154,14 +154,20 @@ class PickupCounts:
 
 @dataclass(frozen=True)
 class PickupResult:
-    candidate: PoolMessage | None
+    candidates: tuple[PoolMessage, ...]
+    """As many as were wanted, or fewer: `stopped` says why."""
     stopped: StopReason
     counts: PickupCounts
 
+    @property
+    def candidate(self) -> PoolMessage | None:
+        return self.candidates[0] if self.candidates else None
+
 
 PICKUP_BUDGET_SECONDS = 8.0
-"""How long one pickup reads misfits before it counts the pool as exhausted. A claim step makes at most
-PICKUPS_PER_CLAIM (3) pickups and then hands its candidate over, inside its Lambda's 30 s timeout
+"""How long one pickup reads misfits before it counts the pool as exhausted. Begin makes one for the whole
+request; a claim step (after a discard) at most PICKUPS_PER_CLAIM (3), then hands its candidate over,
+each inside its Lambda's 30 s timeout
 (infra/constructs/provision.py; tests/infra check the two agree). Every instance in the partition
 admits the spec's hard keys, so only type, scope and age misfits stand in front of a match, and each
 costs a tenth of a call while pickup reads: bench/pickup.py measures it behind 10,000 misfits."""
@@ -206,53 +212,64 @@ class PickupManager:
         self._reuse = reuse
         self._partitions = None if partitions is None else frozenset(partitions)
 
-    def pickup(self, spec: RunnerSpec, repository: str | None = None) -> PickupResult:
-        """Find one idle instance for `spec` (a job of `repository`) in the partitions its hard keys
-        admit, in their order, or say why there is none."""
+    def pickup(self, spec: RunnerSpec, repository: str | None = None, wanted: int = 1) -> PickupResult:
+        """Find `wanted` idle instances for `spec` (jobs of `repository`) in the partitions its hard keys
+        admit, in their order, or as many as there are and why there are no more. One pickup for a
+        whole request (issue 15, item 2): its slots never take offers from each other, and an empty
+        pool is known after one look."""
         counts: Counter[str] = Counter()
         deadline = self._clock.now() + self._budget_seconds
+        found: list[PoolMessage] = []
         stopped = StopReason.EMPTY
         for partition in PoolPartition.admitting(spec):
             read = _Read(partition)
             try:
-                candidate, reason = self._read(read, spec, repository, deadline)
+                reason = self._read(read, spec, repository, deadline, found=found, wanted=wanted)
             finally:
                 # Whatever happened, what this pickup holds goes back before it returns or raises.
                 self._release(read, read.misfits, self._settings.requeue_delay_seconds)
                 counts.update(read.counts)
-            if candidate is not None or reason is StopReason.BUDGET:
-                return PickupResult(candidate, reason, PickupCounts(**counts))
+            if reason in (StopReason.FOUND, StopReason.BUDGET):
+                return PickupResult(tuple(found), reason, PickupCounts(**counts))
             if reason is StopReason.CYCLED:
                 stopped = reason
-        return PickupResult(None, stopped, PickupCounts(**counts))
+        return PickupResult(tuple(found), stopped, PickupCounts(**counts))
 
     def _read(
-        self, read: _Read, spec: RunnerSpec, repository: str | None, deadline: float
-    ) -> tuple[PoolMessage | None, StopReason]:
-        """Read one partition's queue until a match, an empty queue, a cycle or the deadline."""
+        self,
+        read: _Read,
+        spec: RunnerSpec,
+        repository: str | None,
+        deadline: float,
+        *,
+        found: list[PoolMessage],
+        wanted: int,
+    ) -> StopReason:
+        """Read one partition's queue until `found` (what the whole pickup has) holds `wanted`, an empty
+        queue, a cycle or the deadline."""
         seen: Counter[str] = Counter()
         while True:
             batch = self._queue.receive(read.partition, HOLD_SECONDS)
             read.counts["receive_calls"] += 1
             if not batch:
-                return None, StopReason.EMPTY
+                return StopReason.EMPTY
             read.counts["examined"] += len(batch)
             seen.update(r.message.instance_id for r in batch if r.message is not None)
-            candidate = self._settle(read, spec, repository, batch)
-            if candidate is not None:
-                return candidate, StopReason.FOUND
+            found += self._settle(read, spec, repository, batch, wanted - len(found))
+            if len(found) >= wanted:
+                return StopReason.FOUND
             if seen and max(seen.values()) >= self._settings.same_instance_tolerance:
-                return None, StopReason.CYCLED
+                return StopReason.CYCLED
             if self._clock.now() >= deadline:
-                return None, StopReason.BUDGET
+                return StopReason.BUDGET
 
     def _settle(
-        self, read: _Read, spec: RunnerSpec, repository: str | None, batch: list[ReceivedMessage]
-    ) -> PoolMessage | None:
+        self, read: _Read, spec: RunnerSpec, repository: str | None, batch: list[ReceivedMessage], room: int
+    ) -> list[PoolMessage]:
         """Judge one received batch: delete what is taken or dropped, release spare matches at once, move
-        strays to their own partition, keep misfits held; return the candidate if any."""
+        strays to their own partition, keep misfits held; return the candidates, `room` at most."""
         now = self._clock.now()
-        candidate: PoolMessage | None = None
+        candidates: list[PoolMessage] = []
         remove: list[str] = []
         spare: list[ReceivedMessage] = []
         strays: list[ReceivedMessage] = []
@@ -272,11 +289,11 @@ class PickupManager:
                         read.misfits.append(received.receipt)
                     else:
                         strays.append(received)
-                elif candidate is not None:
+                elif len(candidates) >= room:
                     # Not looked up: the caller is waiting, and whoever picks it next checks its record.
                     spare.append(received)
                 elif still_offered(message, self._records.get(message.instance_id), now):
-                    candidate = message
+                    candidates.append(message)
                     remove.append(received.receipt)
                 else:
                     read.counts["dropped_stale"] += 1
@@ -290,7 +307,7 @@ class PickupManager:
         # A message whose delete failed stays held and comes back when its hold ends: a duplicate of
         # the candidate, or a stale one dropped again; either is harmless.
         read.counts["undeleted"] += len(self._queue.delete(read.partition, remove)) if remove else 0
-        return candidate
+        return candidates
 
     def _resend(self, read: _Read, spare: list[ReceivedMessage]) -> list[str]:
         """Offer matches beyond the candidate again at once, as new messages; returns the receipts of

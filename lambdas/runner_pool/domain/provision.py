@@ -70,6 +70,15 @@ class ProvisionPlan(_Step):
     single_use: bool = False
     """The jobs must neither take a reused instance nor leave theirs to the pool (a public repository's,
     unless `reuse.public_repositories`)."""
+    pre_claims: tuple[str | None, ...] = ()
+    """Per slot, the instance Begin's one pickup claimed for it (with the slot's attempt-0 token), if any:
+    the slot's worker hands it over without a pickup of its own (issue 15, item 2)."""
+    pool_exhausted: bool = False
+    """Begin's pickup looked for every slot and found fewer instances than slots: a slot it claimed
+    nothing for goes to creation without a look of its own."""
+
+    def pre_claim(self, slot: int) -> str | None:
+        return self.pre_claims[slot] if slot < len(self.pre_claims) else None
 
     @property
     def fresh(self) -> bool:

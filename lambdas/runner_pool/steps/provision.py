@@ -114,7 +114,70 @@ class Provision:
                 )
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")
-        return planned
+        if planned.fresh:
+            return planned
+        return self._pick_up(planned)
+
+    def _pick_up(self, provision: ProvisionPlan) -> ProvisionPlan:
+        """One pickup for every slot, before the claim workers start (issue 15, item 2), each instance it
+        finds claimed for a slot with that slot's first token: the workers then only hand over, never
+        take offers from each other, and an empty pool is known after this one look.
+
+        Registrations are taken from the budget here for the instances claimed. Whatever fails (the
+        budget spent, a queue error) leaves the rest to the workers' own pickups, as before; the claims
+        made so far are in the plan. A retried Begin finds its own claims first (`_own_pre_claims`).
+        """
+        slots = len(provision.slots)
+        pre_claims: list[str | None] = list(self._own_pre_claims(provision))
+        if any(pre_claims):
+            # As the earlier try answered, but for a budget that granted fewer than the slots: then the
+            # slots it claimed nothing for go to creation without a look (they would have found little).
+            exhausted = sum(1 for claim in pre_claims if claim) < slots
+            return provision.model_copy(update={"pre_claims": tuple(pre_claims), "pool_exhausted": exhausted})
+        grant = self._budget().take(slots)
+        if grant.refused or grant.granted == 0:
+            return provision
+        claimed = 0
+        candidates: list[PoolMessage] = []
+        try:
+            found = self._pickup().pickup(provision.spec, provision.request.repository, wanted=grant.granted)
+            candidates = list(found.candidates)
+            for slot, candidate in zip(provision.slots, found.candidates, strict=False):
+                candidates.remove(candidate)
+                result = self._table.claim(
+                    candidate.instance_id,
+                    provision.spec.run_key,
+                    provision.claim_token(slot, 0),
+                    repository=provision.request.repository,
+                    reuse=self._config.reuse,
+                    single_use=provision.single_use,
+                )
+                if result.succeeded:
+                    pre_claims[slot] = candidate.instance_id
+                    claimed += 1
+                else:
+                    count("ClaimRacesLost")
+        except Exception:
+            logger.exception("the request's pickup failed; each claim worker looks for itself")
+            for unclaimed in candidates:  # taken off the queue, never claimed: offered again
+                self._queues().offer(unclaimed)
+            return provision.model_copy(update={"pre_claims": tuple(pre_claims)})
+        finally:
+            self._budget().give_back(grant.granted - claimed)
+        exhausted = grant.granted == slots and len(found.candidates) < slots
+        if exhausted:
+            count("PoolExhausted")
+        return provision.model_copy(update={"pre_claims": tuple(pre_claims), "pool_exhausted": exhausted})
+
+    def _own_pre_claims(self, provision: ProvisionPlan) -> list[str | None]:
+        """The instances an earlier try of this Begin claimed, per slot (their attempt-0 tokens)."""
+        found: list[str | None] = [None] * len(provision.slots)
+        firsts = {provision.claim_token(slot, 0): slot for slot in provision.slots}
+        for record in self._table.held_by(provision.spec.run_key):
+            slot = firsts.get(record.claim_token or "")
+            if slot is not None and record.state is InstanceState.CLAIMED:
+                found[slot] = record.instance_id
+        return found
 
     # --- claim workers -------------------------------------------------------------------------
 
@@ -125,12 +188,13 @@ class Provision:
         or fails, the worker holds no instance and is told how long to wait before it claims again.
         """
         try:
-            resumed = self._own_claim(worker)
+            resumed = self._pre_claimed(worker) or self._own_claim(worker)
         except _HandOverDeferred as deferred:
             return self._deferred(worker.model_copy(update={"attempt": deferred.attempt}), deferred.cause)
         if resumed is not None:
             return resumed
-        if worker.plan.fresh:
+        if worker.plan.fresh or (worker.attempt == 0 and worker.plan.pool_exhausted):
+            # Fresh or single-use: never a pooled instance. Exhausted: Begin's pickup looked for this slot.
             # A fresh or single-use job never takes a pooled instance: its slot goes to creation.
             return worker.model_copy(
                 update={"claimed": False, "instance_id": None, "claim_token": None, "readiness": None}
@@ -231,6 +295,23 @@ class Provision:
             if checked.readiness is not Readiness.WAITING:
                 break
         return checked
+
+    def _pre_claimed(self, worker: ClaimWorker) -> ClaimWorker | None:
+        """The instance Begin's pickup claimed for this worker's slot, handed over (a first try, or a
+        retried one: the hand-over recognises its own earlier work). None if there is none, or if the
+        claim is no longer this slot's (then the registration Begin took for it is given back)."""
+        instance_id = worker.plan.pre_claim(worker.slot)
+        if worker.attempt != 0 or instance_id is None:
+            return None
+        token = worker.plan.claim_token(worker.slot, 0)
+        record = self._table.get(instance_id)
+        if record is None or record.state is not InstanceState.CLAIMED or record.claim_token != token:
+            self._budget().give_back(1)
+            return None
+        self._hand_over_claimed(instance_id, worker.plan.spec.run_key, token, 1)
+        # Time runs from the claim, as the record has it: a retried step holds the same deadline.
+        claimed_at = (record.threshold or 0.0) - self._timeouts.claimed_threshold_seconds
+        return self._check_in_line(self._holding(worker, instance_id, token, 1, claimed_at))
 
     def _own_claim(self, worker: ClaimWorker) -> ClaimWorker | None:
         """A claim this worker made in an earlier try of this same step (a retried Lambda), resumed.

@@ -1,0 +1,96 @@
+"""Issue 15, item 2: one pickup for the whole request. Begin picks up and claims an instance for every
+slot at once, so the claim workers only hand over, never take offers from each other, and an empty
+pool is known after that one look (the workers then go straight to creation)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pickup import PickupManager
+from runner_pool.domain.provision import ClaimWorker, ProvisionPlan
+from runner_pool.handlers.provision import provision_of
+from runner_pool.steps.provision import Provision
+from tests.support.control_plane import LocalControlPlane, local_control_plane
+
+RUN = "pool=5151"
+
+
+@pytest.fixture
+def local() -> Iterator[LocalControlPlane]:
+    with local_control_plane(pause=lambda _seconds: None) as plane:
+        yield plane
+
+
+def begin(steps: Provision, count: int, execution: str = "one-pickup") -> ProvisionPlan:
+    return steps.begin(ProvisionRequest(repository="octo-org/app", run_key=RUN, count=count), execution)
+
+
+def no_more_pickups(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a claim worker picked up for itself")
+
+    monkeypatch.setattr(PickupManager, "pickup", refused)
+
+
+def test_begin_claims_an_instance_for_every_slot_and_the_workers_only_hand_over(
+    local: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given three idle instances / When a request for three begins
+    idle = {record.instance_id for record in local.pooled(3)}
+    steps = provision_of(local.plane)
+    plan = begin(steps, 3)
+    # Then each slot holds a claim of its own, made with the slot's first token
+    assert set(plan.pre_claims) == idle
+    assert not plan.pool_exhausted
+    for slot, instance_id in enumerate(plan.pre_claims):
+        record = local.record(str(instance_id))
+        assert (record.state, record.claim_token) == (InstanceState.CLAIMED, plan.claim_token(slot, 0))
+    # And each worker hands its slot's instance over without a pickup of its own
+    no_more_pickups(monkeypatch)
+    workers = [steps.claim(ClaimWorker(plan=plan, slot=slot)) for slot in plan.slots]
+    assert [w.instance_id for w in workers] == list(plan.pre_claims)
+    assert all(w.claimed for w in workers)
+    assert all(local.record(str(i)).runner_id is not None for i in plan.pre_claims)
+
+
+def test_an_empty_pool_is_known_after_begins_one_look(
+    local: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given one idle instance and a request for three
+    (idle,) = local.pooled(1)
+    steps = provision_of(local.plane)
+    plan = begin(steps, 3)
+    # Then the one is claimed for the first slot and the pool is known to be exhausted
+    assert plan.pre_claims == (idle.instance_id, None, None)
+    assert plan.pool_exhausted
+    # And the other slots go to creation without looking again
+    no_more_pickups(monkeypatch)
+    left = [steps.claim(ClaimWorker(plan=plan, slot=slot)) for slot in (1, 2)]
+    assert [(w.claimed, w.instance_id) for w in left] == [(False, None), (False, None)]
+
+
+def test_a_retried_begin_finds_its_own_claims_and_claims_no_more(local: LocalControlPlane) -> None:
+    # Given a Begin that claimed for both slots and whose answer was lost, and a third idle instance
+    local.pooled(3)
+    steps = provision_of(local.plane)
+    first = begin(steps, 2)
+    # When Step Functions retries it
+    again = begin(steps, 2)
+    # Then it answers the same claims, and the third instance stays idle
+    assert again.pre_claims == first.pre_claims
+    claimed = [r for r in local.table.live() if r.state is InstanceState.CLAIMED]
+    assert sorted(r.instance_id for r in claimed) == sorted(str(i) for i in first.pre_claims)
+
+
+def test_a_fresh_request_picks_nothing_up(local: LocalControlPlane) -> None:
+    local.pooled(1)
+    steps = provision_of(local.plane)
+    plan = steps.begin(
+        ProvisionRequest(repository="octo-org/app", run_key=f"{RUN}/fresh=true", count=1), "fresh"
+    )
+    assert plan.pre_claims == ()
