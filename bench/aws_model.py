@@ -344,7 +344,10 @@ def _trace(
         key=lambda i: i.ended,
     )
     execution, handing = next(
-        ((e, i) for i in stored for e in executions if i.mentions(e.name) and _target(e, i)), (None, None)
+        # A claim worker's calls name its execution when it claims; one handing over what Begin claimed
+        # names only the run key, and the task that ended with it tells the execution.
+        ((e, i) for i in stored for e in executions if _names(i, e) and _target(e, i)),
+        (None, None),
     )
     if execution is None or not execution.job_ids:
         return None
@@ -447,6 +450,10 @@ def steps(
         if until(call):
             break
     return found
+
+
+def _names(invocation: Invocation, execution: Execution) -> bool:
+    return invocation.mentions(execution.name) or invocation.mentions(execution.run_key)
 
 
 def _stores_config(invocation: Invocation, instance_id: str) -> int | None:
