@@ -308,10 +308,10 @@ class Provision:
         if record is None or record.state is not InstanceState.CLAIMED or record.claim_token != token:
             self._budget().give_back(1)
             return None
-        self._hand_over_claimed(instance_id, worker.plan.spec.run_key, token, 1)
-        # Time runs from the claim, as the record has it: a retried step holds the same deadline.
-        claimed_at = (record.threshold or 0.0) - self._timeouts.claimed_threshold_seconds
-        return self._check_in_line(self._holding(worker, instance_id, token, 1, claimed_at))
+        handed_over_at = self._hand_over_claimed(instance_id, worker.plan.spec.run_key, token, 1)
+        # Time runs from the hand-over, not from Begin's claim (a Map starts its workers in waves), and
+        # from the same moment for a retried step, which finds the hand-over done.
+        return self._check_in_line(self._holding(worker, instance_id, token, 1, handed_over_at))
 
     def _own_claim(self, worker: ClaimWorker) -> ClaimWorker | None:
         """A claim this worker made in an earlier try of this same step (a retried Lambda), resumed.
@@ -439,7 +439,10 @@ class Provision:
             try:
                 for instance_id in batch:
                     used += 1
-                    if self._hand_over(instance_id, provision.spec.run_key, provision.creation_claim):
+                    if (
+                        self._hand_over(instance_id, provision.spec.run_key, provision.creation_claim)
+                        is not None
+                    ):
                         pending.append(instance_id)
                     else:
                         failed[instance_id] = "lost its record before its runner config was stored"
@@ -721,14 +724,15 @@ class Provision:
             timeouts=self._timeouts,
         )
 
-    def _hand_over_claimed(self, instance_id: str, run_key: str, token: str, attempt: int) -> None:
+    def _hand_over_claimed(self, instance_id: str, run_key: str, token: str, attempt: int) -> float | None:
         """Hand a claimed instance its config; if that fails, give the instance back before raising.
+        Returns when it was handed over (None if its record had moved on).
 
         A warm instance is never thrown away for GitHub's sake: while GitHub rate-limits or fails it
         goes back to the pool, and the worker waits (_HandOverDeferred) with nothing held.
         """
         try:
-            self._hand_over(instance_id, run_key, token)
+            return self._hand_over(instance_id, run_key, token)
         except Exception as exc:
             returned = self._table.unclaim(instance_id, run_key, token)
             if returned.succeeded and returned.record is not None:
@@ -740,7 +744,7 @@ class Provision:
                 raise _HandOverDeferred(exc, attempt) from exc
             raise
 
-    def _hand_over(self, instance_id: str, run_key: str, claim: str) -> bool:
+    def _hand_over(self, instance_id: str, run_key: str, claim: str) -> float | None:
         """DESIGN.md 5: register a JIT runner for the run and store its config for this instance only.
 
         The runner is noted on the record before its config is stored (issue 13, fix 5). A retry that
@@ -748,11 +752,12 @@ class Provision:
         runner noted but no config for it registers again under the same name, which replaces a
         registration no agent can have started. Noting it after the store instead would let a retry
         replace the registration of a runner the agent already started with the stored config.
-        Returns False if the record is no longer held for the run (nothing is handed over then).
+        Returns when the runner was noted (the hand-over's time, the same for a retry that finds it
+        done), or None if the record is no longer held for the run (nothing is handed over then).
         """
         record = self._table.get(instance_id)
         if record is None or record.run_key != run_key:
-            return False
+            return None
         arn = self._arns.arn(instance_id)
         name = runner_name(instance_id, claim)
         if record.runner_id is not None and self._credentials().stored_runner(instance_id, arn) == (
@@ -761,7 +766,7 @@ class Provision:
         ):
             # Handed over by an earlier try, whose notice may not have gone out.
             notify(self._notices, [instance_id])
-            return True
+            return record.updated_at
         github = self._config.github
         # Every label the job asked for: GitHub gives a job only to a runner carrying all of them.
         labels = list(RunKey.parse(run_key).runner_labels)
@@ -769,14 +774,15 @@ class Provision:
         runner = self._registry().jit_config(
             name, labels, runner_group_id=github.runner_group_id, repository=record.repository
         )
-        if not self._table.record_runner(instance_id, run_key, runner.runner_id).succeeded:
-            return False
+        noted = self._table.record_runner(instance_id, run_key, runner.runner_id)
+        if not noted.succeeded or noted.record is None:
+            return None
         self._credentials().store(
             instance_id, arn, run_key, runner.encoded_jit_config, runner_id=runner.runner_id
         )
         # Only now, with the config in place: the agent that reads its record on this notice finds it.
         notify(self._notices, [instance_id])
-        return True
+        return noted.record.updated_at
 
     def _expire_and_terminate(self, instance_ids: list[str], run_key: str) -> None:
         """Expire each record still held for the run, then terminate those (and any without a record).
