@@ -193,6 +193,7 @@ def accounted(system: World) -> None:
     seen once, 2026-11-26, and not reproduced)."""
     accounting = system.accounting()
     if accounting.holds:
+        notices_accounted(system)
         return
     stories = []
     for instance_id in sorted({i for p in accounting.problems for i in re.findall(r"i-[0-9a-f]+", p)}):
@@ -201,6 +202,19 @@ def accounted(system: World) -> None:
         )
         stories.append(f"{instance_id}:\n{events}")
     pytest.fail("\n".join([*accounting.problems, *stories]))
+
+
+def notices_accounted(system: World) -> None:
+    """Every live instance has its notice queue and no other instance has one left, once refresh has run
+    (it deletes ended instances' queues and opens missing ones: runner_pool.domain.notices)."""
+    queues = system.stack.plane.notices
+    assert queues is not None, "the local stack gives the notice queue prefix"
+
+    def in_step() -> bool:
+        live = {record.instance_id for record in system.records.live()}
+        return set(queues.instance_ids()) == live
+
+    eventually(in_step, "the notice queues to match the live instances", 30.0)
 
 
 def job_of(system: World, run: FakeWorkflowRun, index: int = 0) -> FakeJob:
