@@ -25,6 +25,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from emulator import iam_check
 from emulator.api_gateway import ProxyEndpoint
 from emulator.aws import CallCounter, LocalAws
@@ -116,6 +118,21 @@ class Deployment:
             pages = self.stepfunctions.get_paginator("list_executions").paginate(stateMachineArn=arn)
             found += [{**e, "machine": machine} for page in pages for e in page["executions"]]
         return found
+
+    def stop_executions(self) -> int:
+        """Stop every execution still running; returns how many. A world ends with this: moto runs each
+        execution in a thread of this process, and one left running would invoke, by name, the functions
+        of the next world deployed here (its Map workers discarding instances that world never had)."""
+        stopped = 0
+        for execution in self.executions():
+            if execution["status"] != "RUNNING":
+                continue
+            try:
+                self.stepfunctions.stop_execution(executionArn=execution["executionArn"])
+            except ClientError:
+                continue  # ended meanwhile, or an Express execution (StopExecution is Standard's only)
+            stopped += 1
+        return stopped
 
     def state_transitions(self, execution_arn: str) -> int:
         """States entered by one execution: what Step Functions Standard bills."""

@@ -150,8 +150,10 @@ def world(
             finally:
                 watcher.stop()
                 # Executions still under way when local AWS stops fail loudly in moto's log; they are
-                # cut short by the emulator's end, not by a fault of theirs.
+                # cut short by the emulator's end, not by a fault of theirs. Stopped first, so that none
+                # goes on into the next world of this process.
                 logging.getLogger(MOTO_STEP_FUNCTIONS).setLevel(logging.CRITICAL)
+                stack.stop_executions()
 
 
 @contextmanager
