@@ -63,7 +63,6 @@ class NoticeListener:
     ) -> None:
         self._sqs = sqs
         self._url = queue_url
-        self._wakeup = Wakeup()
         self._wait = wait_seconds
         self._retry = retry_seconds
         self._log = log
@@ -71,20 +70,21 @@ class NoticeListener:
 
     def start(self, stop: threading.Event, wakeup: Wakeup) -> threading.Thread:
         """Listen in a thread of its own, waking `wakeup` at each notice, until `stop` is set."""
-        self._wakeup = wakeup
         # In a copy of the caller's context: what the caller's context variables hold (the emulator's
         # IAM check names the instance acting there) holds for the listener's calls too.
         context = contextvars.copy_context()
-        thread = threading.Thread(target=context.run, args=(self.listen, stop), name="notices", daemon=True)
+        thread = threading.Thread(
+            target=context.run, args=(self.listen, stop, wakeup), name="notices", daemon=True
+        )
         thread.start()
         return thread
 
-    def listen(self, stop: threading.Event) -> None:
+    def listen(self, stop: threading.Event, wakeup: Wakeup) -> None:
         while not stop.is_set():
-            if not self.receive_once() and not stop.is_set():
+            if not self.receive_once(wakeup) and not stop.is_set():
                 stop.wait(self._retry)
 
-    def receive_once(self) -> bool:
+    def receive_once(self, wakeup: Wakeup) -> bool:
         """One long poll; False when it failed (the caller waits before the next)."""
         try:
             answer = self._sqs.receive_message(
@@ -106,7 +106,7 @@ class NoticeListener:
         messages = answer.get("Messages", [])
         if not messages:
             return True
-        self._wakeup.wake()
+        wakeup.wake()
         try:
             self._sqs.delete_message_batch(
                 QueueUrl=self._url,

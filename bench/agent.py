@@ -183,7 +183,9 @@ def measure_scrub(releases: int, runner_megabytes: int) -> ScrubTimes:
 def _measure(aws: LocalAws, scratch: Path, window_seconds: float) -> BenchTable:
     dynamodb, kms, ec2 = aws.client("dynamodb"), aws.client("kms"), aws.client("ec2")
     prefix = f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{notices.queue_name_prefix('bench')}"
-    queues = NoticeQueues(prefix, aws.client("sqs"), stack_tag=("runner-pool:stack", "bench"))
+    queues = NoticeQueues(
+        prefix, aws.client("sqs"), stack_tag=("runner-pool:stack", "bench"), arns=INSTANCE_ARNS
+    )
     create_state_table(dynamodb, TABLE)
     key_id = kms.create_key()["KeyMetadata"]["KeyId"]
     instance_id = ec2.run_instances(ImageId=MOTO_IMAGE_ID, MinCount=1, MaxCount=1)["Instances"][0][
@@ -195,7 +197,7 @@ def _measure(aws: LocalAws, scratch: Path, window_seconds: float) -> BenchTable:
     credentials = RunnerCredentials(TABLE, timeouts, SystemClock(), key_id=key_id, dynamodb=dynamodb, kms=kms)
     records.create(instance_facts(instance_id=instance_id), run_key=None)
     records.admit(instance_id)
-    assert queues.open({instance_id: arn}) == []
+    assert queues.open([instance_id]) == []
 
     child = _AgentProcess.start(aws, scratch, instance_id, key_id, prefix)
     try:

@@ -93,7 +93,12 @@ class ControlPlane:
         prefix = self.settings.notice_queue_url_prefix
         if not prefix:
             return None
-        return NoticeQueues(prefix, self.client("sqs"), stack_tag=(STACK_TAG_KEY, self.settings.stack_name))
+        return NoticeQueues(
+            prefix,
+            self.client("sqs"),
+            stack_tag=(STACK_TAG_KEY, self.settings.stack_name),
+            arns=self.instance_arns,
+        )
 
     @cached_property
     def pickup(self) -> PickupManager:

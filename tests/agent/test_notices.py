@@ -14,6 +14,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from agent.imds import InstanceIdentity
 from emulator.aws import ACCOUNT
 from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.domain import notices
@@ -28,9 +29,12 @@ SLOW_WATCH = 30.0
 
 
 @pytest.fixture
-def queues(aws: None) -> NoticeQueues:
+def queues(aws: None, identity: InstanceIdentity) -> NoticeQueues:
     return NoticeQueues(
-        PREFIX, boto3.client("sqs", region_name=REGION), stack_tag=("runner-pool:stack", "RunnerPool")
+        PREFIX,
+        boto3.client("sqs", region_name=REGION),
+        stack_tag=("runner-pool:stack", "RunnerPool"),
+        arns=identity.arns,
     )
 
 
@@ -47,7 +51,7 @@ def test_a_notice_wakes_the_agent_long_before_its_watch_period(
 ) -> None:
     # Given an idle pooled instance whose agent reads its record only every 30 s, with its notice queue open
     control_plane.launch_for_pool()
-    assert queues.open({control_plane.instance_id: control_plane.identity.arn}) == []
+    assert queues.open([control_plane.instance_id]) == []
     agents.start(notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=SLOW_WATCH)
     control_plane.await_signal(Signal.UD_OK, None)
     # When it is claimed and handed its config, and nothing is sent yet
@@ -86,7 +90,7 @@ def test_an_instance_cannot_receive_another_instances_notices(
 ) -> None:
     # Given another instance's notice queue, tagged with that instance's ARN
     other = "i-0fedcba9876543210"
-    assert queues.open({other: control_plane.identity.arns.arn(other)}) == []
+    assert queues.open([other]) == []
     queues.notify(other)
     running = agents.build(notice_queue_url_prefix=PREFIX)
     check = agents.policy_check
@@ -99,6 +103,6 @@ def test_an_instance_cannot_receive_another_instances_notices(
     assert denied.value.response["Error"]["Code"] == "AccessDenied"
     check.excuse("sqs:ReceiveMessage", "this test asks for the denial")
     # And its own queue is allowed
-    assert queues.open({control_plane.instance_id: control_plane.identity.arn}) == []
+    assert queues.open([control_plane.instance_id]) == []
     sqs.receive_message(QueueUrl=queues.url(control_plane.instance_id), WaitTimeSeconds=0)
     assert running.settings.notice_queue_url_prefix == PREFIX

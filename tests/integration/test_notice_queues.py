@@ -41,8 +41,8 @@ def test_a_queue_is_opened_with_its_instances_arn_and_the_stacks_tag(local: Loca
     (facts,) = local.launch(1)
     queues = opened(local)
     arn = local.plane.instance_arn(facts.instance_id)
-    assert queues.open({facts.instance_id: arn}) == []
-    assert queues.open({facts.instance_id: arn}) == []
+    assert queues.open([facts.instance_id]) == []
+    assert queues.open([facts.instance_id]) == []
     # Then it carries the tag the instance role's receive condition reads, and keeps notices briefly
     url = queues.url(facts.instance_id)
     tags = local.sqs.list_queue_tags(QueueUrl=url)["Tags"]
@@ -63,7 +63,7 @@ def test_the_listing_follows_every_page(local: LocalControlPlane, monkeypatch: p
     monkeypatch.setattr(notice_queues, "LIST_PAGE", 2)
     launched = local.launch(5)
     queues = opened(local)
-    queues.open({f.instance_id: local.plane.instance_arn(f.instance_id) for f in launched})
+    queues.open(f.instance_id for f in launched)
     # Then every one is listed
     assert sorted(queues.instance_ids()) == sorted(f.instance_id for f in launched)
 
@@ -89,7 +89,7 @@ def test_refresh_closes_the_queues_of_ended_instances_and_opens_missing_ones(
     # Given a live instance without a queue (its opening failed) and an ended one whose queue stayed
     live, ended = local.pooled(2)
     queues = opened(local)
-    queues.open({ended.instance_id: local.plane.instance_arn(ended.instance_id)})
+    queues.open([ended.instance_id])
     assert local.table.expire(ended.instance_id).succeeded
     assert local.table.mark_terminated(ended.instance_id).succeeded
     # When refresh runs (as its own function, under its role)

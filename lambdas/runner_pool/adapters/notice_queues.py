@@ -10,7 +10,7 @@ large creation does not spend its Lambda's time one queue after another.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runner_pool.adapters import aws_clients
+from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.domain import notices
 
 if TYPE_CHECKING:
@@ -43,19 +44,26 @@ class NoticeFailure:
 
 class NoticeQueues:
     def __init__(
-        self, url_prefix: str, client: SQSClient | None = None, *, stack_tag: tuple[str, str]
+        self,
+        url_prefix: str,
+        client: SQSClient | None = None,
+        *,
+        stack_tag: tuple[str, str],
+        arns: InstanceArns,
     ) -> None:
         """`url_prefix`: every notice queue's URL up to the instance id (notices.queue_name_prefix);
-        `stack_tag`: the stack's tag, which every queue carries beside its instance's ARN."""
+        `stack_tag`: the stack's tag, which every queue carries beside its instance's ARN (`arns`)."""
         self._url_prefix = url_prefix
+        self._name_prefix = url_prefix.rsplit("/", 1)[-1]
         self._client: SQSClient = client or aws_clients.client("sqs")
         self._stack_tag = stack_tag
+        self._arns = arns
 
     def url(self, instance_id: str) -> str:
         return notices.queue_name(self._url_prefix, instance_id)
 
-    def open(self, instance_arns: Mapping[str, str]) -> list[NoticeFailure]:
-        """Open (create, or find already made) the notice queue of each instance id → ARN given.
+    def open(self, instance_ids: Iterable[str]) -> list[NoticeFailure]:
+        """Open (create, or find already made) the notice queue of each instance, tagged with its ARN.
 
         CreateQueue answers an existing queue's URL when the attributes are the same (Amazon SQS API
         Reference, CreateQueue), so opening twice is harmless; the tags need sqs:TagQueue as well as
@@ -63,24 +71,22 @@ class NoticeQueues:
         sqs:TagQueue permissions", same page).
         """
         key, value = self._stack_tag
-        name_prefix = self._url_prefix.rsplit("/", 1)[-1]
 
-        def open_one(item: tuple[str, str]) -> NoticeFailure | None:
-            instance_id, arn = item
+        def open_one(instance_id: str) -> NoticeFailure | None:
             try:
                 self._client.create_queue(
-                    QueueName=notices.queue_name(name_prefix, instance_id),
+                    QueueName=notices.queue_name(self._name_prefix, instance_id),
                     Attributes={
                         "MessageRetentionPeriod": str(notices.RETENTION_SECONDS),
                         "SqsManagedSseEnabled": "true",
                     },
-                    tags={key: value, notices.INSTANCE_TAG_KEY: arn},
+                    tags={key: value, notices.INSTANCE_TAG_KEY: self._arns.arn(instance_id)},
                 )
             except (ClientError, BotoCoreError) as exc:
                 return NoticeFailure(instance_id, _reason(exc))
             return None
 
-        return self._side_by_side(open_one, instance_arns.items())
+        return self._side_by_side(open_one, instance_ids)
 
     def notify(self, instance_id: str) -> NoticeFailure | None:
         """Tell the instance's agent to read its record now; None when SQS took the notice."""
@@ -92,19 +98,18 @@ class NoticeQueues:
 
     def instance_ids(self) -> list[str]:
         """The instances that have a notice queue now (ListQueues by the stack's name prefix)."""
-        name_prefix = self._url_prefix.rsplit("/", 1)[-1]
         found: list[str] = []
         token: str | None = None
         while True:
             page = self._client.list_queues(
-                QueueNamePrefix=name_prefix,
+                QueueNamePrefix=self._name_prefix,
                 MaxResults=LIST_PAGE,
                 **({"NextToken": token} if token else {}),
             )
             found.extend(
                 instance_id
                 for url in page.get("QueueUrls", [])
-                if (instance_id := notices.instance_of(url, name_prefix)) is not None
+                if (instance_id := notices.instance_of(url, self._name_prefix)) is not None
             )
             token = page.get("NextToken")
             if not token:

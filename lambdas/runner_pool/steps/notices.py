@@ -6,7 +6,7 @@ a queue that is missing. So each failure is logged and counted, and the step goe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 from runner_pool.adapters.notice_queues import NoticeFailure, NoticeQueues
 from runner_pool.observability import count, logger
@@ -20,23 +20,33 @@ def no_notices() -> NoticeQueues | None:
     return None
 
 
-def notify(source: NoticeSource, instance_ids: Iterable[str]) -> None:
-    """Tell each instance's agent to read its record now."""
+def notify(source: NoticeSource, instance_id: str) -> None:
+    """Tell the instance's agent to read its record now."""
     queues = source()
     if queues is None:
         return
-    for instance_id in instance_ids:
-        failure = queues.notify(instance_id)
-        if failure is not None:
-            _failed("notice not sent; the agent will see its record at its watch period", [failure])
+    failure = queues.notify(instance_id)
+    _failed(
+        "notice not sent; the agent will see its record at its watch period", [failure] if failure else []
+    )
 
 
-def open_queues(source: NoticeSource, instance_arns: Mapping[str, str]) -> None:
-    """Open the notice queue of each newly recorded instance (id → ARN)."""
+def open_queues(source: NoticeSource, instance_ids: Iterable[str]) -> int:
+    """Open the notice queue of each newly recorded instance; returns how many were asked for."""
     queues = source()
-    if queues is None or not instance_arns:
-        return
-    _failed("notice queue not opened; refresh opens it later", queues.open(instance_arns))
+    wanted = list(instance_ids)
+    if queues is None or not wanted:
+        return 0
+    _failed("notice queue not opened; refresh opens it later", queues.open(wanted))
+    return len(wanted)
+
+
+def close_queues(queues: NoticeQueues, instance_ids: Iterable[str]) -> int:
+    """Delete the notice queues of ended instances; returns how many are gone."""
+    ended = list(instance_ids)
+    failures = queues.close(ended)
+    _failed("notice queue not deleted; refresh tries again", failures)
+    return len(ended) - len(failures)
 
 
 def _failed(message: str, failures: list[NoticeFailure]) -> None:

@@ -398,7 +398,7 @@ class Provision:
                 single_use=provision.single_use,
             )
         # After the records: a notice queue without a record is refresh's to delete (domain/notices.py).
-        open_queues(self._notices, {f.instance_id: self._arns.arn(f.instance_id) for f in outcome.launched})
+        open_queues(self._notices, (facts.instance_id for facts in outcome.launched))
         errors = {code: len(failures) for code, failures in outcome.failures_by_code().items()}
         for code, refused in errors.items():
             count(f"FleetErrors.{code}", refused)
@@ -736,7 +736,7 @@ class Provision:
         except Exception as exc:
             returned = self._table.unclaim(instance_id, run_key, token)
             if returned.succeeded and returned.record is not None:
-                notify(self._notices, [instance_id])
+                notify(self._notices, instance_id)
                 self._queues().offer(PoolMessage.for_idle(returned.record))
             else:
                 self._table.expire(instance_id, run_key)
@@ -765,7 +765,7 @@ class Provision:
             record.runner_id,
         ):
             # Handed over by an earlier try, whose notice may not have gone out.
-            notify(self._notices, [instance_id])
+            notify(self._notices, instance_id)
             return record.updated_at
         github = self._config.github
         # Every label the job asked for: GitHub gives a job only to a runner carrying all of them.
@@ -781,7 +781,7 @@ class Provision:
             instance_id, arn, run_key, runner.encoded_jit_config, runner_id=runner.runner_id
         )
         # Only now, with the config in place: the agent that reads its record on this notice finds it.
-        notify(self._notices, [instance_id])
+        notify(self._notices, instance_id)
         return noted.record.updated_at
 
     def _expire_and_terminate(self, instance_ids: list[str], run_key: str) -> None:

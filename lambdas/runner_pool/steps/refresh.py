@@ -74,7 +74,7 @@ from runner_pool.domain.refresh import (
 from runner_pool.domain.runner_scope import OrganizationScope
 from runner_pool.domain.runners import GitHubError, RunJob, RunnerRegistry, RunnerRemoval, RunnerStatus
 from runner_pool.observability import logger
-from runner_pool.steps.notices import NoticeSource, no_notices, open_queues
+from runner_pool.steps.notices import NoticeSource, close_queues, no_notices, open_queues
 
 
 class Refresh:
@@ -259,8 +259,7 @@ class Refresh:
                 # Recorded at once: an instance is never left without a record (the orphan sweep's grace
                 # covers the moment between CreateFleet's answer and these writes).
                 self._table.create(facts, run_key=None)
-            arns = self._table.instance_arns
-            open_queues(self._notices, {f.instance_id: arns.arn(f.instance_id) for f in outcome.launched})
+            open_queues(self._notices, (facts.instance_id for facts in outcome.launched))
             report.launched[name] += len(outcome.launched)
         if failures:
             raise RuntimeError(f"warm-pool launches failed for: {', '.join(failures)}")
@@ -465,11 +464,5 @@ class Refresh:
         # The index may lag a record written or ended a moment ago; a consistent read settles each suspect.
         ended = sorted(i for i in opened - live if untracked(self._table.get(i)))
         missing = sorted(live - opened)
-        failures = queues.close(ended)
-        report.notice_queues_closed += len(ended) - len(failures)
-        for failure in failures:
-            logger.warning("notice queue not deleted", instance_id=failure.instance_id, reason=failure.reason)
-        if missing:
-            arns = self._table.instance_arns
-            open_queues(self._notices, {instance_id: arns.arn(instance_id) for instance_id in missing})
-            report.notice_queues_opened += len(missing)
+        report.notice_queues_closed += close_queues(queues, ended)
+        report.notice_queues_opened += open_queues(lambda: queues, missing)

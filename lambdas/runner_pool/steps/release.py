@@ -226,7 +226,7 @@ class Release:
 
     def _awaiting_receipt(self, progress: ReleaseProgress, released: InstanceRecord) -> ReleaseProgress:
         # The agent stops its runner and cleans up as soon as it reads its record: now, not at its watch.
-        notify(self._notices, [released.instance_id])
+        notify(self._notices, released.instance_id)
         return progress.model_copy(
             update={
                 "status": ReleaseStatus.AWAITING_RECEIPT,
