@@ -187,6 +187,22 @@ def settled(system: World, timeout: float = 60.0) -> None:
     eventually(quiet, "the system to settle", timeout)
 
 
+def demand_handled(system: World) -> None:
+    """Wait until the demand queue holds no message, visible or in flight: whatever was queued has been
+    dispatched, and any execution it started has started (the dispatcher deletes a message after it)."""
+    sqs = system.aws.client("sqs")
+    queue = system.stack.plane.settings.require("demand_queue_url", "the demand queue")
+
+    def handled() -> bool:
+        counts = sqs.get_queue_attributes(
+            QueueUrl=queue,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        return all(value == "0" for value in counts.values())
+
+    eventually(handled, "the demand queue to be handled")
+
+
 def accounted(system: World) -> None:
     """The accounting check holds; if not, the failure shows each instance's timeline, so that a rare
     failure under load says what happened to the instance (a record left idle on a terminated one was

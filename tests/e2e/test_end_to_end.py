@@ -6,17 +6,14 @@ state machines, refresh) and the real agents on simulated instances do the rest.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from emulator.fake_github import Conclusion, JobSpec, JobStatus
 from emulator.timeline import Happening
 from emulator.world import World
-from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import LABEL, completed, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, completed, demand_handled, eventually, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +86,7 @@ def test_a_duplicated_delivery_has_no_second_effect(system: World) -> None:
 
     # When GitHub delivers its queued webhook once more
     again = system.github.state.redeliver(queued.delivery_id)
-    time.sleep(3 * FOLLOW_UP_WINDOW_SECONDS)  # what a second provision would take to start
+    demand_handled(system)  # a provision it caused would have started by then
 
     # Then it was answered as the first was, and nothing more was provisioned or launched
     assert again.status_code == queued.status_code

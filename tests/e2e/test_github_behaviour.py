@@ -19,7 +19,15 @@ from emulator.fake_github import Conclusion, FakeJob, FakeWorkflowRun, JobSpec
 from emulator.timeline import Happening
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from runner_pool.domain.executions import instance_of_runner
-from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, eventually, settled
+from tests.e2e.conftest import (
+    FAST_INSTANCES,
+    FAST_TIMERS,
+    LABEL,
+    completed,
+    demand_handled,
+    eventually,
+    settled,
+)
 from tests.e2e.conftest import accounted as accounted_for
 
 pytestmark = pytest.mark.slow
@@ -151,17 +159,7 @@ def test_a_run_completion_delivered_before_its_jobs_means_no_runner_is_provision
     eventually(completion_noted, "the run's completion in the demand ledger")
     hook.redeliver(job_queued.delivery_id)
     assert [d.status_code for d in system.github.state.deliveries.values() if d.redelivery] == [202, 202]
-    sqs = system.aws.client("sqs")
-    queue = system.stack.plane.settings.require("demand_queue_url", "the demand queue")
-
-    def demand_handled() -> bool:
-        counts = sqs.get_queue_attributes(
-            QueueUrl=queue,
-            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-        )["Attributes"]
-        return all(value == "0" for value in counts.values())
-
-    eventually(demand_handled, "the late demand to be dispatched")
+    demand_handled(system)
     # Then no runner was provisioned for the finished run, and nothing was launched
     assert provisions(system) == []
     assert launched(system) == []

@@ -38,6 +38,11 @@ REPOSITORY = "octo-org/octo-repo"
 RUN_ID = 4242
 LABEL = f"pool={RUN_ID}/class=large"
 LEASE_SECONDS = 60.0
+MOTO_WINDOW_SECONDS = 1.0
+"""The window where real time runs: GitHub's deliveries and DynamoDB's writes (single-digit ms) fit
+the product's 0.3 s many times over, but moto on two cores busy with the rest of make test takes up
+to 0.5 s a write, so turns a few milliseconds apart on AWS land further apart than 0.3 s here. What
+such a test checks is that concurrent batches meet in the ledger, not the window's length."""
 
 
 class LeaderDiedError(BaseException):
@@ -173,7 +178,7 @@ def test_a_follow_up_that_keeps_growing_is_started_at_its_limit(dispatches: Disp
     # Then the follow-up was sealed once its limit had passed: what joined until then is in it, the
     # rest started at once, apart from it or in the next follow-up
     assert dispatches.starts.job_ids()[0] == (1,)
-    follow_up = dispatches.starts.job_ids()[-1]
+    follow_up = next(started for started in dispatches.starts.job_ids() if 2 in started)
     assert follow_up[0] == 2
     assert len(follow_up) >= FOLLOW_UP_LIMIT_SECONDS / (0.5 * FOLLOW_UP_WINDOW_SECONDS)
     assert sorted(j for started in dispatches.starts.job_ids() for j in started) == list(range(1, 3 + steps))
@@ -272,7 +277,8 @@ def test_a_matrix_read_by_five_concurrent_pollers_costs_two_provisions_and_its_f
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, clock, dynamodb)
         batch = [(record["messageId"], from_body(record["body"])) for record in event["Records"]]
-        report = Dispatcher(ledger, starts, clock, time.sleep).dispatch(batch, context.aws_request_id, 60)
+        dispatcher = Dispatcher(ledger, starts, clock, time.sleep, window_seconds=MOTO_WINDOW_SECONDS)
+        report = dispatcher.dispatch(batch, context.aws_request_id, 60)
         return {"batchItemFailures": [{"itemIdentifier": m} for m in report.failed_message_ids]}
 
     # When a matrix's 20 `queued` messages arrive a few milliseconds apart

@@ -75,12 +75,15 @@ from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.run_keys import RunKey
 
-FOLLOW_UP_WINDOW_SECONDS = 1.0
+FOLLOW_UP_WINDOW_SECONDS = 0.3
 """How long a run key's follow-up stays open after its first dispatch, and after each job that joins
-it: a matrix's `queued` deliveries come a moment apart (GitHub sends them one by one), so its first
-job is dispatched at once and the rest in one provision once a second passes with no more. It used to
-be the event source's batching window (MaximumBatchingWindowInSeconds), in front of every job, the
-first one too, and per poller."""
+it. GitHub sends a matrix's `queued` deliveries side by side, each its own POST (no order is promised
+between them), and the webhook turns each into one SQS message within tens of milliseconds, so they
+reach the dispatchers a moment apart: a run's first job is dispatched at once, the rest in one
+provision once 0.3 s pass with no more. Every job after a run's first waits this out (issue 15: at
+1 s it was most of the warm path's 1.45 s); deliveries spread wider only cost more executions, one
+per quiet gap, never a job. It used to be the event source's batching window, in front of every job
+and per poller."""
 FOLLOW_UP_LIMIT_SECONDS = 5.0
 """The longest a follow-up stays open after the first dispatch, however its demand keeps coming."""
 
