@@ -25,8 +25,6 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from emulator import iam_check
 from emulator.api_gateway import ProxyEndpoint
 from emulator.aws import CallCounter, LocalAws
@@ -35,7 +33,7 @@ from emulator.event_sources import STANDARD_QUEUE_POLLERS, QueueEventSource, Sch
 from emulator.fake_github import FakeGitHub
 from emulator.lambda_runtime import FunctionSpec, LambdaRuntime, host_artifacts
 from emulator.stack import LocalStack, RuntimeFactory
-from emulator.step_functions import Handler, Invocations, lambdas_in_process
+from emulator.step_functions import Handler, Invocations, lambdas_in_process, stop_running_executions
 from runner_pool.adapters.fleet import LAUNCH_TAG
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.state_table import StateTable
@@ -120,19 +118,8 @@ class Deployment:
         return found
 
     def stop_executions(self) -> int:
-        """Stop every execution still running; returns how many. A world ends with this: moto runs each
-        execution in a thread of this process, and one left running would invoke, by name, the functions
-        of the next world deployed here (its Map workers discarding instances that world never had)."""
-        stopped = 0
-        for execution in self.executions():
-            if execution["status"] != "RUNNING":
-                continue
-            try:
-                self.stepfunctions.stop_execution(executionArn=execution["executionArn"])
-            except ClientError:
-                continue  # ended meanwhile, or an Express execution (StopExecution is Standard's only)
-            stopped += 1
-        return stopped
+        """Stop every execution still running (a world ends with this); returns how many."""
+        return stop_running_executions(self.stepfunctions)
 
     def state_transitions(self, execution_arn: str) -> int:
         """States entered by one execution: what Step Functions Standard bills."""

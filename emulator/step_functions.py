@@ -24,6 +24,8 @@ from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
+from botocore.exceptions import ClientError
+
 from emulator import asl_parse_cache, step_functions_quotas
 from emulator.moto_internals import patch_point
 
@@ -116,6 +118,27 @@ def without_waiting(on_wait: Callable[[int], None] | None = None) -> Iterator[No
         mock.patch.object(*patch_point(_RETRY_CLOCK), no_sleep),
     ):
         yield
+
+
+def stop_running_executions(stepfunctions: Any) -> int:
+    """Stop every execution still running, of every state machine; returns how many. A world or test
+    ends with this: moto runs each execution in a thread of this process, and one left running would
+    invoke, by name, the functions of whatever is deployed here next (its Map workers discarding
+    instances that world never had)."""
+    stopped = 0
+    for machines in stepfunctions.get_paginator("list_state_machines").paginate():
+        for machine in machines["stateMachines"]:
+            pages = stepfunctions.get_paginator("list_executions").paginate(
+                stateMachineArn=machine["stateMachineArn"]
+            )
+            running = (e for page in pages for e in page["executions"] if e["status"] == "RUNNING")
+            for execution in running:
+                try:
+                    stepfunctions.stop_execution(executionArn=execution["executionArn"])
+                except ClientError:
+                    continue  # ended meanwhile, or an Express execution (StopExecution is Standard's only)
+                stopped += 1
+    return stopped
 
 
 def function_arn(name: str, region: str = "us-east-1") -> str:

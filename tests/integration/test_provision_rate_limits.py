@@ -3,11 +3,15 @@ interpreter, the real handlers, the fake GitHub's limits): a burst slows down, i
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.steps.provision import HAND_OVERS_AT_ONCE
 from tests.support.control_plane import stack_config
 from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
 from tests.support.provision_world import ProvisionWorld, output, provision_world
@@ -87,3 +91,33 @@ def test_a_claim_keeps_trying_while_github_is_down_and_gives_no_instance_away(wo
     # Then the claim waited GitHub's outage out and the warm instance serves the run
     assert result["warm"] == [warm]
     assert world.github.limits.outage_refused >= 1
+
+
+def test_creation_hands_configs_over_side_by_side_not_one_after_another(
+    world: ProvisionWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an empty pool, and GitHub's JIT endpoint answering only once three calls are in flight at
+    # once (one after another, the first would wait for the others until it gave up)
+    meeting = threading.Barrier(3, timeout=30)
+    in_flight = Counter[str]()
+    lock = threading.Lock()
+    register = world.plane.github.jit_config
+
+    def jit_config(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            in_flight["now"] += 1
+            in_flight["most"] = max(in_flight["most"], in_flight["now"])
+        try:
+            meeting.wait()
+            return register(*args, **kwargs)
+        finally:
+            with lock:
+                in_flight["now"] -= 1
+
+    monkeypatch.setattr(world.plane.github, "jit_config", jit_config)
+    # When a run asks for six runners (launched at once)
+    result = output(world.provision(RUN, 6))
+    # Then all six were handed over by Create, several at a time and never more than its bound
+    assert len(result["cold"]) == 6
+    assert world.ec2.calls["CreateFleet"] == 1
+    assert 3 <= in_flight["most"] <= HAND_OVERS_AT_ONCE

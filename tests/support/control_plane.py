@@ -36,6 +36,7 @@ from emulator.step_functions import (
     Handler,
     LocalStateMachines,
     lambdas_in_process,
+    stop_running_executions,
     without_waiting,
 )
 from runner_pool.adapters import aws_clients
@@ -237,6 +238,7 @@ def local_control_plane(
             ):
                 yield LocalControlPlane(stack, clock, github, ec2, client("sqs"))
         finally:
+            stop_running_executions(client("stepfunctions"))
             app.close()
 
 

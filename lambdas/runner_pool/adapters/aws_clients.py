@@ -56,10 +56,15 @@ def hung_call_seconds() -> float:
     return float(ATTEMPTS * (CONNECT_TIMEOUT_SECONDS + READ_TIMEOUT_SECONDS) + waits)
 
 
+POOL_CONNECTIONS = 16
+"""Connections a client keeps (botocore's max_pool_connections, 10 by default): as many as a step's
+calls side by side (adapters/side_by_side.py), so none waits for a connection or opens one it drops."""
+
 CLIENT_CONFIG = Config(
     retries={"mode": "standard", "total_max_attempts": ATTEMPTS},
     connect_timeout=CONNECT_TIMEOUT_SECONDS,
     read_timeout=READ_TIMEOUT_SECONDS,
+    max_pool_connections=POOL_CONNECTIONS,
 )
 
 THROTTLING_CODES = frozenset(

@@ -9,9 +9,7 @@ large creation does not spend its Lambda's time one queue after another.
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -19,6 +17,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.instance_arns import InstanceArns
+from runner_pool.adapters.side_by_side import side_by_side
 from runner_pool.domain import notices
 
 if TYPE_CHECKING:
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
 
 _Item = TypeVar("_Item")
 
-PARALLEL_CALLS = 16
-"""CreateQueue and DeleteQueue calls in flight at once; well inside the connection pool of a client."""
 LIST_PAGE = 1000
 """ListQueues' largest page (Amazon SQS API Reference, ListQueues: MaxResults, 1 to 1,000)."""
 GONE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
@@ -86,7 +83,7 @@ class NoticeQueues:
                 return NoticeFailure(instance_id, _reason(exc))
             return None
 
-        return self._side_by_side(open_one, instance_ids)
+        return _failures(open_one, instance_ids)
 
     def notify(self, instance_id: str) -> NoticeFailure | None:
         """Tell the instance's agent to read its record now; None when SQS took the notice."""
@@ -129,21 +126,11 @@ class NoticeQueues:
                 return NoticeFailure(instance_id, _reason(exc))
             return None
 
-        return self._side_by_side(close_one, instance_ids)
+        return _failures(close_one, instance_ids)
 
-    @staticmethod
-    def _side_by_side(
-        call: Callable[[_Item], NoticeFailure | None], items: Iterable[_Item]
-    ) -> list[NoticeFailure]:
-        """`call` on every item, PARALLEL_CALLS at a time, each in a copy of the caller's context (what
-        a context variable holds, such as the logger's keys, holds in every call)."""
-        work = list(items)
-        if not work:
-            return []
-        with ThreadPoolExecutor(max_workers=min(PARALLEL_CALLS, len(work))) as pool:
-            futures = [pool.submit(contextvars.copy_context().run, call, item) for item in work]
-            outcomes = [future.result() for future in futures]
-        return [outcome for outcome in outcomes if outcome is not None]
+
+def _failures(call: Callable[[_Item], NoticeFailure | None], items: Iterable[_Item]) -> list[NoticeFailure]:
+    return [failure for failure in side_by_side(call, items) if failure is not None]
 
 
 def _reason(exc: Exception) -> str:

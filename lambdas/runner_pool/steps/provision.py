@@ -8,14 +8,17 @@ lets go of it and reports, it never raises for it.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
+from enum import Enum
 
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import LAUNCH_TAG, Fleet
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.side_by_side import side_by_side
 from runner_pool.adapters.state_table import InstanceView, StateTable
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
@@ -48,6 +51,21 @@ INLINE_CHECK_PAUSE_SECONDS = 0.25
 """A claimed instance's agent usually registers within a second. The claim step looks for that
 in-line a few times before the state machine's first Wait (Step Functions waits whole seconds):
 the warm path saves a second and three state transitions, for about a second of Lambda time."""
+HAND_OVERS_AT_ONCE = 10
+"""Created instances Create (and CheckFleet) hand over side by side: each is GitHub's JIT call (a few
+hundred ms) and four AWS calls, so one after another 350 instances took Create past its 120 s timeout
+(issue 15). GitHub allows an App 100 concurrent requests ("Rate limits for the REST API", About
+secondary rate limits), which these share with up to 40 claim workers; the registration budget
+paces how many a minute."""
+
+
+class _HandOver(Enum):
+    NOT_TRIED = "not begun, because GitHub deferred another of its batch"
+
+
+_HandOverOutcome = float | GitHubRetryableError | _HandOver | None
+"""When it was handed over; the error that deferred it; NOT_TRIED; None: its record moved on."""
+
 PICKUPS_PER_CLAIM = 3
 """Pickups one claim step makes when claims are lost to other workers or the queue looked empty once."""
 
@@ -435,22 +453,26 @@ class Provision:
             if grant.refused:
                 wait = grant.wait_seconds
                 break
-            batch, used = awaiting[: grant.granted], 0
-            try:
-                for instance_id in batch:
-                    used += 1
-                    if (
-                        self._hand_over(instance_id, provision.spec.run_key, provision.creation_claim)
-                        is not None
-                    ):
-                        pending.append(instance_id)
-                    else:
-                        failed[instance_id] = "lost its record before its runner config was stored"
-                    awaiting.remove(instance_id)
-            except GitHubRetryableError as exc:
-                budget.give_back(grant.granted - used)
-                logger.warning("runner configs not all handed over; trying again", error=str(exc))
-                wait = self._wait_for(exc, deferrals)
+            batch = awaiting[: grant.granted]
+            outcomes = self._hand_over_side_by_side(batch, provision)
+            for instance_id, outcome in zip(batch, outcomes, strict=True):
+                if outcome is _HandOver.NOT_TRIED or isinstance(outcome, GitHubRetryableError):
+                    continue  # still awaiting: the next look tries it again
+                if outcome is None:
+                    failed[instance_id] = "lost its record before its runner config was stored"
+                else:
+                    pending.append(instance_id)
+                awaiting.remove(instance_id)
+            # A registration not tried goes back to the budget; one GitHub refused was spent.
+            budget.give_back(sum(1 for outcome in outcomes if outcome is _HandOver.NOT_TRIED))
+            deferred = [outcome for outcome in outcomes if isinstance(outcome, GitHubRetryableError)]
+            if deferred:
+                logger.warning(
+                    "runner configs not all handed over; trying again",
+                    error=str(deferred[0]),
+                    deferred=len(deferred),
+                )
+                wait = max(self._wait_for(cause, deferrals) for cause in deferred)
                 deferrals += 1
                 break
         if pending:
@@ -465,6 +487,29 @@ class Provision:
                 "validating": bool(pending or awaiting),
             }
         )
+
+    def _hand_over_side_by_side(
+        self, instance_ids: list[str], provision: ProvisionPlan
+    ) -> list[_HandOverOutcome]:
+        """Hand each created instance its config, HAND_OVERS_AT_ONCE at a time. Once GitHub rate-limits
+        or fails one, the hand-overs not yet begun are not begun (those in flight finish). Any other
+        error is raised once every hand-over in flight has ended."""
+        # Built here, once, not by the first of several threads at the same moment.
+        self._registry()
+        self._credentials()
+        self._notices()
+        stop = threading.Event()
+
+        def hand_over(instance_id: str) -> _HandOverOutcome:
+            if stop.is_set():
+                return _HandOver.NOT_TRIED
+            try:
+                return self._hand_over(instance_id, provision.spec.run_key, provision.creation_claim)
+            except GitHubRetryableError as exc:
+                stop.set()
+                return exc
+
+        return side_by_side(hand_over, instance_ids, at_once=HAND_OVERS_AT_ONCE)
 
     def check_fleet(self, provision: ProvisionPlan, creation: Creation) -> Creation:
         if creation.awaiting:
