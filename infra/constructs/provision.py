@@ -74,6 +74,9 @@ class Provision(Construct):
             permissions.write_records(function, table)  # the run's demand; the claims of its one pickup
             permissions.take_from_pool(function, queues)  # one pickup for every slot (issue 15, item 2)
             permissions.find_by_run_key(function, table)  # a retried Begin finds its own claims
+            # It hands its claims their configs side by side before the workers start (issue 15, item 5).
+            permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
+            permissions.send_notices(function, notice_queues)
 
         def finish(function: lambda_.Function) -> None:
             expire(function)
@@ -107,9 +110,10 @@ class Provision(Construct):
             steps={
                 "begin": Step(
                     "resolves the label, notes the run's demand, picks up and claims warm instances for "
-                    "every slot at once",
+                    "every slot at once and hands them their runner configs",
                     begin,
-                    {"pool_queue_url_prefix": pool_queues.url_prefix},
+                    {**hand_off, "pool_queue_url_prefix": pool_queues.url_prefix},
+                    timeout_seconds=120,
                 ),
                 "claim": Step(
                     "picks up a warm instance, claims it and hands it its runner config",

@@ -32,11 +32,11 @@ REVIEWED = {
         re.escape("AwsSolutions-IAM5[Resource::*]"),
     ),
     (FUNCTION, "AwsSolutions-L1"),
-    # Notice queues exist only at run time, one per instance (runner_pool.domain.notices): the claim and
-    # hand-over steps send to them, creation and refresh open them, the instance role receives from its
+    # Notice queues exist only at run time, one per instance (runner_pool.domain.notices): Begin, the
+    # claim and hand-over steps send to them, creation and refresh open them, the instance role receives from its
     # own (a tag condition), refresh lists the region's queues to sweep them
     (
-        r"Instances/Role|(Provision/Workflow/(Claim|Create|CheckFleet)|Release/Workflow/GiveBack|Refresh/Refresh)Role",
+        r"Instances/Role|(Provision/Workflow/(Begin|Claim|Create|CheckFleet)|Release/Workflow/GiveBack|Refresh/Refresh)Role",
         re.escape("AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:")
         + r"[A-Za-z0-9-]+-notice-\*\]",
     ),

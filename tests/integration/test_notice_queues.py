@@ -68,19 +68,30 @@ def test_the_listing_follows_every_page(local: LocalControlPlane, monkeypatch: p
     assert sorted(queues.instance_ids()) == sorted(f.instance_id for f in launched)
 
 
-def test_the_hand_over_of_a_warm_claim_sends_one_notice(local: LocalControlPlane) -> None:
+def test_the_hand_over_of_a_warm_claim_sends_a_notice_once_the_config_is_stored(
+    local: LocalControlPlane,
+) -> None:
     # Given a pooled instance with its queue, as refresh opens it
     (idle,) = local.pooled(1)
     local.refresh()
     url = opened(local).url(idle.instance_id)
     assert depth(local.sqs, url) == 0
-    # When a provision claims it and hands it its config (the step over the plane's adapters)
+    # When a provision's Begin claims it and hands it its config (the step over the plane's adapters)
     steps = provision_of(local.plane)
     request = ProvisionRequest(repository="octo-org/app", run_key="pool=991", count=1)
-    claimed = steps.claim(ClaimWorker(plan=steps.begin(request, "notice"), slot=0))
-    assert claimed.instance_id == idle.instance_id
-    # Then one notice waits for its agent
+    plan = steps.begin(request, "notice")
+    # Then the config is stored and one notice waits for its agent
+    record = local.table.get(idle.instance_id)
+    assert record is not None
+    assert record.runner_id is not None
+    assert local.plane.credentials.stored_runner(idle.instance_id, local.plane.instance_arn(idle.instance_id))
     assert depth(local.sqs, url) == 1
+    # And the slot's worker finds the hand-over done: it registers no second runner, and tells the agent
+    # again (it cannot know whether Begin's notice went out; a second notice costs the agent one read)
+    claimed = steps.claim(ClaimWorker(plan=plan, slot=0))
+    assert claimed.instance_id == idle.instance_id
+    assert local.table.get(idle.instance_id).runner_id == record.runner_id  # type: ignore[union-attr]
+    assert depth(local.sqs, url) == 2
 
 
 def test_refresh_closes_the_queues_of_ended_instances_and_opens_missing_ones(

@@ -94,3 +94,48 @@ def test_a_fresh_request_picks_nothing_up(local: LocalControlPlane) -> None:
         ProvisionRequest(repository="octo-org/app", run_key=f"{RUN}/fresh=true", count=1), "fresh"
     )
     assert plan.pre_claims == ()
+
+
+def test_begin_hands_its_claims_over_and_the_workers_register_no_second_runner(
+    local: LocalControlPlane,
+) -> None:
+    # Given three idle instances / When a request for three begins
+    local.pooled(3)
+    steps = provision_of(local.plane)
+    plan = begin(steps, 3)
+    # Then each claimed instance has its runner and its config before any worker runs
+    runners = {str(i): local.record(str(i)).runner_id for i in plan.pre_claims}
+    assert None not in runners.values()
+    registered = len(local.github.state.runners)
+    # And each worker finds its hand-over done: the same runner, no second registration
+    workers = [steps.claim(ClaimWorker(plan=plan, slot=slot)) for slot in plan.slots]
+    assert all(w.claimed for w in workers)
+    assert {str(w.instance_id): local.record(str(w.instance_id)).runner_id for w in workers} == runners
+    assert len(local.github.state.runners) == registered
+
+
+def test_a_hand_over_that_fails_in_begin_is_made_by_its_worker(
+    local: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given two idle instances, and the configs' store failing while Begin runs
+    local.pooled(2)
+    steps = provision_of(local.plane)
+    credentials = local.plane.credentials
+    store = credentials.store
+
+    def failing(*_: Any, **__: Any) -> None:
+        raise RuntimeError("KMS is down")
+
+    monkeypatch.setattr(credentials, "store", failing)
+    # When a request for two begins
+    plan = begin(steps, 2)
+    # Then Begin still answers with both claims, handed over to none
+    assert None not in plan.pre_claims
+    assert all(local.record(str(i)).state is InstanceState.CLAIMED for i in plan.pre_claims)
+    # And once the store works again, each worker hands its slot's instance over
+    monkeypatch.setattr(credentials, "store", store)
+    workers = [steps.claim(ClaimWorker(plan=plan, slot=slot)) for slot in plan.slots]
+    assert [w.instance_id for w in workers] == list(plan.pre_claims)
+    assert all(w.claimed for w in workers)
+    for instance_id in plan.pre_claims:
+        assert credentials.stored_runner(str(instance_id), local.plane.instance_arn(str(instance_id)))

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from enum import Enum
+from typing import TypeVar
 
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import LAUNCH_TAG, Fleet
@@ -64,6 +65,7 @@ class _HandOver(Enum):
 
 
 _HandOverOutcome = float | GitHubRetryableError | _HandOver | None
+_Item = TypeVar("_Item")
 """When it was handed over; the error that deferred it; NOT_TRIED; None: its record moved on."""
 
 PICKUPS_PER_CLAIM = 3
@@ -185,7 +187,45 @@ class Provision:
         exhausted = grant.granted == slots and len(found.candidates) < slots
         if exhausted:
             count("PoolExhausted")
-        return provision.model_copy(update={"pre_claims": tuple(pre_claims), "pool_exhausted": exhausted})
+        planned = provision.model_copy(update={"pre_claims": tuple(pre_claims), "pool_exhausted": exhausted})
+        self._hand_over_pre_claims(planned)
+        return planned
+
+    def _hand_over_pre_claims(self, provision: ProvisionPlan) -> None:
+        """Hand the instances just claimed their configs, side by side, before the claim workers start:
+        a warm runner's config is then stored one Map start and one Lambda invocation sooner, and a Map
+        of 40 workers at a time no longer holds the 41st slot's hand-over until a worker ends (issue 15,
+        item 5). Each slot's worker then finds its hand-over done (`_hand_over` recognises it) and only
+        checks readiness.
+
+        Only a head start: whatever fails here (GitHub deferring, its record moved on, any error) is left
+        as it is, claimed, for the slot's worker to hand over or give back as it always did. Once GitHub
+        defers one, no more are begun here.
+        """
+        claimed = [
+            (instance_id, provision.claim_token(slot, 0))
+            for slot, instance_id in enumerate(provision.pre_claims)
+            if instance_id is not None
+        ]
+        if not claimed:
+            return
+
+        def hand_over(claim: tuple[str, str]) -> float | None:
+            instance_id, token = claim
+            return self._hand_over(instance_id, provision.spec.run_key, token)
+
+        try:
+            outcomes = self._side_by_side_hand_overs(hand_over, claimed)
+            limited = [outcome for outcome in outcomes if isinstance(outcome, GitHubRateLimitedError)]
+            if limited:  # every registration honours GitHub's wait from now on
+                self._budget().hold_off(max(cause.retry_after_seconds for cause in limited))
+        except Exception:  # the workers hand over what is left, with their own retries and give-backs
+            logger.exception("Begin's hand-overs failed; the claim workers hand over instead")
+            return
+        done = sum(1 for outcome in outcomes if isinstance(outcome, float))
+        count("HandedOverByBegin", done)
+        if done < len(claimed):
+            logger.info("left hand-overs to the claim workers", handed_over=done, claimed=len(claimed))
 
     def _own_pre_claims(self, provision: ProvisionPlan) -> list[str | None]:
         """The instances an earlier try of this Begin claimed, per slot (their attempt-0 tokens)."""
@@ -454,7 +494,7 @@ class Provision:
                 wait = grant.wait_seconds
                 break
             batch = awaiting[: grant.granted]
-            outcomes = self._hand_over_side_by_side(batch, provision)
+            outcomes = self._hand_over_created_side_by_side(batch, provision)
             for instance_id, outcome in zip(batch, outcomes, strict=True):
                 if outcome is _HandOver.NOT_TRIED or isinstance(outcome, GitHubRetryableError):
                     continue  # still awaiting: the next look tries it again
@@ -488,28 +528,37 @@ class Provision:
             }
         )
 
-    def _hand_over_side_by_side(
+    def _hand_over_created_side_by_side(
         self, instance_ids: list[str], provision: ProvisionPlan
     ) -> list[_HandOverOutcome]:
-        """Hand each created instance its config, HAND_OVERS_AT_ONCE at a time. Once GitHub rate-limits
-        or fails one, the hand-overs not yet begun are not begun (those in flight finish). Any other
-        error is raised once every hand-over in flight has ended."""
+        """Hand each created instance its config (`_side_by_side_hand_overs`)."""
+        run_key, claim = provision.spec.run_key, provision.creation_claim
+        return self._side_by_side_hand_overs(
+            lambda instance_id: self._hand_over(instance_id, run_key, claim), instance_ids
+        )
+
+    def _side_by_side_hand_overs(
+        self, hand_over: Callable[[_Item], float | None], items: list[_Item]
+    ) -> list[_HandOverOutcome]:
+        """`hand_over` on each item, HAND_OVERS_AT_ONCE at a time. Once GitHub rate-limits or fails one,
+        the hand-overs not yet begun are not begun (those in flight finish). Any other error is raised
+        once every hand-over in flight has ended."""
         # Built here, once, not by the first of several threads at the same moment.
         self._registry()
         self._credentials()
         self._notices()
         stop = threading.Event()
 
-        def hand_over(instance_id: str) -> _HandOverOutcome:
+        def one(item: _Item) -> _HandOverOutcome:
             if stop.is_set():
                 return _HandOver.NOT_TRIED
             try:
-                return self._hand_over(instance_id, provision.spec.run_key, provision.creation_claim)
+                return hand_over(item)
             except GitHubRetryableError as exc:
                 stop.set()
                 return exc
 
-        return side_by_side(hand_over, instance_ids, at_once=HAND_OVERS_AT_ONCE)
+        return side_by_side(one, items, at_once=HAND_OVERS_AT_ONCE)
 
     def check_fleet(self, provision: ProvisionPlan, creation: Creation) -> Creation:
         if creation.awaiting:
