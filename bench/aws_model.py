@@ -387,7 +387,7 @@ def _trace(
         if invocation is None:
             return None
         end = _stores_config(invocation, job.instance_id) if invocation is handing else None
-        calls = invocation.calls if end is None else invocation.calls[: end + 1]
+        calls = invocation.calls if end is None else own_hand_over(invocation, job.instance_id, end)
         path += steps(
             f"{function} Lambda", calls, until=lambda c: False, hand_over=True, ended=invocation.ended
         )
@@ -467,6 +467,41 @@ def _stores_config(invocation: Invocation, instance_id: str) -> int | None:
         ):
             return index
     return None
+
+
+def own_hand_over(invocation: Invocation, instance_id: str, end: int) -> list[Call]:
+    """The handing invocation's calls up to the store of `instance_id`'s config, less the other
+    instances' hand-overs: Begin and Create hand over side by side (steps/provision.py,
+    HAND_OVERS_AT_ONCE), so those ran beside this one, not before it. A hand-over begins with a read of
+    its instance's record (GetItem); what came before the first such read (the claims, the records
+    created) ran one after another and stays on the path."""
+    owners = {_config_owner(call) for call in invocation.calls}
+    others = {owner for owner in owners if owner is not None and owner != instance_id}
+    calls = list(invocation.calls[: end + 1])
+    first = next(
+        (
+            index
+            for index, call in enumerate(calls)
+            if call.operation == "dynamodb:GetItem" and _names_any(call, others | {instance_id})
+        ),
+        len(calls),
+    )
+    return calls[:first] + [
+        call for call in calls[first:] if not _names_any(call, others) or _names_any(call, {instance_id})
+    ]
+
+
+def _config_owner(call: Call) -> str | None:
+    """The instance whose runner config `call` stores, if it stores one."""
+    item = call.params.get("Item") or {}
+    if call.operation != "dynamodb:PutItem" or item.get("sk", {}).get("S") != "runner-config":
+        return None
+    return str(item.get("pk", {}).get("S", "")).rsplit("/", 1)[-1] or None
+
+
+def _names_any(call: Call, instance_ids: set[str]) -> bool:
+    text = str(call.params)
+    return any(instance_id in text for instance_id in instance_ids if instance_id)
 
 
 def _sends(call: Call, job_id: int) -> bool:

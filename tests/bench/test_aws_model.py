@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from bench.aws_model import LATENCIES, Call, Hop, JobTrace, Step, Traced, model, report, steps
+from bench.aws_model import (
+    LATENCIES,
+    Call,
+    Hop,
+    Invocation,
+    JobTrace,
+    Step,
+    Traced,
+    model,
+    own_hand_over,
+    report,
+    steps,
+)
 from bench.results import BenchTable
 from demo.figures import Kind
 
@@ -94,3 +106,35 @@ def test_the_report_keeps_each_kinds_median_and_shows_the_median_jobs_segments_s
         "AWS model: queued -> config stored (median job)",
     ]
     assert table.rows[2][1:] == ("-", "1 x 300 ms = 0.300 s")
+
+
+def test_hand_overs_side_by_side_put_only_their_own_calls_on_an_instances_path() -> None:
+    # Given Begin's calls: two claims one after another, then two hand-overs side by side, interleaved
+    def record(instance_id: str) -> dict[str, object]:
+        return {"Key": {"pk": {"S": f"arn:aws:ec2:us-east-1:1:instance/{instance_id}"}}}
+
+    def config(instance_id: str) -> dict[str, object]:
+        pk = {"S": f"arn:aws:ec2:us-east-1:1:instance/{instance_id}"}
+        return {"Item": {"pk": pk, "sk": {"S": "runner-config"}}}
+
+    calls = (
+        Call(0.00, 1, "dynamodb:UpdateItem", record("i-a")),
+        Call(0.01, 1, "dynamodb:UpdateItem", record("i-b")),
+        Call(0.02, 1, "dynamodb:GetItem", record("i-a")),
+        Call(0.02, 1, "dynamodb:GetItem", record("i-b")),
+        Call(0.03, 1, "kms:Encrypt", {"EncryptionContext": {"instance": "i-b"}}),
+        Call(0.03, 1, "dynamodb:PutItem", config("i-b")),
+        Call(0.04, 1, "kms:Encrypt", {"EncryptionContext": {"instance": "i-a"}}),
+        Call(0.05, 1, "dynamodb:PutItem", config("i-a")),
+    )
+    begin = Invocation("provision-begin", 0.06, calls)
+    # When i-a's path through it is read
+    own = own_hand_over(begin, "i-a", end=7)
+    # Then both claims are on it (one after another), and of the hand-overs only i-a's own
+    assert [call.params for call in own] == [
+        calls[0].params,
+        calls[1].params,
+        calls[2].params,
+        calls[6].params,
+        calls[7].params,
+    ]
