@@ -16,6 +16,7 @@ from runner_pool.domain.provision import ClaimWorker, ProvisionPlan
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.provision import Provision
 from tests.support.control_plane import LocalControlPlane, local_control_plane
+from tests.support.provision_world import output, provision_world
 
 RUN = "pool=5151"
 
@@ -139,3 +140,35 @@ def test_a_hand_over_that_fails_in_begin_is_made_by_its_worker(
     assert all(w.claimed for w in workers)
     for instance_id in plan.pre_claims:
         assert credentials.stored_runner(str(instance_id), local.plane.instance_arn(str(instance_id)))
+
+
+LAMBDA_TIMED_OUT = type("Sandbox.Timedout", (Exception,), {})
+"""What Lambda answers for a function that ran past its timeout (errorType `Sandbox.Timedout`;
+https://docs.aws.amazon.com/step-functions/latest/dg/bp-lambda-serviceexception.html)."""
+
+
+def test_a_begin_that_timed_out_after_its_claims_is_retried_and_serves_the_run() -> None:
+    # Given two idle instances, and a Begin that claims and hands both over, then times out once (its
+    # answer lost after its effect, as a Lambda starved under a burst does)
+    with provision_world() as world:
+        warm = sorted(world.warm(n).instance_id for n in (1, 2))
+        real = world.machine.handlers["begin"]
+        timed_out: list[str] = []
+
+        def times_out_once(event: dict[str, Any], context: Any) -> Any:
+            answer = real(event, context)
+            if not timed_out:
+                timed_out.append("begin")
+                raise LAMBDA_TIMED_OUT("Task timed out after 120.00 seconds")
+            return answer
+
+        # When a run asks for two runners
+        with world.machine.swapped({"begin": times_out_once}):
+            result = output(world.provision(RUN, 2))
+        # Then Begin was tried again, found its own claims, and both warm instances serve the run
+        assert timed_out == ["begin"]
+        assert sorted(result["warm"]) == warm
+        assert result["cold"] == []
+        assert world.ec2.calls["CreateFleet"] == 0
+        accounting = world.accounting()
+        assert accounting.holds, accounting.problems

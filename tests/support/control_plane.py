@@ -15,7 +15,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -281,17 +281,19 @@ class LocalStateMachine:
         on_wait: Callable[[int], None] | None = None,
         replace: Mapping[str, Handler] | None = None,
     ) -> Execution:
-        """`on_wait(seconds)` stands in for each Wait state; `replace` swaps handlers by their name in the
-        handler module (they still run as their function)."""
+        """`on_wait(seconds)` stands in for each Wait state; `replace` swaps handlers (`swapped`)."""
+        with without_waiting(on_wait), self.swapped(replace or {}), lambdas_in_process(self.routed):
+            return self.machines.run(self.arn, payload, name=name)
+
+    def swapped(self, replace: Mapping[str, Handler]) -> AbstractContextManager[None]:
+        """Swap handlers by their name in the handler module (`begin`); they still run as their function."""
         runtime = self.stack.runtime
         assert isinstance(runtime, InProcess), "handlers are swapped in-process only"
         functions = {
             spec.handler.rsplit(".", 1)[-1]: spec.name
             for spec in (self.stack.function(name) for name in self.deployed.spec.functions.values())
         }
-        swapped = {functions[handler]: function for handler, function in (replace or {}).items()}
-        with without_waiting(on_wait), runtime.replacing(swapped), lambdas_in_process(self.routed):
-            return self.machines.run(self.arn, payload, name=name)
+        return runtime.replacing({functions[handler]: function for handler, function in replace.items()})
 
 
 def scheduled_event(at: Epoch) -> dict[str, Any]:
