@@ -8,6 +8,15 @@ requests run concurrently when the function runs in execution environments of it
 (emulator/lambda_runtime.py: one invocation per environment); a handler called in this process
 (`one_at_a_time=True`) runs one invocation at a time, as in one warm environment, since our handlers
 keep per-invocation state in module globals (Powertools' resolver and logger), as Lambda allows.
+
+The stage's throttle is enforced as API Gateway does, with the token bucket its docs describe ("API
+Gateway throttles requests to your API using the token bucket algorithm, where a token counts for a
+request", and past the rate and burst "Clients may receive 429 Too Many Requests error responses":
+API Gateway Developer Guide, "Throttle requests to your REST APIs for better throughput",
+api-gateway-request-throttling.html). A throttled request never reaches the function, and gets the
+THROTTLED gateway response's default, 429 `{"message":"Too Many Requests"}` ("Gateway response types
+for API Gateway", supported-gateway-response-types.html). The bucket's figures are the stage's as the
+synthesized template sets them (`StackTemplate.method_throttle`).
 """
 
 from __future__ import annotations
@@ -31,18 +40,55 @@ Handler = Callable[[dict[str, Any], Any], Any]
 PAYLOAD_LIMIT_BYTES = 10 * 1024 * 1024
 """API Gateway's request payload limit."""
 STAGE = "prod"
+THROTTLED = 429
+
+
+class TokenBucket:
+    """API Gateway's throttle: it starts full with `burst` tokens, gains `rate_per_second` of them a second
+    up to `burst`, and each request takes one; a request that finds none is throttled."""
+
+    def __init__(
+        self, burst: int, rate_per_second: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.burst = burst
+        self.rate_per_second = rate_per_second
+        self._clock = clock
+        self._tokens = float(burst)
+        self._filled_at = clock()
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        """One token for one request: False (throttle it) when the bucket is empty."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._filled_at) * self.rate_per_second)
+            self._filled_at = now
+            if self._tokens < 1:
+                return False
+            self._tokens -= 1
+            return True
 
 
 class ProxyEndpoint:
     """`with ProxyEndpoint(handler, "/webhook", "webhook") as api:` serves POST `api.url` on 127.0.0.1."""
 
     def __init__(
-        self, handler: Handler, resource: str, function_name: str, *, one_at_a_time: bool = True
+        self,
+        handler: Handler,
+        resource: str,
+        function_name: str,
+        *,
+        one_at_a_time: bool = True,
+        throttle: TokenBucket | None = None,
     ) -> None:
         self.handler = handler
         self.resource = resource
         self.function_name = function_name
+        self.throttle = throttle
+        """The stage's throttle for this method; None: none (a test's endpoint, not the stack's)."""
         self.invocations = 0
+        self.throttled = 0
+        """Requests answered 429 by the throttle, the function never invoked."""
         self._one_at_a_time = one_at_a_time
         self._invoking = threading.Lock()
         self._state = threading.Condition()
@@ -76,6 +122,10 @@ class ProxyEndpoint:
         path = urlsplit(target).path
         if path != self.resource:
             return _gateway_answer(403, "Missing Authentication Token")
+        if self.throttle is not None and not self.throttle.take():
+            with self._state:
+                self.throttled += 1
+            return _gateway_answer(THROTTLED, "Too Many Requests")
         if len(body) > PAYLOAD_LIMIT_BYTES:
             return _gateway_answer(413, "Request Too Long")
         event = proxy_event(method, target, headers, body, self.resource)

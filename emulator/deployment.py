@@ -8,8 +8,8 @@ clients that count their calls, EC2's CreateFleet simulated (emulator/ec2_fleet.
 aimed at the fake, each function run from the deployed artifacts (emulator/lambda_runtime.py). Then,
 until the `with` ends:
 
-- the webhook Lambda behind API Gateway on localhost (emulator/api_gateway.py), and the fake
-  GitHub's webhooks pointed at it;
+- the webhook Lambda behind API Gateway on localhost (emulator/api_gateway.py), throttled as the
+  template's stage throttles it, and the fake GitHub's webhooks pointed at it;
 - the dispatcher Lambda fed by the demand queue (an SQS event source with Lambda's five pollers);
 - the refresh Lambda on a timer (an EventBridge rate rule);
 - the state machines' Lambda tasks, in Step Functions' own threads.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator import iam_check
-from emulator.api_gateway import ProxyEndpoint
+from emulator.api_gateway import ProxyEndpoint, TokenBucket
 from emulator.aws import CallCounter, LocalAws
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.event_sources import STANDARD_QUEUE_POLLERS, QueueEventSource, Schedule
@@ -213,6 +213,7 @@ def deploy(
                     webhook.WEBHOOK_PATH,
                     "webhook",
                     one_at_a_time=not isinstance(stack.runtime, LambdaRuntime),
+                    throttle=TokenBucket(*stack.template.method_throttle("webhook")),
                 )
             )
             github.webhooks.point_at(api.url, webhook_secret)

@@ -67,6 +67,9 @@ from runner_pool.domain.pool_partitions import queue_name_prefix
 from runner_pool.environment import ENV_PREFIX, ControlPlaneSettings
 from runner_pool.wiring import ClientFactory, ControlPlane, invoked_with, use_control_plane
 
+ACCOUNT_THROTTLE = (5000, 10000.0)
+"""A stage method with no throttle of its own has the account's Regional one: 10,000 requests a second,
+a burst of 5,000 (API Gateway quotas, limits.html, "Throttle quota per account, per Region")."""
 HANDLERS = "runner_pool.handlers."
 """The package of our handlers: a function whose handler is elsewhere (CDK's own) is not ours to run."""
 
@@ -173,6 +176,43 @@ class StackTemplate:
                 )
         raise LookupError(f"the synthesized template maps no event source to {name!r}")
 
+    def method_throttle(self, name: str) -> tuple[int, float]:
+        """(ThrottlingBurstLimit, ThrottlingRateLimit) that the stage of the REST API whose method proxies
+        to the function `name` applies to that method: its own MethodSettings entry, else the stage's
+        `/*` `*` one, else the account's Regional limits. (CloudFormation's AWS::ApiGateway::Stage
+        MethodSetting: "/resource/subresource must be encoded as /~1resource~1subresource", and "/*"
+        with "*" sets every resource and method.)"""
+        method_id, method = self._proxy_method(self.logical_id(name))
+        path = self._resource_path(method["ResourceId"])
+        wanted = ("/" + path.replace("/", "~1"), method["HttpMethod"])
+        for resource in self.resources.values():
+            properties = resource["Properties"]
+            if resource["Type"] != "AWS::ApiGateway::Stage" or properties["RestApiId"] != method["RestApiId"]:
+                continue
+            settings = {(s["ResourcePath"], s["HttpMethod"]): s for s in properties.get("MethodSettings", [])}
+            found = settings.get(wanted) or settings.get(("/*", "*"))
+            if found is None:
+                return ACCOUNT_THROTTLE
+            return int(found["ThrottlingBurstLimit"]), float(found["ThrottlingRateLimit"])
+        raise LookupError(f"the synthesized template deploys {method_id}'s API to no stage")
+
+    def _proxy_method(self, function_logical_id: str) -> tuple[str, Mapping[str, Any]]:
+        for logical, resource in self.resources.items():
+            if resource["Type"] == "AWS::ApiGateway::Method" and {
+                "Fn::GetAtt": [function_logical_id, "Arn"]
+            } in _parts(resource["Properties"].get("Integration", {}).get("Uri")):
+                return logical, resource["Properties"]
+        raise LookupError(f"no method of the synthesized template proxies to {function_logical_id}")
+
+    def _resource_path(self, resource_id: Mapping[str, Any]) -> str:
+        """`/webhook` for a method's ResourceId: a Ref to an AWS::ApiGateway::Resource, up its parents to
+        the API's root (a GetAtt of RootResourceId)."""
+        if "Ref" not in resource_id:
+            return "/"
+        properties = self.resources[resource_id["Ref"]]["Properties"]
+        parent = self._resource_path(properties["ParentId"])
+        return f"{parent.rstrip('/')}/{properties['PathPart']}"
+
     def state_machine(self, machine: str) -> StateMachineSpec:
         """The state machine whose tasks are the handlers of `runner_pool.handlers.<machine>`."""
         for logical, resource in self.resources.items():
@@ -194,6 +234,14 @@ class StackTemplate:
                 logical, machine, properties.get("StateMachineName", machine), definition, functions
             )
         raise LookupError(f"the synthesized template has no state machine of {HANDLERS}{machine}")
+
+
+def _parts(expression: Any) -> list[Any]:
+    """The parts of an `Fn::Join` (an integration's URI), or the expression itself."""
+    if isinstance(expression, Mapping) and "Fn::Join" in expression:
+        parts: list[Any] = expression["Fn::Join"][1]
+        return parts
+    return [expression]
 
 
 def _module(handler: str) -> str:

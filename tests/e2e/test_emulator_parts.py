@@ -16,7 +16,7 @@ import pytest
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 from githubkit.webhooks import verify
 
-from emulator.api_gateway import PAYLOAD_LIMIT_BYTES, ProxyEndpoint
+from emulator.api_gateway import PAYLOAD_LIMIT_BYTES, ProxyEndpoint, TokenBucket
 from emulator.aws import local_aws
 from emulator.event_sources import STANDARD_QUEUE_POLLERS, QueueEventSource
 from emulator.fake_github import FakeGitHub, JobSpec
@@ -302,3 +302,30 @@ def test_local_aws_finds_each_services_backend_once_and_still_routes_every_reque
         # And each host's backend was looked up once, not once a request
         assert lookups
         assert set(lookups.values()) == {1}, lookups
+
+
+def test_api_gateway_throttles_with_429_before_the_function_runs_and_refills_at_the_rate() -> None:
+    # Given a function behind the local API Gateway whose stage throttle is a bucket of 2 at 1 a second,
+    # on a clock the test moves
+    now = [0.0]
+    calls: list[dict[str, Any]] = []
+
+    def function(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        calls.append(event)
+        return {"statusCode": 200}
+
+    throttle = TokenBucket(burst=2, rate_per_second=1, clock=lambda: now[0])
+    with ProxyEndpoint(function, "/webhook", "f", throttle=throttle) as api:
+        # When 3 requests come at once
+        first = [post(api.url, b"{}") for _ in range(3)]
+        # ... and one more a second later
+        now[0] += 1
+        later = post(api.url, b"{}")
+
+    # Then the third got API Gateway's THROTTLED answer and never reached the function
+    assert [status for status, _ in first] == [200, 200, 429]
+    assert json.loads(first[2][1]) == {"message": "Too Many Requests"}
+    assert api.throttled == 1
+    # And the refill let the later one through
+    assert later[0] == 200
+    assert len(calls) == 3

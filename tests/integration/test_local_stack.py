@@ -18,7 +18,7 @@ import pytest
 from moto import mock_aws
 
 from emulator.iam_stack import BindingError
-from emulator.stack import LocalStack, settings_of
+from emulator.stack import ACCOUNT_THROTTLE, LocalStack, StackTemplate, settings_of
 from emulator.template import synthesized_template
 from runner_pool.domain.config import StackConfig
 from runner_pool.environment import ENV_PREFIX, ControlPlaneSettings
@@ -140,3 +140,32 @@ def test_settings_read_from_a_functions_environment_are_what_the_lambda_reads_at
             monkeypatch.setenv(variable, value)
         # When the settings are read from the mapping instead / Then they are the same
         assert settings_of(spec.environment) == ControlPlaneSettings(), name
+
+
+def _stage_settings(template: dict[str, Any]) -> list[dict[str, Any]]:
+    (stage,) = (r for r in template["Resources"].values() if r["Type"] == "AWS::ApiGateway::Stage")
+    settings: list[dict[str, Any]] = stage["Properties"].setdefault("MethodSettings", [])
+    return settings
+
+
+def test_the_webhooks_throttle_is_the_stages_as_the_template_sets_it() -> None:
+    # Given the template with the stage's throttle for every method changed to a burst of 7 at 3 a second
+    template = copy.deepcopy(synthesized_template())
+    (every_method,) = _stage_settings(template)
+    assert (every_method["ResourcePath"], every_method["HttpMethod"]) == ("/*", "*")
+    every_method.update(ThrottlingBurstLimit=7, ThrottlingRateLimit=3)
+    # When the local stack reads the throttle of the method in front of the webhook / Then it is those
+    assert StackTemplate(template).method_throttle("webhook") == (7, 3.0)
+    # And a setting of the webhook's own method (its path written as CloudFormation wants it) wins
+    _stage_settings(template).append(
+        {
+            "ResourcePath": "/~1webhook",
+            "HttpMethod": "POST",
+            "ThrottlingBurstLimit": 2,
+            "ThrottlingRateLimit": 1,
+        }
+    )
+    assert StackTemplate(template).method_throttle("webhook") == (2, 1.0)
+    # And with no setting at all, the account's Regional limits apply
+    _stage_settings(template).clear()
+    assert StackTemplate(template).method_throttle("webhook") == ACCOUNT_THROTTLE
