@@ -20,6 +20,7 @@ BENCHMARKS = (
     "webhook",
     "emulator",
     "burst",
+    "burst_1000",
     "quotas",
     "lambda_runtime",
     "day_trace",

@@ -1,55 +1,146 @@
-"""A 300-job burst against GitHub's secondary rate limit: how long until every job is served, and how
-many JIT registrations each job cost (refused ones included). The world is demo/burst.py's."""
+"""A burst of jobs against GitHub's secondary rate limit: how long until every job is served, how many
+JIT registrations each job cost (refused ones included), how many provisions the dispatcher started for
+each run, and what the webhook's stage throttle refused. The world is demo/burst.py's: the stack's own
+throttle (read from the template), Lambda's five pollers on the demand queue. bench/burst_1000.py is
+issue 15's 1,000-job size of it."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import BenchTable
 from demo.burst import GITHUB_WINDOW_SECONDS as WINDOW
 from demo.burst import REGISTRATIONS_PER_MINUTE, Burst, rate_limited_world, serve_burst
+from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.world import World
+from runner_pool.domain.executions import PROVISION_LIMIT
 
 JOBS = int(os.environ.get("RUNNER_POOL_BENCH_BURST_JOBS", "300"))
-
+RUNS = 10
+"""300 jobs as 10 runs of a 30-job matrix, the shape every burst_300 figure so far was measured with."""
+TIMEOUT_SECONDS = 1800.0
 
 SMALL = {"jobs": 20}
 """`python -m bench --small`'s size; make test runs it at 40 on the world of its own e2e test
 (tests/e2e/test_github_resilience.py), which then checks that world settles and accounts."""
 
 
-def run(jobs: int = JOBS, system: World | None = None) -> BenchTable:
+def run(jobs: int = JOBS, runs: int = RUNS, system: World | None = None) -> BenchTable:
     """The burst on a fresh rate-limited world, or on `system` (one built by rate_limited_world)."""
     if system is not None:
-        return _table(serve_burst(system, jobs, timeout=900), jobs)
+        return _table(serve_burst(system, jobs, runs=runs, timeout=900), jobs, Footprint())
     with (
         tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch,
         rate_limited_world(Path(scratch)) as fresh,
+        footprint() as peak,
     ):
-        return _table(serve_burst(fresh, jobs), jobs)
+        return _table(serve_burst(fresh, jobs, runs=runs, timeout=TIMEOUT_SECONDS), jobs, peak)
 
 
-def _table(burst: Burst, jobs: int) -> BenchTable:
+@dataclass
+class Footprint:
+    """The most this process and its children (the Lambdas' execution environments) held at once."""
+
+    rss_bytes: int = 0
+    threads: int = 0
+    processes: int = 0
+
+
+@contextmanager
+def footprint(every_seconds: float = 1.0) -> Iterator[Footprint]:
+    """Sample the process tree's resident memory, this process's threads and the tree's processes."""
+    peak = Footprint()
+    stop = threading.Event()
+
+    def sample() -> None:
+        while True:
+            tree = _process_tree(os.getpid())
+            peak.rss_bytes = max(peak.rss_bytes, sum(_status(pid, "VmRSS") * 1024 for pid in tree))
+            peak.threads = max(peak.threads, _status(os.getpid(), "Threads"))
+            peak.processes = max(peak.processes, len(tree))
+            if stop.wait(every_seconds):
+                return
+
+    sampler = threading.Thread(target=sample, name="bench-footprint", daemon=True)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        sampler.join()
+
+
+def _process_tree(root: int) -> list[int]:
+    found, pending = [], [root]
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                pending += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return found
+
+
+def _status(pid: int, field: str) -> int:
+    """A number from /proc/<pid>/status (VmRSS in kB, Threads); 0 for a process gone meanwhile."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in lines if line.startswith(f"{field}:")), 0)
+
+
+def _table(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
     table = BenchTable(
-        f"A burst of {burst.jobs} jobs against GitHub's rate limit (its minute compressed to {WINDOW:g} s)",
+        f"A burst of {burst.jobs} jobs ({burst.runs} runs of a {burst.jobs // max(1, burst.runs)}-job "
+        f"matrix) against GitHub's rate limit (its minute compressed to {WINDOW:g} s)",
         ("figure", "value"),
     )
+    key = f"burst_{jobs}"
     table.row("jobs served", f"{burst.served} of {burst.jobs}")
     table.row("time to serve every job", f"{burst.seconds:.0f} s")
     table.row("JIT calls per job", f"{burst.jit_calls_per_job:.2f}")
     table.row("  refused by GitHub (retry-after)", burst.refused)
     table.row("executions failed", burst.failed_executions)
-    table.figure(f"burst_{jobs}_jobs_served_seconds", round(burst.seconds, 1))
-    table.figure(f"burst_{jobs}_jobs_served_count", burst.served)
-    table.figure(f"burst_{jobs}_jit_calls_per_job_ratio", round(burst.jit_calls_per_job, 3))
-    table.figure(f"burst_{jobs}_jit_refused_count", burst.refused)
-    table.figure(f"burst_{jobs}_executions_failed_count", burst.failed_executions)
+    table.row("provisions the dispatcher started per run (each run)", " ".join(map(str, burst.dispatched)))
+    table.row("  redrives (a provision that ended short asked again)", burst.redriven)
+    table.row("  reconciliations (refresh asked for jobs still queued)", burst.reconciled)
+    table.row("deliveries throttled by the stage (429)", burst.throttled)
+    table.row("deliveries GitHub recorded as failed", burst.failed_deliveries)
+    if peak.rss_bytes:
+        table.row("peak memory, this process and its children", f"{peak.rss_bytes / 2**30:.2f} GiB")
+        table.row("peak threads of this process", peak.threads)
+        table.row("peak processes (execution environments and this one)", peak.processes)
+        table.figure(f"{key}_jobs_peak_memory_bytes", peak.rss_bytes)
+        table.figure(f"{key}_jobs_peak_threads_count", peak.threads)
+    table.figure(f"{key}_jobs_served_seconds", round(burst.seconds, 1))
+    table.figure(f"{key}_jobs_served_count", burst.served)
+    table.figure(f"{key}_jobs_served_ratio", round(burst.served_ratio, 4))
+    table.figure(f"{key}_jit_calls_per_job_ratio", round(burst.jit_calls_per_job, 3))
+    table.figure(f"{key}_jit_refused_count", burst.refused)
+    table.figure(f"{key}_jobs_failed_executions_count", burst.failed_executions)
+    table.figure(f"{key}_jobs_executions_per_run", burst.executions_per_run)
+    table.figure(f"{key}_jobs_redriven_executions_count", burst.redriven)
+    table.figure(f"{key}_jobs_reconciled_executions_count", burst.reconciled)
+    table.figure(f"{key}_webhook_throttled_count", burst.throttled)
+    table.figure(f"{key}_webhook_failed_deliveries_count", burst.failed_deliveries)
     table.note(
         f"GitHub's limit (180 registrations a minute) in its minute compressed to {WINDOW:g} s, "
         f"{180 * 60 / WINDOW:g} a minute; the registration budget at {REGISTRATIONS_PER_MINUTE} a minute, "
         f"above it on purpose. The limit bounds a burst of N jobs from below: N/{180 / WINDOW:g} s here "
         "(plus the window already spent when it arrives), N/3 s on GitHub."
+    )
+    table.note(
+        f"Provisions per run: the most the dispatcher started for one run (its first job's, then its "
+        f"follow-ups', each of at most {PROVISION_LIMIT} jobs), with {STANDARD_QUEUE_POLLERS} concurrent "
+        "pollers on the demand queue; redrives and refresh's reconciliations are counted apart."
     )
     return table

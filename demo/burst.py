@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ from emulator.fake_github import Conclusion, FakeWorkflowRun, JobSpec, JobStatus
 from emulator.fake_github.rate_limits import POINTS_PER_MINUTE, RateLimits
 from emulator.simulated_instances import InstanceSettings
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
-from runner_pool.domain.executions import instance_of_runner
+from runner_pool.domain.executions import ProvisionRequest, instance_of_runner
+from runner_pool.domain.run_keys import RunKey
 
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
 LABEL = "pool=${{ github.run_id }}/class=large"
@@ -92,16 +94,38 @@ class Burst:
     refused: int
     """Of those, refused with a rate limit."""
     failed_executions: int
+    runs: int = 0
+    dispatched: tuple[int, ...] = ()
+    """Provision executions the dispatcher started for each run (its first job's, its follow-ups')."""
+    redriven: int = 0
+    """Provisions asked for again by one that ended short (a redrive), not by the dispatcher."""
+    reconciled: int = 0
+    """Provisions refresh started for jobs still queued (its reconciliation), not by the dispatcher."""
+    throttled: int = 0
+    """Deliveries API Gateway's stage throttle answered 429 (the webhook never ran)."""
+    failed_deliveries: int = 0
+    """Deliveries GitHub recorded as failed (any answer but 2xx), the throttled ones included."""
 
     @property
     def jit_calls_per_job(self) -> float:
         return self.jit_calls / max(1, self.jobs)
+
+    @property
+    def served_ratio(self) -> float:
+        return self.served / max(1, self.jobs)
+
+    @property
+    def executions_per_run(self) -> int:
+        """The most provisions the dispatcher started for one run (the worst run's)."""
+        return max(self.dispatched, default=0)
 
 
 def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.0) -> Burst:
     """Queue `jobs` jobs at once in `runs` runs of a matrix; wait until every run has completed."""
     calls_before = system.github.state.calls[JIT_ROUTE]
     refused_before = system.github.limits.refused[JIT_ROUTE]
+    throttled_before = system.stack.webhook.throttled
+    deliveries_before = set(system.github.state.deliveries)
     began = time.monotonic()
     with _window_spent_until_refused(system.github.limits, refused_before):
         started = _serve(system, jobs, runs, began + timeout)
@@ -112,6 +136,13 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
         1 for j in queued if j.conclusion is Conclusion.SUCCESS and instance_of_runner(j.runner_name)
     )
     failed = sum(1 for e in system.stack.executions() if e["status"] in ("FAILED", "TIMED_OUT", "ABORTED"))
+    provisions = _provisions(system)
+    run_keys = {_run_key_of(run): run for run in started}
+    dispatched = Counter(
+        p.run_key for p in provisions if p.redrives == 0 and p.origin is None and p.run_key in run_keys
+    )
+    with system.github.state.lock:
+        deliveries = [d for n, d in system.github.state.deliveries.items() if n not in deliveries_before]
     return Burst(
         jobs=len(queued),
         served=served,
@@ -119,7 +150,29 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
         jit_calls=system.github.state.calls[JIT_ROUTE] - calls_before,
         refused=system.github.limits.refused[JIT_ROUTE] - refused_before,
         failed_executions=failed,
+        runs=len(started),
+        dispatched=tuple(dispatched[key] for key in run_keys),
+        redriven=sum(1 for p in provisions if p.redrives > 0),
+        reconciled=sum(1 for p in provisions if p.redrives == 0 and p.origin is not None),
+        throttled=system.stack.webhook.throttled - throttled_before,
+        failed_deliveries=sum(1 for d in deliveries if not d.succeeded),
     )
+
+
+def _provisions(system: World) -> list[ProvisionRequest]:
+    """Every provision execution's request, as the dispatcher, a redrive or refresh started it."""
+    return [
+        ProvisionRequest.model_validate_json(
+            system.stack.stepfunctions.describe_execution(executionArn=e["executionArn"])["input"]
+        )
+        for e in system.stack.executions()
+        if e["machine"] == "provision"
+    ]
+
+
+def _run_key_of(run: FakeWorkflowRun) -> str:
+    """The run key of a burst run's jobs, as the webhook reads it from their labels."""
+    return str(RunKey.of_job(JobSpec("shard", LABEL).labels(run.run_id), run.run_attempt))
 
 
 def _serve(system: World, jobs: int, runs: int, deadline: float) -> list[FakeWorkflowRun]:

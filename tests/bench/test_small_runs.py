@@ -15,9 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 RUN_SMALL_ELSEWHERE = {
     "burst": "tests/e2e/test_github_resilience.py",
+    "burst_1000": "tests/e2e/test_github_resilience.py",
     "quotas": "tests/integration/test_quota_bench.py",
 }
-"""Benchmarks whose small run is a test with its own assertions on the figures."""
+"""Benchmarks whose small run is a test with its own assertions on the figures. The burst's is its
+1,000-job size made small (burst_1000.run is burst.run in that shape)."""
 
 FIGURES_AT_SMALL_SIZE = {
     "emulator": ("aws_model_warm_control_plane_seconds", "aws_model_cold_control_plane_seconds"),

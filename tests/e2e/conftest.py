@@ -7,6 +7,8 @@ state machines.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import time
 import uuid
@@ -30,6 +32,7 @@ from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS
 from runner_pool.domain.executions import runner_name
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Signal, WorkerSignal
@@ -235,3 +238,24 @@ def notices_accounted(system: World) -> None:
 
 def job_of(system: World, run: FakeWorkflowRun, index: int = 0) -> FakeJob:
     return system.github.state.jobs[run.job_ids[index]]
+
+
+def queued_spans(system: World) -> dict[int, float]:
+    """Per run, seconds from its first `workflow_job queued` delivery to its last, as GitHub records them."""
+    answered: dict[int, list[float]] = {}
+    with system.github.state.lock:
+        deliveries = list(system.github.state.deliveries.values())
+    for delivery in deliveries:
+        if delivery.event == "workflow_job" and delivery.action == "queued":
+            run_id = json.loads(delivery.payload)["workflow_job"]["run_id"]
+            answered.setdefault(run_id, []).append(delivery.delivered_at)
+    return {run_id: max(times) - min(times) for run_id, times in answered.items()}
+
+
+def provisions_bound(span: float) -> int:
+    """The most provisions the dispatcher may start for one run (of at most PROVISION_LIMIT jobs) whose
+    `queued` deliveries came over `span` seconds: two (its first job's, one follow-up) when they came
+    within one follow-up window of each other, as a matrix's do on GitHub; on two cores busy with the rest
+    of make test the webhook may answer them seconds apart, and each quiet window then closes a follow-up
+    (domain/demand.py): never one provision a job."""
+    return 2 if span <= FOLLOW_UP_WINDOW_SECONDS else 2 + math.ceil(span / FOLLOW_UP_WINDOW_SECONDS)

@@ -8,7 +8,6 @@ event source mappings", services-sqs-scaling.html); the emulator's event source 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -19,8 +18,15 @@ from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.fake_github import Conclusion, JobSpec
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from infra.constructs.ingress import DEMAND_BATCHING_WINDOW_SECONDS
-from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS
-from tests.e2e.conftest import FAST_INSTANCES, LABEL, LAMBDA_POLLER_TIMERS, completed, eventually
+from tests.e2e.conftest import (
+    FAST_INSTANCES,
+    LABEL,
+    LAMBDA_POLLER_TIMERS,
+    completed,
+    eventually,
+    provisions_bound,
+    queued_spans,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -84,16 +90,8 @@ def test_a_matrix_of_20_costs_at_most_two_provisions_and_two_create_fleets_with_
     assert [job.conclusion for job in jobs] == [Conclusion.SUCCESS] * 20
     every = [e for e in system.stack.executions() if e["machine"] == "provision"]
     dispatched = [e for e in every if redrives(system, e) == 0]
-    # Two when the deliveries come within one follow-up window of each other (as a matrix's do on
-    # GitHub); on two cores busy with the rest of make test the webhook may answer them seconds apart,
-    # and each quiet window then closes a follow-up (domain/demand.py): never one provision a job
-    answered = sorted(
-        d.delivered_at
-        for d in system.github.state.deliveries.values()
-        if d.action == "queued" and d.event == "workflow_job"
-    )
-    span = answered[-1] - answered[0]
-    bound = 2 if span <= FOLLOW_UP_WINDOW_SECONDS else 2 + math.ceil(span / FOLLOW_UP_WINDOW_SECONDS)
+    (span,) = queued_spans(system).values()
+    bound = provisions_bound(span)
     print(
         f"dispatched {len(dispatched)} (bound {bound}, deliveries over {span:.2f} s), redriven "
         f"{len(every) - len(dispatched)}"

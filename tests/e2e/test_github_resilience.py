@@ -12,23 +12,37 @@ from pathlib import Path
 
 import pytest
 
-from bench import burst as bench_burst
+from bench import burst_1000 as bench_burst_1000
 from demo.burst import rate_limited_world
+from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.fake_github import Conclusion, JobSpec, JobStatus
 from emulator.simulated_instances import InstanceSettings
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
+from infra.constructs.ingress import THROTTLE_BURST, THROTTLE_RATE_PER_SECOND
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, accounted, completed, eventually, settled
+from tests.e2e.conftest import (
+    FAST_INSTANCES,
+    FAST_TIMERS,
+    LABEL,
+    accounted,
+    completed,
+    eventually,
+    provisions_bound,
+    queued_spans,
+    settled,
+)
 
 pytestmark = pytest.mark.slow
 
-BURST_JOBS = 300 if os.environ.get("RUNNER_POOL_E2E_FULL_BURST") == "1" else 40
+BURST_JOBS = 300 if os.environ.get("RUNNER_POOL_E2E_FULL_BURST") == "1" else bench_burst_1000.SMALL["jobs"]
+BURST_RUNS = 10 if BURST_JOBS == 300 else bench_burst_1000.SMALL["runs"]
 """The issue asks for 300 in make test; on the shared 2-core machine 300 jobs are served in 172 s (the
 test takes 184 s with its settling and accounting; idle machine, with notices: the agents no longer
 poll their records every second). Before notices: 233 s and 288 s. This process's one core is the
-ceiling, so make test runs 40 (about 50 s) until the emulator carries 300 instances in 60 to 90 s;
-RUNNER_POOL_E2E_FULL_BURST=1 runs the issue's 300, and `make bench` measures it."""
+ceiling, so make test runs issue 15's 1,000-job burst at its small size (40 jobs in 4 runs, about 50 s)
+until the emulator carries 300 instances in 60 to 90 s; RUNNER_POOL_E2E_FULL_BURST=1 runs the issue's
+300, and `make bench` measures 300 and 1,000."""
 
 
 @pytest.fixture
@@ -40,18 +54,29 @@ def limited_system(tmp_path: Path) -> Iterator[World]:
 def test_a_burst_against_githubs_rate_limit_serves_every_job_and_fails_no_execution(
     limited_system: World,
 ) -> None:
-    # When BURST_JOBS jobs are queued at once, in 10 runs of a matrix, against GitHub's rate limit
+    # Given the webhook behind the stage throttle the stack sets, and the dispatcher read by Lambda's
+    # five pollers
+    throttle = limited_system.stack.webhook.throttle
+    assert throttle is not None
+    assert (throttle.burst, throttle.rate_per_second) == (THROTTLE_BURST, THROTTLE_RATE_PER_SECOND)
+    assert limited_system.stack.dispatcher.concurrency == STANDARD_QUEUE_POLLERS
+    # When BURST_JOBS jobs are queued at once, in BURST_RUNS runs of a matrix, against GitHub's rate limit
     # (GitHub's minute compressed, as every time here: demo/burst.py) and a registration budget above it,
     # as the burst benchmark queues them (this is its small run in make test)
-    table = bench_burst.run(jobs=BURST_JOBS, system=limited_system)
+    table = bench_burst_1000.run(jobs=BURST_JOBS, runs=BURST_RUNS, system=limited_system)
     figures = table.figures
     print("\n" + table.render())
     # Then every job ran to success on a runner of ours
-    assert figures[f"burst_{BURST_JOBS}_jobs_served_count"] == BURST_JOBS
+    key = f"burst_{BURST_JOBS}_jobs"
+    assert figures[f"{key}_served_ratio"] == 1.0
     # And GitHub's limit was met (it refused registrations) and waited out: no execution failed
     assert figures[f"burst_{BURST_JOBS}_jit_refused_count"] > 0
-    assert figures[f"burst_{BURST_JOBS}_executions_failed_count"] == 0
+    assert figures[f"{key}_failed_executions_count"] == 0
     assert figures[f"burst_{BURST_JOBS}_jit_calls_per_job_ratio"] >= 1.0
+    # And no run cost the dispatcher more than two provisions, unless its deliveries came so far apart
+    # on this busy machine that follow-up windows closed between them (redrives are apart)
+    bound = max(provisions_bound(span) for span in queued_spans(limited_system).values())
+    assert figures[f"{key}_executions_per_run"] <= bound
     settled(limited_system, timeout=300)
     accounted(limited_system)
 

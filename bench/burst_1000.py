@@ -1,0 +1,28 @@
+"""Issue 15's burst: 1,000 jobs queued at once, behind the stack's own webhook throttle and Lambda's five
+pollers on the demand queue, against GitHub's rate limit (bench/burst.py's world and figures).
+
+Its shape is 20 runs of a 50-job matrix. GitHub allows 256 jobs in one run ("A matrix will generate a
+maximum of 256 jobs per workflow run", docs.github.com, "Running variations of jobs in a workflow"), so
+four 250-job runs would fit too, but a provision execution takes at most PROVISION_LIMIT (50) runners,
+sized to Step Functions' quotas (domain/executions.py): a run of N jobs then costs at least
+1 + ceil((N - 1) / 50) provisions whatever the batching does (6 for 250), and issue 15's "at most 2
+provisions per run" can only be met, or missed by the batching, with runs of at most 51 jobs. The
+webhook and the dispatcher meet the same 1,000 deliveries either way.
+"""
+
+from __future__ import annotations
+
+from bench import burst
+from bench.results import BenchTable
+from emulator.world import World
+
+JOBS = 1000
+RUNS = 20
+
+SMALL = {"jobs": 40, "runs": 4}
+"""make test runs it at this size on the world of its own e2e test (tests/e2e/test_github_resilience.py),
+which checks the issue's figures on it: every job served, no failed execution, provisions per run."""
+
+
+def run(jobs: int = JOBS, runs: int = RUNS, system: World | None = None) -> BenchTable:
+    return burst.run(jobs=jobs, runs=runs, system=system)
