@@ -294,6 +294,14 @@ INTERNALS: tuple[Internal, ...] = (
         "63888dfe47fa6569",
         read="moto.stepfunctions.parser.asl.component.common.path.result_path:ResultPath._eval_body",
     ),
+    Internal(
+        "moto.dynamodb.models.table:Table.all_items",
+        "emulator/moto_speedups.py",
+        "replaced by the same list sorted on converted keys: (self) -> list[Item], every item of "
+        "self.items (a dict of items per hash key when range_key_attr), sorted on (hash_key, range_key)",
+        "98389d15573959bc",
+        signature="(self)",
+    ),
     # Simulated instances: which instances EC2 has, in which state, read from local AWS's EC2 backend.
     Internal(
         "moto.ec2.models:ec2_backends",

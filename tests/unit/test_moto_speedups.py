@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import pytest
 from moto.dynamodb.responses import DynamoResult
 
 from emulator.aws import LocalAws, local_aws
-from emulator.moto_internals import resolve
+from emulator.moto_internals import patch_point, resolve
 from emulator.moto_speedups import ITEM_OPERATIONS
 
 LAMBDA_CLIENT = (
@@ -151,3 +152,38 @@ def test_a_response_class_methods_are_listed_once_and_as_before() -> None:
         assert listed(handler) is listed(handler)
         assert listed(handler) == outside
     assert "update_item" in outside
+
+
+@pytest.mark.parametrize("range_key", [None, "N", "S"])
+def test_a_tables_items_are_listed_in_motos_order(range_key: str | None) -> None:
+    # Given a table keyed by a string (and a number or a string), whose items were written out of order,
+    # with numbers whose text sorts otherwise than their value
+    values = {"N": ["10", "9", "-1", "2.5", "100"], "S": ["b", "a", "", "ab", "B"]}
+    schema = [{"AttributeName": "pk", "KeyType": "HASH"}]
+    attributes = [{"AttributeName": "pk", "AttributeType": "S"}]
+    if range_key:
+        schema.append({"AttributeName": "sk", "KeyType": "RANGE"})
+        attributes.append({"AttributeName": "sk", "AttributeType": range_key})
+    all_items = "moto.dynamodb.models.table:Table.all_items"
+    motos = resolve(all_items)
+    with local_aws() as aws:
+        dynamodb = aws.client("dynamodb")
+        dynamodb.create_table(
+            TableName="t", KeySchema=schema, AttributeDefinitions=attributes, BillingMode="PAY_PER_REQUEST"
+        )
+        sort_keys = [{"sk": {range_key: v}} for v in values[range_key] if v] if range_key else [{}]
+        for pk in ("i-9", "i-10", "i-1", "i-b"):
+            for sort_key in sort_keys:
+                dynamodb.put_item(TableName="t", Item={"pk": {"S": pk}, **sort_key})
+        owner, name = patch_point(all_items)
+        fast, tables = getattr(owner, name), []
+        with mock.patch.object(owner, name, lambda table: tables.append(table) or fast(table)):
+            dynamodb.scan(TableName="t")
+        table = tables[0]
+        # When its items are listed / Then in the very order moto lists them
+        listed = resolve(all_items)(table)
+        assert resolve(all_items) is not motos
+        assert [(i.hash_key, i.range_key) for i in listed] == [
+            (i.hash_key, i.range_key) for i in motos(table)
+        ]
+        assert len(listed) == (4 * 5 if range_key == "N" else 4 * 4 if range_key else 4)
