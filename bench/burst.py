@@ -31,16 +31,18 @@ SMALL = {"jobs": 20}
 (tests/e2e/test_github_resilience.py), which then checks that world settles and accounts."""
 
 
-def run(jobs: int = JOBS, runs: int = RUNS, system: World | None = None) -> BenchTable:
+def run(
+    jobs: int = JOBS, runs: int = RUNS, system: World | None = None, timeout: float = TIMEOUT_SECONDS
+) -> BenchTable:
     """The burst on a fresh rate-limited world, or on `system` (one built by rate_limited_world)."""
     if system is not None:
-        return _table(serve_burst(system, jobs, runs=runs, timeout=900), jobs, Footprint())
+        return _table(serve_burst(system, jobs, runs=runs, timeout=min(timeout, 900)), jobs, Footprint())
     with (
         tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch,
         rate_limited_world(Path(scratch)) as fresh,
         footprint() as peak,
     ):
-        return _table(serve_burst(fresh, jobs, runs=runs, timeout=TIMEOUT_SECONDS), jobs, peak)
+        return _table(serve_burst(fresh, jobs, runs=runs, timeout=timeout), jobs, peak)
 
 
 @dataclass
@@ -111,6 +113,12 @@ def _table(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
     table.row("  refused by GitHub (retry-after)", burst.refused)
     table.row("executions failed", burst.failed_executions)
     table.row("provisions the dispatcher started per run (each run)", " ".join(map(str, burst.dispatched)))
+    if burst.queued_spans:
+        spans = sorted(burst.queued_spans)
+        table.row(
+            "  a run's queued deliveries came over (median, max)",
+            f"{spans[len(spans) // 2]:.1f} s, {spans[-1]:.1f} s",
+        )
     table.row("  redrives (a provision that ended short asked again)", burst.redriven)
     table.row("  reconciliations (refresh asked for jobs still queued)", burst.reconciled)
     table.row("deliveries throttled by the stage (429)", burst.throttled)

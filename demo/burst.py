@@ -16,6 +16,7 @@ polling. `make bench` and tests/e2e share this.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -105,6 +106,9 @@ class Burst:
     """Deliveries API Gateway's stage throttle answered 429 (the webhook never ran)."""
     failed_deliveries: int = 0
     """Deliveries GitHub recorded as failed (any answer but 2xx), the throttled ones included."""
+    queued_spans: tuple[float, ...] = ()
+    """For each run, seconds from its first `workflow_job queued` delivery to its last: a follow-up
+    gathers what comes within its window (domain/demand.py), so this is what the batching had to span."""
 
     @property
     def jit_calls_per_job(self) -> float:
@@ -143,6 +147,7 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
     )
     with system.github.state.lock:
         deliveries = [d for n, d in system.github.state.deliveries.items() if n not in deliveries_before]
+    spans = queued_spans(system)
     return Burst(
         jobs=len(queued),
         served=served,
@@ -156,7 +161,21 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
         reconciled=sum(1 for p in provisions if p.redrives == 0 and p.origin is not None),
         throttled=system.stack.webhook.throttled - throttled_before,
         failed_deliveries=sum(1 for d in deliveries if not d.succeeded),
+        queued_spans=tuple(spans.get(run.run_id, 0.0) for run in started),
     )
+
+
+def queued_spans(system: World) -> dict[int, float]:
+    """Per run, seconds from its first `workflow_job queued` delivery to its last, as GitHub recorded them
+    (the first attempt of each; a redelivery is not the order GitHub first sent them in)."""
+    answered: dict[int, list[float]] = {}
+    with system.github.state.lock:
+        deliveries = list(system.github.state.deliveries.values())
+    for delivery in deliveries:
+        if delivery.event == "workflow_job" and delivery.action == "queued" and not delivery.redelivery:
+            run_id = json.loads(delivery.payload)["workflow_job"]["run_id"]
+            answered.setdefault(run_id, []).append(delivery.delivered_at)
+    return {run_id: max(times) - min(times) for run_id, times in answered.items()}
 
 
 def _provisions(system: World) -> list[ProvisionRequest]:

@@ -7,7 +7,6 @@ state machines.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -238,18 +237,6 @@ def notices_accounted(system: World) -> None:
 
 def job_of(system: World, run: FakeWorkflowRun, index: int = 0) -> FakeJob:
     return system.github.state.jobs[run.job_ids[index]]
-
-
-def queued_spans(system: World) -> dict[int, float]:
-    """Per run, seconds from its first `workflow_job queued` delivery to its last, as GitHub records them."""
-    answered: dict[int, list[float]] = {}
-    with system.github.state.lock:
-        deliveries = list(system.github.state.deliveries.values())
-    for delivery in deliveries:
-        if delivery.event == "workflow_job" and delivery.action == "queued":
-            run_id = json.loads(delivery.payload)["workflow_job"]["run_id"]
-            answered.setdefault(run_id, []).append(delivery.delivered_at)
-    return {run_id: max(times) - min(times) for run_id, times in answered.items()}
 
 
 def provisions_bound(span: float) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from demo.burst import queued_spans
 from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.fake_github import Conclusion, JobSpec
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
@@ -25,7 +26,6 @@ from tests.e2e.conftest import (
     completed,
     eventually,
     provisions_bound,
-    queued_spans,
 )
 
 pytestmark = pytest.mark.slow

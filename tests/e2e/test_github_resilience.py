@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import burst_1000 as bench_burst_1000
-from demo.burst import rate_limited_world
+from demo.burst import queued_spans, rate_limited_world
 from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.fake_github import Conclusion, JobSpec, JobStatus
 from emulator.simulated_instances import InstanceSettings
@@ -29,7 +29,6 @@ from tests.e2e.conftest import (
     completed,
     eventually,
     provisions_bound,
-    queued_spans,
     settled,
 )
 
