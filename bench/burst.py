@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -122,7 +123,11 @@ def _table(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
     table.row("  redrives (a provision that ended short asked again)", burst.redriven)
     table.row("  reconciliations (refresh asked for jobs still queued)", burst.reconciled)
     table.row("deliveries throttled by the stage (429)", burst.throttled)
-    table.row("deliveries GitHub recorded as failed", burst.failed_deliveries)
+    statuses = Counter(burst.failed_deliveries)
+    table.row(
+        "deliveries GitHub recorded as failed (by status; 0: no answer)",
+        f"{len(burst.failed_deliveries)} ({', '.join(f'{s}: {n}' for s, n in sorted(statuses.items()))})",
+    )
     if peak.rss_bytes:
         table.row("peak memory, this process and its children", f"{peak.rss_bytes / 2**30:.2f} GiB")
         table.row("peak threads of this process", peak.threads)
@@ -139,7 +144,7 @@ def _table(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
     table.figure(f"{key}_jobs_redriven_executions_count", burst.redriven)
     table.figure(f"{key}_jobs_reconciled_executions_count", burst.reconciled)
     table.figure(f"{key}_webhook_throttled_count", burst.throttled)
-    table.figure(f"{key}_webhook_failed_deliveries_count", burst.failed_deliveries)
+    table.figure(f"{key}_webhook_failed_deliveries_count", len(burst.failed_deliveries))
     table.note(
         f"GitHub's limit (180 registrations a minute) in its minute compressed to {WINDOW:g} s, "
         f"{180 * 60 / WINDOW:g} a minute; the registration budget at {REGISTRATIONS_PER_MINUTE} a minute, "

@@ -104,8 +104,9 @@ class Burst:
     """Provisions refresh started for jobs still queued (its reconciliation), not by the dispatcher."""
     throttled: int = 0
     """Deliveries API Gateway's stage throttle answered 429 (the webhook never ran)."""
-    failed_deliveries: int = 0
-    """Deliveries GitHub recorded as failed (any answer but 2xx), the throttled ones included."""
+    failed_deliveries: tuple[int, ...] = ()
+    """The status GitHub recorded for each failed delivery (any answer but 2xx; 0: no answer within
+    its 10 s, or no connection), the throttled ones' 429 included."""
     queued_spans: tuple[float, ...] = ()
     """For each run, seconds from its first `workflow_job queued` delivery to its last: a follow-up
     gathers what comes within its window (domain/demand.py), so this is what the batching had to span."""
@@ -160,7 +161,7 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
         redriven=sum(1 for p in provisions if p.redrives > 0),
         reconciled=sum(1 for p in provisions if p.redrives == 0 and p.origin is not None),
         throttled=system.stack.webhook.throttled - throttled_before,
-        failed_deliveries=sum(1 for d in deliveries if not d.succeeded),
+        failed_deliveries=tuple(d.status_code for d in deliveries if not d.succeeded),
         queued_spans=tuple(spans.get(run.run_id, 0.0) for run in started),
     )
 
