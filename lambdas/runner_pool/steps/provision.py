@@ -53,11 +53,11 @@ INLINE_CHECK_PAUSE_SECONDS = 0.25
 in-line a few times before the state machine's first Wait (Step Functions waits whole seconds):
 the warm path saves a second and three state transitions, for about a second of Lambda time."""
 HAND_OVERS_AT_ONCE = 10
-"""Created instances Create (and CheckFleet) hand over side by side: each is GitHub's JIT call (a few
-hundred ms) and four AWS calls, so one after another 350 instances took Create past its 120 s timeout
-(issue 15). GitHub allows an App 100 concurrent requests ("Rate limits for the REST API", About
-secondary rate limits), which these share with up to 40 claim workers; the registration budget
-paces how many a minute."""
+"""Hand-overs Begin (its claims), Create and CheckFleet (the instances created) make side by side: each
+is GitHub's JIT call (a few hundred ms) and four AWS calls, so one after another 350 instances took
+Create past its 120 s timeout (issue 15). GitHub allows an App 100 concurrent requests ("Rate limits
+for the REST API", About secondary rate limits), which these share with up to 40 claim workers; the
+registration budget paces how many a minute."""
 
 
 class _HandOver(Enum):
@@ -65,8 +65,8 @@ class _HandOver(Enum):
 
 
 _HandOverOutcome = float | GitHubRetryableError | _HandOver | None
-_Item = TypeVar("_Item")
 """When it was handed over; the error that deferred it; NOT_TRIED; None: its record moved on."""
+_Item = TypeVar("_Item")
 
 PICKUPS_PER_CLAIM = 3
 """Pickups one claim step makes when claims are lost to other workers or the queue looked empty once."""
