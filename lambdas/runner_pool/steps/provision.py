@@ -488,13 +488,16 @@ class Provision:
             failed |= {instance_id: "no runner was registered for it in time" for instance_id in awaiting}
             awaiting = []
         budget = self._budget()
+        run_key = provision.spec.run_key
         while awaiting:
             grant = budget.take(len(awaiting))
             if grant.refused:
                 wait = grant.wait_seconds
                 break
             batch = awaiting[: grant.granted]
-            outcomes = self._hand_over_created_side_by_side(batch, provision)
+            outcomes = self._side_by_side_hand_overs(
+                lambda instance_id: self._hand_over(instance_id, run_key, provision.creation_claim), batch
+            )
             for instance_id, outcome in zip(batch, outcomes, strict=True):
                 if outcome is _HandOver.NOT_TRIED or isinstance(outcome, GitHubRetryableError):
                     continue  # still awaiting: the next look tries it again
@@ -526,15 +529,6 @@ class Provision:
                 "wait_seconds": wait,
                 "validating": bool(pending or awaiting),
             }
-        )
-
-    def _hand_over_created_side_by_side(
-        self, instance_ids: list[str], provision: ProvisionPlan
-    ) -> list[_HandOverOutcome]:
-        """Hand each created instance its config (`_side_by_side_hand_overs`)."""
-        run_key, claim = provision.spec.run_key, provision.creation_claim
-        return self._side_by_side_hand_overs(
-            lambda instance_id: self._hand_over(instance_id, run_key, claim), instance_ids
         )
 
     def _side_by_side_hand_overs(
