@@ -23,6 +23,9 @@ from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.demand import (
     FOLLOW_UP_LIMIT_SECONDS,
     FOLLOW_UP_WINDOW_SECONDS,
+    SEALED_WAIT_SECONDS,
+    BatchRole,
+    BatchTurn,
     DemandMessage,
     Dispatcher,
     DispatchReport,
@@ -43,6 +46,9 @@ MOTO_WINDOW_SECONDS = 1.0
 the product's 0.3 s many times over, but moto on two cores busy with the rest of make test takes up
 to 0.5 s a write, so turns a few milliseconds apart on AWS land further apart than 0.3 s here. What
 such a test checks is that concurrent batches meet in the ledger, not the window's length."""
+MOTO_SEALED_WAIT_SECONDS = 10.0
+"""The wait for a follow-up being started, where real time runs: on AWS its start takes a few hundred
+milliseconds, on moto under make test's load a few seconds."""
 
 
 class LeaderDiedError(BaseException):
@@ -87,6 +93,8 @@ class TimedStarts(Starts):
 class Dispatches:
     world: IngressWorld
     starts: Starts = field(default_factory=Starts)
+    started_at: float = 0.0
+    """The world's clock when the test began."""
     meanwhile: list[Callable[[], object]] = field(default_factory=list)
     """What other dispatches do while a leader waits (run in its pause, in order), before the clock moves."""
 
@@ -105,7 +113,7 @@ class Dispatches:
 @pytest.fixture
 def dispatches() -> Iterator[Dispatches]:
     with ingress_world() as world:
-        yield Dispatches(world)
+        yield Dispatches(world, started_at=world.clock.now())
 
 
 def jobs(*job_ids: int) -> list[DemandMessage]:
@@ -234,17 +242,104 @@ def test_demand_after_the_follow_up_started_is_a_first_again(dispatches: Dispatc
     assert dispatches.starts.job_ids() == [(1,), (2,), (3,)]
 
 
-def test_demand_that_arrives_while_the_follow_up_is_being_started_is_dispatched_at_once_apart(
+def test_demand_that_meets_a_follow_up_whose_start_never_ends_is_started_apart_after_the_wait(
     dispatches: Dispatches,
 ) -> None:
-    # Given a first batch, and a follow-up whose leader is starting it right now
+    # Given a first batch, and a follow-up whose leader is starting it right now, and stays inside
+    # that start (as a leader that died there would, with its lease far ahead)
     dispatches.dispatch("a", jobs(1))
+    arrivals: list[DispatchReport] = []
     # (the first batch's start has passed: the next start is the follow-up's)
-    dispatches.starts.during = lambda: dispatches.dispatch("c", jobs(3))
+    dispatches.starts.during = lambda: arrivals.append(dispatches.dispatch("c", jobs(3)))
     # When a job arrives during that start: it cannot join a sealed follow-up
     dispatches.dispatch("b", jobs(2))
-    # Then it got a provision of its own at once, and the follow-up kept its own job
+    # Then it waited SEALED_WAIT_SECONDS for that start to end, then got a provision of its own, and the
+    # follow-up kept its own job
     assert sorted(dispatches.starts.job_ids()) == [(1,), (2,), (3,)]
+    assert arrivals[0].failed_message_ids == set()
+    assert dispatches.world.clock.now() - dispatches.started_at >= SEALED_WAIT_SECONDS
+
+
+def test_demand_whose_ledger_fails_while_it_waits_for_a_follow_up_being_started_is_started_apart(
+    dispatches: Dispatches, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a follow-up being started, and a job arriving meanwhile that meets it sealed
+    dispatches.dispatch("a", jobs(1))
+    take_turn = DynamoDbLedger.take_turn
+    turns: list[str] = []
+
+    def failing_after_the_first_look(self: DynamoDbLedger, *args: Any, **kwargs: Any) -> BatchTurn:
+        turns.append(kwargs["holder"])
+        if turns.count("c") > 1:
+            raise RuntimeError("ProvisionedThroughputExceededException")
+        return take_turn(self, *args, **kwargs)
+
+    monkeypatch.setattr(DynamoDbLedger, "take_turn", failing_after_the_first_look)
+    arrivals: list[DispatchReport] = []
+    dispatches.starts.during = lambda: arrivals.append(dispatches.dispatch("c", jobs(3)))
+    # When its next look at the ledger fails
+    dispatches.dispatch("b", jobs(2))
+    # Then its job is still started, apart, and its message is done: the wait only ever delays a job
+    assert sorted(dispatches.starts.job_ids()) == [(1,), (2,), (3,)]
+    assert arrivals[0].failed_message_ids == set()
+    assert turns.count("c") == 2
+
+
+def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_one_first_and_one_follow_up(
+    dispatches: Dispatches,
+) -> None:
+    # Given a follow-up being started, and four batches of the same run arriving meanwhile, each from
+    # a poller of its own (issue 15's burst: each such batch used to get an execution of its own), on
+    # the real ledger and in real time
+    world = dispatches.world
+    clock = SystemClock()
+    starts = TimedStarts()
+    alone: set[str] = set()
+    all_waiting = threading.Event()
+
+    class Ledger(DynamoDbLedger):
+        def take_turn(self, *args: Any, **kwargs: Any) -> BatchTurn:
+            turn = super().take_turn(*args, **kwargs)
+            if turn.role is BatchRole.ALONE:
+                alone.add(kwargs["holder"])
+                if len(alone) == len(waiters):
+                    all_waiting.set()
+            return turn
+
+    def dispatch(holder: str, messages: list[DemandMessage]) -> DispatchReport:
+        ledger = Ledger(IDEMPOTENCY_TABLE, clock, world.plane.client("dynamodb"))
+        dispatcher = Dispatcher(
+            ledger,
+            starts,
+            clock,
+            time.sleep,
+            window_seconds=MOTO_WINDOW_SECONDS,
+            sealed_wait_seconds=MOTO_SEALED_WAIT_SECONDS,
+        )
+        return dispatcher.dispatch([(f"{holder}-m{n}", m) for n, m in enumerate(messages)], holder, 60)
+
+    waiters = [
+        threading.Thread(target=dispatch, args=(holder, jobs(job_id)))
+        for holder, job_id in (("c", 3), ("d", 4), ("e", 5), ("f", 6))
+    ]
+
+    def arrive_meanwhile() -> None:
+        for waiter in waiters:
+            waiter.start()
+        assert all_waiting.wait(timeout=30), f"only {sorted(alone)} met the follow-up being started"
+
+    dispatch("a", jobs(1))
+    starts.during = arrive_meanwhile
+    dispatch("b", jobs(2))
+    for waiter in waiters:
+        waiter.join(timeout=30)
+
+    # Then the four batches waited for that start and cost two provisions, not four: the first of them
+    # at once, the rest as its follow-up
+    assert sorted(job for request in starts.provisions for job in request.job_ids) == list(range(1, 7))
+    later = [request.job_ids for request in starts.provisions[2:]]
+    assert len(later) == 2, later
+    assert sorted(len(job_ids) for job_ids in later) == [1, 3]
 
 
 def test_a_run_that_completes_while_the_window_is_open_gets_no_follow_up(dispatches: Dispatches) -> None:

@@ -33,9 +33,13 @@ writes (DynamoDbLedger.take_turn):
                starts one provision for every job in it
     taken over the follow-up's leader died before starting it (its lease passed): this dispatch adds
                its jobs, seals it and starts it at once
-    alone      the follow-up is sealed and being started right now: start these jobs at once, apart
+    alone      the follow-up is sealed and being started right now: wait for that start to end
+               (looking again every SEALED_LOOK_SECONDS), then take a turn again; after
+               SEALED_WAIT_SECONDS (its leader died while starting it) start these jobs apart
 
-So a matrix whose jobs arrive within the window costs two executions however the pollers split it.
+So a matrix whose jobs arrive within the window costs two executions however the pollers split it, and
+a burst that keeps coming past the window costs a first and a follow-up per cycle, not an execution
+per batch that met a follow-up being started (issue 15's 1,000-job burst saw 36 for a 50-job run).
 A joined message is acknowledged before its job is started: what makes that safe is the leader's own
 messages, which stay unacknowledged until the follow-up has started, so a leader that dies has them
 delivered again, and that delivery takes the follow-up over. Every job of a follow-up is reserved
@@ -86,6 +90,13 @@ per quiet gap, never a job. It used to be the event source's batching window, in
 and per poller."""
 FOLLOW_UP_LIMIT_SECONDS = 5.0
 """The longest a follow-up stays open after the first dispatch, however its demand keeps coming."""
+SEALED_WAIT_SECONDS = 2.0
+"""How long demand that finds its run key's follow-up being started waits for that start to end. The
+start is one conditional write per job (at most PROVISION_LIMIT), a StartExecution and two writes: a
+few hundred milliseconds on AWS. A leader that died while starting keeps its lease much longer, so
+past this the waiting jobs are started apart rather than held for it."""
+SEALED_LOOK_SECONDS = 0.1
+"""How often waiting demand looks whether the follow-up has started (one conditional write a look)."""
 
 
 class _Message(BaseModel):
@@ -323,6 +334,16 @@ class DispatchReport:
 
 
 @dataclass
+class _Turns:
+    """What one dispatch still has to do once every group took its turn."""
+
+    waiting: list[tuple[_Group, list[JobQueued]]] = field(default_factory=list)
+    """Groups that met their follow-up being started, with their current jobs."""
+    led: list[tuple[_Group, Epoch]] = field(default_factory=list)
+    """Follow-ups this dispatch leads, with when their window closes."""
+
+
+@dataclass
 class _Group:
     """The queued jobs of one (repository, run key) in a batch, each with the messages that asked for it:
     one run attempt's jobs that ask for the same labels, so one provision serves them all."""
@@ -361,6 +382,7 @@ class Dispatcher:
         *,
         window_seconds: float = FOLLOW_UP_WINDOW_SECONDS,
         limit_seconds: float = FOLLOW_UP_LIMIT_SECONDS,
+        sealed_wait_seconds: float = SEALED_WAIT_SECONDS,
     ) -> None:
         self._ledger = ledger
         self._starter = starter
@@ -369,6 +391,7 @@ class Dispatcher:
         """How the leader of a follow-up waits for its window to close (time.sleep in a Lambda)."""
         self._window = window_seconds
         self._limit = limit_seconds
+        self._sealed_wait = sealed_wait_seconds
 
     def dispatch(
         self, batch: Sequence[tuple[str, DemandMessage]], holder: str, lease_seconds: float
@@ -392,16 +415,18 @@ class Dispatcher:
                 with _failing(report, [message_id], f"release {message.cause}"):
                     self._complete(report, message)
         until = self._clock.now() + lease_seconds
-        led: list[tuple[_Group, Epoch]] = []
+        turns = _Turns()
         for group in _groups(batch):
-            self._provision(report, group, holder, until, led)
+            self._provision(report, group, holder, until, turns)
         for message_id, message in batch:
             if isinstance(message, InstanceRelease):
                 request = message.request
                 with _failing(report, [message_id], f"release {request.instance_id} ({request.cause})"):
                     self._release(report, request)
-        # Last, so nothing else of the batch waits for a window: the leader's only wait.
-        for group, closes_at in led:
+        # Last, so nothing else of the batch waits: for a follow-up being started, then for a window.
+        for group, current in turns.waiting:
+            self._wait_for_start(report, group, current, holder, until, turns)
+        for group, closes_at in turns.led:
             self._lead(report, group, closes_at, holder, until)
         return report
 
@@ -423,7 +448,7 @@ class Dispatcher:
         group: _Group,
         holder: str,
         until: Epoch,
-        led: list[tuple[_Group, Epoch]],
+        turns: _Turns,
     ) -> None:
         report.duplicates += group.repeated_messages
         try:
@@ -434,33 +459,78 @@ class Dispatcher:
             report.stale += len(group.jobs) - len(current)
             if not current:
                 return
-            turn = self._ledger.take_turn(
-                group.repository,
-                group.run_key,
-                job_ids=[job.job_id for job in current],
-                public_ids=[job.job_id for job in current if job.public],
-                holder=holder,
-                lease_until=until,
-                window_seconds=self._window,
-                limit_seconds=self._limit,
-            )
+            turn = self._take_turn(group, current, holder, until)
         except Exception as exc:  # any fault fails the group's messages, for SQS to retry them
             what = f"batch the demand of {group.run_key}"
             report.failures.append(Failure(group.message_ids(group.jobs), what, repr(exc)))
             return
+        self._act(report, group, current, turn, holder, until, turns)
+
+    def _take_turn(self, group: _Group, current: list[JobQueued], holder: str, until: Epoch) -> BatchTurn:
+        return self._ledger.take_turn(
+            group.repository,
+            group.run_key,
+            job_ids=[job.job_id for job in current],
+            public_ids=[job.job_id for job in current if job.public],
+            holder=holder,
+            lease_until=until,
+            window_seconds=self._window,
+            limit_seconds=self._limit,
+        )
+
+    def _act(  # noqa: PLR0917 - one turn and everything it acts with
+        self,
+        report: DispatchReport,
+        group: _Group,
+        current: list[JobQueued],
+        turn: BatchTurn,
+        holder: str,
+        until: Epoch,
+        turns: _Turns,
+    ) -> None:
         match turn.role:
-            case BatchRole.FIRST | BatchRole.ALONE:
-                public = {job.job_id for job in current if job.public}
-                job_ids = [job.job_id for job in current]
-                for start in range(0, len(job_ids), PROVISION_LIMIT):
-                    chunk = job_ids[start : start + PROVISION_LIMIT]
-                    self._provision_chunk(report, group, chunk, public_ids=public, holder=holder, until=until)
+            case BatchRole.FIRST:
+                self._start_apart(report, group, current, holder, until)
+            case BatchRole.ALONE:
+                turns.waiting.append((group, current))
             case BatchRole.JOINED:
                 report.joined += len(current)
             case BatchRole.LEADER:
-                led.append((group, turn.closes_at))
+                turns.led.append((group, turn.closes_at))
             case BatchRole.TAKEN_OVER if turn.follow_up is not None:
                 self._start_follow_up(report, group, turn.follow_up, holder, until)
+
+    def _start_apart(
+        self, report: DispatchReport, group: _Group, current: list[JobQueued], holder: str, until: Epoch
+    ) -> None:
+        public = {job.job_id for job in current if job.public}
+        job_ids = [job.job_id for job in current]
+        for start in range(0, len(job_ids), PROVISION_LIMIT):
+            chunk = job_ids[start : start + PROVISION_LIMIT]
+            self._provision_chunk(report, group, chunk, public_ids=public, holder=holder, until=until)
+
+    def _wait_for_start(  # noqa: PLR0917 - the group's turn and everything it acts with
+        self,
+        report: DispatchReport,
+        group: _Group,
+        current: list[JobQueued],
+        holder: str,
+        until: Epoch,
+        turns: _Turns,
+    ) -> None:
+        """Take a turn again once the follow-up being started has started; past SEALED_WAIT_SECONDS, or
+        should the ledger fail meanwhile, start these jobs apart (as before the wait)."""
+        give_up_at = min(self._clock.now() + self._sealed_wait, until)
+        while self._clock.now() < give_up_at:
+            self._pause(SEALED_LOOK_SECONDS)
+            try:
+                turn = self._take_turn(group, current, holder, until)
+            except Exception:  # the jobs are still ours: start them apart below
+                break
+            if turn.role is not BatchRole.ALONE:
+                self._act(report, group, current, turn, holder, until, turns)
+                return
+        self._start_apart(report, group, current, holder, until)
 
     def _live_attempts(self, group: _Group) -> set[tuple[int, int]]:
         """The group's run attempts that have not completed (noting its run key for each); marks the

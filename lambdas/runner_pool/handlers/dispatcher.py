@@ -8,7 +8,8 @@ and ends in the queue's dead-letter queue.
 Event source: the demand queue, with ReportBatchItemFailures, no batching window (a run's first job
 is dispatched the moment it is received) and batches of 10; a matrix split across Lambda's
 concurrent batches is brought together by the ledger (domain.demand, follow-up batches), so an
-invocation that leads a follow-up waits up to FOLLOW_UP_WINDOW_SECONDS before it starts it.
+invocation that leads a follow-up waits for its window to close (at most FOLLOW_UP_LIMIT_SECONDS),
+and one whose jobs meet a follow-up being started waits for that start (at most SEALED_WAIT_SECONDS).
 Environment (RUNNER_POOL_*):
 IDEMPOTENCY_TABLE_NAME (the demand ledger), PROVISION_STATE_MACHINE_ARN, RELEASE_STATE_MACHINE_ARN.
 The AWS calls it makes are recorded in the tests and checked against its role (emulator/iam_check.py).
