@@ -21,6 +21,7 @@ from emulator.event_sources import QueueEventSource
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.demand import (
+    BURST_QUIET_SECONDS,
     FOLLOW_UP_LIMIT_SECONDS,
     FOLLOW_UP_WINDOW_SECONDS,
     SEALED_WAIT_SECONDS,
@@ -232,14 +233,40 @@ def test_a_follow_up_whose_leader_died_is_started_by_the_redelivery_of_the_leade
     assert dispatches.starts.job_ids() == [(1,), (2, 3, 4)]
 
 
-def test_demand_after_the_follow_up_started_is_a_first_again(dispatches: Dispatches) -> None:
+def test_demand_once_the_runs_burst_is_over_is_a_first_again(dispatches: Dispatches) -> None:
     # Given a matrix served by a first batch and a follow-up
     dispatches.dispatch("a", jobs(1))
     dispatches.dispatch("b", jobs(2))
-    # When a later job of the run is queued (a job that `needs` the matrix)
+    # When a later job of the run is queued once its burst is over (a job that `needs` the matrix)
+    dispatches.world.clock.advance(BURST_QUIET_SECONDS)
+    before = dispatches.world.clock.now()
     dispatches.dispatch("c", jobs(3))
     # Then it is dispatched at once, not held for a window
     assert dispatches.starts.job_ids() == [(1,), (2,), (3,)]
+    assert dispatches.world.clock.now() == before
+
+
+def test_demand_right_after_the_follow_up_started_opens_the_next_follow_up(dispatches: Dispatches) -> None:
+    # Given a matrix served by a first batch and a follow-up
+    dispatches.dispatch("a", jobs(1))
+    dispatches.dispatch("b", jobs(2))
+    # When more of its deliveries come a moment later, in two batches (GitHub spreads a large matrix's
+    # deliveries over seconds)
+    dispatches.meanwhile.append(lambda: dispatches.dispatch("d", jobs(5, 6)))
+    dispatches.dispatch("c", jobs(3, 4))
+    # Then they are one more follow-up, not a first and a follow-up
+    assert dispatches.starts.job_ids() == [(1,), (2,), (3, 4, 5, 6)]
+
+
+def test_a_window_nobody_joined_keeps_the_burst_going_for_the_next_demand(dispatches: Dispatches) -> None:
+    # Given a run's first job, whose window closed with nobody joining it
+    dispatches.dispatch("a", jobs(1))
+    dispatches.world.clock.advance(2 * FOLLOW_UP_WINDOW_SECONDS)
+    # When the next delivery of the matrix comes a moment after, then another while it leads
+    dispatches.meanwhile.append(lambda: dispatches.dispatch("c", jobs(3)))
+    dispatches.dispatch("b", jobs(2))
+    # Then the two are one follow-up
+    assert dispatches.starts.job_ids() == [(1,), (2, 3)]
 
 
 def test_demand_that_meets_a_follow_up_whose_start_never_ends_is_started_apart_after_the_wait(
@@ -285,7 +312,7 @@ def test_demand_whose_ledger_fails_while_it_waits_for_a_follow_up_being_started_
     assert turns.count("c") == 2
 
 
-def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_one_first_and_one_follow_up(
+def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_the_next_follow_up_together(
     dispatches: Dispatches,
 ) -> None:
     # Given a follow-up being started, and four batches of the same run arriving meanwhile, each from
@@ -334,12 +361,11 @@ def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_one_f
     for waiter in waiters:
         waiter.join(timeout=30)
 
-    # Then the four batches waited for that start and cost two provisions, not four: the first of them
-    # at once, the rest as its follow-up
+    # Then the four batches waited for that start and cost one provision, not four: the burst goes on,
+    # so they made the run key's next follow-up together
     assert sorted(job for request in starts.provisions for job in request.job_ids) == list(range(1, 7))
     later = [request.job_ids for request in starts.provisions[2:]]
-    assert len(later) == 2, later
-    assert sorted(len(job_ids) for job_ids in later) == [1, 3]
+    assert [sorted(job_ids) for job_ids in later] == [[3, 4, 5, 6]]
 
 
 def test_a_run_that_completes_while_the_window_is_open_gets_no_follow_up(dispatches: Dispatches) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
@@ -49,11 +50,16 @@ TURN_ATTEMPTS = 3
 """Each lost race of take_turn moves the item on (opened, joined, sealed); after three, dispatch apart."""
 
 # take_turn's conditions, on the batch item (see domain.demand for the roles)
-_SETTLED = (
-    "attribute_not_exists(#id) OR attribute_exists(started) OR "
-    "(attribute_not_exists(leader) AND closes_at < :now)"
+_QUIET = (
+    "attribute_not_exists(#id) OR started <= :quiet OR (attribute_not_exists(leader) AND closes_at <= :quiet)"
 )
-"""No follow-up is pending: the next demand is a first."""
+"""No follow-up is pending, and the last one started (or the window closed with nobody joining) long
+enough ago that this demand is not the same burst: the next demand is a first."""
+_SETTLED_OF = (
+    "opened_at = :opened AND "
+    "(attribute_exists(started) OR (attribute_not_exists(leader) AND closes_at < :now))"
+)
+"""The window seen (by when it opened) is over: its follow-up started, or nobody joined it."""
 _JOINABLE = (
     "attribute_exists(#id) AND attribute_not_exists(sealed) AND attribute_not_exists(started) AND "
     "((attribute_not_exists(leader) AND closes_at >= :now) OR lease_until >= :now)"
@@ -210,13 +216,29 @@ class DynamoDbLedger:
         lease_until: Epoch,
         window_seconds: float,
         limit_seconds: float,
+        quiet_seconds: float,
     ) -> BatchTurn:
         key = {KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}}
         for _ in range(TURN_ATTEMPTS):
             now = self._clock.now()
-            current = self._open(key, repository, run_key, now, now + window_seconds, now + limit_seconds)
+            window = _Window(now, now + window_seconds, now + limit_seconds, now - quiet_seconds)
+            current = self._open(key, repository, run_key, window)
             if current is None:
-                return BatchTurn(BatchRole.FIRST, closes_at=now + window_seconds)
+                return BatchTurn(BatchRole.FIRST, closes_at=window.closes_at)
+            over = "started" in current or ("leader" not in current and _epoch(current, "closes_at") < now)
+            if over:  # the same burst goes on: these jobs open the next follow-up, and this dispatch leads it
+                turn = self._lead_next(
+                    key,
+                    current,
+                    window,
+                    job_ids=job_ids,
+                    public_ids=public_ids,
+                    holder=holder,
+                    lease=lease_until,
+                )
+                if turn is not None:
+                    return turn
+                continue
             if "sealed" in current and _epoch(current, "lease_until") >= now:
                 return BatchTurn(BatchRole.ALONE)  # its leader is starting it right now
             abandoned = "leader" in current and _epoch(current, "lease_until") < now
@@ -234,16 +256,11 @@ class DynamoDbLedger:
                 return turn
         return BatchTurn(BatchRole.ALONE)
 
-    def _open(  # noqa: PLR0917 - one conditional write's values
-        self,
-        key: dict[str, Any],
-        repository: str,
-        run_key: str,
-        now: Epoch,
-        closes_at: Epoch,
-        limit_at: Epoch,
+    def _open(
+        self, key: dict[str, Any], repository: str, run_key: str, window: _Window
     ) -> dict[str, Any] | None:
-        """Open a new follow-up window when none is pending; None when opened, else the item as it is."""
+        """Open a new follow-up window when none is pending and the last burst is quiet; None when
+        opened, else the item as it is."""
         try:
             self._client.update_item(
                 TableName=self._table,
@@ -253,15 +270,16 @@ class DynamoDbLedger:
                     "closes_at = :closes, limit_at = :limit, #expiry = :expiry "
                     "REMOVE leader, lease_until, sealed, started, jobs, public_jobs"
                 ),
-                ConditionExpression=_SETTLED,
+                ConditionExpression=_QUIET,
                 ExpressionAttributeNames={"#id": KEY_ATTRIBUTE, "#expiry": EXPIRY_ATTRIBUTE},
                 ExpressionAttributeValues={
                     ":repository": {"S": repository},
                     ":run_key": {"S": run_key},
-                    ":now": {"N": _number(now)},
-                    ":closes": {"N": _number(closes_at)},
-                    ":limit": {"N": _number(limit_at)},
-                    ":expiry": {"N": str(int(now + BATCH_RETENTION_SECONDS))},
+                    ":now": {"N": _number(window.now)},
+                    ":closes": {"N": _number(window.closes_at)},
+                    ":limit": {"N": _number(window.limit_at)},
+                    ":quiet": {"N": _number(window.quiet_before)},
+                    ":expiry": {"N": str(int(window.now + BATCH_RETENTION_SECONDS))},
                 },
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -271,6 +289,48 @@ class DynamoDbLedger:
             current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
             return current
         return None
+
+    def _lead_next(
+        self,
+        key: dict[str, Any],
+        seen: dict[str, Any],
+        window: _Window,
+        *,
+        job_ids: Sequence[int],
+        public_ids: Sequence[int],
+        holder: str,
+        lease: Epoch,
+    ) -> BatchTurn | None:
+        """Open the next follow-up of a burst that goes on, with these jobs in it and `holder` leading it;
+        None when the item moved on since it was `seen`."""
+        values: dict[str, Any] = {
+            ":opened": seen.get("opened_at", {"N": "0"}),
+            ":now": {"N": _number(window.now)},
+            ":closes": {"N": _number(window.closes_at)},
+            ":limit": {"N": _number(window.limit_at)},
+            ":jobs": {"NS": [str(job_id) for job_id in job_ids]},
+            ":me": {"S": holder},
+            ":lease": {"N": _number(lease)},
+        }
+        update = (
+            "SET opened_at = :now, closes_at = :closes, limit_at = :limit, jobs = :jobs, leader = :me, "
+            "lease_until = :lease"
+        )
+        if public_ids:
+            values[":public"] = {"NS": [str(job_id) for job_id in public_ids]}
+            update += ", public_jobs = :public REMOVE sealed, started"
+        else:
+            update += " REMOVE sealed, started, public_jobs"
+        opened = self._conditional(
+            lambda: self._client.update_item(
+                TableName=self._table,
+                Key=key,
+                UpdateExpression=update,
+                ConditionExpression=_SETTLED_OF,
+                ExpressionAttributeValues=values,
+            )
+        )
+        return BatchTurn(BatchRole.LEADER, window.closes_at) if opened else None
 
     def _add(
         self,
@@ -376,6 +436,17 @@ class DynamoDbLedger:
 
     def _expiry(self, now: Epoch) -> str:
         return str(int(now + LEDGER_RETENTION_SECONDS))
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A take_turn's times: now, when a window opened now closes and reaches its limit, and before when
+    the run key's last burst must have ended for this demand to be a first."""
+
+    now: Epoch
+    closes_at: Epoch
+    limit_at: Epoch
+    quiet_before: Epoch
 
 
 def _job(job_id: int) -> str:

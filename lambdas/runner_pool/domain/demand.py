@@ -23,14 +23,17 @@ same time; a batching window per poller does not bring them together (issue 15 m
 jobs become 14 executions). The ledger does, with one item per (repository, run key) and conditional
 writes (DynamoDbLedger.take_turn):
 
-    first      no follow-up of this run key is open or pending: start its provision now, and open
-               the follow-up window (FOLLOW_UP_WINDOW_SECONDS; each job that joins keeps it open
+    first      no follow-up of this run key is open or pending, and its last one started (or its
+               window closed unjoined) BURST_QUIET_SECONDS ago or more: start its provision now, and
+               open the follow-up window (FOLLOW_UP_WINDOW_SECONDS; each job that joins keeps it open
                that much longer, up to FOLLOW_UP_LIMIT_SECONDS after the first)
     joined     the window is open and another dispatch leads the follow-up: the jobs are added to it
                and the messages are done
-    leader     the window is open and nobody leads the follow-up yet: the jobs are added, and this
-               dispatch waits for the window to close, seals the follow-up (no job joins after) and
-               starts one provision for every job in it
+    leader     the window is open and nobody leads the follow-up yet, or the run key's last follow-up
+               started (or its window closed) less than BURST_QUIET_SECONDS ago, so the same burst goes
+               on and these jobs open the next follow-up: the jobs are added, and this dispatch waits
+               for the window to close, seals the follow-up (no job joins after) and starts one
+               provision for every job in it
     taken over the follow-up's leader died before starting it (its lease passed): this dispatch adds
                its jobs, seals it and starts it at once
     alone      the follow-up is sealed and being started right now: wait for that start to end
@@ -38,8 +41,10 @@ writes (DynamoDbLedger.take_turn):
                SEALED_WAIT_SECONDS (its leader died while starting it) start these jobs apart
 
 So a matrix whose jobs arrive within the window costs two executions however the pollers split it, and
-a burst that keeps coming past the window costs a first and a follow-up per cycle, not an execution
-per batch that met a follow-up being started (issue 15's 1,000-job burst saw 36 for a 50-job run).
+a run's demand that keeps coming past the window costs one more follow-up each time a window closes,
+not an execution per batch that met a follow-up being started (issue 15's 1,000-job burst saw 36 for a
+50-job run). A job queued later, once the run's burst is over (one that `needs` the matrix), is a first
+again, started at once.
 A joined message is acknowledged before its job is started: what makes that safe is the leader's own
 messages, which stay unacknowledged until the follow-up has started, so a leader that dies has them
 delivered again, and that delivery takes the follow-up over. Every job of a follow-up is reserved
@@ -90,6 +95,11 @@ per quiet gap, never a job. It used to be the event source's batching window, in
 and per poller."""
 FOLLOW_UP_LIMIT_SECONDS = 5.0
 """The longest a follow-up stays open after the first dispatch, however its demand keeps coming."""
+BURST_QUIET_SECONDS = 5.0
+"""How long after a run key's follow-up started (or its window closed with nobody joining) its next
+demand is still the same burst, and joins a follow-up instead of starting at once. GitHub delivers a
+large matrix's `queued` events over seconds, and a delivery that failed comes again later; a job that
+`needs` others is queued only once they completed, long after."""
 SEALED_WAIT_SECONDS = 2.0
 """How long demand that finds its run key's follow-up being started waits for that start to end. The
 start is one conditional write per job (at most PROVISION_LIMIT), a StartExecution and two writes: a
@@ -275,10 +285,12 @@ class DemandLedger(Protocol):
         lease_until: Epoch,
         window_seconds: float,
         limit_seconds: float,
+        quiet_seconds: float,
     ) -> BatchTurn:
-        """Open the run key's follow-up window, or add the jobs to its follow-up batch (keeping it open
-        `window_seconds` more, up to `limit_seconds` after it opened), or take over a follow-up whose
-        leader's lease passed; `holder` leads a follow-up until `lease_until`."""
+        """Open the run key's follow-up window (a first, when its last burst ended `quiet_seconds` ago or
+        more; else the next follow-up, which `holder` leads), or add the jobs to its follow-up batch
+        (keeping it open `window_seconds` more, up to `limit_seconds` after it opened), or take over a
+        follow-up whose leader's lease passed; `holder` leads a follow-up until `lease_until`."""
         ...
 
     def seal(self, repository: str, run_key: str, holder: str) -> Sealing:
@@ -476,6 +488,7 @@ class Dispatcher:
             lease_until=until,
             window_seconds=self._window,
             limit_seconds=self._limit,
+            quiet_seconds=BURST_QUIET_SECONDS,
         )
 
     def _act(  # noqa: PLR0917 - one turn and everything it acts with
