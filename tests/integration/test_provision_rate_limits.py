@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from runner_pool.adapters.fleet import Fleet
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.steps.provision import HAND_OVERS_AT_ONCE
 from tests.support.control_plane import stack_config
@@ -121,3 +122,34 @@ def test_creation_hands_configs_over_side_by_side_not_one_after_another(
     assert len(result["cold"]) == 6
     assert world.ec2.calls["CreateFleet"] == 1
     assert 3 <= in_flight["most"] <= HAND_OVERS_AT_ONCE
+
+
+def test_creation_asks_for_the_installation_token_while_ec2_launches(
+    world: ProvisionWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an empty pool, a fresh environment (no installation token held), and EC2's CreateFleet and
+    # GitHub's token request that each answer only once the other is under way (one after the other,
+    # the first would wait for the second until it gave up)
+    meeting = threading.Barrier(2, timeout=30)
+    authenticate = world.plane.github.authenticate
+    launch = Fleet.launch_with_fallback
+    requests: list[str] = []
+
+    def token_request() -> None:
+        requests.append("asked")
+        if len(requests) > 1:  # Begin asks first, while it reads the pool: that one goes through
+            meeting.wait()
+        authenticate()
+
+    def create_fleet(self: Fleet, *args: Any, **kwargs: Any) -> Any:
+        meeting.wait()
+        return launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(world.plane.github, "authenticate", token_request)
+    monkeypatch.setattr(Fleet, "launch_with_fallback", create_fleet)
+    # When a run asks for two runners
+    result = output(world.provision(RUN, 2))
+    # Then both were launched and handed over: the token was asked for while EC2 launched
+    assert len(result["cold"]) == 2
+    assert len(requests) == 2
+    assert not meeting.broken

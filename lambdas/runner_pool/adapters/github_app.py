@@ -124,6 +124,11 @@ class GitHubApp:
     def close(self) -> None:
         self._transport.close_pool()
 
+    def authenticate(self) -> None:
+        """Have the installation token in hand: asked for now unless held (a fresh environment's first
+        call would ask for it), so a step can ask while its own calls run (steps.provision)."""
+        self._call(self._tokens.get)
+
     # --- runners ---------------------------------------------------------------------------------
 
     def jit_config(

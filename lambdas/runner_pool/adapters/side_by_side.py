@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from runner_pool.adapters import aws_clients
@@ -35,3 +35,13 @@ def side_by_side(
     with ThreadPoolExecutor(max_workers=min(at_once, len(work))) as pool:
         futures = [pool.submit(contextvars.copy_context().run, call, item) for item in work]
         return [future.result() for future in futures]
+
+
+def in_background(call: Callable[[], _Result]) -> Future[_Result]:
+    """`call` in a thread of its own (in a copy of the caller's context) while the caller goes on; its
+    result, or what it raised, from the future."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(contextvars.copy_context().run, call)
+    finally:
+        pool.shutdown(wait=False)

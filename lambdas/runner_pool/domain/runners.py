@@ -139,6 +139,10 @@ class RunnerRegistry(Protocol):
     Every method raises a GitHubError, never a client library's exception.
     """
 
+    def authenticate(self) -> None:
+        """Obtain now what the next calls authenticate with (GitHub's installation token), if not held."""
+        ...
+
     def jit_config(
         self,
         name: str,

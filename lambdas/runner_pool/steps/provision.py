@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
 from enum import Enum
 from typing import TypeVar
 
@@ -19,7 +21,7 @@ from runner_pool.adapters.fleet import LAUNCH_TAG, Fleet
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.runner_credentials import RunnerCredentials
-from runner_pool.adapters.side_by_side import side_by_side
+from runner_pool.adapters.side_by_side import in_background, side_by_side
 from runner_pool.adapters.state_table import InstanceView, StateTable
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
@@ -160,7 +162,10 @@ class Provision:
         claimed = 0
         candidates: list[PoolMessage] = []
         try:
-            found = self._pickup().pickup(provision.spec, provision.request.repository, wanted=grant.granted)
+            with self._authenticating():  # while the pool is read: the token is in hand for the hand-overs
+                found = self._pickup().pickup(
+                    provision.spec, provision.request.repository, wanted=grant.granted
+                )
             candidates = list(found.candidates)
             for slot, candidate in zip(provision.slots, found.candidates, strict=False):
                 candidates.remove(candidate)
@@ -446,7 +451,9 @@ class Provision:
             return Creation()
         spec = provision.spec
         request = LaunchRequest.for_run(spec, shortfall, idempotency_key=provision.execution)
-        outcome = self._fleet().launch_with_fallback(request, self._config.fleet)
+        fleet = self._fleet()
+        with self._authenticating():  # while EC2 launches: the token is in hand for the hand-overs
+            outcome = fleet.launch_with_fallback(request, self._config.fleet)
         for facts in outcome.launched:
             # Recorded before anything else can fail: no instance is ever left without a record.
             self._table.create(
@@ -530,6 +537,24 @@ class Provision:
                 "validating": bool(pending or awaiting),
             }
         )
+
+    @contextmanager
+    def _authenticating(self) -> Iterator[None]:
+        """Ask GitHub for the installation token in the background while the block runs. A fresh Lambda
+        environment's first registration would ask for it first (about 200 ms, bench/aws_model.py) after
+        the pool's look or the launch; a warm one holds it and asks nothing. Best effort: whatever fails
+        here fails again, and is handled, where the token is needed."""
+        try:
+            registry = self._registry()  # built here, in the step's thread: its clients are made once
+            ahead: Future[None] | None = in_background(registry.authenticate)
+        except Exception:
+            logger.debug("no installation token ahead; the first registration asks for it", exc_info=True)
+            ahead = None
+        try:
+            yield
+        finally:
+            if ahead is not None and ahead.exception() is not None:
+                logger.info("installation token not obtained ahead", error=repr(ahead.exception()))
 
     def _side_by_side_hand_overs(
         self, hand_over: Callable[[_Item], float | None], items: list[_Item]
