@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from botocore.exceptions import ConnectTimeoutError
 
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
@@ -16,7 +17,7 @@ from runner_pool.domain.provision import ClaimWorker, ProvisionPlan
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.provision import Provision
 from tests.support.control_plane import LocalControlPlane, local_control_plane
-from tests.support.provision_world import output, provision_world
+from tests.support.provision_world import REPOSITORY, output, provision_world
 
 RUN = "pool=5151"
 
@@ -172,3 +173,56 @@ def test_a_begin_that_timed_out_after_its_claims_is_retried_and_serves_the_run()
         assert world.ec2.calls["CreateFleet"] == 0
         accounting = world.accounting()
         assert accounting.holds, accounting.problems
+
+
+def test_a_begin_that_met_a_transient_aws_fault_after_its_claims_is_retried_and_serves_the_run() -> None:
+    # Given two idle instances, and a Begin that claims and hands both over, then fails on a transient
+    # AWS fault its client's own retries did not outlast (as a loaded burst showed: a connect timeout)
+    with provision_world() as world:
+        warm = sorted(world.warm(n).instance_id for n in (1, 2))
+        real = world.machine.handlers["begin"]
+        faults: list[str] = []
+
+        def fails_once(event: dict[str, Any], context: Any) -> Any:
+            answer = real(event, context)
+            if not faults:
+                faults.append("begin")
+                raise ConnectTimeoutError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com/")
+            return answer
+
+        # When a run asks for two runners
+        with world.machine.swapped({"begin": fails_once}):
+            result = output(world.provision(RUN, 2))
+        # Then Begin was tried again rather than the request refused, and both warm instances serve it
+        assert faults == ["begin"]
+        assert sorted(result["warm"]) == warm
+        assert world.ec2.calls["CreateFleet"] == 0
+        accounting = world.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def test_a_request_whose_label_is_refused_fails_at_once_without_a_retry() -> None:
+    # Given a run key whose label names a resource class the stack does not have
+    with provision_world() as world:
+        real = world.machine.handlers["begin"]
+        tries: list[str] = []
+
+        def counted(event: dict[str, Any], context: Any) -> Any:
+            tries.append("begin")
+            return real(event, context)
+
+        # When a run asks for a runner with it
+        with world.machine.swapped({"begin": counted}):
+            execution = world.machine.machines.run(
+                world.machine.arn,
+                ProvisionRequest(repository=REPOSITORY, run_key="pool=4242/class=huge", count=1).model_dump(
+                    mode="json"
+                ),
+                "refused-label",
+                60,
+            )
+        # Then the execution was refused after one Begin: a label error is not a fault to wait out
+        assert execution.status == "FAILED"
+        assert tries == ["begin"]
+        failed = [e for e in execution.events if e["type"] == "ExecutionFailed"]
+        assert failed[0]["executionFailedEventDetails"]["error"] == "ProvisionRefused"
