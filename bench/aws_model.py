@@ -426,8 +426,13 @@ def steps(
     """The calls up to and including the first `until` matches, each as its service's hop. An empty long
     poll (the next call, or the invocation's end `ended`, came its WaitTimeSeconds later) is its wait;
     with `hand_over`, each hand-over brings its GitHub calls: a JIT registration before each config
-    encrypted for an instance, an installation token after each read of the App's key."""
+    encrypted for an instance, and the installation token the first one needs. The step asks for that
+    token in the background once it has read the App's key (steps/provision.py `_authenticating`), so
+    the calls it makes meanwhile (the pool's read, CreateFleet) hide it: only what they leave of it is
+    on the path, and nothing when no registration follows."""
     found = []
+    token_left: float | None = None
+    """Seconds of the token request still running beside the step's own calls, once it was asked for."""
     for index, call in enumerate(calls):
         service = call.operation.split(":", 1)[0]
         wait = float(call.params.get("WaitTimeSeconds") or 0)
@@ -438,15 +443,23 @@ def steps(
             and later is not None
             and later - call.at >= EMPTY_POLL_SHARE * wait
         ):
-            found.append(Step(segment, Hop.WAIT, wait))
+            step = Step(segment, Hop.WAIT, wait)
         elif call.operation == "ec2:CreateFleet":
-            found.append(Step(segment, Hop.EC2_CREATE_FLEET, 1))
+            step = Step(segment, Hop.EC2_CREATE_FLEET, 1)
         else:
-            found.append(Step(segment, SERVICES[service], 1))
-        if hand_over and call.operation == "secretsmanager:GetSecretValue":
-            found.append(Step(segment, Hop.GITHUB_AUTH, 1))
+            step = Step(segment, SERVICES[service], 1)
         if hand_over and call.operation == "kms:Encrypt":
+            if token_left:
+                found.append(Step(segment, Hop.GITHUB_AUTH, token_left / LATENCIES[Hop.GITHUB_AUTH]))
+            token_left = 0.0
             found.append(Step(segment, Hop.GITHUB_JIT, 1))
+        elif token_left:
+            token_left = max(
+                0.0, token_left - step.count * (1.0 if step.hop is Hop.WAIT else LATENCIES[step.hop])
+            )
+        found.append(step)
+        if hand_over and call.operation == "secretsmanager:GetSecretValue" and token_left is None:
+            token_left = LATENCIES[Hop.GITHUB_AUTH]
         if until(call):
             break
     return found

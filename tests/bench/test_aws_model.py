@@ -71,10 +71,37 @@ def test_an_empty_long_poll_is_its_wait_and_a_hand_over_brings_its_github_calls(
         (Hop.SQS, 1),
         (Hop.SECRETS_MANAGER, 1),
         (Hop.GITHUB_AUTH, 1),
-        (Hop.KMS, 1),
         (Hop.GITHUB_JIT, 1),
+        (Hop.KMS, 1),
         (Hop.DYNAMODB, 1),
     ]
+
+
+def test_the_token_asked_for_in_the_background_costs_only_what_the_calls_beside_it_leave() -> None:
+    # Given Create's calls: the App's key read (the token then asked for in the background), CreateFleet,
+    # the records, a hand-over; and a warm Begin's: the key read, the pool's read, a claim, a hand-over
+    create = [
+        Call(0.0, 1, "secretsmanager:GetSecretValue", {}),
+        Call(0.01, 1, "ec2:CreateFleet", {}),
+        Call(1.5, 1, "dynamodb:PutItem", {}),
+        Call(1.6, 1, "dynamodb:GetItem", {}),
+        Call(1.7, 1, "kms:Encrypt", {}),
+    ]
+    begin = [
+        Call(0.0, 1, "secretsmanager:GetSecretValue", {}),
+        Call(0.01, 1, "sqs:ReceiveMessage", {"WaitTimeSeconds": 1}),
+        Call(0.02, 1, "dynamodb:UpdateItem", {}),
+        Call(0.03, 1, "dynamodb:GetItem", {}),
+        Call(0.2, 1, "kms:Encrypt", {}),
+    ]
+    # When each is read
+    created = steps("create", create, until=lambda call: False, hand_over=True)
+    began = steps("begin", begin, until=lambda call: False, hand_over=True)
+    # Then CreateFleet hid the whole token request, and the pool's read and the claim hid part of it
+    assert Hop.GITHUB_AUTH not in [step.hop for step in created]
+    token = [step.count for step in began if step.hop is Hop.GITHUB_AUTH]
+    hidden = LATENCIES[Hop.SQS] + 2 * LATENCIES[Hop.DYNAMODB]
+    assert token == [pytest.approx(1 - hidden / LATENCIES[Hop.GITHUB_AUTH])]
 
 
 def test_the_report_keeps_each_kinds_median_and_shows_the_median_jobs_segments_side_by_side() -> None:
