@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def create_state_table(client: DynamoDBClient, name: str) -> None:
-    """The state table with its two sparse indexes and TTL, as infra/ declares it."""
+    """The state table with its three sparse indexes and TTL, as infra/ declares it."""
     client.create_table(
         TableName=name,
         BillingMode="PAY_PER_REQUEST",
@@ -32,6 +32,7 @@ def create_state_table(client: DynamoDBClient, name: str) -> None:
             {"AttributeName": schema.RUN_KEY_ATTRIBUTE, "AttributeType": "S"},
             {"AttributeName": schema.SWEEP_SHARD_ATTRIBUTE, "AttributeType": "S"},
             {"AttributeName": schema.THRESHOLD_ATTRIBUTE, "AttributeType": "N"},
+            {"AttributeName": schema.STOPPED_PARTITION_ATTRIBUTE, "AttributeType": "S"},
         ],
         GlobalSecondaryIndexes=[
             {
@@ -46,6 +47,14 @@ def create_state_table(client: DynamoDBClient, name: str) -> None:
                 "IndexName": schema.THRESHOLD_INDEX,
                 "KeySchema": [
                     {"AttributeName": schema.SWEEP_SHARD_ATTRIBUTE, "KeyType": "HASH"},
+                    {"AttributeName": schema.THRESHOLD_ATTRIBUTE, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            },
+            {
+                "IndexName": schema.STOPPED_INDEX,
+                "KeySchema": [
+                    {"AttributeName": schema.STOPPED_PARTITION_ATTRIBUTE, "KeyType": "HASH"},
                     {"AttributeName": schema.THRESHOLD_ATTRIBUTE, "KeyType": "RANGE"},
                 ],
                 "Projection": {"ProjectionType": "ALL"},

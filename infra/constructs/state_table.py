@@ -1,4 +1,4 @@
-"""The state table: every instance's records, with the two sparse indexes and the TTL the adapter relies on.
+"""The state table: every instance's records, with the three sparse indexes and the TTL the adapter relies on.
 
 Names come from the state table adapter, so what the Lambdas read and write and what is deployed
 cannot disagree; tests/infra also hold this shape against the emulator's table.
@@ -42,6 +42,14 @@ class StateTable(Construct):
         self.table.add_global_secondary_index(
             index_name=schema.THRESHOLD_INDEX,
             partition_key=_text(schema.SWEEP_SHARD_ATTRIBUTE),
+            sort_key=dynamodb.Attribute(name=schema.THRESHOLD_ATTRIBUTE, type=dynamodb.AttributeType.NUMBER),
+            projection_type=dynamodb.ProjectionType.ALL,
+        )
+        # Added after the first two: CloudFormation adds one global secondary index per update, and this
+        # is the only one this change adds.
+        self.table.add_global_secondary_index(
+            index_name=schema.STOPPED_INDEX,
+            partition_key=_text(schema.STOPPED_PARTITION_ATTRIBUTE),
             sort_key=dynamodb.Attribute(name=schema.THRESHOLD_ATTRIBUTE, type=dynamodb.AttributeType.NUMBER),
             projection_type=dynamodb.ProjectionType.ALL,
         )

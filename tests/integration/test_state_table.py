@@ -23,7 +23,7 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
-from runner_pool.domain.records import InstanceRecord, Signal
+from runner_pool.domain.records import InstanceRecord, Signal, UsageClass
 from tests.conftest import REGION, TABLE_NAME
 from tests.support import builders
 from tests.support.aws_faults import RetryDelays, answer_busy, lose_answers
@@ -35,6 +35,8 @@ OTHER_TOKEN = "claim-worker-b"
 MAX_RUNTIME_MINUTES = 90
 ONE_ID = builders.facts(1).instance_id
 MISSING_ID = "i-0000000000000dead"
+STOPPED_UNTIL = 4_000_000_000.0
+"""Far past any test clock: a stopped instance of these tests stays claimable."""
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -49,6 +51,8 @@ def instance_in(
 ) -> InstanceRecord:
     """Walk one instance through the adapter's own transitions to `state`; each step must apply."""
     instance_id = builders.facts(number).instance_id
+    # Only an on-demand instance is ever stopped (config.PoolSettings).
+    on_demand = builders.facts(number, usage_class=UsageClass.ON_DEMAND)
     steps: dict[InstanceState, list[Callable[[], Any]]] = {
         InstanceState.CREATED: [lambda: table.create(builders.facts(number), run_key)],
         InstanceState.IDLE: [
@@ -65,6 +69,17 @@ def instance_in(
             lambda: table.admit(instance_id),
             lambda: table.claim(instance_id, run_key, token),
             lambda: table.activate(instance_id, run_key, MAX_RUNTIME_MINUTES, claim_token=token),
+        ],
+        InstanceState.STOPPING: [
+            lambda: table.create(on_demand, None),
+            lambda: table.admit(instance_id),
+            lambda: table.stop(instance_id),
+        ],
+        InstanceState.STOPPED: [
+            lambda: table.create(on_demand, None),
+            lambda: table.admit(instance_id),
+            lambda: table.stop(instance_id),
+            lambda: table.mark_stopped(on_demand, STOPPED_UNTIL),
         ],
         InstanceState.TERMINATED: [
             lambda: table.create(builders.facts(number), run_key),

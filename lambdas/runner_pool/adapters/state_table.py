@@ -13,10 +13,19 @@ speak instance ids; only the keys are ARNs.
 The control plane's own markers (refresh's high-water marks) are items of their own, `pk` =
 `marker#<name>`, outside both indexes.
 
-Two sparse indexes keep every read path off Scan: `by-run-key` holds only records that carry a run
-key (release looks instances up by run), and `by-threshold` holds only live records, spread over a
-few shards and sorted by threshold (refresh sweeps what is due). A terminated record leaves both
+Three sparse indexes keep every read path off Scan: `by-run-key` holds only records that carry a run
+key (release looks instances up by run), `by-threshold` holds only live records, spread over a
+few shards and sorted by threshold (refresh sweeps what is due), and `by-stopped` holds only stopped
+records, one index partition per pool partition (class, usage, architecture), sorted by threshold
+(pickup finds the stopped tier's instances that fit a request). A terminated record leaves every index
 and gets a TTL, and so do heartbeat and signal items on every write.
+
+Why an index and not a queue for the stopped tier: a stopped instance's record is its offer. The
+transition that stops it puts it in the index in the same write, the claim that starts it takes it out
+in the same write, and refresh's termination of one past `pool.stopped_max_age_minutes` leaves nothing
+behind; a queue would be a second write beside each (one that can be lost, and a stale message to drop
+after each). The tier is small (`pool.stopped_maximum` per class), so one Query reads a partition's whole
+tier, where the hot pool, hundreds of instances taken many times a minute, needs a queue's hand-out.
 """
 
 from __future__ import annotations
@@ -39,7 +48,15 @@ from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import ReuseScope, ReuseSettings, Timeouts
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
-from runner_pool.domain.records import Heartbeat, InstanceFacts, InstanceRecord, Signal, WorkerSignal
+from runner_pool.domain.pool_partitions import PoolPartition
+from runner_pool.domain.records import (
+    Heartbeat,
+    InstanceFacts,
+    InstanceRecord,
+    Signal,
+    UsageClass,
+    WorkerSignal,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -56,6 +73,11 @@ REPOSITORY_ATTRIBUTE = "repository"
 THRESHOLD_INDEX = "by-threshold"
 SWEEP_SHARD_ATTRIBUTE = "sweep_shard"
 THRESHOLD_ATTRIBUTE = "threshold"
+STOPPED_INDEX = "by-stopped"
+STOPPED_PARTITION_ATTRIBUTE = "stopped_partition"
+"""Set only on a stopped record: its pool partition's name (PoolPartition.name), by-stopped's key."""
+STOPPED_READ_LIMIT = 50
+"""Stopped records one pickup reads of a partition: more than a tier holds with any sensible maximum."""
 SWEEP_SHARDS = 4
 """Live records are spread over this many index partitions so no single one gets hot."""
 MARKER_PREFIX = "marker#"
@@ -69,7 +91,7 @@ MARKER_MOVER = "moved_by"
 _ANY_RUN = object()
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
-_BOOKKEEPING = {PARTITION_KEY, SORT_KEY, SWEEP_SHARD_ATTRIBUTE}
+_BOOKKEEPING = {PARTITION_KEY, SORT_KEY, SWEEP_SHARD_ATTRIBUTE, STOPPED_PARTITION_ATTRIBUTE}
 
 
 @dataclass(frozen=True)
@@ -184,8 +206,13 @@ class StateTable:
         repository: str | None = None,
         reuse: ReuseSettings | None = None,
         single_use: bool = False,
+        stopped: bool = False,
     ) -> TransitionResult:
         """idle → claimed(run): only an idle, unheld instance whose idle time has not run out.
+
+        With `stopped`, stopped → claimed(run) instead: a stopped instance of the stopped tier, which the
+        claim's holder then starts (EC2 StartInstances). Its threshold allows for the start, and it
+        leaves the by-stopped index in this same write, so no other request finds it to start it again.
 
         For a run of `repository`: only an instance that served nothing yet or served a repository
         within `reuse.scope` of it, and fewer than `reuse.max_jobs` jobs (issue 14, item 2); the record
@@ -214,16 +241,19 @@ class StateTable:
             elif reuse.scope is ReuseScope.OWNER:
                 values[":owner"] = _value(repository.split("/", 1)[0] + "/")
                 conditions.append(f"({unserved} OR begins_with({REPOSITORY_ATTRIBUTE}, :owner))")
+        threshold_in = self._timeouts.claimed_threshold_seconds
+        if stopped:
+            threshold_in += self._timeouts.start_registration_seconds
         return self._transition(
             instance_id,
             now,
-            expect_states=(InstanceState.IDLE,),
+            expect_states=(InstanceState.STOPPED if stopped else InstanceState.IDLE,),
             expect_run_key=None,
             new_state=InstanceState.CLAIMED,
-            threshold_in=self._timeouts.claimed_threshold_seconds,
+            threshold_in=threshold_in,
             set_fields=set_fields,
             # The previous run's runner stays on an idle record, for release to find; a claim starts anew.
-            remove_fields=("runner_id",),
+            remove_fields=("runner_id", STOPPED_PARTITION_ATTRIBUTE) if stopped else ("runner_id",),
             extra_conditions=conditions,
             extra_values=values,
             count_job=repository is not None,
@@ -292,6 +322,42 @@ class StateTable:
         """created → idle for an instance launched for the warm pool (no run key) once it is ready."""
         return self._to_idle(instance_id, InstanceState.CREATED, None)
 
+    def stop(self, instance_id: str) -> TransitionResult:
+        """idle → stopping: refresh chose this idle on-demand instance for the stopped tier, before its idle
+        time runs out (a passed threshold stays final: no transition revives an instance once it has
+        passed, so refresh's sweep and the agent's own watch never race a stop). The instance leaves
+        the hot pool here: its pool message no longer matches its record and is dropped as stale.
+        Refresh then asks EC2 to stop it; `timeouts.stopping_seconds` later, stopped or not, it is due."""
+        now = self._clock.now()
+        return self._transition(
+            instance_id,
+            now,
+            expect_states=(InstanceState.IDLE,),
+            expect_run_key=None,
+            new_state=InstanceState.STOPPING,
+            threshold_in=self._timeouts.stopping_seconds,
+            # A spot instance of an instant fleet cannot be stopped (config.PoolSettings): the record's
+            # usage class, which creation took from EC2's own `Lifecycle`, decides in the write itself.
+            extra_conditions=["usage_class = :on_demand"],
+            extra_values={":on_demand": _value(UsageClass.ON_DEMAND.value)},
+            is_replay=lambda r: r.state is InstanceState.STOPPING and not r.threshold_passed(now),
+        )
+
+    def mark_stopped(self, facts: InstanceFacts, until: Epoch) -> TransitionResult:
+        """stopping → stopped, once EC2 reports the instance stopped: it joins the by-stopped index, under
+        its pool partition, and may be claimed and started until `until` (then refresh terminates it)."""
+        now = self._clock.now()
+        return self._transition(
+            facts.instance_id,
+            now,
+            expect_states=(InstanceState.STOPPING,),
+            expect_run_key=None,
+            new_state=InstanceState.STOPPED,
+            threshold_in=until - now,
+            set_fields={STOPPED_PARTITION_ATTRIBUTE: PoolPartition.of(facts).name},
+            is_replay=lambda r: r.state is InstanceState.STOPPED and not r.threshold_passed(now),
+        )
+
     def expire(self, instance_id: str, run_key: str | object | None = _ANY_RUN) -> TransitionResult:
         """any live → expired: the threshold is set to now, the state kept, for refresh to terminate.
 
@@ -329,7 +395,8 @@ class StateTable:
             instance_id,
             update=(
                 "SET #state = :terminated, expires_at = :expires, updated_at = :now "
-                f"REMOVE {RUN_KEY_ATTRIBUTE}, claim_token, {SWEEP_SHARD_ATTRIBUTE}, #threshold"
+                f"REMOVE {RUN_KEY_ATTRIBUTE}, claim_token, {SWEEP_SHARD_ATTRIBUTE}, "
+                f"{STOPPED_PARTITION_ATTRIBUTE}, #threshold"
             ),
             condition=f"#state IN ({', '.join(_state_placeholders(LIVE_STATES))}) AND #threshold <= :now",
             names=names,
@@ -498,6 +565,21 @@ class StateTable:
         """Every live record whose threshold has passed, for refresh to terminate."""
         cutoff = self._clock.now() if now is None else now
         return self._sweep("AND #threshold <= :now", {":now": _value(cutoff)})
+
+    def stopped(self, partition: PoolPartition, now: Epoch | None = None) -> list[InstanceRecord]:
+        """Stopped records of a pool partition that may still be claimed (threshold ahead), the ones that
+        would be terminated soonest first. From a global index, so a claim of the last moment may not
+        show yet: the claim's condition decides."""
+        cutoff = self._clock.now() if now is None else now
+        page = self._client.query(
+            TableName=self._table,
+            IndexName=STOPPED_INDEX,
+            KeyConditionExpression=f"{STOPPED_PARTITION_ATTRIBUTE} = :partition AND #threshold > :now",
+            ExpressionAttributeNames={"#threshold": THRESHOLD_ATTRIBUTE},
+            ExpressionAttributeValues={":partition": _value(partition.name), ":now": _value(cutoff)},
+            Limit=STOPPED_READ_LIMIT,
+        )
+        return [_to_record(item) for item in page.get("Items", [])]
 
     def live(self) -> list[InstanceRecord]:
         """Every record not terminated, whatever its threshold."""

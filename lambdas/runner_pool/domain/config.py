@@ -84,6 +84,13 @@ class Timeouts(_Settings):
     created_threshold_seconds: float = Field(600, gt=0)
     claimed_threshold_seconds: float = Field(300, gt=0)
     idle_seconds: float = Field(600, gt=0)
+    stopping_seconds: float = Field(600, gt=0)
+    """How long an instance chosen for the stopped tier may take to stop before refresh terminates it
+    instead. EC2 stops an instance by an OS shutdown, and force-stops it if that "does not complete within
+    a few minutes" (EC2 User Guide, "Stop and start Amazon EC2 instances")."""
+    start_registration_seconds: float = Field(180, gt=0)
+    """How long a stopped instance, claimed and started, has to register its runner: EC2's pending, the
+    OS's boot and the agent's start, where a hot claim's `claim_registration_seconds` has none of these."""
     terminated_retention_days: int = Field(7, gt=0)
 
     @model_validator(mode="after")
@@ -153,6 +160,26 @@ class PickupSettings(_Settings):
     concurrent claim workers that hid most of the pool (the pool scenario: 4 of 13 fitting instances
     claimed warm with 1 s, 13 of 13 with 0). A request stops re-reading its own misfits through
     `same_instance_tolerance` anyway."""
+
+
+class PoolSettings(_Settings):
+    """The stopped tier of the warm pool (issue 16, item 2): idle on-demand instances kept stopped.
+
+    EC2 bills a stopped instance for its EBS volumes only ("You are not charged for usage of a stopped
+    instance", EC2 User Guide, "Stop and start Amazon EC2 instances"), and starts it in seconds where a
+    launch boots and installs from scratch. Spot instances are never stopped: an instant fleet's spot
+    instances come from one-time requests, and "you can't stop a Spot Instance that was launched by a
+    one-time request" (EC2 User Guide, "Stop and start Spot Instances"; CreateFleet's `instant` type makes
+    only one-time requests, EC2 User Guide, "EC2 Fleet request types").
+    """
+
+    stopped_maximum: int = Field(0, ge=0)
+    """Stopped (and stopping) instances to keep per resource class; 0, the default, keeps no stopped tier:
+    an idle instance whose idle time runs out is terminated."""
+    stopped_max_age_minutes: int = Field(1440, ge=1)
+    """How long an instance stays stopped, from its stop, before refresh terminates it. Measured from the
+    stop, because the tier's cost is its volumes' time in it; the time since launch is bounded already by
+    `reuse.max_age_minutes`, which caps this too."""
 
 
 class FleetSettings(_Settings):
@@ -555,6 +582,7 @@ class StackConfig(_Settings):
     defaults: LabelDefaults = LabelDefaults()
     pickup: PickupSettings = PickupSettings()
     fleet: FleetSettings = FleetSettings()
+    pool: PoolSettings = PoolSettings()
     github: GitHubSettings = GitHubSettings()
     warm_pool_minimum: dict[str, WarmMinimum] = Field(default_factory=dict)
     refresh_rate_minutes: int = Field(1, gt=0)

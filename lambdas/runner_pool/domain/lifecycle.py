@@ -10,13 +10,27 @@ class InstanceState(StrEnum):
     CLAIMED = "claimed"
     RUNNING = "running"
     IDLE = "idle"
+    STOPPING = "stopping"
+    """Chosen for the stopped tier (issue 16, item 2): EC2 StopInstances asked, not yet seen stopped."""
+    STOPPED = "stopped"
+    """EC2 reports it stopped: it pays for its EBS volumes only, and waits to be started for a run."""
     TERMINATED = "terminated"
 
 
 LIVE_STATES = frozenset(
-    {InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING, InstanceState.IDLE}
+    {
+        InstanceState.CREATED,
+        InstanceState.CLAIMED,
+        InstanceState.RUNNING,
+        InstanceState.IDLE,
+        InstanceState.STOPPING,
+        InstanceState.STOPPED,
+    }
 )
 """States of an instance that exists (or is about to) in EC2; everything but terminated."""
+
+UNHELD_STATES = frozenset({InstanceState.IDLE, InstanceState.STOPPING, InstanceState.STOPPED})
+"""States in which a record must carry no run key: the instance waits for a run, hot or stopped."""
 
 HELD_STATES = frozenset({InstanceState.CLAIMED, InstanceState.RUNNING})
 """States in which a record must carry a run key."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from runner_pool.domain.labels import RunnerSpec
-from runner_pool.domain.records import Arch, PoolMessage, UsageClass
+from runner_pool.domain.records import Arch, InstanceFacts, PoolMessage, UsageClass
 
 QUEUE_NAME_LIMIT = 80
 """SQS: "A queue name can have up to 80 characters" of alphanumerics, hyphens and underscores (Amazon SQS
@@ -54,8 +54,9 @@ class PoolPartition:
         return f"{prefix}{self.name}"
 
     @classmethod
-    def of(cls, message: PoolMessage) -> PoolPartition:
-        """The partition an offer belongs in: its instance's own class, usage and architecture."""
+    def of(cls, message: PoolMessage | InstanceFacts) -> PoolPartition:
+        """The partition an offer or an instance belongs in: its own class, usage and architecture; hot,
+        its queue; stopped, its key in the state table's by-stopped index."""
         return cls(message.resource_class, message.usage_class, message.arch)
 
     @classmethod

@@ -7,7 +7,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.lifecycle import HELD_STATES, InstanceState
+from runner_pool.domain.lifecycle import HELD_STATES, UNHELD_STATES, InstanceState
 
 
 class UsageClass(StrEnum):
@@ -93,7 +93,7 @@ class InstanceRecord(InstanceFacts):
         problems: list[str] = []
         if self.state in HELD_STATES and not self.run_key:
             problems.append(f"{self.state} without a run key")
-        if self.state in (InstanceState.IDLE, InstanceState.TERMINATED) and self.run_key:
+        if (self.state in UNHELD_STATES or self.state is InstanceState.TERMINATED) and self.run_key:
             problems.append(f"{self.state} still holding run key {self.run_key!r}")
         if self.state is InstanceState.CLAIMED and not self.claim_token:
             problems.append("claimed without a claim token")
@@ -160,6 +160,18 @@ class PoolMessage(_Record):
     def for_idle(cls, record: InstanceRecord) -> PoolMessage:
         if record.state is not InstanceState.IDLE or record.threshold is None:
             raise ValueError(f"only an idle instance is pooled; {record.instance_id} is {record.state}")
+        return cls._of(record)
+
+    @classmethod
+    def for_stopped(cls, record: InstanceRecord) -> PoolMessage:
+        """A stopped instance as pickup judges an offer (never sent: the stopped tier is read from the
+        state table, domain/stopped_tier.py), so hot and stopped candidates are fitted by one rule."""
+        if record.state is not InstanceState.STOPPED or record.threshold is None:
+            raise ValueError(f"{record.instance_id} is {record.state}, not stopped")
+        return cls._of(record)
+
+    @classmethod
+    def _of(cls, record: InstanceRecord) -> PoolMessage:
         return cls.model_validate(
             record.model_dump(include=set(cls.model_fields) & set(InstanceRecord.model_fields))
         )
