@@ -4,8 +4,11 @@ Two sides of one invariant (DESIGN.md: no instance is ever lost or leaked):
 
 - every EC2 instance carrying the stack tag that is not terminated or shutting down has a live
   record (an instance without one is an orphan: paid for, and invisible to the pool);
-- every live record has a pending or running EC2 instance (a record without one is lost: the pool
-  would hand out, or wait for, an instance that is not there).
+- every live record has an EC2 instance in a state its own state allows: pending or running, but for
+  the stopped tier's (a stopped record's instance is stopped; a stopping one's is anywhere between
+  running and stopped, EC2's stop taking its while). A record without one is lost: the pool would hand
+  out, or wait for, an instance that is not there, and a stopped instance that no stopped record names
+  is one no request would ever start.
 
 Records come from `StateTable.live()` (the threshold index) and instances from DescribeInstances
 with the tag filter and, for records EC2 did not list under the tag, an instance-id filter, so
@@ -28,7 +31,13 @@ from runner_pool.environment import STACK_TAG_KEY
 NOT_ENDED_STATES = ("pending", "running", "stopping", "stopped")
 """EC2 states of an instance that still exists (terminated and shutting-down ones are on their way out)."""
 SERVING_STATES = frozenset({"pending", "running"})
-"""EC2 states a live record's instance may be in."""
+"""EC2 states a live record's instance may be in, but for the stopped tier's."""
+TIER_STATES = {
+    InstanceState.STOPPING: frozenset({"running", "stopping", "stopped"}),
+    InstanceState.STOPPED: frozenset({"stopped"}),
+}
+"""EC2 states a stopping or stopped record's instance may be in (EC2 User Guide, "Stop and start Amazon
+EC2 instances": running → stopping → stopped)."""
 FILTER_BATCH = 100
 """Instance ids per `instance-id` filter (EC2 caps the values of one filter)."""
 
@@ -107,11 +116,12 @@ def _record_problem(
     held = f" for {record.run_key!r}" if record.run_key else ""
     where = f"record of {record.instance_id} ({record.state.value}{held})"
     state = "unknown to EC2" if instance is None else instance["State"]["Name"]
-    if now is not None and record.threshold_passed(now) and state not in SERVING_STATES:
+    allowed = TIER_STATES.get(record.state, SERVING_STATES)
+    if now is not None and record.threshold_passed(now) and state not in allowed | SERVING_STATES:
         return ""  # expired and terminated: refresh's mark_terminated is all that is left
     if instance is None:
         return f"lost: {where} has no EC2 instance"
-    if state not in SERVING_STATES:
+    if state not in allowed:
         return f"lost: {where} has an EC2 instance that is {state}"
     tags = {tag["Key"]: tag["Value"] for tag in instance.get("Tags", [])}
     if tags.get(STACK_TAG_KEY) != stack_name:

@@ -334,8 +334,8 @@ def _get_caller_identity(params: Mapping[str, Any], world: Lookups) -> list[Auth
 
 # --- EC2 -----------------------------------------------------------------------------------------
 # SAR list_amazonec2.html. Describe* actions support no resource-level permissions: `*` only.
-# TerminateInstances authorizes each instance, with its tags as aws:ResourceTag/<key> and its id as
-# ec2:InstanceID (condition keys of the `instance` resource type).
+# TerminateInstances, StopInstances and StartInstances authorize each instance, with its tags as
+# aws:ResourceTag/<key> and its id as ec2:InstanceID (condition keys of the `instance` resource type).
 
 
 def _describe(action: str) -> Row:
@@ -358,14 +358,18 @@ def _instance_context(world: Lookups, instance_id: str) -> dict[str, ContextValu
     }
 
 
-@_row("ec2:TerminateInstances")
-def _terminate_instances(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
-    return [
-        Authorization(
-            "ec2:TerminateInstances", _arn(world, "ec2", f"instance/{i}"), _instance_context(world, i)
-        )
-        for i in params["InstanceIds"]
-    ]
+def _on_instances(action: str) -> Row:
+    def row(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
+        return [
+            Authorization(action, _arn(world, "ec2", f"instance/{i}"), _instance_context(world, i))
+            for i in params["InstanceIds"]
+        ]
+
+    return row
+
+
+for _operation in ("TerminateInstances", "StopInstances", "StartInstances"):
+    ROWS[f"ec2:{_operation}"] = _on_instances(f"ec2:{_operation}")
 
 
 NEW = "*"

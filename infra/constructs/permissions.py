@@ -52,6 +52,11 @@ def find_by_run_key(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     _allow(grantee, ["dynamodb:Query"], [f"{table.table_arn}/index/{schema.RUN_KEY_INDEX}"])
 
 
+def find_stopped(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """The stopped tier of a pool partition (StateTable.stopped), from its sparse index."""
+    _allow(grantee, ["dynamodb:Query"], [f"{table.table_arn}/index/{schema.STOPPED_INDEX}"])
+
+
 def mark_runs_finished(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     """Put a run's finished mark (StateTable.mark_run_finished) and no other item: every partition key
     written must carry the marks' prefix (dynamodb:LeadingKeys, DynamoDB Developer Guide,
@@ -161,10 +166,35 @@ def describe_instances(grantee: iam.IGrantable) -> None:
 
 def terminate_stack_instances(grantee: lambda_.Function) -> None:
     """TerminateInstances on instances that carry this stack's tag, and no other instance in the account."""
+    _on_stack_instances(grantee, "ec2:TerminateInstances")
+
+
+def stop_stack_instances(grantee: lambda_.Function) -> None:
+    """StopInstances on this stack's instances: refresh stops idle on-demand ones for the stopped tier
+    (issue 16, item 2)."""
+    _on_stack_instances(grantee, "ec2:StopInstances")
+
+
+def start_stack_instances(grantee: lambda_.Function) -> None:
+    """StartInstances on this stack's instances: a claim worker starts a stopped one it claimed."""
+    _on_stack_instances(grantee, "ec2:StartInstances")
+
+
+def start_from_stopped_tier(grantee: lambda_.Function, table: dynamodb.ITable) -> None:
+    """Find a stopped instance of a partition, start it, and terminate one EC2 will not start (as any
+    candidate that failed a check: its termination sorts out an id EC2 no longer knows by describing)."""
+    find_stopped(grantee, table)
+    start_stack_instances(grantee)
+    describe_instances(grantee)
+    terminate_stack_instances(grantee)
+
+
+def _on_stack_instances(grantee: lambda_.Function, action: str) -> None:
+    """One EC2 instance action on instances that carry this stack's tag, and no other instance."""
     stack = Stack.of(grantee)
     grantee.grant_principal.add_to_principal_policy(
         iam.PolicyStatement(
-            actions=["ec2:TerminateInstances"],
+            actions=[action],
             resources=[stack.format_arn(service="ec2", resource="instance", resource_name="*")],
             conditions={"StringEquals": {f"aws:ResourceTag/{STACK_TAG_KEY}": stack.stack_name}},
         )
@@ -174,7 +204,7 @@ def terminate_stack_instances(grantee: lambda_.Function) -> None:
         [ANY_INSTANCE],
         "instance ids are known only at launch, so the statement names instance/* and its condition "
         f"requires the instance to carry this stack's {STACK_TAG_KEY} tag, which CreateFleet sets at launch: "
-        "no other instance of the account can be terminated.",
+        "no other instance of the account can be acted on.",
     )
 
 

@@ -62,6 +62,7 @@ class Refresh(Construct):
         permissions.write_records(self.function, table)
         permissions.describe_instances(self.function)
         permissions.terminate_stack_instances(self.function)
+        permissions.stop_stack_instances(self.function)  # the stopped tier (issue 16, item 2)
         permissions.launch_instances(
             self.function,
             launch_templates=list(instances.launch_templates.values()),

@@ -126,7 +126,11 @@ def test_table_queries_name_one_index_each(synthesis: Synthesis) -> None:
             continue
         (index,) = [part for part in resource["Fn::Join"][1] if isinstance(part, str)]
         assert resource["Fn::Join"][1][0] == {"Fn::GetAtt": [table, "Arn"]}, handler
-        assert index in {f"/index/{schema.RUN_KEY_INDEX}", f"/index/{schema.THRESHOLD_INDEX}"}, handler
+        assert index in {
+            f"/index/{schema.RUN_KEY_INDEX}",
+            f"/index/{schema.THRESHOLD_INDEX}",
+            f"/index/{schema.STOPPED_INDEX}",
+        }, handler
 
 
 POOL_USERS = {

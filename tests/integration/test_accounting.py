@@ -17,7 +17,7 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.records import InstanceFacts
+from runner_pool.domain.records import InstanceFacts, UsageClass
 from tests.conftest import REGION
 
 STACK = "runner-pool-test"
@@ -129,3 +129,50 @@ def test_an_expired_record_whose_instance_is_terminated_awaits_refresh_and_is_in
     # When the accounting runs with the clock / Then that is in order; without it, the record is lost
     assert account(ec2, state_table, STACK, now=clock.now()).holds
     assert not account(ec2, state_table, STACK).holds
+
+
+def stopped_in_tier(fleet: Fleet, ec2: Any, state_table: StateTable, config: StackConfig) -> InstanceFacts:
+    """An on-demand pool instance taken through the stopped tier: idle, stopping, EC2 stop, stopped."""
+    (facts,) = launch(fleet, config, 1, key="pool")
+    facts = facts.model_copy(update={"usage_class": UsageClass.ON_DEMAND})
+    state_table.create(facts, run_key=None)
+    state_table.admit(facts.instance_id)
+    state_table.stop(facts.instance_id)
+    ec2.stop_instances(InstanceIds=[facts.instance_id])
+    state_table.mark_stopped(facts, 4_000_000_000.0)
+    return facts
+
+
+def test_it_holds_for_a_stopped_record_whose_instance_is_stopped(
+    fleet: Fleet, ec2: Any, state_table: StateTable, config: StackConfig
+) -> None:
+    # Given an instance of the stopped tier, stopped in EC2 and in its record
+    stopped_in_tier(fleet, ec2, state_table, config)
+    # When the accounting is checked / Then it holds: a stopped instance of the tier is no leak
+    accounting = account(ec2, state_table, STACK)
+    assert accounting.holds, accounting.problems
+    assert accounting.by_state == {InstanceState.STOPPED: 1}
+
+
+def test_a_stopped_record_whose_instance_runs_is_named_lost(
+    fleet: Fleet, ec2: Any, state_table: StateTable, config: StackConfig
+) -> None:
+    # Given a stopped record whose instance someone started behind the state table's back
+    facts = stopped_in_tier(fleet, ec2, state_table, config)
+    ec2.start_instances(InstanceIds=[facts.instance_id])
+    # When the accounting is checked / Then it fails: a running instance nobody may claim is a leak
+    (problem,) = account(ec2, state_table, STACK).problems
+    assert problem == f"lost: record of {facts.instance_id} (stopped) has an EC2 instance that is running"
+
+
+def test_an_idle_record_whose_instance_is_stopped_is_named_lost(
+    fleet: Fleet, ec2: Any, state_table: StateTable, config: StackConfig
+) -> None:
+    # Given an idle record whose instance was stopped (pickup would hand out an instance that cannot run)
+    (facts,) = launch(fleet, config, 1, key="pool")
+    state_table.create(facts, run_key=None)
+    state_table.admit(facts.instance_id)
+    ec2.stop_instances(InstanceIds=[facts.instance_id])
+    # When the accounting is checked / Then it fails naming it
+    (problem,) = account(ec2, state_table, STACK).problems
+    assert problem == f"lost: record of {facts.instance_id} (idle) has an EC2 instance that is stopped"

@@ -60,6 +60,19 @@ def boot(local: LocalControlPlane, records: list[InstanceRecord], signal: Signal
         local.table.write_signal(record.instance_id, signal)
 
 
+def in_stopped_tier(local: LocalControlPlane, state: InstanceState) -> InstanceRecord:
+    """An on-demand pool instance taken to the stopped tier's `state` (issue 16, item 2), EC2 stopping it."""
+    request = LaunchRequest.for_run(local.config.spec_for("pool=1/usage=on-demand"), 1, f"tier-{state}")
+    (facts,) = local.plane.fleet.launch(request).launched
+    local.table.create(facts, None)
+    local.table.admit(facts.instance_id)
+    assert local.table.stop(facts.instance_id).succeeded
+    local.ec2.stop_instances(InstanceIds=[facts.instance_id])
+    if state is InstanceState.STOPPED:
+        assert local.table.mark_stopped(facts, local.clock.now() + 3600).succeeded
+    return local.record(facts.instance_id)
+
+
 def expired(local: LocalControlPlane, state: InstanceState) -> InstanceRecord:
     """An instance in `state` whose record some failure path expired."""
     if state is InstanceState.RUNNING:
@@ -69,6 +82,8 @@ def expired(local: LocalControlPlane, state: InstanceState) -> InstanceRecord:
     elif state is InstanceState.CLAIMED:
         (record,) = local.pooled()
         assert local.table.claim(record.instance_id, RUN, "claim-1").succeeded
+    elif state in (InstanceState.STOPPING, InstanceState.STOPPED):
+        record = in_stopped_tier(local, state)
     else:
         (facts,) = local.launch(1, RUN)
         record = local.record(facts.instance_id)

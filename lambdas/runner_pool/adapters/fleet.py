@@ -35,6 +35,7 @@ from runner_pool.domain.fleet import (
     LaunchFailure,
     LaunchOutcome,
     LaunchRequest,
+    Start,
     Termination,
     fallback_for,
 )
@@ -79,6 +80,11 @@ PAGE_SIZE = 1000
 
 UNKNOWN_INSTANCE_CODES = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
 UNAUTHORIZED = "UnauthorizedOperation"
+NO_CAPACITY = "InsufficientInstanceCapacity"
+START_REFUSALS = frozenset({"IncorrectInstanceState", *UNKNOWN_INSTANCE_CODES})
+STOP_REFUSALS = frozenset({"IncorrectInstanceState", "UnsupportedOperation", *UNKNOWN_INSTANCE_CODES})
+"""A stop EC2 refuses: gone, not running, or a spot instance of a one-time request (UnsupportedOperation:
+"You can only stop Spot Instances associated with persistent Spot Instance requests")."""
 LIVE_EC2_STATES = ("pending", "running", "stopping", "stopped")
 """States of an instance that still has to be terminated; shutting-down ones already are being."""
 
@@ -287,6 +293,33 @@ class Fleet:
         for chunk in _chunks(list(dict.fromkeys(instance_ids)), TERMINATE_BATCH):
             results.update(self._terminate_batch(chunk))
         return results
+
+    def stop(self, instance_id: str) -> bool:
+        """StopInstances on one instance of the stopped tier; whether EC2 took it. EC2 shuts the OS down
+        and stops the instance (stopping, then stopped), forcing it after a while if the OS does not
+        finish (EC2 API Reference, StopInstances); a stop of a stopping or stopped instance is accepted
+        again. One instance a call: an unknown id fails a whole batch, and the tier is a few a class."""
+        try:
+            self._client.stop_instances(InstanceIds=[instance_id])
+        except ClientError as exc:
+            if error_code(exc) in STOP_REFUSALS:
+                return False
+            raise
+        return True
+
+    def start(self, instance_id: str) -> Start:
+        """StartInstances on one stopped instance claimed for a run (EC2 API Reference, StartInstances:
+        stopped → pending → running; a start of a pending or running instance is accepted again)."""
+        try:
+            self._client.start_instances(InstanceIds=[instance_id])
+        except ClientError as exc:
+            code = error_code(exc)
+            if code == NO_CAPACITY:
+                return Start.NO_CAPACITY
+            if code in START_REFUSALS:
+                return Start.REFUSED
+            raise
+        return Start.STARTING
 
     def states(self, instance_ids: Sequence[str]) -> dict[str, Ec2State]:
         """EC2's state of each id; UNKNOWN for ids EC2 does not know (or no longer shows).

@@ -183,6 +183,19 @@ class Termination(StrEnum):
     still carries the stack tag, so refresh's orphan sweep terminates it later."""
 
 
+class Start(StrEnum):
+    """What StartInstances made of a stopped instance (issue 16, item 2)."""
+
+    STARTING = "starting"
+    """EC2 took the start: the instance is pending, then running (EC2 API Reference, StartInstances)."""
+    NO_CAPACITY = "no-capacity"
+    """InsufficientInstanceCapacity: EC2 has no capacity of the instance's type in its Availability Zone
+    now (EC2 User Guide, "Troubleshoot instance launch issues": it applies to a start as to a launch).
+    The instance stays stopped; the request launches elsewhere instead."""
+    REFUSED = "refused"
+    """EC2 would not start it: gone, or not in a state a start applies to (IncorrectInstanceState)."""
+
+
 class Ec2State(StrEnum):
     """An instance's state as EC2 reports it, or UNKNOWN when EC2 does not know the id."""
 

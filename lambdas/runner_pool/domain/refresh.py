@@ -28,6 +28,8 @@ SWEEP_BATCH = 100
 """Due instances terminated, then marked, per batch: a run that dies loses at most one batch's marks."""
 WARM_POOL_MARKER = "refresh-warm-pool"
 """The last refresh tick whose warm-pool top-up was claimed."""
+STOPPED_TIER_MARKER = "refresh-stopped-tier"
+"""The last refresh tick whose choice of instances to stop was claimed."""
 REDELIVERY_MARKER = "refresh-redelivery"
 """The highest webhook delivery id asked for again (GitHub's delivery ids grow with time)."""
 MAY_STILL_SERVE = frozenset({InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING})
@@ -51,6 +53,10 @@ class RefreshReport:
     """Due instances terminated and marked, by the state their record expired in."""
     already_gone: int = 0
     """Of those, instances EC2 had already terminated (or no longer knew)."""
+    stopping: int = 0
+    """Idle instances this run chose for the stopped tier and asked EC2 to stop."""
+    stopped: int = 0
+    """Stopping instances EC2 reported stopped, marked stopped."""
     orphans_terminated: int = 0
     admitted: int = 0
     unready: int = 0

@@ -1,9 +1,12 @@
 """Refresh (DESIGN.md section 8): the scheduled sweep that ends what is due, leaks nothing, keeps the pool.
 
-Each run does ten jobs, one after the other, each on its own (one failing does not stop the rest):
+Each run does eleven jobs, one after the other, each on its own (one failing does not stop the rest):
 
 1. vanished: a live record whose instance EC2 reports gone (a spot interruption, a terminate from
    outside) is expired at once, rather than when its threshold would have passed;
+1b. stopped tier: stopping instances EC2 reports stopped are marked stopped; idle on-demand instances
+   whose idle time ends before the next run are stopped instead of terminated, up to
+   `pool.stopped_maximum` per class (domain/stopped_tier.py); a stopped one past its time is due below;
 2. terminate due: every live record whose threshold has passed (expired created, claimed, running
    and idle alike) is terminated in EC2, in batches, then marked terminated; one EC2 no longer
    knows is marked terminated too;
@@ -62,6 +65,7 @@ from runner_pool.domain.refresh import (
     RECONCILE_REQUESTS_PER_RUN,
     REDELIVERY_MARKER,
     REDELIVERY_WINDOW_SECONDS,
+    STOPPED_TIER_MARKER,
     SWEEP_BATCH,
     WARM_POOL_MARKER,
     RefreshReport,
@@ -73,6 +77,7 @@ from runner_pool.domain.refresh import (
 )
 from runner_pool.domain.runner_scope import OrganizationScope
 from runner_pool.domain.runners import GitHubError, RunJob, RunnerRegistry, RunnerRemoval, RunnerStatus
+from runner_pool.domain.stopped_tier import clean_to_stop, stopped_until, to_stop
 from runner_pool.observability import logger
 from runner_pool.steps.notices import NoticeSource, close_queues, no_notices, open_queues
 
@@ -110,6 +115,7 @@ class Refresh:
         report = RefreshReport()
         jobs: list[tuple[str, Callable[[RefreshReport], None]]] = [
             ("vanished", self._expire_vanished),
+            ("stopped-tier", lambda r: self._keep_stopped(r, tick)),
             ("terminate-due", self._terminate_due),
             ("orphans", self._terminate_orphans),
             ("admit", self._admit_ready),
@@ -151,6 +157,48 @@ class Refresh:
             # Whoever holds it loses its next transition and lets go; the sweep below marks it terminated.
             if self._table.expire(record.instance_id).outcome is Outcome.APPLIED:
                 report.vanished += 1
+
+    # --- 1b. the stopped tier -------------------------------------------------------------------
+
+    def _keep_stopped(self, report: RefreshReport, tick: int) -> None:
+        if self._config.pool.stopped_maximum == 0:
+            return
+        now = self._clock.now()
+        records = self._table.live()
+        stopping = [r for r in records if r.state is InstanceState.STOPPING and not r.threshold_passed(now)]
+        if stopping:
+            states = self._fleet.states([record.instance_id for record in stopping])
+            for record in stopping:
+                if states.get(record.instance_id) is Ec2State.STOPPED:
+                    until = stopped_until(record, self._config, now)
+                    if self._table.mark_stopped(record, until).outcome is Outcome.APPLIED:
+                        report.stopped += 1
+                elif states.get(record.instance_id) in (Ec2State.RUNNING, Ec2State.PENDING):
+                    # A stop asked by a run that died before EC2 took it: asked again (EC2 accepts it twice).
+                    self._fleet.stop(record.instance_id)
+        # An agent not known clean (its scrub not done yet, or failed) is looked at again next run, and is
+        # terminated as due if its idle time ends first.
+        chosen = to_stop(
+            records, self._config, now, clean=lambda r: clean_to_stop(self._table.read_signal(r.instance_id))
+        )
+        if not chosen:
+            return
+        # One run a schedule slot chooses, so two runs at once never stop past the maximum together.
+        claimed, _ = self._claim_marker(
+            STOPPED_TIER_MARKER, tick, self._table.read_marker(STOPPED_TIER_MARKER)
+        )
+        if not claimed:
+            return
+        for record in chosen:
+            if self._table.stop(record.instance_id).outcome is not Outcome.APPLIED:
+                continue  # claimed or expired meanwhile
+            if not self._fleet.stop(record.instance_id):
+                logger.warning(
+                    "EC2 refused to stop an idle instance; expiring it", instance_id=record.instance_id
+                )
+                self._table.expire(record.instance_id, run_key=None)
+                continue
+            report.stopping += 1
 
     # --- 2. what is due ------------------------------------------------------------------------
 

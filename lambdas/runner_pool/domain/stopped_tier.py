@@ -1,0 +1,104 @@
+"""The stopped tier (issue 16, item 2): which idle instances refresh stops, how long they stay stopped, and
+which stopped instance a request may start.
+
+An idle on-demand instance whose idle time is about to run out is stopped instead of terminated, up to
+`pool.stopped_maximum` per class; a request that finds no hot instance starts a stopped one before it
+launches. EC2 bills a stopped instance for its EBS volumes only (EC2 API Reference, StopInstances: "We
+don't charge usage for a stopped instance ... you are charged for Amazon EBS volume usage"), and a start
+skips the launch, the OS's first boot and the install.
+
+Why before the idle time runs out, not after: once a threshold has passed no transition applies (the
+whole lifecycle relies on it: refresh terminates a due instance before it marks it, and the agent
+terminates its own instance past its threshold plus a grace). So refresh stops an instance whose idle
+time ends before its next run, at most one refresh period early.
+
+Spot instances are never stopped: an instant fleet's spot instances come from one-time requests, and EC2
+refuses to stop them ("You can't stop the Spot Instance ... because it is associated with a one-time Spot
+Instance request", UnsupportedOperation; EC2 User Guide, "Stop a Spot Instance": only persistent requests).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from runner_pool.domain.clock import Epoch
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.labels import RunnerSpec
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pickup import Verdict, judge
+from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal, UsageClass, WorkerSignal
+
+STOPPABLE_AFTER = frozenset({Signal.UD_OK, Signal.UD_REMOVE_REG_OK})
+"""The agent's last word before a stop: booted and never served, or its verified scrub done. Anything
+else (a runner registered, a scrub that failed) and the instance is terminated as due instead."""
+
+
+def in_tier(record: InstanceRecord, now: Epoch) -> bool:
+    """Stopping or stopped, and not yet due: it counts against `pool.stopped_maximum`."""
+    return record.state in (InstanceState.STOPPING, InstanceState.STOPPED) and not record.threshold_passed(
+        now
+    )
+
+
+def idle_ending(record: InstanceRecord, now: Epoch, lead_seconds: float) -> bool:
+    """An unheld idle on-demand instance whose idle time runs out within `lead_seconds` (before refresh's
+    next run), and has not yet."""
+    return (
+        record.state is InstanceState.IDLE
+        and record.run_key is None
+        and record.usage_class is UsageClass.ON_DEMAND
+        and record.threshold is not None
+        and now < record.threshold <= now + lead_seconds
+    )
+
+
+def stopped_until(record: InstanceRecord, config: StackConfig, now: Epoch) -> Epoch:
+    """When a stop now ends: `pool.stopped_max_age_minutes` from now, but never past the instance's
+    `reuse.max_age_minutes` from launch, after which no claim may take it anyway."""
+    return min(
+        now + config.pool.stopped_max_age_minutes * 60.0,
+        record.created_at + config.reuse.max_age_minutes * 60.0,
+    )
+
+
+def to_stop(
+    records: Iterable[InstanceRecord],
+    config: StackConfig,
+    now: Epoch,
+    clean: Callable[[InstanceRecord], bool] = lambda _: True,
+) -> list[InstanceRecord]:
+    """The idle instances to stop now: per class, as many as `pool.stopped_maximum` leaves room for, those
+    whose idle time ends first first, each one whose agent is `clean` (asked only while there is room)."""
+    records = list(records)
+    lead = config.refresh_rate_minutes * 60.0
+    room = Counter(dict.fromkeys(config.resource_classes, config.pool.stopped_maximum))
+    room.subtract(record.resource_class for record in records if in_tier(record, now))
+    chosen: list[InstanceRecord] = []
+    for record in sorted(
+        (r for r in records if idle_ending(r, now, lead)), key=lambda r: (r.threshold or 0.0, r.instance_id)
+    ):
+        # A stop that would end before a start could use it is no stop: terminated as due instead.
+        if (
+            room[record.resource_class] > 0
+            and stopped_until(record, config, now) > now + lead
+            and clean(record)
+        ):
+            room[record.resource_class] -= 1
+            chosen.append(record)
+    return chosen
+
+
+def clean_to_stop(signal: WorkerSignal | None) -> bool:
+    return signal is not None and signal.signal in STOPPABLE_AFTER
+
+
+def fits(
+    record: InstanceRecord, spec: RunnerSpec, now: Epoch, repository: str | None, config: StackConfig
+) -> bool:
+    """Whether a stopped instance may serve a request: by the very rule pickup judges a hot offer by
+    (types, reuse scope and age; its partition chose class, usage and architecture already)."""
+    if record.state is not InstanceState.STOPPED or record.threshold_passed(now):
+        return False
+    offer = PoolMessage.for_stopped(record)
+    return judge(offer, spec, now, repository, config.reuse) is Verdict.MATCH

@@ -1,0 +1,163 @@
+"""Refresh keeps the stopped tier (issue 16, item 2): its Lambda handler on moto, the real state table and EC2.
+
+After every test the accounting holds: every EC2 instance of the stack, stopped ones too, has a live
+record, and every live record an instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import InstanceRecord, Signal
+from tests.support.control_plane import LocalControlPlane, local_control_plane, stack_config
+
+ONE_TICK = 60.0
+ENDING_SOON = 30.0
+"""Seconds of idle time left: less than one refresh period, so refresh's next run comes too late."""
+
+
+@pytest.fixture
+def tiered() -> Iterator[LocalControlPlane]:
+    """A stack whose jobs run on-demand by default, with a stopped tier of one instance per class."""
+    config = stack_config(
+        defaults={"usage": "on-demand"}, pool={"stopped_maximum": 1, "stopped_max_age_minutes": 120}
+    )
+    with local_control_plane(config) as plane:
+        yield plane
+        accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def clean_idle(local: LocalControlPlane, count: int = 1) -> list[InstanceRecord]:
+    """Idle pool instances whose agents booted and are clean (UD_OK, a fresh heartbeat)."""
+    records = local.pooled(count)
+    for record in records:
+        local.table.write_heartbeat(record.instance_id)
+        local.table.write_signal(record.instance_id, Signal.UD_OK)
+    return records
+
+
+def idle_time_nearly_over(local: LocalControlPlane) -> None:
+    local.clock.advance(local.config.timeouts.idle_seconds - ENDING_SOON)
+
+
+def test_an_idle_on_demand_instance_whose_idle_time_ends_is_stopped_not_terminated(
+    tiered: LocalControlPlane,
+) -> None:
+    # Given a clean idle on-demand instance whose idle time ends before refresh's next run
+    (record,) = clean_idle(tiered)
+    idle_time_nearly_over(tiered)
+
+    # When refresh runs
+    report = tiered.refresh()
+
+    # Then EC2 stops it, and its record is stopping, out of the hot pool
+    assert report["stopping"] == 1
+    assert tiered.ec2_state(record.instance_id) == "stopped"
+    assert tiered.record(record.instance_id).state is InstanceState.STOPPING
+
+    # When refresh runs again, after its idle time would have ended
+    tiered.clock.advance(ONE_TICK)
+    report = tiered.refresh()
+
+    # Then it is marked stopped, until pool.stopped_max_age_minutes from then, and nothing was terminated
+    stopped = tiered.record(record.instance_id)
+    assert report["stopped"] == 1
+    assert report["terminated"] == {}
+    assert stopped.state is InstanceState.STOPPED
+    assert stopped.threshold == tiered.clock.now() + tiered.config.pool.stopped_max_age_minutes * 60
+
+
+def test_no_more_than_the_stopped_maximum_is_stopped_the_rest_are_terminated_as_due(
+    tiered: LocalControlPlane,
+) -> None:
+    # Given two clean idle instances of one class whose idle time ends now, and a tier of one
+    records = clean_idle(tiered, 2)
+    idle_time_nearly_over(tiered)
+
+    # When refresh runs, and again once their idle time has passed
+    first = tiered.refresh()
+    tiered.clock.advance(ONE_TICK)
+    second = tiered.refresh()
+
+    # Then one was stopped, the other terminated as due
+    states = sorted(tiered.record(r.instance_id).state.value for r in records)
+    assert states == ["stopped", "terminated"]
+    assert (first["stopping"], second["terminated"]) == (1, {"idle": 1})
+
+
+def test_a_spot_instance_is_never_stopped() -> None:
+    # Given a stack that keeps a stopped tier but launches its pool as spot
+    config = stack_config(pool={"stopped_maximum": 3})
+    with local_control_plane(config) as local:
+        (record,) = clean_idle(local)
+        idle_time_nearly_over(local)
+
+        # When refresh runs, and again once its idle time has passed
+        report = local.refresh()
+        local.clock.advance(ONE_TICK)
+        local.refresh()
+
+        # Then it was never stopped: an instant fleet's spot instance is terminated as due
+        assert report["stopping"] == 0
+        assert local.record(record.instance_id).state is InstanceState.TERMINATED
+        assert local.accounting().holds
+
+
+def test_an_instance_whose_agent_is_not_known_clean_is_not_stopped(tiered: LocalControlPlane) -> None:
+    # Given an idle instance whose agent's last word is a failed scrub
+    (record,) = clean_idle(tiered)
+    tiered.table.write_signal(record.instance_id, Signal.UD_REMOVE_REG_FAILED, "pool=1")
+    idle_time_nearly_over(tiered)
+
+    # When refresh runs / Then it is left to end as due
+    assert tiered.refresh()["stopping"] == 0
+    assert tiered.record(record.instance_id).state is InstanceState.IDLE
+
+
+def test_an_expired_idle_instance_is_terminated_not_stopped(tiered: LocalControlPlane) -> None:
+    # Given an idle instance some failure path expired (a release without its receipt)
+    (record,) = clean_idle(tiered)
+    tiered.table.expire(record.instance_id)
+
+    # When refresh runs / Then it is terminated: a passed threshold is final
+    report = tiered.refresh()
+    assert report["stopping"] == 0
+    assert tiered.record(record.instance_id).state is InstanceState.TERMINATED
+
+
+def test_a_stopped_instance_past_its_max_age_is_terminated(tiered: LocalControlPlane) -> None:
+    # Given a stopped instance
+    (record,) = clean_idle(tiered)
+    idle_time_nearly_over(tiered)
+    tiered.refresh()
+    tiered.clock.advance(ONE_TICK)
+    tiered.refresh()
+    assert tiered.record(record.instance_id).state is InstanceState.STOPPED
+
+    # When its time in the tier has passed and refresh runs
+    tiered.clock.advance(tiered.config.pool.stopped_max_age_minutes * 60)
+    report = tiered.refresh()
+
+    # Then EC2 terminates it and its record is marked terminated, counted as stopped
+    assert report["terminated"] == {"stopped": 1}
+    assert tiered.ec2_state(record.instance_id) in ("shutting-down", "terminated")
+    assert tiered.record(record.instance_id).state is InstanceState.TERMINATED
+
+
+def test_a_stopped_tier_of_zero_changes_nothing() -> None:
+    # Given the default stack (no stopped tier) and a clean on-demand idle instance ending its idle time
+    config = stack_config(defaults={"usage": "on-demand"})
+    with local_control_plane(config) as local:
+        (record,) = clean_idle(local)
+        idle_time_nearly_over(local)
+        local.refresh()
+        local.clock.advance(ONE_TICK)
+
+        # When refresh runs after its idle time / Then it is terminated, as before the tier existed
+        local.refresh()
+        assert local.record(record.instance_id).state is InstanceState.TERMINATED
+        assert local.accounting().holds
