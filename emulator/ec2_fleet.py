@@ -117,7 +117,10 @@ class SimulatedEc2:
     is the answer to every attempt of the call, so a client built by `aws_clients` turns a code botocore
     retries (RequestLimitExceeded) into its ServiceBusyError, as it does when the simulator answers a
     Lambda's call from beneath its client (emulator/lambda_runtime.py).
-    `calls` counts CreateFleet calls (failed, replayed and launching ones), `launched` the instances.
+    `refuse_starts(n)` makes the next n StartInstances calls fail with InsufficientInstanceCapacity, as EC2
+    answers a start when it has no capacity of the instance's type in its zone (issue 16, item 2).
+    `calls` counts CreateFleet calls (failed, replayed and launching ones) and StartInstances calls,
+    `launched` the instances.
     `ssm` is the Parameter Store client that `resolve:ssm:` AMIs are read with.
     """
 
@@ -137,6 +140,7 @@ class SimulatedEc2:
         self.calls: Counter[str] = Counter()
         self.launched = 0
         self._failures: list[tuple[str, str]] = []
+        self._start_refusals = 0
         self._by_token: dict[str, tuple[str, dict[str, Any]]] = {}
         self._catalog: tuple[InstanceType, ...] | None = None
 
@@ -153,6 +157,26 @@ class SimulatedEc2:
         """The next `count` CreateFleet calls fail as a whole with `code` (e.g. RequestLimitExceeded)."""
         with self._lock:
             self._failures.extend([(code, message or f"simulated {code}")] * count)
+
+    def refuse_starts(self, count: int) -> None:
+        with self._lock:
+            self._start_refusals += count
+
+    # --- StartInstances ------------------------------------------------------------------------
+
+    def start_instances(self, **params: Any) -> Any:
+        """moto's StartInstances, counted, or refused for want of capacity while `refuse_starts` says so."""
+        with self._lock:
+            self.calls["StartInstances"] += 1
+            refused = self._start_refusals > 0
+            self._start_refusals -= 1 if refused else 0
+        if refused:
+            raise _client_error(
+                "InsufficientInstanceCapacity",
+                "We currently do not have sufficient capacity in the Availability Zone you requested.",
+                "StartInstances",
+            )
+        return self._client.start_instances(**params)
 
     # --- CreateFleet ---------------------------------------------------------------------------
 
@@ -403,10 +427,10 @@ def _instance_type(info: Mapping[str, Any]) -> InstanceType:
     )
 
 
-def _client_error(code: str, message: str) -> ClientError:
+def _client_error(code: str, message: str, operation: str = "CreateFleet") -> ClientError:
     status = 503 if code == "RequestLimitExceeded" else 400
     response: Any = {
         "Error": {"Code": code, "Message": message},
         "ResponseMetadata": {"HTTPStatusCode": status},
     }
-    return ClientError(response, "CreateFleet")
+    return ClientError(response, operation)

@@ -52,6 +52,7 @@ class Provision(Construct):
             permissions.write_records(function, table)
             permissions.find_by_run_key(function, table)  # a retried claim step finds its own claim
             permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
+            permissions.start_from_stopped_tier(function, table)  # no hot instance (issue 16, item 2)
 
         def create(function: lambda_.Function) -> None:
             permissions.launch_instances(
@@ -116,9 +117,14 @@ class Provision(Construct):
                     timeout_seconds=120,
                 ),
                 "claim": Step(
-                    "picks up a warm instance, claims it and hands it its runner config",
+                    "picks up a warm instance (hot, else stopped and started), claims it and hands it its "
+                    "runner config",
                     grant=claim,
-                    environment={**hand_off, "pool_queue_url_prefix": pool_queues.url_prefix},
+                    environment={
+                        **hand_off,
+                        **fleet_environment,
+                        "pool_queue_url_prefix": pool_queues.url_prefix,
+                    },
                 ),
                 "check_claim": Step("reads a claimed instance's heartbeat and signal", check),
                 "discard": Step("expires and terminates a candidate that failed", expire, fleet_environment),

@@ -17,6 +17,8 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Signal
 
+TIER_STATES = (InstanceState.STOPPING, InstanceState.STOPPED)
+
 
 class Script(StrEnum):
     REGISTERS = "registers"
@@ -44,8 +46,8 @@ class ScriptedAgents:
         with self._lock:
             for record in self._table.live():
                 script = self._scripts.get(record.instance_id, Script.REGISTERS)
-                if script is Script.SILENT:
-                    continue
+                if script is Script.SILENT or record.state in TIER_STATES:
+                    continue  # a stopped instance's agent is halted with it
                 self._table.write_heartbeat(record.instance_id)
                 held = record.state in (InstanceState.CLAIMED, InstanceState.CREATED) and record.run_key
                 if not held or record.run_key is None:

@@ -139,6 +139,8 @@ class ClaimWorker(_Step):
     wait_seconds: int = 1
     deferrals: int = 0
     """Times this worker was told to wait for a registration (budget, rate limit, GitHub down)."""
+    starting: bool = False
+    """Its instance was claimed from the stopped tier and started: it boots before it can register."""
 
     @property
     def remaining(self) -> int:
@@ -207,13 +209,16 @@ def readiness(
     deadline: Epoch,
     now: Epoch,
     timeouts: Timeouts,
+    starting: bool = False,
 ) -> tuple[Readiness, str]:
     """Whether an instance handed a runner config for `run_key` is ready, still coming, or failed.
 
     Ready means DESIGN.md 6.1's two checks: a heartbeat within the healthy window and `UD_REG_OK` for
     this run key, written after this hand-off (an instance the same run held before carries an
     older `UD_REG_OK` for the same key). A claimed instance was vetted idle, so its heartbeat must
-    be fresh from the start; a created one may still be booting until the deadline.
+    be fresh from the start; a created one may still be booting until the deadline. One claimed from
+    the stopped tier (`starting`) boots like a created one: its heartbeat counts only from the start on
+    (the one it wrote before its stop may still look fresh), and must stay fresh once it has begun.
     """
     expected = InstanceState.CLAIMED if claim_token else InstanceState.CREATED
     if (
@@ -229,10 +234,11 @@ def readiness(
     failure = _signalled_failure(signal, current)
     if failure:
         return Readiness.FAILED, failure
-    fresh = heartbeat is not None and heartbeat.is_fresh(now, timeouts.healthy_window_seconds)
+    beat_since = heartbeat is not None and (not starting or heartbeat.beat_at >= handed_over_at)
+    fresh = beat_since and heartbeat is not None and heartbeat.is_fresh(now, timeouts.healthy_window_seconds)
     if fresh and current and signal is not None and signal.signal is Signal.UD_REG_OK:
         return Readiness.READY, "registered"
-    if not fresh and (claim_token or heartbeat is not None):
+    if not fresh and ((claim_token and not starting) or beat_since):
         # A vetted idle instance beats from the start; a booting one that began to beat must go on.
         return Readiness.FAILED, "heartbeat stale: the agent is not running"
     if now >= deadline:

@@ -23,12 +23,14 @@ from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.side_by_side import in_background, side_by_side
 from runner_pool.adapters.state_table import InstanceView, StateTable
+from runner_pool.domain import stopped_tier
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
-from runner_pool.domain.fleet import LaunchRequest
+from runner_pool.domain.fleet import Ec2State, LaunchRequest, Start
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import PickupManager, PoolQueue, StopReason
+from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.provision import (
     REDRIVE_LIMIT,
     ClaimWorker,
@@ -256,9 +258,10 @@ class Provision:
             return self._deferred(worker.model_copy(update={"attempt": deferred.attempt}), deferred.cause)
         if resumed is not None:
             return resumed
-        if worker.plan.fresh or (worker.attempt == 0 and worker.plan.pool_exhausted):
+        exhausted = worker.attempt == 0 and worker.plan.pool_exhausted
+        if worker.plan.fresh or (exhausted and self._config.pool.stopped_maximum == 0):
             # Fresh or single-use: never a pooled instance. Exhausted: Begin's pickup looked for this slot.
-            # A fresh or single-use job never takes a pooled instance: its slot goes to creation.
+            # A fresh or single-use job never takes a pooled instance, hot or stopped: creation it is.
             return worker.model_copy(
                 update={"claimed": False, "instance_id": None, "claim_token": None, "readiness": None}
             )
@@ -266,15 +269,16 @@ class Provision:
         if grant.refused:
             return self._deferred(worker, None, grant.wait_seconds)
         try:
-            return self._claim_one(worker)
+            # Exhausted: Begin looked at the hot pool for this slot; the stopped tier, then creation.
+            return self._claim_one(worker, hot=not exhausted)
         except _HandOverDeferred as deferred:
             return self._deferred(worker.model_copy(update={"attempt": deferred.attempt}), deferred.cause)
 
-    def _claim_one(self, worker: ClaimWorker) -> ClaimWorker:
+    def _claim_one(self, worker: ClaimWorker, *, hot: bool = True) -> ClaimWorker:
         spec = worker.plan.spec
         attempt = worker.attempt
         empty_looks = 0
-        for _ in range(PICKUPS_PER_CLAIM):
+        for _ in range(PICKUPS_PER_CLAIM if hot else 0):
             found = self._pickup().pickup(spec, worker.plan.request.repository)
             if found.counts.held:
                 # Hidden from every request until their hold ends (pickup.HOLD_SECONDS), never lost.
@@ -300,8 +304,13 @@ class Provision:
                 continue
             self._hand_over_claimed(found.candidate.instance_id, spec.run_key, token, attempt)
             return self._check_in_line(self._holding(worker, found.candidate.instance_id, token, attempt))
+        if hot:
+            count("PoolExhausted")
+        return self._start_stopped(worker, attempt) or self._nothing_claimed(worker, attempt)
+
+    def _nothing_claimed(self, worker: ClaimWorker, attempt: int) -> ClaimWorker:
+        """No instance, hot or stopped: the registration goes back and the slot to creation."""
         self._budget().give_back(1)
-        count("PoolExhausted")
         return worker.model_copy(
             update={
                 "attempt": attempt,
@@ -310,6 +319,69 @@ class Provision:
                 "claim_token": None,
                 "readiness": None,
             }
+        )
+
+    def _start_stopped(self, worker: ClaimWorker, attempt: int) -> ClaimWorker | None:
+        """The stopped tier (issue 16, item 2), once the hot pool had nothing: claim a stopped instance that
+        fits, start it, hand it its config; None if there is none that fits and starts.
+
+        The claim (stopped → claimed, a conditional write) comes before StartInstances, so two workers
+        never start one instance; the start before the hand-over, so an instance given back (GitHub
+        deferring the registration) goes to the hot pool running. An instance EC2 will not start (no
+        capacity of its type in its zone now, or gone) is expired and terminated like a candidate that
+        failed a check, and the next one is tried; the slot falls back to creation after the last.
+        """
+        if self._config.pool.stopped_maximum == 0:
+            return None
+        spec = worker.plan.spec
+        repository = worker.plan.request.repository
+        now = self._clock.now()
+        for partition in PoolPartition.admitting(spec):
+            for record in self._table.stopped(partition, now):
+                if not stopped_tier.fits(record, spec, now, repository, self._config):
+                    continue
+                token = worker.plan.claim_token(worker.slot, attempt)
+                attempt += 1
+                claimed = self._table.claim(
+                    record.instance_id,
+                    spec.run_key,
+                    token,
+                    repository=repository,
+                    reuse=self._config.reuse,
+                    single_use=worker.plan.single_use,
+                    stopped=True,
+                )
+                if not claimed.succeeded:
+                    count("ClaimRacesLost")
+                    continue
+                started = self._fleet().start(record.instance_id)
+                if started is not Start.STARTING:
+                    logger.warning(
+                        "stopped instance not started", instance_id=record.instance_id, ec2=started
+                    )
+                    count(f"StartsRefused.{started.value}")
+                    self._expire_and_terminate([record.instance_id], spec.run_key)
+                    continue
+                count("StartedFromStopped")
+                self._hand_over_claimed(record.instance_id, spec.run_key, token, attempt)
+                return self._starting(self._holding(worker, record.instance_id, token, attempt))
+        return None
+
+    def _started_again(self, instance_id: str) -> bool:
+        """Whether a claimed instance is still coming up from the stopped tier (started again if it is
+        still stopped); False without a tier, where no claimed instance ever was stopped."""
+        if self._config.pool.stopped_maximum == 0:
+            return False
+        state = self._fleet().states([instance_id]).get(instance_id)
+        if state is Ec2State.STOPPED:
+            self._fleet().start(instance_id)
+        return state in (Ec2State.STOPPED, Ec2State.PENDING)
+
+    def _starting(self, holding: ClaimWorker) -> ClaimWorker:
+        """A started instance's wait: EC2's start, the OS's boot and the agent's, then its registration."""
+        since = holding.handed_over_at or self._clock.now()
+        return holding.model_copy(
+            update={"starting": True, "deadline": since + self._timeouts.start_registration_seconds}
         )
 
     def _deferred(
@@ -387,11 +459,14 @@ class Provision:
             # An attempt below the worker's own is an earlier candidate, already discarded.
             if record.state is not InstanceState.CLAIMED or attempt is None or attempt < worker.attempt:
                 continue
+            # A claim of the stopped tier whose try died before StartInstances: started now (a start of a
+            # pending or running instance is accepted again, so this never starts anything twice).
+            starting = self._started_again(record.instance_id)
             self._hand_over_claimed(record.instance_id, record.run_key or "", token or "", attempt + 1)
             # The claim set the threshold; the agent may have registered since, so time runs from then.
             claimed_at = (record.threshold or 0.0) - self._timeouts.claimed_threshold_seconds
             holding = self._holding(worker, record.instance_id, token or "", attempt + 1, claimed_at)
-            return self._check_in_line(holding)
+            return self._check_in_line(self._starting(holding) if starting else holding)
         return None
 
     def _holding(
@@ -407,6 +482,7 @@ class Provision:
                 "handed_over_at": handed_over_at,
                 "deadline": handed_over_at + self._timeouts.claim_registration_seconds,
                 "readiness": Readiness.WAITING,
+                "starting": False,
                 "reason": None,
                 "wait_seconds": worker.plan.claim_wait_seconds,
             }
@@ -421,6 +497,7 @@ class Provision:
             claim_token=worker.claim_token,
             handed_over_at=worker.handed_over_at,
             deadline=worker.deadline,
+            starting=worker.starting,
         )
         return worker.model_copy(
             update={"readiness": verdict, "reason": reason, "wait_seconds": worker.plan.claim_wait_seconds}
@@ -439,6 +516,7 @@ class Provision:
                 "claim_token": None,
                 "handed_over_at": None,
                 "deadline": None,
+                "starting": False,
             }
         )
 
@@ -824,6 +902,7 @@ class Provision:
         claim_token: str | None,
         handed_over_at: float,
         deadline: float,
+        starting: bool = False,
     ) -> tuple[Readiness, str]:
         return readiness(
             view.record,
@@ -835,6 +914,7 @@ class Provision:
             deadline=deadline,
             now=self._clock.now(),
             timeouts=self._timeouts,
+            starting=starting,
         )
 
     def _hand_over_claimed(self, instance_id: str, run_key: str, token: str, attempt: int) -> float | None:
