@@ -6,8 +6,12 @@ as systemd starts it) in a process of its own, with the settings the user data w
 instance's metadata answered by a local IMDSv2 (emulator/imds.py), and a runner directory whose
 `run.sh` starts the emulator's runner program (emulator/runner_program.py). When EC2 says the
 instance is shutting down or terminated, its agent is stopped as an OS shutdown stops it (SIGTERM,
-then SIGKILL). `crash` kills an instance's agent and runner at once, as a hung or dead machine
-would leave them, while EC2 still has the instance running.
+then SIGKILL). When EC2 says the instance is stopping or stopped (the stopped tier), its OS shuts down
+the same way but the instance stays, its directory (the memory file on its volume) kept; when EC2
+starts it again, its agent boots again after the boot delay, as systemd starts it at boot (EC2 User
+Guide, "Stop and start Amazon EC2 instances": the root volume persists, RAM does not). `crash` kills an
+instance's agent and runner at once, as a hung or dead machine would leave them, while EC2 still has
+the instance running.
 
 `systemctl` on the instance's PATH is the simulation's: `systemctl poweroff` (the agent's last
 resort when it cannot terminate itself) marks the instance powered off, and the watcher terminates
@@ -45,6 +49,8 @@ from emulator.timeline import Happening, Timeline
 from runner_pool.domain.clock import Epoch
 
 ENDED_EC2_STATES = ("shutting-down", "terminated")
+HALTED_EC2_STATES = ("stopping", "stopped")
+RUNNING_EC2_STATES = ("pending", "running")
 _EC2_BACKENDS = "moto.ec2.models:ec2_backends"
 POWERED_OFF = "powered-off"
 """The file the simulated `systemctl poweroff` leaves in the instance's directory."""
@@ -109,6 +115,7 @@ class InstanceSettings:
 class Phase(StrEnum):
     LAUNCHED = "launched"
     BOOTED = "booted"
+    STOPPED = "stopped"
     CRASHED = "crashed"
     ENDED = "ended"
 
@@ -274,6 +281,12 @@ class SimulatedInstances:
             if instance is not None and state in ENDED_EC2_STATES and instance.phase is not Phase.ENDED:
                 self._signal(instance, signal.SIGTERM)
                 self._end(instance, reason=f"EC2 says {state}")
+            elif instance is not None and state in HALTED_EC2_STATES and instance.phase is Phase.BOOTED:
+                self._halt(instance)
+            elif instance is not None and state in RUNNING_EC2_STATES and instance.phase is Phase.STOPPED:
+                with self._lock:
+                    instance.phase, instance.boot_at = Phase.LAUNCHED, now + self.settings.boot_delay()
+                self._timeline.record(Happening.STARTED, instance_id, at=now)
         for instance in self.instances().values():
             if instance.phase is Phase.LAUNCHED and instance.boot_at <= now:
                 self._boot(instance)
@@ -391,6 +404,22 @@ class SimulatedInstances:
         self._kill(instance)
         if reason is not None:
             self._timeline.record(Happening.TERMINATED, instance.instance_id, detail=reason)
+
+    def _halt(self, instance: SimulatedInstance) -> None:
+        """EC2 stops the instance: an OS shutdown (SIGTERM, the shutdown's grace, then SIGKILL) that keeps
+        the instance's directory for its next boot."""
+        with self._lock:
+            if instance.phase is not Phase.BOOTED:
+                return
+            instance.phase = Phase.STOPPED
+        self._signal(instance, signal.SIGTERM)
+        if instance.agent is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                instance.agent.wait(self.settings.shutdown_seconds)
+        self._kill(instance)
+        with self._lock:
+            instance.agent, instance.agent_thread = None, None
+        self._timeline.record(Happening.STOPPED, instance.instance_id)
 
     def _signal(self, instance: SimulatedInstance, signum: signal.Signals) -> None:
         if instance.agent_thread is not None and signum is signal.SIGTERM:

@@ -30,10 +30,6 @@ TABLE_OUTPUT = "StateTableName"
 QUEUES_OUTPUT = "PoolQueueUrlPrefix"
 CLASSES_OUTPUT = "ResourceClasses"
 LIVE_STATES = (InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING, InstanceState.IDLE)
-STOPPED: InstanceState | None = getattr(InstanceState, "STOPPED", None)
-"""The stopped tier's state (issue 16, item 2). The lifecycle has no such state yet, so `status` shows 0
-stopped; once it does, its records are counted here (and a stopped instance costs its EBS volume only,
-not its type's hourly price, so it stays out of the idle cost)."""
 
 
 class DeploymentNotFoundError(LookupError):
@@ -92,7 +88,9 @@ class Operator:
         hot = Counter(
             r.resource_class for r in records if r.state is InstanceState.IDLE and not r.threshold_passed(now)
         )
-        stopped = Counter(r.resource_class for r in records if STOPPED is not None and r.state is STOPPED)
+        # The stopped tier (issue 16, item 2): a stopped instance costs its EBS volumes only, not its type's
+        # hourly price, so it stays out of the idle cost.
+        stopped = Counter(r.resource_class for r in records if r.state is InstanceState.STOPPED)
         pooled: Counter[str] = Counter()
         for partition, (ready, _, _) in self._depths().items():
             pooled[partition.resource_class] += int(ready)
