@@ -38,18 +38,34 @@ from runner_pool.adapters.state_table import StateTable, TransitionResult
 from runner_pool.domain.clock import Epoch, ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
-from runner_pool.domain.records import InstanceRecord, Signal
+from runner_pool.domain.pool_partitions import PoolPartition
+from runner_pool.domain.records import InstanceRecord, Signal, UsageClass
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
 from tests.support import builders
 
 pytestmark = pytest.mark.slow
 
 _deserializer = TypeDeserializer()
-_BOOKKEEPING = {schema.PARTITION_KEY, schema.SORT_KEY, schema.SWEEP_SHARD_ATTRIBUTE}
+_BOOKKEEPING = {
+    schema.PARTITION_KEY,
+    schema.SORT_KEY,
+    schema.SWEEP_SHARD_ATTRIBUTE,
+    schema.STOPPED_PARTITION_ATTRIBUTE,
+}
 
 INSTANCE_IDS = tuple(builders.facts(number).instance_id for number in range(3))
 RUN_KEYS = (builders.run_key(1, "/class=large"), builders.run_key(2, "/class=large"))
-FACTS = {facts.instance_id: facts for facts in (builders.facts(number) for number in range(3))}
+FACTS = {
+    facts.instance_id: facts
+    for facts in (
+        # Instance 0 is spot, which is never stopped (an instant fleet's one-time request); the others
+        # are on-demand, which the stopped tier takes (issue 16, item 2).
+        builders.facts(number, usage_class=UsageClass.SPOT if number == 0 else UsageClass.ON_DEMAND)
+        for number in range(3)
+    )
+}
+STOPPED_FOR = st.sampled_from((1.0, 3600.0))
+"""Seconds a stop lasts (pool.stopped_max_age_minutes); one short enough that clock moves reach it."""
 ANYONE = "anyone"
 """Expire whoever holds the instance (no run key condition)."""
 RETRY_WINDOW = 5
@@ -182,29 +198,64 @@ class LifecycleMachine(RuleBasedStateMachine):
         if result.outcome is Outcome.REPLAYED:
             assert self._is_own_replay(instance_id, call)
 
-    def _claim(self, instance_id: str, run_key: str, token: str) -> None:
-        self._remember(lambda: self._claim(instance_id, run_key, token))
+    def _claim(self, instance_id: str, run_key: str, token: str, stopped: bool = False) -> None:
+        """idle → claimed, or (`stopped`) stopped → claimed, with the start's time on top."""
+        self._remember(lambda: self._claim(instance_id, run_key, token, stopped))
         now, current = self.clock.now(), self.model.get(instance_id)
-        call = ("claim", run_key, token)
-        result = self.table.claim(instance_id, run_key, token)
+        call = ("claim_stopped" if stopped else "claim", run_key, token)
+        result = self.table.claim(instance_id, run_key, token, stopped=stopped)
         self._check(
             instance_id,
             call,
             result,
             applies=current is not None
-            and current.state is InstanceState.IDLE
+            and current.state is (InstanceState.STOPPED if stopped else InstanceState.IDLE)
             and current.holds(None)
             and current.valid(now),
             replays=current is not None
             and current.state is InstanceState.CLAIMED
             and current.claim_token == token
             and current.valid(now),
-            after=Modelled(
-                InstanceState.CLAIMED, run_key, now + self.timeouts.claimed_threshold_seconds, token
-            ),
+            after=Modelled(InstanceState.CLAIMED, run_key, now + self._claimed_for(stopped), token),
         )
         if result.outcome is Outcome.REPLAYED:
             assert self._is_own_replay(instance_id, call)
+
+    def _claimed_for(self, stopped: bool) -> float:
+        extra = self.timeouts.start_registration_seconds if stopped else 0.0
+        return self.timeouts.claimed_threshold_seconds + extra
+
+    def _stop(self, instance_id: str) -> None:
+        """idle → stopping: only an unheld, on-demand idle instance whose idle time is still ahead."""
+        self._remember(lambda: self._stop(instance_id))
+        now, current = self.clock.now(), self.model.get(instance_id)
+        result = self.table.stop(instance_id)
+        self._check(
+            instance_id,
+            ("stop",),
+            result,
+            applies=current is not None
+            and current.state is InstanceState.IDLE
+            and current.holds(None)
+            and current.valid(now)
+            and FACTS[instance_id].usage_class is UsageClass.ON_DEMAND,
+            replays=current is not None and current.state is InstanceState.STOPPING and current.valid(now),
+            after=Modelled(InstanceState.STOPPING, None, now + self.timeouts.stopping_seconds),
+        )
+
+    def _mark_stopped(self, instance_id: str, for_seconds: float) -> None:
+        """stopping → stopped, until `for_seconds` from now."""
+        self._remember(lambda: self._mark_stopped(instance_id, for_seconds))
+        now, current = self.clock.now(), self.model.get(instance_id)
+        result = self.table.mark_stopped(FACTS[instance_id], now + for_seconds)
+        self._check(
+            instance_id,
+            ("mark_stopped",),
+            result,
+            applies=current is not None and current.state is InstanceState.STOPPING and current.valid(now),
+            replays=current is not None and current.state is InstanceState.STOPPED and current.valid(now),
+            after=Modelled(InstanceState.STOPPED, None, now + for_seconds),
+        )
 
     def _activate(self, instance_id: str, run_key: str, max_runtime: int, token: str | None) -> None:
         self._remember(lambda: self._activate(instance_id, run_key, max_runtime, token))
@@ -305,8 +356,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         if result.outcome is Outcome.REPLAYED:
             assert self._is_own_replay(instance_id, call)
 
-    def _race(self, instance_id: str, first: str, second: str) -> None:
-        """Two claim workers, each on its own thread and client, claim the same instance at once."""
+    def _race(self, instance_id: str, first: str, second: str, stopped: bool = False) -> None:
+        """Two claim workers, each on its own thread and client, claim the same instance at once (idle,
+        or `stopped`: the two provisions that must never both start one stopped instance)."""
         now, current = self.clock.now(), self.model.get(instance_id)
         self.races += 1
         contenders = [(first, f"race-{self.races}-first"), (second, f"race-{self.races}-second")]
@@ -316,7 +368,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         def contend(side: int) -> None:
             run_key, token = contenders[side]
             start.wait()
-            results[side] = self.racers[side].claim(instance_id, run_key, token)
+            results[side] = self.racers[side].claim(instance_id, run_key, token, stopped=stopped)
 
         threads = [threading.Thread(target=contend, args=(side,)) for side in (0, 1)]
         for thread in threads:
@@ -328,20 +380,20 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         claimable = (
             current is not None
-            and current.state is InstanceState.IDLE
+            and current.state is (InstanceState.STOPPED if stopped else InstanceState.IDLE)
             and current.holds(None)
             and current.valid(now)
         )
         expected = [Outcome.APPLIED, Outcome.LOST] if claimable else [Outcome.LOST, Outcome.LOST]
         assert sorted(outcomes) == sorted(expected), f"race on {current}: {results}"
-        event(f"race: {'one winner' if claimable else 'no winner'}")
+        event(f"race{' for a stopped one' if stopped else ''}: {'one winner' if claimable else 'no winner'}")
         if claimable:
             (winner,) = (side for side in (0, 1) if outcomes[side] is Outcome.APPLIED)
             run_key, token = contenders[winner]
             self.model[instance_id] = Modelled(
-                InstanceState.CLAIMED, run_key, now + self.timeouts.claimed_threshold_seconds, token
+                InstanceState.CLAIMED, run_key, now + self._claimed_for(stopped), token
             )
-            self.last_applied[instance_id] = ("claim", run_key, token)
+            self.last_applied[instance_id] = ("claim_stopped" if stopped else "claim", run_key, token)
             won = results[winner]
             assert won is not None
             assert won.record is not None
@@ -386,7 +438,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @initialize(
         starts=st.lists(
-            st.sampled_from(("missing", "created for a run", "created for the pool", "idle")),
+            st.sampled_from(("missing", "created for a run", "created for the pool", "idle", "stopped")),
             min_size=len(INSTANCE_IDS),
             max_size=len(INSTANCE_IDS),
         )
@@ -398,8 +450,11 @@ class LifecycleMachine(RuleBasedStateMachine):
                 self._create(instance_id, RUN_KEYS[0])
             elif start != "missing":
                 self._create(instance_id, None)
-            if start == "idle":
+            if start in ("idle", "stopped"):
                 self._to_idle(instance_id, InstanceState.CREATED, None)
+            if start == "stopped":  # the spot instance stays idle: its stop is lost
+                self._stop(instance_id)
+                self._mark_stopped(instance_id, 3600.0)
 
     @rule(
         number=st.integers(0, len(INSTANCE_IDS) - 1),
@@ -428,6 +483,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._mark_terminated(instance_id)
         elif current.state is InstanceState.CREATED and current.run_key is None:
             self._to_idle(instance_id, InstanceState.CREATED, None)
+        elif current.state in (InstanceState.STOPPING, InstanceState.STOPPED) or (
+            current.state is InstanceState.IDLE and run_key is None and worker == "worker-b"
+        ):
+            self._tier_moves_on(instance_id, current, run_key, worker, alternative)
         elif current.state is InstanceState.IDLE and alternative:
             self._race(instance_id, RUN_KEYS[0], RUN_KEYS[1])
         elif current.state is InstanceState.IDLE:
@@ -440,6 +499,20 @@ class LifecycleMachine(RuleBasedStateMachine):
         else:
             assert current.run_key is not None
             self._activate(instance_id, current.run_key, max_runtime, current.claim_token)
+
+    def _tier_moves_on(
+        self, instance_id: str, current: Modelled, run_key: str | None, worker: str, alternative: bool
+    ) -> None:
+        """The stopped tier's part of an ordinary life: an idle instance stopped (lost on the spot
+        instance, which refresh never asks), marked stopped, then claimed, alone or in a race."""
+        if current.state is InstanceState.IDLE:
+            self._stop(instance_id)
+        elif current.state is InstanceState.STOPPING:
+            self._mark_stopped(instance_id, 3600.0)
+        elif alternative:
+            self._race(instance_id, RUN_KEYS[0], RUN_KEYS[1], stopped=True)
+        else:
+            self._claim(instance_id, run_key or RUN_KEYS[0], f"{run_key}#{worker}", stopped=True)
 
     @precondition(lambda self: bool(self.recent))
     @rule(back=st.integers(0, RETRY_WINDOW - 1))
@@ -454,6 +527,22 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(aim=aims, run_key=run_keys, worker=claim_workers)
     def claim(self, aim: tuple[str, int], run_key: str, worker: str) -> None:
         self._claim(self._aim(aim, InstanceState.IDLE), run_key, f"{run_key}#{worker}")
+
+    @rule(aim=aims)
+    def stop(self, aim: tuple[str, int]) -> None:
+        self._stop(self._aim(aim, InstanceState.IDLE))
+
+    @rule(aim=aims, for_seconds=STOPPED_FOR)
+    def mark_stopped(self, aim: tuple[str, int], for_seconds: float) -> None:
+        self._mark_stopped(self._aim(aim, InstanceState.STOPPING), for_seconds)
+
+    @rule(aim=aims, run_key=run_keys, worker=claim_workers)
+    def claim_a_stopped_one(self, aim: tuple[str, int], run_key: str, worker: str) -> None:
+        self._claim(self._aim(aim, InstanceState.STOPPED), run_key, f"{run_key}#{worker}", stopped=True)
+
+    @rule(aim=aims, first=run_keys, second=run_keys)
+    def race_to_start_a_stopped_one(self, aim: tuple[str, int], first: str, second: str) -> None:
+        self._race(self._aim(aim, InstanceState.STOPPED), first, second, stopped=True)
 
     @rule(aim=aims, caller=callers, token_holder=token_holders, max_runtime=max_runtimes)
     def activate(self, aim: tuple[str, int], caller: str, token_holder: str, max_runtime: int) -> None:
@@ -541,6 +630,20 @@ class LifecycleMachine(RuleBasedStateMachine):
             instance_id = item["instance_id"]["S"]
             assert item[schema.PARTITION_KEY]["S"] == INSTANCE_ARNS.arn(instance_id), item
             assert shard == (schema.sweep_shard(instance_id) if live else None), item
+            stopped = item["state"]["S"] == InstanceState.STOPPED.value
+            partition = item.get(schema.STOPPED_PARTITION_ATTRIBUTE, {}).get("S")
+            assert partition == (PoolPartition.of(FACTS[instance_id]).name if stopped else None), item
+
+    @invariant()
+    def stopped_finds_exactly_the_claimable_stopped_records(self) -> None:
+        now = self.clock.now()
+        partitions = {PoolPartition.of(facts) for facts in FACTS.values()}
+        found = {record.instance_id for p in partitions for record in self.table.stopped(p)}
+        assert found == {
+            instance_id
+            for instance_id, m in self.model.items()
+            if m.state is InstanceState.STOPPED and m.valid(now)
+        }
 
     @invariant()
     def held_by_finds_exactly_the_holders(self) -> None:

@@ -6,12 +6,15 @@ record, and every live record an instance.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, Signal
+from runner_pool.domain.refresh import RefreshReport, refresh_tick
+from runner_pool.handlers.refresh import refresh_of
 from tests.support.control_plane import LocalControlPlane, local_control_plane, stack_config
 
 ONE_TICK = 60.0
@@ -161,3 +164,49 @@ def test_a_stopped_tier_of_zero_changes_nothing() -> None:
         local.refresh()
         assert local.record(record.instance_id).state is InstanceState.TERMINATED
         assert local.accounting().holds
+
+
+def test_two_refreshes_racing_stop_no_more_than_the_maximum(tiered: LocalControlPlane) -> None:
+    # Given three clean idle instances of one class whose idle time ends now, and a tier of one
+    records = clean_idle(tiered, 3)
+    idle_time_nearly_over(tiered)
+
+    # When two refreshes of the same schedule slot run at once
+    tick = refresh_tick(tiered.clock.now(), tiered.config)
+    start = threading.Barrier(2)
+    reports: list[RefreshReport] = []
+
+    def refresh() -> None:
+        start.wait()
+        reports.append(refresh_of(tiered.plane).run(tick))
+
+    threads = [threading.Thread(target=refresh) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    # Then neither failed, one instance was stopped between them, and the other two stay idle
+    assert [r.failed for r in reports] == [[], []]
+    assert sum(r.stopping for r in reports) == 1
+    states = sorted(tiered.record(r.instance_id).state.value for r in records)
+    assert states == ["idle", "idle", "stopping"]
+
+
+def test_a_refresh_that_died_after_its_stop_write_asks_ec2_again(tiered: LocalControlPlane) -> None:
+    # Given an instance whose record went stopping, but whose refresh died before StopInstances
+    (record,) = clean_idle(tiered)
+    idle_time_nearly_over(tiered)
+    assert tiered.table.stop(record.instance_id).succeeded
+    assert tiered.ec2_state(record.instance_id) == "running"
+
+    # When the next refresh runs, and the one after it
+    tiered.clock.advance(ONE_TICK)
+    tiered.refresh()
+    tiered.clock.advance(ONE_TICK)
+    report = tiered.refresh()
+
+    # Then the stop was asked again, and the instance is stopped and marked so
+    assert tiered.ec2_state(record.instance_id) == "stopped"
+    assert report["stopped"] == 1
+    assert tiered.record(record.instance_id).state is InstanceState.STOPPED

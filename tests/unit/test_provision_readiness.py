@@ -111,3 +111,48 @@ def test_the_deadline_ends_the_wait() -> None:
 )
 def test_an_instance_no_longer_held_by_this_hand_off_has_failed(current: InstanceRecord | None) -> None:
     assert judge(current, beat(T0 + 1), signal(Signal.UD_REG_OK, T0 + 1)) is Readiness.FAILED
+
+
+# --- a claim of the stopped tier, started (issue 16, item 2) -----------------------------------------
+
+
+def judge_started(heartbeat: Heartbeat | None, latest: WorkerSignal | None, now: float = T0 + 2) -> Readiness:
+    verdict, _reason = readiness(
+        record(),
+        heartbeat,
+        latest,
+        run_key=RUN,
+        claim_token=TOKEN,
+        handed_over_at=T0,
+        deadline=T0 + 20,
+        now=now,
+        timeouts=TIMEOUTS,
+        starting=True,
+    )
+    return verdict
+
+
+def test_a_started_instance_whose_last_beat_is_from_before_its_stop_is_still_booting() -> None:
+    # Given a started instance whose only heartbeat was written before its stop, long ago
+    # When it is checked before the deadline / Then it is waiting, not failed: its OS is booting
+    assert judge_started(beat(T0 - 3_600), None) is Readiness.WAITING
+
+
+def test_a_started_instance_is_not_ready_on_a_beat_from_before_its_start_however_recent() -> None:
+    # Given a beat written just before the start (within the healthy window) and a registration for the run
+    # When it is checked / Then it is not ready: only a beat written after the start shows the agent is up
+    assert judge_started(beat(T0 - 1), signal(Signal.UD_REG_OK, T0 + 1)) is Readiness.WAITING
+
+
+def test_a_started_instance_beating_again_and_registered_is_ready() -> None:
+    assert judge_started(beat(T0 + 1), signal(Signal.UD_REG_OK, T0 + 1)) is Readiness.READY
+
+
+def test_a_started_instance_whose_new_heartbeat_went_stale_has_failed() -> None:
+    # Given an agent that beat once after the start, then nothing for longer than the healthy window
+    now = T0 + 1 + TIMEOUTS.healthy_window_seconds + 1
+    assert judge_started(beat(T0 + 1), None, now=now) is Readiness.FAILED
+
+
+def test_a_started_instance_that_never_registers_fails_at_the_deadline() -> None:
+    assert judge_started(None, None, now=T0 + 20) is Readiness.FAILED

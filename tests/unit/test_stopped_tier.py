@@ -1,0 +1,121 @@
+"""Which idle instances refresh stops, for how long, and which stopped ones a request may start (issue 16,
+item 2; domain/stopped_tier.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import InstanceRecord, Signal, UsageClass, WorkerSignal
+from runner_pool.domain.stopped_tier import clean_to_stop, fits, stopped_until, to_stop
+from tests.support.builders import facts
+
+NOW = 1_800_000_000.0
+CONFIG = StackConfig.model_validate({"pool": {"stopped_maximum": 2}})
+LEAD = CONFIG.refresh_rate_minutes * 60.0
+
+
+def record(number: int, state: InstanceState = InstanceState.IDLE, **fields: Any) -> InstanceRecord:
+    shape = {
+        key: fields.pop(key) for key in ("usage_class", "resource_class", "instance_type") if key in fields
+    }
+    values: dict[str, Any] = {
+        "state": state,
+        "threshold": NOW + 30,
+        "created_at": NOW - 600,
+        "updated_at": NOW,
+        **fields,
+    }
+    base = facts(number, usage_class=shape.pop("usage_class", UsageClass.ON_DEMAND), **shape)
+    return InstanceRecord(**base.model_dump(), **values)
+
+
+def ids(records: list[InstanceRecord]) -> list[str]:
+    return [r.instance_id for r in records]
+
+
+def test_idle_on_demand_instances_ending_before_the_next_run_are_stopped_soonest_first() -> None:
+    # Given three idle on-demand instances ending within the lead, and room for two
+    later, sooner, soonest = (
+        record(1, threshold=NOW + 50),
+        record(2, threshold=NOW + 20),
+        record(3, threshold=NOW + 5),
+    )
+    # When refresh chooses / Then the two that end first, in that order
+    assert ids(to_stop([later, sooner, soonest], CONFIG, NOW)) == ids([soonest, sooner])
+
+
+def test_instances_already_in_the_tier_take_its_room() -> None:
+    stopped = record(1, InstanceState.STOPPED, threshold=NOW + 3600)
+    stopping = record(2, InstanceState.STOPPING, threshold=NOW + 600)
+    assert to_stop([stopped, stopping, record(3)], CONFIG, NOW) == []
+
+
+def test_a_tier_member_past_its_time_leaves_room() -> None:
+    ended = record(1, InstanceState.STOPPED, threshold=NOW - 1)
+    assert ids(to_stop([ended, record(2), record(3)], CONFIG, NOW)) == ids([record(2), record(3)])
+
+
+def test_each_class_has_its_own_room() -> None:
+    larges = [record(n) for n in (1, 2, 3)]
+    xlarge = record(4, resource_class="xlarge")
+    assert ids(to_stop([*larges, xlarge], CONFIG, NOW)) == ids([*larges[:2], xlarge])
+
+
+def test_spot_held_expired_and_not_yet_ending_instances_are_never_chosen() -> None:
+    spot = record(1, usage_class=UsageClass.SPOT)
+    held = record(2, InstanceState.RUNNING, run_key="pool=1")
+    expired = record(3, threshold=NOW)
+    not_yet = record(4, threshold=NOW + LEAD + 1)
+    assert to_stop([spot, held, expired, not_yet], CONFIG, NOW) == []
+
+
+def test_no_tier_stops_nothing() -> None:
+    assert to_stop([record(1)], StackConfig(), NOW) == []
+
+
+def test_an_agent_not_known_clean_gives_its_room_to_the_next() -> None:
+    # Given three candidates of which the first's agent has not given its receipt
+    dirty, first_clean, second_clean = record(1, threshold=NOW + 1), record(2), record(3)
+    chosen = to_stop(
+        [dirty, first_clean, second_clean], CONFIG, NOW, clean=lambda r: r.instance_id != dirty.instance_id
+    )
+    assert ids(chosen) == ids([first_clean, second_clean])
+
+
+def test_clean_to_stop_needs_ud_ok_or_a_scrub_receipt() -> None:
+    def said(signal: Signal) -> WorkerSignal:
+        return WorkerSignal(instance_id=facts(1).instance_id, signal=signal, at=NOW)
+
+    assert clean_to_stop(said(Signal.UD_OK))
+    assert clean_to_stop(said(Signal.UD_REMOVE_REG_OK))
+    assert not clean_to_stop(said(Signal.UD_REG_OK))
+    assert not clean_to_stop(said(Signal.UD_REMOVE_REG_FAILED))
+    assert not clean_to_stop(None)
+
+
+def test_a_stop_lasts_its_max_age_but_never_past_the_instances_reuse_age() -> None:
+    young = record(1, created_at=NOW)
+    old = record(2, created_at=NOW - CONFIG.reuse.max_age_minutes * 60 + 100)
+    assert stopped_until(young, CONFIG, NOW) == min(
+        NOW + CONFIG.pool.stopped_max_age_minutes * 60, NOW + CONFIG.reuse.max_age_minutes * 60
+    )
+    assert stopped_until(old, CONFIG, NOW) == NOW + 100
+
+
+def test_an_instance_whose_stop_would_end_before_the_next_run_is_not_stopped() -> None:
+    nearly_too_old = record(1, created_at=NOW - CONFIG.reuse.max_age_minutes * 60 + LEAD / 2)
+    assert to_stop([nearly_too_old], CONFIG, NOW) == []
+
+
+def test_a_stopped_instance_fits_a_request_by_the_hot_pools_rule() -> None:
+    spec = CONFIG.spec_for("pool=1/usage=on-demand/types=c7*")
+    stopped = record(1, InstanceState.STOPPED, threshold=NOW + 3600, instance_type="c7i.large")
+    other_type = record(2, InstanceState.STOPPED, threshold=NOW + 3600, instance_type="m6i.large")
+    ended = record(3, InstanceState.STOPPED, threshold=NOW, instance_type="c7i.large")
+    assert fits(stopped, spec, NOW, "octo/repo", CONFIG)
+    assert not fits(other_type, spec, NOW, "octo/repo", CONFIG)
+    assert not fits(ended, spec, NOW, "octo/repo", CONFIG)
+    served_elsewhere = stopped.model_copy(update={"repository": "octo/other"})
+    assert not fits(served_elsewhere, spec, NOW, "octo/repo", CONFIG)
