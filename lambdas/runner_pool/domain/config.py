@@ -86,8 +86,8 @@ class Timeouts(_Settings):
     idle_seconds: float = Field(600, gt=0)
     stopping_seconds: float = Field(600, gt=0)
     """How long an instance chosen for the stopped tier may take to stop before refresh terminates it
-    instead. EC2 stops an instance by an OS shutdown, and force-stops it if that "does not complete within
-    a few minutes" (EC2 User Guide, "Stop and start Amazon EC2 instances")."""
+    instead. EC2 stops an instance by an OS shutdown: "When you stop an instance, we shut it down", and
+    "we attempt to shut it down forcibly after a short while" (EC2 API Reference, StopInstances)."""
     start_registration_seconds: float = Field(180, gt=0)
     """How long a stopped instance, claimed and started, has to register its runner: EC2's pending, the
     OS's boot and the agent's start, where a hot claim's `claim_registration_seconds` has none of these."""
@@ -166,11 +166,12 @@ class PoolSettings(_Settings):
     """The stopped tier of the warm pool (issue 16, item 2): idle on-demand instances kept stopped.
 
     EC2 bills a stopped instance for its EBS volumes only ("You are not charged for usage of a stopped
-    instance", EC2 User Guide, "Stop and start Amazon EC2 instances"), and starts it in seconds where a
-    launch boots and installs from scratch. Spot instances are never stopped: an instant fleet's spot
-    instances come from one-time requests, and "you can't stop a Spot Instance that was launched by a
-    one-time request" (EC2 User Guide, "Stop and start Spot Instances"; CreateFleet's `instant` type makes
-    only one-time requests, EC2 User Guide, "EC2 Fleet request types").
+    instance", EC2 API Reference, StopInstances), and starts it in seconds where a launch boots and
+    installs from scratch. Spot instances are never stopped: an instant fleet's spot instances come from
+    one-time requests, and a Spot Instance can be stopped only if its request is persistent, or for a
+    fleet, of type `maintain` (EC2 User Guide, "Behavior of Spot Instance interruptions"); EC2 answers a
+    stop of another with UnsupportedOperation ("You can only stop Spot Instances associated with
+    persistent Spot Instance requests").
     """
 
     stopped_maximum: int = Field(0, ge=0)

@@ -13,8 +13,9 @@ terminates its own instance past its threshold plus a grace). So refresh stops a
 time ends before its next run, at most one refresh period early.
 
 Spot instances are never stopped: an instant fleet's spot instances come from one-time requests, and EC2
-refuses to stop them ("You can't stop the Spot Instance ... because it is associated with a one-time Spot
-Instance request", UnsupportedOperation; EC2 User Guide, "Stop a Spot Instance": only persistent requests).
+stops a Spot Instance only of a persistent request (for a fleet, of type `maintain`: EC2 User Guide,
+"Behavior of Spot Instance interruptions"); it refuses the rest with UnsupportedOperation ("You can't stop
+the Spot Instance ... because it is associated with a one-time Spot Instance request").
 """
 
 from __future__ import annotations
