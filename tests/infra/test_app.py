@@ -20,7 +20,8 @@ from tests.infra.synthesis import Synthesis, app_with, stack_of
 
 ACKNOWLEDGED = Validations.ACKNOWLEDGED_RULES_METADATA_KEY
 FUNCTION = r"(Provision|Release)/Workflow/[A-Za-z]+|Refresh/Refresh|Ingress/(Webhook|Dispatcher)"
-EXPIRING = r"Provision/Workflow/(Create|Discard|Dump|Finish)Role|Refresh/RefreshRole"
+EXPIRING = r"Provision/Workflow/(Claim|Create|Discard|Dump|Finish)Role|Refresh/RefreshRole"
+"""Roles that act on the stack's tagged instances: terminate (and, the claim, start; refresh, stop)."""
 LAUNCHING = r"Provision/Workflow/CreateRole|Refresh/RefreshRole"
 LAUNCHED = r"(fleet|instance|volume|network-interface|spot-instances-request|subnet|security-group)"
 REVIEWED = {
