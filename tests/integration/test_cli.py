@@ -102,8 +102,8 @@ def test_status_shows_hot_and_stopped_counts_and_the_idle_cost_per_hour(
     # When the operator asks for the status
     code, rows = run("status", clock=clock)
 
-    # Then each class shows its hot (idle, still offered) count, no stopped instance (the lifecycle has
-    # no stopped tier yet), and its idle instances' hourly on-demand list price: c7i.large $0.08925
+    # Then each class shows its hot (idle, still offered) count, no stopped instance (none was stopped),
+    # and its idle instances' hourly on-demand list price: c7i.large $0.08925
     # and m7i.xlarge $0.2016 (aws.amazon.com/ec2/pricing/on-demand, us-east-1, Linux)
     assert code == 0
     assert rows[0][7:] == ["hot", "stopped", "idle_usd_per_hour"]
