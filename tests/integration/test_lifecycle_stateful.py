@@ -538,7 +538,11 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(aim=aims, run_key=run_keys, worker=claim_workers)
     def claim_a_stopped_one(self, aim: tuple[str, int], run_key: str, worker: str) -> None:
-        self._claim(self._aim(aim, InstanceState.STOPPED), run_key, f"{run_key}#{worker}", stopped=True)
+        # A token of its own: each claim attempt carries one (ProvisionPlan.claim_token(slot, attempt)),
+        # so a worker's hot claim and its later claim of a stopped one never share a token. (Sharing one,
+        # the stopped claim would meet the hot claim as its own replay, which no real call can do.)
+        token = f"{run_key}#{worker}#stopped"
+        self._claim(self._aim(aim, InstanceState.STOPPED), run_key, token, stopped=True)
 
     @rule(aim=aims, first=run_keys, second=run_keys)
     def race_to_start_a_stopped_one(self, aim: tuple[str, int], first: str, second: str) -> None:
