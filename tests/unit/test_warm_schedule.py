@@ -314,3 +314,68 @@ def test_a_window_is_in_force_exactly_when_the_wall_clock_says_it_is_open(
     # When refresh asks at that local time / Then the window's minimum holds exactly when the oracle says open
     local = at(f"2026-11-{23 + day}T{minute // 60:02}:{minute % 60:02}")
     assert (schedule.in_force(local) == 1) == open_by_the_wall_clock(window, day, minute)
+
+
+# --- the stopped minimum beside the hot one ----------------------------------------------------------
+
+TIER = {"defaults": {"usage": "on-demand"}, "pool": {"stopped_maximum": 3}}
+
+
+def test_a_plain_number_keeps_no_stopped_minimum() -> None:
+    # Given a class's minimum as a number, in a stack with a stopped tier
+    config = load_config({**TIER, "warm_pool_minimum": {"large": 2}})
+    # When refresh asks / Then the number is hot only
+    assert config.stopped_minimum("large", at("2026-11-23T10:00")) == 0
+    assert config.warm_minimum("large", at("2026-11-23T10:00")) == 2
+
+
+def test_a_stopped_minimum_is_in_force_by_the_same_windows_as_the_hot_one() -> None:
+    # Given a schedule keeping 1 stopped outside its window, and 3 stopped (2 hot) within it
+    window = {"days": WORKDAYS, "start": "08:00", "end": "18:00", "hot": 2, "stopped": 3}
+    schedule = {"time_zone": BERLIN, "hot": 0, "stopped": 1, "windows": [window]}
+    config = load_config({**TIER, "warm_pool_minimum": {"large": schedule}})
+    # When refresh asks within and outside the window / Then each minimum is its own number there
+    inside, outside = at("2026-11-23T09:00"), at("2026-11-23T19:00")
+    assert (config.warm_minimum("large", inside), config.stopped_minimum("large", inside)) == (2, 3)
+    assert (config.warm_minimum("large", outside), config.stopped_minimum("large", outside)) == (0, 1)
+    # And a window that names no stopped minimum keeps none
+    assert minimum(OFFICE_HOURS).stopped_in_force(inside) == 0
+
+
+def stopped_problem(settings: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as raised:
+        load_config(settings)
+    (only,) = raised.value.problems
+    return only
+
+
+def test_a_stopped_minimum_above_the_tiers_maximum_is_refused_with_its_fix() -> None:
+    # Given a window that keeps more stopped than pool.stopped_maximum allows
+    window = {"start": "08:00", "end": "18:00", "hot": 1, "stopped": 4}
+    settings = {**TIER, "warm_pool_minimum": {"large": {"windows": [window]}}}
+    # When the config is loaded / Then synth refuses it, naming the setting and the fix
+    assert stopped_problem(settings) == (
+        "warm_pool_minimum.large.windows.0.stopped: is 4, above pool.stopped_maximum (3), so refresh would "
+        "launch instances the tier has no room to keep; fix: raise pool.stopped_maximum to at least 4, "
+        "or keep fewer stopped"
+    )
+
+
+def test_a_stopped_minimum_with_no_tier_is_refused() -> None:
+    # Given a stopped minimum in a stack that keeps no stopped tier (the default maximum, 0)
+    settings = {"defaults": {"usage": "on-demand"}, "warm_pool_minimum": {"large": {"stopped": 1}}}
+    # When the config is loaded / Then it is refused at the class's own setting
+    assert stopped_problem(settings).startswith(
+        "warm_pool_minimum.large.stopped: is 1, above pool.stopped_maximum (0)"
+    )
+
+
+def test_a_stopped_minimum_whose_pool_instances_would_be_spot_is_refused() -> None:
+    # Given a stopped minimum in a stack whose label defaults (which a class's pool instances take) are spot
+    settings = {"pool": {"stopped_maximum": 3}, "warm_pool_minimum": {"large": {"stopped": 2}}}
+    # When the config is loaded / Then it is refused: the tier is on-demand only
+    assert stopped_problem(settings) == (
+        "warm_pool_minimum.large.stopped: is 2, but defaults.usage is spot: a Spot Instance of an instant "
+        "fleet cannot be stopped, and the class's pool instances and default jobs are spot; fix: set "
+        'defaults.usage to "on-demand", or keep no stopped minimum'
+    )

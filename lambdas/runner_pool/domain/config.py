@@ -34,7 +34,7 @@ from runner_pool.domain.labels import (
     RunnerLabel,
     RunnerSpec,
 )
-from runner_pool.domain.records import Arch, InstanceRecord
+from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
 from runner_pool.domain.runner_scope import RunnerScopeSetting
 
 SQS_MAX_DELAY_SECONDS = 900
@@ -446,7 +446,6 @@ class WarmWindow(_Settings):
     It opens at `start` on each of its `days` and closes at `end`; an `end` at or before `start`
     closes on the next day (`22:00` to `06:00` on fri runs into Saturday morning). Local time is the
     schedule's time zone's wall clock, so a window keeps its hours across a daylight-saving change.
-    A stopped minimum (issue 16, item 2) will sit beside `hot`.
     """
 
     days: tuple[Weekday, ...] = tuple(Weekday)
@@ -456,6 +455,8 @@ class WarmWindow(_Settings):
     """Local time of day it closes, `HH:MM` or `24:00`; the window does not include it."""
     hot: int = Field(ge=0)
     """Idle (running) instances to keep while the window is open."""
+    stopped: int = Field(0, ge=0)
+    """Stopped instances to keep while the window is open (the stopped tier, README "The stopped tier")."""
 
     @model_validator(mode="after")
     def _times_are_times(self) -> Self:
@@ -502,13 +503,17 @@ class WarmWindow(_Settings):
 
 
 class WarmMinimum(_Settings):
-    """A class's warm minimum: `hot` idle instances, or another number in each window of a schedule.
+    """A class's warm minimum: `hot` idle instances and `stopped` stopped ones, or other numbers in each
+    window of a schedule.
 
-    A plain number in the config (`{"large": 2}`) is this with `hot` 2 and no windows.
+    A plain number in the config (`{"large": 2}`) is this with `hot` 2, no stopped ones and no windows.
     """
 
     hot: int = Field(0, ge=0)
     """Idle instances to keep when no window is open (all the time, without windows)."""
+    stopped: int = Field(0, ge=0)
+    """Stopped instances to keep when no window is open: launched for the stopped tier, and stopped as
+    soon as they are ready."""
     time_zone: str = "UTC"
     """The IANA time zone the windows' days and times are in, e.g. `Europe/Berlin`."""
     windows: tuple[WarmWindow, ...] = ()
@@ -555,14 +560,27 @@ class WarmMinimum(_Settings):
 
     def in_force(self, now: Epoch) -> int:
         """The hot minimum at `now`: the open window's, else `hot`."""
+        return self._open_at(now).hot
+
+    def stopped_in_force(self, now: Epoch) -> int:
+        """The stopped minimum at `now`: the open window's, else `stopped`."""
+        return self._open_at(now).stopped
+
+    def most_stopped(self) -> tuple[str, int]:
+        """The largest stopped minimum it ever keeps, and its setting's path under the class."""
+        return max(
+            [("stopped", self.stopped)]
+            + [(f"windows.{index}.stopped", window.stopped) for index, window in enumerate(self.windows)],
+            key=lambda item: item[1],
+        )
+
+    def _open_at(self, now: Epoch) -> WarmMinimum | WarmWindow:
+        """The window open at `now`, else the schedule itself (its `hot` and `stopped` outside them)."""
         if not self.windows:
-            return self.hot
+            return self
         local = datetime.fromtimestamp(now, ZoneInfo(self.time_zone))
         minute = local.weekday() * MINUTES_PER_DAY + local.hour * 60 + local.minute
-        for window in self.windows:
-            if window.is_open(minute):
-                return window.hot
-        return self.hot
+        return next((window for window in self.windows if window.is_open(minute)), self)
 
 
 def _first_overlap(first: WarmWindow, second: WarmWindow) -> int | None:
@@ -635,6 +653,31 @@ class StackConfig(_Settings):
         return self
 
     @model_validator(mode="after")
+    def _stopped_minimum_fits_the_tier(self) -> Self:
+        for name, minimum in self.warm_pool_minimum.items():
+            path, stopped = minimum.most_stopped()
+            if stopped == 0:
+                continue
+            if stopped > self.pool.stopped_maximum:
+                raise _SettingError(
+                    f"warm_pool_minimum.{name}.{path}",
+                    f"is {stopped}, above pool.stopped_maximum ({self.pool.stopped_maximum}), so refresh "
+                    "would launch instances the tier has no room to keep",
+                    f"raise pool.stopped_maximum to at least {stopped}, or keep fewer stopped",
+                )
+            # A class's pool instances take the stack's label defaults (LaunchRequest.for_pool), usage
+            # included; the tier is on-demand only (PoolSettings), and a job whose usage resolves to spot
+            # never picks an on-demand instance, so a stopped minimum under spot would serve no default job.
+            if self.defaults.usage is UsageClass.SPOT:
+                raise _SettingError(
+                    f"warm_pool_minimum.{name}.{path}",
+                    f"is {stopped}, but defaults.usage is spot: a Spot Instance of an instant fleet cannot "
+                    "be stopped, and the class's pool instances and default jobs are spot",
+                    'set defaults.usage to "on-demand", or keep no stopped minimum',
+                )
+        return self
+
+    @model_validator(mode="after")
     def _express_fits_its_limit(self) -> Self:
         if self.workflow_type is not WorkflowType.EXPRESS:
             return self
@@ -676,6 +719,11 @@ class StackConfig(_Settings):
         """Idle instances of a class refresh keeps at `now`: its schedule's window then, if any."""
         minimum = self.warm_pool_minimum.get(resource_class)
         return 0 if minimum is None else minimum.in_force(now)
+
+    def stopped_minimum(self, resource_class: str, now: Epoch) -> int:
+        """Stopped instances of a class refresh keeps at `now`: its schedule's window then, if any."""
+        minimum = self.warm_pool_minimum.get(resource_class)
+        return 0 if minimum is None else minimum.stopped_in_force(now)
 
     def resolve(self, label: RunnerLabel) -> RunnerSpec:
         """Fill the label's missing keys with their defaults; an unknown class is a LabelError."""
