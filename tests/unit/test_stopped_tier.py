@@ -8,7 +8,15 @@ from typing import Any
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, Signal, UsageClass, WorkerSignal
-from runner_pool.domain.stopped_tier import clean_to_stop, fits, stopped_until, to_stop
+from runner_pool.domain.stopped_tier import (
+    awaiting_stop,
+    clean_to_stop,
+    fits,
+    launched_for_tier,
+    stopped_shortfall,
+    stopped_until,
+    to_stop,
+)
 from tests.support.builders import facts
 
 NOW = 1_800_000_000.0
@@ -119,3 +127,54 @@ def test_a_stopped_instance_fits_a_request_by_the_hot_pools_rule() -> None:
     assert not fits(ended, spec, NOW, "octo/repo", CONFIG)
     served_elsewhere = stopped.model_copy(update={"repository": "octo/other"})
     assert not fits(served_elsewhere, spec, NOW, "octo/repo", CONFIG)
+
+
+# --- the stopped minimum: what refresh launches for it -------------------------------------------------
+
+MINIMUM = StackConfig.model_validate(
+    {
+        "defaults": {"usage": "on-demand"},
+        "pool": {"stopped_maximum": 3},
+        "warm_pool_minimum": {"large": {"hot": 1, "stopped": 3}},
+    }
+)
+
+
+def for_tier(number: int, state: InstanceState = InstanceState.CREATED, **fields: Any) -> InstanceRecord:
+    return record(number, state, for_stopped_tier=True, threshold=NOW + 600, **fields)
+
+
+def test_the_shortfall_is_the_minimum_less_the_tier_and_those_launched_for_it() -> None:
+    # Given one stopped, one stopping past its time (due), one booting for the tier and one hot idle
+    stopped = record(1, InstanceState.STOPPED, threshold=NOW + 3600)
+    due = record(2, InstanceState.STOPPING, threshold=NOW - 1)
+    booting = for_tier(3)
+    hot = record(4, threshold=NOW + 600)
+    # When refresh decides / Then it launches one more for the tier; the hot and the due one do not count
+    assert stopped_shortfall([stopped, due, booting, hot], MINIMUM, NOW) == {"large": 1}
+
+
+def test_one_launched_for_the_tier_and_admitted_counts_until_it_has_served() -> None:
+    # Given three launched for the tier, admitted and waiting for their stop
+    waiting = [for_tier(n, InstanceState.IDLE) for n in (1, 2, 3)]
+    # When refresh decides / Then the minimum is met
+    assert stopped_shortfall(waiting, MINIMUM, NOW) == {}
+    assert all(awaiting_stop(r, NOW) for r in waiting)
+    # And one that served a job (its mark stays; it is hot now) counts no more
+    served = waiting[0].model_copy(update={"jobs_served": 1})
+    assert stopped_shortfall([served, *waiting[1:]], MINIMUM, NOW) == {"large": 1}
+    assert not launched_for_tier(served, NOW)
+
+
+def test_no_stopped_minimum_launches_nothing() -> None:
+    # Given a stack with a tier but no stopped minimum, and an empty pool
+    # When refresh decides / Then nothing is launched for it
+    assert stopped_shortfall([], CONFIG, NOW) == {}
+    assert stopped_shortfall([], StackConfig(), NOW) == {}
+
+
+def test_those_launched_for_the_tier_take_its_room_from_idle_stops() -> None:
+    # Given a tier of two, one instance booting for it and one stopped, and an idle instance ending now
+    booting, stopped = for_tier(1), record(2, InstanceState.STOPPED, threshold=NOW + 3600)
+    # When refresh chooses whom to stop / Then the ending one has no room: it is terminated as due
+    assert to_stop([booting, stopped, record(3)], CONFIG, NOW) == []

@@ -159,9 +159,10 @@ class StateTable:
         *,
         repository: str | None = None,
         single_use: bool = False,
+        for_stopped_tier: bool = False,
     ) -> TransitionResult:
         """(new) → created: record a launched instance, for a run of `repository` or (run_key None) for
-        the pool."""
+        the pool; `for_stopped_tier` (pool only) marks one launched for a stopped minimum."""
         now = self._clock.now()
         record = InstanceRecord(
             **facts.model_dump(),
@@ -171,6 +172,7 @@ class StateTable:
             repository=repository if run_key else None,
             jobs_served=1 if run_key else 0,
             single_use=single_use and bool(run_key),
+            for_stopped_tier=for_stopped_tier and not run_key,
             created_at=now,
             updated_at=now,
         )

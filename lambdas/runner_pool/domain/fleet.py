@@ -60,13 +60,20 @@ class LaunchRequest(_Value):
 
     @classmethod
     def for_pool(
-        cls, config: StackConfig, resource_class: str, count: int, idempotency_key: str
+        cls,
+        config: StackConfig,
+        resource_class: str,
+        count: int,
+        idempotency_key: str,
+        *,
+        usage: UsageClass | None = None,
     ) -> LaunchRequest:
-        """Warm-pool instances: the class's size with the stack's label defaults, held by no run."""
+        """Warm-pool instances: the class's size with the stack's label defaults, held by no run; `usage`
+        overrides the default (the stopped tier's are on-demand whatever it is)."""
         if resource_class not in config.resource_classes:
             raise KeyError(resource_class)
         # What a label naming only the class resolves to; the run id is never used, only the keys.
-        spec = config.resolve(RunnerLabel(run_id="0", resource_class=resource_class))
+        spec = config.resolve(RunnerLabel(run_id="0", resource_class=resource_class, usage=usage))
         return cls(idempotency_key=idempotency_key, count=count, **launched_as(spec))
 
     @property

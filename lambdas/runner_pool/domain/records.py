@@ -76,6 +76,9 @@ class InstanceRecord(InstanceFacts):
     single_use: bool = False
     """Held for a job that must not share its instance with later ones (a public repository's, unless
     `reuse.public_repositories`): released, it is expired and terminated, never pooled."""
+    for_stopped_tier: bool = False
+    """Launched by refresh for a class's stopped minimum (set at launch, never changed): once admitted it
+    is stopped at once rather than offered hot (domain/stopped_tier.py, `launched_for_tier`)."""
     created_at: Epoch
     updated_at: Epoch
     expires_at: int | None = None

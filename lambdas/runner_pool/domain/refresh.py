@@ -62,10 +62,14 @@ class RefreshReport:
     unready: int = 0
     """Instances launched for the pool whose agent reported UD_FAILED; expired."""
     launched: Counter[str] = field(default_factory=Counter)
+    launched_for_stopped: Counter[str] = field(default_factory=Counter)
+    """Instances launched per class for the stopped minimum (stopped once admitted)."""
     idle: dict[str, int] = field(default_factory=dict)
     """Idle instances per class before the top-up: the pool's size."""
     minimum: dict[str, int] = field(default_factory=dict)
     """The warm minimum in force per class at this run (a schedule's window, or the plain number)."""
+    stopped_minimum: dict[str, int] = field(default_factory=dict)
+    """The stopped minimum in force per class at this run."""
     runners_deleted: int = 0
     redelivered: int = 0
     runners_replaced: int = 0

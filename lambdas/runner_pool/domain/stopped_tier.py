@@ -12,6 +12,10 @@ whole lifecycle relies on it: refresh terminates a due instance before it marks 
 terminates its own instance past its threshold plus a grace). So refresh stops an instance whose idle
 time ends before its next run, at most one refresh period early.
 
+A class's stopped minimum (`warm_pool_minimum.<class>.stopped`, in force by the same schedule as `hot`)
+is kept by launching on-demand pool instances marked for the tier (`InstanceRecord.for_stopped_tier`),
+which refresh stops as soon as it admits them, instead of offering them hot.
+
 Spot instances are never stopped: an instant fleet's spot instances come from one-time requests, and EC2
 stops a Spot Instance only of a persistent request (for a fleet, of type `maintain`: EC2 User Guide,
 "Behavior of Spot Instance interruptions"); it refuses the rest with UnsupportedOperation ("You can't stop
@@ -40,6 +44,34 @@ def in_tier(record: InstanceRecord, now: Epoch) -> bool:
     return record.state in (InstanceState.STOPPING, InstanceState.STOPPED) and not record.threshold_passed(
         now
     )
+
+
+def launched_for_tier(record: InstanceRecord, now: Epoch) -> bool:
+    """Launched for the stopped minimum and not stopped yet: booting (created), or admitted and waiting for
+    its stop (idle, never served: it was offered to no job). It counts toward the tier, not the hot pool."""
+    return (
+        record.for_stopped_tier
+        and record.jobs_served == 0
+        and record.run_key is None
+        and record.state in (InstanceState.CREATED, InstanceState.IDLE)
+        and not record.threshold_passed(now)
+    )
+
+
+def awaiting_stop(record: InstanceRecord, now: Epoch) -> bool:
+    """Launched for the stopped minimum, admitted, and not yet stopping: refresh stops it at once."""
+    return launched_for_tier(record, now) and record.state is InstanceState.IDLE
+
+
+def stopped_shortfall(records: Iterable[InstanceRecord], config: StackConfig, now: Epoch) -> dict[str, int]:
+    """Per class, the instances to launch for the stopped minimum in force now: the minimum less the tier
+    (stopping and stopped, not due) and those launched for it and not stopped yet. A minimum that drops
+    stops and terminates nothing: the tier's members run out their time as before."""
+    have: Counter[str] = Counter(
+        record.resource_class for record in records if in_tier(record, now) or launched_for_tier(record, now)
+    )
+    minimum = {name: config.stopped_minimum(name, now) for name in config.resource_classes}
+    return {name: wanted - have[name] for name, wanted in minimum.items() if wanted > have[name]}
 
 
 def idle_ending(record: InstanceRecord, now: Epoch, lead_seconds: float) -> bool:
@@ -74,10 +106,14 @@ def to_stop(
     records = list(records)
     lead = config.refresh_rate_minutes * 60.0
     room = Counter(dict.fromkeys(config.resource_classes, config.pool.stopped_maximum))
-    room.subtract(record.resource_class for record in records if in_tier(record, now))
+    # Those launched for the stopped minimum are stopped when admitted: their room is taken already.
+    room.subtract(
+        record.resource_class for record in records if in_tier(record, now) or launched_for_tier(record, now)
+    )
     chosen: list[InstanceRecord] = []
     for record in sorted(
-        (r for r in records if idle_ending(r, now, lead)), key=lambda r: (r.threshold or 0.0, r.instance_id)
+        (r for r in records if idle_ending(r, now, lead) and not launched_for_tier(r, now)),
+        key=lambda r: (r.threshold or 0.0, r.instance_id),
     ):
         # A stop that would end before a start could use it is no stop: terminated as due instead.
         if (

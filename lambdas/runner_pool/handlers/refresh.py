@@ -78,6 +78,8 @@ def _measure(report: RefreshReport) -> None:
         **{f"PoolLaunched.{name}": count for name, count in report.launched.items()},
         **{f"PoolIdle.{name}": count for name, count in report.idle.items()},
         **{f"PoolMinimum.{name}": count for name, count in report.minimum.items()},
+        **{f"PoolStoppedMinimum.{name}": count for name, count in report.stopped_minimum.items()},
+        **{f"PoolLaunchedForStopped.{name}": count for name, count in report.launched_for_stopped.items()},
         "RunnersDeleted": report.runners_deleted,
         "WebhooksRedelivered": report.redelivered,
         "RunnersReplaced": report.runners_replaced,

@@ -7,15 +7,18 @@ Each run does eleven jobs, one after the other, each on its own (one failing doe
 1b. stopped tier: stopping instances EC2 reports stopped are marked stopped; idle on-demand instances
    whose idle time ends before the next run are stopped instead of terminated, up to
    `pool.stopped_maximum` per class (domain/stopped_tier.py); a stopped one past its time is due below;
+   one launched for the stopped minimum and admitted, whose stop a dead run left undone, is stopped;
 2. terminate due: every live record whose threshold has passed (expired created, claimed, running
    and idle alike) is terminated in EC2, in batches, then marked terminated; one EC2 no longer
    knows is marked terminated too;
 3. orphans: instances with the stack's tag and no live record are terminated, once older than a
    grace period (a creation records its instances right after CreateFleet returns);
 4. admit: instances launched for the pool whose agent has signalled `UD_OK` with a fresh
-   heartbeat go created → idle and into their class's queue; `UD_FAILED` expires them;
+   heartbeat go created → idle and into their class's queue, or, launched for the stopped minimum,
+   straight on to idle → stopping; `UD_FAILED` expires them;
 5. warm pool: each class short of the warm minimum in force now (idle plus still booting) is topped
-   up; a minimum that drops (a schedule's window closes) terminates nothing;
+   up, and each short of its stopped minimum (the tier plus those launched for it) gets on-demand
+   instances marked for the tier; a minimum that drops (a schedule's window closes) terminates nothing;
 6. runners: our runners GitHub lists as offline are deleted, unless one may still start;
 7. redeliveries: webhook deliveries that failed in the last hour are asked for again;
 8. dead runners: a running instance whose agent reports its runner exited before it took a job
@@ -57,7 +60,7 @@ from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PoolQueue
 from runner_pool.domain.provision import busy_seconds
-from runner_pool.domain.records import PoolMessage, Signal
+from runner_pool.domain.records import PoolMessage, Signal, UsageClass
 from runner_pool.domain.refresh import (
     ORPHAN_GRACE_SECONDS,
     RECENT_DEMAND_SECONDS,
@@ -77,7 +80,14 @@ from runner_pool.domain.refresh import (
 )
 from runner_pool.domain.runner_scope import OrganizationScope
 from runner_pool.domain.runners import GitHubError, RunJob, RunnerRegistry, RunnerRemoval, RunnerStatus
-from runner_pool.domain.stopped_tier import clean_to_stop, stopped_until, to_stop
+from runner_pool.domain.stopped_tier import (
+    awaiting_stop,
+    clean_to_stop,
+    launched_for_tier,
+    stopped_shortfall,
+    stopped_until,
+    to_stop,
+)
 from runner_pool.observability import logger
 from runner_pool.steps.notices import NoticeSource, close_queues, no_notices, open_queues
 
@@ -176,6 +186,11 @@ class Refresh:
                 elif states.get(record.instance_id) in (Ec2State.RUNNING, Ec2State.PENDING):
                     # A stop asked by a run that died before EC2 took it: asked again (EC2 accepts it twice).
                     self._fleet.stop(record.instance_id)
+        # Launched for the stopped minimum and admitted, but a run died before it stopped them: their room
+        # in the tier is theirs already (to_stop counts them), so no marker is needed.
+        for record in records:
+            if awaiting_stop(record, now):
+                self._stop(record.instance_id, report)
         # An agent not known clean (its scrub not done yet, or failed) is looked at again next run, and is
         # terminated as due if its idle time ends first.
         chosen = to_stop(
@@ -190,15 +205,17 @@ class Refresh:
         if not claimed:
             return
         for record in chosen:
-            if self._table.stop(record.instance_id).outcome is not Outcome.APPLIED:
-                continue  # claimed or expired meanwhile
-            if not self._fleet.stop(record.instance_id):
-                logger.warning(
-                    "EC2 refused to stop an idle instance; expiring it", instance_id=record.instance_id
-                )
-                self._table.expire(record.instance_id, run_key=None)
-                continue
-            report.stopping += 1
+            self._stop(record.instance_id, report)
+
+    def _stop(self, instance_id: str, report: RefreshReport) -> None:
+        """idle → stopping, then EC2 StopInstances; only the run whose write applied asks EC2."""
+        if self._table.stop(instance_id).outcome is not Outcome.APPLIED:
+            return  # claimed, expired or stopped by another run meanwhile
+        if not self._fleet.stop(instance_id):
+            logger.warning("EC2 refused to stop an idle instance; expiring it", instance_id=instance_id)
+            self._table.expire(instance_id, run_key=None)
+            return
+        report.stopping += 1
 
     # --- 2. what is due ------------------------------------------------------------------------
 
@@ -259,9 +276,14 @@ class Refresh:
                 continue
             admitted = self._table.admit(record.instance_id)
             # Only the run whose admit applied offers the instance: it is pooled once.
-            if admitted.outcome is Outcome.APPLIED and admitted.record is not None:
+            if admitted.outcome is not Outcome.APPLIED or admitted.record is None:
+                continue
+            report.admitted += 1
+            if admitted.record.for_stopped_tier:
+                # Never offered hot: stopped at once, its room in the tier taken since its launch.
+                self._stop(record.instance_id, report)
+            else:
                 self._queues.offer(PoolMessage.for_idle(admitted.record))
-                report.admitted += 1
 
     # --- 5. the warm minimum -------------------------------------------------------------------
 
@@ -269,7 +291,10 @@ class Refresh:
         now = self._clock.now()
         idle: Counter[str] = Counter()
         booting: Counter[str] = Counter()
-        for record in self._table.live():
+        records = self._table.live()
+        for record in records:
+            if launched_for_tier(record, now):
+                continue  # the stopped minimum's, counted there
             if (
                 record.state is InstanceState.IDLE
                 and record.run_key is None
@@ -289,26 +314,47 @@ class Refresh:
             for name, minimum in report.minimum.items()
             if minimum > idle[name] + booting[name]
         }
-        if not shortfall:
+        report.stopped_minimum = {
+            name: self._config.stopped_minimum(name, now) for name in self._config.resource_classes
+        }
+        stopped_short = stopped_shortfall(records, self._config, now)
+        if not shortfall and not stopped_short:
             return
+        # One claim covers both top-ups: two runs at once never launch either twice.
         claimed, _ = self._claim_marker(WARM_POOL_MARKER, tick, self._table.read_marker(WARM_POOL_MARKER))
         if not claimed:
             return  # this schedule slot's top-up is another run's
+        launches = [(name, count, False) for name, count in sorted(shortfall.items())] + [
+            (name, count, True) for name, count in sorted(stopped_short.items())
+        ]
         failures = []
-        for name, count in sorted(shortfall.items()):
-            request = LaunchRequest.for_pool(self._config, name, count, f"refresh-{tick}-warm-pool-{name}")
+        for name, count, for_tier in launches:
+            # The tier is on-demand only (EC2 stops no one-time Spot Instance); config refuses a stopped
+            # minimum under spot defaults, and the launch says on-demand itself, so no fallback applies.
+            request = LaunchRequest.for_pool(
+                self._config,
+                name,
+                count,
+                f"refresh-{tick}-{'stopped-tier' if for_tier else 'warm-pool'}-{name}",
+                usage=UsageClass.ON_DEMAND if for_tier else None,
+            )
             try:
                 outcome = self._fleet.launch_with_fallback(request, self._config.fleet)
             except Exception:
-                logger.exception("warm-pool launch failed", resource_class=name, count=count)
+                logger.exception(
+                    "warm-pool launch failed", resource_class=name, count=count, for_tier=for_tier
+                )
                 failures.append(name)
                 continue
             for facts in outcome.launched:
                 # Recorded at once: an instance is never left without a record (the orphan sweep's grace
                 # covers the moment between CreateFleet's answer and these writes).
-                self._table.create(facts, run_key=None)
+                self._table.create(facts, run_key=None, for_stopped_tier=for_tier)
             open_queues(self._notices, (facts.instance_id for facts in outcome.launched))
-            report.launched[name] += len(outcome.launched)
+            if for_tier:
+                report.launched_for_stopped[name] += len(outcome.launched)
+            else:
+                report.launched[name] += len(outcome.launched)
         if failures:
             raise RuntimeError(f"warm-pool launches failed for: {', '.join(failures)}")
 
