@@ -210,3 +210,139 @@ def test_a_refresh_that_died_after_its_stop_write_asks_ec2_again(tiered: LocalCo
     assert tiered.ec2_state(record.instance_id) == "stopped"
     assert report["stopped"] == 1
     assert tiered.record(record.instance_id).state is InstanceState.STOPPED
+
+
+# --- the stopped minimum (issue 16, item 3) -------------------------------------------------------------
+
+
+def with_stopped_minimum(stopped: int = 2, hot: int = 0) -> Iterator[LocalControlPlane]:
+    config = stack_config(
+        defaults={"usage": "on-demand"},
+        pool={"stopped_maximum": stopped},
+        warm_pool_minimum={"large": {"hot": hot, "stopped": stopped}},
+    )
+    with local_control_plane(config) as plane:
+        yield plane
+        accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
+@pytest.fixture
+def kept() -> Iterator[LocalControlPlane]:
+    """A stack keeping two stopped `large` instances and no hot ones."""
+    yield from with_stopped_minimum()
+
+
+def launched_for_tier(local: LocalControlPlane) -> list[InstanceRecord]:
+    return [r for r in local.table.live() if r.for_stopped_tier]
+
+
+def test_refresh_launches_the_stopped_minimum_as_on_demand_instances_marked_for_the_tier(
+    kept: LocalControlPlane,
+) -> None:
+    # Given an empty pool and a stopped minimum of two
+    # When refresh runs
+    report = kept.refresh()
+
+    # Then it launches two on-demand pool instances for the tier, and none hot
+    booting = launched_for_tier(kept)
+    assert (report["launched_for_stopped"], report["launched"]) == ({"large": 2}, {})
+    assert report["stopped_minimum"]["large"] == 2
+    assert [(r.state, r.usage_class.value, r.run_key) for r in booting] == [
+        (InstanceState.CREATED, "on-demand", None)
+    ] * 2
+
+    # And the next run, while they boot, launches nothing more
+    kept.clock.advance(ONE_TICK)
+    assert kept.refresh()["launched_for_stopped"] == {}
+
+
+def test_an_instance_launched_for_the_tier_is_stopped_once_admitted_never_offered_hot(
+    kept: LocalControlPlane,
+) -> None:
+    # Given the stopped minimum launched, and its agents booted (UD_OK, a fresh heartbeat)
+    kept.refresh()
+    kept.clock.advance(ONE_TICK)
+    booting = launched_for_tier(kept)
+    for record in booting:
+        kept.table.write_heartbeat(record.instance_id)
+        kept.table.write_signal(record.instance_id, Signal.UD_OK)
+
+    # When refresh runs
+    report = kept.refresh()
+
+    # Then both are admitted and stopped at once, with nothing offered in the hot pool
+    assert (report["admitted"], report["stopping"], report["launched_for_stopped"]) == (2, 2, {})
+    assert all(kept.record(r.instance_id).state is InstanceState.STOPPING for r in booting)
+    assert all(kept.ec2_state(r.instance_id) == "stopped" for r in booting)
+    assert kept.drain_pool() == []
+
+    # When the next run sees EC2 report them stopped / Then they are the tier, and nothing is launched
+    kept.clock.advance(ONE_TICK)
+    report = kept.refresh()
+    assert (report["stopped"], report["launched_for_stopped"]) == (2, {})
+    assert all(kept.record(r.instance_id).state is InstanceState.STOPPED for r in booting)
+
+
+def test_an_admitted_instance_whose_stop_a_dead_run_left_undone_is_stopped_next_run(
+    kept: LocalControlPlane,
+) -> None:
+    # Given one instance launched for the tier, admitted by a run that died before its stop
+    kept.refresh()
+    first = launched_for_tier(kept)[0]
+    assert kept.table.admit(first.instance_id).succeeded
+
+    # When the next refresh runs
+    kept.clock.advance(ONE_TICK)
+    report = kept.refresh()
+
+    # Then it is stopped, not offered hot, and it still counts: nothing more is launched for it
+    assert kept.record(first.instance_id).state is InstanceState.STOPPING
+    assert kept.ec2_state(first.instance_id) == "stopped"
+    assert (report["stopping"], report["launched_for_stopped"]) == (1, {})
+
+
+def test_two_refreshes_racing_launch_the_stopped_minimum_once(kept: LocalControlPlane) -> None:
+    # Given an empty pool and a stopped minimum of two
+    launched_before = kept.ec2.launched
+
+    # When two refreshes of the same schedule slot run at once
+    tick = refresh_tick(kept.clock.now(), kept.config)
+    start = threading.Barrier(2)
+    reports: list[RefreshReport] = []
+
+    def refresh() -> None:
+        start.wait()
+        reports.append(refresh_of(kept.plane).run(tick))
+
+    threads = [threading.Thread(target=refresh) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    # Then neither failed, and two instances were launched between them, not four
+    assert [r.failed for r in reports] == [[], []]
+    assert kept.ec2.launched - launched_before == 2
+    assert sum(sum(r.launched_for_stopped.values()) for r in reports) == 2
+    assert len(launched_for_tier(kept)) == 2
+
+
+def test_hot_and_stopped_minimums_are_kept_side_by_side() -> None:
+    # Given a class keeping one hot and one stopped
+    for plane in with_stopped_minimum(stopped=1, hot=1):
+        # When refresh runs on an empty pool
+        report = plane.refresh()
+        # Then it launches one for each, and only the tier's is marked for it
+        assert (report["launched"], report["launched_for_stopped"]) == ({"large": 1}, {"large": 1})
+        assert len(launched_for_tier(plane)) == 1
+        assert len(plane.table.live()) == 2
+
+
+def test_no_stopped_minimum_launches_nothing_for_the_tier(tiered: LocalControlPlane) -> None:
+    # Given a stack with a stopped tier but no stopped minimum (today's configs)
+    # When refresh runs on an empty pool
+    report = tiered.refresh()
+    # Then nothing is launched, as before
+    assert (report["launched"], report["launched_for_stopped"]) == ({}, {})
+    assert tiered.table.live() == []
