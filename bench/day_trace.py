@@ -5,21 +5,25 @@ is one weekday of workflow runs in one time zone, shaped like a working day (a m
 dip, an afternoon peak, a quiet night), each run a matrix of 1 to 20 jobs queued at once, each job of
 a lognormal length; all drawn from a seeded generator.
 
-What is the product's own code: the warm minimum in force at each moment (`StackConfig.warm_minimum`,
-a weekly schedule in the time zone), the idle time in the pool (`timeouts.idle_seconds`), whether a
-released instance is retired or pooled (`reuse.retire_reason`: `max_jobs`, `max_age_minutes`), which
-pool instance pickup still offers (`reuse.too_old`), the refresh period (`refresh_rate_minutes`), and
-the volume size (`instances.root_volume_gib`). What refresh does is modelled as refresh does it
-(lambdas/runner_pool/domain/refresh.py): each tick terminates what is due, then admits booted pool
-instances, then launches the shortfall below the minimum, counting idle instances whose idle time has
-not passed and pool instances still booting. An idle instance at the minimum is not kept: its idle
-time runs out and refresh replaces it, as the product does today.
+What is the product's own code: the hot and stopped minimums in force at each moment
+(`StackConfig.warm_minimum` and `StackConfig.stopped_minimum`, one weekly schedule in the time zone),
+the stopped tier's maximum (`pool.stopped_maximum`), the idle time in the pool
+(`timeouts.idle_seconds`), whether a released instance is retired or pooled (`reuse.retire_reason`:
+`max_jobs`, `max_age_minutes`), which pool instance pickup still offers (`reuse.too_old`), the
+refresh period (`refresh_rate_minutes`), and the volume size (`instances.root_volume_gib`). What refresh
+does is modelled as refresh does it (lambdas/runner_pool/domain/refresh.py): each tick terminates what
+is due, then admits booted pool instances, then launches the shortfall below the minimum, counting
+idle instances whose idle time has not passed and pool instances still booting. An idle instance at the
+minimum is not kept: its idle time runs out and refresh replaces it, as the product does today.
 
-What the product does not do yet, modelled from issue 16, item 2 (the stopped tier): an idle instance
-whose idle time passes is stopped instead of terminated while the class has fewer than
-`stopped_maximum` stopped, and terminated once `reuse.max_age_minutes` after its launch; refresh keeps
-a stopped minimum in the same window as the hot one by launching instances that boot and then stop;
-pickup prefers hot, then stopped (StartInstances), then a launch. Stopping itself is taken as instant.
+The stopped tier is the product's (issue 16, items 2 and 3; domain/stopped_tier.py), and the model
+follows it in outline: an idle instance whose idle time passes is stopped instead of terminated while
+the class has fewer than `pool.stopped_maximum` stopped; pickup prefers hot, then stopped
+(StartInstances), then a launch; refresh keeps the stopped minimum by launching instances that boot and
+are stopped as soon as they are admitted. What is still only modelled: a stop is instant (the product
+waits for EC2 to report it stopped, up to `timeouts.stopping_seconds`), a stopped instance is
+terminated once `reuse.max_age_minutes` after its launch (the product also ends it after
+`pool.stopped_max_age_minutes` stopped), and the agent's clean-signal check before a stop is assumed.
 
 How long each step takes is emulator/boot_model.py's published figures. Prices: every instance is the
 default class's on-demand c7i.large (a stopped tier needs on-demand: an instant fleet's spot
@@ -108,23 +112,20 @@ def working_day(runs: int, seed: int, day: date = DAY, time_zone: str = TIME_ZON
     return sorted(jobs, key=lambda job: job.queued_at)
 
 
-def working_hours_minimum(count: int, time_zone: str = TIME_ZONE) -> WarmMinimum:
-    """A warm minimum of `count` on weekdays 08:00-18:00 in `time_zone`, none outside."""
-    window = WarmWindow(days=WEEKDAYS, start="08:00", end="18:00", hot=count)
+def working_hours_minimum(count: int, time_zone: str = TIME_ZONE, stopped: int = 0) -> WarmMinimum:
+    """A warm minimum of `count` hot and `stopped` stopped on weekdays 08:00-18:00 in `time_zone`, none
+    outside."""
+    window = WarmWindow(days=WEEKDAYS, start="08:00", end="18:00", hot=count, stopped=stopped)
     return WarmMinimum(time_zone=time_zone, windows=(window,))
 
 
 @dataclass(frozen=True)
 class Policy:
-    """A pool policy: the product's config, the image, and the (modelled) stopped tier's settings."""
+    """A pool policy: the product's config (its stopped tier's settings too) and the image."""
 
     name: str
     config: StackConfig
     baked: bool
-    stopped_minimum: WarmMinimum | None = None
-    """The stopped instances refresh keeps (issue 16 item 3 puts `stopped` beside `hot` in a window)."""
-    stopped_maximum: int = 0
-    """Idle instances past their idle time are stopped, not terminated, up to this many (item 2)."""
 
     @property
     def cold_path(self) -> Path:
@@ -136,19 +137,29 @@ def policies(
 ) -> list[Policy]:
     """No pool, hot only, hot+stopped; each with a boot-time install and with a baked image."""
     shapes = {
-        "no_pool": (StackConfig(reuse=ReuseSettings(max_jobs=1)), None, 0),
-        "hot": (StackConfig(warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(hot)}), None, 0),
-        "hot_stopped": (
-            StackConfig(warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(hot_with_stopped)}),
-            working_hours_minimum(stopped),
-            stopped_maximum,
+        "no_pool": StackConfig(reuse=ReuseSettings(max_jobs=1)),
+        "hot": StackConfig(warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(hot)}),
+        "hot_stopped": stopped_tier_config(
+            working_hours_minimum(hot_with_stopped, stopped=stopped), stopped_maximum
         ),
     }
     return [
-        Policy(f"{name}_{'baked' if baked else 'install'}", config, baked, stopped_minimum, maximum)
-        for name, (config, stopped_minimum, maximum) in shapes.items()
+        Policy(f"{name}_{'baked' if baked else 'install'}", config, baked)
+        for name, config in shapes.items()
         for baked in (False, True)
     ]
+
+
+def stopped_tier_config(minimum: WarmMinimum, stopped_maximum: int) -> StackConfig:
+    """A stack keeping `minimum` (hot and stopped) of the class, with a tier of `stopped_maximum`: on-demand
+    by default, as the product requires of a stopped minimum."""
+    return StackConfig.model_validate(
+        {
+            "defaults": {"usage": "on-demand"},
+            "pool": {"stopped_maximum": stopped_maximum},
+            "warm_pool_minimum": {RESOURCE_CLASS: minimum},
+        }
+    )
 
 
 class Tier(StrEnum):
@@ -339,9 +350,8 @@ class DaySimulation:
         booting = sum(1 for i in self._instances if i.tier is Tier.BOOTING and not i.for_stopped)
         for _ in range(hot_minimum - idle - booting):
             self._launch_for_pool(now, for_stopped=False)
-        if self._policy.stopped_minimum is None:
-            return
-        stopped_minimum = min(self._policy.stopped_minimum.in_force(now), self._policy.stopped_maximum)
+        # The product's rule; synth has checked it is within pool.stopped_maximum.
+        stopped_minimum = self._config.stopped_minimum(RESOURCE_CLASS, now)
         stopped = sum(
             1 for i in self._instances if i.tier is Tier.STOPPED or (i.tier is Tier.BOOTING and i.for_stopped)
         )
@@ -365,7 +375,7 @@ class DaySimulation:
 
     def _room_to_stop(self) -> bool:
         stopped = sum(1 for i in self._instances if i.tier is Tier.STOPPED)
-        return stopped < self._policy.stopped_maximum
+        return stopped < self._config.pool.stopped_maximum
 
     def _stop(self, instance: Instance, now: Epoch) -> None:
         self._close_running(instance, now)
@@ -480,14 +490,14 @@ def _explain(
     by_name = {policy.name: policy for policy in policies()}
     hot, hot_stopped = by_name["hot_baked"], by_name["hot_stopped_baked"]
     noon = datetime.combine(DAY, time(12), ZoneInfo(TIME_ZONE)).timestamp()
-    stopped = hot_stopped.stopped_minimum.in_force(noon) if hot_stopped.stopped_minimum else 0
+    stopped = hot_stopped.config.stopped_minimum(RESOURCE_CLASS, noon)
     volume_gib = hot.config.instances.root_volume_gib
     table.note(
         f"hot: warm minimum {hot.config.warm_minimum(RESOURCE_CLASS, noon)} on weekdays 08:00-18:00 "
         f"{TIME_ZONE}; "
         f"hot_stopped: {hot_stopped.config.warm_minimum(RESOURCE_CLASS, noon)} hot and {stopped} stopped in "
-        f"the same hours, at most {hot_stopped.stopped_maximum} stopped (modelled: issue 16 item 2 is not "
-        f"built); no_pool: reuse.max_jobs 1, no minimum. Idle time {hot.config.timeouts.idle_seconds:g} s, "
+        f"the same hours, at most {hot_stopped.config.pool.stopped_maximum} stopped; "
+        f"no_pool: reuse.max_jobs 1, no minimum. Idle time {hot.config.timeouts.idle_seconds:g} s, "
         f"max age {hot.config.reuse.max_age_minutes} min (config defaults)."
     )
     table.note(

@@ -15,6 +15,7 @@ from bench.day_trace import (
     Policy,
     ec2_billed_seconds,
     policies,
+    stopped_tier_config,
     working_day,
     working_hours_minimum,
 )
@@ -85,10 +86,8 @@ def test_a_stopped_instance_serves_a_job_in_the_stopped_path_time_and_pays_only_
     None
 ):
     # Given the hot+stopped policy with no hot minimum and one stopped instance in working hours
-    config = StackConfig(warm_pool_minimum={"large": working_hours_minimum(0)})
-    policy = Policy(
-        "stopped", config, baked=True, stopped_minimum=working_hours_minimum(1), stopped_maximum=1
-    )
+    config = stopped_tier_config(working_hours_minimum(0, stopped=1), stopped_maximum=1)
+    policy = Policy("stopped", config, baked=True)
     # And a job at 09:00, long after the stopped instance was prepared at 08:00
     outcome = DaySimulation(policy, FIXED, seed=1).run([Job(0, at(9), 300.0)])
     # Then the job is served from the stopped instance, in StartInstances + resume + registration
