@@ -126,7 +126,7 @@ class RunnerPoolStack(Stack):
             ],
             api_name=self.ingress.api.rest_api_name,
         )
-        self._outputs()
+        self._outputs(config)
 
     def _runner_vpc(self, config: StackConfig) -> ec2.IVpc:
         """The operator's VPC, by id: nothing is looked up at synth, so synth needs no AWS credentials.
@@ -141,9 +141,15 @@ class RunnerPoolStack(Stack):
             availability_zones=[Fn.select(0, Fn.get_azs())],
         )
 
-    def _outputs(self) -> None:
-        """What the operator CLI (`runner-pool`) reads to find the table and queues."""
+    def _outputs(self, config: StackConfig) -> None:
+        """What the operator CLI (`runner-pool`) reads to find the table and queues, and to price them."""
         CfnOutput(self, "StateTableName", value=self.state_table.table.table_name)
+        CfnOutput(
+            self,
+            "RootVolumeGib",
+            value=str(config.instances.root_volume_gib),
+            description="Each instance's gp3 root volume: what a stopped instance still pays for",
+        )
         CfnOutput(self, "PoolQueueUrlPrefix", value=self.pool_queues.url_prefix)
         CfnOutput(self, "NoticeQueueUrlPrefix", value=self.instances.notice_queues.url_prefix)
         CfnOutput(

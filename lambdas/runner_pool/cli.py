@@ -23,12 +23,14 @@ from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord
-from runner_pool.prices import on_demand_hourly
+from runner_pool.prices import gp3_hourly, on_demand_hourly
 
 DEFAULT_STACK = "RunnerPool"
 TABLE_OUTPUT = "StateTableName"
 QUEUES_OUTPUT = "PoolQueueUrlPrefix"
 CLASSES_OUTPUT = "ResourceClasses"
+VOLUME_OUTPUT = "RootVolumeGib"
+"""Each instance's root volume size; a stack older than it leaves the volumes unpriced (`+?`)."""
 LIVE_STATES = (InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING, InstanceState.IDLE)
 
 
@@ -43,6 +45,7 @@ class Deployment:
     table_name: str
     pool_queue_url_prefix: str
     resource_classes: tuple[str, ...]
+    root_volume_gib: int | None = None
 
     @property
     def pool_queue_urls(self) -> dict[PoolPartition, str]:
@@ -63,7 +66,13 @@ class Deployment:
             raise DeploymentNotFoundError(
                 f"stack {stack_name!r} has no output {', '.join(missing)}: is it a runner-pool stack?"
             )
-        return cls(outputs[TABLE_OUTPUT], outputs[QUEUES_OUTPUT], tuple(json.loads(outputs[CLASSES_OUTPUT])))
+        volume = outputs.get(VOLUME_OUTPUT)
+        return cls(
+            outputs[TABLE_OUTPUT],
+            outputs[QUEUES_OUTPUT],
+            tuple(json.loads(outputs[CLASSES_OUTPUT])),
+            None if volume is None else int(volume),
+        )
 
 
 class Operator:
@@ -79,8 +88,8 @@ class Operator:
 
     def status(self) -> int:
         """Instances per class and state, with how many are overdue and how many wait in the pool; then
-        each class's hot (idle and still offered) and stopped counts, and what its idle instances cost an
-        hour at their types' on-demand list prices (runner_pool/prices.py; `+?` for a type it lacks)."""
+        each class's hot (idle and still offered) and stopped counts, and what its idle and stopped
+        instances cost an hour at list prices (`_idle_cost_per_hour`)."""
         records = self._table.live()
         now = self._clock.now()
         by_class_state = Counter((r.resource_class, r.state) for r in records)
@@ -88,8 +97,6 @@ class Operator:
         hot = Counter(
             r.resource_class for r in records if r.state is InstanceState.IDLE and not r.threshold_passed(now)
         )
-        # The stopped tier (issue 16, item 2): a stopped instance costs its EBS volumes only, not its type's
-        # hourly price, so it stays out of the idle cost.
         stopped = Counter(r.resource_class for r in records if r.state is InstanceState.STOPPED)
         pooled: Counter[str] = Counter()
         for partition, (ready, _, _) in self._depths().items():
@@ -103,7 +110,9 @@ class Operator:
                 str(pooled[name]) if name in self._deployment.resource_classes else "-",
                 str(hot[name]),
                 str(stopped[name]),
-                _idle_cost_per_hour(r for r in records if r.resource_class == name),
+                _idle_cost_per_hour(
+                    (r for r in records if r.resource_class == name), self._deployment.root_volume_gib
+                ),
             ]
             for name in classes
         ]
@@ -204,14 +213,21 @@ class Operator:
             )
 
 
-def _idle_cost_per_hour(records: Iterable[InstanceRecord]) -> str:
-    """The hourly list price of every idle instance among `records`; `+?` when a type's price is unknown."""
-    prices = [on_demand_hourly(r.instance_type) for r in records if r.state is InstanceState.IDLE]
+def _idle_cost_per_hour(records: Iterable[InstanceRecord], volume_gib: int | None) -> str:
+    """What the waiting instances among `records` cost an hour at list prices (runner_pool/prices.py): an
+    idle one its type's on-demand price and its gp3 root volume, a stopped one its volume alone ("We
+    don't charge usage for a stopped instance ... you are charged for Amazon EBS volume usage", EC2 API
+    Reference, StopInstances). `+?` when a type's price, or (from a stack without the output) the
+    volumes' size, is unknown."""
+    waiting = [r for r in records if r.state in (InstanceState.IDLE, InstanceState.STOPPED)]
+    prices = [on_demand_hourly(r.instance_type) for r in waiting if r.state is InstanceState.IDLE]
     known = sum(price for price in prices if price is not None)
-    unknown = "+?" if None in prices else ""
+    unknown = None in prices or (bool(waiting) and volume_gib is None)
+    if volume_gib is not None:
+        known += len(waiting) * gp3_hourly(volume_gib)
     if not known and unknown:
         return "?"
-    return f"{known:.5f}".rstrip("0").rstrip(".") + unknown
+    return f"{known:.5f}".rstrip("0").rstrip(".") + ("+?" if unknown else "")
 
 
 def _until(record: InstanceRecord, now: float) -> str:

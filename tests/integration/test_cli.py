@@ -16,11 +16,18 @@ from runner_pool.domain.config import StackConfig, Timeouts
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch, UsageClass
+from runner_pool.prices import gp3_hourly
 from tests.conftest import REGION, TABLE_NAME
 from tests.support import builders
 
 STACK = "RunnerPool"
 LARGE = PoolPartition("large", UsageClass.SPOT, Arch.X64)
+VOLUME = gp3_hourly(40)
+"""The default 40 GiB gp3 root volume an hour ($0.08 a GB-month, runner_pool/prices.py): about $0.0044."""
+
+
+def usd(amount: float) -> str:
+    return f"{amount:.5f}".rstrip("0").rstrip(".")
 
 
 @pytest.fixture
@@ -32,6 +39,7 @@ def stack(dynamodb: Any, pool_queue_url_prefix: str, config: StackConfig) -> str
             "StateTableName": {"Value": TABLE_NAME},
             "PoolQueueUrlPrefix": {"Value": pool_queue_url_prefix},
             "ResourceClasses": {"Value": json.dumps(sorted(config.resource_classes))},
+            "RootVolumeGib": {"Value": str(config.instances.root_volume_gib)},
         },
     }
     boto3.client("cloudformation", region_name=REGION).create_stack(
@@ -103,14 +111,58 @@ def test_status_shows_hot_and_stopped_counts_and_the_idle_cost_per_hour(
     code, rows = run("status", clock=clock)
 
     # Then each class shows its hot (idle, still offered) count, no stopped instance (none was stopped),
-    # and its idle instances' hourly on-demand list price: c7i.large $0.08925
-    # and m7i.xlarge $0.2016 (aws.amazon.com/ec2/pricing/on-demand, us-east-1, Linux)
+    # and its idle instances' hourly on-demand list price, c7i.large $0.08925 and m7i.xlarge $0.2016
+    # (aws.amazon.com/ec2/pricing/on-demand, us-east-1, Linux), each with its root volume
     assert code == 0
     assert rows[0][7:] == ["hot", "stopped", "idle_usd_per_hour"]
     extra = {row[0]: row[7:] for row in rows[1:]}
-    assert extra["large"] == ["2", "0", "0.1785"]
-    assert extra["xlarge"] == ["1", "0", "0.2016"]
+    assert extra["large"] == ["2", "0", usd(2 * (0.08925 + VOLUME))]
+    assert extra["xlarge"] == ["1", "0", usd(0.2016 + VOLUME)]
     assert extra["2xlarge"] == ["0", "0", "0"]
+
+
+def test_status_prices_a_stopped_instance_at_its_volume_alone(
+    stack: str, state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given a stopped on-demand c7i.large of the stopped tier
+    facts = builders.facts(1, usage_class=UsageClass.ON_DEMAND)
+    state_table.create(facts, None)
+    state_table.admit(facts.instance_id)
+    state_table.stop(facts.instance_id)
+    state_table.mark_stopped(facts, clock.now() + 3600)
+
+    # When the operator asks for the status
+    code, rows = run("status", clock=clock)
+
+    # Then it counts as stopped, not hot, and costs its volume alone: EC2 bills no usage while stopped
+    extra = {row[0]: row[7:] for row in rows[1:]}
+    assert code == 0
+    assert extra["large"] == ["0", "1", usd(VOLUME)]
+
+
+def test_status_from_a_stack_without_the_volume_output_marks_the_volumes_unpriced(
+    stack: str, state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given a stack deployed before it said its volumes' size, with one idle c7i.large
+    cloudformation = boto3.client("cloudformation", region_name=REGION)
+    template = dict(cloudformation.get_template(StackName=STACK)["TemplateBody"])
+    template["Outputs"] = {k: v for k, v in template["Outputs"].items() if k != "RootVolumeGib"}
+    cloudformation.create_stack(StackName="Older", TemplateBody=json.dumps(template))
+    idle(state_table, 1)
+
+    # When the operator asks for its status
+    out = io.StringIO()
+    code = main(
+        ["--stack", "Older", "status"],
+        clients=lambda service, _region: boto3.client(service, region_name=REGION),
+        clock=clock,
+        out=out,
+    )
+
+    # Then the instance's price counts and its volume is marked unknown, never priced as zero
+    rows = [line.split() for line in out.getvalue().splitlines() if line and not line.startswith("-")]
+    assert code == 0
+    assert {row[0]: row[7:] for row in rows[1:]}["large"] == ["1", "0", "0.08925+?"]
 
 
 def test_status_counts_an_overdue_idle_instance_in_the_cost_but_not_as_hot(
@@ -126,7 +178,7 @@ def test_status_counts_an_overdue_idle_instance_in_the_cost_but_not_as_hot(
     # Then it is overdue, not hot, and its price still counts
     extra = {row[0]: row[7:] for row in rows[1:]}
     assert code == 0
-    assert extra["large"] == ["0", "0", "0.08925"]
+    assert extra["large"] == ["0", "0", usd(0.08925 + VOLUME)]
 
 
 def test_status_says_it_does_not_know_the_price_of_a_type_missing_from_its_table(
@@ -140,11 +192,12 @@ def test_status_says_it_does_not_know_the_price_of_a_type_missing_from_its_table
     # When the operator asks for the status
     code, rows = run("status", clock=clock)
 
-    # Then the known part is summed and the unknown one is marked, never priced as zero
+    # Then the known part (the known type, every volume) is summed and the unknown one is marked, never
+    # priced as zero
     extra = {row[0]: row[7:] for row in rows[1:]}
     assert code == 0
-    assert extra["large"][2] == "0.08925+?"
-    assert extra["xlarge"][2] == "?"
+    assert extra["large"][2] == usd(0.08925 + 2 * VOLUME) + "+?"
+    assert extra["xlarge"][2] == usd(VOLUME) + "+?"
 
 
 def test_instances_lists_every_live_instance_with_its_holder(
