@@ -7,7 +7,6 @@ and every live record an EC2 instance.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -19,8 +18,8 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
-from runner_pool.domain.refresh import ORPHAN_GRACE_SECONDS, RefreshReport, refresh_tick
-from runner_pool.handlers.refresh import RefreshIncompleteError, refresh_of
+from runner_pool.domain.refresh import ORPHAN_GRACE_SECONDS
+from runner_pool.handlers.refresh import RefreshIncompleteError
 from tests.support import builders
 from tests.support.control_plane import LocalControlPlane, local_control_plane, stack_config
 
@@ -429,21 +428,8 @@ def test_two_refreshes_racing_do_everything_once_and_fail_nothing(warm: LocalCon
     warm.plane.github.jit_config(f"{leftover_on.instance_id}-0000beef", [RUN])
     failed = warm.github.state.add_delivery("workflow_job", "queued", 502)
     launched_before = warm.ec2.launched
-    # When two refreshes of the same schedule slot run at once (the domain's run: Powertools' metrics
-    # are one set per process, which two handlers in one process would share)
-    tick = refresh_tick(warm.clock.now(), warm.config)
-    start = threading.Barrier(2)
-    reports: list[RefreshReport] = []
-
-    def refresh() -> None:
-        start.wait()
-        reports.append(refresh_of(warm.plane).run(tick))
-
-    threads = [threading.Thread(target=refresh) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    # When two refreshes of the same schedule slot run at once
+    reports = warm.refreshes_at_once()
     # Then neither failed a job, and each action happened once
     assert [r.failed for r in reports] == [[], []]
     assert sum(sum(r.terminated.values()) for r in reports) == len(due)

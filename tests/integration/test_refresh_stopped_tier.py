@@ -6,15 +6,12 @@ record, and every live record an instance.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, Signal
-from runner_pool.domain.refresh import RefreshReport, refresh_tick
-from runner_pool.handlers.refresh import refresh_of
 from tests.support.control_plane import LocalControlPlane, local_control_plane, stack_config
 
 ONE_TICK = 60.0
@@ -172,19 +169,7 @@ def test_two_refreshes_racing_stop_no_more_than_the_maximum(tiered: LocalControl
     idle_time_nearly_over(tiered)
 
     # When two refreshes of the same schedule slot run at once
-    tick = refresh_tick(tiered.clock.now(), tiered.config)
-    start = threading.Barrier(2)
-    reports: list[RefreshReport] = []
-
-    def refresh() -> None:
-        start.wait()
-        reports.append(refresh_of(tiered.plane).run(tick))
-
-    threads = [threading.Thread(target=refresh) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    reports = tiered.refreshes_at_once()
 
     # Then neither failed, one instance was stopped between them, and the other two stay idle
     assert [r.failed for r in reports] == [[], []]
@@ -307,19 +292,7 @@ def test_two_refreshes_racing_launch_the_stopped_minimum_once(kept: LocalControl
     launched_before = kept.ec2.launched
 
     # When two refreshes of the same schedule slot run at once
-    tick = refresh_tick(kept.clock.now(), kept.config)
-    start = threading.Barrier(2)
-    reports: list[RefreshReport] = []
-
-    def refresh() -> None:
-        start.wait()
-        reports.append(refresh_of(kept.plane).run(tick))
-
-    threads = [threading.Thread(target=refresh) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    reports = kept.refreshes_at_once()
 
     # Then neither failed, and two instances were launched between them, not four
     assert [r.failed for r in reports] == [[], []]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -48,8 +49,10 @@ from runner_pool.domain.executions import runner_name
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceFacts, InstanceRecord, PoolMessage, Signal
+from runner_pool.domain.refresh import RefreshReport, refresh_tick
 from runner_pool.domain.runner_scope import RepositoryScope
 from runner_pool.environment import ControlPlaneSettings
+from runner_pool.handlers.refresh import refresh_of
 from runner_pool.steps.release import Release
 from runner_pool.wiring import ControlPlane
 from tests.conftest import NO_WAIT, REGION
@@ -186,6 +189,24 @@ class LocalControlPlane:
     def refresh(self, at: Epoch | None = None) -> dict[str, Any]:
         """One scheduled refresh through its Lambda handler, for the schedule slot of `at` (default: now)."""
         return dict(self.stack.invoke("refresh", scheduled_event(self.clock.now() if at is None else at)))
+
+    def refreshes_at_once(self) -> list[RefreshReport]:
+        """Two refreshes of the same schedule slot at once, each on its own thread: the domain's run, as
+        Powertools' metrics are one set per process, which two handlers in one process would share."""
+        tick = refresh_tick(self.clock.now(), self.config)
+        start = threading.Barrier(2, timeout=30)
+        reports: list[RefreshReport] = []
+
+        def refresh() -> None:
+            start.wait()
+            reports.append(refresh_of(self.plane).run(tick))
+
+        threads = [threading.Thread(target=refresh) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return reports
 
     def deploy(self, machine: str) -> LocalStateMachine:
         """One of our state machines in moto, as the synthesized template defines it."""
