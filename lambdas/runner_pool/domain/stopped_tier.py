@@ -67,11 +67,17 @@ def stopped_shortfall(records: Iterable[InstanceRecord], config: StackConfig, no
     """Per class, the instances to launch for the stopped minimum in force now: the minimum less the tier
     (stopping and stopped, not due) and those launched for it and not stopped yet. A minimum that drops
     stops and terminates nothing: the tier's members run out their time as before."""
-    have: Counter[str] = Counter(
-        record.resource_class for record in records if in_tier(record, now) or launched_for_tier(record, now)
-    )
+    have = _tier_by_class(records, now)
     minimum = {name: config.stopped_minimum(name, now) for name in config.resource_classes}
     return {name: wanted - have[name] for name, wanted in minimum.items() if wanted > have[name]}
+
+
+def _tier_by_class(records: Iterable[InstanceRecord], now: Epoch) -> Counter[str]:
+    """Per class, the tier's members: stopping and stopped (not due), and those launched for it and not
+    stopped yet. What the stopped minimum is short of, and what takes room under the maximum."""
+    return Counter(
+        record.resource_class for record in records if in_tier(record, now) or launched_for_tier(record, now)
+    )
 
 
 def idle_ending(record: InstanceRecord, now: Epoch, lead_seconds: float) -> bool:
@@ -107,9 +113,7 @@ def to_stop(
     lead = config.refresh_rate_minutes * 60.0
     room = Counter(dict.fromkeys(config.resource_classes, config.pool.stopped_maximum))
     # Those launched for the stopped minimum are stopped when admitted: their room is taken already.
-    room.subtract(
-        record.resource_class for record in records if in_tier(record, now) or launched_for_tier(record, now)
-    )
+    room.subtract(_tier_by_class(records, now))
     chosen: list[InstanceRecord] = []
     for record in sorted(
         (r for r in records if idle_ending(r, now, lead) and not launched_for_tier(r, now)),
