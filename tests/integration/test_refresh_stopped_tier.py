@@ -171,11 +171,14 @@ def test_two_refreshes_racing_stop_no_more_than_the_maximum(tiered: LocalControl
     # When two refreshes of the same schedule slot run at once
     reports = tiered.refreshes_at_once()
 
-    # Then neither failed, one instance was stopped between them, and the other two stay idle
+    # Then neither failed, one instance was stopped between them, and the other two stay idle. The one
+    # stopped is stopping, or already stopped: the later run, finding EC2 done with the stop the earlier
+    # one asked for, marks it (the emulator's EC2 stops at once)
     assert [r.failed for r in reports] == [[], []]
     assert sum(r.stopping for r in reports) == 1
-    states = sorted(tiered.record(r.instance_id).state.value for r in records)
-    assert states == ["idle", "idle", "stopping"]
+    states = sorted(tiered.record(r.instance_id).state for r in records)
+    assert states[:2] == [InstanceState.IDLE, InstanceState.IDLE]
+    assert states[2] in (InstanceState.STOPPING, InstanceState.STOPPED)
 
 
 def test_a_refresh_that_died_after_its_stop_write_asks_ec2_again(tiered: LocalControlPlane) -> None:
