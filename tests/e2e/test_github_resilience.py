@@ -1,12 +1,15 @@
-"""Issue 13 end to end: GitHub's rate limits waited out, a GitHub outage outlived, a short job's warm
+"""Issue 13 end to end: GitHub's rate limits waited out (in a burst that also shows one CreateFleet per
+provision and never two jobs on one instance at once), a GitHub outage outlived, a short job's warm
 instance kept. The whole stack on local AWS, the fake GitHub with its documented limits, our agents.
 Every scenario ends with the accounting check (each instance of the stack has a live record, and
 each live record an instance)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,6 +79,21 @@ def test_a_burst_against_githubs_rate_limit_serves_every_job_and_fails_no_execut
     # on this busy machine that follow-up windows closed between them (redrives are apart)
     bound = max(provisions_bound(span) for span in queued_spans(limited_system).values())
     assert figures[f"{key}_executions_per_run"] <= bound
+    # And no provision made more than one CreateFleet, though some launched (the first runs are cold;
+    # later runs reuse what the earlier ones gave back)
+    provisions = [e for e in limited_system.stack.executions() if e["machine"] == "provision"]
+    launches = limited_system.stack.ec2.launches
+    assert all(launches[execution["name"]] <= 1 for execution in provisions), launches
+    assert sum(launches[execution["name"]] for execution in provisions) > 0
+    # And no instance ever ran two jobs at once
+    runs_of: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for job in limited_system.github.state.jobs.values():
+        assert job.started_at is not None
+        assert job.completed_at is not None
+        runs_of[instance_of_runner(job.runner_name) or "?"].append((job.started_at, job.completed_at))
+    for spans in runs_of.values():
+        for (_, first_end), (second_start, _) in itertools.pairwise(sorted(spans)):
+            assert first_end <= second_start
     settled(limited_system, timeout=300)
     accounted(limited_system)
 
