@@ -7,6 +7,7 @@ event source mappings", services-sqs-scaling.html); the emulator's event source 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from datetime import datetime
@@ -31,12 +32,18 @@ from tests.e2e.conftest import (
 pytestmark = pytest.mark.slow
 
 
+AGENTS_IN_PROCESS = dataclasses.replace(FAST_INSTANCES, in_process=True)
+"""The subject is the dispatcher: the matrix's twenty agents run in this process (the same agent, without
+twenty Python start-ups and their teardown, about 20 s of make test's CPU); the agent as a process of its
+own is the other scenarios' subject."""
+
+
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[World]:
     """The whole system with the dispatcher read by Lambda's five pollers."""
     config = compressed_config(timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8})
     with world(
-        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=LAMBDA_POLLER_TIMERS
+        tmp_path, config=config, instance_settings=AGENTS_IN_PROCESS, timers=LAMBDA_POLLER_TIMERS
     ) as running:
         yield running
 
