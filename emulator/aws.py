@@ -15,6 +15,7 @@ from unittest import mock
 from moto.core.config import default_user_config
 from moto.moto_api._internal.models import moto_api_backend
 from moto.server import ThreadedMotoServer
+from werkzeug.serving import BaseWSGIServer
 
 from emulator.atomic_dynamodb import atomic_items
 from emulator.moto_internals import patch_point
@@ -29,6 +30,14 @@ ACCOUNT = "123456789012"
 INSTANCE_ARNS = InstanceArns("aws", REGION, ACCOUNT)
 """What keys an instance's items on local AWS; given to each state table, since a table left to ask
 STS itself would ask with a client aimed at the real AWS, not at this one."""
+LISTEN_BACKLOG = 1024
+"""Connections the server's socket holds before it accepts them (werkzeug's LISTEN_QUEUE is 128). Its
+one accepting thread shares this process's interpreter with every agent thread of a large burst, and
+may not run for a second or more; past the backlog, Linux drops a connection's SYN ("the client may
+receive ... or, if the underlying protocol supports retransmission, the request may be ignored so that
+a later reattempt at connection succeeds", listen(2)), and botocore's 2 s connect timeout
+(runner_pool/adapters/aws_clients.py) then fails a call AWS's endpoints would have taken: the
+ConnectTimeoutErrors of the loaded 1,000-job bursts (2026-11-27). Capped by net.core.somaxconn."""
 
 
 @dataclass
@@ -116,7 +125,8 @@ def local_aws(*, state_machines: bool = False) -> Iterator[LocalAws]:
         speedups(),
         _moto_config(MOTO_CONFIG if state_machines else {}),
     ):
-        server.start()
+        with mock.patch.object(BaseWSGIServer, "request_queue_size", LISTEN_BACKLOG):
+            server.start()  # returns once the server listens
         try:
             yield LocalAws(f"http://127.0.0.1:{port}")
         finally:

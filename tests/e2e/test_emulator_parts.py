@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import select
+import socket
+import socketserver
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -329,3 +333,32 @@ def test_api_gateway_throttles_with_429_before_the_function_runs_and_refills_at_
     # And the refill let the later one through
     assert later[0] == 200
     assert len(calls) == 3
+
+
+def test_local_aws_holds_a_burst_of_connections_its_busy_server_has_not_accepted_yet() -> None:
+    # Given local AWS whose accepting thread does not run for a while (a loaded burst starves it)
+    held = threading.Event()
+
+    def not_accepting(_server: Any) -> None:
+        held.set()
+        time.sleep(0.01)
+
+    connections: list[socket.socket] = []
+    with (
+        local_aws() as aws,
+        mock.patch.object(socketserver.BaseServer, "_handle_request_noblock", not_accepting),
+    ):
+        held.wait(5)
+        port = int(aws.endpoint.rsplit(":", 1)[1])
+        # When more clients connect than werkzeug's own backlog (128) would hold
+        for _ in range(300):
+            connection = socket.socket()
+            connection.setblocking(False)
+            connection.connect_ex(("127.0.0.1", port))
+            connections.append(connection)
+        # Then every connection completes its handshake (the kernel holds it for the server to accept),
+        # where past a backlog of 128 the SYNs are dropped and botocore's 2 s connect timeout would fail
+        _, writable, _ = select.select([], connections, [], 1.0)
+        assert len(writable) == len(connections) > 128
+    for connection in connections:
+        connection.close()
