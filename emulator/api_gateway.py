@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from emulator.aws import ACCOUNT
+from emulator.listening import LISTEN_BACKLOG
 from emulator.step_functions import LambdaContext, function_arn
 
 Handler = Callable[[dict[str, Any], Any], Any]
@@ -207,6 +208,7 @@ def _gateway_answer(status: int, message: str) -> dict[str, Any]:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, endpoint: ProxyEndpoint) -> None:
         super().__init__(("127.0.0.1", 0), _HttpHandler)

@@ -18,6 +18,7 @@ from moto.server import ThreadedMotoServer
 from werkzeug.serving import BaseWSGIServer
 
 from emulator.atomic_dynamodb import atomic_items
+from emulator.listening import LISTEN_BACKLOG
 from emulator.moto_internals import patch_point
 from emulator.moto_speedups import speedups
 from emulator.step_functions import MOTO_CONFIG
@@ -30,14 +31,6 @@ ACCOUNT = "123456789012"
 INSTANCE_ARNS = InstanceArns("aws", REGION, ACCOUNT)
 """What keys an instance's items on local AWS; given to each state table, since a table left to ask
 STS itself would ask with a client aimed at the real AWS, not at this one."""
-LISTEN_BACKLOG = 1024
-"""Connections the server's socket holds before it accepts them (werkzeug's LISTEN_QUEUE is 128). Its
-one accepting thread shares this process's interpreter with every agent thread of a large burst, and
-may not run for a second or more; past the backlog, Linux drops a connection's SYN ("the client may
-receive ... or, if the underlying protocol supports retransmission, the request may be ignored so that
-a later reattempt at connection succeeds", listen(2)), and botocore's 2 s connect timeout
-(runner_pool/adapters/aws_clients.py) then fails a call AWS's endpoints would have taken: the
-ConnectTimeoutErrors of the loaded 1,000-job bursts (2026-11-27). Capped by net.core.somaxconn."""
 
 
 @dataclass

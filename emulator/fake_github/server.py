@@ -27,6 +27,7 @@ from emulator.fake_github.rate_limits import RateLimits
 from emulator.fake_github.routes import ROUTES, Answer, Auth, Refusal, Request
 from emulator.fake_github.state import DEFAULT_RUNNER_GROUP_ID, FakeRunner, GitHubState
 from emulator.fake_github.webhooks import Webhooks
+from emulator.listening import LISTEN_BACKLOG
 from runner_pool.domain.clock import Clock, SystemClock
 
 SUPPORTED_API_VERSIONS = ("2022-11-28", "2026-03-10")
@@ -270,6 +271,7 @@ class FakeGitHub:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(self, fake: FakeGitHub) -> None:
         super().__init__(("127.0.0.1", 0), _HttpHandler)
