@@ -48,13 +48,23 @@ LOST_RUNNER_SECONDS = 3.0
 QUICK = InstanceSettings(boot_delay_seconds=0.1, heartbeat_period_seconds=0.5, watch_period_seconds=0.1)
 
 
-def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS) -> Any:
-    """Poll `check` until it returns something truthy; fail the test with `what` after `timeout`."""
+LOOK_SECONDS = 0.05
+"""How often `eventually` looks: a check of this process's own state costs nothing."""
+SWEEP_LOOK_SECONDS = 0.25
+"""How often a check that sweeps local AWS looks (every live record, every execution: several requests,
+each served by local AWS in this same process, on the same cores as the system under test)."""
+
+
+def eventually(
+    check: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS, every: float = LOOK_SECONDS
+) -> Any:
+    """Poll `check` every `every` seconds until it returns something truthy; fail the test with `what`
+    after `timeout`."""
     deadline = time.monotonic() + timeout
     while not (result := check()):
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(every)
     return result
 
 
@@ -186,7 +196,7 @@ def settled(system: World, timeout: float = 60.0) -> None:
             r.state is InstanceState.IDLE and not r.threshold_passed(now) for r in records
         ) and not any(e["status"] == "RUNNING" for e in system.stack.executions())
 
-    eventually(quiet, "the system to settle", timeout)
+    eventually(quiet, "the system to settle", timeout, every=SWEEP_LOOK_SECONDS)
 
 
 def demand_handled(system: World) -> None:
@@ -232,7 +242,7 @@ def notices_accounted(system: World) -> None:
         live = {record.instance_id for record in system.records.live()}
         return set(queues.instance_ids()) == live
 
-    eventually(in_step, "the notice queues to match the live instances", 30.0)
+    eventually(in_step, "the notice queues to match the live instances", 30.0, every=SWEEP_LOOK_SECONDS)
 
 
 def job_of(system: World, run: FakeWorkflowRun, index: int = 0) -> FakeJob:

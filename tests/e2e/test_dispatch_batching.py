@@ -24,6 +24,7 @@ from tests.e2e.conftest import (
     FAST_INSTANCES,
     LABEL,
     LAMBDA_POLLER_TIMERS,
+    SWEEP_LOOK_SECONDS,
     completed,
     eventually,
     provisions_bound,
@@ -76,7 +77,9 @@ def test_a_matrix_of_20_costs_at_most_two_provisions_and_two_create_fleets_with_
     run = system.start_run("matrix", JobSpec("build", LABEL, matrix=20, seconds=0.3))
 
     # Then the matrix cost at most two provisions: its first job's at once, the rest in one follow-up
-    eventually(lambda: requested(system) >= 20, "20 runners to be asked for", timeout=60)
+    eventually(
+        lambda: requested(system) >= 20, "20 runners to be asked for", timeout=60, every=SWEEP_LOOK_SECONDS
+    )
     provisions = sorted(
         (e for e in system.stack.executions() if e["machine"] == "provision"), key=lambda e: e["startDate"]
     )

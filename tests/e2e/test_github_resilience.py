@@ -28,6 +28,7 @@ from tests.e2e.conftest import (
     FAST_INSTANCES,
     FAST_TIMERS,
     LABEL,
+    SWEEP_LOOK_SECONDS,
     accounted,
     completed,
     eventually,
@@ -151,7 +152,7 @@ def test_a_short_job_on_a_warm_runner_leaves_its_instance_pooled(system_with_a_w
         return [r.instance_id for r in system.records.live() if r.state is InstanceState.IDLE]
 
     # Given one warm instance in the pool
-    (warm,) = eventually(pool, "the warm instance", 60)
+    (warm,) = eventually(pool, "the warm instance", 60, every=SWEEP_LOOK_SECONDS)
     # When a run of two very short jobs is queued: the first is dispatched at once and runs warm; the
     # second, in the follow-up provision, runs on whatever is free then (the same instance if it was
     # already back in the pool, else a cold one)

@@ -17,7 +17,14 @@ from emulator.timeline import Happening
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, completed, eventually, job_of
+from tests.e2e.conftest import (
+    FAST_INSTANCES,
+    FAST_TIMERS,
+    SWEEP_LOOK_SECONDS,
+    completed,
+    eventually,
+    job_of,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +79,12 @@ def test_a_job_is_served_from_a_stopped_instance_started_once_and_nothing_leaks(
 
     # And once things settle, every instance is accounted for: none leaked, none lost
     eventually(
-        lambda: not any(e["status"] == "RUNNING" for e in tiered.stack.executions()), "executions to end"
+        lambda: not any(e["status"] == "RUNNING" for e in tiered.stack.executions()),
+        "executions to end",
+        every=SWEEP_LOOK_SECONDS,
     )
-    eventually(lambda: tiered.accounting().holds, f"the accounting to hold: {tiered.accounting().problems}")
+    eventually(
+        lambda: tiered.accounting().holds,
+        f"the accounting to hold: {tiered.accounting().problems}",
+        every=SWEEP_LOOK_SECONDS,
+    )
