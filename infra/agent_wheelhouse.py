@@ -8,6 +8,11 @@ file by its SHA-256, so the user data installs it with `pip --no-index --require
 at boot comes from an index. Each wheel is downloaded from the URL uv.lock records and refused
 unless its digest is the one the lock records.
 
+The pip that installs it travels in the same zip, under `installer/`: the wheel uv.lock pins for the
+project's `boot` dependency group, chosen and checked like the others but left out of
+`requirements.txt`, so it is never installed into the agent's venv. The user data makes the venv
+without pip (no ensurepip) and runs pip straight from this wheel with the venv's interpreter.
+
 Builds land in `infra/instances/build/`, keyed by a digest of everything that goes in (the chosen
 files' hashes, the agent's source, the Pythons and platforms): a synth whose inputs did not change
 reuses the zip and touches neither uv nor the network. Like the Lambdas' layer, no Docker is needed.
@@ -66,6 +71,11 @@ Run = Callable[[Sequence[str], Path], subprocess.CompletedProcess[str]]
 Fetch = Callable[[str, Path], None]
 """Downloads a URL to a file."""
 
+INSTALLER_GROUP = "boot"
+"""The dependency group in pyproject.toml that pins the installer the user data runs: pip alone."""
+INSTALLER_DIR = "installer"
+"""Where the zip holds the installer's wheel, apart from `wheels/` and from what requirements.txt pins."""
+
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 """Every entry's timestamp: the same inputs give the same zip, so the same CDK asset."""
 _AGENT_SOURCES = ("pyproject.toml", "README.md", "agent", "lambdas/runner_pool")
@@ -102,15 +112,17 @@ def agent_wheelhouse(
 ) -> AgentWheelhouse:
     """The wheelhouse for `arch`: from the cache, or built into it now."""
     run, fetch = run or _run, fetch or _fetch
-    files = locked_wheels(arch, _locked_requirements(run), (PROJECT_ROOT / "uv.lock").read_text())
+    lock = (PROJECT_ROOT / "uv.lock").read_text()
+    files = locked_wheels(arch, _locked_requirements(run), lock)
+    installer = installer_wheel(arch, _locked_requirements(run, group=INSTALLER_GROUP), lock)
     source_digest = _source_digest()
-    key = wheelhouse_key(arch, files, source_digest)
+    key = wheelhouse_key(arch, [*files, installer], source_digest)
     built = cache / f"agent-wheelhouse-{arch.value}-{key}.zip"
     with _locked(cache):
         if not built.is_file():
             project_wheel = _project_wheel(cache, source_digest, run)
             wheels = [_downloaded(cache, file, fetch) for file in files]
-            _write_zip(built, files, wheels, project_wheel)
+            _write_zip(built, files, wheels, project_wheel, _downloaded(cache, installer, fetch))
             # Each change of the agent's source makes a new zip; the ones before it are of no more use.
             for stale in cache.glob(f"agent-wheelhouse-{arch.value}-*.zip"):
                 if stale != built:
@@ -156,6 +168,21 @@ def locked_wheels(arch: Arch, requirements: str, lock: str) -> list[LockedFile]:
                 raise WheelhouseBuildError(f"uv.lock records a {algorithm} hash for {wheel['url']}")
             chosen[wheel["url"]] = LockedFile(line, _filename(wheel["url"]), wheel["url"], digest)
     return sorted(chosen.values(), key=lambda file: file.filename)
+
+
+def installer_wheel(arch: Arch, requirements: str, lock: str) -> LockedFile:
+    """The one wheel of the installer group's one pin, for every boot Python on `arch`.
+
+    Raises WheelhouseBuildError unless the group pins exactly one file there: the user data runs
+    that file, so it must be a single wheel every boot Python can run (pip's is py3-none-any).
+    """
+    files = locked_wheels(arch, requirements, lock)
+    if len(files) != 1:
+        raise WheelhouseBuildError(
+            f"the {INSTALLER_GROUP!r} dependency group must pin pip alone, as one wheel for every boot "
+            f"Python; uv.lock gives {sorted(file.filename for file in files)}"
+        )
+    return files[0]
 
 
 def supported_tags(arch: Arch, python: str) -> list[Tag]:
@@ -293,9 +320,10 @@ def _downloaded(cache: Path, file: LockedFile, fetch: Fetch) -> Path:
 
 
 def _write_zip(
-    target: Path, files: Sequence[LockedFile], wheels: Sequence[Path], project_wheel: Path
+    target: Path, files: Sequence[LockedFile], wheels: Sequence[Path], project_wheel: Path, installer: Path
 ) -> None:
-    """`requirements.txt` pinning every file by its digest, and the files under `wheels/`; reproducible."""
+    """`requirements.txt` pinning every file by its digest, the files under `wheels/`, and the installer's
+    wheel under `installer/`, pinned by nothing in requirements.txt; reproducible."""
     hashes: dict[str, list[str]] = {}
     for file in files:
         hashes.setdefault(file.requirement, []).append(file.sha256)
@@ -309,6 +337,7 @@ def _write_zip(
     )
     entries = [("requirements.txt", requirements.encode())]
     entries += sorted((f"wheels/{wheel.name}", wheel.read_bytes()) for wheel in [*wheels, project_wheel])
+    entries.append((f"{INSTALLER_DIR}/{installer.name}", installer.read_bytes()))
     partial = target.with_name(f".{target.name}.partial")
     with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_STORED) as archive:
         for name, data in entries:
@@ -331,14 +360,15 @@ def _locked(cache: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _locked_requirements(run: Run) -> str:
-    """The runtime dependencies as uv.lock pins them, with markers (no dev or infra group, no project)."""
+def _locked_requirements(run: Run, group: str | None = None) -> str:
+    """The runtime dependencies as uv.lock pins them, with markers (no dev or infra group, no project);
+    with `group`, that dependency group's pins alone."""
     result = _uv(
         run,
         [
             "export",
             "--frozen",
-            "--no-default-groups",
+            *(["--only-group", group] if group else ["--no-default-groups"]),
             "--no-emit-project",
             "--no-header",
             "--no-hashes",
@@ -349,8 +379,8 @@ def _locked_requirements(run: Run) -> str:
     )
     if result.returncode != 0:
         raise WheelhouseBuildError(
-            f"cannot read the runtime dependencies from uv.lock (uv export exited {result.returncode}):\n"
-            + "\n".join(result.stderr.strip().splitlines()[-5:])
+            f"cannot read {f'the {group!r} group' if group else 'the runtime dependencies'} from uv.lock "
+            f"(uv export exited {result.returncode}):\n" + "\n".join(result.stderr.strip().splitlines()[-5:])
         )
     return result.stdout
 

@@ -2,30 +2,34 @@
 installable offline by pip for every pair, reproducible, and refused when a download is not the lock's.
 
 The real wheelhouses are the ones synth uses (built from uv.lock into infra/instances/build/, from PyPI
-the first time). pip here is a real pip (the one `python -m venv` brings), run with no index and no
-network, for the Python and platform of each supported distribution (`--python-version`, `--platform`,
-`--dry-run`): the host has only one interpreter and one architecture, but pip's resolution and hash
-checks are the same ones the instance's pip makes.
+the first time). pip here is the instance's: the wheel the wheelhouse carries under installer/, run
+from that wheel as the user data runs it, with no index and no network, for the Python and platform
+of each supported distribution (`--python-version`, `--platform`, `--dry-run`): the host has only one
+interpreter and one architecture, but pip's resolution and hash checks are the same ones the
+instance's pip makes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 from infra.agent_wheelhouse import (
     BOOT_PYTHONS,
+    INSTALLER_DIR,
     MACHINES,
     AgentWheelhouse,
     WheelhouseBuildError,
     agent_wheelhouse,
+    installer_wheel,
     locked_wheels,
     manylinux_platforms,
 )
@@ -44,11 +48,11 @@ def wheelhouses() -> Mapping[Arch, AgentWheelhouse]:
 
 
 @pytest.fixture(scope="module")
-def pip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A pip as an instance has it: the one `python -m venv` installs from the interpreter's ensurepip."""
-    venv = tmp_path_factory.mktemp("pip-venv")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)  # noqa: S603
-    return venv / "bin" / "pip"
+def pip(wheelhouses: Mapping[Arch, AgentWheelhouse], tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """pip as an instance runs it: the wheelhouse's own pip wheel, run from the wheel by an interpreter."""
+    unpacked_wheelhouse = unpacked(wheelhouses[Arch.X64].path, tmp_path_factory.mktemp("installer"))
+    (wheel,) = (unpacked_wheelhouse / INSTALLER_DIR).glob("pip-*.whl")
+    return [sys.executable, str(wheel / "pip")]
 
 
 def unpacked(wheelhouse: Path, into: Path) -> Path:
@@ -58,7 +62,7 @@ def unpacked(wheelhouse: Path, into: Path) -> Path:
 
 
 def resolve_offline(
-    pip: Path, wheelhouse: Path, arch: Arch, python: str, tmp_path: Path
+    pip: Sequence[str], wheelhouse: Path, arch: Arch, python: str, tmp_path: Path
 ) -> subprocess.CompletedProcess[str]:
     """pip's install of the wheelhouse for `python` on `arch`, with no index and no network, stopped
     before it writes (--dry-run): the boot's pip arguments plus the target interpreter and platform."""
@@ -68,7 +72,7 @@ def resolve_offline(
             UNSHARE,
             "--net",
             "--",
-            str(pip),
+            *pip,
             "install",
             "--isolated",
             "--disable-pip-version-check",
@@ -97,7 +101,7 @@ def resolve_offline(
 @pytest.mark.parametrize("arch", list(Arch))
 @pytest.mark.parametrize("python", sorted(set(BOOT_PYTHONS.values())))
 def test_pip_installs_the_wheelhouse_offline_for_each_boot_python_and_arch(
-    wheelhouses: Mapping[Arch, AgentWheelhouse], pip: Path, tmp_path: Path, arch: Arch, python: str
+    wheelhouses: Mapping[Arch, AgentWheelhouse], pip: list[str], tmp_path: Path, arch: Arch, python: str
 ) -> None:
     # Given the wheelhouse of an arch, unpacked as the user data unpacks it
     wheelhouse = unpacked(wheelhouses[arch].path, tmp_path / "wheelhouse")
@@ -112,7 +116,7 @@ def test_pip_installs_the_wheelhouse_offline_for_each_boot_python_and_arch(
 
 
 def test_pip_refuses_a_wheel_that_is_not_the_one_pinned(
-    wheelhouses: Mapping[Arch, AgentWheelhouse], pip: Path, tmp_path: Path
+    wheelhouses: Mapping[Arch, AgentWheelhouse], pip: list[str], tmp_path: Path
 ) -> None:
     # Given the x64 wheelhouse with one wheel altered after the build
     wheelhouse = unpacked(wheelhouses[Arch.X64].path, tmp_path / "wheelhouse")
@@ -147,6 +151,28 @@ def test_every_file_is_pinned_by_the_hash_uv_lock_records(
             assert f"--hash=sha256:{digest}" in requirements, (arch, name)
             if not name.startswith("runner_pool-"):
                 assert f'/{name}", hash = "sha256:{digest}"' in lock, (arch, name)
+
+
+def test_the_wheelhouse_carries_the_locked_pip_to_install_with_but_not_to_install(
+    wheelhouses: Mapping[Arch, AgentWheelhouse],
+) -> None:
+    lock = (Path(__file__).resolve().parents[2] / "uv.lock").read_text()
+    for arch, wheelhouse in wheelhouses.items():
+        # Given a wheelhouse's installer and requirements
+        with zipfile.ZipFile(wheelhouse.path) as archive:
+            requirements = archive.read("requirements.txt").decode()
+            installers = {
+                name.removeprefix(f"{INSTALLER_DIR}/"): hashlib.sha256(archive.read(name)).hexdigest()
+                for name in archive.namelist()
+                if name.startswith(f"{INSTALLER_DIR}/")
+            }
+        # Then it holds one pip wheel, the file and digest uv.lock records for the boot group's pin
+        ((name, digest),) = installers.items()
+        assert re.fullmatch(r"pip-[^-]+-py3-none-any\.whl", name), (arch, name)
+        assert f'/{name}", hash = "sha256:{digest}"' in lock, (arch, name)
+        # And nothing pins pip to be installed into the agent's venv
+        assert not [line for line in requirements.splitlines() if line.startswith("pip==")], arch
+        assert digest not in requirements, arch
 
 
 def test_the_same_inputs_build_the_same_zip(
@@ -219,6 +245,13 @@ def test_each_boot_python_gets_the_best_wheel_its_distribution_can_load() -> Non
         "native-2.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
         "native-2.0-cp312-cp312-manylinux_2_28_x86_64.whl",
     }
+
+
+def test_an_installer_group_that_pins_more_than_one_wheel_stops_the_build() -> None:
+    # Given an installer group whose pins give more than one file (a native package's, per Python)
+    # When its wheel is chosen / Then the build stops, naming the files: the boot runs exactly one
+    with pytest.raises(WheelhouseBuildError, match=r"must pin pip alone.*native-2\.0-cp311"):
+        installer_wheel(Arch.X64, "native==2.0\n", LOCK)
 
 
 def test_a_requirement_without_a_wheel_for_a_boot_python_stops_the_build() -> None:
