@@ -10,8 +10,9 @@
 #
 # What an instance runs is fixed at synth: the runner release the config pins, checked against its
 # SHA-256; the agent and its dependencies from a wheelhouse built from uv.lock, checked against its
-# SHA-256 and installed offline, each wheel against the hash its requirements file pins. Nothing is
-# installed from a package index. The distribution's own packages come from its signed repositories.
+# SHA-256 and installed offline by the pip wheel it carries, each wheel against the hash its
+# requirements file pins. Nothing is installed from a package index. The distribution's own packages
+# come from its signed repositories.
 #
 # Two phases. `bake` (the runner image's Image Builder component runs this script with that argument,
 # infra/constructs/runner_image.py) installs the three parts and records, for each, the pins it was
@@ -98,12 +99,14 @@ detect_distribution() {
 # Fedora-based list on AL2023 (the packages the runner's script would install on Fedora), and on
 # Ubuntu 24.04 the noble names of its Debian list (libssl3t64, liblttng-ust1t64 and libicu74, as
 # noble's dotnet-runtime-8.0 depends on them). The agent's Python is AL2023_PYTHON or UBUNTU_PYTHON,
-# the interpreters the wheelhouse was built for (infra/agent_wheelhouse.py BOOT_PYTHONS).
+# the interpreters the wheelhouse was built for (infra/agent_wheelhouse.py BOOT_PYTHONS), and nothing
+# else of Python: the venv module is in the interpreter's own packages (python3.X-libs on AL2023,
+# libpython3.X-stdlib on Ubuntu), and a venv made without pip needs neither the distribution's pip
+# (python3.X-pip) nor its ensurepip (Ubuntu's python3.X-venv): the wheelhouse brings its own pip.
 install_prerequisites() {
     case "${DISTRO}" in
         al2023)
-            local packages=(tar gzip "python${AL2023_PYTHON}" "python${AL2023_PYTHON}-pip"
-                lttng-ust openssl-libs krb5-libs zlib libicu)
+            local packages=(tar gzip "python${AL2023_PYTHON}" lttng-ust openssl-libs krb5-libs zlib libicu)
             if [[ "${BLOCK_IMDS_FROM_JOBS}" == "true" ]]; then
                 packages+=(iptables-nft)
             fi
@@ -111,7 +114,7 @@ install_prerequisites() {
             dnf install -y "${packages[@]}"
             ;;
         ubuntu-24.04)
-            local packages=(curl ca-certificates tar gzip "python${UBUNTU_PYTHON}" "python${UBUNTU_PYTHON}-venv"
+            local packages=(curl ca-certificates tar gzip "python${UBUNTU_PYTHON}"
                 liblttng-ust1t64 libkrb5-3 zlib1g libssl3t64 libicu74)
             if [[ "${BLOCK_IMDS_FROM_JOBS}" == "true" ]]; then
                 packages+=(iptables)
@@ -206,6 +209,16 @@ s3_get() {
 # the hash requirements.txt pins for it, and nothing else can be installed. --isolated keeps pip's
 # environment variables and configuration files out of it. --no-compile halves the install (the
 # agent, running as root, compiles what it imports on first import).
+#
+# The venv is made without pip: ensurepip would install and byte-compile a pip (and on 3.11
+# setuptools) that the agent never uses, half of the install's time. The pip that installs the
+# wheelhouse is the wheel uv.lock pins, carried in the wheelhouse (installer/) and run straight
+# from it by the venv's interpreter, so it installs into the venv and stays out of it: pip's
+# __main__ puts its own wheel on sys.path for `python pip-*.whl/pip` (pypa/pip src/pip/__main__.py),
+# which zipimport allows (a sys.path entry may be a path inside a zip: Python docs, zipimport), as
+# CPython's ensurepip runs pip from its bundled wheel. The wheel runs only once its zip's SHA-256
+# is checked, unpacked by root into a directory only root writes, so it is the locked file
+# (agent_wheelhouse.py refused any download whose digest was not uv.lock's).
 install_agent() {
     local region="$1"
     local wheelhouse="${WORK}/agent-wheelhouse.zip"
@@ -214,10 +227,14 @@ install_agent() {
         || fail "the agent's wheelhouse s3://${WHEELHOUSE_BUCKET}/${WHEELHOUSE_KEY} does not have the SHA-256 ${WHEELHOUSE_SHA256} synth built; not installing it"
     mkdir -p "${AGENT_HOME}"
     "${AGENT_PYTHON}" -m zipfile -e "${wheelhouse}" "${AGENT_HOME}/wheelhouse"
-    "${AGENT_PYTHON}" -m venv "${AGENT_HOME}/venv"
-    "${AGENT_HOME}/venv/bin/python" -m pip install --isolated --disable-pip-version-check --no-input \
-        --quiet --no-cache-dir --no-compile --no-index --find-links "${AGENT_HOME}/wheelhouse/wheels" \
-        --only-binary :all: --require-hashes --requirement "${AGENT_HOME}/wheelhouse/requirements.txt"
+    local installer=("${AGENT_HOME}/wheelhouse/installer/"pip-*.whl)
+    [[ ${#installer[@]} -eq 1 && -f "${installer[0]}" ]] \
+        || fail "the agent's wheelhouse holds no single pip wheel under installer/ to install it with"
+    "${AGENT_PYTHON}" -m venv --without-pip "${AGENT_HOME}/venv"
+    "${AGENT_HOME}/venv/bin/python" "${installer[0]}/pip" install --isolated --disable-pip-version-check \
+        --no-input --quiet --no-cache-dir --no-compile --no-index \
+        --find-links "${AGENT_HOME}/wheelhouse/wheels" --only-binary :all: \
+        --require-hashes --requirement "${AGENT_HOME}/wheelhouse/requirements.txt"
 }
 
 # The instance role may write this instance's signals and read its runner config, and anyone who

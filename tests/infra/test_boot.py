@@ -377,16 +377,23 @@ def requirement_pins(wheelhouse: Path) -> set[str]:
 
 
 def installed(root: Path) -> set[str]:
-    frozen = subprocess.run(  # noqa: S603 - the venv the boot made
-        [str(root / "opt/runner-pool/venv/bin/python"), "-m", "pip", "freeze", "--isolated", "--all"],
+    """`name==version` of every distribution the agent's venv holds, pip's own too were it there: what its
+    interpreter finds on its path (isolated: no user site, no PYTHON* variable), as importlib.metadata
+    lists it. The venv has no pip to ask (the boot makes it without one)."""
+    listed = subprocess.run(  # noqa: S603 - the venv the boot made
+        [
+            str(root / "opt/runner-pool/venv/bin/python"),
+            "-I",
+            "-c",
+            "import importlib.metadata as m\n"
+            "for d in m.distributions(): print(d.metadata['Name'], d.version, sep='==')",
+        ],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
     return {
-        f"{canonicalize_name(name)}=={version}"
-        for name, version in (line.split("==") for line in frozen)
-        if canonicalize_name(name) not in {"pip", "setuptools", "wheel"}
+        f"{canonicalize_name(name)}=={version}" for name, version in (line.split("==") for line in listed)
     }
 
 
@@ -401,14 +408,14 @@ class Distribution:
 AL2023 = Distribution(
     "al2023",
     AL2023_OS_RELEASE,
-    # tar and gzip for the archive, the agent's Python and its pip, the runner's Fedora-based
-    # prerequisites from actions/runner's docs/start/envlinux.md (also what
-    # terraform-aws-github-runner's start-runner.sh installs on AL2023), iptables for the IMDS guard.
+    # tar and gzip for the archive, the agent's Python (not python3.11-pip: the wheelhouse brings the pip
+    # that installs it), the runner's Fedora-based prerequisites from actions/runner's
+    # docs/start/envlinux.md (also what terraform-aws-github-runner's start-runner.sh installs on
+    # AL2023), iptables for the IMDS guard.
     [
         "tar",
         "gzip",
         "python3.11",
-        "python3.11-pip",
         "lttng-ust",
         "openssl-libs",
         "krb5-libs",
@@ -422,14 +429,15 @@ UBUNTU_2404 = Distribution(
     UBUNTU_2404_OS_RELEASE,
     # envlinux.md's Debian list by noble's names: the ones noble's dotnet-runtime-8.0 depends on
     # (packages.ubuntu.com/noble/dotnet-runtime-8.0: libicu74, liblttng-ust1t64, libssl3t64, zlib1g),
-    # and libkrb5-3; python3.12-venv brings ensurepip, which Ubuntu splits from the interpreter.
+    # and libkrb5-3. Not python3.12-venv: Debian's packaging (noble's too) puts the venv module in
+    # libpython3.12-stdlib, which python3.12 depends on, and only ensurepip in python3.12-venv (as
+    # `dpkg -L python3.11-venv` shows on bookworm); the boot makes its venv without pip.
     [
         "curl",
         "ca-certificates",
         "tar",
         "gzip",
         "python3.12",
-        "python3.12-venv",
         "liblttng-ust1t64",
         "libkrb5-3",
         "zlib1g",
@@ -521,7 +529,7 @@ def unpacks_the_runner_for_the_runner_user(boot: Boot) -> None:
 
 def installs_the_agent_offline_from_exactly_the_wheelhouse_pins(boot: Boot, boot_world: BootWorld) -> None:
     # The agent's venv holds exactly the wheelhouse's pins: uv.lock's runtime dependencies and the
-    # project itself
+    # project itself, and not the pip that installed them
     pins = requirement_pins(boot_world.wheelhouse)
     assert "runner-pool==0.1.0" in pins
     assert installed(boot.root) == pins
@@ -622,6 +630,34 @@ def test_a_wheelhouse_that_is_not_the_one_synthesised_is_refused_before_it_is_un
     assert boot.failure is not None
     assert "does not have the SHA-256" in boot.failure
     assert not (boot.root / "opt/runner-pool/wheelhouse").exists()
+    assert not (boot.root / "opt/runner-pool/venv").exists()
+
+
+def test_a_wheelhouse_without_the_pip_to_install_it_with_fails_the_boot_before_making_the_venv(
+    boot_world: BootWorld, tmp_path: Path
+) -> None:
+    # Given a wheelhouse that lacks its installer/ pip wheel, and user data that pins that very zip (as a
+    # builder that lost the wheel would have synthesised it)
+    stripped = tmp_path / "stripped.zip"
+    with zipfile.ZipFile(boot_world.wheelhouse) as source, zipfile.ZipFile(stripped, "w") as target:
+        for entry in source.infolist():
+            if not entry.filename.startswith("installer/"):
+                target.writestr(entry, source.read(entry))
+    digest = hashlib.sha256(stripped.read_bytes()).hexdigest()
+    script, pinned = re.subn(
+        r'readonly WHEELHOUSE_SHA256="[0-9a-f]{64}"',
+        f'readonly WHEELHOUSE_SHA256="{digest}"',
+        boot_world.script,
+    )
+    assert pinned == 1
+
+    # When the user data boots with it
+    boot = boot_world.boot(tmp_path, AL2023_OS_RELEASE, runner_sha256="", wheelhouse=stripped, script=script)
+
+    # Then the boot fails, saying the pip is missing, and makes no venv
+    assert boot.result.returncode == 1
+    assert boot.failure is not None
+    assert "no single pip wheel" in boot.failure
     assert not (boot.root / "opt/runner-pool/venv").exists()
 
 
