@@ -5,10 +5,17 @@ function's environment, so it may use only the standard library and what the fun
 layers hold (botocore is in our layer): nothing of the emulator, nothing of the dev virtualenv.
 
 Init (the cold start): put the code asset and the layers' `python/` on `sys.path`, hook every botocore
-client the function will make, import the `_HANDLER`, and report `ready` or the init error. Then serve
-invocations one at a time, as JSON lines: `{"invoke": ...}` on stdin; `{"result": ...}` or
-`{"error": ...}` back. File descriptor 1 is the channel back, so the process's own stdout (Powertools'
-metrics print there) is pointed at stderr, which is the function's log.
+client the function will make, import the `_HANDLER`, and report `ready` (with the modules it loaded from
+the layers and from the code asset) or the init error. Then serve invocations one at a time, as JSON
+lines: `{"invoke": ...}` on stdin; `{"result": ...}` or `{"error": ...}` back. File descriptor 1 is the
+channel back, so the process's own stdout (Powertools' metrics print there) is pointed at stderr, which is
+the function's log.
+
+Environments after the first are forked from a fork server (`--fork-server`, see `fork_server`), which
+has imported what emulator/lambda_runtime.py tells it: every layer module a first environment loaded,
+and of the code asset only the modules whose import cannot depend on a function's environment
+(lambda_runtime.py `PRELOADED_CODE`, the domain). A child imports its handler's module itself, under its
+own environment, so an import error there is still its own `Runtime.ImportModuleError`.
 
 Every AWS call the function makes is first reported to the parent (`{"call": {service, operation,
 params}}`), which answers before it is sent: `{"proceed": true}` (send it), `{"error": <AWS error
@@ -36,6 +43,8 @@ import time
 import traceback
 from typing import Any
 
+_CODE: list[str] = []
+"""The code asset's directory, first on sys.path."""
 _LAYERS: list[str] = []
 """The layers' `python/` directories on sys.path (after the code asset)."""
 _PARAMS = "runner_pool_call"
@@ -82,6 +91,10 @@ class _FaultError(Exception):
     def __init__(self, error_type: str, message: str, stack: list[str] | None = None) -> None:
         super().__init__(message)
         self.payload = {"errorType": error_type, "errorMessage": message, "stackTrace": stack or []}
+
+
+def _within(path: str, directories: list[str]) -> bool:
+    return any(path.startswith(os.path.join(directory, "")) for directory in directories)
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -184,7 +197,7 @@ def main(sys_path: list[str] | None) -> int:
     channel = _Channel()
     if sys_path is not None:
         sys.path[:0] = sys_path
-        _LAYERS[:] = sys_path[1:]
+        _CODE[:], _LAYERS[:] = sys_path[:1], sys_path[1:]
     try:
         try:
             _hook_botocore(channel)
@@ -199,12 +212,11 @@ def main(sys_path: list[str] | None) -> int:
     except Exception as exc:  # the module's own code failed at import: Lambda reports it as is
         channel.send({"init_error": _error(exc)})
         return 1
-    layers = tuple(_LAYERS)
-    loaded = sorted(
-        name
-        for name, module in list(sys.modules.items())
-        if str(getattr(module, "__file__", None) or "").startswith(layers)
-    )
+    files = {name: str(getattr(module, "__file__", None) or "") for name, module in list(sys.modules.items())}
+    loaded = {
+        "layers": sorted(name for name, file in files.items() if _within(file, _LAYERS)),
+        "code": sorted(name for name, file in files.items() if _within(file, _CODE)),
+    }
     channel.send({"ready": True, "loaded": loaded})
     while (message := channel.receive()) is not None:
         invoke = message["invoke"]
@@ -218,12 +230,14 @@ def main(sys_path: list[str] | None) -> int:
 
 
 def fork_server(sys_path: list[str], preload: list[str]) -> int:
-    """Imports `preload` (modules of the layers a first environment loaded), then forks an environment
-    for each request on the socket that is its stdin: the request is the function's environment with
-    its three pipes attached (SCM_RIGHTS); the answer, the child's pid. What a child imports from its
-    own code asset (the handler's module) it imports itself, after the fork, under its own environment."""
+    """Imports `preload` (the layers' modules a first environment loaded, and of the code asset's only
+    those whose import cannot depend on the function's environment: lambda_runtime.py `PRELOADED_CODE`),
+    then forks an environment for each request on the socket that is its stdin: the request is the
+    function's environment with its three pipes attached (SCM_RIGHTS); the answer, the child's pid. The
+    rest of the code asset (the handler's module and what it imports beyond the preload) a child imports
+    itself, after the fork, under its own environment."""
     sys.path[:0] = sys_path
-    _LAYERS[:] = sys_path[1:]
+    _CODE[:], _LAYERS[:] = sys_path[:1], sys_path[1:]
     for name in preload:
         try:
             importlib.import_module(name)

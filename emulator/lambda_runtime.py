@@ -22,11 +22,14 @@ name Step Functions' Retry and Catch match).
 
 Cold starts: the first environment of the process's first runtime starts as above and imports
 everything itself (a dependency the layer lacks fails there, `Runtime.ImportModuleError`, as on Lambda).
-It reports the layer modules it loaded; a fork server (`python -S -I` with the same path and runtime
+It reports the modules it loaded; a fork server (`python -S -I` with the same path and runtime
 variables, one per set of artifacts, shared by the process's runtimes, ended at exit) then imports
-those, and every later environment is forked from it, given its function's variables and pipes, and
-imports its handler's module (from the code asset) itself: 0.27 s for Plan's first invocation against
-0.78 s anew (`make bench lambda_runtime`). `fork_server=False` starts every environment anew.
+every one of them from the layers and, of the code asset's, those of `PRELOADED_CODE` (modules whose
+import cannot depend on a function's environment), and every later environment is forked from it,
+given its function's variables and pipes, and imports its handler's module (from the code asset) and
+the rest of what that imports itself, under its own environment: 0.27 s for Plan's first invocation
+against 0.78 s anew (`make bench lambda_runtime`).
+`fork_server=False` starts every environment anew.
 
 A failed invocation raises `FunctionError`, whose class is named after Lambda's `errorType`
 (`ValueError`, `Runtime.ImportModuleError`, `Sandbox.Timedout`): a harness that reports `type(exc).__name__`
@@ -79,6 +82,16 @@ UNRESERVED = ("PATH", "LANG", "TZ")
 SHUTDOWN_SECONDS = 2.0
 """Lambda's cap on the Shutdown phase (lambda-runtime-environment.html, "Shutdown phase")."""
 LOG_TAIL_LINES = 40
+PRELOADED_CODE = ("runner_pool.domain",)
+"""The code asset's packages the fork server imports (with every layer module a first environment
+loaded): those whose import cannot depend on the function's environment, so that a module imported
+before the fork is the very module the function would build under its own variables. The domain: the
+import contract "The domain is plain Python" (pyproject.toml) keeps it from the environment model,
+observability (Powertools' Logger, Metrics and Tracer read their variables when made, at import) and
+wiring, and none of its modules imports `os`; pydantic, building its models, reads only
+`PYDANTIC_DISABLE_PLUGINS`, which picks among pydantic plugins and the layer has none
+(tests/integration/test_lambda_runtime.py checks both). Everything else of the code asset (handlers,
+wiring, steps, adapters, observability, environment) each environment imports itself."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,24 @@ _CLASSES: dict[str, type[FunctionError]] = {}
 _CLASSES_LOCK = threading.Lock()
 
 
+def preloaded(loaded: Mapping[str, Iterable[str]]) -> list[str]:
+    """What the fork server imports, of the modules a first environment `loaded` (its ready message's):
+    every one from the layers, and those of the code asset within `PRELOADED_CODE`."""
+    code = [
+        name
+        for name in loaded.get("code", [])
+        if any(name == package or name.startswith(f"{package}.") for package in PRELOADED_CODE)
+    ]
+    return [*loaded.get("layers", []), *code]
+
+
+def fork_server_preload(artifacts: Artifacts) -> list[str] | None:
+    """The modules the fork server of `artifacts` imports; None until a first environment has loaded."""
+    with _SERVERS_LOCK:
+        preload = _PRELOADS.get(artifacts)
+        return None if preload is None else list(preload)
+
+
 def _fail(error_type: str, message: str) -> FunctionError:
     return error_class(error_type)({"errorType": error_type, "errorMessage": message})
 
@@ -251,8 +282,9 @@ _Process = _Spawned | _Forked
 
 
 class _ForkServer:
-    """A process that has imported what the layers hold for our functions and forks environments from
-    itself: a cold start without the layers' import time (emulator/lambda_bootstrap.py `fork_server`)."""
+    """A process that has imported what the layers hold for our functions and the code asset's
+    `PRELOADED_CODE`, and forks environments from itself: a cold start without that import time
+    (emulator/lambda_bootstrap.py `fork_server`)."""
 
     def __init__(self, command: list[str], env: dict[str, str], cwd: Path) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -414,8 +446,8 @@ class LambdaRuntime:
         invocation waits for one; `max_total_environments`: in all, past which an idle environment of
         another function is shut down to make room (each holds about 80 MB). `fork_server`: after a
         first cold start in this process, environments are forked from a process that has imported the
-        layer modules that first environment loaded (see the module's docstring); False: every one
-        starts anew."""
+        layer modules that first environment loaded and the code asset's `PRELOADED_CODE` (see the
+        module's docstring); False: every one starts anew."""
         misnamed = sorted(name for name, spec in functions.items() if spec.name != name)
         if misnamed:
             raise ValueError(f"functions must be keyed by their own names: {misnamed}")
@@ -557,7 +589,7 @@ class LambdaRuntime:
             raise error_class(message["init_error"]["errorType"])(message["init_error"])
         environment.ready = True
         with _SERVERS_LOCK:
-            _PRELOADS.setdefault(self.artifacts, list(message.get("loaded", [])))
+            _PRELOADS.setdefault(self.artifacts, preloaded(message.get("loaded", {})))
 
     def _receive(
         self, environment: Environment, deadline: float, request_id: str, timed_out: str
@@ -652,8 +684,9 @@ class LambdaRuntime:
 
     def _fork_server(self) -> _ForkServer | None:
         """The fork server of these artifacts, started once a first environment (of any runtime of this
-        process) has said which layer modules it loaded; shared by every runtime of the process, since
-        what it holds is the layers' modules, and a child's environment is its own."""
+        process) has said which modules it loaded; shared by every runtime of the process, since what it
+        holds depends on no function's environment (`PRELOADED_CODE`), and a child's environment is its
+        own."""
         if not self._fork:
             return None
         with _SERVERS_LOCK:

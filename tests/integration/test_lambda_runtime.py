@@ -8,8 +8,11 @@ functions of this test's own, run from a code asset of theirs on the same layer.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +28,15 @@ from emulator.aws import ACCOUNT, REGION, LocalAws, local_aws
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.iam_check import PolicyCheck
 from emulator.iam_stack import StackIam, synthesized_template, without_grant
-from emulator.lambda_runtime import Artifacts, FunctionError, FunctionSpec, LambdaRuntime, host_artifacts
+from emulator.lambda_runtime import (
+    PRELOADED_CODE,
+    Artifacts,
+    FunctionError,
+    FunctionSpec,
+    LambdaRuntime,
+    fork_server_preload,
+    host_artifacts,
+)
 from emulator.resources import create_state_table
 from emulator.step_functions import MOTO_CONFIG, LocalStateMachines, lambdas_in_process, without_waiting
 
@@ -97,7 +108,70 @@ def create_fleet(event, context):
         return boto3.client("ec2").create_fleet(**event)
     except botocore.exceptions.ClientError as refused:
         return refused.response["Error"]["Code"]
+
 '''
+
+PRELOAD_READS = '''
+import importlib, json, os, sys
+
+sys_path, layers, code = json.loads(sys.argv[1])
+sys.path[:0] = sys_path
+for name in layers:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+reads = []
+
+
+class Watched(dict):
+    """os.environ, noting each variable read (os.getenv reads through it too)."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def __getitem__(self, key):
+        reads.append(key)
+        return self.real[key]
+
+    def get(self, key, default=None):
+        reads.append(key)
+        return self.real.get(key, default)
+
+    def __contains__(self, key):
+        reads.append(key)
+        return key in self.real
+
+    def __iter__(self):
+        reads.append("*")
+        return iter(self.real)
+
+    def keys(self):
+        reads.append("*")
+        return self.real.keys()
+
+    def items(self):
+        reads.append("*")
+        return self.real.items()
+
+    def copy(self):
+        reads.append("*")
+        return self.real.copy()
+
+    def __len__(self):
+        return len(self.real)
+
+
+os.environ = Watched(os.environ)
+found = {}
+for name in [*code, "runner_pool.observability"]:
+    importlib.import_module(name)
+    found[name] = sorted(set(reads))
+    reads.clear()
+print(json.dumps(found))
+'''
+"""Imports the layer modules, then each code-asset module given and then observability, with os.environ
+watched: prints the variables each import read."""
 
 
 def function_spec(template: Mapping[str, Any], handler: str, name: str) -> FunctionSpec:
@@ -166,7 +240,6 @@ def probes(probe_artifacts: Artifacts, aws: LocalAws, ec2: SimulatedEc2) -> Iter
     functions = {
         "together": probe("together"),
         "create_fleet": probe("create_fleet"),
-        "needs_moto": FunctionSpec("needs_moto", "needs_moto.handler", {}, 3, 128),
     }
     with LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint, ec2=ec2) as runtime:
         yield runtime
@@ -221,6 +294,69 @@ def test_an_environment_holds_the_code_asset_and_layers_alone_and_lambdas_variab
     assert environment["_X_AMZN_TRACE_ID"].startswith("Root=1-")
     assert "PYTEST_CURRENT_TEST" not in environment
     assert 0 < seen["remaining_ms"] <= 30_000
+
+
+def test_the_fork_server_preloads_of_the_code_asset_only_the_domain_modules_a_first_environment_loaded(
+    stack: LambdaRuntime, artifacts: Artifacts
+) -> None:
+    # Given a first environment of a real handler (this runtime's or an earlier one's) has cold-started
+    stack.invoke("plan", {"run_key": "pool=6/class=large", "cause": "run-6-attempt-1"})
+
+    # When the fork server's preload is read
+    preload = fork_server_preload(artifacts)
+    assert preload is not None
+
+    # Then of the code asset it holds only modules of PRELOADED_CODE, the domain's Plan imports among them
+    packages = {entry.name for entry in artifacts.code.iterdir()}
+    code = [name for name in preload if name.split(".")[0] in packages]
+    assert PRELOADED_CODE == ("runner_pool.domain",)
+    assert {"runner_pool.domain.executions", "runner_pool.domain.config"} <= set(code)
+    assert [name for name in code if not name.startswith("runner_pool.domain.")] == ["runner_pool.domain"]
+    # And none of what reads the function's environment at import, nor the handler's module, is there
+    for name in ("runner_pool.handlers.release", "runner_pool.wiring", "runner_pool.observability"):
+        assert name not in preload
+    # And every layer module is still there
+    assert {"boto3", "pydantic", "aws_lambda_powertools"} <= set(preload)
+
+
+def test_importing_the_preloaded_code_reads_no_variable_of_the_functions_environment(
+    stack: LambdaRuntime, artifacts: Artifacts
+) -> None:
+    # Given the fork server's preload once a first environment has loaded: the layer modules, and the
+    # code asset's PRELOADED_CODE modules
+    stack.invoke("plan", {"run_key": "pool=6/class=large", "cause": "run-6-attempt-1"})
+    preload = fork_server_preload(artifacts)
+    assert preload is not None
+    packages = {entry.name for entry in artifacts.code.iterdir()}
+    code = [name for name in preload if name.split(".")[0] in packages]
+    layers = [name for name in preload if name not in code]
+
+    # When each code module is imported after the layers, as the fork server does, with os.environ watched
+    found = subprocess.run(  # noqa: S603 - this interpreter, as an environment runs
+        [sys.executable, "-S", "-I", "-c", PRELOAD_READS, json.dumps([artifacts.sys_path, layers, code])],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=artifacts.code,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    reads = json.loads(found.stdout)
+
+    # Then no code module read a variable but pydantic's plugin switch (read as each model is built)
+    assert {name: read for name, read in reads.items() if set(read) - {"PYDANTIC_DISABLE_PLUGINS"}} == {
+        "runner_pool.observability": reads["runner_pool.observability"]
+    }
+    # And that switch picks among pydantic plugins, of which the layer has none: it cannot change a model
+    plugins = [
+        entry
+        for layer in artifacts.layers
+        for distribution in importlib.metadata.distributions(path=[str(layer / "python")])
+        for entry in distribution.entry_points
+        if entry.group == "pydantic"
+    ]
+    assert plugins == []
+    # And the watch sees reads: observability's Powertools objects read theirs, why it is not preloaded
+    assert "POWERTOOLS_SERVICE_NAME" in reads["runner_pool.observability"]
 
 
 def test_a_handler_error_comes_back_with_its_error_type_and_keeps_the_environment(
@@ -314,19 +450,32 @@ def test_create_fleet_is_answered_by_the_simulated_ec2(probes: LambdaRuntime, ec
     assert probes.calls["ec2:CreateFleet"] == 1
 
 
+@pytest.mark.parametrize("started", ["anew", "forked"])
 def test_a_dependency_the_layer_lacks_fails_the_cold_start_as_lambda_reports_it(
-    probes: LambdaRuntime,
+    probe_artifacts: Artifacts, aws: LocalAws, started: str
 ) -> None:
-    # When a function whose module imports what only the dev virtualenv has is invoked
-    with pytest.raises(FunctionError) as failed:
-        probes.invoke("needs_moto", {})
+    # Given a function whose module imports what only the dev virtualenv has, its environment started
+    # anew or forked from the fork server (once another function's first environment has cold-started)
+    functions = {
+        "needs_moto": FunctionSpec("needs_moto", "needs_moto.handler", {}, 3, 128),
+        "block": probe("block"),
+    }
+    with LambdaRuntime(
+        probe_artifacts, functions, endpoint=aws.endpoint, fork_server=started == "forked"
+    ) as runtime:
+        runtime.invoke("block", {"block": False})
 
-    # Then the invocation fails as Lambda's Python runtime reports an init failure
-    assert type(failed.value).__name__ == "Runtime.ImportModuleError"
-    assert (
-        failed.value.payload["errorMessage"] == "Unable to import module 'needs_moto': No module named 'moto'"
-    )
-    assert not [e for e in probes.live() if e.spec.name == "needs_moto"]
+        # When it is invoked
+        with pytest.raises(FunctionError) as failed:
+            runtime.invoke("needs_moto", {})
+
+        # Then the invocation fails as Lambda's Python runtime reports an init failure
+        assert type(failed.value).__name__ == "Runtime.ImportModuleError"
+        assert (
+            failed.value.payload["errorMessage"]
+            == "Unable to import module 'needs_moto': No module named 'moto'"
+        )
+        assert not [e for e in runtime.live() if e.spec.name == "needs_moto"]
 
 
 @pytest.mark.parametrize("started", ["anew", "forked"])
