@@ -15,7 +15,11 @@ Environments after the first are forked from a fork server (`--fork-server`, see
 has imported what emulator/lambda_runtime.py tells it: every layer module a first environment loaded,
 and of the code asset only the modules whose import cannot depend on a function's environment
 (lambda_runtime.py `PRELOADED_CODE`, the domain). A child imports its handler's module itself, under its
-own environment, so an import error there is still its own `Runtime.ImportModuleError`.
+own environment, so an import error there is still its own `Runtime.ImportModuleError`. The fork server
+also holds botocore's data files (service models, endpoints) that environments have parsed, each parsed
+once: a child's botocore loader takes a file from there instead of parsing it again (`_DataFiles`), and
+everything a client resolves from the environment (credentials, region, endpoint URL, user agent) it
+still resolves in the child, from its own variables, when it creates the client.
 
 Every AWS call the function makes is first reported to the parent (`{"call": {service, operation,
 params}}`), which answers before it is sent: `{"proceed": true}` (send it), `{"error": <AWS error
@@ -32,6 +36,7 @@ awslambdaric/bootstrap.py): an exception is `{"errorMessage": str(e), "errorType
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib
 import json
 import os
@@ -75,6 +80,9 @@ class _Channel:
         return json.loads(line) if line else None
 
     def _write(self, message: dict[str, Any]) -> None:
+        parsed = _DATA_FILES.parsed_here()
+        if parsed:  # with whatever message comes next, so the parent can have the fork server parse them
+            message = {**message, "parsed": parsed}
         self._out.write(json.dumps(message, default=_jsonable) + "\n")
         self._out.flush()
 
@@ -95,6 +103,64 @@ class _FaultError(Exception):
 
 def _within(path: str, directories: list[str]) -> bool:
     return any(path.startswith(os.path.join(directory, "")) for directory in directories)
+
+
+class _DataFiles:
+    """botocore's data files (service models, endpoints, retry rules: JSON in the layer), by path.
+
+    In the fork server, `warm` parses the files environments reported; a child inherits them and its
+    botocore loader takes each once instead of parsing it again (a second loader of the child parses its
+    own, so no two loaders share a parsed file, as in botocore itself). A file is only data from the
+    layer: which file a loader reads (its search path, `AWS_DATA_PATH`) and everything a client resolves
+    from the environment are still the child's. In every environment, the files it parsed itself are
+    reported to the parent with its next message (`parsed`)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, Any] = {}
+        self._parsed_here: list[str] = []
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        """Every botocore loader of this process reads data files through here."""
+        from botocore.loaders import JSONFileLoader  # noqa: PLC0415 - from the layer, once sys.path holds it
+
+        load_file = JSONFileLoader.load_file
+
+        def load(loader: Any, file_path: str) -> Any:
+            with self._lock:
+                held = self._held.pop(file_path, None)
+            if held is not None:
+                return held
+            data = load_file(loader, file_path)
+            if data is not None and _within(file_path, _LAYERS):
+                with self._lock:
+                    self._parsed_here.append(file_path)
+            return data
+
+        load.__wrapped__ = load_file  # type: ignore[attr-defined]
+        JSONFileLoader.load_file = load  # type: ignore[method-assign,assignment]
+
+    def warm(self, paths: list[str]) -> None:
+        """Parse the layer's files among `paths` not yet held (in the fork server, before it forks)."""
+        from botocore.loaders import JSONFileLoader  # noqa: PLC0415
+
+        load_file = getattr(JSONFileLoader.load_file, "__wrapped__", JSONFileLoader.load_file)
+        loader = JSONFileLoader()
+        for path in paths:
+            if path in self._held or not _within(path, _LAYERS):
+                continue
+            data = load_file(loader, path)
+            if data is not None:
+                self._held[path] = data
+
+    def parsed_here(self) -> list[str]:
+        """The files parsed in this process since the last call."""
+        with self._lock:
+            parsed, self._parsed_here = self._parsed_here, []
+        return parsed
+
+
+_DATA_FILES = _DataFiles()
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -160,6 +226,7 @@ def _hook_botocore(channel: _Channel) -> None:
         return client
 
     botocore.session.Session.create_client = hooked  # type: ignore[method-assign]
+    _DATA_FILES.install()
 
 
 class _Context:
@@ -233,9 +300,10 @@ def fork_server(sys_path: list[str], preload: list[str]) -> int:
     """Imports `preload` (the layers' modules a first environment loaded, and of the code asset's only
     those whose import cannot depend on the function's environment: lambda_runtime.py `PRELOADED_CODE`),
     then forks an environment for each request on the socket that is its stdin: the request is the
-    function's environment with its three pipes attached (SCM_RIGHTS); the answer, the child's pid. The
-    rest of the code asset (the handler's module and what it imports beyond the preload) a child imports
-    itself, after the fork, under its own environment."""
+    function's environment and the botocore data files to parse first (`warm`, see `_DataFiles`), with
+    its three pipes attached (SCM_RIGHTS); the answer, the child's pid. The rest of the code asset (the
+    handler's module and what it imports beyond the preload) a child imports itself, after the fork,
+    under its own environment."""
     sys.path[:0] = sys_path
     _CODE[:], _LAYERS[:] = sys_path[:1], sys_path[1:]
     for name in preload:
@@ -246,9 +314,12 @@ def fork_server(sys_path: list[str], preload: list[str]) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel; the parent kills
     control = socket.socket(fileno=0)
     while True:
-        request, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
-        if not request:
+        message, fds, _, _ = socket.recv_fds(control, 1 << 20, 3)
+        if not message:
             return 0
+        request = json.loads(message)
+        with contextlib.suppress(Exception):  # not warmed, a child parses what it needs itself
+            _DATA_FILES.warm(request["warm"])
         pid = os.fork()
         if pid == 0:
             control.close()
@@ -257,7 +328,7 @@ def fork_server(sys_path: list[str], preload: list[str]) -> int:
                 os.dup2(fd, target)
                 os.close(fd)
             os.environ.clear()
-            os.environ.update(json.loads(request))
+            os.environ.update(request["environment"])
             code = 1
             try:
                 code = main(None)

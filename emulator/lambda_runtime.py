@@ -28,7 +28,10 @@ every one of them from the layers and, of the code asset's, those of `PRELOADED_
 import cannot depend on a function's environment), and every later environment is forked from it,
 given its function's variables and pipes, and imports its handler's module (from the code asset) and
 the rest of what that imports itself, under its own environment: 0.27 s for Plan's first invocation
-against 0.78 s anew (`make bench lambda_runtime`).
+against 0.78 s anew (`make bench lambda_runtime`). The fork server also parses the botocore data files
+(service models, endpoints) that environments report they parsed, before it forks the next one, so a
+child's client takes them parsed; what a client resolves from the environment (credentials, region,
+endpoint URL, user agent) the child still resolves from its own (lambda_bootstrap.py `_DataFiles`).
 `fork_server=False` starts every environment anew.
 
 A failed invocation raises `FunctionError`, whose class is named after Lambda's `errorType`
@@ -283,8 +286,8 @@ _Process = _Spawned | _Forked
 
 class _ForkServer:
     """A process that has imported what the layers hold for our functions and the code asset's
-    `PRELOADED_CODE`, and forks environments from itself: a cold start without that import time
-    (emulator/lambda_bootstrap.py `fork_server`)."""
+    `PRELOADED_CODE`, holds the botocore data files environments parsed, and forks environments from
+    itself: a cold start without that import and parse time (emulator/lambda_bootstrap.py `fork_server`)."""
 
     def __init__(self, command: list[str], env: dict[str, str], cwd: Path) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -294,18 +297,24 @@ class _ForkServer:
         theirs.close()
         self._socket = ours
         self._lock = threading.Lock()
+        self._warmed: set[str] = set()
 
     def running(self) -> bool:
         return self._process.poll() is None
 
-    def fork(self, env: dict[str, str]) -> _Forked:
+    def fork(self, env: dict[str, str], parsed: Iterable[str] = ()) -> _Forked:
+        """An environment of `env`'s; the server first parses the botocore data files of `parsed` it has
+        not parsed yet (those environments have parsed so far), so that this child takes them parsed."""
         stdin_r, stdin_w = os.pipe()
         stdout_r, stdout_w = os.pipe()
         stderr_r, stderr_w = os.pipe()
         try:
             with self._lock:
-                socket.send_fds(self._socket, [json.dumps(env).encode()], [stdin_r, stdout_w, stderr_w])
+                warm = sorted(set(parsed) - self._warmed)
+                request = json.dumps({"environment": env, "warm": warm}).encode()
+                socket.send_fds(self._socket, [request], [stdin_r, stdout_w, stderr_w])
                 answer = self._socket.recv(4096)
+                self._warmed.update(warm)
         finally:
             for fd in (stdin_r, stdout_w, stderr_w):
                 os.close(fd)
@@ -331,6 +340,8 @@ class _ForkServer:
 
 _SERVERS: dict[Artifacts, _ForkServer] = {}
 _PRELOADS: dict[Artifacts, list[str]] = {}
+_PARSED: dict[Artifacts, set[str]] = {}
+"""botocore data files environments of these artifacts parsed, for their fork server to parse once."""
 _SERVERS_LOCK = threading.Lock()
 
 
@@ -597,12 +608,16 @@ class LambdaRuntime:
         """The environment's next message; past `deadline` the environment is killed and the invocation
         fails as Lambda fails it (`Sandbox.Timedout`, `timed_out` its message); gone, `Runtime.ExitError`."""
         try:
-            return environment.receive(deadline)
+            message = environment.receive(deadline)
         except TimeoutError:
             environment.kill()
             raise _fail("Sandbox.Timedout", timed_out) from None
         except _ExitedError:
             raise self._exited(environment, request_id) from None
+        if "parsed" in message:
+            with _SERVERS_LOCK:
+                _PARSED.setdefault(self.artifacts, set()).update(message["parsed"])
+        return message
 
     def _exited(self, environment: Environment, request_id: str) -> FunctionError:
         environment.process.wait(SHUTDOWN_SECONDS)
@@ -678,7 +693,9 @@ class LambdaRuntime:
     def _start(self, spec: FunctionSpec) -> Environment:
         server = self._fork_server()
         if server is not None:
-            return Environment(spec, server.fork(self._environment(spec)))
+            with _SERVERS_LOCK:
+                parsed = set(_PARSED.get(self.artifacts, ()))
+            return Environment(spec, server.fork(self._environment(spec), parsed))
         command = [sys.executable, "-S", "-I", str(BOOTSTRAP), json.dumps(self.artifacts.sys_path)]
         return Environment(spec, _Spawned(command, self._environment(spec), self.artifacts.code))
 

@@ -109,6 +109,19 @@ def create_fleet(event, context):
     except botocore.exceptions.ClientError as refused:
         return refused.response["Error"]["Code"]
 
+
+def sts_client(event, context):
+    """What an STS client made here resolved, and the botocore data files this environment parsed itself
+    for it (the bootstrap, `__main__` here, counts them until its next message)."""
+    made = boto3.client("sts")
+    credentials = made._request_signer._credentials
+    return {
+        "region": made.meta.region_name,
+        "endpoint": made.meta.endpoint_url,
+        "credentials": [credentials.access_key, credentials.token],
+        "app_id": made.meta.config.user_agent_appid,
+        "parsed_here": list(sys.modules["__main__"]._DATA_FILES._parsed_here),
+    }
 '''
 
 PRELOAD_READS = '''
@@ -357,6 +370,41 @@ def test_importing_the_preloaded_code_reads_no_variable_of_the_functions_environ
     assert plugins == []
     # And the watch sees reads: observability's Powertools objects read theirs, why it is not preloaded
     assert "POWERTOOLS_SERVICE_NAME" in reads["runner_pool.observability"]
+
+
+def test_a_forked_environment_takes_botocores_parsed_files_and_resolves_its_own_client_settings(
+    probe_artifacts: Artifacts, aws: LocalAws
+) -> None:
+    # Given an environment that made an STS client (and reported the botocore files it parsed for it),
+    # in a runtime of one region and endpoint, with its own session token and user agent app id
+    first = replace(
+        probe("sts_client"),
+        name="first",
+        environment={"AWS_SESSION_TOKEN": "first", "AWS_SDK_UA_APP_ID": "one"},
+    )
+    later = replace(
+        first, name="later", environment={"AWS_SESSION_TOKEN": "later", "AWS_SDK_UA_APP_ID": "two"}
+    )
+    with LambdaRuntime(probe_artifacts, {"first": first}, endpoint=aws.endpoint) as runtime:
+        made_first = runtime.invoke("first", {})
+
+    # When an environment of another function, in a runtime of another region and endpoint, is forked
+    # from the same fork server and makes an STS client
+    elsewhere = "http://127.0.0.1:9"
+    with LambdaRuntime(probe_artifacts, {"later": later}, endpoint=elsewhere, region="eu-west-1") as runtime:
+        made_later = runtime.invoke("later", {})
+
+    # Then it parsed none of botocore's files itself: the fork server had them parsed
+    assert made_later["parsed_here"] == []
+    # And its client has its own region, endpoint, credentials and user agent, the first its own
+    assert made_later["region"] == "eu-west-1"
+    assert made_later["endpoint"] == elsewhere
+    assert made_later["credentials"] == ["local", "later"]
+    assert made_later["app_id"] == "two"
+    assert made_first["region"] == REGION
+    assert made_first["endpoint"] == aws.endpoint
+    assert made_first["credentials"] == ["local", "first"]
+    assert made_first["app_id"] == "one"
 
 
 def test_a_handler_error_comes_back_with_its_error_type_and_keeps_the_environment(
