@@ -19,7 +19,8 @@ own environment, so an import error there is still its own `Runtime.ImportModule
 also holds botocore's data files (service models, endpoints) that environments have parsed, each parsed
 once: a child's botocore loader takes a file from there instead of parsing it again (`_DataFiles`), and
 everything a client resolves from the environment (credentials, region, endpoint URL, user agent) it
-still resolves in the child, from its own variables, when it creates the client.
+still resolves in the child, from its own variables, when it creates the client. What the fork server
+holds is frozen (`gc.freeze`) before each fork, so a child's garbage collections never walk it.
 
 Every AWS call the function makes is first reported to the parent (`{"call": {service, operation,
 params}}`), which answers before it is sent: `{"proceed": true}` (send it), `{"error": <AWS error
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -320,6 +322,10 @@ def fork_server(sys_path: list[str], preload: list[str]) -> int:
         request = json.loads(message)
         with contextlib.suppress(Exception):  # not warmed, a child parses what it needs itself
             _DATA_FILES.warm(request["warm"])
+        # What this process holds (modules, parsed data files) goes to the collector's permanent
+        # generation, which a child's collections skip: they neither spend time on it nor touch, and so
+        # copy, its pages (the gc module's documentation: gc.freeze() "right before fork()").
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             control.close()
