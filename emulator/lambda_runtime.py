@@ -27,12 +27,13 @@ variables, one per set of artifacts, shared by the process's runtimes, ended at 
 every one of them from the layers and, of the code asset's, those of `PRELOADED_CODE` (modules whose
 import cannot depend on a function's environment), and every later environment is forked from it,
 given its function's variables and pipes, and imports its handler's module (from the code asset) and
-the rest of what that imports itself, under its own environment: 0.27 s for Plan's first invocation
-against 0.78 s anew (`make bench lambda_runtime`). The fork server also parses the botocore data files
-(service models, endpoints) that environments report they parsed, before it forks the next one, so a
-child's client takes them parsed; what a client resolves from the environment (credentials, region,
-endpoint URL, user agent) the child still resolves from its own (lambda_bootstrap.py `_DataFiles`).
-`fork_server=False` starts every environment anew.
+the rest of what that imports itself, under its own environment: 0.16 s for Plan's first invocation
+(0.30 s when the fork server held only the layers' modules) against about 0.9 s anew (`make bench
+lambda_runtime`). The fork server also parses the botocore data files (service models, endpoints) that
+environments report they parsed, before it forks the next one, so a child's client takes them parsed;
+what a client resolves from the environment (credentials, region, endpoint URL, user agent) the child
+still resolves from its own (lambda_bootstrap.py `_DataFiles`). `fork_server=False` starts every
+environment anew.
 
 A failed invocation raises `FunctionError`, whose class is named after Lambda's `errorType`
 (`ValueError`, `Runtime.ImportModuleError`, `Sandbox.Timedout`): a harness that reports `type(exc).__name__`
