@@ -26,7 +26,17 @@ from emulator.world import (
 )
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, eventually, job_of, settled
+from runner_pool.domain.records import InstanceRecord
+from tests.e2e.conftest import (
+    FAST_INSTANCES,
+    FAST_TIMERS,
+    LABEL,
+    accounted,
+    completed,
+    eventually,
+    job_of,
+    settled,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -118,8 +128,19 @@ def test_a_public_repositorys_job_never_gets_a_reused_instance_and_its_own_is_no
         lambda: system.timeline.first(Happening.TERMINATED, instance_id=public), "the public instance's end"
     )
     settled(system)
-    assert [r.instance_id for r in system.records.live()] == [private]
-    assert system.accounting().holds, system.accounting().problems
+    accounted(system)
+    live = system.records.live()
+    # (a record of the public instance still live here was seen once in about ten runs, 2026-11-27, and
+    # not reproduced in eight more: the message carries what the next one needs)
+    assert [r.instance_id for r in live] == [private], story(system, live, public)
+
+
+def story(system: World, live: list[InstanceRecord], instance_id: str) -> str:
+    """The live records and one instance's timeline, for a failure to say what happened."""
+    events = "\n".join(
+        f"  {e.at:.3f} {e.happening.value} {e.detail}".rstrip() for e in system.timeline.of(instance_id)
+    )
+    return f"live: {live!r}\n{instance_id}:\n{events}"
 
 
 def test_a_foreign_job_on_our_runner_gets_the_instance_quarantined(org: World) -> None:
