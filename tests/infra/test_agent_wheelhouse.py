@@ -129,6 +129,15 @@ def test_pip_refuses_a_wheel_that_is_not_the_one_pinned(
     assert "DO NOT MATCH THE HASHES" in result.stderr
 
 
+def digests_under(archive: zipfile.ZipFile, directory: str) -> dict[str, str]:
+    """The SHA-256 of each file the zip holds under `directory`, by its name there."""
+    return {
+        name.removeprefix(f"{directory}/"): hashlib.sha256(archive.read(name)).hexdigest()
+        for name in archive.namelist()
+        if name.startswith(f"{directory}/")
+    }
+
+
 def test_every_file_is_pinned_by_the_hash_uv_lock_records(
     wheelhouses: Mapping[Arch, AgentWheelhouse],
 ) -> None:
@@ -137,11 +146,7 @@ def test_every_file_is_pinned_by_the_hash_uv_lock_records(
         # Given a wheelhouse's files and requirements
         with zipfile.ZipFile(wheelhouse.path) as archive:
             requirements = archive.read("requirements.txt").decode()
-            digests = {
-                name.removeprefix("wheels/"): hashlib.sha256(archive.read(name)).hexdigest()
-                for name in archive.namelist()
-                if name.startswith("wheels/")
-            }
+            digests = digests_under(archive, "wheels")
         # Then each requirement is an exact pin, each file is pinned by its digest, and every
         # dependency's digest is the one uv.lock records for that file
         assert all("==" in line for line in requirements.splitlines() if line and not line.startswith(" ")), (
@@ -161,11 +166,7 @@ def test_the_wheelhouse_carries_the_locked_pip_to_install_with_but_not_to_instal
         # Given a wheelhouse's installer and requirements
         with zipfile.ZipFile(wheelhouse.path) as archive:
             requirements = archive.read("requirements.txt").decode()
-            installers = {
-                name.removeprefix(f"{INSTALLER_DIR}/"): hashlib.sha256(archive.read(name)).hexdigest()
-                for name in archive.namelist()
-                if name.startswith(f"{INSTALLER_DIR}/")
-            }
+            installers = digests_under(archive, INSTALLER_DIR)
         # Then it holds one pip wheel, the file and digest uv.lock records for the boot group's pin
         ((name, digest),) = installers.items()
         assert re.fullmatch(r"pip-[^-]+-py3-none-any\.whl", name), (arch, name)

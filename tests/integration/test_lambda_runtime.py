@@ -309,6 +309,12 @@ def test_an_environment_holds_the_code_asset_and_layers_alone_and_lambdas_variab
     assert 0 < seen["remaining_ms"] <= 30_000
 
 
+def of_the_code_asset(modules: list[str], artifacts: Artifacts) -> list[str]:
+    """Those of `modules` that the function's code asset holds (the rest are the layers')."""
+    packages = {entry.name for entry in artifacts.code.iterdir()}
+    return [name for name in modules if name.split(".")[0] in packages]
+
+
 def test_the_fork_server_preloads_of_the_code_asset_only_the_domain_modules_a_first_environment_loaded(
     stack: LambdaRuntime, artifacts: Artifacts
 ) -> None:
@@ -320,8 +326,7 @@ def test_the_fork_server_preloads_of_the_code_asset_only_the_domain_modules_a_fi
     assert preload is not None
 
     # Then of the code asset it holds only modules of PRELOADED_CODE, the domain's Plan imports among them
-    packages = {entry.name for entry in artifacts.code.iterdir()}
-    code = [name for name in preload if name.split(".")[0] in packages]
+    code = of_the_code_asset(preload, artifacts)
     assert PRELOADED_CODE == ("runner_pool.domain",)
     assert {"runner_pool.domain.executions", "runner_pool.domain.config"} <= set(code)
     assert [name for name in code if not name.startswith("runner_pool.domain.")] == ["runner_pool.domain"]
@@ -340,8 +345,7 @@ def test_importing_the_preloaded_code_reads_no_variable_of_the_functions_environ
     stack.invoke("plan", {"run_key": "pool=6/class=large", "cause": "run-6-attempt-1"})
     preload = fork_server_preload(artifacts)
     assert preload is not None
-    packages = {entry.name for entry in artifacts.code.iterdir()}
-    code = [name for name in preload if name.split(".")[0] in packages]
+    code = of_the_code_asset(preload, artifacts)
     layers = [name for name in preload if name not in code]
 
     # When each code module is imported after the layers, as the fork server does, with os.environ watched
