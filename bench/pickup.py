@@ -16,33 +16,23 @@ same verdict and check the match's record the same way, so the only difference m
 they use SQS: ours receives 10 at a time, deletes each batch with one call and sends misfits back
 with one call per batch; the baseline receives one message, deletes it, and sends it back alone.
 
-moto's SQS does per-message work that grows with the queue and that real SQS does not do: it
-reads its clock through datetime arithmetic (about 6 us a reading) several times for every message
-in the queue on each scan, and checks the retention period of each message it hands out by
-recomputing every queue attribute, three of which scan the whole queue. That cost is the same for
-both pickups; on stock moto it is nearly all of the wall time of each (about 110 s apiece for this
-queue) and hides how they use SQS. For the length of the run the bench gives moto's SQS module a
-clock read with time.time() and a retention check that reads the retention period alone; both give
-the same answers as before, and every other part of moto runs as shipped.
+moto's SQS does per-message work that grows with the queue and that real SQS does not do (its
+clock read through datetime arithmetic for every message on each scan, every queue attribute
+recomputed for each message handed out). On stock moto it is nearly all of the wall time of each
+pickup (about 110 s apiece for this queue) and hides how they use SQS; local AWS does neither
+(emulator/moto_speedups.py), with the same answers.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
-from unittest import mock
-
-from moto.core.utils import unix_time
-from moto.sqs.models import Message, SQSBackend
 
 from bench.results import BenchTable
 from emulator.aws import INSTANCE_ARNS, CallCounter, LocalAws, local_aws
 from emulator.instances import instance_facts, put_in_pool
-from emulator.moto_internals import patch_point
 from emulator.resources import create_pool_queues, create_state_table
 from runner_pool.adapters.pool_queues import PoolQueues
 from runner_pool.adapters.state_table import StateTable
@@ -61,7 +51,6 @@ PARTITION = PoolPartition("large", UsageClass.SPOT, Arch.X64)
 """The partition LABEL's hard keys choose: class large (the default), spot, x64 (the default)."""
 TARGET_CALLS_RATIO = 5.0
 TARGET_TIME_RATIO = 3.0
-_SQS = "moto.sqs.models:SQSBackend"
 
 MISFITS: list[dict[str, Any]] = [
     {"instance_type": "m7i.large"},
@@ -95,30 +84,8 @@ SMALL = {"misfits": 40, "behind": 400}
 
 
 def run(misfits: int = NON_MATCHING, behind: int = BEHIND) -> BenchTable:
-    with _without_moto_per_message_overheads(), local_aws() as aws:
+    with local_aws() as aws:
         return _measure(aws, misfits, behind)
-
-
-@contextmanager
-def _without_moto_per_message_overheads() -> Iterator[None]:
-    """moto's SQS with a cheap clock and a one-attribute retention check (see the module doc)."""
-
-    def clock_seconds(dt: datetime | None = None) -> float:
-        return time.time() if dt is None else unix_time(dt)
-
-    def clock_millis(dt: datetime | None = None) -> float:
-        return clock_seconds(dt) * 1000.0
-
-    def still_retained(backend: SQSBackend, queue_name: str, message: Message) -> bool:
-        retention_seconds = int(backend.get_queue(queue_name).message_retention_period)  # type: ignore[attr-defined]
-        return bool(retention_seconds + message.sent_timestamp / 1000 > clock_seconds())  # type: ignore[operator]
-
-    with (
-        mock.patch.object(*patch_point("moto.sqs.models:unix_time"), clock_seconds),
-        mock.patch.object(*patch_point("moto.sqs.models:unix_time_millis"), clock_millis),
-        mock.patch.object(*patch_point(f"{_SQS}.is_message_valid_based_on_retention_period"), still_retained),
-    ):
-        yield
 
 
 def _measure(aws: LocalAws, misfits: int, behind: int) -> BenchTable:

@@ -368,36 +368,44 @@ INTERNALS: tuple[Internal, ...] = (
         "with MOTO_AMIS_PATH set, an EC2 backend loads that file's images and no region's latest_amis",
         "4adae04303990d2c",
     ),
-    # The pickup benchmark's cheap SQS clock and retention check.
+    # SQS's cheap clock and retention check (local AWS's speedups).
     Internal(
         "moto.sqs.models:unix_time",
-        "bench/pickup.py",
-        "replaced for the run: SQS reads its clock in seconds through this module global, unix_time(dt)",
+        "emulator/moto_speedups.py",
+        "replaced: SQS reads its clock in seconds through this module global, unix_time(dt)",
         "c04224ad14c39581",
         signature="(dt)",
         read="moto.sqs.models",
     ),
     Internal(
         "moto.sqs.models:unix_time_millis",
-        "bench/pickup.py",
-        "replaced for the run: SQS reads its clock in ms through this module global, unix_time_millis(dt)",
+        "emulator/moto_speedups.py",
+        "replaced: SQS reads its clock in ms through this module global, unix_time_millis(dt)",
         "c04224ad14c39581",
         signature="(dt)",
         read="moto.sqs.models",
     ),
     Internal(
         "moto.sqs.models:Message",
-        "bench/pickup.py",
+        "emulator/moto_speedups.py",
         "read: a message's sent_timestamp is when it was sent, in milliseconds since the epoch",
         "e2ea9b18dc7ba5da",
         read="moto.sqs.models:Message.__init__",
     ),
     Internal(
         "moto.sqs.models:SQSBackend.is_message_valid_based_on_retention_period",
-        "bench/pickup.py",
-        "replaced for the run: (queue_name, message), compares the queue's retention with sent_timestamp",
+        "emulator/moto_speedups.py",
+        "replaced: (queue_name, message), compares the queue's retention with sent_timestamp",
         "828b4ee1efb0bfbd",
         signature="(self, queue_name, message)",
+    ),
+    Internal(
+        "moto.sqs.models:sqs_backends",
+        "tests/unit/test_moto_speedups.py",
+        "read: [account][region] is the SQS backend the server answers from; its `queues` dict by name, "
+        "each queue's `_messages` list of Message with `body` and `sent_timestamp`",
+        "8446f762e9f146e7",
+        read="moto.sqs.models:Queue.messages",
     ),
 )
 _BY_PATH = {internal.path: internal for internal in INTERNALS}
