@@ -155,6 +155,40 @@ def test_every_config_handed_over_has_an_id_of_its_own(store: RunnerCredentials)
     assert (loaded.config_id, loaded.jit_config) == (second, "second")
 
 
+def test_the_record_and_the_config_are_read_in_one_consistent_batch(
+    store: RunnerCredentials, state_table: StateTable, dynamodb: Any
+) -> None:
+    # Given ONE's record, claimed for RUN, and its config
+    state_table.create(builders.facts(instance_id=ONE), run_key=RUN)
+    config_id = store.store(ONE, arn_of(ONE), RUN, "config of run 1", runner_id=7)
+    calls: list[tuple[str, dict[str, Any]]] = []
+    dynamodb.meta.events.register(
+        "provide-client-params.dynamodb.*", lambda params, model, **_: calls.append((model.name, params))
+    )
+
+    # When both are read together
+    record, stored = store.read_with_record(ONE, arn_of(ONE))
+
+    # Then one consistent BatchGetItem brought the record and the config, which decrypts as stored
+    assert [name for name, _ in calls] == ["BatchGetItem"]
+    assert calls[0][1]["RequestItems"][TABLE_NAME]["ConsistentRead"] is True
+    assert record is not None
+    assert (record.instance_id, record.run_key) == (ONE, RUN)
+    assert stored is not None
+    assert (stored.config_id, stored.run_key, stored.runner_id) == (config_id, RUN, 7)
+    assert store.decrypt(stored, arn_of(ONE)).jit_config == "config of run 1"
+
+
+def test_reading_together_finds_what_is_there(store: RunnerCredentials, state_table: StateTable) -> None:
+    # Given no item of ONE / Then neither is found
+    assert store.read_with_record(ONE, arn_of(ONE)) == (None, None)
+    # Given its record only (an idle instance) / Then the record, and no config
+    state_table.create(builders.facts(instance_id=ONE), run_key=None)
+    record, stored = store.read_with_record(ONE, arn_of(ONE))
+    assert record is not None
+    assert stored is None
+
+
 def test_storing_without_a_key_is_a_programming_error(
     dynamodb: Any, clock: ManualClock, config: StackConfig
 ) -> None:

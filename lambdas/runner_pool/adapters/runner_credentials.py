@@ -5,8 +5,9 @@ for all its items, `sk` = `runner-config`), encrypted with KMS under the encrypt
 {"instance-arn": <instance ARN>}. The instance role may read only items whose key, and decrypt only
 under a context, equal to `${ec2:SourceInstanceARN}` of the caller, so an instance can read the
 ciphertext of no other instance, and could not decrypt it if it did. One ARN is both the key and
-the context, so they cannot disagree. The agent loads the item with a consistent read and decrypts
-it under its own ARN.
+the context, so they cannot disagree. The agent reads the item with a consistent read and decrypts
+it under its own ARN; woken by a notice, it reads the item and its record in one consistent
+BatchGetItem (`read_with_record`), which the instance role allows under the same condition as GetItem.
 
 KMS encrypts at most 4 KiB at a time and a JIT config is close to that, so the config is cut into
 chunks, each encrypted under the same context. The run key the config is for is kept beside it,
@@ -26,10 +27,18 @@ from botocore.exceptions import ClientError
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
+from runner_pool.adapters.backoff import Backoff, Unfinished
 from runner_pool.adapters.instance_arns import names_instance
-from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
+from runner_pool.adapters.state_table import (
+    PARTITION_KEY,
+    SORT_KEY,
+    STATE_ITEM,
+    TTL_ATTRIBUTE,
+    record_from_item,
+)
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import Timeouts
+from runner_pool.domain.records import InstanceRecord
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -72,6 +81,17 @@ class RunnerConfig:
     """When the control plane stored it: the agent reports how long the config waited to be heard."""
 
 
+@dataclass(frozen=True)
+class StoredConfig:
+    """A runner config as stored, not yet decrypted: what tells its hand-off, and its ciphertext."""
+
+    config_id: str
+    run_key: str
+    runner_id: int | None
+    stored_at: float | None
+    ciphertexts: tuple[bytes, ...] = field(repr=False)
+
+
 class RunnerCredentials:
     """Stores (control plane) and loads (agent) the encrypted JIT runner config of one instance."""
 
@@ -84,13 +104,16 @@ class RunnerCredentials:
         key_id: str | None = None,
         dynamodb: DynamoDBClient | None = None,
         kms: Any = None,
+        backoff: Backoff | None = None,
     ) -> None:
+        """`backoff` paces the retries of `read_with_record`'s unprocessed keys (botocore retries calls)."""
         self._table = table_name
         self._timeouts = timeouts
         self._clock = clock
         self._key_id = key_id
         self._dynamodb: DynamoDBClient = dynamodb or aws_clients.client("dynamodb")
         self._kms: Any = kms or aws_clients.client("kms")
+        self._backoff = backoff or Backoff()
 
     def store(
         self, instance_id: str, arn: str, run_key: str, jit_config: str, runner_id: int | None = None
@@ -146,23 +169,68 @@ class RunnerCredentials:
         Raises CredentialsUnreadableError when the config is there but KMS will not decrypt it under `arn`,
         and ServiceBusyError when DynamoDB or KMS kept throttling.
         """
+        stored = self.stored(instance_id, arn)
+        if stored is None or stored.run_key != run_key:
+            return None
+        return self.decrypt(stored, arn)
+
+    def stored(self, instance_id: str, arn: str) -> StoredConfig | None:
+        """The config stored for the instance, whatever its run, read consistently and not decrypted."""
         _check_arn(instance_id, arn)
         response = self._dynamodb.get_item(
             TableName=self._table,
             Key={PARTITION_KEY: {"S": arn}, SORT_KEY: {"S": RUNNER_CONFIG_ITEM}},
             ConsistentRead=True,
         )
-        item = response.get("Item")
-        if item is None or item.get(CONFIG_RUN_KEY_ATTRIBUTE, {}).get("S") != run_key:
-            return None
-        blobs = [entry["B"] for entry in item[CIPHERTEXT_ATTRIBUTE]["L"]]
-        runner = item.get(RUNNER_ID_ATTRIBUTE, {}).get("N")
+        return _stored_config(response.get("Item"))
+
+    def read_with_record(
+        self, instance_id: str, arn: str
+    ) -> tuple[InstanceRecord | None, StoredConfig | None]:
+        """The instance's record and the config stored for it, in one consistent BatchGetItem of exactly
+        those two items, where `StateTable.get` and `stored` would make two calls: what an agent woken by
+        a notice of its hand-over reads. Not atomic: each item is read consistently, so a config stored
+        before the record's read began (as the control plane stores it before it sends the notice) is seen.
+        """
+        _check_arn(instance_id, arn)
+        pending: dict[str, Any] = {
+            self._table: {
+                "Keys": [
+                    {PARTITION_KEY: {"S": arn}, SORT_KEY: {"S": kind}}
+                    for kind in (STATE_ITEM, RUNNER_CONFIG_ITEM)
+                ],
+                "ConsistentRead": True,
+            }
+        }
+        items: dict[str, Any] = {}
+
+        def fetch() -> None:
+            nonlocal pending
+            response = self._dynamodb.batch_get_item(RequestItems=pending)
+            items.update({item[SORT_KEY]["S"]: item for item in response["Responses"].get(self._table, [])})
+            pending = dict(response.get("UnprocessedKeys") or {})
+            if pending:
+                raise Unfinished(f"{len(pending[self._table]['Keys'])} keys unprocessed")
+
+        # A BatchGetItem can succeed and leave keys unprocessed (throttled reads), which botocore cannot see.
+        self._backoff.call(fetch)
+        state = items.get(STATE_ITEM)
+        return (None if state is None else record_from_item(state)), _stored_config(
+            items.get(RUNNER_CONFIG_ITEM)
+        )
+
+    def decrypt(self, stored: StoredConfig, arn: str) -> RunnerConfig:
+        """The stored config in plain text, decrypted under `arn`.
+
+        Raises CredentialsUnreadableError when KMS will not decrypt it under `arn`, and ServiceBusyError
+        when KMS kept throttling.
+        """
         return RunnerConfig(
-            config_id=item[CONFIG_ID_ATTRIBUTE]["S"],
-            run_key=run_key,
-            jit_config=b"".join(self._decrypt(blob, arn) for blob in blobs).decode(),
-            runner_id=None if runner is None else int(runner),
-            stored_at=float(item["stored_at"]["N"]) if "stored_at" in item else None,
+            config_id=stored.config_id,
+            run_key=stored.run_key,
+            jit_config=b"".join(self._decrypt(blob, arn) for blob in stored.ciphertexts).decode(),
+            runner_id=stored.runner_id,
+            stored_at=stored.stored_at,
         )
 
     def _encrypt(self, chunk: bytes, context: dict[str, str]) -> bytes:
@@ -192,6 +260,19 @@ class RunnerCredentials:
         """A config is of use only while the record it was handed out with can still register."""
         lifetime = max(self._timeouts.created_threshold_seconds, self._timeouts.claimed_threshold_seconds)
         return math.ceil(now + lifetime)
+
+
+def _stored_config(item: Any) -> StoredConfig | None:
+    if item is None or CONFIG_RUN_KEY_ATTRIBUTE not in item:
+        return None
+    runner = item.get(RUNNER_ID_ATTRIBUTE, {}).get("N")
+    return StoredConfig(
+        config_id=item[CONFIG_ID_ATTRIBUTE]["S"],
+        run_key=item[CONFIG_RUN_KEY_ATTRIBUTE]["S"],
+        runner_id=None if runner is None else int(runner),
+        stored_at=float(item["stored_at"]["N"]) if "stored_at" in item else None,
+        ciphertexts=tuple(entry["B"] for entry in item[CIPHERTEXT_ATTRIBUTE]["L"]),
+    )
 
 
 def _check_arn(instance_id: str, arn: str) -> None:

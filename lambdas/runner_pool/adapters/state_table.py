@@ -547,7 +547,7 @@ class StateTable:
             ConsistentRead=True,
         )
         item = response.get("Item")
-        return None if item is None else _to_record(item)
+        return None if item is None else record_from_item(item)
 
     def held_by(self, run_key: str) -> list[InstanceRecord]:
         """Every record holding `run_key` (claimed, running, or created for the run).
@@ -581,7 +581,7 @@ class StateTable:
             ExpressionAttributeValues={":partition": _value(partition.name), ":now": _value(cutoff)},
             Limit=STOPPED_READ_LIMIT,
         )
-        return [_to_record(item) for item in page.get("Items", [])]
+        return [record_from_item(item) for item in page.get("Items", [])]
 
     def live(self) -> list[InstanceRecord]:
         """Every record not terminated, whatever its threshold."""
@@ -654,7 +654,7 @@ class StateTable:
         heartbeat = items.get(HEARTBEAT_ITEM)
         signal = items.get(SIGNAL_ITEM)
         return InstanceView(
-            record=None if state is None else _to_record(state),
+            record=None if state is None else record_from_item(state),
             heartbeat=_heartbeat(instance_id, None if heartbeat is None else _from_item(heartbeat)),
             signal=_signal(instance_id, None if signal is None else _from_item(signal)),
         )
@@ -784,14 +784,14 @@ class StateTable:
             if current is not None and is_replay(current):
                 return TransitionResult(Outcome.REPLAYED, current)
             return TransitionResult(Outcome.LOST, current)
-        return TransitionResult(Outcome.APPLIED, _to_record(response["Attributes"]))
+        return TransitionResult(Outcome.APPLIED, record_from_item(response["Attributes"]))
 
     def _query(self, **request: Any) -> Iterator[InstanceRecord]:
         start: dict[str, Any] | None = None
         while True:
             page = self._query_page(request, start)
             for item in page.get("Items", []):
-                yield _to_record(item)
+                yield record_from_item(item)
             start = page.get("LastEvaluatedKey")
             if not start:
                 return
@@ -844,7 +844,7 @@ def _lost_race_record(exc: ClientError) -> InstanceRecord | None:
     if error_code(exc) != "ConditionalCheckFailedException":
         raise exc
     item = exc.response.get("Item")
-    return None if not item else _to_record(item)  # type: ignore[arg-type]
+    return None if not item else record_from_item(item)  # type: ignore[arg-type]
 
 
 def _key(partition_key: str, kind: str) -> dict[str, Any]:
@@ -878,6 +878,7 @@ def _number(value: Decimal) -> int | float:
     return int(value) if value == value.to_integral_value() else float(value)
 
 
-def _to_record(item: Mapping[str, Any]) -> InstanceRecord:
+def record_from_item(item: Mapping[str, Any]) -> InstanceRecord:
+    """The record an instance's `state` item holds (public for an adapter that reads it beside its own)."""
     fields = {k: v for k, v in _from_item(item).items() if k not in _BOOKKEEPING}
     return InstanceRecord.model_validate(fields)
