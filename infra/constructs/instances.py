@@ -5,7 +5,12 @@ The role lets an instance do exactly its side of the protocol and nothing else:
 - read and write only its own items of the state table: `dynamodb:LeadingKeys` must equal the
   `${ec2:SourceInstanceARN}` policy variable, which IAM resolves, for requests signed with an
   instance profile's credentials, to the ARN of the instance that made them; and of its writes
-  only the agent's items' attributes (heartbeat, signal), never a record of the control plane;
+  only the agent's items' attributes (heartbeat, signal), never a record of the control plane.
+  It reads one item (GetItem) or, woken by a notice, its record and its runner config together
+  (BatchGetItem, authorized as `dynamodb:BatchGetItem` on the table: Service Authorization
+  Reference, "Actions, resources, and condition keys for Amazon DynamoDB"), both under that one
+  condition; a batch's LeadingKeys are the partition keys of every item it names (DynamoDB Developer
+  Guide, specifying-conditions.html), so no batch reaches another instance's item;
 - decrypt only its own runner config: `kms:EncryptionContext:instance-arn` must equal the same
   `${ec2:SourceInstanceARN}`, and the control plane encrypts each config under the ARN of the
   instance it is for (runner_pool.adapters.runner_credentials);
@@ -233,7 +238,7 @@ class Instances(Construct):
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="ReadOwnItems",
-                actions=["dynamodb:GetItem"],
+                actions=["dynamodb:GetItem", "dynamodb:BatchGetItem"],
                 resources=[table.table_arn],
                 conditions=own_partition,
             )

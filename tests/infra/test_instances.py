@@ -52,6 +52,7 @@ ROLE = "AWS::IAM::Role"
 POLICY = "AWS::IAM::Policy"
 LAUNCH_TEMPLATE = "AWS::EC2::LaunchTemplate"
 EXPECTED_ACTIONS = {
+    "dynamodb:BatchGetItem",
     "dynamodb:GetItem",
     "dynamodb:PutItem",
     "kms:Decrypt",
@@ -188,7 +189,7 @@ def test_the_role_grants_only_the_agents_actions_and_none_by_wildcard(synthesis:
     # Given the synthesised instance role / When its statements are read
     statements = role_statements(synthesis)
 
-    # Then they allow exactly the agent's seven actions, none through a `*`
+    # Then they allow exactly the agent's eight actions, none through a `*`
     granted = {action for s in statements for action in actions(s)}
     assert granted == EXPECTED_ACTIONS
     assert all(s["Effect"] == "Allow" for s in statements)
@@ -213,11 +214,27 @@ def test_table_access_is_pinned_to_the_instances_own_partition(synthesis: Synthe
 
     # Then each names the table itself (no index, no other table) and requires every item's partition
     # key to be the calling instance, by IAM's policy variable
-    assert {tuple(actions(s)) for s in table_statements} == {("dynamodb:GetItem",), ("dynamodb:PutItem",)}
+    assert {tuple(sorted(actions(s))) for s in table_statements} == {
+        ("dynamodb:BatchGetItem", "dynamodb:GetItem"),
+        ("dynamodb:PutItem",),
+    }
     for table_statement in table_statements:
         assert table_statement["Resource"] == table_arn
         condition = table_statement["Condition"]["ForAllValues:StringEquals"]
         assert condition["dynamodb:LeadingKeys"] == [SOURCE_INSTANCE_ARN]
+
+
+def test_the_batch_read_is_allowed_exactly_as_the_single_read_is(synthesis: Synthesis) -> None:
+    # Given the synthesised read statement (an agent woken by a notice reads its record and its config in
+    # one BatchGetItem; SAR "Actions, resources, and condition keys for Amazon DynamoDB": BatchGetItem is
+    # authorized as dynamodb:BatchGetItem on the table, and dynamodb:LeadingKeys holds every key it names)
+    read = statement(synthesis, "ReadOwnItems")
+    # Then BatchGetItem shares GetItem's statement: the table alone, and every key the caller's own ARN
+    assert sorted(actions(read)) == ["dynamodb:BatchGetItem", "dynamodb:GetItem"]
+    assert read["Condition"] == {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [SOURCE_INSTANCE_ARN]}}
+    assert read["Resource"] == {
+        "Fn::GetAtt": [logical_id(synthesis.stack, synthesis.stack.state_table.table), "Arn"]
+    }
 
 
 def test_notices_are_received_from_the_instances_own_queue_only(synthesis: Synthesis) -> None:

@@ -147,6 +147,40 @@ def test_an_instance_decrypts_its_own_runner_config_and_not_another_instances(in
     assert "kms:EncryptionContext:instance-arn" in instances.check.denials()[1].explain()
 
 
+def test_an_instance_reads_its_record_and_config_in_one_batch_and_no_other_instances(
+    instances: Instances,
+) -> None:
+    # Given A's and B's records, each with its runner config stored
+    for instance_id in (instances.a, instances.b):
+        instances.plane_table.create(builders.facts(instance_id=instance_id), run_key="pool=1")
+        instances.plane_credentials.store(
+            instance_id, ARNS.arn(instance_id), "pool=1", f"config-for-{instance_id}"
+        )
+    # When A's agent reads its own record and config together / Then the instance role allows the batch
+    record, stored = instances.own_credentials.read_with_record(instances.a, ARNS.arn(instances.a))
+    assert record is not None
+    assert stored is not None
+    assert record.instance_id == instances.a
+    assert not instances.check.denials()
+    # When it reads B's pair, or its own record beside B's config / Then each batch is denied: every key of
+    # a batch must be A's own (ForAllValues over dynamodb:LeadingKeys)
+    with pytest.raises(ClientError, match="AccessDenied"):
+        instances.own_credentials.read_with_record(instances.b, ARNS.arn(instances.b))
+    mixed = {
+        TABLE_NAME: {
+            "Keys": [
+                {"pk": {"S": ARNS.arn(instances.a)}, "sk": {"S": "state"}},
+                {"pk": {"S": ARNS.arn(instances.b)}, "sk": {"S": "runner-config"}},
+            ],
+            "ConsistentRead": True,
+        }
+    }
+    with pytest.raises(ClientError, match="AccessDenied"):
+        instances.own_credentials._dynamodb.batch_get_item(RequestItems=mixed)
+    assert denied_operations(instances.check) == ["dynamodb:BatchGetItem", "dynamodb:BatchGetItem"]
+    assert all("dynamodb:LeadingKeys" in call.explain() for call in instances.check.denials())
+
+
 def test_an_instance_terminates_itself_and_no_other_instance(instances: Instances) -> None:
     # When A's agent terminates B / Then EC2 answers UnauthorizedOperation and B still runs
     with pytest.raises(ClientError, match="UnauthorizedOperation"):
