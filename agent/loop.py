@@ -7,6 +7,13 @@ will use this instance again". The agent reads it with a consistent read the mom
 read that fails (throttling, a network blip) is retried with growing pauses and never ends the
 loop, and nothing the loop does is repeated for the same hand-off.
 
+A notice is most often a hand-over (the control plane sends it once the config is stored), so the
+look it wakes reads the record and the runner config in one consistent BatchGetItem: a round trip
+fewer between the config stored and the runner started. The look of a watch period reads the record
+alone, and the config only when the record asks for a runner: an idle agent never reads its config.
+Either way the agent acts on what the record says, never on the notice, and a config that is not the
+one the record names (another run, another runner, one already used) is not started.
+
 A hand-off is a run key and the runner the control plane registered for it (the record notes the
 runner before the config is stored): the record naming another runner for the same run key is a
 new hand-off, served like one (issue 13, fix 5). A runner that exits before GitHub gave it a job
@@ -17,6 +24,8 @@ plane replaces it (issue 13, fix 8).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from functools import partial
 
 from agent.aws_errors import fault_of
 from agent.boot import run_pre_runner_script
@@ -33,7 +42,11 @@ from agent.runner_install import RunnerInstallError
 from agent.scrub import Scrub
 from agent.settings import AgentSettings
 from agent.termination import SelfTermination
-from runner_pool.adapters.runner_credentials import CredentialsUnreadableError, RunnerCredentials
+from runner_pool.adapters.runner_credentials import (
+    CredentialsUnreadableError,
+    RunnerCredentials,
+    StoredConfig,
+)
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.lifecycle import InstanceState
@@ -101,9 +114,10 @@ class Agent:
         self._log.info("agent started", instance_arn=self._identity.arn, notices=self._notices is not None)
         try:
             self.boot()
+            noticed = False
             while not stop.is_set() and not self._terminated:
                 # A notice ends the wait at once: the record changed in a way this agent must act on.
-                self._wakeup.wait(self.step())
+                noticed = self._wakeup.wait(self.step(noticed=noticed))
         finally:
             beat_stop.set()
             heartbeat.join(_HEARTBEAT_JOIN_SECONDS)
@@ -151,10 +165,11 @@ class Agent:
             self._log.warning("could not list docker's images at first boot", error=str(exc))
             return ()
 
-    def step(self) -> float:
-        """One look at the record and what follows from it; returns the seconds until the next look."""
+    def step(self, *, noticed: bool = False) -> float:
+        """One look at the record and what follows from it; returns the seconds until the next look.
+        `noticed`: woken by a notice, so the record and the runner config are read together."""
         try:
-            delay = self._watch()
+            delay = self._watch(noticed)
         except Exception as exc:
             self._failures += 1
             delay = min(
@@ -181,11 +196,20 @@ class Agent:
         self._failures = 0
         return delay
 
-    def _watch(self) -> float:
+    def _watch(self, noticed: bool) -> float:
         period = self._settings.watch_period_seconds
         self._outbox.flush()
         now = self._clock.now()
-        record = self._records.get(self._identity.instance_id)
+        stored_config: Callable[[], StoredConfig | None]
+        if noticed:
+            record, config = self._credentials.read_with_record(
+                self._identity.instance_id, self._identity.arn
+            )
+            stored_config = _read_already(config)
+        else:
+            record = self._records.get(self._identity.instance_id)
+            # Read only if the record asks for a runner: an idle look costs one GetItem.
+            stored_config = partial(self._credentials.stored, self._identity.instance_id, self._identity.arn)
         if record is None:
             if now - self._started_at >= self._settings.orphan_grace_seconds:
                 self._terminate("no record of this instance exists: nobody owns it")
@@ -196,11 +220,13 @@ class Agent:
             return period
         if self._terminate_if_due(now, record.threshold):
             return period
-        self._follow(record.run_key, record.runner_id)
+        self._follow(record.run_key, record.runner_id, stored_config)
         self._watch_runner()
         return period
 
-    def _follow(self, wanted: str | None, runner_id: int | None) -> None:
+    def _follow(
+        self, wanted: str | None, runner_id: int | None, stored_config: Callable[[], StoredConfig | None]
+    ) -> None:
         memory = self._memory.current
         serving = memory.serving_run_key
         handed_over_again = (
@@ -213,7 +239,7 @@ class Agent:
         if serving is not None and (serving != wanted or handed_over_again):
             self._release(serving)
         if wanted is not None and self._memory.current.serving_run_key is None:
-            self._register(wanted, runner_id)
+            self._register(wanted, runner_id, stored_config)
 
     def _watch_runner(self) -> None:
         """A runner that exited before it took a job: say so once, for the control plane to replace it."""
@@ -226,7 +252,9 @@ class Agent:
         self._log.bind(run_key=serving).warning(reason)
         self._outbox.send(Signal.UD_REG_FAILED, serving, reason)
 
-    def _register(self, run_key: str, runner_id: int | None = None) -> None:
+    def _register(
+        self, run_key: str, runner_id: int | None, stored_config: Callable[[], StoredConfig | None]
+    ) -> None:
         log = self._log.bind(run_key=run_key)
         memory = self._memory.current
         refusal = memory.boot_failure or memory.scrub_failure
@@ -235,19 +263,24 @@ class Agent:
             self._memory.update(serving_run_key=run_key)
             self._outbox.send(Signal.UD_REG_FAILED, run_key, f"not registering: {refusal}")
             return
-        try:
-            config = self._credentials.load(self._identity.instance_id, self._identity.arn, run_key)
-        except CredentialsUnreadableError as exc:
-            self._memory.update(serving_run_key=run_key)
-            log.error("runner config unreadable", reason=str(exc))
-            self._outbox.send(Signal.UD_REG_FAILED, run_key, str(exc))
-            return
-        stale = runner_id is not None and config is not None and config.runner_id not in (None, runner_id)
-        if config is None or stale or config.config_id == self._memory.current.used_config_id:
+        stored = stored_config()
+        if (
+            stored is None
+            or stored.run_key != run_key
+            or (runner_id is not None and stored.runner_id not in (None, runner_id))
+            or stored.config_id == memory.used_config_id
+        ):
             # None yet, or the config of an earlier hand-off: the one the record names is on its way.
             if self._awaiting_config_for != run_key:
                 log.info("claimed; waiting for the runner config")
                 self._awaiting_config_for = run_key
+            return
+        try:
+            config = self._credentials.decrypt(stored, self._identity.arn)
+        except CredentialsUnreadableError as exc:
+            self._memory.update(serving_run_key=run_key)
+            log.error("runner config unreadable", reason=str(exc))
+            self._outbox.send(Signal.UD_REG_FAILED, run_key, str(exc))
             return
         # Remembered before the runner starts: whatever happens next, no second runner for this hand-off.
         self._memory.update(
@@ -318,3 +351,7 @@ class Agent:
     def _terminate(self, reason: str) -> None:
         self._termination.terminate(reason)
         self._terminated = True
+
+
+def _read_already(config: StoredConfig | None) -> Callable[[], StoredConfig | None]:
+    return lambda: config

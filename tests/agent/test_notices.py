@@ -9,6 +9,7 @@ calls are checked against the synthesized instance role, whose receive condition
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import boto3
 import pytest
@@ -19,7 +20,7 @@ from emulator.aws import ACCOUNT
 from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.domain import notices
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, jit_config
+from tests.agent.conftest import AgentFactory, ControlPlane, config_id, eventually, jit_config
 from tests.conftest import REGION
 
 RUN = "pool=778/class=large"
@@ -38,12 +39,33 @@ def queues(aws: None, identity: InstanceIdentity) -> NoticeQueues:
     )
 
 
-def claimed_and_handed_over(control_plane: ControlPlane) -> None:
+def claimed_and_handed_over(
+    control_plane: ControlPlane, config: str | None = None, runner_id: int = 21
+) -> None:
     control_plane.claim(RUN, config=None)
     assert control_plane.records.record_runner(control_plane.instance_id, RUN, 21).succeeded
     control_plane.credentials.store(
-        control_plane.instance_id, control_plane.identity.arn, RUN, jit_config(), runner_id=21
+        control_plane.instance_id,
+        control_plane.identity.arn,
+        RUN,
+        config or jit_config(),
+        runner_id=runner_id,
     )
+
+
+def reads_of(dynamodb: Any) -> list[tuple[str, tuple[str, ...]]]:
+    """From now on, each read the client makes: its operation and the sort keys of the items it names."""
+    reads: list[tuple[str, tuple[str, ...]]] = []
+
+    def note(params: dict[str, Any], model: Any, **_: Any) -> None:
+        if model.name == "GetItem":
+            reads.append((model.name, (params["Key"]["sk"]["S"],)))
+        elif model.name == "BatchGetItem":
+            keys = [key for request in params["RequestItems"].values() for key in request["Keys"]]
+            reads.append((model.name, tuple(key["sk"]["S"] for key in keys)))
+
+    dynamodb.meta.events.register("provide-client-params.dynamodb.*", note)
+    return reads
 
 
 def test_a_notice_wakes_the_agent_long_before_its_watch_period(
@@ -71,6 +93,65 @@ def test_a_notice_wakes_the_agent_long_before_its_watch_period(
         QueueUrl=queues.url(control_plane.instance_id), AttributeNames=["ApproximateNumberOfMessages"]
     )
     assert attributes["Attributes"]["ApproximateNumberOfMessages"] == "0"
+
+
+def test_a_notice_is_answered_with_one_read_of_the_record_and_its_config(
+    control_plane: ControlPlane, agents: AgentFactory, queues: NoticeQueues
+) -> None:
+    # Given an idle pooled instance whose agent reads its record only every 30 s, claimed and handed over
+    control_plane.launch_for_pool()
+    assert queues.open([control_plane.instance_id]) == []
+    running = agents.start(
+        notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=SLOW_WATCH
+    )
+    control_plane.await_signal(Signal.UD_OK, None)
+    time.sleep(0.5)
+    claimed_and_handed_over(control_plane)
+    reads = reads_of(running.dynamodb)
+    # When the notice is sent
+    assert queues.notify(control_plane.instance_id) is None
+    control_plane.await_signal(Signal.UD_REG_OK, RUN, timeout=5.0)
+    # Then the agent read its record and its config in one consistent BatchGetItem, and nothing else
+    # (every GetItem or BatchGetItem is a round trip between the notice and the runner's start)
+    assert reads == [("BatchGetItem", ("state", "runner-config"))]
+
+
+def test_the_periodic_look_reads_the_record_alone(control_plane: ControlPlane, agents: AgentFactory) -> None:
+    # Given an idle pooled instance whose agent has no notice queue and looks every 50 ms
+    control_plane.launch_for_pool()
+    running = agents.start()
+    control_plane.await_signal(Signal.UD_OK, None)
+    # When it looks several times without a notice
+    reads = reads_of(running.dynamodb)
+    eventually(lambda: len(reads) >= 5, what="five looks")
+    # Then each look is one GetItem of its record: an idle agent never reads its config (its idle cost)
+    assert set(reads) == {("GetItem", ("state",))}
+
+
+def test_a_notice_with_a_config_of_another_runner_waits_for_the_one_the_record_names(
+    control_plane: ControlPlane, agents: AgentFactory, queues: NoticeQueues
+) -> None:
+    # Given an idle agent that reads its record only every 30 s, and a record naming runner 21 while the
+    # config stored is runner 20's (a registration the control plane replaced)
+    control_plane.launch_for_pool()
+    assert queues.open([control_plane.instance_id]) == []
+    running = agents.start(
+        notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=SLOW_WATCH
+    )
+    control_plane.await_signal(Signal.UD_OK, None)
+    claimed_and_handed_over(control_plane, runner_id=20)
+    # When a notice is sent / Then the agent starts no runner from that config
+    assert queues.notify(control_plane.instance_id) is None
+    time.sleep(1.0)
+    assert running.runner_starts == []
+    # And when runner 21's config is stored and noticed / Then the agent starts it
+    config = jit_config()
+    control_plane.credentials.store(
+        control_plane.instance_id, control_plane.identity.arn, RUN, config, runner_id=21
+    )
+    assert queues.notify(control_plane.instance_id) is None
+    control_plane.await_signal(Signal.UD_REG_OK, RUN, timeout=5.0)
+    assert running.runner_starts == [config_id(config)]
 
 
 def test_an_agent_without_a_queue_still_serves_its_claim_at_its_watch_period(
