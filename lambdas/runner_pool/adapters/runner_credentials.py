@@ -27,13 +27,14 @@ from botocore.exceptions import ClientError
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
-from runner_pool.adapters.backoff import Backoff, Unfinished
+from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.instance_arns import names_instance
 from runner_pool.adapters.state_table import (
     PARTITION_KEY,
     SORT_KEY,
     STATE_ITEM,
     TTL_ATTRIBUTE,
+    read_together,
     record_from_item,
 )
 from runner_pool.domain.clock import Clock
@@ -189,35 +190,16 @@ class RunnerCredentials:
     ) -> tuple[InstanceRecord | None, StoredConfig | None]:
         """The instance's record and the config stored for it, in one consistent BatchGetItem of exactly
         those two items, where `StateTable.get` and `stored` would make two calls: what an agent woken by
-        a notice of its hand-over reads. Not atomic: each item is read consistently, so a config stored
-        before the record's read began (as the control plane stores it before it sends the notice) is seen.
+        a notice of its hand-over reads. Not a transaction, but each item is read consistently: a config
+        stored before the notice was sent (the control plane sends it only then) is found.
         """
         _check_arn(instance_id, arn)
-        pending: dict[str, Any] = {
-            self._table: {
-                "Keys": [
-                    {PARTITION_KEY: {"S": arn}, SORT_KEY: {"S": kind}}
-                    for kind in (STATE_ITEM, RUNNER_CONFIG_ITEM)
-                ],
-                "ConsistentRead": True,
-            }
-        }
-        items: dict[str, Any] = {}
-
-        def fetch() -> None:
-            nonlocal pending
-            response = self._dynamodb.batch_get_item(RequestItems=pending)
-            items.update({item[SORT_KEY]["S"]: item for item in response["Responses"].get(self._table, [])})
-            pending = dict(response.get("UnprocessedKeys") or {})
-            if pending:
-                raise Unfinished(f"{len(pending[self._table]['Keys'])} keys unprocessed")
-
-        # A BatchGetItem can succeed and leave keys unprocessed (throttled reads), which botocore cannot see.
-        self._backoff.call(fetch)
-        state = items.get(STATE_ITEM)
-        return (None if state is None else record_from_item(state)), _stored_config(
-            items.get(RUNNER_CONFIG_ITEM)
-        )
+        keys = [
+            {PARTITION_KEY: {"S": arn}, SORT_KEY: {"S": kind}} for kind in (STATE_ITEM, RUNNER_CONFIG_ITEM)
+        ]
+        items = read_together(self._dynamodb, self._table, keys, self._backoff)
+        state, config = items.get(STATE_ITEM), items.get(RUNNER_CONFIG_ITEM)
+        return (None if state is None else record_from_item(state)), _stored_config(config)
 
     def decrypt(self, stored: StoredConfig, arn: str) -> RunnerConfig:
         """The stored config in plain text, decrypted under `arn`.

@@ -631,25 +631,12 @@ class StateTable:
         """The record, heartbeat and signal together: one consistent BatchGetItem of exactly those three
         items, where `get`, `read_heartbeat` and `read_signal` would make three calls."""
         kinds = (STATE_ITEM, HEARTBEAT_ITEM, SIGNAL_ITEM)
-        pending: dict[str, Any] = {
-            self._table: {
-                "Keys": [self._instance_key(instance_id, kind) for kind in kinds],
-                "ConsistentRead": True,
-            }
-        }
-        items: dict[str, Mapping[str, Any]] = {}
-
-        def fetch() -> None:
-            nonlocal pending
-            response = self._client.batch_get_item(RequestItems=pending)
-            items.update({item[SORT_KEY]["S"]: item for item in response["Responses"].get(self._table, [])})
-            pending = dict(response.get("UnprocessedKeys") or {})
-            if pending:
-                raise Unfinished(f"{len(pending[self._table]['Keys'])} keys unprocessed")
-
-        # The one whole operation retried here: a BatchGetItem that succeeded but left keys unprocessed
-        # (it does when some reads are throttled), which botocore's retries cannot see.
-        self._backoff.call(fetch)
+        items = read_together(
+            self._client,
+            self._table,
+            [self._instance_key(instance_id, kind) for kind in kinds],
+            self._backoff,
+        )
         state = items.get(STATE_ITEM)
         heartbeat = items.get(HEARTBEAT_ITEM)
         signal = items.get(SIGNAL_ITEM)
@@ -821,6 +808,28 @@ class StateTable:
 
     def _expiry(self, now: Epoch) -> int:
         return int(now) + self._timeouts.terminated_retention_days * 86_400
+
+
+def read_together(
+    client: DynamoDBClient, table: str, keys: list[dict[str, Any]], backoff: Backoff
+) -> dict[str, Mapping[str, Any]]:
+    """The items of one instance that `keys` name, by sort key, from one consistent BatchGetItem (and
+    another for any key it left unprocessed); an item that does not exist is absent."""
+    pending: dict[str, Any] = {table: {"Keys": keys, "ConsistentRead": True}}
+    items: dict[str, Mapping[str, Any]] = {}
+
+    def fetch() -> None:
+        nonlocal pending
+        response = client.batch_get_item(RequestItems=pending)
+        items.update({item[SORT_KEY]["S"]: item for item in response["Responses"].get(table, [])})
+        pending = dict(response.get("UnprocessedKeys") or {})
+        if pending:
+            raise Unfinished(f"{len(pending[table]['Keys'])} keys unprocessed")
+
+    # The one whole operation retried here: a BatchGetItem that succeeded but left keys unprocessed
+    # (it does when some reads are throttled), which botocore's retries cannot see.
+    backoff.call(fetch)
+    return items
 
 
 def _heartbeat(instance_id: str, item: Mapping[str, Any] | None) -> Heartbeat | None:
