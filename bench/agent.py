@@ -51,6 +51,8 @@ from runner_pool.prices import HOURS_PER_MONTH
 WINDOW_SECONDS = 90.0
 """Three heartbeats, six record reads and four or five long polls at the default periods."""
 MINUTES_PER_MONTH = HOURS_PER_MONTH * 60
+AGENT_BATCH_ITEMS = 2
+"""The items of the agent's one batch read, woken by a notice: its record and its runner config."""
 TARGET_IDLE_DYNAMODB_DOLLARS_PER_MONTH = 0.13
 """Issue 15: at least 5x below the $0.65 of the agent that read its record every second."""
 TABLE = "bench-agent-state"
@@ -89,9 +91,12 @@ class Window:
     @property
     def dynamodb_dollars_per_month(self) -> float:
         """At on-demand list prices: a consistent GetItem of an item under 4 KB is one read request unit,
-        a PutItem under 1 KB one write request unit (DynamoDB Developer Guide, "Read/write capacity mode")."""
-        reads = sum(n for name, n in self.by_operation.items() if name.startswith("dynamodb:Get"))
-        writes = self.dynamodb_per_minute - reads
+        a PutItem under 1 KB one write request unit (DynamoDB Developer Guide, "Read/write capacity mode");
+        a BatchGetItem is billed per item it reads, and the agent's names two (its record, its config)."""
+        gets = sum(n for name, n in self.by_operation.items() if name.startswith("dynamodb:Get"))
+        batches = self.by_operation.get("dynamodb:BatchGetItem", 0.0)
+        writes = self.dynamodb_per_minute - gets - batches
+        reads = gets + AGENT_BATCH_ITEMS * batches
         return (reads * DYNAMODB_PER_READ + writes * DYNAMODB_PER_WRITE) * MINUTES_PER_MONTH
 
     @property
