@@ -20,7 +20,7 @@ from emulator.aws import ACCOUNT
 from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.domain import notices
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, config_id, eventually, jit_config
+from tests.agent.conftest import AgentFactory, ControlPlane, RunningAgent, config_id, eventually, jit_config
 from tests.conftest import REGION
 
 RUN = "pool=778/class=large"
@@ -68,14 +68,29 @@ def reads_of(dynamodb: Any) -> list[tuple[str, tuple[str, ...]]]:
     return reads
 
 
+def listening_agent(
+    control_plane: ControlPlane, agents: AgentFactory, queues: NoticeQueues
+) -> tuple[RunningAgent, list[tuple[str, tuple[str, ...]]]]:
+    """An idle pooled instance whose agent reads its record only every 30 s, its notice queue open, once
+    its first look is done; and the reads its agent makes from then on."""
+    control_plane.launch_for_pool()
+    assert queues.open([control_plane.instance_id]) == []
+    running = agents.build(
+        notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=SLOW_WATCH
+    )
+    reads = reads_of(running.dynamodb)
+    agents.started.append(running.start())
+    control_plane.await_signal(Signal.UD_OK, None)
+    eventually(lambda: bool(reads), what="the agent's first look at its record")
+    reads.clear()
+    return running, reads
+
+
 def test_a_notice_wakes_the_agent_long_before_its_watch_period(
     control_plane: ControlPlane, agents: AgentFactory, queues: NoticeQueues
 ) -> None:
     # Given an idle pooled instance whose agent reads its record only every 30 s, with its notice queue open
-    control_plane.launch_for_pool()
-    assert queues.open([control_plane.instance_id]) == []
-    agents.start(notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=SLOW_WATCH)
-    control_plane.await_signal(Signal.UD_OK, None)
+    listening_agent(control_plane, agents, queues)
     # When it is claimed and handed its config, and nothing is sent yet
     claimed_and_handed_over(control_plane)
     time.sleep(1.0)
@@ -99,15 +114,8 @@ def test_a_notice_is_answered_with_one_read_of_the_record_and_its_config(
     control_plane: ControlPlane, agents: AgentFactory, queues: NoticeQueues
 ) -> None:
     # Given an idle pooled instance whose agent reads its record only every 30 s, claimed and handed over
-    control_plane.launch_for_pool()
-    assert queues.open([control_plane.instance_id]) == []
-    running = agents.start(
-        notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=SLOW_WATCH
-    )
-    control_plane.await_signal(Signal.UD_OK, None)
-    time.sleep(0.5)
+    _, reads = listening_agent(control_plane, agents, queues)
     claimed_and_handed_over(control_plane)
-    reads = reads_of(running.dynamodb)
     # When the notice is sent
     assert queues.notify(control_plane.instance_id) is None
     control_plane.await_signal(Signal.UD_REG_OK, RUN, timeout=5.0)
@@ -133,16 +141,12 @@ def test_a_notice_with_a_config_of_another_runner_waits_for_the_one_the_record_n
 ) -> None:
     # Given an idle agent that reads its record only every 30 s, and a record naming runner 21 while the
     # config stored is runner 20's (a registration the control plane replaced)
-    control_plane.launch_for_pool()
-    assert queues.open([control_plane.instance_id]) == []
-    running = agents.start(
-        notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=SLOW_WATCH
-    )
-    control_plane.await_signal(Signal.UD_OK, None)
+    running, reads = listening_agent(control_plane, agents, queues)
     claimed_and_handed_over(control_plane, runner_id=20)
-    # When a notice is sent / Then the agent starts no runner from that config
+    # When a notice is sent / Then the agent reads both and starts no runner from that config (the last
+    # check below proves it: the one runner started is runner 21's)
     assert queues.notify(control_plane.instance_id) is None
-    time.sleep(1.0)
+    eventually(lambda: ("BatchGetItem", ("state", "runner-config")) in reads, what="the notice's look")
     assert running.runner_starts == []
     # And when runner 21's config is stored and noticed / Then the agent starts it
     config = jit_config()
