@@ -85,6 +85,15 @@ def launched(system: World) -> list[str]:
     return [e.instance_id or "" for e in system.timeline.events() if e.happening is Happening.LAUNCHED]
 
 
+def story(system: World) -> str:
+    """The timeline, one line an event, for a failed assertion: which instance did what, when."""
+    events = system.events()
+    start = events[0].at if events else 0.0
+    return "\n".join(
+        f"{e.at - start:7.2f} {e.happening:<12} {e.instance_id or '':<20} {e.job or ''} {e.detail}" for e in events
+    )
+
+
 def test_two_repositories_jobs_never_share_an_instance_under_the_default_scope(org: World) -> None:
     # Given a job of repository app that ran, its instance back in the pool
     first = run_in(org, APP, "build")
@@ -95,9 +104,9 @@ def test_two_repositories_jobs_never_share_an_instance_under_the_default_scope(o
     again = run_in(org, APP, "test")
 
     # Then lib's job ran on an instance of its own, and app's second job reused app's instance
-    assert instance_of(org, other) != instance_of(org, first)
-    assert instance_of(org, again) == instance_of(org, first)
-    assert len(launched(org)) == 2
+    assert instance_of(org, other) != instance_of(org, first), story(org)
+    assert instance_of(org, again) == instance_of(org, first), story(org)
+    assert len(launched(org)) == 2, story(org)
     # And every runner was registered at its job's repository, none at the organisation
     calls = org.github.state.calls
     assert calls[REPOSITORY_JIT] == 3
