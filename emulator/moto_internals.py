@@ -399,6 +399,29 @@ INTERNALS: tuple[Internal, ...] = (
         "828b4ee1efb0bfbd",
         signature="(self, queue_name, message)",
     ),
+    # EC2's tags of one resource, read by its id (local AWS's speedups).
+    Internal(
+        "moto.ec2.models.core:TaggedEC2Resource.get_tags",
+        "emulator/moto_speedups.py",
+        "replaced: (self) -> describe_tags(filters={'resource-id': [self.id]}) when self.id, else []",
+        "b553f9d0294b3388",
+        signature="(self)",
+    ),
+    Internal(
+        "moto.ec2.models.tags:TagBackend.describe_tags",
+        "emulator/moto_speedups.py",
+        "read: a resource-id filter is fnmatch.translate(id) matched against each key of self.tags (a "
+        "dict of resource id to {key: value}); each tag as {resource_id, key, value, resource_type}, "
+        "resource_type EC2_PREFIX_TO_RESOURCE.get(get_prefix(id), ''), in self.tags' order",
+        "637f58e6a83efa35",
+    ),
+    Internal(
+        "moto.ec2.utils:get_prefix",
+        "emulator/moto_speedups.py",
+        "called: (resource_id) -> its prefix, the key of EC2_PREFIX_TO_RESOURCE",
+        "1e9055eb6d65f241",
+        signature="(resource_id)",
+    ),
     Internal(
         "moto.sqs.models:sqs_backends",
         "tests/unit/test_moto_speedups.py",

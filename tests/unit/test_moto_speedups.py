@@ -19,7 +19,7 @@ from moto.core.utils import unix_time
 from moto.dynamodb.responses import DynamoResult
 from moto.sqs.models import sqs_backends
 
-from emulator.aws import REGION, LocalAws, local_aws
+from emulator.aws import ACCOUNT, REGION, LocalAws, local_aws
 from emulator.moto_internals import patch_point, resolve
 from emulator.moto_speedups import ITEM_OPERATIONS
 
@@ -240,3 +240,47 @@ def test_sqs_clock_is_motos_clock() -> None:
         assert abs(millis() / 1000 - unix_time()) < 0.05
         instant = datetime(2026, 11, 27, 9, 30, 1, 250000)
         assert seconds(instant) == unix_time(instant)
+
+
+def test_an_ec2_resources_tags_are_read_by_id_as_moto_lists_them() -> None:
+    # Given instances tagged at launch and afterwards (one tag overwritten, one deleted), one untagged, one
+    # terminated, and other tagged resources of the region (a launch template, a volume)
+    motos = resolve("moto.ec2.models.core:TaggedEC2Resource.get_tags")
+    with local_aws() as aws:
+        ec2 = aws.client("ec2")
+        image = ec2.describe_images()["Images"][0]["ImageId"]
+        tagged = [
+            {"ResourceType": "instance", "Tags": [{"Key": "stack", "Value": "s"}, {"Key": "b", "Value": "1"}]}
+        ]
+        launched = [
+            ec2.run_instances(ImageId=image, MinCount=2, MaxCount=2, TagSpecifications=tagged)["Instances"],
+            ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)["Instances"],
+        ]
+        ids = [i["InstanceId"] for batch in launched for i in batch]
+        ec2.create_tags(Resources=ids[:1], Tags=[{"Key": "a", "Value": "x"}, {"Key": "b", "Value": "2"}])
+        ec2.delete_tags(Resources=ids[1:2], Tags=[{"Key": "b"}])
+        ec2.terminate_instances(InstanceIds=ids[1:2])
+        ec2.create_launch_template(
+            LaunchTemplateName="lt",
+            LaunchTemplateData={"ImageId": image},
+            TagSpecifications=[{"ResourceType": "launch-template", "Tags": [{"Key": "stack", "Value": "s"}]}],
+        )
+        volume = ec2.create_volume(AvailabilityZone=f"{REGION}a", Size=8)["VolumeId"]
+        ec2.create_tags(Resources=[volume], Tags=[{"Key": "stack", "Value": "s"}])
+        backend = resolve("moto.ec2.models:ec2_backends")[ACCOUNT][REGION]
+        resources = [i for r in backend.reservations.values() for i in r.instances]
+        resources += [*backend.launch_templates.values(), backend.get_volume(volume)]
+
+        # When each one's tags are read / Then they are moto's very list, in its order
+        for resource in resources:
+            assert resource.get_tags() == motos(resource), resource.id
+        assert resolve("moto.ec2.models.core:TaggedEC2Resource.get_tags") is not motos
+        first = next(i for i in resources if i.id == ids[0])
+        assert [(t["key"], t["value"], t["resource_type"]) for t in first.get_tags()] == [
+            ("stack", "s", "instance"),
+            ("b", "2", "instance"),
+            ("a", "x", "instance"),
+        ]
+        # And DescribeInstances filters on them as before
+        found = ec2.describe_instances(Filters=[{"Name": "tag:b", "Values": ["1", "2"]}])["Reservations"]
+        assert sorted(i["InstanceId"] for r in found for i in r["Instances"]) == sorted(ids[:1])
