@@ -28,8 +28,9 @@ RUNS = 10
 TIMEOUT_SECONDS = 1800.0
 
 SMALL = {"jobs": 20}
-"""`python -m bench --small`'s size; make test runs it at 40 on the world of its own e2e test
-(tests/e2e/test_github_resilience.py), which then checks that world settles and accounts."""
+"""`python -m bench --small`'s size; make test runs it at its full 300 (as burst_1000's small size) on the
+world of its own e2e test (tests/e2e/test_github_resilience.py), which then checks that world settles
+and accounts."""
 
 
 def run(

@@ -7,7 +7,6 @@ each live record an instance)."""
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -38,14 +37,11 @@ from tests.e2e.conftest import (
 
 pytestmark = pytest.mark.slow
 
-BURST_JOBS = 300 if os.environ.get("RUNNER_POOL_E2E_FULL_BURST") == "1" else bench_burst_1000.SMALL["jobs"]
-BURST_RUNS = 10 if BURST_JOBS == 300 else bench_burst_1000.SMALL["runs"]
-"""The issue asks for 300 in make test; on the shared 2-core machine 300 jobs are served in 172 s (the
-test takes 184 s with its settling and accounting; idle machine, with notices: the agents no longer
-poll their records every second). Before notices: 233 s and 288 s. This process's one core is the
-ceiling, so make test runs issue 15's 1,000-job burst at its small size (40 jobs in 4 runs, about 50 s)
-until the emulator carries 300 instances in 60 to 90 s; RUNNER_POOL_E2E_FULL_BURST=1 runs the issue's
-300, and `make bench` measures 300 and 1,000."""
+BURST_JOBS = bench_burst_1000.SMALL["jobs"]
+BURST_RUNS = bench_burst_1000.SMALL["runs"]
+"""Issue 13's 300 jobs, in 10 runs of a 30-job matrix: served in 147 s, the test 172 s with its settling
+and accounting, on an idle 2-core machine (2026-11-27, after local AWS read EC2 tags by id and the
+timeline looked at records every 5 s in a burst). `make bench` measures 300 and 1,000."""
 
 
 @pytest.fixture

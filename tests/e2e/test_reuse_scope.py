@@ -85,12 +85,13 @@ def launched(system: World) -> list[str]:
     return [e.instance_id or "" for e in system.timeline.events() if e.happening is Happening.LAUNCHED]
 
 
-def story(system: World) -> str:
-    """The timeline, one line an event, for a failed assertion: which instance did what, when."""
+def whole_story(system: World) -> str:
+    """The whole timeline, one line an event, for a failed assertion: which instance did what, when."""
     events = system.events()
     start = events[0].at if events else 0.0
     return "\n".join(
-        f"{e.at - start:7.2f} {e.happening:<12} {e.instance_id or '':<20} {e.job or ''} {e.detail}" for e in events
+        f"{e.at - start:7.2f} {e.happening:<12} {e.instance_id or '':<20} {e.job or ''} {e.detail}"
+        for e in events
     )
 
 
@@ -104,9 +105,9 @@ def test_two_repositories_jobs_never_share_an_instance_under_the_default_scope(o
     again = run_in(org, APP, "test")
 
     # Then lib's job ran on an instance of its own, and app's second job reused app's instance
-    assert instance_of(org, other) != instance_of(org, first), story(org)
-    assert instance_of(org, again) == instance_of(org, first), story(org)
-    assert len(launched(org)) == 2, story(org)
+    assert instance_of(org, other) != instance_of(org, first), whole_story(org)
+    assert instance_of(org, again) == instance_of(org, first), whole_story(org)
+    assert len(launched(org)) == 2, whole_story(org)
     # And every runner was registered at its job's repository, none at the organisation
     calls = org.github.state.calls
     assert calls[REPOSITORY_JIT] == 3
