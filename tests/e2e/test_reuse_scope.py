@@ -110,7 +110,7 @@ def test_two_repositories_jobs_never_share_an_instance_under_the_default_scope(o
     assert len(launched(org)) == 2, whole_story(org)
     # And every runner was registered at its job's repository, none at the organisation
     calls = org.github.state.calls
-    assert calls[REPOSITORY_JIT] == 3
+    assert calls[REPOSITORY_JIT] == 3, whole_story(org)
     assert calls[ORGANISATION_JIT] == 0
     settled(org)
     assert {r.repository for r in org.records.live()} == {APP, LIB}
