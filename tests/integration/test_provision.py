@@ -18,6 +18,7 @@ from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import REDRIVE_LIMIT
 from runner_pool.domain.records import InstanceRecord
+from runner_pool.domain.release import ReleaseItem, ReleaseStatus
 from runner_pool.handlers import provision
 from tests.support.control_plane import client
 from tests.support.provision_world import ProvisionWorld, output, provision_world
@@ -284,3 +285,36 @@ def test_a_run_that_finished_while_its_provision_was_under_way_hands_its_runners
         assert all(item["status"] != "salvaged" for item in released), released
         accounting = world.accounting()
         assert accounting.holds, accounting.problems
+
+
+def test_a_created_instance_whose_short_job_ended_before_check_fleet_is_not_asked_for_again(
+    world: ProvisionWorld,
+) -> None:
+    # Given an empty pool, and a provision for one runner stepped through by hand to its creation
+    context = LambdaContext(
+        "provision", "short-job", "arn:aws:lambda:us-east-1:123456789012:function:provision"
+    )
+    request = ProvisionRequest(repository="octo-org/app", run_key=RUN, count=1)
+    plan = provision.begin({"request": request.model_dump(mode="json"), "execution": "exec-short"}, context)
+    provision.claim({"plan": plan, "slot": 0}, context)
+    workers = [{"slot": 0, "instance_id": None, "claim_token": None}]
+    creation = provision.create({"plan": plan, "workers": workers}, context)
+    (created,) = creation["launched"]
+    # And its runner registered, took the run's job, and the job (a short one) ended: its release gave the
+    # instance back before CheckFleet looked at it (under load, the look comes a second late)
+    world.clock.advance(1)
+    world.agents.act()
+    runner = world.plane.state_table.get(created).runner_id
+    item = ReleaseItem(instance_id=created, run_key=RUN, poll_seconds=1, runner_id=runner)
+    assert world.local.release().give_back(item).status is ReleaseStatus.AWAITING_RECEIPT
+    # When CheckFleet and Finish run
+    checked = provision.check_fleet({"plan": plan, "creation": creation}, context)
+    finishing = {"plan": plan, "workers": workers, "creation": checked, "machine": world.machine.arn}
+    result = provision.finish(finishing, context)
+    # Then the instance served the run: it is counted lost (moved on), not never ready, and no runner is
+    # asked for again (a redriven provision would claim or launch an instance for a job that has already
+    # run, and its pickup would hold the pool's misfits out of sight of every other request meanwhile)
+    assert result["expired"] == []
+    assert result["lost"] == [created]
+    assert states(world, [created]) == [InstanceState.IDLE]
+    assert executions_once_settled(world) == []

@@ -103,14 +103,37 @@ def test_the_deadline_ends_the_wait() -> None:
     "current",
     [
         None,
-        record(InstanceState.IDLE, run_key=None, claim_token=None),
         record(claim_token="exec#1#0"),
         record(threshold=T0 + 1),
     ],
-    ids=["gone", "idle again", "another worker's claim", "claim expired"],
+    ids=["gone", "another worker's claim", "claim expired"],
 )
 def test_an_instance_no_longer_held_by_this_hand_off_has_failed(current: InstanceRecord | None) -> None:
     assert judge(current, beat(T0 + 1), signal(Signal.UD_REG_OK, T0 + 1)) is Readiness.FAILED
+
+
+IDLE_AGAIN = record(InstanceState.IDLE, run_key=None, claim_token=None)
+
+
+@pytest.mark.parametrize("kind", [Signal.UD_REG_OK, Signal.UD_REMOVE_REG_OK])
+@pytest.mark.parametrize("token", [TOKEN, None], ids=["claimed", "created"])
+def test_an_instance_released_after_its_runner_registered_is_ready_for_finish_to_count_lost(
+    kind: Signal, token: str | None
+) -> None:
+    # Given a runner that registered after the hand-off, and a short job's release that made the instance
+    # idle before this look / Then ready: Finish's activate loses it, so it is counted lost, not unserved
+    assert judge(IDLE_AGAIN, beat(T0 + 1), signal(kind, T0 + 1), token=token) is Readiness.READY
+
+
+@pytest.mark.parametrize(
+    "latest",
+    [None, signal(Signal.UD_REG_OK, T0 - 50), signal(Signal.UD_REG_OK, T0 + 1, "pool=8")],
+    ids=["no signal", "an earlier hand-off's", "another run's"],
+)
+def test_an_instance_idle_again_without_registering_after_the_hand_off_has_failed(
+    latest: WorkerSignal | None,
+) -> None:
+    assert judge(IDLE_AGAIN, beat(T0 + 1), latest) is Readiness.FAILED
 
 
 # --- a claim of the stopped tier, started (issue 16, item 2) -----------------------------------------

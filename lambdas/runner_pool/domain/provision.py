@@ -198,6 +198,10 @@ class ProvisionResult(_Step):
         return max(0, self.shortfall - len(self.lost))
 
 
+_REGISTERED_SIGNALS = frozenset({Signal.UD_REG_OK, Signal.UD_REMOVE_REG_OK, Signal.UD_REMOVE_REG_FAILED})
+"""An agent's signals for a run key that say its runner registered for it: listening, or cleaned up after."""
+
+
 def readiness(
     record: InstanceRecord | None,
     heartbeat: Heartbeat | None,
@@ -219,8 +223,11 @@ def readiness(
     be fresh from the start; a created one may still be booting until the deadline. One claimed from
     the stopped tier (`starting`) boots like a created one: its heartbeat counts only from the start on
     (the one it wrote before its stop may still look fresh), and must stay fresh once it has begun.
+    One whose runner registered and which a release has made idle since counts as ready too: Finish
+    finds it moved on and counts it lost, a runner that served, not one still missing.
     """
     expected = InstanceState.CLAIMED if claim_token else InstanceState.CREATED
+    current = signal is not None and signal.run_key == run_key and signal.at >= handed_over_at
     if (
         record is None
         or record.state is not expected
@@ -228,9 +235,7 @@ def readiness(
         or record.claim_token != claim_token
         or record.threshold_passed(now)
     ):
-        state = "gone" if record is None else f"{record.state} for {record.run_key!r}"
-        return Readiness.FAILED, f"no longer held by this provision (now {state})"
-    current = signal is not None and signal.run_key == run_key and signal.at >= handed_over_at
+        return _moved_on(record, signal, current)
     failure = _signalled_failure(signal, current)
     if failure:
         return Readiness.FAILED, failure
@@ -244,6 +249,32 @@ def readiness(
     if now >= deadline:
         return Readiness.FAILED, f"not registered for the run within {deadline - handed_over_at:g} s"
     return Readiness.WAITING, "registering"
+
+
+def _moved_on(
+    record: InstanceRecord | None, signal: WorkerSignal | None, current: bool
+) -> tuple[Readiness, str]:
+    """An instance this hand-off no longer holds: failed, unless a release made it idle after its runner
+    registered for the run (the agent's current signal says so).
+
+    That is the release of a short job it ran (issue 13, fix 6, seen at this look rather than at
+    Finish), or of its run: ready then, so that Finish's activate loses it and counts it lost, not
+    unserved. Failed would ask again for a runner for a job this one has already run, and the provision
+    asked would read the pool, holding the misfits it receives out of every other request's sight.
+    Only a release, or a give-back of a hand-over that stored no config (so no runner registered),
+    makes a held record idle.
+    """
+    if (
+        record is not None
+        and record.state is InstanceState.IDLE
+        and record.run_key is None
+        and current
+        and signal is not None
+        and signal.signal in _REGISTERED_SIGNALS
+    ):
+        return Readiness.READY, "registered, and released already (its short job ended, or its run)"
+    state = "gone" if record is None else f"{record.state} for {record.run_key!r}"
+    return Readiness.FAILED, f"no longer held by this provision (now {state})"
 
 
 def _signalled_failure(signal: WorkerSignal | None, current: bool) -> str | None:
