@@ -318,3 +318,33 @@ def test_a_created_instance_whose_short_job_ended_before_check_fleet_is_not_aske
     assert result["lost"] == [created]
     assert states(world, [created]) == [InstanceState.IDLE]
     assert executions_once_settled(world) == []
+
+
+def test_a_claimed_instance_whose_short_job_ended_before_its_check_is_not_asked_for_again(
+    world: ProvisionWorld,
+) -> None:
+    # Given a warm instance, claimed and handed its runner config by Begin
+    warm = world.warm(1).instance_id
+    context = LambdaContext(
+        "provision", "short-warm-job", "arn:aws:lambda:us-east-1:123456789012:function:provision"
+    )
+    request = ProvisionRequest(repository="octo-org/app", run_key=RUN, count=1)
+    plan = provision.begin({"request": request.model_dump(mode="json"), "execution": "exec-warm"}, context)
+    assert plan["pre_claims"] == [warm]
+    # And its runner registered and ran the run's job, whose release gave the instance back before the
+    # claim worker's check
+    world.agents.act()
+    runner = world.plane.state_table.get(warm).runner_id
+    item = ReleaseItem(instance_id=warm, run_key=RUN, poll_seconds=1, runner_id=runner)
+    assert world.local.release().give_back(item).status is ReleaseStatus.AWAITING_RECEIPT
+    # When the claim worker checks it and Finish runs
+    worker = provision.claim({"plan": plan, "slot": 0}, context)
+    workers = [{"slot": 0, "instance_id": worker["instance_id"], "claim_token": worker["claim_token"]}]
+    finishing = {"plan": plan, "workers": workers, "creation": {}, "machine": world.machine.arn}
+    result = provision.finish(finishing, context)
+    # Then the worker kept it (no other instance claimed or launched for the job that has run), Finish
+    # counted it lost, and no runner is asked for again
+    assert worker["readiness"] == "ready"
+    assert (result["warm"], result["lost"], result["expired"]) == ([], [warm], [])
+    assert world.ec2.calls["CreateFleet"] == 0
+    assert executions_once_settled(world) == []

@@ -439,8 +439,22 @@ class Provision:
         if worker.attempt != 0 or instance_id is None:
             return None
         token = worker.plan.claim_token(worker.slot, 0)
-        record = self._table.get(instance_id)
+        view = self._table.observe(instance_id)
+        record = view.record
         if record is None or record.state is not InstanceState.CLAIMED or record.claim_token != token:
+            # Its runner may have registered on Begin's hand-over, and its job run and been released,
+            # before this worker began (a Map starts its workers in waves): then it served, and the slot
+            # holds it for Finish to count lost, rather than claim or launch another for a job that ran.
+            verdict, reason = self._readiness(
+                view,
+                provision=worker.plan,
+                claim_token=token,
+                handed_over_at=worker.plan.started_at,
+                deadline=self._clock.now(),
+            )
+            if verdict is Readiness.READY:
+                served = self._holding(worker, instance_id, token, 1, worker.plan.started_at)
+                return served.model_copy(update={"readiness": verdict, "reason": reason})
             self._budget().give_back(1)
             return None
         handed_over_at = self._hand_over_claimed(instance_id, worker.plan.spec.run_key, token, 1)
