@@ -439,28 +439,34 @@ class Provision:
         if worker.attempt != 0 or instance_id is None:
             return None
         token = worker.plan.claim_token(worker.slot, 0)
-        view = self._table.observe(instance_id)
-        record = view.record
+        record = self._table.get(instance_id)
         if record is None or record.state is not InstanceState.CLAIMED or record.claim_token != token:
-            # Its runner may have registered on Begin's hand-over, and its job run and been released,
-            # before this worker began (a Map starts its workers in waves): then it served, and the slot
-            # holds it for Finish to count lost, rather than claim or launch another for a job that ran.
-            verdict, reason = self._readiness(
-                view,
-                provision=worker.plan,
-                claim_token=token,
-                handed_over_at=worker.plan.started_at,
-                deadline=self._clock.now(),
-            )
-            if verdict is Readiness.READY:
-                served = self._holding(worker, instance_id, token, 1, worker.plan.started_at)
-                return served.model_copy(update={"readiness": verdict, "reason": reason})
-            self._budget().give_back(1)
-            return None
+            served = self._served_before_it_began(worker, instance_id, token)
+            if served is None:
+                self._budget().give_back(1)
+            return served
         handed_over_at = self._hand_over_claimed(instance_id, worker.plan.spec.run_key, token, 1)
         # Time runs from the hand-over, not from Begin's claim (a Map starts its workers in waves), and
         # from the same moment for a retried step, which finds the hand-over done.
         return self._check_in_line(self._holding(worker, instance_id, token, 1, handed_over_at))
+
+    def _served_before_it_began(
+        self, worker: ClaimWorker, instance_id: str, token: str
+    ) -> ClaimWorker | None:
+        """The pre-claimed instance, held for Finish to count lost, if its runner registered on Begin's
+        hand-over and its job ran and was released before this worker began (a Map starts its workers
+        in waves): it served, so no other is claimed or launched for a job that ran. None otherwise."""
+        verdict, reason = self._readiness(
+            self._table.observe(instance_id),
+            provision=worker.plan,
+            claim_token=token,
+            handed_over_at=worker.plan.started_at,
+            deadline=self._clock.now(),
+        )
+        if verdict is not Readiness.READY:
+            return None
+        served = self._holding(worker, instance_id, token, 1, worker.plan.started_at)
+        return served.model_copy(update={"readiness": verdict, "reason": reason})
 
     def _own_claim(self, worker: ClaimWorker) -> ClaimWorker | None:
         """A claim this worker made in an earlier try of this same step (a retried Lambda), resumed.
