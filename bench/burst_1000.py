@@ -20,7 +20,8 @@ JOBS = 1000
 RUNS = 20
 TIMEOUT_SECONDS = 3300.0
 """On a quiet 2-core machine the emulator serves about 65 jobs a minute at this size, 45 with the rest
-of the machine busy (2026-11-27, after local AWS read EC2 tags by id; 15 before)."""
+of the machine busy (2026-11-27; 15 the day before, on a slower machine, before local AWS read EC2 tags
+by id)."""
 
 SMALL = {"jobs": 300, "runs": 10}
 """make test runs it at this size on the world of its own e2e test (tests/e2e/test_github_resilience.py),
