@@ -136,6 +136,6 @@ def step_functions_quotas() -> Iterator[QuotaWatch]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow tests (whole-system scenarios, mostly waiting on compressed timers) are handed out
-    first: the two xdist workers then finish on short tests instead of one waiting out a long one
+    first: the xdist workers then finish on short tests instead of one waiting out a long one
     at the end, and a scenario's waits overlap other tests' CPU. Order within each group is kept."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
