@@ -16,7 +16,7 @@ from runner_pool.domain.pickup import PickupManager
 from runner_pool.domain.provision import ClaimWorker, ProvisionPlan
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.provision import Provision
-from tests.support.control_plane import LocalControlPlane, local_control_plane
+from tests.support.control_plane import LocalControlPlane, local_control_plane, stack_config
 from tests.support.provision_world import REPOSITORY, output, provision_world
 
 RUN = "pool=5151"
@@ -70,6 +70,7 @@ def test_an_empty_pool_is_known_after_begins_one_look(
     # Then the one is claimed for the first slot and the pool is known to be exhausted
     assert plan.pre_claims == (idle.instance_id, None, None)
     assert plan.pool_exhausted
+    assert not plan.creation_only  # the first slot's worker hands its instance over
     # And the other slots go to creation without looking again
     no_more_pickups(monkeypatch)
     left = [steps.claim(ClaimWorker(plan=plan, slot=slot)) for slot in (1, 2)]
@@ -96,6 +97,19 @@ def test_a_fresh_request_picks_nothing_up(local: LocalControlPlane) -> None:
         ProvisionRequest(repository="octo-org/app", run_key=f"{RUN}/fresh=true", count=1), "fresh"
     )
     assert plan.pre_claims == ()
+    assert plan.creation_only
+
+
+def test_a_request_the_pool_has_nothing_for_goes_straight_to_creation(local: LocalControlPlane) -> None:
+    plan = begin(provision_of(local.plane), 2)
+    assert plan.pool_exhausted and plan.creation_only
+
+
+def test_with_a_stopped_tier_an_empty_hot_pool_still_runs_the_workers() -> None:
+    # The workers look in the stopped tier when the hot pool had nothing (issue 16, item 2)
+    with local_control_plane(stack_config(pool={"stopped_maximum": 2}), pause=lambda _s: None) as plane:
+        plan = begin(provision_of(plane.plane), 2)
+    assert plan.pool_exhausted and not plan.creation_only
 
 
 def test_begin_hands_its_claims_over_and_the_workers_register_no_second_runner(

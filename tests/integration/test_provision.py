@@ -107,6 +107,25 @@ def test_an_empty_pool_creates_every_runner(world: ProvisionWorld) -> None:
     assert result["expired"] == []
 
 
+def test_an_empty_pool_goes_straight_to_creation_without_a_claim_worker(world: ProvisionWorld) -> None:
+    # Given an empty pool and no stopped tier / When a run asks for three runners
+    result = output(world.provision(RUN, 3))
+    # Then Begin's one look was the only one: no Claim invocation per slot before the launch
+    assert len(result["cold"]) == 3
+    assert world.invocations.of("provision-claim") == []
+    assert len(world.invocations.of("provision-create")) == 1
+
+
+def test_a_pool_with_one_instance_for_two_slots_still_runs_the_workers(world: ProvisionWorld) -> None:
+    # Given one warm instance / When a run asks for two runners
+    warm = world.warm(1).instance_id
+    result = output(world.provision(RUN, 2))
+    # Then a worker hands the claimed one over and checks it, and the other slot is created
+    assert result["warm"] == [warm]
+    assert len(result["cold"]) == 1
+    assert len(world.invocations.of("provision-claim")) == 2
+
+
 def test_a_candidate_with_a_stale_heartbeat_is_discarded_and_the_next_one_used(world: ProvisionWorld) -> None:
     # Given two warm instances, one of whose agents died after it was pooled
     dead = world.warm(1).instance_id

@@ -76,6 +76,11 @@ class ProvisionPlan(_Step):
     pool_exhausted: bool = False
     """Begin's pickup looked for every slot and found fewer instances than slots: a slot it claimed
     nothing for goes to creation without a look of its own."""
+    creation_only: bool = False
+    """Begin knows no claim worker could add anything: every slot goes to creation (the jobs are fresh
+    or single use, or the pool had nothing for any slot and there is no stopped tier), so the state
+    machine goes straight to Create. A cold request then makes no Claim invocation per slot and no
+    Map transitions before its launch (issue 15: the cold control plane)."""
 
     def pre_claim(self, slot: int) -> str | None:
         return self.pre_claims[slot] if slot < len(self.pre_claims) else None

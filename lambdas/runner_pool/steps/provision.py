@@ -139,7 +139,8 @@ class Provision:
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")
         if planned.fresh:
-            return planned
+            # A fresh or single-use job never takes a pooled instance, hot or stopped: creation it is.
+            return planned.model_copy(update={"creation_only": True})
         return self._pick_up(planned)
 
     def _pick_up(self, provision: ProvisionPlan) -> ProvisionPlan:
@@ -194,7 +195,11 @@ class Provision:
         exhausted = grant.granted == slots and len(found.candidates) < slots
         if exhausted:
             count("PoolExhausted")
-        planned = provision.model_copy(update={"pre_claims": tuple(pre_claims), "pool_exhausted": exhausted})
+        # With no stopped tier, an exhausted slot's worker would only pass it on to creation.
+        creation_only = exhausted and claimed == 0 and self._config.pool.stopped_maximum == 0
+        planned = provision.model_copy(
+            update={"pre_claims": tuple(pre_claims), "pool_exhausted": exhausted, "creation_only": creation_only}
+        )
         self._hand_over_pre_claims(planned)
         return planned
 
