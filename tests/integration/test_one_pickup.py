@@ -102,14 +102,16 @@ def test_a_fresh_request_picks_nothing_up(local: LocalControlPlane) -> None:
 
 def test_a_request_the_pool_has_nothing_for_goes_straight_to_creation(local: LocalControlPlane) -> None:
     plan = begin(provision_of(local.plane), 2)
-    assert plan.pool_exhausted and plan.creation_only
+    assert plan.pool_exhausted
+    assert plan.creation_only
 
 
 def test_with_a_stopped_tier_an_empty_hot_pool_still_runs_the_workers() -> None:
     # The workers look in the stopped tier when the hot pool had nothing (issue 16, item 2)
     with local_control_plane(stack_config(pool={"stopped_maximum": 2}), pause=lambda _s: None) as plane:
         plan = begin(provision_of(plane.plane), 2)
-    assert plan.pool_exhausted and not plan.creation_only
+    assert plan.pool_exhausted
+    assert not plan.creation_only
 
 
 def test_begin_hands_its_claims_over_and_the_workers_register_no_second_runner(

@@ -198,7 +198,11 @@ class Provision:
         # With no stopped tier, an exhausted slot's worker would only pass it on to creation.
         creation_only = exhausted and claimed == 0 and self._config.pool.stopped_maximum == 0
         planned = provision.model_copy(
-            update={"pre_claims": tuple(pre_claims), "pool_exhausted": exhausted, "creation_only": creation_only}
+            update={
+                "pre_claims": tuple(pre_claims),
+                "pool_exhausted": exhausted,
+                "creation_only": creation_only,
+            }
         )
         self._hand_over_pre_claims(planned)
         return planned
