@@ -17,7 +17,7 @@ from runner_pool.domain.config import Timeouts
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.records import Heartbeat, InstanceRecord, Signal, WorkerSignal
+from runner_pool.domain.records import REGISTERED_SIGNALS, Heartbeat, InstanceRecord, Signal, WorkerSignal
 
 CANDIDATES_PER_SLOT = 3
 """How many warm candidates one claim worker may try (and discard) before leaving its slot to creation."""
@@ -203,10 +203,6 @@ class ProvisionResult(_Step):
         return max(0, self.shortfall - len(self.lost))
 
 
-_REGISTERED_SIGNALS = frozenset({Signal.UD_REG_OK, Signal.UD_REMOVE_REG_OK, Signal.UD_REMOVE_REG_FAILED})
-"""An agent's signals for a run key that say its runner registered for it: listening, or cleaned up after."""
-
-
 def readiness(
     record: InstanceRecord | None,
     heartbeat: Heartbeat | None,
@@ -275,7 +271,7 @@ def _moved_on(
         and record.run_key is None
         and current
         and signal is not None
-        and signal.signal in _REGISTERED_SIGNALS
+        and signal.signal in REGISTERED_SIGNALS
     ):
         return Readiness.READY, "registered, and released already (its short job ended, or its run)"
     state = "gone" if record is None else f"{record.state} for {record.run_key!r}"

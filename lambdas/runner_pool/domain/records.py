@@ -31,6 +31,12 @@ class Signal(StrEnum):
     UD_REMOVE_REG_FAILED = "UD_REMOVE_REG_FAILED"
 
 
+REGISTERED_SIGNALS = frozenset({Signal.UD_REG_OK, Signal.UD_REMOVE_REG_OK, Signal.UD_REMOVE_REG_FAILED})
+"""An agent's signals for a run key that say its runner registered for it: listening, or cleaned up after."""
+RUN_SIGNALS = REGISTERED_SIGNALS | {Signal.UD_REG_FAILED}
+"""Signals the agent writes about one run key: registering its runner, and cleaning up after it."""
+
+
 INSTANCE_ID_PATTERN = r"^i-(?:[0-9a-f]{8}|[0-9a-f]{17})$"
 """An EC2 instance id: `i-` and 8 (older) or 17 hexadecimal characters
 (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/resource-ids.html). Anything else read from a

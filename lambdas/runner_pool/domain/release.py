@@ -14,13 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.records import InstanceRecord, Signal
+from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.runners import RunnerRemoval
-
-RUN_SIGNALS = frozenset(
-    {Signal.UD_REG_OK, Signal.UD_REG_FAILED, Signal.UD_REMOVE_REG_OK, Signal.UD_REMOVE_REG_FAILED}
-)
-"""Signals the agent writes about one run key: registering its runner, and cleaning up after it."""
 
 
 class ReleaseStatus(StrEnum):

@@ -19,9 +19,8 @@ from runner_pool.domain.config import ReuseSettings, Timeouts
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import PoolQueue
-from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
+from runner_pool.domain.records import RUN_SIGNALS, InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.release import (
-    RUN_SIGNALS,
     ReleaseItem,
     ReleasePlan,
     ReleaseProgress,
