@@ -8,13 +8,13 @@ every live record an instance.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from emulator.fake_github import Conclusion, FakeWorkflowRun, JobSpec
-from emulator.timeline import Happening
+from emulator.timeline import Happening, TimelineEvent
 from emulator.world import (
     APP_ID,
     COMPRESSED_TIMEOUTS,
@@ -85,14 +85,18 @@ def launched(system: World) -> list[str]:
     return [e.instance_id or "" for e in system.timeline.events() if e.happening is Happening.LAUNCHED]
 
 
-def whole_story(system: World) -> str:
-    """The whole timeline, one line an event, for a failed assertion: which instance did what, when."""
-    events = system.events()
-    start = events[0].at if events else 0.0
+def told(events: Sequence[TimelineEvent], start: float) -> str:
+    """Timeline events one a line, seconds from `start`: which instance did what, when."""
     return "\n".join(
-        f"{e.at - start:7.2f} {e.happening:<12} {e.instance_id or '':<20} {e.job or ''} {e.detail}"
+        f"{e.at - start:7.2f} {e.happening:<12} {e.instance_id or '':<20} {e.job or ''} {e.detail}".rstrip()
         for e in events
     )
+
+
+def whole_story(system: World) -> str:
+    """The whole timeline, for a failed assertion."""
+    events = system.events()
+    return told(events, events[0].at if events else 0.0)
 
 
 def test_two_repositories_jobs_never_share_an_instance_under_the_default_scope(org: World) -> None:
@@ -147,10 +151,9 @@ def test_a_public_repositorys_job_never_gets_a_reused_instance_and_its_own_is_no
 
 def story(system: World, live: list[InstanceRecord], instance_id: str) -> str:
     """The live records and one instance's timeline, for a failure to say what happened."""
-    events = "\n".join(
-        f"  {e.at:.3f} {e.happening.value} {e.detail}".rstrip() for e in system.timeline.of(instance_id)
-    )
-    return f"live: {live!r}\n{instance_id}:\n{events}"
+    events = system.events()
+    mine = [e for e in events if e.instance_id == instance_id]
+    return f"live: {live!r}\n{instance_id}:\n{told(mine, events[0].at if events else 0.0)}"
 
 
 def test_a_foreign_job_on_our_runner_gets_the_instance_quarantined(org: World) -> None:
