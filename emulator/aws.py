@@ -21,6 +21,7 @@ from emulator.atomic_dynamodb import atomic_items
 from emulator.listening import LISTEN_BACKLOG
 from emulator.moto_internals import patch_point
 from emulator.moto_speedups import speedups
+from emulator.sqs_long_polls import released_messages_wake_long_polls
 from emulator.step_functions import MOTO_CONFIG
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.instance_arns import InstanceArns
@@ -101,9 +102,18 @@ class LocalAws:
 
 
 @contextmanager
+def behaving_as_aws() -> Iterator[None]:
+    """moto made to behave as AWS where our code meets a difference (DynamoDB's item atomicity,
+    emulator/atomic_dynamodb.py; a released SQS message waking a waiting long poll,
+    emulator/sqs_long_polls.py), and without the work moto repeats per request
+    (emulator/moto_speedups.py): for every moto the emulator and the tests run, server or `mock_aws`."""
+    with atomic_items(), released_messages_wake_long_polls(), speedups():
+        yield
+
+
+@contextmanager
 def local_aws(*, state_machines: bool = False) -> Iterator[LocalAws]:
-    """moto's server in this process, on a free port of 127.0.0.1, with DynamoDB's item atomicity and
-    without the work moto repeats per request (emulator/moto_speedups.py).
+    """moto's server in this process, on a free port of 127.0.0.1, behaving as AWS (`behaving_as_aws`).
 
     `state_machines=True`: Step Functions executes state machines, and Lambda stays in this process
     (with `emulator.step_functions.lambdas_in_process` routing invocations to our handlers).
@@ -113,9 +123,8 @@ def local_aws(*, state_machines: bool = False) -> Iterator[LocalAws]:
     os.environ["MOTO_PORT"] = str(port)  # moto builds queue URLs and the like from it
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     with (
-        atomic_items(),
+        behaving_as_aws(),
         _backends_found_once(),
-        speedups(),
         _moto_config(MOTO_CONFIG if state_machines else {}),
     ):
         with mock.patch.object(BaseWSGIServer, "request_queue_size", LISTEN_BACKLOG):

@@ -399,6 +399,35 @@ INTERNALS: tuple[Internal, ...] = (
         "828b4ee1efb0bfbd",
         signature="(self, queue_name, message)",
     ),
+    # SQS: a released message wakes a waiting long poll, as on AWS (emulator/sqs_long_polls.py).
+    Internal(
+        "moto.sqs.models:SQSBackend.change_message_visibility",
+        "emulator/sqs_long_polls.py",
+        "wrapped: (queue_name, receipt_handle, visibility_timeout) makes the message visible at once for "
+        "0; ChangeMessageVisibilityBatch calls it per entry",
+        "e711863815589ec2",
+        signature="(self, queue_name, receipt_handle, visibility_timeout)",
+    ),
+    Internal(
+        "moto.sqs.models:SQSBackend.receive_message",
+        "emulator/sqs_long_polls.py",
+        "read: a long poll scans the queue's visible messages, then waits on the queue's `_messages_lock` "
+        "(a Condition, `Queue.wait_for_messages`) and scans again when woken, until its wait has passed",
+        "b1c796a9301aaf27",
+    ),
+    Internal(
+        "moto.sqs.models:Queue.wait_for_messages",
+        "tests/integration/test_sqs_long_polls.py",
+        "wrapped: (timeout), called by a receive that found nothing, to wait on the queue's condition",
+        "3688327c2e2e29f0",
+        signature="(self, timeout)",
+    ),
+    Internal(
+        "moto.sqs.models:SQSBackend.change_message_visibility_batch",
+        "emulator/sqs_long_polls.py",
+        "read: calls self.change_message_visibility for each entry",
+        "52a125d83f69627d",
+    ),
     # EC2's tags of one resource, read by its id (local AWS's speedups).
     Internal(
         "moto.ec2.models.core:TaggedEC2Resource.get_tags",

@@ -12,9 +12,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from moto import mock_aws
 
-from emulator.atomic_dynamodb import atomic_items
+from emulator.aws import behaving_as_aws
 from emulator.iam_check import USAGE_DIRECTORY_VARIABLE, usage_report
-from emulator.moto_speedups import speedups
 from emulator.resources import create_pool_queues, create_state_table
 from emulator.step_functions_quotas import QuotaWatch
 from emulator.step_functions_quotas import install as install_step_functions_quotas
@@ -53,7 +52,7 @@ def retry_delays(monkeypatch: pytest.MonkeyPatch) -> RetryDelays:
 
 @pytest.fixture
 def aws() -> Iterator[None]:
-    with mock_aws(), atomic_items(), speedups():
+    with mock_aws(), behaving_as_aws():
         yield
 
 

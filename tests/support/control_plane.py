@@ -25,11 +25,10 @@ import boto3
 from moto import mock_aws
 
 from emulator.accounting import Accounting, account
-from emulator.atomic_dynamodb import atomic_items
+from emulator.aws import behaving_as_aws
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
 from emulator.iam_check import PolicyCheck
-from emulator.moto_speedups import speedups
 from emulator.stack import DeployedMachine, InProcess, LocalStack, handler_function
 from emulator.step_functions import (
     MOTO_CONFIG,
@@ -231,8 +230,7 @@ def local_control_plane(
     key = app_key()
     with (
         mock_aws(config=MOTO_CONFIG),  # type: ignore[arg-type]
-        atomic_items(),
-        speedups(),
+        behaving_as_aws(),
         FakeGitHub(APP_ID, key.public_pem, clock=clock) as github,
     ):
         github.state.add_installation(INSTALLATION_ID, OWNER)

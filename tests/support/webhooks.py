@@ -24,8 +24,7 @@ import boto3
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from emulator.atomic_dynamodb import atomic_items
-from emulator.moto_speedups import speedups
+from emulator.aws import behaving_as_aws
 from emulator.stack import LocalStack
 from emulator.step_functions import LambdaContext, function_arn
 from runner_pool.adapters import aws_clients
@@ -325,7 +324,7 @@ def ingress_world(config: StackConfig | None = None) -> Iterator[IngressWorld]:
     """moto with the webhook secret, the idempotency table, the demand queue and our two state machines
     (which record executions: moto's mock does not run them), and both handlers running as themselves."""
     config = config or StackConfig()
-    with mock_aws(), atomic_items(), speedups():
+    with mock_aws(), behaving_as_aws():
         services = ("sqs", "dynamodb", "secretsmanager", "stepfunctions")
         session = _session()
         ours = {service: aws_clients.client(service, session) for service in (*services, "lambda", "iam")}
