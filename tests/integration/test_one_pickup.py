@@ -12,10 +12,10 @@ from botocore.exceptions import ConnectTimeoutError
 
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.pickup import PickupManager
-from runner_pool.domain.provision import ClaimWorker, ProvisionPlan
+from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS, PickupManager
+from runner_pool.domain.provision import ClaimWorker, ProvisionPlan, Readiness
 from runner_pool.handlers.provision import provision_of
-from runner_pool.steps.provision import Provision
+from runner_pool.steps.provision import CLAIM_RESERVE_SECONDS, Provision
 from tests.support.control_plane import LocalControlPlane, local_control_plane, stack_config
 from tests.support.provision_world import REPOSITORY, output, provision_world
 
@@ -226,3 +226,47 @@ def test_a_request_whose_label_is_refused_fails_at_once_without_a_retry() -> Non
         assert tries == ["begin"]
         failed = [e for e in execution.events if e["type"] == "ExecutionFailed"]
         assert failed[0]["executionFailedEventDetails"]["error"] == "ProvisionRefused"
+
+
+# --- a claim step bounded by its Lambda's time (steps/provision.py CLAIM_RESERVE_SECONDS) ---------------
+
+
+def test_a_claim_step_without_time_for_a_whole_pickup_holds_nothing_and_claims_again(
+    local: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a worker that looks for itself (a discard made it try another) and an idle instance that fits
+    plan = begin(provision_of(local.plane), 1)
+    (idle,) = local.pooled(1)
+    worker = ClaimWorker(plan=plan, slot=0, attempt=1)
+    # When its Lambda has less left than a pickup's budget and a hand-over
+    no_more_pickups(monkeypatch)
+    short = provision_of(local.plane, time_left=lambda: CLAIM_RESERVE_SECONDS + PICKUP_BUDGET_SECONDS - 1)
+    result = short.claim(worker)
+    # Then it picked nothing up and holds nothing: the state machine waits and claims again
+    assert (result.claimed, result.instance_id, result.readiness) == (False, None, Readiness.DEFERRED)
+    assert result.reason == "too little time left for a pickup"
+    assert local.record(idle.instance_id).state is InstanceState.IDLE
+
+
+def test_a_claim_step_with_time_for_a_pickup_claims_as_before(local: LocalControlPlane) -> None:
+    plan = begin(provision_of(local.plane), 1)
+    (idle,) = local.pooled(1)
+    enough = provision_of(local.plane, time_left=lambda: CLAIM_RESERVE_SECONDS + PICKUP_BUDGET_SECONDS + 1)
+    result = enough.claim(ClaimWorker(plan=plan, slot=0, attempt=1))
+    assert (result.claimed, result.instance_id) == (True, idle.instance_id)
+
+
+def test_a_claim_step_short_of_time_leaves_the_in_line_checks_to_the_state_machine() -> None:
+    pauses: list[float] = []
+    with local_control_plane(pause=pauses.append) as local:
+        local.pooled(2)
+        plan = begin(provision_of(local.plane), 1)
+        short = provision_of(local.plane, time_left=lambda: CLAIM_RESERVE_SECONDS - 1)
+        result = short.claim(ClaimWorker(plan=plan, slot=0))
+        # Then the pre-claimed instance is handed over and held, checked by the Wait loop, not in-line
+        assert (result.claimed, result.readiness) == (True, Readiness.WAITING)
+        assert pauses == []
+        # While a step with time checks in-line, as before
+        again = begin(provision_of(local.plane), 1, "with-time")
+        provision_of(local.plane).claim(ClaimWorker(plan=again, slot=0))
+    assert pauses

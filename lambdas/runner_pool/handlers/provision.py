@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -47,11 +48,13 @@ class DumpEvent(_Event):
     machine: str | None = None
 
 
-def _provision() -> Provision:
-    return provision_of(control_plane())
+def _provision(context: LambdaContext | None = None) -> Provision:
+    """With the invocation's `context`, the steps know how much of their Lambda's time is left."""
+    time_left = (lambda: context.get_remaining_time_in_millis() / 1000) if context is not None else None
+    return provision_of(control_plane(), time_left)
 
 
-def provision_of(plane: ControlPlane) -> Provision:
+def provision_of(plane: ControlPlane, time_left: Callable[[], float] | None = None) -> Provision:
     return Provision(
         plane.state_table,
         clock=plane.clock,
@@ -67,6 +70,7 @@ def provision_of(plane: ControlPlane) -> Provision:
         executions=plane.executions,
         notices=lambda: plane.notices,
         pause=plane.pause,
+        time_left=time_left,
     )
 
 
@@ -80,10 +84,10 @@ def begin(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
-def claim(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
+def claim(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     worker = ClaimWorker.model_validate(event)
     logger.append_keys(run_key=worker.plan.spec.run_key, execution=worker.plan.execution, slot=worker.slot)
-    return _provision().claim(worker).model_dump(mode="json")
+    return _provision(context).claim(worker).model_dump(mode="json")
 
 
 @logger.inject_lambda_context

@@ -8,6 +8,7 @@ lets go of it and reports, it never raises for it.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -29,7 +30,7 @@ from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Start
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.pickup import PickupManager, PoolQueue, StopReason
+from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS, PickupManager, PoolQueue, StopReason
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.provision import (
     REDRIVE_LIMIT,
@@ -74,6 +75,13 @@ _Item = TypeVar("_Item")
 
 PICKUPS_PER_CLAIM = 3
 """Pickups one claim step makes when claims are lost to other workers or the queue looked empty once."""
+CLAIM_RESERVE_SECONDS = 10.0
+"""What a claim step keeps of its Lambda's time for a hand-over (GitHub's JIT call, KMS, a few writes)
+and its in-line checks. A pickup begins only with its whole budget and this left, and the in-line
+checks run only while this is left: a slow step (a loaded region, a long pool queue) returns what it
+has, to be claimed again or checked by the state machine's loop, instead of timing out. Three timeouts
+in a row (Sandbox.Timedout) failed the Map and the execution, with its jobs left to a redrive: issue
+15's 1,000-job burst under load, 2026-11-27."""
 
 
 class Provision:
@@ -97,9 +105,11 @@ class Provision:
         executions: Callable[[str | None], Executions],
         notices: NoticeSource = no_notices,
         pause: Callable[[float], None] = time.sleep,
+        time_left: Callable[[], float] | None = None,
     ) -> None:
         """`executions(machine)` starts provisions on `machine` (a step's own state machine), else on the
-        configured one. `pause` is how a step waits briefly in-line."""
+        configured one. `pause` is how a step waits briefly in-line; `time_left`, the seconds its Lambda
+        has left (the invocation's context; None: no limit)."""
         self._table = table
         self._clock = clock
         self._config = config
@@ -115,6 +125,7 @@ class Provision:
         self._executions = executions
         self._notices = notices
         self._pause = pause
+        self._time_left = time_left or (lambda: math.inf)
 
     # --- Begin ---------------------------------------------------------------------------------
 
@@ -288,6 +299,9 @@ class Provision:
         attempt = worker.attempt
         empty_looks = 0
         for _ in range(PICKUPS_PER_CLAIM if hot else 0):
+            if self._time_left() < PICKUP_BUDGET_SECONDS + CLAIM_RESERVE_SECONDS:
+                self._budget().give_back(1)
+                return self._out_of_time(worker.model_copy(update={"attempt": attempt}))
             found = self._pickup().pickup(spec, worker.plan.request.repository)
             if found.counts.held:
                 # Hidden from every request until their hold ends (pickup.HOLD_SECONDS), never lost.
@@ -394,11 +408,15 @@ class Provision:
         )
 
     def _deferred(
-        self, worker: ClaimWorker, cause: GitHubRetryableError | None, budget_wait: int = 1
+        self,
+        worker: ClaimWorker,
+        cause: GitHubRetryableError | None,
+        budget_wait: int = 1,
+        reason: str = "the registration budget is spent",
     ) -> ClaimWorker:
         """Wait before claiming again; past the registration deadline, leave the slot to creation."""
         wait = budget_wait if cause is None else self._wait_for(cause, worker.deferrals)
-        reason = "the registration budget is spent" if cause is None else str(cause)
+        reason = reason if cause is None else str(cause)
         if self._clock.now() + wait > worker.plan.registration_deadline:
             count("RegistrationsGivenUp")
             logger.warning("no runner registered in time; the slot is left to creation", reason=reason)
@@ -431,9 +449,18 @@ class Provision:
         count("GitHubUnavailable")
         return unavailable_wait_seconds(deferrals)
 
+    def _out_of_time(self, worker: ClaimWorker) -> ClaimWorker:
+        """Holding nothing, claim again in a fresh invocation (after the state machine's shortest wait):
+        too little of this one is left for a whole pickup and a hand-over."""
+        count("ClaimsOutOfTime")
+        logger.warning("too little time left for a pickup; claiming again", seconds_left=self._time_left())
+        return self._deferred(worker, None, reason="too little time left for a pickup")
+
     def _check_in_line(self, worker: ClaimWorker) -> ClaimWorker:
         checked = worker
         for _ in range(INLINE_CHECKS):
+            if self._time_left() < CLAIM_RESERVE_SECONDS:
+                break  # the state machine's Wait and CheckClaim loop looks on
             self._pause(INLINE_CHECK_PAUSE_SECONDS)
             checked = self.check_claim(worker)
             if checked.readiness is not Readiness.WAITING:
