@@ -60,15 +60,24 @@ def received_while(sqs: Any, url: str, waiting: threading.Event, release: Callab
     return got
 
 
-def test_a_message_released_during_a_long_poll_is_handed_to_it(sqs: Any, waiting: threading.Event) -> None:
+@pytest.mark.parametrize(
+    ("visibility_seconds", "handed"),
+    [(0, ["i-0123456789abcdef0"]), (20, [])],
+    ids=["released-is-handed-over", "held-longer-is-not"],
+)
+def test_a_message_made_visible_during_a_long_poll_is_handed_to_it(
+    sqs: Any, waiting: threading.Event, visibility_seconds: int, handed: list[str]
+) -> None:
     url, receipt = held_message(sqs)
     got = received_while(
         sqs,
         url,
         waiting,
-        lambda: sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=receipt, VisibilityTimeout=0),
+        lambda: sqs.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=receipt, VisibilityTimeout=visibility_seconds
+        ),
     )
-    assert got == ["i-0123456789abcdef0"]
+    assert got == handed
 
 
 def test_a_message_released_by_a_batch_during_a_long_poll_is_handed_to_it(
@@ -80,14 +89,3 @@ def test_a_message_released_by_a_batch_during_a_long_poll_is_handed_to_it(
         sqs, url, waiting, lambda: sqs.change_message_visibility_batch(QueueUrl=url, Entries=[entry])
     )
     assert got == ["i-0123456789abcdef0"]
-
-
-def test_a_message_held_longer_is_not(sqs: Any, waiting: threading.Event) -> None:
-    url, receipt = held_message(sqs)
-    got = received_while(
-        sqs,
-        url,
-        waiting,
-        lambda: sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=receipt, VisibilityTimeout=20),
-    )
-    assert got == []
