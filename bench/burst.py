@@ -38,13 +38,13 @@ def run(
 ) -> BenchTable:
     """The burst on a fresh rate-limited world, or on `system` (one built by rate_limited_world)."""
     if system is not None:
-        return _table(serve_burst(system, jobs, runs=runs, timeout=min(timeout, 900)), jobs, Footprint())
+        return table_of(serve_burst(system, jobs, runs=runs, timeout=min(timeout, 900)), jobs, Footprint())
     with (
         tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch,
         rate_limited_world(Path(scratch)) as fresh,
         footprint() as peak,
     ):
-        return _table(serve_burst(fresh, jobs, runs=runs, timeout=timeout), jobs, peak)
+        return table_of(serve_burst(fresh, jobs, runs=runs, timeout=timeout), jobs, peak)
 
 
 @dataclass
@@ -102,7 +102,16 @@ def _status(pid: int, field: str) -> int:
     return next((int(line.split()[1]) for line in lines if line.startswith(f"{field}:")), 0)
 
 
-def _table(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
+def _counted(table: BenchTable, heading: str, prefix: str, counts: Counter[str]) -> None:
+    """One row for each kind, the most frequent first; `heading` with "none" when there is no kind."""
+    if not counts:
+        table.row(heading, "none")
+    for kind, count in counts.most_common():
+        table.row(f"  {prefix}{kind}", count)
+
+
+def table_of(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
+    """The burst's rows to print and figures to keep."""
     table = BenchTable(
         f"A burst of {burst.jobs} jobs ({burst.runs} runs of a {burst.jobs // max(1, burst.runs)}-job "
         f"matrix) against GitHub's rate limit (its minute compressed to {WINDOW:g} s)",
@@ -110,10 +119,12 @@ def _table(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
     )
     key = f"burst_{jobs}"
     table.row("jobs served", f"{burst.served} of {burst.jobs}")
+    _counted(table, "  not served, by what became of them", "not served: ", burst.unserved)
     table.row("time to serve every job", f"{burst.seconds:.0f} s")
     table.row("JIT calls per job", f"{burst.jit_calls_per_job:.2f}")
     table.row("  refused by GitHub (retry-after)", burst.refused)
     table.row("executions failed", burst.failed_executions)
+    _counted(table, "  failed, by machine, state and error", "", burst.failure_causes)
     table.row("provisions the dispatcher started per run (each run)", " ".join(map(str, burst.dispatched)))
     if burst.queued_spans:
         spans = sorted(burst.queued_spans)

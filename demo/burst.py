@@ -17,16 +17,18 @@ polling. `make bench` and tests/e2e share this.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from emulator.deployment import Timers
-from emulator.fake_github import Conclusion, FakeWorkflowRun, JobSpec, JobStatus
+from emulator.fake_github import Conclusion, FakeJob, FakeWorkflowRun, JobSpec, JobStatus
 from emulator.fake_github.rate_limits import POINTS_PER_MINUTE, RateLimits
 from emulator.simulated_instances import InstanceSettings
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
@@ -48,6 +50,23 @@ records. In the 300-job burst, DynamoDB's Query held the GIL in 17.6 % of the sa
 2026-11-27), and in a 100-job burst two thirds of local DynamoDB's Query time were these looks, every 2 s
 then. Nothing of a burst reads the timeline's record states."""
 POLL_SECONDS = 0.5
+FAILED = ("FAILED", "TIMED_OUT", "ABORTED")
+"""The statuses of an execution that did not succeed (ListExecutions' `status`), RUNNING aside."""
+CAUSE_CHARACTERS = 140
+"""A cause's length at most in the table: the error and the first line of its message."""
+_ENDINGS = {
+    "ExecutionFailed": "executionFailedEventDetails",
+    "ExecutionTimedOut": "executionTimedOutEventDetails",
+    "ExecutionAborted": "executionAbortedEventDetails",
+}
+"""An execution's last event when it did not succeed, and the field of its error and cause."""
+_VOLATILE = (
+    (re.compile(r"\bi-[0-9a-f]{8,17}\b"), "i-…"),
+    (re.compile(r"\b[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b|\b[0-9a-f]{12,}\b"), "…"),
+    (re.compile(r"#\d+"), "#…"),
+)
+"""What differs between two failures of one kind (instance ids, request ids, moto's event numbers), masked
+so they count together."""
 
 
 @contextmanager
@@ -113,6 +132,10 @@ class Burst:
     queued_spans: tuple[float, ...] = ()
     """For each run, seconds from its first `workflow_job queued` delivery to its last: a follow-up
     gathers what comes within its window (domain/demand.py), so this is what the batching had to span."""
+    failure_causes: Counter[str] = field(default_factory=Counter)
+    """Why the failed executions failed, by machine, state and error (`failure_cause`)."""
+    unserved: Counter[str] = field(default_factory=Counter)
+    """The jobs not served, by what became of them (`unserved_outcome`)."""
 
     @property
     def jit_calls_per_job(self) -> float:
@@ -140,10 +163,8 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
     seconds = time.monotonic() - began
 
     queued = [system.github.state.jobs[j] for run in started for j in run.job_ids]
-    served = sum(
-        1 for j in queued if j.conclusion is Conclusion.SUCCESS and instance_of_runner(j.runner_name)
-    )
-    failed = sum(1 for e in system.stack.executions() if e["status"] in ("FAILED", "TIMED_OUT", "ABORTED"))
+    served = sum(1 for j in queued if _served(j))
+    failed = [e for e in system.stack.executions() if e["status"] in FAILED]
     provisions = _provisions(system)
     run_keys = {_run_key_of(run): run for run in started}
     dispatched = Counter(
@@ -158,7 +179,7 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
         seconds=seconds,
         jit_calls=system.github.state.calls[JIT_ROUTE] - calls_before,
         refused=system.github.limits.refused[JIT_ROUTE] - refused_before,
-        failed_executions=failed,
+        failed_executions=len(failed),
         runs=len(started),
         dispatched=tuple(dispatched[key] for key in run_keys),
         redriven=sum(1 for p in provisions if p.redrives > 0),
@@ -166,7 +187,92 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
         throttled=system.stack.webhook.throttled - throttled_before,
         failed_deliveries=tuple(d.status_code for d in deliveries if not d.succeeded),
         queued_spans=tuple(spans.get(run.run_id, 0.0) for run in started),
+        failure_causes=Counter(
+            f"{e['machine']} {failure_cause(system.stack.history(e['executionArn']))}" for e in failed
+        ),
+        unserved=Counter(unserved_outcome(j) for j in queued if not _served(j)),
     )
+
+
+def failure_cause(events: Sequence[Mapping[str, Any]]) -> str:
+    """Why an execution did not succeed, from its history: `State: Error: message`.
+
+    The events are GetExecutionHistory's, in order, each a HistoryEvent as the Step Functions API
+    reference gives it (docs.aws.amazon.com/step-functions/latest/apireference/API_HistoryEvent.html):
+    `type`, then one details field by type; `stateEnteredEventDetails` and `stateExitedEventDetails`
+    (`name`, `input` / `output`, JSON text), `executionFailedEventDetails`,
+    `executionTimedOutEventDetails` and `executionAbortedEventDetails` (`error`, `cause`). Our machines
+    catch every error with `"ResultPath": "$.error"`, so the state whose error a Catch took exits with
+    `{"Error", "Cause"}` at `error` in its output (moto 5.2 records that exit, the Map state's too, and
+    gives the Map the error of the iteration that failed). The first such exit is the cause. With none,
+    the execution's own ending is: the state it was in and the ending's error (a timeout, a stop, an
+    error nothing caught). An error caught and then another one uncaught (Dump itself failing) gives
+    both.
+    """
+    caught: str | None = None
+    state, through_fail_state = "?", False
+    for event in events:
+        if entered := event.get("stateEnteredEventDetails"):
+            state, through_fail_state = entered["name"], event["type"] == "FailStateEntered"
+        exited = event.get("stateExitedEventDetails")
+        if caught is None and exited and (error := _caught_error(exited.get("output"))):
+            caught = f"{exited['name']}: {short_error(error.get('Error'), error.get('Cause'))}"
+        if event["type"] in _ENDINGS:
+            details = event.get(_ENDINGS[event["type"]]) or {}
+            error_name = details.get("error") or event["type"].removeprefix("Execution")
+            ended = f"{state}: {short_error(error_name, details.get('cause'))}"
+            if caught is None:
+                return ended
+            return caught if through_fail_state else f"{caught}; then {ended}"
+    return caught or "no ending in its history"
+
+
+def short_error(error: str | None, cause: str | None) -> str:
+    """`Error: message`, the message being the first line of a Lambda error's `errorMessage` (Lambda's
+    Cause is the JSON of errorType and errorMessage) or of the Cause itself; ids masked, so that failures
+    of one kind count as one, and cut at CAUSE_CHARACTERS."""
+    message = (cause or "").strip()
+    try:
+        reported = json.loads(message)
+    except ValueError:
+        reported = None
+    if isinstance(reported, dict) and "errorMessage" in reported:
+        message = str(reported["errorMessage"]).strip()
+        error = error or reported.get("errorType")
+    first_line = message.splitlines()[0] if message else ""
+    for pattern, mask in _VOLATILE:
+        first_line = pattern.sub(mask, first_line)
+    text = f"{error or 'an error'}: {first_line}" if first_line else error or "an error without a name"
+    return text if len(text) <= CAUSE_CHARACTERS else text[: CAUSE_CHARACTERS - 1] + "…"
+
+
+def unserved_outcome(job: FakeJob) -> str:
+    """What became of a job not served: its status, its conclusion if it has one, and whose runner took
+    it (ours, by the name we give runners; another; none, or none yet while it is offered to one)."""
+    ending = job.status.value if job.conclusion is None else f"{job.status.value}, {job.conclusion.value}"
+    if instance_of_runner(job.runner_name):
+        runner = "on a runner of ours"
+    elif job.runner_name:
+        runner = "on a runner not ours"
+    elif job.assigned_runner_id is not None:
+        runner = "offered to a runner, not taken"
+    else:
+        runner = "no runner"
+    return f"{ending}, {runner}"
+
+
+def _served(job: FakeJob) -> bool:
+    return job.conclusion is Conclusion.SUCCESS and instance_of_runner(job.runner_name) is not None
+
+
+def _caught_error(output: str | None) -> dict[str, Any] | None:
+    """The error a Catch put at `$.error` of a state's output, if it did."""
+    try:
+        document = json.loads(output or "null")
+    except ValueError:
+        return None
+    error = document.get("error") if isinstance(document, dict) else None
+    return error if isinstance(error, dict) and "Error" in error else None
 
 
 def queued_spans(system: World) -> dict[int, float]:

@@ -121,10 +121,14 @@ class Deployment:
         """Stop every execution still running (a world ends with this); returns how many."""
         return stop_running_executions(self.stepfunctions)
 
+    def history(self, execution_arn: str) -> list[dict[str, Any]]:
+        """One execution's history events, in order (GetExecutionHistory's, every page)."""
+        pages = self.stepfunctions.get_paginator("get_execution_history").paginate(executionArn=execution_arn)
+        return [event for page in pages for event in page["events"]]
+
     def state_transitions(self, execution_arn: str) -> int:
         """States entered by one execution: what Step Functions Standard bills."""
-        pages = self.stepfunctions.get_paginator("get_execution_history").paginate(executionArn=execution_arn)
-        return sum(1 for page in pages for event in page["events"] if event["type"].endswith("StateEntered"))
+        return sum(1 for event in self.history(execution_arn) if event["type"].endswith("StateEntered"))
 
 
 @contextmanager
