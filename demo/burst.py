@@ -118,6 +118,8 @@ class Burst:
     """Of those, refused with a rate limit."""
     failed_executions: int
     runs: int = 0
+    still_running: int = 0
+    """Executions of our machines still running when the burst ended: how they end is not counted."""
     dispatched: tuple[int, ...] = ()
     """Provision executions the dispatcher started for each run (its first job's, its follow-ups')."""
     redriven: int = 0
@@ -164,7 +166,8 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
 
     queued = [system.github.state.jobs[j] for run in started for j in run.job_ids]
     served = sum(1 for j in queued if _served(j))
-    failed = [e for e in system.stack.executions() if e["status"] in FAILED]
+    executions = system.stack.executions()
+    failed = [e for e in executions if e["status"] in FAILED]
     provisions = _provisions(system)
     run_keys = {_run_key_of(run): run for run in started}
     dispatched = Counter(
@@ -181,6 +184,7 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
         refused=system.github.limits.refused[JIT_ROUTE] - refused_before,
         failed_executions=len(failed),
         runs=len(started),
+        still_running=sum(1 for e in executions if e["status"] == "RUNNING"),
         dispatched=tuple(dispatched[key] for key in run_keys),
         redriven=sum(1 for p in provisions if p.redrives > 0),
         reconciled=sum(1 for p in provisions if p.redrives == 0 and p.origin is not None),

@@ -253,3 +253,15 @@ def test_the_burst_table_has_a_row_for_each_cause_and_outcome_the_most_frequent_
     ]
     at = rows.index(("jobs served", "8 of 10"))
     assert rows[at + 1] == ("  not served: queued, no runner", "2")
+
+
+def test_a_burst_without_failures_or_unserved_jobs_says_none_for_each() -> None:
+    # Given a burst that served every job and whose executions all succeeded
+    burst = Burst(10, 10, 1.0, 10, 0, 0)
+
+    # When its table is made
+    rows = table_of(burst, 10, Footprint()).rows
+
+    # Then each breakdown is one row saying there is none
+    assert ("  not served, by what became of them", "none") in rows
+    assert ("  failed, by machine, state and error", "none") in rows
