@@ -64,9 +64,11 @@ _VOLATILE = (
     (re.compile(r"\bi-[0-9a-f]{8,17}\b"), "i-…"),
     (re.compile(r"\b[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b|\b[0-9a-f]{12,}\b"), "…"),
     (re.compile(r"#\d+"), "#…"),
+    (re.compile(r"RequestId: \S+"), "RequestId: …"),
 )
 """What differs between two failures of one kind (instance ids, request ids, moto's event numbers), masked
-so they count together."""
+so they count together. Lambda's timeout names its request ("RequestId: <id> Error: Task timed out after
+30.00 seconds"), a UUID on AWS and `local-<n>` in the emulator (emulator/lambda_runtime.py)."""
 
 
 @contextmanager

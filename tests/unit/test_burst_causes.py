@@ -109,6 +109,20 @@ def test_failures_of_one_kind_on_different_instances_count_as_one_cause() -> Non
     assert causes == Counter({"ClaimWorkers: ClaimLost: claim of i-… lost": 2})
 
 
+def test_lambda_timeouts_of_different_requests_count_as_one_cause() -> None:
+    # Given two claim workers' steps that ran past their function's timeout, as Lambda reports it
+    timed_out = [
+        lambda_cause("Sandbox.Timedout", f"RequestId: {request} Error: Task timed out after 30.00 seconds")
+        for request in ("local-3791", "0f3c2a52-63f1-4b8e-9d0e-7c1d1a7e2b11")
+    ]
+
+    # When each is shortened
+    texts = {short_error("Sandbox.Timedout", cause) for cause in timed_out}
+
+    # Then they are one text, without their request ids
+    assert texts == {"Sandbox.Timedout: RequestId: … Error: Task timed out after 30.00 seconds"}
+
+
 def test_a_dump_that_failed_after_the_caught_error_is_told_after_it() -> None:
     # Given a Create step whose error was caught, then a Dump that failed its retries (no Catch on Dump)
     runtime = (
