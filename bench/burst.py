@@ -125,7 +125,10 @@ def table_of(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
     table.row("  refused by GitHub (retry-after)", burst.refused)
     table.row("executions failed", burst.failed_executions)
     _counted(table, "  failed, by machine, state and error", "", burst.failure_causes)
-    table.row("  still running when the burst ended (not counted)", burst.still_running)
+    table.row(
+        "  executions still running when the burst ended (not counted)",
+        ", ".join(f"{machine}: {n}" for machine, n in sorted(burst.still_running.items())) or "none",
+    )
     table.row("provisions the dispatcher started per run (each run)", " ".join(map(str, burst.dispatched)))
     if burst.queued_spans:
         spans = sorted(burst.queued_spans)

@@ -31,6 +31,7 @@ from emulator.deployment import Timers
 from emulator.fake_github import Conclusion, FakeJob, FakeWorkflowRun, JobSpec, JobStatus
 from emulator.fake_github.rate_limits import POINTS_PER_MINUTE, RateLimits
 from emulator.simulated_instances import InstanceSettings
+from emulator.timeline import Happening, TimelineEvent
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from runner_pool.domain.executions import ProvisionRequest, instance_of_runner
 from runner_pool.domain.run_keys import RunKey
@@ -60,6 +61,10 @@ _ENDINGS = {
     "ExecutionAborted": "executionAbortedEventDetails",
 }
 """An execution's last event when it did not succeed, and the field of its error and cause."""
+INSTANCE_END_SECONDS = 15.0
+"""How long after a job ended its instance's end still goes with it: a terminated instance's runner
+disconnects, which fails its job at once, and the timeline records the termination after the agent's
+shutdown grace (5 s, emulator/simulated_instances.py); the rest is margin for a loaded machine."""
 _VOLATILE = (
     (re.compile(r"\bi-[0-9a-f]{8,17}\b"), "i-…"),
     (re.compile(r"\b[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b|\b[0-9a-f]{12,}\b"), "…"),
@@ -120,8 +125,9 @@ class Burst:
     """Of those, refused with a rate limit."""
     failed_executions: int
     runs: int = 0
-    still_running: int = 0
-    """Executions of our machines still running when the burst ended: how they end is not counted."""
+    still_running: Counter[str] = field(default_factory=Counter)
+    """Executions still running when the burst ended, by machine: how they end is not counted (a release
+    runs on after its run's last job, so some of the release machine's always are)."""
     dispatched: tuple[int, ...] = ()
     """Provision executions the dispatcher started for each run (its first job's, its follow-ups')."""
     redriven: int = 0
@@ -186,7 +192,7 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
         refused=system.github.limits.refused[JIT_ROUTE] - refused_before,
         failed_executions=len(failed),
         runs=len(started),
-        still_running=sum(1 for e in executions if e["status"] == "RUNNING"),
+        still_running=Counter(e["machine"] for e in executions if e["status"] == "RUNNING"),
         dispatched=tuple(dispatched[key] for key in run_keys),
         redriven=sum(1 for p in provisions if p.redrives > 0),
         reconciled=sum(1 for p in provisions if p.redrives == 0 and p.origin is not None),
@@ -196,7 +202,7 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
         failure_causes=Counter(
             f"{e['machine']} {failure_cause(system.stack.history(e['executionArn']))}" for e in failed
         ),
-        unserved=Counter(unserved_outcome(j) for j in queued if not _served(j)),
+        unserved=_unserved(system, queued),
     )
 
 
@@ -252,12 +258,14 @@ def short_error(error: str | None, cause: str | None) -> str:
     return text if len(text) <= CAUSE_CHARACTERS else text[: CAUSE_CHARACTERS - 1] + "…"
 
 
-def unserved_outcome(job: FakeJob) -> str:
+def unserved_outcome(job: FakeJob, instance_events: Sequence[TimelineEvent] = ()) -> str:
     """What became of a job not served: its status, its conclusion if it has one, and whose runner took
-    it (ours, by the name we give runners; another; none, or none yet while it is offered to one)."""
+    it (ours, by the name we give runners; another; none, or none yet while it is offered to one). For
+    a runner of ours, what the timeline saw of its instance (`instance_events`) while the job was on it:
+    the record's last state seen, and whether the instance ended with the job."""
     ending = job.status.value if job.conclusion is None else f"{job.status.value}, {job.conclusion.value}"
     if instance_of_runner(job.runner_name):
-        runner = "on a runner of ours"
+        runner = f"on a runner of ours{_instance_while_on_it(job, instance_events)}"
     elif job.runner_name:
         runner = "on a runner not ours"
     elif job.assigned_runner_id is not None:
@@ -265,6 +273,35 @@ def unserved_outcome(job: FakeJob) -> str:
     else:
         runner = "no runner"
     return f"{ending}, {runner}"
+
+
+def _unserved(system: World, queued: list[FakeJob]) -> Counter[str]:
+    unserved = [job for job in queued if not _served(job)]
+    by_instance: dict[str, list[TimelineEvent]] = {}
+    for event in system.timeline.events() if unserved else ():
+        if event.instance_id is not None:
+            by_instance.setdefault(event.instance_id, []).append(event)
+    return Counter(
+        unserved_outcome(job, by_instance.get(instance_of_runner(job.runner_name) or "", ()))
+        for job in unserved
+    )
+
+
+def _instance_while_on_it(job: FakeJob, events: Sequence[TimelineEvent]) -> str:
+    started = job.started_at or 0.0
+    until = float("inf") if job.completed_at is None else job.completed_at
+    states = [e.detail for e in events if e.happening is Happening.STATE and e.at <= until]
+    ended = next(
+        (
+            e
+            for e in events
+            if e.happening in (Happening.TERMINATED, Happening.CRASHED)
+            and started <= e.at <= until + INSTANCE_END_SECONDS
+        ),
+        None,
+    )
+    seen = f"; its record last seen {states[-1]}" if states else "; its record never seen"
+    return seen + (f"; its instance {ended.happening.value} with the job" if ended else "")
 
 
 def _served(job: FakeJob) -> bool:

@@ -16,8 +16,16 @@ from typing import Any
 import pytest
 
 from bench.burst import Footprint, table_of
-from demo.burst import CAUSE_CHARACTERS, Burst, failure_cause, short_error, unserved_outcome
+from demo.burst import (
+    CAUSE_CHARACTERS,
+    INSTANCE_END_SECONDS,
+    Burst,
+    failure_cause,
+    short_error,
+    unserved_outcome,
+)
 from emulator.fake_github import Conclusion, FakeJob, JobStatus
+from emulator.timeline import Happening, TimelineEvent
 from runner_pool.domain.executions import runner_name
 
 INSTANCE = "i-0123456789abcdef0"
@@ -226,7 +234,7 @@ def job(status: JobStatus, conclusion: Conclusion | None = None, **runner: Any) 
     [
         (
             job(JobStatus.COMPLETED, Conclusion.FAILURE, runner_name=runner_name(INSTANCE, "claim")),
-            "completed, failure, on a runner of ours",
+            "completed, failure, on a runner of ours; its record never seen",
         ),
         (job(JobStatus.COMPLETED, Conclusion.FAILURE), "completed, failure, no runner"),
         (
@@ -236,7 +244,7 @@ def job(status: JobStatus, conclusion: Conclusion | None = None, **runner: Any) 
         (job(JobStatus.QUEUED, assigned_runner_id=7), "queued, offered to a runner, not taken"),
         (
             job(JobStatus.IN_PROGRESS, runner_name=runner_name(INSTANCE, "claim")),
-            "in_progress, on a runner of ours",
+            "in_progress, on a runner of ours; its record never seen",
         ),
     ],
 )
@@ -249,22 +257,77 @@ def test_an_unserved_jobs_outcome_is_its_status_conclusion_and_whose_runner(
     assert unserved_outcome(unserved) == outcome
 
 
+def test_a_job_whose_instance_was_terminated_as_it_failed_says_so_with_the_records_last_state() -> None:
+    # Given a job that failed on a runner of ours, started at 100 s and failed at 110 s
+    failed = job(JobStatus.COMPLETED, Conclusion.FAILURE, runner_name=runner_name(INSTANCE, "claim"))
+    failed.started_at, failed.completed_at = 100.0, 110.0
+    # And its instance's record seen created, then expired before the job failed, then terminated
+    # within the shutdown's grace after it (the timeline records a termination once the agent stopped)
+    events = [
+        TimelineEvent(90.0, Happening.STATE, INSTANCE, detail="created"),
+        TimelineEvent(105.0, Happening.STATE, INSTANCE, detail="expired"),
+        TimelineEvent(
+            110.0 + INSTANCE_END_SECONDS - 1, Happening.TERMINATED, INSTANCE, detail="EC2 says terminated"
+        ),
+        TimelineEvent(130.0, Happening.STATE, INSTANCE, detail="terminated"),
+    ]
+
+    # When its outcome is read
+    outcome = unserved_outcome(failed, events)
+
+    # Then it names the record's last state before the job ended, and the termination with the job
+    assert outcome == (
+        "completed, failure, on a runner of ours; its record last seen expired; its instance terminated with the job"
+    )
+
+
+def test_an_instance_terminated_long_after_its_job_failed_is_not_said_to_have_ended_with_it() -> None:
+    # Given a job that failed on a runner of ours at 110 s, its record running until then
+    failed = job(JobStatus.COMPLETED, Conclusion.FAILURE, runner_name=runner_name(INSTANCE, "claim"))
+    failed.started_at, failed.completed_at = 100.0, 110.0
+    # And its instance terminated later than a shutdown's grace after (released, then retired)
+    events = [
+        TimelineEvent(95.0, Happening.STATE, INSTANCE, detail="running"),
+        TimelineEvent(
+            110.0 + INSTANCE_END_SECONDS + 1, Happening.TERMINATED, INSTANCE, detail="EC2 says terminated"
+        ),
+    ]
+
+    # When its outcome is read
+    outcome = unserved_outcome(failed, events)
+
+    # Then the termination is not put with the job
+    assert outcome == "completed, failure, on a runner of ours; its record last seen running"
+
+
 def test_the_burst_table_has_a_row_for_each_cause_and_outcome_the_most_frequent_first() -> None:
-    # Given a burst with two kinds of failed execution and one kind of unserved job
+    # Given a burst with two kinds of failed execution, executions still running, one kind of unserved job
     causes = Counter(
         {"provision Create: RuntimeError: fleet said no": 1, "provision ClaimWorkers: ClaimLost": 3}
     )
-    burst = Burst(10, 8, 1.0, 10, 0, 4, failure_causes=causes, unserved=Counter({"queued, no runner": 2}))
+    burst = Burst(
+        10,
+        8,
+        1.0,
+        10,
+        0,
+        4,
+        failure_causes=causes,
+        still_running=Counter({"release": 7, "provision": 1}),
+        unserved=Counter({"queued, no runner": 2}),
+    )
 
     # When its table is made
     rows = table_of(burst, 10, Footprint()).rows
 
-    # Then each cause follows the count of failed executions, each outcome the jobs served
+    # Then each cause follows the count of failed executions, then those still running by machine
     at = rows.index(("executions failed", "4"))
-    assert rows[at + 1 : at + 3] == [
+    assert rows[at + 1 : at + 4] == [
         ("  provision ClaimWorkers: ClaimLost", "3"),
         ("  provision Create: RuntimeError: fleet said no", "1"),
+        ("  executions still running when the burst ended (not counted)", "provision: 1, release: 7"),
     ]
+    # And each outcome follows the jobs served
     at = rows.index(("jobs served", "8 of 10"))
     assert rows[at + 1] == ("  not served: queued, no runner", "2")
 
