@@ -145,6 +145,10 @@ class Provision(Construct):
                     "hands runner configs to new instances still waiting for one, reads their heartbeats",
                     hand_over,
                     hand_off,
+                    # Create's time: it makes the same hand-overs, ten side by side, then reads each pending
+                    # instance. At 30 s it timed out on every retry under load (the 1,000-job burst,
+                    # 2026-11-27: one of three failed executions).
+                    timeout_seconds=120,
                 ),
                 "finish": Step(
                     "sets ready instances running, expires the rest, asks again for what is missing",

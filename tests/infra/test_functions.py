@@ -181,3 +181,9 @@ def test_the_claim_step_outlasts_its_pickups_read_to_their_budget(synthesis: Syn
     # Then every pickup may read to its budget and still leave seconds to hand the candidate over
     # (GitHub's JIT call, KMS, two writes)
     assert timeout - pickups >= 5
+
+
+def test_fleet_validation_has_the_time_creation_has_for_the_same_hand_overs(synthesis: Synthesis) -> None:
+    # CheckFleet hands configs to created instances still waiting, as Create does, and reads every pending one
+    steps = functions(synthesis)
+    assert steps["provision.check_fleet"]["Timeout"] == steps["provision.create"]["Timeout"] == 120
