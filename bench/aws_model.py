@@ -262,10 +262,7 @@ def record(system: Any, log: CallLog, figures: Iterable[JobFigures]) -> list[Tra
     for execution in system.stack.executions():
         if execution["machine"] != "provision":
             continue
-        pages = stepfunctions.get_paginator("get_execution_history").paginate(
-            executionArn=execution["executionArn"]
-        )
-        executions.append(Execution.of(execution["name"], [e for page in pages for e in page["events"]]))
+        executions.append(Execution.of(execution["name"], system.stack.history(execution["executionArn"])))
     settings = system.stack.plane.settings
     definition = json.loads(
         stepfunctions.describe_state_machine(stateMachineArn=settings.provision_state_machine_arn)[
