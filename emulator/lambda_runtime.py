@@ -428,6 +428,18 @@ PrincipalOf = Callable[[FunctionSpec], Principal]
 
 
 @dataclass
+class _Turn:
+    """An invocation waiting for an environment, and what it was handed: an idle `environment`, or room
+    to start one (`environment` None), having shut down `evicted` to make it; or `closed`."""
+
+    spec: FunctionSpec
+    granted: threading.Event = field(default_factory=threading.Event)
+    environment: Environment | None = None
+    evicted: Environment | None = None
+    closed: bool = False
+
+
+@dataclass
 class _Pool:
     idle: list[Environment] = field(default_factory=list)
     busy: int = 0
@@ -483,7 +495,12 @@ class LambdaRuntime:
         self._starting = 0
         self._pools: dict[str, _Pool] = {name: _Pool() for name in self.functions}
         self._all: list[Environment] = []
-        self._lock = threading.Condition()
+        self._waiting: list[_Turn] = []
+        """Invocations waiting for an environment, in the order they came."""
+        self._lock = threading.Lock()
+        self._counting = threading.Lock()
+        """Only for `calls` and `faults`: every AWS call a function makes counts, and must not wait on
+        the invocations' turns."""
         self._closed = False
 
     def __enter__(self) -> Self:
@@ -501,6 +518,10 @@ class LambdaRuntime:
             self._all.clear()
             for pool in self._pools.values():
                 pool.idle.clear()
+            for turn in self._waiting:
+                turn.closed = True
+                turn.granted.set()
+            self._waiting.clear()
         for environment in environments:
             environment.shut_down()
         deadline = time.monotonic() + SHUTDOWN_SECONDS
@@ -631,41 +652,64 @@ class LambdaRuntime:
     # --- environments
 
     def _acquire(self, spec: FunctionSpec) -> Environment:
+        """An environment for one invocation of `spec`: an idle one, or one started in the room there is
+        (an idle one of another function shut down to make it, if need be); else the invocation waits its
+        turn. Turns are handed out first come, first served, each to the one waiter it lets go on: under
+        a burst a hundred invocations wait, and waking all of them at every release made the lock they
+        share the one thing the process did (the 1,000-job burst's stall, 2026-11-27)."""
+        turn = _Turn(spec)
         with self._lock:
-            pool = self._pools[spec.name]
-            while True:
-                if self._closed:
-                    raise RuntimeError("the Lambda runtime is closed")
-                if pool.idle:
-                    pool.busy += 1
-                    return pool.idle.pop()
-                if pool.busy < self._max and len(self._all) + self._starting >= self._max_total:
-                    evicted = self._evict()
-                    if evicted is not None:
-                        evicted.kill()
-                        continue
-                if pool.busy < self._max and len(self._all) + self._starting < self._max_total:
-                    pool.busy += 1
-                    pool.started += 1
-                    self._starting += 1
-                    break
-                self._lock.wait()
+            if self._closed:
+                raise RuntimeError("the Lambda runtime is closed")
+            self._waiting.append(turn)
+            self._hand_out()
+        turn.granted.wait()
+        if turn.closed:
+            raise RuntimeError("the Lambda runtime is closed")
+        if turn.evicted is not None:
+            turn.evicted.kill()
+        if turn.environment is not None:
+            return turn.environment
         try:
             environment = self._start(spec)
         except BaseException:
             with self._lock:
-                pool.busy -= 1
+                self._pools[spec.name].busy -= 1
                 self._starting -= 1
-                self._lock.notify_all()
+                self._hand_out()
             raise
         with self._lock:
             self._starting -= 1
             self._all.append(environment)
         return environment
 
+    def _hand_out(self) -> None:
+        """Let go every waiting invocation that can go on now, in the order they came (the lock held):
+        with an idle environment of its function, or the room to start one, within `max_environments`
+        of its function and `max_total_environments` in all."""
+        for turn in list(self._waiting):
+            pool = self._pools[turn.spec.name]
+            if pool.idle:
+                turn.environment = pool.idle.pop()
+            elif pool.busy >= self._max:
+                continue
+            elif len(self._all) + self._starting < self._max_total:
+                pool.started += 1
+                self._starting += 1
+            elif (evicted := self._evict()) is not None:
+                turn.evicted = evicted
+                pool.started += 1
+                self._starting += 1
+            else:
+                continue
+            pool.busy += 1
+            self._waiting.remove(turn)
+            turn.granted.set()
+
     def _evict(self) -> Environment | None:
         """The idle environment used least recently, of any function, taken out to make room (Lambda
-        reclaims idle environments as it needs); None when every environment is busy."""
+        reclaims idle environments as it needs); None when every environment is busy. Its caller shuts it
+        down, outside the lock."""
         idle = [
             (environment.last_used, name) for name, pool in self._pools.items() for environment in pool.idle
         ]
@@ -679,17 +723,20 @@ class LambdaRuntime:
         return oldest
 
     def _release(self, spec: FunctionSpec, environment: Environment, healthy: bool) -> None:
+        """The invocation's environment back: idle for the next, or (unhealthy, or the runtime closed) shut
+        down outside the lock, so that a slow kill never holds the runtime up."""
         with self._lock:
             pool = self._pools[spec.name]
             pool.busy -= 1
-            if healthy and not self._closed and environment.process.running():
+            kept = healthy and not self._closed and environment.process.running()
+            if kept:
                 environment.last_used = time.monotonic()
                 pool.idle.append(environment)
-            else:
-                if environment in self._all:
-                    self._all.remove(environment)
-                environment.kill()
-            self._lock.notify_all()
+            elif environment in self._all:
+                self._all.remove(environment)
+            self._hand_out()
+        if not kept:
+            environment.kill()
 
     def _start(self, spec: FunctionSpec) -> Environment:
         server = self._fork_server()
@@ -771,7 +818,7 @@ class LambdaRuntime:
     def _answer(self, spec: FunctionSpec, call: Mapping[str, Any]) -> dict[str, Any]:
         service, operation = call["service"], call["operation"]
         params = _decoded(call["params"])
-        with self._lock:
+        with self._counting:
             self.calls[f"{service}:{operation}"] += 1
         try:
             if self._check is not None and self._principal_of is not None:
@@ -787,7 +834,7 @@ class LambdaRuntime:
                     return {"error": refused.response}
         except Exception as fault:  # the emulator's own failure: fail the call, and the test that made it
             logging.getLogger(__name__).exception("answering %s:%s for %s", service, operation, spec.name)
-            with self._lock:
+            with self._counting:
                 self.faults.append(f"{spec.name} {service}:{operation}: {type(fault).__name__}: {fault}")
             return {
                 "error": {
@@ -802,7 +849,7 @@ class LambdaRuntime:
     def assert_no_faults(self) -> None:
         """Fail if this service itself failed to answer a function's call (an AWS call the IAM check has no
         row for, a simulator's crash): the function was answered `EmulatorFault`, never what AWS says."""
-        with self._lock:
+        with self._counting:
             faults = list(self.faults)
         if faults:
             raise AssertionError("the local Lambda service could not answer:\n" + "\n".join(faults))
@@ -811,6 +858,11 @@ class LambdaRuntime:
         """How many environments `name` has started so far (cold starts)."""
         with self._lock:
             return self._pools[name].started
+
+    def waiting(self) -> int:
+        """How many invocations wait for an environment right now."""
+        with self._lock:
+            return len(self._waiting)
 
     def live(self) -> Iterator[Environment]:
         with self._lock:

@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,7 +41,7 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.records import Signal, WorkerSignal
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
-from tests.support import builders
+from tests.support import builders, waiting
 
 FAKE_RUNNER = Path(__file__).with_name("fake_runner.py")
 MOTO_IMAGE_ID = "ami-12c6146b"
@@ -83,15 +82,8 @@ def _b64_json(value: Any) -> str:
 
 
 def eventually(check: Callable[[], Any], timeout: float = WAIT_SECONDS, what: str = "condition") -> Any:
-    """Poll `check` until it returns something truthy; fail the test with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.025)
+    """tests/support/waiting.py's, with an agent test's time to wait."""
+    return waiting.eventually(check, what, timeout)
 
 
 def process_alive(pid: int) -> bool:
@@ -193,7 +185,7 @@ class ControlPlane:
             current = self.signal()
             return current if current is not None and current.confirms(signal, run_key) else None
 
-        found: WorkerSignal = eventually(confirmed, timeout, f"{signal.value} for {run_key!r}")
+        found: WorkerSignal = eventually(confirmed, timeout=timeout, what=f"{signal.value} for {run_key!r}")
         return found
 
 

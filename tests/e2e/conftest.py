@@ -36,6 +36,7 @@ from runner_pool.domain.executions import runner_name
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Signal, WorkerSignal
 from runner_pool.domain.runner_scope import RepositoryScope
+from tests.support import waiting
 from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 
 TABLE = "runner-pool-e2e"
@@ -58,14 +59,8 @@ each served by local AWS in this same process, on the same cores as the system u
 def eventually(
     check: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS, every: float = LOOK_SECONDS
 ) -> Any:
-    """Poll `check` every `every` seconds until it returns something truthy; fail the test with `what`
-    after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
-    return result
+    """tests/support/waiting.py's, with an end-to-end test's time to wait and pace of looking."""
+    return waiting.eventually(check, what, timeout, every)
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,7 @@ from emulator.lambda_runtime import (
 )
 from emulator.resources import create_state_table
 from emulator.step_functions import MOTO_CONFIG, LocalStateMachines, lambdas_in_process, without_waiting
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +94,15 @@ def crash(event, context):
 def block(event, context):
     if event["block"]:
         threading.Event().wait()
+    return os.getpid()
+
+
+def in_turn(event, context):
+    """Waits until `until` exists (if given), then writes its `tag` as the next line of `log`."""
+    while event.get("until") and not os.path.exists(event["until"]):
+        time.sleep(0.01)
+    with open(event["log"], "a") as log:
+        log.write(event["tag"] + "\\n")
     return os.getpid()
 
 
@@ -588,6 +598,54 @@ def test_past_the_total_cap_the_least_recently_used_idle_environment_makes_room(
         with pytest.raises(ProcessLookupError):
             os.kill(first, 0)
         assert [environment.pid for environment in runtime.live()] == [second]
+
+
+def test_invocations_waiting_for_a_function_s_environments_go_on_one_each_in_the_order_they_came(
+    probe_artifacts: Artifacts, aws: LocalAws, tmp_path: Path
+) -> None:
+    # Given a function that may have one environment, busy with an invocation that holds it until told
+    log, until = tmp_path / "log", tmp_path / "go"
+    with (
+        LambdaRuntime(
+            probe_artifacts, {"in_turn": probe("in_turn")}, endpoint=aws.endpoint, max_environments=1
+        ) as runtime,
+        ThreadPoolExecutor(max_workers=4) as pool,
+    ):
+        invoked = [pool.submit(runtime.invoke, "in_turn", {"tag": "0", "log": str(log), "until": str(until)})]
+        eventually(lambda: runtime.environments("in_turn") == 1, "the first invocation's environment")
+
+        # When three more come one after another, each waiting its turn
+        for tag in "123":
+            invoked.append(pool.submit(runtime.invoke, "in_turn", {"tag": tag, "log": str(log)}))
+            eventually(lambda tag=tag: runtime.waiting() == int(tag), f"invocation {tag} waiting")
+        until.touch()
+
+        # Then each went on in the order it came, in the one environment
+        pids = {future.result(timeout=60) for future in invoked}
+        assert log.read_text().split() == ["0", "1", "2", "3"]
+        assert len(pids) == 1
+        assert runtime.environments("in_turn") == 1
+
+
+def test_an_invocation_waiting_for_an_environment_fails_when_the_runtime_closes(
+    probe_artifacts: Artifacts, aws: LocalAws, tmp_path: Path
+) -> None:
+    # Given a function's one environment held, and an invocation waiting for it
+    runtime = LambdaRuntime(
+        probe_artifacts, {"block": probe("block")}, endpoint=aws.endpoint, max_environments=1
+    )
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        pool.submit(runtime.invoke, "block", {"block": True})
+        eventually(lambda: runtime.environments("block") == 1, "the environment held")
+        waiting = pool.submit(runtime.invoke, "block", {"block": False})
+        eventually(lambda: runtime.waiting() == 1, "an invocation waiting")
+
+        # When the runtime closes
+        runtime.close()
+
+        # Then the waiting invocation is told so rather than left waiting
+        with pytest.raises(RuntimeError, match="closed"):
+            waiting.result(timeout=30)
 
 
 def test_warming_starts_an_environment_per_function_before_any_invocation(
