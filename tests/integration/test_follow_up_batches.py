@@ -23,6 +23,7 @@ from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.demand import (
     BURST_QUIET_SECONDS,
     FOLLOW_UP_LIMIT_SECONDS,
+    FOLLOW_UP_PACE_FACTOR,
     FOLLOW_UP_WINDOW_SECONDS,
     SEALED_WAIT_SECONDS,
     BatchRole,
@@ -146,24 +147,41 @@ def test_the_first_demand_starts_at_once_and_overlapping_batches_make_one_follow
     assert leader.failed_message_ids == set()
 
 
-def test_the_follow_up_closes_a_window_after_its_last_job_joined(dispatches: Dispatches) -> None:
-    # Given a first dispatch, and the clock moved on by most of the window
+def led_follow_up(dispatches: Dispatches, join_after: float) -> float:
+    """A first dispatch, the next batch leading the follow-up most of a window later, and another batch
+    joining it `join_after` seconds after the leader: how long after it began to lead the leader started
+    the follow-up (both jobs in it, checked)."""
     dispatches.dispatch("a", jobs(1))
     clock = dispatches.world.clock
     clock.advance(0.75 * FOLLOW_UP_WINDOW_SECONDS)
 
-    # When the next batch leads the follow-up, and another joins half a window later
     def join_later() -> None:
-        clock.advance(0.5 * FOLLOW_UP_WINDOW_SECONDS)
+        clock.advance(join_after)
         dispatches.dispatch("c", jobs(3))
 
     dispatches.meanwhile.append(join_later)
     led_at = clock.now()
     dispatches.dispatch("b", jobs(2))
+    assert dispatches.starts.job_ids() == [(1,), (2, 3)]
+    return clock.now() - led_at
+
+
+def test_the_follow_up_closes_a_window_after_its_last_job_joined(dispatches: Dispatches) -> None:
+    # When the join comes a moment after the leader, as a matrix's deliveries do side by side
+    waited = led_follow_up(dispatches, join_after=0.05)
 
     # Then the leader waited until a window had passed since the last join, and started both
-    assert clock.now() == pytest.approx(led_at + 0.5 * FOLLOW_UP_WINDOW_SECONDS + FOLLOW_UP_WINDOW_SECONDS)
-    assert dispatches.starts.job_ids() == [(1,), (2, 3)]
+    assert waited == pytest.approx(0.05 + FOLLOW_UP_WINDOW_SECONDS)
+
+
+def test_a_follow_up_whose_jobs_come_slower_stays_open_a_few_of_their_gaps(dispatches: Dispatches) -> None:
+    # When the join comes 0.2 s after the leader: the run's deliveries come at a slower pace than a
+    # matrix's side by side, and a gap of 0.3 s would often close the window between two of them
+    waited = led_follow_up(dispatches, join_after=0.2)
+
+    # Then the follow-up stayed open four of those gaps after the last join (domain.demand
+    # FOLLOW_UP_PACE_FACTOR), not one window
+    assert waited == pytest.approx(0.2 + FOLLOW_UP_PACE_FACTOR * 0.2)
 
 
 def test_a_follow_up_that_keeps_growing_is_started_at_its_limit(dispatches: Dispatches) -> None:

@@ -11,7 +11,8 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
     batch#<sha256 of repository, run key>
                                     the run key's follow-up window (domain.demand): repository, run_key,
                                     opened_at, closes_at, limit_at; once a dispatch joins, leader and
-                                    lease_until, jobs and public_jobs (number sets); sealed when the
+                                    lease_until, joined_at (its first join), jobs and public_jobs
+                                    (number sets); sealed when the
                                     leader closed it to further jobs; started when its provision started
 
 Each change is one conditional write, so two dispatchers that see the same job never both count
@@ -30,7 +31,15 @@ from botocore.exceptions import ClientError
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.demand import BatchRole, BatchTurn, FollowUp, Reservation, RunMark, Sealing
+from runner_pool.domain.demand import (
+    BatchRole,
+    BatchTurn,
+    FollowUp,
+    Reservation,
+    RunMark,
+    Sealing,
+    follow_up_closes_at,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -249,7 +258,14 @@ class DynamoDbLedger:
                 holder=holder,
                 lease_until=lease_until,
                 now=now,
-                closes_at=min(now + window_seconds, _epoch(current, "limit_at")),
+                closes_at=follow_up_closes_at(
+                    now,
+                    closes_at=_epoch(current, "closes_at"),
+                    limit_at=_epoch(current, "limit_at"),
+                    joined_at=_epoch(current, "joined_at") if "joined_at" in current else None,
+                    joined=len(_follow_up(current).job_ids),
+                    window_seconds=window_seconds,
+                ),
                 take_over=abandoned,
             )
             if turn is not None:
@@ -268,7 +284,7 @@ class DynamoDbLedger:
                 UpdateExpression=(
                     "SET repository = :repository, run_key = :run_key, opened_at = :now, "
                     "closes_at = :closes, limit_at = :limit, #expiry = :expiry "
-                    "REMOVE leader, lease_until, sealed, started, jobs, public_jobs"
+                    "REMOVE leader, lease_until, joined_at, sealed, started, jobs, public_jobs"
                 ),
                 ConditionExpression=_QUIET,
                 ExpressionAttributeNames={"#id": KEY_ATTRIBUTE, "#expiry": EXPIRY_ATTRIBUTE},
@@ -313,8 +329,8 @@ class DynamoDbLedger:
             ":lease": {"N": _number(lease)},
         }
         update = (
-            "SET opened_at = :now, closes_at = :closes, limit_at = :limit, jobs = :jobs, leader = :me, "
-            "lease_until = :lease"
+            "SET opened_at = :now, joined_at = :now, closes_at = :closes, limit_at = :limit, jobs = :jobs, "
+            "leader = :me, lease_until = :lease"
         )
         if public_ids:
             values[":public"] = {"NS": [str(job_id) for job_id in public_ids]}
@@ -359,11 +375,13 @@ class DynamoDbLedger:
             values[":yes"] = {"BOOL": True}
             update = f"{additions} SET leader = :me, lease_until = :lease, sealed = :yes"
         else:
-            # Each join keeps the window open a little longer (capped by limit_at, by the caller).
+            # Each join keeps the window open a little longer (follow_up_closes_at, by the caller).
             values[":closes"] = {"N": _number(closes_at)}
             update = (
                 f"{additions} SET leader = if_not_exists(leader, :me), "
-                "lease_until = if_not_exists(lease_until, :lease), closes_at = :closes"
+                "lease_until = if_not_exists(lease_until, :lease), "
+                "joined_at = if_not_exists(joined_at, :now), "
+                "closes_at = :closes"
             )
         try:
             response = self._client.update_item(

@@ -26,7 +26,8 @@ writes (DynamoDbLedger.take_turn):
     first      no follow-up of this run key is open or pending, and its last one started (or its
                window closed unjoined) BURST_QUIET_SECONDS ago or more: start its provision now, and
                open the follow-up window (FOLLOW_UP_WINDOW_SECONDS; each job that joins keeps it open
-               that much longer, up to FOLLOW_UP_LIMIT_SECONDS after the first)
+               that much longer, or FOLLOW_UP_PACE_FACTOR times the run's mean gap between joins when its
+               jobs come slower, up to FOLLOW_UP_LIMIT_SECONDS after the first: follow_up_closes_at)
     joined     the window is open and another dispatch leads the follow-up: the jobs are added to it
                and the messages are done
     leader     the window is open and nobody leads the follow-up yet, or the run key's last follow-up
@@ -93,6 +94,13 @@ provision once 0.3 s pass with no more. Every job after a run's first waits this
 1 s it was most of the warm path's 1.45 s); deliveries spread wider only cost more executions, one
 per quiet gap, never a job. It used to be the event source's batching window, in front of every job
 and per poller."""
+FOLLOW_UP_PACE_FACTOR = 4.0
+"""How many of its run's mean gaps between the jobs that joined a follow-up it stays open after the last,
+when that is longer than FOLLOW_UP_WINDOW_SECONDS: a run whose deliveries come at a slower pace (a large
+matrix, a loaded receiver) is not cut into an execution at every gap a little longer than 0.3 s. Gaps
+between deliveries that come independently are about exponential: at 0.3 s against a mean of 0.16 s one
+in six closed the window (the 300-job burst made 5 executions of a 30-job run, 2026-11-27); at four
+times the mean, about one in fifty."""
 FOLLOW_UP_LIMIT_SECONDS = 5.0
 """The longest a follow-up stays open after the first dispatch, however its demand keeps coming."""
 BURST_QUIET_SECONDS = 5.0
@@ -107,6 +115,25 @@ few hundred milliseconds on AWS. A leader that died while starting keeps its lea
 past this the waiting jobs are started apart rather than held for it."""
 SEALED_LOOK_SECONDS = 0.1
 """How often waiting demand looks whether the follow-up has started (one conditional write a look)."""
+
+
+def follow_up_closes_at(
+    now: Epoch,
+    *,
+    closes_at: Epoch,
+    limit_at: Epoch,
+    joined_at: Epoch | None,
+    joined: int,
+    window_seconds: float,
+) -> Epoch:
+    """When a follow-up closes once more jobs join it at `now`: after a quiet gap of `window_seconds`, or of
+    FOLLOW_UP_PACE_FACTOR times the mean gap between the `joined` jobs that joined it since its first join
+    (`joined_at`) when that is longer; never sooner than it was to close (`closes_at`), never past its
+    limit."""
+    gap = window_seconds
+    if joined > 0 and joined_at is not None:
+        gap = max(gap, FOLLOW_UP_PACE_FACTOR * max(0.0, now - joined_at) / joined)
+    return min(max(closes_at, now + gap), limit_at)
 
 
 class _Message(BaseModel):

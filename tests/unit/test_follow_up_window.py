@@ -1,0 +1,57 @@
+"""When a run's follow-up window closes (domain/demand.py `follow_up_closes_at`): a quiet gap of the window
+after the last join for a matrix delivered side by side, a few of the run's own gaps when its deliveries come
+slower, never past the limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner_pool.domain.demand import (
+    FOLLOW_UP_LIMIT_SECONDS,
+    FOLLOW_UP_PACE_FACTOR,
+    FOLLOW_UP_WINDOW_SECONDS,
+    follow_up_closes_at,
+)
+
+OPENED = 1_000.0
+LIMIT_AT = OPENED + FOLLOW_UP_LIMIT_SECONDS
+
+
+def closes(now: float, joined_at: float | None, joined: int, closes_at: float = OPENED) -> float:
+    return follow_up_closes_at(
+        now,
+        closes_at=closes_at,
+        limit_at=LIMIT_AT,
+        joined_at=joined_at,
+        joined=joined,
+        window_seconds=FOLLOW_UP_WINDOW_SECONDS,
+    )
+
+
+def test_the_first_join_keeps_the_window_open_one_window() -> None:
+    assert closes(OPENED + 0.2, joined_at=None, joined=0) == pytest.approx(
+        OPENED + 0.2 + FOLLOW_UP_WINDOW_SECONDS
+    )
+
+
+def test_a_matrix_delivered_side_by_side_closes_one_window_after_its_last_join() -> None:
+    # Three jobs joined within 30 ms: their pace is far below the window
+    assert closes(OPENED + 0.13, joined_at=OPENED + 0.1, joined=3) == pytest.approx(
+        OPENED + 0.13 + FOLLOW_UP_WINDOW_SECONDS
+    )
+
+
+def test_jobs_that_come_at_a_slower_pace_keep_it_open_a_few_of_their_gaps() -> None:
+    # Ten jobs joined over 1.6 s since the first join: a mean gap of 0.16 s, past which 0.3 s closes often
+    now = OPENED + 0.1 + 1.6
+    assert closes(now, joined_at=OPENED + 0.1, joined=10) == pytest.approx(now + FOLLOW_UP_PACE_FACTOR * 0.16)
+
+
+def test_it_never_closes_past_its_limit() -> None:
+    now = OPENED + 4.5
+    assert closes(now, joined_at=OPENED + 0.1, joined=2) == pytest.approx(LIMIT_AT)
+
+
+def test_a_quick_join_after_slow_ones_never_closes_it_sooner_than_it_was_to_close() -> None:
+    was_to_close = OPENED + 3.0
+    assert closes(OPENED + 1.0, joined_at=OPENED + 0.9, joined=20, closes_at=was_to_close) == was_to_close
