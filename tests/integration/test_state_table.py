@@ -1364,6 +1364,33 @@ def test_observe_reads_record_heartbeat_and_signal_in_one_call(
     assert (nothing.record, nothing.heartbeat, nothing.signal) == (None, None, None)
 
 
+def test_observe_many_reads_33_instances_to_a_batch_get_item_and_sees_each_as_observe_does(
+    state_table: StateTable, dynamodb: Any
+) -> None:
+    # Given 40 instances, every other one beating and registered, and one instance with no items at all
+    ids = [instance_in(state_table, InstanceState.CLAIMED, number=n).instance_id for n in range(1, 41)]
+    for instance_id in ids[::2]:
+        state_table.write_heartbeat(instance_id)
+        state_table.write_signal(instance_id, Signal.UD_REG_OK, RUN)
+    calls: list[str] = []
+    dynamodb.meta.events.register(
+        "provide-client-params.dynamodb.*", lambda model, **_: calls.append(model.name)
+    )
+
+    # When all of them are observed together
+    views = state_table.observe_many([*ids, MISSING_ID])
+
+    # Then two BatchGetItems read them (three items an instance, at most 100 keys a call)
+    assert calls == ["BatchGetItem", "BatchGetItem"]
+    # And each instance's view is what observe alone gives
+    assert list(views) == [*ids, MISSING_ID]
+    for instance_id, view in views.items():
+        assert view == state_table.observe(instance_id)
+    assert views[ids[0]].signal is not None
+    assert views[ids[1]].heartbeat is None
+    assert (views[MISSING_ID].record, views[MISSING_ID].heartbeat) == (None, None)
+
+
 def test_observe_retries_the_keys_dynamodb_left_unprocessed(
     stubbed: tuple[StateTable, Stubber, list[float]], clock: ManualClock, config: StackConfig
 ) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -79,6 +79,10 @@ STOPPED_PARTITION_ATTRIBUTE = "stopped_partition"
 STOPPED_READ_LIMIT = 50
 """Stopped records one pickup reads of a partition: more than a tier holds with any sensible maximum."""
 SWEEP_SHARDS = 4
+OBSERVED_PER_READ = 33
+"""Instances whose three items one BatchGetItem reads: 99 keys, within its 100 ("BatchGetItem",
+Amazon DynamoDB API Reference: "A single operation can retrieve up to 16 MB of data, which can contain
+as many as 100 items")."""
 """Live records are spread over this many index partitions so no single one gets hot."""
 MARKER_PREFIX = "marker#"
 FINISHED_RUN_PREFIX = "run#"
@@ -630,21 +634,34 @@ class StateTable:
     def observe(self, instance_id: str) -> InstanceView:
         """The record, heartbeat and signal together: one consistent BatchGetItem of exactly those three
         items, where `get`, `read_heartbeat` and `read_signal` would make three calls."""
+        return self.observe_many([instance_id])[instance_id]
+
+    def observe_many(self, instance_ids: Sequence[str]) -> dict[str, InstanceView]:
+        """Each instance's view as `observe` reads it, OBSERVED_PER_READ instances to a BatchGetItem:
+        what a step that watches many instances (fleet validation, refresh's admission) reads."""
         kinds = (STATE_ITEM, HEARTBEAT_ITEM, SIGNAL_ITEM)
-        items = read_together(
-            self._client,
-            self._table,
-            [self._instance_key(instance_id, kind) for kind in kinds],
-            self._backoff,
-        )
-        state = items.get(STATE_ITEM)
-        heartbeat = items.get(HEARTBEAT_ITEM)
-        signal = items.get(SIGNAL_ITEM)
-        return InstanceView(
-            record=None if state is None else record_from_item(state),
-            heartbeat=_heartbeat(instance_id, None if heartbeat is None else _from_item(heartbeat)),
-            signal=_signal(instance_id, None if signal is None else _from_item(signal)),
-        )
+        views: dict[str, InstanceView] = {}
+        for start in range(0, len(instance_ids), OBSERVED_PER_READ):
+            chunk = [
+                (instance_id, self.instance_arns.arn(instance_id))
+                for instance_id in instance_ids[start : start + OBSERVED_PER_READ]
+            ]
+            items = read_items(
+                self._client,
+                self._table,
+                [_key(arn, kind) for _, arn in chunk for kind in kinds],
+                self._backoff,
+            )
+            for instance_id, arn in chunk:
+                state = items.get((arn, STATE_ITEM))
+                heartbeat = items.get((arn, HEARTBEAT_ITEM))
+                signal = items.get((arn, SIGNAL_ITEM))
+                views[instance_id] = InstanceView(
+                    record=None if state is None else record_from_item(state),
+                    heartbeat=_heartbeat(instance_id, None if heartbeat is None else _from_item(heartbeat)),
+                    signal=_signal(instance_id, None if signal is None else _from_item(signal)),
+                )
+        return views
 
     # --- mechanics -----------------------------------------------------------------------------
 
@@ -813,15 +830,28 @@ class StateTable:
 def read_together(
     client: DynamoDBClient, table: str, keys: list[dict[str, Any]], backoff: Backoff
 ) -> dict[str, Mapping[str, Any]]:
-    """The items of one instance that `keys` name, by sort key, from one consistent BatchGetItem (and
-    another for any key it left unprocessed); an item that does not exist is absent."""
+    """The items of one instance that `keys` name, by sort key (`read_items`)."""
+    return {sort_key: item for (_, sort_key), item in read_items(client, table, keys, backoff).items()}
+
+
+def read_items(
+    client: DynamoDBClient, table: str, keys: list[dict[str, Any]], backoff: Backoff
+) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """The items `keys` name (at most 100, BatchGetItem's limit), by partition and sort key, from one
+    consistent BatchGetItem (and another for any key it left unprocessed); an item that does not exist
+    is absent."""
     pending: dict[str, Any] = {table: {"Keys": keys, "ConsistentRead": True}}
-    items: dict[str, Mapping[str, Any]] = {}
+    items: dict[tuple[str, str], Mapping[str, Any]] = {}
 
     def fetch() -> None:
         nonlocal pending
         response = client.batch_get_item(RequestItems=pending)
-        items.update({item[SORT_KEY]["S"]: item for item in response["Responses"].get(table, [])})
+        items.update(
+            {
+                (item[PARTITION_KEY]["S"], item[SORT_KEY]["S"]): item
+                for item in response["Responses"].get(table, [])
+            }
+        )
         pending = dict(response.get("UnprocessedKeys") or {})
         if pending:
             raise Unfinished(f"{len(pending[table]['Keys'])} keys unprocessed")

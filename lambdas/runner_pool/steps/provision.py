@@ -719,8 +719,9 @@ class Provision:
         ready = list(creation.ready)
         failed = dict(creation.failed)
         pending: list[str] = []
+        views = self._table.observe_many(creation.pending)
         for instance_id in creation.pending:
-            view = self._table.observe(instance_id)
+            view = views[instance_id]
             handed_over_at = view.record.created_at if view.record else 0.0
             verdict, reason = self._readiness(
                 view,

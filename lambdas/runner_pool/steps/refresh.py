@@ -257,10 +257,10 @@ class Refresh:
     def _admit_ready(self, report: RefreshReport) -> None:
         now = self._clock.now()
         healthy_window = self._config.timeouts.healthy_window_seconds
-        for record in self._table.live():
-            if not booting_for_pool(record, now):
-                continue
-            view = self._table.observe(record.instance_id)
+        booting = [record for record in self._table.live() if booting_for_pool(record, now)]
+        views = self._table.observe_many([record.instance_id for record in booting])
+        for record in booting:
+            view = views[record.instance_id]
             signal = view.signal
             if signal is not None and signal.confirms(Signal.UD_FAILED, None):
                 logger.warning(
