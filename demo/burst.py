@@ -259,11 +259,14 @@ def short_error(error: str | None, cause: str | None) -> str:
 
 
 def unserved_outcome(job: FakeJob, instance_events: Sequence[TimelineEvent] = ()) -> str:
-    """What became of a job not served: its status, its conclusion if it has one, and whose runner took
-    it (ours, by the name we give runners; another; none, or none yet while it is offered to one). For
-    a runner of ours, what the timeline saw of its instance (`instance_events`) while the job was on it:
-    the record's last state seen, and whether the instance ended with the job."""
+    """What became of a job not served: its status, its conclusion if it has one (and why it failed, as
+    the fake noted it), and whose runner took it (ours, by the name we give runners; another; none, or
+    none yet while it is offered to one). For a runner of ours, what the timeline saw of its instance
+    (`instance_events`) while the job was on it: the record's last state seen, and whether the instance
+    ended with the job."""
     ending = job.status.value if job.conclusion is None else f"{job.status.value}, {job.conclusion.value}"
+    if job.failed_because:
+        ending += f" ({job.failed_because})"
     if instance_of_runner(job.runner_name):
         runner = f"on a runner of ours{_instance_while_on_it(job, instance_events)}"
     elif job.runner_name:

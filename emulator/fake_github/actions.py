@@ -212,7 +212,7 @@ class Actions:
         with self.state.lock:
             runner.online = False
             runner.last_seen = self.state.clock.now()
-            events = self._fail_job_of(runner)
+            events = self._fail_job_of(runner, "its runner disconnected")
         self._send(events)
 
     def offer(self, runner: FakeRunner) -> FakeJob | None:
@@ -277,7 +277,10 @@ class Actions:
         with self.state.lock:
             if runner.job_id != job_id:
                 raise JobGoneError(job_id)
-            events = self._complete(self.state.jobs[job_id], conclusion)
+            job = self.state.jobs[job_id]
+            if conclusion is Conclusion.FAILURE:
+                job.failed_because = "its steps failed"
+            events = self._complete(job, conclusion)
         self._send(events)
 
     def notice_lost_runners(self) -> list[FakeRunner]:
@@ -292,7 +295,9 @@ class Actions:
                     continue
                 lost.append(runner)
                 runner.online = False
-                events += self._fail_job_of(runner)
+                events += self._fail_job_of(
+                    runner, f"its runner was silent for {self.lost_after_seconds:g} s"
+                )
         self._send(events)
         return lost
 
@@ -320,6 +325,7 @@ class Actions:
             expired = [job for job in self._queued() if job.queued_at <= deadline]
             for job in expired:
                 job.assigned_runner_id, job.assigned_at = None, None
+                job.failed_because = "queued too long"
                 events += self._complete(job, Conclusion.FAILURE)
         self._send(events)
         return expired
@@ -342,14 +348,16 @@ class Actions:
         run = self.state.runs[job.run_id]
         return runner.carries(job.labels) and runner.serves(run.repository)
 
-    def _fail_job_of(self, runner: FakeRunner) -> list[Event]:
-        """A runner gone while it held a job: the job fails; a job only offered to it goes back."""
+    def _fail_job_of(self, runner: FakeRunner, because: str) -> list[Event]:
+        """A runner gone while it held a job: the job fails, `because`; a job only offered to it goes back."""
         for job in self._queued():
             if job.assigned_runner_id == runner.runner_id:
                 job.assigned_runner_id, job.assigned_at = None, None
         if runner.job_id is None:
             return []
-        return self._complete(self.state.jobs[runner.job_id], Conclusion.FAILURE)
+        held = self.state.jobs[runner.job_id]
+        held.failed_because = because
+        return self._complete(held, Conclusion.FAILURE)
 
     def _jobs_of(self, run: FakeWorkflowRun) -> list[FakeJob]:
         return [self.state.jobs[job_id] for job_id in run.job_ids]

@@ -141,6 +141,9 @@ class FakeJob:
     assigned_at: Epoch | None = None
     started_at: Epoch | None = None
     completed_at: Epoch | None = None
+    failed_because: str | None = None
+    """Why the job failed, when it did: its steps, its runner gone (disconnected, or silent too long), or
+    its wait in the queue (the fake's own note; GitHub shows it in the job's log)."""
 
     @property
     def fails(self) -> bool:

@@ -238,6 +238,15 @@ def job(status: JobStatus, conclusion: Conclusion | None = None, **runner: Any) 
         ),
         (job(JobStatus.COMPLETED, Conclusion.FAILURE), "completed, failure, no runner"),
         (
+            job(
+                JobStatus.COMPLETED,
+                Conclusion.FAILURE,
+                runner_name=runner_name(INSTANCE, "claim"),
+                failed_because="its runner was silent for 6 s",
+            ),
+            "completed, failure (its runner was silent for 6 s), on a runner of ours; its record never seen",
+        ),
+        (
             job(JobStatus.COMPLETED, Conclusion.SUCCESS, runner_name="someone-elses-runner"),
             "completed, success, on a runner not ours",
         ),

@@ -201,6 +201,7 @@ def test_a_runner_silent_for_too_long_is_lost_and_its_job_fails(fake: FakeGitHub
     assert lost == [runner]
     completed = payloads(fake, "workflow_job", "completed")[0]["workflow_job"]
     assert (completed["conclusion"], completed["runner_name"]) == ("failure", runner.name)
+    assert job.failed_because == f"its runner was silent for {LOST_AFTER:g} s"
 
 
 def test_a_runner_that_renews_its_job_is_not_lost(fake: FakeGitHub, clock: ManualClock) -> None:

@@ -252,6 +252,8 @@ def test_a_busy_runner_that_disconnects_fails_its_job(fake: FakeGitHub) -> None:
     assert (job.status, job.conclusion) == (JobStatus.COMPLETED, Conclusion.FAILURE)
     assert run.conclusion is Conclusion.FAILURE
     assert taker.runner_id not in fake.state.runners
+    # And the fake notes why, for a report of jobs not served
+    assert job.failed_because == "its runner disconnected"
 
 
 # --- queued jobs expire ("Usage limits for self-hosted runners") ---------------------------------------
