@@ -35,14 +35,15 @@ def test_the_first_join_keeps_the_window_open_one_window() -> None:
 
 
 def test_a_matrix_delivered_side_by_side_closes_one_window_after_its_last_join() -> None:
-    # Three jobs joined within 30 ms: their pace is far below the window
+    # Three dispatches joined within 30 ms: their pace is far below the window
     assert closes(OPENED + 0.13, joined_at=OPENED + 0.1, joined=3) == pytest.approx(
         OPENED + 0.13 + FOLLOW_UP_WINDOW_SECONDS
     )
 
 
 def test_jobs_that_come_at_a_slower_pace_keep_it_open_a_few_of_their_gaps() -> None:
-    # Ten jobs joined over 1.6 s since the first join: a mean gap of 0.16 s, past which 0.3 s closes often
+    # Ten dispatches joined over 1.6 s since the first join: a mean gap of 0.16 s, past which 0.3 s closes
+    # often
     now = OPENED + 0.1 + 1.6
     assert closes(now, joined_at=OPENED + 0.1, joined=10) == pytest.approx(now + FOLLOW_UP_PACE_FACTOR * 0.16)
 

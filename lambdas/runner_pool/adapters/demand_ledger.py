@@ -11,7 +11,8 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
     batch#<sha256 of repository, run key>
                                     the run key's follow-up window (domain.demand): repository, run_key,
                                     opened_at, closes_at, limit_at; once a dispatch joins, leader and
-                                    lease_until, joined_at (its first join), jobs and public_jobs
+                                    lease_until, joined_at (its first join) and joins (how many
+                                    dispatches joined), jobs and public_jobs
                                     (number sets); sealed when the
                                     leader closed it to further jobs; started when its provision started
 
@@ -263,7 +264,7 @@ class DynamoDbLedger:
                     closes_at=_epoch(current, "closes_at"),
                     limit_at=_epoch(current, "limit_at"),
                     joined_at=_epoch(current, "joined_at") if "joined_at" in current else None,
-                    joined=len(_follow_up(current).job_ids),
+                    joined=int(current.get("joins", {}).get("N", "0")),
                     window_seconds=window_seconds,
                 ),
                 take_over=abandoned,
@@ -284,7 +285,7 @@ class DynamoDbLedger:
                 UpdateExpression=(
                     "SET repository = :repository, run_key = :run_key, opened_at = :now, "
                     "closes_at = :closes, limit_at = :limit, #expiry = :expiry "
-                    "REMOVE leader, lease_until, joined_at, sealed, started, jobs, public_jobs"
+                    "REMOVE leader, lease_until, joined_at, joins, sealed, started, jobs, public_jobs"
                 ),
                 ConditionExpression=_QUIET,
                 ExpressionAttributeNames={"#id": KEY_ATTRIBUTE, "#expiry": EXPIRY_ATTRIBUTE},
@@ -327,10 +328,11 @@ class DynamoDbLedger:
             ":jobs": {"NS": [str(job_id) for job_id in job_ids]},
             ":me": {"S": holder},
             ":lease": {"N": _number(lease)},
+            ":one": {"N": "1"},
         }
         update = (
-            "SET opened_at = :now, joined_at = :now, closes_at = :closes, limit_at = :limit, jobs = :jobs, "
-            "leader = :me, lease_until = :lease"
+            "SET opened_at = :now, joined_at = :now, joins = :one, closes_at = :closes, limit_at = :limit, "
+            "jobs = :jobs, leader = :me, lease_until = :lease"
         )
         if public_ids:
             values[":public"] = {"NS": [str(job_id) for job_id in public_ids]}
@@ -362,8 +364,9 @@ class DynamoDbLedger:
     ) -> BatchTurn | None:
         """Add the jobs to the follow-up: joining it, or taking it over (sealed: it starts now); None when
         the item moved on meanwhile."""
-        additions = "ADD jobs :jobs" + (", public_jobs :public" if public_ids else "")
+        additions = "ADD jobs :jobs, joins :one" + (", public_jobs :public" if public_ids else "")
         values: dict[str, Any] = {
+            ":one": {"N": "1"},
             ":jobs": {"NS": [str(job_id) for job_id in job_ids]},
             ":me": {"S": holder},
             ":lease": {"N": _number(lease_until)},

@@ -95,12 +95,13 @@ provision once 0.3 s pass with no more. Every job after a run's first waits this
 per quiet gap, never a job. It used to be the event source's batching window, in front of every job
 and per poller."""
 FOLLOW_UP_PACE_FACTOR = 4.0
-"""How many of its run's mean gaps between the jobs that joined a follow-up it stays open after the last,
-when that is longer than FOLLOW_UP_WINDOW_SECONDS: a run whose deliveries come at a slower pace (a large
-matrix, a loaded receiver) is not cut into an execution at every gap a little longer than 0.3 s. Gaps
-between deliveries that come independently are about exponential: at 0.3 s against a mean of 0.16 s one
-in six closed the window (the 300-job burst made 5 executions of a 30-job run, 2026-11-27); at four
-times the mean, about one in fifty."""
+"""How many of its run's mean gaps between the dispatches that joined a follow-up it stays open after the
+last, when that is longer than FOLLOW_UP_WINDOW_SECONDS: a run whose deliveries come at a slower pace (a
+large matrix, a loaded receiver) is not cut into an execution at every gap a little longer than 0.3 s.
+Gaps between arrivals that come independently are about exponential: a window of twice the mean gap
+closes at one gap in seven (the 300-job burst made up to 5 executions of a 30-job run, 2026-11-27), of
+four times the mean at one in fifty. Dispatches, not jobs: five pollers take the demand queue in
+batches, so the jobs come in clumps, and the gaps that close a window are those between clumps."""
 FOLLOW_UP_LIMIT_SECONDS = 5.0
 """The longest a follow-up stays open after the first dispatch, however its demand keeps coming."""
 BURST_QUIET_SECONDS = 5.0
@@ -126,10 +127,10 @@ def follow_up_closes_at(
     joined: int,
     window_seconds: float,
 ) -> Epoch:
-    """When a follow-up closes once more jobs join it at `now`: after a quiet gap of `window_seconds`, or of
-    FOLLOW_UP_PACE_FACTOR times the mean gap between the `joined` jobs that joined it since its first join
-    (`joined_at`) when that is longer; never sooner than it was to close (`closes_at`), never past its
-    limit."""
+    """When a follow-up closes once another dispatch joins it at `now`: after a quiet gap of
+    `window_seconds`, or of FOLLOW_UP_PACE_FACTOR times the mean gap between the `joined` dispatches that
+    joined it since its first join (`joined_at`) when that is longer; never sooner than it was to close
+    (`closes_at`), never past its limit."""
     gap = window_seconds
     if joined > 0 and joined_at is not None:
         gap = max(gap, FOLLOW_UP_PACE_FACTOR * max(0.0, now - joined_at) / joined)
