@@ -51,6 +51,13 @@ records. In the 300-job burst, DynamoDB's Query held the GIL in 17.6 % of the sa
 2026-11-27), and in a 100-job burst two thirds of local DynamoDB's Query time were these looks, every 2 s
 then. Nothing of a burst reads the timeline's record states."""
 POLL_SECONDS = 0.5
+LOST_RUNNER_SECONDS = 30.0
+"""How long the fake waits for a silent runner before it fails its job: GitHub waits minutes ("The
+self-hosted runner: ... lost communication with the server", actions/runner#2040), a small world 6 s
+(emulator/world.py). At a 1,000-job burst the machine's load reaches 9 on 2 cores and a runner process,
+or the fake's answer to it, can stall past 6 s: 3 jobs of 1,000 failed so, each on a runner of ours
+whose instance lived on (2026-11-27, `failed_because`). The burst's subject is the control plane's
+pacing, as with the agents' slow periods above; 30 s is still far below GitHub's minutes."""
 FAILED = ("FAILED", "TIMED_OUT", "ABORTED")
 """The statuses of an execution that did not succeed (ListExecutions' `status`), RUNNING aside."""
 CAUSE_CHARACTERS = 140
@@ -104,6 +111,7 @@ def rate_limited_world(scratch: Path) -> Iterator[World]:
         instance_settings=instances,
         timers=timers,
         record_watch_seconds=RECORD_WATCH_SECONDS,
+        lost_runner_seconds=LOST_RUNNER_SECONDS,
     ) as running:
         limits = running.github.limits
         limits.enabled = True
