@@ -85,7 +85,11 @@ def _process_tree(root: int) -> list[int]:
     while pending:
         pid = pending.pop()
         found.append(pid)
-        for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:  # the process ended since its parent listed it (an environment shut down)
+            continue
+        for task in tasks:
             try:
                 pending += [int(child) for child in (task / "children").read_text().split()]
             except OSError:
