@@ -8,6 +8,7 @@ import pytest
 
 from runner_pool.domain.demand import (
     FOLLOW_UP_LIMIT_SECONDS,
+    FOLLOW_UP_PACE_CAP_SECONDS,
     FOLLOW_UP_PACE_FACTOR,
     FOLLOW_UP_WINDOW_SECONDS,
     follow_up_closes_at,
@@ -46,6 +47,12 @@ def test_jobs_that_come_at_a_slower_pace_keep_it_open_a_few_of_their_gaps() -> N
     # often
     now = OPENED + 0.1 + 1.6
     assert closes(now, joined_at=OPENED + 0.1, joined=10) == pytest.approx(now + FOLLOW_UP_PACE_FACTOR * 0.16)
+
+
+def test_a_slow_pace_keeps_it_open_no_longer_than_the_cap() -> None:
+    # Two dispatches joined over 2 s: four of their gaps would be 4 s, a leader's wait that holds a poller
+    now = OPENED + 2.1
+    assert closes(now, joined_at=OPENED + 0.1, joined=2) == pytest.approx(now + FOLLOW_UP_PACE_CAP_SECONDS)
 
 
 def test_it_never_closes_past_its_limit() -> None:

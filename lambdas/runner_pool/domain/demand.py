@@ -102,6 +102,11 @@ Gaps between arrivals that come independently are about exponential: a window of
 closes at one gap in seven (the 300-job burst made up to 5 executions of a 30-job run, 2026-11-27), of
 four times the mean at one in fifty. Dispatches, not jobs: five pollers take the demand queue in
 batches, so the jobs come in clumps, and the gaps that close a window are those between clumps."""
+FOLLOW_UP_PACE_CAP_SECONDS = 1.0
+"""The longest quiet gap the pace keeps a follow-up open for. A leader waits in its dispatcher for the
+window to close, and Lambda's five pollers are the demand queue's only readers: in a 1,000-job burst
+(20 runs, leaders waiting up to 5 s) the uncapped pace slowed every dispatch (1,048 s, up to 17
+executions for one run, against 639 s and 9 without the pace, one run each, 2026-11-27)."""
 FOLLOW_UP_LIMIT_SECONDS = 5.0
 """The longest a follow-up stays open after the first dispatch, however its demand keeps coming."""
 BURST_QUIET_SECONDS = 5.0
@@ -129,11 +134,12 @@ def follow_up_closes_at(
 ) -> Epoch:
     """When a follow-up closes once another dispatch joins it at `now`: after a quiet gap of
     `window_seconds`, or of FOLLOW_UP_PACE_FACTOR times the mean gap between the `joined` dispatches that
-    joined it since its first join (`joined_at`) when that is longer; never sooner than it was to close
-    (`closes_at`), never past its limit."""
+    joined it since its first join (`joined_at`) when that is longer (up to FOLLOW_UP_PACE_CAP_SECONDS);
+    never sooner than it was to close (`closes_at`), never past its limit."""
     gap = window_seconds
     if joined > 0 and joined_at is not None:
-        gap = max(gap, FOLLOW_UP_PACE_FACTOR * max(0.0, now - joined_at) / joined)
+        paced = FOLLOW_UP_PACE_FACTOR * max(0.0, now - joined_at) / joined
+        gap = max(gap, min(paced, FOLLOW_UP_PACE_CAP_SECONDS))
     return min(max(closes_at, now + gap), limit_at)
 
 
