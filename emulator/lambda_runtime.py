@@ -680,7 +680,12 @@ class LambdaRuntime:
             raise
         with self._lock:
             self._starting -= 1
-            self._all.append(environment)
+            closed = self._closed
+            if not closed:
+                self._all.append(environment)
+        if closed:  # closed while it started: close() could not see it, so it ends here
+            environment.kill()
+            raise RuntimeError("the Lambda runtime is closed")
         return environment
 
     def _hand_out(self) -> None:
