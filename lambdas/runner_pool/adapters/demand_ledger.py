@@ -12,9 +12,9 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
                                     the run key's follow-up window (domain.demand): repository, run_key,
                                     opened_at, closes_at, limit_at; once a dispatch joins, leader and
                                     lease_until, joined_at (its first join) and joins (how many
-                                    dispatches joined), jobs and public_jobs
-                                    (number sets); sealed when the
-                                    leader closed it to further jobs; started when its provision started
+                                    dispatches joined), jobs and public_jobs (number sets); sealed
+                                    when the leader closed it to further jobs; started when its
+                                    provision started
 
 Each change is one conditional write, so two dispatchers that see the same job never both count
 it. Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run be re-run.

@@ -79,11 +79,11 @@ STOPPED_PARTITION_ATTRIBUTE = "stopped_partition"
 STOPPED_READ_LIMIT = 50
 """Stopped records one pickup reads of a partition: more than a tier holds with any sensible maximum."""
 SWEEP_SHARDS = 4
+"""Live records are spread over this many index partitions so no single one gets hot."""
 OBSERVED_PER_READ = 33
 """Instances whose three items one BatchGetItem reads: 99 keys, within its 100 ("BatchGetItem",
 Amazon DynamoDB API Reference: "A single operation can retrieve up to 16 MB of data, which can contain
 as many as 100 items")."""
-"""Live records are spread over this many index partitions so no single one gets hot."""
 MARKER_PREFIX = "marker#"
 FINISHED_RUN_PREFIX = "run#"
 FINISHED_RUN_ITEM = "finished"
