@@ -27,7 +27,8 @@ writes (DynamoDbLedger.take_turn):
                window closed unjoined) BURST_QUIET_SECONDS ago or more: start its provision now, and
                open the follow-up window (FOLLOW_UP_WINDOW_SECONDS; each job that joins keeps it open
                that much longer, or FOLLOW_UP_PACE_FACTOR times the run's mean gap between joins when its
-               jobs come slower, up to FOLLOW_UP_LIMIT_SECONDS after the first: follow_up_closes_at)
+               jobs come slower, at most FOLLOW_UP_PACE_CAP_SECONDS; up to FOLLOW_UP_LIMIT_SECONDS after
+               the first: follow_up_closes_at)
     joined     the window is open and another dispatch leads the follow-up: the jobs are added to it
                and the messages are done
     leader     the window is open and nobody leads the follow-up yet, or the run key's last follow-up
