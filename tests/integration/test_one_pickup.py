@@ -201,6 +201,22 @@ def test_a_begin_that_failed_after_its_claims_is_retried_and_serves_the_run(faul
         assert accounting.holds, accounting.problems
 
 
+def test_requests_begun_together_share_a_pool_that_holds_enough_without_a_cold_launch() -> None:
+    # Issue 15: "3-5 of 200 warm slots launch cold although the pool holds enough"; bench/provision.py
+    # measures 200 (provision_warm_200_cold_launches_count), this is its shape at 24.
+    with provision_world() as world:
+        warm = {world.warm(n).instance_id for n in range(24)}
+        # When three requests for eight begin at once, their pickups reading the same queues
+        executions = world.provision_concurrently([(f"pool={6100 + n}", 8) for n in range(3)])
+        results = [output(execution) for execution in executions]
+        # Then every runner is one of the pool's instances, none launched, none discarded
+        assert {i for result in results for i in result["warm"]} == warm
+        assert [result["cold"] for result in results] == [[], [], []]
+        assert world.ec2.calls["CreateFleet"] == 0
+        accounting = world.accounting()
+        assert accounting.holds, accounting.problems
+
+
 def test_a_request_whose_label_is_refused_fails_at_once_without_a_retry() -> None:
     # Given a run key whose label names a resource class the stack does not have
     with provision_world() as world:

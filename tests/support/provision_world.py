@@ -87,14 +87,16 @@ class ProvisionWorld:
             self.machine.arn, request.model_dump(mode="json"), name or request.execution_name, 60
         )
 
-    def provision_concurrently(self, demands: list[tuple[str, int]]) -> list[Execution]:
+    def provision_concurrently(
+        self, demands: list[tuple[str, int]], timeout_seconds: float = 60
+    ) -> list[Execution]:
         """Start one execution per (run key, count) at once, then wait for all of them."""
         started = []
         for run_key, count in demands:
             request = ProvisionRequest(repository=REPOSITORY, run_key=run_key, count=count)
             payload = request.model_dump(mode="json")
             started.append(self.machine.machines.start(self.machine.arn, payload, request.execution_name))
-        return [self.machine.machines.wait(arn, timeout_seconds=60) for arn in started]
+        return [self.machine.machines.wait(arn, timeout_seconds=timeout_seconds) for arn in started]
 
     def accounting(self) -> Accounting:
         return self.local.accounting()
@@ -127,7 +129,8 @@ def provision_world(
     pause = time.sleep if real_time else time_passes
     with local_control_plane(config, clock, pause=pause) as local, ExitStack() as stack:
         plane = local.plane
-        agents = ScriptedAgents(plane.state_table, plane.credentials, plane.instance_arn)
+        beat_every = plane.config.timeouts.heartbeat_period_seconds if real_time else 0.0
+        agents = ScriptedAgents(plane.state_table, plane.credentials, plane.instance_arn, clock, beat_every)
         acting.append(agents)
         machine = local.deploy("provision")
         routed = dict(machine.routed)

@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.clock import Clock
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Signal
 
@@ -29,12 +30,29 @@ class Script(StrEnum):
 
 
 class ScriptedAgents:
-    def __init__(self, table: StateTable, credentials: RunnerCredentials, arn_of: object) -> None:
+    """`beat_every_seconds`: 0 beats at every round (a test's clock moves only between rounds); a world
+    on the system clock beats each instance once per the agent's heartbeat period, as the real agent
+    does (agent/heartbeat.py), so a round over hundreds of instances stays a round over the held ones."""
+
+    def __init__(
+        self,
+        table: StateTable,
+        credentials: RunnerCredentials,
+        arn_of: object,
+        clock: Clock,
+        beat_every_seconds: float = 0.0,
+    ) -> None:
         self._table = table
         self._credentials = credentials
         self._arn_of = arn_of
+        self._clock = clock
+        self._beat_every = beat_every_seconds
+        self._beaten_at: dict[str, float] = {}
         self._scripts: dict[str, Script] = {}
         self._lock = threading.Lock()
+        self._asking = threading.Lock()
+        self._asked = 0
+        self._covered = 0
         self.registrations: list[tuple[str, str, str]] = []
         """(instance id, run key, config id) of every runner started from a decrypted config."""
 
@@ -42,17 +60,35 @@ class ScriptedAgents:
         self._scripts[instance_id] = script
 
     def act(self) -> None:
-        """One round: every live instance's agent does what its script says, at the clock's now."""
+        """One round: every live instance's agent does what its script says, at the clock's now.
+
+        Asked for while a round runs (many claim workers' waits end at once), it waits for that round to
+        end, then runs one more only if no round began after it asked: one round that begins after every
+        waiting request answers them all, as a world of agents acting side by side would, and hundreds of
+        waiting workers never queue hundreds of rounds."""
+        with self._asking:
+            self._asked += 1
+            asked = self._asked
         with self._lock:
+            if self._covered >= asked:
+                return  # a round that began after this request has run
+            with self._asking:
+                self._covered = self._asked
             for record in self._table.live():
                 script = self._scripts.get(record.instance_id, Script.REGISTERS)
                 if script is Script.SILENT or record.state in TIER_STATES:
                     continue  # a stopped instance's agent is halted with it
-                self._table.write_heartbeat(record.instance_id)
+                self._beat(record.instance_id)
                 held = record.state in (InstanceState.CLAIMED, InstanceState.CREATED) and record.run_key
                 if not held or record.run_key is None:
                     continue
                 self._register(record.instance_id, record.run_key, script)
+
+    def _beat(self, instance_id: str) -> None:
+        now = self._clock.now()
+        if now - self._beaten_at.get(instance_id, float("-inf")) >= self._beat_every:
+            self._table.write_heartbeat(instance_id)
+            self._beaten_at[instance_id] = now
 
     def _register(self, instance_id: str, run_key: str, script: Script) -> None:
         config = self._credentials.load(instance_id, self._arn_of(instance_id), run_key)  # type: ignore[operator]
