@@ -33,6 +33,8 @@ def create_state_table(client: DynamoDBClient, name: str) -> None:
             {"AttributeName": schema.SWEEP_SHARD_ATTRIBUTE, "AttributeType": "S"},
             {"AttributeName": schema.THRESHOLD_ATTRIBUTE, "AttributeType": "N"},
             {"AttributeName": schema.STOPPED_PARTITION_ATTRIBUTE, "AttributeType": "S"},
+            {"AttributeName": schema.POOL_PARTITION_ATTRIBUTE, "AttributeType": "S"},
+            {"AttributeName": schema.IDLE_SINCE_ATTRIBUTE, "AttributeType": "N"},
         ],
         GlobalSecondaryIndexes=[
             {
@@ -58,6 +60,14 @@ def create_state_table(client: DynamoDBClient, name: str) -> None:
                     {"AttributeName": schema.THRESHOLD_ATTRIBUTE, "KeyType": "RANGE"},
                 ],
                 "Projection": {"ProjectionType": "ALL"},
+            },
+            {
+                "IndexName": schema.IDLE_INDEX,
+                "KeySchema": [
+                    {"AttributeName": schema.POOL_PARTITION_ATTRIBUTE, "KeyType": "HASH"},
+                    {"AttributeName": schema.IDLE_SINCE_ATTRIBUTE, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
             },
         ],
     )

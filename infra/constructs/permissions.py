@@ -77,13 +77,15 @@ def sweep_thresholds(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     _allow(grantee, ["dynamodb:Query"], [f"{table.table_arn}/index/{schema.THRESHOLD_INDEX}"])
 
 
-def take_from_pool(grantee: iam.IGrantable, queues: Iterable[sqs.IQueue]) -> None:
-    """Receive, hold and release pool messages, delete what is taken, move offers to their own queue."""
+def take_from_pool(grantee: iam.IGrantable, queues: Iterable[sqs.IQueue], table: dynamodb.ITable) -> None:
+    """Receive, hold and release pool messages, delete what is taken, move offers to their own queue;
+    and ask the by-idle index whether a partition has anything to take before reading its queue."""
     _allow(
         grantee,
         ["sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:SendMessage"],
         [queue.queue_arn for queue in queues],
     )
+    _allow(grantee, ["dynamodb:Query"], [f"{table.table_arn}/index/{schema.IDLE_INDEX}"])
 
 
 def offer_to_pool(grantee: iam.IGrantable, queues: Iterable[sqs.IQueue]) -> None:

@@ -48,7 +48,7 @@ class Provision(Construct):
 
         def claim(function: lambda_.Function) -> None:
             permissions.send_notices(function, notice_queues)  # the agent hears of its config at once
-            permissions.take_from_pool(function, queues)
+            permissions.take_from_pool(function, queues, table)
             permissions.write_records(function, table)
             permissions.find_by_run_key(function, table)  # a retried claim step finds its own claim
             permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
@@ -73,7 +73,8 @@ class Provision(Construct):
 
         def begin(function: lambda_.Function) -> None:
             permissions.write_records(function, table)  # the run's demand; the claims of its one pickup
-            permissions.take_from_pool(function, queues)  # one pickup for every slot (issue 15, item 2)
+            # One pickup for every slot (issue 15, item 2)
+            permissions.take_from_pool(function, queues, table)
             permissions.find_by_run_key(function, table)  # a retried Begin finds its own claims
             # It hands its claims their configs side by side before the workers start (issue 15, item 5).
             permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)

@@ -53,6 +53,14 @@ class StateTable(Construct):
             sort_key=dynamodb.Attribute(name=schema.THRESHOLD_ATTRIBUTE, type=dynamodb.AttributeType.NUMBER),
             projection_type=dynamodb.ProjectionType.ALL,
         )
+        # Added after by-stopped, alone in its change for the same reason. Keys only: pickup asks
+        # whether a partition has an idle record, never reads one from here.
+        self.table.add_global_secondary_index(
+            index_name=schema.IDLE_INDEX,
+            partition_key=_text(schema.POOL_PARTITION_ATTRIBUTE),
+            sort_key=dynamodb.Attribute(name=schema.IDLE_SINCE_ATTRIBUTE, type=dynamodb.AttributeType.NUMBER),
+            projection_type=dynamodb.ProjectionType.KEYS_ONLY,
+        )
 
 
 def _text(name: str) -> dynamodb.Attribute:

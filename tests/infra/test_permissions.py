@@ -130,6 +130,7 @@ def test_table_queries_name_one_index_each(synthesis: Synthesis) -> None:
             f"/index/{schema.RUN_KEY_INDEX}",
             f"/index/{schema.THRESHOLD_INDEX}",
             f"/index/{schema.STOPPED_INDEX}",
+            f"/index/{schema.IDLE_INDEX}",
         }, handler
 
 

@@ -51,6 +51,8 @@ _BOOKKEEPING = {
     schema.SORT_KEY,
     schema.SWEEP_SHARD_ATTRIBUTE,
     schema.STOPPED_PARTITION_ATTRIBUTE,
+    schema.POOL_PARTITION_ATTRIBUTE,
+    schema.IDLE_SINCE_ATTRIBUTE,
 }
 
 INSTANCE_IDS = tuple(builders.facts(number).instance_id for number in range(3))
@@ -637,6 +639,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             stopped = item["state"]["S"] == InstanceState.STOPPED.value
             partition = item.get(schema.STOPPED_PARTITION_ATTRIBUTE, {}).get("S")
             assert partition == (PoolPartition.of(FACTS[instance_id]).name if stopped else None), item
+            # In by-idle exactly while idle, under the partition every record carries from its creation
+            assert item[schema.POOL_PARTITION_ATTRIBUTE]["S"] == PoolPartition.of(FACTS[instance_id]).name
+            idle = item["state"]["S"] == InstanceState.IDLE.value
+            assert (schema.IDLE_SINCE_ATTRIBUTE in item) == idle, item
 
     @invariant()
     def stopped_finds_exactly_the_claimable_stopped_records(self) -> None:
@@ -648,6 +654,15 @@ class LifecycleMachine(RuleBasedStateMachine):
             for instance_id, m in self.model.items()
             if m.state is InstanceState.STOPPED and m.valid(now)
         }
+
+    @invariant()
+    def holds_idle_says_whether_a_partition_has_an_idle_record(self) -> None:
+        for partition in {PoolPartition.of(facts) for facts in FACTS.values()}:
+            idle = any(
+                m.state is InstanceState.IDLE and PoolPartition.of(FACTS[instance_id]) == partition
+                for instance_id, m in self.model.items()
+            )
+            assert self.table.holds_idle(partition) == idle, partition
 
     @invariant()
     def held_by_finds_exactly_the_holders(self) -> None:

@@ -131,7 +131,7 @@ def test_a_message_whose_threshold_passed_is_dropped_and_counted(
     # Given a pooled instance whose idle time has run out
     pool.add_idle(1, **SPOT)
     pool.clock.advance(config.timeouts.idle_seconds + 1)
-    # When a runner is picked up
+    # When a runner is picked up (its record still idle, though its time ran out)
     result = pool.picker().pickup(spec)
     # Then the stale message is dropped, counted, and gone from the queue
     assert result.candidate is None
@@ -143,8 +143,9 @@ def test_a_message_for_an_instance_claimed_meanwhile_is_dropped(pool: Pool, spec
     # Given a pooled instance that another run has claimed while its message sat in the queue
     offered = pool.add_idle(1, **SPOT)
     assert pool.records.claim(offered.instance_id, "pool=99", "claim-99").succeeded
-    # When a runner is picked up
-    result = pool.picker().pickup(spec)
+    # When a runner is picked up while another instance of the partition is idle (else the queue is
+    # not read at all: test_a_partition_with_no_idle_record_is_known_empty_without_a_receive)
+    result = pool.picker(_SomeIdle(pool.records)).pickup(spec)
     # Then the message is stale: dropped and counted, not handed out
     assert result.candidate is None
     assert result.counts.dropped_stale == 1
@@ -173,8 +174,8 @@ def test_a_message_from_an_earlier_idle_period_is_dropped_for_the_current_one(
 def test_a_message_for_an_instance_without_a_record_is_dropped(pool: Pool, spec: RunnerSpec) -> None:
     # Given a message whose instance has no record at all (its record expired by TTL, say)
     pool.queues.offer(PoolMessage(**facts(1).model_dump(), threshold=pool.clock.now() + 300))
-    # When a runner is picked up
-    result = pool.picker().pickup(spec)
+    # When a runner is picked up while another instance of the partition is idle
+    result = pool.picker(_SomeIdle(pool.records)).pickup(spec)
     # Then it is dropped as stale
     assert result.candidate is None
     assert result.counts.dropped_stale == 1
@@ -193,9 +194,10 @@ def test_an_unparseable_message_is_dropped_and_counted(pool: Pool, spec: RunnerS
 
 
 def test_an_empty_queue_exhausts_the_request_at_once(pool: Pool, spec: RunnerSpec) -> None:
-    # Given an empty pool
+    # Given an empty queue, though the records say an instance of its partition is idle (its offer
+    # in another pickup's hands, say)
     # When a runner is picked up
-    result = pool.picker().pickup(spec)
+    result = pool.picker(_SomeIdle(pool.records)).pickup(spec)
     # Then pickup stops after one receive, with nothing examined
     assert result.candidate is None
     assert result.stopped is StopReason.EMPTY
@@ -257,6 +259,16 @@ class _CountingRecords:
     def get(self, instance_id: str) -> InstanceRecord | None:
         self.reads.append(instance_id)
         return self._records.get(instance_id)
+
+    def holds_idle(self, partition: PoolPartition) -> bool:
+        return self._records.holds_idle(partition)
+
+
+class _SomeIdle(_CountingRecords):
+    """The records, but for by-idle, which says some instance of every partition is idle."""
+
+    def holds_idle(self, partition: PoolPartition) -> bool:
+        return True
 
 
 def test_only_the_candidates_record_is_read(pool: Pool, spec: RunnerSpec) -> None:
@@ -326,6 +338,9 @@ def test_every_message_received_is_handed_out_sent_back_or_dropped_on_purpose(
 
 class _FailingRecords:
     def get(self, instance_id: str) -> InstanceRecord | None:
+        raise RuntimeError("DynamoDB is unavailable")
+
+    def holds_idle(self, partition: PoolPartition) -> bool:
         raise RuntimeError("DynamoDB is unavailable")
 
 
@@ -401,8 +416,9 @@ def test_an_offer_of_another_partition_found_in_the_queue_goes_to_its_own_and_is
     assert admitted is not None
     stray = PoolMessage.for_idle(admitted)
     pool.sqs.send_message(QueueUrl=pool.url, MessageBody=stray.to_body())
-    # When a spot runner is picked up from the spot queue, which holds nothing else
-    result = pool.picker(partitions=pool.queues.partitions).pickup(spec)
+    # When a spot runner is picked up from the spot queue, which holds nothing else (read because some
+    # spot instance is idle: a stray is moved when its queue is next read)
+    result = pool.picker(_SomeIdle(pool.records), partitions=pool.queues.partitions).pickup(spec)
     # Then the stray is no candidate, and it was sent to the on-demand queue, not back or away
     assert result.candidate is None
     assert_every_message_accounted_for(result)
@@ -420,9 +436,42 @@ def test_an_offer_of_a_partition_without_a_queue_stays_where_it_was_read(
         threshold=pool.clock.now() + 300,
     )
     pool.sqs.send_message(QueueUrl=pool.url, MessageBody=stray.to_body())
-    # When a runner is picked up
-    result = pool.picker(partitions=pool.queues.partitions).pickup(spec)
+    # When a runner is picked up while some instance of the spot partition is idle
+    result = pool.picker(_SomeIdle(pool.records), partitions=pool.queues.partitions).pickup(spec)
     # Then it stayed in the queue it came from, where a queue exists, and was released there
     assert result.stopped is StopReason.EMPTY
     assert (result.counts.requeued, result.counts.held) == (1, 0)
     assert pool.visible() == [stray]
+
+
+def test_a_partition_with_no_idle_record_is_known_empty_without_a_receive(
+    pool: Pool, spec: RunnerSpec, sqs_calls: list[tuple[str, dict[str, Any]]]
+) -> None:
+    # Given a pool whose only instance was claimed (its offer still in the queue)
+    claimed = pool.add_idle(1, **SPOT)
+    assert pool.records.claim(claimed.instance_id, "pool=99", "claim-99").succeeded
+    sqs_calls.clear()
+    # When a runner is picked up
+    result = pool.picker().pickup(spec)
+    # Then the records said no instance of the partition is idle, so its queue was not read: an empty
+    # queue's receive waits out its whole long poll (issue 15, the cold path)
+    assert result.candidate is None
+    assert result.stopped is StopReason.EMPTY
+    assert sqs_calls == []
+    assert result.counts.skipped_partitions == 1
+    assert result.counts.receive_calls == 0
+
+
+def test_an_idle_look_that_fails_reads_the_queue_as_before(pool: Pool, spec: RunnerSpec) -> None:
+    # Given an idle instance, and a by-idle index that cannot be read
+    offered = pool.add_idle(1, **SPOT)
+
+    class _IndexDown(_CountingRecords):
+        def holds_idle(self, partition: PoolPartition) -> bool:
+            raise RuntimeError("ThrottlingException")
+
+    # When a runner is picked up / Then the queue was read and the instance found: a fault of the
+    # index costs at most a long poll, never a warm instance
+    result = pool.picker(_IndexDown(pool.records)).pickup(spec)
+    assert result.candidate == offered
+    assert result.counts.unlooked_partitions == 1

@@ -13,12 +13,14 @@ speak instance ids; only the keys are ARNs.
 The control plane's own markers (refresh's high-water marks) are items of their own, `pk` =
 `marker#<name>`, outside both indexes.
 
-Three sparse indexes keep every read path off Scan: `by-run-key` holds only records that carry a run
+Four sparse indexes keep every read path off Scan: `by-run-key` holds only records that carry a run
 key (release looks instances up by run), `by-threshold` holds only live records, spread over a
-few shards and sorted by threshold (refresh sweeps what is due), and `by-stopped` holds only stopped
+few shards and sorted by threshold (refresh sweeps what is due), `by-stopped` holds only stopped
 records, one index partition per pool partition (class, usage, architecture), sorted by threshold
-(pickup finds the stopped tier's instances that fit a request). A terminated record leaves every index
-and gets a TTL, and so do heartbeat and signal items on every write.
+(pickup finds the stopped tier's instances that fit a request), and `by-idle` holds only idle records,
+one index partition per pool partition (pickup knows an empty pool from one Query, without waiting out
+a long poll of an empty queue). A terminated record leaves every index and gets a TTL, and so do
+heartbeat and signal items on every write.
 
 Why an index and not a queue for the stopped tier: a stopped instance's record is its offer. The
 transition that stops it puts it in the index in the same write, the claim that starts it takes it out
@@ -76,6 +78,13 @@ THRESHOLD_ATTRIBUTE = "threshold"
 STOPPED_INDEX = "by-stopped"
 STOPPED_PARTITION_ATTRIBUTE = "stopped_partition"
 """Set only on a stopped record: its pool partition's name (PoolPartition.name), by-stopped's key."""
+IDLE_INDEX = "by-idle"
+POOL_PARTITION_ATTRIBUTE = "pool_partition"
+"""Every record's pool partition (PoolPartition.name), set at creation: by-idle's partition key."""
+IDLE_SINCE_ATTRIBUTE = "idle_since"
+"""Set only on an idle record (when it went idle), by-idle's sort key: DynamoDB writes an index entry only
+for an item that has the index's sort key ("Take advantage of sparse indexes", DynamoDB Developer Guide,
+bp-indexes-general-sparse-indexes), so by-idle holds the idle records and nothing else."""
 STOPPED_READ_LIMIT = 50
 """Stopped records one pickup reads of a partition: more than a tier holds with any sensible maximum."""
 SWEEP_SHARDS = 4
@@ -95,7 +104,14 @@ MARKER_MOVER = "moved_by"
 _ANY_RUN = object()
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
-_BOOKKEEPING = {PARTITION_KEY, SORT_KEY, SWEEP_SHARD_ATTRIBUTE, STOPPED_PARTITION_ATTRIBUTE}
+_BOOKKEEPING = {
+    PARTITION_KEY,
+    SORT_KEY,
+    SWEEP_SHARD_ATTRIBUTE,
+    STOPPED_PARTITION_ATTRIBUTE,
+    POOL_PARTITION_ATTRIBUTE,
+    IDLE_SINCE_ATTRIBUTE,
+}
 
 
 @dataclass(frozen=True)
@@ -184,6 +200,7 @@ class StateTable:
             **_to_item(record.model_dump(mode="json", exclude_none=True)),
             **self._instance_key(facts.instance_id, STATE_ITEM),
             SWEEP_SHARD_ATTRIBUTE: {"S": sweep_shard(facts.instance_id)},
+            POOL_PARTITION_ATTRIBUTE: {"S": PoolPartition.of(facts).name},
         }
         try:
             self._client.put_item(
@@ -402,7 +419,7 @@ class StateTable:
             update=(
                 "SET #state = :terminated, expires_at = :expires, updated_at = :now "
                 f"REMOVE {RUN_KEY_ATTRIBUTE}, claim_token, {SWEEP_SHARD_ATTRIBUTE}, "
-                f"{STOPPED_PARTITION_ATTRIBUTE}, #threshold"
+                f"{STOPPED_PARTITION_ATTRIBUTE}, {IDLE_SINCE_ATTRIBUTE}, #threshold"
             ),
             condition=f"#state IN ({', '.join(_state_placeholders(LIVE_STATES))}) AND #threshold <= :now",
             names=names,
@@ -463,7 +480,8 @@ class StateTable:
         return self._write(
             instance_id,
             update=(
-                "SET #state = :idle, #threshold = :threshold, updated_at = :now "
+                "SET #state = :idle, #threshold = :threshold, updated_at = :now, "
+                f"{IDLE_SINCE_ATTRIBUTE} = :now "
                 f"REMOVE {RUN_KEY_ATTRIBUTE}, claim_token"
             ),
             condition=(
@@ -586,6 +604,24 @@ class StateTable:
             Limit=STOPPED_READ_LIMIT,
         )
         return [record_from_item(item) for item in page.get("Items", [])]
+
+    def holds_idle(self, partition: PoolPartition) -> bool:
+        """Whether any record of the partition is idle, from the sparse by-idle index: one Query of one
+        key, whatever the pool holds. No means the partition's queue offers nothing a pickup could take
+        (pickup takes an offer only while its record is idle); yes may be an idle instance whose offer
+        is in another pickup's hands, or one expired but not yet terminated. A global index is
+        eventually consistent (DynamoDB Developer Guide, GSI.html: "changes to the table data are
+        propagated to the global secondary indexes within a fraction of a second, under normal
+        conditions"): an instance gone idle that moment may not show, as an offer sent just after a
+        long poll would not."""
+        page = self._client.query(
+            TableName=self._table,
+            IndexName=IDLE_INDEX,
+            KeyConditionExpression=f"{POOL_PARTITION_ATTRIBUTE} = :partition",
+            ExpressionAttributeValues={":partition": _value(partition.name)},
+            Limit=1,
+        )
+        return bool(page.get("Items"))
 
     def live(self) -> list[InstanceRecord]:
         """Every record not terminated, whatever its threshold."""
@@ -727,6 +763,11 @@ class StateTable:
         if new_state is not None:
             values[":new_state"] = _value(new_state.value)
             assignments.append("#state = :new_state")
+            # In by-idle exactly while idle: a state's every write passes here or names it itself.
+            if new_state is InstanceState.IDLE:
+                assignments.append(f"{IDLE_SINCE_ATTRIBUTE} = :now")
+            else:
+                remove_fields = (*remove_fields, IDLE_SINCE_ATTRIBUTE)
         for index, (name, value) in enumerate((set_fields or {}).items()):
             values[f":set{index}"] = _value(value)
             assignments.append(f"{name} = :set{index}")

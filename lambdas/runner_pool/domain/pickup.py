@@ -79,6 +79,11 @@ class RecordReader(Protocol):
         """The instance's record, read consistently; None if it has none."""
         ...
 
+    def holds_idle(self, partition: PoolPartition) -> bool:
+        """Whether any record of the partition is idle (eventually consistent): no means its queue
+        offers nothing pickup could take."""
+        ...
+
 
 class Verdict(StrEnum):
     """What one pool message is to one runner spec, judged from the message alone."""
@@ -150,6 +155,10 @@ class PickupCounts:
     """Misfits the queue refused to release: hidden from every reader until their hold ends."""
     undeleted: int = 0
     """Still in the queue after a failed delete, so they will come round again (a harmless duplicate)."""
+    skipped_partitions: int = 0
+    """Partitions whose queue was not read because no record of theirs was idle."""
+    unlooked_partitions: int = 0
+    """Partitions whose idle records could not be looked up (the Query failed): their queue was read."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +231,9 @@ class PickupManager:
         found: list[PoolMessage] = []
         stopped = StopReason.EMPTY
         for partition in PoolPartition.admitting(spec):
+            if not self._may_hold_offers(partition, counts):
+                counts["skipped_partitions"] += 1
+                continue
             read = _Read(partition)
             try:
                 reason = self._read(read, spec, repository, deadline, found=found, wanted=wanted)
@@ -234,6 +246,17 @@ class PickupManager:
             if reason is StopReason.CYCLED:
                 stopped = reason
         return PickupResult(tuple(found), stopped, PickupCounts(**counts))
+
+    def _may_hold_offers(self, partition: PoolPartition, counts: Counter[str]) -> bool:
+        """False only when the records say no instance of the partition is idle: then reading its queue
+        could find nothing to take, and on an empty queue a receive waits out its whole long poll, the
+        cold path's longest wait (issue 15). A failed look reads the queue, as before there was one:
+        a transient fault may cost a second, never a warm instance."""
+        try:
+            return self._records.holds_idle(partition)
+        except Exception:
+            counts["unlooked_partitions"] += 1
+            return True
 
     def _read(
         self,

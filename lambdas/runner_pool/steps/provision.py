@@ -30,7 +30,13 @@ from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Start
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS, PickupManager, PoolQueue, StopReason
+from runner_pool.domain.pickup import (
+    PICKUP_BUDGET_SECONDS,
+    PickupManager,
+    PickupResult,
+    PoolQueue,
+    StopReason,
+)
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.provision import (
     REDRIVE_LIMIT,
@@ -180,6 +186,7 @@ class Provision:
                 found = self._pickup().pickup(
                     provision.spec, provision.request.repository, wanted=grant.granted
                 )
+            _warn_of(found)
             candidates = list(found.candidates)
             for slot, candidate in zip(provision.slots, found.candidates, strict=False):
                 candidates.remove(candidate)
@@ -303,9 +310,7 @@ class Provision:
                 self._budget().give_back(1)
                 return self._out_of_time(worker.model_copy(update={"attempt": attempt}))
             found = self._pickup().pickup(spec, worker.plan.request.repository)
-            if found.counts.held:
-                # Hidden from every request until their hold ends (pickup.HOLD_SECONDS), never lost.
-                logger.warning("pool messages the queue would not release", held=found.counts.held)
+            _warn_of(found)
             if found.candidate is None:
                 if found.stopped is StopReason.EMPTY and empty_looks == 0:
                     # Under load a long poll can come back empty while messages are in flight; look once more.
@@ -1048,6 +1053,16 @@ class Provision:
                 doomed.append(instance_id)
         if doomed:
             self._fleet().terminate(doomed)
+
+
+def _warn_of(found: PickupResult) -> None:
+    """What a pickup could not do as it meant to, said wherever one is made."""
+    if found.counts.held:
+        # Hidden from every request until their hold ends (pickup.HOLD_SECONDS), never lost.
+        logger.warning("pool messages the queue would not release", held=found.counts.held)
+    if found.counts.unlooked_partitions:
+        # The by-idle index could not be read: the queue was, at the cost of a long poll if empty.
+        logger.warning("idle records not looked up", partitions=found.counts.unlooked_partitions)
 
 
 class _HandOverDeferred(Exception):  # noqa: N818 - an outcome carried out of the hand-over, not an error
