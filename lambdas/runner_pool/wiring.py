@@ -9,6 +9,7 @@ harness that runs several functions in one process gives each invocation its fun
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,6 +58,11 @@ class ControlPlane:
         self.pause = pause
         """How a step waits briefly in-line (tests and the emulator let simulated time pass instead)."""
         self._made: dict[str, Any] = {}
+        self._making = threading.Lock()
+        """Clients are made one at a time: boto3's default session is not safe to make clients from on
+        several threads at once (its Session is not thread-safe, boto3 guide "Multithreading or
+        multiprocessing with clients"), and a step makes some in the background (steps.provision)."""
+        self._github_made = threading.Lock()
 
     @property
     def config(self) -> StackConfig:
@@ -64,9 +70,10 @@ class ControlPlane:
 
     def client(self, service: str) -> Any:
         """One client per service for the life of the process (boto3 clients are thread-safe)."""
-        if service not in self._made:
-            self._made[service] = self._clients(service)
-        return self._made[service]
+        with self._making:
+            if service not in self._made:
+                self._made[service] = self._clients(service)
+            return self._made[service]
 
     @cached_property
     def state_table(self) -> StateTable:
@@ -176,9 +183,10 @@ class ControlPlane:
 
     @property
     def github(self) -> GitHubApp:
-        if self._github is None:
-            self._github = self._github_app()
-        return self._github
+        with self._github_made:  # once, also when a step's background thread asks first
+            if self._github is None:
+                self._github = self._github_app()
+            return self._github
 
     def _github_app(self) -> GitHubApp:
         github = self.config.github

@@ -682,18 +682,20 @@ class Provision:
         """Ask GitHub for the installation token in the background while the block runs. A fresh Lambda
         environment's first registration would ask for it first (about 200 ms, bench/aws_model.py) after
         the pool's look or the launch; a warm one holds it and asks nothing. Best effort: whatever fails
-        here fails again, and is handled, where the token is needed."""
+        here fails again, and is handled, where the token is needed.
+
+        The registry is made in the background too: in a fresh environment that is a Secrets Manager
+        call for the App's key, which the block need not wait for (0.1 s before CreateFleet in the
+        emulator). Nothing waits for the token at the block's end either: a step that found nothing to
+        hand over (an empty pool) goes on at once, and one that hands over waits for the token where
+        it needs it (the token cache's lock), not before."""
         try:
-            registry = self._registry()  # built here, in the step's thread: its clients are made once
-            ahead: Future[None] | None = in_background(registry.authenticate)
+            ahead: Future[None] = in_background(lambda: self._registry().authenticate())
         except Exception:
             logger.debug("no installation token ahead; the first registration asks for it", exc_info=True)
-            ahead = None
-        try:
-            yield
-        finally:
-            if ahead is not None and ahead.exception() is not None:
-                logger.info("installation token not obtained ahead", error=repr(ahead.exception()))
+        else:
+            ahead.add_done_callback(_note_token_not_ahead)
+        yield
 
     def _side_by_side_hand_overs(
         self, hand_over: Callable[[_Item], float | None], items: list[_Item]
@@ -1053,6 +1055,11 @@ class Provision:
                 doomed.append(instance_id)
         if doomed:
             self._fleet().terminate(doomed)
+
+
+def _note_token_not_ahead(ahead: Future[None]) -> None:
+    if ahead.exception() is not None:
+        logger.info("installation token not obtained ahead", error=repr(ahead.exception()))
 
 
 def _warn_of(found: PickupResult) -> None:
