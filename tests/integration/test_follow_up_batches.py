@@ -514,7 +514,7 @@ def test_a_leader_whose_window_outlasts_its_hold_hands_its_messages_back_until_t
     assert again.failed_message_ids == set()
 
 
-def test_a_job_that_comes_after_the_window_closed_starts_the_follow_up_its_leader_handed_back(
+def test_a_job_that_comes_while_the_leaders_message_is_away_joins_the_follow_up_its_return_starts(
     dispatches: Dispatches,
 ) -> None:
     # Given a follow-up whose leader handed its message back
@@ -522,12 +522,13 @@ def test_a_job_that_comes_after_the_window_closed_starts_the_follow_up_its_leade
     slow_joins(dispatches, range(3, 7), every=0.25)
     led = dispatches.dispatch("b", jobs(2))
     assert led.deferred
-    # When another job of the run comes once the window closed, before the leader's message is back
+    # When another job of the run comes before the leader's message is back, its window just closed
     dispatches.world.clock.advance(FOLLOW_UP_PACE_CAP_SECONDS + 0.1)
     late = dispatches.dispatch("z", jobs(7))
-    # Then it took the follow-up over at once: one provision for every job in it and its own
-    assert dispatches.starts.job_ids() == [(1,), (2, 3, 4, 5, 6, 7)]
+    # Then it joined the follow-up (its message done), and nothing started yet
+    assert late.joined == 1
     assert late.failed_message_ids == set()
-    # And the leader's message, back later, finds its job counted and starts nothing more
+    assert dispatches.starts.job_ids() == [(1,)]
+    # And the leader's message, back once the window it kept open closed, starts every job in one
     dispatches.deliver_handed_back()
     assert dispatches.starts.job_ids() == [(1,), (2, 3, 4, 5, 6, 7)]

@@ -73,15 +73,15 @@ _SETTLED_OF = (
 """The window seen (by when it opened) is over: its follow-up started, or nobody joined it."""
 _JOINABLE = (
     "attribute_exists(#id) AND attribute_not_exists(sealed) AND attribute_not_exists(started) AND "
-    "closes_at >= :now"
+    "((attribute_not_exists(leader) AND closes_at >= :now) OR lease_until >= :now)"
 )
-"""The window is open."""
+"""The window is open, or its leader has not sealed it yet (waiting in its dispatcher, or its messages on
+their way back): a job that joins then keeps it open a little longer."""
 _ABANDONED = (
-    "attribute_exists(#id) AND attribute_exists(leader) AND attribute_not_exists(started) AND "
-    "((attribute_not_exists(sealed) AND closes_at < :now) OR lease_until < :now)"
+    "attribute_exists(#id) AND attribute_exists(leader) AND attribute_not_exists(started) "
+    "AND lease_until < :now"
 )
-"""The window closed and nobody sealed the follow-up yet (its leader waits no longer than a moment, or
-its messages are on their way back), or the dispatch that sealed it died before starting it."""
+"""Its leader's (or its sealer's) lease passed before the follow-up started."""
 
 
 class DynamoDbLedger:
@@ -255,7 +255,12 @@ class DynamoDbLedger:
             sealed = "sealed" in current
             if sealed and _epoch(current, "lease_until") >= now:
                 return BatchTurn(BatchRole.ALONE)  # a dispatch is starting it right now
-            abandoned = "leader" in current and (sealed or _epoch(current, "closes_at") < now)
+            leader_now = current.get("leader", {}).get("S")
+            if leader_now in messages and not sealed:
+                # The leading message is back (handed back, or SQS delivered it again): its jobs are in
+                # the follow-up already, and its return is no join (it would keep its own window open).
+                return BatchTurn(BatchRole.LEADER, _epoch(current, "closes_at"), leader=leader_now)
+            abandoned = "leader" in current and _epoch(current, "lease_until") < now
             turn = self._add(
                 key,
                 job_ids=job_ids,

@@ -38,9 +38,8 @@ writes (DynamoDbLedger.take_turn):
                close, seals the follow-up (no job joins after) and starts one provision for every job
                in it; but it waits at most FOLLOW_UP_HOLD_SECONDS, and hands its messages back to the
                queue for the rest of the window instead (`DispatchReport.deferred`)
-    taken over the follow-up's window has closed and nobody sealed it yet (its leader's messages are
-               on their way back), or its leader died after sealing it (its lease passed): this
-               dispatch adds its jobs, seals it and starts it at once
+    taken over the follow-up's leader died before starting it (its lease passed): this dispatch adds
+               its jobs, seals it and starts it at once
     alone      the follow-up is sealed and being started right now: wait for that start to end
                (looking again every SEALED_LOOK_SECONDS), then take a turn again; after
                SEALED_WAIT_SECONDS (its leader died while starting it) start these jobs apart
@@ -58,8 +57,8 @@ FOLLOW_UP_HOLD_SECONDS from its turn does not wait for it in its Lambda, which w
 queue's five pollers (the 1,000-job burst: 20 runs' leaders waiting up to 5 s each slowed every
 dispatch and cut runs into up to 17 executions): it makes its messages invisible until the window
 closes (SQS ChangeMessageVisibility) and reports them failed, so SQS delivers them again then. Until
-they come back, the follow-up is theirs; a dispatch of the run that comes after the window closed
-takes it over at once, and the messages, back, find their jobs counted.
+they come back, the follow-up is theirs: jobs that come meanwhile join it, as they join one whose
+leader waits in its dispatcher, also just after the window closed (keeping it open a little longer).
 
 A joined message is acknowledged before its job is started: what makes that safe is the leader's own
 messages, which stay unacknowledged until the follow-up has started, so a leader that dies has them
@@ -650,7 +649,7 @@ class Dispatcher:
                     self._start_follow_up(report, group, sealing.follow_up, leader, holder, until)
                     return
                 if sealing.closes_at is None:
-                    return  # another dispatch took it over (its window closed): it starts these jobs
+                    return  # another dispatch took it over (our lease passed): it starts these jobs
                 closes_at = sealing.closes_at
             raise RuntimeError(f"the follow-up was still open after {SEAL_ATTEMPTS} looks")
 
