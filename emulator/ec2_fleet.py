@@ -18,11 +18,7 @@ EC2 answers an instant fleet:
   `Errors`, as EC2 does for instant fleets, instead of failing the call;
 - the same ClientToken answers with the first call's response and launches nothing again.
 
-The wrapper is thread-safe: Step Functions' Map runs the launching handlers on several threads. It
-holds its lock only for its own books (counts, capacity, client tokens), never across a call to moto:
-EC2 answers two fleets of different callers side by side, and a lock around whole launches made the
-second of two provisions launching at once wait for the first (0.47 s of the emulator's cold path,
-2026-11-27). Calls with the same ClientToken still answer one after another, the first one launching.
+The wrapper is thread-safe: Step Functions' Map runs the launching handlers on several threads.
 """
 
 from __future__ import annotations
@@ -146,10 +142,7 @@ class SimulatedEc2:
         self._failures: list[tuple[str, str]] = []
         self._start_refusals = 0
         self._by_token: dict[str, tuple[str, dict[str, Any]]] = {}
-        self._token_locks: dict[str, threading.Lock] = {}
-        """One lock per ClientToken: a call waits for an earlier one of its token, whose answer it repeats."""
         self._catalog: tuple[InstanceType, ...] | None = None
-        self._catalog_lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -218,26 +211,19 @@ class SimulatedEc2:
                     f"the simulated EC2 supports only instant fleets, not Type={params.get('Type')!r}",
                 )
             token = params.get("ClientToken")
-            same_token = self._token_locks.setdefault(token, threading.Lock()) if token else None
-        if same_token is None:
-            return copy.deepcopy(self._launch(params))
-        with same_token:
             fingerprint = json.dumps(params, sort_keys=True, default=str)
-            with self._lock:
-                first = self._by_token.get(token)
-            if first is not None:
-                first_fingerprint, response = first
+            if token is not None and token in self._by_token:
+                first_fingerprint, response = self._by_token[token]
                 if first_fingerprint != fingerprint:
                     raise _client_error(
                         "IdempotentParameterMismatch",
                         "The client token you have provided is associated with a resource that has "
                         "different parameters.",
                     )
-                with self._lock:
-                    self.calls["CreateFleet replayed"] += 1
+                self.calls["CreateFleet replayed"] += 1
                 return copy.deepcopy(response)
             response = self._launch(params)
-            with self._lock:
+            if token is not None:
                 self._by_token[token] = (fingerprint, response)
             return copy.deepcopy(response)
 
@@ -296,7 +282,7 @@ class SimulatedEc2:
         for pool in pools:
             if wanted == 0:
                 break
-            count = self._take_room(market, pool.subnet_id, wanted)
+            count = min(wanted, self._room(market, pool.subnet_id))
             if count > 0:
                 instance_ids = self._run(market, pool, count, params)
                 instances.append(
@@ -311,21 +297,6 @@ class SimulatedEc2:
             if wanted > 0:
                 errors.append({**_entry(pool), "Lifecycle": market, **_insufficient(market, pool)})
         return instances, errors
-
-    def _take_room(self, market: Market, subnet_id: str | None, wanted: int) -> int:
-        """Up to `wanted` of the capacity left for `market` in `subnet_id`, taken: a launch beside this one
-        cannot take the same room."""
-        with self._lock:
-            count = min(wanted, self._room(market, subnet_id))
-            self._adjust_room(market, subnet_id, -count)
-            return count
-
-    def _adjust_room(self, market: Market, subnet_id: str | None, change: int) -> None:
-        remaining = self.capacity[market]
-        if remaining is not None:
-            self.capacity[market] = max(0, remaining + change)
-        if subnet_id in self.subnet_capacity:
-            self.subnet_capacity[subnet_id] += change
 
     def _room(self, market: Market, subnet_id: str | None) -> int:
         limits = [self.capacity[market], self.subnet_capacity.get(subnet_id or "")]
@@ -352,14 +323,12 @@ class SimulatedEc2:
                 "MarketType": "spot",
                 "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
             }
-        try:
-            response = self._client.run_instances(**request)
-        except Exception:
-            with self._lock:  # nothing launched: the room it took is there again
-                self._adjust_room(market, pool.subnet_id, count)
-            raise
-        with self._lock:
-            self.launched += count
+        response = self._client.run_instances(**request)
+        if self.capacity[market] is not None:
+            self.capacity[market] = max(0, (self.capacity[market] or 0) - count)
+        if pool.subnet_id in self.subnet_capacity:
+            self.subnet_capacity[pool.subnet_id] -= count
+        self.launched += count
         return [instance["InstanceId"] for instance in response["Instances"]]
 
     # --- what EC2 knows: templates, AMIs, instance types ---------------------------------------
@@ -413,7 +382,7 @@ class SimulatedEc2:
 
     def catalog(self) -> tuple[InstanceType, ...]:
         """`CATALOG` with each type's shape, described by moto once."""
-        with self._catalog_lock:
+        with self._lock:
             if self._catalog is None:
                 described = self._client.describe_instance_types(InstanceTypes=list(CATALOG))
                 self._catalog = tuple(_instance_type(info) for info in described["InstanceTypes"])

@@ -301,46 +301,6 @@ def test_concurrent_launches_never_exceed_the_capacity(
     assert ec2_instance_count(ec2) == 5
 
 
-class _HeldLaunches:
-    """moto's EC2 client, whose RunInstances for instances tagged with run key `pool=1` waits for `release`."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self.release = threading.Event()
-        self.holding = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    def run_instances(self, **request: Any) -> Any:
-        tags = [t for spec in request.get("TagSpecifications", []) for t in spec.get("Tags", [])]
-        if {"Key": RUN_KEY_TAG, "Value": "pool=1"} in tags:
-            self.holding.set()
-            assert self.release.wait(30), "the held launch was never released"
-        return self._client.run_instances(**request)
-
-
-def test_a_launch_goes_on_while_another_callers_launch_is_under_way(
-    ec2: Any, setup: FleetSetup, config: StackConfig
-) -> None:
-    # Given the simulated EC2 in the middle of one provision's launch (its RunInstances held)
-    held = _HeldLaunches(ec2)
-    fleet = Fleet(setup, SimulatedEc2(held))  # type: ignore[arg-type]
-    first = threading.Thread(target=lambda: fleet.launch(request_for(config, "pool=1", count=1, key="first")))
-    first.start()
-    try:
-        assert held.holding.wait(30)
-        # When another provision launches under its own client token
-        outcome = fleet.launch(request_for(config, "pool=2", count=1, key="second"))
-        # Then EC2 answers it at once, as EC2 answers two callers' fleets side by side; the simulator
-        # does not make it wait for the first (it did, and cost the emulator's cold path 0.47 s)
-        assert len(outcome.launched) == 1
-        assert first.is_alive()
-    finally:
-        held.release.set()
-        first.join()
-
-
 # --- the runner image: launch templates that boot an SSM parameter ----------------------------------
 
 
