@@ -11,8 +11,6 @@ remembers deliveries (Powertools idempotency) and holds the dispatcher's demand 
 
 from __future__ import annotations
 
-import math
-
 from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
@@ -27,7 +25,6 @@ from constructs import Construct
 
 from infra.constructs.functions import LOG_RETENTION, ControlPlaneFunctions
 from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
-from runner_pool.domain.demand import FOLLOW_UP_LIMIT_SECONDS
 
 WEBHOOK_PATH = "webhook"
 REQUIRED_HEADERS = ("X-GitHub-Event", "X-GitHub-Delivery")
@@ -56,11 +53,8 @@ set MaximumBatchingWindowInSeconds to at least 1", CreateEventSourceMapping); La
 reads the queue with five concurrent batches and adds up to 300 a minute while messages remain
 (services-sqs-scaling.html), so a burst of 1,000 deliveries is 100 batches, the first 5 at once.
 The dispatcher reserves no concurrency (the stack fits an account's first quota of 10): what bounds
-its concurrency is that scaling, and a leader's wait of at most FOLLOW_UP_HOLD_SECONDS."""
-DEMAND_MAX_RECEIVES = 5 + math.ceil(FOLLOW_UP_LIMIT_SECONDS)
-"""Receives before a message goes to the dead-letter queue: five tries of a message that keeps failing,
-plus every hand-back of a follow-up's leader, which can come back once a second for the follow-up's
-whole limit (domain.demand: each hand-back makes it invisible for at least 1 s)."""
+its concurrency is that scaling, and a leader's wait of at most FOLLOW_UP_WINDOW_SECONDS."""
+DEMAND_MAX_RECEIVES = 5
 
 
 class Ingress(Construct):
@@ -129,7 +123,6 @@ class Ingress(Construct):
             description="turns a batch of demand into provision and release executions",
             environment={
                 "idempotency_table_name": self.idempotency_table.table_name,
-                "demand_queue_url": self.demand_queue.queue_url,  # a follow-up's leader hands messages back
                 "provision_state_machine_arn": provision.state_machine_arn,
                 "release_state_machine_arn": release.state_machine_arn,
             },

@@ -16,7 +16,6 @@ from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain import demand
 from runner_pool.domain.demand import Reservation
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
-from runner_pool.handlers import dispatcher as dispatcher_handler
 from runner_pool.handlers.dispatcher import LEASE_MARGIN_SECONDS
 from tests.support.aws_faults import lose_answers
 from tests.support.webhooks import (
@@ -464,39 +463,3 @@ def test_a_fork_mark_in_the_same_batch_as_the_demand_still_counts(world: Ingress
     world.dispatch(world.take_queued())
     (provision,) = world.provisions()
     assert provision["public"] is True
-
-
-def test_a_follow_ups_leader_hands_its_message_back_until_the_window_closes_and_leads_again_when_it_comes_back(
-    world: IngressWorld, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given a run's first job dispatched, and the dispatcher holding a leader's poller not at all (so the
-    # next job's follow-up, open for a window, is handed back at once)
-    queue_jobs(world, [1])
-    assert world.dispatch(world.take_queued()) == {"batchItemFailures": []}
-    build = dispatcher_handler._dispatcher
-
-    def holding_nothing(plane: Any) -> demand.Dispatcher:
-        built = build(plane)
-        built._hold = 0.0  # the one knob this test turns
-        return built
-
-    monkeypatch.setattr(dispatcher_handler, "_dispatcher", holding_nothing)
-    # When the job that leads the follow-up is dispatched
-    queue_jobs(world, [2])
-    (record,) = world.take_queued()
-    response = world.dispatch([record])
-    # Then its message is reported failed, made invisible until the window closes (ChangeMessageVisibility,
-    # allowed by the dispatcher's role), and nothing started yet
-    assert failed_ids(response) == [record["messageId"]]
-    assert "sqs:ChangeMessageVisibilityBatch" in world.calls
-    assert len(world.provisions()) == 1
-    # And SQS delivers it again a second later (not after the queue's visibility timeout): that delivery
-    # finds the window closed and starts the follow-up
-    world.clock.advance(1.0)
-    again = world.sqs.receive_message(
-        QueueUrl=world.queue_url, WaitTimeSeconds=20, AttributeNames=["ApproximateReceiveCount"]
-    )["Messages"]
-    assert [m["MessageId"] for m in again] == [record["messageId"]]
-    assert again[0]["Attributes"]["ApproximateReceiveCount"] == "2"
-    assert world.dispatch([sqs_record(again[0])]) == {"batchItemFailures": []}
-    assert [p["job_ids"] for p in world.provisions()] == [[1], [2]]

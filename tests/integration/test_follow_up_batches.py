@@ -23,7 +23,6 @@ from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.demand import (
     BURST_QUIET_SECONDS,
     FOLLOW_UP_LIMIT_SECONDS,
-    FOLLOW_UP_PACE_CAP_SECONDS,
     FOLLOW_UP_PACE_FACTOR,
     FOLLOW_UP_WINDOW_SECONDS,
     SEALED_WAIT_SECONDS,
@@ -37,7 +36,7 @@ from runner_pool.domain.demand import (
     from_body,
     to_body,
 )
-from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest, ReleaseRequest
+from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
 from tests.support.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
 
 REPOSITORY = "octo-org/octo-repo"
@@ -49,10 +48,6 @@ MOTO_WINDOW_SECONDS = 1.0
 the product's 0.3 s many times over, but moto on two cores busy with the rest of make test takes up
 to 0.5 s a write, so turns a few milliseconds apart on AWS land further apart than 0.3 s here. What
 such a test checks is that concurrent batches meet in the ledger, not the window's length."""
-MOTO_HOLD_SECONDS = 5.0
-"""How long a leader waits in its dispatcher for the window, where real time runs: several windows of
-MOTO_WINDOW_SECONDS, so these tests' leaders start their follow-ups themselves (a leader that hands its
-messages back is played in tests of its own)."""
 MOTO_SEALED_WAIT_SECONDS = 10.0
 """The wait for a follow-up being started, where real time runs: on AWS its start takes a few hundred
 milliseconds, on moto under make test's load a few seconds."""
@@ -110,34 +105,11 @@ class Dispatches:
             self.meanwhile.pop(0)()
         self.world.clock.advance(seconds)
 
-    handed_back: list[tuple[float, str, list[tuple[str, DemandMessage]]]] = field(default_factory=list)
-    """Messages a leader handed back: when SQS delivers them again, and to which (new) dispatch."""
-
     def dispatch(self, holder: str, messages: list[DemandMessage]) -> DispatchReport:
-        return self.dispatch_batch(
-            holder, [(f"{holder}-m{n}", message) for n, message in enumerate(messages)]
-        )
-
-    def dispatch_batch(self, holder: str, batch: list[tuple[str, DemandMessage]]) -> DispatchReport:
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, self.world.clock, self.world.plane.client("dynamodb"))
         dispatcher = Dispatcher(ledger, self.starts, self.world.clock, self.pause)
-        report = dispatcher.dispatch(batch, holder, LEASE_SECONDS)
-        if report.deferred:
-            back_at = self.world.clock.now() + max(report.deferred.values())
-            again = [(message_id, message) for message_id, message in batch if message_id in report.deferred]
-            self.handed_back.append((back_at, f"{holder}+", again))
-        return report
-
-    def deliver_handed_back(self) -> list[DispatchReport]:
-        """SQS delivers each handed-back message again once its visibility timeout passed, in order,
-        until none is handed back any more; the reports of those deliveries."""
-        reports = []
-        while self.handed_back:
-            self.handed_back.sort(key=lambda entry: entry[0])
-            back_at, holder, batch = self.handed_back.pop(0)
-            self.world.clock.advance(max(0.0, back_at - self.world.clock.now()))
-            reports.append(self.dispatch_batch(holder, batch))
-        return reports
+        batch = [(f"{holder}-m{n}", message) for n, message in enumerate(messages)]
+        return dispatcher.dispatch(batch, holder, LEASE_SECONDS)
 
 
 @pytest.fixture
@@ -205,11 +177,11 @@ def test_the_follow_up_closes_a_window_after_its_last_job_joined(dispatches: Dis
 def test_a_follow_up_whose_jobs_come_slower_stays_open_a_few_of_their_gaps(dispatches: Dispatches) -> None:
     # When the join comes 0.2 s after the leader: the run's deliveries come at a slower pace than a
     # matrix's side by side, and a gap of 0.3 s would often close the window between two of them
-    waited = led_follow_up(dispatches, join_after=0.15)
+    waited = led_follow_up(dispatches, join_after=0.2)
 
     # Then the follow-up stayed open four of those gaps after the last join (domain.demand
     # FOLLOW_UP_PACE_FACTOR), not one window
-    assert waited == pytest.approx(0.15 + FOLLOW_UP_PACE_FACTOR * 0.15)
+    assert waited == pytest.approx(0.2 + FOLLOW_UP_PACE_FACTOR * 0.2)
 
 
 def test_a_follow_up_that_keeps_growing_is_started_at_its_limit(dispatches: Dispatches) -> None:
@@ -217,31 +189,26 @@ def test_a_follow_up_that_keeps_growing_is_started_at_its_limit(dispatches: Disp
     dispatches.dispatch("a", jobs(1))
     clock = dispatches.world.clock
     opened = clock.now()
-    step = 0.25
 
     # When jobs keep joining the follow-up, each less than a window after the last, for twice the limit
     def trickle(job_id: int) -> Callable[[], None]:
         def join() -> None:
-            clock.advance(step)
+            clock.advance(0.5 * FOLLOW_UP_WINDOW_SECONDS)
             dispatches.dispatch(f"j{job_id}", jobs(job_id))
 
         return join
 
-    steps = int(2 * FOLLOW_UP_LIMIT_SECONDS / step)
+    steps = int(2 * FOLLOW_UP_LIMIT_SECONDS / (0.5 * FOLLOW_UP_WINDOW_SECONDS))
     dispatches.meanwhile += [trickle(job_id) for job_id in range(3, 3 + steps)]
     dispatches.dispatch("b", jobs(2))
-    dispatches.deliver_handed_back()
 
-    # Then the follow-up was sealed once its limit had passed (by the first job to come after it): what
-    # joined until then is in it, started in full provisions of PROVISION_LIMIT jobs (not each apart),
-    # and the rest started apart from it or in the next follow-up
-    started = dispatches.starts.job_ids()
-    assert started[0] == (1,)
-    joined = set(range(2, 2 + int(FOLLOW_UP_LIMIT_SECONDS / step)))
-    follow_up = [jobs for jobs in started if joined & set(jobs)]
-    assert joined <= {job for jobs in follow_up for job in jobs}
-    assert all(len(jobs) == PROVISION_LIMIT for jobs in follow_up[:-1])
-    assert sorted(j for jobs in started for j in jobs) == list(range(1, 3 + steps))
+    # Then the follow-up was sealed once its limit had passed: what joined until then is in it, the
+    # rest started at once, apart from it or in the next follow-up
+    assert dispatches.starts.job_ids()[0] == (1,)
+    follow_up = next(started for started in dispatches.starts.job_ids() if 2 in started)
+    assert follow_up[0] == 2
+    assert len(follow_up) >= FOLLOW_UP_LIMIT_SECONDS / (0.5 * FOLLOW_UP_WINDOW_SECONDS)
+    assert sorted(j for started in dispatches.starts.job_ids() for j in started) == list(range(1, 3 + steps))
     assert clock.now() >= opened + FOLLOW_UP_LIMIT_SECONDS
 
 
@@ -347,8 +314,8 @@ def test_demand_whose_ledger_fails_while_it_waits_for_a_follow_up_being_started_
     turns: list[str] = []
 
     def failing_after_the_first_look(self: DynamoDbLedger, *args: Any, **kwargs: Any) -> BatchTurn:
-        turns.append(kwargs["leader"])
-        if turns.count("c-m0") > 1:
+        turns.append(kwargs["holder"])
+        if turns.count("c") > 1:
             raise RuntimeError("ProvisionedThroughputExceededException")
         return take_turn(self, *args, **kwargs)
 
@@ -360,7 +327,7 @@ def test_demand_whose_ledger_fails_while_it_waits_for_a_follow_up_being_started_
     # Then its job is still started, apart, and its message is done: the wait only ever delays a job
     assert sorted(dispatches.starts.job_ids()) == [(1,), (2,), (3,)]
     assert arrivals[0].failed_message_ids == set()
-    assert turns.count("c-m0") == 2
+    assert turns.count("c") == 2
 
 
 def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_the_next_follow_up_together(
@@ -379,7 +346,7 @@ def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_the_n
         def take_turn(self, *args: Any, **kwargs: Any) -> BatchTurn:
             turn = super().take_turn(*args, **kwargs)
             if turn.role is BatchRole.ALONE:
-                alone.add(kwargs["leader"])
+                alone.add(kwargs["holder"])
                 if len(alone) == len(waiters):
                     all_waiting.set()
             return turn
@@ -393,7 +360,6 @@ def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_the_n
             time.sleep,
             window_seconds=MOTO_WINDOW_SECONDS,
             sealed_wait_seconds=MOTO_SEALED_WAIT_SECONDS,
-            hold_seconds=MOTO_HOLD_SECONDS,
         )
         return dispatcher.dispatch([(f"{holder}-m{n}", m) for n, m in enumerate(messages)], holder, 60)
 
@@ -450,14 +416,7 @@ def test_a_matrix_read_by_five_concurrent_pollers_costs_two_provisions_and_its_f
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, clock, dynamodb)
         batch = [(record["messageId"], from_body(record["body"])) for record in event["Records"]]
-        dispatcher = Dispatcher(
-            ledger,
-            starts,
-            clock,
-            time.sleep,
-            window_seconds=MOTO_WINDOW_SECONDS,
-            hold_seconds=MOTO_HOLD_SECONDS,
-        )
+        dispatcher = Dispatcher(ledger, starts, clock, time.sleep, window_seconds=MOTO_WINDOW_SECONDS)
         report = dispatcher.dispatch(batch, context.aws_request_id, 60)
         return {"batchItemFailures": [{"itemIdentifier": m} for m in report.failed_message_ids]}
 
@@ -478,57 +437,3 @@ def test_a_matrix_read_by_five_concurrent_pollers_costs_two_provisions_and_its_f
     assert len(starts.provisions) <= 2
     # And the first provision started within a fraction of the event source's old 1 s window
     assert starts.started_at[0] - first_sent < 1.0
-
-
-def slow_joins(dispatches: Dispatches, job_ids: range, every: float) -> None:
-    """Jobs joining one by one, `every` seconds apart, while the next leader waits."""
-
-    def join(job_id: int) -> Callable[[], None]:
-        def one() -> None:
-            dispatches.world.clock.advance(every)
-            dispatches.dispatch(f"j{job_id}", jobs(job_id))
-
-        return one
-
-    dispatches.meanwhile += [join(job_id) for job_id in job_ids]
-
-
-def test_a_leader_whose_window_outlasts_its_hold_hands_its_messages_back_until_the_window_closes(
-    dispatches: Dispatches,
-) -> None:
-    # Given a run's first job, and jobs that keep joining the follow-up for longer than a leader holds
-    # its poller (domain.demand FOLLOW_UP_HOLD_SECONDS): four, a quarter of a second apart
-    dispatches.dispatch("a", jobs(1))
-    slow_joins(dispatches, range(3, 7), every=0.25)
-    # When the batch that leads the follow-up is dispatched
-    led = dispatches.dispatch("b", jobs(2))
-    # Then it started nothing: once the window closed later than its hold from its turn, it handed its
-    # message back to SQS, invisible until the window closes (a whole second at least), while the
-    # joined messages are done
-    assert dispatches.starts.job_ids() == [(1,)]
-    assert set(led.deferred) == {"b-m0"} == led.failed_message_ids
-    assert led.deferred["b-m0"] >= 1
-    # And when SQS delivers it again, the window has closed: that delivery starts the whole follow-up
-    (again,) = dispatches.deliver_handed_back()
-    assert dispatches.starts.job_ids() == [(1,), (2, 3, 4, 5, 6)]
-    assert again.failed_message_ids == set()
-
-
-def test_a_job_that_comes_while_the_leaders_message_is_away_joins_the_follow_up_its_return_starts(
-    dispatches: Dispatches,
-) -> None:
-    # Given a follow-up whose leader handed its message back
-    dispatches.dispatch("a", jobs(1))
-    slow_joins(dispatches, range(3, 7), every=0.25)
-    led = dispatches.dispatch("b", jobs(2))
-    assert led.deferred
-    # When another job of the run comes before the leader's message is back, its window just closed
-    dispatches.world.clock.advance(FOLLOW_UP_PACE_CAP_SECONDS + 0.1)
-    late = dispatches.dispatch("z", jobs(7))
-    # Then it joined the follow-up (its message done), and nothing started yet
-    assert late.joined == 1
-    assert late.failed_message_ids == set()
-    assert dispatches.starts.job_ids() == [(1,)]
-    # And the leader's message, back once the window it kept open closed, starts every job in one
-    dispatches.deliver_handed_back()
-    assert dispatches.starts.job_ids() == [(1,), (2, 3, 4, 5, 6, 7)]

@@ -10,11 +10,10 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
                                     from_fork once its `requested` webhook named a fork as its head
     batch#<sha256 of repository, run key>
                                     the run key's follow-up window (domain.demand): repository, run_key,
-                                    opened_at, closes_at, limit_at; once a dispatch joins, leader (the
-                                    id of the SQS message that leads it) and lease_until, joined_at
-                                    (its first join) and joins (how many dispatches joined), jobs and
-                                    public_jobs (number sets); sealed when a dispatch closed it to
-                                    further jobs (lease_until then that dispatch's); started when its
+                                    opened_at, closes_at, limit_at; once a dispatch joins, leader and
+                                    lease_until, joined_at (its first join) and joins (how many
+                                    dispatches joined), jobs and public_jobs (number sets); sealed
+                                    when the leader closed it to further jobs; started when its
                                     provision started
 
 Each change is one conditional write, so two dispatchers that see the same job never both count
@@ -24,7 +23,7 @@ it. Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run b
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -75,13 +74,12 @@ _JOINABLE = (
     "attribute_exists(#id) AND attribute_not_exists(sealed) AND attribute_not_exists(started) AND "
     "((attribute_not_exists(leader) AND closes_at >= :now) OR lease_until >= :now)"
 )
-"""The window is open, or its leader has not sealed it yet (waiting in its dispatcher, or its messages on
-their way back): a job that joins then keeps it open a little longer."""
+"""The window is open (or its live leader has not sealed it yet)."""
 _ABANDONED = (
     "attribute_exists(#id) AND attribute_exists(leader) AND attribute_not_exists(started) "
     "AND lease_until < :now"
 )
-"""Its leader's (or its sealer's) lease passed before the follow-up started."""
+"""Its leader's lease passed before the follow-up started."""
 
 
 class DynamoDbLedger:
@@ -224,8 +222,7 @@ class DynamoDbLedger:
         *,
         job_ids: Sequence[int],
         public_ids: Sequence[int],
-        leader: str,
-        messages: Collection[str],
+        holder: str,
         lease_until: Epoch,
         window_seconds: float,
         limit_seconds: float,
@@ -246,27 +243,20 @@ class DynamoDbLedger:
                     window,
                     job_ids=job_ids,
                     public_ids=public_ids,
-                    leader=leader,
+                    holder=holder,
                     lease=lease_until,
                 )
                 if turn is not None:
                     return turn
                 continue
-            sealed = "sealed" in current
-            if sealed and _epoch(current, "lease_until") >= now:
-                return BatchTurn(BatchRole.ALONE)  # a dispatch is starting it right now
-            leader_now = current.get("leader", {}).get("S")
-            if leader_now in messages and not sealed:
-                # The leading message is back (handed back, or SQS delivered it again): its jobs are in
-                # the follow-up already, and its return is no join (it would keep its own window open).
-                return BatchTurn(BatchRole.LEADER, _epoch(current, "closes_at"), leader=leader_now)
+            if "sealed" in current and _epoch(current, "lease_until") >= now:
+                return BatchTurn(BatchRole.ALONE)  # its leader is starting it right now
             abandoned = "leader" in current and _epoch(current, "lease_until") < now
             turn = self._add(
                 key,
                 job_ids=job_ids,
                 public_ids=public_ids,
-                leader=leader,
-                messages=messages,
+                holder=holder,
                 lease_until=lease_until,
                 now=now,
                 closes_at=follow_up_closes_at(
@@ -325,18 +315,18 @@ class DynamoDbLedger:
         *,
         job_ids: Sequence[int],
         public_ids: Sequence[int],
-        leader: str,
+        holder: str,
         lease: Epoch,
     ) -> BatchTurn | None:
-        """Open the next follow-up of a burst that goes on, with these jobs in it and the message `leader`
-        leading it; None when the item moved on since it was `seen`."""
+        """Open the next follow-up of a burst that goes on, with these jobs in it and `holder` leading it;
+        None when the item moved on since it was `seen`."""
         values: dict[str, Any] = {
             ":opened": seen.get("opened_at", {"N": "0"}),
             ":now": {"N": _number(window.now)},
             ":closes": {"N": _number(window.closes_at)},
             ":limit": {"N": _number(window.limit_at)},
             ":jobs": {"NS": [str(job_id) for job_id in job_ids]},
-            ":me": {"S": leader},
+            ":me": {"S": holder},
             ":lease": {"N": _number(lease)},
             ":one": {"N": "1"},
         }
@@ -358,7 +348,7 @@ class DynamoDbLedger:
                 ExpressionAttributeValues=values,
             )
         )
-        return BatchTurn(BatchRole.LEADER, window.closes_at, leader=leader) if opened else None
+        return BatchTurn(BatchRole.LEADER, window.closes_at) if opened else None
 
     def _add(
         self,
@@ -366,8 +356,7 @@ class DynamoDbLedger:
         *,
         job_ids: Sequence[int],
         public_ids: Sequence[int],
-        leader: str,
-        messages: Collection[str],
+        holder: str,
         lease_until: Epoch,
         now: Epoch,
         closes_at: Epoch,
@@ -379,7 +368,7 @@ class DynamoDbLedger:
         values: dict[str, Any] = {
             ":one": {"N": "1"},
             ":jobs": {"NS": [str(job_id) for job_id in job_ids]},
-            ":me": {"S": leader},
+            ":me": {"S": holder},
             ":lease": {"N": _number(lease_until)},
             ":now": {"N": _number(now)},
         }
@@ -415,28 +404,21 @@ class DynamoDbLedger:
         closes_at = _epoch(item, "closes_at")
         if take_over:
             return BatchTurn(BatchRole.TAKEN_OVER, closes_at, _follow_up(item))
-        # A batch that brings the leading message back (SQS redelivered it) leads again.
-        current_leader = item.get("leader", {}).get("S")
-        if current_leader in messages:
-            return BatchTurn(BatchRole.LEADER, closes_at, leader=current_leader)
-        return BatchTurn(BatchRole.JOINED, closes_at)
+        leads = item.get("leader", {}).get("S") == holder
+        return BatchTurn(BatchRole.LEADER if leads else BatchRole.JOINED, closes_at)
 
-    def seal(self, repository: str, run_key: str, leader: str, lease_until: Epoch) -> Sealing:
+    def seal(self, repository: str, run_key: str, holder: str) -> Sealing:
         now = self._clock.now()
         try:
             response = self._client.update_item(
                 TableName=self._table,
                 Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
-                UpdateExpression="SET sealed = :yes, lease_until = :lease",
-                ConditionExpression=(
-                    "leader = :me AND attribute_not_exists(sealed) AND attribute_not_exists(started) "
-                    "AND closes_at <= :now"
-                ),
+                UpdateExpression="SET sealed = :yes",
+                ConditionExpression=("leader = :me AND attribute_not_exists(started) AND closes_at <= :now"),
                 ExpressionAttributeValues={
                     ":yes": {"BOOL": True},
-                    ":me": {"S": leader},
+                    ":me": {"S": holder},
                     ":now": {"N": _number(now)},
-                    ":lease": {"N": _number(lease_until)},
                 },
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
@@ -445,13 +427,13 @@ class DynamoDbLedger:
             if error_code(exc) != "ConditionalCheckFailedException":
                 raise
             current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
-            ours = current.get("leader", {}).get("S") == leader and "started" not in current
+            ours = current.get("leader", {}).get("S") == holder and "started" not in current
             if ours and "sealed" in current:  # sealed by our own write, whose answer was lost
                 return Sealing(follow_up=_follow_up(current))
             return Sealing(closes_at=_epoch(current, "closes_at") if ours else None)
         return Sealing(follow_up=_follow_up(response.get("Attributes", {})))
 
-    def follow_up_started(self, repository: str, run_key: str, leader: str) -> None:
+    def follow_up_started(self, repository: str, run_key: str, holder: str) -> None:
         now = self._clock.now()
         self._conditional(
             lambda: self._client.update_item(
@@ -459,7 +441,7 @@ class DynamoDbLedger:
                 Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
                 UpdateExpression="SET started = :now",
                 ConditionExpression="leader = :me",
-                ExpressionAttributeValues={":now": {"N": _number(now)}, ":me": {"S": leader}},
+                ExpressionAttributeValues={":now": {"N": _number(now)}, ":me": {"S": holder}},
             )
         )
 

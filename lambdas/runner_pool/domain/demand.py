@@ -33,11 +33,9 @@ writes (DynamoDbLedger.take_turn):
                and the messages are done
     leader     the window is open and nobody leads the follow-up yet, or the run key's last follow-up
                started (or its window closed) less than BURST_QUIET_SECONDS ago, so the same burst goes
-               on and these jobs open the next follow-up, or this batch holds the message that leads
-               it (handed back, below): the jobs are added, and this dispatch waits for the window to
-               close, seals the follow-up (no job joins after) and starts one provision for every job
-               in it; but it waits at most FOLLOW_UP_HOLD_SECONDS, and hands its messages back to the
-               queue for the rest of the window instead (`DispatchReport.deferred`)
+               on and these jobs open the next follow-up: the jobs are added, and this dispatch waits
+               for the window to close, seals the follow-up (no job joins after) and starts one
+               provision for every job in it
     taken over the follow-up's leader died before starting it (its lease passed): this dispatch adds
                its jobs, seals it and starts it at once
     alone      the follow-up is sealed and being started right now: wait for that start to end
@@ -47,19 +45,8 @@ writes (DynamoDbLedger.take_turn):
 So a matrix whose jobs arrive within the window costs two executions however the pollers split it, and
 a run's demand that keeps coming past the window costs one more follow-up each time a window closes,
 not an execution per batch that met a follow-up being started (issue 15's 1,000-job burst saw 36 for a
-50-job run). A job queued later, once the run's burst is over (one that `needs` the matrix), is a
-first again, started at once.
-
-A follow-up is led by a message, not by a dispatch: the ledger names its leader by the id of one of the
-leading batch's messages (SQS keeps a message's id across its deliveries), so the batch that brings
-that message back, whichever poller receives it, leads again. A leader whose window closes later than
-FOLLOW_UP_HOLD_SECONDS from its turn does not wait for it in its Lambda, which would hold one of the
-queue's five pollers (the 1,000-job burst: 20 runs' leaders waiting up to 5 s each slowed every
-dispatch and cut runs into up to 17 executions): it makes its messages invisible until the window
-closes (SQS ChangeMessageVisibility) and reports them failed, so SQS delivers them again then. Until
-they come back, the follow-up is theirs: jobs that come meanwhile join it, as they join one whose
-leader waits in its dispatcher, also just after the window closed (keeping it open a little longer).
-
+50-job run). A job queued later, once the run's burst is over (one that `needs` the matrix), is a first
+again, started at once.
 A joined message is acknowledged before its job is started: what makes that safe is the leader's own
 messages, which stay unacknowledged until the follow-up has started, so a leader that dies has them
 delivered again, and that delivery takes the follow-up over. Every job of a follow-up is reserved
@@ -87,7 +74,6 @@ never be lost to demand still in the queue.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -117,18 +103,13 @@ Gaps between arrivals that come independently are about exponential: a window of
 closes at one gap in seven (the 300-job burst made up to 5 executions of a 30-job run, 2026-11-27), of
 four times the mean at one in fifty. Dispatches, not jobs: five pollers take the demand queue in
 batches, so the jobs come in clumps, and the gaps that close a window are those between clumps."""
-FOLLOW_UP_PACE_CAP_SECONDS = 3.0
-"""The longest quiet gap the pace keeps a follow-up open for: what a job that joined last waits at most
-for nothing more to come. It was 1 s while a leader waited out the whole window in its dispatcher (in a
-1,000-job burst the uncapped pace then slowed every dispatch: 1,048 s, up to 17 executions for one
-run, 2026-11-27); a leader now hands its messages back instead (FOLLOW_UP_HOLD_SECONDS)."""
-FOLLOW_UP_LIMIT_SECONDS = 20.0
-"""The longest a follow-up stays open after the first dispatch, however its demand keeps coming. GitHub
-sends a 50-job matrix's deliveries over up to 15 s in the emulator's 1,000-job burst (its four senders,
-the stage throttle), and each window that closes within them costs the run one more execution."""
-FOLLOW_UP_HOLD_SECONDS = 1.0
-"""The longest a follow-up's leader waits in its dispatcher for the window to close; past it, the leader
-hands its messages back to the queue until the window closes (the module's docstring)."""
+FOLLOW_UP_PACE_CAP_SECONDS = 1.0
+"""The longest quiet gap the pace keeps a follow-up open for. A leader waits in its dispatcher for the
+window to close, and Lambda's five pollers are the demand queue's only readers: in a 1,000-job burst
+(20 runs, leaders waiting up to 5 s) the uncapped pace slowed every dispatch (1,048 s, up to 17
+executions for one run, against 639 s and 9 without the pace, one run each, 2026-11-27)."""
+FOLLOW_UP_LIMIT_SECONDS = 5.0
+"""The longest a follow-up stays open after the first dispatch, however its demand keeps coming."""
 BURST_QUIET_SECONDS = 5.0
 """How long after a run key's follow-up started (or its window closed with nobody joining) its next
 demand is still the same burst, and joins a follow-up instead of starting at once. GitHub delivers a
@@ -289,8 +270,6 @@ class BatchTurn:
     """When the follow-up window closes, unless another job joins (FIRST, LEADER, JOINED)."""
     follow_up: FollowUp | None = None
     """TAKEN_OVER: every job of the follow-up, this dispatch's too."""
-    leader: str | None = None
-    """LEADER: the message that leads the follow-up, as the ledger names it (one of this batch's)."""
 
 
 @dataclass(frozen=True)
@@ -337,27 +316,24 @@ class DemandLedger(Protocol):
         *,
         job_ids: Sequence[int],
         public_ids: Sequence[int],
-        leader: str,
-        messages: Collection[str],
+        holder: str,
         lease_until: Epoch,
         window_seconds: float,
         limit_seconds: float,
         quiet_seconds: float,
     ) -> BatchTurn:
         """Open the run key's follow-up window (a first, when its last burst ended `quiet_seconds` ago or
-        more; else the next follow-up, which the message `leader` leads), or add the jobs to its
-        follow-up batch (keeping it open `window_seconds` more, up to `limit_seconds` after it opened;
-        LEADER when its leader is one of `messages`), or take over a follow-up whose window closed
-        unsealed or whose sealer's lease passed; a follow-up sealed by a dispatch is its until
-        `lease_until`."""
+        more; else the next follow-up, which `holder` leads), or add the jobs to its follow-up batch
+        (keeping it open `window_seconds` more, up to `limit_seconds` after it opened), or take over a
+        follow-up whose leader's lease passed; `holder` leads a follow-up until `lease_until`."""
         ...
 
-    def seal(self, repository: str, run_key: str, leader: str, lease_until: Epoch) -> Sealing:
-        """Close the follow-up the message `leader` leads to further jobs, if its window has closed."""
+    def seal(self, repository: str, run_key: str, holder: str) -> Sealing:
+        """Close the follow-up `holder` leads to further jobs, if its window has closed."""
         ...
 
-    def follow_up_started(self, repository: str, run_key: str, leader: str) -> None:
-        """Note that the follow-up `leader` leads has started: the run key's next demand is a first again."""
+    def follow_up_started(self, repository: str, run_key: str, holder: str) -> None:
+        """Note that the follow-up `holder` leads has started: the run key's next demand is a first again."""
         ...
 
 
@@ -396,17 +372,12 @@ class DispatchReport:
     """Jobs cancelled before their demand was counted."""
     joined: int = 0
     """Jobs added to a follow-up batch that another dispatch starts."""
-    deferred: dict[str, int] = field(default_factory=dict)
-    """Messages of a follow-up's leader handed back: each to be invisible this many seconds (until the
-    window closes), then delivered again."""
     failures: list[Failure] = field(default_factory=list)
 
     @property
     def failed_message_ids(self) -> set[str]:
-        """Messages for SQS to deliver again: those whose work failed, those held elsewhere, and those
-        handed back until their follow-up's window closes."""
-        failed = {message_id for failure in self.failures for message_id in failure.message_ids}
-        return failed | self.held | set(self.deferred)
+        """Messages for SQS to deliver again: those whose work failed, and those held elsewhere."""
+        return {message_id for failure in self.failures for message_id in failure.message_ids} | self.held
 
 
 @dataclass
@@ -415,8 +386,8 @@ class _Turns:
 
     waiting: list[tuple[_Group, list[JobQueued]]] = field(default_factory=list)
     """Groups that met their follow-up being started, with their current jobs."""
-    led: list[tuple[_Group, BatchTurn]] = field(default_factory=list)
-    """Follow-ups this dispatch leads, with the turn that said so (when the window closes, its leader)."""
+    led: list[tuple[_Group, Epoch]] = field(default_factory=list)
+    """Follow-ups this dispatch leads, with when their window closes."""
 
 
 @dataclass
@@ -433,11 +404,6 @@ class _Group:
     def add(self, message_id: str, job: JobQueued) -> None:
         self.jobs.setdefault(job.job_id, job)
         self.messages.setdefault(job.job_id, []).append(message_id)
-
-    @property
-    def leader(self) -> str:
-        """The message that leads a follow-up this group opens or takes over."""
-        return min(self.message_ids(self.jobs))
 
     def message_ids(self, job_ids: Iterable[int]) -> tuple[str, ...]:
         """This batch's messages for these jobs (a follow-up's jobs that others added have none here)."""
@@ -464,7 +430,6 @@ class Dispatcher:
         window_seconds: float = FOLLOW_UP_WINDOW_SECONDS,
         limit_seconds: float = FOLLOW_UP_LIMIT_SECONDS,
         sealed_wait_seconds: float = SEALED_WAIT_SECONDS,
-        hold_seconds: float = FOLLOW_UP_HOLD_SECONDS,
     ) -> None:
         self._ledger = ledger
         self._starter = starter
@@ -474,7 +439,6 @@ class Dispatcher:
         self._window = window_seconds
         self._limit = limit_seconds
         self._sealed_wait = sealed_wait_seconds
-        self._hold = hold_seconds
 
     def dispatch(
         self, batch: Sequence[tuple[str, DemandMessage]], holder: str, lease_seconds: float
@@ -509,8 +473,8 @@ class Dispatcher:
         # Last, so nothing else of the batch waits: for a follow-up being started, then for a window.
         for group, current in turns.waiting:
             self._wait_for_start(report, group, current, holder, until, turns)
-        for group, turn in turns.led:
-            self._lead(report, group, turn, holder, until)
+        for group, closes_at in turns.led:
+            self._lead(report, group, closes_at, holder, until)
         return report
 
     def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
@@ -542,21 +506,20 @@ class Dispatcher:
             report.stale += len(group.jobs) - len(current)
             if not current:
                 return
-            turn = self._take_turn(group, current, until)
+            turn = self._take_turn(group, current, holder, until)
         except Exception as exc:  # any fault fails the group's messages, for SQS to retry them
             what = f"batch the demand of {group.run_key}"
             report.failures.append(Failure(group.message_ids(group.jobs), what, repr(exc)))
             return
         self._act(report, group, current, turn, holder, until, turns)
 
-    def _take_turn(self, group: _Group, current: list[JobQueued], until: Epoch) -> BatchTurn:
+    def _take_turn(self, group: _Group, current: list[JobQueued], holder: str, until: Epoch) -> BatchTurn:
         return self._ledger.take_turn(
             group.repository,
             group.run_key,
             job_ids=[job.job_id for job in current],
             public_ids=[job.job_id for job in current if job.public],
-            leader=group.leader,
-            messages=frozenset(group.message_ids(group.jobs)),
+            holder=holder,
             lease_until=until,
             window_seconds=self._window,
             limit_seconds=self._limit,
@@ -581,9 +544,9 @@ class Dispatcher:
             case BatchRole.JOINED:
                 report.joined += len(current)
             case BatchRole.LEADER:
-                turns.led.append((group, turn))
+                turns.led.append((group, turn.closes_at))
             case BatchRole.TAKEN_OVER if turn.follow_up is not None:
-                self._start_follow_up(report, group, turn.follow_up, group.leader, holder, until)
+                self._start_follow_up(report, group, turn.follow_up, holder, until)
 
     def _start_apart(
         self, report: DispatchReport, group: _Group, current: list[JobQueued], holder: str, until: Epoch
@@ -609,7 +572,7 @@ class Dispatcher:
         while self._clock.now() < give_up_at:
             self._pause(SEALED_LOOK_SECONDS)
             try:
-                turn = self._take_turn(group, current, until)
+                turn = self._take_turn(group, current, holder, until)
             except Exception:  # the jobs are still ours: start them apart below
                 break
             if turn.role is not BatchRole.ALONE:
@@ -628,39 +591,23 @@ class Dispatcher:
         return {attempt for attempt, mark in marks.items() if mark is not RunMark.COMPLETED}
 
     def _lead(
-        self, report: DispatchReport, group: _Group, turn: BatchTurn, holder: str, until: Epoch
+        self, report: DispatchReport, group: _Group, closes_at: Epoch, holder: str, until: Epoch
     ) -> None:
-        """Wait for the follow-up's window to close (each join moves it, up to its limit), seal, start it;
-        or, when it closes past FOLLOW_UP_HOLD_SECONDS from now, hand the group's messages back until then."""
-        leader = turn.leader or group.leader
-        closes_at = turn.closes_at
-        hold_until = self._clock.now() + self._hold
-        own = group.message_ids(group.jobs)
-        with _failing(report, own, f"seal the follow-up of {group.run_key}"):
+        """Wait for the follow-up's window to close (each join moves it, up to its limit), seal, start it."""
+        with _failing(report, group.message_ids(group.jobs), f"seal the follow-up of {group.run_key}"):
             for _ in range(SEAL_ATTEMPTS):
-                now = self._clock.now()
-                if closes_at > hold_until:
-                    back_in = max(1, math.ceil(closes_at - now))
-                    report.deferred.update(dict.fromkeys(own, back_in))
-                    return
-                self._pause(max(0.0, closes_at - now))
-                sealing = self._ledger.seal(group.repository, group.run_key, leader, until)
+                self._pause(max(0.0, closes_at - self._clock.now()))
+                sealing = self._ledger.seal(group.repository, group.run_key, holder)
                 if sealing.follow_up is not None:
-                    self._start_follow_up(report, group, sealing.follow_up, leader, holder, until)
+                    self._start_follow_up(report, group, sealing.follow_up, holder, until)
                     return
                 if sealing.closes_at is None:
                     return  # another dispatch took it over (our lease passed): it starts these jobs
                 closes_at = sealing.closes_at
             raise RuntimeError(f"the follow-up was still open after {SEAL_ATTEMPTS} looks")
 
-    def _start_follow_up(  # noqa: PLR0917 - the follow-up and everything it is started with
-        self,
-        report: DispatchReport,
-        group: _Group,
-        follow_up: FollowUp,
-        leader: str,
-        holder: str,
-        until: Epoch,
+    def _start_follow_up(
+        self, report: DispatchReport, group: _Group, follow_up: FollowUp, holder: str, until: Epoch
     ) -> None:
         """Start one provision (per PROVISION_LIMIT jobs) for a sealed follow-up, then mark it started.
 
@@ -697,7 +644,7 @@ class Dispatcher:
                 return
         with _failing(report, [], f"mark the follow-up of {group.run_key} started"):
             # Unmarked, the follow-up is taken over once our lease passes, and finds its jobs counted.
-            self._ledger.follow_up_started(group.repository, group.run_key, leader)
+            self._ledger.follow_up_started(group.repository, group.run_key, holder)
 
     def _provision_chunk(
         self,

@@ -10,11 +10,8 @@ is dispatched the moment it is received) and batches of 10; a matrix split acros
 concurrent batches is brought together by the ledger (domain.demand, follow-up batches), so an
 invocation that leads a follow-up waits for its window to close (at most FOLLOW_UP_LIMIT_SECONDS),
 and one whose jobs meet a follow-up being started waits for that start (at most SEALED_WAIT_SECONDS).
-A leader whose window closes later than FOLLOW_UP_HOLD_SECONDS hands its messages back instead: made
-invisible until the window closes, and reported failed, so SQS delivers them again then.
 Environment (RUNNER_POOL_*):
-IDEMPOTENCY_TABLE_NAME (the demand ledger), PROVISION_STATE_MACHINE_ARN, RELEASE_STATE_MACHINE_ARN,
-DEMAND_QUEUE_URL (the queue messages are handed back to).
+IDEMPOTENCY_TABLE_NAME (the demand ledger), PROVISION_STATE_MACHINE_ARN, RELEASE_STATE_MACHINE_ARN.
 The AWS calls it makes are recorded in the tests and checked against its role (emulator/iam_check.py).
 """
 
@@ -29,7 +26,6 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
-from runner_pool.adapters.demand_queue import DemandQueue
 from runner_pool.adapters.executions import Executions
 from runner_pool.domain.demand import DemandMessage, Dispatcher, DispatchReport, from_body
 from runner_pool.observability import logger, metrics, tracer
@@ -53,11 +49,8 @@ class NotDispatchedError(RuntimeError):
 def dispatch(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
     batch, unreadable = _read(event)
     lease_seconds = context.get_remaining_time_in_millis() / 1000 + LEASE_MARGIN_SECONDS
-    plane = control_plane()
-    report = _dispatcher(plane).dispatch(batch, context.aws_request_id, lease_seconds)
+    report = _dispatcher(control_plane()).dispatch(batch, context.aws_request_id, lease_seconds)
     _observe(report)
-    if report.deferred:
-        _hand_back(plane, event, report.deferred)
     failed = report.failed_message_ids | unreadable
 
     def settle(record: SQSRecord) -> None:
@@ -79,25 +72,6 @@ def _read(event: dict[str, Any]) -> tuple[list[tuple[str, DemandMessage]], set[s
             logger.error("not a demand message", message_id=record.message_id, error=str(exc))
             unreadable.add(record.message_id)
     return batch, unreadable
-
-
-def _hand_back(plane: ControlPlane, event: dict[str, Any], deferred: dict[str, int]) -> None:
-    """Each deferred message invisible for its seconds; one that cannot be comes back after the queue's
-    visibility timeout instead, and a dispatch of its run that comes after the window takes it over."""
-    receipts = {
-        record["receiptHandle"]: deferred[record["messageId"]]
-        for record in event.get("Records", [])
-        if record.get("messageId") in deferred
-    }
-    try:
-        url = plane.settings.require("demand_queue_url", "handing messages back")
-        unchanged = DemandQueue(url, plane.client("sqs")).hand_back(receipts)
-    except Exception:  # they still come back, after the queue's visibility timeout
-        logger.exception("messages not handed back; they come back after the queue's visibility timeout")
-        return
-    if unchanged:
-        logger.warning("messages handed back with the queue's visibility timeout", count=len(unchanged))
-    metrics.add_metric(name="DemandHandedBack", unit=MetricUnit.Count, value=len(receipts))
 
 
 def _dispatcher(plane: ControlPlane) -> Dispatcher:
