@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from contextlib import contextmanager
 from enum import Enum
 from typing import TypeVar
 
@@ -182,10 +181,8 @@ class Provision:
         claimed = 0
         candidates: list[PoolMessage] = []
         try:
-            with self._authenticating():  # while the pool is read: the token is in hand for the hand-overs
-                found = self._pickup().pickup(
-                    provision.spec, provision.request.repository, wanted=grant.granted
-                )
+            self._ask_for_token_ahead()  # while the pool is read: in hand for the hand-overs
+            found = self._pickup().pickup(provision.spec, provision.request.repository, wanted=grant.granted)
             _warn_of(found)
             candidates = list(found.candidates)
             for slot, candidate in zip(provision.slots, found.candidates, strict=False):
@@ -591,8 +588,8 @@ class Provision:
         spec = provision.spec
         request = LaunchRequest.for_run(spec, shortfall, idempotency_key=provision.execution)
         fleet = self._fleet()
-        with self._authenticating():  # while EC2 launches: the token is in hand for the hand-overs
-            outcome = fleet.launch_with_fallback(request, self._config.fleet)
+        self._ask_for_token_ahead()  # while EC2 launches: in hand for the hand-overs
+        outcome = fleet.launch_with_fallback(request, self._config.fleet)
         for facts in outcome.launched:
             # Recorded before anything else can fail: no instance is ever left without a record.
             self._table.create(
@@ -677,25 +674,23 @@ class Provision:
             }
         )
 
-    @contextmanager
-    def _authenticating(self) -> Iterator[None]:
-        """Ask GitHub for the installation token in the background while the block runs. A fresh Lambda
+    def _ask_for_token_ahead(self) -> None:
+        """Ask GitHub for the installation token in the background while the step goes on. A fresh Lambda
         environment's first registration would ask for it first (about 200 ms, bench/aws_model.py) after
         the pool's look or the launch; a warm one holds it and asks nothing. Best effort: whatever fails
         here fails again, and is handled, where the token is needed.
 
         The registry is made in the background too: in a fresh environment that is a Secrets Manager
-        call for the App's key, which the block need not wait for (0.1 s before CreateFleet in the
-        emulator). Nothing waits for the token at the block's end either: a step that found nothing to
-        hand over (an empty pool) goes on at once, and one that hands over waits for the token where
-        it needs it (the token cache's lock), not before."""
+        call for the App's key, which the step need not wait for (0.1 s before CreateFleet in the
+        emulator). Nothing waits for the token either: a step that found nothing to hand over (an empty
+        pool) goes on at once, and one that hands over waits for the token where it needs it (the token
+        cache's lock), not before."""
         try:
             ahead: Future[None] = in_background(lambda: self._registry().authenticate())
         except Exception:
             logger.debug("no installation token ahead; the first registration asks for it", exc_info=True)
         else:
             ahead.add_done_callback(_note_token_not_ahead)
-        yield
 
     def _side_by_side_hand_overs(
         self, hand_over: Callable[[_Item], float | None], items: list[_Item]
