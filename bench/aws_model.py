@@ -296,6 +296,9 @@ WEBHOOK = "webhook Lambda, to its demand message"
 DEMAND = "demand queue -> dispatcher (event source)"
 FOLLOW_UP = "follow-up window (a matrix's later jobs)"
 DISPATCHER = "dispatcher Lambda, to StartExecution"
+GATHER = "follow-up's gather Lambda, from its seal to StartExecution"
+GATHER_FUNCTION = "follow_up"
+"""The follow-up state machine's gather step, as the emulator names its function (emulator/stack.py)."""
 ORCHESTRATION = "Step Functions, to the hand-over"
 SERVICES = {
     "dynamodb": Hop.DYNAMODB,
@@ -354,6 +357,17 @@ def _trace(
         (i for i in invocations if i.function == "dispatcher" and execution and _started(i, execution.name)),
         None,
     )
+    gathering = None
+    if dispatcher is None:  # a follow-up's provision: its state machine's gather step started it
+        gathering = next(
+            (
+                i
+                for i in invocations
+                if i.function.startswith(GATHER_FUNCTION) and _started(i, execution.name)
+            ),
+            None,
+        )
+        dispatcher = None if gathering is None else _leader(gathering, invocations)
     if handing is None or execution is None or webhook is None or dispatcher is None:
         return None
     path = [Step(INGRESS, Hop.API_GATEWAY, 1), Step(INGRESS, Hop.LAMBDA_INVOKE, 1)]
@@ -363,7 +377,14 @@ def _trace(
         path.append(Step(FOLLOW_UP, Hop.WAIT, FOLLOW_UP_WINDOW_SECONDS))
     # The event source's own polls and deletes on the demand queue run on the dispatcher's thread.
     own = [c for c in dispatcher.calls if c.params.get("QueueUrl") != demand_queue_url]
-    path += steps(DISPATCHER, own, until=lambda c: c.params.get("name") == execution.name)
+    if gathering is None:
+        path += steps(DISPATCHER, own, until=lambda c: c.params.get("name") == execution.name)
+    else:
+        # The leader's calls up to handing the follow-up over; that start, the machine's first two states
+        # and the gather step's invocation run within the window (tens of milliseconds beside 0.3 s), and
+        # its gather step's calls from the seal on come after it.
+        path += steps(DISPATCHER, own[: _handing_over(own)], until=lambda c: False)
+        path += steps(GATHER, gathering.calls, until=lambda c: c.params.get("name") == execution.name)
     branch = _branch(execution, handing)
     if branch is None:
         return None
@@ -530,6 +551,42 @@ def _started(invocation: Invocation, execution: str) -> bool:
         c.operation == "stepfunctions:StartExecution" and c.params.get("name") == execution
         for c in invocation.calls
     )
+
+
+def _holder(gathering: Invocation) -> str | None:
+    """The dispatch whose follow-up a gather invocation sealed: the ledger's leader its seal names."""
+    for call in gathering.calls:
+        leader = call.params.get("ExpressionAttributeValues", {}).get(":me", {}).get("S")
+        if call.operation == "dynamodb:UpdateItem" and leader:
+            return str(leader)
+    return None
+
+
+def _hands_over(call: Call, holder: str | None = None) -> bool:
+    """A StartExecution of the follow-up state machine (by `holder`'s dispatch, if given)."""
+    if call.operation != "stepfunctions:StartExecution" or not str(call.params.get("name")).startswith(
+        "follow-up-"
+    ):
+        return False
+    return holder is None or json.loads(call.params.get("input") or "{}").get("holder") == holder
+
+
+def _leader(gathering: Invocation, invocations: Sequence[Invocation]) -> Invocation | None:
+    """The dispatcher invocation that handed the follow-up a gather invocation sealed to its machine."""
+    holder = _holder(gathering)
+    return next(
+        (
+            i
+            for i in invocations
+            if i.function == "dispatcher" and any(_hands_over(c, holder) for c in i.calls)
+        ),
+        None,
+    )
+
+
+def _handing_over(calls: Sequence[Call]) -> int:
+    """How many of a leader's calls came before it handed its follow-up over."""
+    return next((n for n, call in enumerate(calls) if _hands_over(call)), len(calls))
 
 
 def _follows_up(execution: Execution, executions: Sequence[Execution]) -> bool:

@@ -43,7 +43,7 @@ from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.handlers import webhook
 from runner_pool.wiring import ControlPlane
 
-MACHINES = ("provision", "release")
+MACHINES = ("provision", "release", "follow_up")
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class RunnerPoolStack(Stack):
             webhook_secret=self.webhook_secret,
             provision=self.provision.state_machine,
             release=self.release.state_machine,
+            workflow_type=config.workflow_type,
         )
         self.observability = Observability(
             self,
@@ -113,6 +114,7 @@ class RunnerPoolStack(Stack):
             state_machines={
                 "provision": self.provision.state_machine,
                 "release": self.release.state_machine,
+                "follow_up": self.ingress.follow_up.state_machine,
             },
             pool_queues={p.name: q for p, q in self.pool_queues.by_partition.items()},
             dead_letter_queues={"Demand": self.ingress.dead_letters},
@@ -120,6 +122,7 @@ class RunnerPoolStack(Stack):
             functions=[
                 *self.provision.workflow.functions.values(),
                 *self.release.workflow.functions.values(),
+                *self.ingress.follow_up.functions.values(),
                 self.refresh.function,
                 self.ingress.webhook,
                 self.ingress.dispatcher,

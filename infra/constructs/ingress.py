@@ -1,12 +1,15 @@
 """Ingress: GitHub's webhook deliveries in through API Gateway, demand through SQS to the dispatcher.
 
     POST /webhook ─▶ webhook Lambda ─▶ demand queue (DLQ) ─▶ dispatcher Lambda ─▶ StartExecution
+                                                              └─▶ follow-up state machine ─▶ StartExecution
 
 The REST API throttles, logs every request and turns away what is not a GitHub delivery at all
 (no `X-GitHub-Event` or `X-GitHub-Delivery` header, or a JSON body that is not an object: 400)
 before any Lambda runs; everything else, the signature first, is the webhook's to judge
 (runner_pool.domain.webhooks). The idempotency table
-remembers deliveries (Powertools idempotency) and holds the dispatcher's demand ledger.
+remembers deliveries (Powertools idempotency) and holds the dispatcher's demand ledger. The follow-up
+state machine gathers a run's follow-up batch (domain.demand) for the dispatch that leads it, so that
+dispatch need not wait for the batch's window in a Lambda holding one of the demand queue's pollers.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.constructs.functions import LOG_RETENTION, ControlPlaneFunctions
+from infra.constructs.workflow import Step, Workflow
 from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
+from runner_pool.domain.config import WorkflowType
 
 WEBHOOK_PATH = "webhook"
 REQUIRED_HEADERS = ("X-GitHub-Event", "X-GitHub-Delivery")
@@ -53,7 +58,8 @@ set MaximumBatchingWindowInSeconds to at least 1", CreateEventSourceMapping); La
 reads the queue with five concurrent batches and adds up to 300 a minute while messages remain
 (services-sqs-scaling.html), so a burst of 1,000 deliveries is 100 batches, the first 5 at once.
 The dispatcher reserves no concurrency (the stack fits an account's first quota of 10): what bounds
-its concurrency is that scaling, and a leader's wait of at most FOLLOW_UP_WINDOW_SECONDS."""
+its concurrency is that scaling; a follow-up's leader does not wait for its window there (the follow-up
+state machine does), only should that machine not start."""
 DEMAND_MAX_RECEIVES = 5
 
 
@@ -69,6 +75,7 @@ class Ingress(Construct):
         webhook_secret: secretsmanager.ISecret,
         provision: sfn.IStateMachine,
         release: sfn.IStateMachine,
+        workflow_type: WorkflowType,
     ) -> None:
         super().__init__(scope, construct_id)
         self.idempotency_table = dynamodb.Table(
@@ -113,6 +120,7 @@ class Ingress(Construct):
             },
             timeout=Duration.seconds(10),
         )
+        self.follow_up = self._follow_up(functions, provision, workflow_type)
         webhook_secret.grant_read(self.webhook)
         self.demand_queue.grant_send_messages(self.webhook)
         self._remember(self.webhook)
@@ -125,11 +133,13 @@ class Ingress(Construct):
                 "idempotency_table_name": self.idempotency_table.table_name,
                 "provision_state_machine_arn": provision.state_machine_arn,
                 "release_state_machine_arn": release.state_machine_arn,
+                "follow_up_state_machine_arn": self.follow_up.state_machine.state_machine_arn,
             },
             timeout=Duration.seconds(DISPATCHER_TIMEOUT_SECONDS),
         )
         provision.grant_start_execution(self.dispatcher)
         release.grant_start_execution(self.dispatcher)
+        self.follow_up.state_machine.grant_start_execution(self.dispatcher)
         self._remember(self.dispatcher)
         self.dispatcher.add_event_source(
             event_sources.SqsEventSource(
@@ -140,6 +150,31 @@ class Ingress(Construct):
             )
         )
         self.api = self._api()
+
+    def _follow_up(
+        self, functions: ControlPlaneFunctions, provision: sfn.IStateMachine, workflow_type: WorkflowType
+    ) -> Workflow:
+        def gather(function: lambda_.Function) -> None:
+            self._remember(function)
+            provision.grant_start_execution(function)
+
+        return Workflow(
+            self,
+            "FollowUp",
+            machine="follow_up",
+            functions=functions,
+            workflow_type=workflow_type,
+            steps={
+                "gather": Step(
+                    "seals a run's follow-up batch once its window closed and starts its provisions",
+                    gather,
+                    {
+                        "idempotency_table_name": self.idempotency_table.table_name,
+                        "provision_state_machine_arn": provision.state_machine_arn,
+                    },
+                )
+            },
+        )
 
     def _remember(self, function: lambda_.Function) -> None:
         """Powertools idempotency and the demand ledger: single items by key, nothing else."""

@@ -95,8 +95,9 @@ class Observability(Construct):
                 f"{name}: messages gave up after their retries and wait in the dead-letter queue",
             )
         for name, machine in state_machines.items():
+            shown = name.replace("_", "-")
             self._alarm(
-                f"{name.capitalize()}Failures",
+                f"{''.join(part.capitalize() for part in name.split('_'))}Failures",
                 cloudwatch.MathExpression(
                     expression="failed + timedOut + aborted",
                     using_metrics={
@@ -104,10 +105,10 @@ class Observability(Construct):
                         "timedOut": machine.metric_timed_out(period=PERIOD),
                         "aborted": machine.metric_aborted(period=PERIOD),
                     },
-                    label=f"{name} executions that did not succeed",
+                    label=f"{shown} executions that did not succeed",
                     period=PERIOD,
                 ),
-                f"{name} executions failed, timed out or were aborted: check the execution's error",
+                f"{shown} executions failed, timed out or were aborted: check the execution's error",
             )
         # GitHub gave one of our runners a job of another run or repository (issue 14): a person looks.
         self._alarm(

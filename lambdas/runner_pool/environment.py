@@ -44,6 +44,7 @@ class ControlPlaneSettings(BaseSettings):
     """Launch template id per architecture."""
     provision_state_machine_arn: str | None = None
     release_state_machine_arn: str | None = None
+    follow_up_state_machine_arn: str | None = None
     demand_queue_url: str | None = None
     idempotency_table_name: str | None = None
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.backoff import Backoff
+from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
 from runner_pool.adapters.github_app import GitHubApp
@@ -31,6 +32,7 @@ from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.demand import Dispatcher
 from runner_pool.domain.pickup import PickupManager
 from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
 
@@ -165,6 +167,23 @@ class ControlPlane:
         provision = provision_machine_arn or self.settings.provision_state_machine_arn or ""
         release = self.settings.release_state_machine_arn or ""
         return Executions(provision, release, self.client("stepfunctions"))
+
+    def dispatcher(self) -> Dispatcher:
+        """Turns demand into executions over the demand ledger (the dispatcher, and the follow-up state
+        machine's gather step)."""
+        settings = self.settings
+        ledger = DynamoDbLedger(
+            settings.require("idempotency_table_name", "the demand ledger"),
+            self.clock,
+            self.client("dynamodb"),
+        )
+        executions = Executions(
+            settings.require("provision_state_machine_arn", "starting provisions"),
+            settings.release_state_machine_arn or "",  # the follow-up's gather step starts none
+            self.client("stepfunctions"),
+            follow_up_machine_arn=settings.follow_up_state_machine_arn,
+        )
+        return Dispatcher(ledger, executions, self.clock, self.pause)
 
     @cached_property
     def instance_arns(self) -> InstanceArns:

@@ -108,3 +108,8 @@ def test_a_matrix_of_20_costs_at_most_two_provisions_and_two_create_fleets_with_
     )
     assert len(dispatched) <= bound
     assert 1 <= system.stack.ec2.calls["CreateFleet"] <= len(every)
+    # And the follow-up was gathered by the follow-up state machine, each execution through to its end
+    # (its leader handed it over rather than wait for the window in the dispatcher)
+    follow_ups = [e for e in system.stack.executions() if e["machine"] == "follow_up"]
+    assert follow_ups
+    assert {e["status"] for e in follow_ups} == {"SUCCEEDED"}

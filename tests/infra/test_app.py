@@ -19,7 +19,9 @@ from infra.constructs.instances import ANY_INSTANCE_FINDING
 from tests.infra.synthesis import Synthesis, app_with, stack_of
 
 ACKNOWLEDGED = Validations.ACKNOWLEDGED_RULES_METADATA_KEY
-FUNCTION = r"(Provision|Release)/Workflow/[A-Za-z]+|Refresh/Refresh|Ingress/(Webhook|Dispatcher)"
+FUNCTION = (
+    r"(Provision|Release)/Workflow/[A-Za-z]+|Refresh/Refresh|Ingress/(Webhook|Dispatcher|FollowUp/Gather)"
+)
 EXPIRING = r"Provision/Workflow/(Claim|Create|Discard|Dump|Finish)Role|Refresh/RefreshRole"
 """Roles that act on the stack's tagged instances: terminate (and, the claim, start; refresh, stop)."""
 LAUNCHING = r"Provision/Workflow/CreateRole|Refresh/RefreshRole"
@@ -29,7 +31,7 @@ REVIEWED = {
     ("Instances/Role", re.escape(f"AwsSolutions-IAM5[Resource::{ANY_INSTANCE_FINDING}]")),
     # X-Ray (every function, every state machine), EC2's Describe actions, log delivery
     (
-        rf"({FUNCTION})Role|(Provision|Release)/Workflow/StateMachine/Role",
+        rf"({FUNCTION})Role|((Provision|Release)/Workflow|Ingress/FollowUp)/StateMachine/Role",
         re.escape("AwsSolutions-IAM5[Resource::*]"),
     ),
     (FUNCTION, "AwsSolutions-L1"),
@@ -45,7 +47,7 @@ REVIEWED = {
         "Refresh/RefreshRole",
         re.escape("AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:*]"),
     ),
-    ("(Provision|Release)/Workflow/StateMachine", "AwsSolutions-SF1"),
+    ("((Provision|Release)/Workflow|Ingress/FollowUp)/StateMachine", "AwsSolutions-SF1"),
     (EXPIRING, re.escape(f"AwsSolutions-IAM5[Resource::{ANY_INSTANCE_FINDING}]")),
     (
         LAUNCHING,

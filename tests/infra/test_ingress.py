@@ -103,7 +103,7 @@ def test_the_dispatcher_takes_demand_in_batches_and_reports_partial_failures(syn
     )
 
 
-def test_the_dispatcher_may_start_the_two_state_machines_and_no_other(synthesis: Synthesis) -> None:
+def test_the_dispatcher_may_start_the_three_state_machines_and_no_other(synthesis: Synthesis) -> None:
     # Given the dispatcher's role
     role = synthesis.resources[logical_id(synthesis, synthesis.stack.ingress.dispatcher)]["Properties"][
         "Role"
@@ -116,10 +116,11 @@ def test_the_dispatcher_may_start_the_two_state_machines_and_no_other(synthesis:
         if s["Action"] == "states:StartExecution"
     ]
 
-    # Then it starts provision and release executions, by their ARNs, and nothing else
+    # Then it starts provision, release and follow-up executions, by their ARNs, and nothing else
     machines = {
         logical_id(synthesis, synthesis.stack.provision.state_machine),
         logical_id(synthesis, synthesis.stack.release.state_machine),
+        logical_id(synthesis, synthesis.stack.ingress.follow_up.state_machine),
     }
     (statement,) = starting
     assert {resource["Ref"] for resource in statement["Resource"]} == machines

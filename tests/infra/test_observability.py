@@ -44,6 +44,7 @@ def test_the_alarms_watch_dead_letters_failed_executions_and_refresh_errors(synt
     assert names == {
         "DemandDeadLetters",
         "ProvisionFailures",
+        "FollowUpFailures",
         "ReleaseFailures",
         "RefreshErrors",
         "RunnersQuarantined",

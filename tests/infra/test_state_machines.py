@@ -18,11 +18,12 @@ from runner_pool.domain.config import StackConfig, WorkflowType
 from tests.infra.synthesis import Synthesis, stub_layer
 
 MACHINE = "AWS::StepFunctions::StateMachine"
-MACHINES = ("provision", "release")
+MACHINES = ("provision", "release", "follow_up")
 
 
 def machine(synthesis: Synthesis, name: str) -> Mapping[str, Any]:
-    construct = getattr(synthesis.stack, name).state_machine
+    owner = synthesis.stack.ingress.follow_up if name == "follow_up" else getattr(synthesis.stack, name)
+    construct = owner.state_machine
     logical_id = synthesis.stack.get_logical_id(construct.node.default_child)
     return synthesis.resources[logical_id]
 
@@ -78,7 +79,8 @@ def test_a_machine_may_invoke_its_own_functions_and_nothing_else(name: str, synt
     # Then one statement allows invoking exactly those functions, unqualified (no version wildcard)
     (statement,) = invoking
     assert statement["Action"] == "lambda:InvokeFunction"
-    assert sorted(statement["Resource"], key=str) == named
+    resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+    assert sorted(resources, key=str) == named
 
 
 @pytest.mark.parametrize("name", MACHINES)

@@ -14,7 +14,7 @@ import pytest
 
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain import demand
-from runner_pool.domain.demand import Reservation
+from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS, Reservation
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
 from runner_pool.handlers.dispatcher import LEASE_MARGIN_SECONDS
 from tests.support.aws_faults import lose_answers
@@ -163,10 +163,13 @@ def test_demand_repeated_in_a_later_batch_never_reaches_start_execution(world: I
     queue_jobs(world, [31])
     # When the repeat is dispatched
     response = world.dispatch(world.take_queued())
-    # Then it succeeded without asking Step Functions again: Express workflows, which do not
-    # refuse a name twice, would otherwise start a second provision (moto refuses it either way)
+    # Then it succeeded without asking for a provision again: Express workflows, which do not
+    # refuse a name twice, would otherwise start a second one (moto refuses it either way). Within the
+    # burst's quiet time the repeat leads a follow-up, whose gathering finds the job counted.
     assert response == {"batchItemFailures": []}
-    assert world.calls.count("stepfunctions:StartExecution") == 1
+    assert world.gather_follow_ups() == 1
+    assert len(world.provisions()) == 1
+    assert world.calls.count("stepfunctions:StartExecution") == 2  # the provision, the follow-up
 
 
 def test_the_same_message_twice_in_one_batch_is_one_runner(world: IngressWorld) -> None:
@@ -371,7 +374,9 @@ def test_a_failed_start_fails_exactly_that_groups_messages_and_their_redelivery_
     assert failed_ids(response) == first_group
     assert [p["run_key"] for p in world.provisions()] == [OTHER_LABEL]
     # And when SQS redelivers the failed messages, their reservations were freed: they start now
+    # (within the window the failed start opened: they lead its follow-up, gathered once it closes)
     world.dispatch([record for record in records if record["messageId"] in first_group])
+    world.gather_follow_ups()
     assert sorted(p["count"] for p in world.provisions()) == [1, 2]
 
 
@@ -463,3 +468,46 @@ def test_a_fork_mark_in_the_same_batch_as_the_demand_still_counts(world: Ingress
     world.dispatch(world.take_queued())
     (provision,) = world.provisions()
     assert provision["public"] is True
+
+
+# --- follow-ups: gathered by their own state machine, not in the dispatcher -----------------------
+
+
+def test_a_follow_ups_leader_returns_at_once_and_its_machine_starts_one_provision_for_every_job(
+    world: IngressWorld,
+) -> None:
+    # Given a run's first job dispatched (its provision started at once)
+    queue_jobs(world, [161])
+    world.dispatch(world.take_queued())
+    # When two more batches of its matrix come within the window
+    opened = world.clock.now()
+    queue_jobs(world, [162, 163])
+    leader = world.dispatch(world.take_queued())
+    queue_jobs(world, [164])
+    joined = world.dispatch(world.take_queued())
+    # Then neither dispatch waited for the window (a leader waiting would hold one of the demand queue's
+    # pollers): the leader started the follow-up state machine, and both messages are done
+    assert world.clock.now() == opened
+    assert leader == joined == {"batchItemFailures": []}
+    assert len(world.follow_ups()) == 1
+    assert len(world.provisions()) == 1
+    # And once its window closed, the machine's gather step started one provision for all three jobs
+    assert world.gather_follow_ups() == 1
+    assert world.clock.now() >= opened + FOLLOW_UP_WINDOW_SECONDS
+    assert sorted(tuple(p["job_ids"]) for p in world.provisions()) == [(161,), (162, 163, 164)]
+
+
+def test_a_follow_up_whose_machine_does_not_start_is_gathered_by_its_leader(world: IngressWorld) -> None:
+    # Given a run's first job dispatched, and Step Functions refusing the follow-up machine's start
+    queue_jobs(world, [171])
+    world.dispatch(world.take_queued())
+    world.fail_next(
+        "stepfunctions", "StartExecution", "ExecutionLimitExceeded", when=lambda p: "follow" in p["name"]
+    )
+    # When the next batch of the matrix leads its follow-up
+    queue_jobs(world, [172, 173])
+    response = world.dispatch(world.take_queued())
+    # Then the leader waited for the window itself and started the follow-up: nothing failed, nothing lost
+    assert response == {"batchItemFailures": []}
+    assert world.follow_ups() == []
+    assert sorted(tuple(p["job_ids"]) for p in world.provisions()) == [(171,), (172, 173)]

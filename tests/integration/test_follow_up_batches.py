@@ -36,7 +36,7 @@ from runner_pool.domain.demand import (
     from_body,
     to_body,
 )
-from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
+from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
 from tests.support.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
 
 REPOSITORY = "octo-org/octo-repo"
@@ -59,10 +59,22 @@ class LeaderDiedError(BaseException):
 
 @dataclass
 class Starts:
-    """Records the provisions started; `during` runs inside the next start (another dispatch meanwhile)."""
+    """Records the provisions started; `during` runs inside the next start (another dispatch meanwhile).
+    A follow-up handed over is gathered in line by `gather` (the follow-up state machine, played here in
+    the leader's own dispatch, its Wait states by the leader's pause)."""
 
     provisions: list[ProvisionRequest] = field(default_factory=list)
     during: Callable[[], object] | None = None
+    follow_ups: list[FollowUpRequest] = field(default_factory=list)
+    gather: Callable[[FollowUpRequest], DispatchReport] | None = None
+    gathered: list[DispatchReport] = field(default_factory=list)
+    """What each follow-up's gathering reported (its provisions, duplicates, stale jobs)."""
+
+    def follow_up(self, request: FollowUpRequest) -> bool:
+        self.follow_ups.append(request)
+        if self.gather is not None:
+            self.gathered.append(self.gather(request))
+        return True
 
     def provision(self, request: ProvisionRequest) -> bool:
         if self.during is not None:
@@ -108,8 +120,19 @@ class Dispatches:
     def dispatch(self, holder: str, messages: list[DemandMessage]) -> DispatchReport:
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, self.world.clock, self.world.plane.client("dynamodb"))
         dispatcher = Dispatcher(ledger, self.starts, self.world.clock, self.pause)
+        self.starts.gather = lambda request: gather_in_line(dispatcher, request, self.pause)
         batch = [(f"{holder}-m{n}", message) for n, message in enumerate(messages)]
         return dispatcher.dispatch(batch, holder, LEASE_SECONDS)
+
+
+def gather_in_line(
+    dispatcher: Dispatcher, request: FollowUpRequest, pause: Callable[[float], None]
+) -> DispatchReport:
+    """The follow-up state machine's loop: gather, wait as it says, gather again until gathered."""
+    while not (gathering := dispatcher.gather(request, LEASE_SECONDS)).gathered:
+        pause(gathering.wait_seconds)
+        request = gathering.request
+    return gathering.report
 
 
 @pytest.fixture
@@ -205,9 +228,16 @@ def test_a_follow_up_that_keeps_growing_is_started_at_its_limit(dispatches: Disp
     # Then the follow-up was sealed once its limit had passed: what joined until then is in it, the
     # rest started at once, apart from it or in the next follow-up
     assert dispatches.starts.job_ids()[0] == (1,)
-    follow_up = next(started for started in dispatches.starts.job_ids() if 2 in started)
-    assert follow_up[0] == 2
-    assert len(follow_up) >= FOLLOW_UP_LIMIT_SECONDS / (0.5 * FOLLOW_UP_WINDOW_SECONDS)
+    # (started as provisions of PROVISION_LIMIT jobs each, one after another, the last one short)
+    provisions = dispatches.starts.provisions
+    at = next(n for n, request in enumerate(provisions) if 2 in request.job_ids)
+    follow_up = [provisions[at]]
+    while follow_up[-1].count == PROVISION_LIMIT and at + len(follow_up) < len(provisions):
+        follow_up.append(provisions[at + len(follow_up)])
+    assert follow_up[0].job_ids[0] == 2
+    assert sum(request.count for request in follow_up) >= FOLLOW_UP_LIMIT_SECONDS / (
+        0.5 * FOLLOW_UP_WINDOW_SECONDS
+    )
     assert sorted(j for started in dispatches.starts.job_ids() for j in started) == list(range(1, 3 + steps))
     assert clock.now() >= opened + FOLLOW_UP_LIMIT_SECONDS
 
@@ -219,10 +249,10 @@ def test_a_job_delivered_twice_across_the_first_batch_and_the_follow_up_starts_o
     dispatches.dispatch("a", jobs(1, 2))
     # When job 2's delivery comes again in the follow-up, with job 3
     dispatches.meanwhile.append(lambda: dispatches.dispatch("c", jobs(2)))
-    report = dispatches.dispatch("b", jobs(3))
+    dispatches.dispatch("b", jobs(3))
     # Then job 2 was counted once: the follow-up starts job 3 alone
     assert dispatches.starts.job_ids() == [(1, 2), (3,)]
-    assert report.duplicates == 1
+    assert [report.duplicates for report in dispatches.starts.gathered] == [1]
 
 
 def test_a_follow_up_whose_leader_died_is_started_by_the_redelivery_of_the_leaders_messages(
@@ -361,6 +391,7 @@ def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_the_n
             window_seconds=MOTO_WINDOW_SECONDS,
             sealed_wait_seconds=MOTO_SEALED_WAIT_SECONDS,
         )
+        starts.gather = lambda request: gather_in_line(dispatcher, request, time.sleep)
         return dispatcher.dispatch([(f"{holder}-m{n}", m) for n, m in enumerate(messages)], holder, 60)
 
     waiters = [
@@ -398,7 +429,7 @@ def test_a_run_that_completes_while_the_window_is_open_gets_no_follow_up(dispatc
     report = dispatches.dispatch("b", jobs(2))
     # Then the follow-up's jobs are stale: nothing more is provisioned for the finished run
     assert dispatches.starts.job_ids() == [(1,)]
-    assert report.stale == 2
+    assert [gathered.stale for gathered in dispatches.starts.gathered] == [2]
     assert report.failed_message_ids == set()
 
 
@@ -417,6 +448,7 @@ def test_a_matrix_read_by_five_concurrent_pollers_costs_two_provisions_and_its_f
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, clock, dynamodb)
         batch = [(record["messageId"], from_body(record["body"])) for record in event["Records"]]
         dispatcher = Dispatcher(ledger, starts, clock, time.sleep, window_seconds=MOTO_WINDOW_SECONDS)
+        starts.gather = lambda request: gather_in_line(dispatcher, request, time.sleep)
         report = dispatcher.dispatch(batch, context.aws_request_id, 60)
         return {"batchItemFailures": [{"itemIdentifier": m} for m in report.failed_message_ids]}
 

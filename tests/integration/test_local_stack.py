@@ -46,7 +46,7 @@ def stack() -> Iterator[LocalStack]:
         local.create_state_table()
         local.create_instance_resources("not a key")
         local.create_ingress_resources("a secret")
-        for machine in ("provision", "release"):
+        for machine in ("provision", "release", "follow_up"):
             local.create_state_machine(machine)
         yield local
 

@@ -210,9 +210,11 @@ class IngressWorld:
     queue_url: str
     provision_arn: str
     release_arn: str
+    follow_up_arn: str
     calls: list[str] = field(default_factory=list)
     """Every AWS operation the handlers made, as `service:Operation` (the world's own clients are apart)."""
     _invocations: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    _gathered: set[str] = field(default_factory=set)
 
     @property
     def plane(self) -> ControlPlane:
@@ -261,6 +263,28 @@ class IngressWorld:
 
     def releases(self) -> list[dict[str, Any]]:
         return [execution["input"] for execution in self.executions(self.release_arn)]
+
+    def follow_ups(self) -> list[dict[str, Any]]:
+        return [execution["input"] for execution in self.executions(self.follow_up_arn)]
+
+    def gather_follow_ups(self) -> int:
+        """Run what each follow-up execution not yet gathered runs (moto records executions here, it does
+        not run them): its gather step, the clock moved by each Wait state, until gathered. How many."""
+        gather = next(
+            name for name, spec in self.stack.functions().items() if spec.handler.endswith(".gather")
+        )
+        ran = 0
+        for execution in self.executions(self.follow_up_arn):
+            if execution["name"] in self._gathered:
+                continue
+            self._gathered.add(execution["name"])
+            request, ran = execution["input"], ran + 1
+            while not (step := self.stack.invoke(gather, {"request": request}, self.context(gather)))[
+                "gathered"
+            ]:
+                self.clock.advance(step["wait_seconds"])
+                request = step["request"]
+        return ran
 
     def queue_depth(self) -> int:
         """Messages on the demand queue, visible or being handled."""
@@ -321,7 +345,7 @@ def _session() -> boto3.session.Session:
 
 @contextmanager
 def ingress_world(config: StackConfig | None = None) -> Iterator[IngressWorld]:
-    """moto with the webhook secret, the idempotency table, the demand queue and our two state machines
+    """moto with the webhook secret, the idempotency table, the demand queue and our three state machines
     (which record executions: moto's mock does not run them), and both handlers running as themselves."""
     config = config or StackConfig()
     with mock_aws(), behaving_as_aws():
@@ -338,7 +362,9 @@ def ingress_world(config: StackConfig | None = None) -> Iterator[IngressWorld]:
             client.meta.events.register("before-call.*.*", record)
         stack = LocalStack(config, ours.__getitem__, stack_name=STACK_NAME)
         stack.create_ingress_resources(WEBHOOK_SECRET)
-        provision, release = (stack.create_state_machine(machine) for machine in ("provision", "release"))
+        provision, release, follow_up = (
+            stack.create_state_machine(machine) for machine in ("provision", "release", "follow_up")
+        )
         clock = ManualClock()
         # A follow-up batch's leader waits for its window by letting the clock move (ControlPlane.pause).
         with stack.running(clients=theirs.__getitem__, clock=clock, backoff=NO_WAIT, pause=clock.advance):
@@ -352,5 +378,6 @@ def ingress_world(config: StackConfig | None = None) -> Iterator[IngressWorld]:
                 queue_url=stack.settings.require("demand_queue_url", "the tests"),
                 provision_arn=provision.arn,
                 release_arn=release.arn,
+                follow_up_arn=follow_up.arn,
                 calls=calls,
             )

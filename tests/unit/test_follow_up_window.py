@@ -50,13 +50,14 @@ def test_jobs_that_come_at_a_slower_pace_keep_it_open_a_few_of_their_gaps() -> N
 
 
 def test_a_slow_pace_keeps_it_open_no_longer_than_the_cap() -> None:
-    # Two dispatches joined over 2 s: four of their gaps would be 4 s, a leader's wait that holds a poller
+    # Two dispatches joined over 2 s: four of their gaps would be 4 s, longer than a run's jobs should wait
+    # for a straggler
     now = OPENED + 2.1
     assert closes(now, joined_at=OPENED + 0.1, joined=2) == pytest.approx(now + FOLLOW_UP_PACE_CAP_SECONDS)
 
 
 def test_it_never_closes_past_its_limit() -> None:
-    now = OPENED + 4.5
+    now = LIMIT_AT - 0.5
     assert closes(now, joined_at=OPENED + 0.1, joined=2) == pytest.approx(LIMIT_AT)
 
 

@@ -1,4 +1,4 @@
-"""Starting the provision and release state machines (Step Functions StartExecution), by name.
+"""Starting the provision, release and follow-up state machines (Step Functions StartExecution), by name.
 
 A name that already exists is success: Standard workflows refuse a second execution of a name for
 90 days, so a repeated request is recognised there (with the same input StartExecution answers as
@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
-from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
+from runner_pool.domain.executions import FollowUpRequest, ProvisionRequest, ReleaseRequest
 
 
 class ExecutionNotStartedError(RuntimeError):
@@ -32,9 +32,12 @@ class Executions:
         provision_machine_arn: str,
         release_machine_arn: str,
         client: Any | None = None,
+        *,
+        follow_up_machine_arn: str | None = None,
     ) -> None:
         self._provision_arn = provision_machine_arn
         self._release_arn = release_machine_arn
+        self._follow_up_arn = follow_up_machine_arn
         self._client: Any = client or aws_clients.client("stepfunctions")
 
     def provision(self, request: ProvisionRequest) -> bool:
@@ -42,6 +45,11 @@ class Executions:
 
     def release(self, request: ReleaseRequest) -> bool:
         return self.start(self._release_arn, request.execution_name, request)
+
+    def follow_up(self, request: FollowUpRequest) -> bool:
+        if not self._follow_up_arn:
+            raise ExecutionNotStartedError("NoMachine", request.execution_name, "no follow-up state machine")
+        return self.start(self._follow_up_arn, request.execution_name, request)
 
     def start(self, machine_arn: str, name: str, request: BaseModel) -> bool:
         """Start an execution named `name` with the request as its input; False if that name existed."""

@@ -33,23 +33,35 @@ writes (DynamoDbLedger.take_turn):
                and the messages are done
     leader     the window is open and nobody leads the follow-up yet, or the run key's last follow-up
                started (or its window closed) less than BURST_QUIET_SECONDS ago, so the same burst goes
-               on and these jobs open the next follow-up: the jobs are added, and this dispatch waits
-               for the window to close, seals the follow-up (no job joins after) and starts one
-               provision for every job in it
+               on and these jobs open the next follow-up: the jobs are added, and this dispatch starts
+               the follow-up state machine, which gathers it (Dispatcher.gather): waits for the window
+               to close, seals the follow-up (no job joins after) and starts one provision for every
+               job in it. Should that start fail, this dispatch gathers it itself, waiting here.
     taken over the follow-up's leader died before starting it (its lease passed): this dispatch adds
                its jobs, seals it and starts it at once
     alone      the follow-up is sealed and being started right now: wait for that start to end
                (looking again every SEALED_LOOK_SECONDS), then take a turn again; after
                SEALED_WAIT_SECONDS (its leader died while starting it) start these jobs apart
 
-So a matrix whose jobs arrive within the window costs two executions however the pollers split it, and
-a run's demand that keeps coming past the window costs one more follow-up each time a window closes,
-not an execution per batch that met a follow-up being started (issue 15's 1,000-job burst saw 36 for a
-50-job run). A job queued later, once the run's burst is over (one that `needs` the matrix), is a first
-again, started at once.
+So a matrix whose jobs arrive within the window costs two provisions however the pollers split it
+(and one follow-up execution, which gathers the second), and a run's demand that keeps coming past the
+window costs one more follow-up each time a window closes, not an execution per batch that met a
+follow-up being started (issue 15's 1,000-job burst saw 36 for a 50-job run). A job queued later, once
+the run's burst is over (one that `needs` the matrix), is a first again, started at once.
+
+The leader does not wait for the window in its Lambda: the demand queue's only readers are Lambda's
+five pollers, and a leader waiting there holds one (issue 15's 1,000-job burst: with leaders waiting up
+to 5 s, a run's deliveries came over up to 15 s and cost up to 10 provisions). The follow-up state
+machine waits in Wait states instead, which hold no poller and no Lambda, so a window can stay open as
+long as a large matrix's deliveries keep coming (FOLLOW_UP_LIMIT_SECONDS).
+
 A joined message is acknowledged before its job is started: what makes that safe is the leader's own
-messages, which stay unacknowledged until the follow-up has started, so a leader that dies has them
-delivered again, and that delivery takes the follow-up over. Every job of a follow-up is reserved
+messages, which stay unacknowledged until its follow-up execution has started (or, gathered here, until
+the follow-up has), so a leader that dies first has them delivered again, and that delivery takes the
+follow-up over once its lease passed. From its start the execution is the guarantee: its steps are
+retried, and each is idempotent (sealing, reserving, starting by name all find their own earlier
+writes). Should it fail for good, the run's first provision has recorded the run as recent demand and
+refresh's reconciliation asks GitHub for its jobs still queued. Every job of a follow-up is reserved
 and counted in the ledger like any other, so a job in both a first batch and a follow-up (a repeated
 delivery) is started once.
 
@@ -83,7 +95,7 @@ from typing import Annotated, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest, ReleaseRequest
+from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.run_keys import RunKey
 
 FOLLOW_UP_WINDOW_SECONDS = 0.3
@@ -103,13 +115,19 @@ Gaps between arrivals that come independently are about exponential: a window of
 closes at one gap in seven (the 300-job burst made up to 5 executions of a 30-job run, 2026-11-27), of
 four times the mean at one in fifty. Dispatches, not jobs: five pollers take the demand queue in
 batches, so the jobs come in clumps, and the gaps that close a window are those between clumps."""
-FOLLOW_UP_PACE_CAP_SECONDS = 1.0
-"""The longest quiet gap the pace keeps a follow-up open for. A leader waits in its dispatcher for the
-window to close, and Lambda's five pollers are the demand queue's only readers: in a 1,000-job burst
-(20 runs, leaders waiting up to 5 s) the uncapped pace slowed every dispatch (1,048 s, up to 17
-executions for one run, against 639 s and 9 without the pace, one run each, 2026-11-27)."""
-FOLLOW_UP_LIMIT_SECONDS = 5.0
-"""The longest a follow-up stays open after the first dispatch, however its demand keeps coming."""
+FOLLOW_UP_PACE_CAP_SECONDS = 3.0
+"""The longest quiet gap the pace keeps a follow-up open for. Capped at 1 s while leaders waited in the
+dispatcher (the uncapped pace held Lambda's five pollers: 1,048 s for the 1,000-job burst, up to 17
+executions for one run, 2026-11-27); the follow-up state machine waits in Wait states, which hold no
+poller, so the cap is only what a run's jobs may wait for a straggler."""
+FOLLOW_UP_LIMIT_SECONDS = 20.0
+"""The longest a follow-up stays open after the first dispatch, however its demand keeps coming: long
+enough for a 50-job run's deliveries in issue 15's 1,000-job burst (up to 15 s apart), short beside the
+minutes GitHub's rate limit takes to register that many runners. A small matrix's window closes on its
+first quiet gap, long before."""
+GATHER_PAUSE_SECONDS = 1.0
+"""The longest the follow-up state machine's gather step waits in its Lambda for the window to close;
+longer waits are its Wait state's (whole seconds, as the Wait state's SecondsPath takes them)."""
 BURST_QUIET_SECONDS = 5.0
 """How long after a run key's follow-up started (or its window closed with nobody joining) its next
 demand is still the same burst, and joins a follow-up instead of starting at once. GitHub delivers a
@@ -345,6 +363,10 @@ class ExecutionStarter(Protocol):
 
     def release(self, request: ReleaseRequest) -> bool: ...
 
+    def follow_up(self, request: FollowUpRequest) -> bool:
+        """Start the follow-up state machine, which gathers the follow-up (Dispatcher.gather)."""
+        ...
+
 
 # --- the dispatcher --------------------------------------------------------------------------------------
 
@@ -372,12 +394,32 @@ class DispatchReport:
     """Jobs cancelled before their demand was counted."""
     joined: int = 0
     """Jobs added to a follow-up batch that another dispatch starts."""
+    handed_over: list[FollowUpRequest] = field(default_factory=list)
+    """Follow-ups this dispatch leads, handed to the follow-up state machine to gather."""
+    gathered_here: list[str] = field(default_factory=list)
+    """Why a follow-up this dispatch leads was not handed over (it gathered it itself)."""
     failures: list[Failure] = field(default_factory=list)
 
     @property
     def failed_message_ids(self) -> set[str]:
         """Messages for SQS to deliver again: those whose work failed, and those held elsewhere."""
         return {message_id for failure in self.failures for message_id in failure.message_ids} | self.held
+
+
+@dataclass(frozen=True)
+class Gathering:
+    """One gather step of a follow-up: gathered (its provisions started, or another dispatch took it
+    over), or still open: look again in `wait_seconds`, with `request` (its window moved by later joins)."""
+
+    request: FollowUpRequest
+    gathered: bool
+    wait_seconds: int = 0
+    report: DispatchReport = field(default_factory=DispatchReport)
+    """Once gathered: the provisions it started, and its jobs counted already or of a completed run."""
+
+
+class FollowUpNotStartedError(RuntimeError):
+    """A sealed follow-up's provisions did not all start; its gather step is tried again."""
 
 
 @dataclass
@@ -400,6 +442,8 @@ class _Group:
     jobs: dict[int, JobQueued] = field(default_factory=dict)
     messages: dict[int, list[str]] = field(default_factory=dict)
     from_fork: bool = False
+    known_attempts: tuple[tuple[int, int], ...] = ()
+    """Run attempts of its jobs besides those of `jobs` (a follow-up gathered with none of its messages)."""
 
     def add(self, message_id: str, job: JobQueued) -> None:
         self.jobs.setdefault(job.job_id, job)
@@ -411,7 +455,9 @@ class _Group:
 
     @property
     def attempts(self) -> list[tuple[int, int]]:
-        return sorted({(job.run_id, job.run_attempt) for job in self.jobs.values()})
+        return sorted(
+            {(job.run_id, job.run_attempt) for job in self.jobs.values()} | set(self.known_attempts)
+        )
 
     @property
     def repeated_messages(self) -> int:
@@ -474,8 +520,35 @@ class Dispatcher:
         for group, current in turns.waiting:
             self._wait_for_start(report, group, current, holder, until, turns)
         for group, closes_at in turns.led:
-            self._lead(report, group, closes_at, holder, until)
+            self._hand_over(report, group, closes_at, holder, until)
         return report
+
+    def gather(self, request: FollowUpRequest, lease_seconds: float) -> Gathering:
+        """One step of the follow-up state machine: once the window closed (waiting up to
+        GATHER_PAUSE_SECONDS for it here), seal the follow-up as its leader and start its provisions; a
+        window open longer is waited for by the machine's Wait state. Idempotent: a step tried again
+        finds its own seal, reservations and executions. FollowUpNotStartedError when not every
+        provision started."""
+        group = _Group(request.repository, request.run_key, known_attempts=request.attempts)
+        closes_at = request.closes_at
+        for _ in range(SEAL_ATTEMPTS):
+            remaining = closes_at - self._clock.now()
+            if remaining > GATHER_PAUSE_SECONDS:
+                moved = request.model_copy(update={"closes_at": closes_at})
+                return Gathering(moved, gathered=False, wait_seconds=int(remaining))
+            self._pause(max(0.0, remaining))
+            sealing = self._ledger.seal(request.repository, request.run_key, request.holder)
+            if sealing.follow_up is not None:
+                report = DispatchReport()
+                until = self._clock.now() + lease_seconds
+                self._start_follow_up(report, group, sealing.follow_up, request.holder, until)
+                if report.failures:
+                    raise FollowUpNotStartedError("; ".join(f"{f.what}: {f.error}" for f in report.failures))
+                return Gathering(request, gathered=True, report=report)
+            if sealing.closes_at is None:
+                return Gathering(request, gathered=True)  # another dispatch took it over: it starts it
+            closes_at = sealing.closes_at
+        raise RuntimeError(f"the follow-up was still open after {SEAL_ATTEMPTS} looks")
 
     def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
         if self._ledger.cancel(message.job_id):
@@ -589,6 +662,26 @@ class Dispatcher:
         }
         group.from_fork = any(mark is RunMark.FROM_FORK for mark in marks.values())
         return {attempt for attempt, mark in marks.items() if mark is not RunMark.COMPLETED}
+
+    def _hand_over(
+        self, report: DispatchReport, group: _Group, closes_at: Epoch, holder: str, until: Epoch
+    ) -> None:
+        """Start the follow-up state machine to gather the follow-up this dispatch leads; should that
+        start fail, gather it here."""
+        request = FollowUpRequest(
+            repository=group.repository,
+            run_key=group.run_key,
+            holder=holder,
+            attempts=tuple(group.attempts),
+            closes_at=closes_at,
+        )
+        try:
+            self._starter.follow_up(request)
+        except Exception as exc:  # any fault: this dispatch gathers it, waiting for its window here
+            report.gathered_here.append(f"{request.execution_name}: {exc!r}")
+            self._lead(report, group, closes_at, holder, until)
+            return
+        report.handed_over.append(request)
 
     def _lead(
         self, report: DispatchReport, group: _Group, closes_at: Epoch, holder: str, until: Epoch

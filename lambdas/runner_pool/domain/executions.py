@@ -76,6 +76,28 @@ class ProvisionRequest(_Input):
         )
 
 
+class FollowUpRequest(_Input):
+    """A follow-up batch to gather (domain.demand): the follow-up state machine waits for its window to
+    close, seals it as `holder`, its leader in the ledger, and starts its provisions."""
+
+    repository: str = Field(min_length=1)
+    run_key: str = Field(min_length=1)
+    holder: str = Field(min_length=1, description="the dispatch that leads the follow-up in the ledger")
+    attempts: tuple[tuple[int, int], ...] = Field(min_length=1, description="(run id, attempt) of its jobs")
+    closes_at: float = Field(description="when its window closes, unless more jobs join (epoch seconds)")
+
+    @field_validator("run_key")
+    @classmethod
+    def _a_run_key(cls, value: str) -> str:
+        RunKey.parse(value)
+        return value
+
+    @property
+    def execution_name(self) -> str:
+        # One dispatch leads at most one follow-up of a run key: a retried start finds it again.
+        return execution_name("follow-up", self.repository, self.run_key, self.holder)
+
+
 class ReleaseRequest(_Input):
     """Give back what a run attempt holds: one instance whose job completed, or (instance_id None) all
     of it."""

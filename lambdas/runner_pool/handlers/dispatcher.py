@@ -7,11 +7,11 @@ and ends in the queue's dead-letter queue.
 
 Event source: the demand queue, with ReportBatchItemFailures, no batching window (a run's first job
 is dispatched the moment it is received) and batches of 10; a matrix split across Lambda's
-concurrent batches is brought together by the ledger (domain.demand, follow-up batches), so an
-invocation that leads a follow-up waits for its window to close (at most FOLLOW_UP_LIMIT_SECONDS),
-and one whose jobs meet a follow-up being started waits for that start (at most SEALED_WAIT_SECONDS).
-Environment (RUNNER_POOL_*):
-IDEMPOTENCY_TABLE_NAME (the demand ledger), PROVISION_STATE_MACHINE_ARN, RELEASE_STATE_MACHINE_ARN.
+concurrent batches is brought together by the ledger (domain.demand, follow-up batches): an
+invocation that leads a follow-up starts the follow-up state machine to gather it (handlers/follow_up.py)
+and goes on, and one whose jobs meet a follow-up being started waits for that start (at most
+SEALED_WAIT_SECONDS). Environment (RUNNER_POOL_*): IDEMPOTENCY_TABLE_NAME (the demand ledger),
+PROVISION_STATE_MACHINE_ARN, RELEASE_STATE_MACHINE_ARN, FOLLOW_UP_STATE_MACHINE_ARN.
 The AWS calls it makes are recorded in the tests and checked against its role (emulator/iam_check.py).
 """
 
@@ -25,11 +25,9 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from runner_pool.adapters.demand_ledger import DynamoDbLedger
-from runner_pool.adapters.executions import Executions
-from runner_pool.domain.demand import DemandMessage, Dispatcher, DispatchReport, from_body
+from runner_pool.domain.demand import DemandMessage, DispatchReport, from_body
 from runner_pool.observability import logger, metrics, tracer
-from runner_pool.wiring import ControlPlane, control_plane
+from runner_pool.wiring import control_plane
 
 LEASE_MARGIN_SECONDS = 60
 """A reservation outlives this invocation by this much, so it never lapses while the invocation runs."""
@@ -49,7 +47,7 @@ class NotDispatchedError(RuntimeError):
 def dispatch(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
     batch, unreadable = _read(event)
     lease_seconds = context.get_remaining_time_in_millis() / 1000 + LEASE_MARGIN_SECONDS
-    report = _dispatcher(control_plane()).dispatch(batch, context.aws_request_id, lease_seconds)
+    report = control_plane().dispatcher().dispatch(batch, context.aws_request_id, lease_seconds)
     _observe(report)
     failed = report.failed_message_ids | unreadable
 
@@ -74,21 +72,6 @@ def _read(event: dict[str, Any]) -> tuple[list[tuple[str, DemandMessage]], set[s
     return batch, unreadable
 
 
-def _dispatcher(plane: ControlPlane) -> Dispatcher:
-    settings = plane.settings
-    ledger = DynamoDbLedger(
-        settings.require("idempotency_table_name", "the demand ledger"),
-        plane.clock,
-        plane.client("dynamodb"),
-    )
-    executions = Executions(
-        settings.require("provision_state_machine_arn", "starting provisions"),
-        settings.require("release_state_machine_arn", "starting releases"),
-        plane.client("stepfunctions"),
-    )
-    return Dispatcher(ledger, executions, plane.clock, plane.pause)
-
-
 def _observe(report: DispatchReport) -> None:
     for request in report.provisions:
         logger.info(
@@ -99,6 +82,10 @@ def _observe(report: DispatchReport) -> None:
         )
     if report.joined:
         logger.info("joined a follow-up batch", jobs=report.joined)
+    for follow_up in report.handed_over:
+        logger.info("follow-up handed over", run_key=follow_up.run_key, execution=follow_up.execution_name)
+    for why in report.gathered_here:
+        logger.warning("follow-up not handed over: gathered here", error=why)
     for failure in report.failures:
         logger.error("not dispatched", what=failure.what, error=failure.error, messages=failure.message_ids)
     figures = {
@@ -109,6 +96,8 @@ def _observe(report: DispatchReport) -> None:
         "StaleDemand": report.stale,
         "CancelledDemand": report.cancelled,
         "DispatchFailures": len(report.failures),
+        "FollowUpsHandedOver": len(report.handed_over),
+        "FollowUpsGatheredHere": len(report.gathered_here),
     }
     for name, value in figures.items():
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
