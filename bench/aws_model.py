@@ -296,9 +296,9 @@ WEBHOOK = "webhook Lambda, to its demand message"
 DEMAND = "demand queue -> dispatcher (event source)"
 FOLLOW_UP = "follow-up window (a matrix's later jobs)"
 DISPATCHER = "dispatcher Lambda, to StartExecution"
-GATHER = "follow-up's gather Lambda, from its seal to StartExecution"
+GATHER = "follow-up machine: its seal, then its start Lambda to StartExecution"
 GATHER_FUNCTION = "follow_up"
-"""The follow-up state machine's gather step, as the emulator names its function (emulator/stack.py)."""
+"""The follow-up state machine's functions (gather, start), as the emulator names them (emulator/stack.py)."""
 ORCHESTRATION = "Step Functions, to the hand-over"
 SERVICES = {
     "dynamodb": Hop.DYNAMODB,
@@ -358,7 +358,7 @@ def _trace(
         None,
     )
     gathering = None
-    if dispatcher is None:  # a follow-up's provision: its state machine's gather step started it
+    if dispatcher is None:  # a follow-up's provision: its state machine's start step started it
         gathering = next(
             (
                 i
@@ -381,9 +381,11 @@ def _trace(
         path += steps(DISPATCHER, own, until=lambda c: c.params.get("name") == execution.name)
     else:
         # The leader's calls up to handing the follow-up over; that start, the machine's first two states
-        # and the gather step's invocation run within the window (tens of milliseconds beside 0.3 s), and
-        # its gather step's calls from the seal on come after it.
+        # and its gather step's invocation run within the window (tens of milliseconds beside 0.3 s).
+        # After it: gather's seal, the machine's Choice and Start states, and the start step's calls.
         path += steps(DISPATCHER, own[: _handing_over(own)], until=lambda c: False)
+        path += [Step(GATHER, Hop.DYNAMODB, 1), Step(GATHER, Hop.STATE_TRANSITION, 2)]
+        path += [Step(GATHER, Hop.LAMBDA_INVOKE, 1)]
         path += steps(GATHER, gathering.calls, until=lambda c: c.params.get("name") == execution.name)
     branch = _branch(execution, handing)
     if branch is None:
@@ -553,12 +555,12 @@ def _started(invocation: Invocation, execution: str) -> bool:
     )
 
 
-def _holder(gathering: Invocation) -> str | None:
-    """The dispatch whose follow-up a gather invocation sealed: the ledger's leader its seal names."""
-    for call in gathering.calls:
-        leader = call.params.get("ExpressionAttributeValues", {}).get(":me", {}).get("S")
-        if call.operation == "dynamodb:UpdateItem" and leader:
-            return str(leader)
+def _holder(starting: Invocation) -> str | None:
+    """The dispatch whose follow-up a start invocation started: the holder its reservations name."""
+    for call in starting.calls:
+        holder = call.params.get("Item", {}).get("holder", {}).get("S")
+        if call.operation == "dynamodb:PutItem" and holder:
+            return str(holder)
     return None
 
 
@@ -571,9 +573,9 @@ def _hands_over(call: Call, holder: str | None = None) -> bool:
     return holder is None or json.loads(call.params.get("input") or "{}").get("holder") == holder
 
 
-def _leader(gathering: Invocation, invocations: Sequence[Invocation]) -> Invocation | None:
-    """The dispatcher invocation that handed the follow-up a gather invocation sealed to its machine."""
-    holder = _holder(gathering)
+def _leader(starting: Invocation, invocations: Sequence[Invocation]) -> Invocation | None:
+    """The dispatcher invocation that handed the follow-up a start invocation started to its machine."""
+    holder = _holder(starting)
     return next(
         (
             i

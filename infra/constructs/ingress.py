@@ -154,10 +154,11 @@ class Ingress(Construct):
     def _follow_up(
         self, functions: ControlPlaneFunctions, provision: sfn.IStateMachine, workflow_type: WorkflowType
     ) -> Workflow:
-        def gather(function: lambda_.Function) -> None:
+        def start(function: lambda_.Function) -> None:
             self._remember(function)
             provision.grant_start_execution(function)
 
+        ledger = {"idempotency_table_name": self.idempotency_table.table_name}
         return Workflow(
             self,
             "FollowUp",
@@ -166,13 +167,13 @@ class Ingress(Construct):
             workflow_type=workflow_type,
             steps={
                 "gather": Step(
-                    "seals a run's follow-up batch once its window closed and starts its provisions",
-                    gather,
-                    {
-                        "idempotency_table_name": self.idempotency_table.table_name,
-                        "provision_state_machine_arn": provision.state_machine_arn,
-                    },
-                )
+                    "seals a run's follow-up batch once its window closed", self._remember, ledger
+                ),
+                "start": Step(
+                    "starts the provisions of a follow-up batch's jobs",
+                    start,
+                    {**ledger, "provision_state_machine_arn": provision.state_machine_arn},
+                ),
             },
         )
 

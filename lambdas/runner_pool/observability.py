@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
+
+if TYPE_CHECKING:
+    from runner_pool.domain.executions import ProvisionRequest
 
 SERVICE = "runner-pool"
 METRICS_NAMESPACE = "RunnerPool"
@@ -37,3 +42,14 @@ def count(name: str, value: float = 1, unit: MetricUnit = MetricUnit.Count) -> N
 def seconds(name: str, value: float) -> None:
     """Publish one duration metric at once (CloudWatch keeps percentiles of these)."""
     count(name, value, MetricUnit.Seconds)
+
+
+def log_provisions_started(provisions: Iterable[ProvisionRequest]) -> None:
+    """One line per provision execution started (by the dispatcher, or a follow-up's gather step)."""
+    for request in provisions:
+        logger.info(
+            "provision started",
+            run_key=request.run_key,
+            count=request.count,
+            execution=request.execution_name,
+        )

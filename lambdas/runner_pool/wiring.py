@@ -177,9 +177,10 @@ class ControlPlane:
             self.clock,
             self.client("dynamodb"),
         )
+        # Each function is given the machines it starts (the follow-up's gather step starts none).
         executions = Executions(
-            settings.require("provision_state_machine_arn", "starting provisions"),
-            settings.release_state_machine_arn or "",  # the follow-up's gather step starts none
+            settings.provision_state_machine_arn or "",
+            settings.release_state_machine_arn or "",
             self.client("stepfunctions"),
             follow_up_machine_arn=settings.follow_up_state_machine_arn,
         )

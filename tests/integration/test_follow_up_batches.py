@@ -69,9 +69,17 @@ class Starts:
     gather: Callable[[FollowUpRequest], DispatchReport] | None = None
     gathered: list[DispatchReport] = field(default_factory=list)
     """What each follow-up's gathering reported (its provisions, duplicates, stale jobs)."""
+    machine_down: bool = False
+    """The follow-up state machine does not start: each leader gathers its follow-up itself."""
+    now: Callable[[], float] = time.time
+    handed_at: list[float] = field(default_factory=list)
+    """When each follow-up was handed to the machine, by `now`."""
 
     def follow_up(self, request: FollowUpRequest) -> bool:
+        if self.machine_down:
+            raise RuntimeError("the follow-up state machine did not start")
         self.follow_ups.append(request)
+        self.handed_at.append(self.now())
         if self.gather is not None:
             self.gathered.append(self.gather(request))
         return True
@@ -121,6 +129,7 @@ class Dispatches:
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, self.world.clock, self.world.plane.client("dynamodb"))
         dispatcher = Dispatcher(ledger, self.starts, self.world.clock, self.pause)
         self.starts.gather = lambda request: gather_in_line(dispatcher, request, self.pause)
+        self.starts.now = self.world.clock.now
         batch = [(f"{holder}-m{n}", message) for n, message in enumerate(messages)]
         return dispatcher.dispatch(batch, holder, LEASE_SECONDS)
 
@@ -128,11 +137,13 @@ class Dispatches:
 def gather_in_line(
     dispatcher: Dispatcher, request: FollowUpRequest, pause: Callable[[float], None]
 ) -> DispatchReport:
-    """The follow-up state machine's loop: gather, wait as it says, gather again until gathered."""
-    while not (gathering := dispatcher.gather(request, LEASE_SECONDS)).gathered:
+    """The follow-up state machine: gather, wait as it says, gather again until gathered, then start."""
+    while not (gathering := dispatcher.gather(request)).gathered:
         pause(gathering.wait_seconds)
         request = gathering.request
-    return gathering.report
+    if gathering.follow_up is None:
+        return DispatchReport()
+    return dispatcher.start_gathered(request, gathering.follow_up, LEASE_SECONDS)
 
 
 @pytest.fixture
@@ -321,7 +332,9 @@ def test_demand_that_meets_a_follow_up_whose_start_never_ends_is_started_apart_a
     dispatches: Dispatches,
 ) -> None:
     # Given a first batch, and a follow-up whose leader is starting it right now, and stays inside
-    # that start (as a leader that died there would, with its lease far ahead)
+    # that start (as a leader that died there would, with its lease far ahead; the follow-up state
+    # machine did not start, so the leader gathers it itself)
+    dispatches.starts.machine_down = True
     dispatches.dispatch("a", jobs(1))
     arrivals: list[DispatchReport] = []
     # (the first batch's start has passed: the next start is the follow-up's)
@@ -338,7 +351,9 @@ def test_demand_that_meets_a_follow_up_whose_start_never_ends_is_started_apart_a
 def test_demand_whose_ledger_fails_while_it_waits_for_a_follow_up_being_started_is_started_apart(
     dispatches: Dispatches, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a follow-up being started, and a job arriving meanwhile that meets it sealed
+    # Given a follow-up being started by its leader (its state machine did not start), and a job
+    # arriving meanwhile that meets it sealed
+    dispatches.starts.machine_down = True
     dispatches.dispatch("a", jobs(1))
     take_turn = DynamoDbLedger.take_turn
     turns: list[str] = []
@@ -360,15 +375,15 @@ def test_demand_whose_ledger_fails_while_it_waits_for_a_follow_up_being_started_
     assert turns.count("c") == 2
 
 
-def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_the_next_follow_up_together(
+def test_batches_that_meet_a_follow_up_its_leader_is_starting_wait_for_it_then_make_the_next_together(
     dispatches: Dispatches,
 ) -> None:
-    # Given a follow-up being started, and four batches of the same run arriving meanwhile, each from
-    # a poller of its own (issue 15's burst: each such batch used to get an execution of its own), on
-    # the real ledger and in real time
+    # Given a follow-up being started by its leader (the follow-up state machine did not start), and four
+    # batches of the same run arriving meanwhile, each from a poller of its own (issue 15's burst: each
+    # such batch used to get an execution of its own), on the real ledger and in real time
     world = dispatches.world
     clock = SystemClock()
-    starts = TimedStarts()
+    starts = TimedStarts(machine_down=True)
     alone: set[str] = set()
     all_waiting = threading.Event()
 
@@ -391,7 +406,6 @@ def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_the_n
             window_seconds=MOTO_WINDOW_SECONDS,
             sealed_wait_seconds=MOTO_SEALED_WAIT_SECONDS,
         )
-        starts.gather = lambda request: gather_in_line(dispatcher, request, time.sleep)
         return dispatcher.dispatch([(f"{holder}-m{n}", m) for n, m in enumerate(messages)], holder, 60)
 
     waiters = [
@@ -415,6 +429,28 @@ def test_batches_that_meet_a_follow_up_being_started_wait_for_it_then_make_the_n
     assert sorted(job for request in starts.provisions for job in request.job_ids) == list(range(1, 7))
     later = [request.job_ids for request in starts.provisions[2:]]
     assert [sorted(job_ids) for job_ids in later] == [[3, 4, 5, 6]]
+
+
+def test_demand_that_meets_a_follow_up_the_machine_is_starting_opens_the_next_follow_up_at_once(
+    dispatches: Dispatches,
+) -> None:
+    # Given a first dispatch, and a follow-up led by "b" that its state machine has sealed
+    clock = dispatches.world.clock
+    dispatches.dispatch("a", jobs(1))
+    arrived: list[float] = []
+
+    def arrive() -> None:
+        arrived.append(clock.now())
+        dispatches.dispatch("c", jobs(3))
+
+    # When demand of the run arrives while the machine starts that follow-up's provision
+    dispatches.starts.during = arrive
+    dispatches.dispatch("b", jobs(2))
+    # Then it did not wait for that start (sealed and marked started in one write): it led the next
+    # follow-up, handed to the machine the moment it arrived
+    assert [request.holder for request in dispatches.starts.follow_ups] == ["b", "c"]
+    assert dispatches.starts.handed_at[1] == arrived[0]
+    assert dispatches.starts.job_ids() == [(1,), (3,), (2,)]
 
 
 def test_a_run_that_completes_while_the_window_is_open_gets_no_follow_up(dispatches: Dispatches) -> None:

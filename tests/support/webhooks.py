@@ -268,11 +268,11 @@ class IngressWorld:
         return [execution["input"] for execution in self.executions(self.follow_up_arn)]
 
     def gather_follow_ups(self) -> int:
-        """Run what each follow-up execution not yet gathered runs (moto records executions here, it does
-        not run them): its gather step, the clock moved by each Wait state, until gathered. How many."""
-        gather = next(
-            name for name, spec in self.stack.functions().items() if spec.handler.endswith(".gather")
-        )
+        """Run what each follow-up execution not yet run runs (moto records executions here, it does not
+        run them): its gather step, the clock moved by each Wait state, until gathered, then its start
+        step with the jobs gathered. How many executions ran."""
+        named = {spec.handler.rsplit(".", 1)[-1]: name for name, spec in self.stack.functions().items()}
+        gather, start = named["gather"], named["start"]
         ran = 0
         for execution in self.executions(self.follow_up_arn):
             if execution["name"] in self._gathered:
@@ -284,6 +284,10 @@ class IngressWorld:
             ]:
                 self.clock.advance(step["wait_seconds"])
                 request = step["request"]
+            if step["follow_up"] is not None:
+                self.stack.invoke(
+                    start, {"request": request, "follow_up": step["follow_up"]}, self.context(start)
+                )
         return ran
 
     def queue_depth(self) -> int:

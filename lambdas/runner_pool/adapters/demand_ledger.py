@@ -407,19 +407,16 @@ class DynamoDbLedger:
         leads = item.get("leader", {}).get("S") == holder
         return BatchTurn(BatchRole.LEADER if leads else BatchRole.JOINED, closes_at)
 
-    def seal(self, repository: str, run_key: str, holder: str) -> Sealing:
+    def seal(self, repository: str, run_key: str, holder: str, *, started: bool = False) -> Sealing:
         now = self._clock.now()
+        values: dict[str, Any] = {":yes": {"BOOL": True}, ":me": {"S": holder}, ":now": {"N": _number(now)}}
         try:
             response = self._client.update_item(
                 TableName=self._table,
                 Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
-                UpdateExpression="SET sealed = :yes",
+                UpdateExpression="SET sealed = :yes" + (", started = :now" if started else ""),
                 ConditionExpression=("leader = :me AND attribute_not_exists(started) AND closes_at <= :now"),
-                ExpressionAttributeValues={
-                    ":yes": {"BOOL": True},
-                    ":me": {"S": holder},
-                    ":now": {"N": _number(now)},
-                },
+                ExpressionAttributeValues=values,
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -427,9 +424,12 @@ class DynamoDbLedger:
             if error_code(exc) != "ConditionalCheckFailedException":
                 raise
             current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
-            ours = current.get("leader", {}).get("S") == holder and "started" not in current
-            if ours and "sealed" in current:  # sealed by our own write, whose answer was lost
+            leads = current.get("leader", {}).get("S") == holder
+            if leads and "sealed" in current and (started or "started" not in current):
+                # Sealed by our own write, whose answer was lost (with `started`, unless the item has
+                # moved on to the next follow-up since: then its jobs are reconciliation's to find).
                 return Sealing(follow_up=_follow_up(current))
+            ours = leads and "started" not in current
             return Sealing(closes_at=_epoch(current, "closes_at") if ours else None)
         return Sealing(follow_up=_follow_up(response.get("Attributes", {})))
 

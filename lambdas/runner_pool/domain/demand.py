@@ -346,8 +346,10 @@ class DemandLedger(Protocol):
         follow-up whose leader's lease passed; `holder` leads a follow-up until `lease_until`."""
         ...
 
-    def seal(self, repository: str, run_key: str, holder: str) -> Sealing:
-        """Close the follow-up `holder` leads to further jobs, if its window has closed."""
+    def seal(self, repository: str, run_key: str, holder: str, *, started: bool = False) -> Sealing:
+        """Close the follow-up `holder` leads to further jobs, if its window has closed; `started` marks
+        it started in the same write (its jobs are then the caller's to start, whatever the ledger
+        holds next)."""
         ...
 
     def follow_up_started(self, repository: str, run_key: str, holder: str) -> None:
@@ -408,14 +410,14 @@ class DispatchReport:
 
 @dataclass(frozen=True)
 class Gathering:
-    """One gather step of a follow-up: gathered (its provisions started, or another dispatch took it
-    over), or still open: look again in `wait_seconds`, with `request` (its window moved by later joins)."""
+    """One gather step of a follow-up: gathered (sealed, with its jobs to start; or without them, when
+    another dispatch took it over), or still open: look again in `wait_seconds`, with `request` (its
+    window moved by later joins)."""
 
     request: FollowUpRequest
     gathered: bool
     wait_seconds: int = 0
-    report: DispatchReport = field(default_factory=DispatchReport)
-    """Once gathered: the provisions it started, and its jobs counted already or of a completed run."""
+    follow_up: FollowUp | None = None
 
 
 class FollowUpNotStartedError(RuntimeError):
@@ -523,13 +525,14 @@ class Dispatcher:
             self._hand_over(report, group, closes_at, holder, until)
         return report
 
-    def gather(self, request: FollowUpRequest, lease_seconds: float) -> Gathering:
-        """One step of the follow-up state machine: once the window closed (waiting up to
-        GATHER_PAUSE_SECONDS for it here), seal the follow-up as its leader and start its provisions; a
-        window open longer is waited for by the machine's Wait state. Idempotent: a step tried again
-        finds its own seal, reservations and executions. FollowUpNotStartedError when not every
-        provision started."""
-        group = _Group(request.repository, request.run_key, known_attempts=request.attempts)
+    def gather(self, request: FollowUpRequest) -> Gathering:
+        """The follow-up state machine's first step: once the window closed (waiting up to
+        GATHER_PAUSE_SECONDS for it here; a window open longer is the machine's Wait state's), seal the
+        follow-up as its leader and mark it started in the same write, so the run key's next demand
+        opens the next follow-up at once instead of waiting for this one's provisions to start (up to
+        SEALED_WAIT_SECONDS, holding a poller, then starting apart). Its jobs go on in the machine's
+        state to its start step (start_gathered), which a retry cannot lose once the ledger's item
+        moved on to the next follow-up."""
         closes_at = request.closes_at
         for _ in range(SEAL_ATTEMPTS):
             remaining = closes_at - self._clock.now()
@@ -537,18 +540,27 @@ class Dispatcher:
                 moved = request.model_copy(update={"closes_at": closes_at})
                 return Gathering(moved, gathered=False, wait_seconds=int(remaining))
             self._pause(max(0.0, remaining))
-            sealing = self._ledger.seal(request.repository, request.run_key, request.holder)
+            sealing = self._ledger.seal(request.repository, request.run_key, request.holder, started=True)
             if sealing.follow_up is not None:
-                report = DispatchReport()
-                until = self._clock.now() + lease_seconds
-                self._start_follow_up(report, group, sealing.follow_up, request.holder, until)
-                if report.failures:
-                    raise FollowUpNotStartedError("; ".join(f"{f.what}: {f.error}" for f in report.failures))
-                return Gathering(request, gathered=True, report=report)
+                return Gathering(request, gathered=True, follow_up=sealing.follow_up)
             if sealing.closes_at is None:
                 return Gathering(request, gathered=True)  # another dispatch took it over: it starts it
             closes_at = sealing.closes_at
         raise RuntimeError(f"the follow-up was still open after {SEAL_ATTEMPTS} looks")
+
+    def start_gathered(
+        self, request: FollowUpRequest, follow_up: FollowUp, lease_seconds: float
+    ) -> DispatchReport:
+        """The follow-up state machine's second step: start one provision per PROVISION_LIMIT jobs of the
+        follow-up its gather step sealed. Idempotent: a step tried again finds its own reservations and
+        executions. FollowUpNotStartedError when not every provision started."""
+        group = _Group(request.repository, request.run_key, known_attempts=request.attempts)
+        report = DispatchReport()
+        until = self._clock.now() + lease_seconds
+        self._start_follow_up(report, group, follow_up, request.holder, until, marked=True)
+        if report.failures:
+            raise FollowUpNotStartedError("; ".join(f"{f.what}: {f.error}" for f in report.failures))
+        return report
 
     def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
         if self._ledger.cancel(message.job_id):
@@ -700,7 +712,14 @@ class Dispatcher:
             raise RuntimeError(f"the follow-up was still open after {SEAL_ATTEMPTS} looks")
 
     def _start_follow_up(
-        self, report: DispatchReport, group: _Group, follow_up: FollowUp, holder: str, until: Epoch
+        self,
+        report: DispatchReport,
+        group: _Group,
+        follow_up: FollowUp,
+        holder: str,
+        until: Epoch,
+        *,
+        marked: bool = False,
     ) -> None:
         """Start one provision (per PROVISION_LIMIT jobs) for a sealed follow-up, then mark it started.
 
@@ -735,6 +754,8 @@ class Dispatcher:
                     Failure(own, f"start the follow-up of {group.run_key}", "not all started")
                 )
                 return
+        if marked:  # sealed and marked started in one write (gather)
+            return
         with _failing(report, [], f"mark the follow-up of {group.run_key} started"):
             # Unmarked, the follow-up is taken over once our lease passes, and finds its jobs counted.
             self._ledger.follow_up_started(group.repository, group.run_key, holder)

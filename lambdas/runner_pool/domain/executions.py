@@ -10,14 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from runner_pool.domain.run_keys import RunKey
 
 EXECUTION_NAME_LIMIT = 80
 """Step Functions' limit on an execution name."""
 _INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+
+
+def _a_run_key(value: str) -> str:
+    RunKey.parse(value)
+    return value
+
+
+RunKeyText = Annotated[str, AfterValidator(_a_run_key)]
+"""A run key as text, refused unless it parses (domain.run_keys)."""
 
 
 class _Input(BaseModel):
@@ -41,7 +51,7 @@ class ProvisionRequest(_Input):
     """N runners for N queued jobs of one run attempt that ask for the same labels (`run_key`)."""
 
     repository: str = Field(min_length=1, description="owner/repo the jobs belong to")
-    run_key: str = Field(
+    run_key: RunKeyText = Field(
         min_length=1, description="the jobs' run key (domain.run_keys): label, attempt, labels"
     )
     count: int = Field(gt=0, le=PROVISION_LIMIT)
@@ -53,12 +63,6 @@ class ProvisionRequest(_Input):
     public: bool = Field(
         False, description="the repository is public (or the run comes from a fork): its jobs never reuse"
     )
-
-    @field_validator("run_key")
-    @classmethod
-    def _a_run_key(cls, value: str) -> str:
-        RunKey.parse(value)
-        return value
 
     @property
     def key(self) -> RunKey:
@@ -81,16 +85,10 @@ class FollowUpRequest(_Input):
     close, seals it as `holder`, its leader in the ledger, and starts its provisions."""
 
     repository: str = Field(min_length=1)
-    run_key: str = Field(min_length=1)
+    run_key: RunKeyText = Field(min_length=1)
     holder: str = Field(min_length=1, description="the dispatch that leads the follow-up in the ledger")
     attempts: tuple[tuple[int, int], ...] = Field(min_length=1, description="(run id, attempt) of its jobs")
     closes_at: float = Field(description="when its window closes, unless more jobs join (epoch seconds)")
-
-    @field_validator("run_key")
-    @classmethod
-    def _a_run_key(cls, value: str) -> str:
-        RunKey.parse(value)
-        return value
 
     @property
     def execution_name(self) -> str:

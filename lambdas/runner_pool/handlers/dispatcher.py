@@ -26,7 +26,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from runner_pool.domain.demand import DemandMessage, DispatchReport, from_body
-from runner_pool.observability import logger, metrics, tracer
+from runner_pool.observability import log_provisions_started, logger, metrics, tracer
 from runner_pool.wiring import control_plane
 
 LEASE_MARGIN_SECONDS = 60
@@ -73,13 +73,7 @@ def _read(event: dict[str, Any]) -> tuple[list[tuple[str, DemandMessage]], set[s
 
 
 def _observe(report: DispatchReport) -> None:
-    for request in report.provisions:
-        logger.info(
-            "provision started",
-            run_key=request.run_key,
-            count=request.count,
-            execution=request.execution_name,
-        )
+    log_provisions_started(report.provisions)
     if report.joined:
         logger.info("joined a follow-up batch", jobs=report.joined)
     for follow_up in report.handed_over:

@@ -1,9 +1,13 @@
-"""Lambda entry point of the follow-up state machine (infra/statemachines/follow_up.asl.json).
+"""Lambda entry points of the follow-up state machine (infra/statemachines/follow_up.asl.json).
 
 The dispatcher that leads a run key's follow-up batch starts this machine instead of waiting for the
-window in its own Lambda (domain.demand): `gather` seals the follow-up once its window closed and starts
-its provisions, or answers how long the machine's Wait state should wait before it looks again.
-Input and output: {"request": FollowUpRequest}, the output with `gathered` and `wait_seconds`.
+window in its own Lambda (domain.demand). `gather` seals the follow-up once its window closed, or
+answers how long the machine's Wait state should wait before it looks again; `start` starts the
+provisions of the jobs it sealed, which the machine's state carries from one to the other.
+
+    gather  in {"request": FollowUpRequest}
+            out {"request", "gathered", "wait_seconds", "follow_up": {"job_ids", "public_ids"} | null}
+    start   in {"request", "follow_up"}; out {"provisions": how many started}
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from runner_pool.domain.demand import FollowUp
 from runner_pool.domain.executions import FollowUpRequest
-from runner_pool.observability import count, logger, tracer
+from runner_pool.observability import count, log_provisions_started, logger, tracer
 from runner_pool.wiring import control_plane
 
 LEASE_MARGIN_SECONDS = 60
@@ -23,20 +28,29 @@ LEASE_MARGIN_SECONDS = 60
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def gather(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    request = FollowUpRequest.model_validate(event["request"])
-    lease_seconds = context.get_remaining_time_in_millis() / 1000 + LEASE_MARGIN_SECONDS
-    gathering = control_plane().dispatcher().gather(request, lease_seconds)
-    for provision in gathering.report.provisions:
-        logger.info(
-            "provision started",
-            run_key=provision.run_key,
-            count=provision.count,
-            execution=provision.execution_name,
-        )
+    gathering = control_plane().dispatcher().gather(FollowUpRequest.model_validate(event["request"]))
+    follow_up = gathering.follow_up
     if gathering.gathered:
         count("FollowUpsGathered")
     return {
         "request": gathering.request.model_dump(mode="json"),
         "gathered": gathering.gathered,
         "wait_seconds": gathering.wait_seconds,
+        "follow_up": None
+        if follow_up is None
+        else {"job_ids": sorted(follow_up.job_ids), "public_ids": sorted(follow_up.public_ids)},
     }
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def start(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    request = FollowUpRequest.model_validate(event["request"])
+    sealed = event["follow_up"]
+    follow_up = FollowUp(frozenset(sealed["job_ids"]), frozenset(sealed["public_ids"]))
+    lease_seconds = context.get_remaining_time_in_millis() / 1000 + LEASE_MARGIN_SECONDS
+    report = control_plane().dispatcher().start_gathered(request, follow_up, lease_seconds)
+    log_provisions_started(report.provisions)
+    if report.stale:
+        logger.info("follow-up of a completed run: not started", run_key=request.run_key, jobs=report.stale)
+    return {"provisions": len(report.provisions)}
