@@ -296,7 +296,7 @@ WEBHOOK = "webhook Lambda, to its demand message"
 DEMAND = "demand queue -> dispatcher (event source)"
 FOLLOW_UP = "follow-up window (a matrix's later jobs)"
 DISPATCHER = "dispatcher Lambda, to StartExecution"
-GATHER = "follow-up machine: its seal, then its start Lambda to StartExecution"
+GATHER = "follow-up's gather Lambda, from its seal to StartExecution"
 GATHER_FUNCTION = "follow_up"
 """The follow-up state machine's functions (gather, start), as the emulator names them (emulator/stack.py)."""
 ORCHESTRATION = "Step Functions, to the hand-over"
@@ -358,7 +358,7 @@ def _trace(
         None,
     )
     gathering = None
-    if dispatcher is None:  # a follow-up's provision: its state machine's start step started it
+    if dispatcher is None:  # a follow-up's provision: its state machine's gather step started it
         gathering = next(
             (
                 i
@@ -381,11 +381,9 @@ def _trace(
         path += steps(DISPATCHER, own, until=lambda c: c.params.get("name") == execution.name)
     else:
         # The leader's calls up to handing the follow-up over; that start, the machine's first two states
-        # and its gather step's invocation run within the window (tens of milliseconds beside 0.3 s).
-        # After it: gather's seal, the machine's Choice and Start states, and the start step's calls.
+        # and its gather step's invocation run within the window (tens of milliseconds beside 0.3 s), and
+        # the gather step's calls from its seal to the provision's start come after it.
         path += steps(DISPATCHER, own[: _handing_over(own)], until=lambda c: False)
-        path += [Step(GATHER, Hop.DYNAMODB, 1), Step(GATHER, Hop.STATE_TRANSITION, 2)]
-        path += [Step(GATHER, Hop.LAMBDA_INVOKE, 1)]
         path += steps(GATHER, gathering.calls, until=lambda c: c.params.get("name") == execution.name)
     branch = _branch(execution, handing)
     if branch is None:
@@ -556,7 +554,7 @@ def _started(invocation: Invocation, execution: str) -> bool:
 
 
 def _holder(starting: Invocation) -> str | None:
-    """The dispatch whose follow-up a start invocation started: the holder its reservations name."""
+    """The dispatch whose follow-up a gather (or start) invocation started: its reservations' holder."""
     for call in starting.calls:
         holder = call.params.get("Item", {}).get("holder", {}).get("S")
         if call.operation == "dynamodb:PutItem" and holder:
@@ -574,7 +572,7 @@ def _hands_over(call: Call, holder: str | None = None) -> bool:
 
 
 def _leader(starting: Invocation, invocations: Sequence[Invocation]) -> Invocation | None:
-    """The dispatcher invocation that handed the follow-up a start invocation started to its machine."""
+    """The dispatcher invocation that handed to the machine the follow-up an invocation of it started."""
     holder = _holder(starting)
     return next(
         (

@@ -154,11 +154,14 @@ class Ingress(Construct):
     def _follow_up(
         self, functions: ControlPlaneFunctions, provision: sfn.IStateMachine, workflow_type: WorkflowType
     ) -> Workflow:
-        def start(function: lambda_.Function) -> None:
+        def seal_and_start(function: lambda_.Function) -> None:
             self._remember(function)
             provision.grant_start_execution(function)
 
-        ledger = {"idempotency_table_name": self.idempotency_table.table_name}
+        starting = {
+            "idempotency_table_name": self.idempotency_table.table_name,
+            "provision_state_machine_arn": provision.state_machine_arn,
+        }
         return Workflow(
             self,
             "FollowUp",
@@ -167,12 +170,14 @@ class Ingress(Construct):
             workflow_type=workflow_type,
             steps={
                 "gather": Step(
-                    "seals a run's follow-up batch once its window closed", self._remember, ledger
+                    "seals a run's follow-up batch once its window closed, starts its provisions",
+                    seal_and_start,
+                    starting,
                 ),
                 "start": Step(
-                    "starts the provisions of a follow-up batch's jobs",
-                    start,
-                    {**ledger, "provision_state_machine_arn": provision.state_machine_arn},
+                    "starts the provisions of a follow-up batch its gather could not",
+                    seal_and_start,
+                    starting,
                 ),
             },
         )

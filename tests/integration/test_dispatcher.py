@@ -511,3 +511,25 @@ def test_a_follow_up_whose_machine_does_not_start_is_gathered_by_its_leader(worl
     assert response == {"batchItemFailures": []}
     assert world.follow_ups() == []
     assert sorted(tuple(p["job_ids"]) for p in world.provisions()) == [(171,), (172, 173)]
+
+
+def test_a_follow_up_whose_provision_does_not_start_in_its_gather_step_is_started_by_its_start_step(
+    world: IngressWorld,
+) -> None:
+    # Given a run's first job dispatched, and a follow-up handed to its state machine
+    queue_jobs(world, [181])
+    world.dispatch(world.take_queued())
+    queue_jobs(world, [182, 183])
+    world.dispatch(world.take_queued())
+    # When Step Functions refuses the provision its gather step starts (the follow-up already sealed and
+    # marked started: the run's next demand may have opened the next follow-up in the ledger)
+    world.fail_next(
+        "stepfunctions",
+        "StartExecution",
+        "ExecutionLimitExceeded",
+        when=lambda p: p["name"].startswith("provision"),
+    )
+    assert world.gather_follow_ups() == 1
+    # Then its start step started it with the jobs the gather step sealed, carried in the machine's state
+    assert world.started_follow_ups == 1
+    assert sorted(tuple(p["job_ids"]) for p in world.provisions()) == [(181,), (182, 183)]

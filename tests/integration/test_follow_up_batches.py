@@ -137,12 +137,13 @@ class Dispatches:
 def gather_in_line(
     dispatcher: Dispatcher, request: FollowUpRequest, pause: Callable[[float], None]
 ) -> DispatchReport:
-    """The follow-up state machine: gather, wait as it says, gather again until gathered, then start."""
-    while not (gathering := dispatcher.gather(request)).gathered:
+    """The follow-up state machine: gather, wait as it says, gather again until gathered (and started),
+    then start what it could not."""
+    while not (gathering := dispatcher.gather(request, LEASE_SECONDS)).gathered:
         pause(gathering.wait_seconds)
         request = gathering.request
     if gathering.follow_up is None:
-        return DispatchReport()
+        return gathering.report
     return dispatcher.start_gathered(request, gathering.follow_up, LEASE_SECONDS)
 
 

@@ -215,6 +215,8 @@ class IngressWorld:
     """Every AWS operation the handlers made, as `service:Operation` (the world's own clients are apart)."""
     _invocations: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _gathered: set[str] = field(default_factory=set)
+    started_follow_ups: int = 0
+    """Follow-ups whose start step ran (their gather step sealed them but did not start them)."""
 
     @property
     def plane(self) -> ControlPlane:
@@ -270,7 +272,7 @@ class IngressWorld:
     def gather_follow_ups(self) -> int:
         """Run what each follow-up execution not yet run runs (moto records executions here, it does not
         run them): its gather step, the clock moved by each Wait state, until gathered, then its start
-        step with the jobs gathered. How many executions ran."""
+        step with the jobs gathered if it did not start them. How many executions ran."""
         named = {spec.handler.rsplit(".", 1)[-1]: name for name, spec in self.stack.functions().items()}
         gather, start = named["gather"], named["start"]
         ran = 0
@@ -285,6 +287,7 @@ class IngressWorld:
                 self.clock.advance(step["wait_seconds"])
                 request = step["request"]
             if step["follow_up"] is not None:
+                self.started_follow_ups += 1
                 self.stack.invoke(
                     start, {"request": request, "follow_up": step["follow_up"]}, self.context(start)
                 )

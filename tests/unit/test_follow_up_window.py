@@ -12,6 +12,7 @@ from runner_pool.domain.demand import (
     FOLLOW_UP_PACE_FACTOR,
     FOLLOW_UP_WINDOW_SECONDS,
     follow_up_closes_at,
+    next_follow_up_closes_at,
 )
 
 OPENED = 1_000.0
@@ -64,3 +65,27 @@ def test_it_never_closes_past_its_limit() -> None:
 def test_a_quick_join_after_slow_ones_never_closes_it_sooner_than_it_was_to_close() -> None:
     was_to_close = OPENED + 3.0
     assert closes(OPENED + 1.0, joined_at=OPENED + 0.9, joined=20, closes_at=was_to_close) == was_to_close
+
+
+def test_the_next_follow_up_of_a_burst_is_paced_by_the_gap_that_opened_it() -> None:
+    # The last follow-up closed (a quiet gap of one window after its last job), and the run's next demand
+    # comes 0.1 s later: its jobs come at least 0.4 s apart, so the new window stays open four of those
+    last_closed_at = OPENED
+    now = last_closed_at + 0.1
+    gap = 0.1 + FOLLOW_UP_WINDOW_SECONDS
+    assert next_follow_up_closes_at(
+        now,
+        last_closed_at=last_closed_at,
+        limit_at=now + FOLLOW_UP_LIMIT_SECONDS,
+        window_seconds=FOLLOW_UP_WINDOW_SECONDS,
+    ) == pytest.approx(now + FOLLOW_UP_PACE_FACTOR * gap)
+
+
+def test_the_next_follow_up_after_a_long_lull_stays_open_no_longer_than_the_cap() -> None:
+    now = OPENED + 4.0
+    assert next_follow_up_closes_at(
+        now,
+        last_closed_at=OPENED,
+        limit_at=now + FOLLOW_UP_LIMIT_SECONDS,
+        window_seconds=FOLLOW_UP_WINDOW_SECONDS,
+    ) == pytest.approx(now + FOLLOW_UP_PACE_CAP_SECONDS)

@@ -40,6 +40,7 @@ from runner_pool.domain.demand import (
     RunMark,
     Sealing,
     follow_up_closes_at,
+    next_follow_up_closes_at,
 )
 
 if TYPE_CHECKING:
@@ -237,10 +238,16 @@ class DynamoDbLedger:
                 return BatchTurn(BatchRole.FIRST, closes_at=window.closes_at)
             over = "started" in current or ("leader" not in current and _epoch(current, "closes_at") < now)
             if over:  # the same burst goes on: these jobs open the next follow-up, and this dispatch leads it
+                paced = next_follow_up_closes_at(
+                    now,
+                    last_closed_at=_epoch(current, "closes_at"),
+                    limit_at=window.limit_at,
+                    window_seconds=window_seconds,
+                )
                 turn = self._lead_next(
                     key,
                     current,
-                    window,
+                    _Window(now, paced, window.limit_at, window.quiet_before),
                     job_ids=job_ids,
                     public_ids=public_ids,
                     holder=holder,

@@ -162,6 +162,25 @@ def follow_up_closes_at(
     return min(max(closes_at, now + gap), limit_at)
 
 
+def next_follow_up_closes_at(
+    now: Epoch, *, last_closed_at: Epoch, limit_at: Epoch, window_seconds: float
+) -> Epoch:
+    """When a run's next follow-up closes unless more jobs join, opened at `now` by demand of a burst that
+    goes on after its last follow-up closed at `last_closed_at`: that demand came at least the quiet gap
+    that closed it (`window_seconds`) plus the time since after the run's previous job, a sample of its
+    pace, so the new window is paced by it from the start (follow_up_closes_at, as one join) instead of
+    closing at the next gap longer than the bare window (the 1,000-job burst, 2026-11-28: runs of 50 whose
+    deliveries came over 5 s cost 3 provisions where 2 would do)."""
+    return follow_up_closes_at(
+        now,
+        closes_at=now + window_seconds,
+        limit_at=limit_at,
+        joined_at=last_closed_at - window_seconds,
+        joined=1,
+        window_seconds=window_seconds,
+    )
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -410,14 +429,16 @@ class DispatchReport:
 
 @dataclass(frozen=True)
 class Gathering:
-    """One gather step of a follow-up: gathered (sealed, with its jobs to start; or without them, when
-    another dispatch took it over), or still open: look again in `wait_seconds`, with `request` (its
-    window moved by later joins)."""
+    """One gather step of a follow-up: gathered (sealed and its provisions started, in `report`; or
+    sealed with `follow_up`'s jobs still to start, after `error`; or taken over by another dispatch), or
+    still open: look again in `wait_seconds`, with `request` (its window moved by later joins)."""
 
     request: FollowUpRequest
     gathered: bool
     wait_seconds: int = 0
     follow_up: FollowUp | None = None
+    error: str | None = None
+    report: DispatchReport = field(default_factory=DispatchReport)
 
 
 class FollowUpNotStartedError(RuntimeError):
@@ -525,14 +546,15 @@ class Dispatcher:
             self._hand_over(report, group, closes_at, holder, until)
         return report
 
-    def gather(self, request: FollowUpRequest) -> Gathering:
+    def gather(self, request: FollowUpRequest, lease_seconds: float) -> Gathering:
         """The follow-up state machine's first step: once the window closed (waiting up to
         GATHER_PAUSE_SECONDS for it here; a window open longer is the machine's Wait state's), seal the
         follow-up as its leader and mark it started in the same write, so the run key's next demand
         opens the next follow-up at once instead of waiting for this one's provisions to start (up to
-        SEALED_WAIT_SECONDS, holding a poller, then starting apart). Its jobs go on in the machine's
-        state to its start step (start_gathered), which a retry cannot lose once the ledger's item
-        moved on to the next follow-up."""
+        SEALED_WAIT_SECONDS, holding a poller, then starting apart); then start its provisions
+        (start_gathered). Should that fail, its jobs go on in the machine's state to its start step,
+        which tries again: a retry of this step could not find them once the ledger's item moved on to
+        the next follow-up."""
         closes_at = request.closes_at
         for _ in range(SEAL_ATTEMPTS):
             remaining = closes_at - self._clock.now()
@@ -542,7 +564,11 @@ class Dispatcher:
             self._pause(max(0.0, remaining))
             sealing = self._ledger.seal(request.repository, request.run_key, request.holder, started=True)
             if sealing.follow_up is not None:
-                return Gathering(request, gathered=True, follow_up=sealing.follow_up)
+                try:
+                    report = self.start_gathered(request, sealing.follow_up, lease_seconds)
+                except Exception as exc:  # any fault: the machine's start step tries again
+                    return Gathering(request, gathered=True, follow_up=sealing.follow_up, error=repr(exc))
+                return Gathering(request, gathered=True, report=report)
             if sealing.closes_at is None:
                 return Gathering(request, gathered=True)  # another dispatch took it over: it starts it
             closes_at = sealing.closes_at

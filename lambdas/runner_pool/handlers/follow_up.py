@@ -1,9 +1,10 @@
 """Lambda entry points of the follow-up state machine (infra/statemachines/follow_up.asl.json).
 
 The dispatcher that leads a run key's follow-up batch starts this machine instead of waiting for the
-window in its own Lambda (domain.demand). `gather` seals the follow-up once its window closed, or
-answers how long the machine's Wait state should wait before it looks again; `start` starts the
-provisions of the jobs it sealed, which the machine's state carries from one to the other.
+window in its own Lambda (domain.demand). `gather` seals the follow-up once its window closed and
+starts its provisions, or answers how long the machine's Wait state should wait before it looks again;
+should the provisions not start, `start` tries again with the jobs it sealed, which the machine's state
+carries from one to the other.
 
     gather  in {"request": FollowUpRequest}
             out {"request", "gathered", "wait_seconds", "follow_up": {"job_ids", "public_ids"} | null}
@@ -28,8 +29,13 @@ LEASE_MARGIN_SECONDS = 60
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def gather(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    gathering = control_plane().dispatcher().gather(FollowUpRequest.model_validate(event["request"]))
+    request = FollowUpRequest.model_validate(event["request"])
+    lease_seconds = context.get_remaining_time_in_millis() / 1000 + LEASE_MARGIN_SECONDS
+    gathering = control_plane().dispatcher().gather(request, lease_seconds)
     follow_up = gathering.follow_up
+    log_provisions_started(gathering.report.provisions)
+    if gathering.error is not None:
+        logger.warning("follow-up sealed, its provisions not started: tried again", error=gathering.error)
     if gathering.gathered:
         count("FollowUpsGathered")
     return {
