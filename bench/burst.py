@@ -134,6 +134,10 @@ def table_of(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
         ", ".join(f"{machine}: {n}" for machine, n in sorted(burst.still_running.items())) or "none",
     )
     table.row("provisions the dispatcher started per run (each run)", " ".join(map(str, burst.dispatched)))
+    if burst.follow_ups:
+        table.row(
+            "  of which follow-ups, gathered by their state machine", " ".join(map(str, burst.follow_ups))
+        )
     if burst.queued_spans:
         spans = sorted(burst.queued_spans)
         table.row(

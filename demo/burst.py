@@ -33,7 +33,7 @@ from emulator.fake_github.rate_limits import POINTS_PER_MINUTE, RateLimits
 from emulator.simulated_instances import InstanceSettings
 from emulator.timeline import Happening, TimelineEvent
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
-from runner_pool.domain.executions import ProvisionRequest, instance_of_runner
+from runner_pool.domain.executions import FollowUpRequest, ProvisionRequest, instance_of_runner
 from runner_pool.domain.run_keys import RunKey
 
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
@@ -138,6 +138,9 @@ class Burst:
     runs on after its run's last job, so some of the release machine's always are)."""
     dispatched: tuple[int, ...] = ()
     """Provision executions the dispatcher started for each run (its first job's, its follow-ups')."""
+    follow_ups: tuple[int, ...] = ()
+    """For each run, the follow-ups handed to the follow-up state machine: of its provisions, those the
+    machine started; the others the dispatcher started itself (its first job's, demand started apart)."""
     redriven: int = 0
     """Provisions asked for again by one that ended short (a redrive), not by the dispatcher."""
     reconciled: int = 0
@@ -189,6 +192,7 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
     dispatched = Counter(
         p.run_key for p in provisions if p.redrives == 0 and p.origin is None and p.run_key in run_keys
     )
+    follow_ups = Counter(request.run_key for request in _follow_ups(system))
     with system.github.state.lock:
         deliveries = [d for n, d in system.github.state.deliveries.items() if n not in deliveries_before]
     spans = queued_spans(system)
@@ -202,6 +206,7 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
         runs=len(started),
         still_running=Counter(e["machine"] for e in executions if e["status"] == "RUNNING"),
         dispatched=tuple(dispatched[key] for key in run_keys),
+        follow_ups=tuple(follow_ups[key] for key in run_keys),
         redriven=sum(1 for p in provisions if p.redrives > 0),
         reconciled=sum(1 for p in provisions if p.redrives == 0 and p.origin is not None),
         throttled=system.stack.webhook.throttled - throttled_before,
@@ -350,6 +355,17 @@ def _provisions(system: World) -> list[ProvisionRequest]:
         )
         for e in system.stack.executions()
         if e["machine"] == "provision"
+    ]
+
+
+def _follow_ups(system: World) -> list[FollowUpRequest]:
+    """Every follow-up the dispatcher handed to the follow-up state machine."""
+    return [
+        FollowUpRequest.model_validate_json(
+            system.stack.stepfunctions.describe_execution(executionArn=e["executionArn"])["input"]
+        )
+        for e in system.stack.executions()
+        if e["machine"] == "follow_up"
     ]
 
 
