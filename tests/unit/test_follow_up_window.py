@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from runner_pool.domain.demand import (
+    FOLLOW_UP_AGE_FACTOR,
     FOLLOW_UP_LIMIT_SECONDS,
     FOLLOW_UP_PACE_CAP_SECONDS,
     FOLLOW_UP_PACE_FACTOR,
@@ -89,3 +90,31 @@ def test_the_next_follow_up_after_a_long_lull_stays_open_no_longer_than_the_cap(
         limit_at=now + FOLLOW_UP_LIMIT_SECONDS,
         window_seconds=FOLLOW_UP_WINDOW_SECONDS,
     ) == pytest.approx(now + FOLLOW_UP_PACE_CAP_SECONDS)
+
+
+def test_a_follow_up_open_for_seconds_waits_a_share_of_its_age_for_a_straggler() -> None:
+    # Twenty dispatches joined since 0.1 s after it opened, the last 3.6 s after: four of their mean gaps
+    # are 0.7 s, but the follow-up has been open 3.6 s, and its jobs come in clumps
+    now = OPENED + 3.6
+    assert follow_up_closes_at(
+        now,
+        closes_at=OPENED,
+        limit_at=LIMIT_AT,
+        joined_at=OPENED + 0.1,
+        joined=20,
+        window_seconds=FOLLOW_UP_WINDOW_SECONDS,
+        opened_at=OPENED,
+    ) == pytest.approx(now + FOLLOW_UP_AGE_FACTOR * 3.6)
+
+
+def test_a_matrix_joined_within_a_tenth_of_a_second_is_not_held_by_its_age() -> None:
+    now = OPENED + 0.1
+    assert follow_up_closes_at(
+        now,
+        closes_at=OPENED,
+        limit_at=LIMIT_AT,
+        joined_at=OPENED + 0.05,
+        joined=3,
+        window_seconds=FOLLOW_UP_WINDOW_SECONDS,
+        opened_at=OPENED,
+    ) == pytest.approx(now + FOLLOW_UP_WINDOW_SECONDS)

@@ -273,6 +273,7 @@ class DynamoDbLedger:
                     joined_at=_epoch(current, "joined_at") if "joined_at" in current else None,
                     joined=int(current.get("joins", {}).get("N", "0")),
                     window_seconds=window_seconds,
+                    opened_at=_epoch(current, "opened_at"),
                 ),
                 take_over=abandoned,
             )

@@ -120,6 +120,13 @@ FOLLOW_UP_PACE_CAP_SECONDS = 3.0
 dispatcher (the uncapped pace held Lambda's five pollers: 1,048 s for the 1,000-job burst, up to 17
 executions for one run, 2026-11-27); the follow-up state machine waits in Wait states, which hold no
 poller, so the cap is only what a run's jobs may wait for a straggler."""
+FOLLOW_UP_AGE_FACTOR = 0.5
+"""How much of the time a follow-up has been open it waits, at least, for its next job after the last
+(at most FOLLOW_UP_PACE_CAP_SECONDS). Jobs that come in clumps make a mean gap far shorter than the
+stall between two clumps: in the 1,000-job burst (2026-11-28) runs whose deliveries came over 5-8 s
+closed their follow-up early and made a second one (3 provisions for a run, every extra one a second
+follow-up). A follow-up seconds old has kept its jobs waiting that long already; a matrix's, joined
+within a tenth of a second, is not held by this."""
 FOLLOW_UP_LIMIT_SECONDS = 20.0
 """The longest a follow-up stays open after the first dispatch, however its demand keeps coming: long
 enough for a 50-job run's deliveries in issue 15's 1,000-job burst (up to 15 s apart), short beside the
@@ -150,15 +157,19 @@ def follow_up_closes_at(
     joined_at: Epoch | None,
     joined: int,
     window_seconds: float,
+    opened_at: Epoch | None = None,
 ) -> Epoch:
     """When a follow-up closes once another dispatch joins it at `now`: after a quiet gap of
     `window_seconds`, or of FOLLOW_UP_PACE_FACTOR times the mean gap between the `joined` dispatches that
-    joined it since its first join (`joined_at`) when that is longer (up to FOLLOW_UP_PACE_CAP_SECONDS);
+    joined it since its first join (`joined_at`), or of FOLLOW_UP_AGE_FACTOR times how long it has been
+    open (since `opened_at`), whichever is longest (the last two up to FOLLOW_UP_PACE_CAP_SECONDS);
     never sooner than it was to close (`closes_at`), never past its limit."""
     gap = window_seconds
     if joined > 0 and joined_at is not None:
         paced = FOLLOW_UP_PACE_FACTOR * max(0.0, now - joined_at) / joined
         gap = max(gap, min(paced, FOLLOW_UP_PACE_CAP_SECONDS))
+    if opened_at is not None:
+        gap = max(gap, min(FOLLOW_UP_AGE_FACTOR * max(0.0, now - opened_at), FOLLOW_UP_PACE_CAP_SECONDS))
     return min(max(closes_at, now + gap), limit_at)
 
 
