@@ -25,7 +25,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from emulator.deployment import Timers
 from emulator.fake_github import Conclusion, FakeJob, FakeWorkflowRun, JobSpec, JobStatus
@@ -347,25 +349,27 @@ def queued_spans(system: World) -> dict[int, float]:
     return {run_id: max(times) - min(times) for run_id, times in answered.items()}
 
 
+Request = TypeVar("Request", bound=BaseModel)
+
+
 def _provisions(system: World) -> list[ProvisionRequest]:
     """Every provision execution's request, as the dispatcher, a redrive or refresh started it."""
-    return [
-        ProvisionRequest.model_validate_json(
-            system.stack.stepfunctions.describe_execution(executionArn=e["executionArn"])["input"]
-        )
-        for e in system.stack.executions()
-        if e["machine"] == "provision"
-    ]
+    return _inputs(system, "provision", ProvisionRequest)
 
 
 def _follow_ups(system: World) -> list[FollowUpRequest]:
     """Every follow-up the dispatcher handed to the follow-up state machine."""
+    return _inputs(system, "follow_up", FollowUpRequest)
+
+
+def _inputs(system: World, machine: str, model: type[Request]) -> list[Request]:
+    """The input of every execution of one of the stack's state machines, read as `model`."""
     return [
-        FollowUpRequest.model_validate_json(
+        model.model_validate_json(
             system.stack.stepfunctions.describe_execution(executionArn=e["executionArn"])["input"]
         )
         for e in system.stack.executions()
-        if e["machine"] == "follow_up"
+        if e["machine"] == machine
     ]
 
 

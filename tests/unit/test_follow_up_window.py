@@ -20,7 +20,13 @@ OPENED = 1_000.0
 LIMIT_AT = OPENED + FOLLOW_UP_LIMIT_SECONDS
 
 
-def closes(now: float, joined_at: float | None, joined: int, closes_at: float = OPENED) -> float:
+def closes(
+    now: float,
+    joined_at: float | None,
+    joined: int,
+    closes_at: float = OPENED,
+    opened_at: float | None = None,
+) -> float:
     return follow_up_closes_at(
         now,
         closes_at=closes_at,
@@ -28,6 +34,7 @@ def closes(now: float, joined_at: float | None, joined: int, closes_at: float = 
         joined_at=joined_at,
         joined=joined,
         window_seconds=FOLLOW_UP_WINDOW_SECONDS,
+        opened_at=opened_at,
     )
 
 
@@ -96,25 +103,13 @@ def test_a_follow_up_open_for_seconds_waits_a_share_of_its_age_for_a_straggler()
     # Twenty dispatches joined since 0.1 s after it opened, the last 3.6 s after: four of their mean gaps
     # are 0.7 s, but the follow-up has been open 3.6 s, and its jobs come in clumps
     now = OPENED + 3.6
-    assert follow_up_closes_at(
-        now,
-        closes_at=OPENED,
-        limit_at=LIMIT_AT,
-        joined_at=OPENED + 0.1,
-        joined=20,
-        window_seconds=FOLLOW_UP_WINDOW_SECONDS,
-        opened_at=OPENED,
-    ) == pytest.approx(now + FOLLOW_UP_AGE_FACTOR * 3.6)
+    assert closes(now, joined_at=OPENED + 0.1, joined=20, opened_at=OPENED) == pytest.approx(
+        now + FOLLOW_UP_AGE_FACTOR * 3.6
+    )
 
 
 def test_a_matrix_joined_within_a_tenth_of_a_second_is_not_held_by_its_age() -> None:
     now = OPENED + 0.1
-    assert follow_up_closes_at(
-        now,
-        closes_at=OPENED,
-        limit_at=LIMIT_AT,
-        joined_at=OPENED + 0.05,
-        joined=3,
-        window_seconds=FOLLOW_UP_WINDOW_SECONDS,
-        opened_at=OPENED,
-    ) == pytest.approx(now + FOLLOW_UP_WINDOW_SECONDS)
+    assert closes(now, joined_at=OPENED + 0.05, joined=3, opened_at=OPENED) == pytest.approx(
+        now + FOLLOW_UP_WINDOW_SECONDS
+    )
