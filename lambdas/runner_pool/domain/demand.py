@@ -177,9 +177,10 @@ def next_follow_up_closes_at(
     now: Epoch, *, last_closed_at: Epoch, limit_at: Epoch, window_seconds: float
 ) -> Epoch:
     """When a run's next follow-up closes unless more jobs join, opened at `now` by demand of a burst that
-    goes on after its last follow-up closed at `last_closed_at`: that demand came at least the quiet gap
-    that closed it (`window_seconds`) plus the time since after the run's previous job, a sample of its
-    pace, so the new window is paced by it from the start (follow_up_closes_at, as one join) instead of
+    goes on after its last follow-up closed at `last_closed_at`: that demand came after the run's previous
+    job by at least the quiet gap that closed the window (`window_seconds`) plus the time since it closed,
+    a sample of the run's pace, so the new window is paced by it from the start (follow_up_closes_at, as
+    one join) instead of
     closing at the next gap longer than the bare window (the 1,000-job burst, 2026-11-28: runs of 50 whose
     deliveries came over 5 s cost 3 provisions where 2 would do)."""
     return follow_up_closes_at(
@@ -453,7 +454,7 @@ class Gathering:
 
 
 class FollowUpNotStartedError(RuntimeError):
-    """A sealed follow-up's provisions did not all start; its gather step is tried again."""
+    """A sealed follow-up's provisions did not all start; the follow-up machine's start step tries again."""
 
 
 @dataclass
