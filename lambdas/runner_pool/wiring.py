@@ -177,10 +177,9 @@ class ControlPlane:
             self.clock,
             self.client("dynamodb"),
         )
-        # Each function is given the machines it starts (the follow-up's gather step starts none).
         executions = Executions(
-            settings.provision_state_machine_arn or "",
-            settings.release_state_machine_arn or "",
+            settings.require("provision_state_machine_arn", "starting provisions"),
+            settings.release_state_machine_arn or "",  # the follow-up machine's steps start no release
             self.client("stepfunctions"),
             follow_up_machine_arn=settings.follow_up_state_machine_arn,
         )

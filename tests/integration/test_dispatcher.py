@@ -14,9 +14,8 @@ import pytest
 
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain import demand
-from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS, Reservation
+from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS, LEASE_MARGIN_SECONDS, Reservation
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
-from runner_pool.handlers.dispatcher import LEASE_MARGIN_SECONDS
 from tests.support.aws_faults import lose_answers
 from tests.support.webhooks import (
     IDEMPOTENCY_TABLE,

@@ -86,6 +86,7 @@ never be lost to demand still in the queue.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -147,6 +148,14 @@ few hundred milliseconds on AWS. A leader that died while starting keeps its lea
 past this the waiting jobs are started apart rather than held for it."""
 SEALED_LOOK_SECONDS = 0.1
 """How often waiting demand looks whether the follow-up has started (one conditional write a look)."""
+LEASE_MARGIN_SECONDS = 60
+"""A reservation (and a follow-up's lead) outlives the invocation that holds it by this much, so it
+never lapses while the invocation runs."""
+
+
+def lease_seconds(remaining_seconds: float) -> float:
+    """How long an invocation with `remaining_seconds` left holds what it reserves."""
+    return remaining_seconds + LEASE_MARGIN_SECONDS
 
 
 def follow_up_closes_at(
@@ -567,24 +576,25 @@ class Dispatcher:
         (start_gathered). Should that fail, its jobs go on in the machine's state to its start step,
         which tries again: a retry of this step could not find them once the ledger's item moved on to
         the next follow-up."""
-        closes_at = request.closes_at
-        for _ in range(SEAL_ATTEMPTS):
-            remaining = closes_at - self._clock.now()
-            if remaining > GATHER_PAUSE_SECONDS:
-                moved = request.model_copy(update={"closes_at": closes_at})
-                return Gathering(moved, gathered=False, wait_seconds=int(remaining))
-            self._pause(max(0.0, remaining))
-            sealing = self._ledger.seal(request.repository, request.run_key, request.holder, started=True)
-            if sealing.follow_up is not None:
-                try:
-                    report = self.start_gathered(request, sealing.follow_up, lease_seconds)
-                except Exception as exc:  # any fault: the machine's start step tries again
-                    return Gathering(request, gathered=True, follow_up=sealing.follow_up, error=repr(exc))
-                return Gathering(request, gathered=True, report=report)
-            if sealing.closes_at is None:
-                return Gathering(request, gathered=True)  # another dispatch took it over: it starts it
-            closes_at = sealing.closes_at
-        raise RuntimeError(f"the follow-up was still open after {SEAL_ATTEMPTS} looks")
+        sealing = self._seal_once_closed(
+            request.repository,
+            request.run_key,
+            request.holder,
+            request.closes_at,
+            started=True,
+            wait_limit=GATHER_PAUSE_SECONDS,
+        )
+        if sealing.follow_up is not None:
+            try:
+                report = self.start_gathered(request, sealing.follow_up, lease_seconds)
+            except Exception as exc:  # any fault: the machine's start step tries again
+                return Gathering(request, gathered=True, follow_up=sealing.follow_up, error=repr(exc))
+            return Gathering(request, gathered=True, report=report)
+        if sealing.closes_at is None:
+            return Gathering(request, gathered=True)  # another dispatch took it over: it starts it
+        remaining = sealing.closes_at - self._clock.now()
+        moved = request.model_copy(update={"closes_at": sealing.closes_at})
+        return Gathering(moved, gathered=False, wait_seconds=max(1, int(remaining)))
 
     def start_gathered(
         self, request: FollowUpRequest, follow_up: FollowUp, lease_seconds: float
@@ -738,16 +748,35 @@ class Dispatcher:
     ) -> None:
         """Wait for the follow-up's window to close (each join moves it, up to its limit), seal, start it."""
         with _failing(report, group.message_ids(group.jobs), f"seal the follow-up of {group.run_key}"):
-            for _ in range(SEAL_ATTEMPTS):
-                self._pause(max(0.0, closes_at - self._clock.now()))
-                sealing = self._ledger.seal(group.repository, group.run_key, holder)
-                if sealing.follow_up is not None:
-                    self._start_follow_up(report, group, sealing.follow_up, holder, until)
-                    return
-                if sealing.closes_at is None:
-                    return  # another dispatch took it over (our lease passed): it starts these jobs
-                closes_at = sealing.closes_at
-            raise RuntimeError(f"the follow-up was still open after {SEAL_ATTEMPTS} looks")
+            sealing = self._seal_once_closed(group.repository, group.run_key, holder, closes_at)
+            if sealing.follow_up is not None:
+                self._start_follow_up(report, group, sealing.follow_up, holder, until)
+            # else another dispatch took it over (our lease passed): it starts these jobs
+
+    def _seal_once_closed(
+        self,
+        repository: str,
+        run_key: str,
+        holder: str,
+        closes_at: Epoch,
+        *,
+        started: bool = False,
+        wait_limit: float = math.inf,
+    ) -> Sealing:
+        """Wait for the window of the follow-up `holder` leads to close (each join moves it, up to its
+        limit) and seal it (`started`: marked started in the same write): sealed (its jobs), taken over
+        by another dispatch (neither), or, once it closes more than `wait_limit` from now, still open
+        (when it closes)."""
+        for _ in range(SEAL_ATTEMPTS):
+            remaining = closes_at - self._clock.now()
+            if remaining > wait_limit:
+                return Sealing(closes_at=closes_at)
+            self._pause(max(0.0, remaining))
+            sealing = self._ledger.seal(repository, run_key, holder, started=started)
+            if sealing.follow_up is not None or sealing.closes_at is None:
+                return sealing
+            closes_at = sealing.closes_at
+        raise RuntimeError(f"the follow-up was still open after {SEAL_ATTEMPTS} looks")
 
     def _start_follow_up(
         self,

@@ -25,12 +25,9 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from runner_pool.domain.demand import DemandMessage, DispatchReport, from_body
+from runner_pool.domain.demand import DemandMessage, DispatchReport, from_body, lease_seconds
 from runner_pool.observability import log_provisions_started, logger, metrics, tracer
 from runner_pool.wiring import control_plane
-
-LEASE_MARGIN_SECONDS = 60
-"""A reservation outlives this invocation by this much, so it never lapses while the invocation runs."""
 
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 """A batch whose every message failed is reported like any other (each message retried by SQS), not
@@ -46,8 +43,8 @@ class NotDispatchedError(RuntimeError):
 @metrics.log_metrics
 def dispatch(event: dict[str, Any], context: LambdaContext) -> PartialItemFailureResponse:
     batch, unreadable = _read(event)
-    lease_seconds = context.get_remaining_time_in_millis() / 1000 + LEASE_MARGIN_SECONDS
-    report = control_plane().dispatcher().dispatch(batch, context.aws_request_id, lease_seconds)
+    lease = lease_seconds(context.get_remaining_time_in_millis() / 1000)
+    report = control_plane().dispatcher().dispatch(batch, context.aws_request_id, lease)
     _observe(report)
     failed = report.failed_message_ids | unreadable
 

@@ -17,21 +17,18 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from runner_pool.domain.demand import FollowUp
+from runner_pool.domain.demand import FollowUp, lease_seconds
 from runner_pool.domain.executions import FollowUpRequest
 from runner_pool.observability import count, log_provisions_started, logger, tracer
 from runner_pool.wiring import control_plane
-
-LEASE_MARGIN_SECONDS = 60
-"""The reservations of a follow-up's jobs outlive this invocation by this much (as the dispatcher's)."""
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def gather(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = FollowUpRequest.model_validate(event["request"])
-    lease_seconds = context.get_remaining_time_in_millis() / 1000 + LEASE_MARGIN_SECONDS
-    gathering = control_plane().dispatcher().gather(request, lease_seconds)
+    lease = lease_seconds(context.get_remaining_time_in_millis() / 1000)
+    gathering = control_plane().dispatcher().gather(request, lease)
     follow_up = gathering.follow_up
     log_provisions_started(gathering.report.provisions)
     if gathering.error is not None:
@@ -54,8 +51,8 @@ def start(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = FollowUpRequest.model_validate(event["request"])
     sealed = event["follow_up"]
     follow_up = FollowUp(frozenset(sealed["job_ids"]), frozenset(sealed["public_ids"]))
-    lease_seconds = context.get_remaining_time_in_millis() / 1000 + LEASE_MARGIN_SECONDS
-    report = control_plane().dispatcher().start_gathered(request, follow_up, lease_seconds)
+    lease = lease_seconds(context.get_remaining_time_in_millis() / 1000)
+    report = control_plane().dispatcher().start_gathered(request, follow_up, lease)
     log_provisions_started(report.provisions)
     if report.stale:
         logger.info("follow-up of a completed run: not started", run_key=request.run_key, jobs=report.stale)
