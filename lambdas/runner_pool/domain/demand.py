@@ -135,7 +135,9 @@ minutes GitHub's rate limit takes to register that many runners. A small matrix'
 first quiet gap, long before."""
 GATHER_PAUSE_SECONDS = 1.0
 """The longest the follow-up state machine's gather step waits in its Lambda for the window to close;
-longer waits are its Wait state's (whole seconds, as the Wait state's SecondsPath takes them)."""
+longer waits are its Wait state's, in whole seconds: a Wait state's Seconds (or SecondsPath's value) is
+an integer number of seconds (AWS Step Functions Developer Guide, "Wait workflow state"), and moto's
+executor truncates a wait to whole seconds too (moto/stepfunctions/parser/.../wait_function)."""
 BURST_QUIET_SECONDS = 5.0
 """How long after a run key's follow-up started (or its window closed with nobody joining) its next
 demand is still the same burst, and joins a follow-up instead of starting at once. GitHub delivers a
