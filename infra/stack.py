@@ -103,6 +103,7 @@ class RunnerPoolStack(Stack):
             "Ingress",
             functions=self.functions,
             webhook_secret=self.webhook_secret,
+            github_app_key=self.github_app_key,
             provision=self.provision.state_machine,
             release=self.release.state_machine,
             workflow_type=config.workflow_type,

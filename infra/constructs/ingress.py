@@ -26,6 +26,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from infra.constructs import permissions
 from infra.constructs.functions import LOG_RETENTION, ControlPlaneFunctions
 from infra.constructs.workflow import Step, Workflow
 from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
@@ -73,6 +74,7 @@ class Ingress(Construct):
         *,
         functions: ControlPlaneFunctions,
         webhook_secret: secretsmanager.ISecret,
+        github_app_key: secretsmanager.ISecret,
         provision: sfn.IStateMachine,
         release: sfn.IStateMachine,
         workflow_type: WorkflowType,
@@ -120,7 +122,7 @@ class Ingress(Construct):
             },
             timeout=Duration.seconds(10),
         )
-        self.follow_up = self._follow_up(functions, provision, workflow_type)
+        self.follow_up = self._follow_up(functions, provision, workflow_type, github_app_key)
         webhook_secret.grant_read(self.webhook)
         self.demand_queue.grant_send_messages(self.webhook)
         self._remember(self.webhook)
@@ -152,11 +154,19 @@ class Ingress(Construct):
         self.api = self._api()
 
     def _follow_up(
-        self, functions: ControlPlaneFunctions, provision: sfn.IStateMachine, workflow_type: WorkflowType
+        self,
+        functions: ControlPlaneFunctions,
+        provision: sfn.IStateMachine,
+        workflow_type: WorkflowType,
+        github_app_key: secretsmanager.ISecret,
     ) -> Workflow:
         def seal_and_start(function: lambda_.Function) -> None:
             self._remember(function)
             provision.grant_start_execution(function)
+
+        def list_seal_and_start(function: lambda_.Function) -> None:
+            seal_and_start(function)
+            permissions.act_as_github_app(function, github_app_key)  # lists the run's queued jobs
 
         starting = {
             "idempotency_table_name": self.idempotency_table.table_name,
@@ -170,8 +180,9 @@ class Ingress(Construct):
             workflow_type=workflow_type,
             steps={
                 "gather": Step(
-                    "seals a run's follow-up batch once its window closed, starts its provisions",
-                    seal_and_start,
+                    "seals a run's follow-up batch once its window closed, with the run's queued jobs "
+                    "GitHub lists, and starts its provisions",
+                    list_seal_and_start,
                     starting,
                 ),
                 "start": Step(
@@ -183,10 +194,12 @@ class Ingress(Construct):
         )
 
     def _remember(self, function: lambda_.Function) -> None:
-        """Powertools idempotency and the demand ledger: single items by key, nothing else."""
+        """Powertools idempotency and the demand ledger: items by key, nothing else (BatchGetItem: which
+        of a batch's jobs are counted already)."""
         function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=[
+                    "dynamodb:BatchGetItem",
                     "dynamodb:GetItem",
                     "dynamodb:PutItem",
                     "dynamodb:UpdateItem",

@@ -176,6 +176,7 @@ class ControlPlane:
             settings.require("idempotency_table_name", "the demand ledger"),
             self.clock,
             self.client("dynamodb"),
+            self.backoff,
         )
         executions = Executions(
             settings.require("provision_state_machine_arn", "starting provisions"),
@@ -183,7 +184,7 @@ class ControlPlane:
             self.client("stepfunctions"),
             follow_up_machine_arn=settings.follow_up_state_machine_arn,
         )
-        return Dispatcher(ledger, executions, self.clock, self.pause)
+        return Dispatcher(ledger, executions, self.clock, self.pause, run_jobs=lambda: self.github)
 
     @cached_property
     def instance_arns(self) -> InstanceArns:

@@ -113,3 +113,37 @@ def test_a_matrix_of_20_costs_at_most_two_provisions_and_two_create_fleets_with_
     follow_ups = [e for e in system.stack.executions() if e["machine"] == "follow_up"]
     assert follow_ups
     assert {e["status"] for e in follow_ups} == {"SUCCEEDED"}
+
+
+def test_a_matrix_whose_later_deliveries_fail_is_served_by_its_follow_up_from_githubs_list(
+    system: World,
+) -> None:
+    # Given GitHub failing to deliver every `queued` event of a 12-job matrix but its first two (they
+    # are listed as failed deliveries, for refresh to ask again, seconds later)
+    passed: list[int] = []
+
+    def after_the_first_two(payload: dict[str, object]) -> bool:
+        if len(passed) < 2:
+            passed.append(1)
+            return False
+        return True
+
+    system.github.webhooks.drop_next("workflow_job", "queued", count=10, where=after_the_first_two)
+    # When the run queues it
+    run = system.start_run("matrix", JobSpec("build", LABEL, matrix=12, seconds=0.3))
+    # Then the run cost two provisions, its first job's and one follow-up's, with every job of the
+    # matrix: the follow-up took from GitHub's list of the run's queued jobs those whose deliveries had
+    # not come (GET /repos/{owner}/{repo}/actions/runs/{run_id}/attempts/{attempt}/jobs), and the
+    # redelivered events found their jobs counted
+    completed(system, run, timeout=180)
+    jobs = [system.github.state.jobs[job_id] for job_id in run.job_ids]
+    assert [job.conclusion for job in jobs] == [Conclusion.SUCCESS] * 12
+    dispatched = [
+        e for e in system.stack.executions() if e["machine"] == "provision" and redrives(system, e) == 0
+    ]
+    assert sorted(
+        json.loads(system.stack.stepfunctions.describe_execution(executionArn=e["executionArn"])["input"])[
+            "count"
+        ]
+        for e in dispatched
+    ) == [1, 11]

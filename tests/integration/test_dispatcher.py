@@ -163,12 +163,12 @@ def test_demand_repeated_in_a_later_batch_never_reaches_start_execution(world: I
     # When the repeat is dispatched
     response = world.dispatch(world.take_queued())
     # Then it succeeded without asking for a provision again: Express workflows, which do not
-    # refuse a name twice, would otherwise start a second one (moto refuses it either way). Within the
-    # burst's quiet time the repeat leads a follow-up, whose gathering finds the job counted.
+    # refuse a name twice, would otherwise start a second one (moto refuses it either way). The
+    # dispatcher finds the job counted before it takes a turn: the repeat opens no follow-up.
     assert response == {"batchItemFailures": []}
-    assert world.gather_follow_ups() == 1
+    assert world.gather_follow_ups() == 0
     assert len(world.provisions()) == 1
-    assert world.calls.count("stepfunctions:StartExecution") == 2  # the provision, the follow-up
+    assert world.calls.count("stepfunctions:StartExecution") == 1
 
 
 def test_the_same_message_twice_in_one_batch_is_one_runner(world: IngressWorld) -> None:

@@ -25,6 +25,7 @@ from runner_pool.domain.demand import (
     FOLLOW_UP_LIMIT_SECONDS,
     FOLLOW_UP_PACE_FACTOR,
     FOLLOW_UP_WINDOW_SECONDS,
+    GATHER_PAUSE_SECONDS,
     SEALED_WAIT_SECONDS,
     BatchRole,
     BatchTurn,
@@ -37,6 +38,7 @@ from runner_pool.domain.demand import (
     to_body,
 )
 from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
+from runner_pool.domain.runners import GitHubRetryableError, RunJob
 from tests.support.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
 
 REPOSITORY = "octo-org/octo-repo"
@@ -112,9 +114,30 @@ class TimedStarts(Starts):
 
 
 @dataclass
+class GitHubRun:
+    """GitHub's list of the run's jobs, as the follow-up's gather step asks for it; `down` fails the ask.
+    Each job as GET .../actions/runs/{run_id}/attempts/{attempt}/jobs gives it (its status, its labels)."""
+
+    jobs: list[RunJob] = field(default_factory=list)
+    down: bool = False
+    asked: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def run_jobs(self, repository: str, run_id: int, attempt: int) -> tuple[list[RunJob], int]:
+        self.asked.append((repository, run_id, attempt))
+        if self.down:
+            raise GitHubRetryableError("502 Bad Gateway")
+        return list(self.jobs), 1
+
+    def queue(self, *job_ids: int, label: str = LABEL, status: str = "queued") -> None:
+        self.jobs += [RunJob(job_id, status, (label,), created_at=0.0) for job_id in job_ids]
+
+
+@dataclass
 class Dispatches:
     world: IngressWorld
     starts: Starts = field(default_factory=Starts)
+    github: GitHubRun = field(default_factory=GitHubRun)
+    window_seconds: float = FOLLOW_UP_WINDOW_SECONDS
     started_at: float = 0.0
     """The world's clock when the test began."""
     meanwhile: list[Callable[[], object]] = field(default_factory=list)
@@ -127,7 +150,14 @@ class Dispatches:
 
     def dispatch(self, holder: str, messages: list[DemandMessage]) -> DispatchReport:
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, self.world.clock, self.world.plane.client("dynamodb"))
-        dispatcher = Dispatcher(ledger, self.starts, self.world.clock, self.pause)
+        dispatcher = Dispatcher(
+            ledger,
+            self.starts,
+            self.world.clock,
+            self.pause,
+            window_seconds=self.window_seconds,
+            run_jobs=lambda: self.github,
+        )
         self.starts.gather = lambda request: gather_in_line(dispatcher, request, self.pause)
         self.starts.now = self.world.clock.now
         batch = [(f"{holder}-m{n}", message) for n, message in enumerate(messages)]
@@ -153,9 +183,11 @@ def dispatches() -> Iterator[Dispatches]:
         yield Dispatches(world, started_at=world.clock.now())
 
 
-def jobs(*job_ids: int) -> list[DemandMessage]:
+def jobs(*job_ids: int, public: bool = False) -> list[DemandMessage]:
     return [
-        JobQueued(repository=REPOSITORY, run_key=LABEL, run_id=RUN_ID, run_attempt=1, job_id=job_id)
+        JobQueued(
+            repository=REPOSITORY, run_key=LABEL, run_id=RUN_ID, run_attempt=1, job_id=job_id, public=public
+        )
         for job_id in job_ids
     ]
 
@@ -259,12 +291,14 @@ def test_a_job_delivered_twice_across_the_first_batch_and_the_follow_up_starts_o
 ) -> None:
     # Given a first batch with jobs 1 and 2
     dispatches.dispatch("a", jobs(1, 2))
-    # When job 2's delivery comes again in the follow-up, with job 3
-    dispatches.meanwhile.append(lambda: dispatches.dispatch("c", jobs(2)))
+    # When job 2's delivery comes again while job 3's follow-up is open
+    repeats: list[DispatchReport] = []
+    dispatches.meanwhile.append(lambda: repeats.append(dispatches.dispatch("c", jobs(2))))
     dispatches.dispatch("b", jobs(3))
-    # Then job 2 was counted once: the follow-up starts job 3 alone
+    # Then job 2 was counted once: its repeat is known counted before it joins anything, and the
+    # follow-up starts job 3 alone
     assert dispatches.starts.job_ids() == [(1, 2), (3,)]
-    assert [report.duplicates for report in dispatches.starts.gathered] == [1]
+    assert [(report.duplicates, report.joined) for report in repeats] == [(1, 0)]
 
 
 def test_a_follow_up_whose_leader_died_is_started_by_the_redelivery_of_the_leaders_messages(
@@ -506,3 +540,101 @@ def test_a_matrix_read_by_five_concurrent_pollers_costs_two_provisions_and_its_f
     assert len(starts.provisions) <= 2
     # And the first provision started within a fraction of the event source's old 1 s window
     assert starts.started_at[0] - first_sent < 1.0
+
+
+# --- the run's queued jobs, as GitHub lists them -----------------------------------------------------------
+
+
+def test_a_follow_up_takes_the_queued_jobs_github_lists_for_its_run_key_before_their_deliveries_come(
+    dispatches: Dispatches,
+) -> None:
+    # Given a matrix whose six jobs GitHub lists as queued, beside a job of another label, one already
+    # in progress, and a job whose delivery was a first (started at once)
+    dispatches.github.queue(1, 2, 3, 4, 5, 6)
+    dispatches.github.queue(7, label=f"pool={RUN_ID}/class=small")
+    dispatches.github.queue(8, status="in_progress")
+    dispatches.dispatch("a", jobs(1))
+    # When job 2's delivery opens the follow-up, and the deliveries of jobs 3 to 6 have not come yet
+    dispatches.dispatch("b", jobs(2))
+    # Then the follow-up starts jobs 2 to 6 in one provision: GitHub was asked once, for the run attempt
+    assert dispatches.starts.job_ids() == [(1,), (2, 3, 4, 5, 6)]
+    assert dispatches.github.asked == [(REPOSITORY, RUN_ID, 1)]
+    # And when their deliveries come, past the seal, they are repeats: no follow-up, no provision
+    late = dispatches.dispatch("c", jobs(3, 4, 5, 6))
+    assert (late.duplicates, late.joined, late.handed_over, late.failed_message_ids) == (4, 0, [], set())
+    assert len(dispatches.starts.provisions) == 2
+    assert len(dispatches.starts.follow_ups) == 1
+
+
+def test_the_listed_jobs_of_a_public_repository_are_single_use_in_every_provision_of_the_follow_up(
+    dispatches: Dispatches,
+) -> None:
+    # Given a public repository's 61-job matrix, GitHub listing all of them queued
+    dispatches.github.queue(*range(1, 62))
+    dispatches.dispatch("a", jobs(1, public=True))
+    # When job 2's delivery opens the follow-up alone
+    dispatches.dispatch("b", jobs(2, public=True))
+    # Then the follow-up's 60 jobs go in two provisions, the one holding only listed jobs public too
+    follow_up = dispatches.starts.provisions[1:]
+    assert [(len(request.job_ids), request.public) for request in follow_up] == [
+        (PROVISION_LIMIT, True),
+        (10, True),
+    ]
+
+
+def test_a_follow_up_gathers_what_joined_it_when_github_cannot_be_asked(dispatches: Dispatches) -> None:
+    # Given GitHub failing (a 502) when the follow-up asks for the run's jobs
+    dispatches.github.queue(1, 2, 3)
+    dispatches.github.down = True
+    dispatches.dispatch("a", jobs(1))
+    # When job 2 opens the follow-up
+    report = dispatches.dispatch("b", jobs(2))
+    # Then the follow-up starts what joined it, at once: GitHub's failure only loses the listed jobs
+    assert dispatches.starts.job_ids() == [(1,), (2,)]
+    assert report.failed_message_ids == set()
+    # And job 3's delivery, once it comes, is the run's next follow-up, as without the list
+    dispatches.dispatch("c", jobs(3))
+    assert dispatches.starts.job_ids() == [(1,), (2,), (3,)]
+
+
+def test_github_is_asked_only_by_the_gather_step_that_seals(dispatches: Dispatches) -> None:
+    # Given a follow-up window of 5 s, longer than the gather step's pause (its machine waits in between)
+    dispatches.window_seconds = 5.0
+    dispatches.github.queue(1, 2, 3)
+    clock = dispatches.world.clock
+    asked_at: list[float] = []
+    listed = dispatches.github.run_jobs
+
+    def timed(repository: str, run_id: int, attempt: int) -> tuple[list[RunJob], int]:
+        asked_at.append(clock.now())
+        return listed(repository, run_id, attempt)
+
+    dispatches.github.run_jobs = timed  # type: ignore[method-assign]
+    dispatches.dispatch("a", jobs(1))
+    # When job 2 opens the follow-up
+    led_at = clock.now()
+    dispatches.dispatch("b", jobs(2))
+    # Then GitHub was asked once, by the step that sealed (within its pause of the window's end), and
+    # the follow-up took job 3 from the list
+    assert len(asked_at) == 1
+    assert asked_at[0] >= led_at + 5.0 - GATHER_PAUSE_SECONDS
+    assert dispatches.starts.job_ids() == [(1,), (2, 3)]
+
+
+def test_the_ledger_knows_which_jobs_are_counted_started_or_cancelled_not_reserved(
+    dispatches: Dispatches,
+) -> None:
+    # Given 150 jobs started (more than one BatchGetItem's 100 keys), one cancelled, one reserved
+    ledger = DynamoDbLedger(
+        IDEMPOTENCY_TABLE, dispatches.world.clock, dispatches.world.plane.client("dynamodb")
+    )
+    until = dispatches.world.clock.now() + LEASE_SECONDS
+    started = list(range(1, 151))
+    for job_id in [*started, 300]:
+        ledger.reserve(job_id, "a", until)
+    ledger.confirm(started, "a", "provision-x")
+    ledger.cancel(200)
+    # When asked about them and a job never seen
+    counted = ledger.counted([*started, 200, 300, 400])
+    # Then the started and the cancelled are counted, the reserved and the unknown are not
+    assert counted == frozenset([*started, 200])

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runner_pool.adapters.aws_clients import ServiceBusyError
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.client import DynamoDBClient
 
 T = TypeVar("T")
 
@@ -41,3 +44,25 @@ class Backoff:
                     raise ServiceBusyError(f"still unfinished after {self.attempts} attempts: {exc}") from exc
                 self.sleep(random.uniform(0, min(self.cap_seconds, self.base_seconds * 2**attempt)))  # noqa: S311
         raise AssertionError("unreachable: the loop returns or raises")
+
+
+def read_consistently(
+    client: DynamoDBClient, table: str, keys: Sequence[Mapping[str, Any]], backoff: Backoff
+) -> list[Mapping[str, Any]]:
+    """The items `keys` name (at most 100, BatchGetItem's limit), from one consistent BatchGetItem, and
+    another for any key it left unprocessed; an item that does not exist is absent."""
+    pending: dict[str, Any] = {table: {"Keys": list(keys), "ConsistentRead": True}}
+    items: list[Mapping[str, Any]] = []
+
+    def fetch() -> None:
+        nonlocal pending
+        response = client.batch_get_item(RequestItems=pending)
+        items.extend(response["Responses"].get(table, []))
+        pending = dict(response.get("UnprocessedKeys") or {})
+        if pending:
+            raise Unfinished(f"{len(pending[table]['Keys'])} keys unprocessed")
+
+    # The one whole operation retried here: a BatchGetItem that succeeded but left keys unprocessed
+    # (it does when some reads are throttled), which botocore's retries cannot see.
+    backoff.call(fetch)
+    return items

@@ -23,7 +23,7 @@ it. Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run b
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from botocore.exceptions import ClientError
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
+from runner_pool.adapters.backoff import Backoff, read_consistently
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.demand import (
     BatchRole,
@@ -51,6 +52,9 @@ EXPIRY_ATTRIBUTE = "expiration"
 """Powertools idempotency's attribute names, so one table and one TTL setting serve both."""
 LEDGER_RETENTION_SECONDS = 35 * 24 * 3600
 """GitHub allows re-running a run for 30 days; a run's keys must outlive that."""
+JOB_PREFIX = "job#"
+BATCH_GET_LIMIT = 100
+"""Keys in one BatchGetItem at most (Amazon DynamoDB API Reference, BatchGetItem)."""
 RESERVED = "reserved"
 STARTED = "started"
 CANCELLED = "cancelled"
@@ -89,10 +93,12 @@ class DynamoDbLedger:
         table_name: str,
         clock: Clock,
         client: DynamoDBClient | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self._table = table_name
         self._clock = clock
         self._client: DynamoDBClient = client or aws_clients.client("dynamodb")
+        self._backoff = backoff or Backoff()
 
     def reserve(self, job_id: int, holder: str, until: Epoch) -> Reservation:
         now = self._clock.now()
@@ -124,6 +130,18 @@ class DynamoDbLedger:
                 return Reservation.RESERVED
             return Reservation.HELD if state == RESERVED else Reservation.COUNTED
         return Reservation.RESERVED
+
+    def counted(self, job_ids: Collection[int]) -> frozenset[int]:
+        ids = sorted(set(job_ids))
+        counted: set[int] = set()
+        for start in range(0, len(ids), BATCH_GET_LIMIT):
+            keys = [{KEY_ATTRIBUTE: {"S": _job(job_id)}} for job_id in ids[start : start + BATCH_GET_LIMIT]]
+            counted.update(
+                int(item[KEY_ATTRIBUTE]["S"].removeprefix(JOB_PREFIX))
+                for item in read_consistently(self._client, self._table, keys, self._backoff)
+                if item.get("state", {}).get("S") in (STARTED, CANCELLED)
+            )
+        return frozenset(counted)
 
     def confirm(self, job_ids: Sequence[int], holder: str, execution_name: str) -> None:
         for job_id in job_ids:
@@ -479,7 +497,7 @@ class _Window:
 
 
 def _job(job_id: int) -> str:
-    return f"job#{job_id}"
+    return f"{JOB_PREFIX}{job_id}"
 
 
 def _run(run_id: int, attempt: int) -> str:

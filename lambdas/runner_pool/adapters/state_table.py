@@ -45,7 +45,7 @@ from botocore.exceptions import ClientError
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
-from runner_pool.adapters.backoff import Backoff, Unfinished
+from runner_pool.adapters.backoff import Backoff, read_consistently
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import ReuseScope, ReuseSettings, Timeouts
@@ -879,28 +879,11 @@ def read_items(
     client: DynamoDBClient, table: str, keys: list[dict[str, Any]], backoff: Backoff
 ) -> dict[tuple[str, str], Mapping[str, Any]]:
     """The items `keys` name (at most 100, BatchGetItem's limit), by partition and sort key, from one
-    consistent BatchGetItem (and another for any key it left unprocessed); an item that does not exist
-    is absent."""
-    pending: dict[str, Any] = {table: {"Keys": keys, "ConsistentRead": True}}
-    items: dict[tuple[str, str], Mapping[str, Any]] = {}
-
-    def fetch() -> None:
-        nonlocal pending
-        response = client.batch_get_item(RequestItems=pending)
-        items.update(
-            {
-                (item[PARTITION_KEY]["S"], item[SORT_KEY]["S"]): item
-                for item in response["Responses"].get(table, [])
-            }
-        )
-        pending = dict(response.get("UnprocessedKeys") or {})
-        if pending:
-            raise Unfinished(f"{len(pending[table]['Keys'])} keys unprocessed")
-
-    # The one whole operation retried here: a BatchGetItem that succeeded but left keys unprocessed
-    # (it does when some reads are throttled), which botocore's retries cannot see.
-    backoff.call(fetch)
-    return items
+    consistent BatchGetItem (backoff.read_consistently); an item that does not exist is absent."""
+    return {
+        (item[PARTITION_KEY]["S"], item[SORT_KEY]["S"]): item
+        for item in read_consistently(client, table, keys, backoff)
+    }
 
 
 def _heartbeat(instance_id: str, item: Mapping[str, Any] | None) -> Heartbeat | None:

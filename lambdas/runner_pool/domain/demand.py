@@ -98,6 +98,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.run_keys import RunKey
+from runner_pool.domain.runners import RunJob
 
 FOLLOW_UP_WINDOW_SECONDS = 0.3
 """How long a run key's follow-up stays open after its first dispatch, and after each job that joins
@@ -322,6 +323,12 @@ class FollowUp:
     job_ids: frozenset[int]
     public_ids: frozenset[int] = frozenset()
 
+    def with_jobs(self, job_ids: Collection[int]) -> FollowUp:
+        """This follow-up with `job_ids` added; they are a public repository's when its jobs are (a
+        follow-up's jobs are all one repository's)."""
+        added = frozenset(job_ids) - self.job_ids
+        return FollowUp(self.job_ids | added, self.public_ids | (added if self.public_ids else frozenset()))
+
 
 @dataclass(frozen=True)
 class BatchTurn:
@@ -346,6 +353,10 @@ class DemandLedger(Protocol):
 
     def reserve(self, job_id: int, holder: str, until: Epoch) -> Reservation:
         """Reserve a job nobody has counted or cancelled, or whose reservation lapsed."""
+        ...
+
+    def counted(self, job_ids: Collection[int]) -> frozenset[int]:
+        """Those of the jobs already counted (started) or cancelled, as a consistent read finds them."""
         ...
 
     def confirm(self, job_ids: Sequence[int], holder: str, execution_name: str) -> None: ...
@@ -397,6 +408,13 @@ class DemandLedger(Protocol):
     def follow_up_started(self, repository: str, run_key: str, holder: str) -> None:
         """Note that the follow-up `holder` leads has started: the run key's next demand is a first again."""
         ...
+
+
+class RunJobs(Protocol):
+    """GitHub's list of a run attempt's jobs, and how many requests it took
+    (domain.runners.RunnerRegistry.run_jobs)."""
+
+    def run_jobs(self, repository: str, run_id: int, attempt: int) -> tuple[list[RunJob], int]: ...
 
 
 class ExecutionStarter(Protocol):
@@ -462,6 +480,18 @@ class Gathering:
     follow_up: FollowUp | None = None
     error: str | None = None
     report: DispatchReport = field(default_factory=DispatchReport)
+    listed: int = 0
+    """Jobs of the follow-up that GitHub listed as queued before their demand reached a dispatcher."""
+    listing_error: str | None = None
+    """Why GitHub could not be asked for the run's queued jobs (the follow-up took what joined it)."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The jobs GitHub listed as queued for a follow-up's run key, or why it could not be asked."""
+
+    job_ids: frozenset[int] = frozenset()
+    error: str | None = None
 
 
 class FollowUpNotStartedError(RuntimeError):
@@ -522,9 +552,12 @@ class Dispatcher:
         window_seconds: float = FOLLOW_UP_WINDOW_SECONDS,
         limit_seconds: float = FOLLOW_UP_LIMIT_SECONDS,
         sealed_wait_seconds: float = SEALED_WAIT_SECONDS,
+        run_jobs: Callable[[], RunJobs] | None = None,
     ) -> None:
         self._ledger = ledger
         self._starter = starter
+        self._run_jobs = run_jobs
+        """GitHub, asked by the follow-up's gather step for the run's queued jobs (made when first needed)."""
         self._clock = clock
         self._pause = pause
         """How the leader of a follow-up waits for its window to close (time.sleep in a Lambda)."""
@@ -577,7 +610,16 @@ class Dispatcher:
         SEALED_WAIT_SECONDS, holding a poller, then starting apart); then start its provisions
         (start_gathered). Should that fail, its jobs go on in the machine's state to its start step,
         which tries again: a retry of this step could not find them once the ledger's item moved on to
-        the next follow-up."""
+        the next follow-up.
+
+        The step that seals also asks GitHub for the run's queued jobs first (while the window is still
+        open), and the follow-up takes those of its run key that no dispatch counted yet: GitHub creates
+        a matrix's jobs together and sends their `queued` deliveries over seconds in a burst, so the
+        deliveries that come after the seal find their jobs counted (Dispatcher._provision) instead of
+        opening another follow-up, one provision more for the run."""
+        listing = Listing()
+        if request.closes_at - self._clock.now() <= GATHER_PAUSE_SECONDS:
+            listing = self._queued_on_github(request)
         sealing = self._seal_once_closed(
             request.repository,
             request.run_key,
@@ -587,16 +629,52 @@ class Dispatcher:
             wait_limit=GATHER_PAUSE_SECONDS,
         )
         if sealing.follow_up is not None:
+            follow_up, listed = self._with_listed(sealing.follow_up, listing)
             try:
-                report = self.start_gathered(request, sealing.follow_up, lease_seconds)
+                report = self.start_gathered(request, follow_up, lease_seconds)
             except Exception as exc:  # any fault: the machine's start step tries again
-                return Gathering(request, gathered=True, follow_up=sealing.follow_up, error=repr(exc))
-            return Gathering(request, gathered=True, report=report)
+                return Gathering(
+                    request,
+                    gathered=True,
+                    follow_up=follow_up,
+                    error=repr(exc),
+                    listed=listed,
+                    listing_error=listing.error,
+                )
+            return Gathering(
+                request, gathered=True, report=report, listed=listed, listing_error=listing.error
+            )
         if sealing.closes_at is None:
             return Gathering(request, gathered=True)  # another dispatch took it over: it starts it
         remaining = sealing.closes_at - self._clock.now()
         moved = request.model_copy(update={"closes_at": sealing.closes_at})
         return Gathering(moved, gathered=False, wait_seconds=max(1, int(remaining)))
+
+    def _queued_on_github(self, request: FollowUpRequest) -> Listing:
+        """The jobs GitHub lists as queued in the follow-up's run attempts that ask for its run key;
+        none, and why, when GitHub could not be asked (the follow-up then takes what joined it)."""
+        if self._run_jobs is None:
+            return Listing()
+        try:
+            github = self._run_jobs()
+            queued: set[int] = set()
+            for run_id, attempt in request.attempts:
+                jobs, _ = github.run_jobs(request.repository, run_id, attempt)
+                queued.update(
+                    job.job_id for job in jobs if job.queued and job.run_key(attempt) == request.run_key
+                )
+        except Exception as exc:  # any fault (a rate limit, GitHub down): gather without it, never wait
+            return Listing(error=repr(exc))
+        return Listing(frozenset(queued))
+
+    def _with_listed(self, follow_up: FollowUp, listing: Listing) -> tuple[FollowUp, int]:
+        """The sealed follow-up with the listed jobs no dispatch counted yet, and how many those are."""
+        listed = listing.job_ids - follow_up.job_ids
+        if not listed:
+            return follow_up, 0
+        with suppress(Exception):  # reserving each finds the counted ones too (COUNTED), a write each
+            listed -= self._ledger.counted(listed)
+        return follow_up.with_jobs(listed), len(listed)
 
     def start_gathered(
         self, request: FollowUpRequest, follow_up: FollowUp, lease_seconds: float
@@ -639,6 +717,11 @@ class Dispatcher:
             live = self._live_attempts(group)
             current = [job for job in group.jobs.values() if (job.run_id, job.run_attempt) in live]
             report.stale += len(group.jobs) - len(current)
+            # A job a follow-up took from GitHub's list (gather) is counted before its delivery comes:
+            # that delivery is a repeat, and must not open another follow-up.
+            counted = self._ledger.counted([job.job_id for job in current]) if current else frozenset()
+            report.duplicates += len(counted)
+            current = [job for job in current if job.job_id not in counted]
             if not current:
                 return
             turn = self._take_turn(group, current, holder, until)

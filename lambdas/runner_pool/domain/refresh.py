@@ -12,11 +12,10 @@ from typing import Any, TypeVar
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.labels import LabelError
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.run_keys import RunKey
-from runner_pool.domain.runners import RegisteredRunner, RunJob
+from runner_pool.domain.runners import RegisteredRunner
 
 _Item = TypeVar("_Item")
 
@@ -93,14 +92,6 @@ class RefreshReport:
 def refresh_tick(at: Epoch, config: StackConfig) -> int:
     """Which scheduled run a time belongs to: runs of the same schedule slot share one warm-pool top-up."""
     return int(at // (config.refresh_rate_minutes * 60))
-
-
-def run_key_of(job: RunJob, attempt: int) -> str | None:
-    """The run key a listed job asks for (domain.run_keys), None for one no runner of ours can take."""
-    try:
-        return str(RunKey.of_job(job.labels, attempt))
-    except LabelError:
-        return None
 
 
 def untracked(record: InstanceRecord | None) -> bool:

@@ -12,7 +12,8 @@ from enum import StrEnum
 from typing import Protocol
 
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.labels import is_pool_label
+from runner_pool.domain.labels import LabelError, is_pool_label
+from runner_pool.domain.run_keys import RunKey
 
 DEFAULT_RUNNER_GROUP_ID = 1
 """Every repository and organisation has the Default runner group, id 1; the JIT endpoint requires a group."""
@@ -77,6 +78,14 @@ class RunJob:
     @property
     def queued(self) -> bool:
         return self.status == "queued"
+
+    def run_key(self, attempt: int) -> str | None:
+        """The run key the job asks for in run attempt `attempt` (domain.run_keys), None for a job no
+        runner of ours can take."""
+        try:
+            return str(RunKey.of_job(self.labels, attempt))
+        except LabelError:
+            return None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,10 @@ def gather(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     log_provisions_started(gathering.report.provisions)
     if gathering.error is not None:
         logger.warning("follow-up sealed, its provisions not started: tried again", error=gathering.error)
+    if gathering.listing_error is not None:
+        logger.warning("GitHub not asked for the run's queued jobs", error=gathering.listing_error)
+    if gathering.listed:
+        count("FollowUpJobsListed", gathering.listed)
     if gathering.gathered:
         count("FollowUpsGathered")
     return {

@@ -75,7 +75,6 @@ from runner_pool.domain.refresh import (
     batches,
     booting_for_pool,
     may_still_start,
-    run_key_of,
     untracked,
 )
 from runner_pool.domain.runner_scope import OrganizationScope
@@ -497,7 +496,7 @@ class Refresh:
                     job
                     for job in jobs
                     if job.queued
-                    and run_key_of(job, run.attempt) == run_key
+                    and job.run_key(run.attempt) == run_key
                     and now - job.created_at >= RECONCILE_GRACE_SECONDS
                 ),
                 key=lambda job: (job.created_at, job.job_id),
