@@ -48,6 +48,7 @@ class Hop(StrEnum):
     EC2 = "EC2"
     GITHUB_JIT = "GitHub JIT"
     GITHUB_AUTH = "GitHub installation token"
+    GITHUB_READ = "GitHub read"
     WAIT = "configured wait"
     """Counted in seconds: a batching window, a Wait state, an empty long poll."""
 
@@ -97,6 +98,8 @@ LATENCIES: Mapping[Hop, float] = {
     Hop.GITHUB_JIT: 0.300,
     # An installation token request, once per execution environment and hour: like a read, above.
     Hop.GITHUB_AUTH: 0.200,
+    # A read (a follow-up's list of its run's jobs, one page): the same measurement's median.
+    Hop.GITHUB_READ: 0.206,
     Hop.WAIT: 1.0,
 }
 
@@ -297,6 +300,7 @@ DEMAND = "demand queue -> dispatcher (event source)"
 FOLLOW_UP = "follow-up window (a matrix's later jobs)"
 DISPATCHER = "dispatcher Lambda, to StartExecution"
 GATHER = "follow-up's gather Lambda, from its seal to StartExecution"
+LISTING = "GitHub's list of the run's jobs, past the window"
 GATHER_FUNCTION = "follow_up"
 """The follow-up state machine's functions (gather, start), as the emulator names them (emulator/stack.py)."""
 ORCHESTRATION = "Step Functions, to the hand-over"
@@ -384,6 +388,7 @@ def _trace(
         # and its gather step's invocation run within the window (tens of milliseconds beside 0.3 s), and
         # the gather step's calls from its seal to the provision's start come after it.
         path += steps(DISPATCHER, own[: _handing_over(own)], until=lambda c: False)
+        path.append(Step(LISTING, Hop.WAIT, listing_past_window()))
         path += steps(GATHER, gathering.calls, until=lambda c: c.params.get("name") == execution.name)
     branch = _branch(execution, handing)
     if branch is None:
@@ -410,6 +415,18 @@ def _trace(
             f"{function} Lambda", calls, until=lambda c: False, hand_over=True, ended=invocation.ended
         )
     return path
+
+
+def listing_past_window() -> float:
+    """How long the gather step's list of the run's jobs (domain.demand.Dispatcher.gather) outlasts the
+    follow-up window: the step asks GitHub before it seals, so the list runs beside the window from the
+    machine's start (StartExecution, its first two states, the gather step's invocation) and only what it
+    takes beyond the window is on the path. GitHub's calls are not AWS calls the trace could see: one
+    read (one page holds a 50-job matrix) at its median, the token being the warm environment's."""
+    started = (
+        LATENCIES[Hop.START_EXECUTION] + 2 * LATENCIES[Hop.STATE_TRANSITION] + LATENCIES[Hop.LAMBDA_INVOKE]
+    )
+    return max(0.0, started + LATENCIES[Hop.GITHUB_READ] - FOLLOW_UP_WINDOW_SECONDS)
 
 
 def definition_states(definition: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
