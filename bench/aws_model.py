@@ -388,7 +388,8 @@ def _trace(
         # and its gather step's invocation run within the window (tens of milliseconds beside 0.3 s), and
         # the gather step's calls from its seal to the provision's start come after it.
         path += steps(DISPATCHER, own[: _handing_over(own)], until=lambda c: False)
-        path.append(Step(LISTING, Hop.WAIT, listing_past_window()))
+        fresh = any(call.operation == "secretsmanager:GetSecretValue" for call in gathering.calls)
+        path.append(Step(LISTING, Hop.WAIT, listing_past_window(fresh=fresh)))
         path += steps(GATHER, gathering.calls, until=lambda c: c.params.get("name") == execution.name)
     branch = _branch(execution, handing)
     if branch is None:
@@ -417,16 +418,18 @@ def _trace(
     return path
 
 
-def listing_past_window() -> float:
+def listing_past_window(*, fresh: bool = False) -> float:
     """How long the gather step's list of the run's jobs (domain.demand.Dispatcher.gather) outlasts the
     follow-up window: the step asks GitHub before it seals, so the list runs beside the window from the
     machine's start (StartExecution, its first two states, the gather step's invocation) and only what it
     takes beyond the window is on the path. GitHub's calls are not AWS calls the trace could see: one
-    read (one page holds a 50-job matrix) at its median, the token being the warm environment's."""
+    read (one page holds a 50-job matrix) at its median, after an installation token in a `fresh`
+    environment (one that read the App's key: a call the trace sees, and prices itself)."""
     started = (
         LATENCIES[Hop.START_EXECUTION] + 2 * LATENCIES[Hop.STATE_TRANSITION] + LATENCIES[Hop.LAMBDA_INVOKE]
     )
-    return max(0.0, started + LATENCIES[Hop.GITHUB_READ] - FOLLOW_UP_WINDOW_SECONDS)
+    token = LATENCIES[Hop.GITHUB_AUTH] if fresh else 0.0
+    return max(0.0, started + token + LATENCIES[Hop.GITHUB_READ] - FOLLOW_UP_WINDOW_SECONDS)
 
 
 def definition_states(definition: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

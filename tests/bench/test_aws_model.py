@@ -12,6 +12,7 @@ from bench.aws_model import (
     JobTrace,
     Step,
     Traced,
+    listing_past_window,
     model,
     own_hand_over,
     report,
@@ -19,6 +20,7 @@ from bench.aws_model import (
 )
 from bench.results import BenchTable
 from demo.figures import Kind
+from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS
 
 
 def test_a_path_is_priced_count_times_latency_per_segment_and_hop() -> None:
@@ -49,6 +51,16 @@ def test_every_hop_has_a_published_latency_and_a_wait_counts_its_seconds() -> No
     assert set(LATENCIES) == set(Hop)
     assert LATENCIES[Hop.WAIT] == 1.0
     assert all(seconds > 0 for seconds in LATENCIES.values())
+
+
+def test_the_follow_ups_list_of_its_run_costs_only_what_it_takes_past_the_window() -> None:
+    # The machine's start, two states and the gather's invocation, then GitHub's read, beside the window
+    started = 0.050 + 2 * 0.030 + 0.030
+    warm = listing_past_window()
+    assert warm == pytest.approx(started + LATENCIES[Hop.GITHUB_READ] - FOLLOW_UP_WINDOW_SECONDS)
+    assert 0 < warm < LATENCIES[Hop.GITHUB_READ]
+    # A fresh environment asks for the App's installation token first
+    assert listing_past_window(fresh=True) == pytest.approx(warm + LATENCIES[Hop.GITHUB_AUTH])
 
 
 def test_an_empty_long_poll_is_its_wait_and_a_hand_over_brings_its_github_calls() -> None:
