@@ -597,7 +597,9 @@ def test_a_follow_up_gathers_what_joined_it_when_github_cannot_be_asked(dispatch
     assert dispatches.starts.job_ids() == [(1,), (2,), (3,)]
 
 
-def test_github_is_asked_only_by_the_gather_step_that_seals(dispatches: Dispatches) -> None:
+def test_github_is_asked_by_the_gather_step_whose_window_closes_within_its_pause_not_before(
+    dispatches: Dispatches,
+) -> None:
     # Given a follow-up window of 5 s, longer than the gather step's pause (its machine waits in between)
     dispatches.window_seconds = 5.0
     dispatches.github.queue(1, 2, 3)

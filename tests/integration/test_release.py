@@ -282,7 +282,7 @@ Functions' legacy Lambda resource reports it as `Lambda.Unknown`:
 https://docs.aws.amazon.com/step-functions/latest/dg/bp-lambda-serviceexception.html)."""
 
 
-@pytest.mark.parametrize("step", ["give_back", "check_receipt"])
+@pytest.mark.parametrize("step", ["plan", "give_back", "check_receipt"])
 def test_a_step_that_timed_out_after_its_effect_is_retried_and_the_clean_instance_pooled(
     local: LocalControlPlane, release: LocalStateMachine, step: str
 ) -> None:

@@ -621,8 +621,9 @@ class Dispatcher:
         which tries again: a retry of this step could not find them once the ledger's item moved on to
         the next follow-up.
 
-        The step that seals also asks GitHub for the run's queued jobs first (while the window is still
-        open), and the follow-up takes those of its run key that no dispatch counted yet: GitHub creates
+        A step whose window closes within its pause (the one that seals, unless a join moves the window
+        on) first asks GitHub for the run's queued jobs (while the window is still open), and the
+        follow-up takes those of its run key that no dispatch counted yet: GitHub creates
         a matrix's jobs together and sends their `queued` deliveries over seconds in a burst, so the
         deliveries that come after the seal find their jobs counted (Dispatcher._provision) instead of
         opening another follow-up, one provision more for the run."""
