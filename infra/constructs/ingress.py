@@ -142,7 +142,7 @@ class Ingress(Construct):
         provision.grant_start_execution(self.dispatcher)
         release.grant_start_execution(self.dispatcher)
         self.follow_up.state_machine.grant_start_execution(self.dispatcher)
-        self._remember(self.dispatcher)
+        self._remember(self.dispatcher, counts_jobs=True)
         self.dispatcher.add_event_source(
             event_sources.SqsEventSource(
                 self.demand_queue,
@@ -160,13 +160,14 @@ class Ingress(Construct):
         workflow_type: WorkflowType,
         github_app_key: secretsmanager.ISecret,
     ) -> Workflow:
-        def seal_and_start(function: lambda_.Function) -> None:
+        def list_seal_and_start(function: lambda_.Function) -> None:
+            self._remember(function, counts_jobs=True)
+            provision.grant_start_execution(function)
+            permissions.act_as_github_app(function, github_app_key)  # lists the run's queued jobs
+
+        def start(function: lambda_.Function) -> None:
             self._remember(function)
             provision.grant_start_execution(function)
-
-        def list_seal_and_start(function: lambda_.Function) -> None:
-            seal_and_start(function)
-            permissions.act_as_github_app(function, github_app_key)  # lists the run's queued jobs
 
         starting = {
             "idempotency_table_name": self.idempotency_table.table_name,
@@ -187,26 +188,20 @@ class Ingress(Construct):
                 ),
                 "start": Step(
                     "starts the provisions of a follow-up batch its gather could not",
-                    seal_and_start,
+                    start,
                     starting,
                 ),
             },
         )
 
-    def _remember(self, function: lambda_.Function) -> None:
-        """Powertools idempotency and the demand ledger: items by key, nothing else (BatchGetItem: which
-        of a batch's jobs are counted already)."""
+    def _remember(self, function: lambda_.Function, *, counts_jobs: bool = False) -> None:
+        """Powertools idempotency and the demand ledger: single items by key, nothing else; `counts_jobs`
+        also reads which of many jobs are counted already (the dispatcher, the follow-up's gather)."""
+        actions = ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"]
+        if counts_jobs:
+            actions.append("dynamodb:BatchGetItem")
         function.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=[
-                    "dynamodb:BatchGetItem",
-                    "dynamodb:GetItem",
-                    "dynamodb:PutItem",
-                    "dynamodb:UpdateItem",
-                    "dynamodb:DeleteItem",
-                ],
-                resources=[self.idempotency_table.table_arn],
-            )
+            iam.PolicyStatement(actions=actions, resources=[self.idempotency_table.table_arn])
         )
 
     def _api(self) -> apigw.RestApi:
