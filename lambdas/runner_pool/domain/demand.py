@@ -52,11 +52,15 @@ the run's burst is over (one that `needs` the matrix), is a first again, started
 Past the window, GitHub's own list keeps a run's burst together: the gather step that seals a
 follow-up first asks GitHub for the run attempt's jobs (RunJobs; while the window is still open) and
 takes every job queued for the follow-up's run key that no dispatch counted yet. GitHub creates a
-matrix's jobs together, but in a burst delivers their `queued` events over seconds (issue 15's 1,000
-jobs: 4-5 s for a 50-job run, and a window that closed before the last made a second follow-up, three
+matrix's jobs from one job definition ("A matrix strategy lets you use variables in a single job
+definition to automatically create multiple job runs", docs.github.com, "Running variations of jobs in
+a workflow"), but in a burst delivers their `queued` events over seconds (issue 15's 1,000 jobs: 4-5 s
+for a 50-job run, and a window that closed before the last made a second follow-up, three
 provisions); a delivery that comes after the seal finds its job counted, since the dispatcher reads
-the ledger (`counted`) before it takes a turn, and is a repeat. Should GitHub not answer, the
-follow-up takes what joined it, as the window alone would.
+the ledger (`counted`) before it takes a turn, and is a repeat. No document says how soon a job is
+listed once its `queued` event is sent: a job the list does not hold yet joins the window as before,
+or opens the next follow-up. Should GitHub not answer, the follow-up takes what joined it, as the
+window alone would.
 
 The leader does not wait for the window in its Lambda: the demand queue's only readers are Lambda's
 five pollers, and a leader waiting there holds one (issue 15's 1,000-job burst: with leaders waiting up
