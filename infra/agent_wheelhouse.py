@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import os
 import shutil
 import subprocess
 import tempfile
@@ -39,6 +38,7 @@ from packaging.requirements import Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from infra.uv import UvMissingError, run_uv
 from runner_pool.domain.records import Arch
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +67,7 @@ _LEGACY_MANYLINUX: Mapping[str, Sequence[tuple[str, int]]] = MappingProxyType(
 _OLDEST_GLIBC_MINOR: Mapping[str, int] = MappingProxyType({"x86_64": 5, "aarch64": 17})
 
 Run = Callable[[Sequence[str], Path], subprocess.CompletedProcess[str]]
-"""Runs a command in a directory and returns what it printed; tests pass their own."""
+"""Runs uv with these arguments in a directory and returns what it printed; tests pass their own."""
 Fetch = Callable[[str, Path], None]
 """Downloads a URL to a file."""
 
@@ -386,20 +386,14 @@ def _locked_requirements(run: Run, group: str | None = None) -> str:
 
 
 def _uv(run: Run, arguments: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    # `uv run` names itself in $UV; otherwise whichever uv is on PATH.
-    uv = os.environ.get("UV") or shutil.which("uv") or "uv"
     try:
-        return run([uv, *arguments], cwd)
-    except FileNotFoundError:
-        raise WheelhouseBuildError(
-            "uv is not installed; run `make synth` (it installs uv) or install uv (https://docs.astral.sh/uv/)"
-        ) from None
+        return run(arguments, cwd)
+    except UvMissingError as missing:
+        raise WheelhouseBuildError(str(missing)) from None
 
 
-def _run(command: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: S603 - uv, with arguments built here
-        list(command), cwd=cwd, capture_output=True, text=True, check=False
-    )
+def _run(arguments: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return run_uv(arguments, cwd)
 
 
 def _fetch(url: str, target: Path) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import os
 import platform
 import shutil
 import subprocess
@@ -24,6 +23,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from infra.uv import UvMissingError, run_uv
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LAYER_CACHE = PROJECT_ROOT / "layers" / "build"
@@ -61,7 +62,7 @@ def host_target() -> LayerTarget:
 
 
 Run = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
-"""Runs a command in the project root and returns what it printed; tests pass their own."""
+"""Runs uv with these arguments in the project root and returns what it printed; tests pass their own."""
 
 
 class LayerBuildError(RuntimeError):
@@ -150,12 +151,9 @@ def _locked_requirements(run: Run) -> str:
 
 def _uv_or_fail(run: Run, arguments: list[str], purpose: str) -> str:
     try:
-        result = run([_uv(), *arguments])
-    except FileNotFoundError:
-        raise LayerBuildError(
-            f"cannot {purpose}: uv is not installed; run `make synth` (it installs uv) "
-            "or install uv (https://docs.astral.sh/uv/)"
-        ) from None
+        result = run(arguments)
+    except UvMissingError as missing:
+        raise LayerBuildError(f"cannot {purpose}: {missing}") from None
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-5:])
         raise LayerBuildError(
@@ -166,12 +164,5 @@ def _uv_or_fail(run: Run, arguments: list[str], purpose: str) -> str:
     return result.stdout
 
 
-def _uv() -> str:
-    # `uv run` names itself in $UV; otherwise whichever uv is on PATH.
-    return os.environ.get("UV") or shutil.which("uv") or "uv"
-
-
-def _run(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: S603 - uv, with arguments built here
-        list(command), cwd=PROJECT_ROOT, capture_output=True, text=True, check=False
-    )
+def _run(arguments: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return run_uv(arguments, PROJECT_ROOT)

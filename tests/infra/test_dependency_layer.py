@@ -17,6 +17,7 @@ from infra.dependency_layer import (
     host_target,
     layer_key,
 )
+from infra.uv import UvMissingError
 
 REQUIREMENTS = "pydantic==2.12.0 \\\n    --hash=sha256:abc\n"
 
@@ -31,7 +32,7 @@ class FakeUv:
 
     def __call__(self, command: Sequence[str]) -> subprocess.CompletedProcess[str]:
         self.commands.append(list(command))
-        if command[1] == "export":
+        if command[0] == "export":
             return subprocess.CompletedProcess(command, 0, self.requirements, "")
         if self.install_fails:
             return subprocess.CompletedProcess(
@@ -43,7 +44,7 @@ class FakeUv:
 
     @property
     def installs(self) -> list[list[str]]:
-        return [command for command in self.commands if command[1:3] == ["pip", "install"]]
+        return [command for command in self.commands if command[0:2] == ["pip", "install"]]
 
 
 def test_the_layer_installs_the_locked_requirements_for_the_lambda_platform(tmp_path: Path) -> None:
@@ -113,7 +114,7 @@ def test_a_failed_install_says_what_it_needs_and_leaves_no_layer_behind(tmp_path
 
 def test_without_uv_the_error_says_how_to_get_it(tmp_path: Path) -> None:
     def missing(_command: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        raise FileNotFoundError("uv")
+        raise UvMissingError("uv is not installed; install it")
 
     with pytest.raises(LayerBuildError, match="uv is not installed"):
         dependency_layer(cache=tmp_path, run=missing)
