@@ -12,7 +12,7 @@ import pytest
 
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.steps.provision import HAND_OVERS_AT_ONCE
+from runner_pool.steps.hand_over import HAND_OVERS_AT_ONCE
 from tests.support.control_plane import stack_config
 from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
 from tests.support.provision_world import ProvisionWorld, output, provision_world

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,13 +57,22 @@ class BusyAnswers:
 
 
 def answer_busy(
-    client: Any, operation: str, times: int, code: str = "ThrottlingException", status: int = 400
+    client: Any,
+    operation: str,
+    times: int,
+    code: str = "ThrottlingException",
+    status: int = 400,
+    *,
+    when: Callable[[bytes], bool] | None = None,
 ) -> BusyAnswers:
-    """The next `times` attempts of `operation` (e.g. "UpdateItem") are answered `code`, untouched by moto."""
+    """The next `times` attempts of `operation` (e.g. "UpdateItem") are answered `code`, untouched by moto;
+    with `when`, only attempts whose request body it accepts (e.g. a read of one item)."""
     answers = BusyAnswers()
     service = client.meta.service_model.service_id.hyphenize()
 
     def answer(request: Any, **_: Any) -> AWSResponse | None:
+        if when is not None and not when(bytes(request.body or b"")):
+            return None
         answers.sent += 1
         if answers.refused >= times:
             return None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runner_pool.adapters import aws_clients
+from runner_pool.adapters.aws_clients import ServiceBusyError
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.side_by_side import side_by_side
 from runner_pool.domain import notices
@@ -79,7 +80,7 @@ class NoticeQueues:
                     },
                     tags={key: value, notices.INSTANCE_TAG_KEY: self._arns.arn(instance_id)},
                 )
-            except (ClientError, BotoCoreError) as exc:
+            except (ClientError, BotoCoreError, ServiceBusyError) as exc:
                 return NoticeFailure(instance_id, _reason(exc))
             return None
 
@@ -89,7 +90,7 @@ class NoticeQueues:
         """Tell the instance's agent to read its record now; None when SQS took the notice."""
         try:
             self._client.send_message(QueueUrl=self.url(instance_id), MessageBody=notices.NOTICE)
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, BotoCoreError, ServiceBusyError) as exc:
             return NoticeFailure(instance_id, _reason(exc))
         return None
 
@@ -122,7 +123,7 @@ class NoticeQueues:
                 if aws_clients.error_code(exc) in GONE_CODES:
                     return None
                 return NoticeFailure(instance_id, _reason(exc))
-            except BotoCoreError as exc:
+            except (BotoCoreError, ServiceBusyError) as exc:
                 return NoticeFailure(instance_id, _reason(exc))
             return None
 

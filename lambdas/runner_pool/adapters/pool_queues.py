@@ -24,7 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from runner_pool.adapters import aws_clients
+from runner_pool.adapters.aws_clients import ServiceBusyError
 from runner_pool.domain.pickup import RECEIVE_BATCH, ReceivedMessage
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import PoolMessage
@@ -145,12 +148,21 @@ def _in_batches(
     entry: Callable[[str, _Item], _Entry],
     call: Callable[[list[_Entry]], list[str]],
 ) -> list[_Item]:
-    """Run a batch call over `items` in chunks of 10, retry failed entries once, return what failed twice."""
+    """Run a batch call over `items` in chunks of 10, retry failed entries once, return what failed twice.
+
+    A call that raises (AWS busy through every retry, or its answer lost after it took effect) fails
+    each of its entries: the caller treats them as not done, which for every batch call here is safe to
+    be wrong about (a message not deleted or not released comes back when its hold ends; one sent twice
+    is a duplicate pickup drops on its record). So a lost answer never loses an offer."""
     refused: list[_Item] = []
     for start in range(0, len(items), RECEIVE_BATCH):
         pending = {str(index): item for index, item in enumerate(items[start : start + RECEIVE_BATCH])}
         for _attempt in range(2):
-            failed_ids = set(call([entry(entry_id, item) for entry_id, item in pending.items()]))
+            entries = [entry(entry_id, item) for entry_id, item in pending.items()]
+            try:
+                failed_ids = set(call(entries))
+            except (ClientError, BotoCoreError, ServiceBusyError):
+                failed_ids = set(pending)
             pending = {entry_id: item for entry_id, item in pending.items() if entry_id in failed_ids}
             if not pending:
                 break

@@ -81,6 +81,9 @@ class ProvisionPlan(_Step):
     or single use, or the pool had nothing for any slot and there is no stopped tier), so the state
     machine goes straight to Create. A cold request then makes no Claim invocation per slot and no
     Map transitions before its launch (issue 15: the cold control plane)."""
+    refused: str | None = None
+    """GitHub refused a registration for this run for good (domain/runners.py `refused_for_good`), in its
+    words: no later step of this provision asks again, claims, or launches for it."""
 
     def pre_claim(self, slot: int) -> str | None:
         return self.pre_claims[slot] if slot < len(self.pre_claims) else None
@@ -146,6 +149,8 @@ class ClaimWorker(_Step):
     """Times this worker was told to wait for a registration (budget, rate limit, GitHub down)."""
     starting: bool = False
     """Its instance was claimed from the stopped tier and started: it boots before it can register."""
+    refused: str | None = None
+    """GitHub refused the slot's registration for good, in its words: no instance is launched for it."""
 
     @property
     def remaining(self) -> int:
@@ -158,6 +163,9 @@ class WorkerResult(_Step):
     slot: int
     instance_id: str | None = None
     claim_token: str | None = None
+    handed_over_at: Epoch | None = None
+    """When its instance was handed its runner: what Finish judges whether it served since."""
+    refused: str | None = None
 
 
 class Creation(_Step):
@@ -178,6 +186,8 @@ class Creation(_Step):
     deadline: Epoch = 0.0
     wait_seconds: int = 1
     validating: bool = False
+    refused: str | None = None
+    """GitHub refused a registration for good, in its words: nothing more is launched or handed over."""
 
 
 class ProvisionResult(_Step):
@@ -190,7 +200,12 @@ class ProvisionResult(_Step):
     expired: tuple[str, ...]
     """Created or claimed but not ready in time: expired and terminated."""
     lost: tuple[str, ...] = ()
-    """Ready, but someone else moved them first (e.g. the run was released meanwhile)."""
+    """Ready, then moved on by a release after their runner served the run (the agent cleaned up after
+    this run since the hand-over): a short job's instance, released before Finish."""
+    moved_on: tuple[str, ...] = ()
+    """Ready, then moved on by someone else with nothing served for this run: their jobs are unserved."""
+    refused: str | None = None
+    """Why GitHub refused the run's registrations for good: the unserved jobs are not asked for again."""
 
     @property
     def shortfall(self) -> int:

@@ -15,6 +15,7 @@ from runner_pool.domain.clock import Epoch
 from runner_pool.domain.labels import LabelError, is_pool_label
 from runner_pool.domain.run_keys import RunKey
 
+CONFLICT = 409
 DEFAULT_RUNNER_GROUP_ID = 1
 """Every repository and organisation has the Default runner group, id 1; the JIT endpoint requires a group."""
 
@@ -137,6 +138,20 @@ class GitHubNotFoundError(GitHubError):
 
 class GitHubRejectedError(GitHubError):
     """409 or 422: GitHub understood the request and will not do it."""
+
+
+def refused_for_good(exc: GitHubError) -> bool:
+    """Whether GitHub refused a request for a reason that will not change by asking again: a 4xx that is
+    not a rate limit ("Rate limits for the REST API": a 403 or 429 that names a rate limit is one, and
+    arrives as GitHubRateLimitedError). A 409 is not: for a registration it says a runner of that name is
+    running a job, which ends (`adapters.github_app.jit_config`)."""
+    status = exc.status
+    return (
+        not isinstance(exc, GitHubRetryableError)
+        and status is not None
+        and 400 <= status < 500
+        and status != CONFLICT
+    )
 
 
 # --- the port ----------------------------------------------------------------------------------

@@ -9,11 +9,9 @@ lets go of it and reports, it never raises for it.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from enum import Enum
 from typing import TypeVar
 
 from runner_pool.adapters.executions import Executions
@@ -21,12 +19,12 @@ from runner_pool.adapters.fleet import LAUNCH_TAG, Fleet
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.runner_credentials import RunnerCredentials
-from runner_pool.adapters.side_by_side import in_background, side_by_side
-from runner_pool.adapters.state_table import InstanceView, StateTable
+from runner_pool.adapters.side_by_side import in_background
+from runner_pool.adapters.state_table import InstanceView, StateTable, TransitionResult
 from runner_pool.domain import stopped_tier
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
+from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Start
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import (
@@ -50,33 +48,26 @@ from runner_pool.domain.provision import (
     readiness,
     unavailable_wait_seconds,
 )
-from runner_pool.domain.records import InstanceRecord, PoolMessage
+from runner_pool.domain.records import REGISTERED_SIGNALS, PoolMessage
 from runner_pool.domain.registration_budget import RegistrationBudget, wait_seconds
-from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runners import GitHubRateLimitedError, GitHubRetryableError, RunnerRegistry
 from runner_pool.observability import count, logger, seconds
-from runner_pool.steps.notices import NoticeSource, no_notices, notify, open_queues
+from runner_pool.steps.hand_over import (
+    HandOver,
+    NotTried,
+    Refused,
+    RegistrationDeferred,
+    RegistrationRefused,
+)
+from runner_pool.steps.hand_over import Outcome as HandOverOutcome
+from runner_pool.steps.notices import NoticeSource, no_notices, open_queues
 
 INLINE_CHECKS = 4
 INLINE_CHECK_PAUSE_SECONDS = 0.25
 """A claimed instance's agent usually registers within a second. The claim step looks for that
 in-line a few times before the state machine's first Wait (Step Functions waits whole seconds):
 the warm path saves a second and three state transitions, for about a second of Lambda time."""
-HAND_OVERS_AT_ONCE = 10
-"""Hand-overs Begin (its claims), Create and CheckFleet (the instances created) make side by side: each
-is GitHub's JIT call (a few hundred ms) and four AWS calls, so one after another 350 instances took
-Create past its 120 s timeout (issue 15). GitHub allows an App 100 concurrent requests ("Rate limits
-for the REST API", About secondary rate limits), which these share with up to 40 claim workers; the
-registration budget paces how many a minute."""
-
-
-class _HandOver(Enum):
-    NOT_TRIED = "not begun, because GitHub deferred another of its batch"
-
-
-_HandOverOutcome = float | GitHubRetryableError | _HandOver | None
-"""When it was handed over; the error that deferred it; NOT_TRIED; None: its record moved on."""
-_Item = TypeVar("_Item")
+_Claimed = TypeVar("_Claimed", ClaimWorker, ClaimWorker | None)
 
 PICKUPS_PER_CLAIM = 3
 """Pickups one claim step makes when claims are lost to other workers or the queue looked empty once."""
@@ -131,6 +122,15 @@ class Provision:
         self._notices = notices
         self._pause = pause
         self._time_left = time_left or (lambda: math.inf)
+        self._handing = HandOver(
+            table,
+            github=config.github,
+            arns=arns,
+            registry=registry,
+            credentials=credentials,
+            queues=queues,
+            notices=notices,
+        )
 
     # --- Begin ---------------------------------------------------------------------------------
 
@@ -186,7 +186,10 @@ class Provision:
             _warn_of(found)
             candidates = list(found.candidates)
             for slot, candidate in zip(provision.slots, found.candidates, strict=False):
-                candidates.remove(candidate)
+                # Taken off the list to offer again only once its claim answered: a claim that raised
+                # (its answer lost, or AWS busy) leaves it to be offered again below. Offered again
+                # although the claim took effect, the offer is a harmless duplicate: pickup checks the
+                # record, which is claimed, and drops it.
                 result = self._table.claim(
                     candidate.instance_id,
                     provision.spec.run_key,
@@ -195,6 +198,7 @@ class Provision:
                     reuse=self._config.reuse,
                     single_use=provision.single_use,
                 )
+                candidates.remove(candidate)
                 if result.succeeded:
                     pre_claims[slot] = candidate.instance_id
                     claimed += 1
@@ -219,10 +223,9 @@ class Provision:
                 "creation_only": creation_only,
             }
         )
-        self._hand_over_pre_claims(planned)
-        return planned
+        return self._hand_over_pre_claims(planned)
 
-    def _hand_over_pre_claims(self, provision: ProvisionPlan) -> None:
+    def _hand_over_pre_claims(self, provision: ProvisionPlan) -> ProvisionPlan:
         """Hand the instances just claimed their configs, side by side, before the claim workers start:
         a warm runner's config is then stored one Map start and one Lambda invocation sooner, and a Map
         of 40 workers at a time no longer holds the 41st slot's hand-over until a worker ends (issue 15,
@@ -231,7 +234,8 @@ class Provision:
 
         Only a head start: whatever fails here (GitHub deferring, its record moved on, any error) is left
         as it is, claimed, for the slot's worker to hand over or give back as it always did. Once GitHub
-        defers one, no more are begun here.
+        defers one, no more are begun here. Once GitHub refuses one for good, every claim not handed over
+        goes back to the pool and the plan carries the refusal: no worker asks GitHub again.
         """
         claimed = [
             (instance_id, provision.claim_token(slot, 0))
@@ -239,24 +243,51 @@ class Provision:
             if instance_id is not None
         ]
         if not claimed:
-            return
+            return provision
+        run_key = provision.spec.run_key
 
         def hand_over(claim: tuple[str, str]) -> float | None:
             instance_id, token = claim
-            return self._hand_over(instance_id, provision.spec.run_key, token)
+            return self._handing.register(instance_id, run_key, token)
 
         try:
-            outcomes = self._side_by_side_hand_overs(hand_over, claimed)
+            outcomes = self._handing.side_by_side(hand_over, claimed)
             limited = [outcome for outcome in outcomes if isinstance(outcome, GitHubRateLimitedError)]
             if limited:  # every registration honours GitHub's wait from now on
                 self._budget().hold_off(max(cause.retry_after_seconds for cause in limited))
         except Exception:  # the workers hand over what is left, with their own retries and give-backs
             logger.exception("Begin's hand-overs failed; the claim workers hand over instead")
-            return
+            return provision
         done = sum(1 for outcome in outcomes if isinstance(outcome, float))
         count("HandedOverByBegin", done)
+        refusal = next((outcome for outcome in outcomes if isinstance(outcome, Refused)), None)
+        if refusal is not None:
+            return self._refused_before_the_workers(provision, claimed, outcomes, refusal)
         if done < len(claimed):
             logger.info("left hand-overs to the claim workers", handed_over=done, claimed=len(claimed))
+        return provision
+
+    def _refused_before_the_workers(
+        self,
+        provision: ProvisionPlan,
+        claimed: list[tuple[str, str]],
+        outcomes: list[HandOverOutcome],
+        refusal: Refused,
+    ) -> ProvisionPlan:
+        """GitHub refused Begin's registrations for good: the claims it handed nothing go back to the pool
+        with their registrations, and the plan carries GitHub's reason to every worker."""
+        run_key = provision.spec.run_key
+        pre_claims = list(provision.pre_claims)
+        returned = 0
+        for (instance_id, token), outcome in zip(claimed, outcomes, strict=True):
+            if isinstance(outcome, float):
+                continue  # handed over before the refusal: its worker checks it as usual
+            self._handing.give_back(instance_id, run_key, token)
+            pre_claims[pre_claims.index(instance_id)] = None
+            returned += 1
+        self._budget().give_back(returned)
+        logger.error("GitHub refused the run's registration; nothing more is asked", reason=refusal.reason)
+        return provision.model_copy(update={"pre_claims": tuple(pre_claims), "refused": refusal.reason})
 
     def _own_pre_claims(self, provision: ProvisionPlan) -> list[str | None]:
         """The instances an earlier try of this Begin claimed, per slot (their attempt-0 tokens)."""
@@ -276,12 +307,11 @@ class Provision:
         A registration is taken from the App's budget first: while there is none, or GitHub rate-limits
         or fails, the worker holds no instance and is told how long to wait before it claims again.
         """
-        try:
-            resumed = self._pre_claimed(worker) or self._own_claim(worker)
-        except _HandOverDeferred as deferred:
-            return self._deferred(worker.model_copy(update={"attempt": deferred.attempt}), deferred.cause)
+        resumed = self._as_claimed(worker, lambda: self._pre_claimed(worker) or self._own_claim(worker))
         if resumed is not None:
             return resumed
+        if worker.plan.refused is not None:
+            return self._refused(worker, worker.plan.refused)
         exhausted = worker.attempt == 0 and worker.plan.pool_exhausted
         if worker.plan.fresh or (exhausted and self._config.pool.stopped_maximum == 0):
             # Fresh or single-use: never a pooled instance. Exhausted: Begin's pickup looked for this slot.
@@ -292,11 +322,34 @@ class Provision:
         grant = self._budget().take(1)
         if grant.refused:
             return self._deferred(worker, None, grant.wait_seconds)
+        # Exhausted: Begin looked at the hot pool for this slot; the stopped tier, then creation.
+        return self._as_claimed(worker, lambda: self._claim_one(worker, hot=not exhausted))
+
+    def _as_claimed(self, worker: ClaimWorker, claiming: Callable[[], _Claimed]) -> _Claimed | ClaimWorker:
+        """What `claiming` came to, with GitHub deferring or refusing its hand-over as the worker's wait
+        or refusal (the instance is back in the pool either way)."""
         try:
-            # Exhausted: Begin looked at the hot pool for this slot; the stopped tier, then creation.
-            return self._claim_one(worker, hot=not exhausted)
+            return claiming()
         except _HandOverDeferred as deferred:
             return self._deferred(worker.model_copy(update={"attempt": deferred.attempt}), deferred.cause)
+        except RegistrationRefused as refused:
+            self._budget().give_back(1)  # a refused call returns its token
+            return self._refused(worker, refused.reason)
+
+    def _refused(self, worker: ClaimWorker, reason: str) -> ClaimWorker:
+        """GitHub refused the slot's registration for good: the worker holds nothing, and no instance is
+        launched for the slot (Create reads `refused`)."""
+        logger.error("GitHub refused the slot's registration", slot=worker.slot, reason=reason)
+        return worker.model_copy(
+            update={
+                "claimed": False,
+                "instance_id": None,
+                "claim_token": None,
+                "readiness": None,
+                "reason": reason,
+                "refused": reason,
+            }
+        )
 
     def _claim_one(self, worker: ClaimWorker, *, hot: bool = True) -> ClaimWorker:
         spec = worker.plan.spec
@@ -316,14 +369,7 @@ class Provision:
                 break
             token = worker.plan.claim_token(worker.slot, attempt)
             attempt += 1
-            claimed = self._table.claim(
-                found.candidate.instance_id,
-                spec.run_key,
-                token,
-                repository=worker.plan.request.repository,
-                reuse=self._config.reuse,
-                single_use=worker.plan.single_use,
-            )
+            claimed = self._claim_offer(found.candidate, spec.run_key, token, worker.plan)
             if not claimed.succeeded:
                 count("ClaimRacesLost")
                 continue
@@ -332,6 +378,25 @@ class Provision:
         if hot:
             count("PoolExhausted")
         return self._start_stopped(worker, attempt) or self._nothing_claimed(worker, attempt)
+
+    def _claim_offer(
+        self, offer: PoolMessage, run_key: str, token: str, provision: ProvisionPlan
+    ) -> TransitionResult:
+        """Claim an instance pickup took off its queue. A claim that raises offers it again before the
+        step fails (whose retry finds its own claim if the write took effect): an offer taken off the
+        queue is never lost. A duplicate offer of a claimed instance is harmless: pickup drops it."""
+        try:
+            return self._table.claim(
+                offer.instance_id,
+                run_key,
+                token,
+                repository=provision.request.repository,
+                reuse=self._config.reuse,
+                single_use=provision.single_use,
+            )
+        except Exception:
+            self._queues().offer(offer)
+            raise
 
     def _nothing_claimed(self, worker: ClaimWorker, attempt: int) -> ClaimWorker:
         """No instance, hot or stopped: the registration goes back and the slot to creation."""
@@ -582,9 +647,16 @@ class Provision:
 
     def create(self, provision: ProvisionPlan, workers: Iterable[WorkerResult]) -> Creation:
         """Launch the slots the pool could not fill; record every launched instance at once."""
+        workers = list(workers)
         shortfall = len(provision.slots) - sum(1 for worker in workers if worker.instance_id)
         if shortfall <= 0:
             return Creation()
+        refused = provision.refused or next((w.refused for w in workers if w.refused), None)
+        if refused is not None:
+            # GitHub refused the run's registration for good: an instance launched now would wait for
+            # a runner GitHub will not register, and be terminated unused.
+            count("LaunchesRefusedByGitHub", shortfall)
+            return Creation(requested=shortfall, refused=refused)
         spec = provision.spec
         request = LaunchRequest.for_run(spec, shortfall, idempotency_key=provision.execution)
         fleet = self._fleet()
@@ -601,8 +673,8 @@ class Provision:
         # After the records: a notice queue without a record is refresh's to delete (domain/notices.py).
         open_queues(self._notices, (facts.instance_id for facts in outcome.launched))
         errors = {code: len(failures) for code, failures in outcome.failures_by_code().items()}
-        for code, refused in errors.items():
-            count(f"FleetErrors.{code}", refused)
+        for code, failures in errors.items():
+            count(f"FleetErrors.{code}", failures)
         launched = tuple(facts.instance_id for facts in outcome.launched)
         now = self._clock.now()
         created = Creation(
@@ -627,30 +699,38 @@ class Provision:
         failed = dict(creation.failed)
         deferrals = creation.deferrals
         wait = provision.fleet_wait_seconds
+        refused = creation.refused
         if awaiting and self._clock.now() >= creation.deadline:
             failed |= {instance_id: "no runner was registered for it in time" for instance_id in awaiting}
             awaiting = []
         budget = self._budget()
         run_key = provision.spec.run_key
-        while awaiting:
+        while awaiting and refused is None:
             grant = budget.take(len(awaiting))
             if grant.refused:
                 wait = grant.wait_seconds
                 break
             batch = awaiting[: grant.granted]
-            outcomes = self._side_by_side_hand_overs(
-                lambda instance_id: self._hand_over(instance_id, run_key, provision.creation_claim), batch
+            outcomes = self._handing.side_by_side(
+                lambda instance_id: self._handing.register(instance_id, run_key, provision.creation_claim),
+                batch,
             )
             for instance_id, outcome in zip(batch, outcomes, strict=True):
-                if outcome is _HandOver.NOT_TRIED or isinstance(outcome, GitHubRetryableError):
-                    continue  # still awaiting: the next look tries it again
+                if isinstance(outcome, NotTried | GitHubRetryableError | Refused):
+                    continue  # still awaiting: the next look tries it again, unless GitHub refused
                 if outcome is None:
                     failed[instance_id] = "lost its record before its runner config was stored"
                 else:
                     pending.append(instance_id)
                 awaiting.remove(instance_id)
-            # A registration not tried goes back to the budget; one GitHub refused was spent.
-            budget.give_back(sum(1 for outcome in outcomes if outcome is _HandOver.NOT_TRIED))
+            # A registration not tried, or refused for good, goes back to the budget; one GitHub
+            # rate-limited or failed was spent.
+            budget.give_back(sum(1 for outcome in outcomes if isinstance(outcome, NotTried | Refused)))
+            refusal = next((outcome for outcome in outcomes if isinstance(outcome, Refused)), None)
+            if refusal is not None:
+                refused = refusal.reason
+                logger.error("GitHub refused the run's registration; nothing more is asked", reason=refused)
+                break
             deferred = [outcome for outcome in outcomes if isinstance(outcome, GitHubRetryableError)]
             if deferred:
                 logger.warning(
@@ -661,6 +741,9 @@ class Provision:
                 wait = max(self._wait_for(cause, deferrals) for cause in deferred)
                 deferrals += 1
                 break
+        if refused is not None:
+            failed |= {instance_id: f"GitHub refused its runner: {refused}" for instance_id in awaiting}
+            awaiting = []
         if pending:
             wait = min(wait, provision.fleet_wait_seconds)
         return creation.model_copy(
@@ -671,6 +754,7 @@ class Provision:
                 "deferrals": deferrals,
                 "wait_seconds": wait,
                 "validating": bool(pending or awaiting),
+                "refused": refused,
             }
         )
 
@@ -691,29 +775,6 @@ class Provision:
             logger.debug("no installation token ahead; the first registration asks for it", exc_info=True)
         else:
             ahead.add_done_callback(_note_token_not_ahead)
-
-    def _side_by_side_hand_overs(
-        self, hand_over: Callable[[_Item], float | None], items: list[_Item]
-    ) -> list[_HandOverOutcome]:
-        """`hand_over` on each item, HAND_OVERS_AT_ONCE at a time. Once GitHub rate-limits or fails one,
-        the hand-overs not yet begun are not begun (those in flight finish). Any other error is raised
-        once every hand-over in flight has ended."""
-        # Built here, once, not by the first of several threads at the same moment.
-        self._registry()
-        self._credentials()
-        self._notices()
-        stop = threading.Event()
-
-        def one(item: _Item) -> _HandOverOutcome:
-            if stop.is_set():
-                return _HandOver.NOT_TRIED
-            try:
-                return hand_over(item)
-            except GitHubRetryableError as exc:
-                stop.set()
-                return exc
-
-        return side_by_side(one, items, at_once=HAND_OVERS_AT_ONCE)
 
     def check_fleet(self, provision: ProvisionPlan, creation: Creation) -> Creation:
         if creation.awaiting:
@@ -764,28 +825,30 @@ class Provision:
         spec = provision.spec
         if self._table.run_finished(spec.run_key):
             return self._give_up(provision, workers, creation)
-        warm: list[str] = []
-        cold: list[str] = []
-        lost: list[str] = []
-        for worker in workers:
-            if worker.instance_id is None or worker.claim_token is None:
-                continue
-            result = self._table.activate(
-                worker.instance_id, spec.run_key, spec.max_runtime_minutes, claim_token=worker.claim_token
-            )
-            (warm if result.succeeded else lost).append(worker.instance_id)
-        for instance_id in creation.ready:
-            result = self._table.activate(instance_id, spec.run_key, spec.max_runtime_minutes)
-            (cold if result.succeeded else lost).append(instance_id)
+        workers = list(workers)
+        claimed: list[tuple[str, str | None, float]] = [
+            (worker.instance_id, worker.claim_token, worker.handed_over_at or provision.started_at)
+            for worker in workers
+            if worker.instance_id is not None and worker.claim_token is not None
+        ]
+        warm, lost, moved_on = self._activate(provision, claimed)
+        cold, lost_cold, moved_on_cold = self._activate(
+            provision, [(instance_id, None, provision.started_at) for instance_id in creation.ready]
+        )
         never_ready = list(creation.failed) + list(creation.pending)
         self._expire_and_terminate(never_ready, spec.run_key)
+        refused = (
+            provision.refused or creation.refused or next((w.refused for w in workers if w.refused), None)
+        )
         outcome = ProvisionResult(
             run_key=spec.run_key,
             requested=len(provision.slots),
-            warm=tuple(warm),
-            cold=tuple(cold),
+            warm=warm,
+            cold=cold,
             expired=tuple(never_ready),
-            lost=tuple(lost),
+            lost=lost + lost_cold,
+            moved_on=moved_on + moved_on_cold,
+            refused=refused,
         )
         if warm or cold:
             # Provision's share of a job's queue time: from the dispatcher's start to runners ready.
@@ -795,8 +858,48 @@ class Provision:
         count("ProvisionShortfall", outcome.shortfall)
         if never_ready:
             logger.warning("instances never got ready", failed=creation.failed, pending=creation.pending)
-        self._redrive(provision, outcome.unserved, machine)
+        if moved_on:
+            logger.warning("ready instances moved on before Finish, serving nothing", instances=moved_on)
+        if refused is not None:
+            # Asking again would be refused again: the jobs are left unserved, with GitHub's reason.
+            count("JobsUnservedRefused", outcome.unserved)
+            logger.error("jobs left unserved: GitHub refused their runners", reason=refused)
+        else:
+            self._redrive(provision, outcome.unserved, machine)
         return outcome
+
+    def _activate(
+        self, provision: ProvisionPlan, ready: list[tuple[str, str | None, float]]
+    ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """Set running each ready (instance, claim token, handed over at): those set running, those lost
+        after serving the run, those moved on with nothing served."""
+        spec = provision.spec
+        running: list[str] = []
+        lost: list[str] = []
+        moved_on: list[str] = []
+        for instance_id, token, since in ready:
+            if self._table.activate(
+                instance_id, spec.run_key, spec.max_runtime_minutes, claim_token=token
+            ).succeeded:
+                running.append(instance_id)
+            elif self._served(instance_id, spec.run_key, since):
+                lost.append(instance_id)
+            else:
+                moved_on.append(instance_id)
+        return tuple(running), tuple(lost), tuple(moved_on)
+
+    def _served(self, instance_id: str, run_key: str, since: float) -> bool:
+        """Whether an instance Finish could not activate served the run: its agent says its runner
+        registered for the run since the hand-over, and a release moved it on (a short job's, before
+        Finish; a registered hand-over is never given back, steps/hand_over.py). One moved on with no
+        runner of the run registered served nothing: its job is still to serve."""
+        signal = self._table.observe(instance_id).signal
+        return (
+            signal is not None
+            and signal.run_key == run_key
+            and signal.at >= since
+            and signal.signal in REGISTERED_SIGNALS
+        )
 
     def _redrive(self, provision: ProvisionPlan, unserved: int, machine: str | None) -> None:
         """Ask again, at once, for the runners this provision could not serve (issue 13, "no job is
@@ -884,7 +987,9 @@ class Provision:
         for record in claimed:
             if not finished and self._keep(provision, record.instance_id, record.claim_token):
                 kept.append(record.instance_id)
-            elif record.runner_id is not None or not self._give_back(record, run_key):
+            elif record.runner_id is not None or not self._handing.give_back(
+                record.instance_id, run_key, record.claim_token or ""
+            ):
                 doomed.append(record.instance_id)
         for instance_id in launched:
             if not finished and instance_id in records and self._keep(provision, instance_id, None):
@@ -944,13 +1049,6 @@ class Provision:
             instance_id, spec.run_key, spec.max_runtime_minutes, claim_token=claim_token
         ).succeeded
 
-    def _give_back(self, record: InstanceRecord, run_key: str) -> bool:
-        returned = self._table.unclaim(record.instance_id, run_key, record.claim_token or "")
-        if returned.succeeded and returned.record is not None:
-            self._queues().offer(PoolMessage.for_idle(returned.record))
-            return True
-        return False
-
     # --- mechanics -----------------------------------------------------------------------------
 
     def _readiness(
@@ -977,64 +1075,12 @@ class Provision:
         )
 
     def _hand_over_claimed(self, instance_id: str, run_key: str, token: str, attempt: int) -> float | None:
-        """Hand a claimed instance its config; if that fails, give the instance back before raising.
-        Returns when it was handed over (None if its record had moved on).
-
-        A warm instance is never thrown away for GitHub's sake: while GitHub rate-limits or fails it
-        goes back to the pool, and the worker waits (_HandOverDeferred) with nothing held.
-        """
+        """Hand a claimed instance its config (steps/hand_over.py); while GitHub defers it, the instance
+        is back in the pool and the worker waits (_HandOverDeferred) holding nothing."""
         try:
-            return self._hand_over(instance_id, run_key, token)
-        except Exception as exc:
-            returned = self._table.unclaim(instance_id, run_key, token)
-            if returned.succeeded and returned.record is not None:
-                notify(self._notices, instance_id)
-                self._queues().offer(PoolMessage.for_idle(returned.record))
-            else:
-                self._table.expire(instance_id, run_key)
-            if isinstance(exc, GitHubRetryableError):
-                raise _HandOverDeferred(exc, attempt) from exc
-            raise
-
-    def _hand_over(self, instance_id: str, run_key: str, claim: str) -> float | None:
-        """DESIGN.md 5: register a JIT runner for the run and store its config for this instance only.
-
-        The runner is noted on the record before its config is stored (issue 13, fix 5). A retry that
-        finds a config stored for the noted runner knows the hand-off is complete; one that finds the
-        runner noted but no config for it registers again under the same name, which replaces a
-        registration no agent can have started. Noting it after the store instead would let a retry
-        replace the registration of a runner the agent already started with the stored config.
-        Returns when the runner was noted (the hand-over's time, the same for a retry that finds it
-        done), or None if the record is no longer held for the run (nothing is handed over then).
-        """
-        record = self._table.get(instance_id)
-        if record is None or record.run_key != run_key:
-            return None
-        arn = self._arns.arn(instance_id)
-        name = runner_name(instance_id, claim)
-        if record.runner_id is not None and self._credentials().stored_runner(instance_id, arn) == (
-            run_key,
-            record.runner_id,
-        ):
-            # Handed over by an earlier try, whose notice may not have gone out.
-            notify(self._notices, instance_id)
-            return record.updated_at
-        github = self._config.github
-        # Every label the job asked for: GitHub gives a job only to a runner carrying all of them.
-        labels = list(RunKey.parse(run_key).runner_labels)
-        # At the job's repository, so no other repository's job can be given the runner (issue 14).
-        runner = self._registry().jit_config(
-            name, labels, runner_group_id=github.runner_group_id, repository=record.repository
-        )
-        noted = self._table.record_runner(instance_id, run_key, runner.runner_id)
-        if not noted.succeeded or noted.record is None:
-            return None
-        self._credentials().store(
-            instance_id, arn, run_key, runner.encoded_jit_config, runner_id=runner.runner_id
-        )
-        # Only now, with the config in place: the agent that reads its record on this notice finds it.
-        notify(self._notices, instance_id)
-        return noted.record.updated_at
+            return self._handing.claimed(instance_id, run_key, token)
+        except RegistrationDeferred as deferred:
+            raise _HandOverDeferred(deferred.cause, attempt) from deferred
 
     def _expire_and_terminate(self, instance_ids: list[str], run_key: str) -> None:
         """Expire each record still held for the run, then terminate those (and any without a record).

@@ -1,0 +1,201 @@
+"""DESIGN.md 5, the hand-over: a JIT runner registered for a run, its config stored for one instance only.
+
+What a hand-over came to is decided by what took effect, never by whether its last call raised:
+
+- GitHub refused or deferred the registration: nothing took effect. A claimed instance goes back to
+  the pool (`RegistrationDeferred`, `RegistrationRefused`); a created one waits for the next look.
+- The runner is noted on the record: from then on the instance belongs to the run, whatever happens to
+  a later write, read or notice. An error there fails the step, whose retry finds the hand-over done (a
+  config stored for the noted runner) or registers the same name again; nothing gives it back, since
+  its agent may hold the config and its runner may be listening for one of the run's jobs.
+- A read that decides "already handed over?" answers or fails the step; it never gives the instance back.
+- The notice that tells the agent to look now is best effort: the agent's watch reads its record anyway.
+
+A registration GitHub refuses for a reason that will not change (`refused_for_good`) is not asked again
+by the same provision: its token goes back to the budget, and the provision's other hand-overs stop.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TypeVar
+
+from runner_pool.adapters.instance_arns import InstanceArns
+from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.side_by_side import side_by_side
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.config import GitHubSettings
+from runner_pool.domain.executions import runner_name
+from runner_pool.domain.pickup import PoolQueue
+from runner_pool.domain.records import PoolMessage
+from runner_pool.domain.run_keys import RunKey
+from runner_pool.domain.runners import GitHubError, GitHubRetryableError, RunnerRegistry, refused_for_good
+from runner_pool.observability import count, logger
+from runner_pool.steps.notices import NoticeSource, notify
+
+HAND_OVERS_AT_ONCE = 10
+"""Hand-overs Begin (its claims), Create and CheckFleet (the instances created) make side by side: each
+is GitHub's JIT call (a few hundred ms) and four AWS calls, so one after another 350 instances took
+Create past its 120 s timeout. GitHub allows an App 100 concurrent requests ("Rate limits for the REST
+API", About secondary rate limits), which these share with up to 40 claim workers; the registration
+budget paces how many a minute."""
+
+
+class NotTried(Enum):
+    NOT_TRIED = "not begun, because GitHub deferred or refused another of its batch"
+
+
+@dataclass(frozen=True)
+class Refused:
+    """GitHub refused the registration for a reason that will not change; its words."""
+
+    reason: str
+
+
+Outcome = float | GitHubRetryableError | Refused | NotTried | None
+"""When it was handed over; the error that deferred it; GitHub's refusal; NOT_TRIED; None: its record
+moved on."""
+_Item = TypeVar("_Item")
+
+
+class RegistrationDeferred(Exception):  # noqa: N818 - an outcome carried out of the hand-over, not an error
+    """GitHub rate-limited or failed a claimed instance's registration; the instance went back to the pool."""
+
+    def __init__(self, cause: GitHubRetryableError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class RegistrationRefused(Exception):  # noqa: N818 - an outcome carried out of the hand-over, not an error
+    """GitHub refused a claimed instance's registration for good; the instance went back to the pool."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class HandOver:
+    """Registers runners and stores their configs, for the provision steps. Every collaborator but the
+    table is built on first use, so a step that hands nothing over never reads the App's key."""
+
+    def __init__(
+        self,
+        table: StateTable,
+        *,
+        github: GitHubSettings,
+        arns: InstanceArns,
+        registry: Callable[[], RunnerRegistry],
+        credentials: Callable[[], RunnerCredentials],
+        queues: Callable[[], PoolQueue],
+        notices: NoticeSource,
+    ) -> None:
+        self._table = table
+        self._github = github
+        self._arns = arns
+        self._registry = registry
+        self._credentials = credentials
+        self._queues = queues
+        self._notices = notices
+
+    def register(self, instance_id: str, run_key: str, claim: str) -> float | None:
+        """Register a JIT runner for the run and store its config for this instance only.
+
+        The runner is noted on the record before its config is stored. A retry that finds a config
+        stored for the noted runner knows the hand-over is complete; one that finds the runner noted but
+        no config for it registers again under the same name, which replaces a registration no agent can
+        have started. Noting it after the store instead would let a retry replace the registration of a
+        runner the agent already started with the stored config. Returns when the runner was noted (the
+        same for a retry that finds it done), or None if the record is no longer held for the run.
+        Raises GitHub's error when the registration was not made; anything else that raises leaves the
+        hand-over to the step's retry.
+        """
+        record = self._table.get(instance_id)
+        if record is None or record.run_key != run_key:
+            return None
+        arn = self._arns.arn(instance_id)
+        if record.runner_id is not None and self._credentials().stored_runner(instance_id, arn) == (
+            run_key,
+            record.runner_id,
+        ):
+            # Handed over by an earlier try, whose notice may not have gone out.
+            self._notify(instance_id)
+            return record.updated_at
+        # Every label the job asked for: GitHub gives a job only to a runner carrying all of them. At
+        # the job's repository, so no other repository's job can be given the runner.
+        runner = self._registry().jit_config(
+            runner_name(instance_id, claim),
+            list(RunKey.parse(run_key).runner_labels),
+            runner_group_id=self._github.runner_group_id,
+            repository=record.repository,
+        )
+        noted = self._table.record_runner(instance_id, run_key, runner.runner_id)
+        if not noted.succeeded or noted.record is None:
+            return None
+        self._credentials().store(
+            instance_id, arn, run_key, runner.encoded_jit_config, runner_id=runner.runner_id
+        )
+        # Only now, with the config in place: the agent that reads its record on this notice finds it.
+        self._notify(instance_id)
+        return noted.record.updated_at
+
+    def claimed(self, instance_id: str, run_key: str, token: str) -> float | None:
+        """`register` for an instance claimed with `token`: while GitHub defers or refuses the
+        registration, the instance goes back to the pool (a warm instance is never thrown away for
+        GitHub's sake) and the outcome is raised. Any other error is raised as it is, the claim kept."""
+        try:
+            return self.register(instance_id, run_key, token)
+        except GitHubError as exc:
+            if not isinstance(exc, GitHubRetryableError) and not refused_for_good(exc):
+                raise
+            self.give_back(instance_id, run_key, token)
+            if isinstance(exc, GitHubRetryableError):
+                raise RegistrationDeferred(exc) from exc
+            count("RegistrationsRefused")
+            raise RegistrationRefused(str(exc)) from exc
+
+    def give_back(self, instance_id: str, run_key: str, token: str) -> bool:
+        """A claimed instance that was handed nothing, back to the pool; expired (for refresh to
+        terminate) if its claim moved on meanwhile. Whether it went back to the pool."""
+        returned = self._table.unclaim(instance_id, run_key, token)
+        if returned.succeeded and returned.record is not None:
+            self._notify(instance_id)
+            self._queues().offer(PoolMessage.for_idle(returned.record))
+            return True
+        self._table.expire(instance_id, run_key)
+        return False
+
+    def side_by_side(self, hand_over: Callable[[_Item], float | None], items: list[_Item]) -> list[Outcome]:
+        """`hand_over` on each item, HAND_OVERS_AT_ONCE at a time. Once GitHub defers or refuses one, the
+        hand-overs not yet begun are not begun (those in flight finish). Any other error is raised once
+        every hand-over in flight has ended."""
+        # Built here, once, not by the first of several threads at the same moment.
+        self._registry()
+        self._credentials()
+        self._notices()
+        stop = threading.Event()
+
+        def one(item: _Item) -> Outcome:
+            if stop.is_set():
+                return NotTried.NOT_TRIED
+            try:
+                return hand_over(item)
+            except GitHubRetryableError as exc:
+                stop.set()
+                return exc
+            except GitHubError as exc:
+                if not refused_for_good(exc):
+                    raise
+                stop.set()
+                count("RegistrationsRefused")
+                return Refused(str(exc))
+
+        return side_by_side(one, items, at_once=HAND_OVERS_AT_ONCE)
+
+    def _notify(self, instance_id: str) -> None:
+        try:
+            notify(self._notices, instance_id)
+        except Exception:  # best effort: the hand-over took effect, and the agent's watch reads its record
+            logger.exception("notice not sent; the agent sees its record at its watch period")

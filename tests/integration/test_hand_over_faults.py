@@ -1,0 +1,220 @@
+"""A transient fault never hands a serving runner's instance to another run, never loses an offer, and a
+registration GitHub refuses for good is asked once (steps/hand_over.py, steps/provision.py, pickup).
+
+Faults are answered on the wire beneath botocore's retries (tests/support/aws_faults.py), as AWS would."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from runner_pool.adapters.aws_clients import ServiceBusyError
+from runner_pool.adapters.runner_credentials import RUNNER_CONFIG_ITEM
+from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.provision import ClaimWorker, plan
+from runner_pool.handlers.provision import provision_of
+from runner_pool.steps.provision import Provision
+from tests.support.aws_faults import answer_busy, lose_answers
+from tests.support.control_plane import LocalControlPlane, client, local_control_plane, stack_config
+from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
+from tests.support.provision_world import ProvisionWorld, output, provision_world
+
+RUN = "pool=4343"
+JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
+THROTTLED = "ProvisionedThroughputExceededException"
+EVERY_ATTEMPT = 1000
+"""Enough refusals that every attempt botocore makes of a call is refused: the call raises."""
+
+
+@pytest.fixture
+def local() -> Iterator[LocalControlPlane]:
+    with local_control_plane(pause=lambda _seconds: None) as plane:
+        yield plane
+
+
+def worker(steps: Provision) -> ClaimWorker:
+    request = ProvisionRequest(repository=f"{OWNER}/{REPO}", run_key=RUN, count=1)
+    return ClaimWorker(plan=steps.begin(request, "provision-faults"), slot=0)
+
+
+def plain_worker(local: LocalControlPlane) -> ClaimWorker:
+    """A worker of a plan whose Begin made no pickup, so the claim step makes its own."""
+    request = ProvisionRequest(repository=f"{OWNER}/{REPO}", run_key=RUN, count=1)
+    spec = request.key.resolve(local.config)
+    planned = plan(request, spec, "provision-faults", local.config.timeouts, local.clock.now())
+    return ClaimWorker(plan=planned, slot=0)
+
+
+def test_a_busy_notice_after_a_completed_hand_over_keeps_the_instance_for_the_run(
+    local: LocalControlPlane,
+) -> None:
+    # Given a warm instance, and SQS busy through every attempt at the notice sent after the hand-over
+    (idle,) = local.pooled()
+    steps = provision_of(local.plane)
+    begun = worker(steps)
+    busy = answer_busy(local.plane.client("sqs"), "SendMessage", times=3)
+    # When the claim step hands it over
+    claimed = steps.claim(begun)
+    # Then the notice was refused, and the instance is still the run's: claimed, its runner noted, its
+    # config stored, and no offer of it in the pool
+    assert busy.refused == 3
+    assert claimed.claimed
+    assert claimed.instance_id == idle.instance_id
+    record = local.record(idle.instance_id)
+    assert (record.state, record.run_key) == (InstanceState.CLAIMED, RUN)
+    arn = local.plane.instance_arn(idle.instance_id)
+    assert local.plane.credentials.stored_runner(idle.instance_id, arn) == (RUN, record.runner_id)
+    assert local.drain_pool() == []
+
+
+def test_a_throttled_read_of_the_stored_runner_on_a_retry_fails_the_step_and_keeps_the_claim(
+    local: LocalControlPlane,
+) -> None:
+    # Given a claim step that handed its instance over and died before it answered
+    (idle,) = local.pooled()
+    steps = provision_of(local.plane)
+    begun = worker(steps)
+    assert steps.claim(begun).claimed
+    handed = local.record(idle.instance_id)
+    # When Step Functions retries it while DynamoDB throttles every read of the stored runner config
+    busy = answer_busy(
+        local.plane.client("dynamodb"),
+        "GetItem",
+        times=EVERY_ATTEMPT,
+        code=THROTTLED,
+        when=lambda body: RUNNER_CONFIG_ITEM.encode() in body,
+    )
+    with pytest.raises(ServiceBusyError):
+        steps.claim(begun)
+    busy.refused = EVERY_ATTEMPT  # the next retry finds DynamoDB answering again
+    # Then the claim and its runner are untouched, nothing was offered, and the next retry resumes it
+    record = local.record(idle.instance_id)
+    assert (record.state, record.run_key, record.runner_id) == (InstanceState.CLAIMED, RUN, handed.runner_id)
+    assert local.drain_pool() == []
+    resumed = steps.claim(begun)
+    assert resumed.instance_id == idle.instance_id
+    assert local.record(idle.instance_id).runner_id == handed.runner_id
+
+
+def test_a_delete_whose_answer_is_lost_still_hands_over_the_instance_it_took(
+    local: LocalControlPlane,
+) -> None:
+    # Given a warm instance, and every DeleteMessageBatch taking effect with its answer lost
+    (idle,) = local.pooled()
+    steps = provision_of(local.plane)
+    lost = lose_answers(local.plane.client("sqs"), "DeleteMessageBatch", times=EVERY_ATTEMPT)
+    # When a claim step picks it up
+    claimed = steps.claim(plain_worker(local))
+    lost.lost = EVERY_ATTEMPT  # SQS answers again from here on
+    # Then the delete was lost, and the claim went ahead with the instance it took off the queue
+    assert lost.lost >= 3
+    assert claimed.claimed
+    assert claimed.instance_id == idle.instance_id
+    assert local.record(idle.instance_id).state is InstanceState.CLAIMED
+
+
+def test_a_claim_that_raises_offers_the_instance_again(local: LocalControlPlane) -> None:
+    # Given a warm instance, and DynamoDB throttling every attempt at the claim's write
+    (idle,) = local.pooled()
+    steps = provision_of(local.plane)
+    planned = plain_worker(local)
+    busy = answer_busy(local.plane.client("dynamodb"), "UpdateItem", times=EVERY_ATTEMPT, code=THROTTLED)
+    # When a claim step picks it up and its claim raises
+    with pytest.raises(ServiceBusyError):
+        steps.claim(planned)
+    busy.refused = EVERY_ATTEMPT  # DynamoDB answers again from here on
+    # Then the instance, idle still, is offered in the pool again: a warm instance anyone can find
+    assert local.record(idle.instance_id).state is InstanceState.IDLE
+    assert [message.instance_id for message in local.drain_pool()] == [idle.instance_id]
+
+
+# --- a registration GitHub refuses for good ---------------------------------------------------------
+
+
+@dataclass
+class BudgetLedger:
+    """Registration tokens taken from and given back to the App's budget."""
+
+    taken: int = 0
+    given_back: int = 0
+
+    @property
+    def spent(self) -> int:
+        return self.taken - self.given_back
+
+
+def counted_budget(world: ProvisionWorld, monkeypatch: pytest.MonkeyPatch) -> BudgetLedger:
+    ledger = BudgetLedger()
+    budget = world.plane.registration_budget
+    take, give_back = budget.take, budget.give_back
+
+    def counted_take(wanted: int):  # type: ignore[no-untyped-def]
+        grant = take(wanted)
+        ledger.taken += grant.granted
+        return grant
+
+    def counted_give_back(count: int) -> None:
+        ledger.given_back += count
+        give_back(count)
+
+    monkeypatch.setattr(budget, "take", counted_take)
+    monkeypatch.setattr(budget, "give_back", counted_give_back)
+    return ledger
+
+
+@pytest.fixture
+def refusing_world() -> Iterator[ProvisionWorld]:
+    """A runner group GitHub does not have: every registration is answered 422."""
+    github = {
+        "app_id": str(APP_ID),
+        "installation_id": INSTALLATION_ID,
+        "scope": f"{OWNER}/{REPO}",
+        "runner_group_id": 7,
+    }
+    with provision_world(stack_config(github=github)) as built:
+        yield built
+        accounting = built.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def test_a_refused_registration_for_launched_instances_is_asked_once_and_spends_no_budget(
+    refusing_world: ProvisionWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = refusing_world
+    ledger = counted_budget(world, monkeypatch)
+    # Given an empty pool / When a run asks for three runners
+    result = output(world.provision(RUN, 3))
+    # Then GitHub was asked only by the hand-overs already in flight when it refused (Create's, side
+    # by side), and nothing more was asked: no CheckFleet passes
+    assert 1 <= world.github.state.calls[JIT_ROUTE] <= 3
+    assert result["refused"] is not None
+    assert "runner group" in result["refused"]
+    assert (result["warm"], result["cold"]) == ([], [])
+    # And no token of the App's budget is spent on the refused call, nor on those never made
+    assert ledger.spent == 0
+    # And the provision asked for no other provision (it would be refused again)
+    listed = client("stepfunctions").list_executions(stateMachineArn=world.machine.arn)["executions"]
+    assert len(listed) == 1
+    assert len(world.invocations.of("provision-check-fleet")) == 0
+
+
+def test_a_refused_registration_of_a_claimed_instance_gives_it_back_and_launches_nothing(
+    refusing_world: ProvisionWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = refusing_world
+    ledger = counted_budget(world, monkeypatch)
+    # Given one warm instance
+    warm = world.warm(1).instance_id
+    # When a run asks for two runners
+    result = output(world.provision(RUN, 2))
+    # Then GitHub refused the registration once; the warm instance is back in the pool, idle, and no
+    # instance was launched for a runner GitHub will not register
+    assert world.github.state.calls[JIT_ROUTE] == 1
+    assert result["refused"] is not None
+    assert world.ec2.calls["CreateFleet"] == 0
+    assert world.plane.state_table.get(warm).state is InstanceState.IDLE
+    assert [message.instance_id for message in world.pool_messages()] == [warm]
+    assert ledger.spent == 0
