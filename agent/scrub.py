@@ -6,14 +6,21 @@ again, from scratch, for anything the account still has:
 - processes: of the runner's session, of the account (any uid of theirs), of the job's cgroup;
 - docker: every container (with its anonymous volumes), volume and user-defined network, every image
   but the operator's base set;
+- kernel objects (agent/kernel_objects.py): the account's keys (user, user session and persistent
+  keyrings emptied), its System V shared memory, message queues and semaphore sets, its POSIX message
+  queues;
 - files: the home reset from the skeleton useradd copied, the account's entries in the shared
-  temporary directories, its crontab, its lingering marker (systemd-logind starts a lingering user's
+  temporary directories and on every memory file system (tmpfs: /dev/shm, /run/lock, /run/user/<uid>
+  and the like, found in the mount table), entries there of uids no account has (a user namespace's
+  subordinate uids), its crontab, its lingering marker (systemd-logind starts a lingering user's
   manager, and so its user units, at boot), its mail spool emptied; the runner directory back to its
   manifest, its work and log directories emptied;
-- then the check: no process, no container, volume, network or foreign image, a home equal to the
-  skeleton, no crontab or linger marker, the runner program as installed (hashed), and nothing the
-  account owns anywhere on the searched file systems but its home, its empty work and log directories
-  and its empty mail spool.
+- then the check: no process, no container, volume, network or foreign image, no key, IPC object or
+  message queue of the account, no subordinate uid or gid range for it, a home equal to the skeleton,
+  no crontab or linger marker, the runner program as installed (hashed), nothing the account owns
+  anywhere on the searched file systems and the memory file systems but its home, its empty work and
+  log directories and its empty mail spool, and no file of a uid no account has where the account can
+  write.
 
 Whatever is left is the reason in UD_REMOVE_REG_FAILED, and the instance is not pooled. The scrub
 cannot undo what a job did as root (a job that can sudo can change anything); README "Security model".
@@ -28,6 +35,7 @@ import contextlib
 import hashlib
 import os
 import pwd
+import re
 import shutil
 import stat
 import time
@@ -35,6 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent import kernel_objects
 from agent.docker import Docker, DockerCli, DockerError
 from agent.processes import JobCgroup, JobProcesses
 from agent.runner_install import RunnerInstall, remove_path
@@ -42,6 +51,7 @@ from agent.settings import AgentSettings
 
 MAX_LISTED = 8
 """How many leftovers of one kind the reason names; the count says how many more."""
+MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs"})
 
 
 class CleanupError(RuntimeError):
@@ -59,6 +69,27 @@ class AccountPlaces:
     mail_dirs: tuple[Path, ...]
     scan_roots: tuple[Path, ...]
     scan_exclude: tuple[Path, ...]
+    mqueue_dir: Path = Path("/dev/mqueue")
+    mountinfo: Path = Path("/proc/self/mountinfo")
+    subordinate_id_files: tuple[Path, ...] = ()
+    first_user_uid: int = 1000
+
+    def memory_file_systems(self) -> tuple[Path, ...]:
+        """Every tmpfs (or ramfs) mounted under a scan root and not under an excluded path, nor one of
+        the temporary directories: each is a file system of its own, which a scan of its parent's
+        never enters, and any that others may write (/run/lock, /dev/shm) is a place to leave things."""
+        found = []
+        for mount in _mounts(self.mountinfo, MEMORY_FILE_SYSTEMS):
+            if mount in self.temp_dirs or not any(mount.is_relative_to(root) for root in self.scan_roots):
+                continue
+            if any(mount.is_relative_to(excluded) for excluded in self.scan_exclude):
+                continue
+            found.append(mount)
+        return tuple(found)
+
+    def scratch_dirs(self) -> tuple[Path, ...]:
+        """Where the scrub removes the account's entries, and those of uids no account has."""
+        return (*self.temp_dirs, *self.memory_file_systems())
 
 
 @dataclass
@@ -140,9 +171,24 @@ class Scrub:
         steps: list[tuple[str, Callable[[], None]]] = [("runner directory", self._runner.reset)]
         if account is not None:
             places = self._places or _never("a runner account of its own without places")
+            unknown = _unknown_uids(places.first_user_uid)
             steps += [
+                ("kernel keys", lambda: kernel_objects.clear_keyrings(account)),
+                (
+                    "System V IPC",
+                    lambda: kernel_objects.remove_sysv_ipc(kernel_objects.sysv_ipc_of(account.pw_uid)),
+                ),
+                (
+                    "POSIX message queues",
+                    lambda: kernel_objects.remove_message_queues(account.pw_uid, places.mqueue_dir),
+                ),
                 ("home", lambda: _reset_home(account, places.skeleton)),
-                ("temporary files", lambda: _remove_owned(places.temp_dirs, account.pw_uid)),
+                (
+                    "temporary files",
+                    lambda: _remove_owned(
+                        places.scratch_dirs(), lambda uid: uid == account.pw_uid or unknown(uid)
+                    ),
+                ),
                 ("crontab and lingering", lambda: _remove_named(account.pw_name, places)),
                 ("mail spool", lambda: _empty_mail(account.pw_name, places)),
             ]
@@ -175,33 +221,107 @@ class Scrub:
             return left
         if docker is not None:
             left += _docker_left(docker, self._base_images)
+        left += _kernel_objects_left(account, places)
+        left += _subordinate_ranges(account, places.subordinate_id_files)
         left += _home_differences(account, places.skeleton)
         for marker in _named_files(account.pw_name, places):
             if os.path.lexists(marker):
                 left.append(f"{marker} exists")
-        owned = sorted(str(path) for path in self._owned_outside_allowed(account, places))
+        owned, unknown = self._files_left(account, places)
         if owned:
-            left.append(_listed("files of the runner account", owned))
+            left.append(_listed("files of the runner account", sorted(owned)))
+        if unknown:
+            left.append(
+                _listed("files of uids no account has, where the runner account can write", sorted(unknown))
+            )
         return left
 
-    def _owned_outside_allowed(self, account: pwd.struct_passwd, places: AccountPlaces) -> Iterator[Path]:
+    def _files_left(self, account: pwd.struct_passwd, places: AccountPlaces) -> tuple[list[str], list[str]]:
+        """What the account owns outside its home and its empty places, and what a uid no account has
+        owns in a directory the account can write (only a job can have put it there: through a user
+        namespace's subordinate uids, say); one walk of the scan roots and the memory file systems."""
         home = Path(account.pw_dir)
         allowed_trees = {home}
         allowed_empty = {self._work_dir, self._runner.directory / "_diag"}
         allowed_empty |= {directory / account.pw_name for directory in places.mail_dirs}
         excluded = set(places.scan_exclude)
+        unknown_uid = _unknown_uids(places.first_user_uid)
         seen: set[Path] = set()
-        for root in (*places.scan_roots, *places.temp_dirs):
+        owned: list[str] = []
+        unknown: list[str] = []
+        for root in (*places.scan_roots, *places.scratch_dirs()):
             if not root.exists():
                 continue
             device = root.lstat().st_dev
             for path, info in _walk(root, device, excluded | allowed_trees):
-                if path in seen or info.st_uid != account.pw_uid:
+                if path in seen:
                     continue
                 seen.add(path)
-                if path in allowed_empty and (stat.S_ISDIR(info.st_mode) or info.st_size == 0):
-                    continue
-                yield path
+                if info.st_uid == account.pw_uid:
+                    if path in allowed_empty and (stat.S_ISDIR(info.st_mode) or info.st_size == 0):
+                        continue
+                    owned.append(str(path))
+                elif unknown_uid(info.st_uid) and _writable_by(path.parent, account):
+                    unknown.append(f"{path} (uid {info.st_uid})")
+        return owned, unknown
+
+
+def _mounts(mountinfo: Path, types: frozenset[str]) -> list[Path]:
+    """The mount points of the file systems of `types` in a mountinfo table (proc(5): the mount point
+    is field 5, octal-escaped; the type is the first field after the ' - ' separator)."""
+    found = []
+    for line in mountinfo.read_text().splitlines():
+        fields, _, after = line.partition(" - ")
+        if after.split()[0] in types:
+            point = fields.split()[4]
+            found.append(Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)))
+    return found
+
+
+def _unknown_uids(first_user_uid: int) -> Callable[[int], bool]:
+    """Whether a uid is one no account has, from `first_user_uid` (login.defs UID_MIN) up: below it are
+    the system's own, which the distribution and its packages give out without a passwd line too."""
+    known = {entry.pw_uid for entry in pwd.getpwall()}
+    return lambda uid: uid >= first_user_uid and uid not in known
+
+
+def _writable_by(directory: Path, account: pwd.struct_passwd) -> bool:
+    """Whether the account may create entries in `directory`: its own, or writable by everyone."""
+    try:
+        info = directory.lstat()
+    except OSError:
+        return False
+    return info.st_uid == account.pw_uid or bool(info.st_mode & stat.S_IWOTH)
+
+
+def _kernel_objects_left(account: pwd.struct_passwd, places: AccountPlaces) -> list[str]:
+    left = []
+    try:
+        keys = kernel_objects.keys_of(account)
+    except OSError as exc:
+        left.append(f"kernel keys could not be checked: {exc}")
+    else:
+        if keys:
+            left.append(_listed("kernel keys of the runner account", keys))
+    ipc = kernel_objects.sysv_ipc_of(account.pw_uid)
+    if ipc:
+        left.append(_listed("System V IPC objects of the runner account", ipc))
+    queues = [str(queue) for queue in kernel_objects.message_queues_of(account.pw_uid, places.mqueue_dir)]
+    if queues:
+        left.append(_listed("POSIX message queues of the runner account", queues))
+    return left
+
+
+def _subordinate_ranges(account: pwd.struct_passwd, files: tuple[Path, ...]) -> list[str]:
+    """A subordinate uid or gid range lets the account's user namespaces act as uids the scrub does not
+    track (subuid(5)); the boot gives it none (useradd -K SUB_UID_COUNT=0), and none may appear."""
+    left = []
+    for file in files:
+        with contextlib.suppress(FileNotFoundError):
+            for line in file.read_text().splitlines():
+                if line.split(":", 1)[0] in (account.pw_name, str(account.pw_uid)):
+                    left.append(f"{file} gives the runner account a range: {line.strip()}")
+    return left
 
 
 def _listed(what: str, items: list[str]) -> str:
@@ -287,8 +407,9 @@ def _home_differences(account: pwd.struct_passwd, skeleton: Path) -> list[str]:
     return left
 
 
-def _remove_owned(directories: tuple[Path, ...], uid: int) -> None:
-    """Every entry `uid` owns in `directories` (at any depth, on their file systems), with what it holds."""
+def _remove_owned(directories: tuple[Path, ...], owned: Callable[[int], bool]) -> None:
+    """Every entry of a uid `owned` accepts in `directories` (at any depth, on their file systems), with
+    what it holds."""
     for directory in directories:
         if not directory.is_dir():
             continue
@@ -299,7 +420,7 @@ def _remove_owned(directories: tuple[Path, ...], uid: int) -> None:
             for entry in list(os.scandir(current)):
                 info = entry.stat(follow_symlinks=False)
                 path = Path(entry.path)
-                if info.st_uid == uid:
+                if owned(info.st_uid):
                     remove_path(path)
                 elif stat.S_ISDIR(info.st_mode) and info.st_dev == device:
                     pending.append(path)
@@ -365,6 +486,10 @@ def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | N
         mail_dirs=settings.mail_dirs,
         scan_roots=settings.scan_roots,
         scan_exclude=settings.scan_exclude,
+        mqueue_dir=settings.mqueue_dir,
+        mountinfo=settings.mountinfo,
+        subordinate_id_files=settings.subordinate_id_files,
+        first_user_uid=settings.first_user_uid,
     )
 
     def docker_cli() -> Docker | None:

@@ -80,6 +80,15 @@ class AgentSettings(BaseSettings):
     )
     """Not searched: kernel views, and image layers whose files may carry any uid (docker is checked
     through its daemon instead)."""
+    mqueue_dir: Path = Path("/dev/mqueue")
+    """Where the POSIX message queue file system is mounted (systemd mounts it there, dev-mqueue.mount):
+    the runner account's queues are removed from it."""
+    mountinfo: Path = Path("/proc/self/mountinfo")
+    """The mount table the memory file systems (tmpfs) under the scan roots are found in."""
+    subordinate_id_files: tuple[Path, ...] = (Path("/etc/subuid"), Path("/etc/subgid"))
+    """A line for the runner account in either refuses the instance (subuid(5))."""
+    first_user_uid: int = Field(1000, ge=1)
+    """login.defs UID_MIN: a file of a uid from here up that no account has is a job's (a subordinate uid)."""
     docker_socket: Path = Path("/var/run/docker.sock")
     """No socket, no daemon: nothing of docker to clean."""
     listening_timeout_seconds: float = Field(120, gt=0)

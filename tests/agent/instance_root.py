@@ -5,12 +5,15 @@ after it (with every process it still has), so the scrub meets real ownership, r
 and real processes. The runner directory is laid out as the boot lays it out (infra/instances/
 user_data.sh): root-owned, its top directory root:<account> with the sticky bit, `_work` and `_diag`
 the account's, and a manifest taken at install. The job's cgroup is made under the cgroup v2
-hierarchy when this machine lets root make one (None otherwise).
+hierarchy when this machine lets root make one (None otherwise). A test may mount file systems into
+the root (`mount`: a tmpfs, the mqueue file system) and run code as the account in a forked child
+(`as_account`), for what a job leaves in the kernel; both are undone with the root.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -19,11 +22,12 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import kernel_objects
 from agent.log import agent_log
 from agent.processes import JobCgroup, JobProcesses
 from agent.runner import RunnerProcess
@@ -64,6 +68,7 @@ class InstanceRoot:
     account: pwd.struct_passwd
     cgroup_root: Path | None
     cgroup_name: str
+    mounts: list[Path] = field(default_factory=list)
 
     @property
     def home(self) -> Path:
@@ -93,6 +98,8 @@ class InstanceRoot:
             "mail_dirs": (self.root / "var/spool/mail",),
             "scan_roots": (self.root,),
             "scan_exclude": (),
+            "mqueue_dir": self.root / "dev/mqueue",
+            "subordinate_id_files": (self.root / "etc/subuid", self.root / "etc/subgid"),
             "docker_socket": self.root / "var/run/docker.sock",
         }
         if self.cgroup_root is not None:
@@ -114,6 +121,44 @@ class InstanceRoot:
     def as_account(self, path: Path) -> Path:
         os.lchown(path, self.account.pw_uid, self.account.pw_gid)
         return path
+
+    def mount(self, fstype: str, relative: str, options: str = "mode=1777") -> Path:
+        """A new file system of `fstype` at `relative`, unmounted with the root."""
+        point = self.root / relative
+        point.mkdir(parents=True, exist_ok=True)
+        subprocess.run(  # noqa: S603 - a fixed command
+            ["/usr/bin/mount", "-t", fstype, "-o", options, f"runner-pool-test-{fstype}", str(point)],
+            check=True,
+            capture_output=True,
+        )
+        self.mounts.append(point)
+        return point
+
+    def run_as_account(self, code: Callable[[], Any]) -> Any:
+        """`code()` in a forked child that has become the account (its uid and gids, a fresh session
+        keyring of its own, as a job's process has), as a job's process would run it; returns what it
+        returned (JSON), or raises what it raised, as a RuntimeError."""
+        reading, writing = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.close(reading)
+                os.setgroups([])
+                os.setresgid(self.account.pw_gid, self.account.pw_gid, self.account.pw_gid)
+                os.setresuid(self.account.pw_uid, self.account.pw_uid, self.account.pw_uid)
+                reply = {"value": code()}
+            except BaseException as exc:  # reported to the test, whatever it is
+                reply = {"error": repr(exc)}
+            os.write(writing, json.dumps(reply).encode())
+            os._exit(0)
+        os.close(writing)
+        with os.fdopen(reading, "rb") as pipe:
+            raw = pipe.read()
+        os.waitpid(pid, 0)
+        reply = json.loads(raw)
+        if "error" in reply:
+            raise RuntimeError(f"as the account: {reply['error']}")
+        return reply["value"]
 
 
 def _cgroup_root() -> Path | None:
@@ -166,6 +211,8 @@ def instance_root(
         yield instance
     finally:
         _end_everything_of(instance)
+        for point in reversed(instance.mounts):
+            subprocess.run(["/usr/bin/umount", "--lazy", str(point)], check=False, capture_output=True)  # noqa: S603
         subprocess.run(["/usr/sbin/userdel", name], check=False, capture_output=True)  # noqa: S603
         shutil.rmtree(root, ignore_errors=True)
 
@@ -226,6 +273,11 @@ def _end_everything_of(instance: InstanceRoot) -> None:
     if cgroup is not None and cgroup.path.exists():
         with contextlib.suppress(OSError):
             cgroup.path.rmdir()
+    # Keys and IPC objects outlive the account's deletion, and its uid goes to the next test's account.
+    with contextlib.suppress(OSError):
+        kernel_objects.clear_keyrings(instance.account)
+    with contextlib.suppress(OSError):
+        kernel_objects.remove_sysv_ipc(kernel_objects.sysv_ipc_of(instance.account.pw_uid))
 
 
 def run_job(instance: InstanceRoot, script: str) -> RunnerProcess:
