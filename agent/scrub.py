@@ -47,6 +47,7 @@ from agent import kernel_objects
 from agent.docker import Docker, DockerCli, DockerError
 from agent.processes import JobCgroup, JobProcesses
 from agent.runner_install import RunnerInstall, remove_path
+from agent.sandbox import JobUnit
 from agent.settings import AgentSettings
 
 MAX_LISTED = 8
@@ -113,6 +114,7 @@ class Scrub:
         work_dir: Path,
         runner: RunnerInstall,
         processes: JobProcesses,
+        unit: JobUnit | None = None,
         account: pwd.struct_passwd | None = None,
         places: AccountPlaces | None = None,
         docker: Callable[[], Docker | None] = lambda: None,
@@ -124,6 +126,7 @@ class Scrub:
         self._work_dir = work_dir
         self._runner = runner
         self._processes = processes
+        self._unit = unit
         self._account = account
         self._places = places
         self._docker = docker
@@ -142,6 +145,11 @@ class Scrub:
     def cgroup(self) -> JobCgroup | None:
         """Where the runner starts, so that the job's processes can all be found again."""
         return self._processes.cgroup
+
+    @property
+    def unit(self) -> JobUnit | None:
+        """The sandboxed service the runner starts as, whose cgroup is `cgroup`; None without systemd."""
+        return self._unit
 
     def keep_images(self, ids: Iterable[str]) -> None:
         """Images the instance had at first boot (the pre-runner script's): the scrub keeps them."""
@@ -473,8 +481,15 @@ def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | N
     docker through its CLI whenever its socket is there, unless `docker` is given."""
     account = pwd.getpwnam(settings.runner_user) if settings.runner_user else None
     own = account is not None and account.pw_uid != os.getuid()
+    unit = (
+        JobUnit(settings.job_unit, settings.cgroup_root, settings.stop_timeout_seconds, settings.systemd_run)
+        if settings.job_unit is not None
+        else None
+    )
     cgroup = (
-        JobCgroup.below_own(settings.job_cgroup, settings.cgroup_root)
+        unit.cgroup
+        if unit is not None
+        else JobCgroup.below_own(settings.job_cgroup, settings.cgroup_root)
         if settings.job_cgroup is not None
         else None
     )
@@ -504,6 +519,7 @@ def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | N
             account.pw_gid if account else None,
         ),
         processes=JobProcesses(account.pw_uid if account else None, cgroup),
+        unit=unit,
         account=account if own else None,
         places=places if own else None,
         docker=docker or docker_cli,
