@@ -5,7 +5,7 @@ again, from scratch, for anything the account still has:
 
 - processes: of the runner's session, of the account (any uid of theirs), of the job's cgroup;
 - docker: every container (with its anonymous volumes), volume and user-defined network, every image
-  but the operator's base set;
+  but the operator's base set, BuildKit's build cache (buildx builders are the account's: its home);
 - kernel objects (agent/kernel_objects.py): the account's keys (user, user session and persistent
   keyrings emptied), its System V shared memory, message queues and semaphore sets, its POSIX message
   queues;
@@ -15,12 +15,12 @@ again, from scratch, for anything the account still has:
   subordinate uids), its crontab, its lingering marker (systemd-logind starts a lingering user's
   manager, and so its user units, at boot), its mail spool emptied; the runner directory back to its
   manifest, its work and log directories emptied;
-- then the check: no process, no container, volume, network or foreign image, no key, IPC object or
-  message queue of the account, no subordinate uid or gid range for it, a home equal to the skeleton,
-  no crontab or linger marker, the runner program as installed (hashed), nothing the account owns
-  anywhere on the searched file systems and the memory file systems but its home, its empty work and
-  log directories and its empty mail spool, and no file of a uid no account has where the account can
-  write.
+- then the check: no process, no container, volume, network, foreign image or build cache, no key,
+  IPC object or message queue of the account, no subordinate uid or gid range for it, a home equal to
+  the skeleton, no crontab or linger marker, the runner program as installed (hashed), nothing the
+  account owns anywhere on the searched file systems and the memory file systems but its home, its
+  empty work and log directories and its empty mail spool, and no file of a uid no account has where
+  the account can write.
 
 Whatever is left is the reason in UD_REMOVE_REG_FAILED, and the instance is not pooled. The scrub
 cannot undo what a job did as root (a job that can sudo can change anything); README "Security model".
@@ -461,6 +461,7 @@ def _remove_docker(docker: Docker, base_images: frozenset[str]) -> None:
     docker.remove_volumes(docker.volumes())
     docker.remove_networks(docker.networks())
     docker.remove_images([image.id for image in docker.images() if not image.kept_by(base_images)])
+    docker.prune_build_cache()
 
 
 def _docker_left(docker: Docker, base_images: frozenset[str]) -> list[str]:
@@ -471,9 +472,11 @@ def _docker_left(docker: Docker, base_images: frozenset[str]) -> list[str]:
             "networks": docker.networks(),
             "images": [image.id for image in docker.images() if not image.kept_by(base_images)],
         }
+        cache = docker.build_cache_records()
     except DockerError as exc:
         return [f"docker could not be checked: {exc}"]
-    return [_listed(f"docker {kind}", items) for kind, items in found.items() if items]
+    left = [_listed(f"docker {kind}", items) for kind, items in found.items() if items]
+    return left + ([f"docker build cache: {cache} records"] if cache else [])
 
 
 def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | None = None) -> Scrub:

@@ -40,6 +40,8 @@ RESIDUE_JOB = """#!/bin/sh
 set -e
 mkdir -p "$HOME/.docker" "$HOME/.ssh" "$HOME/.config/systemd/user"
 echo '{"auths": {"ghcr.io": {"auth": "c2VjcmV0"}}}' > "$HOME/.docker/config.json"
+mkdir -p "$HOME/.docker/buildx/instances"
+echo '{"Name": "job-builder", "Driver": "docker-container"}' > "$HOME/.docker/buildx/instances/job-builder"
 echo '//registry.npmjs.org/:_authToken=npm_secret' > "$HOME/.npmrc"
 echo 'https://x-access-token:ghs_secret@github.com' > "$HOME/.git-credentials"
 echo 'PRIVATE KEY' > "$HOME/.ssh/id_ed25519" && chmod 600 "$HOME/.ssh/id_ed25519"
@@ -312,7 +314,11 @@ def run_job(instance: InstanceRoot, script: str) -> RunnerProcess:
 
 
 def plant_in_docker(docker: FakeDocker) -> None:
-    """What a job with service containers leaves in the daemon: a container, volumes, a network, images."""
+    """What a job with service containers and a build leaves in the daemon: a container, volumes, a
+    network, images, BuildKit's build cache."""
     docker.run("node:20", volumes=["npm-cache"], network=docker.create_network("job-net"))
     docker.create_volume("job-volume")
     docker.pull("postgres:16")
+    docker.build("job-app:latest")
+    # `docker buildx create --driver docker-container --name job-builder`, once it has built
+    docker.run("moby/buildkit:buildx-stable-1", volumes=["buildx_buildkit_job-builder0_state"])

@@ -53,6 +53,7 @@ def plant(instance: InstanceRoot, docker: FakeDocker) -> dict[str, Path | str]:
     user = instance.account.pw_name
     planted: dict[str, Path | str] = {
         "docker credentials": instance.home / ".docker/config.json",
+        "buildx builder": instance.home / ".docker/buildx/instances/job-builder",
         "npm token": instance.home / ".npmrc",
         "git credentials": instance.home / ".git-credentials",
         "ssh key": instance.home / ".ssh/id_ed25519",
@@ -95,6 +96,7 @@ def plant(instance: InstanceRoot, docker: FakeDocker) -> dict[str, Path | str]:
     plant_in_docker(docker)
     planted |= {"docker container": "node:20", "docker volume": "npm-cache", "docker network": "job-net"}
     planted["docker image"] = "postgres:16"
+    planted["docker build cache"] = f"{len(docker.build_cache)} records"
     return planted
 
 
@@ -135,6 +137,7 @@ def test_every_kind_of_residue_a_job_plants_is_gone_after_the_scrub(
     assert docker.networks() == []
     assert [sorted(image.references) for image in docker.images()] == [["ubuntu:24.04"]]
     assert docker.network_names == set(PREDEFINED_NETWORKS)
+    assert docker.build_cache == set()
     # ...and the runner's directory is as installed, its work and log directories empty and the account's
     assert RunnerInstall(instance.runner_dir, instance.manifest, None, None).verify(full=True) == []
     for own in ("_work", "_diag"):
