@@ -16,11 +16,11 @@ again, from scratch, for anything the account still has:
   manager, and so its user units, at boot), its mail spool emptied; the runner directory back to its
   manifest, its work and log directories emptied;
 - then the check: no process, no container, volume, network, foreign image or build cache, no key,
-  IPC object or message queue of the account, no subordinate uid or gid range for it, a home equal to
-  the skeleton, no crontab or linger marker, the runner program as installed (hashed), nothing the
-  account owns anywhere on the searched file systems and the memory file systems but its home, its
-  empty work and log directories and its empty mail spool, and no file of a uid no account has where
-  the account can write.
+  IPC object or message queue of the account, no subordinate uid or gid range for it, no access for it
+  to the docker daemon's socket (with it, a job is root), a home equal to the skeleton, no crontab or
+  linger marker, the runner program as installed (hashed), nothing the account owns anywhere on the
+  searched file systems and the memory file systems but its home, its empty work and log directories
+  and its empty mail spool, and no file of a uid no account has where the account can write.
 
 Whatever is left is the reason in UD_REMOVE_REG_FAILED, and the instance is not pooled. The scrub
 cannot undo what a job did as root (a job that can sudo can change anything); README "Security model".
@@ -74,6 +74,7 @@ class AccountPlaces:
     mountinfo: Path = Path("/proc/self/mountinfo")
     subordinate_id_files: tuple[Path, ...] = ()
     first_user_uid: int = 1000
+    docker_socket: Path | None = None
 
     def memory_file_systems(self) -> tuple[Path, ...]:
         """Every tmpfs (or ramfs) mounted under a scan root and not under an excluded path, nor one of
@@ -231,6 +232,7 @@ class Scrub:
             left += _docker_left(docker, self._base_images)
         left += _kernel_objects_left(account, places)
         left += _subordinate_ranges(account, places.subordinate_id_files)
+        left += _docker_reachable(account, places.docker_socket)
         left += _home_differences(account, places.skeleton)
         for marker in _named_files(account.pw_name, places):
             if os.path.lexists(marker):
@@ -330,6 +332,28 @@ def _subordinate_ranges(account: pwd.struct_passwd, files: tuple[Path, ...]) -> 
                 if line.split(":", 1)[0] in (account.pw_name, str(account.pw_uid)):
                     left.append(f"{file} gives the runner account a range: {line.strip()}")
     return left
+
+
+def _docker_reachable(account: pwd.struct_passwd, socket: Path | None) -> list[str]:
+    """An account that may use the docker daemon's socket (its own, its group's with group write, or
+    anyone's) is root to anything on the instance (docs.docker.com/engine/security/: "only trusted users
+    should be allowed to control your Docker daemon"), so no scrub can vouch for what its job left: the
+    instance is never pooled. Jobs that need docker get single-use instances (README, Security model)."""
+    if socket is None:
+        return []
+    try:
+        info = socket.stat()
+    except OSError:
+        return []
+    groups = os.getgrouplist(account.pw_name, account.pw_gid)
+    mode = info.st_mode
+    if (
+        info.st_uid == account.pw_uid
+        or (info.st_gid in groups and mode & stat.S_IWGRP)
+        or mode & stat.S_IWOTH
+    ):
+        return [f"the runner account may use the docker daemon ({socket}), so a job could act as root"]
+    return []
 
 
 def _listed(what: str, items: list[str]) -> str:
@@ -508,6 +532,7 @@ def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | N
         mountinfo=settings.mountinfo,
         subordinate_id_files=settings.subordinate_id_files,
         first_user_uid=settings.first_user_uid,
+        docker_socket=settings.docker_socket,
     )
 
     def docker_cli() -> Docker | None:
