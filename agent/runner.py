@@ -16,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -108,9 +109,11 @@ class RunnerProcess:
         """systemd-run, which starts the service and lives as long as it does. The service's environment
         is systemd's own, with the account's HOME, USER, LOGNAME and SHELL (systemd.exec(5) User=): none
         of the agent's."""
+        job = uuid.uuid4().hex[:12]
+        name = unit.name(job)
         try:
             process = subprocess.Popen(  # noqa: S603 - systemd-run and the runner's start script, no shell
-                unit.command(program, cwd=cwd, account=account),
+                unit.command(program, job=job, cwd=cwd, account=account),
                 env={k: v for k, v in os.environ.items() if not k.startswith(_SECRET_PREFIXES)},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -120,8 +123,8 @@ class RunnerProcess:
                 start_new_session=True,
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            raise RunnerStartError(f"the runner's service {unit.name} could not be started: {exc}") from exc
-        log.info("runner started", pid=process.pid, unit=unit.name)
+            raise RunnerStartError(f"the runner's service {name} could not be started: {exc}") from exc
+        log.info("runner started", pid=process.pid, unit=name)
         return cls(process, log, unit)
 
     @property

@@ -1,9 +1,12 @@
 """The transient systemd service each job's runner runs in: a sandbox the kernel enforces while the job
 runs, before the scrub cleans up after it.
 
-The agent starts the runner with `systemd-run` (systemd-run(1)) as a service of its own, `JOB_UNIT`
-by default, whose cgroup is the job's (agent/processes.py: everything the job starts, under any uid,
-stays in it and is killed with it). Each directive below is systemd.exec(5)'s
+The agent starts the runner with `systemd-run` (systemd-run(1)) as a service of its own, named anew
+for each job (`runner-pool-job-<id>`), in a slice of the jobs' own, whose cgroup is the job's
+(agent/processes.py: everything the job starts, under any uid, stays in it and is killed with it). A
+new name per job means the next job's service never waits for systemd to unload the last one's.
+
+Each directive below is systemd.exec(5)'s
 (https://www.freedesktop.org/software/systemd/man/latest/systemd.exec.html) or, for how the service
 is stopped, systemd.kill(5)'s; each row says what it does for a job. Those left out are in `LEFT_OUT`,
 with why. Where there is no systemd (the emulator, the tests, a host without it), the agent starts the
@@ -19,10 +22,9 @@ from pathlib import Path
 
 from agent.processes import JobCgroup
 
-JOB_UNIT = "runner-pool-job"
-SLICE = "system.slice"
-"""Where systemd puts a transient system service unless told (systemd.slice(5)); named, so that the
-job's cgroup is known before the service exists."""
+SLICE = "runner-pool-jobs.slice"
+"""The jobs' slice (systemd.slice(5)): systemd makes it when a service names it. Its cgroup holds each
+job's service's, so the job's processes are found under it whatever the service's name."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,8 @@ SANDBOX: tuple[Directive, ...] = (
         "PrivateTmp",
         "yes",
         "systemd.exec(5) PrivateTmp=: a /tmp and /var/tmp of the service's own, removed when it stops; no "
-        "job reads another's temporary files, and nothing there outlives the job",
+        "job reads another's temporary files, and nothing there outlives the job. The docker daemon, "
+        "outside the service, sees the instance's /tmp: a job bind-mounts from $RUNNER_TEMP instead",
     ),
     Directive(
         "RemoveIPC",
@@ -103,18 +106,21 @@ LEFT_OUT: dict[str, str] = {
 
 @dataclass(frozen=True)
 class JobUnit:
-    """The transient service a job's runner runs in."""
+    """The transient services jobs' runners run in, one at a time: `prefix` and an id name each."""
 
-    name: str
+    prefix: str
     cgroup_root: Path
     stop_timeout_seconds: float
     systemd_run: Path = Path("/usr/bin/systemd-run")
 
     @property
     def cgroup(self) -> JobCgroup:
-        """The service's cgroup (systemd.resource-control(5): a unit's cgroup is named after its slice
-        and itself)."""
-        return JobCgroup(self.cgroup_root / SLICE / f"{self.name}.service")
+        """The jobs' slice's cgroup, which holds the service's (systemd.resource-control(5): a unit's
+        cgroup is named after its slice and itself)."""
+        return JobCgroup(self.cgroup_root / SLICE)
+
+    def name(self, job: str) -> str:
+        return f"{self.prefix}-{job}"
 
     def properties(self, account: pwd.struct_passwd, cwd: Path) -> list[str]:
         """Every property of the service, in systemd-run's `--property=NAME=VALUE` form."""
@@ -134,13 +140,13 @@ class JobUnit:
         rows = [*identity, *((d.name, d.value) for d in SANDBOX), *stop]
         return [f"--property={name}={value}" for name, value in rows]
 
-    def command(self, program: Path, *, cwd: Path, account: pwd.struct_passwd) -> list[str]:
-        """`program` as the service, as the account; systemd-run's own output and input are the service's
-        (--pipe), and it waits for the service to end (--wait), so the runner is watched as a child.
-        --collect unloads the service even when it failed, so the next job's can take its name."""
+    def command(self, program: Path, *, job: str, cwd: Path, account: pwd.struct_passwd) -> list[str]:
+        """`program` as the service of `job` (an id), as the account; systemd-run's own output and input
+        are the service's (--pipe), and it waits for the service to end (--wait), so the runner is
+        watched as a child. --collect unloads the service even when it failed."""
         return [
             str(self.systemd_run),
-            f"--unit={self.name}",
+            f"--unit={self.name(job)}",
             f"--slice={SLICE}",
             "--service-type=exec",
             "--collect",

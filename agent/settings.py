@@ -54,9 +54,9 @@ class AgentSettings(BaseSettings):
     """The runner's files as installed (agent/runner_install.py): checked before each start and after
     each job. Unset (as in the emulator), the runner directory is trusted."""
     job_unit: str | None = None
-    """The transient systemd service each job's runner runs in, sandboxed (agent/sandbox.py); its cgroup is
-    the job's, and job_cgroup is not used. Unset (the emulator, the tests, a host without systemd), the
-    runner is the agent's own child, unsandboxed."""
+    """The name (before each job's id) of the transient systemd service each job's runner runs in,
+    sandboxed (agent/sandbox.py); its slice's cgroup is the job's, and job_cgroup is not used. Unset
+    (the emulator, the tests, a host without systemd), the runner is the agent's own child, unsandboxed."""
     systemd_run: Path = Path("/usr/bin/systemd-run")
     """What starts the runner's service, when job_unit is set."""
     job_cgroup: str | None = None

@@ -339,7 +339,7 @@ ExecStart=${AGENT_HOME}/venv/bin/python -m agent
 Restart=always
 RestartSec=2
 # The agent first (SIGTERM), anything of its own left a little later. The runner and its job are a
-# sandboxed transient service of their own (runner-pool-job, agent/sandbox.py), whose cgroup holds
+# sandboxed transient service of their own (runner-pool-job-<id>, agent/sandbox.py), whose slice holds
 # everything a job starts, under any uid; the agent stops it and the scrub kills what is left.
 KillMode=mixed
 TimeoutStopSec=60

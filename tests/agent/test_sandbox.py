@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from agent.log import agent_log
 from agent.processes import JobCgroup
 from agent.runner import RunnerProcess
-from agent.sandbox import JobUnit
+from agent.sandbox import SLICE, JobUnit
 from agent.scrub import build_scrub
 from runner_pool.domain.records import Signal
 from tests.agent.conftest import AgentFactory, ControlPlane, eventually
@@ -32,14 +33,16 @@ STAND_IN_SYSTEMD_RUN = """#!/bin/sh
 # systemd would run the service: in the service's cgroup, as User=, in WorkingDirectory=, with systemd's
 # environment and the account's HOME, USER, LOGNAME and SHELL (systemd.exec(5)), its output ours.
 printf '%s\\n' "$@" > {record}
-mkdir -p {cgroup}
-echo $$ > {cgroup}/cgroup.procs
 for argument; do
     case "$argument" in
+        --unit=*) unit="${{argument#--unit=}}" ;;
+        --slice=*) slice="${{argument#--slice=}}" ;;
         --property=User=*) user="${{argument#--property=User=}}" ;;
         --property=WorkingDirectory=*) cwd="${{argument#--property=WorkingDirectory=}}" ;;
     esac
 done
+mkdir -p "{cgroup_root}/$slice/$unit.service"
+echo $$ > "{cgroup_root}/$slice/$unit.service/cgroup.procs"
 while [ "$1" != "--" ]; do shift; done
 shift
 cd "$cwd"
@@ -65,19 +68,26 @@ def sandbox(instance: InstanceRoot) -> Iterator[dict[str, object]]:
             "no cgroup v2 hierarchy root may make cgroups in here: the service's cgroup cannot be made"
         )
     cgroup_root = JobCgroup.below_own(f"runner-pool-test-{uuid.uuid4().hex[:8]}", instance.cgroup_root).path
-    unit = f"runner-pool-job-{instance.account.pw_name}"
-    service_cgroup = cgroup_root / "system.slice" / f"{unit}.service"
     systemd_run = instance.path("usr/bin/systemd-run")
     systemd_run.parent.mkdir(parents=True)
     systemd_run.write_text(
-        STAND_IN_SYSTEMD_RUN.format(record=instance.path("systemd-run-arguments"), cgroup=service_cgroup)
+        STAND_IN_SYSTEMD_RUN.format(record=instance.path("systemd-run-arguments"), cgroup_root=cgroup_root)
     )
     systemd_run.chmod(0o755)
-    yield {"job_unit": unit, "cgroup_root": cgroup_root, "job_cgroup": None, "systemd_run": systemd_run}
-    eventually(
-        lambda: instance.processes_of_the_job() == [] or JobCgroup(service_cgroup).kill(), what="ended"
-    )
-    for directory in (service_cgroup, service_cgroup.parent, cgroup_root):
+    yield {
+        "job_unit": "runner-pool-job",
+        "cgroup_root": cgroup_root,
+        "job_cgroup": None,
+        "systemd_run": systemd_run,
+    }
+    jobs = JobCgroup(cgroup_root / SLICE)
+
+    def services_ended() -> bool:
+        jobs.kill()
+        return not jobs.pids()
+
+    eventually(services_ended, what="the services' processes ended")
+    for directory in (*jobs.path.glob("*.service"), jobs.path, cgroup_root):
         with contextlib.suppress(OSError):
             directory.rmdir()
 
@@ -87,7 +97,7 @@ def expected_command(instance: InstanceRoot, unit: str, systemd_run: Path, stop_
     return [
         str(systemd_run),
         f"--unit={unit}",
-        "--slice=system.slice",
+        "--slice=runner-pool-jobs.slice",
         "--service-type=exec",
         "--collect",
         "--pipe",
@@ -113,15 +123,20 @@ def expected_command(instance: InstanceRoot, unit: str, systemd_run: Path, stop_
 
 
 def test_the_runner_service_has_exactly_the_sandboxs_properties(instance: InstanceRoot) -> None:
-    # Given the service the agent starts the runner as
+    # Given the services the agent starts runners as
     unit = JobUnit("runner-pool-job", Path("/sys/fs/cgroup"), 30, Path("/usr/bin/systemd-run"))
 
-    # When it is asked for the command that starts run.sh as the runner account
-    command = unit.command(instance.runner_dir / "run.sh", cwd=instance.runner_dir, account=instance.account)
+    # When it is asked for the command that starts run.sh as the runner account, for a job
+    command = unit.command(
+        instance.runner_dir / "run.sh", job="0123456789ab", cwd=instance.runner_dir, account=instance.account
+    )
 
-    # Then it is systemd-run with every property of the sandbox, and its cgroup is the service's
-    assert command == expected_command(instance, "runner-pool-job", Path("/usr/bin/systemd-run"), "30s")
-    assert unit.cgroup.path == Path("/sys/fs/cgroup/system.slice/runner-pool-job.service")
+    # Then it is systemd-run with every property of the sandbox, the service named for the job, and the
+    # job's processes are in the jobs' slice
+    assert command == expected_command(
+        instance, "runner-pool-job-0123456789ab", Path("/usr/bin/systemd-run"), "30s"
+    )
+    assert unit.cgroup.path == Path("/sys/fs/cgroup/runner-pool-jobs.slice")
 
 
 def test_the_agent_serves_a_job_through_the_sandboxed_service_and_scrubs_after_it(
@@ -139,8 +154,9 @@ def test_the_agent_serves_a_job_through_the_sandboxed_service_and_scrubs_after_i
     # Then the runner was started through systemd-run with exactly the sandbox's properties
     systemd_run = sandbox["systemd_run"]
     assert isinstance(systemd_run, Path)
-    recorded = instance.path("systemd-run-arguments").read_text().splitlines()
-    assert recorded == expected_command(instance, str(sandbox["job_unit"]), systemd_run, "5s")[1:]
+    unit, *recorded = instance.path("systemd-run-arguments").read_text().splitlines()
+    assert re.fullmatch(r"--unit=runner-pool-job-[0-9a-f]{12}", unit)
+    assert recorded == expected_command(instance, unit.removeprefix("--unit="), systemd_run, "5s")[2:]
     # And it runs as the runner account, in the service's cgroup, with none of the agent's environment
     service = build_scrub(instance.agent_settings(**sandbox)).cgroup
     assert service is not None
@@ -205,4 +221,4 @@ def test_without_a_job_unit_the_runner_is_the_agents_own_child_as_in_the_emulato
     )
     assert with_unit.unit is not None
     assert with_unit.cgroup is not None
-    assert with_unit.cgroup.path == Path("/sys/fs/cgroup/system.slice/runner-pool-job.service")
+    assert with_unit.cgroup.path == Path("/sys/fs/cgroup/runner-pool-jobs.slice")
