@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import platform
@@ -35,11 +36,15 @@ SYSVIPC_KINDS = {"shm": "shmid", "msg": "msqid", "sem": "semid"}
 _IPC_RMID = 0
 _KEY_SPEC_USER_KEYRING = -4
 _KEY_SPEC_USER_SESSION_KEYRING = -5
+_KEYCTL_GET_KEYRING_ID = 0
 _KEYCTL_CLEAR = 7
 _KEYCTL_GET_PERSISTENT = 22
 _KEYCTL_SYSCALL = {"x86_64": 250, "aarch64": 219}
 """keyctl(2)'s number on the architectures instances run (the kernel's syscall tables; glibc has no
 wrapper, libkeyutils is not installed)."""
+_NO_KEYS = frozenset({errno.ENOSYS, errno.EPERM})
+"""keyctl(2)'s answer where there are no keys to use: a kernel without them (ENOSYS), or a seccomp filter
+that refuses the call (EPERM: Docker's default profile does), for the job as for the agent."""
 _KEY_GC_SECONDS = 2.0
 """Unlinked keys are destroyed by the kernel's key garbage collector, shortly after: the check waits
 this long for them to go before it names them."""
@@ -110,6 +115,8 @@ def keys_of(account: pwd.struct_passwd) -> list[str]:
 
 def _clear_keyrings(account: pwd.struct_passwd) -> list[str]:
     keyctl = _keyctl()
+    if keyctl(_KEYCTL_GET_KEYRING_ID, _KEY_SPEC_USER_KEYRING, 0) < 0 and ctypes.get_errno() in _NO_KEYS:
+        return []
     # The persistent keyring is found by linking it into @us (persistent-keyring(7)); clearing @us
     # after it drops that link again. Negative (EOPNOTSUPP): the kernel has no persistent keyrings.
     persistent = keyctl(_KEYCTL_GET_PERSISTENT, -1, _KEY_SPEC_USER_SESSION_KEYRING)
@@ -136,7 +143,11 @@ def _keys_left(uid: int) -> list[str]:
     `_uid.<uid>`, `_uid_ses.<uid>`, `_persistent.<uid>`)."""
     own_keyrings = {f"_uid.{uid}", f"_uid_ses.{uid}", f"_persistent.{uid}"}
     left = []
-    for line in Path("/proc/keys").read_text().splitlines():
+    try:
+        listing = Path("/proc/keys").read_text()
+    except FileNotFoundError:  # a kernel without keys
+        return []
+    for line in listing.splitlines():
         serial, _flags, _usage, _timeout, _perm, owner, _group, kind, rest = line.split(None, 8)
         description, _, summary = rest.partition(": ")
         if int(owner) != uid:

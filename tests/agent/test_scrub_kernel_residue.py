@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from agent import kernel_objects
 from agent.kernel_objects import sysv_ipc_of
 from agent.scrub import Scrub, build_scrub
 from tests.agent.instance_root import InstanceRoot, instance_root, run_job
@@ -98,7 +99,20 @@ def found_key(keyring: int, description: str) -> bool:
     return True
 
 
+def keyrings_refused() -> str | None:
+    """Why this machine offers no keyrings (a kernel without them, a seccomp profile refusing keyctl), or None."""
+    try:
+        _syscall("keyctl", ctypes.c_long(0), ctypes.c_long(_KEY_SPEC_USER_KEYRING), ctypes.c_long(0))
+    except OSError as exc:
+        return f"keyctl(2) is refused here: {exc}"
+    return None
+
+
 def test_keys_a_job_added_to_the_accounts_keyrings_are_gone_for_the_next_job(instance: InstanceRoot) -> None:
+    refused = keyrings_refused()
+    if refused:
+        pytest.skip(refused)
+
     # Given a job that added a secret to its user, user session and persistent keyrings, which outlive it
     def plant() -> list[int]:
         return [
@@ -245,3 +259,18 @@ def test_a_subordinate_uid_range_of_the_runner_account_refuses_the_instance(inst
     assert report.left == [
         f"{subuid} gives the runner account a range: {instance.account.pw_name}:100000:65536"
     ]
+
+
+def test_where_keyctl_is_refused_the_scrub_has_no_keys_to_clear(
+    instance: InstanceRoot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a machine whose seccomp profile refuses keyctl(2) (Docker's default does), to the job as to
+    # the agent
+    def refused(*_: int) -> int:
+        ctypes.set_errno(1)  # EPERM
+        return -1
+
+    monkeypatch.setattr(kernel_objects, "_keyctl", lambda: refused)
+
+    # When the scrub runs / Then it is clean: no job could have added a key either
+    assert scrub_of(instance).run(session_id=None).left == []
