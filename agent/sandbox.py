@@ -89,8 +89,8 @@ LEFT_OUT: dict[str, str] = {
     "ProtectKernelModules": "makes /usr/lib/modules inaccessible, which jobs that build kernel modules read",
     "ProtectClock": "implies a device allow-list (DeviceAllow=char-rtc r) that closes other devices too; the "
     "account cannot set the clock anyway",
-    "ProtectKernelLogs": "the account reads the kernel log only where kernel.dmesg_restrict allows it; not "
-    "needed for the sandbox's purpose and not checked against the device rules it implies",
+    "ProtectKernelLogs": "the account reads the kernel log only where kernel.dmesg_restrict allows it, and "
+    "the device rules this implies were not checked against the jobs' devices",
     "PrivateNetwork": "jobs need the network",
     "PrivateUsers": "maps every other uid to nobody, which breaks files the job shares with containers",
     "RestrictNamespaces": "forbids user namespaces, which browsers' sandboxes (Chrome), bubblewrap and "
@@ -101,7 +101,8 @@ LEFT_OUT: dict[str, str] = {
     "CapabilityBoundingSet": "adds nothing here: an account that is not root, under NoNewPrivileges=, gains "
     "no capability through execve()",
 }
-"""systemd.exec(5) directives left out, and why: each would break jobs a CI runner must run."""
+"""systemd.exec(5) directives left out, and why: most would break jobs a CI runner must run, two add
+nothing for an account that is not root."""
 
 
 @dataclass(frozen=True)

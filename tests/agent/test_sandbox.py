@@ -21,7 +21,7 @@ import pytest
 from agent.log import agent_log
 from agent.processes import JobCgroup
 from agent.runner import RunnerProcess
-from agent.sandbox import SLICE, JobUnit
+from agent.sandbox import LEFT_OUT, SANDBOX, SLICE, JobUnit
 from agent.scrub import build_scrub
 from runner_pool.domain.records import Signal
 from tests.agent.conftest import AgentFactory, ControlPlane, eventually
@@ -222,3 +222,15 @@ def test_without_a_job_unit_the_runner_is_the_agents_own_child_as_in_the_emulato
     assert with_unit.unit is not None
     assert with_unit.cgroup is not None
     assert with_unit.cgroup.path == Path("/sys/fs/cgroup/runner-pool-jobs.slice")
+
+
+def test_the_readme_names_each_directive_of_the_sandbox_and_each_left_out() -> None:
+    # Given the sandbox's table and the README's security model
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    security_model = readme[readme.index("## Security model") :]
+    security_model = security_model[: security_model.index("\n## ", 1)]
+
+    # Then every directive is in one list or the other, never both, and the README names each
+    assert not {d.name for d in SANDBOX} & LEFT_OUT.keys()
+    assert [d.name for d in SANDBOX if f"`{d.name}={d.value}`" not in security_model] == []
+    assert [name for name in LEFT_OUT if f"`{name}`" not in security_model] == []
