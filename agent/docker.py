@@ -1,4 +1,5 @@
-"""What a job left in the docker daemon: containers, volumes, networks and pulled images, and removing them.
+"""What a job left in the docker daemon: containers, volumes, networks, pulled images and build cache,
+and removing them.
 
 The scrub talks to docker through the `Docker` interface; on an instance that is the docker CLI
 (`DockerCli`), each command as docker's reference documents it (docs.docker.com/reference/cli/docker/):
@@ -14,6 +15,19 @@ The scrub talks to docker through the `Docker` interface; on an instance that is
   403 "operation not supported for pre-defined networks") and are never listed as the job's.
 - `docker image rm --force`: "You cannot remove an image of a running container unless you use the -f
   option"; by id, so every tag of the image goes. Images in the operator's base set are kept.
+- `docker builder prune --all --force`: "Remove build cache"; "--all: Remove all unused build cache, not
+  just dangling ones", "--force: Do not prompt for confirmation". BuildKit's cache holds the layers and
+  files of every build (a `COPY` of a secret too), and the next job's build would reuse them.
+- `docker system df --format '{{.Type}}\t{{.TotalCount}}'`: the daemon's disk use by type, one of which is
+  `Build Cache` ("Valid placeholders: .Type, .TotalCount, .Active, .Size, .Reclaimable"): the check that
+  no cache record is left.
+
+A job's buildx builders are its own account's: buildx keeps them in the client's configuration
+(`~/.docker/buildx`, or `$DOCKER_CONFIG/buildx`: docs.docker.com/reference/cli/docker/buildx/), which
+goes with the home (or the work directory) the scrub resets, and a `docker-container` builder runs as a
+container `buildx_buildkit_<name>0` with its state in a volume, which go with the containers and
+volumes. `docker buildx ls` run by the agent (root) would list root's builders, not the job's; so the
+scrub does not call it.
 """
 
 from __future__ import annotations
@@ -52,6 +66,11 @@ class Docker(Protocol):
     def remove_networks(self, names: Sequence[str]) -> None: ...
     def images(self) -> list[DockerImage]: ...
     def remove_images(self, ids: Sequence[str]) -> None: ...
+    def build_cache_records(self) -> int:
+        """How many records BuildKit's build cache holds."""
+        ...
+
+    def prune_build_cache(self) -> None: ...
 
 
 Run = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -106,6 +125,16 @@ class DockerCli:
     def remove_images(self, ids: Sequence[str]) -> None:
         if ids:
             self._call("image", "rm", "--force", *ids)
+
+    def build_cache_records(self) -> int:
+        for line in self._lines("system", "df", "--format", "{{.Type}}\t{{.TotalCount}}"):
+            kind, _, count = line.partition("\t")
+            if kind == "Build Cache":
+                return int(count)
+        return 0
+
+    def prune_build_cache(self) -> None:
+        self._call("builder", "prune", "--all", "--force")
 
     def _lines(self, *args: str) -> list[str]:
         return [line.strip() for line in self._call(*args).splitlines() if line.strip()]

@@ -300,6 +300,7 @@ class Agent:
                 user=self._settings.runner_user,
                 log=log,
                 cgroup=self._scrub.cgroup,
+                unit=self._scrub.unit,
             )
             self._runner.wait_until_listening(self._settings.listening_timeout_seconds, self._stopping)
         except Exception as exc:

@@ -3,9 +3,10 @@
 A job's process may leave the runner's session (setsid) or change its uid (sudo, a setuid program):
 each way of finding it catches what the others miss. The session catches what the job started while
 the runner shares the agent's account (the emulator); the account's uid (real, effective, saved or
-file system) catches anything of the account however detached; the job's cgroup (cgroup v2, when the
-agent's unit delegates one) catches what the job started under another uid, through sudo too, since a
-process cannot leave its cgroup without root. Containers live in the docker daemon's cgroups: the
+file system) catches anything of the account however detached; the job's cgroup (cgroup v2: the
+transient service the runner runs in, agent/sandbox.py, or one below the agent's own where its unit
+delegates one) catches what the job started under another uid, through sudo too, since a process
+cannot leave its cgroup without root. Containers live in the docker daemon's cgroups: the
 scrub removes them through docker (agent/docker.py).
 """
 
@@ -66,6 +67,12 @@ class JobCgroup:
                 found |= {int(pid) for pid in (Path(directory) / "cgroup.procs").read_text().split()}
         return found
 
+    def send_signal(self, signum: signal.Signals) -> None:
+        """`signum` to every process in the cgroup."""
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
     def kill(self) -> None:
         """Every process in the cgroup, at once where the kernel offers it (cgroup.kill, Linux 5.14)."""
         kill_file = self._path / "cgroup.kill"
@@ -73,9 +80,7 @@ class JobCgroup:
             with contextlib.suppress(OSError):
                 kill_file.write_text("1")
                 return
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        self.send_signal(signal.SIGKILL)
 
 
 class JobProcesses:

@@ -1,6 +1,9 @@
 """The GitHub runner process: started with a JIT config, watched until it listens for jobs, and stopped.
 
-The runner gets a session of its own, so it and every process its job starts (unless one sets up a
+On an instance the runner is a transient systemd service, sandboxed (agent/sandbox.py): the agent's
+child is systemd-run, which passes the runner's output through and ends with it, and the job's
+processes are the service's cgroup. Without systemd (the emulator, the tests) the runner is the agent's
+own child, in a session of its own, so it and every process its job starts (unless one sets up a
 session of its own) can be found again by session id and stopped together.
 """
 
@@ -13,12 +16,14 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent.log import EventLog
 from agent.processes import JobCgroup
+from agent.sandbox import JobUnit
 
 LISTENING_MARK = "Listening for Jobs"
 """What the runner prints once it holds a session with GitHub and waits for its job."""
@@ -36,9 +41,10 @@ class RunnerStartError(RuntimeError):
 class RunnerProcess:
     """One runner process; its output goes to the agent's log line by line."""
 
-    def __init__(self, process: subprocess.Popen[str], log: EventLog) -> None:
+    def __init__(self, process: subprocess.Popen[str], log: EventLog, unit: JobUnit | None = None) -> None:
         self._process = process
         self._log = log
+        self._unit = unit
         self._listening = threading.Event()
         self._took_job = threading.Event()
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
@@ -54,12 +60,18 @@ class RunnerProcess:
         user: str | None,
         log: EventLog,
         cgroup: JobCgroup | None = None,
+        unit: JobUnit | None = None,
     ) -> RunnerProcess:
         """`program` (run.sh, which finds its config files in the runner directory) in `cwd`, as `user`
-        if given, in `cgroup` if given; RunnerStartError if it won't start. No argument and no variable
-        of its environment carries the runner's credentials: every process can read a process's
-        arguments, and the job's processes (same account) its environment."""
+        if given: as the service `unit` if given (the sandbox), else in `cgroup` if given;
+        RunnerStartError if it won't start. No argument and no variable of its environment carries the
+        runner's credentials: every process can read a process's arguments, and the job's processes
+        (same account) its environment."""
         account = pwd.getpwnam(user) if user else None
+        if unit is not None:
+            if account is None:
+                raise RunnerStartError("the runner's sandbox needs a runner account of its own")
+            return cls._start_unit(unit, program, cwd=cwd, account=account, log=log)
         if cgroup is not None:
             try:
                 cgroup.prepare()
@@ -89,6 +101,31 @@ class RunnerProcess:
             raise RunnerStartError(f"the runner could not be started: {exc}") from exc
         log.info("runner started", pid=process.pid)
         return cls(process, log)
+
+    @classmethod
+    def _start_unit(
+        cls, unit: JobUnit, program: Path, *, cwd: Path, account: pwd.struct_passwd, log: EventLog
+    ) -> RunnerProcess:
+        """systemd-run, which starts the service and lives as long as it does. The service's environment
+        is systemd's own, with the account's HOME, USER, LOGNAME and SHELL (systemd.exec(5) User=): none
+        of the agent's."""
+        job = uuid.uuid4().hex[:12]
+        name = unit.name(job)
+        try:
+            process = subprocess.Popen(  # noqa: S603 - systemd-run and the runner's start script, no shell
+                unit.command(program, job=job, cwd=cwd, account=account),
+                env={k: v for k, v in os.environ.items() if not k.startswith(_SECRET_PREFIXES)},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise RunnerStartError(f"the runner's service {name} could not be started: {exc}") from exc
+        log.info("runner started", pid=process.pid, unit=name)
+        return cls(process, log, unit)
 
     @property
     def session_id(self) -> int:
@@ -128,7 +165,8 @@ class RunnerProcess:
                 )
 
     def stop(self, timeout_seconds: float) -> None:
-        """Ask the runner to stop (SIGINT, as Ctrl-C would), then kill its process group if it lingers."""
+        """Ask the runner to stop (SIGINT, as Ctrl-C would), then kill its process group (and its
+        service's cgroup) if it lingers."""
         if self.running:
             self._signal_group(signal.SIGINT)
             try:
@@ -141,6 +179,12 @@ class RunnerProcess:
         self._reader.join(1.0)
 
     def _signal_group(self, signum: signal.Signals) -> None:
+        if self._unit is not None:
+            # The runner and its job are the service's; systemd-run, which waits for them, ends with them.
+            if signum != signal.SIGKILL:
+                self._unit.cgroup.send_signal(signum)
+                return
+            self._unit.cgroup.kill()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._process.pid, signum)
 

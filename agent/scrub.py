@@ -5,15 +5,22 @@ again, from scratch, for anything the account still has:
 
 - processes: of the runner's session, of the account (any uid of theirs), of the job's cgroup;
 - docker: every container (with its anonymous volumes), volume and user-defined network, every image
-  but the operator's base set;
+  but the operator's base set, BuildKit's build cache (buildx builders are the account's: its home);
+- kernel objects (agent/kernel_objects.py): the account's keys (user, user session and persistent
+  keyrings emptied), its System V shared memory, message queues and semaphore sets, its POSIX message
+  queues;
 - files: the home reset from the skeleton useradd copied, the account's entries in the shared
-  temporary directories, its crontab, its lingering marker (systemd-logind starts a lingering user's
+  temporary directories and on every memory file system (tmpfs: /dev/shm, /run/lock, /run/user/<uid>
+  and the like, found in the mount table), entries there of uids no account has (a user namespace's
+  subordinate uids), its crontab, its lingering marker (systemd-logind starts a lingering user's
   manager, and so its user units, at boot), its mail spool emptied; the runner directory back to its
   manifest, its work and log directories emptied;
-- then the check: no process, no container, volume, network or foreign image, a home equal to the
-  skeleton, no crontab or linger marker, the runner program as installed (hashed), and nothing the
-  account owns anywhere on the searched file systems but its home, its empty work and log directories
-  and its empty mail spool.
+- then the check: no process, no container, volume, network, foreign image or build cache, no key,
+  IPC object or message queue of the account, no subordinate uid or gid range for it, no access for it
+  to the docker daemon's socket (with it, a job is root), a home equal to the skeleton, no crontab or
+  linger marker, the runner program as installed (hashed), nothing the account owns anywhere on the
+  searched file systems and the memory file systems but its home, its empty work and log directories
+  and its empty mail spool, and no file of a uid no account has where the account can write.
 
 Whatever is left is the reason in UD_REMOVE_REG_FAILED, and the instance is not pooled. The scrub
 cannot undo what a job did as root (a job that can sudo can change anything); README "Security model".
@@ -28,6 +35,7 @@ import contextlib
 import hashlib
 import os
 import pwd
+import re
 import shutil
 import stat
 import time
@@ -35,13 +43,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent import kernel_objects
 from agent.docker import Docker, DockerCli, DockerError
 from agent.processes import JobCgroup, JobProcesses
 from agent.runner_install import RunnerInstall, remove_path
+from agent.sandbox import JobUnit
 from agent.settings import AgentSettings
 
 MAX_LISTED = 8
 """How many leftovers of one kind the reason names; the count says how many more."""
+MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs"})
 
 
 class CleanupError(RuntimeError):
@@ -59,6 +70,28 @@ class AccountPlaces:
     mail_dirs: tuple[Path, ...]
     scan_roots: tuple[Path, ...]
     scan_exclude: tuple[Path, ...]
+    mqueue_dir: Path = Path("/dev/mqueue")
+    mountinfo: Path = Path("/proc/self/mountinfo")
+    subordinate_id_files: tuple[Path, ...] = ()
+    first_user_uid: int = 1000
+    docker_socket: Path | None = None
+
+    def memory_file_systems(self) -> tuple[Path, ...]:
+        """Every tmpfs (or ramfs) mounted under a scan root and not under an excluded path, nor one of
+        the temporary directories: each is a file system of its own, which a scan of its parent's
+        never enters, and any that others may write (/run/lock, /dev/shm) is a place to leave things."""
+        found = []
+        for mount in _mounts(self.mountinfo, MEMORY_FILE_SYSTEMS):
+            if mount in self.temp_dirs or not any(mount.is_relative_to(root) for root in self.scan_roots):
+                continue
+            if any(mount.is_relative_to(excluded) for excluded in self.scan_exclude):
+                continue
+            found.append(mount)
+        return tuple(found)
+
+    def scratch_dirs(self) -> tuple[Path, ...]:
+        """Where the scrub removes the account's entries, and those of uids no account has."""
+        return (*self.temp_dirs, *self.memory_file_systems())
 
 
 @dataclass
@@ -82,6 +115,7 @@ class Scrub:
         work_dir: Path,
         runner: RunnerInstall,
         processes: JobProcesses,
+        unit: JobUnit | None = None,
         account: pwd.struct_passwd | None = None,
         places: AccountPlaces | None = None,
         docker: Callable[[], Docker | None] = lambda: None,
@@ -93,6 +127,7 @@ class Scrub:
         self._work_dir = work_dir
         self._runner = runner
         self._processes = processes
+        self._unit = unit
         self._account = account
         self._places = places
         self._docker = docker
@@ -111,6 +146,11 @@ class Scrub:
     def cgroup(self) -> JobCgroup | None:
         """Where the runner starts, so that the job's processes can all be found again."""
         return self._processes.cgroup
+
+    @property
+    def unit(self) -> JobUnit | None:
+        """The sandboxed service the runner starts as, whose cgroup is `cgroup`; None without systemd."""
+        return self._unit
 
     def keep_images(self, ids: Iterable[str]) -> None:
         """Images the instance had at first boot (the pre-runner script's): the scrub keeps them."""
@@ -140,9 +180,24 @@ class Scrub:
         steps: list[tuple[str, Callable[[], None]]] = [("runner directory", self._runner.reset)]
         if account is not None:
             places = self._places or _never("a runner account of its own without places")
+            unknown = _unknown_uids(places.first_user_uid)
             steps += [
+                ("kernel keys", lambda: kernel_objects.clear_keyrings(account)),
+                (
+                    "System V IPC",
+                    lambda: kernel_objects.remove_sysv_ipc(kernel_objects.sysv_ipc_of(account.pw_uid)),
+                ),
+                (
+                    "POSIX message queues",
+                    lambda: kernel_objects.remove_message_queues(account.pw_uid, places.mqueue_dir),
+                ),
                 ("home", lambda: _reset_home(account, places.skeleton)),
-                ("temporary files", lambda: _remove_owned(places.temp_dirs, account.pw_uid)),
+                (
+                    "temporary files",
+                    lambda: _remove_owned(
+                        places.scratch_dirs(), lambda uid: uid == account.pw_uid or unknown(uid)
+                    ),
+                ),
                 ("crontab and lingering", lambda: _remove_named(account.pw_name, places)),
                 ("mail spool", lambda: _empty_mail(account.pw_name, places)),
             ]
@@ -175,33 +230,130 @@ class Scrub:
             return left
         if docker is not None:
             left += _docker_left(docker, self._base_images)
+        left += _kernel_objects_left(account, places)
+        left += _subordinate_ranges(account, places.subordinate_id_files)
+        left += _docker_reachable(account, places.docker_socket)
         left += _home_differences(account, places.skeleton)
         for marker in _named_files(account.pw_name, places):
             if os.path.lexists(marker):
                 left.append(f"{marker} exists")
-        owned = sorted(str(path) for path in self._owned_outside_allowed(account, places))
+        owned, unknown = self._files_left(account, places)
         if owned:
-            left.append(_listed("files of the runner account", owned))
+            left.append(_listed("files of the runner account", sorted(owned)))
+        if unknown:
+            left.append(
+                _listed("files of uids no account has, where the runner account can write", sorted(unknown))
+            )
         return left
 
-    def _owned_outside_allowed(self, account: pwd.struct_passwd, places: AccountPlaces) -> Iterator[Path]:
+    def _files_left(self, account: pwd.struct_passwd, places: AccountPlaces) -> tuple[list[str], list[str]]:
+        """What the account owns outside its home and its empty places, and what a uid no account has
+        owns in a directory the account can write (only a job can have put it there: through a user
+        namespace's subordinate uids, say); one walk of the scan roots and the memory file systems."""
         home = Path(account.pw_dir)
         allowed_trees = {home}
         allowed_empty = {self._work_dir, self._runner.directory / "_diag"}
         allowed_empty |= {directory / account.pw_name for directory in places.mail_dirs}
         excluded = set(places.scan_exclude)
+        unknown_uid = _unknown_uids(places.first_user_uid)
         seen: set[Path] = set()
-        for root in (*places.scan_roots, *places.temp_dirs):
+        owned: list[str] = []
+        unknown: list[str] = []
+        for root in (*places.scan_roots, *places.scratch_dirs()):
             if not root.exists():
                 continue
             device = root.lstat().st_dev
             for path, info in _walk(root, device, excluded | allowed_trees):
-                if path in seen or info.st_uid != account.pw_uid:
+                if path in seen:
                     continue
                 seen.add(path)
-                if path in allowed_empty and (stat.S_ISDIR(info.st_mode) or info.st_size == 0):
-                    continue
-                yield path
+                if info.st_uid == account.pw_uid:
+                    if path in allowed_empty and (stat.S_ISDIR(info.st_mode) or info.st_size == 0):
+                        continue
+                    owned.append(str(path))
+                elif unknown_uid(info.st_uid) and _writable_by(path.parent, account):
+                    unknown.append(f"{path} (uid {info.st_uid})")
+        return owned, unknown
+
+
+def _mounts(mountinfo: Path, types: frozenset[str]) -> list[Path]:
+    """The mount points of the file systems of `types` in a mountinfo table (proc(5): the mount point
+    is field 5, octal-escaped; the type is the first field after the ' - ' separator)."""
+    found = []
+    for line in mountinfo.read_text().splitlines():
+        fields, _, after = line.partition(" - ")
+        if after.split()[0] in types:
+            point = fields.split()[4]
+            found.append(Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)))
+    return found
+
+
+def _unknown_uids(first_user_uid: int) -> Callable[[int], bool]:
+    """Whether a uid is one no account has, from `first_user_uid` (login.defs UID_MIN) up: below it are
+    the system's own, which the distribution and its packages give out without a passwd line too."""
+    known = {entry.pw_uid for entry in pwd.getpwall()}
+    return lambda uid: uid >= first_user_uid and uid not in known
+
+
+def _writable_by(directory: Path, account: pwd.struct_passwd) -> bool:
+    """Whether the account may create entries in `directory`: its own, or writable by everyone."""
+    try:
+        info = directory.lstat()
+    except OSError:
+        return False
+    return info.st_uid == account.pw_uid or bool(info.st_mode & stat.S_IWOTH)
+
+
+def _kernel_objects_left(account: pwd.struct_passwd, places: AccountPlaces) -> list[str]:
+    left = []
+    try:
+        keys = kernel_objects.keys_of(account)
+    except OSError as exc:
+        left.append(f"kernel keys could not be checked: {exc}")
+    else:
+        if keys:
+            left.append(_listed("kernel keys of the runner account", keys))
+    ipc = kernel_objects.sysv_ipc_of(account.pw_uid)
+    if ipc:
+        left.append(_listed("System V IPC objects of the runner account", ipc))
+    queues = [str(queue) for queue in kernel_objects.message_queues_of(account.pw_uid, places.mqueue_dir)]
+    if queues:
+        left.append(_listed("POSIX message queues of the runner account", queues))
+    return left
+
+
+def _subordinate_ranges(account: pwd.struct_passwd, files: tuple[Path, ...]) -> list[str]:
+    """A subordinate uid or gid range lets the account's user namespaces act as uids the scrub does not
+    track (subuid(5)); the boot gives it none (useradd -K SUB_UID_COUNT=0), and none may appear."""
+    left = []
+    for file in files:
+        with contextlib.suppress(FileNotFoundError):
+            for line in file.read_text().splitlines():
+                if line.split(":", 1)[0] in (account.pw_name, str(account.pw_uid)):
+                    left.append(f"{file} gives the runner account a range: {line.strip()}")
+    return left
+
+
+def _docker_reachable(account: pwd.struct_passwd, socket: Path | None) -> list[str]:
+    """An account that may use the docker daemon's socket (its own, its group's with group write, or
+    anyone's) is root to anything on the instance (docs.docker.com/engine/security/: "only trusted users
+    should be allowed to control your Docker daemon"), so no scrub can vouch for what its job left: the
+    instance is never pooled. Jobs that need docker get single-use instances (README, Security model)."""
+    if socket is None:
+        return []
+    try:
+        info = socket.stat()
+    except OSError:
+        return []
+    groups = os.getgrouplist(account.pw_name, account.pw_gid)
+    mode = info.st_mode
+    if (
+        info.st_uid == account.pw_uid
+        or (info.st_gid in groups and mode & stat.S_IWGRP)
+        or mode & stat.S_IWOTH
+    ):
+        return [f"the runner account may use the docker daemon ({socket}), so a job could act as root"]
+    return []
 
 
 def _listed(what: str, items: list[str]) -> str:
@@ -287,8 +439,9 @@ def _home_differences(account: pwd.struct_passwd, skeleton: Path) -> list[str]:
     return left
 
 
-def _remove_owned(directories: tuple[Path, ...], uid: int) -> None:
-    """Every entry `uid` owns in `directories` (at any depth, on their file systems), with what it holds."""
+def _remove_owned(directories: tuple[Path, ...], owned: Callable[[int], bool]) -> None:
+    """Every entry of a uid `owned` accepts in `directories` (at any depth, on their file systems), with
+    what it holds."""
     for directory in directories:
         if not directory.is_dir():
             continue
@@ -299,7 +452,7 @@ def _remove_owned(directories: tuple[Path, ...], uid: int) -> None:
             for entry in list(os.scandir(current)):
                 info = entry.stat(follow_symlinks=False)
                 path = Path(entry.path)
-                if info.st_uid == uid:
+                if owned(info.st_uid):
                     remove_path(path)
                 elif stat.S_ISDIR(info.st_mode) and info.st_dev == device:
                     pending.append(path)
@@ -332,6 +485,7 @@ def _remove_docker(docker: Docker, base_images: frozenset[str]) -> None:
     docker.remove_volumes(docker.volumes())
     docker.remove_networks(docker.networks())
     docker.remove_images([image.id for image in docker.images() if not image.kept_by(base_images)])
+    docker.prune_build_cache()
 
 
 def _docker_left(docker: Docker, base_images: frozenset[str]) -> list[str]:
@@ -342,9 +496,11 @@ def _docker_left(docker: Docker, base_images: frozenset[str]) -> list[str]:
             "networks": docker.networks(),
             "images": [image.id for image in docker.images() if not image.kept_by(base_images)],
         }
+        cache = docker.build_cache_records()
     except DockerError as exc:
         return [f"docker could not be checked: {exc}"]
-    return [_listed(f"docker {kind}", items) for kind, items in found.items() if items]
+    left = [_listed(f"docker {kind}", items) for kind, items in found.items() if items]
+    return left + ([f"docker build cache: {cache} records"] if cache else [])
 
 
 def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | None = None) -> Scrub:
@@ -352,8 +508,15 @@ def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | N
     docker through its CLI whenever its socket is there, unless `docker` is given."""
     account = pwd.getpwnam(settings.runner_user) if settings.runner_user else None
     own = account is not None and account.pw_uid != os.getuid()
+    unit = (
+        JobUnit(settings.job_unit, settings.cgroup_root, settings.stop_timeout_seconds, settings.systemd_run)
+        if settings.job_unit is not None
+        else None
+    )
     cgroup = (
-        JobCgroup.below_own(settings.job_cgroup, settings.cgroup_root)
+        unit.cgroup
+        if unit is not None
+        else JobCgroup.below_own(settings.job_cgroup, settings.cgroup_root)
         if settings.job_cgroup is not None
         else None
     )
@@ -365,6 +528,11 @@ def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | N
         mail_dirs=settings.mail_dirs,
         scan_roots=settings.scan_roots,
         scan_exclude=settings.scan_exclude,
+        mqueue_dir=settings.mqueue_dir,
+        mountinfo=settings.mountinfo,
+        subordinate_id_files=settings.subordinate_id_files,
+        first_user_uid=settings.first_user_uid,
+        docker_socket=settings.docker_socket,
     )
 
     def docker_cli() -> Docker | None:
@@ -379,6 +547,7 @@ def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | N
             account.pw_gid if account else None,
         ),
         processes=JobProcesses(account.pw_uid if account else None, cgroup),
+        unit=unit,
         account=account if own else None,
         places=places if own else None,
         docker=docker or docker_cli,

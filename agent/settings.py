@@ -53,6 +53,12 @@ class AgentSettings(BaseSettings):
     runner_manifest: Path | None = None
     """The runner's files as installed (agent/runner_install.py): checked before each start and after
     each job. Unset (as in the emulator), the runner directory is trusted."""
+    job_unit: str | None = None
+    """The name (before each job's id) of the transient systemd service each job's runner runs in,
+    sandboxed (agent/sandbox.py); its slice's cgroup is the job's, and job_cgroup is not used. Unset
+    (the emulator, the tests, a host without systemd), the runner is the agent's own child, unsandboxed."""
+    systemd_run: Path = Path("/usr/bin/systemd-run")
+    """What starts the runner's service, when job_unit is set."""
     job_cgroup: str | None = None
     """A cgroup v2 directory, relative to the agent's own cgroup, that the runner starts in: whatever
     the job starts (under any uid, through sudo too) stays in it and is killed with it. Needs the agent's
@@ -80,6 +86,15 @@ class AgentSettings(BaseSettings):
     )
     """Not searched: kernel views, and image layers whose files may carry any uid (docker is checked
     through its daemon instead)."""
+    mqueue_dir: Path = Path("/dev/mqueue")
+    """Where the POSIX message queue file system is mounted (systemd mounts it there, dev-mqueue.mount):
+    the runner account's queues are removed from it."""
+    mountinfo: Path = Path("/proc/self/mountinfo")
+    """The mount table the memory file systems (tmpfs) under the scan roots are found in."""
+    subordinate_id_files: tuple[Path, ...] = (Path("/etc/subuid"), Path("/etc/subgid"))
+    """A line for the runner account in either refuses the instance (subuid(5))."""
+    first_user_uid: int = Field(1000, ge=1)
+    """login.defs UID_MIN: a file of a uid from here up that no account has is a job's (a subordinate uid)."""
     docker_socket: Path = Path("/var/run/docker.sock")
     """No socket, no daemon: nothing of docker to clean."""
     listening_timeout_seconds: float = Field(120, gt=0)

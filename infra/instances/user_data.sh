@@ -151,11 +151,27 @@ record_pins() {
     pins_of "$1" >"${BAKED_DIR}/$1"
 }
 
+# The runner account gets no subordinate uid or gid range (subuid(5), subgid(5)): with one, its user
+# namespaces could act as uids that no account has and the scrub does not track. useradd gives a new
+# user one unless SUB_UID_COUNT and SUB_GID_COUNT are 0 (login.defs(5); -K overrides login.defs for
+# this call, useradd(8)), and an account made before this rule loses its lines. The agent's scrub
+# refuses the instance should a line for it appear.
+create_runner_account() {
+    id -u "${RUNNER_USER}" >/dev/null 2>&1 \
+        || useradd --create-home --shell /bin/bash -K SUB_UID_COUNT=0 -K SUB_GID_COUNT=0 "${RUNNER_USER}"
+    local file
+    for file in "${ROOT}/etc/subuid" "${ROOT}/etc/subgid"; do
+        if [[ -f "${file}" ]]; then
+            sed -i "/^${RUNNER_USER}:/d" "${file}"
+        fi
+    done
+}
+
 install_runner() {
     local archive="actions-runner-linux-${RUNNER_ARCH}-${RUNNER_VERSION}.tar.gz"
     local url="https://github.com/actions/runner/releases/download/v${RUNNER_VERSION}/${archive}"
     [[ "${RUNNER_SHA256}" =~ ^[0-9a-f]{64}$ ]] || fail "no SHA-256 to check ${archive} by; not installing it"
-    id -u "${RUNNER_USER}" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "${RUNNER_USER}"
+    create_runner_account
     curl -fsSL --retry 5 -o "${WORK}/${archive}" "${url}"
     echo "${RUNNER_SHA256}  ${WORK}/${archive}" | sha256sum --check --strict --quiet \
         || fail "${archive} from ${url} does not have the pinned SHA-256 ${RUNNER_SHA256}; not installing it"
@@ -295,7 +311,7 @@ RUNNER_POOL_RETENTION_DAYS=@RETENTION_DAYS@
 RUNNER_POOL_RUNNER_DIR=${RUNNER_DIR}
 RUNNER_POOL_RUNNER_USER=${RUNNER_USER}
 RUNNER_POOL_RUNNER_MANIFEST=${RUNNER_MANIFEST}
-RUNNER_POOL_JOB_CGROUP=job
+RUNNER_POOL_JOB_UNIT=runner-pool-job
 SETTINGS
     if [[ -n "${PRE_RUNNER_SCRIPT_BASE64}" ]]; then
         echo "RUNNER_POOL_PRE_RUNNER_SCRIPT=${CONFIG_DIR}/pre-runner.sh" >>"${CONFIG_DIR}/agent.env"
@@ -322,11 +338,10 @@ EnvironmentFile=${CONFIG_DIR}/agent.env
 ExecStart=${AGENT_HOME}/venv/bin/python -m agent
 Restart=always
 RestartSec=2
-# The runner and its job live in the agent's control group: stopping the agent stops them too,
-# the agent first (SIGTERM), everything left a little later. The agent starts the runner in a cgroup
-# of its own below it ("job"), so everything a job starts, under any uid, is found and killed with it.
+# The agent first (SIGTERM), anything of its own left a little later. The runner and its job are a
+# sandboxed transient service of their own (runner-pool-job-<id>, agent/sandbox.py), whose slice holds
+# everything a job starts, under any uid; the agent stops it and the scrub kills what is left.
 KillMode=mixed
-Delegate=yes
 TimeoutStopSec=60
 
 [Install]

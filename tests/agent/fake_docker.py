@@ -5,7 +5,8 @@ a running container is removed only with --force; `rm --volumes` takes the conta
 volumes and never a named one; a volume in use by a container cannot be removed, --force or not
 (moby/moby#31450); a network with containers connected cannot be removed, nor a predefined one
 (Engine API NetworkDelete: 403); an image is removed with --force unless a running container uses it
-("image is being used by running container", which --force does not override). Like the CLI given
+("image is being used by running container", which --force does not override); `builder prune --all`
+takes every cache record no build is using (none runs once the containers are gone). Like the CLI given
 several names, a removal tries each, then fails if any failed. A scrub that removes in the wrong
 order, or forgets a kind, leaves something here and the test sees it.
 """
@@ -42,6 +43,7 @@ class FakeDocker:
     volume_names: set[str] = field(default_factory=set)
     network_names: set[str] = field(default_factory=lambda: set(PREDEFINED_NETWORKS))
     running: dict[str, FakeContainer] = field(default_factory=dict)
+    build_cache: set[str] = field(default_factory=set)
     calls: list[str] = field(default_factory=list)
 
     # --- what a job does, through the daemon -----------------------------------------------------
@@ -82,6 +84,11 @@ class FakeDocker:
         self.running[container.id] = container
         return container.id
 
+    def build(self, tag: str, steps: int = 3) -> str:
+        """`docker build` through BuildKit: an image, and a cache record per step that later builds reuse."""
+        self.build_cache |= {_new_id("cache")[7:] for _ in range(steps)}
+        return self.pull(tag)
+
     # --- the agent's Docker interface ------------------------------------------------------------
 
     def containers(self) -> list[str]:
@@ -117,6 +124,14 @@ class FakeDocker:
     def remove_images(self, ids: Sequence[str]) -> None:
         self.calls.append("image rm --force")
         self._each(ids, self._remove_image)
+
+    def build_cache_records(self) -> int:
+        self.calls.append("system df")
+        return len(self.build_cache)
+
+    def prune_build_cache(self) -> None:
+        self.calls.append("builder prune --all --force")
+        self.build_cache.clear()
 
     # --- docker's rules ---------------------------------------------------------------------------
 

@@ -5,12 +5,15 @@ after it (with every process it still has), so the scrub meets real ownership, r
 and real processes. The runner directory is laid out as the boot lays it out (infra/instances/
 user_data.sh): root-owned, its top directory root:<account> with the sticky bit, `_work` and `_diag`
 the account's, and a manifest taken at install. The job's cgroup is made under the cgroup v2
-hierarchy when this machine lets root make one (None otherwise).
+hierarchy when this machine lets root make one (None otherwise). A test may mount file systems into
+the root (`mount`: a tmpfs, the mqueue file system) and run code as the account in a forked child
+(`as_account`), for what a job leaves in the kernel; both are undone with the root.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -19,11 +22,14 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from agent import kernel_objects
 from agent.log import agent_log
 from agent.processes import JobCgroup, JobProcesses
 from agent.runner import RunnerProcess
@@ -36,6 +42,8 @@ RESIDUE_JOB = """#!/bin/sh
 set -e
 mkdir -p "$HOME/.docker" "$HOME/.ssh" "$HOME/.config/systemd/user"
 echo '{"auths": {"ghcr.io": {"auth": "c2VjcmV0"}}}' > "$HOME/.docker/config.json"
+mkdir -p "$HOME/.docker/buildx/instances"
+echo '{"Name": "job-builder", "Driver": "docker-container"}' > "$HOME/.docker/buildx/instances/job-builder"
 echo '//registry.npmjs.org/:_authToken=npm_secret' > "$HOME/.npmrc"
 echo 'https://x-access-token:ghs_secret@github.com' > "$HOME/.git-credentials"
 echo 'PRIVATE KEY' > "$HOME/.ssh/id_ed25519" && chmod 600 "$HOME/.ssh/id_ed25519"
@@ -64,6 +72,7 @@ class InstanceRoot:
     account: pwd.struct_passwd
     cgroup_root: Path | None
     cgroup_name: str
+    mounts: list[Path] = field(default_factory=list)
 
     @property
     def home(self) -> Path:
@@ -93,6 +102,8 @@ class InstanceRoot:
             "mail_dirs": (self.root / "var/spool/mail",),
             "scan_roots": (self.root,),
             "scan_exclude": (),
+            "mqueue_dir": self.root / "dev/mqueue",
+            "subordinate_id_files": (self.root / "etc/subuid", self.root / "etc/subgid"),
             "docker_socket": self.root / "var/run/docker.sock",
         }
         if self.cgroup_root is not None:
@@ -114,6 +125,50 @@ class InstanceRoot:
     def as_account(self, path: Path) -> Path:
         os.lchown(path, self.account.pw_uid, self.account.pw_gid)
         return path
+
+    def mount(self, fstype: str, relative: str, options: str = "mode=1777") -> Path:
+        """A new file system of `fstype` at `relative`, unmounted with the root; the test is skipped, with
+        mount's reason, where root may not mount (a container without CAP_SYS_ADMIN)."""
+        point = self.root / relative
+        point.mkdir(parents=True, exist_ok=True)
+        mounted = subprocess.run(  # noqa: S603 - a fixed command
+            ["/usr/bin/mount", "-t", fstype, "-o", options, f"runner-pool-test-{fstype}", str(point)],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        if mounted.returncode != 0:
+            pytest.skip(
+                f"this machine refuses root a {fstype} mount (no CAP_SYS_ADMIN?): {mounted.stderr.strip()}"
+            )
+        self.mounts.append(point)
+        return point
+
+    def run_as_account(self, code: Callable[[], Any]) -> Any:
+        """`code()` in a forked child that has become the account (its uid and gids, a fresh session
+        keyring of its own, as a job's process has), as a job's process would run it; returns what it
+        returned (JSON), or raises what it raised, as a RuntimeError."""
+        reading, writing = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.close(reading)
+                os.setgroups([])
+                os.setresgid(self.account.pw_gid, self.account.pw_gid, self.account.pw_gid)
+                os.setresuid(self.account.pw_uid, self.account.pw_uid, self.account.pw_uid)
+                reply = {"value": code()}
+            except BaseException as exc:  # reported to the test, whatever it is
+                reply = {"error": repr(exc)}
+            os.write(writing, json.dumps(reply).encode())
+            os._exit(0)
+        os.close(writing)
+        with os.fdopen(reading, "rb") as pipe:
+            raw = pipe.read()
+        os.waitpid(pid, 0)
+        reply = json.loads(raw)
+        if "error" in reply:
+            raise RuntimeError(f"as the account: {reply['error']}")
+        return reply["value"]
 
 
 def _cgroup_root() -> Path | None:
@@ -166,6 +221,8 @@ def instance_root(
         yield instance
     finally:
         _end_everything_of(instance)
+        for point in reversed(instance.mounts):
+            subprocess.run(["/usr/bin/umount", "--lazy", str(point)], check=False, capture_output=True)  # noqa: S603
         subprocess.run(["/usr/sbin/userdel", name], check=False, capture_output=True)  # noqa: S603
         shutil.rmtree(root, ignore_errors=True)
 
@@ -226,6 +283,11 @@ def _end_everything_of(instance: InstanceRoot) -> None:
     if cgroup is not None and cgroup.path.exists():
         with contextlib.suppress(OSError):
             cgroup.path.rmdir()
+    # Keys and IPC objects outlive the account's deletion, and its uid goes to the next test's account.
+    with contextlib.suppress(OSError):
+        kernel_objects.clear_keyrings(instance.account)
+    with contextlib.suppress(OSError):
+        kernel_objects.remove_sysv_ipc(kernel_objects.sysv_ipc_of(instance.account.pw_uid))
 
 
 def run_job(instance: InstanceRoot, script: str) -> RunnerProcess:
@@ -260,7 +322,11 @@ def run_job(instance: InstanceRoot, script: str) -> RunnerProcess:
 
 
 def plant_in_docker(docker: FakeDocker) -> None:
-    """What a job with service containers leaves in the daemon: a container, volumes, a network, images."""
+    """What a job with service containers and a build leaves in the daemon: a container, volumes, a
+    network, images, BuildKit's build cache."""
     docker.run("node:20", volumes=["npm-cache"], network=docker.create_network("job-net"))
     docker.create_volume("job-volume")
     docker.pull("postgres:16")
+    docker.build("job-app:latest")
+    # `docker buildx create --driver docker-container --name job-builder`, once it has built
+    docker.run("moby/buildkit:buildx-stable-1", volumes=["buildx_buildkit_job-builder0_state"])

@@ -53,6 +53,7 @@ def plant(instance: InstanceRoot, docker: FakeDocker) -> dict[str, Path | str]:
     user = instance.account.pw_name
     planted: dict[str, Path | str] = {
         "docker credentials": instance.home / ".docker/config.json",
+        "buildx builder": instance.home / ".docker/buildx/instances/job-builder",
         "npm token": instance.home / ".npmrc",
         "git credentials": instance.home / ".git-credentials",
         "ssh key": instance.home / ".ssh/id_ed25519",
@@ -95,6 +96,7 @@ def plant(instance: InstanceRoot, docker: FakeDocker) -> dict[str, Path | str]:
     plant_in_docker(docker)
     planted |= {"docker container": "node:20", "docker volume": "npm-cache", "docker network": "job-net"}
     planted["docker image"] = "postgres:16"
+    planted["docker build cache"] = f"{len(docker.build_cache)} records"
     return planted
 
 
@@ -135,6 +137,7 @@ def test_every_kind_of_residue_a_job_plants_is_gone_after_the_scrub(
     assert docker.networks() == []
     assert [sorted(image.references) for image in docker.images()] == [["ubuntu:24.04"]]
     assert docker.network_names == set(PREDEFINED_NETWORKS)
+    assert docker.build_cache == set()
     # ...and the runner's directory is as installed, its work and log directories empty and the account's
     assert RunnerInstall(instance.runner_dir, instance.manifest, None, None).verify(full=True) == []
     for own in ("_work", "_diag"):
@@ -213,3 +216,32 @@ def test_the_jit_config_files_are_the_accounts_alone_and_never_written_through_a
         info = (instance.runner_dir / name).lstat()
         assert (info.st_uid, oct(info.st_mode & 0o777)) == (instance.account.pw_uid, "0o600")
         assert not (instance.runner_dir / name).is_symlink()
+
+
+def test_a_runner_account_that_may_use_the_docker_socket_refuses_the_instance(
+    instance: InstanceRoot, docker: FakeDocker
+) -> None:
+    # Given a docker socket whose group, with write access, is one of the runner account's (as the
+    # `docker` group would be, were the account put in it)
+    socket = instance.path("var/run/docker.sock")
+    socket.touch()
+    os.chown(socket, 0, instance.account.pw_gid)
+    socket.chmod(0o660)
+
+    # When the scrub runs after a job / Then the instance is refused: its job could have been root
+    report = scrub_of(instance, docker).run(session_id=None)
+    assert report.left == [
+        f"the runner account may use the docker daemon ({socket}), so a job could act as root"
+    ]
+
+
+def test_a_docker_socket_the_runner_account_cannot_use_is_no_reason_to_refuse(
+    instance: InstanceRoot, docker: FakeDocker
+) -> None:
+    # Given docker's socket as the distribution installs it: root's, group docker, the account not in it
+    socket = instance.path("var/run/docker.sock")
+    socket.touch()
+    socket.chmod(0o660)
+
+    # When the scrub runs / Then the instance is clean
+    assert scrub_of(instance, docker).run(session_id=None).left == []

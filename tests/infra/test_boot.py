@@ -453,7 +453,11 @@ def test_the_boot_installs_what_is_pinned_and_nothing_else(
     distribution: Distribution, boot_world: BootWorld, tmp_path: Path
 ) -> None:
     """One test per distribution, its parts below: a boot costs twenty seconds, so it runs once."""
-    # Given the default x64 user data, the stub archive's checksum standing in for the release's
+    # Given the default x64 user data, the stub archive's checksum standing in for the release's, and
+    # subordinate id ranges given before (an older image's runner account among them)
+    for ranges in ("etc/subuid", "etc/subgid"):
+        (tmp_path / "root" / ranges).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "root" / ranges).write_text(SUBORDINATE_RANGES)
     # When it boots on a supported distribution, with no network but the stubs
     boot = boot_world.boot(tmp_path, distribution.os_release, runner_sha256="")
     print(f"\nboot on {distribution.name}: {boot.seconds:.1f} s")
@@ -465,6 +469,9 @@ def test_the_boot_installs_what_is_pinned_and_nothing_else(
     installs_the_runners_prerequisites_itself(distribution, boot)
     fetches_only_the_pinned_runner_and_the_checked_wheelhouse(boot, boot_world)
     unpacks_the_runner_for_the_runner_user(boot)
+    # (the runner account's range from before is gone; other accounts' stay)
+    for ranges in ("etc/subuid", "etc/subgid"):
+        assert (boot.root / ranges).read_text() == "ubuntu:100000:65536\n"
     installs_the_agent_offline_from_exactly_the_wheelhouse_pins(boot, boot_world)
     runs_the_agent_as_a_service_behind_the_metadata_guard(boot, boot_world)
 
@@ -504,6 +511,9 @@ def fetches_only_the_pinned_runner_and_the_checked_wheelhouse(boot: Boot, boot_w
     assert all("X-aws-ec2-metadata-token: imds-token" in call["headers"] for call in reads)
 
 
+SUBORDINATE_RANGES = "ubuntu:100000:65536\nrunner:165536:65536\n"
+
+
 def unpacks_the_runner_for_the_runner_user(boot: Boot) -> None:
     runner = boot.root / "opt/actions-runner"
     # The runner directory is the archive's layout, plus _work
@@ -513,7 +523,10 @@ def unpacks_the_runner_for_the_runner_user(boot: Boot) -> None:
     assert (runner / "_diag").is_dir()
     # The runner user was created; the program is root's and no file of it is writable by the user;
     # the top directory is root:runner with the sticky bit, _work and _diag the runner user's
-    assert boot.of("useradd") == [["--create-home", "--shell", "/bin/bash", "runner"]]
+    # with no subordinate uid or gid range (login.defs SUB_UID_COUNT, SUB_GID_COUNT)
+    assert boot.of("useradd") == [
+        ["--create-home", "--shell", "/bin/bash", "-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0", "runner"]
+    ]
     assert boot.of("chown") == [
         ["-R", "root:root", str(runner)],
         ["root:runner", str(runner)],
@@ -568,11 +581,12 @@ def runs_the_agent_as_a_service_behind_the_metadata_guard(boot: Boot, boot_world
         settings,
         re.MULTILINE,
     )
-    # And the agent checks the runner against its manifest, and starts it in a cgroup of its own below
-    # the agent's, which the unit delegates to it
+    # And the agent checks the runner against its manifest, and starts it as a sandboxed service of its
+    # own (agent/sandbox.py), not in a cgroup below the agent's
     assert f"RUNNER_POOL_RUNNER_MANIFEST={boot.root}/etc/runner-pool/runner-manifest.json\n" in settings
-    assert "RUNNER_POOL_JOB_CGROUP=job\n" in settings
-    assert "Delegate=yes\n" in agent
+    assert "RUNNER_POOL_JOB_UNIT=runner-pool-job\n" in settings
+    assert "RUNNER_POOL_JOB_CGROUP" not in settings
+    assert "Delegate=" not in agent
 
 
 @pytest.mark.parametrize(
