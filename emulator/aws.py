@@ -18,6 +18,7 @@ from moto.server import ThreadedMotoServer
 from werkzeug.serving import BaseWSGIServer
 
 from emulator.atomic_dynamodb import atomic_items
+from emulator.aws_faults import AwsFaults
 from emulator.listening import LISTEN_BACKLOG
 from emulator.moto_internals import patch_point
 from emulator.moto_speedups import speedups
@@ -112,11 +113,12 @@ def behaving_as_aws() -> Iterator[None]:
 
 
 @contextmanager
-def local_aws(*, state_machines: bool = False) -> Iterator[LocalAws]:
+def local_aws(*, state_machines: bool = False, faults: AwsFaults | None = None) -> Iterator[LocalAws]:
     """moto's server in this process, on a free port of 127.0.0.1, behaving as AWS (`behaving_as_aws`).
 
     `state_machines=True`: Step Functions executes state machines, and Lambda stays in this process
-    (with `emulator.step_functions.lambdas_in_process` routing invocations to our handlers).
+    (with `emulator.step_functions.lambdas_in_process` routing invocations to our handlers). `faults`:
+    a seeded fraction of the Lambdas' calls fails as AWS's do (emulator/aws_faults.py).
     """
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per request otherwise
     port = _free_port()
@@ -129,6 +131,12 @@ def local_aws(*, state_machines: bool = False) -> Iterator[LocalAws]:
     ):
         with mock.patch.object(BaseWSGIServer, "request_queue_size", LISTEN_BACKLOG):
             server.start()  # returns once the server listens
+        if faults is not None:
+            # moto's server keeps its WSGI server private; its app is werkzeug's BaseWSGIServer.app.
+            wsgi = server._server
+            if wsgi is None:
+                raise RuntimeError("moto's server started without its WSGI server")
+            wsgi.app = faults.wrap(wsgi.app)
         try:
             yield LocalAws(f"http://127.0.0.1:{port}")
         finally:

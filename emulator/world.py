@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from emulator.accounting import Accounting, account
 from emulator.aws import INSTANCE_ARNS, LocalAws, local_aws
+from emulator.aws_faults import AwsFaults
 from emulator.deployment import Deployment, GitHubAppSetup, Timers, deploy
 from emulator.fake_github import FakeGitHub, FakeWorkflowRun, JobSpec
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
@@ -103,16 +104,18 @@ def world(
     lost_runner_seconds: float = LOST_RUNNER_SECONDS,
     runtime: RuntimeFactory | None = None,
     record_watch_seconds: float = RECORD_WATCH_SECONDS,
+    faults: AwsFaults | None = None,
 ) -> Iterator[World]:
     """`runtime` runs the stack's functions (emulator/stack.py; in this process by default).
     `record_watch_seconds`: how often the timeline looks at every live record (a sweep of the whole
-    threshold index, which a world of hundreds of instances wants less often)."""
+    threshold index, which a world of hundreds of instances wants less often). `faults`: the Lambdas'
+    calls failing as AWS's do, on a seeded fraction (emulator/aws_faults.py)."""
     config = config or compressed_config()
     private_pem, public_pem = _app_key()
     app = GitHubAppSetup(APP_ID, INSTALLATION_ID, private_pem, str(config.github.scope or REPOSITORY))
     with (
         _lambdas_quiet(),
-        local_aws(state_machines=True) as aws,
+        local_aws(state_machines=True, faults=faults) as aws,
         FakeGitHub(APP_ID, public_pem, lost_runner_seconds=lost_runner_seconds) as github,
     ):
         github.state.add_installation(INSTALLATION_ID, OWNER)
