@@ -465,7 +465,7 @@ def steps(
     poll (the next call, or the invocation's end `ended`, came its WaitTimeSeconds later) is its wait;
     with `hand_over`, each hand-over brings its GitHub calls: a JIT registration before each config
     encrypted for an instance, and the installation token the first one needs. The step asks for that
-    token in the background once it has read the App's key (steps/provision.py `_authenticating`), so
+    token in the background once it has read the App's key (steps/hand_over.py `authenticate_ahead`), so
     the calls it makes meanwhile (the pool's read, CreateFleet) hide it: only what they leave of it is
     on the path, and nothing when no registration follows."""
     found = []
@@ -522,7 +522,7 @@ def _stores_config(invocation: Invocation, instance_id: str) -> int | None:
 
 def own_hand_over(invocation: Invocation, instance_id: str, end: int) -> list[Call]:
     """The handing invocation's calls up to the store of `instance_id`'s config, less the other
-    instances' hand-overs: Begin and Create hand over side by side (steps/provision.py,
+    instances' hand-overs: Begin and Create hand over side by side (steps/hand_over.py,
     HAND_OVERS_AT_ONCE), so those ran beside this one, not before it. A hand-over begins with a read of
     its instance's record (GetItem); what came before the first such read (the claims, the records
     created) ran one after another and stays on the path."""

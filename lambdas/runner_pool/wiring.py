@@ -63,7 +63,7 @@ class ControlPlane:
         self._making = threading.Lock()
         """Clients are made one at a time: boto3's default session is not safe to make clients from on
         several threads at once (its Session is not thread-safe, boto3 guide "Multithreading or
-        multiprocessing with clients"), and a step makes some in the background (steps.provision)."""
+        multiprocessing with clients"), and a step makes some in the background (steps.hand_over)."""
         self._github_made = threading.Lock()
 
     @property

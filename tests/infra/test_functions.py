@@ -16,7 +16,7 @@ from infra.dependency_layer import LAMBDA_PYTHON_VERSION
 from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS
 from runner_pool.environment import ENV_PREFIX, ControlPlaneSettings
 from runner_pool.observability import METRICS_NAMESPACE, SERVICE
-from runner_pool.steps.provision import PICKUPS_PER_CLAIM
+from runner_pool.steps.claim_workers import PICKUPS_PER_CLAIM
 from tests.infra.synthesis import Synthesis
 
 FUNCTION = "AWS::Lambda::Function"

@@ -15,7 +15,8 @@ from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS, PickupManager
 from runner_pool.domain.provision import ClaimWorker, ProvisionPlan, Readiness
 from runner_pool.handlers.provision import provision_of
-from runner_pool.steps.provision import CLAIM_RESERVE_SECONDS, Provision
+from runner_pool.steps.claim_workers import CLAIM_RESERVE_SECONDS
+from runner_pool.steps.provision import Provision
 from tests.support.control_plane import LocalControlPlane, local_control_plane, stack_config
 from tests.support.provision_world import REPOSITORY, output, provision_world
 
@@ -244,7 +245,7 @@ def test_a_request_whose_label_is_refused_fails_at_once_without_a_retry() -> Non
         assert failed[0]["executionFailedEventDetails"]["error"] == "ProvisionRefused"
 
 
-# --- a claim step bounded by its Lambda's time (steps/provision.py CLAIM_RESERVE_SECONDS) ---------------
+# --- a claim step bounded by its Lambda's time (steps/claim_workers.py CLAIM_RESERVE_SECONDS) ---------------
 
 
 def test_a_claim_step_without_time_for_a_whole_pickup_holds_nothing_and_claims_again(

@@ -126,7 +126,7 @@ class GitHubApp:
 
     def authenticate(self) -> None:
         """Have the installation token in hand: asked for now unless held (a fresh environment's first
-        call would ask for it), so a step can ask while its own calls run (steps.provision)."""
+        call would ask for it), so a step can ask while its own calls run (steps.hand_over)."""
         self._call(self._tokens.get)
 
     # --- runners ---------------------------------------------------------------------------------

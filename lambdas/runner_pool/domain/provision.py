@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -155,6 +156,19 @@ class ClaimWorker(_Step):
     @property
     def remaining(self) -> int:
         return self.plan.candidates_per_slot if self.candidates_left is None else self.candidates_left
+
+    def holding_nothing(self, **update: Any) -> ClaimWorker:
+        """This worker with no instance, claim or wait of its own; `update` on top."""
+        let_go: dict[str, Any] = {
+            "claimed": False,
+            "instance_id": None,
+            "claim_token": None,
+            "handed_over_at": None,
+            "deadline": None,
+            "starting": False,
+            "readiness": None,
+        }
+        return self.model_copy(update=let_go | update)
 
 
 class WorkerResult(_Step):

@@ -19,20 +19,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.runner_credentials import RunnerCredentials
-from runner_pool.adapters.side_by_side import side_by_side
+from runner_pool.adapters.side_by_side import in_background, side_by_side
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.config import GitHubSettings
 from runner_pool.domain.executions import runner_name
 from runner_pool.domain.pickup import PoolQueue
+from runner_pool.domain.provision import unavailable_wait_seconds
 from runner_pool.domain.records import PoolMessage
+from runner_pool.domain.registration_budget import RegistrationBudget, wait_seconds
 from runner_pool.domain.run_keys import RunKey
-from runner_pool.domain.runners import GitHubError, GitHubRetryableError, RunnerRegistry, refused_for_good
+from runner_pool.domain.runners import (
+    GitHubError,
+    GitHubRateLimitedError,
+    GitHubRetryableError,
+    RunnerRegistry,
+    refused_for_good,
+)
 from runner_pool.observability import count, logger
 from runner_pool.steps.notices import NoticeSource, notify
 
@@ -75,6 +84,18 @@ class RegistrationRefused(Exception):  # noqa: N818 - an outcome carried out of 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def github_wait(cause: GitHubRetryableError, deferrals: int, budget: RegistrationBudget) -> int:
+    """How long to leave GitHub alone after it deferred a registration: its own wait for a rate limit,
+    which every other registration then honours too (docs.github.com, "Rate limits for the REST API",
+    "Exceeding the rate limit"); a growing one while GitHub fails (`deferrals` in a row)."""
+    if isinstance(cause, GitHubRateLimitedError):
+        budget.hold_off(cause.retry_after_seconds)
+        count("GitHubRateLimited")
+        return wait_seconds(cause.retry_after_seconds)
+    count("GitHubUnavailable")
+    return unavailable_wait_seconds(deferrals)
 
 
 class HandOver:
@@ -194,8 +215,31 @@ class HandOver:
 
         return side_by_side(one, items, at_once=HAND_OVERS_AT_ONCE)
 
+    def authenticate_ahead(self) -> None:
+        """Ask GitHub for the installation token in the background while the step goes on. A fresh Lambda
+        environment's first registration would ask for it first (about 200 ms, bench/aws_model.py) after
+        the pool's look or the launch; a warm one holds it and asks nothing. Best effort: whatever fails
+        here fails again, and is handled, where the token is needed.
+
+        The registry is made in the background too: in a fresh environment that is a Secrets Manager
+        call for the App's key, which the step need not wait for (0.1 s before CreateFleet in the
+        emulator). Nothing waits for the token either: a step that found nothing to hand over (an empty
+        pool) goes on at once, and one that hands over waits for the token where it needs it (the token
+        cache's lock), not before."""
+        try:
+            ahead: Future[None] = in_background(lambda: self._registry().authenticate())
+        except Exception:
+            logger.debug("no installation token ahead; the first registration asks for it", exc_info=True)
+        else:
+            ahead.add_done_callback(_note_token_not_ahead)
+
     def _notify(self, instance_id: str) -> None:
         try:
             notify(self._notices, instance_id)
         except Exception:  # best effort: the hand-over took effect, and the agent's watch reads its record
             logger.exception("notice not sent; the agent sees its record at its watch period")
+
+
+def _note_token_not_ahead(ahead: Future[None]) -> None:
+    if ahead.exception() is not None:
+        logger.info("installation token not obtained ahead", error=repr(ahead.exception()))
