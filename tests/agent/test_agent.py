@@ -65,11 +65,17 @@ def test_every_item_the_agent_reads_and_writes_is_keyed_by_its_own_instance_arn(
     # When it has registered (it read its record and its config, and wrote heartbeat and signals)
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
 
-    # Then every item of the instance is under one partition key: the ARN the metadata service
-    # gave the agent, which is what `${ec2:SourceInstanceARN}` resolves to for its requests
+    # Then every item of the instance is keyed by the ARN the metadata service gave the agent, which is
+    # what `${ec2:SourceInstanceARN}` resolves to for its requests: what it reads under the ARN, what it
+    # writes under `agent#` and the ARN (issue 36: never beside the record)
     items = dynamodb.scan(TableName=TABLE_NAME, ConsistentRead=True)["Items"]
-    assert {item["sk"]["S"] for item in items} == {"state", "heartbeat", "signal", "runner-config"}
-    assert {item["pk"]["S"] for item in items} == {control_plane.identity.arn}
+    arn = control_plane.identity.arn
+    assert {(item["pk"]["S"], item["sk"]["S"]) for item in items} == {
+        (arn, "state"),
+        (arn, "runner-config"),
+        (f"agent#{arn}", "heartbeat"),
+        (f"agent#{arn}", "signal"),
+    }
     assert (
         control_plane.identity.arn
         == f"arn:aws:ec2:us-east-1:123456789012:instance/{control_plane.instance_id}"

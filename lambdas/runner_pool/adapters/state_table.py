@@ -1,14 +1,23 @@
 """The state table: every lifecycle transition of DESIGN.md section 4 as one conditional DynamoDB write.
 
-All items of one instance share its partition key, told apart by `sk`. The key is the instance's
-ARN (`arn:<partition>:ec2:<region>:<account>:instance/<id>`), not its bare id: IAM names a calling
+The control plane's items of one instance share its partition key, told apart by `sk`; the items its
+agent writes share another. The keys are built from the instance's ARN
+(`arn:<partition>:ec2:<region>:<account>:instance/<id>`), not its bare id: IAM names a calling
 instance only by its ARN (`${ec2:SourceInstanceARN}`), so that is what the instance role's
 `dynamodb:LeadingKeys` condition can pin each instance's own items to. Records and every method
 speak instance ids; only the keys are ARNs.
 
-    state      the control plane's InstanceRecord
-    heartbeat  the agent's last beat
-    signal     the agent's latest WorkerSignal
+    pk = <arn>         state      the control plane's InstanceRecord (and its runner config)
+    pk = agent#<arn>   heartbeat  the agent's last beat
+                       signal     the agent's latest WorkerSignal
+
+Why two partitions: IAM's DynamoDB condition keys can pin a request to partition key values
+(`dynamodb:LeadingKeys`) and attribute names (`dynamodb:Attributes`), never to a sort key (DynamoDB
+Developer Guide, specifying-conditions.html: LeadingKeys "represents the partition key"; the Service
+Authorization Reference, list_amazondynamodb.html, lists no condition key for the sort key). Were the
+agent's items beside the record, the agent (or a job that became root) could put an item with the
+record's key and the agent's attributes, replacing the record. So the instance role may write only
+under `agent#<its ARN>`, which the control plane never reads as a record.
 
 The control plane's own markers (refresh's high-water marks) are items of their own, `pk` =
 `marker#<name>`, outside both indexes.
@@ -66,6 +75,8 @@ if TYPE_CHECKING:
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
 STATE_ITEM = "state"
+AGENT_PARTITION_PREFIX = "agent#"
+"""Prefixed to an instance's ARN, the partition key of its agent's items (heartbeat, signal)."""
 HEARTBEAT_ITEM = "heartbeat"
 SIGNAL_ITEM = "signal"
 TTL_ATTRIBUTE = "expires_at"
@@ -675,23 +686,23 @@ class StateTable:
     def observe_many(self, instance_ids: Sequence[str]) -> dict[str, InstanceView]:
         """Each instance's view as `observe` reads it, OBSERVED_PER_READ instances to a BatchGetItem:
         what a step that watches many instances (fleet validation, refresh's admission) reads."""
-        kinds = (STATE_ITEM, HEARTBEAT_ITEM, SIGNAL_ITEM)
+        kinds = (HEARTBEAT_ITEM, SIGNAL_ITEM)
         views: dict[str, InstanceView] = {}
         for start in range(0, len(instance_ids), OBSERVED_PER_READ):
             chunk = [
                 (instance_id, self.instance_arns.arn(instance_id))
                 for instance_id in instance_ids[start : start + OBSERVED_PER_READ]
             ]
-            items = read_items(
-                self._client,
-                self._table,
-                [_key(arn, kind) for _, arn in chunk for kind in kinds],
-                self._backoff,
-            )
+            keys = [
+                key
+                for _, arn in chunk
+                for key in (_key(arn, STATE_ITEM), *(_key(agent_partition(arn), kind) for kind in kinds))
+            ]
+            items = read_items(self._client, self._table, keys, self._backoff)
             for instance_id, arn in chunk:
                 state = items.get((arn, STATE_ITEM))
-                heartbeat = items.get((arn, HEARTBEAT_ITEM))
-                signal = items.get((arn, SIGNAL_ITEM))
+                heartbeat = items.get((agent_partition(arn), HEARTBEAT_ITEM))
+                signal = items.get((agent_partition(arn), SIGNAL_ITEM))
                 views[instance_id] = InstanceView(
                     record=None if state is None else record_from_item(state),
                     heartbeat=_heartbeat(instance_id, None if heartbeat is None else _from_item(heartbeat)),
@@ -849,20 +860,23 @@ class StateTable:
     def _put_agent_item(self, instance_id: str, kind: str, fields: Mapping[str, Any], now: Epoch) -> None:
         item = {
             **_to_item({k: v for k, v in fields.items() if v is not None}),
-            **self._instance_key(instance_id, kind),
+            **self._agent_key(instance_id, kind),
             TTL_ATTRIBUTE: _value(self._expiry(now)),
         }
         self._client.put_item(TableName=self._table, Item=item)
 
     def _get_agent_item(self, instance_id: str, kind: str) -> dict[str, Any] | None:
         response = self._client.get_item(
-            TableName=self._table, Key=self._instance_key(instance_id, kind), ConsistentRead=True
+            TableName=self._table, Key=self._agent_key(instance_id, kind), ConsistentRead=True
         )
         item = response.get("Item")
         return None if item is None else _from_item(item)
 
     def _instance_key(self, instance_id: str, kind: str) -> dict[str, Any]:
         return _key(self.instance_arns.arn(instance_id), kind)
+
+    def _agent_key(self, instance_id: str, kind: str) -> dict[str, Any]:
+        return _key(agent_partition(self.instance_arns.arn(instance_id)), kind)
 
     def _expiry(self, now: Epoch) -> int:
         return int(now) + self._timeouts.terminated_retention_days * 86_400
@@ -945,3 +959,8 @@ def record_from_item(item: Mapping[str, Any]) -> InstanceRecord:
     """The record an instance's `state` item holds (public for an adapter that reads it beside its own)."""
     fields = {k: v for k, v in _from_item(item).items() if k not in _BOOKKEEPING}
     return InstanceRecord.model_validate(fields)
+
+
+def agent_partition(arn: str) -> str:
+    """The partition key of the agent's items of the instance `arn` names."""
+    return AGENT_PARTITION_PREFIX + arn
