@@ -19,6 +19,10 @@ agent's items beside the record, the agent (or a job that became root) could put
 record's key and the agent's attributes, replacing the record. So the instance role may write only
 under `agent#<its ARN>`, which the control plane never reads as a record.
 
+A `state` item that does not parse is an UnreadableRecord: every read treats it as no record (a sweep
+skips it, a single read finds None), `unreadable` finds those the threshold index holds, and
+`set_aside` takes one out of every index once refresh has terminated its instance.
+
 The control plane's own markers (refresh's high-water marks) are items of their own, `pk` =
 `marker#<name>`, outside both indexes.
 
@@ -51,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
+from pydantic import ValidationError
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
@@ -61,10 +66,12 @@ from runner_pool.domain.config import ReuseScope, ReuseSettings, Timeouts
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import (
+    MAX_REASON_CHARS,
     Heartbeat,
     InstanceFacts,
     InstanceRecord,
     Signal,
+    UnreadableRecord,
     UsageClass,
     WorkerSignal,
 )
@@ -80,6 +87,8 @@ AGENT_PARTITION_PREFIX = "agent#"
 HEARTBEAT_ITEM = "heartbeat"
 SIGNAL_ITEM = "signal"
 TTL_ATTRIBUTE = "expires_at"
+UNREADABLE_ATTRIBUTE = "unreadable_since"
+"""Set by `set_aside` on an unreadable `state` item, beside its TTL."""
 RUN_KEY_INDEX = "by-run-key"
 RUN_KEY_ATTRIBUTE = "run_key"
 REPOSITORY_ATTRIBUTE = "repository"
@@ -115,6 +124,14 @@ MARKER_MOVER = "moved_by"
 _ANY_RUN = object()
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
+_INDEX_KEYS = (
+    SWEEP_SHARD_ATTRIBUTE,
+    RUN_KEY_ATTRIBUTE,
+    STOPPED_PARTITION_ATTRIBUTE,
+    POOL_PARTITION_ATTRIBUTE,
+    IDLE_SINCE_ATTRIBUTE,
+)
+"""The attributes that put a `state` item in an index: its partition key there, or its sort key."""
 _BOOKKEEPING = {
     PARTITION_KEY,
     SORT_KEY,
@@ -580,7 +597,7 @@ class StateTable:
             ConsistentRead=True,
         )
         item = response.get("Item")
-        return None if item is None else record_from_item(item)
+        return None if item is None else readable_record(item)
 
     def held_by(self, run_key: str) -> list[InstanceRecord]:
         """Every record holding `run_key` (claimed, running, or created for the run).
@@ -614,7 +631,7 @@ class StateTable:
             ExpressionAttributeValues={":partition": _value(partition.name), ":now": _value(cutoff)},
             Limit=STOPPED_READ_LIMIT,
         )
-        return [record_from_item(item) for item in page.get("Items", [])]
+        return [record for item in page.get("Items", []) if (record := readable_record(item)) is not None]
 
     def holds_idle(self, partition: PoolPartition) -> bool:
         """Whether any record of the partition is idle, from the sparse by-idle index: one Query of one
@@ -635,25 +652,73 @@ class StateTable:
         return bool(page.get("Items"))
 
     def live(self) -> list[InstanceRecord]:
-        """Every record not terminated, whatever its threshold."""
+        """Every record not terminated, whatever its threshold (and none that does not parse)."""
         return self._sweep()
+
+    def unreadable(self) -> list[UnreadableRecord]:
+        """Every `state` item of the threshold index that does not parse, for refresh to end."""
+        return [
+            unreadable for item in self._sweep_items() if (unreadable := self._unreadable(item)) is not None
+        ]
+
+    def set_aside(self, unreadable: UnreadableRecord) -> bool:
+        """Take an unreadable `state` item out of every index and give it a TTL, once its instance is
+        terminated: no sweep meets it again, and it stays (for whoever looks into it) until it expires.
+        False if there is no such item (any more)."""
+        if unreadable.instance_id is None:
+            return False
+        now = self._clock.now()
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key=self._instance_key(unreadable.instance_id, STATE_ITEM),
+                UpdateExpression=(
+                    f"SET {TTL_ATTRIBUTE} = :expires, {UNREADABLE_ATTRIBUTE} = :now REMOVE "
+                    + ", ".join(_INDEX_KEYS)
+                ),
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues={":expires": _value(self._expiry(now)), ":now": _value(now)},
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
+
+    def _unreadable(self, item: Mapping[str, Any]) -> UnreadableRecord | None:
+        try:
+            record_from_item(item)
+        except UnreadableRecordError as exc:
+            return UnreadableRecord(instance_id=self._instance_of(item), reason=str(exc))
+        return None
+
+    def _instance_of(self, item: Mapping[str, Any]) -> str | None:
+        partition = str(item.get(PARTITION_KEY, {}).get("S", ""))
+        instance_id = partition.rpartition("/")[2]
+        return instance_id if self.instance_arns.arn(instance_id) == partition else None
 
     def _sweep(
         self, threshold_condition: str = "", values: Mapping[str, Any] | None = None
     ) -> list[InstanceRecord]:
         """Live records from every shard of the threshold index, optionally only those a condition keeps."""
+        return [
+            record
+            for item in self._sweep_items(threshold_condition, values)
+            if (record := readable_record(item)) is not None
+        ]
+
+    def _sweep_items(
+        self, threshold_condition: str = "", values: Mapping[str, Any] | None = None
+    ) -> Iterator[Mapping[str, Any]]:
         request: dict[str, Any] = {"IndexName": THRESHOLD_INDEX}
         if threshold_condition:
             request["ExpressionAttributeNames"] = {"#threshold": THRESHOLD_ATTRIBUTE}
-        return [
-            record
-            for shard in range(SWEEP_SHARDS)
-            for record in self._query(
+        for shard in range(SWEEP_SHARDS):
+            yield from self._query_items(
                 **request,
                 KeyConditionExpression=f"{SWEEP_SHARD_ATTRIBUTE} = :shard {threshold_condition}".strip(),
                 ExpressionAttributeValues={":shard": _value(str(shard)), **(values or {})},
             )
-        ]
 
     # --- the agent's items ---------------------------------------------------------------------
 
@@ -680,7 +745,8 @@ class StateTable:
 
     def observe(self, instance_id: str) -> InstanceView:
         """The record, heartbeat and signal together: one consistent BatchGetItem of exactly those three
-        items, where `get`, `read_heartbeat` and `read_signal` would make three calls."""
+        items, where `get`, `read_heartbeat` and `read_signal` would make three calls. A record that does
+        not parse is read as none."""
         return self.observe_many([instance_id])[instance_id]
 
     def observe_many(self, instance_ids: Sequence[str]) -> dict[str, InstanceView]:
@@ -704,7 +770,7 @@ class StateTable:
                 heartbeat = items.get((agent_partition(arn), HEARTBEAT_ITEM))
                 signal = items.get((agent_partition(arn), SIGNAL_ITEM))
                 views[instance_id] = InstanceView(
-                    record=None if state is None else record_from_item(state),
+                    record=None if state is None else readable_record(state),
                     heartbeat=_heartbeat(instance_id, None if heartbeat is None else _from_item(heartbeat)),
                     signal=_signal(instance_id, None if signal is None else _from_item(signal)),
                 )
@@ -824,6 +890,8 @@ class StateTable:
         values: dict[str, Any],
         is_replay: Callable[[InstanceRecord], bool],
     ) -> TransitionResult:
+        """One conditional UpdateItem of the record. A record that does not parse, before or after, is no
+        record: the write is LOST, with none."""
         try:
             response = self._client.update_item(
                 TableName=self._table,
@@ -840,14 +908,21 @@ class StateTable:
             if current is not None and is_replay(current):
                 return TransitionResult(Outcome.REPLAYED, current)
             return TransitionResult(Outcome.LOST, current)
-        return TransitionResult(Outcome.APPLIED, record_from_item(response["Attributes"]))
+        applied = readable_record(response["Attributes"])
+        return TransitionResult(Outcome.LOST if applied is None else Outcome.APPLIED, applied)
 
     def _query(self, **request: Any) -> Iterator[InstanceRecord]:
+        """The records a query finds; one that does not parse is passed over (it is no record)."""
+        for item in self._query_items(**request):
+            record = readable_record(item)
+            if record is not None:
+                yield record
+
+    def _query_items(self, **request: Any) -> Iterator[Mapping[str, Any]]:
         start: dict[str, Any] | None = None
         while True:
             page = self._query_page(request, start)
-            for item in page.get("Items", []):
-                yield record_from_item(item)
+            yield from page.get("Items", [])
             start = page.get("LastEvaluatedKey")
             if not start:
                 return
@@ -917,11 +992,12 @@ def _signal(instance_id: str, item: Mapping[str, Any] | None) -> WorkerSignal | 
 
 
 def _lost_race_record(exc: ClientError) -> InstanceRecord | None:
-    """The record that beat us, from a failed condition; anything but a lost race is re-raised."""
+    """The record that beat us, from a failed condition (None if none, or none that parses); anything but
+    a lost race is re-raised."""
     if error_code(exc) != "ConditionalCheckFailedException":
         raise exc
     item = exc.response.get("Item")
-    return None if not item else record_from_item(item)  # type: ignore[arg-type]
+    return None if not item else readable_record(item)  # type: ignore[arg-type]
 
 
 def _key(partition_key: str, kind: str) -> dict[str, Any]:
@@ -955,10 +1031,32 @@ def _number(value: Decimal) -> int | float:
     return int(value) if value == value.to_integral_value() else float(value)
 
 
+class UnreadableRecordError(ValueError):
+    """A `state` item that is not an InstanceRecord."""
+
+
 def record_from_item(item: Mapping[str, Any]) -> InstanceRecord:
-    """The record an instance's `state` item holds (public for an adapter that reads it beside its own)."""
-    fields = {k: v for k, v in _from_item(item).items() if k not in _BOOKKEEPING}
-    return InstanceRecord.model_validate(fields)
+    """The record an instance's `state` item holds; UnreadableRecordError if it holds none."""
+    try:
+        fields = {k: v for k, v in _from_item(item).items() if k not in _BOOKKEEPING}
+        return InstanceRecord.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, error['loc'])) or 'the item'}: {error['msg']}"
+            for error in exc.errors(include_url=False, include_input=False)
+        )
+        raise UnreadableRecordError(f"not an instance record: {problems}"[:MAX_REASON_CHARS]) from exc
+    except (TypeError, ValueError) as exc:
+        raise UnreadableRecordError(f"not an instance record: {exc}"[:MAX_REASON_CHARS]) from exc
+
+
+def readable_record(item: Mapping[str, Any]) -> InstanceRecord | None:
+    """The record a `state` item holds, or None if it does not parse: such an item is no record, and its
+    instance untracked (public for an adapter that reads the record beside its own item)."""
+    try:
+        return record_from_item(item)
+    except UnreadableRecordError:
+        return None
 
 
 def agent_partition(arn: str) -> str:

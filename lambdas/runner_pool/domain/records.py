@@ -115,6 +115,16 @@ class InstanceRecord(InstanceFacts):
         return problems
 
 
+class UnreadableRecord(_Record):
+    """A `state` item that is not an InstanceRecord (a field missing, a value out of range, a field no
+    version of the record has). Nothing trusts what it says: it is treated as no record (untracked),
+    and refresh terminates its instance and sets the item aside."""
+
+    instance_id: str | None
+    """The instance its key names; None when the key names none."""
+    reason: str
+
+
 class Heartbeat(_Record):
     instance_id: str
     beat_at: Epoch
