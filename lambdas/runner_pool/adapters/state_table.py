@@ -87,6 +87,9 @@ AGENT_PARTITION_PREFIX = "agent#"
 HEARTBEAT_ITEM = "heartbeat"
 SIGNAL_ITEM = "signal"
 TTL_ATTRIBUTE = "expires_at"
+QUARANTINED_ATTRIBUTE = "quarantined_at"
+NOT_QUARANTINED = f"attribute_not_exists({QUARANTINED_ATTRIBUTE})"
+"""In every write but expiry and termination: a quarantine is final (issue 36, item 3)."""
 UNREADABLE_ATTRIBUTE = "unreadable_since"
 """Set by `set_aside` on an unreadable `state` item, beside its TTL."""
 RUN_KEY_INDEX = "by-run-key"
@@ -268,7 +271,8 @@ class StateTable:
         For a run of `repository`: only an instance that served nothing yet or served a repository
         within `reuse.scope` of it, and fewer than `reuse.max_jobs` jobs (issue 14, item 2); the record
         then names `repository` and counts the hand-off. Pickup chose it by the same rule from a read
-        a moment older: the condition, not that read, decides.
+        a moment older: the condition, not that read, decides. A quarantined record is never claimed,
+        whatever its threshold says (a clock behind the quarantine's would still find it ahead).
         """
         now = self._clock.now()
         conditions: list[str] = []
@@ -304,7 +308,11 @@ class StateTable:
             threshold_in=threshold_in,
             set_fields=set_fields,
             # The previous run's runner stays on an idle record, for release to find; a claim starts anew.
-            remove_fields=("runner_id", STOPPED_PARTITION_ATTRIBUTE) if stopped else ("runner_id",),
+            remove_fields=(
+                ("runner_id", "runner_run_key", STOPPED_PARTITION_ATTRIBUTE)
+                if stopped
+                else ("runner_id", "runner_run_key")
+            ),
             extra_conditions=conditions,
             extra_values=values,
             count_job=repository is not None,
@@ -316,9 +324,12 @@ class StateTable:
         )
 
     def quarantine(self, instance_id: str, runner_id: int) -> TransitionResult:
-        """any live → expired, while the record still holds the hand-off to `runner_id`: GitHub gave that
-        runner a job of another run or repository (issue 14, item 1), so the instance must never serve
-        again. Idle counts too (the run's release may have come first); a later hand-off does not."""
+        """any live → expired and quarantined, while the record still holds the hand-off to `runner_id`:
+        GitHub gave that runner a job of another run, attempt or repository (issues 14 and 36), so the
+        instance must never serve again. Idle counts too (the run's release may have come first); a later
+        hand-off does not; an instance already expired is marked too, so its agent stops the runner now
+        rather than when the instance ends. The mark is final: every other transition requires its
+        absence."""
         now = self._clock.now()
         return self._transition(
             instance_id,
@@ -328,8 +339,13 @@ class StateTable:
             expect_runner_id=runner_id,
             new_state=None,
             threshold_in=0.0,
+            set_fields={QUARANTINED_ATTRIBUTE: now},
+            # Once: a retry (or a second report of the job) finds its own mark and replays.
+            extra_conditions=[NOT_QUARANTINED],
+            may_be_quarantined=True,
+            threshold_ahead=False,
             is_replay=lambda r: (
-                r.state in LIVE_STATES and r.runner_id == runner_id and r.threshold_passed(now)
+                r.state in LIVE_STATES and r.runner_id == runner_id and r.quarantined_at is not None
             ),
         )
 
@@ -429,6 +445,7 @@ class StateTable:
             expect_run_key=run_key,
             new_state=None,
             threshold_in=0.0,
+            may_be_quarantined=True,
             is_replay=already_expired,
         )
 
@@ -452,6 +469,7 @@ class StateTable:
             condition=f"#state IN ({', '.join(_state_placeholders(LIVE_STATES))}) AND #threshold <= :now",
             names=names,
             values=values,
+            may_be_quarantined=True,
             is_replay=lambda r: r.state is InstanceState.TERMINATED,
         )
 
@@ -460,7 +478,8 @@ class StateTable:
         config is stored: a retried hand-off that finds a runner noted but no config for it registers
         anew, one that finds both is complete (issue 13, fix 5). Release deletes the runner if it never
         takes a job, and finds the instance a completed job names by it. Not a transition: state and
-        threshold stay as they are; a later registration for the same hand-off replaces the earlier."""
+        threshold stay as they are; a later registration for the same hand-off replaces the earlier. The
+        run key is noted beside it (`runner_run_key`): the jobs that runner runs are judged by it."""
         now = self._clock.now()
         held = (InstanceState.CLAIMED, InstanceState.CREATED)
         values: dict[str, Any] = {
@@ -469,7 +488,7 @@ class StateTable:
             ":run_key": _value(run_key),
             **_state_values(held),
         }
-        update = "SET runner_id = :runner_id, updated_at = :now"
+        update = "SET runner_id = :runner_id, runner_run_key = :run_key, updated_at = :now"
         return self._write(
             instance_id,
             update=update,
@@ -823,8 +842,11 @@ class StateTable:
         extra_conditions: list[str] | None = None,
         extra_values: Mapping[str, Any] | None = None,
         count_job: bool = False,
+        may_be_quarantined: bool = False,
+        threshold_ahead: bool = True,
     ) -> TransitionResult:
-        """One conditional UpdateItem: expected state, expected run key, threshold still ahead.
+        """One conditional UpdateItem: expected state, expected run key, threshold still ahead, and (but
+        for expiry and quarantine) not quarantined.
 
         `is_replay` judges, at the same `now`, the record found when the condition fails. A replay
         is reported as success, so (but for expire) it must find the record still valid: once the
@@ -852,10 +874,9 @@ class StateTable:
             values |= {":zero": _value(0), ":one": _value(1)}
             assignments.append("jobs_served = if_not_exists(jobs_served, :zero) + :one")
         values |= dict(extra_values or {})
-        conditions = [
-            f"#state IN ({', '.join(_state_placeholders(expect_states))})",
-            "#threshold > :now",
-        ]
+        conditions = [f"#state IN ({', '.join(_state_placeholders(expect_states))})"]
+        if threshold_ahead:
+            conditions.append("#threshold > :now")
         if expect_run_key is None:
             conditions.append(f"attribute_not_exists({RUN_KEY_ATTRIBUTE})")
         elif isinstance(expect_run_key, str):
@@ -877,6 +898,7 @@ class StateTable:
             condition=" AND ".join(conditions),
             names=names,
             values=values,
+            may_be_quarantined=may_be_quarantined,
             is_replay=is_replay,
         )
 
@@ -889,9 +911,13 @@ class StateTable:
         names: dict[str, str],
         values: dict[str, Any],
         is_replay: Callable[[InstanceRecord], bool],
+        may_be_quarantined: bool = False,
     ) -> TransitionResult:
-        """One conditional UpdateItem of the record. A record that does not parse, before or after, is no
-        record: the write is LOST, with none."""
+        """One conditional UpdateItem of the record. Without `may_be_quarantined`, a quarantined record
+        fails the condition and is never taken for a replay. A record that does not parse, before or
+        after, is no record: the write is LOST, with none."""
+        if not may_be_quarantined:
+            condition = f"{condition} AND {NOT_QUARANTINED}"
         try:
             response = self._client.update_item(
                 TableName=self._table,
@@ -905,7 +931,11 @@ class StateTable:
             )
         except ClientError as exc:
             current = _lost_race_record(exc)
-            if current is not None and is_replay(current):
+            if (
+                current is not None
+                and (may_be_quarantined or current.quarantined_at is None)
+                and is_replay(current)
+            ):
                 return TransitionResult(Outcome.REPLAYED, current)
             return TransitionResult(Outcome.LOST, current)
         applied = readable_record(response["Attributes"])
