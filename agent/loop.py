@@ -2,7 +2,9 @@
 
 The record says everything the agent needs: a run key appearing means "register a runner for it",
 the run key clearing means "clean up and give the receipt", a threshold long passed means "nobody
-will use this instance again". The agent reads it with a consistent read the moment a notice arrives
+will use this instance again", and a quarantine means "GitHub gave your runner a foreign job: stop it
+now" (the instance is never used again; refresh terminates it, or the agent once its threshold and
+grace have passed). The agent reads it with a consistent read the moment a notice arrives
 (agent/notices.py), and every watch period without one; a
 read that fails (throttling, a network blip) is retried with growing pauses and never ends the
 loop, and nothing the loop does is repeated for the same hand-off.
@@ -88,6 +90,7 @@ class Agent:
         self._last_threshold: Epoch | None = None
         self._awaiting_config_for: str | None = None
         self._exit_reported = False
+        self._quarantined = False
         self._terminated = False
         self._stopping = threading.Event()
 
@@ -218,6 +221,10 @@ class Agent:
         if record.state is InstanceState.TERMINATED:
             self._terminate("the control plane has marked this instance terminated")
             return period
+        if record.quarantined_at is not None:
+            self._stop_quarantined()
+            self._terminate_if_due(now, record.threshold)
+            return period
         if self._terminate_if_due(now, record.threshold):
             return period
         self._follow(record.run_key, record.runner_id, stored_config)
@@ -340,6 +347,17 @@ class Agent:
         )
         self._memory.update(serving_run_key=None, serving_runner_id=None)
         self._outbox.send(Signal.UD_REMOVE_REG_OK, run_key)
+
+    def _stop_quarantined(self) -> None:
+        """Stop the runner, and with it the foreign job, at once; no scrub, no receipt, no runner again:
+        whatever the job left stays for the instance's end."""
+        runner = self._runner
+        if runner is not None and runner.running:
+            self._log.error("this instance is quarantined; stopping its runner")
+            runner.stop(self._settings.stop_timeout_seconds)
+        elif not self._quarantined:
+            self._log.error("this instance is quarantined; it serves no run again")
+        self._quarantined = True
 
     def _terminate_if_due(self, now: Epoch, threshold: Epoch | None) -> bool:
         if threshold is None or now < threshold + self._settings.termination_grace_seconds:

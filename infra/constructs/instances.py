@@ -2,15 +2,20 @@
 
 The role lets an instance do exactly its side of the protocol and nothing else:
 
-- read and write only its own items of the state table: `dynamodb:LeadingKeys` must equal the
+- read only its own items of the state table: `dynamodb:LeadingKeys` must be the
   `${ec2:SourceInstanceARN}` policy variable, which IAM resolves, for requests signed with an
-  instance profile's credentials, to the ARN of the instance that made them; and of its writes
-  only the agent's items' attributes (heartbeat, signal), never a record of the control plane.
-  It reads one item (GetItem) or, woken by a notice, its record and its runner config together
-  (BatchGetItem, authorized as `dynamodb:BatchGetItem` on the table: Service Authorization
-  Reference, "Actions, resources, and condition keys for Amazon DynamoDB"), both under that one
-  condition; a batch's LeadingKeys are the partition keys of every item it names (DynamoDB Developer
-  Guide, specifying-conditions.html), so no batch reaches another instance's item;
+  instance profile's credentials, to the ARN of the instance that made them (its record and runner
+  config), or `agent#` and that ARN (its agent's items). It reads one item (GetItem) or, woken by a
+  notice, its record and its runner config together (BatchGetItem, authorized as
+  `dynamodb:BatchGetItem` on the table: Service Authorization Reference, "Actions, resources, and
+  condition keys for Amazon DynamoDB"), both under that one condition; a batch's LeadingKeys are the
+  partition keys of every item it names (DynamoDB Developer Guide, specifying-conditions.html), so no
+  batch reaches another instance's item;
+- write only its agent's items (heartbeat, signal): PutItem whose `dynamodb:LeadingKeys` is
+  `agent#${ec2:SourceInstanceARN}`, of the agent's attributes alone. Never under its bare ARN: IAM can
+  pin a DynamoDB request to partition keys and attribute names but not to a sort key (DynamoDB
+  Developer Guide, specifying-conditions.html), so a write allowed there could replace the control
+  plane's `state` item with one that does not parse (issue 36, item 2);
 - decrypt only its own runner config: `kms:EncryptionContext:instance-arn` must equal the same
   `${ec2:SourceInstanceARN}`, and the control plane encrypts each config under the ARN of the
   instance it is for (runner_pool.adapters.runner_credentials);
@@ -89,6 +94,8 @@ AGENT_ITEM_ATTRIBUTES = (
     "reason",
 )
 """Every attribute the agent writes (StateTable.write_heartbeat and write_signal), and no other."""
+OWN_AGENT_PARTITION = schema.AGENT_PARTITION_PREFIX + SOURCE_INSTANCE_ARN
+"""The partition key of the calling instance's agent's items: the only one the instance writes under."""
 
 
 @dataclass(frozen=True)
@@ -234,13 +241,13 @@ class Instances(Construct):
         )
 
     def _grant_own_items(self, table: dynamodb.ITable) -> None:
-        own_partition = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [SOURCE_INSTANCE_ARN]}}
+        own_partitions = [SOURCE_INSTANCE_ARN, OWN_AGENT_PARTITION]
         self.role.add_to_policy(
             iam.PolicyStatement(
                 sid="ReadOwnItems",
                 actions=["dynamodb:GetItem", "dynamodb:BatchGetItem"],
                 resources=[table.table_arn],
-                conditions=own_partition,
+                conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": own_partitions}},
             )
         )
         self.role.add_to_policy(
@@ -250,7 +257,7 @@ class Instances(Construct):
                 resources=[table.table_arn],
                 conditions={
                     "ForAllValues:StringEquals": {
-                        "dynamodb:LeadingKeys": [SOURCE_INSTANCE_ARN],
+                        "dynamodb:LeadingKeys": [OWN_AGENT_PARTITION],
                         "dynamodb:Attributes": list(AGENT_ITEM_ATTRIBUTES),
                     }
                 },

@@ -44,6 +44,7 @@ PRODUCT_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
         ),
         "Refresh: what it cleaned up": (
             ("orphans terminated", "OrphansTerminated"),
+            ("unreadable records terminated", "UnreadableRecords"),
             ("instances vanished", "InstancesVanished"),
             ("offline runners deleted", "RunnersDeleted"),
             ("webhooks redelivered", "WebhooksRedelivered"),
@@ -116,6 +117,13 @@ class Observability(Construct):
             _product_metric("RunnersQuarantined", "quarantined"),
             "an instance was quarantined: GitHub gave its runner a job of another run or repository; "
             "the release's log names both run keys",
+        )
+        # An instance record that does not parse: a bug, or someone who wrote the table (issue 36, item 2).
+        self._alarm(
+            "UnreadableRecords",
+            _product_metric("UnreadableRecords", "unreadable"),
+            "an instance record did not parse: refresh terminated its instance as untracked; its log names "
+            "the instance and what is wrong with the record, which stays in the table until its TTL",
         )
         for name, function in (scheduled_functions or {}).items():
             # A scheduled run that fails once is retried by the next; three in a row need a person.

@@ -65,11 +65,17 @@ def test_every_item_the_agent_reads_and_writes_is_keyed_by_its_own_instance_arn(
     # When it has registered (it read its record and its config, and wrote heartbeat and signals)
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
 
-    # Then every item of the instance is under one partition key: the ARN the metadata service
-    # gave the agent, which is what `${ec2:SourceInstanceARN}` resolves to for its requests
+    # Then every item of the instance is keyed by the ARN the metadata service gave the agent, which is
+    # what `${ec2:SourceInstanceARN}` resolves to for its requests: what it reads under the ARN, what it
+    # writes under `agent#` and the ARN (issue 36: never beside the record)
     items = dynamodb.scan(TableName=TABLE_NAME, ConsistentRead=True)["Items"]
-    assert {item["sk"]["S"] for item in items} == {"state", "heartbeat", "signal", "runner-config"}
-    assert {item["pk"]["S"] for item in items} == {control_plane.identity.arn}
+    arn = control_plane.identity.arn
+    assert {(item["pk"]["S"], item["sk"]["S"]) for item in items} == {
+        (arn, "state"),
+        (arn, "runner-config"),
+        (f"agent#{arn}", "heartbeat"),
+        (f"agent#{arn}", "signal"),
+    }
     assert (
         control_plane.identity.arn
         == f"arn:aws:ec2:us-east-1:123456789012:instance/{control_plane.instance_id}"
@@ -203,6 +209,35 @@ def test_a_release_while_the_job_still_runs_stops_the_runner(
     # Then the agent stops the runner and gives its receipt without waiting for the job
     control_plane.await_signal(Signal.UD_REMOVE_REG_OK, RUN)
     assert time.monotonic() - started < 5
+
+
+def test_a_quarantine_stops_the_runner_and_its_job_at_once_and_nothing_more(
+    control_plane: ControlPlane, agents: AgentFactory, clock: ManualClock
+) -> None:
+    # Given a runner (42) busy with a long job, one GitHub reports is not of its run
+    control_plane.launch_for_pool()
+    running = agents.start()
+    control_plane.claim(RUN, None)
+    assert control_plane.records.record_runner(control_plane.instance_id, RUN, 42).succeeded
+    control_plane.hand_over(RUN, jit_config(job_seconds=30))
+    control_plane.await_signal(Signal.UD_REG_OK, RUN)
+    control_plane.activate(RUN)
+    leftover_file = running.settings.runner_dir / "leftover.pid"
+    eventually(leftover_file.exists, what="the job to start")
+    job_process = int(leftover_file.read_text())
+
+    # When the control plane quarantines the instance (its threshold passed, the agent's grace not)
+    assert control_plane.records.quarantine(control_plane.instance_id, 42).succeeded
+
+    # Then the agent stops the runner and the job's processes with it, well within the job's time
+    eventually(lambda: not process_alive(job_process), timeout=5, what="the job to be stopped")
+    # And it neither scrubs nor gives a receipt (the instance is never used again), nor ends itself
+    # before its grace: refresh terminates it
+    assert control_plane.signal() is not None
+    assert control_plane.signal().confirms(Signal.UD_REG_OK, RUN)  # type: ignore[union-attr]
+    assert (running.settings.runner_work_dir / "repository" / "build.log").exists()
+    assert running.powered_off == []
+    assert not running.agent.terminated
 
 
 def test_an_instance_back_in_the_pool_registers_again_for_the_same_run(

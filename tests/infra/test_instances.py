@@ -213,15 +213,22 @@ def test_table_access_is_pinned_to_the_instances_own_partition(synthesis: Synthe
     ]
 
     # Then each names the table itself (no index, no other table) and requires every item's partition
-    # key to be the calling instance, by IAM's policy variable
+    # key to be the calling instance's, by IAM's policy variable: its record's or its agent's to read,
+    # its agent's alone to write
     assert {tuple(sorted(actions(s))) for s in table_statements} == {
         ("dynamodb:BatchGetItem", "dynamodb:GetItem"),
         ("dynamodb:PutItem",),
     }
+    leading_keys = {
+        tuple(sorted(actions(s))): s["Condition"]["ForAllValues:StringEquals"]["dynamodb:LeadingKeys"]
+        for s in table_statements
+    }
+    assert leading_keys == {
+        ("dynamodb:BatchGetItem", "dynamodb:GetItem"): [SOURCE_INSTANCE_ARN, f"agent#{SOURCE_INSTANCE_ARN}"],
+        ("dynamodb:PutItem",): [f"agent#{SOURCE_INSTANCE_ARN}"],
+    }
     for table_statement in table_statements:
         assert table_statement["Resource"] == table_arn
-        condition = table_statement["Condition"]["ForAllValues:StringEquals"]
-        assert condition["dynamodb:LeadingKeys"] == [SOURCE_INSTANCE_ARN]
 
 
 def test_the_batch_read_is_allowed_exactly_as_the_single_read_is(synthesis: Synthesis) -> None:
@@ -231,7 +238,11 @@ def test_the_batch_read_is_allowed_exactly_as_the_single_read_is(synthesis: Synt
     read = statement(synthesis, "ReadOwnItems")
     # Then BatchGetItem shares GetItem's statement: the table alone, and every key the caller's own ARN
     assert sorted(actions(read)) == ["dynamodb:BatchGetItem", "dynamodb:GetItem"]
-    assert read["Condition"] == {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [SOURCE_INSTANCE_ARN]}}
+    assert read["Condition"] == {
+        "ForAllValues:StringEquals": {
+            "dynamodb:LeadingKeys": [SOURCE_INSTANCE_ARN, f"agent#{SOURCE_INSTANCE_ARN}"]
+        }
+    }
     assert read["Resource"] == {
         "Fn::GetAtt": [logical_id(synthesis.stack, synthesis.stack.state_table.table), "Arn"]
     }

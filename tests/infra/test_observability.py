@@ -48,6 +48,7 @@ def test_the_alarms_watch_dead_letters_failed_executions_and_refresh_errors(synt
         "ReleaseFailures",
         "RefreshErrors",
         "RunnersQuarantined",
+        "UnreadableRecords",
     }
 
 

@@ -41,6 +41,8 @@ class Instances:
     """Instance A's agent's view of the table, checked as A."""
     own_credentials: RunnerCredentials
     own_ec2: Any
+    own_dynamodb: Any
+    """Instance A's raw DynamoDB client, checked as A: what a job that became root on A can call."""
     plane_table: StateTable
     plane_credentials: RunnerCredentials
 
@@ -80,6 +82,7 @@ def instances(dynamodb: Any, clock: ManualClock, config: StackConfig) -> Instanc
         own_table=StateTable(TABLE_NAME, config.timeouts, clock, own["dynamodb"], NO_WAIT, arns=ARNS),
         own_credentials=credentials(own["dynamodb"], own["kms"]),
         own_ec2=own["ec2"],
+        own_dynamodb=own["dynamodb"],
         plane_table=StateTable(TABLE_NAME, config.timeouts, clock, dynamodb, NO_WAIT, arns=ARNS),
         plane_credentials=credentials(dynamodb, kms),
     )
@@ -123,6 +126,58 @@ def test_an_instance_cannot_write_its_own_state_record(instances: Instances) -> 
     # Then the dynamodb:Attributes condition refused it
     assert denied_operations(instances.check) == ["dynamodb:PutItem"]
     assert "dynamodb:Attributes" in instances.check.denials()[0].explain()
+
+
+STATE_ITEM_WRITES = {
+    "PutItem": lambda client, key: client.put_item(
+        TableName=TABLE_NAME, Item={**key, "beat_at": {"N": "1"}, "expires_at": {"N": "1"}}
+    ),
+    "UpdateItem": lambda client, key: client.update_item(
+        TableName=TABLE_NAME,
+        Key=key,
+        UpdateExpression="SET beat_at = :beat",
+        ExpressionAttributeValues={":beat": {"N": "1"}},
+    ),
+    "DeleteItem": lambda client, key: client.delete_item(TableName=TABLE_NAME, Key=key),
+}
+"""Writes of the `state` item with only attributes the agent may write: what a root job on A would try."""
+
+
+@pytest.mark.parametrize("operation", sorted(STATE_ITEM_WRITES))
+def test_an_instance_cannot_replace_change_or_delete_its_own_state_item(
+    instances: Instances, operation: str
+) -> None:
+    # Given A's record, written by the control plane
+    created = instances.plane_table.create(builders.facts(instance_id=instances.a), run_key=None).record
+    key = {"pk": {"S": ARNS.arn(instances.a)}, "sk": {"S": "state"}}
+
+    # When A writes its own state item, naming only the agent's own attributes (the sort key is the one
+    # part of the key IAM cannot pin: DynamoDB Developer Guide, specifying-conditions.html)
+    with pytest.raises(ClientError, match="AccessDenied"):
+        STATE_ITEM_WRITES[operation](instances.own_dynamodb, key)
+
+    # Then the synthesized instance role denied it, and the record is as the control plane wrote it
+    assert denied_operations(instances.check) == [f"dynamodb:{operation}"]
+    assert instances.plane_table.get(instances.a) == created
+
+
+def test_an_instances_agent_writes_only_under_its_agent_partition(
+    instances: Instances, dynamodb: Any
+) -> None:
+    # When A's agent beats and signals
+    instances.own_table.write_heartbeat(instances.a)
+    instances.own_table.write_signal(instances.a, Signal.UD_OK)
+
+    # Then both items are under `agent#` and A's ARN, a partition the control plane reads no record from
+    keys = {
+        (item["pk"]["S"], item["sk"]["S"])
+        for item in dynamodb.scan(TableName=TABLE_NAME, ConsistentRead=True)["Items"]
+    }
+    assert keys == {
+        (f"agent#{ARNS.arn(instances.a)}", "heartbeat"),
+        (f"agent#{ARNS.arn(instances.a)}", "signal"),
+    }
+    instances.check.assert_allowed()
 
 
 def test_an_instance_decrypts_its_own_runner_config_and_not_another_instances(instances: Instances) -> None:

@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 
 from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.refresh import ORPHAN_GRACE_SECONDS
 from runner_pool.handlers.refresh import RefreshIncompleteError
 from tests.support import builders
-from tests.support.control_plane import LocalControlPlane, local_control_plane, stack_config
+from tests.support.control_plane import LocalControlPlane, client, local_control_plane, stack_config
 
 RUN = "pool=101"
 ONE_TICK = 60.0
@@ -468,3 +469,104 @@ def test_a_refresh_killed_after_terminating_converges_on_the_next_run(local: Loc
     assert all(local.record(r.instance_id).state is InstanceState.TERMINATED for r in due)
     assert report["terminated"] == {"running": 1, "idle": 1, "created": 1}
     assert report["orphans_terminated"] == 0
+
+
+# --- records that do not parse (issue 36, item 2) ----------------------------------------------------
+
+
+def corrupt(local: LocalControlPlane, record: InstanceRecord) -> None:
+    """The instance's `state` item made one that does not parse, its index attributes kept: what a bug,
+    a hand edit or (before the agent's items had a partition of their own) a root job could leave."""
+    client("dynamodb").update_item(
+        TableName=local.plane.settings.table_name,
+        Key={"pk": {"S": local.plane.instance_arn(record.instance_id)}, "sk": {"S": "state"}},
+        UpdateExpression="SET #state = :state REMOVE cpu",
+        ExpressionAttributeNames={"#state": "state"},
+        ExpressionAttributeValues={":state": {"S": "owned"}},
+    )
+
+
+def test_a_record_that_does_not_parse_gets_its_instance_terminated_and_stops_no_other_job(
+    local: LocalControlPlane, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a pooled instance whose record no longer parses, beside a pooled, a running and an expired one
+    broken, pooled = local.pooled(2)
+    (running,) = local.running(RUN)
+    due = expired(local, InstanceState.CREATED)
+    corrupt(local, broken)
+    local.clock.advance(ORPHAN_GRACE_SECONDS)
+    capsys.readouterr()
+
+    # When refresh runs
+    report = local.refresh()
+
+    # Then no job failed, and the broken record's instance is terminated as untracked, logged and counted
+    assert report["failed"] == []
+    assert local.ec2_state(broken.instance_id) in ("shutting-down", "terminated")
+    assert report["unreadable"] == 1
+    [log] = [r for r in caplog.records if r.getMessage().startswith("instance record does not parse")]
+    assert log.__dict__["instance_id"] == broken.instance_id
+    assert "state" in log.__dict__["reason"]
+    metrics = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    assert [blob["UnreadableRecords"] for blob in metrics if "UnreadableRecords" in blob] == [[1.0]]
+    # And the sweeps did the rest of their work: the due instance ended, the others left running
+    assert local.record(due.instance_id).state is InstanceState.TERMINATED
+    assert local.ec2_state(pooled.instance_id) == local.ec2_state(running.instance_id) == "running"
+    assert live_ids(local) == {pooled.instance_id, running.instance_id}
+    # And the item, set aside, is met by no later run
+    local.clock.advance(ONE_TICK)
+    again = local.refresh()
+    assert (again["failed"], again["unreadable"], again["orphans_terminated"]) == ([], 0, 0)
+
+
+def test_pickup_passes_over_an_instance_whose_record_does_not_parse(local: LocalControlPlane) -> None:
+    # Given two pooled instances, the first offered in the queue with a record that no longer parses
+    broken, pooled = local.pooled(2)
+    corrupt(local, broken)
+
+    # When a run's pickup asks the class's pool for one instance
+    found = local.plane.pickup.pickup(local.config.spec_for(RUN))
+
+    # Then it is offered the other one; the broken one's offer is dropped, and a claim of it is lost
+    assert found.candidate is not None
+    assert found.candidate.instance_id == pooled.instance_id
+    assert local.drain_pool() == []
+    assert not local.table.claim(broken.instance_id, RUN, "claim-1").succeeded
+    assert local.table.get(broken.instance_id) is None
+    # And refresh ends it
+    assert local.refresh()["unreadable"] == 1
+    assert local.ec2_state(broken.instance_id) in ("shutting-down", "terminated")
+
+
+def test_a_release_of_a_run_passes_over_a_record_that_does_not_parse(local: LocalControlPlane) -> None:
+    # Given two instances running for a run, one of whose records no longer parses
+    broken, running = local.running(RUN, count=2)
+    corrupt(local, broken)
+
+    # When the run's release looks up what the run holds
+    plan = local.release().plan(ReleaseRequest(run_key=RUN, cause="run-completed"))
+
+    # Then it finds the readable one alone
+    assert plan.instance_ids == (running.instance_id,)
+    # And refresh ends the other
+    assert local.refresh()["unreadable"] == 1
+    assert local.ec2_state(broken.instance_id) in ("shutting-down", "terminated")
+
+
+def test_a_forged_record_outside_every_index_is_an_orphan(local: LocalControlPlane) -> None:
+    # Given a running instance whose `state` item was replaced by one made of the agent's attributes only
+    # (what the instance role allowed its own partition before issue 36)
+    (forged,) = local.running(RUN)
+    key = {"pk": {"S": local.plane.instance_arn(forged.instance_id)}, "sk": {"S": "state"}}
+    client("dynamodb").put_item(
+        TableName=local.plane.settings.table_name, Item={**key, "beat_at": {"N": "1"}}
+    )
+    local.clock.advance(ORPHAN_GRACE_SECONDS)
+
+    # When refresh runs
+    report = local.refresh()
+
+    # Then no job failed, and the instance, untracked, is terminated as an orphan
+    assert report["failed"] == []
+    assert report["orphans_terminated"] == 1
+    assert local.ec2_state(forged.instance_id) in ("shutting-down", "terminated")

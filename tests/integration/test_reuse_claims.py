@@ -7,6 +7,8 @@ own write: these tests write the claim against a record that no longer fits it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from runner_pool.adapters.state_table import StateTable, TransitionResult
@@ -14,6 +16,7 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import ReuseSettings, StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.records import InstanceRecord
+from tests.conftest import NO_WAIT, TABLE_NAME
 from tests.support import builders
 
 RUN = builders.run_key(1, "/class=large")
@@ -153,3 +156,37 @@ def test_quarantine_of_an_earlier_hand_off_leaves_a_later_one_alone(state_table:
     assert state_table.get(ONE_ID) == before
     assert before is not None
     assert before.state is InstanceState.CLAIMED
+
+
+def lagging(config: StackConfig, dynamodb: Any, clock: ManualClock, seconds: float) -> StateTable:
+    """The state table as a writer whose clock is `seconds` behind `clock` sees it (another Lambda's)."""
+    return StateTable(TABLE_NAME, config.timeouts, ManualClock(clock.now() - seconds), dynamodb, NO_WAIT)
+
+
+@pytest.mark.parametrize("released_first", [False, True], ids=["running", "released-first"])
+def test_no_claim_or_hand_off_clears_a_quarantine(
+    state_table: StateTable, dynamodb: Any, clock: ManualClock, config: StackConfig, released_first: bool
+) -> None:
+    # Given runner 7's instance quarantined (idle: its run's release came first; or still running)
+    running_with_runner(state_table, 7)
+    if released_first:
+        assert state_table.release(ONE_ID, RUN).succeeded
+    assert state_table.quarantine(ONE_ID, 7).succeeded
+    quarantined = state_table.get(ONE_ID)
+    assert quarantined is not None
+    assert quarantined.quarantined_at is not None
+    # And writers whose clocks are 2 s behind the quarantine's, to whom its threshold is still ahead
+    behind = lagging(config, dynamodb, clock, 2)
+
+    # When one claims it, activates it, notes a runner or gives it back
+    attempts = [
+        behind.claim(ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse()),
+        behind.release(ONE_ID, RUN),
+        behind.release_served(ONE_ID, RUN, 7),
+        behind.record_runner(ONE_ID, RUN, 8),
+        behind.activate(ONE_ID, RUN, 60),
+    ]
+
+    # Then every write loses, and the record stays quarantined and expired, for refresh to terminate
+    assert [attempt.outcome for attempt in attempts] == [Outcome.LOST] * len(attempts)
+    assert state_table.get(ONE_ID) == quarantined

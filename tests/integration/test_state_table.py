@@ -97,9 +97,11 @@ def instance_in(
 
 
 def raw_item(client: Any, instance_id: str, kind: str = schema.STATE_ITEM) -> dict[str, Any]:
+    arn = INSTANCE_ARNS.arn(instance_id)
+    partition = arn if kind == schema.STATE_ITEM else schema.agent_partition(arn)
     return client.get_item(  # type: ignore[no-any-return]
         TableName=TABLE_NAME,
-        Key={schema.PARTITION_KEY: {"S": INSTANCE_ARNS.arn(instance_id)}, schema.SORT_KEY: {"S": kind}},
+        Key={schema.PARTITION_KEY: {"S": partition}, schema.SORT_KEY: {"S": kind}},
         ConsistentRead=True,
     )["Item"]
 
@@ -1153,7 +1155,9 @@ def test_agent_items_never_appear_in_the_threshold_sweep(state_table: StateTable
 # --- keys: the instance ARN ------------------------------------------------------------------
 
 
-def test_every_item_of_an_instance_is_keyed_by_its_arn(state_table: StateTable, dynamodb: Any) -> None:
+def test_every_item_of_an_instance_is_keyed_by_its_arn_and_the_agents_apart(
+    state_table: StateTable, dynamodb: Any
+) -> None:
     # Given an instance with a record, a heartbeat and a signal
     instance_in(state_table, InstanceState.RUNNING)
     state_table.write_heartbeat(ONE_ID)
@@ -1162,15 +1166,14 @@ def test_every_item_of_an_instance_is_keyed_by_its_arn(state_table: StateTable, 
     # When the table is read raw
     items = dynamodb.scan(TableName=TABLE_NAME, ConsistentRead=True)["Items"]
 
-    # Then all three share one partition key: the instance's ARN, what `${ec2:SourceInstanceARN}`
-    # resolves to for that instance's own requests
+    # Then each is keyed by the instance's ARN, what `${ec2:SourceInstanceARN}` resolves to for that
+    # instance's own requests: the record under the ARN, the agent's items under `agent#` and the ARN
     arn = f"arn:aws:ec2:{REGION}:123456789012:instance/{ONE_ID}"
-    assert {item[schema.SORT_KEY]["S"] for item in items} == {
-        schema.STATE_ITEM,
-        schema.HEARTBEAT_ITEM,
-        schema.SIGNAL_ITEM,
+    assert {(item[schema.PARTITION_KEY]["S"], item[schema.SORT_KEY]["S"]) for item in items} == {
+        (arn, schema.STATE_ITEM),
+        (f"agent#{arn}", schema.HEARTBEAT_ITEM),
+        (f"agent#{arn}", schema.SIGNAL_ITEM),
     }
-    assert {item[schema.PARTITION_KEY]["S"] for item in items} == {arn}
 
 
 def test_records_found_through_either_index_carry_the_instance_id(
@@ -1212,8 +1215,9 @@ def test_without_arns_given_the_table_asks_sts_once_for_its_account(
 
     # Then it asked STS once, and keys by the ARN of the caller's account in the client's region
     assert asked == [InstanceArns("aws", "eu-west-1", "123456789012")]
-    pk = client.scan(TableName=TABLE_NAME)["Items"][0][schema.PARTITION_KEY]["S"]
-    assert pk == f"arn:aws:ec2:eu-west-1:123456789012:instance/{ONE_ID}"
+    arn = f"arn:aws:ec2:eu-west-1:123456789012:instance/{ONE_ID}"
+    keys = {item[schema.PARTITION_KEY]["S"] for item in client.scan(TableName=TABLE_NAME)["Items"]}
+    assert keys == {arn, schema.agent_partition(arn)}
 
 
 # --- throttling and other errors -------------------------------------------------------------
@@ -1397,7 +1401,7 @@ def test_observe_retries_the_keys_dynamodb_left_unprocessed(
     # Given DynamoDB answering the record at once and leaving the heartbeat and signal unprocessed once
     table, stubber, sleeps = stubbed
     record = claimed_record(clock, config)
-    pk = {"S": INSTANCE_ARNS.arn(ONE_ID)}
+    pk = {"S": schema.agent_partition(INSTANCE_ARNS.arn(ONE_ID))}
     unprocessed = [
         {schema.PARTITION_KEY: pk, schema.SORT_KEY: {"S": kind}} for kind in ("heartbeat", "signal")
     ]

@@ -91,6 +91,7 @@ def test_a_job_completed_on_our_runner_queues_its_release(world: IngressWorld) -
                 "cause": "job-902",
                 "repository": "Codertocat/Hello-World",
                 "quarantine": False,
+                "suspect": False,
             },
         }
     ]

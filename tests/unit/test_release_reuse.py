@@ -132,6 +132,46 @@ def test_a_completed_job_of_another_repository_on_our_runner_quarantines_the_ins
     never_pooled(local, record)
 
 
+@pytest.mark.parametrize("own_release_first", [False, True], ids=["running", "released-first"])
+def test_a_job_of_another_attempt_of_the_same_run_on_our_runner_quarantines_the_instance(
+    local: LocalControlPlane, own_release_first: bool
+) -> None:
+    # Given an instance whose runner was registered for attempt 1 of the run (still running, or given
+    # back by that attempt's own release)
+    record = running(local)
+    if own_release_first:
+        assert give_back(local, record).status is ReleaseStatus.AWAITING_RECEIPT
+    # When GitHub reports that runner completed a job of the run's attempt 2: a re-run, whose jobs carry
+    # the very same pool= label
+    progress = give_back(local, record, run_key=f"{RUN}@2")
+    # Then the instance is quarantined, the reason naming both attempts, and never pooled
+    assert progress.status is ReleaseStatus.QUARANTINED
+    assert f"({RUN})" in (progress.reason or "")
+    assert f"{RUN}@2" in (progress.reason or "")
+    assert local.record(record.instance_id).quarantined_at is not None
+    never_pooled(local, record)
+
+
+@pytest.mark.parametrize(
+    ("job_run_key", "status"),
+    [(f"{RUN}@2", ReleaseStatus.QUARANTINED), (RUN, ReleaseStatus.MOVED_ON)],
+    ids=["another-attempt", "its-own-attempt"],
+)
+def test_a_started_job_is_judged_by_its_runners_attempt_and_never_released(
+    local: LocalControlPlane, job_run_key: str, status: ReleaseStatus
+) -> None:
+    # Given an instance running a job under the runner registered for attempt 1 of the run
+    record = running(local)
+    # When GitHub reports a job started on that runner, of attempt 2 or of attempt 1 itself
+    progress = give_back(local, record, run_key=job_run_key, suspect=True)
+    # Then a job of attempt 2 quarantines the instance; one of its own attempt leaves it running
+    assert progress.status is status
+    current = local.record(record.instance_id)
+    assert (current.quarantined_at is not None) is (status is ReleaseStatus.QUARANTINED)
+    if status is ReleaseStatus.MOVED_ON:
+        assert current == record
+
+
 def test_a_scrub_receipt_that_comes_after_the_quarantine_does_not_pool_the_instance(
     local: LocalControlPlane,
 ) -> None:

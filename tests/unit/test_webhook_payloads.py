@@ -353,6 +353,28 @@ def test_a_job_of_its_own_run_in_progress_on_our_runner_needs_nothing() -> None:
     assert isinstance(verdict(job_delivery(payload), StackConfig()), Ignored)
 
 
+def test_a_job_of_a_rerun_started_on_our_runner_has_its_runners_attempt_checked() -> None:
+    # Given job 59 of attempt 2 of run 4242 in progress on runner 5 of ours: every attempt of a run carries
+    # the same label, and only the record knows which attempt runner 5 was registered for
+    payload = completed_job(LABEL, runner_name=RUNNER, job_id=59)
+    payload["action"] = "in_progress"
+    payload["workflow_job"]["run_attempt"] = 2
+    # When judged / Then the release is asked to judge it (quarantine if runner 5 is another attempt's),
+    # not to release anything
+    judged = verdict(job_delivery(payload), StackConfig())
+    assert isinstance(judged, Accepted)
+    assert judged.message == InstanceRelease(
+        request=ReleaseRequest(
+            run_key=f"{LABEL}@2",
+            instance_id="i-0123456789abcdef0",
+            runner_id=5,
+            cause="started-job-59",
+            repository=REPOSITORY,
+            suspect=True,
+        )
+    )
+
+
 def test_a_job_of_a_rerun_completed_on_our_runner_releases_under_that_attempts_run_key() -> None:
     # Given job 56 of attempt 2 of run 4242 completed on runner 5 of ours
     payload = completed_job(LABEL, runner_name=RUNNER, job_id=56)

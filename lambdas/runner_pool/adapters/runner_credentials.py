@@ -35,7 +35,7 @@ from runner_pool.adapters.state_table import (
     STATE_ITEM,
     TTL_ATTRIBUTE,
     read_together,
-    record_from_item,
+    readable_record,
 )
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import Timeouts
@@ -199,7 +199,7 @@ class RunnerCredentials:
         ]
         items = read_together(self._dynamodb, self._table, keys, self._backoff)
         state, config = items.get(STATE_ITEM), items.get(RUNNER_CONFIG_ITEM)
-        return (None if state is None else record_from_item(state)), _stored_config(config)
+        return (None if state is None else readable_record(state)), _stored_config(config)
 
     def decrypt(self, stored: StoredConfig, arn: str) -> RunnerConfig:
         """The stored config in plain text, decrypted under `arn`.

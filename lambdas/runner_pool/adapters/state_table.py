@@ -1,14 +1,27 @@
 """The state table: every lifecycle transition of DESIGN.md section 4 as one conditional DynamoDB write.
 
-All items of one instance share its partition key, told apart by `sk`. The key is the instance's
-ARN (`arn:<partition>:ec2:<region>:<account>:instance/<id>`), not its bare id: IAM names a calling
+The control plane's items of one instance share its partition key, told apart by `sk`; the items its
+agent writes share another. The keys are built from the instance's ARN
+(`arn:<partition>:ec2:<region>:<account>:instance/<id>`), not its bare id: IAM names a calling
 instance only by its ARN (`${ec2:SourceInstanceARN}`), so that is what the instance role's
 `dynamodb:LeadingKeys` condition can pin each instance's own items to. Records and every method
 speak instance ids; only the keys are ARNs.
 
-    state      the control plane's InstanceRecord
-    heartbeat  the agent's last beat
-    signal     the agent's latest WorkerSignal
+    pk = <arn>         state      the control plane's InstanceRecord (and its runner config)
+    pk = agent#<arn>   heartbeat  the agent's last beat
+                       signal     the agent's latest WorkerSignal
+
+Why two partitions: IAM's DynamoDB condition keys can pin a request to partition key values
+(`dynamodb:LeadingKeys`) and attribute names (`dynamodb:Attributes`), never to a sort key (DynamoDB
+Developer Guide, specifying-conditions.html: LeadingKeys "represents the partition key"; the Service
+Authorization Reference, list_amazondynamodb.html, lists no condition key for the sort key). Were the
+agent's items beside the record, the agent (or a job that became root) could put an item with the
+record's key and the agent's attributes, replacing the record. So the instance role may write only
+under `agent#<its ARN>`, which the control plane never reads as a record.
+
+A `state` item that does not parse is an UnreadableRecord: every read treats it as no record (a sweep
+skips it, a single read finds None), `unreadable` finds those the threshold index holds, and
+`set_aside` takes one out of every index once refresh has terminated its instance.
 
 The control plane's own markers (refresh's high-water marks) are items of their own, `pk` =
 `marker#<name>`, outside both indexes.
@@ -42,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
+from pydantic import ValidationError
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
@@ -52,10 +66,12 @@ from runner_pool.domain.config import ReuseScope, ReuseSettings, Timeouts
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import (
+    MAX_REASON_CHARS,
     Heartbeat,
     InstanceFacts,
     InstanceRecord,
     Signal,
+    UnreadableRecord,
     UsageClass,
     WorkerSignal,
 )
@@ -66,9 +82,16 @@ if TYPE_CHECKING:
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
 STATE_ITEM = "state"
+AGENT_PARTITION_PREFIX = "agent#"
+"""Prefixed to an instance's ARN, the partition key of its agent's items (heartbeat, signal)."""
 HEARTBEAT_ITEM = "heartbeat"
 SIGNAL_ITEM = "signal"
 TTL_ATTRIBUTE = "expires_at"
+QUARANTINED_ATTRIBUTE = "quarantined_at"
+NOT_QUARANTINED = f"attribute_not_exists({QUARANTINED_ATTRIBUTE})"
+"""In every write but expiry and termination: a quarantine is final (issue 36, item 3)."""
+UNREADABLE_ATTRIBUTE = "unreadable_since"
+"""Set by `set_aside` on an unreadable `state` item, beside its TTL."""
 RUN_KEY_INDEX = "by-run-key"
 RUN_KEY_ATTRIBUTE = "run_key"
 REPOSITORY_ATTRIBUTE = "repository"
@@ -104,6 +127,14 @@ MARKER_MOVER = "moved_by"
 _ANY_RUN = object()
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
+_INDEX_KEYS = (
+    SWEEP_SHARD_ATTRIBUTE,
+    RUN_KEY_ATTRIBUTE,
+    STOPPED_PARTITION_ATTRIBUTE,
+    POOL_PARTITION_ATTRIBUTE,
+    IDLE_SINCE_ATTRIBUTE,
+)
+"""The attributes that put a `state` item in an index: its partition key there, or its sort key."""
 _BOOKKEEPING = {
     PARTITION_KEY,
     SORT_KEY,
@@ -240,7 +271,8 @@ class StateTable:
         For a run of `repository`: only an instance that served nothing yet or served a repository
         within `reuse.scope` of it, and fewer than `reuse.max_jobs` jobs (issue 14, item 2); the record
         then names `repository` and counts the hand-off. Pickup chose it by the same rule from a read
-        a moment older: the condition, not that read, decides.
+        a moment older: the condition, not that read, decides. A quarantined record is never claimed,
+        whatever its threshold says (a clock behind the quarantine's would still find it ahead).
         """
         now = self._clock.now()
         conditions: list[str] = []
@@ -276,7 +308,11 @@ class StateTable:
             threshold_in=threshold_in,
             set_fields=set_fields,
             # The previous run's runner stays on an idle record, for release to find; a claim starts anew.
-            remove_fields=("runner_id", STOPPED_PARTITION_ATTRIBUTE) if stopped else ("runner_id",),
+            remove_fields=(
+                ("runner_id", "runner_run_key", STOPPED_PARTITION_ATTRIBUTE)
+                if stopped
+                else ("runner_id", "runner_run_key")
+            ),
             extra_conditions=conditions,
             extra_values=values,
             count_job=repository is not None,
@@ -288,9 +324,12 @@ class StateTable:
         )
 
     def quarantine(self, instance_id: str, runner_id: int) -> TransitionResult:
-        """any live → expired, while the record still holds the hand-off to `runner_id`: GitHub gave that
-        runner a job of another run or repository (issue 14, item 1), so the instance must never serve
-        again. Idle counts too (the run's release may have come first); a later hand-off does not."""
+        """any live → expired and quarantined, while the record still holds the hand-off to `runner_id`:
+        GitHub gave that runner a job of another run, attempt or repository (issues 14 and 36), so the
+        instance must never serve again. Idle counts too (the run's release may have come first); a later
+        hand-off does not; an instance already expired is marked too, so its agent stops the runner now
+        rather than when the instance ends. The mark is final: every other transition requires its
+        absence."""
         now = self._clock.now()
         return self._transition(
             instance_id,
@@ -300,8 +339,13 @@ class StateTable:
             expect_runner_id=runner_id,
             new_state=None,
             threshold_in=0.0,
+            set_fields={QUARANTINED_ATTRIBUTE: now},
+            # Once: a retry (or a second report of the job) finds its own mark and replays.
+            extra_conditions=[NOT_QUARANTINED],
+            may_be_quarantined=True,
+            threshold_ahead=False,
             is_replay=lambda r: (
-                r.state in LIVE_STATES and r.runner_id == runner_id and r.threshold_passed(now)
+                r.state in LIVE_STATES and r.runner_id == runner_id and r.quarantined_at is not None
             ),
         )
 
@@ -401,6 +445,7 @@ class StateTable:
             expect_run_key=run_key,
             new_state=None,
             threshold_in=0.0,
+            may_be_quarantined=True,
             is_replay=already_expired,
         )
 
@@ -424,6 +469,7 @@ class StateTable:
             condition=f"#state IN ({', '.join(_state_placeholders(LIVE_STATES))}) AND #threshold <= :now",
             names=names,
             values=values,
+            may_be_quarantined=True,
             is_replay=lambda r: r.state is InstanceState.TERMINATED,
         )
 
@@ -432,7 +478,8 @@ class StateTable:
         config is stored: a retried hand-off that finds a runner noted but no config for it registers
         anew, one that finds both is complete (issue 13, fix 5). Release deletes the runner if it never
         takes a job, and finds the instance a completed job names by it. Not a transition: state and
-        threshold stay as they are; a later registration for the same hand-off replaces the earlier."""
+        threshold stay as they are; a later registration for the same hand-off replaces the earlier. The
+        run key is noted beside it (`runner_run_key`): the jobs that runner runs are judged by it."""
         now = self._clock.now()
         held = (InstanceState.CLAIMED, InstanceState.CREATED)
         values: dict[str, Any] = {
@@ -441,7 +488,7 @@ class StateTable:
             ":run_key": _value(run_key),
             **_state_values(held),
         }
-        update = "SET runner_id = :runner_id, updated_at = :now"
+        update = "SET runner_id = :runner_id, runner_run_key = :run_key, updated_at = :now"
         return self._write(
             instance_id,
             update=update,
@@ -569,7 +616,7 @@ class StateTable:
             ConsistentRead=True,
         )
         item = response.get("Item")
-        return None if item is None else record_from_item(item)
+        return None if item is None else readable_record(item)
 
     def held_by(self, run_key: str) -> list[InstanceRecord]:
         """Every record holding `run_key` (claimed, running, or created for the run).
@@ -603,7 +650,7 @@ class StateTable:
             ExpressionAttributeValues={":partition": _value(partition.name), ":now": _value(cutoff)},
             Limit=STOPPED_READ_LIMIT,
         )
-        return [record_from_item(item) for item in page.get("Items", [])]
+        return [record for item in page.get("Items", []) if (record := readable_record(item)) is not None]
 
     def holds_idle(self, partition: PoolPartition) -> bool:
         """Whether any record of the partition is idle, from the sparse by-idle index: one Query of one
@@ -624,25 +671,73 @@ class StateTable:
         return bool(page.get("Items"))
 
     def live(self) -> list[InstanceRecord]:
-        """Every record not terminated, whatever its threshold."""
+        """Every record not terminated, whatever its threshold (and none that does not parse)."""
         return self._sweep()
+
+    def unreadable(self) -> list[UnreadableRecord]:
+        """Every `state` item of the threshold index that does not parse, for refresh to end."""
+        return [
+            unreadable for item in self._sweep_items() if (unreadable := self._unreadable(item)) is not None
+        ]
+
+    def set_aside(self, unreadable: UnreadableRecord) -> bool:
+        """Take an unreadable `state` item out of every index and give it a TTL, once its instance is
+        terminated: no sweep meets it again, and it stays (for whoever looks into it) until it expires.
+        False if there is no such item (any more)."""
+        if unreadable.instance_id is None:
+            return False
+        now = self._clock.now()
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key=self._instance_key(unreadable.instance_id, STATE_ITEM),
+                UpdateExpression=(
+                    f"SET {TTL_ATTRIBUTE} = :expires, {UNREADABLE_ATTRIBUTE} = :now REMOVE "
+                    + ", ".join(_INDEX_KEYS)
+                ),
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues={":expires": _value(self._expiry(now)), ":now": _value(now)},
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
+
+    def _unreadable(self, item: Mapping[str, Any]) -> UnreadableRecord | None:
+        try:
+            record_from_item(item)
+        except UnreadableRecordError as exc:
+            return UnreadableRecord(instance_id=self._instance_of(item), reason=str(exc))
+        return None
+
+    def _instance_of(self, item: Mapping[str, Any]) -> str | None:
+        partition = str(item.get(PARTITION_KEY, {}).get("S", ""))
+        instance_id = partition.rpartition("/")[2]
+        return instance_id if self.instance_arns.arn(instance_id) == partition else None
 
     def _sweep(
         self, threshold_condition: str = "", values: Mapping[str, Any] | None = None
     ) -> list[InstanceRecord]:
         """Live records from every shard of the threshold index, optionally only those a condition keeps."""
+        return [
+            record
+            for item in self._sweep_items(threshold_condition, values)
+            if (record := readable_record(item)) is not None
+        ]
+
+    def _sweep_items(
+        self, threshold_condition: str = "", values: Mapping[str, Any] | None = None
+    ) -> Iterator[Mapping[str, Any]]:
         request: dict[str, Any] = {"IndexName": THRESHOLD_INDEX}
         if threshold_condition:
             request["ExpressionAttributeNames"] = {"#threshold": THRESHOLD_ATTRIBUTE}
-        return [
-            record
-            for shard in range(SWEEP_SHARDS)
-            for record in self._query(
+        for shard in range(SWEEP_SHARDS):
+            yield from self._query_items(
                 **request,
                 KeyConditionExpression=f"{SWEEP_SHARD_ATTRIBUTE} = :shard {threshold_condition}".strip(),
                 ExpressionAttributeValues={":shard": _value(str(shard)), **(values or {})},
             )
-        ]
 
     # --- the agent's items ---------------------------------------------------------------------
 
@@ -669,31 +764,32 @@ class StateTable:
 
     def observe(self, instance_id: str) -> InstanceView:
         """The record, heartbeat and signal together: one consistent BatchGetItem of exactly those three
-        items, where `get`, `read_heartbeat` and `read_signal` would make three calls."""
+        items, where `get`, `read_heartbeat` and `read_signal` would make three calls. A record that does
+        not parse is read as none."""
         return self.observe_many([instance_id])[instance_id]
 
     def observe_many(self, instance_ids: Sequence[str]) -> dict[str, InstanceView]:
         """Each instance's view as `observe` reads it, OBSERVED_PER_READ instances to a BatchGetItem:
         what a step that watches many instances (fleet validation, refresh's admission) reads."""
-        kinds = (STATE_ITEM, HEARTBEAT_ITEM, SIGNAL_ITEM)
+        kinds = (HEARTBEAT_ITEM, SIGNAL_ITEM)
         views: dict[str, InstanceView] = {}
         for start in range(0, len(instance_ids), OBSERVED_PER_READ):
             chunk = [
                 (instance_id, self.instance_arns.arn(instance_id))
                 for instance_id in instance_ids[start : start + OBSERVED_PER_READ]
             ]
-            items = read_items(
-                self._client,
-                self._table,
-                [_key(arn, kind) for _, arn in chunk for kind in kinds],
-                self._backoff,
-            )
+            keys = [
+                key
+                for _, arn in chunk
+                for key in (_key(arn, STATE_ITEM), *(_key(agent_partition(arn), kind) for kind in kinds))
+            ]
+            items = read_items(self._client, self._table, keys, self._backoff)
             for instance_id, arn in chunk:
                 state = items.get((arn, STATE_ITEM))
-                heartbeat = items.get((arn, HEARTBEAT_ITEM))
-                signal = items.get((arn, SIGNAL_ITEM))
+                heartbeat = items.get((agent_partition(arn), HEARTBEAT_ITEM))
+                signal = items.get((agent_partition(arn), SIGNAL_ITEM))
                 views[instance_id] = InstanceView(
-                    record=None if state is None else record_from_item(state),
+                    record=None if state is None else readable_record(state),
                     heartbeat=_heartbeat(instance_id, None if heartbeat is None else _from_item(heartbeat)),
                     signal=_signal(instance_id, None if signal is None else _from_item(signal)),
                 )
@@ -746,8 +842,11 @@ class StateTable:
         extra_conditions: list[str] | None = None,
         extra_values: Mapping[str, Any] | None = None,
         count_job: bool = False,
+        may_be_quarantined: bool = False,
+        threshold_ahead: bool = True,
     ) -> TransitionResult:
-        """One conditional UpdateItem: expected state, expected run key, threshold still ahead.
+        """One conditional UpdateItem: expected state, expected run key, threshold still ahead, and (but
+        for expiry and quarantine) not quarantined.
 
         `is_replay` judges, at the same `now`, the record found when the condition fails. A replay
         is reported as success, so (but for expire) it must find the record still valid: once the
@@ -775,10 +874,9 @@ class StateTable:
             values |= {":zero": _value(0), ":one": _value(1)}
             assignments.append("jobs_served = if_not_exists(jobs_served, :zero) + :one")
         values |= dict(extra_values or {})
-        conditions = [
-            f"#state IN ({', '.join(_state_placeholders(expect_states))})",
-            "#threshold > :now",
-        ]
+        conditions = [f"#state IN ({', '.join(_state_placeholders(expect_states))})"]
+        if threshold_ahead:
+            conditions.append("#threshold > :now")
         if expect_run_key is None:
             conditions.append(f"attribute_not_exists({RUN_KEY_ATTRIBUTE})")
         elif isinstance(expect_run_key, str):
@@ -800,6 +898,7 @@ class StateTable:
             condition=" AND ".join(conditions),
             names=names,
             values=values,
+            may_be_quarantined=may_be_quarantined,
             is_replay=is_replay,
         )
 
@@ -812,7 +911,13 @@ class StateTable:
         names: dict[str, str],
         values: dict[str, Any],
         is_replay: Callable[[InstanceRecord], bool],
+        may_be_quarantined: bool = False,
     ) -> TransitionResult:
+        """One conditional UpdateItem of the record. Without `may_be_quarantined`, a quarantined record
+        fails the condition and is never taken for a replay. A record that does not parse, before or
+        after, is no record: the write is LOST, with none."""
+        if not may_be_quarantined:
+            condition = f"{condition} AND {NOT_QUARANTINED}"
         try:
             response = self._client.update_item(
                 TableName=self._table,
@@ -826,17 +931,28 @@ class StateTable:
             )
         except ClientError as exc:
             current = _lost_race_record(exc)
-            if current is not None and is_replay(current):
+            if (
+                current is not None
+                and (may_be_quarantined or current.quarantined_at is None)
+                and is_replay(current)
+            ):
                 return TransitionResult(Outcome.REPLAYED, current)
             return TransitionResult(Outcome.LOST, current)
-        return TransitionResult(Outcome.APPLIED, record_from_item(response["Attributes"]))
+        applied = readable_record(response["Attributes"])
+        return TransitionResult(Outcome.LOST if applied is None else Outcome.APPLIED, applied)
 
     def _query(self, **request: Any) -> Iterator[InstanceRecord]:
+        """The records a query finds; one that does not parse is passed over (it is no record)."""
+        for item in self._query_items(**request):
+            record = readable_record(item)
+            if record is not None:
+                yield record
+
+    def _query_items(self, **request: Any) -> Iterator[Mapping[str, Any]]:
         start: dict[str, Any] | None = None
         while True:
             page = self._query_page(request, start)
-            for item in page.get("Items", []):
-                yield record_from_item(item)
+            yield from page.get("Items", [])
             start = page.get("LastEvaluatedKey")
             if not start:
                 return
@@ -849,20 +965,23 @@ class StateTable:
     def _put_agent_item(self, instance_id: str, kind: str, fields: Mapping[str, Any], now: Epoch) -> None:
         item = {
             **_to_item({k: v for k, v in fields.items() if v is not None}),
-            **self._instance_key(instance_id, kind),
+            **self._agent_key(instance_id, kind),
             TTL_ATTRIBUTE: _value(self._expiry(now)),
         }
         self._client.put_item(TableName=self._table, Item=item)
 
     def _get_agent_item(self, instance_id: str, kind: str) -> dict[str, Any] | None:
         response = self._client.get_item(
-            TableName=self._table, Key=self._instance_key(instance_id, kind), ConsistentRead=True
+            TableName=self._table, Key=self._agent_key(instance_id, kind), ConsistentRead=True
         )
         item = response.get("Item")
         return None if item is None else _from_item(item)
 
     def _instance_key(self, instance_id: str, kind: str) -> dict[str, Any]:
         return _key(self.instance_arns.arn(instance_id), kind)
+
+    def _agent_key(self, instance_id: str, kind: str) -> dict[str, Any]:
+        return _key(agent_partition(self.instance_arns.arn(instance_id)), kind)
 
     def _expiry(self, now: Epoch) -> int:
         return int(now) + self._timeouts.terminated_retention_days * 86_400
@@ -903,11 +1022,12 @@ def _signal(instance_id: str, item: Mapping[str, Any] | None) -> WorkerSignal | 
 
 
 def _lost_race_record(exc: ClientError) -> InstanceRecord | None:
-    """The record that beat us, from a failed condition; anything but a lost race is re-raised."""
+    """The record that beat us, from a failed condition (None if none, or none that parses); anything but
+    a lost race is re-raised."""
     if error_code(exc) != "ConditionalCheckFailedException":
         raise exc
     item = exc.response.get("Item")
-    return None if not item else record_from_item(item)  # type: ignore[arg-type]
+    return None if not item else readable_record(item)  # type: ignore[arg-type]
 
 
 def _key(partition_key: str, kind: str) -> dict[str, Any]:
@@ -941,7 +1061,34 @@ def _number(value: Decimal) -> int | float:
     return int(value) if value == value.to_integral_value() else float(value)
 
 
+class UnreadableRecordError(ValueError):
+    """A `state` item that is not an InstanceRecord."""
+
+
 def record_from_item(item: Mapping[str, Any]) -> InstanceRecord:
-    """The record an instance's `state` item holds (public for an adapter that reads it beside its own)."""
-    fields = {k: v for k, v in _from_item(item).items() if k not in _BOOKKEEPING}
-    return InstanceRecord.model_validate(fields)
+    """The record an instance's `state` item holds; UnreadableRecordError if it holds none."""
+    try:
+        fields = {k: v for k, v in _from_item(item).items() if k not in _BOOKKEEPING}
+        return InstanceRecord.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, error['loc'])) or 'the item'}: {error['msg']}"
+            for error in exc.errors(include_url=False, include_input=False)
+        )
+        raise UnreadableRecordError(f"not an instance record: {problems}"[:MAX_REASON_CHARS]) from exc
+    except (TypeError, ValueError) as exc:
+        raise UnreadableRecordError(f"not an instance record: {exc}"[:MAX_REASON_CHARS]) from exc
+
+
+def readable_record(item: Mapping[str, Any]) -> InstanceRecord | None:
+    """The record a `state` item holds, or None if it does not parse: such an item is no record, and its
+    instance untracked (public for an adapter that reads the record beside its own item)."""
+    try:
+        return record_from_item(item)
+    except UnreadableRecordError:
+        return None
+
+
+def agent_partition(arn: str) -> str:
+    """The partition key of the agent's items of the instance `arn` names."""
+    return AGENT_PARTITION_PREFIX + arn

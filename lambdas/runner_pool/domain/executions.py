@@ -112,10 +112,15 @@ class ReleaseRequest(_Input):
         description="GitHub gave the runner a job of another run or repository (`run_key` is that job's): "
         "the instance is expired, never pooled",
     )
+    suspect: bool = Field(
+        False,
+        description="GitHub started a job of a re-run attempt (`run_key` is that job's) on the runner: the "
+        "instance is quarantined if the runner was registered for another attempt, else left as it is",
+    )
 
     @model_validator(mode="after")
     def _quarantine_names_a_hand_off(self) -> ReleaseRequest:
-        if self.quarantine and (self.instance_id is None or self.runner_id is None):
+        if (self.quarantine or self.suspect) and (self.instance_id is None or self.runner_id is None):
             raise ValueError("a quarantine names the instance and the runner GitHub gave the foreign job")
         return self
 

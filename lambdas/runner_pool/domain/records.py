@@ -74,6 +74,13 @@ class InstanceRecord(InstanceFacts):
     claim_token: str | None = None
     """Which claim worker holds a claimed instance, so a retried claim is recognised as its own."""
     runner_id: int | None = None
+    runner_run_key: str | None = None
+    """The run key `runner_id` was registered for. Kept with it once the record is idle, as `run_key` is
+    not: a job that runner ran is judged against the hand-off it was made for (run id and attempt)."""
+    quarantined_at: Epoch | None = None
+    """When GitHub was seen giving this instance's runner a foreign job. Final: the record is expired in
+    the same write, no transition but expiry and termination applies to it again, and its agent stops
+    the runner as soon as it reads it."""
     repository: str | None = None
     """The repository (`owner/repo`) of the run that holds it or last held it; None until it serves one.
     Pickup offers an idle instance only to jobs within `reuse.scope` of it (issue 14, item 2)."""
@@ -113,6 +120,16 @@ class InstanceRecord(InstanceFacts):
         if self.state is not InstanceState.TERMINATED and self.threshold is None:
             problems.append(f"{self.state} without a threshold")
         return problems
+
+
+class UnreadableRecord(_Record):
+    """A `state` item that is not an InstanceRecord (a field missing, a value out of range, a field no
+    version of the record has). Nothing trusts what it says: it is treated as no record (untracked),
+    and refresh terminates its instance and sets the item aside."""
+
+    instance_id: str | None
+    """The instance its key names; None when the key names none."""
+    reason: str
 
 
 class Heartbeat(_Record):

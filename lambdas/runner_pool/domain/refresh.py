@@ -57,6 +57,8 @@ class RefreshReport:
     stopped: int = 0
     """Stopping instances EC2 reported stopped, marked stopped."""
     orphans_terminated: int = 0
+    unreadable: int = 0
+    """`state` items that did not parse: their instances terminated, the items set aside."""
     admitted: int = 0
     unready: int = 0
     """Instances launched for the pool whose agent reported UD_FAILED; expired."""

@@ -15,6 +15,7 @@ from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord
+from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runners import RunnerRemoval
 
 
@@ -50,6 +51,8 @@ class ReleasePlan(_Step):
     repository: str | None = None
     """The repository of the job that completed (or, quarantining, of the foreign job)."""
     quarantine: bool = False
+    suspect: bool = False
+    """A job that started on the runner is to be judged, not released: quarantined if foreign."""
 
 
 class ReleaseItem(_Step):
@@ -61,6 +64,7 @@ class ReleaseItem(_Step):
     runner_id: int | None = None
     repository: str | None = None
     quarantine: bool = False
+    suspect: bool = False
 
 
 class ReleaseProgress(_Step):
@@ -95,17 +99,31 @@ def receipt_poll_seconds(timeouts: Timeouts) -> int:
     return max(1, math.ceil(timeouts.release_receipt_poll_seconds))
 
 
-def of_another_repository(record: InstanceRecord | None, item: ReleaseItem) -> bool:
-    """A completed job of a repository other than the one its instance was handed to (a runner that
-    only that repository's jobs can take: defence in depth, never expected)."""
-    return (
-        item.runner_id is not None
-        and item.repository is not None
-        and record is not None
-        and record.runner_id == item.runner_id
+def ran_a_foreign_job(record: InstanceRecord | None, item: ReleaseItem) -> bool:
+    """A completed job that is not of the hand-off its runner was registered for: of another repository
+    than the one its instance was handed to (a runner that only that repository's jobs can take: defence
+    in depth, never expected), or of another run or another attempt of it. Every attempt of a run has
+    the same `pool=` label, so GitHub can give a re-run's job to a runner of an earlier attempt still
+    registered (issue 36, item 3); the run key the runner was registered for tells them apart."""
+    if item.runner_id is None or record is None or record.runner_id != item.runner_id:
+        return False
+    if (
+        item.repository is not None
         and record.repository is not None
         and record.repository.lower() != item.repository.lower()
-    )
+    ):
+        return True
+    if record.runner_run_key is None:
+        return False
+    registered, ran = _run_attempt(record.runner_run_key), _run_attempt(item.run_key)
+    return registered is not None and ran is not None and registered != ran
+
+
+def _run_attempt(run_key: str) -> tuple[str, int] | None:
+    try:
+        return RunKey.parse(run_key).run_attempt
+    except ValueError:
+        return None
 
 
 def hand_off_to_end(record: InstanceRecord | None, item: ReleaseItem) -> int | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.labels import LabelError, RunnerSpec, is_pool_label
+from runner_pool.domain.labels import LabelError, RunnerLabel, RunnerSpec, is_pool_label
 from runner_pool.domain.records import Arch
 
 MAX_RUNNER_LABELS = 100
@@ -101,6 +101,12 @@ class RunKey:
     def __str__(self) -> str:
         head = self.label if self.attempt == 1 else f"{self.label}{_ATTEMPT}{self.attempt}"
         return _SEPARATOR.join([head, *(quote(other, safe=_SAFE) for other in self.others)])
+
+    @property
+    def run_attempt(self) -> tuple[str, int]:
+        """The run id its label names and its attempt: whose jobs its runners are for. LabelError for a
+        label that does not parse."""
+        return RunnerLabel.parse(self.label).run_id, self.attempt
 
     @property
     def runner_labels(self) -> tuple[str, ...]:

@@ -271,7 +271,12 @@ def _job_verdict(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
 def _foreign(event: WorkflowJobEvent) -> Verdict | None:
     """A job running on one of our runners that is not of the run its `pool=` label names: another
     repository's job that copied our label (run ids are not secret), which GitHub could hand an
-    organisation-scoped runner (issue 14, item 1). Its runner's instance is quarantined."""
+    organisation-scoped runner (issue 14, item 1). Its runner's instance is quarantined.
+
+    A job of the same run's later attempt (a re-run) carries the same label, and GitHub can give it a
+    runner of an earlier attempt still registered; only the record knows which attempt the runner is
+    for, so such a job that starts on our runner is sent to the release to be judged there (issue 36,
+    item 3). A job of attempt 1 has no earlier attempt to be mistaken for."""
     job = event.workflow_job
     if event.action not in ("in_progress", "completed") or job.runner_id is None:
         return None
@@ -284,7 +289,7 @@ def _foreign(event: WorkflowJobEvent) -> Verdict | None:
     except LabelError:
         return None
     if run_id == str(job.run_id):
-        return None
+        return _suspect(event, run_key, instance_id, job.runner_id)
     request = ReleaseRequest(
         run_key=str(run_key),
         instance_id=instance_id,
@@ -294,6 +299,24 @@ def _foreign(event: WorkflowJobEvent) -> Verdict | None:
         quarantine=True,
     )
     summary = f"job {job.id} of run {job.run_id} ran on {instance_id}, a runner for run {run_id}: quarantined"
+    return Accepted(InstanceRelease(request=request), _short(summary))
+
+
+def _suspect(event: WorkflowJobEvent, run_key: RunKey, instance_id: str, runner_id: int) -> Verdict | None:
+    job = event.workflow_job
+    if event.action != "in_progress" or job.run_attempt <= 1:
+        return None
+    request = ReleaseRequest(
+        run_key=str(run_key),
+        instance_id=instance_id,
+        runner_id=runner_id,
+        cause=f"started-job-{job.id}",
+        repository=event.repository.full_name,
+        suspect=True,
+    )
+    summary = (
+        f"job {job.id} of attempt {job.run_attempt} started on {instance_id}: its runner's attempt checked"
+    )
     return Accepted(InstanceRelease(request=request), _short(summary))
 
 

@@ -73,6 +73,7 @@ def _measure(report: RefreshReport) -> None:
         **{f"Terminated.{state}": count for state, count in report.terminated.items()},
         "TerminatedAlreadyGone": report.already_gone,
         "OrphansTerminated": report.orphans_terminated,
+        "UnreadableRecords": report.unreadable,
         "PoolAdmitted": report.admitted,
         "PoolUnready": report.unready,
         **{f"PoolLaunched.{name}": count for name, count in report.launched.items()},

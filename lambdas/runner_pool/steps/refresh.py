@@ -1,6 +1,6 @@
 """Refresh (DESIGN.md section 8): the scheduled sweep that ends what is due, leaks nothing, keeps the pool.
 
-Each run does eleven jobs, one after the other, each on its own (one failing does not stop the rest):
+Each run does twelve jobs, one after the other, each on its own (one failing does not stop the rest):
 
 1. vanished: a live record whose instance EC2 reports gone (a spot interruption, a terminate from
    outside) is expired at once, rather than when its threshold would have passed;
@@ -11,8 +11,11 @@ Each run does eleven jobs, one after the other, each on its own (one failing doe
 2. terminate due: every live record whose threshold has passed (expired created, claimed, running
    and idle alike) is terminated in EC2, in batches, then marked terminated; one EC2 no longer
    knows is marked terminated too;
-3. orphans: instances with the stack's tag and no live record are terminated, once older than a
-   grace period (a creation records its instances right after CreateFleet returns);
+2b. unreadable: a `state` item of the threshold index that does not parse is no record: its instance is
+   terminated at once, logged and counted, and the item taken out of every index (StateTable.set_aside).
+   Every other read passes such an item over as if it were not there, so no job fails on it;
+3. orphans: instances with the stack's tag and no live record (or none that parses) are terminated, once
+   older than a grace period (a creation records its instances right after CreateFleet returns);
 4. admit: instances launched for the pool whose agent has signalled `UD_OK` with a fresh
    heartbeat go created → idle and into their class's queue, or, launched for the stopped minimum,
    straight on to idle → stopping; `UD_FAILED` expires them;
@@ -126,6 +129,7 @@ class Refresh:
             ("vanished", self._expire_vanished),
             ("stopped-tier", lambda r: self._keep_stopped(r, tick)),
             ("terminate-due", self._terminate_due),
+            ("unreadable", self._end_unreadable),
             ("orphans", self._terminate_orphans),
             ("admit", self._admit_ready),
             ("warm-pool", lambda r: self._keep_warm(r, tick)),
@@ -228,6 +232,26 @@ class Refresh:
                 report.terminated[record.state.value] += 1
                 if results.get(record.instance_id) in (Termination.TERMINATED, Termination.UNKNOWN):
                     report.already_gone += 1
+
+    # --- 2b. records that do not parse ------------------------------------------------------------
+
+    def _end_unreadable(self, report: RefreshReport) -> None:
+        """Nothing an unreadable record says is trusted, its threshold neither: its instance is untracked,
+        terminated now rather than after the orphans' grace, and the item set aside so no run meets it
+        again. TerminateInstances first: an item is never set aside while its instance runs."""
+        found = self._table.unreadable()
+        if not found:
+            return
+        for unreadable in found:
+            logger.error(
+                "instance record does not parse; terminating its instance as untracked",
+                instance_id=unreadable.instance_id,
+                reason=unreadable.reason,
+            )
+        instance_ids = [u.instance_id for u in found if u.instance_id is not None]
+        if instance_ids:
+            self._fleet.terminate(instance_ids)
+        report.unreadable += sum(1 for unreadable in found if self._table.set_aside(unreadable))
 
     # --- 3. orphans ----------------------------------------------------------------------------
 

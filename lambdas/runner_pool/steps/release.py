@@ -28,7 +28,7 @@ from runner_pool.domain.release import (
     SalvageRequest,
     hand_off_to_end,
     moved,
-    of_another_repository,
+    ran_a_foreign_job,
     receipt_poll_seconds,
 )
 from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
@@ -78,6 +78,7 @@ class Release:
             poll_seconds=receipt_poll_seconds(self._timeouts),
             repository=request.repository,
             quarantine=request.quarantine,
+            suspect=request.suspect,
         )
 
     def give_back(self, item: ReleaseItem) -> ReleaseProgress:
@@ -95,8 +96,11 @@ class Release:
             status=ReleaseStatus.MOVED_ON,
         )
         record = self._table.get(item.instance_id)
-        if item.quarantine or of_another_repository(record, item):
+        if item.quarantine or ran_a_foreign_job(record, item):
             return self._quarantine(item, record, progress)
+        if item.suspect:
+            # A job that started is judged, never released: its completion releases its hand-off.
+            return progress.model_copy(update={"reason": "the job is of its runner's own run attempt"})
         released = self._give_back(item, record, now=now, progress=progress)
         # What decides (single use, jobs served, launch time) is as the record read above had it: a
         # release changes none of it.
@@ -169,24 +173,28 @@ class Release:
     def _quarantine(
         self, item: ReleaseItem, record: InstanceRecord | None, progress: ReleaseProgress
     ) -> ReleaseProgress:
-        """Expire the instance whose hand-off to `item.runner_id` GitHub gave a foreign job; log both runs."""
+        """Quarantine the instance whose hand-off to `item.runner_id` GitHub gave a foreign job; log both
+        runs. Its agent is told at once: it stops the runner (and the foreign job) as soon as it reads its
+        record, and leaves the instance for refresh to terminate."""
         if item.runner_id is None or record is None:
             return progress.model_copy(update={"reason": moved(record)})
         quarantined = self._table.quarantine(item.instance_id, item.runner_id)
         if not quarantined.succeeded:
             return progress.model_copy(update={"reason": moved(quarantined.record)})
+        notify(self._notices, item.instance_id)
         logger.error(
             "runner quarantined: GitHub gave it a job of another run or repository",
             instance_id=item.instance_id,
             runner_id=item.runner_id,
-            instance_run_key=record.run_key,
+            instance_run_key=record.run_key or record.runner_run_key,
             instance_repository=record.repository,
             job_run_key=item.run_key,
             job_repository=item.repository,
         )
         reason = (
             f"runner {item.runner_id} of {record.repository or 'no repository'} "
-            f"({record.run_key or 'idle'}) ran a job of {item.repository} ({item.run_key})"
+            f"({record.run_key or record.runner_run_key or 'idle'}) ran a job of {item.repository} "
+            f"({item.run_key})"
         )
         return progress.model_copy(update={"status": ReleaseStatus.QUARANTINED, "reason": reason})
 
