@@ -79,7 +79,7 @@ class NoticeQueues:
                     },
                     tags={key: value, notices.INSTANCE_TAG_KEY: self._arns.arn(instance_id)},
                 )
-            except (ClientError, BotoCoreError) as exc:
+            except (ClientError, BotoCoreError, aws_clients.ServiceUnreachableError) as exc:
                 return NoticeFailure(instance_id, _reason(exc))
             return None
 
@@ -89,7 +89,7 @@ class NoticeQueues:
         """Tell the instance's agent to read its record now; None when SQS took the notice."""
         try:
             self._client.send_message(QueueUrl=self.url(instance_id), MessageBody=notices.NOTICE)
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, BotoCoreError, aws_clients.ServiceUnreachableError) as exc:
             return NoticeFailure(instance_id, _reason(exc))
         return None
 
@@ -122,7 +122,7 @@ class NoticeQueues:
                 if aws_clients.error_code(exc) in GONE_CODES:
                     return None
                 return NoticeFailure(instance_id, _reason(exc))
-            except BotoCoreError as exc:
+            except (BotoCoreError, aws_clients.ServiceUnreachableError) as exc:
                 return NoticeFailure(instance_id, _reason(exc))
             return None
 
