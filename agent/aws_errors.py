@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runner_pool.adapters.aws_clients import ServiceBusyError, error_code, is_busy
+from runner_pool.adapters.aws_clients import ServiceBusyError, ServiceUnreachableError, error_code, is_busy
 
 NOT_FOUND_CODES = frozenset({"ResourceNotFoundException", "InvalidInstanceID.NotFound", "NotFoundException"})
 CONDITION_FAILED_CODES = frozenset({"ConditionalCheckFailedException", "TransactionCanceledException"})
@@ -26,7 +26,12 @@ class Fault(StrEnum):
     """Refused (e.g. access denied), or AWS not reached at all (no network, a timeout)."""
 
 
-AWS_FAILURES: tuple[type[Exception], ...] = (ClientError, BotoCoreError, ServiceBusyError)
+AWS_FAILURES: tuple[type[Exception], ...] = (
+    ClientError,
+    BotoCoreError,
+    ServiceBusyError,
+    ServiceUnreachableError,
+)
 """What an AWS call can raise: catch these, and ask `fault_of` what it was."""
 
 
@@ -43,6 +48,6 @@ def fault_of(exc: BaseException) -> Fault | None:  # noqa: PLR0911 - one return 
         if code in CONDITION_FAILED_CODES:
             return Fault.CONDITION_FAILED
         return Fault.OTHER
-    if isinstance(exc, BotoCoreError):
+    if isinstance(exc, (BotoCoreError, ServiceUnreachableError)):
         return Fault.OTHER
     return None

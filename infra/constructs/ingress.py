@@ -28,6 +28,7 @@ from constructs import Construct
 
 from infra.constructs import permissions
 from infra.constructs.functions import LOG_RETENTION, ControlPlaneFunctions
+from infra.constructs.retries import FOLLOW_UP
 from infra.constructs.workflow import Step, Workflow
 from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
 from runner_pool.domain.config import WorkflowType
@@ -185,11 +186,13 @@ class Ingress(Construct):
                     "GitHub lists, and starts its provisions",
                     list_seal_and_start,
                     starting,
+                    retry=FOLLOW_UP,
                 ),
                 "start": Step(
                     "starts the provisions of a follow-up batch its gather could not",
                     start,
                     starting,
+                    retry=FOLLOW_UP,
                 ),
             },
         )

@@ -13,6 +13,7 @@ from infra.constructs import permissions
 from infra.constructs.functions import ControlPlaneFunctions
 from infra.constructs.instances import Instances
 from infra.constructs.pool_queues import PoolQueues
+from infra.constructs.retries import IDEMPOTENT, IDEMPOTENT_LAUNCH, LAST_RESORT, REFUSE_OR_RETRY
 from infra.constructs.workflow import Step, Workflow, state_machine_arn
 from runner_pool.domain.config import StackConfig
 
@@ -116,6 +117,7 @@ class Provision(Construct):
                     begin,
                     {**hand_off, "pool_queue_url_prefix": pool_queues.url_prefix},
                     timeout_seconds=120,
+                    retry=REFUSE_OR_RETRY,
                 ),
                 "claim": Step(
                     "picks up a warm instance (hot, else stopped and started), claims it and hands it its "
@@ -126,9 +128,17 @@ class Provision(Construct):
                         **fleet_environment,
                         "pool_queue_url_prefix": pool_queues.url_prefix,
                     },
+                    retry=IDEMPOTENT,
                 ),
-                "check_claim": Step("reads a claimed instance's heartbeat and signal", check),
-                "discard": Step("expires and terminates a candidate that failed", expire, fleet_environment),
+                "check_claim": Step(
+                    "reads a claimed instance's heartbeat and signal", check, retry=IDEMPOTENT
+                ),
+                "discard": Step(
+                    "expires and terminates a candidate that failed",
+                    expire,
+                    fleet_environment,
+                    retry=IDEMPOTENT,
+                ),
                 "create": Step(
                     "launches the shortfall with one CreateFleet and records every instance",
                     grant=create,
@@ -141,6 +151,7 @@ class Provision(Construct):
                         },
                     },
                     timeout_seconds=120,
+                    retry=IDEMPOTENT_LAUNCH,
                 ),
                 "check_fleet": Step(
                     "hands runner configs to new instances still waiting for one, reads their heartbeats",
@@ -150,18 +161,21 @@ class Provision(Construct):
                     # instance. At 30 s it timed out on every retry under load (the 1,000-job burst,
                     # 2026-11-27: one of three failed executions).
                     timeout_seconds=120,
+                    retry=IDEMPOTENT,
                 ),
                 "finish": Step(
                     "sets ready instances running, expires the rest, asks again for what is missing",
                     finish,
                     finish_environment,
                     timeout_seconds=60,
+                    retry=IDEMPOTENT,
                 ),
                 "dump": Step(
                     "keeps what is registered, gives back or terminates the rest of a failed execution",
                     dump,
                     {**finish_environment, "pool_queue_url_prefix": pool_queues.url_prefix},
                     timeout_seconds=120,
+                    retry=LAST_RESORT,
                 ),
             },
         )

@@ -11,6 +11,7 @@ from infra.constructs import permissions
 from infra.constructs.functions import ControlPlaneFunctions
 from infra.constructs.notice_queues import NoticeQueueNames
 from infra.constructs.pool_queues import PoolQueues
+from infra.constructs.retries import IDEMPOTENT, RELEASE
 from infra.constructs.workflow import Step, Workflow
 from runner_pool.domain.config import StackConfig
 
@@ -55,18 +56,20 @@ class Release(Construct):
             functions=functions,
             workflow_type=config.workflow_type,
             steps={
-                "plan": Step("finds the instances a completed job or run holds", plan),
+                "plan": Step("finds the instances a completed job or run holds", plan, retry=RELEASE),
                 "give_back": Step(
                     "sets an instance idle and deletes its runner if no job took it",
                     give_back,
                     {"notice_queue_url_prefix": notice_queues.url_prefix},
+                    retry=RELEASE,
                 ),
                 "check_receipt": Step(
                     "pools an instance once its agent has cleaned up, or expires it",
                     check_receipt,
                     {"pool_queue_url_prefix": pool_queues.url_prefix},
+                    retry=RELEASE,
                 ),
-                "salvage": Step("expires what a failed release step held", salvage),
+                "salvage": Step("expires what a failed release step held", salvage, retry=IDEMPOTENT),
             },
         )
         self.state_machine = self.workflow.state_machine

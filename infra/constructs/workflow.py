@@ -4,13 +4,16 @@ The ASL file (infra/statemachines/<machine>.asl.json) is the definition deployed
 the integration tests execute. It names each Lambda by a placeholder `${<Pascal>Function}` whose
 handler is `runner_pool.handlers.<machine>.<snake>`; the construct that composes a machine says, per
 handler, what that handler may do (`Step`), and a placeholder without a Step, or a Step the file
-no longer names, fails synth: no function is deployed with permissions nobody reviewed.
+no longer names, fails synth: no function is deployed with permissions nobody reviewed. Each Step
+names its retry policy too (infra/constructs/retries.py), and a task whose Retry is not its step's
+policy fails synth.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -24,6 +27,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.constructs.functions import LOG_RETENTION, ControlPlaneFunctions
+from infra.constructs.retries import RetryPolicy
 from runner_pool.domain.config import WorkflowType
 
 STATE_MACHINES = Path(__file__).resolve().parents[1] / "statemachines"
@@ -33,13 +37,15 @@ FUNCTION_PLACEHOLDER = re.compile(r"([A-Z][A-Za-z0-9]*)Function")
 
 @dataclass(frozen=True)
 class Step:
-    """What one handler of a machine is for, may do (`grant`) and is told (`environment`)."""
+    """What one handler of a machine is for, may do (`grant`), is told (`environment`), and how its task is
+    tried again (`retry`)."""
 
     description: str
     grant: Callable[[lambda_.Function], None] = lambda _function: None
     environment: Mapping[str, Any] = field(default_factory=dict)
     timeout_seconds: int = 30
     memory_mib: int = 512
+    retry: RetryPolicy | None = None
 
 
 def state_machine_arn(scope: Construct, name: str) -> str:
@@ -63,6 +69,34 @@ def handler_of(placeholder: str) -> str:
 def function_placeholders(asl: str) -> dict[str, str]:
     """Each placeholder of an ASL text and the handler (snake case) it stands for."""
     return {placeholder: handler_of(placeholder) for placeholder in sorted(set(PLACEHOLDER.findall(asl)))}
+
+
+def tasks(definition: Any) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every Task state of an ASL definition (a Map's too), with its name."""
+    if isinstance(definition, dict):
+        for name, state in definition.get("States", {}).items():
+            if state.get("Type") == "Task":
+                yield name, state
+        for value in definition.values():
+            yield from tasks(value)
+    elif isinstance(definition, list):
+        for value in definition:
+            yield from tasks(value)
+
+
+def _check_retries(file: str, asl: str, steps: Mapping[str, Step]) -> None:
+    """Each task's Retry is its step's named policy: refused at synth otherwise."""
+    for name, task in tasks(json.loads(asl)):
+        invoked = json.dumps([task.get("Resource"), task.get("Parameters")])
+        for handler in sorted(set(function_placeholders(invoked).values())):
+            policy = steps[handler].retry
+            if policy is None:
+                raise LookupError(f"{file}'s {name} invokes {handler}, whose Step names no retry policy")
+            if not policy.matches(task.get("Retry")):
+                raise ValueError(
+                    f"{file}'s {name} does not retry as {handler}'s policy {policy.name!r} says: "
+                    f"{task.get('Retry')} is not {policy.asl()}"
+                )
 
 
 class Workflow(Construct):
@@ -94,6 +128,7 @@ class Workflow(Construct):
         unused = sorted(set(steps) - set(handlers.values()))
         if unused:
             raise LookupError(f"{construct_id} declares Steps {path.name} never invokes: {', '.join(unused)}")
+        _check_retries(path.name, definition, steps)
         built = {}
         for name in sorted(steps):
             step = steps[name]

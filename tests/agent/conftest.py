@@ -233,6 +233,29 @@ class RunningAgent:
     powered_off: list[float]
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    looks: int = 0
+    """How many looks at its record (`Agent.step`) the agent has finished, each with what followed from it."""
+
+    def __post_init__(self) -> None:
+        look = self.agent.step
+
+        def counted(*, noticed: bool = False) -> float:
+            try:
+                return look(noticed=noticed)
+            finally:
+                self.looks += 1
+
+        self.agent.step = counted  # type: ignore[method-assign]
+
+    def looked_again(self, times: int = 2) -> None:
+        """Wait until the agent has finished `times` more looks from now, or ended its instance (it looks no
+        more). The second look began after the first ended, so whatever the record says by now, the agent
+        has seen and acted on."""
+        seen = self.looks
+        eventually(
+            lambda: self.looks >= seen + times or self.agent.terminated,
+            what=f"{times} more looks of the agent at its record",
+        )
 
     def start(self) -> RunningAgent:
         self.thread = threading.Thread(target=self.agent.run, args=(self.stop,), name="agent", daemon=True)

@@ -38,21 +38,21 @@ def main() -> int:
         say("An error occurred: Runner registration has been deleted from the server")
         return 1
     if config["mode"] == "hang":
-        time.sleep(60)
+        time.sleep(60)  # the runner's silence is the behaviour: the agent's listening timeout ends it
         return 0
     say("Current runner version: '2.328.0'")
     say(f"{datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}: Listening for Jobs")
     if config["mode"] == "vanish":
-        time.sleep(config.get("idle_seconds", 0.05))
+        time.sleep(config.get("idle_seconds", 0.05))  # the stand-in's time listening, as a test asks
         return 1
-    time.sleep(config.get("idle_seconds", 0.05))
+    time.sleep(config.get("idle_seconds", 0.05))  # the stand-in's time listening, as a test asks
     say(f"{datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}: Running job: build")
     workspace = here / "_work" / "repository"
     workspace.mkdir(parents=True, exist_ok=True)
     (workspace / "build.log").write_text("built\n")
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     (here / "leftover.pid").write_text(str(leftover.pid))
-    time.sleep(config.get("job_seconds", 0.05))
+    time.sleep(config.get("job_seconds", 0.05))  # the stand-in's job, as long as a test asks
     say(f"{datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}: Job build completed with result: Succeeded")
     return 0
 

@@ -3,8 +3,7 @@ and a runner that exits before it took a job is reported (UD_REG_FAILED), once."
 
 from __future__ import annotations
 
-import time
-
+from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.records import Signal
 from tests.agent.conftest import AgentFactory, ControlPlane, config_id, eventually, jit_config
 
@@ -20,7 +19,7 @@ def hand_over(control_plane: ControlPlane, runner_id: int, config: str) -> None:
 
 
 def test_a_runner_that_exits_before_taking_a_job_is_reported_once(
-    control_plane: ControlPlane, agents: AgentFactory
+    control_plane: ControlPlane, agents: AgentFactory, clock: ManualClock
 ) -> None:
     # Given a claimed instance whose runner starts listening, then dies before GitHub gives it a job
     control_plane.launch_for_pool()
@@ -32,8 +31,10 @@ def test_a_runner_that_exits_before_taking_a_job_is_reported_once(
     # When the runner has exited: Then the agent says so for the run key, with the reason
     failed = control_plane.await_signal(Signal.UD_REG_FAILED, RUN)
     assert failed.reason == "the runner exited before it took a job"
-    # And it neither starts that config again nor repeats itself
-    time.sleep(0.3)
+    # And it neither starts that config again nor repeats itself, however often it looks (the clock moved,
+    # so a repeat would bear another time)
+    clock.advance(1)
+    running.looked_again(times=5)
     assert len(running.runner_starts) == 1
     again = control_plane.signal()
     assert again is not None
@@ -52,8 +53,8 @@ def test_a_runner_that_took_its_job_and_exited_is_not_reported(
     eventually(lambda: running.agent._runner is not None and not running.agent._runner.running)
     assert running.agent._runner is not None
     assert not running.agent._runner.exited_without_job()
-    # Then nothing is reported: the job's completion releases the instance
-    time.sleep(0.3)
+    # Then nothing is reported, however often it looks: the job's completion releases the instance
+    running.looked_again(times=5)
     signal = control_plane.signal()
     assert signal is not None
     assert signal.signal is Signal.UD_REG_OK

@@ -93,7 +93,7 @@ def test_a_notice_wakes_the_agent_long_before_its_watch_period(
     listening_agent(control_plane, agents, queues)
     # When it is claimed and handed its config, and nothing is sent yet
     claimed_and_handed_over(control_plane)
-    time.sleep(1.0)
+    time.sleep(1.0)  # a second of nothing is the behaviour under test: no condition stands for it
     # Then the agent has not seen it (the test can fail: without a notice the claim waits for the watch)
     signal = control_plane.signal()
     assert signal is not None

@@ -3,6 +3,7 @@ placeholder filled with the function of its handler, and their logging, tracing,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 
-from infra.constructs import workflow
+from infra.constructs import retries, workflow
 from infra.constructs.functions import HANDLERS_PACKAGE, ControlPlaneFunctions
 from infra.constructs.workflow import STATE_MACHINES, Step, Workflow, function_placeholders, handler_of
 from runner_pool.domain.config import StackConfig, WorkflowType
@@ -165,3 +166,53 @@ def test_a_declared_step_the_file_never_invokes_fails_synth(bare_stack: tuple[St
             workflow_type=WorkflowType.STANDARD,
             steps=steps,
         )
+
+
+def retried_begin(bare_stack: tuple[Stack, Any], retry: list[dict[str, Any]]) -> tuple[Stack, Any]:
+    """bare_stack's Begin, retried as `retry` says."""
+    stack, helper = bare_stack
+    task = {"Type": "Task", "Resource": "${BeginFunction}", "Retry": retry, "End": True}
+    (workflow.STATE_MACHINES / "provision.asl.json").write_text(
+        json.dumps({"StartAt": "Begin", "States": {"Begin": task}})
+    )
+    return stack, helper
+
+
+def build_provision(stack: Stack, helper: Any, begin: Step) -> Workflow:
+    return Workflow(
+        stack,
+        "Provision",
+        machine="provision",
+        functions=helper,
+        workflow_type=WorkflowType.STANDARD,
+        steps={"begin": begin},
+    )
+
+
+def test_a_task_whose_step_names_no_retry_policy_fails_synth(bare_stack: tuple[Stack, Any]) -> None:
+    # Given a file whose Begin retries, and a Step for it that names no retry policy
+    stack, helper = retried_begin(bare_stack, retries.IDEMPOTENT.asl())
+    # When the workflow is built / Then it refuses, naming the task
+    with pytest.raises(LookupError, match="Begin invokes begin, whose Step names no retry policy"):
+        build_provision(stack, helper, Step("plans"))
+
+
+def test_a_task_that_retries_otherwise_than_its_steps_policy_fails_synth(
+    bare_stack: tuple[Stack, Any],
+) -> None:
+    # Given a file whose Begin retries any error, and a Step that says it refuses a bad request at once
+    stack, helper = retried_begin(bare_stack, retries.IDEMPOTENT.asl())
+    # When the workflow is built / Then it refuses, naming the policy
+    with pytest.raises(ValueError, match="does not retry as begin's policy 'refuse, or retry' says"):
+        build_provision(stack, helper, Step("plans", retry=retries.REFUSE_OR_RETRY))
+
+
+def test_a_task_that_retries_as_its_steps_policy_says_is_built(bare_stack: tuple[Stack, Any]) -> None:
+    # Given a file whose Begin retries as its Step's policy, its errors in another order
+    policy = retries.REFUSE_OR_RETRY.asl()
+    policy[1]["ErrorEquals"].reverse()
+    stack, helper = retried_begin(bare_stack, policy)
+    # When the workflow is built / Then it is
+    assert build_provision(stack, helper, Step("plans", retry=retries.REFUSE_OR_RETRY)).functions.keys() == {
+        "begin"
+    }

@@ -39,6 +39,7 @@ from runner_pool.domain.demand import (
 )
 from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.runners import GitHubRetryableError, RunJob
+from tests.support.waiting import eventually
 from tests.support.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
 
 REPOSITORY = "octo-org/octo-repo"
@@ -528,10 +529,10 @@ def test_a_matrix_read_by_five_concurrent_pollers_costs_two_provisions_and_its_f
         first_sent = time.time()
         for message in jobs(*range(1, 21)):
             world.sqs.send_message(QueueUrl=world.queue_url, MessageBody=to_body(message))
-            time.sleep(0.02)
-        deadline = time.monotonic() + 30
-        while sum(request.count for request in starts.provisions) < 20 and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.02)  # the arrivals' spacing is the behaviour under test
+        eventually(
+            lambda: sum(request.count for request in starts.provisions) >= 20, "20 jobs provisioned", 30
+        )
 
     # Then the five pollers split it into several batches, yet it cost two provisions at most
     assert source.concurrency == 5

@@ -7,7 +7,6 @@ and every live record an instance, so nothing was lost or leaked on any path.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from runner_pool.handlers import provision
 from tests.support.control_plane import client
 from tests.support.provision_world import ProvisionWorld, output, provision_world
 from tests.support.scripted_agents import Script
+from tests.support.waiting import eventually
 
 RUN = "pool=4242"
 
@@ -52,14 +52,17 @@ def executions_once_settled(
     described with its input, once none is running any more."""
     stepfunctions = client("stepfunctions")
     arn = world.machine.arn if machine == "provision" else world.local.stack.machines[machine].arn
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        listed = stepfunctions.list_executions(stateMachineArn=arn)["executions"]
-        if all(e["status"] != "RUNNING" for e in listed):
-            break
-        assert time.monotonic() < deadline, f"executions still running after {timeout_seconds} s"
-        time.sleep(0.02)
-    described = [stepfunctions.describe_execution(executionArn=e["executionArn"]) for e in listed]
+
+    def listed() -> list[dict[str, Any]]:
+        executions: list[dict[str, Any]] = stepfunctions.list_executions(stateMachineArn=arn)["executions"]
+        return executions
+
+    eventually(
+        lambda: all(e["status"] != "RUNNING" for e in listed()),
+        f"every {machine} execution to end",
+        timeout_seconds,
+    )
+    described = [stepfunctions.describe_execution(executionArn=e["executionArn"]) for e in listed()]
     return sorted(described, key=lambda e: e["startDate"])
 
 

@@ -53,3 +53,19 @@ def test_the_agents_clients_retry_as_stated() -> None:
 def test_busy_is_what_standard_mode_retries(code: str, status: int, busy: bool) -> None:
     # Given an AWS error / Then it is "busy" exactly when botocore's standard mode would have retried it
     assert aws_clients.is_busy(code, status) is busy
+
+
+def test_a_call_that_never_reaches_aws_raises_the_products_own_error() -> None:
+    # Given a client of the product aimed at a port where nothing listens (every attempt is refused)
+    unreachable = aws_clients.client(
+        "dynamodb",
+        region_name="us-east-1",
+        endpoint_url="http://127.0.0.1:9",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+    # When a call is made / Then once botocore's attempts are spent, the caller gets ServiceUnreachableError
+    # (what a state machine's Retry names), botocore's own error kept as its cause
+    with pytest.raises(aws_clients.ServiceUnreachableError) as raised:
+        unreachable.list_tables()
+    assert isinstance(raised.value.__cause__, aws_clients.TRANSPORT_ERRORS)

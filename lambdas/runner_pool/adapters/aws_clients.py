@@ -8,8 +8,11 @@ default differs by service (DynamoDB's is 4 since the cross-SDK retry revision, 
 The house `Backoff` retries only whole operations a successful call left undone (see backoff.py).
 
 A call botocore gave up on because AWS stayed busy (throttling, or a transient 5xx) raises
-ServiceBusyError, the product's own error, which the caller's own retry takes from there: the
-agent's loop, Step Functions' Retry (release.asl.json names it), SQS redelivering to the dispatcher.
+ServiceBusyError, and one whose every attempt failed to reach AWS or to get its answer (a connection
+refused or timed out, a read timed out, a connection dropped) raises ServiceUnreachableError: the
+product's own errors, which the caller's own retry takes from there: the agent's loop, Step Functions'
+Retry (release.asl.json names them), SQS redelivering to the dispatcher. No caller, and no state
+machine, names a botocore class for either.
 
 Worst case, as botocore 1.44 computes a retry's delay (botocore/retries/standard.py,
 ExponentialBackoff): the i-th retry (0-based) waits rand(0, 1) * min(base * 2**i, 20 s), base 1 s for
@@ -22,7 +25,8 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
 ATTEMPTS = 3
 """How many times one call is tried in all, a throttled one included: the figure, stated once."""
@@ -104,6 +108,16 @@ class ServiceBusyError(RuntimeError):
     """AWS stayed busy through every attempt botocore made; the caller's own retry is next."""
 
 
+class ServiceUnreachableError(RuntimeError):
+    """AWS was not reached, or its answer not received, in any attempt botocore made; the caller's own
+    retry is next."""
+
+
+TRANSPORT_ERRORS = (BotocoreConnectionError, HTTPClientError)
+"""botocore's errors for a call that never got an answer: EndpointConnectionError, ConnectTimeoutError
+(ConnectionError's), ReadTimeoutError, ConnectionClosedError (HTTPClientError's), and their kin."""
+
+
 def error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
@@ -138,8 +152,12 @@ def long_poll_client(
 
 
 def with_busy_errors(made: Any) -> Any:
-    """`made` raises ServiceBusyError for a call AWS kept busy (for clients the caller configured itself)."""
+    """`made` raises ServiceBusyError for a call AWS kept busy, and ServiceUnreachableError for one that
+    never got an answer (for clients the caller configured itself)."""
     made.meta.events.register("after-call", _raise_when_busy, unique_id="runner-pool-busy")
+    made.meta.events.register(
+        "after-call-error", _raise_when_unreachable, unique_id="runner-pool-unreachable"
+    )
     return made
 
 
@@ -152,3 +170,10 @@ def _raise_when_busy(http_response: Any, parsed: dict[str, Any], model: Any, **_
     if is_busy(code, status):
         attempts = parsed.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
         raise ServiceBusyError(f"{model.name}: AWS answered {code or status} to each of {attempts} attempts")
+
+
+def _raise_when_unreachable(exception: Exception, **_: Any) -> None:
+    # after-call-error comes once per call that raised, after botocore's last attempt; raising here
+    # replaces botocore's exception with ours (the cause kept), as the caller then receives it.
+    if isinstance(exception, TRANSPORT_ERRORS):
+        raise ServiceUnreachableError(str(exception)) from exception

@@ -80,7 +80,7 @@ class NoticeQueues:
                     },
                     tags={key: value, notices.INSTANCE_TAG_KEY: self._arns.arn(instance_id)},
                 )
-            except (ClientError, BotoCoreError, ServiceBusyError) as exc:
+            except (ClientError, BotoCoreError, ServiceBusyError, aws_clients.ServiceUnreachableError) as exc:
                 return NoticeFailure(instance_id, _reason(exc))
             return None
 
@@ -90,7 +90,7 @@ class NoticeQueues:
         """Tell the instance's agent to read its record now; None when SQS took the notice."""
         try:
             self._client.send_message(QueueUrl=self.url(instance_id), MessageBody=notices.NOTICE)
-        except (ClientError, BotoCoreError, ServiceBusyError) as exc:
+        except (ClientError, BotoCoreError, ServiceBusyError, aws_clients.ServiceUnreachableError) as exc:
             return NoticeFailure(instance_id, _reason(exc))
         return None
 
@@ -123,7 +123,7 @@ class NoticeQueues:
                 if aws_clients.error_code(exc) in GONE_CODES:
                     return None
                 return NoticeFailure(instance_id, _reason(exc))
-            except (BotoCoreError, ServiceBusyError) as exc:
+            except (BotoCoreError, ServiceBusyError, aws_clients.ServiceUnreachableError) as exc:
                 return NoticeFailure(instance_id, _reason(exc))
             return None
 

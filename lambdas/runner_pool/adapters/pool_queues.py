@@ -161,7 +161,7 @@ def _in_batches(
             entries = [entry(entry_id, item) for entry_id, item in pending.items()]
             try:
                 failed_ids = set(call(entries))
-            except (ClientError, BotoCoreError, ServiceBusyError):
+            except (ClientError, BotoCoreError, ServiceBusyError, aws_clients.ServiceUnreachableError):
                 failed_ids = set(pending)
             pending = {entry_id: item for entry_id, item in pending.items() if entry_id in failed_ids}
             if not pending:

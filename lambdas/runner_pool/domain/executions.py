@@ -34,6 +34,11 @@ class _Input(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class MalformedRequestError(ValueError):
+    """A request that does not parse (pydantic's ValidationError, by the product's name): a state machine
+    refuses it at once, as it does a LabelError, rather than retrying what will never parse."""
+
+
 PROVISION_LIMIT = 50
 """The most runners one provision execution is asked for; the dispatcher splits a larger group into
 several executions, each named after its own jobs.

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.executions import MalformedRequestError, ProvisionRequest
 from runner_pool.domain.provision import ClaimWorker, Creation, ProvisionPlan, WorkerResult
 from runner_pool.observability import logger, tracer
 from runner_pool.steps.provision import Provision
@@ -77,9 +77,12 @@ def provision_of(plane: ControlPlane, time_left: Callable[[], float] | None = No
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def begin(event: dict[str, Any], _context: LambdaContext) -> dict[str, Any]:
-    parsed = BeginEvent.model_validate(event)
-    logger.append_keys(run_key=parsed.request.run_key, execution=parsed.execution)
-    return _provision().begin(parsed.request, parsed.execution).model_dump(mode="json")
+    try:
+        parsed = BeginEvent.model_validate(event)
+        logger.append_keys(run_key=parsed.request.run_key, execution=parsed.execution)
+        return _provision().begin(parsed.request, parsed.execution).model_dump(mode="json")
+    except ValidationError as refused:
+        raise MalformedRequestError(str(refused)) from refused
 
 
 @logger.inject_lambda_context
