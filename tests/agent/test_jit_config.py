@@ -12,7 +12,7 @@ import pytest
 
 from agent.jit_config import DISABLE_UPDATE, SETTINGS_FILE, JitConfigError, without_self_update
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, config_file, jit_config
+from tests.agent.conftest import AgentFactory, ControlPlane, config_file, config_id, jit_config
 from tests.support import builders
 
 RUN = builders.run_key(1)
@@ -89,6 +89,26 @@ def test_the_runner_is_started_with_updates_disabled(
     # Then the .runner the agent wrote for the runner from its config disables updates
     written = json.loads((running.settings.runner_dir / SETTINGS_FILE).read_text())
     assert written == {**config_file(config), DISABLE_UPDATE: True}
+
+
+def test_no_variable_the_runner_takes_as_an_argument_reaches_it(
+    control_plane: ControlPlane, agents: AgentFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an agent whose environment names another JIT config, and run-once, where the runner looks for
+    # its arguments (in any case)
+    monkeypatch.setenv("ACTIONS_RUNNER_INPUT_JITCONFIG", jit_config(mode="refuse"))
+    monkeypatch.setenv("actions_runner_input_once", "true")
+    control_plane.launch_for_pool()
+    running = agents.start()
+    control_plane.await_signal(Signal.UD_OK, None)
+
+    # When a run claims it with its config
+    config = jit_config(idle_seconds=5)
+    control_plane.claim(RUN, config)
+
+    # Then the runner listens (the fake refuses any such variable), started from the run's config alone
+    control_plane.await_signal(Signal.UD_REG_OK, RUN)
+    assert running.runner_starts == [config_id(config)]
 
 
 def test_a_config_that_is_no_jit_config_signals_ud_reg_failed_and_starts_nothing(
