@@ -1,17 +1,50 @@
-"""The runner's JIT config with self-update turned off: an instance runs the runner release it was built with.
+"""The runner's JIT config as files the runner reads: GitHub's settings, with self-update turned off.
 
-A JIT runner is not configured by config.sh, so `config.sh --disableupdate` is not there to use, and
-GitHub's generate-jitconfig API takes no such option (terraform-aws-github-runner#3392: "For JIT
-config you cannot pass this option"; #4052: such runners updated themselves after launch). What the
-runner does with the config is in actions/runner (v2.328.0): `run.sh --jitconfig` decodes it, a base64
-JSON object mapping each of the runner's settings files (`.runner`, `.credentials`, ...) to its base64
-content, writes the files into the runner directory, then loads `.runner`
-(src/Runner.Listener/Runner.cs, lines 234-270). `.runner` holds RunnerSettings, whose `DisableUpdate`
-(src/Runner.Common/ConfigurationStore.cs) is the setting `--disableupdate` writes; the listener sends
-it with every message poll (src/Runner.Listener/MessageListener.cs and BrokerMessageListener.cs,
-`disableUpdate`), which is how GitHub learns not to send the runner an update. So the agent sets it in
-`.runner` before the runner starts. The runner reads the file with Newtonsoft.Json, whose property
-names match case-insensitively; it writes them in camelCase (`disableUpdate`), and so does this.
+What the runner does with a JIT config, read in actions/runner at commit 258d6c857db3 (runner 2.336.0);
+paths are under src/, a file's directory given where it is first named:
+
+- `run.sh [args]` runs `bin/Runner.Listener run [args]` (Misc/layoutroot/run.sh:17-18,
+  Misc/layoutroot/run-helper.sh.template:36). `--jitconfig` is an argument of `run`
+  (Runner.Listener/CommandSettings.cs:64-70), taken from argv or else from the variable
+  `ACTIONS_RUNNER_INPUT_JITCONFIG` (CommandSettings.cs:110-140, 222-226, 365-374, 429-439).
+- Given one, the listener base64-decodes it into a map of file name to base64 content, writes each file
+  into its root directory with `File.WriteAllBytes`, and does nothing else with it (the hidden attribute;
+  on Windows, DPAPI on the RSA key; its user agents reloaded from the files):
+  Runner.Listener/Runner.cs:234-268. Then, given one or not, it loads `.runner` (Runner.cs:270,
+  Runner.Common/ConfigurationStore.cs:280-297) and runs from it. No setting comes from the argument.
+- Ephemeral is `.runner`'s `Ephemeral` (ConfigurationStore.cs:38-39): it makes the listener take one
+  job and exit (Runner.cs:331, `command.RunOnce || settings.Ephemeral`), exit when its job is gone
+  (Runner.cs:699-704) and delete its settings files after the job (Runner.cs:877-880,
+  Runner.Listener/Configuration/ConfigurationManager.cs:496-525). `--ephemeral` is a flag of
+  `configure` only (CommandSettings.cs:32-54), which writes it into `.runner` (ConfigurationManager.cs:258).
+- Self-update: `.runner`'s `DisableUpdate` (ConfigurationStore.cs:35-36) goes with every message poll
+  (Runner.Listener/MessageListener.cs:251-259 and 277-283, Runner.Listener/BrokerMessageListener.cs:
+  296-302): that is how GitHub learns not to send the runner an update, which the listener would apply
+  (Runner.cs:608-658). `--disableupdate` is a flag of `configure` only (CommandSettings.cs:35), which
+  writes it into `.runner` and the registration (ConfigurationManager.cs:257, 341, 676-688). A JIT
+  runner is not configured by config.sh, and GitHub's generate-jitconfig takes no such option
+  (terraform-aws-github-runner#3392: "For JIT config you cannot pass this option"; #4052: such runners
+  updated themselves after launch). So `--jitconfig` alone leaves updates on: the agent sets
+  `DisableUpdate` in `.runner`.
+- Labels are no local setting: `.runner` has none (ConfigurationStore.cs:14-161); they are the
+  registration's (`configure` sends them: ConfigurationManager.cs:263, 341), for a JIT runner the ones
+  generate-jitconfig was given. The work folder is `.runner`'s `WorkFolder`, under the root directory
+  (Runner.Common/HostContext.cs:427-434).
+- `.runner` is read with Newtonsoft.Json and camelCase names (Runner.Sdk/Util/StringUtil.cs:12-18 and
+  35-38, Sdk/WebApi/WebApi/VssJsonMediaTypeFormatter.cs:101-110), which matches names ignoring case
+  (Microsoft Learn, *Migrate from Newtonsoft.Json to System.Text.Json*, "Case-insensitive
+  deserialization"); `disableUpdate` is written as the runner itself writes it.
+
+So the agent writes the config's files itself (agent/runner_install.py) and starts `run.sh` with no
+argument (agent/runner.py): the runner loads the very settings `--jitconfig` would have written, updates
+off. What differs is on purpose. The files are the runner account's alone, mode 0600 as the runner makes
+its own key file (Runner.Listener/Configuration/RSAFileKeyManager.cs:29-46), where `WriteAllBytes` leaves
+them to the umask. A name that is not one of the runner's own files is refused, where the listener would
+write `Path.Combine(root, name)` wherever that points (Runner.cs:243). And the config is never in argv,
+which every user can read (`/proc/<pid>/cmdline`) and which run.sh and run-helper.sh pass on. The
+variable would keep it out of argv, and the listener masks it in its log and drops it from its own
+environment (CommandSettings.cs:125-138, Runner.Common/Constants.cs:108-119), but run.sh and
+run-helper.sh, above it, would hold it in theirs for the runner's life.
 """
 
 from __future__ import annotations

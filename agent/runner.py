@@ -5,6 +5,13 @@ child is systemd-run, which passes the runner's output through and ends with it,
 processes are the service's cgroup. Without systemd (the emulator, the tests) the runner is the agent's
 own child, in a session of its own, so it and every process its job starts (unless one sets up a
 session of its own) can be found again by session id and stopped together.
+
+The runner is `run.sh` with no argument, which runs `Runner.Listener run` on the settings files the agent
+wrote from the JIT config: what the runner reads, and why that is what `--jitconfig` would give it, is in
+agent/jit_config.py. Nor does the runner get any `ACTIONS_RUNNER_INPUT_*` variable, each of which the
+listener takes as one of its command-line arguments (actions/runner 258d6c857db3,
+src/Runner.Listener/CommandSettings.cs:110-140): a stray `ACTIONS_RUNNER_INPUT_JITCONFIG` would have it
+overwrite the agent's files before loading them (src/Runner.Listener/Runner.cs:234-270).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ JOB_MARK = "Running job: "
 _TAIL_LINES = 5
 _POLL_SECONDS = 0.02
 _SECRET_PREFIXES = ("RUNNER_POOL_", "AWS_")
+RUNNER_ARGUMENT_PREFIX = "ACTIONS_RUNNER_INPUT_"
+"""The listener takes a variable so named as a command-line argument (see above): the runner gets none."""
 
 
 class RunnerStartError(RuntimeError):
@@ -220,8 +229,14 @@ def _enter(cgroup: JobCgroup, account: pwd.struct_passwd | None) -> Callable[[],
 
 
 def _runner_environment(environment: Mapping[str, str], account: pwd.struct_passwd | None) -> dict[str, str]:
-    """The agent's environment without its own settings or AWS configuration, and with the runner's home."""
-    runner_env = {k: v for k, v in environment.items() if not k.startswith(_SECRET_PREFIXES)}
+    """The agent's environment without its own settings, its AWS configuration or anything the runner would
+    take as an argument, and with the runner's home."""
+    runner_env = {
+        # The listener matches the prefix in any case (CommandSettings.cs:117).
+        k: v
+        for k, v in environment.items()
+        if not k.startswith(_SECRET_PREFIXES) and not k.upper().startswith(RUNNER_ARGUMENT_PREFIX)
+    }
     if account is not None:
         runner_env.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
     return runner_env

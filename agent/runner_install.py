@@ -2,20 +2,20 @@
 
 The boot installs the runner root-owned and read-only to the runner account, then records a manifest
 of every entry (`python -m agent.runner_install <runner dir> <manifest>`). The runner still writes a
-few files of its own at the top of its directory (actions/runner, v2.328.0): `run.sh` copies
-`run-helper.sh.template` to `run-helper.sh` before each start (src/Misc/layoutroot/run.sh); the
-listener writes its settings files there from a JIT config and an ephemeral runner deletes them after
-its job (src/Runner.Listener/Runner.cs: `File.WriteAllBytes` into the root directory,
-`DeleteLocalRunnerConfig`); it logs to `_diag` and works in `_work`. So the top directory is
-root:runner with the sticky bit (like /tmp): the account can add and remove its own entries and
-cannot touch root's. What it adds is not in the manifest: the scrub removes it, and a check refuses
-any entry the manifest does not name, so a `.env` (which the listener loads into its environment) or
-any other planted file never reaches the next job.
+few files of its own at the top of its directory (actions/runner at 258d6c857db3, runner 2.336.0, under
+src/): `run.sh` copies `run-helper.sh.template` to `run-helper.sh` before each start
+(Misc/layoutroot/run.sh:17); the listener writes its settings files there from a JIT config
+(Runner.Listener/Runner.cs:241-256) and an ephemeral runner deletes them after its job (Runner.cs:877-880);
+it logs to `_diag` and works in `_work`. So the top directory is root:runner with the sticky bit (like
+/tmp): the account can add and remove its own entries and cannot touch root's. What it adds is not in
+the manifest: the scrub removes it, and a check refuses any entry the manifest does not name, so a `.env`
+(which the listener loads into its environment: Runner.Listener/Program.cs:19) or any other planted file
+never reaches the next job.
 
 The agent writes the JIT config's files itself, before the runner starts, so the config never appears
 in a process's arguments or environment: `run.sh` without `--jitconfig` finds the runner configured
-and loads the same files (Runner.cs: after writing them the listener calls `LoadSettings`, exactly as
-for a configured runner).
+and loads the same files, as the listener does after writing them (Runner.cs:234-270; the whole
+account, with the settings the runner reads, is in agent/jit_config.py).
 """
 
 from __future__ import annotations

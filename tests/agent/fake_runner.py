@@ -2,7 +2,9 @@
 
 Called as `run.sh` in the runner directory, like the real one, and like the real one
 (actions/runner src/Runner.Listener/Runner.cs, `LoadSettings`) it reads its settings from the files
-the agent wrote there from the JIT config. The tests' configs carry in `.runner` how the fake behaves
+the agent wrote there from the JIT config. It refuses any argument, and any `ACTIONS_RUNNER_INPUT_*`
+variable, which the real listener takes as an argument (src/Runner.Listener/CommandSettings.cs:110-140 at
+258d6c857db3): the agent's runner has its files to go by and nothing else. The tests' configs carry in `.runner` how the fake behaves
 and an `id`, so the fake also proves which config the control plane stored reached it. Modes:
 
     job     say it is listening, run one job (files in _work, a leftover process), exit 0
@@ -14,6 +16,7 @@ and an `id`, so the fake also proves which config the control plane stored reach
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,8 +29,11 @@ def say(line: str) -> None:
 
 
 def main() -> int:
-    if sys.argv[1:]:
-        say(f"An error occurred: unexpected arguments {sys.argv[1:]}")
+    arguments = sys.argv[1:] + [
+        name for name in os.environ if name.upper().startswith("ACTIONS_RUNNER_INPUT_")
+    ]
+    if arguments:
+        say(f"An error occurred: unexpected arguments {arguments}")
         return 1
     here = Path.cwd()
     config = json.loads((here / ".runner").read_text())["fakeRunner"]
