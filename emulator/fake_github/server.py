@@ -154,8 +154,9 @@ class FakeGitHub:
                 "ServerUrl": self.url,
                 "GitHubUrl": f"{self.origin}/{owner}",
                 "WorkFolder": runner.work_folder,
+                # A JIT runner is ephemeral; generate-jitconfig has no option for updates, so the
+                # settings carry no DisableUpdate: the agent adds it (agent/jit_config.py).
                 "Ephemeral": True,
-                "DisableUpdate": True,
             },
             ".credentials": {"Scheme": "OAuthAccessToken", "Data": {"token": runner.secret}},
             ".credentials_rsaparams": {},
