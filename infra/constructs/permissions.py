@@ -92,6 +92,24 @@ def offer_to_pool(grantee: iam.IGrantable, queues: Iterable[sqs.IQueue]) -> None
     _allow(grantee, ["sqs:SendMessage"], [queue.queue_arn for queue in queues])
 
 
+def sweep_pool(grantee: iam.IGrantable, queues: Iterable[sqs.IQueue], table: dynamodb.ITable) -> None:
+    """Offer to the pool, and count, read and drop what no request can take from the queues of partitions
+    the by-idle index shows empty (refresh's admissions and pool sweep). One statement: refresh's role is
+    near IAM's 10,240-character inline limit, past which CDK moves statements to a managed policy."""
+    _allow(
+        grantee,
+        [
+            "sqs:SendMessage",
+            "sqs:GetQueueAttributes",
+            "sqs:ReceiveMessage",
+            "sqs:DeleteMessage",
+            "sqs:ChangeMessageVisibility",
+        ],
+        [queue.queue_arn for queue in queues],
+    )
+    _allow(grantee, ["dynamodb:Query"], [f"{table.table_arn}/index/{schema.IDLE_INDEX}"])
+
+
 def send_notices(grantee: lambda_.Function, notice_queues: NoticeQueueNames) -> None:
     """Send to any instance's notice queue of the stack (domain/notices.py): the queues exist only at run
     time, one per instance, so the statement names the stack's prefix."""

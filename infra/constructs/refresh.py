@@ -69,7 +69,7 @@ class Refresh(Construct):
             instance_role=instances.role,
             image_parameter_arns=instances.image_parameter_arns,
         )
-        permissions.offer_to_pool(self.function, pool_queues.queues)
+        permissions.sweep_pool(self.function, pool_queues.queues, table)
         permissions.open_notice_queues(self.function, instances.notice_queues)
         permissions.sweep_notice_queues(self.function, instances.notice_queues)
         permissions.act_as_github_app(self.function, github_app_key)

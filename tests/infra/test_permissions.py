@@ -70,6 +70,14 @@ def test_no_policy_of_the_stack_grants_an_action_by_wildcard(synthesis: Synthesi
     assert not {action for action in named if "*" in action}
 
 
+def test_every_role_keeps_its_statements_inline(synthesis: Synthesis) -> None:
+    # Given the stack's template / Then no role's policy overflowed into a managed policy: CDK moves
+    # statements there past IAM's 10,240-character inline limit, and the emulator's IAM check
+    # (emulator/iam_stack.py) reads each role's inline policies, so it would deny what AWS allows
+    overflowed = [k for k, r in synthesis.resources.items() if r["Type"] == "AWS::IAM::ManagedPolicy"]
+    assert overflowed == []
+
+
 def test_launching_passes_only_the_instance_role_and_tags_only_at_launch(synthesis: Synthesis) -> None:
     instance_role = synthesis.stack.get_logical_id(synthesis.stack.instances.role.node.default_child)
     launching = [h for h in handlers(synthesis) if granted(synthesis, h) & LAUNCH]
@@ -150,7 +158,14 @@ POOL_USERS = {
     },
     "provision.dump": {"sqs:SendMessage"},
     "release.check_receipt": {"sqs:SendMessage"},
-    "refresh.refresh": {"sqs:SendMessage"},
+    # Admissions offer; the pool sweep counts, reads and drops what no request can take.
+    "refresh.refresh": {
+        "sqs:SendMessage",
+        "sqs:GetQueueAttributes",
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+    },
 }
 """What each function that reads or writes the pool does with its queues (DESIGN.md 6.2, 6.5, 7, 8)."""
 

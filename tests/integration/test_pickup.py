@@ -475,3 +475,51 @@ def test_an_idle_look_that_fails_reads_the_queue_as_before(pool: Pool, spec: Run
     result = pool.picker(_IndexDown(pool.records)).pickup(spec)
     assert result.candidate == offered
     assert result.counts.unlooked_partitions == 1
+
+
+# --- the sweep of a queue pickup skips (refresh's pool sweep) ---------------------------------------
+
+
+def test_a_queue_pickup_skips_is_rid_of_unparseable_and_stale_messages(pool: Pool, spec: RunnerSpec) -> None:
+    # Given a partition with no idle record, whose queue holds a body that is no pool message and the
+    # offer of an instance claimed since
+    pool.sqs.send_message(QueueUrl=pool.url, MessageBody='{"instance_id": "i-1"}')
+    claimed = pool.add_idle(1, **SPOT)
+    assert pool.records.claim(claimed.instance_id, "pool=9", "token").succeeded
+    # When a pickup looks, it skips the queue; the sweep does not
+    assert pool.picker().pickup(spec).counts.skipped_partitions >= 1
+    assert pool.depth()["visible"] == 2
+    counts = pool.picker().sweep(LARGE)
+    # Then both are dropped, and the queue is empty
+    assert (counts.dropped_unparseable, counts.dropped_stale) == (1, 1)
+    assert pool.depth() == {"visible": 0, "delayed": 0, "in_flight": 0}
+
+
+def test_the_sweep_leaves_a_queue_pickup_reads_and_keeps_an_idle_offer(pool: Pool, spec: RunnerSpec) -> None:
+    # Given an idle instance offered, beside a body that is no pool message
+    pool.sqs.send_message(QueueUrl=pool.url, MessageBody="not json")
+    pool.add_idle(1, **SPOT)
+    # When the sweep runs, the partition holds an idle record: pickup reads its queue, the sweep does not
+    counts = pool.picker().sweep(LARGE)
+    assert counts.receive_calls == 0
+    assert pool.depth()["visible"] == 2
+
+
+def test_an_idle_offer_the_index_has_not_caught_up_with_is_released_at_once(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given an idle instance's offer, and a records reader whose index says the partition holds none
+    wanted = pool.add_idle(1, **SPOT)
+
+    class LaggingIndex:
+        def get(self, instance_id: str) -> InstanceRecord | None:
+            return pool.records.get(instance_id)
+
+        def holds_idle(self, partition: PoolPartition) -> bool:
+            return False
+
+    # When the sweep runs
+    counts = pool.picker(records=LaggingIndex()).sweep(LARGE)
+    # Then the offer, idle by its record, is back in the queue at once
+    assert counts.dropped_stale == 0
+    assert pool.visible() == [wanted]

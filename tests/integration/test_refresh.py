@@ -22,7 +22,13 @@ from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.refresh import ORPHAN_GRACE_SECONDS
 from runner_pool.handlers.refresh import RefreshIncompleteError
 from tests.support import builders
-from tests.support.control_plane import LocalControlPlane, client, local_control_plane, stack_config
+from tests.support.control_plane import (
+    LocalControlPlane,
+    client,
+    local_control_plane,
+    pool_queue_urls,
+    stack_config,
+)
 
 RUN = "pool=101"
 ONE_TICK = 60.0
@@ -570,3 +576,14 @@ def test_a_forged_record_outside_every_index_is_an_orphan(local: LocalControlPla
     assert report["failed"] == []
     assert report["orphans_terminated"] == 1
     assert local.ec2_state(forged.instance_id) in ("shutting-down", "terminated")
+
+
+def test_refresh_drops_what_no_request_can_take_from_a_queue_pickup_skips(local: LocalControlPlane) -> None:
+    # Given a pool queue whose partition holds no idle instance, holding a body that is no pool message
+    (url, *_) = pool_queue_urls(local.plane.settings, "large")
+    local.sqs.send_message(QueueUrl=url, MessageBody="not a pool message")
+    # When refresh runs (through its Lambda handler, under its own role)
+    report = local.refresh()
+    # Then the message is dropped and counted, and the queue is empty
+    assert report["pool_messages_dropped"] == 1
+    assert local.drain_pool() == []

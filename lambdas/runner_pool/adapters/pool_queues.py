@@ -137,6 +137,12 @@ class PoolQueues:
         url = self._url(PoolPartition.of(message))
         self._client.send_message(QueueUrl=url, MessageBody=message.to_body())
 
+    def waiting(self, partition: PoolPartition) -> int:
+        attributes = self._client.get_queue_attributes(
+            QueueUrl=self._url(partition), AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        return int(attributes.get("ApproximateNumberOfMessages", "0"))
+
     def _url(self, partition: PoolPartition) -> str:
         if partition.resource_class not in self._classes:
             raise NoPoolQueueError(partition, self._classes)

@@ -73,6 +73,10 @@ class PoolQueue(Protocol):
         """Put an instance that has just become idle into its own partition's queue."""
         ...
 
+    def waiting(self, partition: PoolPartition) -> int:
+        """About how many messages the partition's queue holds for readers now (SQS's approximate count)."""
+        ...
+
 
 class RecordReader(Protocol):
     def get(self, instance_id: str) -> InstanceRecord | None:
@@ -173,6 +177,9 @@ class PickupResult:
         return self.candidates[0] if self.candidates else None
 
 
+SWEEP_BATCHES = 10
+"""Batches of ten one sweep of a partition reads at most: a hundred messages a minute is far more than a
+partition with no idle instance collects between two refresh runs."""
 PICKUP_BUDGET_SECONDS = 8.0
 """How long one pickup reads misfits before it counts the pool as exhausted. Begin makes one for the whole
 request; a claim step (after a discard) at most PICKUPS_PER_CLAIM (3), then hands its candidate over,
@@ -246,6 +253,44 @@ class PickupManager:
             if reason is StopReason.CYCLED:
                 stopped = reason
         return PickupResult(tuple(found), stopped, PickupCounts(**counts))
+
+    def sweep(self, partition: PoolPartition, most_batches: int = SWEEP_BATCHES) -> PickupCounts:
+        """Drop what no request can take from the queue of a partition whose records hold no idle
+        instance: messages that do not parse, and offers of instances no longer idle. Pickup never reads
+        such a queue (`_may_hold_offers`), so without this they would stay until SQS's retention ends,
+        counted in the pool's depth. An offer whose record is idle after all (the index lags) is
+        released at once. Reads only as many batches as the queue says it holds, `most_batches` at
+        most, so an empty queue costs one GetQueueAttributes and no long poll."""
+        counts: Counter[str] = Counter()
+        if self._records.holds_idle(partition):
+            return PickupCounts()  # pickup reads this queue, and drops them itself
+        batches = min(most_batches, -(-self._queue.waiting(partition) // RECEIVE_BATCH))
+        read = _Read(partition, counts)
+        try:
+            for _ in range(batches):
+                batch = self._queue.receive(partition, HOLD_SECONDS)
+                read.counts["receive_calls"] += 1
+                if not batch:
+                    break
+                self._drop_untakeable(read, batch)
+        finally:
+            self._release(read, read.misfits, 0)
+        return PickupCounts(**counts)
+
+    def _drop_untakeable(self, read: _Read, batch: list[ReceivedMessage]) -> None:
+        now = self._clock.now()
+        remove: list[str] = []
+        for received in batch:
+            message = received.message
+            if message is None:
+                read.counts["dropped_unparseable"] += 1
+                remove.append(received.receipt)
+            elif still_offered(message, self._records.get(message.instance_id), now):
+                read.misfits.append(received.receipt)
+            else:
+                read.counts["dropped_stale"] += 1
+                remove.append(received.receipt)
+        read.counts["undeleted"] += len(self._queue.delete(read.partition, remove)) if remove else 0
 
     def _may_hold_offers(self, partition: PoolPartition, counts: Counter[str]) -> bool:
         """False only when the records say no instance of the partition is idle: then reading its queue

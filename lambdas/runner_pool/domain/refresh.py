@@ -83,6 +83,9 @@ class RefreshReport:
     """Notice queues of instances that have ended, deleted."""
     notice_queues_opened: int = 0
     """Live instances found without a notice queue, given one."""
+    pool_messages_dropped: int = 0
+    """Messages no request could take (unparseable, or offers of instances no longer idle), dropped from
+    the queues of partitions with no idle instance."""
     failed: list[str] = field(default_factory=list)
     """Jobs that failed; the next run tries them again."""
 

@@ -64,6 +64,7 @@ def refresh_of(plane: ControlPlane) -> Refresh:
         recent_demand=plane.recent_demand if starts else None,
         executions=plane.executions if starts else None,
         notices=lambda: plane.notices,
+        pickup=lambda: plane.pickup,
     )
 
 
@@ -88,6 +89,7 @@ def _measure(report: RefreshReport) -> None:
         "JobsReprovisioned": report.jobs_reprovisioned,
         "NoticeQueuesClosed": report.notice_queues_closed,
         "NoticeQueuesOpened": report.notice_queues_opened,
+        "PoolMessagesDropped": report.pool_messages_dropped,
         "RefreshJobsFailed": len(report.failed),
     }
     for name, count in counts.items():

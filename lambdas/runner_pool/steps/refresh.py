@@ -1,6 +1,6 @@
 """Refresh (DESIGN.md section 8): the scheduled sweep that ends what is due, leaks nothing, keeps the pool.
 
-Each run does twelve jobs, one after the other, each on its own (one failing does not stop the rest):
+Each run does thirteen jobs, one after the other, each on its own (one failing does not stop the rest):
 
 1. vanished: a live record whose instance EC2 reports gone (a spot interruption, a terminate from
    outside) is expired at once, rather than when its threshold would have passed;
@@ -33,7 +33,8 @@ Each run does twelve jobs, one after the other, each on its own (one failing doe
    RECONCILE_REQUESTS_PER_RUN requests to GitHub a run, least recently reconciled runs first;
 10. notice queues: a notice queue whose instance has no live record is deleted, and a live record
    without one gets one (its opening failed); queues are opened only after their record is written, so
-   a queue without a record is one whose instance has ended (domain/notices.py).
+   a queue without a record is one whose instance has ended (domain/notices.py);
+11. pool sweep: what no request can take is dropped from queues pickup skips (PickupManager.sweep).
 
 Two runs at once, or a run that dies anywhere, leave nothing wrong: a passed threshold is final
 (no transition applies once it has passed), termination and deletion are idempotent, the marks and
@@ -61,7 +62,8 @@ from runner_pool.domain.executions import (
 )
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
 from runner_pool.domain.lifecycle import InstanceState, Outcome
-from runner_pool.domain.pickup import PoolQueue
+from runner_pool.domain.pickup import PickupManager, PoolQueue
+from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.provision import busy_seconds
 from runner_pool.domain.records import PoolMessage, Signal, UsageClass
 from runner_pool.domain.refresh import (
@@ -109,6 +111,7 @@ class Refresh:
         recent_demand: RecentDemand | None = None,
         executions: Callable[[], Executions] | None = None,
         notices: NoticeSource = no_notices,
+        pickup: Callable[[], PickupManager] | None = None,
     ) -> None:
         """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing."""
         self._table = table
@@ -122,6 +125,7 @@ class Refresh:
         self._recent = recent_demand
         self._executions = executions
         self._notices = notices
+        self._pickup = pickup
 
     def run(self, tick: int) -> RefreshReport:
         report = RefreshReport()
@@ -138,6 +142,7 @@ class Refresh:
             ("dead-runners", self._replace_dead_runners),
             ("reconcile", lambda r: self._reconcile(r, tick)),
             ("notice-queues", self._sync_notice_queues),
+            ("pool-sweep", self._sweep_pool),
         ]
         for name, job in jobs:
             try:
@@ -583,3 +588,13 @@ class Refresh:
         missing = sorted(live - opened)
         report.notice_queues_closed += close_queues(queues, ended)
         report.notice_queues_opened += open_queues(lambda: queues, missing)
+
+    # --- 11. pool sweep ------------------------------------------------------------------------
+
+    def _sweep_pool(self, report: RefreshReport) -> None:
+        if self._pickup is None:
+            return
+        pickup = self._pickup()
+        for partition in PoolPartition.every(sorted(self._config.resource_classes)):
+            counts = pickup.sweep(partition)
+            report.pool_messages_dropped += counts.dropped_unparseable + counts.dropped_stale
