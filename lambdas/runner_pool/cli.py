@@ -1,9 +1,12 @@
-"""The operator CLI, `runner-pool status|instances|pool|drain`: a deployed pool, from its table and queues.
+"""The operator CLI, `runner-pool status|instances|pool|drain|doctor`: a deployed pool, from its table,
+queues, and (doctor) its App and account.
 
 It finds the state table and the pool queues (one per class, usage and architecture) through the
 stack's outputs (`--stack`, default
 RunnerPool), with the operator's own AWS credentials, and prints plain tables. `drain CLASS` expires
 the idle instances of one class: their pool messages go stale, and the next refresh terminates them.
+`doctor` checks the deployment's GitHub App and AWS account, one line per check with its fix
+(runner_pool/checkup.py), and exits 1 when something would stop jobs.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, TextIO
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.checkup import Target, TargetNotFoundError, doctor
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
@@ -259,6 +263,9 @@ def parser() -> argparse.ArgumentParser:
         "drain", help="expire the idle instances of a class (refresh terminates them)"
     )
     drain.add_argument("resource_class", metavar="CLASS")
+    commands.add_parser(
+        "doctor", help="check the App, the organisation's runner policy and the account; one line per check"
+    )
     return root
 
 
@@ -272,6 +279,15 @@ def main(
     """The `runner-pool` entry point; tests pass their own clients (moto), clock and output."""
     arguments = parser().parse_args(argv)
     make = clients or (lambda service, region: aws_clients.client(service, region_name=region))
+    if arguments.command == "doctor":
+        try:
+            target = Target.of_stack(
+                arguments.stack, make("cloudformation", arguments.region), make("lambda", arguments.region)
+            )
+        except TargetNotFoundError as error:
+            print(f"runner-pool: {error}", file=sys.stderr)
+            return 1
+        return doctor(target, lambda service: make(service, arguments.region), out or sys.stdout)
     try:
         deployment = Deployment.of_stack(arguments.stack, make("cloudformation", arguments.region))
     except DeploymentNotFoundError as error:
