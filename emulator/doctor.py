@@ -75,6 +75,16 @@ def add_service_linked_roles(iam: Any) -> None:
         )
 
 
+def as_after_first_fleet(world: World) -> None:
+    """The world as the README's deploy guide leaves an account and App: the service-linked roles EC2 makes
+    at an account's first CreateFleet (moto's does not), and the App granted Organization administration:
+    read, so the doctor can read the organisation's runner policy."""
+    add_service_linked_roles(world.aws.client("iam"))
+    with world.github.state.lock:
+        for installation in world.github.state.installations.values():
+            installation.permissions.setdefault("organization_administration", "read")
+
+
 def target(world: World) -> Target:
     """The emulator's deployment as the doctor sees a deployed stack: its config, its webhook URL (the
     local API Gateway's), its provision state machine and launch templates."""
