@@ -203,9 +203,11 @@ class _Judged:
 
 @dataclass(frozen=True)
 class Check:
-    """One row: the check's name, what it reads, what a failure stops ("" when nothing: it warns)."""
+    """One row: the check's name, what must hold, what it reads, what a failure stops ("" when nothing: it
+    warns)."""
 
     name: str
+    holds: str
     reads: str
     stops: str
     judge: Callable[[Readings], _Judged] = field(repr=False)
@@ -474,55 +476,88 @@ def _images(r: Readings) -> _Judged:
 CHECKS: tuple[Check, ...] = (
     Check(
         "app permissions",
-        "GET /app (App JWT); github-app-manifest.json",
+        "the App has every permission github-app-manifest.json asks for",
+        "`GET /app` (App JWT)",
         "every registration",
         _app_permissions,
     ),
-    Check("app events", "GET /app (App JWT); github-app-manifest.json", "every job's webhook", _app_events),
-    Check("installation", "GET /app/installations/{id} (App JWT)", "every registration", _installation),
+    Check(
+        "app events",
+        "the App is subscribed to every event the manifest names",
+        "`GET /app` (App JWT)",
+        "every job's webhook",
+        _app_events,
+    ),
+    Check(
+        "installation",
+        "the installation's owner accepted those permissions",
+        "`GET /app/installations/{id}` (App JWT)",
+        "every registration",
+        _installation,
+    ),
     Check(
         "repository runners",
-        "GET /orgs/{org}/actions/permissions/self-hosted-runners (installation token)",
+        "the organisation lets repositories create repository-level runners (`selected` warns)",
+        "`GET /orgs/{org}/actions/permissions/self-hosted-runners`",
         "every registration",
         _runner_policy,
     ),
     Check(
         "runner group",
-        "github.runner_group_id; GET /orgs/{org}/actions/runner-groups",
+        "`github.runner_group_id` is the Default group (1), the only one a repository has",
+        "the config; `GET /orgs/{org}/actions/runner-groups`",
         "every registration",
         _runner_group,
     ),
     Check(
-        "webhook", "GET /app/hook/config (App JWT); the WebhookUrl output", "every job's webhook", _webhook
+        "webhook",
+        "the App's webhook URL is the stack's `WebhookUrl`, content type `json`, a secret set",
+        "`GET /app/hook/config` (App JWT); the stack's outputs",
+        "every job's webhook",
+        _webhook,
     ),
     Check(
-        "secrets", "secretsmanager:GetSecretValue of the two secrets the config names", "every job", _secrets
+        "secrets",
+        "the App's private key and the webhook secret exist and are not empty",
+        "`secretsmanager:GetSecretValue`",
+        "every job",
+        _secrets,
     ),
     Check(
         "ebs encryption",
-        "ec2:GetEbsEncryptionByDefault, ec2:GetEbsDefaultKmsKeyId, kms:DescribeKey",
+        "the account's default EBS key is AWS managed (a customer managed one needs a key policy for us)",
+        "`ec2:GetEbsEncryptionByDefault`, `ec2:GetEbsDefaultKmsKeyId`, `kms:DescribeKey`",
         "every launch",
         _ebs,
     ),
     Check(
         "lambda concurrency",
-        "lambda:GetAccountSettings; the provision state machine's Map MaxConcurrency",
+        "unreserved Lambda concurrency covers the provision Map's `MaxConcurrency`",
+        "`lambda:GetAccountSettings`; the deployed provision state machine",
         "larger provisions",
         _lambda_concurrency,
     ),
     Check(
         "service-linked roles",
-        "iam:GetRole AWSServiceRoleForEC2Fleet, AWSServiceRoleForEC2Spot",
+        "`AWSServiceRoleForEC2Fleet` and `AWSServiceRoleForEC2Spot` exist (the first CreateFleet makes them)",
+        "`iam:GetRole`",
         "",
         _service_linked_roles,
     ),
     Check(
         "runner image",
-        "ec2:DescribeLaunchTemplateVersions, ssm:GetParameter, ec2:DescribeImages",
+        "each launch template's image (through its `resolve:ssm:` parameter) exists and is available",
+        "`ec2:DescribeLaunchTemplateVersions`, `ssm:GetParameter`, `ec2:DescribeImages`",
         "every launch",
         _images,
     ),
 )
+
+
+def table() -> list[str]:
+    """CHECKS as the README's Markdown table (tests/unit/test_doctor_checks.py holds the README to it)."""
+    rows = [f"| {c.name} | {c.holds} | {c.reads} | {c.stops or 'nothing: it warns'} |" for c in CHECKS]
+    return ["| check | what must hold | reads | a failure stops |", "|---|---|---|---|", *rows]
 
 
 def examine(readings: Readings) -> list[Finding]:
