@@ -17,11 +17,12 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.checkup import Target, TargetNotFoundError, doctor
+from runner_pool.checkup import MANIFEST, Target, TargetNotFoundError, doctor, load_manifest
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
@@ -263,8 +264,14 @@ def parser() -> argparse.ArgumentParser:
         "drain", help="expire the idle instances of a class (refresh terminates them)"
     )
     drain.add_argument("resource_class", metavar="CLASS")
-    commands.add_parser(
+    checkup = commands.add_parser(
         "doctor", help="check the App, the organisation's runner policy and the account; one line per check"
+    )
+    checkup.add_argument(
+        "--manifest",
+        type=Path,
+        default=MANIFEST,
+        help="the App manifest the App was made from (default: this clone's github-app-manifest.json)",
     )
     return root
 
@@ -284,10 +291,11 @@ def main(
             target = Target.of_stack(
                 arguments.stack, make("cloudformation", arguments.region), make("lambda", arguments.region)
             )
-        except TargetNotFoundError as error:
+            manifest = load_manifest(arguments.manifest)
+        except (TargetNotFoundError, OSError) as error:
             print(f"runner-pool: {error}", file=sys.stderr)
             return 1
-        return doctor(target, lambda service: make(service, arguments.region), out or sys.stdout)
+        return doctor(target, lambda service: make(service, arguments.region), out or sys.stdout, manifest)
     try:
         deployment = Deployment.of_stack(arguments.stack, make("cloudformation", arguments.region))
     except DeploymentNotFoundError as error:

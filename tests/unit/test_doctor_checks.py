@@ -90,3 +90,11 @@ def test_a_policy_the_app_may_not_read_warns_but_one_github_refused_otherwise_fa
     # When judged; Then the first is a warning, the second stops jobs
     assert verdicts(forbidden)["repository runners"] is Verdict.WARN
     assert verdicts(refused)["repository runners"] is Verdict.FAIL
+
+
+def test_an_unbounded_map_outruns_any_quota() -> None:
+    # Given a provision Map deployed without MaxConcurrency (0: unbounded) in an account of 1000
+    readings = dataclasses.replace(healthy(), map_concurrency=0)
+
+    # When judged; Then no quota is enough, and the doctor says so
+    assert verdicts(readings)["lambda concurrency"] is Verdict.FAIL

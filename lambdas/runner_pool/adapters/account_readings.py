@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runner_pool.adapters.aws_clients import error_code
+from runner_pool.adapters.fleet import LaunchTemplate
 from runner_pool.domain.doctor import (
     AWS_MANAGED_EBS_ALIAS,
     EbsDefault,
@@ -116,7 +117,7 @@ class AccountReadings:
         return {name: _read(lambda name=name: exists(name)) for name in names}  # type: ignore[misc]
 
     def launch_images(self, templates: Mapping[Arch, str]) -> list[LaunchImage] | Unread:
-        """What each launch template's default version boots, resolved as EC2 resolves it at launch."""
+        """What each launch template boots in the version CreateFleet names, resolved as EC2 resolves it."""
         ec2 = self._clients("ec2")
 
         def read() -> list[LaunchImage]:
@@ -126,7 +127,7 @@ class AccountReadings:
 
     def _image(self, ec2: Any, arch: Arch, template_id: str) -> LaunchImage:
         (version,) = ec2.describe_launch_template_versions(
-            LaunchTemplateId=template_id, Versions=["$Default"]
+            LaunchTemplateId=template_id, Versions=[LaunchTemplate(template_id).version]
         )["LaunchTemplateVersions"]
         ref = str(version["LaunchTemplateData"].get("ImageId", ""))
         image_id: str | None = ref

@@ -173,7 +173,7 @@ class Readings:
     ebs: EbsDefault | Unread
     lambda_quota: LambdaQuota | Unread
     map_concurrency: int | Unread
-    """The largest MaxConcurrency of the provision state machine's Map states, as deployed."""
+    """The largest MaxConcurrency of the provision state machine's Map states, as deployed (0: unbounded)."""
     service_roles: Mapping[str, bool | Unread]
     images: Sequence[LaunchImage] | Unread
 
@@ -416,6 +416,13 @@ def _lambda_concurrency(r: Readings) -> _Judged:
     if isinstance(r.map_concurrency, Unread):
         return _unread(r.map_concurrency, "the provision state machine", "deploy the stack")
     quota, needed = r.lambda_quota, r.map_concurrency
+    if needed == 0:
+        return _Judged(
+            False,
+            f"the provision Map's concurrency is unbounded: any quota ({quota.unreserved} unreserved) can be "
+            "outrun",
+            "deploy the stack as it is: its provision Map sets MaxConcurrency",
+        )
     said = (
         f"{quota.unreserved} unreserved of {quota.concurrent} concurrent executions; "
         f"the provision Map runs {needed}"
