@@ -75,7 +75,10 @@ class Target:
         if missing:
             raise TargetNotFoundError(f"stack {stack_name!r} has no output {', '.join(missing)}")
         for function in resources:
-            variables = lambda_client.get_function_configuration(FunctionName=function)
+            try:
+                variables = lambda_client.get_function_configuration(FunctionName=function)
+            except lambda_client.exceptions.ClientError as error:
+                raise TargetNotFoundError(f"function {function} of stack {stack_name!r}: {error}") from None
             environment = variables.get("Environment", {}).get("Variables", {})
             if TEMPLATES_VARIABLE in environment:
                 return cls(

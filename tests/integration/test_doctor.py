@@ -329,3 +329,15 @@ def test_the_cli_finds_the_deployment_through_its_stack(clinic: Clinic) -> None:
     # Then it reads the deployment it names and prints the all-clear
     assert code == 0, out.getvalue()
     assert out.getvalue().splitlines()[-1].startswith("all clear"), out.getvalue()
+
+
+def test_the_cli_says_when_there_is_no_such_stack(clinic: Clinic, capsys: pytest.CaptureFixture[str]) -> None:
+    # Given no stack of that name
+    local = clients(clinic.client, clinic.account)
+
+    # When the operator runs the doctor on it
+    code = main(["--stack", "Elsewhere", "doctor"], clients=lambda service, _region: local(service))
+
+    # Then it says which stack it could not find, and exits 1 without a traceback
+    assert code == 1
+    assert "stack 'Elsewhere'" in capsys.readouterr().err
