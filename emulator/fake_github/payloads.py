@@ -67,8 +67,8 @@ def workflow_run(
     runs = f"{API}/repos/{run.repository}/actions/runs/{run.run_id}"
     workflow_id = WORKFLOW_ID_BASE + sum(map(ord, run.workflow))
     path = f".github/workflows/{run.workflow}.yml"
-    owner = _account(run.owner, repository_id + 1, "Organization")
-    actor = _account(*SENDER, "User")
+    owner = account_json(run.owner, repository_id + 1, "Organization")
+    actor = account_json(*SENDER, "User")
     body: dict[str, Any] = {
         "action": action,
         "workflow": {
@@ -161,9 +161,9 @@ def _context(run: FakeWorkflowRun, repository_id: int, installation_id: int | No
     """What every event of a repository carries: the repository, its organisation, the sender, the App."""
     owner_id = repository_id + 1
     context: dict[str, Any] = {
-        "repository": _repository(run, repository_id, _account(run.owner, owner_id, "Organization")),
+        "repository": _repository(run, repository_id, account_json(run.owner, owner_id, "Organization")),
         "organization": _organization(run.owner, owner_id),
-        "sender": _account(*SENDER, "User"),
+        "sender": account_json(*SENDER, "User"),
     }
     if installation_id is not None:
         context["installation"] = {
@@ -173,7 +173,8 @@ def _context(run: FakeWorkflowRun, repository_id: int, installation_id: int | No
     return context
 
 
-def _account(login: str, account_id: int, kind: str) -> dict[str, Any]:
+def account_json(login: str, account_id: int, kind: str) -> dict[str, Any]:
+    """A user or organisation as GitHub's `simple-user` shows it (`kind`: `User` or `Organization`)."""
     users = f"{API}/users/{login}"
     return {
         "login": login,

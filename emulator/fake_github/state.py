@@ -21,6 +21,10 @@ macOS") and its architecture ("x64, ARM, or ARM64") (docs.github.com, Actions, "
 runners in a workflow", Using default labels to route jobs). The fake's runners run Linux on x64."""
 RUNNER_PERMISSIONS = {"administration": "write", "organization_self_hosted_runners": "write"}
 """What an App needs for repository runners and for organisation runners."""
+APP_PERMISSIONS = {"actions": "read", **RUNNER_PERMISSIONS}
+"""The fake App's permissions, and what an installation accepts unless told otherwise: the runners', and
+`actions: read` for a run's jobs (github-app-manifest.json asks for both)."""
+APP_EVENTS = ("workflow_job", "workflow_run")
 
 
 @dataclass
@@ -28,6 +32,8 @@ class FakeInstallation:
     installation_id: int
     account: str
     permissions: dict[str, str]
+    organization: bool = True
+    """Whether the account is an organisation (the installation's `target_type`), else a user."""
 
     def owns(self, account: str) -> bool:
         return self.account.lower() == account.lower()
@@ -207,6 +213,16 @@ class GitHubState:
     terraform-aws-github-runner#3491: "When we introduced the JIT config the default labels are not
     added by default", answered "We're using JIT - and the default labels are added by default"), so
     the product must work either way and the tests run both."""
+    app_permissions: dict[str, str] = field(default_factory=lambda: dict(APP_PERMISSIONS))
+    """The App's own permissions (GET /app): what its settings ask of every installation."""
+    app_events: list[str] = field(default_factory=lambda: list(APP_EVENTS))
+    """The events the App is subscribed to (GET /app)."""
+    hook_content_type: str = "json"
+    """The App's webhook content type (GET /app/hook/config): `json` or `form`."""
+    runner_policies: dict[str, str] = field(default_factory=dict)
+    """Each organisation's (lowercased) `enabled_repositories` for repository-level runners, `all` when not
+    set: "Organization owners can choose which repositories are allowed to create repository-level
+    self-hosted runners" (docs.github.com, Actions, "Adding self-hosted runners")."""
     webhook_receiver: Receiver = field(default=lambda _delivery: 200, repr=False)
     """Where deliveries go. Accepts everything until the webhooks are pointed at an endpoint."""
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
@@ -218,10 +234,18 @@ class GitHubState:
     # --- the App and its installations
 
     def add_installation(
-        self, installation_id: int, account: str, permissions: Mapping[str, str] | None = None
+        self,
+        installation_id: int,
+        account: str,
+        permissions: Mapping[str, str] | None = None,
+        *,
+        organization: bool = True,
     ) -> FakeInstallation:
         installation = FakeInstallation(
-            installation_id, account, dict(RUNNER_PERMISSIONS if permissions is None else permissions)
+            installation_id,
+            account,
+            dict(APP_PERMISSIONS if permissions is None else permissions),
+            organization,
         )
         with self.lock:
             self.installations[installation_id] = installation

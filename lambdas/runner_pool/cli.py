@@ -1,9 +1,12 @@
-"""The operator CLI, `runner-pool status|instances|pool|drain`: a deployed pool, from its table and queues.
+"""The operator CLI, `runner-pool status|instances|pool|drain|doctor`: a deployed pool, from its table,
+queues, and (doctor) its App and account.
 
 It finds the state table and the pool queues (one per class, usage and architecture) through the
 stack's outputs (`--stack`, default
 RunnerPool), with the operator's own AWS credentials, and prints plain tables. `drain CLASS` expires
 the idle instances of one class: their pool messages go stale, and the next refresh terminates them.
+`doctor` checks the deployment's GitHub App and AWS account, one line per check with its fix
+(runner_pool/checkup.py), and exits 1 when something would stop jobs.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.checkup import MANIFEST, Target, TargetNotFoundError, doctor, load_manifest
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
@@ -259,6 +264,15 @@ def parser() -> argparse.ArgumentParser:
         "drain", help="expire the idle instances of a class (refresh terminates them)"
     )
     drain.add_argument("resource_class", metavar="CLASS")
+    checkup = commands.add_parser(
+        "doctor", help="check the App, the organisation's runner policy and the account; one line per check"
+    )
+    checkup.add_argument(
+        "--manifest",
+        type=Path,
+        default=MANIFEST,
+        help="the App manifest the App was made from (default: this clone's github-app-manifest.json)",
+    )
     return root
 
 
@@ -272,6 +286,16 @@ def main(
     """The `runner-pool` entry point; tests pass their own clients (moto), clock and output."""
     arguments = parser().parse_args(argv)
     make = clients or (lambda service, region: aws_clients.client(service, region_name=region))
+    if arguments.command == "doctor":
+        try:
+            target = Target.of_stack(
+                arguments.stack, make("cloudformation", arguments.region), make("lambda", arguments.region)
+            )
+            manifest = load_manifest(arguments.manifest)
+        except (TargetNotFoundError, OSError) as error:
+            print(f"runner-pool: {error}", file=sys.stderr)
+            return 1
+        return doctor(target, lambda service: make(service, arguments.region), out or sys.stdout, manifest)
     try:
         deployment = Deployment.of_stack(arguments.stack, make("cloudformation", arguments.region))
     except DeploymentNotFoundError as error:

@@ -19,11 +19,17 @@ from githubkit_schemas.latest.models import (
     AppHookDeliveriesDeliveryIdAttemptsPostResponse202,
     BasicError,
     HookDeliveryItem,
+    Installation,
     InstallationToken,
+    Integration,
+    IntegrationPropPermissions,
+    OrgsOrgActionsRunnerGroupsGetResponse200,
     OrgsOrgActionsRunnersGenerateJitconfigPostResponse201,
     OrgsOrgActionsRunnersGetResponse200,
     ReposOwnerRepoActionsRunnersGetResponse200,
+    SelfHostedRunnersSettings,
     ValidationErrorSimple,
+    WebhookConfig,
 )
 from pydantic import BaseModel, TypeAdapter
 
@@ -72,8 +78,15 @@ def ask(app_key: AppKey, clock: ManualClock) -> Asking:
     return Asking(fake, app_key, clock)
 
 
+OPEN_MODELS = (IntegrationPropPermissions,)
+"""Models whose schema in GitHub's description takes any further key (`additionalProperties`): the App's
+`permissions` names five and allows every other permission."""
+
+
 def unknown_keys(model: Any, raw: Any, where: str = "") -> list[str]:
     """Keys of `raw` that the validated `model` has no field for, at any depth."""
+    if isinstance(model, OPEN_MODELS):
+        return []
     if isinstance(model, BaseModel) and isinstance(raw, dict):
         fields = {info.alias or name: name for name, info in type(model).model_fields.items()}
         found = [f"{where}.{key}" for key in raw if key not in fields]
@@ -104,7 +117,45 @@ def busy_runner(ask: Asking) -> int:
 
 Call = Callable[[Asking], Answer]
 
+
+def may_read_policy(ask: Asking) -> Asking:
+    ask.fake.state.installations[INSTALLATION_ID].permissions["organization_administration"] = "read"
+    return ask
+
+
 SUCCESSES: dict[str, tuple[Call, int, Any]] = {
+    "the App": (lambda ask: ask.as_app("GET", "/app"), 200, Integration),
+    "an installation": (
+        lambda ask: ask.as_app("GET", f"/app/installations/{INSTALLATION_ID}"),
+        200,
+        Installation,
+    ),
+    "the webhook config": (lambda ask: ask.as_app("GET", "/app/hook/config"), 200, WebhookConfig),
+    "an organisation's runner policy": (
+        lambda ask: may_read_policy(ask).as_installation(
+            "GET", f"/orgs/{OWNER}/actions/permissions/self-hosted-runners"
+        ),
+        200,
+        SelfHostedRunnersSettings,
+    ),
+    "an organisation's selected-repositories policy": (
+        lambda ask: (
+            ask.fake.state.runner_policies.update({OWNER: "selected"}),
+            may_read_policy(ask).as_installation(
+                "GET", f"/orgs/{OWNER}/actions/permissions/self-hosted-runners"
+            ),
+        )[1],
+        200,
+        SelfHostedRunnersSettings,
+    ),
+    "an organisation's runner groups": (
+        lambda ask: (
+            ask.fake.state.add_runner_group(OWNER, 5),
+            ask.as_installation("GET", f"/orgs/{OWNER}/actions/runner-groups"),
+        )[1],
+        200,
+        OrgsOrgActionsRunnerGroupsGetResponse200,
+    ),
     "installation token": (
         lambda ask: ask.as_app("POST", f"/app/installations/{INSTALLATION_ID}/access_tokens"),
         201,
@@ -211,6 +262,16 @@ REFUSALS: dict[str, tuple[Call, int, Any]] = {
         lambda ask: ask.as_installation("DELETE", f"{RUNNERS}/{busy_runner(ask)}"),
         422,
         ValidationErrorSimple,
+    ),
+    "a runner policy the installation may not read": (
+        lambda ask: ask.as_installation("GET", f"/orgs/{OWNER}/actions/permissions/self-hosted-runners"),
+        403,
+        BasicError,
+    ),
+    "an unknown installation": (
+        lambda ask: ask.as_app("GET", "/app/installations/123456"),
+        404,
+        BasicError,
     ),
     "redelivering an unknown delivery": (
         lambda ask: ask.as_app("POST", "/app/hook/deliveries/123456/attempts"),

@@ -41,6 +41,7 @@ from githubkit.exception import (
 from githubkit.utils import UNSET
 
 from runner_pool.domain.clock import Clock, Epoch, SystemClock
+from runner_pool.domain.doctor import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
 from runner_pool.domain.runner_scope import RepositoryScope, RunnerScope, runner_scope
 from runner_pool.domain.runners import (
     DEFAULT_RUNNER_GROUP_ID,
@@ -294,6 +295,80 @@ class GitHubApp:
         rest = self._github.rest
         self._call(lambda: rest.apps.redeliver_webhook_delivery(delivery_id, headers=self._headers))
 
+    # --- what the doctor reads (domain/doctor.py) ---------------------------------------------------
+
+    def app_grant(self) -> AppGrant | Unread:
+        """The App's permissions and events: GET /app with the App JWT ("Get the authenticated app",
+        docs.github.com/rest/apps/apps#get-the-authenticated-app)."""
+        rest = self._github.rest
+        try:
+            body = self._call(lambda: _validated(rest.apps.get_authenticated(headers=self._headers)))
+        except GitHubError as exc:
+            return _unread(exc)
+        return AppGrant(dict(body.get("permissions") or {}), frozenset(body.get("events") or ()))
+
+    def installation(self) -> Installation | Unread:
+        """This installation's account and accepted permissions: GET /app/installations/{installation_id}
+        ("Get an installation for the authenticated app", docs.github.com/rest/apps/apps#get-an-
+        installation-for-the-authenticated-app)."""
+        rest = self._github.rest
+        try:
+            body = self._call(
+                lambda: _validated(rest.apps.get_installation(self._installation_id, headers=self._headers))
+            )
+        except GitHubError as exc:
+            return _unread(exc)
+        account = body.get("account") or {}
+        return Installation(
+            str(account.get("login", "")),
+            body.get("target_type") == "Organization",
+            dict(body.get("permissions") or {}),
+        )
+
+    def hook_config(self) -> HookConfig | Unread:
+        """The App's webhook: GET /app/hook/config ("Get a webhook configuration for an app",
+        docs.github.com/rest/apps/webhooks#get-a-webhook-configuration-for-an-app); GitHub answers a set
+        secret as `********`."""
+        rest = self._github.rest
+        try:
+            body = self._call(lambda: _validated(rest.apps.get_webhook_config_for_app(headers=self._headers)))
+        except GitHubError as exc:
+            return _unread(exc)
+        return HookConfig(body.get("url"), body.get("content_type"), bool(body.get("secret")))
+
+    def runner_policy(self, org: str) -> RunnerPolicy | Unread:
+        """Which repositories of `org` may create repository-level self-hosted runners: GET
+        /orgs/{org}/actions/permissions/self-hosted-runners ("Get self-hosted runners settings for an
+        organization", docs.github.com/rest/actions/permissions#get-self-hosted-runners-settings-for-an-
+        organization), `enabled_repositories`."""
+        rest = self._github.rest
+        try:
+            body = self._call(
+                lambda: _validated(
+                    rest.actions.get_self_hosted_runners_permissions_organization(org, headers=self._headers)
+                )
+            )
+        except GitHubError as exc:
+            return _unread(exc)
+        return RunnerPolicy(body["enabled_repositories"])
+
+    def runner_groups(self, org: str) -> tuple[int, ...] | Unread:
+        """The ids of `org`'s runner groups: GET /orgs/{org}/actions/runner-groups ("List self-hosted runner
+        groups for an organization", docs.github.com/rest/actions/self-hosted-runner-groups), first page of
+        100: enough to find the configured one in any organisation we know of."""
+        rest = self._github.rest
+        try:
+            body = self._call(
+                lambda: _validated(
+                    rest.actions.list_self_hosted_runner_groups_for_org(
+                        org, per_page=PAGE_SIZE, headers=self._headers
+                    )
+                )
+            )
+        except GitHubError as exc:
+            return _unread(exc)
+        return tuple(int(group["id"]) for group in body.get("runner_groups", []))
+
     # --- mechanics -------------------------------------------------------------------------------
 
     def _generate_jit(
@@ -378,6 +453,19 @@ class GitHubApp:
         )
         issued = response.parsed_data
         return _Token(issued.token, datetime.fromisoformat(issued.expires_at).timestamp())
+
+
+def _validated(response: Any) -> dict[str, Any]:
+    """The answer's JSON body, once githubkit has checked it against GitHub's API description."""
+    _ = response.parsed_data
+    body: dict[str, Any] = response.raw_response.json()
+    return body
+
+
+def _unread(exc: GitHubError) -> Unread:
+    """A read the doctor could not make; refused for want of a permission when GitHub said 403 or 404 (what
+    it answers an installation for a resource it may not see)."""
+    return Unread(str(exc), forbidden=isinstance(exc, GitHubForbiddenError | GitHubNotFoundError))
 
 
 def _registered(runner: Runner) -> RegisteredRunner:
