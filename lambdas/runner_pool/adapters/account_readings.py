@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runner_pool.adapters.aws_clients import ServiceBusyError, error_code
+from runner_pool.adapters.aws_clients import ServiceBusyError, ServiceUnreachableError, error_code
 from runner_pool.adapters.fleet import LaunchTemplate
 from runner_pool.domain.doctor import (
     AWS_MANAGED_EBS_ALIAS,
@@ -41,7 +41,7 @@ def _read(operation: Callable[[], T]) -> T | Unread:
         return operation()
     except ClientError as exc:
         return Unread(f"{error_code(exc)}: {exc}", forbidden=error_code(exc) in _ACCESS_DENIED)
-    except (BotoCoreError, ServiceBusyError) as exc:
+    except (BotoCoreError, ServiceBusyError, ServiceUnreachableError) as exc:
         return Unread(str(exc))
 
 
