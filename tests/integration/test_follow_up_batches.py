@@ -1,5 +1,5 @@
 """Follow-up batches: a run key's first demand is dispatched at once, what comes within the window joins
-one follow-up, however Lambda's concurrent batches split the demand (domain.demand).
+one follow-up, however Lambda's concurrent batches split the demand (domain.follow_up).
 
 Lambda reads a standard queue with five concurrent batches ("Configuring scaling behavior for SQS event
 source mappings", services-sqs-scaling.html), so dispatches of one matrix overlap. Here the ledger is
@@ -20,7 +20,9 @@ import pytest
 from emulator.event_sources import QueueEventSource
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain.clock import SystemClock
-from runner_pool.domain.demand import (
+from runner_pool.domain.demand import DemandMessage, JobQueued, RunCompleted, from_body, to_body
+from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
+from runner_pool.domain.follow_up import (
     BURST_QUIET_SECONDS,
     FOLLOW_UP_LIMIT_SECONDS,
     FOLLOW_UP_PACE_FACTOR,
@@ -29,16 +31,11 @@ from runner_pool.domain.demand import (
     SEALED_WAIT_SECONDS,
     BatchRole,
     BatchTurn,
-    DemandMessage,
-    Dispatcher,
-    DispatchReport,
-    JobQueued,
-    RunCompleted,
-    from_body,
-    to_body,
 )
-from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.runners import GitHubRetryableError, RunJob
+from runner_pool.steps.demand_starts import DispatchReport
+from runner_pool.steps.dispatcher import Dispatcher
+from runner_pool.steps.follow_up import FollowUpSteps
 from tests.support.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
 
 REPOSITORY = "octo-org/octo-repo"
@@ -62,7 +59,7 @@ class LeaderDiedError(BaseException):
 @dataclass
 class Starts:
     """Records the provisions started; `during` runs inside the next start (another dispatch meanwhile).
-    A follow-up handed over is gathered in line by `gather` (the follow-up state machine, played here in
+    A follow-up whose machine starts is gathered in line by `gather` (the follow-up state machine, played here in
     the leader's own dispatch, its Wait states by the leader's pause)."""
 
     provisions: list[ProvisionRequest] = field(default_factory=list)
@@ -151,30 +148,26 @@ class Dispatches:
     def dispatch(self, holder: str, messages: list[DemandMessage]) -> DispatchReport:
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, self.world.clock, self.world.plane.client("dynamodb"))
         dispatcher = Dispatcher(
-            ledger,
-            self.starts,
-            self.world.clock,
-            self.pause,
-            window_seconds=self.window_seconds,
-            run_jobs=lambda: self.github,
+            ledger, self.starts, self.world.clock, self.pause, window_seconds=self.window_seconds
         )
-        self.starts.gather = lambda request: gather_in_line(dispatcher, request, self.pause)
+        steps = FollowUpSteps(ledger, self.starts, self.world.clock, self.pause, run_jobs=lambda: self.github)
+        self.starts.gather = lambda request: gather_in_line(steps, request, self.pause)
         self.starts.now = self.world.clock.now
         batch = [(f"{holder}-m{n}", message) for n, message in enumerate(messages)]
         return dispatcher.dispatch(batch, holder, LEASE_SECONDS)
 
 
 def gather_in_line(
-    dispatcher: Dispatcher, request: FollowUpRequest, pause: Callable[[float], None]
+    steps: FollowUpSteps, request: FollowUpRequest, pause: Callable[[float], None]
 ) -> DispatchReport:
     """The follow-up state machine: gather, wait as it says, gather again until gathered (and started),
     then start what it could not."""
-    while not (gathering := dispatcher.gather(request, LEASE_SECONDS)).gathered:
+    while not (gathering := steps.gather(request, LEASE_SECONDS)).gathered:
         pause(gathering.wait_seconds)
         request = gathering.request
     if gathering.follow_up is None:
         return gathering.report
-    return dispatcher.start_gathered(request, gathering.follow_up, LEASE_SECONDS)
+    return steps.start(request, gathering.follow_up, LEASE_SECONDS)
 
 
 @pytest.fixture
@@ -425,7 +418,7 @@ def test_batches_that_meet_a_follow_up_its_leader_is_starting_wait_for_it_then_m
     class Ledger(DynamoDbLedger):
         def take_turn(self, *args: Any, **kwargs: Any) -> BatchTurn:
             turn = super().take_turn(*args, **kwargs)
-            if turn.role is BatchRole.ALONE:
+            if turn.role is BatchRole.WAITING:
                 alone.add(kwargs["holder"])
                 if len(alone) == len(waiters):
                     all_waiting.set()
@@ -519,7 +512,8 @@ def test_a_matrix_read_by_five_concurrent_pollers_costs_two_provisions_and_its_f
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, clock, dynamodb)
         batch = [(record["messageId"], from_body(record["body"])) for record in event["Records"]]
         dispatcher = Dispatcher(ledger, starts, clock, time.sleep, window_seconds=MOTO_WINDOW_SECONDS)
-        starts.gather = lambda request: gather_in_line(dispatcher, request, time.sleep)
+        steps = FollowUpSteps(ledger, starts, clock, time.sleep)
+        starts.gather = lambda request: gather_in_line(steps, request, time.sleep)
         report = dispatcher.dispatch(batch, context.aws_request_id, 60)
         return {"batchItemFailures": [{"itemIdentifier": m} for m in report.failed_message_ids]}
 
@@ -561,7 +555,8 @@ def test_a_follow_up_takes_the_queued_jobs_github_lists_for_its_run_key_before_t
     assert dispatches.github.asked == [(REPOSITORY, RUN_ID, 1)]
     # And when their deliveries come, past the seal, they are repeats: no follow-up, no provision
     late = dispatches.dispatch("c", jobs(3, 4, 5, 6))
-    assert (late.duplicates, late.joined, late.handed_over, late.failed_message_ids) == (4, 0, [], set())
+    assert (late.duplicates, late.joined, late.failed_message_ids) == (4, 0, set())
+    assert late.follow_up_machines == []
     assert len(dispatches.starts.provisions) == 2
     assert len(dispatches.starts.follow_ups) == 1
 

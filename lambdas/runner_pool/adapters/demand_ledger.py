@@ -9,7 +9,7 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
                                     the attempt completed (written first if the completion comes first);
                                     from_fork once its `requested` webhook named a fork as its head
     batch#<sha256 of repository, run key>
-                                    the run key's follow-up window (domain.demand): repository, run_key,
+                                    the run key's follow-up window (domain.follow_up): repository, run_key,
                                     opened_at, closes_at, limit_at; once a dispatch joins, leader and
                                     lease_until, joined_at (its first join) and joins (how many
                                     dispatches joined), jobs and public_jobs (number sets); sealed
@@ -33,12 +33,11 @@ from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
 from runner_pool.adapters.backoff import Backoff, read_consistently
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.demand import (
+from runner_pool.domain.demand import Reservation, RunMark
+from runner_pool.domain.follow_up import (
     BatchRole,
     BatchTurn,
     FollowUp,
-    Reservation,
-    RunMark,
     Sealing,
     follow_up_closes_at,
     next_follow_up_closes_at,
@@ -64,7 +63,7 @@ BATCH_RETENTION_SECONDS = 24 * 3600
 TURN_ATTEMPTS = 3
 """Each lost race of take_turn moves the item on (opened, joined, sealed); after three, dispatch apart."""
 
-# take_turn's conditions, on the batch item (see domain.demand for the roles)
+# take_turn's conditions, on the batch item (see domain.follow_up for the roles)
 _QUIET = (
     "attribute_not_exists(#id) OR started <= :quiet OR (attribute_not_exists(leader) AND closes_at <= :quiet)"
 )
@@ -275,7 +274,7 @@ class DynamoDbLedger:
                     return turn
                 continue
             if "sealed" in current and _epoch(current, "lease_until") >= now:
-                return BatchTurn(BatchRole.ALONE)  # its leader is starting it right now
+                return BatchTurn(BatchRole.WAITING)  # its leader is starting it right now
             abandoned = "leader" in current and _epoch(current, "lease_until") < now
             turn = self._add(
                 key,
@@ -297,7 +296,7 @@ class DynamoDbLedger:
             )
             if turn is not None:
                 return turn
-        return BatchTurn(BatchRole.ALONE)
+        return BatchTurn(BatchRole.WAITING)
 
     def _open(
         self, key: dict[str, Any], repository: str, run_key: str, window: _Window
