@@ -635,3 +635,35 @@ def test_the_ledger_knows_which_jobs_are_counted_started_or_cancelled_not_reserv
     counted = ledger.counted([*started, 200, 300, 400])
     # Then the started and the cancelled are counted, the reserved and the unknown are not
     assert counted == frozenset([*started, 200])
+
+
+def forget_states(world: IngressWorld) -> None:
+    """Every follow-up item as the ledger wrote it before it stored states: no state attribute."""
+    items = world.dynamodb.scan(TableName=IDEMPOTENCY_TABLE)["Items"]
+    for item in items:
+        if item["id"]["S"].startswith("batch#"):
+            world.dynamodb.update_item(
+                TableName=IDEMPOTENCY_TABLE,
+                Key={"id": item["id"]},
+                UpdateExpression="REMOVE #s",
+                ExpressionAttributeNames={"#s": "state"},
+            )
+
+
+def test_a_follow_up_written_before_states_were_stored_is_joined_and_sealed_as_before(
+    dispatches: Dispatches,
+) -> None:
+    # Given a first dispatch and a follow-up led by "b", whose item, like those of a stack running the
+    # earlier ledger, has no state: before a batch joins it, and again before its leader seals it
+    dispatches.dispatch("a", jobs(1))
+    world = dispatches.world
+    dispatches.meanwhile += [
+        lambda: forget_states(world),
+        lambda: dispatches.dispatch("c", jobs(3)),
+        lambda: forget_states(world),
+    ]
+    # When "b" leads it
+    leader = dispatches.dispatch("b", jobs(2))
+    # Then the join and the seal read the state from the attributes, and the follow-up started once
+    assert dispatches.starts.job_ids() == [(1,), (2, 3)]
+    assert leader.failed_message_ids == set()
