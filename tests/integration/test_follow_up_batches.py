@@ -239,7 +239,7 @@ def test_a_follow_up_whose_jobs_come_slower_stays_open_a_few_of_their_gaps(dispa
     # matrix's side by side, and a gap of 0.3 s would often close the window between two of them
     waited = led_follow_up(dispatches, join_after=0.2)
 
-    # Then the follow-up stayed open four of those gaps after the last join (domain.demand
+    # Then the follow-up stayed open four of those gaps after the last join (domain.follow_up
     # FOLLOW_UP_PACE_FACTOR), not one window
     assert waited == pytest.approx(0.2 + FOLLOW_UP_PACE_FACTOR * 0.2)
 
@@ -412,15 +412,15 @@ def test_batches_that_meet_a_follow_up_its_leader_is_starting_wait_for_it_then_m
     world = dispatches.world
     clock = SystemClock()
     starts = TimedStarts(machine_down=True)
-    alone: set[str] = set()
+    waiting: set[str] = set()
     all_waiting = threading.Event()
 
     class Ledger(DynamoDbLedger):
         def take_turn(self, *args: Any, **kwargs: Any) -> BatchTurn:
             turn = super().take_turn(*args, **kwargs)
             if turn.role is BatchRole.WAITING:
-                alone.add(kwargs["holder"])
-                if len(alone) == len(waiters):
+                waiting.add(kwargs["holder"])
+                if len(waiting) == len(waiters):
                     all_waiting.set()
             return turn
 
@@ -444,7 +444,7 @@ def test_batches_that_meet_a_follow_up_its_leader_is_starting_wait_for_it_then_m
     def arrive_meanwhile() -> None:
         for waiter in waiters:
             waiter.start()
-        assert all_waiting.wait(timeout=30), f"only {sorted(alone)} met the follow-up being started"
+        assert all_waiting.wait(timeout=30), f"only {sorted(waiting)} met the follow-up being started"
 
     dispatch("a", jobs(1))
     starts.during = arrive_meanwhile

@@ -156,7 +156,7 @@ class DynamoDbLedger:
             current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
             state = current.get("state", {}).get("S")
             if state == RESERVED and current.get("holder", {}).get("S") == holder:
-                # Our own reservation, met by a retry after its answer was lost (issue 12, defect 6).
+                # Our own reservation, met by a retry after its answer was lost.
                 return Reservation.RESERVED
             return Reservation.HELD if state == RESERVED else Reservation.COUNTED
         return Reservation.RESERVED
