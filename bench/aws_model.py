@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.results import BenchTable
 from demo.figures import JobFigures, Kind
-from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS
+from runner_pool.domain.follow_up import FOLLOW_UP_WINDOW_SECONDS
 
 
 class Hop(StrEnum):
@@ -419,7 +419,7 @@ def _trace(
 
 
 def listing_past_window(*, fresh: bool = False) -> float:
-    """How long the gather step's list of the run's jobs (domain.demand.Dispatcher.gather) outlasts the
+    """How long the gather step's list of the run's jobs (steps.follow_up.FollowUpSteps.gather) outlasts the
     follow-up window: the step asks GitHub before it seals, so the list runs beside the window from the
     machine's start (StartExecution, its first two states, the gather step's invocation) and only what it
     takes beyond the window is on the path. GitHub's calls are not AWS calls the trace could see: one

@@ -154,7 +154,7 @@ class Burst:
     its 10 s, or no connection), the throttled ones' 429 included."""
     queued_spans: tuple[float, ...] = ()
     """For each run, seconds from its first `workflow_job queued` delivery to its last: a follow-up
-    gathers what comes within its window (domain/demand.py), so this is what the batching had to span."""
+    gathers what comes within its window (domain/follow_up.py), so this is what the batching had to span."""
     failure_causes: Counter[str] = field(default_factory=Counter)
     """Why the failed executions failed, by machine, state and error (`failure_cause`)."""
     unserved: Counter[str] = field(default_factory=Counter)

@@ -8,7 +8,7 @@ The REST API throttles, logs every request and turns away what is not a GitHub d
 before any Lambda runs; everything else, the signature first, is the webhook's to judge
 (runner_pool.domain.webhooks). The idempotency table
 remembers deliveries (Powertools idempotency) and holds the dispatcher's demand ledger. The follow-up
-state machine gathers a run's follow-up batch (domain.demand) for the dispatch that leads it, so that
+state machine gathers a run's follow-up batch (domain.follow_up) for the dispatch that leads it, so that
 dispatch need not wait for the batch's window in a Lambda holding one of the demand queue's pollers.
 """
 
@@ -53,7 +53,7 @@ DISPATCHER_TIMEOUT_SECONDS = 60
 DEMAND_BATCH_SIZE = 10
 DEMAND_BATCHING_WINDOW_SECONDS = 0
 """No batching window: a run's first job is dispatched the moment the event source receives it, and
-the rest of its matrix is gathered by the dispatcher's follow-up batch (domain.demand), which holds
+the rest of its matrix is gathered by the dispatcher's follow-up batch (domain.follow_up), which holds
 across Lambda's concurrent batches where a window does not (each poller gathers its own). With no
 window a batch is at most 10 messages ("when you set BatchSize to a value greater than 10, you must
 set MaximumBatchingWindowInSeconds to at least 1", CreateEventSourceMapping); Lambda's event source

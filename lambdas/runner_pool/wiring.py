@@ -32,9 +32,10 @@ from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.demand import Dispatcher
 from runner_pool.domain.pickup import PickupManager
 from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
+from runner_pool.steps.dispatcher import Dispatcher
+from runner_pool.steps.follow_up import FollowUpSteps
 
 ClientFactory = Callable[[str], Any]
 """service name → boto3 client."""
@@ -169,8 +170,15 @@ class ControlPlane:
         return Executions(provision, release, self.client("stepfunctions"))
 
     def dispatcher(self) -> Dispatcher:
-        """Turns demand into executions over the demand ledger (the dispatcher, and the follow-up state
-        machine's gather step)."""
+        """Turns a batch of demand into executions over the demand ledger."""
+        return Dispatcher(*self._demand(), self.clock, self.pause)
+
+    def follow_up_steps(self) -> FollowUpSteps:
+        """The follow-up state machine's steps: gather a follow-up batch and start its provisions."""
+        return FollowUpSteps(*self._demand(), self.clock, self.pause, run_jobs=lambda: self.github)
+
+    def _demand(self) -> tuple[DynamoDbLedger, Executions]:
+        """The demand ledger, and what starts the provision, release and follow-up machines."""
         settings = self.settings
         ledger = DynamoDbLedger(
             settings.require("idempotency_table_name", "the demand ledger"),
@@ -184,7 +192,7 @@ class ControlPlane:
             self.client("stepfunctions"),
             follow_up_machine_arn=settings.follow_up_state_machine_arn,
         )
-        return Dispatcher(ledger, executions, self.clock, self.pause, run_jobs=lambda: self.github)
+        return ledger, executions
 
     @cached_property
     def instance_arns(self) -> InstanceArns:

@@ -20,7 +20,7 @@ from bench.aws_model import (
 )
 from bench.results import BenchTable
 from demo.figures import Kind
-from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS
+from runner_pool.domain.follow_up import FOLLOW_UP_WINDOW_SECONDS
 
 
 def test_a_path_is_priced_count_times_latency_per_segment_and_hop() -> None:

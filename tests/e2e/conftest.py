@@ -31,8 +31,8 @@ from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS
 from runner_pool.domain.executions import runner_name
+from runner_pool.domain.follow_up import FOLLOW_UP_WINDOW_SECONDS
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Signal, WorkerSignal
 from runner_pool.domain.runner_scope import RepositoryScope
@@ -249,5 +249,5 @@ def provisions_bound(span: float) -> int:
     `queued` deliveries came over `span` seconds: two (its first job's, one follow-up) when they came
     within one follow-up window of each other, as a matrix's do on GitHub; on two cores busy with the rest
     of make test the webhook may answer them seconds apart, and each quiet window then closes a follow-up
-    (domain/demand.py): never one provision a job."""
+    (domain/follow_up.py): never one provision a job."""
     return 2 if span <= FOLLOW_UP_WINDOW_SECONDS else 2 + math.ceil(span / FOLLOW_UP_WINDOW_SECONDS)

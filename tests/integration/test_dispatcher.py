@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
-from runner_pool.domain import demand
-from runner_pool.domain.demand import FOLLOW_UP_WINDOW_SECONDS, LEASE_MARGIN_SECONDS, Reservation
+from runner_pool.domain.demand import LEASE_MARGIN_SECONDS, Reservation
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
+from runner_pool.domain.follow_up import FOLLOW_UP_WINDOW_SECONDS
+from runner_pool.steps import demand_starts
 from tests.support.aws_faults import lose_answers
 from tests.support.webhooks import (
     IDEMPOTENCY_TABLE,
@@ -143,7 +144,7 @@ def test_a_group_larger_than_one_provision_takes_is_split(
     world: IngressWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given provisions limited to 5 runners, and 12 jobs of one label
-    monkeypatch.setattr(demand, "PROVISION_LIMIT", 5)
+    monkeypatch.setattr(demand_starts, "PROVISION_LIMIT", 5)
     queue_jobs(world, range(1, 13))
     # When dispatched as one batch
     world.dispatch(world.take_queued())

@@ -1,5 +1,5 @@
 """Follow-up batches: a run key's first demand is dispatched at once, what comes within the window joins
-one follow-up, however Lambda's concurrent batches split the demand (domain.demand).
+one follow-up, however Lambda's concurrent batches split the demand (domain.follow_up).
 
 Lambda reads a standard queue with five concurrent batches ("Configuring scaling behavior for SQS event
 source mappings", services-sqs-scaling.html), so dispatches of one matrix overlap. Here the ledger is
@@ -20,7 +20,9 @@ import pytest
 from emulator.event_sources import QueueEventSource
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain.clock import SystemClock
-from runner_pool.domain.demand import (
+from runner_pool.domain.demand import DemandMessage, JobQueued, RunCompleted, from_body, to_body
+from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
+from runner_pool.domain.follow_up import (
     BURST_QUIET_SECONDS,
     FOLLOW_UP_LIMIT_SECONDS,
     FOLLOW_UP_PACE_FACTOR,
@@ -29,16 +31,11 @@ from runner_pool.domain.demand import (
     SEALED_WAIT_SECONDS,
     BatchRole,
     BatchTurn,
-    DemandMessage,
-    Dispatcher,
-    DispatchReport,
-    JobQueued,
-    RunCompleted,
-    from_body,
-    to_body,
 )
-from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.runners import GitHubRetryableError, RunJob
+from runner_pool.steps.demand_starts import DispatchReport
+from runner_pool.steps.dispatcher import Dispatcher
+from runner_pool.steps.follow_up import FollowUpSteps
 from tests.support.waiting import eventually
 from tests.support.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
 
@@ -63,7 +60,7 @@ class LeaderDiedError(BaseException):
 @dataclass
 class Starts:
     """Records the provisions started; `during` runs inside the next start (another dispatch meanwhile).
-    A follow-up handed over is gathered in line by `gather` (the follow-up state machine, played here in
+    A follow-up whose machine starts is gathered in line by `gather` (the follow-up state machine, played here in
     the leader's own dispatch, its Wait states by the leader's pause)."""
 
     provisions: list[ProvisionRequest] = field(default_factory=list)
@@ -152,30 +149,26 @@ class Dispatches:
     def dispatch(self, holder: str, messages: list[DemandMessage]) -> DispatchReport:
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, self.world.clock, self.world.plane.client("dynamodb"))
         dispatcher = Dispatcher(
-            ledger,
-            self.starts,
-            self.world.clock,
-            self.pause,
-            window_seconds=self.window_seconds,
-            run_jobs=lambda: self.github,
+            ledger, self.starts, self.world.clock, self.pause, window_seconds=self.window_seconds
         )
-        self.starts.gather = lambda request: gather_in_line(dispatcher, request, self.pause)
+        steps = FollowUpSteps(ledger, self.starts, self.world.clock, self.pause, run_jobs=lambda: self.github)
+        self.starts.gather = lambda request: gather_in_line(steps, request, self.pause)
         self.starts.now = self.world.clock.now
         batch = [(f"{holder}-m{n}", message) for n, message in enumerate(messages)]
         return dispatcher.dispatch(batch, holder, LEASE_SECONDS)
 
 
 def gather_in_line(
-    dispatcher: Dispatcher, request: FollowUpRequest, pause: Callable[[float], None]
+    steps: FollowUpSteps, request: FollowUpRequest, pause: Callable[[float], None]
 ) -> DispatchReport:
     """The follow-up state machine: gather, wait as it says, gather again until gathered (and started),
     then start what it could not."""
-    while not (gathering := dispatcher.gather(request, LEASE_SECONDS)).gathered:
+    while not (gathering := steps.gather(request, LEASE_SECONDS)).gathered:
         pause(gathering.wait_seconds)
         request = gathering.request
     if gathering.follow_up is None:
         return gathering.report
-    return dispatcher.start_gathered(request, gathering.follow_up, LEASE_SECONDS)
+    return steps.start(request, gathering.follow_up, LEASE_SECONDS)
 
 
 @pytest.fixture
@@ -247,7 +240,7 @@ def test_a_follow_up_whose_jobs_come_slower_stays_open_a_few_of_their_gaps(dispa
     # matrix's side by side, and a gap of 0.3 s would often close the window between two of them
     waited = led_follow_up(dispatches, join_after=0.2)
 
-    # Then the follow-up stayed open four of those gaps after the last join (domain.demand
+    # Then the follow-up stayed open four of those gaps after the last join (domain.follow_up
     # FOLLOW_UP_PACE_FACTOR), not one window
     assert waited == pytest.approx(0.2 + FOLLOW_UP_PACE_FACTOR * 0.2)
 
@@ -420,15 +413,15 @@ def test_batches_that_meet_a_follow_up_its_leader_is_starting_wait_for_it_then_m
     world = dispatches.world
     clock = SystemClock()
     starts = TimedStarts(machine_down=True)
-    alone: set[str] = set()
+    waiting: set[str] = set()
     all_waiting = threading.Event()
 
     class Ledger(DynamoDbLedger):
         def take_turn(self, *args: Any, **kwargs: Any) -> BatchTurn:
             turn = super().take_turn(*args, **kwargs)
-            if turn.role is BatchRole.ALONE:
-                alone.add(kwargs["holder"])
-                if len(alone) == len(waiters):
+            if turn.role is BatchRole.WAITING:
+                waiting.add(kwargs["holder"])
+                if len(waiting) == len(waiters):
                     all_waiting.set()
             return turn
 
@@ -452,7 +445,7 @@ def test_batches_that_meet_a_follow_up_its_leader_is_starting_wait_for_it_then_m
     def arrive_meanwhile() -> None:
         for waiter in waiters:
             waiter.start()
-        assert all_waiting.wait(timeout=30), f"only {sorted(alone)} met the follow-up being started"
+        assert all_waiting.wait(timeout=30), f"only {sorted(waiting)} met the follow-up being started"
 
     dispatch("a", jobs(1))
     starts.during = arrive_meanwhile
@@ -520,7 +513,8 @@ def test_a_matrix_read_by_five_concurrent_pollers_costs_two_provisions_and_its_f
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, clock, dynamodb)
         batch = [(record["messageId"], from_body(record["body"])) for record in event["Records"]]
         dispatcher = Dispatcher(ledger, starts, clock, time.sleep, window_seconds=MOTO_WINDOW_SECONDS)
-        starts.gather = lambda request: gather_in_line(dispatcher, request, time.sleep)
+        steps = FollowUpSteps(ledger, starts, clock, time.sleep)
+        starts.gather = lambda request: gather_in_line(steps, request, time.sleep)
         report = dispatcher.dispatch(batch, context.aws_request_id, 60)
         return {"batchItemFailures": [{"itemIdentifier": m} for m in report.failed_message_ids]}
 
@@ -562,7 +556,8 @@ def test_a_follow_up_takes_the_queued_jobs_github_lists_for_its_run_key_before_t
     assert dispatches.github.asked == [(REPOSITORY, RUN_ID, 1)]
     # And when their deliveries come, past the seal, they are repeats: no follow-up, no provision
     late = dispatches.dispatch("c", jobs(3, 4, 5, 6))
-    assert (late.duplicates, late.joined, late.handed_over, late.failed_message_ids) == (4, 0, [], set())
+    assert (late.duplicates, late.joined, late.failed_message_ids) == (4, 0, set())
+    assert late.follow_up_machines == []
     assert len(dispatches.starts.provisions) == 2
     assert len(dispatches.starts.follow_ups) == 1
 
@@ -641,3 +636,35 @@ def test_the_ledger_knows_which_jobs_are_counted_started_or_cancelled_not_reserv
     counted = ledger.counted([*started, 200, 300, 400])
     # Then the started and the cancelled are counted, the reserved and the unknown are not
     assert counted == frozenset([*started, 200])
+
+
+def forget_states(world: IngressWorld) -> None:
+    """Every follow-up item as the ledger wrote it before it stored states: no state attribute."""
+    items = world.dynamodb.scan(TableName=IDEMPOTENCY_TABLE)["Items"]
+    for item in items:
+        if item["id"]["S"].startswith("batch#"):
+            world.dynamodb.update_item(
+                TableName=IDEMPOTENCY_TABLE,
+                Key={"id": item["id"]},
+                UpdateExpression="REMOVE #s",
+                ExpressionAttributeNames={"#s": "state"},
+            )
+
+
+def test_a_follow_up_written_before_states_were_stored_is_joined_and_sealed_as_before(
+    dispatches: Dispatches,
+) -> None:
+    # Given a first dispatch and a follow-up led by "b", whose item, like those of a stack running the
+    # earlier ledger, has no state: before a batch joins it, and again before its leader seals it
+    dispatches.dispatch("a", jobs(1))
+    world = dispatches.world
+    dispatches.meanwhile += [
+        lambda: forget_states(world),
+        lambda: dispatches.dispatch("c", jobs(3)),
+        lambda: forget_states(world),
+    ]
+    # When "b" leads it
+    leader = dispatches.dispatch("b", jobs(2))
+    # Then the join and the seal read the state from the attributes, and the follow-up started once
+    assert dispatches.starts.job_ids() == [(1,), (2, 3)]
+    assert leader.failed_message_ids == set()

@@ -6,7 +6,6 @@ import pytest
 from pydantic import ValidationError
 
 from runner_pool.domain.demand import (
-    PROVISION_LIMIT,
     DemandMessage,
     InstanceRelease,
     JobCancelled,
@@ -15,7 +14,7 @@ from runner_pool.domain.demand import (
     from_body,
     to_body,
 )
-from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
+from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest, ReleaseRequest
 
 MESSAGES: list[DemandMessage] = [
     JobQueued(repository="o/r", run_key="pool=1", run_id=1, run_attempt=1, job_id=10),

@@ -1,4 +1,4 @@
-"""When a run's follow-up window closes (domain/demand.py `follow_up_closes_at`): a quiet gap of the window
+"""When a run's follow-up window closes (domain/follow_up.py `follow_up_closes_at`): a quiet gap of the window
 after the last join for a matrix delivered side by side, a few of the run's own gaps when its deliveries come
 slower, never past the limit."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner_pool.domain.demand import (
+from runner_pool.domain.follow_up import (
     FOLLOW_UP_AGE_FACTOR,
     FOLLOW_UP_LIMIT_SECONDS,
     FOLLOW_UP_PACE_CAP_SECONDS,

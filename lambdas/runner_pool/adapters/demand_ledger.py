@@ -9,21 +9,22 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
                                     the attempt completed (written first if the completion comes first);
                                     from_fork once its `requested` webhook named a fork as its head
     batch#<sha256 of repository, run key>
-                                    the run key's follow-up window (domain.demand): repository, run_key,
-                                    opened_at, closes_at, limit_at; once a dispatch joins, leader and
-                                    lease_until, joined_at (its first join) and joins (how many
-                                    dispatches joined), jobs and public_jobs (number sets); sealed
-                                    when the leader closed it to further jobs; started when its
-                                    provision started
+                                    the run key's follow-up batch (domain.follow_up): state (its
+                                    FollowUpState), repository, run_key, opened_at, closes_at,
+                                    limit_at; once a dispatch joins, leader and lease_until, joined_at
+                                    (its first join) and joins (how many dispatches joined), jobs and
+                                    public_jobs (number sets); started: when its provisions started
 
 Each change is one conditional write, so two dispatchers that see the same job never both count
-it. Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run be re-run.
+it; each transition of a follow-up batch is one write conditioned on the states it starts from
+(TRANSITION_CONDITIONS). Items expire after LEDGER_RETENTION_SECONDS, longer than GitHub lets a run be re-run.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Collection, Sequence
+import re
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,15 +34,18 @@ from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
 from runner_pool.adapters.backoff import Backoff, read_consistently
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.demand import (
+from runner_pool.domain.demand import Reservation, RunMark
+from runner_pool.domain.follow_up import (
+    TRANSITIONS,
     BatchRole,
     BatchTurn,
     FollowUp,
-    Reservation,
-    RunMark,
+    FollowUpState,
+    FollowUpTransition,
     Sealing,
     follow_up_closes_at,
     next_follow_up_closes_at,
+    next_move,
 )
 
 if TYPE_CHECKING:
@@ -64,27 +68,53 @@ BATCH_RETENTION_SECONDS = 24 * 3600
 TURN_ATTEMPTS = 3
 """Each lost race of take_turn moves the item on (opened, joined, sealed); after three, dispatch apart."""
 
-# take_turn's conditions, on the batch item (see domain.demand for the roles)
-_QUIET = (
-    "attribute_not_exists(#id) OR started <= :quiet OR (attribute_not_exists(leader) AND closes_at <= :quiet)"
-)
-"""No follow-up is pending, and the last one started (or the window closed with nobody joining) long
-enough ago that this demand is not the same burst: the next demand is a first."""
-_SETTLED_OF = (
-    "opened_at = :opened AND "
-    "(attribute_exists(started) OR (attribute_not_exists(leader) AND closes_at < :now))"
-)
-"""The window seen (by when it opened) is over: its follow-up started, or nobody joined it."""
-_JOINABLE = (
-    "attribute_exists(#id) AND attribute_not_exists(sealed) AND attribute_not_exists(started) AND "
-    "((attribute_not_exists(leader) AND closes_at >= :now) OR lease_until >= :now)"
-)
-"""The window is open (or its live leader has not sealed it yet)."""
-_ABANDONED = (
-    "attribute_exists(#id) AND attribute_exists(leader) AND attribute_not_exists(started) "
-    "AND lease_until < :now"
-)
-"""Its leader's lease passed before the follow-up started."""
+STATE_ATTRIBUTE = "state"
+"""The follow-up batch's FollowUpState, on its item."""
+_LEGACY_MARKERS = ("leader", "sealed", "started")
+"""The attributes whose presence told a follow-up's state before its state was stored (legacy_state)."""
+
+TRANSITION_CONDITIONS: Mapping[FollowUpTransition, str] = {
+    FollowUpTransition.OPEN: (
+        "attribute_not_exists(#id) OR (#state = :state_started AND started <= :quiet) "
+        "OR (#state = :state_open AND closes_at <= :quiet)"
+    ),
+    FollowUpTransition.LEAD_NEXT: (
+        "opened_at = :opened AND (#state = :state_started OR (#state = :state_open AND closes_at < :now))"
+    ),
+    FollowUpTransition.JOIN: (
+        "(#state = :state_open AND closes_at >= :now) OR (#state = :state_led AND lease_until >= :now)"
+    ),
+    FollowUpTransition.TAKE_OVER: "(#state = :state_led OR #state = :state_sealed) AND lease_until < :now",
+    FollowUpTransition.SEAL: "#state = :state_led AND leader = :me AND closes_at <= :now",
+    FollowUpTransition.SEAL_STARTED: "#state = :state_led AND leader = :me AND closes_at <= :now",
+    FollowUpTransition.MARK_STARTED: "#state = :state_sealed AND leader = :me",
+}
+"""The condition of each follow-up transition's one write: the states TRANSITIONS lets it start from
+(`:state_<state>`; `attribute_not_exists(#id)` for none), and the times that make it due:
+    OPEN          no follow-up is pending, and the last one started (or its window closed unjoined) long
+                  enough ago that this demand is not the same burst (`:quiet`)
+    LEAD_NEXT     the window seen (by when it opened) is over: its follow-up started, or nobody joined it
+    JOIN          the window is open, or its live leader has not sealed it yet
+    TAKE_OVER     its leader's lease passed before the follow-up started
+    SEAL(_STARTED) its leader closes it once its window closed
+    MARK_STARTED  its leader started it"""
+
+
+def legacy_state(item: Mapping[str, Any]) -> FollowUpState:
+    """The state of a follow-up item written before states were stored, by the attributes it has: the
+    only place a state is inferred (items of a running stack outlive the change by a day)."""
+    if "started" in item:
+        return FollowUpState.STARTED
+    if "sealed" in item:
+        return FollowUpState.SEALED
+    if "leader" in item:
+        return FollowUpState.LED
+    return FollowUpState.OPEN
+
+
+def _state(item: Mapping[str, Any]) -> FollowUpState:
+    stored = item.get(STATE_ATTRIBUTE, {}).get("S")
+    return legacy_state(item) if stored is None else FollowUpState(stored)
 
 
 class DynamoDbLedger:
@@ -126,7 +156,7 @@ class DynamoDbLedger:
             current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
             state = current.get("state", {}).get("S")
             if state == RESERVED and current.get("holder", {}).get("S") == holder:
-                # Our own reservation, met by a retry after its answer was lost (issue 12, defect 6).
+                # Our own reservation, met by a retry after its answer was lost.
                 return Reservation.RESERVED
             return Reservation.HELD if state == RESERVED else Reservation.COUNTED
         return Reservation.RESERVED
@@ -248,43 +278,35 @@ class DynamoDbLedger:
         quiet_seconds: float,
     ) -> BatchTurn:
         key = {KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}}
+        jobs = _Jobs(job_ids, public_ids, holder, lease_until)
         for _ in range(TURN_ATTEMPTS):
             now = self._clock.now()
             window = _Window(now, now + window_seconds, now + limit_seconds, now - quiet_seconds)
             current = self._open(key, repository, run_key, window)
             if current is None:
                 return BatchTurn(BatchRole.FIRST, closes_at=window.closes_at)
-            over = "started" in current or ("leader" not in current and _epoch(current, "closes_at") < now)
-            if over:  # the same burst goes on: these jobs open the next follow-up, and this dispatch leads it
+            move = next_move(
+                _state(current),
+                now=now,
+                closes_at=_epoch(current, "closes_at"),
+                lease_until=_epoch(current, "lease_until") if "lease_until" in current else None,
+            )
+            if move is None:
+                return BatchTurn(BatchRole.WAITING)  # its leader is starting it right now
+            if move is FollowUpTransition.LEAD_NEXT:
+                # The same burst goes on: these jobs open the next follow-up, and this dispatch leads it.
                 paced = next_follow_up_closes_at(
                     now,
                     last_closed_at=_epoch(current, "closes_at"),
                     limit_at=window.limit_at,
                     window_seconds=window_seconds,
                 )
-                turn = self._lead_next(
-                    key,
-                    current,
-                    _Window(now, paced, window.limit_at, window.quiet_before),
-                    job_ids=job_ids,
-                    public_ids=public_ids,
-                    holder=holder,
-                    lease=lease_until,
-                )
-                if turn is not None:
-                    return turn
-                continue
-            if "sealed" in current and _epoch(current, "lease_until") >= now:
-                return BatchTurn(BatchRole.ALONE)  # its leader is starting it right now
-            abandoned = "leader" in current and _epoch(current, "lease_until") < now
-            turn = self._add(
-                key,
-                job_ids=job_ids,
-                public_ids=public_ids,
-                holder=holder,
-                lease_until=lease_until,
-                now=now,
-                closes_at=follow_up_closes_at(
+                next_window = _Window(now, paced, window.limit_at, window.quiet_before)
+                turn = self._lead_next(key, current, next_window, jobs)
+            elif move is FollowUpTransition.TAKE_OVER:
+                turn = self._take_over(key, jobs, now)
+            else:
+                closes_at = follow_up_closes_at(
                     now,
                     closes_at=_epoch(current, "closes_at"),
                     limit_at=_epoch(current, "limit_at"),
@@ -292,182 +314,190 @@ class DynamoDbLedger:
                     joined=int(current.get("joins", {}).get("N", "0")),
                     window_seconds=window_seconds,
                     opened_at=_epoch(current, "opened_at"),
-                ),
-                take_over=abandoned,
-            )
+                )
+                turn = self._join(key, jobs, now, closes_at)
             if turn is not None:
                 return turn
-        return BatchTurn(BatchRole.ALONE)
+        return BatchTurn(BatchRole.WAITING)
 
     def _open(
         self, key: dict[str, Any], repository: str, run_key: str, window: _Window
     ) -> dict[str, Any] | None:
-        """Open a new follow-up window when none is pending and the last burst is quiet; None when
+        """OPEN: a new follow-up window when none is pending and the last burst is quiet; None when
         opened, else the item as it is."""
-        try:
-            self._client.update_item(
-                TableName=self._table,
-                Key=key,
-                UpdateExpression=(
-                    "SET repository = :repository, run_key = :run_key, opened_at = :now, "
-                    "closes_at = :closes, limit_at = :limit, #expiry = :expiry "
-                    "REMOVE leader, lease_until, joined_at, joins, sealed, started, jobs, public_jobs"
-                ),
-                ConditionExpression=_QUIET,
-                ExpressionAttributeNames={"#id": KEY_ATTRIBUTE, "#expiry": EXPIRY_ATTRIBUTE},
-                ExpressionAttributeValues={
-                    ":repository": {"S": repository},
-                    ":run_key": {"S": run_key},
-                    ":now": {"N": _number(window.now)},
-                    ":closes": {"N": _number(window.closes_at)},
-                    ":limit": {"N": _number(window.limit_at)},
-                    ":quiet": {"N": _number(window.quiet_before)},
-                    ":expiry": {"N": str(int(window.now + BATCH_RETENTION_SECONDS))},
-                },
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
-            return current
-        return None
+        written = self._transition(
+            FollowUpTransition.OPEN,
+            Key=key,
+            UpdateExpression=(
+                "SET #state = :to, repository = :repository, run_key = :run_key, opened_at = :now, "
+                "closes_at = :closes, limit_at = :limit, #expiry = :expiry "
+                "REMOVE leader, lease_until, joined_at, joins, sealed, started, jobs, public_jobs"
+            ),
+            ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
+            ExpressionAttributeValues={
+                ":repository": {"S": repository},
+                ":run_key": {"S": run_key},
+                ":now": {"N": _number(window.now)},
+                ":closes": {"N": _number(window.closes_at)},
+                ":limit": {"N": _number(window.limit_at)},
+                ":quiet": {"N": _number(window.quiet_before)},
+                ":expiry": {"N": str(int(window.now + BATCH_RETENTION_SECONDS))},
+            },
+        )
+        return None if written.applied else written.item
 
     def _lead_next(
-        self,
-        key: dict[str, Any],
-        seen: dict[str, Any],
-        window: _Window,
-        *,
-        job_ids: Sequence[int],
-        public_ids: Sequence[int],
-        holder: str,
-        lease: Epoch,
+        self, key: dict[str, Any], seen: dict[str, Any], window: _Window, jobs: _Jobs
     ) -> BatchTurn | None:
-        """Open the next follow-up of a burst that goes on, with these jobs in it and `holder` leading it;
-        None when the item moved on since it was `seen`."""
+        """LEAD_NEXT: the next follow-up of a burst that goes on, with these jobs in it and their holder
+        leading it; None when the item moved on since it was `seen`."""
         values: dict[str, Any] = {
             ":opened": seen.get("opened_at", {"N": "0"}),
             ":now": {"N": _number(window.now)},
             ":closes": {"N": _number(window.closes_at)},
             ":limit": {"N": _number(window.limit_at)},
-            ":jobs": {"NS": [str(job_id) for job_id in job_ids]},
-            ":me": {"S": holder},
-            ":lease": {"N": _number(lease)},
+            ":jobs": {"NS": [str(job_id) for job_id in jobs.job_ids]},
+            ":me": {"S": jobs.holder},
+            ":lease": {"N": _number(jobs.lease_until)},
             ":one": {"N": "1"},
         }
         update = (
-            "SET opened_at = :now, joined_at = :now, joins = :one, closes_at = :closes, limit_at = :limit, "
-            "jobs = :jobs, leader = :me, lease_until = :lease"
+            "SET #state = :to, opened_at = :now, joined_at = :now, joins = :one, closes_at = :closes, "
+            "limit_at = :limit, jobs = :jobs, leader = :me, lease_until = :lease"
         )
-        if public_ids:
-            values[":public"] = {"NS": [str(job_id) for job_id in public_ids]}
+        if jobs.public_ids:
+            values[":public"] = {"NS": [str(job_id) for job_id in jobs.public_ids]}
             update += ", public_jobs = :public REMOVE sealed, started"
         else:
             update += " REMOVE sealed, started, public_jobs"
-        opened = self._conditional(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key=key,
-                UpdateExpression=update,
-                ConditionExpression=_SETTLED_OF,
-                ExpressionAttributeValues=values,
-            )
+        written = self._transition(
+            FollowUpTransition.LEAD_NEXT,
+            Key=key,
+            UpdateExpression=update,
+            ExpressionAttributeValues=values,
         )
-        return BatchTurn(BatchRole.LEADER, window.closes_at) if opened else None
+        return BatchTurn(BatchRole.LEADER, window.closes_at) if written.applied else None
 
-    def _add(
-        self,
-        key: dict[str, Any],
-        *,
-        job_ids: Sequence[int],
-        public_ids: Sequence[int],
-        holder: str,
-        lease_until: Epoch,
-        now: Epoch,
-        closes_at: Epoch,
-        take_over: bool,
-    ) -> BatchTurn | None:
-        """Add the jobs to the follow-up: joining it, or taking it over (sealed: it starts now); None when
-        the item moved on meanwhile."""
-        additions = "ADD jobs :jobs, joins :one" + (", public_jobs :public" if public_ids else "")
-        values: dict[str, Any] = {
-            ":one": {"N": "1"},
-            ":jobs": {"NS": [str(job_id) for job_id in job_ids]},
-            ":me": {"S": holder},
-            ":lease": {"N": _number(lease_until)},
-            ":now": {"N": _number(now)},
-        }
-        if public_ids:
-            values[":public"] = {"NS": [str(job_id) for job_id in public_ids]}
-        if take_over:
-            values[":yes"] = {"BOOL": True}
-            update = f"{additions} SET leader = :me, lease_until = :lease, sealed = :yes"
-        else:
-            # Each join keeps the window open a little longer (follow_up_closes_at, by the caller).
-            values[":closes"] = {"N": _number(closes_at)}
-            update = (
-                f"{additions} SET leader = if_not_exists(leader, :me), "
+    def _join(self, key: dict[str, Any], jobs: _Jobs, now: Epoch, closes_at: Epoch) -> BatchTurn | None:
+        """JOIN: the jobs added to the open follow-up, whose window each join keeps open a little longer
+        (`closes_at`, follow_up_closes_at); the first to join leads it. None when the item moved on."""
+        values = {**jobs.values(), ":now": {"N": _number(now)}, ":closes": {"N": _number(closes_at)}}
+        written = self._transition(
+            FollowUpTransition.JOIN,
+            Key=key,
+            UpdateExpression=(
+                f"{jobs.additions} SET #state = :to, leader = if_not_exists(leader, :me), "
                 "lease_until = if_not_exists(lease_until, :lease), "
-                "joined_at = if_not_exists(joined_at, :now), "
-                "closes_at = :closes"
-            )
-        try:
-            response = self._client.update_item(
-                TableName=self._table,
-                Key=key,
-                UpdateExpression=update,
-                ConditionExpression=_ABANDONED if take_over else _JOINABLE,
-                ExpressionAttributeValues=values,
-                ExpressionAttributeNames={"#id": KEY_ATTRIBUTE},
-                ReturnValues="ALL_NEW",
-            )
-        except ClientError as exc:
-            if error_code(exc) == "ConditionalCheckFailedException":
-                return None
-            raise
-        item = response.get("Attributes", {})
-        closes_at = _epoch(item, "closes_at")
-        if take_over:
-            return BatchTurn(BatchRole.TAKEN_OVER, closes_at, _follow_up(item))
-        leads = item.get("leader", {}).get("S") == holder
-        return BatchTurn(BatchRole.LEADER if leads else BatchRole.JOINED, closes_at)
+                "joined_at = if_not_exists(joined_at, :now), closes_at = :closes"
+            ),
+            ExpressionAttributeValues=values,
+            ReturnValues="ALL_NEW",
+        )
+        if not written.applied:
+            return None
+        leads = written.item.get("leader", {}).get("S") == jobs.holder
+        return BatchTurn(BatchRole.LEADER if leads else BatchRole.JOINED, _epoch(written.item, "closes_at"))
+
+    def _take_over(self, key: dict[str, Any], jobs: _Jobs, now: Epoch) -> BatchTurn | None:
+        """TAKE_OVER: the jobs added to a follow-up whose leader's lease passed, sealed, with their holder
+        leading it (it starts now); None when the item moved on."""
+        written = self._transition(
+            FollowUpTransition.TAKE_OVER,
+            Key=key,
+            UpdateExpression=f"{jobs.additions} SET #state = :to, leader = :me, lease_until = :lease",
+            ExpressionAttributeValues={**jobs.values(), ":now": {"N": _number(now)}},
+            ReturnValues="ALL_NEW",
+        )
+        if not written.applied:
+            return None
+        return BatchTurn(BatchRole.TAKEN_OVER, _epoch(written.item, "closes_at"), _follow_up(written.item))
 
     def seal(self, repository: str, run_key: str, holder: str, *, started: bool = False) -> Sealing:
         now = self._clock.now()
-        values: dict[str, Any] = {":yes": {"BOOL": True}, ":me": {"S": holder}, ":now": {"N": _number(now)}}
+        values: dict[str, Any] = {":me": {"S": holder}, ":now": {"N": _number(now)}}
+        transition = FollowUpTransition.SEAL_STARTED if started else FollowUpTransition.SEAL
+        written = self._transition(
+            transition,
+            Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
+            UpdateExpression="SET #state = :to" + (", started = :now" if started else ""),
+            ExpressionAttributeValues=values,
+            ReturnValues="ALL_NEW",
+        )
+        if written.applied:
+            return Sealing(follow_up=_follow_up(written.item))
+        current, state = written.item, _state(written.item)
+        leads = current.get("leader", {}).get("S") == holder
+        if leads and (state is FollowUpState.SEALED or (started and state is FollowUpState.STARTED)):
+            # Sealed by our own write, whose answer was lost (with `started`, unless the item has
+            # moved on to the next follow-up since: then its jobs are reconciliation's to find).
+            return Sealing(follow_up=_follow_up(current))
+        ours = leads and state is not FollowUpState.STARTED
+        return Sealing(closes_at=_epoch(current, "closes_at") if ours else None)
+
+    def follow_up_started(self, repository: str, run_key: str, holder: str) -> None:
+        self._transition(
+            FollowUpTransition.MARK_STARTED,
+            Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
+            UpdateExpression="SET #state = :to, started = :now",
+            ExpressionAttributeValues={":now": {"N": _number(self._clock.now())}, ":me": {"S": holder}},
+        )
+
+    def _transition(self, transition: FollowUpTransition, **update: Any) -> _Written:
+        """One follow-up transition: one conditional write of TRANSITION_CONDITIONS[transition] that
+        sets the state TRANSITIONS names. Not applied: the item as it was (once brought to a stored state,
+        should it be an item written before states were, and tried again)."""
+        condition = TRANSITION_CONDITIONS[transition]
+        names = {"#state": STATE_ATTRIBUTE, **update.pop("ExpressionAttributeNames", {})}
+        if "#id" in condition:
+            names["#id"] = KEY_ATTRIBUTE
+        named = set(re.findall(r":\w+", condition))
+        values = {
+            **update.pop("ExpressionAttributeValues"),
+            ":to": {"S": TRANSITIONS[transition].target},
+            **{f":state_{state}": {"S": state} for state in FollowUpState if f":state_{state}" in named},
+        }
+        write = {
+            "TableName": self._table,
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            **update,
+        }
+        written = self._write(write)
+        if not written.applied and written.item and STATE_ATTRIBUTE not in written.item:
+            self._store_state(write["Key"], written.item)
+            written = self._write(write)
+        return written
+
+    def _write(self, write: dict[str, Any]) -> _Written:
         try:
-            response = self._client.update_item(
-                TableName=self._table,
-                Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
-                UpdateExpression="SET sealed = :yes" + (", started = :now" if started else ""),
-                ConditionExpression=("leader = :me AND attribute_not_exists(started) AND closes_at <= :now"),
-                ExpressionAttributeValues=values,
-                ReturnValues="ALL_NEW",
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
+            response = self._client.update_item(**write)
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":
                 raise
-            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
-            leads = current.get("leader", {}).get("S") == holder
-            if leads and "sealed" in current and (started or "started" not in current):
-                # Sealed by our own write, whose answer was lost (with `started`, unless the item has
-                # moved on to the next follow-up since: then its jobs are reconciliation's to find).
-                return Sealing(follow_up=_follow_up(current))
-            ours = leads and "started" not in current
-            return Sealing(closes_at=_epoch(current, "closes_at") if ours else None)
-        return Sealing(follow_up=_follow_up(response.get("Attributes", {})))
+            return _Written(applied=False, item=exc.response.get("Item", {}))  # type: ignore[arg-type]
+        return _Written(applied=True, item=response.get("Attributes", {}))
 
-    def follow_up_started(self, repository: str, run_key: str, holder: str) -> None:
-        now = self._clock.now()
+    def _store_state(self, key: dict[str, Any], item: dict[str, Any]) -> None:
+        """Store the state of an item written before states were (legacy_state), unless it changed since
+        it was read."""
+        unchanged = ["attribute_not_exists(#state)"] + [
+            f"attribute_exists({name})" if name in item else f"attribute_not_exists({name})"
+            for name in _LEGACY_MARKERS
+        ]
+        values = {":state": {"S": legacy_state(item)}}
+        if "opened_at" in item:
+            unchanged.append("opened_at = :opened")
+            values[":opened"] = item["opened_at"]
         self._conditional(
             lambda: self._client.update_item(
                 TableName=self._table,
-                Key={KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}},
-                UpdateExpression="SET started = :now",
-                ConditionExpression="leader = :me",
-                ExpressionAttributeValues={":now": {"N": _number(now)}, ":me": {"S": holder}},
+                Key=key,
+                UpdateExpression="SET #state = :state",
+                ConditionExpression=" AND ".join(unchanged),
+                ExpressionAttributeNames={"#state": STATE_ATTRIBUTE},
+                ExpressionAttributeValues=values,
             )
         )
 
@@ -483,6 +513,39 @@ class DynamoDbLedger:
 
     def _expiry(self, now: Epoch) -> str:
         return str(int(now + LEDGER_RETENTION_SECONDS))
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What a transition's write found: applied (the item after), or not (the item as it was)."""
+
+    applied: bool
+    item: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Jobs:
+    """The jobs a dispatch adds to a follow-up, and its lead should it lead it."""
+
+    job_ids: Sequence[int]
+    public_ids: Sequence[int]
+    holder: str
+    lease_until: Epoch
+
+    @property
+    def additions(self) -> str:
+        return "ADD jobs :jobs, joins :one" + (", public_jobs :public" if self.public_ids else "")
+
+    def values(self) -> dict[str, Any]:
+        values: dict[str, Any] = {
+            ":one": {"N": "1"},
+            ":jobs": {"NS": [str(job_id) for job_id in self.job_ids]},
+            ":me": {"S": self.holder},
+            ":lease": {"N": _number(self.lease_until)},
+        }
+        if self.public_ids:
+            values[":public"] = {"NS": [str(job_id) for job_id in self.public_ids]}
+        return values
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class ProvisionRequest(_Input):
 
 
 class FollowUpRequest(_Input):
-    """A follow-up batch to gather (domain.demand): the follow-up state machine waits for its window to
+    """A follow-up batch to gather (domain.follow_up): the follow-up state machine waits for its window to
     close, seals it as `holder`, its leader in the ledger, and starts its provisions."""
 
     repository: str = Field(min_length=1)

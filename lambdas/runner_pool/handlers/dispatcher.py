@@ -1,13 +1,13 @@
 """The dispatcher Lambda: a batch of demand from the demand queue in, provision and release executions out.
 
-What it does with a batch is `runner_pool.domain.demand.Dispatcher`; this module reads the SQS
+What it does with a batch is `runner_pool.steps.dispatcher.Dispatcher`; this module reads the SQS
 records and reports the messages whose work failed as partial batch failures (Powertools' batch
 processor), so SQS redelivers only those. A message that is not a demand message fails every time
 and ends in the queue's dead-letter queue.
 
 Event source: the demand queue, with ReportBatchItemFailures, no batching window (a run's first job
 is dispatched the moment it is received) and batches of 10; a matrix split across Lambda's
-concurrent batches is brought together by the ledger (domain.demand, follow-up batches): an
+concurrent batches is brought together by the ledger (domain.follow_up): an
 invocation that leads a follow-up starts the follow-up state machine to gather it (handlers/follow_up.py)
 and goes on, and one whose jobs meet a follow-up being started waits for that start (at most
 SEALED_WAIT_SECONDS). Environment (RUNNER_POOL_*): IDEMPOTENCY_TABLE_NAME (the demand ledger),
@@ -25,8 +25,9 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from runner_pool.domain.demand import DemandMessage, DispatchReport, from_body, lease_seconds
+from runner_pool.domain.demand import DemandMessage, from_body, lease_seconds
 from runner_pool.observability import log_provisions_started, logger, metrics, tracer
+from runner_pool.steps.demand_starts import DispatchReport
 from runner_pool.wiring import control_plane
 
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
@@ -73,10 +74,12 @@ def _observe(report: DispatchReport) -> None:
     log_provisions_started(report.provisions)
     if report.joined:
         logger.info("joined a follow-up batch", jobs=report.joined)
-    for follow_up in report.handed_over:
-        logger.info("follow-up handed over", run_key=follow_up.run_key, execution=follow_up.execution_name)
+    for follow_up in report.follow_up_machines:
+        logger.info(
+            "follow-up machine started", run_key=follow_up.run_key, execution=follow_up.execution_name
+        )
     for why in report.gathered_here:
-        logger.warning("follow-up not handed over: gathered here", error=why)
+        logger.warning("follow-up machine not started: gathered here", error=why)
     for failure in report.failures:
         logger.error("not dispatched", what=failure.what, error=failure.error, messages=failure.message_ids)
     figures = {
@@ -87,7 +90,7 @@ def _observe(report: DispatchReport) -> None:
         "StaleDemand": report.stale,
         "CancelledDemand": report.cancelled,
         "DispatchFailures": len(report.failures),
-        "FollowUpsHandedOver": len(report.handed_over),
+        "FollowUpMachinesStarted": len(report.follow_up_machines),
         "FollowUpsGatheredHere": len(report.gathered_here),
     }
     for name, value in figures.items():

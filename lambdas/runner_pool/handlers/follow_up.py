@@ -1,10 +1,8 @@
 """Lambda entry points of the follow-up state machine (infra/statemachines/follow_up.asl.json).
 
 The dispatcher that leads a run key's follow-up batch starts this machine instead of waiting for the
-window in its own Lambda (domain.demand). `gather` seals the follow-up once its window closed and
-starts its provisions, or answers how long the machine's Wait state should wait before it looks again;
-should the provisions not start, `start` tries again with the jobs it sealed, which the machine's state
-carries from one to the other.
+window in its own Lambda (domain.follow_up). What each step does is steps.follow_up's FollowUpSteps;
+these read the machine's state and answer what its next state needs.
 
     gather  in {"request": FollowUpRequest}
             out {"request", "gathered", "wait_seconds", "follow_up": {"job_ids", "public_ids"} | null}
@@ -17,8 +15,9 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from runner_pool.domain.demand import FollowUp, lease_seconds
+from runner_pool.domain.demand import lease_seconds
 from runner_pool.domain.executions import FollowUpRequest
+from runner_pool.domain.follow_up import FollowUp
 from runner_pool.observability import count, log_provisions_started, logger, tracer
 from runner_pool.wiring import control_plane
 
@@ -28,7 +27,7 @@ from runner_pool.wiring import control_plane
 def gather(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = FollowUpRequest.model_validate(event["request"])
     lease = lease_seconds(context.get_remaining_time_in_millis() / 1000)
-    gathering = control_plane().dispatcher().gather(request, lease)
+    gathering = control_plane().follow_up_steps().gather(request, lease)
     follow_up = gathering.follow_up
     log_provisions_started(gathering.report.provisions)
     if gathering.error is not None:
@@ -56,7 +55,7 @@ def start(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     sealed = event["follow_up"]
     follow_up = FollowUp(frozenset(sealed["job_ids"]), frozenset(sealed["public_ids"]))
     lease = lease_seconds(context.get_remaining_time_in_millis() / 1000)
-    report = control_plane().dispatcher().start_gathered(request, follow_up, lease)
+    report = control_plane().follow_up_steps().start(request, follow_up, lease)
     log_provisions_started(report.provisions)
     if report.stale:
         logger.info("follow-up of a completed run: not started", run_key=request.run_key, jobs=report.stale)

@@ -1,0 +1,239 @@
+"""The dispatcher's step: one batch of demand messages in, provision and release executions out.
+
+Cancellations go first, so a job cancelled in the same batch as its demand is never counted; run
+completions next, so a run that completed refuses the rest of its demand; then each run key's queued
+jobs take a turn in the ledger (domain.follow_up: first, joined, leader, taken over, waiting); releases
+after. Last, so nothing else of the batch waits: demand that met its follow-up being started waits for
+that start, and each follow-up this dispatch leads is given to the follow-up state machine (or, should
+that not start, gathered here). What failed is in the report, for SQS to deliver again; nothing raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.demand import (
+    DemandLedger,
+    DemandMessage,
+    ExecutionStarter,
+    InstanceRelease,
+    JobCancelled,
+    JobQueued,
+    RunCompleted,
+    RunFromFork,
+)
+from runner_pool.domain.executions import FollowUpRequest, ReleaseRequest
+from runner_pool.domain.follow_up import (
+    BURST_QUIET_SECONDS,
+    FOLLOW_UP_LIMIT_SECONDS,
+    FOLLOW_UP_WINDOW_SECONDS,
+    SEALED_LOOK_SECONDS,
+    SEALED_WAIT_SECONDS,
+    BatchRole,
+    BatchTurn,
+)
+from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Failure, Group, failing
+
+
+@dataclass
+class _Turns:
+    """What one dispatch still has to do once every group took its turn."""
+
+    waiting: list[tuple[Group, list[JobQueued]]] = field(default_factory=list)
+    """Groups that met their follow-up being started, with their current jobs."""
+    led: list[tuple[Group, Epoch]] = field(default_factory=list)
+    """Follow-ups this dispatch leads, with when their window closes."""
+
+
+class Dispatcher:
+    """The ledger counts each job once and brings a run key's demand together; the starter starts the
+    executions by name."""
+
+    def __init__(
+        self,
+        ledger: DemandLedger,
+        starter: ExecutionStarter,
+        clock: Clock,
+        pause: Callable[[float], None],
+        *,
+        window_seconds: float = FOLLOW_UP_WINDOW_SECONDS,
+        limit_seconds: float = FOLLOW_UP_LIMIT_SECONDS,
+        sealed_wait_seconds: float = SEALED_WAIT_SECONDS,
+    ) -> None:
+        self._ledger = ledger
+        self._starter = starter
+        self._clock = clock
+        self._pause = pause
+        """How demand waits: for a follow-up being started, or (gathered here) for a window to close."""
+        self._starts = DemandStarts(ledger, starter, clock, pause)
+        self._window = window_seconds
+        self._limit = limit_seconds
+        self._sealed_wait = sealed_wait_seconds
+
+    def dispatch(
+        self, batch: Sequence[tuple[str, DemandMessage]], holder: str, lease_seconds: float
+    ) -> DispatchReport:
+        """Act on one batch of (message id, message); what failed is in the report, nothing raises.
+        `holder` names this dispatch in the ledger; its reservations lapse `lease_seconds` from now."""
+        report = DispatchReport()
+        for message_id, message in batch:
+            if isinstance(message, JobCancelled):
+                with failing(report, [message_id], f"cancel job {message.job_id}"):
+                    self._cancel(report, message)
+            elif isinstance(message, RunFromFork):
+                with failing(report, [message_id], f"mark run {message.run_id} as a fork's"):
+                    self._ledger.mark_fork(message.run_id, message.run_attempt)
+        for message_id, message in batch:
+            if isinstance(message, RunCompleted):
+                with failing(report, [message_id], f"release {message.cause}"):
+                    self._complete(report, message)
+        until = self._clock.now() + lease_seconds
+        turns = _Turns()
+        for group in _groups(batch):
+            self._provision(report, group, holder, until, turns)
+        for message_id, message in batch:
+            if isinstance(message, InstanceRelease):
+                request = message.request
+                with failing(report, [message_id], f"release {request.instance_id} ({request.cause})"):
+                    self._release(report, request)
+        for group, current in turns.waiting:
+            self._wait_for_start(report, group, current, holder, until, turns)
+        for group, closes_at in turns.led:
+            self._start_follow_up_machine(report, group, closes_at, holder, until)
+        return report
+
+    def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
+        if self._ledger.cancel(message.job_id):
+            report.cancelled += 1
+
+    def _complete(self, report: DispatchReport, message: RunCompleted) -> None:
+        for run_key in sorted(self._ledger.complete_run(message.run_id, message.run_attempt)):
+            self._release(report, ReleaseRequest(run_key=run_key, cause=message.cause))
+
+    def _release(self, report: DispatchReport, request: ReleaseRequest) -> None:
+        self._starter.release(request)
+        report.releases.append(request)
+
+    def _provision(
+        self, report: DispatchReport, group: Group, holder: str, until: Epoch, turns: _Turns
+    ) -> None:
+        report.duplicates += group.repeated_messages
+        try:
+            # Remembered before anything starts, in the same write that checks the run is not over:
+            # a run completed later finds the key, one completed earlier refuses its demand.
+            live = self._starts.live_attempts(group)
+            current = [job for job in group.jobs.values() if (job.run_id, job.run_attempt) in live]
+            report.stale += len(group.jobs) - len(current)
+            # A job a follow-up took from GitHub's list (gather) is counted before its delivery comes:
+            # that delivery is a repeat, and must not open another follow-up.
+            counted = self._ledger.counted([job.job_id for job in current]) if current else frozenset()
+            report.duplicates += len(counted)
+            current = [job for job in current if job.job_id not in counted]
+            if not current:
+                return
+            turn = self._take_turn(group, current, holder, until)
+        except Exception as exc:  # any fault fails the group's messages, for SQS to retry them
+            what = f"batch the demand of {group.run_key}"
+            report.failures.append(Failure(group.message_ids(group.jobs), what, repr(exc)))
+            return
+        self._act(report, group, current, turn, holder, until, turns)
+
+    def _take_turn(self, group: Group, current: list[JobQueued], holder: str, until: Epoch) -> BatchTurn:
+        return self._ledger.take_turn(
+            group.repository,
+            group.run_key,
+            job_ids=[job.job_id for job in current],
+            public_ids=[job.job_id for job in current if job.public],
+            holder=holder,
+            lease_until=until,
+            window_seconds=self._window,
+            limit_seconds=self._limit,
+            quiet_seconds=BURST_QUIET_SECONDS,
+        )
+
+    def _act(  # noqa: PLR0917 - one turn and everything it acts with
+        self,
+        report: DispatchReport,
+        group: Group,
+        current: list[JobQueued],
+        turn: BatchTurn,
+        holder: str,
+        until: Epoch,
+        turns: _Turns,
+    ) -> None:
+        match turn.role:
+            case BatchRole.FIRST:
+                self._starts.start_apart(report, group, current, holder, until)
+            case BatchRole.WAITING:
+                turns.waiting.append((group, current))
+            case BatchRole.JOINED:
+                report.joined += len(current)
+            case BatchRole.LEADER:
+                turns.led.append((group, turn.closes_at))
+            case BatchRole.TAKEN_OVER if turn.follow_up is not None:
+                self._starts.start_sealed(report, group, turn.follow_up, holder, until)
+
+    def _wait_for_start(  # noqa: PLR0917 - the group's turn and everything it acts with
+        self,
+        report: DispatchReport,
+        group: Group,
+        current: list[JobQueued],
+        holder: str,
+        until: Epoch,
+        turns: _Turns,
+    ) -> None:
+        """Take a turn again once the follow-up being started has started; past SEALED_WAIT_SECONDS, or
+        should the ledger fail meanwhile, start these jobs apart (as before the wait)."""
+        give_up_at = min(self._clock.now() + self._sealed_wait, until)
+        while self._clock.now() < give_up_at:
+            self._pause(SEALED_LOOK_SECONDS)
+            try:
+                turn = self._take_turn(group, current, holder, until)
+            except Exception:  # the jobs are still ours: start them apart below
+                break
+            if turn.role is not BatchRole.WAITING:
+                self._act(report, group, current, turn, holder, until, turns)
+                return
+        self._starts.start_apart(report, group, current, holder, until)
+
+    def _start_follow_up_machine(
+        self, report: DispatchReport, group: Group, closes_at: Epoch, holder: str, until: Epoch
+    ) -> None:
+        """Start the follow-up state machine to gather the follow-up this dispatch leads; should that
+        start fail, gather it here."""
+        request = FollowUpRequest(
+            repository=group.repository,
+            run_key=group.run_key,
+            holder=holder,
+            attempts=tuple(group.attempts),
+            closes_at=closes_at,
+        )
+        try:
+            self._starter.follow_up(request)
+        except Exception as exc:  # any fault: this dispatch gathers it, waiting for its window here
+            report.gathered_here.append(f"{request.execution_name}: {exc!r}")
+            self._gather_here(report, group, closes_at, holder, until)
+            return
+        report.follow_up_machines.append(request)
+
+    def _gather_here(
+        self, report: DispatchReport, group: Group, closes_at: Epoch, holder: str, until: Epoch
+    ) -> None:
+        """Wait for the follow-up's window to close (each join moves it, up to its limit), seal, start it."""
+        with failing(report, group.message_ids(group.jobs), f"seal the follow-up of {group.run_key}"):
+            sealing = self._starts.seal_once_closed(group.repository, group.run_key, holder, closes_at)
+            if sealing.follow_up is not None:
+                self._starts.start_sealed(report, group, sealing.follow_up, holder, until)
+            # else another dispatch took it over (our lease passed): it starts these jobs
+
+
+def _groups(batch: Sequence[tuple[str, DemandMessage]]) -> list[Group]:
+    """Queued jobs grouped by (repository, run key), in order of first appearance; a job counted once."""
+    groups: dict[tuple[str, str], Group] = {}
+    for message_id, message in batch:
+        if isinstance(message, JobQueued):
+            key = (message.repository, message.run_key)
+            groups.setdefault(key, Group(message.repository, message.run_key)).add(message_id, message)
+    return list(groups.values())
