@@ -6,13 +6,13 @@ import threading
 
 from agent.aws_errors import AWS_FAILURES, fault_of
 from agent.log import EventLog
-from runner_pool.adapters.state_table import StateTable
+from agent.ports import OwnRecord
 
 
 class Heartbeat(threading.Thread):
     def __init__(
         self,
-        records: StateTable,
+        records: OwnRecord,
         instance_id: str,
         period_seconds: float,
         stop: threading.Event,

@@ -39,20 +39,16 @@ from agent.log import EventLog
 from agent.memory import MemoryFile
 from agent.notices import NoticeListener, Wakeup
 from agent.outbox import Outbox
+from agent.ports import OwnRecord, OwnRunnerConfig
 from agent.runner import RunnerProcess, RunnerStartError
 from agent.runner_install import RunnerInstallError
 from agent.scrub import Scrub
 from agent.settings import AgentSettings
 from agent.termination import SelfTermination
-from runner_pool.adapters.runner_credentials import (
-    CredentialsUnreadableError,
-    RunnerCredentials,
-    StoredConfig,
-)
-from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Signal
+from runner_pool.domain.runner_configs import CredentialsUnreadableError, StoredConfig
 
 _HEARTBEAT_JOIN_SECONDS = 5.0
 
@@ -63,8 +59,8 @@ class Agent:
         *,
         identity: InstanceIdentity,
         settings: AgentSettings,
-        records: StateTable,
-        credentials: RunnerCredentials,
+        records: OwnRecord,
+        credentials: OwnRunnerConfig,
         termination: SelfTermination,
         scrub: Scrub,
         memory: MemoryFile,

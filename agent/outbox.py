@@ -11,12 +11,12 @@ from __future__ import annotations
 from agent.aws_errors import AWS_FAILURES, fault_of
 from agent.log import EventLog
 from agent.memory import MemoryFile, PendingSignal
-from runner_pool.adapters.state_table import StateTable
+from agent.ports import OwnRecord
 from runner_pool.domain.records import Signal
 
 
 class Outbox:
-    def __init__(self, records: StateTable, instance_id: str, memory: MemoryFile, log: EventLog) -> None:
+    def __init__(self, records: OwnRecord, instance_id: str, memory: MemoryFile, log: EventLog) -> None:
         self._records = records
         self._instance_id = instance_id
         self._memory = memory

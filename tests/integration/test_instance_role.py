@@ -21,11 +21,12 @@ from emulator.aws import ACCOUNT
 from emulator.iam_check import PolicyCheck
 from emulator.iam_stack import StackIam, checked_template
 from runner_pool.adapters.instance_arns import InstanceArns
-from runner_pool.adapters.runner_credentials import CredentialsUnreadableError, RunnerCredentials
+from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.records import Signal
+from runner_pool.domain.runner_configs import CredentialsUnreadableError
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
 from tests.support import builders
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
@@ -40,6 +39,7 @@ from runner_pool.adapters.state_table import (
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.records import InstanceRecord
+from runner_pool.domain.runner_configs import CredentialsUnreadableError, RunnerConfig, StoredConfig
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -63,34 +63,6 @@ _UNREADABLE_CODES = frozenset(
         "NotFoundException",
     }
 )
-
-
-class CredentialsUnreadableError(RuntimeError):
-    """A config is stored for the run but cannot be decrypted here: another instance's, or the key refuses."""
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    """A decrypted JIT runner config, with the id that tells one handed-over config from another."""
-
-    config_id: str
-    run_key: str
-    jit_config: str = field(repr=False)
-    runner_id: int | None = None
-    """The GitHub runner the config registers, as the control plane noted it on the instance's record."""
-    stored_at: float | None = None
-    """When the control plane stored it: the agent reports how long the config waited to be heard."""
-
-
-@dataclass(frozen=True)
-class StoredConfig:
-    """A runner config as stored, not yet decrypted: what tells its hand-off, and its ciphertext."""
-
-    config_id: str
-    run_key: str
-    runner_id: int | None
-    stored_at: float | None
-    ciphertexts: tuple[bytes, ...] = field(repr=False)
 
 
 class RunnerCredentials:
