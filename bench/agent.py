@@ -158,8 +158,8 @@ class ScrubTimes:
 def measure_scrub(releases: int, runner_megabytes: int) -> ScrubTimes:
     """The real scrub after each of `releases` jobs that plant every kind of residue; each comes out clean."""
     from agent.scrub import build_scrub  # noqa: PLC0415
-    from tests.agent.fake_docker import FakeDocker  # noqa: PLC0415 - the tests' throwaway instance
-    from tests.agent.instance_root import RESIDUE_JOB, instance_root, plant_in_docker, run_job  # noqa: PLC0415
+    from emulator.fake_docker import FakeDocker  # noqa: PLC0415 - a throwaway instance on this kernel
+    from emulator.instance_root import RESIDUE_JOB, instance_root, plant_in_docker, run_job  # noqa: PLC0415
 
     blob = os.urandom(1 << 20)
     with instance_root(

@@ -15,8 +15,8 @@ import statistics
 import time
 
 from bench.results import BenchTable
+from emulator.harness.provision_world import ProvisionWorld, output, provision_world
 from runner_pool.domain.executions import PROVISION_LIMIT
-from tests.support.provision_world import ProvisionWorld, output, provision_world
 
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")  # the handlers' EMF lines would drown the table
 

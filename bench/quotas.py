@@ -6,9 +6,9 @@ moto's interpreter (emulator/step_functions_quotas.py counts them), against AWS'
 from __future__ import annotations
 
 from bench.results import BenchTable
+from emulator.harness.provision_world import output, provision_world
 from emulator.step_functions_quotas import HISTORY_LIMIT_EVENTS, PAYLOAD_LIMIT_BYTES, install
 from runner_pool.domain.executions import PROVISION_LIMIT
-from tests.support.provision_world import output, provision_world
 
 WORST_SLOT_EVENTS = 220
 """A slot that polls its claim for the whole claim registration and claims once more (demand.py)."""

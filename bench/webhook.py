@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench.results import BenchTable
+from emulator.harness.webhooks import IngressWorld, delivery, ingress_world, queued_job
 from runner_pool.observability import logger
-from tests.support.webhooks import IngressWorld, delivery, ingress_world, queued_job
 
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")  # the handlers' EMF lines would drown the table
 

@@ -5,7 +5,7 @@ a path (hot, stopped, cold with a boot-time install, cold from a baked image) is
 segments. `make bench`'s day trace (bench/day_trace.py) draws from it in simulated time; the emulator's
 simulated instances may draw their boot delay from it, compressed (`compressed_boot_delays`).
 
-Published end-to-end figures the paths are checked against (tests/unit/test_boot_model.py):
+Published end-to-end figures the paths are checked against (tests/integration/test_boot_model.py):
 
 - RunsOn, "Runner pools" (https://runs-on.com/runners/pools): queued→started on Linux under 25 s
   cold-start (their images are prepared), under 15 s from a stopped instance, under 6 s from a hot one.

@@ -3,7 +3,7 @@
 moto's public surface is `mock_aws`, its server (`ThreadedMotoServer`) and its configuration
 (https://docs.getmoto.org/en/latest/docs/configuration/index.html); what is listed here is not, and
 may change in any release. pyproject.toml pins moto to the minor version the list was recorded with,
-and tests/unit/test_moto_internals.py checks each entry against the installed moto: still there,
+and tests/integration/test_moto_internals.py checks each entry against the installed moto: still there,
 with the signature recorded, and the source we rely on unchanged (a digest of it). Patches take
 their targets from here (`patch_point`), so a patch cannot reach an internal the test does not check.
 
@@ -453,7 +453,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         "moto.sqs.models:sqs_backends",
-        "tests/unit/test_moto_speedups.py",
+        "tests/integration/test_moto_speedups.py",
         "read: [account][region] is the SQS backend the server answers from; its `queues` dict by name, "
         "each queue's `_messages` list of Message with `body` and `sent_timestamp`",
         "8446f762e9f146e7",

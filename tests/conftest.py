@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, settings
 from moto import mock_aws
 
 from emulator.aws import behaving_as_aws
+from emulator.harness.control_plane import NO_WAIT, REGION
 from emulator.iam_check import USAGE_DIRECTORY_VARIABLE, usage_report
 from emulator.resources import create_pool_queues, create_state_table
 from emulator.step_functions_quotas import QuotaWatch
 from emulator.step_functions_quotas import install as install_step_functions_quotas
 from runner_pool.adapters import aws_clients
-from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
@@ -37,11 +37,7 @@ os.environ.update(
     AWS_SESSION_TOKEN="testing",
     AWS_DEFAULT_REGION="us-east-1",
 )
-REGION = "us-east-1"
 TABLE_NAME = "runner-pool-state"
-
-NO_WAIT = Backoff(sleep=lambda _seconds: None)
-"""The house backoff (whole operations) with its sleeps zeroed: tests prove the retry path, not the waiting."""
 
 
 @pytest.fixture(autouse=True)

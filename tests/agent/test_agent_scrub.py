@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from emulator.fake_docker import FakeDocker
+from emulator.instance_root import InstanceRoot, instance_root, plant_in_docker
 from runner_pool.domain.records import Signal
 from tests.agent.conftest import AgentFactory, ControlPlane, eventually
-from tests.agent.fake_docker import FakeDocker
-from tests.agent.instance_root import InstanceRoot, instance_root, plant_in_docker
 from tests.support import builders
 
 RUN = builders.run_key(7, "/class=large")

@@ -23,9 +23,9 @@ from agent.processes import JobCgroup
 from agent.runner import RunnerProcess
 from agent.sandbox import LEFT_OUT, SANDBOX, SLICE, JobUnit
 from agent.scrub import build_scrub
+from emulator.instance_root import InstanceRoot, instance_root
 from runner_pool.domain.records import Signal
 from tests.agent.conftest import AgentFactory, ControlPlane, eventually
-from tests.agent.instance_root import InstanceRoot, instance_root
 from tests.agent.test_agent_scrub import LISTENER, RUN, jit_config_holding
 
 STAND_IN_SYSTEMD_RUN = """#!/bin/sh

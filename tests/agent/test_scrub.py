@@ -17,9 +17,8 @@ import pytest
 from agent.docker import PREDEFINED_NETWORKS
 from agent.runner_install import RunnerInstall, RunnerInstallError
 from agent.scrub import Scrub, build_scrub
-from tests.agent.conftest import process_alive
-from tests.agent.fake_docker import FakeDocker
-from tests.agent.instance_root import (
+from emulator.fake_docker import FakeDocker
+from emulator.instance_root import (
     RESIDUE_JOB,
     SKELETON,
     InstanceRoot,
@@ -27,6 +26,7 @@ from tests.agent.instance_root import (
     plant_in_docker,
     run_job,
 )
+from tests.agent.conftest import process_alive
 
 BASE_IMAGE = "ubuntu:24.04"
 """Pulled before the first job (by the pre-runner script): the agent keeps it through every scrub."""

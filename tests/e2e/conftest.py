@@ -21,6 +21,7 @@ import pytest
 from emulator.aws import INSTANCE_ARNS, LocalAws, local_aws
 from emulator.deployment import Timers
 from emulator.fake_github import FakeGitHub, FakeJob, FakeWorkflowRun, JobSpec, JobStatus
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from emulator.instances import instance_facts
 from emulator.resources import create_state_table
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
@@ -37,7 +38,6 @@ from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Signal, WorkerSignal
 from runner_pool.domain.runner_scope import RepositoryScope
 from tests.support import waiting
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 
 TABLE = "runner-pool-e2e"
 STACK_TAG = ("runner-pool:stack", "e2e")

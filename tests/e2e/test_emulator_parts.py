@@ -26,9 +26,9 @@ from emulator.api_gateway import PAYLOAD_LIMIT_BYTES, ProxyEndpoint, TokenBucket
 from emulator.aws import local_aws
 from emulator.event_sources import STANDARD_QUEUE_POLLERS, QueueEventSource
 from emulator.fake_github import FakeGitHub, JobSpec
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, AppKey
 from emulator.moto_internals import patch_point
 from tests.e2e.conftest import LABEL, REPOSITORY, eventually
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, AppKey
 
 SECRET = "it's a secret to everybody"
 

@@ -158,7 +158,7 @@ def test_a_short_job_on_a_warm_runner_leaves_its_instance_pooled(system_with_a_w
     on_warm = [job for job in jobs if instance_of_runner(job.runner_name) == warm]
     assert on_warm
     # Then the warm instance's job ended while provisions were still at work or soon after (a short
-    # job may end before its provision's Finish: tests/unit/test_release_short_jobs.py covers that
+    # job may end before its provision's Finish: tests/integration/test_release_short_jobs.py covers that
     # order exactly, which the dispatcher no longer makes certain end to end)
     assert all(job.completed_at is not None for job in on_warm)
     # ... and its instance went back to the pool instead of being expired

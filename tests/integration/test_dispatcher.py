@@ -12,13 +12,7 @@ from typing import Any
 
 import pytest
 
-from runner_pool.adapters.demand_ledger import DynamoDbLedger
-from runner_pool.domain.demand import LEASE_MARGIN_SECONDS, Reservation
-from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
-from runner_pool.domain.follow_up import FOLLOW_UP_WINDOW_SECONDS
-from runner_pool.steps import demand_starts
-from tests.support.aws_faults import lose_answers
-from tests.support.webhooks import (
+from emulator.harness.webhooks import (
     IDEMPOTENCY_TABLE,
     REPOSITORY,
     IngressWorld,
@@ -32,6 +26,12 @@ from tests.support.webhooks import (
     queued_job,
     sqs_record,
 )
+from runner_pool.adapters.demand_ledger import DynamoDbLedger
+from runner_pool.domain.demand import LEASE_MARGIN_SECONDS, Reservation
+from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
+from runner_pool.domain.follow_up import FOLLOW_UP_WINDOW_SECONDS
+from runner_pool.steps import demand_starts
+from tests.support.aws_faults import lose_answers
 
 LABEL = "pool=4242/class=large"
 OTHER_LABEL = "pool=4242/class=xlarge"

@@ -20,6 +20,7 @@ import pytest
 from emulator.doctor import LocalAccount, add_service_linked_roles, clients
 from emulator.fake_github import FakeGitHub
 from emulator.fake_github.state import APP_PERMISSIONS
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from emulator.resources import create_launch_templates
 from runner_pool.checkup import Target, doctor, load_manifest
 from runner_pool.cli import main
@@ -27,7 +28,6 @@ from runner_pool.domain.config import StackConfig
 from runner_pool.domain.doctor import DeployedStack
 from runner_pool.domain.records import Arch
 from tests.conftest import REGION
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 
 WEBHOOK_URL = "https://abc123.execute-api.us-east-1.amazonaws.com/prod/webhook"
 PROVISION_ASL = Path(__file__).parents[2] / "infra" / "statemachines" / "provision.asl.json"

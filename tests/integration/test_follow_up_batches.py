@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from emulator.event_sources import QueueEventSource
+from emulator.harness.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.demand import DemandMessage, JobQueued, RunCompleted, from_body, to_body
@@ -37,7 +38,6 @@ from runner_pool.steps.demand_starts import DispatchReport
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpSteps
 from tests.support.waiting import eventually
-from tests.support.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
 
 REPOSITORY = "octo-org/octo-repo"
 RUN_ID = 4242

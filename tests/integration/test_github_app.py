@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from emulator.fake_github import FakeGitHub, JobSpec, decode_jit_config
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from runner_pool.adapters.github_app import (
     TOKEN_REFRESH_MARGIN_SECONDS,
     GitHubApp,
@@ -27,7 +28,6 @@ from runner_pool.domain.runners import (
     RunnerStatus,
 )
 from tests.support.builders import run_key
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 
 REPOSITORY = RepositoryScope(owner=OWNER, repo=REPO)
 ORGANIZATION = OrganizationScope(org=OWNER)

@@ -10,6 +10,7 @@ import pytest
 
 from emulator.fake_github import FakeGitHub, JobSpec
 from emulator.fake_github.rate_limits import CONTENT_PER_MINUTE
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from runner_pool.adapters.github_app import (
     GitHubApp,
     _retry_after,
@@ -21,7 +22,6 @@ from runner_pool.domain.runners import (
     GitHubUnavailableError,
 )
 from tests.support.builders import run_key
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
 

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from emulator.harness.control_plane import LocalControlPlane, client, stack_config
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
+from emulator.harness.provision_world import ProvisionWorld, output, provision_world
 from runner_pool.adapters.aws_clients import ServiceBusyError
 from runner_pool.adapters.runner_credentials import RUNNER_CONFIG_ITEM
 from runner_pool.domain.executions import ProvisionRequest
@@ -18,21 +21,12 @@ from runner_pool.domain.provision import ClaimWorker, plan
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.provision import Provision
 from tests.support.aws_faults import answer_busy, lose_answers
-from tests.support.control_plane import LocalControlPlane, client, local_control_plane, stack_config
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
-from tests.support.provision_world import ProvisionWorld, output, provision_world
 
 RUN = "pool=4343"
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
 THROTTLED = "ProvisionedThroughputExceededException"
 EVERY_ATTEMPT = 1000
 """Enough refusals that every attempt botocore makes of a call is refused: the call raises."""
-
-
-@pytest.fixture
-def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane(pause=lambda _seconds: None) as plane:
-        yield plane
 
 
 def worker(steps: Provision) -> ClaimWorker:

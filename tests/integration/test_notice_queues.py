@@ -4,11 +4,11 @@ the synthesized stack's policies (the local stack fails a test at its end on a d
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from emulator.harness.control_plane import STACK_NAME, LocalControlPlane
 from runner_pool.adapters import notice_queues
 from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.domain import notices
@@ -16,13 +16,6 @@ from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.provision import ClaimWorker
 from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.handlers.provision import provision_of
-from tests.support.control_plane import STACK_NAME, LocalControlPlane, local_control_plane
-
-
-@pytest.fixture
-def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane(pause=lambda _seconds: None) as plane:
-        yield plane
 
 
 def opened(local: LocalControlPlane) -> NoticeQueues:

@@ -4,12 +4,13 @@ pool is known after that one look (the workers then go straight to creation)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from botocore.exceptions import ConnectTimeoutError
 
+from emulator.harness.control_plane import LocalControlPlane, local_control_plane, stack_config
+from emulator.harness.provision_world import REPOSITORY, output, provision_world
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS, PickupManager
@@ -17,16 +18,8 @@ from runner_pool.domain.provision import ClaimWorker, ProvisionPlan, Readiness
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.claim_workers import CLAIM_RESERVE_SECONDS
 from runner_pool.steps.provision import Provision
-from tests.support.control_plane import LocalControlPlane, local_control_plane, stack_config
-from tests.support.provision_world import REPOSITORY, output, provision_world
 
 RUN = "pool=5151"
-
-
-@pytest.fixture
-def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane(pause=lambda _seconds: None) as plane:
-        yield plane
 
 
 def begin(steps: Provision, count: int, execution: str = "one-pickup") -> ProvisionPlan:

@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 
+from emulator.harness.control_plane import client
+from emulator.harness.provision_world import ProvisionWorld, output, provision_world
+from emulator.harness.scripted_agents import Script
 from emulator.step_functions import LambdaContext
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
@@ -19,9 +22,6 @@ from runner_pool.domain.provision import REDRIVE_LIMIT
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.release import ReleaseItem, ReleaseStatus
 from runner_pool.handlers import provision
-from tests.support.control_plane import client
-from tests.support.provision_world import ProvisionWorld, output, provision_world
-from tests.support.scripted_agents import Script
 from tests.support.waiting import eventually
 
 RUN = "pool=4242"

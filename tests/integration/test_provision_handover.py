@@ -3,24 +3,17 @@ runner it handed over. The runner is noted on the record before its config is st
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from emulator.harness.control_plane import LocalControlPlane
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.provision import ClaimWorker
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.provision import Provision
-from tests.support.control_plane import LocalControlPlane, local_control_plane
 
 RUN = "pool=4242"
-
-
-@pytest.fixture
-def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane(pause=lambda _seconds: None) as plane:
-        yield plane
 
 
 def worker(steps: Provision) -> ClaimWorker:

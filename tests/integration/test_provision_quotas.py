@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.provision_world import ProvisionWorld, output, provision_world
-from tests.support.scripted_agents import Script
+from emulator.harness.provision_world import ProvisionWorld, output, provision_world
+from emulator.harness.scripted_agents import Script
 
 RUN = "pool=4242"
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from emulator.harness.control_plane import stack_config
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
+from emulator.harness.provision_world import ProvisionWorld, output, provision_world
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.steps.hand_over import HAND_OVERS_AT_ONCE
-from tests.support.control_plane import stack_config
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
-from tests.support.provision_world import ProvisionWorld, output, provision_world
 
 RUN = "pool=4242"
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from emulator.harness.control_plane import stack_config
+from emulator.harness.provision_world import ProvisionWorld, output, provision_world
+from emulator.harness.scripted_agents import Script
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import UsageClass
-from tests.support.control_plane import stack_config
-from tests.support.provision_world import ProvisionWorld, output, provision_world
-from tests.support.scripted_agents import Script
 
 RUN = "pool=4242"
 STOPPED_FOR_SECONDS = 3600.0

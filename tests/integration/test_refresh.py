@@ -14,6 +14,13 @@ from typing import Any
 
 import pytest
 
+from emulator.harness.control_plane import (
+    LocalControlPlane,
+    client,
+    local_control_plane,
+    pool_queue_urls,
+    stack_config,
+)
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.fleet import LaunchRequest
@@ -22,24 +29,9 @@ from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.refresh import ORPHAN_GRACE_SECONDS
 from runner_pool.handlers.refresh import RefreshIncompleteError
 from tests.support import builders
-from tests.support.control_plane import (
-    LocalControlPlane,
-    client,
-    local_control_plane,
-    pool_queue_urls,
-    stack_config,
-)
 
 RUN = "pool=101"
 ONE_TICK = 60.0
-
-
-@pytest.fixture
-def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane() as plane:
-        yield plane
-        accounting = plane.accounting()
-        assert accounting.holds, accounting.problems
 
 
 @pytest.fixture

@@ -4,19 +4,18 @@ fake, answering List jobs for a workflow run attempt; executions are recorded, n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
 from emulator.fake_github import FakeWorkflowRun, JobSpec
+from emulator.harness.control_plane import STACK_NAME, LocalControlPlane
+from emulator.harness.github_app import OWNER, REPO
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
 from runner_pool.domain.records import Signal
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS, RefreshReport
 from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.steps.refresh import Refresh
-from tests.support.control_plane import STACK_NAME, LocalControlPlane, local_control_plane
-from tests.support.github_app import OWNER, REPO
 
 REPOSITORY = f"{OWNER}/{REPO}"
 
@@ -33,12 +32,6 @@ class StartedExecutions:
 
     def release(self, request: ReleaseRequest) -> bool:
         return self.releases.setdefault(request.execution_name, request) is request
-
-
-@pytest.fixture
-def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane() as plane:
-        yield plane
 
 
 REFRESH_HANDLER = "runner_pool.handlers.refresh.refresh"

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from emulator.harness.control_plane import LocalControlPlane, local_control_plane, stack_config
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, Signal
-from tests.support.control_plane import LocalControlPlane, local_control_plane, stack_config
 
 ONE_TICK = 60.0
 ENDING_SOON = 30.0

@@ -8,27 +8,18 @@ agent/loop.py does once it has stopped the runner and cleaned the workspace.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from emulator.harness.control_plane import LocalControlPlane, LocalStateMachine
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import PoolMessage, Signal
-from tests.support.control_plane import LocalControlPlane, LocalStateMachine, local_control_plane
 
 RUN = "pool=101"
 OTHER_RUN = "pool=202"
-
-
-@pytest.fixture
-def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane() as plane:
-        yield plane
-        accounting = plane.accounting()
-        assert accounting.holds, accounting.problems
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from runner_pool.domain.executions import runner_name
-from tests.support.webhooks import (
+from emulator.harness.webhooks import (
     WEBHOOK_SECRET,
     IngressWorld,
     api_request,
@@ -24,6 +23,7 @@ from tests.support.webhooks import (
     ingress_world,
     queued_job,
 )
+from runner_pool.domain.executions import runner_name
 
 LABEL = "pool=4242/class=large"
 INSTANCE = "i-0123456789abcdef0"

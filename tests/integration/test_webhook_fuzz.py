@@ -10,8 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner_pool.domain.webhooks import MAX_BODY_BYTES, REASON_LIMIT
-from tests.support.webhooks import (
+from emulator.harness.webhooks import (
     DELETE,
     IngressWorld,
     api_request,
@@ -26,6 +25,7 @@ from tests.support.webhooks import (
     signature,
     with_value,
 )
+from runner_pool.domain.webhooks import MAX_BODY_BYTES, REASON_LIMIT
 
 LABEL = "pool=4242/class=large"
 GITHUB_HEADERS = {name.lower() for name in github_headers(b"", "ping")}

@@ -31,9 +31,9 @@ from emulator.fake_github import (
 )
 from emulator.fake_github.actions import RERUN_WINDOW_SECONDS, JobGoneError, RerunRefusedError
 from emulator.fake_github.routes import Request
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 
 REPOSITORY = f"{OWNER}/{REPO}"
 LABEL = "pool=${{ github.run_id }}/class=large"

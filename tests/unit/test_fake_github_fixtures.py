@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from emulator.fake_github import Conclusion, FakeGitHub, JobSpec
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from emulator.harness.webhooks import fixture
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
-from tests.support.webhooks import fixture
 
 REPOSITORY = f"{OWNER}/{REPO}"
 LABEL = "pool=${{ github.run_id }}/class=large"

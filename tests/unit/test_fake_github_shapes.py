@@ -34,10 +34,18 @@ from githubkit_schemas.latest.models import (
 from pydantic import BaseModel, TypeAdapter
 
 from emulator.fake_github import Answer, FakeGitHub
+from emulator.harness.github_app import (
+    APP_ID,
+    INSTALLATION_ID,
+    OWNER,
+    REPO,
+    AppKey,
+    app_jwt,
+    generate_app_key,
+)
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import OrganizationScope, RepositoryScope
 from tests.support.builders import run_key
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, app_jwt, generate_app_key
 
 REPOSITORY = RepositoryScope(owner=OWNER, repo=REPO)
 RUNNERS = f"/repos/{OWNER}/{REPO}/actions/runners"

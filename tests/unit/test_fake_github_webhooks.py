@@ -15,9 +15,9 @@ import pytest
 from githubkit.webhooks import parse_obj
 
 from emulator.fake_github import Conclusion, FakeDelivery, FakeGitHub, JobSpec
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from tests.unit.test_fake_github_shapes import unknown_keys
 
 REPOSITORY = f"{OWNER}/{REPO}"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from emulator.harness.control_plane import stack_config
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.refresh import RefreshReport, refresh_tick
-from tests.support.control_plane import stack_config
 
 SLOT_SECONDS = 300
 CONFIG = stack_config(refresh_rate_minutes=SLOT_SECONDS // 60)

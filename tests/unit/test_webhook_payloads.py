@@ -7,6 +7,17 @@ from typing import Any
 import pytest
 from aws_lambda_powertools.utilities.data_classes.common import CaseInsensitiveDict
 
+from emulator.harness.webhooks import (
+    REPOSITORY,
+    WEBHOOK_SECRET,
+    completed_job,
+    completed_run,
+    encoded,
+    fixture,
+    github_headers,
+    queued_job,
+    signature,
+)
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.demand import InstanceRelease, JobCancelled, JobQueued, RunCompleted, RunFromFork
 from runner_pool.domain.executions import ReleaseRequest, runner_name
@@ -23,17 +34,6 @@ from runner_pool.domain.webhooks import (
     read_delivery,
     signature_matches,
     verdict,
-)
-from tests.support.webhooks import (
-    REPOSITORY,
-    WEBHOOK_SECRET,
-    completed_job,
-    completed_run,
-    encoded,
-    fixture,
-    github_headers,
-    queued_job,
-    signature,
 )
 
 SECRET = WEBHOOK_SECRET.encode()

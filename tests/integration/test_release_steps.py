@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
+from emulator.harness.control_plane import LocalControlPlane
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
@@ -17,18 +16,9 @@ from runner_pool.domain.release import (
     SalvageRequest,
     receipt_poll_seconds,
 )
-from tests.support.control_plane import LocalControlPlane, local_control_plane
 
 RUN = "pool=101"
 OTHER_RUN = "pool=202"
-
-
-@pytest.fixture
-def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane() as plane:
-        yield plane
-        accounting = plane.accounting()
-        assert accounting.holds, accounting.problems
 
 
 def item(record: InstanceRecord, run_key: str = RUN) -> ReleaseItem:

@@ -25,15 +25,15 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from emulator.aws import behaving_as_aws
+from emulator.harness.control_plane import NO_WAIT, REGION
 from emulator.stack import LocalStack
 from emulator.step_functions import LambdaContext, function_arn
 from runner_pool.adapters import aws_clients
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.wiring import ControlPlane
-from tests.conftest import NO_WAIT, REGION
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "github-webhooks"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "github-webhooks"
 WEBHOOK_SECRET = "it's a secret to everybody"
 REPOSITORY = "Codertocat/Hello-World"
 """The repository of the workflow_job fixtures."""

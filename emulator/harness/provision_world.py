@@ -17,21 +17,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.accounting import Accounting
-from emulator.instances import instance_facts, put_in_pool
-from emulator.step_functions import Execution, Invocations, lambdas_in_process, without_waiting
-from runner_pool.domain.clock import ManualClock, SystemClock
-from runner_pool.domain.config import StackConfig
-from runner_pool.domain.executions import ProvisionRequest
-from runner_pool.domain.records import Arch, InstanceFacts, PoolMessage
-from tests.support.control_plane import (
+from emulator.harness.control_plane import (
     STACK_NAME,
     LocalControlPlane,
     LocalStateMachine,
     local_control_plane,
     pool_queue_urls,
 )
-from tests.support.github_app import OWNER, REPO
-from tests.support.scripted_agents import ScriptedAgents
+from emulator.harness.github_app import OWNER, REPO
+from emulator.harness.scripted_agents import ScriptedAgents
+from emulator.instances import instance_facts, put_in_pool
+from emulator.step_functions import Execution, Invocations, lambdas_in_process, without_waiting
+from runner_pool.domain.clock import ManualClock, SystemClock
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.records import Arch, InstanceFacts, PoolMessage
 
 REPOSITORY = f"{OWNER}/{REPO}"
 

@@ -27,15 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from agent import kernel_objects
 from agent.log import agent_log
 from agent.processes import JobCgroup, JobProcesses
 from agent.runner import RunnerProcess
 from agent.runner_install import write_manifest
 from agent.settings import AgentSettings
-from tests.agent.fake_docker import FakeDocker
+from emulator.fake_docker import FakeDocker
 
 RESIDUE_JOB = """#!/bin/sh
 # A job as the runner account: everything it leaves behind, and one thing it must not be able to do.
@@ -64,6 +62,10 @@ echo planted
 SKELETON = {".bashrc": "# ~/.bashrc: the distribution's\nalias ll='ls -l'\n", ".profile": "# ~/.profile\n"}
 CGROUP_V2_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
 WAIT_SECONDS = 10.0
+
+
+class MountRefusedError(RuntimeError):
+    """This machine will not let root mount a file system (a container without CAP_SYS_ADMIN)."""
 
 
 @dataclass
@@ -127,7 +129,7 @@ class InstanceRoot:
         return path
 
     def mount(self, fstype: str, relative: str, options: str = "mode=1777") -> Path:
-        """A new file system of `fstype` at `relative`, unmounted with the root; the test is skipped, with
+        """A new file system of `fstype` at `relative`, unmounted with the root; MountRefusedError, with
         mount's reason, where root may not mount (a container without CAP_SYS_ADMIN)."""
         point = self.root / relative
         point.mkdir(parents=True, exist_ok=True)
@@ -138,7 +140,7 @@ class InstanceRoot:
             text=True,
         )
         if mounted.returncode != 0:
-            pytest.skip(
+            raise MountRefusedError(
                 f"this machine refuses root a {fstype} mount (no CAP_SYS_ADMIN?): {mounted.stderr.strip()}"
             )
         self.mounts.append(point)

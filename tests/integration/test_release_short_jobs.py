@@ -4,26 +4,14 @@ release ends such a hand-off the same way, whichever of the two completions is h
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
+from emulator.harness.control_plane import LocalControlPlane
 from runner_pool.domain.executions import runner_name
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.release import ReleaseItem, ReleaseProgress, ReleaseStatus
 from runner_pool.domain.runners import RunnerRemoval
-from tests.support.control_plane import LocalControlPlane, local_control_plane
 
 RUN = "pool=101"
-
-
-@pytest.fixture
-def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane() as plane:
-        yield plane
-        accounting = plane.accounting()
-        assert accounting.holds, accounting.problems
 
 
 def claimed_and_registered(local: LocalControlPlane, claim: str) -> tuple[InstanceRecord, int]:

@@ -24,10 +24,12 @@ from typing import Any
 import boto3
 from moto import mock_aws
 
+from emulator import aws
 from emulator.accounting import Accounting, account
 from emulator.aws import behaving_as_aws
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from emulator.iam_check import PolicyCheck
 from emulator.stack import DeployedMachine, InProcess, LocalStack, handler_function
 from emulator.step_functions import (
@@ -40,6 +42,7 @@ from emulator.step_functions import (
     without_waiting,
 )
 from runner_pool.adapters import aws_clients
+from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.state_table import StateTable, TransitionResult
 from runner_pool.domain.clock import Epoch, ManualClock
@@ -54,9 +57,11 @@ from runner_pool.environment import ControlPlaneSettings
 from runner_pool.handlers.refresh import refresh_of
 from runner_pool.steps.release import Release
 from runner_pool.wiring import ControlPlane
-from tests.conftest import NO_WAIT, REGION
-from tests.support.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 
+REGION = aws.REGION
+NO_WAIT = Backoff(sleep=lambda _seconds: None)
+"""The house backoff (whole operations) with its sleeps zeroed: a world proves the retry path, not the
+waiting."""
 STACK_NAME = "runner-pool-test"
 MAX_RUNTIME_MINUTES = 60
 

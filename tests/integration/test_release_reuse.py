@@ -3,29 +3,19 @@ pooled, and one whose runner ran a foreign job is quarantined, on moto's table a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
+from emulator.harness.control_plane import LocalControlPlane
+from emulator.harness.github_app import OWNER, REPO
 from runner_pool.domain.config import ReuseSettings
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, Signal
 from runner_pool.domain.release import ReleaseItem, ReleaseProgress, ReleaseStatus
-from tests.support.control_plane import LocalControlPlane, local_control_plane
-from tests.support.github_app import OWNER, REPO
 
 RUN = "pool=101"
 FOREIGN_RUN = "pool=101 gpu"
 REPOSITORY = f"{OWNER}/{REPO}"
-
-
-@pytest.fixture
-def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane() as plane:
-        yield plane
-        accounting = plane.accounting()
-        assert accounting.holds, accounting.problems
 
 
 def running(local: LocalControlPlane, *, single_use: bool = False) -> InstanceRecord:
