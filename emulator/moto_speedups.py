@@ -14,8 +14,9 @@ places of moto held a third of that (py-spy --gil, 2026-11-26):
   JSON directly (the output shape's top-level members only, as the serializer keeps), binary values in
   base64 as the serializer writes them (DynamoDB API reference,
   "AttributeValue": "B — An attribute of type Binary ... base64-encoded"). Table operations (whose
-  answers carry timestamps the serializer formats) keep the serializer. tests/integration/test_moto_speedups.py
-  checks the direct answer against the serializer's for every attribute type and item operation.
+  answers carry timestamps the serializer formats) keep the serializer.
+  tests/integration/test_moto_speedups.py checks the direct answer against the serializer's for every
+  attribute type and item operation.
 - **Step Functions' Lambda tasks** build a new boto3 client for every invocation (9.5 %: botocore
   loads and compiles the Lambda service model each time). Its arguments are the same for every call
   of a region (moto passes fixed keys, and the server's port), and boto3 clients are thread-safe

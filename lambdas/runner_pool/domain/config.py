@@ -36,6 +36,7 @@ from runner_pool.domain.labels import (
 )
 from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
 from runner_pool.domain.runner_scope import RunnerScopeSetting
+from runner_pool.domain.trust import WORKFLOW_EVENTS, TrustLevel
 
 SQS_MAX_DELAY_SECONDS = 900
 EXPRESS_LIMIT_SECONDS = 300
@@ -218,6 +219,20 @@ class ReuseSettings(_Settings):
     """Jobs one instance serves at most; then it is terminated instead of pooled."""
     max_age_minutes: int = Field(360, ge=1)
     """How long after its launch an instance is still pooled or picked up; then it is terminated."""
+    trust_by_event: dict[str, TrustLevel] = Field(default_factory=dict)
+    """A run's event → the level of its jobs (domain/trust.py), over the built-in table; a fork's or
+    Dependabot's run stays untrusted whatever its event."""
+
+    @model_validator(mode="after")
+    def _events_github_sends(self) -> ReuseSettings:
+        unknown = sorted(set(self.trust_by_event) - WORKFLOW_EVENTS)
+        if unknown:
+            raise _SettingError(
+                "trust_by_event",
+                f"names {', '.join(map(repr, unknown))}, which GitHub never sends as a run's event",
+                'use an event of "Events that trigger workflows" (push, pull_request, ...)',
+            )
+        return self
 
     def in_scope(self, served: str | None, repository: str) -> bool:
         """Whether an instance that last served `served` (None: no job yet) may serve `repository`."""
