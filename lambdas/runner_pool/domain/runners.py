@@ -174,6 +174,8 @@ class RunnerRegistry(Protocol):
         runner_group_id: int = DEFAULT_RUNNER_GROUP_ID,
         work_folder: str | None = None,
         repository: str | None = None,
+        *,
+        repository_id: int | None = None,
     ) -> JitRunner: ...
 
     def delete_runner(self, runner_id: int, repository: str | None = None) -> RunnerRemoval: ...
