@@ -68,6 +68,9 @@ class ProvisionRequest(_Input):
     public: bool = Field(
         False, description="the repository is public (or the run comes from a fork): its jobs never reuse"
     )
+    repository_id: int | None = Field(
+        None, gt=0, description="the repository's id, by which reuse and runner groups are decided"
+    )
 
     @property
     def key(self) -> RunKey:

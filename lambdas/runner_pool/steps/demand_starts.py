@@ -77,6 +77,11 @@ class Group:
         return tuple(message_id for job_id in job_ids for message_id in self.messages.get(job_id, ()))
 
     @property
+    def repository_id(self) -> int | None:
+        """The repository's id, as its jobs' webhooks gave it (None if none did)."""
+        return next((job.repository_id for job in self.jobs.values() if job.repository_id), None)
+
+    @property
     def attempts(self) -> list[tuple[int, int]]:
         return sorted(
             {(job.run_id, job.run_attempt) for job in self.jobs.values()} | set(self.known_attempts)
@@ -236,6 +241,7 @@ class DemandStarts:
                 count=len(reserved),
                 job_ids=tuple(reserved),
                 public=group.from_fork or any(job_id in public_ids for job_id in reserved),
+                repository_id=group.repository_id,
             )
             self._starter.provision(request)
         except Exception as exc:  # any fault fails the chunk's messages, for SQS to retry them

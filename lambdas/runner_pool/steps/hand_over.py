@@ -70,6 +70,14 @@ moved on."""
 _Item = TypeVar("_Item")
 
 
+class RegistrationWithoutRepositoryError(GitHubError):
+    """A hand-over whose record names no repository: refused for good, never registered at the
+    organisation, where every repository's jobs could take the runner (issue 36, item 5)."""
+
+    def __init__(self, instance_id: str) -> None:
+        super().__init__(f"{instance_id}'s record names no repository: no runner is registered for it", 422)
+
+
 class RegistrationDeferred(Exception):  # noqa: N818 - an outcome carried out of the hand-over, not an error
     """GitHub rate-limited or failed a claimed instance's registration; the instance went back to the pool."""
 
@@ -136,6 +144,9 @@ class HandOver:
         record = self._table.get(instance_id)
         if record is None or record.run_key != run_key:
             return None
+        if record.repository is None:
+            # Registered at the App's scope, an organisation's runner could take any repository's job.
+            raise RegistrationWithoutRepositoryError(instance_id)
         arn = self._arns.arn(instance_id)
         if record.runner_id is not None and self._credentials().stored_runner(instance_id, arn) == (
             run_key,
@@ -151,6 +162,7 @@ class HandOver:
             list(RunKey.parse(run_key).runner_labels),
             runner_group_id=self._github.runner_group_id,
             repository=record.repository,
+            repository_id=record.repository_id,
         )
         noted = self._table.record_runner(instance_id, run_key, runner.runner_id)
         if not noted.succeeded or noted.record is None:

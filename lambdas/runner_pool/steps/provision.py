@@ -191,6 +191,7 @@ class Provision:
                     provision.spec.run_key,
                     provision.claim_token(slot, 0),
                     repository=provision.request.repository,
+                    repository_id=provision.request.repository_id,
                     reuse=self._config.reuse,
                     single_use=provision.single_use,
                 )
