@@ -15,9 +15,9 @@ from runner_pool.adapters.runner_credentials import RUNNER_CONFIG_ITEM
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import ClaimWorker, plan
-from runner_pool.domain.runners import refused_for_good
+from runner_pool.domain.runners import RepositoryUnknownError, refused_for_good
 from runner_pool.handlers.provision import provision_of
-from runner_pool.steps.hand_over import HandOver, RegistrationWithoutRepositoryError
+from runner_pool.steps.hand_over import HandOver
 from runner_pool.steps.provision import Provision
 from tests.support.aws_faults import answer_busy, lose_answers
 from tests.support.control_plane import LocalControlPlane, client, local_control_plane, stack_config
@@ -239,7 +239,7 @@ def test_a_hand_over_whose_record_names_no_repository_is_refused_and_registers_n
     )
 
     # When its runner is handed over / Then the hand-over is refused for good, and GitHub was asked nothing
-    with pytest.raises(RegistrationWithoutRepositoryError) as refused:
+    with pytest.raises(RepositoryUnknownError) as refused:
         handing.register(facts.instance_id, RUN, "t")
     assert refused_for_good(refused.value)
     assert local.github.state.calls[JIT_ROUTE] == 0

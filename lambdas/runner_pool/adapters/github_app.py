@@ -61,6 +61,7 @@ from runner_pool.domain.runners import (
     GitHubUnavailableError,
     JitRunner,
     RegisteredRunner,
+    RepositoryUnknownError,
     RunJob,
     RunnerRemoval,
     RunnerStatus,
@@ -175,8 +176,8 @@ class GitHubApp:
         with the group's endpoints needs only the organisation permission `organization_self_hosted_runners`
         ("GitHub Apps must have the administration permission for repositories or the
         organization_self_hosted_runners permission for organizations", REST API endpoints for
-        self-hosted runner groups). Without a repository and its id that is a ValueError: a runner is
-        never registered where every repository's jobs could take it.
+        self-hosted runner groups). Without a repository and its id that is RepositoryUnknownError: a
+        runner is never registered where every repository's jobs could take it.
 
         At a repository, only that repository's jobs can take the runner, also when the App is
         installed on the whole organisation (issue 14, item 1): "Create configuration for a
@@ -196,7 +197,7 @@ class GitHubApp:
         where = self.registration_scope(repository)
         if self._by_group:
             if repository is None or repository_id is None:
-                raise ValueError("a runner-group registration needs the job's repository and its id")
+                raise RepositoryUnknownError(f"no runner group without the repository's id ({repository})")
             runner_group_id = self._group_of(repository_id)
         try:
             return self._call(lambda: self._generate_jit(where, name, labels, runner_group_id, work_folder))

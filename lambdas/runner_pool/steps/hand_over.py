@@ -39,6 +39,7 @@ from runner_pool.domain.runners import (
     GitHubError,
     GitHubRateLimitedError,
     GitHubRetryableError,
+    RepositoryUnknownError,
     RunnerRegistry,
     refused_for_good,
 )
@@ -68,14 +69,6 @@ Outcome = float | GitHubRetryableError | Refused | NotTried | None
 """When it was handed over; the error that deferred it; GitHub's refusal; NOT_TRIED; None: its record
 moved on."""
 _Item = TypeVar("_Item")
-
-
-class RegistrationWithoutRepositoryError(GitHubError):
-    """A hand-over whose record names no repository: refused for good, never registered at the
-    organisation, where every repository's jobs could take the runner (issue 36, item 5)."""
-
-    def __init__(self, instance_id: str) -> None:
-        super().__init__(f"{instance_id}'s record names no repository: no runner is registered for it", 422)
 
 
 class RegistrationDeferred(Exception):  # noqa: N818 - an outcome carried out of the hand-over, not an error
@@ -146,7 +139,9 @@ class HandOver:
             return None
         if record.repository is None:
             # Registered at the App's scope, an organisation's runner could take any repository's job.
-            raise RegistrationWithoutRepositoryError(instance_id)
+            raise RepositoryUnknownError(
+                f"{instance_id}'s record names no repository: no runner is registered"
+            )
         arn = self._arns.arn(instance_id)
         if record.runner_id is not None and self._credentials().stored_runner(instance_id, arn) == (
             run_key,

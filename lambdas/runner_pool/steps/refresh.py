@@ -477,6 +477,7 @@ class Refresh:
                         count=1,
                         origin=f"replace-{record.runner_id}",
                         public=run.single_use,
+                        repository_id=run.repository_id,
                     )
                 )
             report.runners_replaced += 1
@@ -555,6 +556,7 @@ class Refresh:
                     job_ids=tuple(job.job_id for job in waiting[:missing]),
                     origin=f"reconcile-{tick}",
                     public=run.single_use,
+                    repository_id=run.repository_id,
                 )
             )
             report.jobs_reprovisioned += missing
