@@ -67,6 +67,8 @@ class Group:
     from_fork: bool = False
     known_attempts: tuple[tuple[int, int], ...] = ()
     """Run attempts of its jobs besides those of `jobs` (a follow-up gathered with none of its messages)."""
+    known_repository_id: int | None = None
+    """The repository's id, for a follow-up gathered with none of its messages."""
 
     def add(self, message_id: str, job: JobQueued) -> None:
         self.jobs.setdefault(job.job_id, job)
@@ -78,8 +80,9 @@ class Group:
 
     @property
     def repository_id(self) -> int | None:
-        """The repository's id, as its jobs' webhooks gave it (None if none did)."""
-        return next((job.repository_id for job in self.jobs.values() if job.repository_id), None)
+        """The repository's id, as its jobs' webhooks gave it (None if none did and none is known)."""
+        given = (job.repository_id for job in self.jobs.values() if job.repository_id)
+        return next(given, self.known_repository_id)
 
     @property
     def attempts(self) -> list[tuple[int, int]]:
