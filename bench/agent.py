@@ -9,7 +9,7 @@ runner, a separate process, is not counted) and counts its AWS calls; the figure
 between two reports taken a measuring window apart. The claim is handed over as the claim step does
 it (config stored, then a notice), and timed from the notice to the runner's UD_REG_OK.
 
-The scrub is measured apart, in this process, as the residue test runs it (tests/agent/instance_root.py):
+The scrub is measured apart, in this process, as the residue test runs it (emulator/instance_root.py):
 a throwaway instance root, a real runner account (useradd), a job that plants every kind of residue
 it can, then the real scrub, timed, for each release; the runner directory is a synthetic one of
 RUNNER_MEGABYTES (the scrub hashes all of it), docker the in-memory daemon (its commands' own time

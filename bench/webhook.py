@@ -1,7 +1,7 @@
 """The webhook Lambda's time per request, in-process, and the dispatcher's executions per 100 queued jobs.
 
 Both handlers run in this process, through their Powertools decorators, against moto in-process
-(`mock_aws`, tests/support/webhooks.py). A request's time includes moto serving the AWS calls it
+(`mock_aws`, emulator/harness/webhooks.py). A request's time includes moto serving the AWS calls it
 makes: a delivery that queues demand writes its idempotency record twice (in progress, then done)
 and sends one SQS message; an ignored one (a label not ours) and a refused one (a forged
 signature) make no AWS call at all, so their time is the handler's own. The body is GitHub's real

@@ -170,6 +170,8 @@ def deploy(
         app.installation_id,
         runner_scope(app.repository),
         base_url=github.url,
+        registration=config.github.registration,
+        groups_allow_public_repositories=config.github.runner_groups_allow_public_repositories,
     )
 
     fleet = FleetEc2(aws.client("ec2", calls))

@@ -7,7 +7,9 @@ Each behaviour names where GitHub documents it (docs.github.com, Actions, unless
 - A job goes only to a runner that carries all of its labels, compared without case ("Using
   self-hosted runners in a workflow": "jobs will be queued on runners that have all the labels that
   you specify"; "Using labels with self-hosted runners": "Labels are case-insensitive"), in a
-  repository the runner serves.
+  repository the runner serves, and that the runner's group admits: a group of `selected` visibility
+  only its selected repositories, and no public repository unless it allows them ("Managing access to
+  self-hosted runners using groups"; state.FakeRunnerGroup).
 - A connected runner that asks for work is offered the oldest such job; the job is in progress once
   the runner picks it up. "If the runner doesn't pick up the assigned job within 60 seconds, the
   job is queued at all levels" ("Using self-hosted runners in a workflow", Routing precedence; the
@@ -346,7 +348,11 @@ class Actions:
 
     def _fits(self, runner: FakeRunner, job: FakeJob) -> bool:
         run = self.state.runs[job.run_id]
-        return runner.carries(job.labels) and runner.serves(run.repository)
+        return (
+            runner.carries(job.labels)
+            and runner.serves(run.repository)
+            and self.state.group_admits(runner, run.repository)
+        )
 
     def _fail_job_of(self, runner: FakeRunner, because: str) -> list[Event]:
         """A runner gone while it held a job: the job fails, `because`; a job only offered to it goes back."""

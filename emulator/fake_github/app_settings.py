@@ -4,12 +4,12 @@
     GET /app/installations/{installation_id}                   App JWT
     GET /app/hook/config                                       App JWT
     GET /orgs/{org}/actions/permissions/self-hosted-runners    installation token
-    GET /orgs/{org}/actions/runner-groups                      installation token
+    (and the runner groups, in runner_groups.py)
 
 Each answers from GitHubState, which a test sets to each way a deployment goes wrong: the App's
 permissions and events (`app_permissions`, `app_events`), an installation's accepted permissions, the
 webhook (`webhooks.url`, `webhooks.secret`, `hook_content_type`), an organisation's policy
-(`runner_policies`) and groups (`runner_groups`).
+(`runner_policies`).
 
 Where GitHub's documentation is silent the fake makes a choice and says so: the runner policy is read
 with the organisation's `organization_administration` permission (read), as GitHub documents for the
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from emulator.fake_github.payloads import API, WEB, account_json
 from emulator.fake_github.routes import Answer, Auth, Refusal, Request, iso, route, whole
-from emulator.fake_github.state import DEFAULT_RUNNER_GROUP_ID, FakeInstallation
+from emulator.fake_github.state import FakeInstallation
 
 if TYPE_CHECKING:
     from emulator.fake_github.server import FakeGitHub
@@ -97,7 +97,7 @@ def get_hook_config(github: FakeGitHub, request: Request) -> Answer:
 def get_runner_policy(github: FakeGitHub, request: Request) -> Answer:
     """ "Get self-hosted runners settings for an organization" (docs.github.com/rest/actions/permissions#get-
     self-hosted-runners-settings-for-an-organization): `enabled_repositories`, all, selected or none."""
-    org = _organization(request, "organization_administration")
+    org = organization(request, "organization_administration")
     policy = github.state.runner_policies.get(org.lower(), "all")
     body: dict[str, Any] = {"enabled_repositories": policy}
     if policy == "selected":
@@ -107,25 +107,12 @@ def get_runner_policy(github: FakeGitHub, request: Request) -> Answer:
     return Answer(200, body)
 
 
-@route("GET", "/orgs/{org}/actions/runner-groups", Auth.INSTALLATION)
-def list_runner_groups(github: FakeGitHub, request: Request) -> Answer:
-    """ "List self-hosted runner groups for an organization" (docs.github.com/rest/actions/self-hosted-runner-
-    groups#list-self-hosted-runner-groups-for-an-organization): the Default group ("All organizations have a
-    single default runner group", "Managing access to self-hosted runners using groups") and any added."""
-    org = _organization(request, "organization_self_hosted_runners")
-    with github.state.lock:
-        extra = sorted(github.state.runner_groups.get(org.lower(), set()) - {DEFAULT_RUNNER_GROUP_ID})
-    groups = [
-        _group_json(org, DEFAULT_RUNNER_GROUP_ID, "Default"),
-        *(_group_json(org, g, f"group-{g}") for g in extra),
-    ]
-    return Answer(200, {"total_count": len(groups), "runner_groups": groups})
-
-
 # --- shapes ---------------------------------------------------------------------------------------
 
 
-def _organization(request: Request, permission: str) -> str:
+def organization(
+    request: Request, permission: str, access: tuple[str, ...] = ("read", "write", "admin")
+) -> str:
     """The organisation a route names, if the calling installation is its and may read this."""
     installation = request.installation
     if installation is None:
@@ -133,7 +120,7 @@ def _organization(request: Request, permission: str) -> str:
     org = request.params["org"]
     if not installation.owns(org) or not installation.organization:
         raise Refusal(404, "Not Found")
-    if installation.permissions.get(permission) not in ("read", "write", "admin"):
+    if installation.permissions.get(permission) not in access:
         raise Refusal(403, "Resource not accessible by integration")
     return org
 
@@ -164,19 +151,4 @@ def _installation_json(installation: FakeInstallation, app_id: int, events: list
         "app_slug": APP_SLUG,
         "suspended_by": None,
         "suspended_at": None,
-    }
-
-
-def _group_json(org: str, group_id: int, name: str) -> dict[str, Any]:
-    groups = f"{API}/orgs/{org}/actions/runner-groups/{group_id}"
-    return {
-        "id": group_id,
-        "name": name,
-        "visibility": "all",
-        "default": group_id == DEFAULT_RUNNER_GROUP_ID,
-        "runners_url": f"{groups}/runners",
-        "inherited": False,
-        "allows_public_repositories": False,
-        "restricted_to_workflows": False,
-        "selected_workflows": [],
     }

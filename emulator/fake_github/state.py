@@ -85,6 +85,34 @@ class FakeRunner:
         return self.scope.org.lower() == owner.lower()
 
 
+@dataclass
+class FakeRunnerGroup:
+    """An organisation's runner group: "Runner groups are used to collect sets of runners and create a
+    security boundary around them. You can then decide which organizations or repositories are permitted
+    to run jobs on those sets of machines" (docs.github.com, Actions, "Managing access to self-hosted
+    runners using groups"). `visibility` is `all`, `selected` or `private`; with `selected`, only the
+    repositories whose ids are in `selected_repository_ids` ("List of repository IDs that can access the
+    runner group", REST API endpoints for self-hosted runner groups, "Create a self-hosted runner group
+    for an organization"). Public repositories are refused unless `allows_public_repositories` ("Whether
+    the runner group can be used by public repositories", default false; "By default, only private
+    repositories can access runners in a runner group, but you can override this")."""
+
+    runner_group_id: int
+    org: str
+    name: str
+    visibility: str = "all"
+    selected_repository_ids: set[int] = field(default_factory=set)
+    allows_public_repositories: bool = False
+
+    def admits(self, repository_id: int, public: bool) -> bool:
+        """Whether a job of the repository `repository_id` may go to a runner of this group."""
+        if public and not self.allows_public_repositories:
+            return False
+        if self.visibility == "selected":
+            return repository_id in self.selected_repository_ids
+        return True
+
+
 @dataclass(frozen=True)
 class FakeDelivery:
     delivery_id: int
@@ -196,8 +224,8 @@ class GitHubState:
     deliveries: dict[int, FakeDelivery] = field(default_factory=dict)
     runs: dict[int, FakeWorkflowRun] = field(default_factory=dict)
     jobs: dict[int, FakeJob] = field(default_factory=dict)
-    runner_groups: dict[str, set[int]] = field(default_factory=dict)
-    """Runner group ids per organisation (lowercased) beyond the Default group every owner has."""
+    runner_groups: dict[int, FakeRunnerGroup] = field(default_factory=dict)
+    """Organisations' runner groups by id, beyond the Default group every owner has."""
     redelivery_requests: list[int] = field(default_factory=list)
     calls: Counter[str] = field(default_factory=Counter)
     """Requests received, per route (`POST /app/installations/{installation_id}/access_tokens`)."""
@@ -294,9 +322,34 @@ class GitHubState:
 
     # --- runners
 
-    def add_runner_group(self, org: str, runner_group_id: int) -> None:
+    def add_runner_group(
+        self,
+        org: str,
+        runner_group_id: int,
+        name: str | None = None,
+        *,
+        visibility: str = "all",
+        selected_repository_ids: set[int] | None = None,
+        allows_public_repositories: bool = False,
+    ) -> FakeRunnerGroup:
         with self.lock:
-            self.runner_groups.setdefault(org.lower(), set()).add(runner_group_id)
+            group = self.runner_groups[runner_group_id] = FakeRunnerGroup(
+                runner_group_id,
+                org,
+                name or f"group-{runner_group_id}",
+                visibility,
+                set(selected_repository_ids or ()),
+                allows_public_repositories,
+            )
+            return group
+
+    def groups_of(self, org: str) -> list[FakeRunnerGroup]:
+        """`org`'s runner groups beyond Default, oldest first."""
+        with self.lock:
+            return sorted(
+                (g for g in self.runner_groups.values() if g.org.lower() == org.lower()),
+                key=lambda g: g.runner_group_id,
+            )
 
     def has_runner_group(self, scope: RunnerScope, runner_group_id: int) -> bool:
         """A repository has only the Default group: runner groups exist "at the organization and/or
@@ -306,7 +359,20 @@ class GitHubState:
         if isinstance(scope, RepositoryScope):
             return False
         with self.lock:
-            return runner_group_id in self.runner_groups.get(scope.org.lower(), set())
+            group = self.runner_groups.get(runner_group_id)
+            return group is not None and group.org.lower() == scope.org.lower()
+
+    def group_admits(self, runner: FakeRunner, repository: str) -> bool:
+        """Whether `runner`'s group lets a job of `repository` reach it. The Default group admits every
+        repository of its organisation; GitHub's own Default group also refuses public repositories
+        unless allowed, which the fake leaves out so that existing organisation setups keep working."""
+        with self.lock:
+            group = self.runner_groups.get(runner.runner_group_id)
+            if group is None:
+                return True
+            return group.admits(
+                self.repository_id(repository), repository.lower() in self.public_repositories
+            )
 
     def register_runner(
         self,

@@ -1,4 +1,4 @@
-"""The provision state machine's world: the local control plane (tests/support/control_plane.py) with
+"""The provision state machine's world: the local control plane (emulator/harness/control_plane.py) with
 the real provision ASL deployed in moto, and scripted agents on the instances.
 
 Time is a ManualClock that moves only where the machine waits (its Wait states, and a step's in-line

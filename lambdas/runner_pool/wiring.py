@@ -229,6 +229,8 @@ class ControlPlane:
             base_url=github.api_url,
             api_version=github.api_version,
             clock=self.clock,
+            registration=github.registration,
+            groups_allow_public_repositories=github.runner_groups_allow_public_repositories,
         )
 
 

@@ -47,27 +47,40 @@ REPOSITORY_JIT = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
 ORGANISATION_JIT = "POST /orgs/{org}/actions/runners/generate-jitconfig"
 
 
-def organisation_world(tmp_path: Path, **reuse: object) -> Iterator[World]:
-    github = {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": OWNER}
+def organisation_world(tmp_path: Path, registration: str = "repository", **reuse: object) -> Iterator[World]:
+    """An organisation installation's stack. With `registration: runner-group` (issue 36, item 5) the
+    installation has no repository administration at all, and public repositories' groups are allowed."""
+    github: dict[str, object] = {
+        "app_id": str(APP_ID),
+        "installation_id": INSTALLATION_ID,
+        "scope": OWNER,
+        "registration": registration,
+        "runner_groups_allow_public_repositories": registration == "runner-group",
+    }
     config = compressed_config(
         timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8}, github=github, reuse=reuse
     )
     with world(
         tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
     ) as running:
+        if registration == "runner-group":
+            running.github.state.installations[INSTALLATION_ID].permissions.pop("administration")
         yield running
 
 
-@pytest.fixture
-def org(tmp_path: Path) -> Iterator[World]:
+REGISTRATIONS = ["repository", "runner-group"]
+
+
+@pytest.fixture(params=REGISTRATIONS)
+def org(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
     """The whole system with the App installed on the organisation, reuse at its defaults."""
-    yield from organisation_world(tmp_path)
+    yield from organisation_world(tmp_path, request.param)
 
 
-@pytest.fixture
-def org_any_scope(tmp_path: Path) -> Iterator[World]:
+@pytest.fixture(params=REGISTRATIONS)
+def org_any_scope(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
     """As `org`, with reuse.scope `any`: only the public-repository rule keeps instances apart."""
-    yield from organisation_world(tmp_path, scope="any")
+    yield from organisation_world(tmp_path, request.param, scope="any")
 
 
 def run_in(system: World, repository: str, workflow: str, seconds: float = 0.5) -> FakeWorkflowRun:
@@ -112,10 +125,17 @@ def test_two_repositories_jobs_never_share_an_instance_under_the_default_scope(o
     assert instance_of(org, other) != instance_of(org, first), whole_story(org)
     assert instance_of(org, again) == instance_of(org, first), whole_story(org)
     assert len(launched(org)) == 2, whole_story(org)
-    # And every runner was registered at its job's repository, none at the organisation
-    calls = org.github.state.calls
-    assert calls[REPOSITORY_JIT] == 3, whole_story(org)
-    assert calls[ORGANISATION_JIT] == 0
+    # And every runner was registered at its job's repository, or in a runner group of that repository
+    # alone, and GitHub gave each to its repository's job only
+    calls, state = org.github.state.calls, org.github.state
+    if state.groups_of(OWNER):
+        assert (calls[REPOSITORY_JIT], calls[ORGANISATION_JIT]) == (0, 3), whole_story(org)
+        selects = {g.name: g.selected_repository_ids for g in state.groups_of(OWNER)}
+        assert sorted(selects.values(), key=sorted) == sorted(
+            [{state.repository_id(APP)}, {state.repository_id(LIB)}], key=sorted
+        )
+    else:
+        assert (calls[REPOSITORY_JIT], calls[ORGANISATION_JIT]) == (3, 0), whole_story(org)
     settled(org)
     assert {r.repository for r in org.records.live()} == {APP, LIB}
     assert org.accounting().holds, org.accounting().problems

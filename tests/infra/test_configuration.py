@@ -145,6 +145,20 @@ def test_the_app_manifest_asks_for_what_the_control_plane_uses() -> None:
     assert manifest["public"] is False
 
 
+def test_the_runner_group_manifest_asks_for_organisation_runners_and_no_repository_administration() -> None:
+    # Given the manifest the README gives organisations that register by runner group (issue 36, item 5)
+    manifest = json.loads((PROJECT_ROOT / "github-app-manifest.runner-group.json").read_text())
+
+    # Then it may manage the organisation's self-hosted runners and groups and read workflow runs, and
+    # nothing of any repository's administration
+    assert manifest["default_permissions"] == {"actions": "read", "organization_self_hosted_runners": "write"}
+    # And it is the repository manifest in every other respect
+    repository = json.loads((PROJECT_ROOT / "github-app-manifest.json").read_text())
+    assert {k: v for k, v in manifest.items() if k != "default_permissions"} == {
+        k: v for k, v in repository.items() if k != "default_permissions"
+    }
+
+
 def test_settings_too_large_for_a_lambda_environment_fail_synth(tmp_path: Path) -> None:
     # Given settings whose JSON would crowd Lambda's 4 KB environment (a long pre-runner script)
     config = load_config({"instances": {"pre_runner_script": "echo warm-up\n" * 200}})

@@ -116,6 +116,7 @@ def test_a_matrix_of_twenty_jobs_in_one_batch_is_one_provision_of_twenty(world: 
             "redrives": 0,
             "origin": None,
             "public": True,  # GitHub's example payload's repository is public
+            "repository_id": 186853002,  # and its id
         }
     ]
 
@@ -223,6 +224,7 @@ def test_a_job_cancelled_in_the_same_batch_as_its_demand_is_not_provisioned(worl
             "redrives": 0,
             "origin": None,
             "public": True,
+            "repository_id": 186853002,
         }
     ]
 

@@ -177,10 +177,16 @@ def dispatches() -> Iterator[Dispatches]:
         yield Dispatches(world, started_at=world.clock.now())
 
 
-def jobs(*job_ids: int, public: bool = False) -> list[DemandMessage]:
+def jobs(*job_ids: int, public: bool = False, repository_id: int | None = None) -> list[DemandMessage]:
     return [
         JobQueued(
-            repository=REPOSITORY, run_key=LABEL, run_id=RUN_ID, run_attempt=1, job_id=job_id, public=public
+            repository=REPOSITORY,
+            run_key=LABEL,
+            run_id=RUN_ID,
+            run_attempt=1,
+            job_id=job_id,
+            public=public,
+            repository_id=repository_id,
         )
         for job_id in job_ids
     ]
@@ -206,6 +212,20 @@ def test_the_first_demand_starts_at_once_and_overlapping_batches_make_one_follow
     # Then the 20 jobs cost two provisions: the first job, then the other 19 together
     assert dispatches.starts.job_ids() == [(1,), tuple(range(2, 21))]
     assert leader.failed_message_ids == set()
+
+
+def test_the_first_provision_and_the_follow_up_carry_the_repositorys_id(dispatches: Dispatches) -> None:
+    # Given a run's jobs whose webhooks gave their repository's id (issue 36, item 5)
+    dispatches.dispatch("a", jobs(1, repository_id=186853077))
+
+    # When more of its jobs come while the first provision's window is open: a follow-up
+    dispatches.meanwhile += [lambda: dispatches.dispatch("c", jobs(3, repository_id=186853077))]
+    dispatches.dispatch("b", jobs(2, repository_id=186853077))
+
+    # Then both the first provision and the follow-up's name the repository's id, by which the runner's
+    # group is found and reuse decided
+    assert dispatches.starts.job_ids() == [(1,), (2, 3)]
+    assert [p.repository_id for p in dispatches.starts.provisions] == [186853077, 186853077]
 
 
 def led_follow_up(dispatches: Dispatches, join_after: float) -> float:

@@ -13,9 +13,10 @@ from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, Ap
 from runner_pool.adapters.github_app import (
     TOKEN_REFRESH_MARGIN_SECONDS,
     GitHubApp,
+    runner_group_name,
 )
 from runner_pool.domain.clock import ManualClock
-from runner_pool.domain.runner_scope import OrganizationScope, RepositoryScope, RunnerScope
+from runner_pool.domain.runner_scope import OrganizationScope, Registration, RepositoryScope, RunnerScope
 from runner_pool.domain.runners import (
     GitHubAuthError,
     GitHubForbiddenError,
@@ -24,6 +25,7 @@ from runner_pool.domain.runners import (
     GitHubRejectedError,
     GitHubRetryableError,
     GitHubUnavailableError,
+    RepositoryUnknownError,
     RunnerRemoval,
     RunnerStatus,
 )
@@ -63,6 +65,7 @@ def connect(fake: FakeGitHub, app_key: AppKey, clock: ManualClock) -> Iterator[C
         client_clock: ManualClock = clock,
         base_url: str | None = None,
         api_version: str | None = None,
+        registration: Registration = Registration.REPOSITORY,
     ) -> GitHubApp:
         app = GitHubApp(
             APP_ID,
@@ -72,6 +75,7 @@ def connect(fake: FakeGitHub, app_key: AppKey, clock: ManualClock) -> Iterator[C
             base_url=base_url or fake.url,
             api_version=api_version,
             clock=client_clock,
+            registration=registration,
         )
         clients.append(app)
         return app
@@ -235,6 +239,101 @@ def test_an_organisation_installation_registers_each_runner_at_its_jobs_reposito
     assert [r.runner_id for r in github.runners(f"{OWNER}/lib")] == [runner.runner_id]
     assert github.runners() == []
     assert github.delete_runner(runner.runner_id, f"{OWNER}/lib") is RunnerRemoval.DELETED
+
+
+def test_a_runner_group_registration_puts_the_runner_in_a_group_of_its_repository_alone(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    # Given a client that registers by runner group, for an installation without repository
+    # administration (issue 36, item 5)
+    fake.state.installations[INSTALLATION_ID].permissions.pop("administration")
+    github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
+    lib = f"{OWNER}/lib"
+    lib_id = fake.state.repository_id(lib)
+
+    # When it asks twice for a runner for jobs of one repository
+    first = github.jit_config("i-0abc-1", [run_key(1)], repository=lib, repository_id=lib_id)
+    second = github.jit_config("i-0abc-2", [run_key(2)], repository=lib, repository_id=lib_id)
+
+    # Then both are organisation runners in one group, created once, that selects that repository only
+    [group] = fake.state.groups_of(OWNER)
+    assert (group.name, group.visibility, group.selected_repository_ids) == (
+        runner_group_name(lib_id),
+        "selected",
+        {lib_id},
+    )
+    assert group.allows_public_repositories is False
+    for runner in (first, second):
+        registered = fake.state.runners[runner.runner_id]
+        assert (registered.scope, registered.runner_group_id) == (ORGANIZATION, group.runner_group_id)
+    assert fake.state.calls["POST /orgs/{org}/actions/runner-groups"] == 1
+    # And it is deleted at the organisation
+    assert github.delete_runner(first.runner_id, lib) is RunnerRemoval.DELETED
+
+
+def test_a_runner_group_registration_finds_a_group_another_client_made(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    # Given a repository's group that another client (another Lambda environment) created
+    lib = f"{OWNER}/lib"
+    lib_id = fake.state.repository_id(lib)
+    connect(ORGANIZATION, registration=Registration.RUNNER_GROUP).jit_config(
+        "i-0abc-1", [run_key(1)], repository=lib, repository_id=lib_id
+    )
+
+    # When a fresh client registers a runner for the same repository
+    runner = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP).jit_config(
+        "i-0abc-2", [run_key(2)], repository=lib, repository_id=lib_id
+    )
+
+    # Then it uses that group, and no second one was made
+    [group] = fake.state.groups_of(OWNER)
+    assert fake.state.runners[runner.runner_id].runner_group_id == group.runner_group_id
+
+
+def test_a_runner_group_registration_that_loses_the_race_to_create_uses_the_winners_group(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    # Given a client that looked for the repository's group before another made it: the group is
+    # created between its look and its create
+    lib = f"{OWNER}/lib"
+    lib_id = fake.state.repository_id(lib)
+    github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
+    looks = 0
+    find = github._find_group
+
+    def look_then_lose(name: str) -> int | None:
+        nonlocal looks
+        looks += 1
+        found = find(name)
+        if looks == 1:
+            fake.state.add_runner_group(
+                OWNER, 4242, name, visibility="selected", selected_repository_ids={lib_id}
+            )
+        return found
+
+    github._find_group = look_then_lose  # type: ignore[method-assign]
+
+    # When it registers a runner for the repository
+    runner = github.jit_config("i-0abc-3", [run_key(3)], repository=lib, repository_id=lib_id)
+
+    # Then its create met 409 and it used the other's group
+    assert fake.state.runners[runner.runner_id].runner_group_id == 4242
+    assert [g.runner_group_id for g in fake.state.groups_of(OWNER)] == [4242]
+
+
+@pytest.mark.parametrize("given", [{}, {"repository": f"{OWNER}/lib"}])
+def test_a_runner_group_registration_without_a_repository_and_its_id_is_refused(
+    connect: Connect, fake: FakeGitHub, given: dict[str, str]
+) -> None:
+    # Given a client that registers by runner group
+    github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
+
+    # When it is asked for a runner without the job's repository or its id / Then it refuses, and
+    # registers nothing at the organisation
+    with pytest.raises(RepositoryUnknownError, match="repository"):
+        github.jit_config("i-0abc-4", [run_key(4)], **given)  # type: ignore[arg-type]
+    assert fake.state.runners == {}
 
 
 def test_a_repository_runner_can_join_only_the_default_group(connect: Connect, fake: FakeGitHub) -> None:

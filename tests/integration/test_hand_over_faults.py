@@ -18,7 +18,9 @@ from runner_pool.adapters.runner_credentials import RUNNER_CONFIG_ITEM
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import ClaimWorker, plan
+from runner_pool.domain.runners import RepositoryUnknownError, refused_for_good
 from runner_pool.handlers.provision import provision_of
+from runner_pool.steps.hand_over import HandOver
 from runner_pool.steps.provision import Provision
 from tests.support.aws_faults import answer_busy, lose_answers
 
@@ -212,3 +214,27 @@ def test_a_refused_registration_of_a_claimed_instance_gives_it_back_and_launches
     assert world.plane.state_table.get(warm).state is InstanceState.IDLE
     assert [message.instance_id for message in world.pool_messages()] == [warm]
     assert ledger.spent == 0
+
+
+def test_a_hand_over_whose_record_names_no_repository_is_refused_and_registers_nothing(
+    local: LocalControlPlane,
+) -> None:
+    # Given an instance recorded for a run without the run's repository (issue 36, item 5)
+    [facts] = local.launch(1, RUN)
+    plane = local.plane
+    handing = HandOver(
+        plane.state_table,
+        github=plane.config.github,
+        arns=plane.instance_arns,
+        registry=lambda: plane.github,
+        credentials=lambda: plane.credentials,
+        queues=lambda: plane.pool_queues,
+        notices=lambda: plane.notices,
+    )
+
+    # When its runner is handed over / Then the hand-over is refused for good, and GitHub was asked nothing
+    with pytest.raises(RepositoryUnknownError) as refused:
+        handing.register(facts.instance_id, RUN, "t")
+    assert refused_for_good(refused.value)
+    assert local.github.state.calls[JIT_ROUTE] == 0
+    assert local.github.state.calls["POST /orgs/{org}/actions/runners/generate-jitconfig"] == 0

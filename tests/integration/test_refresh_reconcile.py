@@ -109,6 +109,20 @@ def test_queued_jobs_without_a_free_runner_are_provisioned_again(local: LocalCon
     assert again.runs_reconciled == 0
 
 
+def test_jobs_provisioned_again_carry_their_repositorys_id(local: LocalControlPlane) -> None:
+    # Given a run whose provision named its repository's id (issue 36, item 5), its one job queued for a
+    # while with no runner of ours for it
+    run, run_key = queued_run(local, 1)
+    local.plane.recent_demand.note(REPOSITORY, run.run_id, 1, run_key, busy_for=0, repository_id=186853077)
+    local.clock.advance(RECONCILE_GRACE_SECONDS)
+    started = StartedExecutions()
+    # When refresh provisions the job again
+    refresh(local, started)
+    # Then the provision names the same repository id, so its runner joins that repository's group
+    (provision,) = started.provisions.values()
+    assert provision.repository_id == 186853077
+
+
 @pytest.mark.parametrize("single_use", [True, False], ids=["public-or-fork", "private"])
 def test_jobs_provisioned_again_stay_single_use_if_their_run_was(
     local: LocalControlPlane, single_use: bool

@@ -99,6 +99,38 @@ def test_a_claim_outside_the_reuse_scope_loses_whatever_pickup_saw(
         assert state_table.get(ONE_ID) == before
 
 
+APP_ID_NOW, APP_ID_BEFORE = 186853010, 186853001
+
+
+@pytest.mark.parametrize(
+    ("served_id", "asker_id", "outcome"),
+    [
+        (APP_ID_NOW, APP_ID_NOW, Outcome.APPLIED),
+        (APP_ID_BEFORE, APP_ID_NOW, Outcome.LOST),
+        (None, APP_ID_NOW, Outcome.APPLIED),
+    ],
+)
+def test_a_claim_under_the_repository_scope_compares_repository_ids_not_names(
+    state_table: StateTable, served_id: int | None, asker_id: int, outcome: Outcome
+) -> None:
+    # Given an idle instance that served a job of a repository named APP whose id was `served_id` (None:
+    # recorded before ids were kept), e.g. one deleted since, whose name a new repository took
+    assert state_table.create(builders.facts(1), RUN, repository=APP, repository_id=served_id).succeeded
+    assert state_table.activate(ONE_ID, RUN, 60).succeeded
+    before = _ok(state_table.release(ONE_ID, RUN))
+
+    # When a job of the repository named APP with id `asker_id` claims it
+    result = state_table.claim(ONE_ID, NEXT_RUN, "t", repository=APP, repository_id=asker_id, reuse=reuse())
+
+    # Then the same id takes it (a record without one, by name), another id with the same name does not
+    assert result.outcome is outcome
+    if outcome is Outcome.LOST:
+        assert state_table.get(ONE_ID) == before
+    else:
+        assert result.record is not None
+        assert result.record.repository_id == asker_id
+
+
 def test_a_claim_of_an_instance_that_served_its_maximum_of_jobs_loses(state_table: StateTable) -> None:
     # Given an instance that has served reuse.max_jobs (2) jobs of APP
     before = served(state_table, APP, jobs=2)

@@ -71,6 +71,7 @@ def test_a_queued_job_with_our_label_queues_one_unit_of_demand(world: IngressWor
             "run_attempt": 1,
             "job_id": 901,
             "public": True,  # GitHub's example payload's repository is public
+            "repository_id": 186853002,  # and its id
         }
     ]
 

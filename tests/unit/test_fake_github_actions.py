@@ -138,6 +138,59 @@ def test_an_organisation_runner_serves_the_organisations_repositories(fake: Fake
     assert job.job_id == run.job_ids[0]
 
 
+def group_runner(fake: FakeGitHub, run: FakeWorkflowRun, repositories: set[int], **group: Any) -> FakeRunner:
+    """An organisation runner for the run's label in a group of `selected` visibility, connected."""
+    chosen = fake.state.add_runner_group(
+        OWNER, 77, "runner-pool-77", visibility="selected", selected_repository_ids=repositories, **group
+    )
+    runner = fake.state.register_runner(
+        OrganizationScope(org=OWNER), "r", [f"pool={run.run_id}/class=large"], chosen.runner_group_id
+    )
+    fake.actions.connect(runner)
+    return runner
+
+
+def test_a_runner_of_a_group_that_selects_the_repository_gets_its_job(fake: FakeGitHub) -> None:
+    # Given a queued job and an organisation runner in a group that selects the job's repository
+    run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL)])
+    runner = group_runner(fake, run, {fake.state.repository_id(REPOSITORY)})
+
+    # When it asks for work
+    job = fake.actions.next_job(runner)
+
+    # Then it gets the job
+    assert job is not None
+    assert job.job_id == run.job_ids[0]
+
+
+def test_a_runner_of_another_repositorys_group_gets_no_job(fake: FakeGitHub) -> None:
+    # Given a queued job and an organisation runner with its label, in a group that selects only
+    # another repository of the organisation
+    run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL)])
+    runner = group_runner(fake, run, {fake.state.repository_id(f"{OWNER}/elsewhere")})
+
+    # When it asks for work
+    # Then GitHub does not hand it the job, which stays queued
+    assert fake.actions.next_job(runner) is None
+    assert fake.state.jobs[run.job_ids[0]].status is JobStatus.QUEUED
+
+
+@pytest.mark.parametrize("allows_public", [False, True])
+def test_a_groups_runner_gets_a_public_repositorys_job_only_if_the_group_allows_it(
+    fake: FakeGitHub, allows_public: bool
+) -> None:
+    # Given a public repository's queued job and a runner of a group that selects the repository
+    fake.state.public_repositories.add(REPOSITORY.lower())
+    run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL)])
+    runner = group_runner(
+        fake, run, {fake.state.repository_id(REPOSITORY)}, allows_public_repositories=allows_public
+    )
+
+    # When it asks for work
+    # Then it gets the job only when its group allows public repositories
+    assert (fake.actions.next_job(runner) is not None) is allows_public
+
+
 def test_the_last_job_finishing_completes_the_run_and_removes_the_jit_runner(fake: FakeGitHub) -> None:
     # Given a run of one job, taken by a runner
     run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL)])

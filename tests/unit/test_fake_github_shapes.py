@@ -27,6 +27,7 @@ from githubkit_schemas.latest.models import (
     OrgsOrgActionsRunnersGenerateJitconfigPostResponse201,
     OrgsOrgActionsRunnersGetResponse200,
     ReposOwnerRepoActionsRunnersGetResponse200,
+    RunnerGroupsOrg,
     SelfHostedRunnersSettings,
     ValidationErrorSimple,
     WebhookConfig,
@@ -163,6 +164,15 @@ SUCCESSES: dict[str, tuple[Call, int, Any]] = {
         )[1],
         200,
         OrgsOrgActionsRunnerGroupsGetResponse200,
+    ),
+    "a created runner group of selected repositories": (
+        lambda ask: ask.as_installation(
+            "POST",
+            f"/orgs/{OWNER}/actions/runner-groups",
+            {"name": "runner-pool-7", "visibility": "selected", "selected_repository_ids": [7]},
+        ),
+        201,
+        RunnerGroupsOrg,
     ),
     "installation token": (
         lambda ask: ask.as_app("POST", f"/app/installations/{INSTALLATION_ID}/access_tokens"),
@@ -373,3 +383,44 @@ def test_delivery_pages_link_to_the_next_page_by_cursor(ask: Asking) -> None:
     ids = [item["id"] for page in (first, second) for item in page.body]
     assert ids == [d.delivery_id for d in reversed(deliveries)]
     assert "Link" not in second.headers
+
+
+GROUPS = f"/orgs/{OWNER}/actions/runner-groups"
+GROUP_BODY = {"name": "runner-pool-7", "visibility": "selected", "selected_repository_ids": [7]}
+
+
+def test_a_second_runner_group_of_the_same_name_is_refused_with_a_conflict(ask: Asking) -> None:
+    # Given a runner group the organisation made
+    assert ask.as_installation("POST", GROUPS, GROUP_BODY).status == 201
+
+    # When another is created with its name
+    answer = ask.as_installation("POST", GROUPS, GROUP_BODY)
+
+    # Then it is refused as a conflict, and the organisation still has one group of that name
+    assert answer.status == 409
+    listed = ask.as_installation("GET", GROUPS).body["runner_groups"]
+    assert [g["name"] for g in listed].count("runner-pool-7") == 1
+
+
+def test_setting_a_groups_repositories_replaces_its_selection(ask: Asking) -> None:
+    # Given a group that selects repository 7
+    group = ask.as_installation("POST", GROUPS, GROUP_BODY).body["id"]
+
+    # When its repositories are set to 8
+    answer = ask.as_installation("PUT", f"{GROUPS}/{group}/repositories", {"selected_repository_ids": [8]})
+
+    # Then GitHub answers with no content, and the group selects 8 only
+    assert (answer.status, answer.body) == (204, None)
+    assert ask.fake.state.runner_groups[group].selected_repository_ids == {8}
+
+
+def test_creating_a_runner_group_needs_the_organisations_self_hosted_runners_write(ask: Asking) -> None:
+    # Given an installation that may only read the organisation's self-hosted runners
+    ask.fake.state.installations[INSTALLATION_ID].permissions["organization_self_hosted_runners"] = "read"
+
+    # When it creates a runner group
+    answer = ask.as_installation("POST", GROUPS, GROUP_BODY)
+
+    # Then GitHub refuses it, and no group was made
+    assert answer.status == 403
+    assert ask.fake.state.groups_of(OWNER) == []

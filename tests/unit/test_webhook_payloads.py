@@ -197,12 +197,19 @@ def test_headers_are_found_whatever_their_case() -> None:
 def test_a_queued_job_with_our_label_is_one_unit_of_demand() -> None:
     # Given the real queued payload re-labelled for run 4242
     delivery = job_delivery(queued_job(LABEL, job_id=77, run_id=4242, attempt=2))
-    # When judged / Then it asks for one runner for that job, under its label and run attempt, and
-    # says the repository is public, as GitHub's example payload's is (`visibility: public`)
+    # When judged / Then it asks for one runner for that job, under its label and run attempt, says the
+    # repository is public, as GitHub's example payload's is (`visibility: public`), and carries the
+    # repository's id, by which reuse and runner groups are decided (issue 36, item 5)
     judged = verdict(delivery, StackConfig())
     assert isinstance(judged, Accepted)
     assert judged.message == JobQueued(
-        repository=REPOSITORY, run_key=f"{LABEL}@2", run_id=4242, run_attempt=2, job_id=77, public=True
+        repository=REPOSITORY,
+        run_key=f"{LABEL}@2",
+        run_id=4242,
+        run_attempt=2,
+        job_id=77,
+        public=True,
+        repository_id=186853002,
     )
 
 

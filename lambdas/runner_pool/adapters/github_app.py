@@ -42,7 +42,13 @@ from githubkit.utils import UNSET
 
 from runner_pool.domain.clock import Clock, Epoch, SystemClock
 from runner_pool.domain.doctor import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
-from runner_pool.domain.runner_scope import RepositoryScope, RunnerScope, runner_scope
+from runner_pool.domain.runner_scope import (
+    OrganizationScope,
+    Registration,
+    RepositoryScope,
+    RunnerScope,
+    runner_scope,
+)
 from runner_pool.domain.runners import (
     DEFAULT_RUNNER_GROUP_ID,
     FailedDelivery,
@@ -55,6 +61,7 @@ from runner_pool.domain.runners import (
     GitHubUnavailableError,
     JitRunner,
     RegisteredRunner,
+    RepositoryUnknownError,
     RunJob,
     RunnerRemoval,
     RunnerStatus,
@@ -75,6 +82,13 @@ APP_JWT_BACKDATE_SECONDS = 60
 APP_JWT_LIFETIME_SECONDS = 540
 """From the backdated `iat`; GitHub refuses an `exp` more than 10 minutes ahead."""
 RATE_LIMIT_DEFAULT_WAIT_SECONDS = 60.0
+RUNNER_GROUP_PREFIX = "runner-pool-repository-"
+"""A repository's runner group is named from its id, never its name: a renamed repository keeps its group,
+and a new repository that takes an old name does not inherit it."""
+
+
+def runner_group_name(repository_id: int) -> str:
+    return f"{RUNNER_GROUP_PREFIX}{repository_id}"
 
 
 # --- the client --------------------------------------------------------------------------------
@@ -96,14 +110,24 @@ class GitHubApp:
         clock: Clock | None = None,
         timeout_seconds: float = 10.0,
         token_refresh_margin_seconds: float = TOKEN_REFRESH_MARGIN_SECONDS,
+        registration: Registration = Registration.REPOSITORY,
+        groups_allow_public_repositories: bool = False,
     ) -> None:
         """`base_url` is `https://<host>/api/v3/` for GitHub Enterprise Server. `api_version` overrides
         the `X-GitHub-Api-Version` githubkit sends (its newest); GHES answers only the versions of
-        its release, e.g. `2022-11-28`. `app_id` may be the App's id or its client id."""
+        its release, e.g. `2022-11-28`. `app_id` may be the App's id or its client id. `registration`
+        is used by an organisation scope only (domain.runner_scope.Registration);
+        `groups_allow_public_repositories` lets the runner groups it creates take public repositories'
+        jobs, which GitHub refuses by default."""
         self._app_id = str(app_id)
         self._key = _load_private_key(private_key)
         self._installation_id = installation_id
         self._scope = scope
+        self._registration = registration
+        self._groups_allow_public = groups_allow_public_repositories
+        self._groups: dict[int, int] = {}
+        """Runner group id per repository id, as found or created (`_group_of`)."""
+        self._groups_lock = threading.Lock()
         self._clock: Clock = clock or SystemClock()
         self._headers = {"X-GitHub-Api-Version": api_version} if api_version else None
         self._transport = _PooledTransport(httpx.HTTPTransport())
@@ -139,9 +163,21 @@ class GitHubApp:
         runner_group_id: int = DEFAULT_RUNNER_GROUP_ID,
         work_folder: str | None = None,
         repository: str | None = None,
+        *,
+        repository_id: int | None = None,
     ) -> JitRunner:
         """Register a just-in-time runner `name` with exactly `labels` (for us: `[run key]`), at the
         repository `repository` (`owner/repo`) when given, else at the App's scope.
+
+        With Registration.RUNNER_GROUP on an organisation, at the organisation instead, in the runner
+        group of the repository `repository_id` alone (issue 36, item 5), in place of `runner_group_id`:
+        POST /orgs/{org}/actions/runners/generate-jitconfig with that group's id ("Create configuration for
+        a just-in-time runner for an organization", REST API endpoints for self-hosted runners), which
+        with the group's endpoints needs only the organisation permission `organization_self_hosted_runners`
+        ("GitHub Apps must have the administration permission for repositories or the
+        organization_self_hosted_runners permission for organizations", REST API endpoints for
+        self-hosted runner groups). Without a repository and its id that is RepositoryUnknownError: a
+        runner is never registered where every repository's jobs could take it.
 
         At a repository, only that repository's jobs can take the runner, also when the App is
         installed on the whole organisation (issue 14, item 1): "Create configuration for a
@@ -159,6 +195,10 @@ class GitHubApp:
         if not 1 <= len(labels) <= MAX_RUNNER_LABELS:
             raise ValueError(f"a JIT runner takes 1 to {MAX_RUNNER_LABELS} labels, not {len(labels)}")
         where = self.registration_scope(repository)
+        if self._by_group:
+            if repository is None or repository_id is None:
+                raise RepositoryUnknownError(f"no runner group without the repository's id ({repository})")
+            runner_group_id = self._group_of(repository_id)
         try:
             return self._call(lambda: self._generate_jit(where, name, labels, runner_group_id, work_folder))
         except GitHubRejectedError as exc:
@@ -188,7 +228,67 @@ class GitHubApp:
         )
         if not inside:
             raise ValueError(f"repository {repository} is outside the App's runner scope {scope}")
-        return where
+        return scope if self._by_group else where
+
+    @property
+    def _by_group(self) -> bool:
+        """Whether runners are registered in a runner group per repository (on an organisation only)."""
+        return self._registration is Registration.RUNNER_GROUP and isinstance(self._scope, OrganizationScope)
+
+    def _group_of(self, repository_id: int) -> int:
+        """The id of the runner group of the repository `repository_id` alone: found by its name, or
+        created with visibility `selected` and that one repository ("Create a self-hosted runner group for
+        an organization": `visibility` "selected", `selected_repository_ids` "List of repository IDs that
+        can access the runner group"; `allows_public_repositories` false unless configured). Held once
+        found. A 409 on create means another hand-over created it first: its group is found and used."""
+        with self._groups_lock:
+            held = self._groups.get(repository_id)
+        if held is not None:
+            return held
+        name = runner_group_name(repository_id)
+        group_id = self._call(lambda: self._find_group(name))
+        if group_id is None:
+            try:
+                group_id = self._call(lambda: self._create_group(name, repository_id))
+            except GitHubRejectedError as exc:
+                if exc.status != httpx.codes.CONFLICT:
+                    raise
+                group_id = self._call(lambda: self._find_group(name))
+                if group_id is None:
+                    raise
+        with self._groups_lock:
+            self._groups[repository_id] = group_id
+        return group_id
+
+    def _find_group(self, name: str) -> int | None:
+        scope = self._scope
+        assert isinstance(scope, OrganizationScope)  # noqa: S101 - _by_group holds
+        rest = self._github.rest
+        page = 1
+        while True:
+            body = _validated(
+                rest.actions.list_self_hosted_runner_groups_for_org(
+                    scope.org, per_page=PAGE_SIZE, page=page, headers=self._headers
+                )
+            )
+            groups = body.get("runner_groups", [])
+            found = next((int(g["id"]) for g in groups if g.get("name") == name), None)
+            if found is not None or len(groups) < PAGE_SIZE:
+                return found
+            page += 1
+
+    def _create_group(self, name: str, repository_id: int) -> int:
+        scope = self._scope
+        assert isinstance(scope, OrganizationScope)  # noqa: S101 - _by_group holds
+        response = self._github.rest.actions.create_self_hosted_runner_group_for_org(
+            scope.org,
+            name=name,
+            visibility="selected",
+            selected_repository_ids=[repository_id],
+            allows_public_repositories=self._groups_allow_public,
+            headers=self._headers,
+        )
+        return int(response.parsed_data.id)
 
     def delete_runner(self, runner_id: int, repository: str | None = None) -> RunnerRemoval:
         """Remove a runner registration (at `repository` if it was registered there); one that is

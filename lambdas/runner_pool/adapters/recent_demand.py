@@ -42,6 +42,8 @@ class RecentRun:
     reconciled_at: Epoch = 0.0
     single_use: bool = False
     """Its jobs were public or a fork's: what refresh provisions again for it stays single use."""
+    repository_id: int | None = None
+    """The repository's id, when its demand carried one: what refresh provisions again carries it too."""
 
     @property
     def key(self) -> str:
@@ -71,6 +73,7 @@ class RecentDemand:
         busy_for: float,
         *,
         single_use: bool = False,
+        repository_id: int | None = None,
     ) -> None:
         """A provision for the run's `run_key` begins now and may be at work for `busy_for` seconds.
         Idempotent: a retried note sets the same values again (a later one moves the times on); once
@@ -78,6 +81,8 @@ class RecentDemand:
         now = self._clock.now()
         run = RecentRun(repository, run_id, attempt, frozenset({run_key}), now, now + busy_for)
         marks = ", single_use = :single_use" if single_use else ""
+        if repository_id is not None:
+            marks += ", repository_id = :repository_id"
         self._client.update_item(
             TableName=self._table,
             Key=_key(run.key),
@@ -95,6 +100,7 @@ class RecentDemand:
                 ":ttl": {"N": str(int(now + self._retention))},
                 ":run_keys": {"SS": [run_key]},
                 **({":single_use": {"BOOL": True}} if single_use else {}),
+                **({":repository_id": {"N": str(repository_id)}} if repository_id is not None else {}),
             },
         )
 
@@ -164,4 +170,5 @@ def _run(item: dict[str, Any]) -> RecentRun:
         busy_until=float(item.get("busy_until", {}).get("N", "0")),
         reconciled_at=float(item.get("reconciled_at", {}).get("N", "0")),
         single_use=bool(item.get("single_use", {}).get("BOOL", False)),
+        repository_id=int(item["repository_id"]["N"]) if "repository_id" in item else None,
     )

@@ -95,6 +95,7 @@ UNREADABLE_ATTRIBUTE = "unreadable_since"
 RUN_KEY_INDEX = "by-run-key"
 RUN_KEY_ATTRIBUTE = "run_key"
 REPOSITORY_ATTRIBUTE = "repository"
+REPOSITORY_ID_ATTRIBUTE = "repository_id"
 THRESHOLD_INDEX = "by-threshold"
 SWEEP_SHARD_ATTRIBUTE = "sweep_shard"
 THRESHOLD_ATTRIBUTE = "threshold"
@@ -209,6 +210,7 @@ class StateTable:
         run_key: str | None,
         *,
         repository: str | None = None,
+        repository_id: int | None = None,
         single_use: bool = False,
         for_stopped_tier: bool = False,
     ) -> TransitionResult:
@@ -221,6 +223,7 @@ class StateTable:
             run_key=run_key,
             threshold=now + self._timeouts.created_threshold_seconds,
             repository=repository if run_key else None,
+            repository_id=repository_id if run_key else None,
             jobs_served=1 if run_key else 0,
             single_use=single_use and bool(run_key),
             for_stopped_tier=for_stopped_tier and not run_key,
@@ -258,6 +261,7 @@ class StateTable:
         claim_token: str,
         *,
         repository: str | None = None,
+        repository_id: int | None = None,
         reuse: ReuseSettings | None = None,
         single_use: bool = False,
         stopped: bool = False,
@@ -271,8 +275,10 @@ class StateTable:
         For a run of `repository`: only an instance that served nothing yet or served a repository
         within `reuse.scope` of it, and fewer than `reuse.max_jobs` jobs (issue 14, item 2); the record
         then names `repository` and counts the hand-off. Pickup chose it by the same rule from a read
-        a moment older: the condition, not that read, decides. A quarantined record is never claimed,
-        whatever its threshold says (a clock behind the quarantine's would still find it ahead).
+        a moment older: the condition, not that read, decides. With `repository_id`, the repository
+        scope compares ids (a record that has none, from before ids were kept, by name), so a new
+        repository that took an old one's name never reuses its instances. A quarantined record is never
+        claimed, whatever its threshold says (a clock behind the quarantine's would still find it ahead).
         """
         now = self._clock.now()
         conditions: list[str] = []
@@ -280,6 +286,8 @@ class StateTable:
         set_fields: dict[str, Any] = {RUN_KEY_ATTRIBUTE: run_key, "claim_token": claim_token}
         if repository is not None:
             set_fields |= {REPOSITORY_ATTRIBUTE: repository, "single_use": single_use}
+            if repository_id is not None:
+                set_fields[REPOSITORY_ID_ATTRIBUTE] = repository_id
         if repository is not None and reuse is not None:
             values |= {
                 ":max_jobs": _value(reuse.max_jobs),
@@ -290,7 +298,13 @@ class StateTable:
                 "created_at > :created_after",
             ]
             unserved = f"attribute_not_exists({REPOSITORY_ATTRIBUTE})"
-            if reuse.scope is ReuseScope.REPOSITORY:
+            if reuse.scope is ReuseScope.REPOSITORY and repository_id is not None:
+                values |= {":served": _value(repository), ":served_id": _value(repository_id)}
+                by_name = (
+                    f"attribute_not_exists({REPOSITORY_ID_ATTRIBUTE}) AND {REPOSITORY_ATTRIBUTE} = :served"
+                )
+                conditions.append(f"({unserved} OR {REPOSITORY_ID_ATTRIBUTE} = :served_id OR ({by_name}))")
+            elif reuse.scope is ReuseScope.REPOSITORY:
                 values[":served"] = _value(repository)
                 conditions.append(f"({unserved} OR {REPOSITORY_ATTRIBUTE} = :served)")
             elif reuse.scope is ReuseScope.OWNER:
@@ -312,7 +326,9 @@ class StateTable:
                 ("runner_id", "runner_run_key", STOPPED_PARTITION_ATTRIBUTE)
                 if stopped
                 else ("runner_id", "runner_run_key")
-            ),
+            )
+            # A hand-off whose demand named no id must not keep the id of the repository served before.
+            + ((REPOSITORY_ID_ATTRIBUTE,) if repository is not None and repository_id is None else ()),
             extra_conditions=conditions,
             extra_values=values,
             count_job=repository is not None,

@@ -35,7 +35,7 @@ from runner_pool.domain.labels import (
     RunnerSpec,
 )
 from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
-from runner_pool.domain.runner_scope import RunnerScopeSetting
+from runner_pool.domain.runner_scope import Registration, RunnerScopeSetting
 from runner_pool.domain.trust import WORKFLOW_EVENTS, TrustLevel
 
 SQS_MAX_DELAY_SECONDS = 900
@@ -270,6 +270,14 @@ class GitHubSettings(_Settings):
     api_version: str | None = None
     """The `X-GitHub-Api-Version` to send; GitHub Enterprise Server answers only its release's."""
     runner_group_id: int = Field(1, gt=0)
+    registration: Registration = Registration.REPOSITORY
+    """On an organisation installation: `repository` registers each job's runner at its repository (the App
+    needs repository `administration: write`); `runner-group` at the organisation, in a runner group of
+    that repository alone, made on first use (the App needs only `organization_self_hosted_runners:
+    write`; `runner_group_id` is then not used). A repository installation registers at its repository."""
+    runner_groups_allow_public_repositories: bool = False
+    """Whether the runner groups `runner-group` creates take public repositories' jobs (GitHub's default
+    for a group is no)."""
     registrations_per_minute: float = Field(150, gt=0)
     """JIT runner registrations the stack makes a minute on average, shared by every provision; GitHub's
     secondary rate limits allow about 180 (900 points a minute per endpoint, 5 points a POST)."""

@@ -84,6 +84,8 @@ class JobQueued(_Message):
     job_id: int = Field(gt=0)
     public: bool = False
     """The job's repository is public: its jobs never share an instance (unless the config allows)."""
+    repository_id: int | None = Field(None, gt=0)
+    """The repository's id (the webhook's `repository.id`); None from a message of an older release."""
 
     @model_validator(mode="after")
     def _of_its_attempt(self) -> JobQueued:

@@ -68,6 +68,9 @@ class ProvisionRequest(_Input):
     public: bool = Field(
         False, description="the repository is public (or the run comes from a fork): its jobs never reuse"
     )
+    repository_id: int | None = Field(
+        None, gt=0, description="the repository's id, by which reuse and runner groups are decided"
+    )
 
     @property
     def key(self) -> RunKey:
@@ -94,6 +97,9 @@ class FollowUpRequest(_Input):
     holder: str = Field(min_length=1, description="the dispatch that leads the follow-up in the ledger")
     attempts: tuple[tuple[int, int], ...] = Field(min_length=1, description="(run id, attempt) of its jobs")
     closes_at: float = Field(description="when its window closes, unless more jobs join (epoch seconds)")
+    repository_id: int | None = Field(
+        None, gt=0, description="the repository's id, as its jobs' webhooks gave it"
+    )
 
     @property
     def execution_name(self) -> str:

@@ -84,6 +84,9 @@ class InstanceRecord(InstanceFacts):
     repository: str | None = None
     """The repository (`owner/repo`) of the run that holds it or last held it; None until it serves one.
     Pickup offers an idle instance only to jobs within `reuse.scope` of it (issue 14, item 2)."""
+    repository_id: int | None = Field(None, gt=0)
+    """That repository's id, when its demand carried one: the claim compares it, not the name, and the
+    hand-over registers in its runner group (issue 36, item 5)."""
     jobs_served: int = Field(0, ge=0)
     """Hand-offs to a run so far (created for one, or claimed); `reuse.max_jobs` caps it."""
     single_use: bool = False

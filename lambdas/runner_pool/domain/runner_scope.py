@@ -6,6 +6,7 @@ for an organisation, the way GitHub's own settings pages name them.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
@@ -62,3 +63,15 @@ def _from_text(value: Any) -> Any:
 
 RunnerScopeSetting = Annotated[RunnerScope, BeforeValidator(_from_text)]
 """A config field holding a scope, written either as text (`owner/repo`, `org`) or as its fields."""
+
+
+class Registration(StrEnum):
+    """Where an organisation installation registers a job's runner so that only the job's repository can
+    take it (issue 36, item 5). A repository scope always registers at its repository."""
+
+    REPOSITORY = "repository"
+    """At the job's repository: needs the repository permission `administration: write` on every
+    repository, which also lets the App change, transfer and delete them (README, GitHub App)."""
+    RUNNER_GROUP = "runner-group"
+    """At the organisation, in a runner group of `selected` visibility holding only the job's repository
+    (by id): needs only the organisation permission `organization_self_hosted_runners: write`."""

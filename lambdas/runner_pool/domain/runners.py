@@ -110,6 +110,16 @@ class GitHubError(RuntimeError):
         self.status = status
 
 
+class RepositoryUnknownError(GitHubError):
+    """A registration for a job whose repository (or, for a runner group, its id) is not known: refused
+    for good, never registered at the App's scope, where on an organisation every repository's jobs could
+    take the runner (issue 36, item 5). Answered as GitHub answers a request it cannot serve (422), so it
+    takes the path of GitHub's own refusals (`refused_for_good`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 422)
+
+
 class GitHubRetryableError(GitHubError):
     """Worth retrying later, unchanged: a rate limit, a GitHub outage, a timeout."""
 
@@ -174,6 +184,8 @@ class RunnerRegistry(Protocol):
         runner_group_id: int = DEFAULT_RUNNER_GROUP_ID,
         work_folder: str | None = None,
         repository: str | None = None,
+        *,
+        repository_id: int | None = None,
     ) -> JitRunner: ...
 
     def delete_runner(self, runner_id: int, repository: str | None = None) -> RunnerRemoval: ...

@@ -82,6 +82,9 @@ class _Payload(BaseModel):
 
 class Repository(_Payload):
     full_name: str = Field(pattern=r"^[^/\s]+/[^/\s]+$", max_length=200)
+    id: int | None = Field(None, gt=0)
+    """The repository's id, which a rename does not change and a new repository of an old name does not
+    take: what reuse and runner groups are decided by (issue 36, item 5)."""
     private: bool | None = None
     visibility: str | None = None
     """`public`, `private` or `internal`; GitHub's webhook examples carry it beside `private`."""
@@ -362,6 +365,7 @@ def _queued(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
         run_attempt=job.run_attempt,
         job_id=job.id,
         public=event.repository.public,
+        repository_id=event.repository.id,
     )
     return Accepted(demand, f"1 runner asked for job {job.id}")
 

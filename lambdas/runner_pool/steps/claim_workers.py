@@ -160,6 +160,7 @@ class ClaimWorkers:
                 run_key,
                 token,
                 repository=provision.request.repository,
+                repository_id=provision.request.repository_id,
                 reuse=self._config.reuse,
                 single_use=provision.single_use,
             )
@@ -198,6 +199,7 @@ class ClaimWorkers:
                     spec.run_key,
                     token,
                     repository=repository,
+                    repository_id=worker.plan.request.repository_id,
                     reuse=self._config.reuse,
                     single_use=worker.plan.single_use,
                     stopped=True,

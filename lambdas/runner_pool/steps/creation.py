@@ -72,6 +72,7 @@ class FleetCreation:
                 facts,
                 spec.run_key,
                 repository=provision.request.repository,
+                repository_id=provision.request.repository_id,
                 single_use=provision.single_use,
             )
         # After the records: a notice queue without a record is refresh's to delete (domain/notices.py).

@@ -67,6 +67,8 @@ class Group:
     from_fork: bool = False
     known_attempts: tuple[tuple[int, int], ...] = ()
     """Run attempts of its jobs besides those of `jobs` (a follow-up gathered with none of its messages)."""
+    known_repository_id: int | None = None
+    """The repository's id, for a follow-up gathered with none of its messages."""
 
     def add(self, message_id: str, job: JobQueued) -> None:
         self.jobs.setdefault(job.job_id, job)
@@ -75,6 +77,12 @@ class Group:
     def message_ids(self, job_ids: Iterable[int]) -> tuple[str, ...]:
         """This batch's messages for these jobs (a follow-up's jobs that others added have none here)."""
         return tuple(message_id for job_id in job_ids for message_id in self.messages.get(job_id, ()))
+
+    @property
+    def repository_id(self) -> int | None:
+        """The repository's id, as its jobs' webhooks gave it (None if none did and none is known)."""
+        given = (job.repository_id for job in self.jobs.values() if job.repository_id)
+        return next(given, self.known_repository_id)
 
     @property
     def attempts(self) -> list[tuple[int, int]]:
@@ -236,6 +244,7 @@ class DemandStarts:
                 count=len(reserved),
                 job_ids=tuple(reserved),
                 public=group.from_fork or any(job_id in public_ids for job_id in reserved),
+                repository_id=group.repository_id,
             )
             self._starter.provision(request)
         except Exception as exc:  # any fault fails the chunk's messages, for SQS to retry them

@@ -209,6 +209,7 @@ class Dispatcher:
             holder=holder,
             attempts=tuple(group.attempts),
             closes_at=closes_at,
+            repository_id=group.repository_id,
         )
         try:
             self._starter.follow_up(request)

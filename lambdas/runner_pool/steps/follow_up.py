@@ -118,7 +118,12 @@ class FollowUpSteps:
         """Start one provision per PROVISION_LIMIT jobs of the follow-up the gather step sealed.
         Idempotent: a step tried again finds its own reservations and executions.
         FollowUpNotStartedError when not every provision started."""
-        group = Group(request.repository, request.run_key, known_attempts=request.attempts)
+        group = Group(
+            request.repository,
+            request.run_key,
+            known_attempts=request.attempts,
+            known_repository_id=request.repository_id,
+        )
         report = DispatchReport()
         until = self._clock.now() + lease_seconds
         self._starts.start_sealed(report, group, follow_up, request.holder, until, marked=True)

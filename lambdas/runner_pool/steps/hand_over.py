@@ -39,6 +39,7 @@ from runner_pool.domain.runners import (
     GitHubError,
     GitHubRateLimitedError,
     GitHubRetryableError,
+    RepositoryUnknownError,
     RunnerRegistry,
     refused_for_good,
 )
@@ -136,6 +137,11 @@ class HandOver:
         record = self._table.get(instance_id)
         if record is None or record.run_key != run_key:
             return None
+        if record.repository is None:
+            # Registered at the App's scope, an organisation's runner could take any repository's job.
+            raise RepositoryUnknownError(
+                f"{instance_id}'s record names no repository: no runner is registered"
+            )
         arn = self._arns.arn(instance_id)
         if record.runner_id is not None and self._credentials().stored_runner(instance_id, arn) == (
             run_key,
@@ -151,6 +157,7 @@ class HandOver:
             list(RunKey.parse(run_key).runner_labels),
             runner_group_id=self._github.runner_group_id,
             repository=record.repository,
+            repository_id=record.repository_id,
         )
         noted = self._table.record_runner(instance_id, run_key, runner.runner_id)
         if not noted.succeeded or noted.record is None:

@@ -147,6 +147,7 @@ class Provision:
                     spec.run_key,
                     busy_seconds(self._timeouts),
                     single_use=request.public,
+                    repository_id=request.repository_id,
                 )
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")
@@ -191,6 +192,7 @@ class Provision:
                     provision.spec.run_key,
                     provision.claim_token(slot, 0),
                     repository=provision.request.repository,
+                    repository_id=provision.request.repository_id,
                     reuse=self._config.reuse,
                     single_use=provision.single_use,
                 )

@@ -82,7 +82,7 @@ from runner_pool.domain.refresh import (
     may_still_start,
     untracked,
 )
-from runner_pool.domain.runner_scope import OrganizationScope
+from runner_pool.domain.runner_scope import OrganizationScope, Registration
 from runner_pool.domain.runners import GitHubError, RunJob, RunnerRegistry, RunnerRemoval, RunnerStatus
 from runner_pool.domain.stopped_tier import (
     awaiting_stop,
@@ -404,8 +404,13 @@ class Refresh:
     def _runner_places(self) -> Sequence[str | None]:
         """Where our runners are registered: the App's repository (None), or, for an organisation,
         each repository with recent demand (runners are registered at the job's repository, and an
-        organisation's list does not hold its repositories' runners)."""
-        if not isinstance(self._config.github.scope, OrganizationScope):
+        organisation's list does not hold its repositories' runners). With `github.registration:
+        runner-group` every runner is the organisation's, so its one list holds them all."""
+        github = self._config.github
+        if (
+            not isinstance(github.scope, OrganizationScope)
+            or github.registration is Registration.RUNNER_GROUP
+        ):
             return [None]
         if self._recent is None:
             return []
@@ -477,6 +482,7 @@ class Refresh:
                         count=1,
                         origin=f"replace-{record.runner_id}",
                         public=run.single_use,
+                        repository_id=run.repository_id,
                     )
                 )
             report.runners_replaced += 1
@@ -555,6 +561,7 @@ class Refresh:
                     job_ids=tuple(job.job_id for job in waiting[:missing]),
                     origin=f"reconcile-{tick}",
                     public=run.single_use,
+                    repository_id=run.repository_id,
                 )
             )
             report.jobs_reprovisioned += missing
