@@ -49,7 +49,6 @@ from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceFacts, InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.refresh import RefreshReport, refresh_tick
-from runner_pool.domain.runner_scope import RepositoryScope
 from runner_pool.environment import ControlPlaneSettings
 from runner_pool.handlers.refresh import refresh_of
 from runner_pool.steps.release import Release
@@ -242,7 +241,7 @@ def local_control_plane(
             APP_ID,
             key.private_pem,
             INSTALLATION_ID,
-            RepositoryScope(owner=OWNER, repo=REPO),
+            config.github.scope,
             base_url=github.url,
             clock=clock,
         )

@@ -49,6 +49,8 @@ JOB_RESERVE_SECONDS = 10.0
 """A job starts, and a long job takes its next step (a GitHub read, a run reconciled), only with this much
 of the Lambda's time left: more than one step's worst case (a GitHub request with the client's retries,
 a batch of TerminateInstances), so no step is cut off by the timeout half done."""
+RUNNERS_MARKER = "refresh-runners"
+"""Where in the sorted list of repositories with recent demand the last run's runner lists stopped."""
 RESUME_MARKER = "refresh-resume"
 """The place in the order of refresh's jobs of the first job a run left to the next for lack of time."""
 

@@ -30,6 +30,7 @@ from runner_pool.domain.refresh import (
     RECENT_DEMAND_SECONDS,
     RECONCILE_GRACE_SECONDS,
     RECONCILE_REQUESTS_PER_RUN,
+    RUNNERS_MARKER,
     RefreshReport,
     in_turn,
     may_still_start,
@@ -74,13 +75,17 @@ class RunReconciliation:
 
     # --- 6. GitHub's offline runners -----------------------------------------------------------
 
-    def delete_offline_runners(self, report: RefreshReport, tick: int) -> None:
+    def delete_offline_runners(self, report: RefreshReport) -> None:
         github = self._registry()
         now = self._clock.now()
-        # A large organisation's repositories may not all fit in one run's time: each run begins at
-        # another, so every repository's list is read within a few runs.
-        for repository in in_turn(self._runner_places(), tick):
+        places = self._runner_places()
+        # A large organisation's repositories may not all fit in one run's time: each run begins where the
+        # last one stopped (RUNNERS_MARKER), so every repository's list is read within a few runs.
+        seen = self._table.read_marker(RUNNERS_MARKER)
+        start = int(seen or 0) % max(1, len(places))
+        for done, repository in enumerate(in_turn(places, start)):
             if self._out_of_time(report, "runners"):
+                self._table.move_marker(RUNNERS_MARKER, (start + done) % len(places), expected=seen)
                 return
             for runner in github.runners(repository):
                 instance_id = instance_of_runner(runner.name)

@@ -146,7 +146,7 @@ class Refresh:
             ("orphans", self._terminate_orphans),
             ("admit", self._admit_ready),
             ("warm-pool", lambda r: self._keep_warm(r, tick)),
-            ("runners", lambda r: github.delete_offline_runners(r, tick)),
+            ("runners", github.delete_offline_runners),
             ("redeliveries", self._redeliver),
             ("dead-runners", github.replace_dead_runners),
             ("reconcile", lambda r: github.reconcile(r, tick)),
