@@ -244,6 +244,7 @@ def local_control_plane(
             config.github.scope,
             base_url=github.url,
             clock=clock,
+            on_hourly_quota=lambda quota: stack.plane.publish_hourly(quota),  # noqa: PLW0108 (plane made later)
         )
         functions_clients: dict[str, Any] = {"ec2": ec2}
         try:

@@ -110,6 +110,10 @@ class RefreshReport:
     """Jobs this run did not begin because its time was short: the next run begins with the first."""
     cut_short: list[str] = field(default_factory=list)
     """Jobs that stopped part way for lack of time; what they left, the next run does."""
+    hour_short: list[str] = field(default_factory=list)
+    """Jobs that read nothing more from GitHub, its hourly remainder kept for registrations."""
+    github_hourly_remaining: int | None = None
+    """GitHub's hourly remainder as the shared budget last knew it (None: never read)."""
 
     def as_json(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it rebuilds a Counter from its items, counting them again.

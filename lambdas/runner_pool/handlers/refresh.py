@@ -67,6 +67,7 @@ def refresh_of(plane: ControlPlane) -> Refresh:
         executions=plane.executions if starts else None,
         notices=lambda: plane.notices,
         pickup=lambda: plane.pickup,
+        budget=lambda: plane.registration_budget,
     )
 
 
@@ -97,5 +98,8 @@ def _measure(report: RefreshReport) -> None:
         "RefreshJobsDeferred": len(report.deferred),
         "RefreshJobsCutShort": len(report.cut_short),
     }
+    if report.github_hourly_remaining is not None:
+        counts["GitHubHourlyRemaining"] = report.github_hourly_remaining
+    counts["GitHubHourShortJobs"] = len(report.hour_short)
     for name, count in counts.items():
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=count)

@@ -2,13 +2,16 @@
 
 Three jobs of steps.refresh, kept apart from the jobs over EC2 and the state table: our offline runners
 deleted (6), runners that died before their job replaced (8), and queued jobs no runner of ours serves
-provisioned again (9). Each stops between two of its GitHub reads once the run's time is short, and the
-next run goes on (domain/refresh.py `JOB_RESERVE_SECONDS`). A run whose registration GitHub refused for
+provisioned again (9). Jobs 6 and 9 take their share of GitHub's hourly limit: they stop reading
+while the hour's remainder is below REFRESH_FLOOR, which is kept for registrations. Each stops between
+two of its GitHub reads once the run's time is short, and the next run goes on (domain/refresh.py
+`JOB_RESERVE_SECONDS`). A run whose registration GitHub refused for
 good is not provisioned again until `REFUSAL_BACKOFF_SECONDS` have passed (issue 38, item 3).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from runner_pool.adapters.executions import Executions
@@ -36,6 +39,7 @@ from runner_pool.domain.refresh import (
     may_still_start,
     refusal_stands,
 )
+from runner_pool.domain.registration_budget import REFRESH_FLOOR, RegistrationBudget
 from runner_pool.domain.runner_scope import OrganizationScope
 from runner_pool.domain.runners import RunJob, RunnerRegistry, RunnerRemoval, RunnerStatus
 from runner_pool.observability import logger
@@ -55,8 +59,10 @@ class RunReconciliation:
         recent_demand: RecentDemand | None,
         executions: Callable[[], Executions] | None,
         time_left: TimeLeft,
+        budget: Callable[[], RegistrationBudget] | None = None,
     ) -> None:
-        """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing."""
+        """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing. With `budget`,
+        jobs 6 and 9 read GitHub only while its hourly remainder is above refresh's floor."""
         self._table = table
         self._registry = registry
         self._clock = clock
@@ -64,6 +70,7 @@ class RunReconciliation:
         self._recent = recent_demand
         self._executions = executions
         self._time_left = time_left
+        self._budget = budget
 
     def _out_of_time(self, report: RefreshReport, job: str) -> bool:
         """Whether the job stops here, its rest left to the next run (and noted as cut short)."""
@@ -72,6 +79,17 @@ class RunReconciliation:
         if job not in report.cut_short:
             report.cut_short.append(job)
         return True
+
+    def _hour_share(self, report: RefreshReport, job: str) -> float:
+        """GitHub requests the job may make before it leaves the hour's remainder to registrations
+        (domain/registration_budget.py REFRESH_FLOOR); noted in the report when there are none."""
+        hourly = None if self._budget is None else self._budget().hourly()
+        if hourly is None:
+            return math.inf
+        share = hourly.left_above(REFRESH_FLOOR, self._clock.now())
+        if share < 1:
+            report.hour_short.append(job)
+        return share
 
     # --- 6. GitHub's offline runners -----------------------------------------------------------
 
@@ -83,10 +101,12 @@ class RunReconciliation:
         # last one stopped (RUNNERS_MARKER), so every repository's list is read within a few runs.
         seen = self._table.read_marker(RUNNERS_MARKER)
         start = int(seen or 0) % max(1, len(places))
+        hour_left = self._hour_share(report, "runners")
         for done, repository in enumerate(in_turn(places, start)):
-            if self._out_of_time(report, "runners"):
+            if self._out_of_time(report, "runners") or hour_left < 1:
                 self._table.move_marker(RUNNERS_MARKER, (start + done) % len(places), expected=seen)
                 return
+            hour_left -= 1  # a page of runners; a deletion is rare
             for runner in github.runners(repository):
                 instance_id = instance_of_runner(runner.name)
                 if runner.status is not RunnerStatus.OFFLINE or instance_id is None:
@@ -161,7 +181,7 @@ class RunReconciliation:
         if self._recent is None or self._executions is None:
             return
         now = self._clock.now()
-        requests_left = RECONCILE_REQUESTS_PER_RUN
+        requests_left = min(RECONCILE_REQUESTS_PER_RUN, self._hour_share(report, "reconcile"))
         for run in self._recent.runs():
             if self._out_of_time(report, "reconcile"):
                 return  # the rest first next time: they are the least recently reconciled

@@ -78,6 +78,7 @@ from runner_pool.domain.refresh import (
     in_turn,
     untracked,
 )
+from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubError, RunnerRegistry
 from runner_pool.domain.stopped_tier import (
     awaiting_stop,
@@ -108,6 +109,7 @@ class Refresh:
         executions: Callable[[], Executions] | None = None,
         notices: NoticeSource = no_notices,
         pickup: Callable[[], PickupManager] | None = None,
+        budget: Callable[[], RegistrationBudget] | None = None,
     ) -> None:
         """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing."""
         self._table = table
@@ -122,6 +124,7 @@ class Refresh:
         self._executions = executions
         self._notices = notices
         self._pickup = pickup
+        self._budget = budget
 
     def run(self, tick: int, time_left: TimeLeft = lambda: math.inf) -> RefreshReport:
         """Every job in turn while `time_left()` (seconds) allows; the rest are deferred to the next run,
@@ -137,6 +140,7 @@ class Refresh:
             recent_demand=self._recent,
             executions=self._executions,
             time_left=time_left,
+            budget=self._budget,
         )
         jobs: list[tuple[str, Callable[[RefreshReport], None]]] = [
             ("vanished", self._expire_vanished),
@@ -170,6 +174,9 @@ class Refresh:
         if follow != turn:
             # Lost to a run at once: that run's place is as good, so the loss is left alone.
             self._table.move_marker(RESUME_MARKER, follow, expected=resume)
+        if self._budget is not None:
+            hourly = self._budget().hourly()
+            report.github_hourly_remaining = None if hourly is None else hourly.remaining
         if report.deferred:
             logger.warning("refresh ran short of time; the next run begins here", deferred=report.deferred)
         return report
