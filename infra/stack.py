@@ -107,6 +107,7 @@ class RunnerPoolStack(Stack):
             provision=self.provision.state_machine,
             release=self.release.state_machine,
             workflow_type=config.workflow_type,
+            table=self.state_table.table,
         )
         self.observability = Observability(
             self,

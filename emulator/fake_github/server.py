@@ -35,7 +35,6 @@ DEFAULT_API_VERSION = "2022-11-28"
 """What GitHub assumes when a request names no `X-GitHub-Api-Version`."""
 JWT_MAX_LIFETIME_SECONDS = 600
 JWT_CLOCK_SKEW_SECONDS = 60
-RATE_LIMIT = 5000
 SHUTDOWN_POLL_SECONDS = 0.01
 """How often the server looks for a stop request; `stop` waits up to this long."""
 LOST_RUNNER_CHECK_SECONDS = 0.25
@@ -202,7 +201,10 @@ class FakeGitHub:
             request = Request(method, path, query, headers, body, match.groupdict())
             request = self._authenticate(candidate.auth, request)
             if candidate.auth is not Auth.RUNNER:
-                if self.state.rate_limited():
+                # Installation requests count against the hour (App-JWT ones have a limit of their own).
+                if self.state.limited_on_purpose() or not (
+                    candidate.auth is not Auth.INSTALLATION or self.state.spend_hourly()
+                ):
                     raise Refusal(403, "API rate limit exceeded.", headers=self._rate_limit_headers())
                 for gate in self.gates:
                     gate(candidate.name, request)
@@ -258,14 +260,20 @@ class FakeGitHub:
             raise Refusal(401, "'Expiration time' claim ('exp') is too far in the future")
 
     def _rate_limit_headers(self) -> dict[str, str]:
-        now = self.state.clock.now()
-        limited = self.state.rate_limited()
-        reset = self.state.rate_limited_until if limited and self.state.rate_limited_until else now + 3600
+        """GitHub's primary-limit headers ("Rate limits for the REST API", "Checking the status of your
+        rate limit"): the installation's hour as counted, or nothing left while exhausted on purpose."""
+        used, reset = self.state.hourly_status()
+        limit = self.state.hourly_limit
+        if (
+            self.state.rate_limited_until is not None
+            and self.state.clock.now() < self.state.rate_limited_until
+        ):
+            used, reset = limit, self.state.rate_limited_until
         return {
-            "x-ratelimit-limit": str(RATE_LIMIT),
-            "x-ratelimit-remaining": "0" if limited else str(RATE_LIMIT - 1),
+            "x-ratelimit-limit": str(limit),
+            "x-ratelimit-remaining": str(max(0, limit - used)),
             "x-ratelimit-reset": str(int(reset)),
-            "x-ratelimit-used": str(RATE_LIMIT if limited else 1),
+            "x-ratelimit-used": str(used),
             "x-ratelimit-resource": "core",
         }
 

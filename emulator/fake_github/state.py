@@ -231,6 +231,12 @@ class GitHubState:
     """Requests received, per route (`POST /app/installations/{installation_id}/access_tokens`)."""
     connections: int = 0
     rate_limited_until: Epoch | None = None
+    hourly_limit: int = 5000
+    """Requests an hour an installation may make: 5,000 at least, up to 12,500 for a large one
+    (docs.github.com, "Rate limits for the REST API", "Primary rate limit for GitHub App installations")."""
+    hourly_used: int = 0
+    hourly_reset_at: Epoch | None = None
+    """When the current hour's window ends; it begins with the first request after the last one ended."""
     public_repositories: set[str] = field(default_factory=set)
     """Repositories (`owner/repo`, lowercased) that are public; every other one is private. The demo's
     repositories are private, the usual case for self-hosted runners, which GitHub advises against
@@ -313,7 +319,34 @@ class GitHubState:
 
     def rate_limited(self) -> bool:
         with self.lock:
+            if self.rate_limited_until is not None and self.clock.now() < self.rate_limited_until:
+                return True
+            return self._hourly_window()[0] >= self.hourly_limit
+
+    def limited_on_purpose(self) -> bool:
+        """Whether `exhaust_rate_limit` holds now: every authenticated request is refused."""
+        with self.lock:
             return self.rate_limited_until is not None and self.clock.now() < self.rate_limited_until
+
+    def spend_hourly(self) -> bool:
+        """One installation request against the hour's limit; False (and nothing spent) once it is out."""
+        with self.lock:
+            used, _ = self._hourly_window()
+            if used >= self.hourly_limit:
+                return False
+            self.hourly_used = used + 1
+            return True
+
+    def hourly_status(self) -> tuple[int, Epoch]:
+        """(requests used, when the window resets) as GitHub's `x-ratelimit-*` headers report them."""
+        with self.lock:
+            return self._hourly_window()
+
+    def _hourly_window(self) -> tuple[int, Epoch]:
+        now = self.clock.now()
+        if self.hourly_reset_at is None or now >= self.hourly_reset_at:
+            self.hourly_used, self.hourly_reset_at = 0, now + 3600
+        return self.hourly_used, self.hourly_reset_at
 
     def repository_id(self, repository: str) -> int:
         """A stable id per `owner/repo`, as GitHub's repository ids are."""

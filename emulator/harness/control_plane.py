@@ -52,7 +52,6 @@ from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceFacts, InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.refresh import RefreshReport, refresh_tick
-from runner_pool.domain.runner_scope import RepositoryScope
 from runner_pool.environment import ControlPlaneSettings
 from runner_pool.handlers.refresh import refresh_of
 from runner_pool.steps.release import Release
@@ -247,9 +246,10 @@ def local_control_plane(
             APP_ID,
             key.private_pem,
             INSTALLATION_ID,
-            RepositoryScope(owner=OWNER, repo=REPO),
+            config.github.scope,
             base_url=github.url,
             clock=clock,
+            on_hourly_quota=lambda quota: stack.plane.publish_hourly(quota),  # noqa: PLW0108 (plane made later)
         )
         functions_clients: dict[str, Any] = {"ec2": ec2}
         try:

@@ -79,8 +79,10 @@ class Ingress(Construct):
         provision: sfn.IStateMachine,
         release: sfn.IStateMachine,
         workflow_type: WorkflowType,
+        table: dynamodb.ITable,
     ) -> None:
         super().__init__(scope, construct_id)
+        self._table = table
         self.idempotency_table = dynamodb.Table(
             self,
             "IdempotencyTable",
@@ -165,6 +167,7 @@ class Ingress(Construct):
             self._remember(function, counts_jobs=True)
             provision.grant_start_execution(function)
             permissions.act_as_github_app(function, github_app_key)  # lists the run's queued jobs
+            permissions.share_github_hour(function, self._table)
 
         def start(function: lambda_.Function) -> None:
             self._remember(function)

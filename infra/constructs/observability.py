@@ -49,6 +49,13 @@ PRODUCT_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
             ("offline runners deleted", "RunnersDeleted"),
             ("webhooks redelivered", "WebhooksRedelivered"),
             ("jobs failed", "RefreshJobsFailed"),
+            ("jobs deferred (time)", "RefreshJobsDeferred"),
+        ),
+        "GitHub: the hourly limit and refusals": (
+            ("refresh reads spared for registrations", "GitHubHourShortJobs"),
+            ("launches capped by the hour", "LaunchesCappedByGitHubHour"),
+            ("runs refused, not reconciled", "RunsUnservedRefused"),
+            ("jobs unserved, refused", "JobsUnservedRefused"),
         ),
         "Demand: webhooks and dispatch": (
             ("demand queued", "DemandQueued"),
@@ -124,6 +131,14 @@ class Observability(Construct):
             _product_metric("UnreadableRecords", "unreadable"),
             "an instance record did not parse: refresh terminated its instance as untracked; its log names "
             "the instance and what is wrong with the record, which stays in the table until its TTL",
+        )
+        # GitHub's hourly remainder fell below refresh's floor (domain/registration_budget.py): registrations
+        # have the rest, and at this pace will run out before the hour resets (issue 38, item 4).
+        self._alarm(
+            "GitHubHourlyBudget",
+            _product_metric("GitHubHourShortJobs", "refresh reads spared"),
+            "GitHub's hourly API limit is three quarters spent: refresh stopped reading GitHub and Create "
+            "launches only what the rest can register; the GitHubHourlyRemaining metric shows the pace",
         )
         for name, function in (scheduled_functions or {}).items():
             # A scheduled run that fails once is retried by the next; three in a row need a person.

@@ -20,6 +20,7 @@ from aws_cdk import aws_sqs as sqs
 
 from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_table as schema
+from runner_pool.adapters.registration_budget import BUDGET_PREFIX
 from runner_pool.domain import doctor
 from runner_pool.environment import STACK_TAG_KEY
 
@@ -171,6 +172,21 @@ def hand_off_runner_configs(
 
 def act_as_github_app(grantee: iam.IGrantable, github_app_key: secretsmanager.ISecret) -> None:
     github_app_key.grant_read(grantee)
+
+
+def share_github_hour(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Write GitHub's hourly remainder, read off an answer, onto the registration budget's item and no
+    other (DynamoDbRegistrationBudget.observe; dynamodb:LeadingKeys as in `mark_runs_finished`)."""
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["dynamodb:UpdateItem"],
+            resources=[table.table_arn],
+            conditions={
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{BUDGET_PREFIX}*"]},
+                "Null": {"dynamodb:LeadingKeys": "false"},
+            },
+        )
+    )
 
 
 def describe_instances(grantee: iam.IGrantable) -> None:

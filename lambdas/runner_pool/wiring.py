@@ -33,7 +33,9 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.pickup import PickupManager
+from runner_pool.domain.registration_budget import HourlyQuota
 from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
+from runner_pool.observability import logger
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpSteps
 
@@ -231,7 +233,16 @@ class ControlPlane:
             clock=self.clock,
             registration=github.registration,
             groups_allow_public_repositories=github.runner_groups_allow_public_repositories,
+            on_hourly_quota=self.publish_hourly,
         )
+
+    def publish_hourly(self, quota: HourlyQuota) -> None:
+        """GitHub's hourly remainder, read off an answer, shared with every process through the budget.
+        Bookkeeping: a failed write never fails the GitHub call it rode on (the next answer tries again)."""
+        try:
+            self.registration_budget.observe(quota)
+        except Exception:
+            logger.warning("GitHub's hourly remainder not shared with the budget", exc_info=True)
 
 
 def _default_client(service: str) -> Any:

@@ -49,6 +49,7 @@ def test_the_alarms_watch_dead_letters_failed_executions_and_refresh_errors(synt
         "RefreshErrors",
         "RunnersQuarantined",
         "UnreadableRecords",
+        "GitHubHourlyBudget",
     }
 
 
@@ -101,3 +102,10 @@ def test_the_dashboard_shows_the_control_planes_share_of_queue_time(synthesis: S
     assert "ProvisionToReadySeconds" in body
     assert "p95" in body
     assert '"ProvisionToReadySeconds"' in emitted_source()
+
+
+def test_the_github_budget_alarm_watches_refresh_reads_spared_for_registrations(synthesis: Synthesis) -> None:
+    # Given the synthesised alarms / Then one fires when refresh stops reading GitHub for the hour's sake
+    (alarm,) = [a for name, a in alarms(synthesis).items() if name.startswith("GitHubHourlyBudget")]
+    assert "'GitHubHourShortJobs'" in repr(alarm)
+    assert alarm["Threshold"] == 1

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from emulator.harness.control_plane import stack_config
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.domain.refresh import RefreshReport, refresh_tick
+from runner_pool.domain.refresh import (
+    REFUSAL_BACKOFF_SECONDS,
+    RefreshReport,
+    in_turn,
+    refresh_tick,
+    refusal_stands,
+)
 
 SLOT_SECONDS = 300
 CONFIG = stack_config(refresh_rate_minutes=SLOT_SECONDS // 60)
@@ -56,3 +64,21 @@ def test_a_marker_moves_only_from_the_value_expected(state_table: StateTable) ->
     # Then only the move from the current value applies
     assert (stale, current) == (False, True)
     assert state_table.read_marker("refresh-redelivery") == 11
+
+
+@given(
+    st.lists(st.integers(), min_size=1, max_size=20, unique=True), st.integers(min_value=0, max_value=1000)
+)
+def test_jobs_in_turn_are_every_job_once_begun_at_the_turn(jobs: list[int], turn: int) -> None:
+    # Given jobs in their order, and a turn / When they are put in turn
+    ordered = in_turn(jobs, turn)
+    # Then each job is there once, the turn's first, and the order otherwise kept (cyclically)
+    assert sorted(ordered) == sorted(jobs)
+    assert ordered[0] == jobs[turn % len(jobs)]
+    assert all(jobs.index(b) == (jobs.index(a) + 1) % len(jobs) for a, b in itertools.pairwise(ordered))
+
+
+def test_a_refusal_stands_for_the_back_off_and_no_longer() -> None:
+    # Given a refusal at time 1000 / Then it stands until the back-off has passed, and not from then on
+    assert refusal_stands(1000.0, 1000.0 + REFUSAL_BACKOFF_SECONDS - 1)
+    assert not refusal_stands(1000.0, 1000.0 + REFUSAL_BACKOFF_SECONDS)

@@ -40,8 +40,10 @@ from githubkit.exception import (
 )
 from githubkit.utils import UNSET
 
+from runner_pool.adapters.github_hourly import HourlyWatch, hourly_quota
 from runner_pool.domain.clock import Clock, Epoch, SystemClock
 from runner_pool.domain.doctor import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
+from runner_pool.domain.registration_budget import HourlyQuota
 from runner_pool.domain.runner_scope import (
     OrganizationScope,
     Registration,
@@ -112,6 +114,7 @@ class GitHubApp:
         token_refresh_margin_seconds: float = TOKEN_REFRESH_MARGIN_SECONDS,
         registration: Registration = Registration.REPOSITORY,
         groups_allow_public_repositories: bool = False,
+        on_hourly_quota: Callable[[HourlyQuota], None] | None = None,
     ) -> None:
         """`base_url` is `https://<host>/api/v3/` for GitHub Enterprise Server. `api_version` overrides
         the `X-GitHub-Api-Version` githubkit sends (its newest); GHES answers only the versions of
@@ -130,7 +133,8 @@ class GitHubApp:
         self._groups_lock = threading.Lock()
         self._clock: Clock = clock or SystemClock()
         self._headers = {"X-GitHub-Api-Version": api_version} if api_version else None
-        self._transport = _PooledTransport(httpx.HTTPTransport())
+        self._hourly = HourlyWatch(on_hourly_quota)
+        self._transport = _PooledTransport(httpx.HTTPTransport(), self._hourly)
         self._tokens = _TokenCache(self._request_token, self._clock, token_refresh_margin_seconds)
         self._github = GitHub(
             _AppAuth(self._app_jwt, self._tokens),
@@ -145,6 +149,11 @@ class GitHubApp:
     @property
     def scope(self) -> RunnerScope:
         return self._scope
+
+    @property
+    def hourly_quota(self) -> HourlyQuota | None:
+        """GitHub's hourly limit as its last answer to this client reported it."""
+        return self._hourly.seen
 
     def close(self) -> None:
         self._transport.close_pool()
@@ -758,13 +767,21 @@ class _AppAuth(BaseAuthStrategy):
 
 
 class _PooledTransport(httpx.BaseTransport):
-    """An HTTP transport whose connection pool outlives the per-call clients githubkit opens and closes."""
+    """An HTTP transport whose connection pool outlives the per-call clients githubkit opens and closes;
+    it reads GitHub's hourly limit off every answer (`x-ratelimit-*`, "Rate limits for the REST API")."""
 
-    def __init__(self, transport: httpx.HTTPTransport) -> None:
+    def __init__(self, transport: httpx.HTTPTransport, on_quota: Callable[[HourlyQuota], None]) -> None:
         self._transport = transport
+        self._on_quota = on_quota
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        return self._transport.handle_request(request)
+        response = self._transport.handle_request(request)
+        # Only an installation's answers report its hour; an App-JWT answer reports the App's own limit.
+        installation = request.headers.get("authorization", "").startswith("token ")
+        quota = hourly_quota(response.headers) if installation else None
+        if quota is not None:
+            self._on_quota(quota)
+        return response
 
     def close(self) -> None:
         """Called by every per-call client; the pool stays open for the next call."""

@@ -6,6 +6,10 @@
     demand_at       the last provision for it began
     busy_until      until then a provision for it may still be claiming or creating: not reconciled
     reconciled_at   when refresh last asked GitHub about it
+    refused_at, refused_reason
+                    when and why GitHub last refused the run's registration for good (a provision's
+                    Finish notes it, the next provision's Begin clears it): refresh leaves the run alone
+                    until domain/refresh.py REFUSAL_BACKOFF_SECONDS have passed
     expires_at      TTL, a backstop: refresh forgets a run once its demand is no longer recent
 
 One partition, written once per provision (not per job) and read once per refresh run, so it never
@@ -44,6 +48,10 @@ class RecentRun:
     """Its jobs were public or a fork's: what refresh provisions again for it stays single use."""
     repository_id: int | None = None
     """The repository's id, when its demand carried one: what refresh provisions again carries it too."""
+    refused_at: Epoch | None = None
+    """When GitHub last refused its registration for good, unless a provision has begun since."""
+    refused_reason: str | None = None
+    """GitHub's words for that refusal."""
 
     @property
     def key(self) -> str:
@@ -77,7 +85,7 @@ class RecentDemand:
     ) -> None:
         """A provision for the run's `run_key` begins now and may be at work for `busy_for` seconds.
         Idempotent: a retried note sets the same values again (a later one moves the times on); once
-        single use, a run stays so."""
+        single use, a run stays so. A refusal noted before is cleared: this provision asks GitHub anew."""
         now = self._clock.now()
         run = RecentRun(repository, run_id, attempt, frozenset({run_key}), now, now + busy_for)
         marks = ", single_use = :single_use" if single_use else ""
@@ -88,7 +96,8 @@ class RecentDemand:
             Key=_key(run.key),
             UpdateExpression=(
                 "SET repository = :repository, run_id = :run_id, attempt = :attempt, "
-                f"demand_at = :now, busy_until = :busy, #ttl = :ttl{marks} ADD run_keys :run_keys"
+                f"demand_at = :now, busy_until = :busy, #ttl = :ttl{marks} ADD run_keys :run_keys "
+                "REMOVE refused_at, refused_reason"
             ),
             ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE},
             ExpressionAttributeValues={
@@ -132,6 +141,25 @@ class RecentDemand:
             ExpressionAttributeValues={":now": {"N": repr(now)}},
         )
 
+    def refused(self, repository: str, run_id: int, attempt: int, reason: str) -> None:
+        """GitHub refused the run's registration for good, in its words `reason`. Only a run noted before
+        (by its provision's Begin) is marked: a mark never brings a forgotten run back."""
+        key = RecentRun(repository, run_id, attempt, frozenset(), 0.0, 0.0).key
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key=_key(key),
+                UpdateExpression="SET refused_at = :now, refused_reason = :reason",
+                ConditionExpression="attribute_exists(demand_at)",
+                ExpressionAttributeValues={
+                    ":now": {"N": repr(self._clock.now())},
+                    ":reason": {"S": reason[:1000]},
+                },
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+
     def busy(self, run: RecentRun, busy_for: float) -> None:
         """A provision was started for the run (by refresh): leave it alone until it has had its chance."""
         until = self._clock.now() + busy_for
@@ -171,4 +199,6 @@ def _run(item: dict[str, Any]) -> RecentRun:
         reconciled_at=float(item.get("reconciled_at", {}).get("N", "0")),
         single_use=bool(item.get("single_use", {}).get("BOOL", False)),
         repository_id=int(item["repository_id"]["N"]) if "repository_id" in item else None,
+        refused_at=float(item["refused_at"]["N"]) if "refused_at" in item else None,
+        refused_reason=item.get("refused_reason", {}).get("S"),
     )

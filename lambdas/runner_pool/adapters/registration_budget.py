@@ -2,6 +2,9 @@
 
     pk = budget#<app id>, sk = budget
     tokens, at, held_until   the bucket (domain.registration_budget.Bucket)
+    hourly_limit, hourly_remaining, hourly_reset
+                             GitHub's hourly limit as last read from an answer (HourlyQuota), counted
+                             down by each take, set again by `observe`
     version                  bumped by every write; a take writes only over the version it read
     taker                    who wrote last (one id per take), so a take whose answer was lost and
                              whose retry then fails its condition recognises its own write
@@ -21,7 +24,7 @@ from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
 from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY
 from runner_pool.domain.clock import Clock
-from runner_pool.domain.registration_budget import Bucket, Grant, take, wait_seconds
+from runner_pool.domain.registration_budget import Bucket, Grant, HourlyQuota, take, wait_seconds
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -58,6 +61,9 @@ class DynamoDbRegistrationBudget:
         for _ in range(TAKE_ATTEMPTS):
             item = self._read()
             bucket, version = _bucket(item), _version(item)
+            if bucket is None and item is not None and (hourly := _hourly(item)) is not None:
+                # Read from GitHub before any take: a full bucket, within the hour's remainder.
+                bucket = Bucket(tokens=self._capacity, at=self._clock.now(), hourly=hourly)
             grant, after = take(bucket, wanted, self._clock.now(), self._per_second, self._capacity)
             if grant.refused:
                 return grant  # nothing taken, nothing to write
@@ -74,7 +80,8 @@ class DynamoDbRegistrationBudget:
             self._client.update_item(
                 TableName=self._table,
                 Key=self._key,
-                UpdateExpression="ADD tokens :count, version :one",
+                # The hour's remainder too: a registration not made spent no request of it.
+                UpdateExpression="ADD tokens :count, hourly_remaining :count, version :one",
                 ConditionExpression="attribute_exists(tokens)",
                 ExpressionAttributeValues={":count": {"N": str(count)}, ":one": {"N": "1"}},
             )
@@ -104,6 +111,34 @@ class DynamoDbRegistrationBudget:
                 raise
             # A hold at least as long is in place already.
 
+    def observe(self, quota: HourlyQuota) -> None:
+        """GitHub's answer said `quota`: kept unless what is kept is as fresh (the same hour, as little
+        left or less). Not guarded by the version, so a take in flight is not made to try again; a take
+        that lands after it writes the figure it read, less what it granted, which the next answer sets
+        right."""
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key=self._key,
+                # `version` made to exist, so that a take's write over the version it read applies.
+                UpdateExpression="SET hourly_limit = :limit, hourly_remaining = :remaining, "
+                "hourly_reset = :reset ADD version :zero",
+                ConditionExpression="attribute_not_exists(hourly_reset) OR hourly_reset < :reset "
+                "OR (hourly_reset = :reset AND hourly_remaining > :remaining)",
+                ExpressionAttributeValues={
+                    ":limit": {"N": str(quota.limit)},
+                    ":remaining": {"N": str(quota.remaining)},
+                    ":reset": {"N": repr(float(quota.reset_at))},
+                    ":zero": {"N": "0"},
+                },
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+
+    def hourly(self) -> HourlyQuota | None:
+        return _hourly(self._read())
+
     def bucket(self) -> Bucket | None:
         """The bucket as it stands (for operators and tests)."""
         return _bucket(self._read())
@@ -129,6 +164,12 @@ class DynamoDbRegistrationBudget:
             "version": {"N": str((version or 0) + 1)},
             "taker": {"S": taker},
         }
+        if bucket.hourly is not None:
+            item |= {
+                "hourly_limit": {"N": str(bucket.hourly.limit)},
+                "hourly_remaining": {"N": str(bucket.hourly.remaining)},
+                "hourly_reset": {"N": repr(float(bucket.hourly.reset_at))},
+            }
         try:
             self._client.put_item(
                 TableName=self._table,
@@ -153,6 +194,17 @@ def _bucket(item: dict[str, Any] | None) -> Bucket | None:
         tokens=float(item["tokens"]["N"]),
         at=float(item["at"]["N"]),
         held_until=float(item.get("held_until", {}).get("N", "0")),
+        hourly=_hourly(item),
+    )
+
+
+def _hourly(item: dict[str, Any] | None) -> HourlyQuota | None:
+    if item is None or "hourly_reset" not in item:
+        return None
+    return HourlyQuota(
+        limit=int(item["hourly_limit"]["N"]),
+        remaining=int(item["hourly_remaining"]["N"]),
+        reset_at=float(item["hourly_reset"]["N"]),
     )
 
 

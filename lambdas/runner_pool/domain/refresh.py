@@ -40,6 +40,19 @@ RECENT_DEMAND_SECONDS = 3600.0
 a run of ours that has waited an hour without runners is an incident, not something to paper over."""
 RECONCILE_GRACE_SECONDS = 30.0
 """A job queued this recently may still be on its way through the webhook and the dispatcher."""
+REFUSAL_BACKOFF_SECONDS = 900.0
+"""How long reconciliation leaves alone a run whose registration GitHub refused for good (an organisation
+that forbids repository runners, a runner group the repository may not use): asked every minute, it
+would be refused every minute. Bounded, so that a policy the owner fixes is picked up within a quarter
+of an hour, at four refused asks an hour per run instead of sixty."""
+JOB_RESERVE_SECONDS = 10.0
+"""A job starts, and a long job takes its next step (a GitHub read, a run reconciled), only with this much
+of the Lambda's time left: more than one step's worst case (a GitHub request with the client's retries,
+a batch of TerminateInstances), so no step is cut off by the timeout half done."""
+RUNNERS_MARKER = "refresh-runners"
+"""Where in the sorted list of repositories with recent demand the last run's runner lists stopped."""
+RESUME_MARKER = "refresh-resume"
+"""The place in the order of refresh's jobs of the first job a run left to the next for lack of time."""
 
 
 @dataclass
@@ -86,8 +99,21 @@ class RefreshReport:
     pool_messages_dropped: int = 0
     """Messages no request could take (unparseable, or offers of instances no longer idle), dropped from
     the queues of partitions with no idle instance."""
+    runs_refused: int = 0
+    """Runs with recent demand not reconciled because GitHub refused their registration for good
+    recently (within REFUSAL_BACKOFF_SECONDS): their queued jobs stay unserved, with GitHub's reason."""
     failed: list[str] = field(default_factory=list)
     """Jobs that failed; the next run tries them again."""
+    ran: list[str] = field(default_factory=list)
+    """Jobs this run began, in the order it ran them (failed ones included)."""
+    deferred: list[str] = field(default_factory=list)
+    """Jobs this run did not begin because its time was short: the next run begins with the first."""
+    cut_short: list[str] = field(default_factory=list)
+    """Jobs that stopped part way for lack of time; what they left, the next run does."""
+    hour_short: list[str] = field(default_factory=list)
+    """Jobs that read nothing more from GitHub, its hourly remainder kept for registrations."""
+    github_hourly_remaining: int | None = None
+    """GitHub's hourly remainder as the shared budget last knew it (None: never read)."""
 
     def as_json(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it rebuilds a Counter from its items, counting them again.
@@ -123,6 +149,19 @@ def may_still_start(record: InstanceRecord | None, runner: RegisteredRunner, now
         and RunKey.parse(record.run_key).label == runner.run_key
         and record.runner_id in (None, runner.runner_id)
     )
+
+
+def refusal_stands(refused_at: Epoch, now: Epoch) -> bool:
+    """Whether a refusal GitHub gave at `refused_at` is still taken as GitHub's answer at `now`."""
+    return now - refused_at < REFUSAL_BACKOFF_SECONDS
+
+
+def in_turn(items: Sequence[_Item], turn: int) -> list[_Item]:
+    """`items` begun at the `turn`th (cyclically): runs cut short each begin somewhere else."""
+    if not items:
+        return []
+    start = turn % len(items)
+    return list(items[start:]) + list(items[:start])
 
 
 def batches(items: Sequence[_Item], size: int) -> Iterator[list[_Item]]:

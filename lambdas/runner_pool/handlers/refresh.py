@@ -39,7 +39,9 @@ def refresh(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     plane = control_plane()
     scheduled = ScheduledEvent.model_validate(event)
     at = plane.clock.now() if scheduled.time is None else scheduled.time.timestamp()
-    report = refresh_of(plane).run(refresh_tick(at, plane.config))
+    report = refresh_of(plane).run(
+        refresh_tick(at, plane.config), time_left=lambda: context.get_remaining_time_in_millis() / 1000
+    )
     _measure(report)
     logger.info("refresh done", **report.as_json())
     if report.failed:
@@ -65,6 +67,7 @@ def refresh_of(plane: ControlPlane) -> Refresh:
         executions=plane.executions if starts else None,
         notices=lambda: plane.notices,
         pickup=lambda: plane.pickup,
+        budget=lambda: plane.registration_budget,
     )
 
 
@@ -90,7 +93,13 @@ def _measure(report: RefreshReport) -> None:
         "NoticeQueuesClosed": report.notice_queues_closed,
         "NoticeQueuesOpened": report.notice_queues_opened,
         "PoolMessagesDropped": report.pool_messages_dropped,
+        "RunsUnservedRefused": report.runs_refused,
         "RefreshJobsFailed": len(report.failed),
+        "RefreshJobsDeferred": len(report.deferred),
+        "RefreshJobsCutShort": len(report.cut_short),
     }
+    if report.github_hourly_remaining is not None:
+        counts["GitHubHourlyRemaining"] = report.github_hourly_remaining
+    counts["GitHubHourShortJobs"] = len(report.hour_short)
     for name, count in counts.items():
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=count)

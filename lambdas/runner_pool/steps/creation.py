@@ -16,7 +16,7 @@ from runner_pool.domain.provision import (
     Readiness,
     WorkerResult,
 )
-from runner_pool.domain.registration_budget import RegistrationBudget
+from runner_pool.domain.registration_budget import REGISTRATION_FLOOR, RegistrationBudget
 from runner_pool.domain.runners import GitHubRetryableError
 from runner_pool.observability import count, logger
 from runner_pool.steps.hand_over import HandOver, NotTried, Refused, github_wait
@@ -61,8 +61,13 @@ class FleetCreation:
             # a runner GitHub will not register, and be terminated unused.
             count("LaunchesRefusedByGitHub", shortfall)
             return Creation(requested=shortfall, refused=refused)
+        launches = self._registrable(shortfall)
+        if launches == 0:
+            # GitHub's hour is spent: an instance launched now would wait for a runner nobody may
+            # register before its validation ends. The jobs stay queued for a later provision.
+            return Creation(requested=shortfall)
         spec = provision.spec
-        request = LaunchRequest.for_run(spec, shortfall, idempotency_key=provision.execution)
+        request = LaunchRequest.for_run(spec, launches, idempotency_key=provision.execution)
         fleet = self._fleet()
         self._handing.authenticate_ahead()  # while EC2 launches: in hand for the hand-overs
         outcome = fleet.launch_with_fallback(request, self._config.fleet)
@@ -91,6 +96,24 @@ class FleetCreation:
             wait_seconds=provision.fleet_wait_seconds,
         )
         return self._hand_over_created(provision, created)
+
+    def _registrable(self, shortfall: int) -> int:
+        """How many of `shortfall` GitHub's hourly remainder can register (domain/registration_budget.py);
+        no more are launched."""
+        hourly = self._budget().hourly()
+        if hourly is None:
+            return shortfall
+        room = min(shortfall, hourly.left_above(REGISTRATION_FLOOR, self._clock.now()))
+        if room < shortfall:
+            count("LaunchesCappedByGitHubHour", shortfall - room)
+            logger.warning(
+                "GitHub's hourly limit is nearly spent; launching only what it can register",
+                shortfall=shortfall,
+                launching=room,
+                remaining=hourly.remaining,
+                reset_at=hourly.reset_at,
+            )
+        return room
 
     def _hand_over_created(self, provision: ProvisionPlan, creation: Creation) -> Creation:
         """Hand runner configs to launched instances as the registration budget allows.

@@ -370,9 +370,22 @@ class Provision:
             # Asking again would be refused again: the jobs are left unserved, with GitHub's reason.
             count("JobsUnservedRefused", outcome.unserved)
             logger.error("jobs left unserved: GitHub refused their runners", reason=refused)
+            self._note_refusal(provision, refused)
         else:
             self._redrive(provision, outcome.unserved, machine)
         return outcome
+
+    def _note_refusal(self, provision: ProvisionPlan, reason: str) -> None:
+        """So that refresh's reconciliation does not ask again every minute (steps/reconcile.py)."""
+        spec = provision.spec
+        if not spec.run_id.isdigit():
+            return
+        try:
+            self._recent_demand().refused(
+                provision.request.repository, int(spec.run_id), provision.request.key.attempt, reason
+            )
+        except Exception:  # a backstop's bookkeeping never fails a provision's Finish
+            logger.exception("run's refusal not noted; refresh may ask GitHub again before its back-off")
 
     def _activate(
         self, provision: ProvisionPlan, ready: list[tuple[str, str | None, float]]

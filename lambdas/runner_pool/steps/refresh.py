@@ -1,6 +1,9 @@
 """Refresh (DESIGN.md section 8): the scheduled sweep that ends what is due, leaks nothing, keeps the pool.
 
-Each run does thirteen jobs, one after the other, each on its own (one failing does not stop the rest):
+Each run does thirteen jobs, one after the other, each on its own (one failing does not stop the rest).
+A job begins only with JOB_RESERVE_SECONDS of the Lambda's time left; those left are deferred, and the
+next run begins with them (`run`). Jobs 6, 8 and 9 read GitHub for runs with recent demand and live in
+steps.reconcile:
 
 1. vanished: a live record whose instance EC2 reports gone (a spot interruption, a terminate from
    outside) is expired at once, rather than when its threshold would have passed;
@@ -45,45 +48,38 @@ What a dead run left undone, the next run finds still to do.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet
-from runner_pool.adapters.recent_demand import RecentDemand, RecentRun
+from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.executions import (
-    PROVISION_LIMIT,
-    ProvisionRequest,
-    ReleaseRequest,
-    instance_of_runner,
-)
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PickupManager, PoolQueue
 from runner_pool.domain.pool_partitions import PoolPartition
-from runner_pool.domain.provision import busy_seconds
 from runner_pool.domain.records import PoolMessage, Signal, UsageClass
 from runner_pool.domain.refresh import (
+    JOB_RESERVE_SECONDS,
     ORPHAN_GRACE_SECONDS,
-    RECENT_DEMAND_SECONDS,
-    RECONCILE_GRACE_SECONDS,
-    RECONCILE_REQUESTS_PER_RUN,
     REDELIVERY_MARKER,
     REDELIVERY_WINDOW_SECONDS,
+    RESUME_MARKER,
     STOPPED_TIER_MARKER,
     SWEEP_BATCH,
     WARM_POOL_MARKER,
     RefreshReport,
     batches,
     booting_for_pool,
-    may_still_start,
+    in_turn,
     untracked,
 )
-from runner_pool.domain.runner_scope import OrganizationScope, Registration
-from runner_pool.domain.runners import GitHubError, RunJob, RunnerRegistry, RunnerRemoval, RunnerStatus
+from runner_pool.domain.registration_budget import RegistrationBudget
+from runner_pool.domain.runners import GitHubError, RunnerRegistry
 from runner_pool.domain.stopped_tier import (
     awaiting_stop,
     clean_to_stop,
@@ -94,6 +90,7 @@ from runner_pool.domain.stopped_tier import (
 )
 from runner_pool.observability import logger
 from runner_pool.steps.notices import NoticeSource, close_queues, no_notices, open_queues
+from runner_pool.steps.reconcile import RunReconciliation, TimeLeft
 
 
 class Refresh:
@@ -112,6 +109,7 @@ class Refresh:
         executions: Callable[[], Executions] | None = None,
         notices: NoticeSource = no_notices,
         pickup: Callable[[], PickupManager] | None = None,
+        budget: Callable[[], RegistrationBudget] | None = None,
     ) -> None:
         """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing."""
         self._table = table
@@ -126,9 +124,24 @@ class Refresh:
         self._executions = executions
         self._notices = notices
         self._pickup = pickup
+        self._budget = budget
 
-    def run(self, tick: int) -> RefreshReport:
+    def run(self, tick: int, time_left: TimeLeft = lambda: math.inf) -> RefreshReport:
+        """Every job in turn while `time_left()` (seconds) allows; the rest are deferred to the next run,
+        which begins with the first of them (RESUME_MARKER), so every job gets its turn however short
+        the runs are. Jobs are independent and idempotent, so the order they run in is only a matter of
+        who goes first."""
         report = RefreshReport()
+        github = RunReconciliation(
+            self._table,
+            self._registry,
+            clock=self._clock,
+            config=self._config,
+            recent_demand=self._recent,
+            executions=self._executions,
+            time_left=time_left,
+            budget=self._budget,
+        )
         jobs: list[tuple[str, Callable[[RefreshReport], None]]] = [
             ("vanished", self._expire_vanished),
             ("stopped-tier", lambda r: self._keep_stopped(r, tick)),
@@ -137,19 +150,35 @@ class Refresh:
             ("orphans", self._terminate_orphans),
             ("admit", self._admit_ready),
             ("warm-pool", lambda r: self._keep_warm(r, tick)),
-            ("runners", self._delete_offline_runners),
+            ("runners", github.delete_offline_runners),
             ("redeliveries", self._redeliver),
-            ("dead-runners", self._replace_dead_runners),
-            ("reconcile", lambda r: self._reconcile(r, tick)),
+            ("dead-runners", github.replace_dead_runners),
+            ("reconcile", lambda r: github.reconcile(r, tick)),
             ("notice-queues", self._sync_notice_queues),
             ("pool-sweep", self._sweep_pool),
         ]
-        for name, job in jobs:
+        resume = self._table.read_marker(RESUME_MARKER)
+        turn = int(resume or 0)
+        for offset, (name, job) in enumerate(in_turn(jobs, turn)):
+            if time_left() < JOB_RESERVE_SECONDS:
+                report.deferred = [name for name, _ in in_turn(jobs, turn)[offset:]]
+                break
+            report.ran.append(name)
             try:
                 job(report)
             except Exception:
                 logger.exception("refresh job failed; the next run tries again", job=name)
                 report.failed.append(name)
+        names = [name for name, _ in jobs]
+        follow = names.index(report.deferred[0]) if report.deferred else 0
+        if follow != turn:
+            # Lost to a run at once: that run's place is as good, so the loss is left alone.
+            self._table.move_marker(RESUME_MARKER, follow, expected=resume)
+        if self._budget is not None:
+            hourly = self._budget().hourly()
+            report.github_hourly_remaining = None if hourly is None else hourly.remaining
+        if report.deferred:
+            logger.warning("refresh ran short of time; the next run begins here", deferred=report.deferred)
         return report
 
     # --- 1. instances EC2 has lost -------------------------------------------------------------
@@ -386,36 +415,6 @@ class Refresh:
         if failures:
             raise RuntimeError(f"warm-pool launches failed for: {', '.join(failures)}")
 
-    # --- 6. GitHub's offline runners -----------------------------------------------------------
-
-    def _delete_offline_runners(self, report: RefreshReport) -> None:
-        github = self._registry()
-        now = self._clock.now()
-        for repository in self._runner_places():
-            for runner in github.runners(repository):
-                instance_id = instance_of_runner(runner.name)
-                if runner.status is not RunnerStatus.OFFLINE or instance_id is None:
-                    continue
-                if may_still_start(self._table.get(instance_id), runner, now):
-                    continue
-                if github.delete_runner(runner.runner_id, repository) is RunnerRemoval.DELETED:
-                    report.runners_deleted += 1
-
-    def _runner_places(self) -> Sequence[str | None]:
-        """Where our runners are registered: the App's repository (None), or, for an organisation,
-        each repository with recent demand (runners are registered at the job's repository, and an
-        organisation's list does not hold its repositories' runners). With `github.registration:
-        runner-group` every runner is the organisation's, so its one list holds them all."""
-        github = self._config.github
-        if (
-            not isinstance(github.scope, OrganizationScope)
-            or github.registration is Registration.RUNNER_GROUP
-        ):
-            return [None]
-        if self._recent is None:
-            return []
-        return sorted({run.repository for run in self._recent.runs()})
-
     # --- 7. missed webhooks --------------------------------------------------------------------
 
     def _redeliver(self, report: RefreshReport) -> None:
@@ -436,137 +435,6 @@ class Refresh:
                 self._table.move_marker(REDELIVERY_MARKER, previous or 0, expected=delivery.delivery_id)
                 raise
             report.redelivered += 1
-
-    # --- 8. runners that died before their job --------------------------------------------------
-
-    def _replace_dead_runners(self, report: RefreshReport) -> None:
-        if self._recent is None or self._executions is None:
-            return
-        now = self._clock.now()
-        running = [
-            record
-            for record in self._table.live()
-            if record.state is InstanceState.RUNNING and record.run_key and not record.threshold_passed(now)
-        ]
-        if not running:
-            return
-        repositories = {key: run for run in self._recent.runs() for key in run.run_keys}
-        executions = self._executions()
-        for record in running:
-            run_key = record.run_key or ""
-            signal = self._table.read_signal(record.instance_id)
-            if signal is None or not signal.confirms(Signal.UD_REG_FAILED, run_key):
-                continue
-            logger.warning(
-                "runner exited before it took a job; releasing its instance and asking for another",
-                instance_id=record.instance_id,
-                runner_id=record.runner_id,
-                reason=signal.reason,
-            )
-            # Named by the runner that died: a second refresh (or a retried one) starts nothing twice.
-            cause = f"runner-{record.runner_id}-exited"
-            executions.release(
-                ReleaseRequest(
-                    run_key=run_key,
-                    instance_id=record.instance_id,
-                    cause=cause,
-                    runner_id=record.runner_id,
-                )
-            )
-            run = repositories.get(run_key)
-            if run is not None:
-                executions.provision(
-                    ProvisionRequest(
-                        repository=run.repository,
-                        run_key=run_key,
-                        count=1,
-                        origin=f"replace-{record.runner_id}",
-                        public=run.single_use,
-                        repository_id=run.repository_id,
-                    )
-                )
-            report.runners_replaced += 1
-
-    # --- 9. queued jobs nobody serves -------------------------------------------------------------
-
-    def _reconcile(self, report: RefreshReport, tick: int) -> None:
-        if self._recent is None or self._executions is None:
-            return
-        now = self._clock.now()
-        requests_left = RECONCILE_REQUESTS_PER_RUN
-        for run in self._recent.runs():
-            if now - run.demand_at > RECENT_DEMAND_SECONDS or all(
-                self._table.run_finished(run_key) for run_key in run.run_keys
-            ):
-                self._recent.forget(run)
-                continue
-            if now < run.busy_until:
-                continue  # a provision for it may still be claiming or creating
-            if requests_left <= 0:
-                return  # the rest first next time: they are the least recently reconciled
-            jobs, requests = self._registry().run_jobs(run.repository, run.run_id, run.attempt)
-            requests_left -= requests
-            self._recent.reconciled(run)
-            report.runs_reconciled += 1
-            if self._reprovision(report, run, jobs, self._executions(), tick=tick, now=now):
-                self._recent.busy(run, busy_seconds(self._config.timeouts))
-
-    def _reprovision(
-        self,
-        report: RefreshReport,
-        run: RecentRun,
-        jobs: Sequence[RunJob],
-        executions: Executions,
-        *,
-        tick: int,
-        now: Epoch,
-    ) -> bool:
-        """Provision the run's queued jobs that no runner of ours is free to take; whether it did."""
-        # A runner named by a job that is not queued any more has (or had) its job: it is not free.
-        taken = {job.runner_id for job in jobs if not job.queued and job.runner_id is not None}
-        started = False
-        for run_key in sorted(run.run_keys):
-            waiting = sorted(
-                (
-                    job
-                    for job in jobs
-                    if job.queued
-                    and job.run_key(run.attempt) == run_key
-                    and now - job.created_at >= RECONCILE_GRACE_SECONDS
-                ),
-                key=lambda job: (job.created_at, job.job_id),
-            )
-            if not waiting:
-                continue
-            free = [
-                record
-                for record in self._table.held_by(run_key)
-                if not record.threshold_passed(now) and record.runner_id not in taken
-            ]
-            # One provision's worth a run at a time (Step Functions' quotas); the rest at the next refresh.
-            missing = min(len(waiting) - len(free), PROVISION_LIMIT)
-            if missing <= 0:
-                continue
-            logger.warning(
-                "queued jobs have no runner of ours; provisioning them again",
-                run_key=run_key,
-                queued=len(waiting),
-                free_runners=len(free),
-            )
-            executions.provision(
-                ProvisionRequest(
-                    repository=run.repository,
-                    run_key=run_key,
-                    count=missing,
-                    job_ids=tuple(job.job_id for job in waiting[:missing]),
-                    origin=f"reconcile-{tick}",
-                    public=run.single_use,
-                    repository_id=run.repository_id,
-                )
-            )
-            report.jobs_reprovisioned += missing
-            started = True
-        return started
 
     def _claim_marker(self, name: str, value: float, seen: float | None) -> tuple[bool, float | None]:
         """Move a marker, last `seen` at a value, up to `value`, first come first served: (won, the
