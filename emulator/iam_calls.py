@@ -267,9 +267,8 @@ def _create_queue(params: Mapping[str, Any], world: Lookups) -> list[Authorizati
 
 @_row("sqs:ListQueues")
 def _list_queues(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
-    """Authorizes every queue of the account and region, whatever the prefix (SQS Developer Guide,
-    "Amazon SQS API permissions: Actions and resource reference": ListQueues)."""
-    return [Authorization("sqs:ListQueues", _arn(world, "sqs", "*"))]
+    """Authorizes `*`, whatever the prefix: ListQueues has no resource type (SAR list_amazonsqs.html)."""
+    return [Authorization("sqs:ListQueues", "*")]
 
 
 @_row("sqs:GetQueueUrl")

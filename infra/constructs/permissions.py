@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from aws_cdk import Acknowledgment, ArnFormat, Stack, Validations
+from aws_cdk import Acknowledgment, Stack, Validations
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -134,22 +134,13 @@ def open_notice_queues(grantee: lambda_.Function, notice_queues: NoticeQueueName
 
 
 def sweep_notice_queues(grantee: lambda_.Function, notice_queues: NoticeQueueNames) -> None:
-    """List the stack's notice queues and delete those whose instance has ended. ListQueues authorizes
-    `arn:<p>:sqs:<region>:<account>:*` whatever prefix it is given (SQS Developer Guide, "Amazon SQS API
-    permissions: Actions and resource reference")."""
-    stack = Stack.of(grantee)
-    _allow(
-        grantee,
-        ["sqs:ListQueues"],
-        [stack.format_arn(service="sqs", resource="*", arn_format=ArnFormat.NO_RESOURCE_NAME)],
-    )
+    """List the stack's notice queues and delete those whose instance has ended. ListQueues has no
+    resource type, so it is granted on `*` (Service Authorization Reference, "Actions, resources, and
+    condition keys for Amazon SQS", https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonsqs.html:
+    an action with no resource type must name all resources); it only lists names (the function asks
+    for the stack's notice prefix) and grants nothing on a queue."""
+    _allow(grantee, ["sqs:ListQueues"], ["*"])
     _allow(grantee, ["sqs:DeleteQueue"], [notice_queues.arns])
-    acknowledge_wildcards(
-        grantee,
-        ["arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:*"],
-        "ListQueues supports no narrower resource than every queue of the account and region; it only "
-        "lists names (the function asks for the stack's notice prefix), and grants nothing on a queue.",
-    )
     _acknowledge_notice_queues(grantee, notice_queues)
 
 

@@ -27,7 +27,7 @@ LAUNCHED = r"(fleet|instance|volume|network-interface|spot-instances-request|sub
 REVIEWED = {
     ("PoolQueues", r"AwsSolutions-SQS3"),
     ("Instances/Role", re.escape(f"AwsSolutions-IAM5[Resource::{ANY_INSTANCE_FINDING}]")),
-    # X-Ray (every function, every state machine), EC2's Describe actions, log delivery
+    # X-Ray (every function, every state machine), EC2's Describe actions, SQS ListQueues, log delivery
     (
         rf"({FUNCTION})Role|((Provision|Release)/Workflow|Ingress/FollowUp)/StateMachine/Role",
         re.escape("AwsSolutions-IAM5[Resource::*]"),
@@ -35,15 +35,11 @@ REVIEWED = {
     (FUNCTION, "AwsSolutions-L1"),
     # Notice queues exist only at run time, one per instance (runner_pool.domain.notices): Begin, the
     # claim and hand-over steps send to them, creation and refresh open them, the instance role receives from its
-    # own (a tag condition), refresh lists the region's queues to sweep them
+    # own (a tag condition)
     (
         r"Instances/Role|(Provision/Workflow/(Begin|Claim|Create|CheckFleet)|Release/Workflow/GiveBack|Refresh/Refresh)Role",
         re.escape("AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:")
         + r"[A-Za-z0-9-]+-notice-\*\]",
-    ),
-    (
-        "Refresh/RefreshRole",
-        re.escape("AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:*]"),
     ),
     ("((Provision|Release)/Workflow|Ingress/FollowUp)/StateMachine", "AwsSolutions-SF1"),
     (EXPIRING, re.escape(f"AwsSolutions-IAM5[Resource::{ANY_INSTANCE_FINDING}]")),

@@ -207,6 +207,25 @@ def test_a_step_that_fails_unexpectedly_expires_what_the_release_held(
     assert local.drain_pool("large") == []
 
 
+def test_a_plan_that_fails_past_its_retries_ends_the_release_in_its_named_failure(
+    local: LocalControlPlane, release: LocalStateMachine
+) -> None:
+    # Given a running instance, and a plan that fails every time
+    (running,) = local.running(RUN)
+
+    def broken(_event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        raise RuntimeError("the table is on fire")
+
+    # When its run is released
+    execution = release.run(by_run(RUN), on_wait=Agents(local).on_wait, replace={"plan": broken})
+    # Then Plan's Catch ends the execution in the Unplanned state, and the instance is left as it was
+    assert execution.status == "FAILED"
+    (failed,) = [event for event in execution.events if event["type"] == "ExecutionFailed"]
+    assert failed["executionFailedEventDetails"]["error"] == "ReleaseNotPlanned"
+    record = local.record(running.instance_id)
+    assert (record.state, record.run_key) == (InstanceState.RUNNING, RUN)
+
+
 # --- by run ---------------------------------------------------------------------------------------
 
 

@@ -126,9 +126,10 @@ def test_creating_a_tagged_queue_needs_tag_queue_with_the_request_tags() -> None
     }
 
 
-def test_listing_queues_authorizes_every_queue_of_the_region() -> None:
+def test_listing_queues_authorizes_every_resource() -> None:
+    # Given/When ListQueues by a prefix; Then it authorizes `*`: the action has no resource type (SAR list_amazonsqs.html)
     (listed,) = authorizations("sqs", "ListQueues", {"QueueNamePrefix": "pool-notice-"}, World())
-    assert listed.resource == "arn:aws:sqs:us-east-1:123456789012:*"
+    assert listed.resource == "*"
 
 
 def test_terminating_reads_each_instances_tags_and_id() -> None:
