@@ -33,18 +33,8 @@ PERMISSION_LEVELS = ("read", "write", "admin")
 LAMBDA_QUOTA_CODE = "L-B99A9384"
 """Service Quotas' code of Lambda's "Concurrent executions" quota."""
 EBS_KEY_POLICY_DOCS = "https://docs.aws.amazon.com/ebs/latest/userguide/ebs-encryption-requirements.html"
-EBS_KEY_POLICY_ACTIONS = (
-    "kms:Encrypt",
-    "kms:Decrypt",
-    "kms:ReEncrypt*",
-    "kms:GenerateDataKey*",
-    "kms:DescribeKey",
-    "kms:CreateGrant",
-)
-"""What the roles that launch and start instances need on a customer managed key that encrypts their
-volumes (EBS User Guide, "Amazon EBS encryption requirements", and EC2 Auto Scaling User Guide,
-"Required AWS KMS key policy for use with encrypted volumes": the direct use of the key, and
-kms:CreateGrant with kms:GrantIsForAWSResource for the grant EBS makes for each volume)."""
+"""What the roles that launch and start instances need on a customer managed key of their volumes (granted
+by infra/constructs/permissions.py's use_volume_key once instances.ebs_kms_key_arn names it)."""
 
 
 class Verdict(StrEnum):
@@ -384,27 +374,24 @@ def _ebs(r: Readings) -> _Judged:
             r.ebs, "the account's EBS encryption defaults", "run the doctor with ec2:GetEbs* allowed"
         )
     default = "on" if r.ebs.encrypted_by_default else "off"
+    configured = r.stack.config.instances.ebs_kms_key_arn
+    if configured is not None:
+        return _Judged(
+            True,
+            f"encryption by default {default}; root volumes use instances.ebs_kms_key_arn {configured}, "
+            "granted to the roles that launch and start instances",
+        )
     if r.ebs.aws_managed:
         return _Judged(
             True,
             f"encryption by default {default}; root volumes use {r.ebs.key_id}, AWS managed: no grant needed",
         )
-    configurable = "ebs_kms_key_arn" in type(r.stack.config.instances).model_fields
-    fix = (
-        f"set instances.ebs_kms_key_arn to {r.ebs.key_id} and deploy"
-        if configurable
-        else (
-            "let the key's policy allow the stack's launching roles and the service-linked roles "
-            f"AWSServiceRoleForEC2Fleet and AWSServiceRoleForEC2Spot {', '.join(EBS_KEY_POLICY_ACTIONS)} "
-            f'(CreateGrant on "Bool": {{"kms:GrantIsForAWSResource": true}}), as {EBS_KEY_POLICY_DOCS} '
-            "shows; or aws ec2 reset-ebs-default-kms-key-id"
-        )
-    )
     return _Judged(
         False,
         f"encryption by default {default}; root volumes (encrypted, no key named) use the customer managed "
         f"key {r.ebs.key_id}, on which no role of the stack has a grant: launches fail",
-        fix,
+        f"set instances.ebs_kms_key_arn to {r.ebs.key_id} (its key ARN) and deploy, as {EBS_KEY_POLICY_DOCS} "
+        "requires of the roles that launch and start instances",
     )
 
 
