@@ -177,6 +177,10 @@ def _low_quota(c: Clinic) -> None:
     c.account.lambda_concurrency = 10
 
 
+def _lower_quota(c: Clinic) -> None:
+    c.account.lambda_concurrency = 5
+
+
 def _no_roles(c: Clinic) -> None:
     iam = c.client("iam")
     for name in ("AWSServiceRoleForEC2Fleet", "AWSServiceRoleForEC2Spot"):
@@ -252,7 +256,14 @@ WAYS = {
         "set instances.ebs_kms_key_arn to arn:",
     ),
     "lambda quota of 10": Way(
-        _low_quota, "lambda concurrency", "FAIL", "10 unreserved of 10", "L-B99A9384) of at least 40"
+        _low_quota, "lambda concurrency", "warn", "10 unreserved of 10", "L-B99A9384) of at least 40"
+    ),
+    "lambda quota below 10": Way(
+        _lower_quota,
+        "lambda concurrency",
+        "FAIL",
+        "throttled past their retries",
+        "L-B99A9384) of at least 40",
     ),
     "service-linked roles missing": Way(
         _no_roles, "service-linked roles", "warn", "AWSServiceRoleForEC2Fleet", "ec2fleet.amazonaws.com"

@@ -32,6 +32,10 @@ PERMISSION_LEVELS = ("read", "write", "admin")
 """A GitHub App permission's levels, each including the ones before it."""
 LAMBDA_QUOTA_CODE = "L-B99A9384"
 """Service Quotas' code of Lambda's "Concurrent executions" quota."""
+THROTTLED_QUOTA_FLOOR = 10
+"""The lowest unreserved concurrency at which provisions are known to finish, throttled and retried
+(a new account's quota; bench/results.json's burst_300_at_concurrency_10_failed_executions_count); above
+it and below the provision Map's concurrency the doctor warns."""
 EBS_KEY_POLICY_DOCS = "https://docs.aws.amazon.com/ebs/latest/userguide/ebs-encryption-requirements.html"
 """What the roles that launch and start instances need on a customer managed key of their volumes (granted
 by infra/constructs/permissions.py's use_volume_key once instances.ebs_kms_key_arn names it)."""
@@ -415,11 +419,19 @@ def _lambda_concurrency(r: Readings) -> _Judged:
         f"the provision Map runs {needed}"
     )
     if quota.unreserved < needed:
+        fix = (
+            f"ask for a Lambda concurrent executions quota ({LAMBDA_QUOTA_CODE}) of at least {needed} + what "
+            "else runs in the account, in Service Quotas"
+        )
+        if quota.unreserved < THROTTLED_QUOTA_FLOOR:
+            return _Judged(
+                False, f"{said}: a larger provision's claims are throttled past their retries", fix
+            )
         return _Judged(
             False,
-            f"{said}: a larger provision's claims are throttled and fail its Map",
-            f"ask for a Lambda concurrent executions quota ({LAMBDA_QUOTA_CODE}) of at least {needed} + what "
-            "else runs in the account, in Service Quotas",
+            f"{said}: a larger provision's claims are throttled and retried, so it is slower",
+            fix,
+            warn_only=True,
         )
     return _Judged(True, said)
 
@@ -519,14 +531,15 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "ebs encryption",
-        "the account's default EBS key is AWS managed (a customer managed one needs a key policy for us)",
+        "`instances.ebs_kms_key_arn` is set, or the account's default EBS key is AWS managed",
         "`ec2:GetEbsEncryptionByDefault`, `ec2:GetEbsDefaultKmsKeyId`, `kms:DescribeKey`",
         "every launch",
         _ebs,
     ),
     Check(
         "lambda concurrency",
-        "unreserved Lambda concurrency covers the provision Map's `MaxConcurrency`",
+        "unreserved Lambda concurrency covers the provision Map's `MaxConcurrency` "
+        "(from 10 up to it warns: throttled claims are retried)",
         "`lambda:GetAccountSettings`; the deployed provision state machine",
         "larger provisions",
         _lambda_concurrency,
