@@ -25,6 +25,7 @@ from typing import Any
 from unittest import mock
 
 from botocore.exceptions import ClientError
+from moto.awslambda.exceptions import LambdaClientError
 
 from emulator import asl_parse_cache, step_functions_quotas
 from emulator.moto_internals import patch_point
@@ -69,6 +70,22 @@ class Invocations:
         return [event for name, event in self.calls if name == function_name]
 
 
+class ThrottledError(Exception):
+    """Lambda's answer to an invocation beyond the account's concurrency: HTTP 429
+    `TooManyRequestsException`, with nothing run (Lambda Developer Guide, "Understanding Lambda function
+    scaling": "If your function is already at its concurrency limit [...] the request is throttled";
+    lambda-concurrency.html). Step Functions names it `Lambda.TooManyRequestsException`."""
+
+    error_code = "TooManyRequestsException"
+
+
+class _TooManyRequestsError(LambdaClientError):
+    code = 429
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ThrottledError.error_code, message)
+
+
 @contextmanager
 def lambdas_in_process(handlers: Mapping[str, Handler]) -> Iterator[Invocations]:
     """While inside, invoking the moto Lambda function `name` calls `handlers[name]` in this process."""
@@ -92,6 +109,8 @@ def lambdas_in_process(handlers: Mapping[str, Handler]) -> Iterator[Invocations]
         )
         try:
             return json.dumps(handlers[name](event, context)).encode()
+        except ThrottledError as refused:  # Lambda's own 429: the Invoke call fails, nothing ran
+            raise _TooManyRequestsError(str(refused)) from None
         except Exception as exc:  # every failure is reported to the state machine, as Lambda does
             response_headers["x-amz-function-error"] = "Unhandled"
             return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc)}).encode()
