@@ -76,7 +76,7 @@ from botocore.exceptions import ClientError
 from emulator.aws import ACCOUNT, REGION
 from emulator.iam_check import PolicyCheck, denied_answer
 from emulator.iam_stack import Principal
-from emulator.step_functions import ThrottledError
+from emulator.step_functions import AccountConcurrency
 from emulator.template import host_assembly
 
 BOOTSTRAP = Path(__file__).resolve().with_name("lambda_bootstrap.py")
@@ -506,15 +506,7 @@ class LambdaRuntime:
         """Only for `calls` and `faults`: every AWS call a function makes counts, and must not wait on
         the invocations' turns."""
         self._closed = False
-        self._concurrency = concurrency
-        self._in_flight = 0
-        self.throttled = 0
-        """Invocations refused for the account's concurrency (`concurrency`)."""
-
-    @property
-    def in_flight(self) -> int:
-        """Invocations running or waiting for an environment: what the account's concurrency counts."""
-        return self._in_flight
+        self.concurrency = AccountConcurrency(concurrency) if concurrency is not None else None
 
     def __enter__(self) -> Self:
         return self
@@ -579,18 +571,10 @@ class LambdaRuntime:
         """Invoke `name` with `event` and wait for its result; a failed invocation raises FunctionError."""
         spec = self.functions[name]
         request_id = getattr(context, "aws_request_id", None) or str(uuid.uuid4())
-        with self._lock:
-            if self._concurrency is not None and self._in_flight >= self._concurrency:
-                self.throttled += 1
-                raise ThrottledError(
-                    f"Rate Exceeded. (the account's concurrency of {self._concurrency} is in use)"
-                )
-            self._in_flight += 1
-        try:
+        if self.concurrency is None:
             return self._invoke(spec, event, context, request_id)
-        finally:
-            with self._lock:
-                self._in_flight -= 1
+        with self.concurrency.invocation():
+            return self._invoke(spec, event, context, request_id)
 
     def _invoke(self, spec: FunctionSpec, event: Any, context: Any, request_id: str) -> Any:
         environment = self._acquire(spec)

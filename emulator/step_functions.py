@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
 import time
 import uuid
 import zipfile
@@ -77,6 +78,32 @@ class ThrottledError(Exception):
     lambda-concurrency.html). Step Functions names it `Lambda.TooManyRequestsException`."""
 
     error_code = "TooManyRequestsException"
+
+
+class AccountConcurrency:
+    """The account's concurrent executions quota, shared by every function (none reserved): an invocation
+    that finds `limit` in flight is refused with ThrottledError at once, as Lambda refuses it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        """Invocations running (or waiting for an environment): what the quota counts."""
+        self.throttled = 0
+        """Invocations refused."""
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def invocation(self) -> Iterator[None]:
+        with self._lock:
+            if self.in_flight >= self.limit:
+                self.throttled += 1
+                raise ThrottledError(f"Rate Exceeded. (the account's concurrency of {self.limit} is in use)")
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
 
 class _TooManyRequestsError(LambdaClientError):

@@ -34,12 +34,17 @@ from emulator.lambda_runtime import (
     FunctionError,
     FunctionSpec,
     LambdaRuntime,
-    ThrottledError,
     fork_server_preload,
     host_artifacts,
 )
 from emulator.resources import create_state_table
-from emulator.step_functions import MOTO_CONFIG, LocalStateMachines, lambdas_in_process, without_waiting
+from emulator.step_functions import (
+    MOTO_CONFIG,
+    LocalStateMachines,
+    ThrottledError,
+    lambdas_in_process,
+    without_waiting,
+)
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -480,12 +485,14 @@ def test_an_invocation_past_the_accounts_concurrency_is_throttled_and_runs_nothi
         ThreadPoolExecutor(max_workers=1) as pool,
     ):
         held = pool.submit(runtime.invoke, "in_turn", {"until": str(gate), "log": str(log), "tag": "held"})
-        eventually(lambda: runtime.in_flight == 1, "the first invocation in flight")
+        quota = runtime.concurrency
+        assert quota is not None
+        eventually(lambda: quota.in_flight == 1, "the first invocation in flight")
 
         # When another function is invoked / Then Lambda refuses it at once, whatever function it is
         with pytest.raises(ThrottledError, match="concurrency of 1"):
             runtime.invoke("where", {})
-        assert runtime.throttled == 1
+        assert quota.throttled == 1
 
         # And once the first has returned, the account's concurrency is free again
         gate.touch()
