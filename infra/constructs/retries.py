@@ -90,10 +90,10 @@ def _any_error(interval_seconds: int, max_attempts: int) -> Retrier:
     return Retrier(ANY_ERROR, max_attempts, interval_seconds, 2)
 
 
-THROTTLED = Retrier(LAMBDA_THROTTLED, 10, 1, 2, max_delay_seconds=16, full_jitter=True)
+THROTTLED = Retrier(LAMBDA_THROTTLED, 20, 1, 2, max_delay_seconds=16, full_jitter=True)
 """Every Lambda task's first retrier: a throttled invocation did nothing, so it is tried again, for as long
 as a burst takes to drain at a concurrency quota of 10 (new accounts: Lambda Developer Guide, "Lambda
-quotas"): waits of up to 1, 2, 4, 8 and then 16 s, 111 s in all, each a random share of that (the Step
+quotas"): waits of up to 1, 2, 4, 8 and then 16 s, 271 s in all, each a random share of that (the Step
 Functions guide's JitterStrategy), so a Map's throttled iterations spread out rather than collide again."""
 IDEMPOTENT = RetryPolicy("idempotent", (THROTTLED, _any_error(1, 3)))
 """A step that finds its own earlier effect: whatever failed, tried again, three times in all after it."""

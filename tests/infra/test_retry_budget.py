@@ -80,10 +80,10 @@ def test_every_lambda_task_retries_throttling_first_and_outwaits_any_map_iterati
             for _, task in workflow.tasks(state["ItemProcessor"])
             for handler in workflow.function_placeholders(json.dumps(task.get("Parameters"))).values()
         }
-    # And its waits, 1 + 2 + 4 + 8 + 6 x 16 = 111 s at worst (jitter only shortens them), outlast the
+    # And its waits, 1 + 2 + 4 + 8 + 16 x 16 = 271 s at worst (jitter only shortens them), outlast the
     # longest any function a Map runs can hold the concurrency a throttled iteration waits for (its
     # timeout): at a quota of 10, a Map of 40 throttles 30 iterations until the first 10 end
-    assert retries.THROTTLED.longest_wait_seconds() == 111.0
+    assert retries.THROTTLED.longest_wait_seconds() == 271.0
     timeouts = {handler: properties["Timeout"] for handler, properties in functions(synthesis).items()}
     held = {
         handler: timeout
