@@ -21,6 +21,7 @@ BENCHMARKS = (
     "emulator",
     "burst",
     "burst_1000",
+    "burst_at_concurrency_10",
     "quotas",
     "lambda_runtime",
     "day_trace",

@@ -33,6 +33,7 @@ from emulator.deployment import Timers
 from emulator.fake_github import Conclusion, FakeJob, FakeWorkflowRun, JobSpec, JobStatus
 from emulator.fake_github.rate_limits import POINTS_PER_MINUTE, RateLimits
 from emulator.simulated_instances import InstanceSettings
+from emulator.stack import RuntimeFactory
 from emulator.timeline import Happening, TimelineEvent
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from runner_pool.domain.executions import FollowUpRequest, ProvisionRequest, instance_of_runner
@@ -86,7 +87,7 @@ so they count together. Lambda's timeout names its request ("RequestId: <id> Err
 
 
 @contextmanager
-def rate_limited_world(scratch: Path) -> Iterator[World]:
+def rate_limited_world(scratch: Path, runtime: RuntimeFactory | None = None) -> Iterator[World]:
     github = compressed_config().github.model_dump(mode="json", exclude_none=True)
     config = compressed_config(
         timeouts={
@@ -114,6 +115,7 @@ def rate_limited_world(scratch: Path) -> Iterator[World]:
         timers=timers,
         record_watch_seconds=RECORD_WATCH_SECONDS,
         lost_runner_seconds=LOST_RUNNER_SECONDS,
+        runtime=runtime,
     ) as running:
         limits = running.github.limits
         limits.enabled = True

@@ -76,6 +76,7 @@ from botocore.exceptions import ClientError
 from emulator.aws import ACCOUNT, REGION
 from emulator.iam_check import PolicyCheck, denied_answer
 from emulator.iam_stack import Principal
+from emulator.step_functions import AccountConcurrency
 from emulator.template import host_assembly
 
 BOOTSTRAP = Path(__file__).resolve().with_name("lambda_bootstrap.py")
@@ -463,6 +464,7 @@ class LambdaRuntime:
         calls: Counter[str] | None = None,
         fork_server: bool = True,
         region: str = REGION,
+        concurrency: int | None = None,
     ) -> None:
         """`endpoint`: local AWS (emulator/aws.py). `policy_check`: every call checked as the function's
         role (`principal_of`, by default the role of the function whose handler the template names so).
@@ -471,7 +473,9 @@ class LambdaRuntime:
         another function is shut down to make room (each holds about 80 MB). `fork_server`: after a
         first cold start in this process, environments are forked from a process that has imported the
         layer modules that first environment loaded and the code asset's `PRELOADED_CODE` (see the
-        module's docstring); False: every one starts anew."""
+        module's docstring); False: every one starts anew. `concurrency`: the account's concurrent
+        executions quota, shared by every function (none reserved): an invocation that finds that many in
+        flight is refused with `ThrottledError` at once, as Lambda refuses it; None: no quota."""
         misnamed = sorted(name for name, spec in functions.items() if spec.name != name)
         if misnamed:
             raise ValueError(f"functions must be keyed by their own names: {misnamed}")
@@ -502,6 +506,7 @@ class LambdaRuntime:
         """Only for `calls` and `faults`: every AWS call a function makes counts, and must not wait on
         the invocations' turns."""
         self._closed = False
+        self.concurrency = AccountConcurrency(concurrency) if concurrency is not None else None
 
     def __enter__(self) -> Self:
         return self
@@ -566,6 +571,12 @@ class LambdaRuntime:
         """Invoke `name` with `event` and wait for its result; a failed invocation raises FunctionError."""
         spec = self.functions[name]
         request_id = getattr(context, "aws_request_id", None) or str(uuid.uuid4())
+        if self.concurrency is None:
+            return self._invoke(spec, event, context, request_id)
+        with self.concurrency.invocation():
+            return self._invoke(spec, event, context, request_id)
+
+    def _invoke(self, spec: FunctionSpec, event: Any, context: Any, request_id: str) -> Any:
         environment = self._acquire(spec)
         began = time.monotonic()
         deadline = began + spec.timeout_seconds

@@ -56,7 +56,14 @@ from emulator.resources import (
     create_pool_queues,
     create_state_table,
 )
-from emulator.step_functions import Handler, LambdaContext, LocalStateMachines, function_arn, substitute
+from emulator.step_functions import (
+    AccountConcurrency,
+    Handler,
+    LambdaContext,
+    LocalStateMachines,
+    function_arn,
+    substitute,
+)
 from emulator.template import STACK_ID
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.github_app import GitHubApp
@@ -613,3 +620,26 @@ class _GivenEnvironment(EnvSettingsSource):
 
 def _field(variable: str) -> str:
     return variable.removeprefix(ENV_PREFIX).lower()
+
+
+class _WithinConcurrency:
+    def __init__(self, runtime: Runtime, quota: AccountConcurrency) -> None:
+        self._runtime = runtime
+        self._quota = quota
+
+    def invoke(self, name: str, event: Any, context: Any) -> Any:
+        with self._quota.invocation():
+            return self._runtime.invoke(name, event, context)
+
+
+def within_concurrency(quota: AccountConcurrency, runtime: RuntimeFactory | None = None) -> RuntimeFactory:
+    """`runtime` (in this process by default) behind the account's concurrency `quota`: every invocation,
+    from a state machine, the API, a queue or the schedule, counts against it and is throttled past it
+    (emulator/lambda_runtime.py's `concurrency` is the same quota on the artifact runtime alone)."""
+
+    @contextmanager
+    def running(stack: LocalStack) -> Iterator[Runtime]:
+        with (runtime or InProcess)(stack) as inner:
+            yield _WithinConcurrency(inner, quota)
+
+    return running

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
 import time
 import uuid
 import zipfile
@@ -25,6 +26,7 @@ from typing import Any
 from unittest import mock
 
 from botocore.exceptions import ClientError
+from moto.awslambda.exceptions import LambdaClientError
 
 from emulator import asl_parse_cache, step_functions_quotas
 from emulator.moto_internals import patch_point
@@ -69,6 +71,48 @@ class Invocations:
         return [event for name, event in self.calls if name == function_name]
 
 
+class ThrottledError(Exception):
+    """Lambda's answer to an invocation beyond the account's concurrency: HTTP 429
+    `TooManyRequestsException`, with nothing run (Lambda Developer Guide, "Understanding Lambda function
+    scaling": "If your function is already at its concurrency limit [...] the request is throttled";
+    lambda-concurrency.html). Step Functions names it `Lambda.TooManyRequestsException`."""
+
+    error_code = "TooManyRequestsException"
+
+
+class AccountConcurrency:
+    """The account's concurrent executions quota, shared by every function (none reserved): an invocation
+    that finds `limit` in flight is refused with ThrottledError at once, as Lambda refuses it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        """Invocations running (or waiting for an environment): what the quota counts."""
+        self.throttled = 0
+        """Invocations refused."""
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def invocation(self) -> Iterator[None]:
+        with self._lock:
+            if self.in_flight >= self.limit:
+                self.throttled += 1
+                raise ThrottledError(f"Rate Exceeded. (the account's concurrency of {self.limit} is in use)")
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+
+class _TooManyRequestsError(LambdaClientError):
+    code = 429
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ThrottledError.error_code, message)
+
+
 @contextmanager
 def lambdas_in_process(handlers: Mapping[str, Handler]) -> Iterator[Invocations]:
     """While inside, invoking the moto Lambda function `name` calls `handlers[name]` in this process."""
@@ -92,6 +136,8 @@ def lambdas_in_process(handlers: Mapping[str, Handler]) -> Iterator[Invocations]
         )
         try:
             return json.dumps(handlers[name](event, context)).encode()
+        except ThrottledError as refused:  # Lambda's own 429: the Invoke call fails, nothing ran
+            raise _TooManyRequestsError(str(refused)) from None
         except Exception as exc:  # every failure is reported to the state machine, as Lambda does
             response_headers["x-amz-function-error"] = "Unhandled"
             return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc)}).encode()

@@ -183,6 +183,13 @@ class Instances(Construct):
             removal_policy=RemovalPolicy.DESTROY,
             pending_window=Duration.days(7),
         )
+        self.volume_key: kms.IKey | None = (
+            kms.Key.from_key_arn(self, "VolumeKey", settings.ebs_kms_key_arn)
+            if settings.ebs_kms_key_arn
+            else None
+        )
+        """The customer managed key of the root volumes (`instances.ebs_kms_key_arn`); None: the account's
+        default EBS key."""
         self.wheelhouses: Mapping[Arch, AgentWheelhouse] = MappingProxyType(
             dict(wheelhouses) if wheelhouses is not None else {arch: agent_wheelhouse(arch) for arch in Arch}
         )
@@ -404,6 +411,7 @@ class Instances(Construct):
                     volume=ec2.BlockDeviceVolume.ebs(
                         settings.root_volume_gib,
                         encrypted=True,
+                        kms_key=self.volume_key,
                         delete_on_termination=True,
                         volume_type=ec2.EbsDeviceVolumeType.GP3,
                     ),

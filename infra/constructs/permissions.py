@@ -206,11 +206,15 @@ def start_stack_instances(grantee: lambda_.Function) -> None:
     _on_stack_instances(grantee, "ec2:StartInstances")
 
 
-def start_from_stopped_tier(grantee: lambda_.Function, table: dynamodb.ITable) -> None:
+def start_from_stopped_tier(
+    grantee: lambda_.Function, table: dynamodb.ITable, volume_key: kms.IKey | None
+) -> None:
     """Find a stopped instance of a partition, start it, and terminate one EC2 will not start (as any
-    candidate that failed a check: its termination sorts out an id EC2 no longer knows by describing)."""
+    candidate that failed a check: its termination sorts out an id EC2 no longer knows by describing).
+    Starting an instance attaches its encrypted volumes again, so the starter uses their key."""
     find_stopped(grantee, table)
     start_stack_instances(grantee)
+    use_volume_key(grantee, volume_key)
     describe_instances(grantee)
     terminate_stack_instances(grantee)
 
@@ -240,6 +244,7 @@ def launch_instances(
     launch_templates: Sequence[ec2.ILaunchTemplate],
     instance_role: iam.IRole,
     image_parameter_arns: Sequence[str],
+    volume_key: kms.IKey | None,
     images: str = "*",
 ) -> None:
     """One instant CreateFleet (and the RunInstances it makes) from the stack's launch templates.
@@ -273,6 +278,7 @@ def launch_instances(
     )
     instance_role.grant_pass_role(grantee.grant_principal)
     _allow(grantee, ["ssm:GetParameters"], list(image_parameter_arns))
+    use_volume_key(grantee, volume_key)
     acknowledge_wildcards(
         grantee,
         [
@@ -308,6 +314,36 @@ def launch_instances(
             conditions={
                 "StringEquals": {"iam:AWSServiceName": [service for service, _ in SERVICE_LINKED_ROLES]}
             },
+        )
+    )
+
+
+VOLUME_KEY_ACTIONS = (
+    "kms:Decrypt",
+    "kms:DescribeKey",
+    "kms:GenerateDataKeyWithoutPlaintext",
+    "kms:ReEncryptFrom",
+    "kms:ReEncryptTo",
+)
+"""What the principal that launches or starts an instance with volumes encrypted under a customer managed key
+calls on that key, beside kms:CreateGrant: the EBS User Guide's "Requirements for Amazon EBS encryption",
+"Permissions for users" (https://docs.aws.amazon.com/ebs/latest/userguide/ebs-encryption-requirements.html)
+lists kms:CreateGrant, kms:Decrypt, kms:DescribeKey, kms:GenerateDataKeyWithoutPlainText and kms:ReEncrypt,
+which IAM authorizes as kms:ReEncryptFrom and kms:ReEncryptTo (named, not `kms:ReEncrypt*`: no statement of
+the stack grants by wildcard)."""
+
+
+def use_volume_key(grantee: iam.IGrantable, volume_key: kms.IKey | None) -> None:
+    """What EBS needs of the caller to create or attach volumes under `volume_key` (none without one): the
+    key's use, and grants only for EBS itself (kms:GrantIsForAWSResource, as the same page advises)."""
+    if volume_key is None:
+        return
+    _allow(grantee, list(VOLUME_KEY_ACTIONS), [volume_key.key_arn])
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["kms:CreateGrant"],
+            resources=[volume_key.key_arn],
+            conditions={"Bool": {"kms:GrantIsForAWSResource": True}},
         )
     )
 

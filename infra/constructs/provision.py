@@ -53,7 +53,9 @@ class Provision(Construct):
             permissions.write_records(function, table)
             permissions.find_by_run_key(function, table)  # a retried claim step finds its own claim
             permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
-            permissions.start_from_stopped_tier(function, table)  # no hot instance (issue 16, item 2)
+            permissions.start_from_stopped_tier(
+                function, table, instances.volume_key
+            )  # no hot instance (issue 16, item 2)
 
         def create(function: lambda_.Function) -> None:
             permissions.launch_instances(
@@ -61,6 +63,7 @@ class Provision(Construct):
                 launch_templates=templates,
                 instance_role=instances.role,
                 image_parameter_arns=instances.image_parameter_arns,
+                volume_key=instances.volume_key,
             )
             permissions.describe_instances(function)
             permissions.open_notice_queues(function, notice_queues)

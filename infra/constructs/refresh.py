@@ -68,6 +68,7 @@ class Refresh(Construct):
             launch_templates=list(instances.launch_templates.values()),
             instance_role=instances.role,
             image_parameter_arns=instances.image_parameter_arns,
+            volume_key=instances.volume_key,
         )
         permissions.sweep_pool(self.function, pool_queues.queues, table)
         permissions.open_notice_queues(self.function, instances.notice_queues)

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_SMALL_ELSEWHERE = {
     "burst": "tests/e2e/test_github_resilience.py",
     "burst_1000": "tests/e2e/test_github_resilience.py",
+    "burst_at_concurrency_10": "tests/e2e/test_github_resilience.py",
     "quotas": "tests/integration/test_quota_bench.py",
 }
 """Benchmarks whose small run is a test with its own assertions on the figures. The burst's is its

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench import burst_1000 as bench_burst_1000
+from bench import burst_at_concurrency_10 as bench_burst_at_quota
 from demo.burst import queued_spans, rate_limited_world
 from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.fake_github import Conclusion, JobSpec, JobStatus
@@ -48,6 +49,20 @@ timeline looked at records every 5 s in a burst). `make bench` measures 300 and 
 def limited_system(tmp_path: Path) -> Iterator[World]:
     with rate_limited_world(tmp_path) as running:
         yield running
+
+
+def test_a_burst_at_a_lambda_concurrency_quota_of_10_is_throttled_and_fails_no_execution() -> None:
+    # Given a new account's Lambda concurrency quota of 10, shared by every function, and one run of 30
+    # jobs (30 claims asked for at once: three times the quota; bench/burst_at_concurrency_10.py's small run)
+    size = bench_burst_at_quota.SMALL
+    # When the burst is served
+    table = bench_burst_at_quota.run(**size)
+    key = f"burst_{size['jobs']}_at_concurrency_{bench_burst_at_quota.CONCURRENCY}"
+    # Then Lambda throttled invocations, the state machines retried them, and every job was served with
+    # no failed execution
+    assert table.figures[f"{key}_throttled_invocations_count"] > 0
+    assert table.figures[f"{key}_jobs_served_count"] == size["jobs"]
+    assert table.figures[f"{key}_failed_executions_count"] == 0
 
 
 def test_a_burst_against_githubs_rate_limit_serves_every_job_and_fails_no_execution(

@@ -38,9 +38,12 @@ CUSTOM_SETTINGS: dict[str, Any] = {
     "timeouts": {"idle_seconds": 3600},
     "workflow_type": "EXPRESS",
     "alarms": {"email": "oncall@example.com"},
+    "instances": {
+        "ebs_kms_key_arn": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    },
 }
-"""An operator's own class list, idle time, workflow type and alarm address: unlike the defaults in every
-respect."""
+"""An operator's own class list, idle time, workflow type, alarm address and EBS key: unlike the defaults in
+every respect."""
 
 
 @dataclass(frozen=True)

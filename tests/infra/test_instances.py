@@ -366,6 +366,23 @@ def test_launch_templates_encrypt_the_root_volume(synthesis: Synthesis) -> None:
         assert root["DeviceName"] == "/dev/xvda", arch
         assert root["Ebs"]["Encrypted"] is True, arch
         assert root["Ebs"]["DeleteOnTermination"] is True, arch
+        # And, no key being configured, EBS takes the account's default key
+        assert "KmsKeyId" not in root["Ebs"], arch
+
+
+def test_launch_templates_encrypt_the_root_volume_with_the_configured_key(
+    custom_synthesis: Synthesis,
+) -> None:
+    # Given a stack configured with a customer managed EBS key
+    key_arn = custom_synthesis.config.instances.ebs_kms_key_arn
+    assert key_arn is not None
+    for arch, data in launch_template_data(
+        custom_synthesis.stack, custom_synthesis.template, custom_synthesis.stack.instances
+    ).items():
+        # When its launch templates are read / Then each root volume is encrypted under that key
+        (root,) = data["BlockDeviceMappings"]
+        assert root["Ebs"]["Encrypted"] is True, arch
+        assert root["Ebs"]["KmsKeyId"] == key_arn, arch
 
 
 def image_parameters(resources: Mapping[str, Any]) -> dict[str, tuple[str, Mapping[str, Any]]]:

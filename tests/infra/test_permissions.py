@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from infra.constructs import permissions
 from infra.constructs.functions import HANDLERS_PACKAGE
 from runner_pool.adapters import state_table as schema
 from runner_pool.environment import STACK_TAG_KEY
@@ -93,6 +94,34 @@ def test_launching_passes_only_the_instance_role_and_tags_only_at_launch(synthes
         assert tagging["Condition"] == {
             "StringEquals": {"ec2:CreateAction": ["CreateFleet", "RunInstances"]}
         }, handler
+
+
+def test_the_functions_that_launch_or_start_instances_may_use_the_configured_ebs_key(
+    synthesis: Synthesis, custom_synthesis: Synthesis
+) -> None:
+    # Given a stack configured with a customer managed EBS key, and one without
+    key_arn = custom_synthesis.config.instances.ebs_kms_key_arn
+    volume_starters = [
+        h
+        for h in handlers(custom_synthesis)
+        if granted(custom_synthesis, h) & (LAUNCH | {"ec2:StartInstances"})
+    ]
+    assert {"provision.claim", "provision.create", "refresh.refresh"} <= set(volume_starters), volume_starters
+    for handler in handlers(custom_synthesis):
+        on_key = [s for s in statements(custom_synthesis, handler) if s["Resource"] == key_arn]
+        if handler not in volume_starters:
+            # Then a function that neither launches nor starts instances has nothing on the key
+            assert not on_key, handler
+            continue
+        # Then each one that does may use it as EBS requires, and create grants only for EBS itself
+        used = {a for s in on_key if "Condition" not in s for a in actions(s)}
+        assert used == set(permissions.VOLUME_KEY_ACTIONS), handler
+        (grant,) = [s for s in on_key if "kms:CreateGrant" in actions(s)]
+        assert grant["Condition"] == {"Bool": {"kms:GrantIsForAWSResource": True}}, handler
+    # And without a configured key no function is granted any EBS key's use
+    assert not any(
+        "kms:GenerateDataKeyWithoutPlaintext" in granted(synthesis, h) for h in handlers(synthesis)
+    )
 
 
 def test_every_termination_is_limited_to_the_stacks_tagged_instances(synthesis: Synthesis) -> None:

@@ -1,9 +1,16 @@
-"""One retry layer (issue 17): every function's timeout outlasts a call AWS throttles through every attempt."""
+"""One retry layer (issue 17): every function's timeout outlasts a call AWS throttles through every attempt, and
+every state machine's task outlasts Lambda throttling it at a concurrency quota of 10 (issue 38, item 5)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from infra.constructs import retries, workflow
 from runner_pool.adapters import aws_clients
 from tests.infra.synthesis import Synthesis
 from tests.infra.test_functions import functions
@@ -12,6 +19,7 @@ GITHUB_DELIVERY_TIMEOUT_SECONDS = 10
 """GitHub gives up on a delivery not answered within 10 s
 (https://docs.github.com/en/webhooks/using-webhooks/best-practices-for-using-webhooks#respond-within-10-seconds)."""
 WEBHOOK = "webhook.receive"
+STATE_MACHINES = Path(__file__).resolve().parents[2] / "infra" / "statemachines"
 
 
 def test_the_waits_of_a_throttled_call_are_the_stated_figures() -> None:
@@ -49,3 +57,50 @@ def test_a_call_whose_every_attempt_hangs_ends_within_the_stated_bound(synthesis
     timeouts = {handler: properties["Timeout"] for handler, properties in functions(synthesis).items()}
     outlasting = sorted(handler for handler, timeout in timeouts.items() if timeout > bound)
     assert {"provision.create", "provision.dump"} <= set(outlasting), outlasting
+
+
+def test_every_lambda_task_retries_throttling_first_and_outwaits_any_map_iteration(
+    synthesis: Synthesis,
+) -> None:
+    # Given every task of every state machine that invokes one of our functions, as the ASL files hold them
+    mapped: set[str] = set()
+    for path in sorted(STATE_MACHINES.glob("*.asl.json")):
+        definition = json.loads(path.read_text())
+        for name, task in workflow.tasks(definition):
+            invoked = workflow.function_placeholders(json.dumps(task.get("Parameters")))
+            assert invoked, f"{path.name}'s {name} invokes no function of ours"
+            # Then its first retrier is the throttling one: a throttled invocation ran nothing
+            assert task["Retry"][0] == retries.THROTTLED.asl(), f"{path.name}'s {name}"
+            # And no later retrier of it names throttling (the first match wins: it would never be reached)
+            later = [error for retrier in task["Retry"][1:] for error in retrier["ErrorEquals"]]
+            assert "Lambda.TooManyRequestsException" not in later, f"{path.name}'s {name}"
+        mapped |= {
+            handler
+            for state in _maps(definition)
+            for _, task in workflow.tasks(state["ItemProcessor"])
+            for handler in workflow.function_placeholders(json.dumps(task.get("Parameters"))).values()
+        }
+    # And its waits, 1 + 2 + 4 + 8 + 16 x 16 = 271 s at worst (jitter only shortens them), outlast the
+    # longest any function a Map runs can hold the concurrency a throttled iteration waits for (its
+    # timeout): at a quota of 10, a Map of 40 throttles 30 iterations until the first 10 end
+    assert retries.THROTTLED.longest_wait_seconds() == 271.0
+    timeouts = {handler: properties["Timeout"] for handler, properties in functions(synthesis).items()}
+    held = {
+        handler: timeout
+        for handler, timeout in timeouts.items()
+        if handler.split(".")[-1] in mapped and handler.split(".")[0] in {"provision", "release"}
+    }
+    assert held, mapped
+    assert max(held.values()) < retries.THROTTLED.longest_wait_seconds(), held
+
+
+def _maps(definition: Any) -> Iterator[Mapping[str, Any]]:
+    """Every Map state of an ASL definition."""
+    if isinstance(definition, dict):
+        if definition.get("Type") == "Map":
+            yield definition
+        for value in definition.values():
+            yield from _maps(value)
+    elif isinstance(definition, list):
+        for value in definition:
+            yield from _maps(value)

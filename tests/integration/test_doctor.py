@@ -177,6 +177,10 @@ def _low_quota(c: Clinic) -> None:
     c.account.lambda_concurrency = 10
 
 
+def _lower_quota(c: Clinic) -> None:
+    c.account.lambda_concurrency = 5
+
+
 def _no_roles(c: Clinic) -> None:
     iam = c.client("iam")
     for name in ("AWSServiceRoleForEC2Fleet", "AWSServiceRoleForEC2Spot"):
@@ -245,10 +249,21 @@ WAYS = {
         _webhook_secret_empty, "secrets", "FAIL", "github-webhook-secret is empty", "put-secret-value"
     ),
     "customer managed EBS key": Way(
-        _customer_key, "ebs encryption", "FAIL", "customer managed key", "kms:GrantIsForAWSResource"
+        _customer_key,
+        "ebs encryption",
+        "FAIL",
+        "customer managed key",
+        "set instances.ebs_kms_key_arn to arn:",
     ),
     "lambda quota of 10": Way(
-        _low_quota, "lambda concurrency", "FAIL", "10 unreserved of 10", "L-B99A9384) of at least 40"
+        _low_quota, "lambda concurrency", "warn", "10 unreserved of 10", "L-B99A9384) of at least 40"
+    ),
+    "lambda quota below 10": Way(
+        _lower_quota,
+        "lambda concurrency",
+        "FAIL",
+        "throttled past their retries",
+        "L-B99A9384) of at least 40",
     ),
     "service-linked roles missing": Way(
         _no_roles, "service-linked roles", "warn", "AWSServiceRoleForEC2Fleet", "ec2fleet.amazonaws.com"
@@ -275,6 +290,26 @@ def test_each_way_a_deployment_goes_wrong_is_one_line_with_its_fix(clinic: Clini
     assert way.says in found, line
     assert way.fix in fix, line
     assert code == (1 if way.verdict == "FAIL" else 0), lines
+
+
+def test_a_customer_managed_ebs_key_named_in_the_config_passes(clinic: Clinic) -> None:
+    # Given an account encrypting by default with a customer managed key, and the stack configured with it
+    _customer_key(clinic)
+    configured = clinic.config.model_copy(
+        update={
+            "instances": clinic.config.instances.model_copy(
+                update={"ebs_kms_key_arn": clinic.account.ebs_default_key_id}
+            )
+        }
+    )
+
+    # When the doctor examines the deployment
+    code, lines = clinic.examine(configured)
+
+    # Then the EBS check passes, naming the configured key, and nothing stops jobs
+    assert lines["ebs encryption"].startswith("ok"), lines
+    assert f"instances.ebs_kms_key_arn {clinic.account.ebs_default_key_id}" in lines["ebs encryption"]
+    assert code == 0, lines
 
 
 def test_a_user_accounts_installation_has_no_organisation_policy(clinic: Clinic) -> None:

@@ -38,7 +38,13 @@ from emulator.lambda_runtime import (
     host_artifacts,
 )
 from emulator.resources import create_state_table
-from emulator.step_functions import MOTO_CONFIG, LocalStateMachines, lambdas_in_process, without_waiting
+from emulator.step_functions import (
+    MOTO_CONFIG,
+    LocalStateMachines,
+    ThrottledError,
+    lambdas_in_process,
+    without_waiting,
+)
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -466,6 +472,33 @@ def test_concurrent_invocations_start_an_environment_each_and_later_ones_reuse_t
     second = round_of(tmp_path / "second")
     assert second == first
     assert probes.environments("together") == count
+
+
+def test_an_invocation_past_the_accounts_concurrency_is_throttled_and_runs_nothing(
+    probe_artifacts: Artifacts, aws: LocalAws, tmp_path: Path
+) -> None:
+    # Given an account whose concurrency quota is 1, and one invocation in flight (held until `gate` exists)
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    functions = {"in_turn": probe("in_turn"), "where": probe("where")}
+    with (
+        LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint, concurrency=1) as runtime,
+        ThreadPoolExecutor(max_workers=1) as pool,
+    ):
+        held = pool.submit(runtime.invoke, "in_turn", {"until": str(gate), "log": str(log), "tag": "held"})
+        quota = runtime.concurrency
+        assert quota is not None
+        eventually(lambda: quota.in_flight == 1, "the first invocation in flight")
+
+        # When another function is invoked / Then Lambda refuses it at once, whatever function it is
+        with pytest.raises(ThrottledError, match="concurrency of 1"):
+            runtime.invoke("where", {})
+        assert quota.throttled == 1
+
+        # And once the first has returned, the account's concurrency is free again
+        gate.touch()
+        held.result(timeout=30)
+        assert runtime.invoke("where", {})["environment"]["PROBE"] == "yes"
+        assert log.read_text() == "held\n"
 
 
 def test_a_call_the_deployed_policy_lacks_is_denied_and_reported(artifacts: Artifacts, aws: LocalAws) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from moto import mock_aws
 from emulator.step_functions import (
     MOTO_CONFIG,
     LocalStateMachines,
+    ThrottledError,
     lambdas_in_process,
     render_asl,
     without_waiting,
@@ -68,6 +70,39 @@ def test_a_raised_exception_reaches_the_state_machines_catch(machines: LocalStat
     assert execution.status == "SUCCEEDED"
     assert execution.output["error"]["Error"] == "ValueError"
     assert "nothing to finish" in execution.output["error"]["Cause"]
+
+
+def test_a_throttled_invocation_fails_the_task_as_lambdas_429_and_its_retry_runs_it(
+    machines: LocalStateMachines,
+) -> None:
+    # Given a task that retries Lambda's throttling alone, and a Lambda that throttles its first two invocations
+    arns = machines.create_functions(["busy"])
+    task = {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::lambda:invoke",
+        "Parameters": {"FunctionName": arns["busy"], "Payload.$": "$"},
+        "Retry": [
+            {"ErrorEquals": ["Lambda.TooManyRequestsException"], "MaxAttempts": 2, "IntervalSeconds": 1}
+        ],
+        "End": True,
+    }
+    arn = machines.create("throttled", json.dumps({"StartAt": "Busy", "States": {"Busy": task}}))
+    invoked: list[int] = []
+
+    def busy(_event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        invoked.append(1)
+        if len(invoked) <= 2:
+            raise ThrottledError("Rate Exceeded.")
+        return {"ran": True}
+
+    # When the execution runs
+    with lambdas_in_process({"busy": busy}), without_waiting():
+        execution = machines.run(arn, {})
+    # Then each throttle failed the task as Step Functions names Lambda's 429, and the third try ran it
+    failed = [e["taskFailedEventDetails"] for e in execution.events if e["type"] == "TaskFailed"]
+    assert [f["error"] for f in failed] == ["Lambda.TooManyRequestsException"] * 2
+    assert execution.status == "SUCCEEDED"
+    assert len(invoked) == 3
 
 
 def test_retries_and_waits_take_no_time_in_tests(machines: LocalStateMachines) -> None:

@@ -146,6 +146,11 @@ def _problems(settings: dict[str, Any]) -> list[str]:
             "defaults.usage: input should be 'spot' or 'on-demand' (got 'cheap')",
         ),
         (
+            # An alias cannot name a key in an IAM policy's Resource, so the grants need the key's ARN.
+            {"instances": {"ebs_kms_key_arn": "arn:aws:kms:us-east-1:123456789012:alias/ebs"}},
+            "instances.ebs_kms_key_arn: string should match pattern '^arn:aws[a-z-]*:kms:",
+        ),
+        (
             {"refresh_rate_minutes": "often"},
             "refresh_rate_minutes: input should be a valid integer",
         ),

@@ -365,6 +365,14 @@ class InstanceSettings(_Settings):
     root_device_name: str = Field("/dev/xvda", pattern=r"^/dev/[a-z0-9]+$")
     """The AMI's root device: `/dev/xvda` on Amazon Linux, `/dev/sda1` on Ubuntu."""
     root_volume_gib: int = Field(40, ge=8, le=16384)
+    ebs_kms_key_arn: str | None = Field(
+        None,
+        pattern=r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/"
+        r"(mrk-[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$",
+    )
+    """The customer managed KMS key that encrypts root volumes, by its key ARN (an alias ARN cannot name a
+    key in an IAM policy); the roles that launch and start instances get what EBS needs on it. None: EBS
+    uses the account's default key, which must then be AWS managed (`runner-pool doctor` says so)."""
     pre_runner_script: str = ""
     """Run once at boot, as root, before any runner; its failure is signalled UD_FAILED."""
     termination_grace_seconds: int = Field(300, ge=0)

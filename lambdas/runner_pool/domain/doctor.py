@@ -32,19 +32,13 @@ PERMISSION_LEVELS = ("read", "write", "admin")
 """A GitHub App permission's levels, each including the ones before it."""
 LAMBDA_QUOTA_CODE = "L-B99A9384"
 """Service Quotas' code of Lambda's "Concurrent executions" quota."""
+THROTTLED_QUOTA_FLOOR = 10
+"""The lowest unreserved concurrency at which provisions are known to finish, throttled and retried
+(a new account's quota; bench/results.json's burst_300_at_concurrency_10_failed_executions_count); above
+it and below the provision Map's concurrency the doctor warns."""
 EBS_KEY_POLICY_DOCS = "https://docs.aws.amazon.com/ebs/latest/userguide/ebs-encryption-requirements.html"
-EBS_KEY_POLICY_ACTIONS = (
-    "kms:Encrypt",
-    "kms:Decrypt",
-    "kms:ReEncrypt*",
-    "kms:GenerateDataKey*",
-    "kms:DescribeKey",
-    "kms:CreateGrant",
-)
-"""What the roles that launch and start instances need on a customer managed key that encrypts their
-volumes (EBS User Guide, "Amazon EBS encryption requirements", and EC2 Auto Scaling User Guide,
-"Required AWS KMS key policy for use with encrypted volumes": the direct use of the key, and
-kms:CreateGrant with kms:GrantIsForAWSResource for the grant EBS makes for each volume)."""
+"""What the roles that launch and start instances need on a customer managed key of their volumes (granted
+by infra/constructs/permissions.py's use_volume_key once instances.ebs_kms_key_arn names it)."""
 
 
 class Verdict(StrEnum):
@@ -384,27 +378,24 @@ def _ebs(r: Readings) -> _Judged:
             r.ebs, "the account's EBS encryption defaults", "run the doctor with ec2:GetEbs* allowed"
         )
     default = "on" if r.ebs.encrypted_by_default else "off"
+    configured = r.stack.config.instances.ebs_kms_key_arn
+    if configured is not None:
+        return _Judged(
+            True,
+            f"encryption by default {default}; root volumes use instances.ebs_kms_key_arn {configured}, "
+            "granted to the roles that launch and start instances",
+        )
     if r.ebs.aws_managed:
         return _Judged(
             True,
             f"encryption by default {default}; root volumes use {r.ebs.key_id}, AWS managed: no grant needed",
         )
-    configurable = "ebs_kms_key_arn" in type(r.stack.config.instances).model_fields
-    fix = (
-        f"set instances.ebs_kms_key_arn to {r.ebs.key_id} and deploy"
-        if configurable
-        else (
-            "let the key's policy allow the stack's launching roles and the service-linked roles "
-            f"AWSServiceRoleForEC2Fleet and AWSServiceRoleForEC2Spot {', '.join(EBS_KEY_POLICY_ACTIONS)} "
-            f'(CreateGrant on "Bool": {{"kms:GrantIsForAWSResource": true}}), as {EBS_KEY_POLICY_DOCS} '
-            "shows; or aws ec2 reset-ebs-default-kms-key-id"
-        )
-    )
     return _Judged(
         False,
         f"encryption by default {default}; root volumes (encrypted, no key named) use the customer managed "
         f"key {r.ebs.key_id}, on which no role of the stack has a grant: launches fail",
-        fix,
+        f"set instances.ebs_kms_key_arn to {r.ebs.key_id} (its key ARN) and deploy, as {EBS_KEY_POLICY_DOCS} "
+        "requires of the roles that launch and start instances",
     )
 
 
@@ -428,11 +419,19 @@ def _lambda_concurrency(r: Readings) -> _Judged:
         f"the provision Map runs {needed}"
     )
     if quota.unreserved < needed:
+        fix = (
+            f"ask for a Lambda concurrent executions quota ({LAMBDA_QUOTA_CODE}) of at least {needed} + what "
+            "else runs in the account, in Service Quotas"
+        )
+        if quota.unreserved < THROTTLED_QUOTA_FLOOR:
+            return _Judged(
+                False, f"{said}: a larger provision's claims are throttled past their retries", fix
+            )
         return _Judged(
             False,
-            f"{said}: a larger provision's claims are throttled and fail its Map",
-            f"ask for a Lambda concurrent executions quota ({LAMBDA_QUOTA_CODE}) of at least {needed} + what "
-            "else runs in the account, in Service Quotas",
+            f"{said}: a larger provision's claims are throttled and retried, so it is slower",
+            fix,
+            warn_only=True,
         )
     return _Judged(True, said)
 
@@ -532,14 +531,15 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "ebs encryption",
-        "the account's default EBS key is AWS managed (a customer managed one needs a key policy for us)",
+        "`instances.ebs_kms_key_arn` is set, or the account's default EBS key is AWS managed",
         "`ec2:GetEbsEncryptionByDefault`, `ec2:GetEbsDefaultKmsKeyId`, `kms:DescribeKey`",
         "every launch",
         _ebs,
     ),
     Check(
         "lambda concurrency",
-        "unreserved Lambda concurrency covers the provision Map's `MaxConcurrency`",
+        "unreserved Lambda concurrency covers the provision Map's `MaxConcurrency` "
+        "(from 10 up to it warns: throttled claims are retried)",
         "`lambda:GetAccountSettings`; the deployed provision state machine",
         "larger provisions",
         _lambda_concurrency,
