@@ -157,6 +157,13 @@ INTERNALS: tuple[Internal, ...] = (
         "x-amz-function-error our invoke sets reaches Step Functions' Retry and Catch",
         "dfa159d0a8466400",
     ),
+    Internal(
+        "moto.awslambda.exceptions:LambdaClientError",
+        "emulator/step_functions.py",
+        "subclassed with code 429: raised from our invoke, moto's responses answer Lambda's "
+        "TooManyRequestsException for an account concurrency the emulator caps",
+        "0de3323bd3c97168",
+    ),
     # Waits and back-offs that take no time in the tests.
     Internal(
         f"{_SFN}.component.state.wait.wait_function.wait_function:WaitFunction._wait_interval",
