@@ -15,11 +15,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 _SWEEPS = 5
 """Rounds of killing: a process may fork between our reading /proc and our signal reaching it."""
+DEATH_WAIT_SECONDS = 5.0
+"""How long killed processes may take to be gone before the scrub reports them as survivors."""
+_DEATH_LOOK_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -101,21 +105,31 @@ class JobProcesses:
         return [p for p in self._processes() if self._belongs_to_job(p, session_id, in_cgroup)]
 
     def kill(self, session_id: int | None) -> tuple[list[int], list[int]]:
-        """Kill every process of the last job; returns the pids killed and those that survived."""
+        """Kill every process of the last job; returns the pids killed and those that survived.
+
+        SIGKILL cannot be caught, but a process dies only once the kernel has it run its exit, which on
+        a loaded machine (or from an uninterruptible wait) takes a moment: one still listed is signalled
+        again and waited for, until it is gone or DEATH_WAIT_SECONDS have passed."""
         killed: list[int] = []
-        for _ in range(_SWEEPS):
+        deadline = time.monotonic() + DEATH_WAIT_SECONDS
+        sweeps = 0
+        while True:
             if self._cgroup is not None:
                 self._cgroup.kill()
             leftovers = self.find(session_id)
             if not leftovers:
                 return killed, []
+            if sweeps >= _SWEEPS and time.monotonic() >= deadline:
+                return killed, [p.pid for p in leftovers]
             for process in leftovers:
                 try:
                     os.kill(process.pid, signal.SIGKILL)
                     killed.append(process.pid)
                 except ProcessLookupError:
                     pass
-        return killed, [p.pid for p in self.find(session_id)]
+            sweeps += 1
+            if sweeps >= _SWEEPS:
+                time.sleep(_DEATH_LOOK_SECONDS)
 
     def _belongs_to_job(self, process: JobProcess, session_id: int | None, in_cgroup: set[int]) -> bool:
         if process.pid == os.getpid():

@@ -23,6 +23,7 @@ from emulator.listening import LISTEN_BACKLOG
 from emulator.moto_internals import patch_point
 from emulator.moto_speedups import speedups
 from emulator.sqs_long_polls import released_messages_wake_long_polls
+from emulator.sqs_queue_list import queues_listed_from_a_snapshot
 from emulator.step_functions import MOTO_CONFIG
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.instance_arns import InstanceArns
@@ -106,9 +107,10 @@ class LocalAws:
 def behaving_as_aws() -> Iterator[None]:
     """moto made to behave as AWS where our code meets a difference (DynamoDB's item atomicity,
     emulator/atomic_dynamodb.py; a released SQS message waking a waiting long poll,
-    emulator/sqs_long_polls.py), and without the work moto repeats per request
-    (emulator/moto_speedups.py): for every moto the emulator and the tests run, server or `mock_aws`."""
-    with atomic_items(), released_messages_wake_long_polls(), speedups():
+    emulator/sqs_long_polls.py; ListQueues beside CreateQueue, emulator/sqs_queue_list.py), and without
+    the work moto repeats per request (emulator/moto_speedups.py): for every moto the emulator and the
+    tests run, server or `mock_aws`."""
+    with atomic_items(), released_messages_wake_long_polls(), queues_listed_from_a_snapshot(), speedups():
         yield
 
 

@@ -158,6 +158,14 @@ INTERNALS: tuple[Internal, ...] = (
         "dfa159d0a8466400",
     ),
     Internal(
+        "moto.sqs.models:SQSBackend.list_queues",
+        "emulator/sqs_queue_list.py",
+        "replaced: called with (queue_name_prefix); returns the Queue objects of `self.queues` (a dict "
+        "by name) whose name starts with the prefix",
+        "6b0c542cd965769d",
+        signature="(self, queue_name_prefix)",
+    ),
+    Internal(
         "moto.awslambda.exceptions:LambdaClientError",
         "emulator/step_functions.py",
         "subclassed with code 429: raised from our invoke, moto's responses answer Lambda's "
