@@ -16,6 +16,7 @@ from runner_pool.domain.records import Signal
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS, RefreshReport
 from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.steps.refresh import Refresh
+from runner_pool.wiring import ControlPlane
 
 REPOSITORY = f"{OWNER}/{REPO}"
 
@@ -46,7 +47,11 @@ def refresh(local: LocalControlPlane, started: StartedExecutions, tick: int = 1)
 
 
 def _refresh(local: LocalControlPlane, started: StartedExecutions, tick: int) -> RefreshReport:
-    plane = local.plane
+    return recording_refresh(local.plane, started).run(tick)
+
+
+def recording_refresh(plane: ControlPlane, started: StartedExecutions) -> Refresh:
+    """Refresh over the plane, its started executions recorded in `started` instead of run."""
     return Refresh(
         plane.state_table,
         plane.fleet,
@@ -57,7 +62,7 @@ def _refresh(local: LocalControlPlane, started: StartedExecutions, tick: int) ->
         stack_tag=(STACK_TAG_KEY, STACK_NAME),
         recent_demand=plane.recent_demand,
         executions=lambda: started,  # type: ignore[arg-type,return-value]
-    ).run(tick)
+    )
 
 
 def queued_run(local: LocalControlPlane, jobs: int) -> tuple[FakeWorkflowRun, str]:

@@ -10,14 +10,12 @@ from collections.abc import Iterator
 import pytest
 
 from emulator.fake_github import JobSpec
-from emulator.harness.control_plane import STACK_NAME, stack_config
+from emulator.harness.control_plane import stack_config
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
 from emulator.harness.provision_world import ProvisionWorld, output, provision_world
 from runner_pool.domain.provision import busy_seconds
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS, REFUSAL_BACKOFF_SECONDS, RefreshReport
-from runner_pool.environment import STACK_TAG_KEY
-from runner_pool.steps.refresh import Refresh
-from tests.integration.test_refresh_reconcile import StartedExecutions
+from tests.integration.test_refresh_reconcile import StartedExecutions, recording_refresh
 
 REPOSITORY = f"{OWNER}/{REPO}"
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
@@ -40,18 +38,7 @@ def refusing_world() -> Iterator[ProvisionWorld]:
 
 
 def refresh(world: ProvisionWorld, started: StartedExecutions, tick: int) -> RefreshReport:
-    plane = world.plane
-    return Refresh(
-        plane.state_table,
-        plane.fleet,
-        plane.pool_queues,
-        lambda: plane.github,
-        clock=plane.clock,
-        config=plane.config,
-        stack_tag=(STACK_TAG_KEY, STACK_NAME),
-        recent_demand=plane.recent_demand,
-        executions=lambda: started,  # type: ignore[arg-type,return-value]
-    ).run(tick)
+    return recording_refresh(world.plane, started).run(tick)
 
 
 def refused_run(world: ProvisionWorld) -> str:

@@ -9,12 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from emulator.fake_github import JobSpec
-from emulator.harness.control_plane import STACK_NAME, LocalControlPlane, local_control_plane, stack_config
+from emulator.harness.control_plane import LocalControlPlane, local_control_plane, stack_config
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER
 from runner_pool.domain.refresh import RefreshReport
-from runner_pool.environment import STACK_TAG_KEY
-from runner_pool.steps.refresh import Refresh
-from tests.integration.test_refresh_reconcile import StartedExecutions
+from tests.integration.test_refresh_reconcile import StartedExecutions, recording_refresh
 
 REPOSITORIES = 300
 """Repositories with recent demand: listing each one's runners takes longer than one run has."""
@@ -51,17 +49,7 @@ def refresh(local: LocalControlPlane, started: StartedExecutions, tick: int) -> 
     def time_left() -> float:
         return LAMBDA_SECONDS - (github_requests(local) - before) * SECONDS_PER_REQUEST
 
-    return Refresh(
-        plane.state_table,
-        plane.fleet,
-        plane.pool_queues,
-        lambda: plane.github,
-        clock=plane.clock,
-        config=plane.config,
-        stack_tag=(STACK_TAG_KEY, STACK_NAME),
-        recent_demand=plane.recent_demand,
-        executions=lambda: started,  # type: ignore[arg-type,return-value]
-    ).run(tick, time_left=time_left)
+    return recording_refresh(plane, started).run(tick, time_left=time_left)
 
 
 def test_in_a_large_organisation_every_job_gets_its_turn_within_a_few_runs(

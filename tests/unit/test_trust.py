@@ -16,6 +16,7 @@ from runner_pool.domain.config import StackConfig
 from runner_pool.domain.trust import (
     DEPENDABOT,
     TRUSTED_EVENTS,
+    UNTRUSTED_EVENTS,
     WORKFLOW_EVENTS,
     RunFacts,
     TrustLevel,
@@ -106,8 +107,9 @@ def test_a_privileged_or_unknown_job_never_reuses() -> None:
     assert not may_follow(TrustLevel.PRIVILEGED, TrustLevel.PRIVILEGED, used=True)
 
 
-def test_every_trusted_event_is_one_github_sends() -> None:
-    assert TRUSTED_EVENTS <= WORKFLOW_EVENTS
+def test_no_event_is_both_trusted_and_untrusted() -> None:
+    assert not TRUSTED_EVENTS & UNTRUSTED_EVENTS
+    assert "pull_request" in WORKFLOW_EVENTS - TRUSTED_EVENTS
 
 
 def test_synth_refuses_a_mapping_of_an_event_github_never_sends() -> None:

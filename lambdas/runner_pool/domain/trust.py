@@ -39,46 +39,6 @@ class TrustLevel(StrEnum):
     PRIVILEGED = "privileged"
 
 
-WORKFLOW_EVENTS = frozenset(
-    {
-        "branch_protection_rule",
-        "check_run",
-        "check_suite",
-        "create",
-        "delete",
-        "deployment",
-        "deployment_status",
-        "discussion",
-        "discussion_comment",
-        "fork",
-        "gollum",
-        "image_version",
-        "issue_comment",
-        "issues",
-        "label",
-        "merge_group",
-        "milestone",
-        "page_build",
-        "public",
-        "pull_request",
-        "pull_request_review",
-        "pull_request_review_comment",
-        "pull_request_target",
-        "push",
-        "registry_package",
-        "release",
-        "repository_dispatch",
-        "schedule",
-        "status",
-        "watch",
-        "workflow_call",
-        "workflow_dispatch",
-        "workflow_run",
-    }
-)
-"""The events that trigger workflows (docs.github.com, "Events that trigger workflows"): the names a
-run's `event` can carry, and so the only names `reuse.trust_by_event` may map."""
-
 TRUSTED_EVENTS = frozenset(
     {
         "branch_protection_rule",
@@ -103,9 +63,35 @@ TRUSTED_EVENTS = frozenset(
     }
 )
 """Events only someone with write access (or GitHub on their behalf) can cause, whose run executes the
-repository's own code. Everything else is untrusted, `workflow_run` included: it runs after another
-workflow, which may have been a pull request's, and is the classic way such a run's output reaches a
-privileged one ("Keeping your GitHub Actions and workflows secure: Preventing pwn requests")."""
+repository's own code."""
+
+UNTRUSTED_EVENTS = frozenset(
+    {
+        "discussion",
+        "discussion_comment",
+        "fork",
+        "gollum",
+        "issue_comment",
+        "issues",
+        "merge_group",
+        "pull_request",
+        "pull_request_review",
+        "pull_request_review_comment",
+        "pull_request_target",
+        "watch",
+        "workflow_call",
+        "workflow_run",
+    }
+)
+"""Events a pull request, a fork or someone who need not be a collaborator can cause, `workflow_run`
+included: it runs after another workflow, which may have been a pull request's, and is the classic way
+such a run's output reaches a privileged one ("Keeping your GitHub Actions and workflows secure:
+Preventing pwn requests")."""
+
+WORKFLOW_EVENTS = TRUSTED_EVENTS | UNTRUSTED_EVENTS
+"""The events that trigger workflows (docs.github.com, "Events that trigger workflows"): the names a
+run's `event` can carry, and so the only names `reuse.trust_by_event` may map. One GitHub adds later is
+in neither table, and untrusted."""
 
 DEPENDABOT = "dependabot[bot]"
 """The actor Dependabot's runs carry (`github.actor == 'dependabot[bot]'`, "Troubleshooting Dependabot
