@@ -8,7 +8,6 @@ lets go of it and reports, it never raises for it.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -82,18 +81,12 @@ class Provision:
         self._clock = clock
         self._config = config
         self._timeouts = config.timeouts
-        self._arns = arns
         self._pickup = pickup
         self._queues = queues
         self._fleet = fleet
         self._budget = budget
-        self._registry = registry
-        self._credentials = credentials
         self._recent_demand = recent_demand
         self._executions = executions
-        self._notices = notices
-        self._pause = pause
-        self._time_left = time_left or (lambda: math.inf)
         self._handing = HandOver(
             table,
             github=config.github,
