@@ -15,6 +15,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from runner_pool.domain.run_keys import RunKey
+from runner_pool.domain.trust import TrustLevel
 
 EXECUTION_NAME_LIMIT = 80
 """Step Functions' limit on an execution name."""
@@ -70,6 +71,11 @@ class ProvisionRequest(_Input):
     )
     repository_id: int | None = Field(
         None, gt=0, description="the repository's id, by which reuse and runner groups are decided"
+    )
+    trust: TrustLevel | None = Field(
+        None,
+        description="the jobs' level of trust (domain/trust.py); None when it could not be decided, and "
+        "then the jobs are served single use (fail closed), as is a request from before levels existed",
     )
 
     @property
