@@ -72,6 +72,7 @@ def test_a_queued_job_with_our_label_queues_one_unit_of_demand(world: IngressWor
             "job_id": 901,
             "public": True,  # GitHub's example payload's repository is public
             "repository_id": 186853002,  # and its id
+            "privileged": False,  # it names no environment
         }
     ]
 
@@ -93,6 +94,7 @@ def test_a_job_completed_on_our_runner_queues_its_release(world: IngressWorld) -
                 "repository": "Codertocat/Hello-World",
                 "quarantine": False,
                 "suspect": False,
+                "privileged": False,
             },
         }
     ]

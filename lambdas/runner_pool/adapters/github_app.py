@@ -158,6 +158,11 @@ class GitHubApp:
     def close(self) -> None:
         self._transport.close_pool()
 
+    def read(self, request: Callable[[Any, Mapping[str, str] | None], T]) -> T:
+        """One call of githubkit's REST namespace (`request(rest, headers)`) with this client's headers,
+        whatever it raises as a GitHubError: for reads that live in modules of their own."""
+        return self._call(lambda: request(self._github.rest, self._headers))
+
     def authenticate(self) -> None:
         """Have the installation token in hand: asked for now unless held (a fresh environment's first
         call would ask for it), so a step can ask while its own calls run (steps.hand_over)."""
