@@ -65,6 +65,7 @@ class RunTrust:
         if self._reader is None:
             return None
         try:
+            reader = self._reader()  # built first: no hourly read for a stack that cannot ask GitHub
             if not self._hour_allows():
                 logger.warning(
                     "run's level not read: GitHub's hourly share for it is spent; its jobs are single use",
@@ -73,7 +74,7 @@ class RunTrust:
                     attempt=attempt,
                 )
                 return None
-            facts: RunFacts = self._reader().run_attempt(repository, run_id, attempt)
+            facts: RunFacts = reader.run_attempt(repository, run_id, attempt)
             level = run_trust(facts, self._by_event)
             return self._decide(run_id, attempt, level, fork=from_fork(facts))
         except Exception as exc:  # any fault (GitHub down, refused, the ledger): fail closed
