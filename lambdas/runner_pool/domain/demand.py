@@ -48,6 +48,12 @@ whether or not the attempt's demand has been seen yet (a redelivery after an out
 completion first): demand that arrives after it is dropped as stale. Every `workflow_run completed`
 is queued, ours or not, because only the ledger knows which runs are ours, and a completion must
 never be lost to demand still in the queue.
+
+A job's level of trust (domain.trust) is decided per provision: privileged when one of its jobs targets
+an environment, or when its pool label had such a job earlier in the same run attempt (privileged_label);
+else its run attempt's level, which the ledger keeps as first decided from the run's `requested`
+delivery (queued for every run, like its completion) or, when that never came, from GitHub's answer
+about the run (steps.run_trust); None when neither is at hand, and then the jobs are served single use.
 """
 
 from __future__ import annotations
