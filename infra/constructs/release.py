@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from aws_cdk import Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_secretsmanager as secretsmanager
@@ -12,7 +13,7 @@ from infra.constructs.functions import ControlPlaneFunctions
 from infra.constructs.notice_queues import NoticeQueueNames
 from infra.constructs.pool_queues import PoolQueues
 from infra.constructs.retries import IDEMPOTENT, RELEASE
-from infra.constructs.workflow import Step, Workflow
+from infra.constructs.workflow import Step, Workflow, state_machine_arn
 from runner_pool.domain.config import StackConfig
 
 
@@ -32,10 +33,17 @@ class Release(Construct):
         github_app_key: secretsmanager.ISecret,
     ) -> None:
         super().__init__(scope, construct_id)
+        # StartParts starts executions of this very machine (a run's release in parts): named, so its role
+        # can name its ARN without referring to the machine it is part of.
+        name = f"{Stack.of(self).stack_name}-release"
+        own_arn = state_machine_arn(self, name)
 
         def plan(function: lambda_.Function) -> None:
             permissions.find_by_run_key(function, table)
             permissions.mark_runs_finished(function, table)
+
+        def start_parts(function: lambda_.Function) -> None:
+            permissions.start_executions(function, [own_arn])
 
         def give_back(function: lambda_.Function) -> None:
             permissions.write_records(function, table)
@@ -55,8 +63,14 @@ class Release(Construct):
             machine="release",
             functions=functions,
             workflow_type=config.workflow_type,
+            state_machine_name=name,
             steps={
                 "plan": Step("finds the instances a completed job or run holds", plan, retry=RELEASE),
+                "start_parts": Step(
+                    "starts the parts of a run's release too large for one execution",
+                    start_parts,
+                    retry=IDEMPOTENT,
+                ),
                 "give_back": Step(
                     "sets an instance idle and deletes its runner if no job took it",
                     give_back,

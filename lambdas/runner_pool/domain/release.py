@@ -61,11 +61,9 @@ class ReleasePlan(_Step):
 
 
 class PartsStarted(_Step):
-    """The executions a run's release started for its parts, by name; `started` of them new (the rest a
-    retry found already there)."""
+    """The executions a run's release started for its parts, by name (a retry finds the same ones)."""
 
     names: tuple[str, ...]
-    started: int = Field(ge=0)
 
 
 class ReleaseStarter(Protocol):
