@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 from aws_cdk import Stack
-from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.constructs import permissions
-from infra.constructs.functions import ControlPlaneFunctions
-from infra.constructs.instances import Instances
-from infra.constructs.pool_queues import PoolQueues
+from infra.constructs.resources import StackResources
 from infra.constructs.retries import IDEMPOTENT, IDEMPOTENT_LAUNCH, LAST_RESORT, REFUSE_OR_RETRY
 from infra.constructs.workflow import Step, Workflow, state_machine_arn
-from runner_pool.domain.config import StackConfig
 
 
 class Provision(Construct):
@@ -25,16 +20,17 @@ class Provision(Construct):
         self,
         scope: Construct,
         construct_id: str,
+        resources: StackResources,
         *,
-        config: StackConfig,
-        functions: ControlPlaneFunctions,
-        table: dynamodb.ITable,
-        pool_queues: PoolQueues,
-        instances: Instances,
-        github_app_key: secretsmanager.ISecret,
         release: sfn.IStateMachine,
     ) -> None:
         super().__init__(scope, construct_id)
+        config, functions, table = resources.config, resources.functions, resources.table
+        pool_queues, instances, github_app_key = (
+            resources.pool_queues,
+            resources.instances,
+            resources.github_app_key,
+        )
         queues = pool_queues.queues
         templates = list(instances.launch_templates.values())
         notice_queues = instances.notice_queues
