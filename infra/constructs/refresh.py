@@ -46,7 +46,7 @@ class Refresh(Construct):
                     arch.value: template.launch_template_id
                     for arch, template in instances.launch_templates.items()
                 },
-                # A dead runner's release and replacement, and reconciled queued jobs (issue 13).
+                # A dead runner's release and replacement, and reconciled queued jobs.
                 "provision_state_machine_arn": provision.state_machine_arn,
                 "release_state_machine_arn": release.state_machine_arn,
             },
@@ -58,7 +58,7 @@ class Refresh(Construct):
         permissions.write_records(self.function, table)
         permissions.describe_instances(self.function)
         permissions.terminate_stack_instances(self.function)
-        permissions.stop_stack_instances(self.function)  # the stopped tier (issue 16, item 2)
+        permissions.stop_stack_instances(self.function)  # the stopped tier
         permissions.launch_instances(
             self.function,
             launch_templates=list(instances.launch_templates.values()),
