@@ -4,6 +4,10 @@ Started by name (ReleaseRequest.execution_name), so starting them again, whether
 stopped half way, starts none twice, and a part started once gives back its instances once. A part that
 never starts leaves its instances holding the run key until their thresholds pass, when refresh
 terminates them (steps.refresh, terminate due), as it does after a release whose Plan failed.
+
+Express workflows keep no names (and have no history quota to split for): there a StartParts retried
+after starting some parts starts those again, and each instance's two releases recognise each other as
+twin releases of the run (steps.release), at worst offering it to the pool twice, a copy pickup drops.
 """
 
 from __future__ import annotations
