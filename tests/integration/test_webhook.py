@@ -89,6 +89,7 @@ def test_a_job_completed_on_our_runner_queues_its_release(world: IngressWorld) -
             "request": {
                 "run_key": LABEL,
                 "instance_id": INSTANCE,
+                "part": None,
                 "runner_id": 5,
                 "cause": "job-902",
                 "repository": "Codertocat/Hello-World",
