@@ -83,8 +83,10 @@ def test_a_job_with_an_environment_is_privileged_and_leaves_no_instance_to_the_p
     # Given a push's run whose job refers to an environment
     # When it is served
     served = run(system, RunTrigger("push"), JobSpec("deploy", LABEL, seconds=0.3, environment="production"))
-    # Then its provision was privileged, and its instance is not pooled after the job: expired for
-    # refresh to terminate
+    # Then it ran to its end on an instance handed over single use (a privileged provision is: were it
+    # not, the release's detector would quarantine the instance, and stop the job, as it started), its
+    # provision was privileged, and its instance is not pooled after the job: expired for refresh to
+    # terminate
     assert job_of(system, served).conclusion is Conclusion.SUCCESS
     assert set(levels(system, served)) == {TrustLevel.PRIVILEGED}
     instance_id = instance_of_runner(job_of(system, served).runner_name)
