@@ -78,7 +78,7 @@ class GitHubRunners:
         repository `repository` (`owner/repo`) when given, else at the App's scope.
 
         With Registration.RUNNER_GROUP on an organisation, at the organisation instead, in the runner
-        group of the repository `repository_id` alone (issue 36, item 5), in place of `runner_group_id`:
+        group of the repository `repository_id` alone, in place of `runner_group_id`:
         POST /orgs/{org}/actions/runners/generate-jitconfig with that group's id ("Create configuration for
         a just-in-time runner for an organization", REST API endpoints for self-hosted runners), which
         with the group's endpoints needs only the organisation permission `organization_self_hosted_runners`
@@ -88,7 +88,7 @@ class GitHubRunners:
         runner is never registered where every repository's jobs could take it.
 
         At a repository, only that repository's jobs can take the runner, also when the App is
-        installed on the whole organisation (issue 14, item 1): "Create configuration for a
+        installed on the whole organisation: "Create configuration for a
         just-in-time runner for a repository", POST /repos/{owner}/{repo}/actions/runners/
         generate-jitconfig, needs `runner_group_id` and the App's repository Administration: write
         (docs.github.com, REST API endpoints for self-hosted runners). A repository outside the scope
