@@ -23,7 +23,6 @@ from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
 from runner_pool.adapters.github_app import GitHubApp
-from runner_pool.adapters.github_runs import GitHubRuns
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.adapters.pool_queues import PoolQueues
@@ -199,7 +198,7 @@ class ControlPlane:
             ledger,
             self.clock,
             by_event=self.config.reuse.trust_by_event,
-            reader=lambda: GitHubRuns(self.github),
+            reader=lambda: self.github,
             hourly=self.registration_budget.hourly,
         )
 

@@ -67,7 +67,7 @@ class Starts:
 
 
 @dataclass
-class GitHubRuns:
+class FakeRunReader:
     """GitHub's answer about a run attempt (GET .../actions/runs/{run_id}/attempts/{attempt_number}), or
     `failure` raised instead."""
 
@@ -110,7 +110,7 @@ def dispatcher(
     world: IngressWorld,
     ledger: DynamoDbLedger,
     starts: Starts,
-    github: GitHubRuns | None = None,
+    github: FakeRunReader | None = None,
     hourly: HourlyQuota | None = None,
 ) -> Dispatcher:
     trust = RunTrust(
@@ -220,7 +220,7 @@ def test_a_requested_runs_jobs_are_provisioned_at_its_level(
 ) -> None:
     event, head = run
     # Given a run requested by `event` from `head`, and GitHub never asked
-    starts, github = Starts(), GitHubRuns()
+    starts, github = Starts(), FakeRunReader()
     the_dispatcher = dispatcher(world, ledger, starts, github)
     # When its requested delivery and then its jobs are dispatched
     dispatch(the_dispatcher, requested(event, head=head))
@@ -237,7 +237,7 @@ def test_a_requested_run_in_the_same_batch_as_its_demand_is_decided_first(
     # Given a run's job and its requested delivery in one batch, the demand first
     starts = Starts()
     # When dispatched
-    dispatch(dispatcher(world, ledger, starts, GitHubRuns()), queued(3), requested("schedule"))
+    dispatch(dispatcher(world, ledger, starts, FakeRunReader()), queued(3), requested("schedule"))
     # Then the level is there before the demand is provisioned
     assert [p.trust for p in starts.provisions] == [TrustLevel.TRUSTED]
 
@@ -249,7 +249,7 @@ def test_a_run_from_fork_message_makes_its_run_untrusted_and_single_use(
     starts = Starts()
     fork = RunFromFork(repository=REPOSITORY, head_repository="someone/x", run_id=RUN_ID, run_attempt=1)
     # When it and the run's job are dispatched
-    dispatch(dispatcher(world, ledger, starts, GitHubRuns()), fork, queued(4))
+    dispatch(dispatcher(world, ledger, starts, FakeRunReader()), fork, queued(4))
     # Then the job is untrusted and single use
     assert [(p.trust, p.public) for p in starts.provisions] == [(TrustLevel.UNTRUSTED, True)]
 
@@ -258,7 +258,7 @@ def test_a_run_whose_requested_delivery_never_came_is_asked_of_github_once(
     world: IngressWorld, ledger: DynamoDbLedger
 ) -> None:
     # Given a run whose requested delivery was lost, and GitHub answering that it was a push
-    starts, github = Starts(), GitHubRuns("push")
+    starts, github = Starts(), FakeRunReader("push")
     the_dispatcher = dispatcher(world, ledger, starts, github)
     # When its jobs come in two dispatches, each with two run keys
     dispatch(the_dispatcher, queued(5), queued(6, GPU_KEY))
@@ -273,15 +273,15 @@ def test_a_run_whose_requested_delivery_never_came_is_asked_of_github_once(
 @pytest.mark.parametrize(
     ("github", "hourly"),
     [
-        (GitHubRuns(failure=GitHubRateLimitedError("403 rate limited", 403, 60.0)), None),
-        (GitHubRuns(failure=RuntimeError("connection reset")), None),
-        (GitHubRuns("push"), HourlyQuota(limit=5000, remaining=400, reset_at=10**10)),
+        (FakeRunReader(failure=GitHubRateLimitedError("403 rate limited", 403, 60.0)), None),
+        (FakeRunReader(failure=RuntimeError("connection reset")), None),
+        (FakeRunReader("push"), HourlyQuota(limit=5000, remaining=400, reset_at=10**10)),
         (None, None),
     ],
     ids=["rate-limited", "error", "hour-spent", "no-github"],
 )
 def test_a_run_whose_level_github_does_not_give_is_served_single_use(
-    world: IngressWorld, ledger: DynamoDbLedger, github: GitHubRuns | None, hourly: HourlyQuota | None
+    world: IngressWorld, ledger: DynamoDbLedger, github: FakeRunReader | None, hourly: HourlyQuota | None
 ) -> None:
     # Given a run whose requested delivery was lost, and GitHub not answering about it (or not asked: the
     # hour's remainder is under the floor kept for registrations)
@@ -349,7 +349,7 @@ def test_a_sealed_follow_up_is_privileged_when_its_pool_label_had_an_environment
 
 def test_a_completed_runs_level_is_not_asked_of_github(world: IngressWorld, ledger: DynamoDbLedger) -> None:
     # Given a run that completed before its demand came
-    starts, github = Starts(), GitHubRuns()
+    starts, github = Starts(), FakeRunReader()
     the_dispatcher = dispatcher(world, ledger, starts, github)
     dispatch(the_dispatcher, RunCompleted(repository=REPOSITORY, run_id=RUN_ID, run_attempt=1))
     # When its late demand is dispatched / Then nothing starts and GitHub is not asked

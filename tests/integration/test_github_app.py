@@ -11,12 +11,9 @@ import pytest
 from emulator.fake_github import FakeGitHub, JobSpec, decode_jit_config
 from emulator.fake_github.state import RunTrigger
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
-from runner_pool.adapters.github_app import (
-    TOKEN_REFRESH_MARGIN_SECONDS,
-    GitHubApp,
-    runner_group_name,
-)
-from runner_pool.adapters.github_runs import GitHubRuns
+from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
+from runner_pool.adapters.github_runner_groups import runner_group_name
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import OrganizationScope, Registration, RepositoryScope, RunnerScope
 from runner_pool.domain.runners import (
@@ -304,7 +301,9 @@ def test_a_runner_group_registration_that_loses_the_race_to_create_uses_the_winn
     lib_id = fake.state.repository_id(lib)
     github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
     looks = 0
-    find = github._find_group
+    groups = github._runners._groups
+    assert groups is not None
+    find = groups._find
 
     def look_then_lose(name: str) -> int | None:
         nonlocal looks
@@ -316,7 +315,7 @@ def test_a_runner_group_registration_that_loses_the_race_to_create_uses_the_winn
             )
         return found
 
-    github._find_group = look_then_lose  # type: ignore[method-assign]
+    groups._find = look_then_lose  # type: ignore[method-assign]
 
     # When it registers a runner for the repository
     runner = github.jit_config("i-0abc-3", [run_key(3)], repository=lib, repository_id=lib_id)
@@ -696,7 +695,7 @@ def test_a_run_attempt_read_gives_what_its_level_is_decided_from(fake: FakeGitHu
     trigger = RunTrigger("pull_request", "dependabot[bot]", "maintainer", head_repository=f"someone/{REPO}")
     run = fake.actions.start_run(f"{OWNER}/{REPO}", "ci", [JobSpec("build", "ubuntu-latest")], trigger)
     # When its attempt is read through the App's client
-    facts = GitHubRuns(connect()).run_attempt(f"{OWNER}/{REPO}", run.run_id, 1)
+    facts = connect().run_attempt(f"{OWNER}/{REPO}", run.run_id, 1)
     # Then it says what GitHub said, and the level decided from it is untrusted
     assert facts == RunFacts(
         f"{OWNER}/{REPO}", "pull_request", "dependabot[bot]", "maintainer", f"someone/{REPO}"
@@ -714,4 +713,4 @@ def test_a_run_attempt_github_does_not_give_is_a_github_error(
     attempt = 2 if fault == "unknown-attempt" else 1
     # When it is read / Then the product's own error comes out (the dispatcher then serves single use)
     with pytest.raises(GitHubError):
-        GitHubRuns(connect()).run_attempt(f"{OWNER}/{REPO}", run.run_id, attempt)
+        connect().run_attempt(f"{OWNER}/{REPO}", run.run_id, attempt)
