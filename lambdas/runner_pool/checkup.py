@@ -169,7 +169,7 @@ def _app(
             runner_scope(str(github.scope)),
             base_url=github.api_url,
             api_version=github.api_version,
-            registration=github.registration,
+            registration=github.effective_registration,
             groups_allow_public_repositories=github.runner_groups_allow_public_repositories,
         )
     except ValueError as exc:
