@@ -62,10 +62,11 @@ COMPRESSED_TIMEOUTS: dict[str, float] = {
 
 
 def compressed_config(**overrides: Any) -> StackConfig:
-    """The stack config with the App on the fake GitHub and the compressed timeouts."""
+    """The stack config with the App on the fake GitHub's organisation, registering in runner groups (an
+    organisation's default), and the compressed timeouts."""
     settings: dict[str, Any] = {
         "timeouts": COMPRESSED_TIMEOUTS,
-        "github": {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": REPOSITORY},
+        "github": {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": OWNER},
         **overrides,
     }
     return StackConfig.model_validate(settings)
