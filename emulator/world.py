@@ -32,6 +32,7 @@ from emulator.timeline import RecordWatcher, Timeline, TimelineEvent
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.runner_scope import REGISTRATION_PERMISSIONS
 from runner_pool.observability import logger
 
 APP_ID = 4242
@@ -70,6 +71,13 @@ def compressed_config(**overrides: Any) -> StackConfig:
         **overrides,
     }
     return StackConfig.model_validate(settings)
+
+
+def accepted_permissions(config: StackConfig) -> dict[str, str]:
+    """What the installation accepts: what the manifest for the stack's registration asks, so a world
+    registering in runner groups runs with no repository administration at all."""
+    permission, level = REGISTRATION_PERMISSIONS[config.github.effective_registration]
+    return {"actions": "read", permission: level}
 
 
 @dataclass
@@ -119,7 +127,7 @@ def world(
         local_aws(state_machines=True, faults=faults) as aws,
         FakeGitHub(APP_ID, public_pem, lost_runner_seconds=lost_runner_seconds) as github,
     ):
-        github.state.add_installation(INSTALLATION_ID, OWNER)
+        github.state.add_installation(INSTALLATION_ID, OWNER, accepted_permissions(config))
         with deploy(
             aws,
             config,

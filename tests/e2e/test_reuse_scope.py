@@ -52,7 +52,8 @@ ORGANISATION_JIT = "POST /orgs/{org}/actions/runners/generate-jitconfig"
 def organisation_world(tmp_path: Path, registration: str | None = None, **reuse: object) -> Iterator[World]:
     """An organisation installation's stack, on its default registration (runner groups) unless
     `registration` is set. Registering in runner groups, the installation has no repository
-    administration at all, and public repositories' groups are allowed."""
+    administration at all (emulator/world.py accepted_permissions), and public repositories' groups are
+    allowed."""
     github: dict[str, object] = {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": OWNER}
     if registration is not None:
         github["registration"] = registration
@@ -65,8 +66,8 @@ def organisation_world(tmp_path: Path, registration: str | None = None, **reuse:
     with world(
         tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
     ) as running:
-        if by_group:
-            running.github.state.installations[INSTALLATION_ID].permissions.pop("administration")
+        accepted = running.github.state.installations[INSTALLATION_ID].permissions
+        assert ("administration" in accepted) is not by_group
         yield running
 
 
