@@ -183,21 +183,25 @@ def test_a_job_with_an_environment_completed_on_our_runner_releases_it_as_privil
 # --- runner groups that take no public repository ------------------------------------------------------
 
 
-def runner_groups(*, allow_public: bool) -> StackConfig:
+def runner_groups(*, allow_public: bool, chosen: bool = True) -> StackConfig:
+    """An organisation's stack registering in runner groups: chosen, or its default when left out."""
     github = GitHubSettings(
         scope="octo-org",
-        registration=Registration.RUNNER_GROUP,
+        registration=Registration.RUNNER_GROUP if chosen else None,
         runner_groups_allow_public_repositories=allow_public,
     )
     return StackConfig(github=github)
 
 
-def test_a_public_repositorys_job_is_refused_when_runner_groups_take_no_public_repository() -> None:
+@pytest.mark.parametrize("chosen", [True, False], ids=["chosen", "organisation-default"])
+def test_a_public_repositorys_job_is_refused_when_runner_groups_take_no_public_repository(
+    chosen: bool,
+) -> None:
     # Given runner-group registration whose groups take no public repository, and a public repository's job
     payload = queued_job(LABEL, job_id=305)
     assert payload["repository"]["private"] is False
     # When judged
-    judged = judged_job(payload, runner_groups(allow_public=False))
+    judged = judged_job(payload, runner_groups(allow_public=False, chosen=chosen))
     # Then it is unserved up front, the reason naming the setting to change
     assert isinstance(judged, Unserved)
     assert "github.runner_groups_allow_public_repositories" in judged.reason
@@ -208,9 +212,10 @@ def test_a_public_repositorys_job_is_refused_when_runner_groups_take_no_public_r
     [
         (runner_groups(allow_public=True), False),
         (runner_groups(allow_public=False), True),
-        (StackConfig(github=GitHubSettings(scope="octo-org")), False),
+        (StackConfig(github=GitHubSettings(scope="octo-org", registration=Registration.REPOSITORY)), False),
+        (StackConfig(github=GitHubSettings(scope="octo-org/octo-repo")), False),
     ],
-    ids=["groups-take-public", "private-repository", "repository-registration"],
+    ids=["groups-take-public", "private-repository", "repository-registration", "repository-scope"],
 )
 def test_a_job_runner_groups_can_serve_is_accepted(config: StackConfig, private: bool) -> None:
     # Given a job a runner of ours can be given

@@ -414,14 +414,15 @@ def _refused_by_runner_groups(event: WorkflowJobEvent, config: StackConfig) -> s
     github = config.github
     if (
         not isinstance(github.scope, OrganizationScope)
-        or github.registration is not Registration.RUNNER_GROUP
+        or github.effective_registration is not Registration.RUNNER_GROUP
         or github.runner_groups_allow_public_repositories
         or not event.repository.public
     ):
         return None
     return (
-        f"{event.repository.full_name} is public and github.registration is runner-group, whose groups "
-        "take no public repository; set github.runner_groups_allow_public_repositories: true to serve it"
+        f"{event.repository.full_name} is public and its runners are registered in runner groups "
+        "(github.registration: runner-group), which take no public repository; set "
+        "github.runner_groups_allow_public_repositories: true to serve it"
     )
 
 
