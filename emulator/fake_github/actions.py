@@ -45,6 +45,7 @@ from emulator.fake_github.state import (
     FakeWorkflowRun,
     GitHubState,
     JobStatus,
+    RunTrigger,
 )
 from emulator.fake_github.webhooks import Webhooks
 
@@ -74,6 +75,9 @@ class JobSpec:
     """How long the job's steps take once a runner has it."""
     fail_attempts: tuple[int, ...] = ()
     """The run attempts in which the job's steps fail, e.g. (1,): fails first, passes when re-run."""
+    environment: str | None = None
+    """The environment the job refers to (`environment:` in its YAML): it holds that environment's
+    secrets, and its `workflow_job` deliveries carry a `deployment`."""
 
     def labels(self, run_id: int) -> list[str]:
         written = (self.runs_on,) if isinstance(self.runs_on, str) else self.runs_on
@@ -111,8 +115,15 @@ class Actions:
 
     # --- what users do
 
-    def start_run(self, repository: str, workflow: str, jobs: Sequence[JobSpec]) -> FakeWorkflowRun:
-        """A new run of `workflow` in `repository` (`owner/repo`): requested, then each job queued."""
+    def start_run(
+        self,
+        repository: str,
+        workflow: str,
+        jobs: Sequence[JobSpec],
+        trigger: RunTrigger | None = None,
+    ) -> FakeWorkflowRun:
+        """A new run of `workflow` in `repository` (`owner/repo`), caused as `trigger` says (a push by a
+        human unless said): requested, then each job queued."""
         state = self.state
         with state.lock:
             now = state.clock.now()
@@ -126,6 +137,7 @@ class Actions:
                 updated_at=now,
                 attempt_started_at=now,
                 public=repository.lower() in state.public_repositories,
+                trigger=trigger or RunTrigger(),
             )
             state.runs[run.run_id] = run
             events = [self._run_event("requested", run)]
@@ -133,7 +145,15 @@ class Actions:
                 for name in spec.names():
                     labels = spec.labels(run.run_id)
                     job = FakeJob(
-                        state.new_id(), run.run_id, name, labels, spec.seconds, now, 1, spec.fail_attempts
+                        state.new_id(),
+                        run.run_id,
+                        name,
+                        labels,
+                        spec.seconds,
+                        now,
+                        1,
+                        spec.fail_attempts,
+                        environment=spec.environment,
                     )
                     state.jobs[job.job_id] = job
                     run.job_ids.append(job.job_id)
@@ -183,6 +203,7 @@ class Actions:
                     now,
                     run.run_attempt,
                     job.fail_attempts,
+                    environment=job.environment,
                 )
                 state.jobs[rerun.job_id] = rerun
                 run.job_ids.append(rerun.job_id)

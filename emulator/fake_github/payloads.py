@@ -57,6 +57,8 @@ def workflow_job(
             "workflow_name": run.workflow,
         },
     }
+    if job.environment is not None:
+        body["deployment"] = _deployment(job, run, repository_id)
     return body | _context(run, repository_id, installation_id)
 
 
@@ -64,11 +66,8 @@ def workflow_run(
     action: str, run: FakeWorkflowRun, repository_id: int, installation_id: int | None
 ) -> dict[str, Any]:
     """A `workflow_run` event (`requested`, `in_progress` or `completed`) about `run`."""
-    runs = f"{API}/repos/{run.repository}/actions/runs/{run.run_id}"
     workflow_id = WORKFLOW_ID_BASE + sum(map(ord, run.workflow))
     path = f".github/workflows/{run.workflow}.yml"
-    owner = account_json(run.owner, repository_id + 1, "Organization")
-    actor = account_json(*SENDER, "User")
     body: dict[str, Any] = {
         "action": action,
         "workflow": {
@@ -83,54 +82,105 @@ def workflow_run(
             "updated_at": iso(run.created_at - 86400),
             "url": f"{API}/repos/{run.repository}/actions/workflows/{workflow_id}",
         },
-        "workflow_run": {
-            "name": run.workflow,
-            "artifacts_url": f"{runs}/artifacts",
-            "cancel_url": f"{runs}/cancel",
-            "check_suite_url": f"{API}/repos/{run.repository}/check-suites/{CHECK_SUITE_BASE + run.run_id}",
-            "check_suite_id": CHECK_SUITE_BASE + run.run_id,
-            "check_suite_node_id": _node_id("CheckSuite", CHECK_SUITE_BASE + run.run_id),
-            "conclusion": run.conclusion.value if run.conclusion else None,
-            "created_at": iso(run.created_at),
-            "event": "push",
-            "head_branch": "main",
-            "head_commit": {
-                "author": {"email": "octocat@github.com", "name": "The Octocat"},
-                "committer": {"email": "noreply@github.com", "name": "GitHub"},
-                "id": HEAD_SHA,
-                "message": "Build on the warm pool",
-                "timestamp": iso(run.created_at - 60),
-                "tree_id": "c30f6c3377009c4c91c85d1f15deb6f2b7c2eb37",
-            },
-            "head_repository": _minimal_repository(run.repository, repository_id, owner, run.public),
-            "head_sha": HEAD_SHA,
-            "path": path,
-            "display_title": "Build on the warm pool",
-            "html_url": f"{WEB}/{run.repository}/actions/runs/{run.run_id}",
-            "id": run.run_id,
-            "jobs_url": f"{runs}/jobs",
-            "logs_url": f"{runs}/logs",
-            "node_id": _node_id("WorkflowRun", run.run_id),
-            "pull_requests": [],
-            "repository": _minimal_repository(run.repository, repository_id, owner, run.public),
-            "rerun_url": f"{runs}/rerun",
-            "run_number": run.run_number,
-            "run_attempt": run.run_attempt,
-            "run_started_at": iso(run.attempt_started_at or run.created_at),
-            "previous_attempt_url": f"{runs}/attempts/{run.run_attempt - 1}" if run.run_attempt > 1 else None,
-            "status": run.status.value,
-            "updated_at": iso(run.updated_at or run.created_at),
-            "url": runs,
-            "workflow_id": workflow_id,
-            "workflow_url": f"{API}/repos/{run.repository}/actions/workflows/{workflow_id}",
-            "actor": actor,
-            "triggering_actor": actor,
-        },
+        "workflow_run": run_attempt(run, repository_id),
     }
     if action == "in_progress":
         # GitHub's description of workflow_run.in_progress names no display_title (the others do).
         del body["workflow_run"]["display_title"]
     return body | _context(run, repository_id, installation_id)
+
+
+def run_attempt(run: FakeWorkflowRun, repository_id: int) -> dict[str, Any]:
+    """A run's latest attempt as `workflow_run` events carry it and "Get a workflow run attempt" answers
+    it (docs.github.com, "REST API endpoints for workflow runs"): its trigger's `event`, `actor`,
+    `triggering_actor` and `head_repository` among the rest."""
+    runs = f"{API}/repos/{run.repository}/actions/runs/{run.run_id}"
+    workflow_id = WORKFLOW_ID_BASE + sum(map(ord, run.workflow))
+    path = f".github/workflows/{run.workflow}.yml"
+    owner = account_json(run.owner, repository_id + 1, "Organization")
+    trigger = run.trigger
+    actor = _actor(trigger.actor)
+    head = trigger.head_repository or run.repository
+    head_owner = (
+        owner if head == run.repository else account_json(head.split("/")[0], repository_id + 2, "User")
+    )
+    head_id = repository_id if head == run.repository else repository_id + 3
+    return {
+        "name": run.workflow,
+        "artifacts_url": f"{runs}/artifacts",
+        "cancel_url": f"{runs}/cancel",
+        "check_suite_url": f"{API}/repos/{run.repository}/check-suites/{CHECK_SUITE_BASE + run.run_id}",
+        "check_suite_id": CHECK_SUITE_BASE + run.run_id,
+        "check_suite_node_id": _node_id("CheckSuite", CHECK_SUITE_BASE + run.run_id),
+        "conclusion": run.conclusion.value if run.conclusion else None,
+        "created_at": iso(run.created_at),
+        "event": trigger.event,
+        "head_branch": "main",
+        "head_commit": {
+            "author": {"email": "octocat@github.com", "name": "The Octocat"},
+            "committer": {"email": "noreply@github.com", "name": "GitHub"},
+            "id": HEAD_SHA,
+            "message": "Build on the warm pool",
+            "timestamp": iso(run.created_at - 60),
+            "tree_id": "c30f6c3377009c4c91c85d1f15deb6f2b7c2eb37",
+        },
+        "head_repository": _minimal_repository(head, head_id, head_owner, run.public),
+        "head_sha": HEAD_SHA,
+        "path": path,
+        "display_title": "Build on the warm pool",
+        "html_url": f"{WEB}/{run.repository}/actions/runs/{run.run_id}",
+        "id": run.run_id,
+        "jobs_url": f"{runs}/jobs",
+        "logs_url": f"{runs}/logs",
+        "node_id": _node_id("WorkflowRun", run.run_id),
+        "pull_requests": [],
+        "repository": _minimal_repository(run.repository, repository_id, owner, run.public),
+        "rerun_url": f"{runs}/rerun",
+        "run_number": run.run_number,
+        "run_attempt": run.run_attempt,
+        "run_started_at": iso(run.attempt_started_at or run.created_at),
+        "previous_attempt_url": f"{runs}/attempts/{run.run_attempt - 1}" if run.run_attempt > 1 else None,
+        "status": run.status.value,
+        "updated_at": iso(run.updated_at or run.created_at),
+        "url": runs,
+        "workflow_id": workflow_id,
+        "workflow_url": f"{API}/repos/{run.repository}/actions/workflows/{workflow_id}",
+        "actor": actor,
+        "triggering_actor": _actor(trigger.triggering_actor) if trigger.triggering_actor else actor,
+    }
+
+
+def _actor(login: str) -> dict[str, Any]:
+    """A run's actor: the sender for a human, a Bot account for an App's (`dependabot[bot]`)."""
+    if login == SENDER[0]:
+        return account_json(*SENDER, "User")
+    return account_json(login, 49699333 + sum(map(ord, login)), "Bot" if login.endswith("[bot]") else "User")
+
+
+def _deployment(job: FakeJob, run: FakeWorkflowRun, repository_id: int) -> dict[str, Any]:
+    """The `deployment` a job that refers to an environment carries in its `workflow_job` deliveries, in
+    the shape of GitHub's example (tests/fixtures/github-webhooks/workflow_job.queued.with-deployment)."""
+    deployments = f"{API}/repos/{run.repository}/deployments"
+    deployment_id = 875000000 + job.job_id
+    return {
+        "url": f"{deployments}/{deployment_id}",
+        "id": deployment_id,
+        "node_id": _node_id("Deployment", deployment_id),
+        "task": "deploy",
+        "original_environment": job.environment,
+        "environment": job.environment,
+        "description": None,
+        "created_at": iso(job.queued_at),
+        "updated_at": iso(job.queued_at),
+        "statuses_url": f"{deployments}/{deployment_id}/statuses",
+        "repository_url": f"{API}/repos/{run.repository}",
+        "creator": _actor(run.trigger.triggering_actor or run.trigger.actor),
+        "sha": HEAD_SHA,
+        "ref": "main",
+        "payload": {},
+        "transient_environment": False,
+        "production_environment": False,
+    }
 
 
 def _steps(job: FakeJob) -> list[dict[str, Any]]:

@@ -16,7 +16,14 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import jwt
 
-from emulator.fake_github import app_settings, rest, runner_groups, runner_protocol, workflow_jobs
+from emulator.fake_github import (
+    app_settings,
+    rest,
+    runner_groups,
+    runner_protocol,
+    workflow_jobs,
+    workflow_runs,
+)
 from emulator.fake_github.actions import (
     LOST_AFTER_SECONDS,
     QUEUE_EXPIRY_SECONDS,
@@ -39,7 +46,7 @@ SHUTDOWN_POLL_SECONDS = 0.01
 """How often the server looks for a stop request; `stop` waits up to this long."""
 LOST_RUNNER_CHECK_SECONDS = 0.25
 """How often a running fake looks for runners that stopped talking."""
-_ENDPOINTS = (rest, app_settings, runner_groups, runner_protocol, workflow_jobs)
+_ENDPOINTS = (rest, app_settings, runner_groups, runner_protocol, workflow_jobs, workflow_runs)
 """The modules whose `@route`s make up the fake; imported for their routes."""
 
 Gate = Callable[[str, Request], None]

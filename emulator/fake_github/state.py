@@ -178,10 +178,33 @@ class FakeJob:
     failed_because: str | None = None
     """Why the job failed, when it did: its steps, its runner gone (disconnected, or silent too long), or
     its wait in the queue (the fake's own note; GitHub shows it in the job's log)."""
+    environment: str | None = None
+    """The environment its YAML refers to (`environment:`), if any: its `workflow_job` deliveries then
+    carry a `deployment` (GitHub changelog, "GitHub Actions: workflow_job webhook payload includes
+    deployment")."""
 
     @property
     def fails(self) -> bool:
         return self.run_attempt in self.fail_attempts
+
+
+@dataclass(frozen=True)
+class RunTrigger:
+    """What caused a run, as GitHub reports it in `workflow_run` (`event`, `actor`, `triggering_actor`,
+    `head_repository`: "Webhook events and payloads", workflow_run; the same fields as "Get a workflow
+    run attempt" answers). The default is a push by a human to the run's own repository."""
+
+    event: str = "push"
+    """Its event's name ("Events that trigger workflows"): `push`, `pull_request`, `schedule`, ..."""
+    actor: str = "octocat"
+    """Who caused its first attempt (`github.actor`); Dependabot's runs carry `dependabot[bot]`."""
+    triggering_actor: str | None = None
+    """Who caused the latest attempt (`github.triggering_actor`); None: the actor."""
+    head_repository: str | None = None
+    """`owner/repo` its commit comes from (a fork's, for a fork's pull request); None: its own."""
+    read_fails: bool = False
+    """The scenario's fault: "Get a workflow run attempt" answers 503 for this run. (To lose its
+    `requested` delivery, a scenario drops it: Webhooks.drop_next.)"""
 
 
 @dataclass
@@ -201,6 +224,8 @@ class FakeWorkflowRun:
     attempt_started_at: Epoch | None = None
     public: bool = False
     """Whether the repository is public; its events say so in `repository.private` and `.visibility`."""
+    trigger: RunTrigger = field(default_factory=RunTrigger)
+    """What caused the run, as its `workflow_run` deliveries and its REST reads say."""
 
     @property
     def owner(self) -> str:

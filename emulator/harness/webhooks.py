@@ -87,6 +87,33 @@ def completed_job(
     return payload
 
 
+def with_deployment(payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload` (a `workflow_job` one) as GitHub sends it for a job with an environment: with the real
+    `deployment` of the `queued` example that has one."""
+    payload["deployment"] = fixture("workflow_job.queued.with-deployment.payload.json")["deployment"]
+    return payload
+
+
+def requested_run(
+    run_id: int = 4242,
+    attempt: int = 1,
+    *,
+    event: str = "push",
+    actor: str = "octocat",
+    triggering_actor: str | None = None,
+    head_repository: str | None = None,
+) -> dict[str, Any]:
+    """The real `workflow_run requested` payload for run `run_id`, triggered by `event` and `actor`; its
+    head repository its own unless said."""
+    payload = fixture("workflow_run.requested.payload.json")
+    run = payload["workflow_run"]
+    run.update(id=run_id, run_attempt=attempt, event=event)
+    run["actor"]["login"] = actor
+    run["triggering_actor"]["login"] = triggering_actor or actor
+    run["head_repository"]["full_name"] = head_repository or payload["repository"]["full_name"]
+    return payload
+
+
 def completed_run(run_id: int = 4242, attempt: int = 1) -> dict[str, Any]:
     payload = fixture("workflow_run.completed.payload.json")
     payload["workflow_run"].update(id=run_id, run_attempt=attempt)

@@ -146,6 +146,7 @@ class Ingress(Construct):
         release.grant_start_execution(self.dispatcher)
         self.follow_up.state_machine.grant_start_execution(self.dispatcher)
         self._remember(self.dispatcher, counts_jobs=True)
+        permissions.read_github_runs(self.dispatcher, github_app_key, self._table)
         self.dispatcher.add_event_source(
             event_sources.SqsEventSource(
                 self.demand_queue,
@@ -166,12 +167,13 @@ class Ingress(Construct):
         def list_seal_and_start(function: lambda_.Function) -> None:
             self._remember(function, counts_jobs=True)
             provision.grant_start_execution(function)
-            permissions.act_as_github_app(function, github_app_key)  # lists the run's queued jobs
-            permissions.share_github_hour(function, self._table)
+            # Lists the run's queued jobs, and reads the run when its level is not known.
+            permissions.read_github_runs(function, github_app_key, self._table)
 
         def start(function: lambda_.Function) -> None:
             self._remember(function)
             provision.grant_start_execution(function)
+            permissions.read_github_runs(function, github_app_key, self._table)  # a run's level
 
         starting = {
             "idempotency_table_name": self.idempotency_table.table_name,

@@ -180,6 +180,26 @@ def share_github_hour(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     )
 
 
+def read_github_runs(
+    grantee: iam.IGrantable, github_app_key: secretsmanager.ISecret, table: dynamodb.ITable
+) -> None:
+    """Ask GitHub about a run whose `requested` delivery never came (steps/run_trust.py): act as the App,
+    read the registration budget's item (GitHub's hourly remainder) and no other, and share the hourly
+    remainder GitHub's answer reports."""
+    act_as_github_app(grantee, github_app_key)
+    share_github_hour(grantee, table)
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["dynamodb:GetItem"],
+            resources=[table.table_arn],
+            conditions={
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{BUDGET_PREFIX}*"]},
+                "Null": {"dynamodb:LeadingKeys": "false"},
+            },
+        )
+    )
+
+
 def describe_instances(grantee: iam.IGrantable) -> None:
     """EC2's Describe actions support no resource-level permissions: `*` is the only resource (its
     cdk-nag finding is acknowledged with X-Ray's, by the function helper)."""

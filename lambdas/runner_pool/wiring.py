@@ -38,6 +38,7 @@ from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
 from runner_pool.observability import logger
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpSteps
+from runner_pool.steps.run_trust import RunTrust
 
 ClientFactory = Callable[[str], Any]
 """service name → boto3 client."""
@@ -175,11 +176,31 @@ class ControlPlane:
 
     def dispatcher(self) -> Dispatcher:
         """Turns a batch of demand into executions over the demand ledger."""
-        return Dispatcher(*self._demand(), self.clock, self.pause)
+        ledger, executions = self._demand()
+        return Dispatcher(ledger, executions, self.clock, self.pause, trust=self._run_trust(ledger))
 
     def follow_up_steps(self) -> FollowUpSteps:
         """The follow-up state machine's steps: gather a follow-up batch and start its provisions."""
-        return FollowUpSteps(*self._demand(), self.clock, self.pause, run_jobs=lambda: self.github)
+        ledger, executions = self._demand()
+        return FollowUpSteps(
+            ledger,
+            executions,
+            self.clock,
+            self.pause,
+            run_jobs=lambda: self.github,
+            trust=self._run_trust(ledger),
+        )
+
+    def _run_trust(self, ledger: DynamoDbLedger) -> RunTrust:
+        """Runs' levels of trust: from their `requested` deliveries, else read from GitHub (built on first
+        use) within the hourly share the registration budget keeps."""
+        return RunTrust(
+            ledger,
+            self.clock,
+            by_event=self.config.reuse.trust_by_event,
+            reader=lambda: self.github,
+            hourly=self.registration_budget.hourly,
+        )
 
     def _demand(self) -> tuple[DynamoDbLedger, Executions]:
         """The demand ledger, and what starts the provision, release and follow-up machines."""

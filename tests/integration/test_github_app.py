@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from emulator.fake_github import FakeGitHub, JobSpec, decode_jit_config
+from emulator.fake_github.state import RunTrigger
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
@@ -17,6 +18,7 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import OrganizationScope, Registration, RepositoryScope, RunnerScope
 from runner_pool.domain.runners import (
     GitHubAuthError,
+    GitHubError,
     GitHubForbiddenError,
     GitHubNotFoundError,
     GitHubRateLimitedError,
@@ -27,6 +29,7 @@ from runner_pool.domain.runners import (
     RunnerRemoval,
     RunnerStatus,
 )
+from runner_pool.domain.trust import RunFacts, TrustLevel, run_trust
 from tests.support.builders import run_key
 
 REPOSITORY = RepositoryScope(owner=OWNER, repo=REPO)
@@ -682,3 +685,32 @@ def test_an_enterprise_server_is_reached_below_its_api_path_with_its_api_version
     assert server.url.endswith("/api/v3/")
     assert runner.runner_id in {r.runner_id for r in runners}
     assert len(runners) == 151
+
+
+# --- a workflow run attempt (adapters/github_runs.py) -----------------------------------------------
+
+
+def test_a_run_attempt_read_gives_what_its_level_is_decided_from(fake: FakeGitHub, connect: Connect) -> None:
+    # Given a fork's pull request run by Dependabot, re-run by a maintainer
+    trigger = RunTrigger("pull_request", "dependabot[bot]", "maintainer", head_repository=f"someone/{REPO}")
+    run = fake.actions.start_run(f"{OWNER}/{REPO}", "ci", [JobSpec("build", "ubuntu-latest")], trigger)
+    # When its attempt is read through the App's client
+    facts = connect().run_attempt(f"{OWNER}/{REPO}", run.run_id, 1)
+    # Then it says what GitHub said, and the level decided from it is untrusted
+    assert facts == RunFacts(
+        f"{OWNER}/{REPO}", "pull_request", "dependabot[bot]", "maintainer", f"someone/{REPO}"
+    )
+    assert run_trust(facts) is TrustLevel.UNTRUSTED
+
+
+@pytest.mark.parametrize("fault", ["unreadable", "unknown-attempt"])
+def test_a_run_attempt_github_does_not_give_is_a_github_error(
+    fake: FakeGitHub, connect: Connect, fault: str
+) -> None:
+    # Given a run GitHub cannot read now, or an attempt it never had
+    trigger = RunTrigger(read_fails=fault == "unreadable")
+    run = fake.actions.start_run(f"{OWNER}/{REPO}", "ci", [JobSpec("build", "ubuntu-latest")], trigger)
+    attempt = 2 if fault == "unknown-attempt" else 1
+    # When it is read / Then the product's own error comes out (the dispatcher then serves single use)
+    with pytest.raises(GitHubError):
+        connect().run_attempt(f"{OWNER}/{REPO}", run.run_id, attempt)

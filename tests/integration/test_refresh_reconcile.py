@@ -14,6 +14,7 @@ from emulator.harness.github_app import OWNER, REPO
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
 from runner_pool.domain.records import Signal
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS, RefreshReport
+from runner_pool.domain.trust import TrustLevel
 from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.steps.refresh import Refresh
 from runner_pool.wiring import ControlPlane
@@ -142,6 +143,33 @@ def test_jobs_provisioned_again_stay_single_use_if_their_run_was(
     refresh(local, started)
     (provision,) = started.provisions.values()
     assert provision.public is single_use
+
+
+@pytest.mark.parametrize(
+    ("noted", "level"),
+    [
+        ((TrustLevel.TRUSTED, TrustLevel.UNTRUSTED), TrustLevel.TRUSTED),
+        ((None, TrustLevel.UNTRUSTED), TrustLevel.UNTRUSTED),
+        ((None,), None),
+        ((TrustLevel.TRUSTED, TrustLevel.PRIVILEGED, TrustLevel.TRUSTED), TrustLevel.PRIVILEGED),
+    ],
+    ids=["first-level-stands", "unknown-then-known", "never-known", "privileged-label-stays"],
+)
+def test_jobs_provisioned_again_carry_their_runs_level(
+    local: LocalControlPlane, noted: tuple[TrustLevel | None, ...], level: TrustLevel | None
+) -> None:
+    # Given a run whose provisions of one run key had these levels, in turn, its job queued for a while
+    # with no runner of ours for it
+    run, run_key = queued_run(local, 1)
+    for trust in noted:
+        local.plane.recent_demand.note(REPOSITORY, run.run_id, 1, run_key, busy_for=0, trust=trust)
+    local.clock.advance(RECONCILE_GRACE_SECONDS)
+    started = StartedExecutions()
+    # When refresh reconciles / Then the provision carries the run's level as first decided, privileged
+    # once its pool label was, and None (single use) while never known
+    refresh(local, started)
+    (provision,) = started.provisions.values()
+    assert provision.trust is level
 
 
 def test_a_run_whose_provision_may_still_be_at_work_is_not_reconciled(local: LocalControlPlane) -> None:

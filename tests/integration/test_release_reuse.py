@@ -176,3 +176,54 @@ def test_a_scrub_receipt_that_comes_after_the_quarantine_does_not_pool_the_insta
     # Then the release does not pool it: the quarantine's expiry stands
     assert checked.status is not ReleaseStatus.POOLED
     never_pooled(local, record)
+
+
+# --- a job with an environment -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("single_use", "status"),
+    [(False, ReleaseStatus.QUARANTINED), (True, ReleaseStatus.MOVED_ON)],
+    ids=["handed-over-for-reuse", "handed-over-single-use"],
+)
+def test_a_job_with_an_environment_started_on_a_shared_instance_quarantines_it(
+    local: LocalControlPlane, single_use: bool, status: ReleaseStatus
+) -> None:
+    # Given an instance running under a runner of the run, handed over for reuse or single use (GitHub
+    # may give a job any runner carrying all its labels: a runner an earlier batch provisioned)
+    record = running(local, single_use=single_use)
+    # When GitHub reports a job with an environment started on that runner
+    progress = give_back(local, record, suspect=True, privileged=True)
+    # Then an instance not handed over single use is quarantined, the reason naming the privileged job;
+    # a single-use one is left to its job, whose completion releases it
+    assert progress.status is status
+    if single_use:
+        assert local.record(record.instance_id).state is InstanceState.RUNNING
+    else:
+        assert "privileged job" in (progress.reason or "")
+        assert local.record(record.instance_id).quarantined_at is not None
+        never_pooled(local, record)
+
+
+def test_a_job_with_an_environment_completed_on_a_reusable_instance_retires_it(
+    local: LocalControlPlane,
+) -> None:
+    # Given an instance handed over for reuse (its record says nothing of single use)
+    record = running(local)
+    # When GitHub reports a job with an environment completed on its runner
+    progress = give_back(local, record, privileged=True)
+    # Then it is retired, never pooled, whatever its record says
+    assert progress.status is ReleaseStatus.RETIRED
+    assert "environment" in (progress.reason or "")
+    never_pooled(local, record)
+
+
+def test_a_job_without_an_environment_started_on_a_shared_instance_is_left_to_run(
+    local: LocalControlPlane,
+) -> None:
+    # Given an instance handed over for reuse, running a job of its own run attempt
+    record = running(local)
+    # When a job without an environment is reported started on it / Then nothing changes
+    progress = give_back(local, record, suspect=True)
+    assert progress.status is ReleaseStatus.MOVED_ON
+    assert local.record(record.instance_id).state is InstanceState.RUNNING

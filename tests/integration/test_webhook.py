@@ -72,6 +72,7 @@ def test_a_queued_job_with_our_label_queues_one_unit_of_demand(world: IngressWor
             "job_id": 901,
             "public": True,  # GitHub's example payload's repository is public
             "repository_id": 186853002,  # and its id
+            "privileged": False,  # it names no environment
         }
     ]
 
@@ -88,11 +89,13 @@ def test_a_job_completed_on_our_runner_queues_its_release(world: IngressWorld) -
             "request": {
                 "run_key": LABEL,
                 "instance_id": INSTANCE,
+                "part": None,
                 "runner_id": 5,
                 "cause": "job-902",
                 "repository": "Codertocat/Hello-World",
                 "quarantine": False,
                 "suspect": False,
+                "privileged": False,
             },
         }
     ]

@@ -31,10 +31,12 @@ from githubkit_schemas.latest.models import (
     SelfHostedRunnersSettings,
     ValidationErrorSimple,
     WebhookConfig,
+    WorkflowRun,
 )
 from pydantic import BaseModel, TypeAdapter
 
-from emulator.fake_github import Answer, FakeGitHub
+from emulator.fake_github import Answer, FakeGitHub, JobSpec
+from emulator.fake_github.state import RunTrigger
 from emulator.harness.github_app import (
     APP_ID,
     INSTALLATION_ID,
@@ -224,7 +226,29 @@ SUCCESSES: dict[str, tuple[Call, int, Any]] = {
     ),
 }
 
+
+def run_attempt(ask: Asking, trigger: RunTrigger, attempt: int = 1) -> Answer:
+    """GET a run attempt of a run started as `trigger` says."""
+    run = ask.fake.actions.start_run(f"{OWNER}/{REPO}", "ci", [JobSpec("build", "ubuntu-latest")], trigger)
+    return ask.as_installation("GET", f"/repos/{OWNER}/{REPO}/actions/runs/{run.run_id}/attempts/{attempt}")
+
+
+SUCCESSES["a workflow run attempt"] = (lambda ask: run_attempt(ask, RunTrigger()), 200, WorkflowRun)
+SUCCESSES["a fork's pull request's run attempt, by Dependabot"] = (
+    lambda ask: run_attempt(
+        ask, RunTrigger("pull_request", "dependabot[bot]", head_repository=f"someone/{REPO}")
+    ),
+    200,
+    WorkflowRun,
+)
+
 REFUSALS: dict[str, tuple[Call, int, Any]] = {
+    "a run attempt that does not exist": (lambda ask: run_attempt(ask, RunTrigger(), 2), 404, BasicError),
+    "a run attempt GitHub cannot read": (
+        lambda ask: run_attempt(ask, RunTrigger(read_fails=True)),
+        503,
+        BasicError,
+    ),
     "token for an unknown installation": (
         lambda ask: ask.as_app("POST", "/app/installations/999/access_tokens"),
         404,

@@ -15,6 +15,7 @@ import pytest
 from githubkit.webhooks import parse_obj
 
 from emulator.fake_github import Conclusion, FakeDelivery, FakeGitHub, JobSpec
+from emulator.fake_github.state import RunTrigger
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
@@ -53,12 +54,26 @@ def one_job_cancelled_while_queued(fake: FakeGitHub) -> None:
     fake.actions.cancel_run(run.run_id)
 
 
+def a_deploy_job_of_a_forks_pull_request(fake: FakeGitHub) -> None:
+    """A fork's pull request, by Dependabot, whose job refers to an environment, served."""
+    trigger = RunTrigger("pull_request", "dependabot[bot]", head_repository=f"someone/{REPO}")
+    run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("deploy", LABEL, environment="Test")], trigger)
+    runner = fake.state.register_runner(
+        RepositoryScope(owner=OWNER, repo=REPO), "i-0abc-1234abcd", [f"pool={run.run_id}/class=large"]
+    )
+    fake.actions.connect(runner)
+    job = fake.actions.next_job(runner)
+    assert job is not None
+    fake.actions.finish(runner, job.job_id, Conclusion.SUCCESS)
+
+
 Story = Callable[[FakeGitHub], None]
 
 STORIES: dict[str, Story] = {
     "a job served successfully": lambda fake: one_job_served(fake, Conclusion.SUCCESS),
     "a job that failed": lambda fake: one_job_served(fake, Conclusion.FAILURE),
     "a run cancelled while its job was queued": one_job_cancelled_while_queued,
+    "a deploy job of a fork's pull request by Dependabot": a_deploy_job_of_a_forks_pull_request,
 }
 
 
@@ -106,3 +121,33 @@ def test_a_completed_job_webhook_names_the_runner_that_ran_it(fake: FakeGitHub) 
     ]
     assert [c["workflow_job"]["runner_name"] for c in completed] == ["i-0abc-1234abcd"]
     assert completed[0]["workflow_job"]["conclusion"] == "success"
+
+
+def test_a_runs_webhooks_carry_its_trigger_and_its_jobs_environment(fake: FakeGitHub) -> None:
+    # Given a fork's pull request run by Dependabot, whose job refers to an environment
+    a_deploy_job_of_a_forks_pull_request(fake)
+    deliveries = [json.loads(d.payload) for d in sent(fake)]
+    # When its requested and job webhooks are read
+    (requested,) = [p for p in deliveries if p.get("action") == "requested"]
+    jobs = [p for p in deliveries if "workflow_job" in p]
+    # Then they say what GitHub would: the event, the actors, the fork, and each job's deployment
+    run = requested["workflow_run"]
+    assert (run["event"], run["actor"]["login"], run["triggering_actor"]["login"]) == (
+        "pull_request",
+        "dependabot[bot]",
+        "dependabot[bot]",
+    )
+    assert run["head_repository"]["full_name"] == f"someone/{REPO}"
+    assert run["actor"]["type"] == "Bot"
+    assert [job["deployment"]["environment"] for job in jobs] == ["Test"] * 3
+
+
+def test_a_dropped_requested_delivery_never_reaches_the_receiver(fake: FakeGitHub) -> None:
+    # Given the run's requested delivery dropped, as a scenario loses it
+    fake.webhooks.drop_next("workflow_run", "requested")
+    # When a run starts
+    fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL)])
+    # Then it is recorded as a failed attempt (for redelivery), and its job's queued one went
+    requested = [d for d in sent(fake) if d.action == "requested"]
+    assert [d.status_code for d in requested] != [200]
+    assert any(d.action == "queued" for d in sent(fake))

@@ -19,7 +19,7 @@ from emulator.harness.webhooks import (
     signature,
 )
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.demand import InstanceRelease, JobCancelled, JobQueued, RunCompleted, RunFromFork
+from runner_pool.domain.demand import InstanceRelease, JobCancelled, JobQueued, RunCompleted
 from runner_pool.domain.executions import ReleaseRequest, runner_name
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.webhooks import (
@@ -427,14 +427,6 @@ def test_a_completed_run_asks_for_the_release_of_its_attempt() -> None:
     assert judged.message == RunCompleted(repository="octo-org/octo-repo", run_id=4242, run_attempt=2)
 
 
-def test_a_requested_run_asks_nothing() -> None:
-    # Given the real workflow_run requested payload
-    payload = fixture("workflow_run.requested.payload.json")
-    delivery = Delivery("d-1", "workflow_run", WorkflowRunEvent.model_validate(payload))
-    # When judged / Then it is ignored
-    assert isinstance(verdict(delivery, StackConfig()), Ignored)
-
-
 def test_ping_is_answered_pong() -> None:
     # Given a ping delivery / When judged / Then the answer is pong
     assert verdict(Delivery("d-1", "ping", None), StackConfig()) == Ignored("pong")
@@ -443,21 +435,3 @@ def test_ping_is_answered_pong() -> None:
 def test_an_event_we_do_not_use_is_acknowledged() -> None:
     # Given an issues event / When judged / Then it is ignored with the event named
     assert verdict(Delivery("d-1", "issues", None), StackConfig()) == Ignored("event issues is not used")
-
-
-def test_a_run_requested_from_a_fork_is_marked_for_the_dispatcher() -> None:
-    # Given GitHub's `workflow_run requested` example, its head moved to a fork (a fork's pull request)
-    payload = fixture("workflow_run.requested.payload.json")
-    payload["workflow_run"]["head_repository"]["full_name"] = "someone/octo-repo"
-    # When judged / Then the run is marked as a fork's, so its jobs never reuse (issue 14, item 2)
-    judged = verdict(run_delivery(payload), StackConfig())
-    assert isinstance(judged, Accepted)
-    assert isinstance(judged.message, RunFromFork)
-    assert judged.message.head_repository == "someone/octo-repo"
-
-
-def test_a_run_requested_from_its_own_repository_needs_nothing() -> None:
-    # Given GitHub's `workflow_run requested` example as it is (head and base the same repository)
-    payload = fixture("workflow_run.requested.payload.json")
-    # When judged / Then nothing is asked for
-    assert isinstance(verdict(run_delivery(payload), StackConfig()), Ignored)

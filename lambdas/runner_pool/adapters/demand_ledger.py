@@ -7,7 +7,11 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
                                     reservation; the provision execution that counted the job
     run#<run id>/attempt#<attempt>  run_keys (string set) the attempt's demand used; completed_at once
                                     the attempt completed (written first if the completion comes first);
-                                    from_fork once its `requested` webhook named a fork as its head
+                                    trust: its jobs' level (domain.trust.TrustLevel), as first decided
+                                    (from its `requested` delivery, or GitHub's answer when that came
+                                    late), never overwritten; privileged_labels (string set): its pool
+                                    labels that had a job with an environment; from_fork, written
+                                    with trust (an earlier release wrote it alone: untrusted)
     batch#<sha256 of repository, run key>
                                     the run key's follow-up batch (domain.follow_up): state (its
                                     FollowUpState), repository, run_key, opened_at, closes_at,
@@ -34,7 +38,7 @@ from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
 from runner_pool.adapters.backoff import Backoff, read_consistently
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.demand import Reservation, RunMark
+from runner_pool.domain.demand import Reservation, RunAttempt, RunMark, privileged_label
 from runner_pool.domain.follow_up import (
     TRANSITIONS,
     BatchRole,
@@ -47,6 +51,7 @@ from runner_pool.domain.follow_up import (
     next_follow_up_closes_at,
     next_move,
 )
+from runner_pool.domain.trust import TrustLevel
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -63,6 +68,9 @@ RESERVED = "reserved"
 STARTED = "started"
 CANCELLED = "cancelled"
 FORK_ATTRIBUTE = "from_fork"
+"""Written with the level; an earlier release wrote it alone, and it then reads as untrusted."""
+TRUST_ATTRIBUTE = "trust"
+PRIVILEGED_ATTRIBUTE = "privileged_labels"
 BATCH_RETENTION_SECONDS = 24 * 3600
 """A follow-up window is over in seconds; its item is kept a day, for an operator to look at."""
 TURN_ATTEMPTS = 3
@@ -218,36 +226,67 @@ class DynamoDbLedger:
             )
         )
 
-    def remember_run_key(self, run_id: int, run_key: str, attempt: int) -> RunMark:
+    def remember_run_key(
+        self, run_id: int, run_key: str, attempt: int, *, privileged: bool = False
+    ) -> RunAttempt:
+        values: dict[str, Any] = {
+            ":key": {"SS": [run_key]},
+            ":expiry": {"N": self._expiry(self._clock.now())},
+        }
+        additions = "run_keys :key"
+        if privileged:
+            additions += f", {PRIVILEGED_ATTRIBUTE} :label"
+            values[":label"] = {"SS": [privileged_label(run_key)]}
         try:
             response = self._client.update_item(
                 TableName=self._table,
                 Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
-                UpdateExpression="ADD run_keys :key SET #expiry = :expiry",
+                UpdateExpression=f"ADD {additions} SET #expiry = :expiry",
                 ConditionExpression="attribute_not_exists(completed_at)",
                 ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
-                ExpressionAttributeValues={
-                    ":key": {"SS": [run_key]},
-                    ":expiry": {"N": self._expiry(self._clock.now())},
-                },
+                ExpressionAttributeValues=values,
                 ReturnValues="ALL_NEW",
             )
         except ClientError as exc:
             if error_code(exc) == "ConditionalCheckFailedException":
-                return RunMark.COMPLETED
+                return RunAttempt(RunMark.COMPLETED)
             raise
-        from_fork = response.get("Attributes", {}).get(FORK_ATTRIBUTE, {}).get("BOOL", False)
-        return RunMark.FROM_FORK if from_fork else RunMark.OPEN
-
-    def mark_fork(self, run_id: int, attempt: int) -> None:
-        now = self._clock.now()
-        self._client.update_item(
-            TableName=self._table,
-            Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
-            UpdateExpression=f"SET {FORK_ATTRIBUTE} = :yes, #expiry = :expiry",
-            ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
-            ExpressionAttributeValues={":yes": {"BOOL": True}, ":expiry": {"N": self._expiry(now)}},
+        item = response.get("Attributes", {})
+        return RunAttempt(
+            RunMark.OPEN,
+            trust=_trust(item),
+            privileged_labels=frozenset(item.get(PRIVILEGED_ATTRIBUTE, {}).get("SS", [])),
+            from_fork=item.get(FORK_ATTRIBUTE, {}).get("BOOL", False),
         )
+
+    def decide_trust(self, run_id: int, attempt: int, level: TrustLevel, *, from_fork: bool) -> TrustLevel:
+        now = self._clock.now()
+        try:
+            # Whenever it comes, and whatever else the item holds (a completion, run keys): the first
+            # level stands, so a later delivery that disagrees changes nothing already served by it.
+            self._client.update_item(
+                TableName=self._table,
+                Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
+                UpdateExpression="SET #trust = :level, #fork = :fork, #expiry = :expiry",
+                ConditionExpression="attribute_not_exists(#trust) AND attribute_not_exists(#fork)",
+                ExpressionAttributeNames={
+                    "#trust": TRUST_ATTRIBUTE,
+                    "#fork": FORK_ATTRIBUTE,
+                    "#expiry": EXPIRY_ATTRIBUTE,
+                },
+                ExpressionAttributeValues={
+                    ":level": {"S": level},
+                    ":fork": {"BOOL": from_fork},
+                    ":expiry": {"N": self._expiry(now)},
+                },
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            standing = _trust(exc.response.get("Item", {}))
+            return level if standing is None else standing
+        return level
 
     def complete_run(self, run_id: int, attempt: int) -> frozenset[str]:
         now = self._clock.now()
@@ -585,6 +624,16 @@ def _follow_up(item: Any) -> FollowUp:
 
 def _number(value: Epoch) -> str:
     return repr(float(value))
+
+
+def _trust(item: Any) -> TrustLevel | None:
+    """The level stored on a run attempt's item; an earlier release's fork mark is untrusted."""
+    stored = item.get(TRUST_ATTRIBUTE, {}).get("S")
+    if stored is not None:
+        return TrustLevel(stored)
+    if item.get(FORK_ATTRIBUTE, {}).get("BOOL", False):
+        return TrustLevel.UNTRUSTED
+    return None
 
 
 def _run_keys(item: Any) -> frozenset[str]:

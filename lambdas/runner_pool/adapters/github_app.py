@@ -1,15 +1,16 @@
 """One GitHub App installation as the control plane uses it: the RunnerRegistry and the doctor's reads.
 
 It holds the installation's one HTTP client (adapters/github_api.py) and hands each call to the module
-of its concern: our runners (github_runners), a run's jobs (github_run_jobs), failed webhook deliveries
-(github_deliveries), and what the doctor reads (github_readings).
+of its concern: our runners (github_runners), a run's jobs (github_run_jobs), a run attempt's trigger
+(github_runs), failed webhook deliveries (github_deliveries), and what the doctor reads
+(github_readings).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from runner_pool.adapters import github_deliveries, github_readings, github_run_jobs
+from runner_pool.adapters import github_deliveries, github_readings, github_run_jobs, github_runs
 from runner_pool.adapters.github_api import GITHUB_API_URL, GitHubApi
 from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
 from runner_pool.adapters.github_runners import GitHubRunners
@@ -25,6 +26,7 @@ from runner_pool.domain.runners import (
     RunJob,
     RunnerRemoval,
 )
+from runner_pool.domain.trust import RunFacts
 
 
 class GitHubApp:
@@ -117,6 +119,9 @@ class GitHubApp:
 
     def run_jobs(self, repository: str, run_id: int, attempt: int) -> tuple[list[RunJob], int]:
         return github_run_jobs.run_jobs(self._api, repository, run_id, attempt)
+
+    def run_attempt(self, repository: str, run_id: int, attempt: int) -> RunFacts:
+        return github_runs.run_attempt(self._api, repository, run_id, attempt)
 
     def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]:
         return github_deliveries.failed_deliveries(self._api, since)

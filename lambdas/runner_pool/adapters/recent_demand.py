@@ -3,6 +3,11 @@
     pk = demand#recent, sk = <repository>#<run id>#<attempt>
     repository, run_id, attempt
     run_keys        (string set) the labels the run's demand used
+    trust           the run attempt's level of trust (domain.trust) as its first provision that knew it
+                    had it; absent while none did
+    privileged_labels
+                    (string set) its pool labels whose provisions were privileged (domain.demand
+                    privileged_label): every run key of such a label is provisioned again privileged
     demand_at       the last provision for it began
     busy_until      until then a provision for it may still be claiming or creating: not reconciled
     reconciled_at   when refresh last asked GitHub about it
@@ -28,6 +33,8 @@ from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
 from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.demand import privileged_label
+from runner_pool.domain.trust import TrustLevel
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -46,6 +53,9 @@ class RecentRun:
     reconciled_at: Epoch = 0.0
     single_use: bool = False
     """Its jobs were public or a fork's: what refresh provisions again for it stays single use."""
+    trust: TrustLevel | None = None
+    """The run's level as its provisions had it (None: not known; see `trust_of`)."""
+    privileged_labels: frozenset[str] = frozenset()
     repository_id: int | None = None
     """The repository's id, when its demand carried one: what refresh provisions again carries it too."""
     refused_at: Epoch | None = None
@@ -56,6 +66,13 @@ class RecentRun:
     @property
     def key(self) -> str:
         return f"{self.repository}#{self.run_id}#{self.attempt}"
+
+    def trust_of(self, run_key: str) -> TrustLevel | None:
+        """The level a job of `run_key` is provisioned again at: privileged when a provision of its pool
+        label was, else the run's (None, not known, is served single use)."""
+        if privileged_label(run_key) in self.privileged_labels:
+            return TrustLevel.PRIVILEGED
+        return self.trust
 
 
 class RecentDemand:
@@ -82,21 +99,32 @@ class RecentDemand:
         *,
         single_use: bool = False,
         repository_id: int | None = None,
+        trust: TrustLevel | None = None,
     ) -> None:
         """A provision for the run's `run_key` begins now and may be at work for `busy_for` seconds.
         Idempotent: a retried note sets the same values again (a later one moves the times on); once
-        single use, a run stays so. A refusal noted before is cleared: this provision asks GitHub anew."""
+        single use, a run stays so. A refusal noted before is cleared: this provision asks GitHub anew.
+        A privileged provision marks its pool label; the run's level is kept as first noted (the demand
+        ledger decides it once per run attempt); an unknown one (None) changes nothing."""
         now = self._clock.now()
         run = RecentRun(repository, run_id, attempt, frozenset({run_key}), now, now + busy_for)
         marks = ", single_use = :single_use" if single_use else ""
         if repository_id is not None:
             marks += ", repository_id = :repository_id"
+        additions = "run_keys :run_keys"
+        levels: dict[str, Any] = {}
+        if trust is TrustLevel.PRIVILEGED:
+            additions += ", privileged_labels :label"
+            levels[":label"] = {"SS": [privileged_label(run_key)]}
+        elif trust is not None:
+            marks += ", trust = if_not_exists(trust, :trust)"
+            levels[":trust"] = {"S": trust}
         self._client.update_item(
             TableName=self._table,
             Key=_key(run.key),
             UpdateExpression=(
                 "SET repository = :repository, run_id = :run_id, attempt = :attempt, "
-                f"demand_at = :now, busy_until = :busy, #ttl = :ttl{marks} ADD run_keys :run_keys "
+                f"demand_at = :now, busy_until = :busy, #ttl = :ttl{marks} ADD {additions} "
                 "REMOVE refused_at, refused_reason"
             ),
             ExpressionAttributeNames={"#ttl": TTL_ATTRIBUTE},
@@ -110,6 +138,7 @@ class RecentDemand:
                 ":run_keys": {"SS": [run_key]},
                 **({":single_use": {"BOOL": True}} if single_use else {}),
                 **({":repository_id": {"N": str(repository_id)}} if repository_id is not None else {}),
+                **levels,
             },
         )
 
@@ -198,6 +227,8 @@ def _run(item: dict[str, Any]) -> RecentRun:
         busy_until=float(item.get("busy_until", {}).get("N", "0")),
         reconciled_at=float(item.get("reconciled_at", {}).get("N", "0")),
         single_use=bool(item.get("single_use", {}).get("BOOL", False)),
+        trust=TrustLevel(item["trust"]["S"]) if "trust" in item else None,
+        privileged_labels=frozenset(item.get("privileged_labels", {}).get("SS", [])),
         repository_id=int(item["repository_id"]["N"]) if "repository_id" in item else None,
         refused_at=float(item["refused_at"]["N"]) if "refused_at" in item else None,
         refused_reason=item.get("refused_reason", {}).get("S"),

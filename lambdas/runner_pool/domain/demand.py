@@ -7,7 +7,10 @@ One message per webhook delivery that asks for something:
     job-cancelled  a job with our label completed without ever getting a runner (cancelled while queued)
     release        a job completed on one of our runners: release that instance
     run-completed  a workflow run completed: release whatever its run keys still hold
-    run-from-fork  a workflow run's head repository is a fork: its jobs never share an instance
+    run-requested  a workflow run attempt was requested: what GitHub says about it (event, actors, head
+                   repository), from which the dispatcher decides its jobs' level of trust
+    run-from-fork  (from an earlier release, still read) a workflow run's head repository is a fork: its
+                   jobs are untrusted
 
 The dispatcher counts each job once, ever, in a ledger (a conditional write per job id), before it
 starts anything, because Express workflows do not refuse a second execution of the same name and
@@ -45,11 +48,18 @@ whether or not the attempt's demand has been seen yet (a redelivery after an out
 completion first): demand that arrives after it is dropped as stale. Every `workflow_run completed`
 is queued, ours or not, because only the ledger knows which runs are ours, and a completion must
 never be lost to demand still in the queue.
+
+A job's level of trust (domain.trust) is decided per provision: privileged when one of its jobs targets
+an environment, or when its pool label had such a job earlier in the same run attempt (privileged_label);
+else its run attempt's level, which the ledger keeps as first decided from the run's `requested`
+delivery (queued for every run, like its completion) or, when that never came, from GitHub's answer
+about the run (steps.run_trust); None when neither is at hand, and then the jobs are served single use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Literal, Protocol
 
@@ -60,6 +70,7 @@ from runner_pool.domain.executions import FollowUpRequest, ProvisionRequest, Rel
 from runner_pool.domain.follow_up import BatchTurn, Sealing
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runners import RunJob
+from runner_pool.domain.trust import RunFacts, TrustLevel
 
 LEASE_MARGIN_SECONDS = 60
 """A reservation (and a follow-up's lead) outlives the invocation that holds it by this much, so it
@@ -86,6 +97,9 @@ class JobQueued(_Message):
     """The job's repository is public: its jobs never share an instance (unless the config allows)."""
     repository_id: int | None = Field(None, gt=0)
     """The repository's id (the webhook's `repository.id`); None from a message of an older release."""
+    privileged: bool = False
+    """The job targets an environment (its `workflow_job` delivery carries `deployment`): its level is
+    privileged whatever its run's (domain.trust.job_trust)."""
 
     @model_validator(mode="after")
     def _of_its_attempt(self) -> JobQueued:
@@ -101,10 +115,36 @@ class JobCancelled(_Message):
     job_id: int = Field(gt=0)
 
 
+class RunRequested(_Message):
+    """A workflow run attempt GitHub requested, with what its `workflow_run` delivery says about it: the
+    facts its jobs' level of trust is decided from (domain.trust.run_trust). Its `requested` delivery
+    comes before its jobs' `queued` ones, so the level is usually in the ledger before the run's demand;
+    the first level decided for a run attempt stands."""
+
+    kind: Literal["run-requested"] = "run-requested"
+    repository: str = Field(min_length=1)
+    run_id: int = Field(gt=0)
+    run_attempt: int = Field(gt=0)
+    event: str = Field(min_length=1, max_length=100)
+    actor: str | None = None
+    triggering_actor: str | None = None
+    head_repository: str | None = None
+    """None when the delivery names none: treated as a fork's (domain.trust.RunFacts)."""
+
+    @property
+    def facts(self) -> RunFacts:
+        return RunFacts(
+            repository=self.repository,
+            event=self.event,
+            actor=self.actor,
+            triggering_actor=self.triggering_actor,
+            head_repository=self.head_repository,
+        )
+
+
 class RunFromFork(_Message):
-    """A workflow run whose head repository is not its repository (a fork's pull request):
-    its jobs never share an instance, like a public repository's. Its `requested` webhook comes before
-    its jobs' `queued` ones, so the mark is usually in the ledger before the run's demand."""
+    """What an earlier release queued for a run whose head repository is not its repository: read still,
+    so that messages in flight during an upgrade keep their meaning (the run's jobs are untrusted)."""
 
     kind: Literal["run-from-fork"] = "run-from-fork"
     repository: str = Field(min_length=1)
@@ -130,7 +170,8 @@ class RunCompleted(_Message):
 
 
 DemandMessage = Annotated[
-    JobQueued | JobCancelled | InstanceRelease | RunCompleted | RunFromFork, Field(discriminator="kind")
+    JobQueued | JobCancelled | InstanceRelease | RunCompleted | RunRequested | RunFromFork,
+    Field(discriminator="kind"),
 ]
 _MESSAGES: TypeAdapter[DemandMessage] = TypeAdapter(DemandMessage)
 
@@ -162,12 +203,36 @@ class Reservation(StrEnum):
 
 
 class RunMark(StrEnum):
-    """What the ledger knows of a run attempt when its demand is dispatched."""
+    """Whether a run attempt's demand is still served when it is dispatched."""
 
     OPEN = "open"
-    FROM_FORK = "from-fork"
-    """Open, and its head repository is a fork: its jobs are single use."""
     COMPLETED = "completed"
+
+
+@dataclass(frozen=True)
+class RunAttempt:
+    """What the ledger knows of a run attempt when its demand is dispatched."""
+
+    mark: RunMark
+    trust: TrustLevel | None = None
+    """The level decided for its jobs (before any job's own environment); None: not decided yet."""
+    privileged_labels: frozenset[str] = frozenset()
+    """Its pool labels that a job with an environment asked for (see `privileged_label`)."""
+    from_fork: bool = False
+    """Its head repository is not its repository (or GitHub did not say): its jobs are single use, as a
+    public repository's are."""
+
+
+def privileged_label(run_key: str) -> str:
+    """The pool label a run key's privilege is kept by in its run attempt.
+
+    GitHub gives a job to any runner that carries all of the job's labels ("Using labels with
+    self-hosted runners"; "Choosing the runner for a job": "a job will only run on a runner with all the
+    labels"), so a job of one run key can take a runner of any run key of the same pool label whose
+    other labels include its own, and the other way round. Once one job of a pool label targets an
+    environment, every later provision of that pool label in that run attempt is privileged, so no
+    runner that job may take was reused or is left to the pool."""
+    return RunKey.parse(run_key).label
 
 
 class DemandLedger(Protocol):
@@ -189,12 +254,16 @@ class DemandLedger(Protocol):
         """Mark a job nobody has counted as cancelled; False when it was counted (or cancelled) already."""
         ...
 
-    def remember_run_key(self, run_id: int, run_key: str, attempt: int) -> RunMark:
-        """Note that the run attempt's demand uses `run_key`, unless that attempt has completed."""
+    def remember_run_key(
+        self, run_id: int, run_key: str, attempt: int, *, privileged: bool = False
+    ) -> RunAttempt:
+        """Note that the run attempt's demand uses `run_key`, unless that attempt has completed; with
+        `privileged`, note in the same write that its pool label had a job with an environment."""
         ...
 
-    def mark_fork(self, run_id: int, attempt: int) -> None:
-        """Note that the run attempt comes from a fork, whenever its demand comes."""
+    def decide_trust(self, run_id: int, attempt: int, level: TrustLevel, *, from_fork: bool) -> TrustLevel:
+        """Note the run attempt's level (and whether it comes from a fork), whenever its demand comes,
+        unless one was decided already: the level that stands (the first one written)."""
         ...
 
     def complete_run(self, run_id: int, attempt: int) -> frozenset[str]:
@@ -237,6 +306,12 @@ class RunJobs(Protocol):
     (domain.runners.RunnerRegistry.run_jobs)."""
 
     def run_jobs(self, repository: str, run_id: int, attempt: int) -> tuple[list[RunJob], int]: ...
+
+
+class RunReader(Protocol):
+    """GitHub's word on one run attempt (domain.runners-style errors when it does not answer)."""
+
+    def run_attempt(self, repository: str, run_id: int, attempt: int) -> RunFacts: ...
 
 
 class ExecutionStarter(Protocol):

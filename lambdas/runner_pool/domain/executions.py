@@ -137,8 +137,14 @@ class ReleaseRequest(_Input):
     )
     suspect: bool = Field(
         False,
-        description="GitHub started a job of a re-run attempt (`run_key` is that job's) on the runner: the "
-        "instance is quarantined if the runner was registered for another attempt, else left as it is",
+        description="GitHub started a job on the runner (`run_key` is that job's): judged, not released; the "
+        "instance is quarantined if the runner was registered for another attempt, or if the job is "
+        "`privileged` and the instance was not handed over single use; else left as it is",
+    )
+    privileged: bool = Field(
+        False,
+        description="the job targets an environment (its delivery carries `deployment`): the instance is "
+        "never pooled after it, and one not handed over single use is quarantined when the job starts",
     )
 
     @model_validator(mode="after")

@@ -43,6 +43,11 @@ REGISTRATION_FLOOR = 0.02
 """Share of the hourly limit registrations leave unused: for releases' deletions and the doctor."""
 REFRESH_FLOOR = 0.25
 """Share of the hourly limit below which refresh reads GitHub no more: the rest is registrations'."""
+RUN_READ_FLOOR = 0.10
+"""Share of the hourly limit below which the dispatcher no longer asks GitHub about a run whose
+`requested` delivery it has not seen (one read per run attempt): its jobs are then served single use,
+and the rest of the hour is registrations'. Above refresh's floor, because a run's level decides how
+its jobs are served now; below registrations', which serve them."""
 
 
 @dataclass(frozen=True)

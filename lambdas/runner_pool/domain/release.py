@@ -57,7 +57,10 @@ class ReleasePlan(_Step):
     """The repository of the job that completed (or, quarantining, of the foreign job)."""
     quarantine: bool = False
     suspect: bool = False
-    """A job that started on the runner is to be judged, not released: quarantined if foreign."""
+    """A job that started on the runner is to be judged, not released: quarantined if foreign, or if it
+    is privileged on an instance not handed over single use."""
+    privileged: bool = False
+    """The job targets an environment: its instance is never pooled (see `privileged_on_shared`)."""
 
 
 class PartsStarted(_Step):
@@ -82,6 +85,7 @@ class ReleaseItem(_Step):
     repository: str | None = None
     quarantine: bool = False
     suspect: bool = False
+    privileged: bool = False
 
 
 class ReleaseProgress(_Step):
@@ -185,6 +189,21 @@ def ran_a_foreign_job(record: InstanceRecord | None, item: ReleaseItem) -> bool:
         return False
     registered, ran = _run_attempt(record.runner_run_key), _run_attempt(item.run_key)
     return registered is not None and ran is not None and registered != ran
+
+
+def privileged_on_shared(record: InstanceRecord | None, item: ReleaseItem) -> bool:
+    """A job with an environment that started on a runner whose instance was not handed over single use:
+    the instance may hold a reused job's leftovers, and its job the environment's secrets.
+
+    Demand marks a run attempt's pool label privileged from its first job with an environment on, so
+    every later provision of that pool label is single use; what it cannot prevent is one race: a job
+    of the same pool label dispatched earlier, in another batch, got a reused or poolable instance, and
+    GitHub gives that runner to the privileged job, which may take any runner carrying all its labels
+    ("Using labels with self-hosted runners"). This is the detector for that race: the instance is
+    quarantined (expired, never pooled) and the error log names both."""
+    if not item.privileged or item.runner_id is None or record is None or record.runner_id != item.runner_id:
+        return False
+    return not record.single_use
 
 
 def _run_attempt(run_key: str) -> tuple[str, int] | None:

@@ -28,7 +28,7 @@ the run's actor and head repository allow.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -112,7 +112,7 @@ class RunFacts:
 
 def run_trust(facts: RunFacts, by_event: Mapping[str, TrustLevel] | None = None) -> TrustLevel:
     """The level of a run's jobs before any job's own `deployment` is seen."""
-    if _from_fork(facts) or DEPENDABOT in (facts.actor, facts.triggering_actor):
+    if from_fork(facts) or DEPENDABOT in (facts.actor, facts.triggering_actor):
         return TrustLevel.UNTRUSTED
     configured = (by_event or {}).get(facts.event)
     if configured is not None:
@@ -141,5 +141,20 @@ def may_follow(served: TrustLevel | None, level: TrustLevel | None, *, used: boo
     return reuses(level) and served is level
 
 
-def _from_fork(facts: RunFacts) -> bool:
+def from_fork(facts: RunFacts) -> bool:
+    """Whether the run's commit comes from another repository than the run's (a fork's pull request), or
+    GitHub does not say where it comes from."""
     return facts.head_repository is None or facts.head_repository.lower() != facts.repository.lower()
+
+
+def least_trusted(levels: Iterable[TrustLevel | None]) -> TrustLevel | None:
+    """The level of jobs that may come from any of these runs: the least trusted of them, None (not
+    known, served single use) when any is not known or there are none."""
+    seen = list(levels)
+    if not seen or None in seen:
+        return None
+    if TrustLevel.UNTRUSTED in seen:
+        return TrustLevel.UNTRUSTED
+    if TrustLevel.TRUSTED in seen:
+        return TrustLevel.TRUSTED
+    return TrustLevel.PRIVILEGED

@@ -32,11 +32,12 @@ from runner_pool.domain.demand import (
     JobCancelled,
     JobQueued,
     RunCompleted,
-    RunFromFork,
+    RunRequested,
 )
 from runner_pool.domain.executions import ReleaseRequest, instance_of_runner
 from runner_pool.domain.labels import LabelError, RunnerLabel, is_pool_label
 from runner_pool.domain.run_keys import RunKey
+from runner_pool.domain.runner_scope import OrganizationScope, Registration
 
 MAX_BODY_BYTES = 1024 * 1024
 """A `workflow_run` payload is about 25 KB; a megabyte leaves room for long commit messages."""
@@ -107,15 +108,40 @@ class WorkflowJob(_Payload):
     runner_name: str | None = None
 
 
+class Deployment(_Payload):
+    """The deployment a job's delivery names: present "when a job refers to an environment key in its
+    YAML definition" (GitHub changelog, "GitHub Actions: workflow_job webhook payload includes
+    deployment"); the job holds that environment's secrets."""
+
+    environment: str | None = None
+
+
 class WorkflowJobEvent(_Payload):
     action: str
     workflow_job: WorkflowJob
     repository: Repository
+    deployment: Deployment | None = None
+
+    @property
+    def privileged(self) -> bool:
+        """The job targets an environment (domain.trust: privileged)."""
+        return self.deployment is not None
+
+
+class Actor(_Payload):
+    login: str = Field(min_length=1, max_length=100)
 
 
 class WorkflowRun(_Payload):
     id: int = Field(gt=0)
     run_attempt: int = Field(1, gt=0)
+    event: str = Field("", max_length=100)
+    """What triggered the run (`push`, `pull_request`, ...: "Events that trigger workflows"); empty when
+    the delivery says nothing, which no table names, so its jobs are untrusted."""
+    actor: Actor | None = None
+    """Who caused the run's first attempt (`github.actor`)."""
+    triggering_actor: Actor | None = None
+    """Who caused this attempt (`github.triggering_actor`: a re-run's may differ from `actor`)."""
     head_repository: Repository | None = None
     """Where the run's commit comes from: another repository than the run's for a fork's pull request."""
 
@@ -306,8 +332,13 @@ def _foreign(event: WorkflowJobEvent) -> Verdict | None:
 
 
 def _suspect(event: WorkflowJobEvent, run_key: RunKey, instance_id: str, runner_id: int) -> Verdict | None:
+    """A job of the runner's own run that started on it, sent to the release to be judged when the record
+    must be asked: a re-run's job (which attempt the runner is for), or a job with an environment (was
+    the instance handed over single use?). Demand makes a pool label's provisions single use from its
+    first job with an environment on, but GitHub may give that job a runner of the same pool label that
+    an earlier batch provisioned; this is where that race is caught."""
     job = event.workflow_job
-    if event.action != "in_progress" or job.run_attempt <= 1:
+    if event.action != "in_progress" or (job.run_attempt <= 1 and not event.privileged):
         return None
     request = ReleaseRequest(
         run_key=str(run_key),
@@ -316,10 +347,10 @@ def _suspect(event: WorkflowJobEvent, run_key: RunKey, instance_id: str, runner_
         cause=f"started-job-{job.id}",
         repository=event.repository.full_name,
         suspect=True,
+        privileged=event.privileged,
     )
-    summary = (
-        f"job {job.id} of attempt {job.run_attempt} started on {instance_id}: its runner's attempt checked"
-    )
+    checked = "its instance's hand-over" if event.privileged else "its runner's attempt"
+    summary = f"job {job.id} of attempt {job.run_attempt} started on {instance_id}: {checked} checked"
     return Accepted(InstanceRelease(request=request), _short(summary))
 
 
@@ -340,6 +371,7 @@ def _completed(event: WorkflowJobEvent) -> Verdict:
             runner_id=job.runner_id,
             cause=f"job-{job.id}",
             repository=event.repository.full_name,
+            privileged=event.privileged,
         )
         return Accepted(InstanceRelease(request=request), f"release of {instance_id} queued")
     if not job.runner_name:
@@ -358,6 +390,9 @@ def _queued(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
     if spec.run_id != str(job.run_id):
         reason = f"pool={spec.run_id} is not this job's run {job.run_id}; use pool=${{{{ github.run_id }}}}"
         return Unserved(run_key.label, reason)
+    refused = _refused_by_runner_groups(event, config)
+    if refused is not None:
+        return Unserved(run_key.label, refused)
     demand = JobQueued(
         repository=event.repository.full_name,
         run_key=str(run_key),
@@ -366,28 +401,50 @@ def _queued(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
         job_id=job.id,
         public=event.repository.public,
         repository_id=event.repository.id,
+        privileged=event.privileged,
     )
     return Accepted(demand, f"1 runner asked for job {job.id}")
 
 
+def _refused_by_runner_groups(event: WorkflowJobEvent, config: StackConfig) -> str | None:
+    """Why a public repository's job cannot be served when every runner is registered in a runner group
+    that does not take public repositories: GitHub would never give it the runner ("By default, runner
+    groups ... can't be used by public repositories", docs.github.com, "Managing access to self-hosted
+    runners using groups"), so it would wait in the queue with an instance held for it."""
+    github = config.github
+    if (
+        not isinstance(github.scope, OrganizationScope)
+        or github.effective_registration is not Registration.RUNNER_GROUP
+        or github.runner_groups_allow_public_repositories
+        or not event.repository.public
+    ):
+        return None
+    return (
+        f"{event.repository.full_name} is public and its runners are registered in runner groups "
+        "(github.registration: runner-group), which take no public repository; set "
+        "github.runner_groups_allow_public_repositories: true to serve it"
+    )
+
+
 def _run_verdict(event: WorkflowRunEvent) -> Verdict:
     run = event.workflow_run
-    head = run.head_repository
-    if event.action == "requested" and head is not None and _other(head, event.repository):
-        fork = RunFromFork(
+    if event.action == "requested":
+        # Queued for every run, ours or not: only the ledger knows which runs are ours, and the level
+        # must be there before the run's demand, which comes moments after.
+        requested = RunRequested(
             repository=event.repository.full_name,
-            head_repository=head.full_name,
             run_id=run.id,
             run_attempt=run.run_attempt,
+            event=run.event or "unknown",
+            actor=None if run.actor is None else run.actor.login,
+            triggering_actor=None if run.triggering_actor is None else run.triggering_actor.login,
+            head_repository=None if run.head_repository is None else run.head_repository.full_name,
         )
-        return Accepted(fork, _short(f"run {run.id} comes from fork {head.full_name}: its jobs never reuse"))
+        summary = f"run {run.id} attempt {run.run_attempt} requested by {run.event or 'an unnamed event'}"
+        return Accepted(requested, _short(summary))
     if event.action != "completed":
         return Ignored(_short(f"workflow_run {event.action} needs nothing"))
     completed = RunCompleted(
         repository=event.repository.full_name, run_id=run.id, run_attempt=run.run_attempt
     )
     return Accepted(completed, f"release of run {run.id} attempt {run.run_attempt} queued")
-
-
-def _other(head: Repository, repository: Repository) -> bool:
-    return head.full_name.lower() != repository.full_name.lower()

@@ -14,9 +14,19 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.demand import DemandLedger, ExecutionStarter, JobQueued, Reservation, RunMark
+from runner_pool.domain.demand import (
+    DemandLedger,
+    ExecutionStarter,
+    JobQueued,
+    Reservation,
+    RunAttempt,
+    RunMark,
+    privileged_label,
+)
 from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.follow_up import SEAL_ATTEMPTS, FollowUp, Sealing
+from runner_pool.domain.trust import TrustLevel, least_trusted
+from runner_pool.steps.run_trust import RunTrust
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,8 @@ class Group:
     run_key: str
     jobs: dict[int, JobQueued] = field(default_factory=dict)
     messages: dict[int, list[str]] = field(default_factory=dict)
-    from_fork: bool = False
+    runs: dict[tuple[int, int], RunAttempt] = field(default_factory=dict)
+    """What the ledger knew of its live run attempts when they were last remembered (live_attempts)."""
     known_attempts: tuple[tuple[int, int], ...] = ()
     """Run attempts of its jobs besides those of `jobs` (a follow-up gathered with none of its messages)."""
     known_repository_id: int | None = None
@@ -110,23 +121,48 @@ class DemandStarts:
     the follow-up its holder leads."""
 
     def __init__(
-        self, ledger: DemandLedger, starter: ExecutionStarter, clock: Clock, pause: Callable[[float], None]
+        self,
+        ledger: DemandLedger,
+        starter: ExecutionStarter,
+        clock: Clock,
+        pause: Callable[[float], None],
+        *,
+        trust: RunTrust | None = None,
     ) -> None:
         self._ledger = ledger
         self._starter = starter
         self._clock = clock
         self._pause = pause
         """How the leader of a follow-up waits for its window to close (time.sleep in a Lambda)."""
+        self._trust = trust or RunTrust(ledger, clock)
 
     def live_attempts(self, group: Group) -> set[tuple[int, int]]:
-        """The group's run attempts that have not completed (noting its run key for each); marks the
-        group a fork's when its run is."""
-        marks = {
-            (run_id, attempt): self._ledger.remember_run_key(run_id, group.run_key, attempt)
+        """The group's run attempts that have not completed (noting its run key for each, and, when one of
+        its jobs has an environment, that its pool label is privileged in that attempt); what the ledger
+        knows of each is kept in `group.runs`."""
+        privileged = {(job.run_id, job.run_attempt) for job in group.jobs.values() if job.privileged}
+        runs = {
+            (run_id, attempt): self._ledger.remember_run_key(
+                run_id, group.run_key, attempt, privileged=(run_id, attempt) in privileged
+            )
             for run_id, attempt in group.attempts
         }
-        group.from_fork = any(mark is RunMark.FROM_FORK for mark in marks.values())
-        return {attempt for attempt, mark in marks.items() if mark is not RunMark.COMPLETED}
+        group.runs = {attempt: run for attempt, run in runs.items() if run.mark is not RunMark.COMPLETED}
+        return set(group.runs)
+
+    def trust(self, group: Group, job_ids: Collection[int]) -> TrustLevel | None:
+        """The level of these jobs of the group: privileged when any of them has an environment or their
+        pool label had one in their run attempt (domain.demand.privileged_label); else their runs' level,
+        asked of GitHub when no `requested` delivery brought it; None when not known (single use)."""
+        label = privileged_label(group.run_key)
+        if any(group.jobs[job_id].privileged for job_id in job_ids if job_id in group.jobs) or any(
+            label in run.privileged_labels for run in group.runs.values()
+        ):
+            return TrustLevel.PRIVILEGED
+        return least_trusted(
+            run.trust if run.trust is not None else self._trust.undelivered(group.repository, run_id, attempt)
+            for (run_id, attempt), run in group.runs.items()
+        )
 
     def start_apart(
         self, report: DispatchReport, group: Group, current: list[JobQueued], holder: str, until: Epoch
@@ -243,8 +279,10 @@ class DemandStarts:
                 run_key=group.run_key,
                 count=len(reserved),
                 job_ids=tuple(reserved),
-                public=group.from_fork or any(job_id in public_ids for job_id in reserved),
+                public=any(run.from_fork for run in group.runs.values())
+                or any(job_id in public_ids for job_id in reserved),
                 repository_id=group.repository_id,
+                trust=self.trust(group, reserved),
             )
             self._starter.provision(request)
         except Exception as exc:  # any fault fails the chunk's messages, for SQS to retry them

@@ -1,11 +1,12 @@
 """The dispatcher's step: one batch of demand messages in, provision and release executions out.
 
-Cancellations go first, so a job cancelled in the same batch as its demand is never counted; run
-completions next, so a run that completed refuses the rest of its demand; then each run key's queued
-jobs take a turn in the ledger (domain.follow_up: first, joined, leader, taken over, waiting); releases
-after. Last, so nothing else of the batch waits: demand that met its follow-up being started waits for
-that start, and each follow-up this dispatch leads is given to the follow-up state machine (or, should
-that not start, gathered here). What failed is in the report, for SQS to deliver again; nothing raises.
+Cancellations and requested runs (whose level of trust is decided then, steps.run_trust) go first, so a job
+cancelled in the same batch as its demand is never counted and a run's level is there before its demand; run
+completions next, so a run that completed refuses the rest of its demand; then each run key's queued jobs take
+a turn in the ledger (domain.follow_up: first, joined, leader, taken over, waiting); releases after. Last, so
+nothing else of the batch waits: demand that met its follow-up being started waits for that start, and each
+follow-up this dispatch leads is given to the follow-up state machine (or, should that not start, gathered
+here). What failed is in the report, for SQS to deliver again; nothing raises.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from runner_pool.domain.demand import (
     JobQueued,
     RunCompleted,
     RunFromFork,
+    RunRequested,
 )
 from runner_pool.domain.executions import FollowUpRequest, ReleaseRequest
 from runner_pool.domain.follow_up import (
@@ -35,6 +37,7 @@ from runner_pool.domain.follow_up import (
     BatchTurn,
 )
 from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Failure, Group, failing
+from runner_pool.steps.run_trust import RunTrust
 
 
 @dataclass
@@ -61,13 +64,17 @@ class Dispatcher:
         window_seconds: float = FOLLOW_UP_WINDOW_SECONDS,
         limit_seconds: float = FOLLOW_UP_LIMIT_SECONDS,
         sealed_wait_seconds: float = SEALED_WAIT_SECONDS,
+        trust: RunTrust | None = None,
     ) -> None:
+        """`trust` decides runs' levels (without it: from `requested` deliveries only, by the built-in
+        table)."""
         self._ledger = ledger
         self._starter = starter
         self._clock = clock
         self._pause = pause
         """How demand waits: for a follow-up being started, or (gathered here) for a window to close."""
-        self._starts = DemandStarts(ledger, starter, clock, pause)
+        self._trust = trust or RunTrust(ledger, clock)
+        self._starts = DemandStarts(ledger, starter, clock, pause, trust=self._trust)
         self._window = window_seconds
         self._limit = limit_seconds
         self._sealed_wait = sealed_wait_seconds
@@ -82,9 +89,9 @@ class Dispatcher:
             if isinstance(message, JobCancelled):
                 with failing(report, [message_id], f"cancel job {message.job_id}"):
                     self._cancel(report, message)
-            elif isinstance(message, RunFromFork):
-                with failing(report, [message_id], f"mark run {message.run_id} as a fork's"):
-                    self._ledger.mark_fork(message.run_id, message.run_attempt)
+            elif isinstance(message, RunRequested | RunFromFork):
+                with failing(report, [message_id], f"decide the level of run {message.run_id}"):
+                    self._trust.requested(message)
         for message_id, message in batch:
             if isinstance(message, RunCompleted):
                 with failing(report, [message_id], f"release {message.cause}"):

@@ -19,6 +19,7 @@ from runner_pool.domain.demand import DemandLedger, ExecutionStarter, RunJobs
 from runner_pool.domain.executions import FollowUpRequest
 from runner_pool.domain.follow_up import GATHER_PAUSE_SECONDS, FollowUp
 from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Group
+from runner_pool.steps.run_trust import RunTrust
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,11 @@ class FollowUpSteps:
         pause: Callable[[float], None],
         *,
         run_jobs: Callable[[], RunJobs] | None = None,
+        trust: RunTrust | None = None,
     ) -> None:
         self._ledger = ledger
         self._clock = clock
-        self._starts = DemandStarts(ledger, starter, clock, pause)
+        self._starts = DemandStarts(ledger, starter, clock, pause, trust=trust)
         self._run_jobs = run_jobs
 
     def gather(self, request: FollowUpRequest, lease_seconds: float) -> Gathering:

@@ -141,6 +141,7 @@ class Provision:
                     busy_seconds(self._timeouts),
                     single_use=request.public,
                     repository_id=request.repository_id,
+                    trust=request.trust,
                 )
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")

@@ -177,6 +177,7 @@ class RunReconciliation:
                         origin=f"replace-{record.runner_id}",
                         public=run.single_use,
                         repository_id=run.repository_id,
+                        trust=run.trust_of(run_key),
                     )
                 )
             report.runners_replaced += 1
@@ -267,6 +268,7 @@ class RunReconciliation:
                     origin=f"reconcile-{tick}",
                     public=run.single_use,
                     repository_id=run.repository_id,
+                    trust=run.trust_of(run_key),
                 )
             )
             report.jobs_reprovisioned += missing

@@ -28,6 +28,7 @@ from runner_pool.domain.release import (
     SalvageRequest,
     hand_off_to_end,
     moved,
+    privileged_on_shared,
     ran_a_foreign_job,
     receipt_poll_seconds,
     release_part_size,
@@ -87,14 +88,16 @@ class Release:
             repository=request.repository,
             quarantine=request.quarantine,
             suspect=request.suspect,
+            privileged=request.privileged,
         )
 
     def give_back(self, item: ReleaseItem) -> ReleaseProgress:
         """Running, claimed or created → idle (or, never handed a runner, expired), and the run's runner
         deleted from GitHub.
 
-        An instance that must not serve again (single use, or at its reuse limits) is expired once idle
-        instead of awaiting its receipt; one whose runner ran a foreign job is quarantined.
+        An instance that must not serve again (single use, at its reuse limits, or it served a job with an
+        environment) is expired once idle instead of awaiting its receipt; one whose runner ran a foreign
+        job, or started a job with an environment without being handed over single use, is quarantined.
         """
         now = self._clock.now()
         progress = ReleaseProgress(
@@ -104,21 +107,21 @@ class Release:
             status=ReleaseStatus.MOVED_ON,
         )
         record = self._table.get(item.instance_id)
-        if item.quarantine or ran_a_foreign_job(record, item):
-            return self._quarantine(item, record, progress)
+        foreign = item.quarantine or ran_a_foreign_job(record, item)
+        if foreign or (item.suspect and privileged_on_shared(record, item)):
+            return self._quarantine(item, record, progress, privileged=not foreign)
         if item.suspect:
             # A job that started is judged, never released: its completion releases its hand-off.
-            return progress.model_copy(update={"reason": "the job is of its runner's own run attempt"})
+            return progress.model_copy(update={"reason": "the job may run on its runner"})
         released = self._give_back(item, record, now=now, progress=progress)
+        if released.status is not ReleaseStatus.AWAITING_RECEIPT or record is None:
+            return released
         # What decides (single use, jobs served, launch time) is as the record read above had it: a
-        # release changes none of it.
-        reason = (
-            self._reuse.retire_reason(record, now)
-            if self._reuse is not None
-            and record is not None
-            and released.status is ReleaseStatus.AWAITING_RECEIPT
-            else None
-        )
+        # release changes none of it. A job with an environment leaves nothing to the pool, whatever
+        # the record says of the hand-off.
+        reason = "it served a job with an environment" if item.privileged else None
+        if reason is None and self._reuse is not None:
+            reason = self._reuse.retire_reason(record, now)
         if reason is None:
             return released
         retired = self._expire_idle(released, reason)
@@ -179,19 +182,30 @@ class Release:
     # --- mechanics -----------------------------------------------------------------------------
 
     def _quarantine(
-        self, item: ReleaseItem, record: InstanceRecord | None, progress: ReleaseProgress
+        self,
+        item: ReleaseItem,
+        record: InstanceRecord | None,
+        progress: ReleaseProgress,
+        *,
+        privileged: bool = False,
     ) -> ReleaseProgress:
-        """Quarantine the instance whose hand-off to `item.runner_id` GitHub gave a foreign job; log both
-        runs. Its agent is told at once: it stops the runner (and the foreign job) as soon as it reads its
-        record, and leaves the instance for refresh to terminate."""
+        """Quarantine the instance whose hand-off to `item.runner_id` GitHub gave a foreign job, or a job
+        with an environment while it was not handed over single use (`privileged`); log both. Its agent
+        is told at once: it stops the runner (and the job) as soon as it reads its record, and leaves the
+        instance for refresh to terminate."""
         if item.runner_id is None or record is None:
             return progress.model_copy(update={"reason": moved(record)})
         quarantined = self._table.quarantine(item.instance_id, item.runner_id)
         if not quarantined.succeeded:
             return progress.model_copy(update={"reason": moved(quarantined.record)})
         notify(self._notices, item.instance_id)
+        what = (
+            "GitHub gave a job with an environment to a runner not handed over single use"
+            if privileged
+            else "GitHub gave it a job of another run or repository"
+        )
         logger.error(
-            "runner quarantined: GitHub gave it a job of another run or repository",
+            f"runner quarantined: {what}",
             instance_id=item.instance_id,
             runner_id=item.runner_id,
             instance_run_key=record.run_key or record.runner_run_key,
@@ -201,8 +215,8 @@ class Release:
         )
         reason = (
             f"runner {item.runner_id} of {record.repository or 'no repository'} "
-            f"({record.run_key or record.runner_run_key or 'idle'}) ran a job of {item.repository} "
-            f"({item.run_key})"
+            f"({record.run_key or record.runner_run_key or 'idle'}) ran a "
+            f"{'privileged ' if privileged else ''}job of {item.repository} ({item.run_key})"
         )
         return progress.model_copy(update={"status": ReleaseStatus.QUARANTINED, "reason": reason})
 
