@@ -15,6 +15,7 @@ from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS, PickupManager
 from runner_pool.domain.provision import ClaimWorker, ProvisionPlan, Readiness
+from runner_pool.domain.trust import TrustLevel
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.claim_workers import CLAIM_RESERVE_SECONDS
 from runner_pool.steps.provision import Provision
@@ -23,7 +24,10 @@ RUN = "pool=5151"
 
 
 def begin(steps: Provision, count: int, execution: str = "one-pickup") -> ProvisionPlan:
-    return steps.begin(ProvisionRequest(repository="octo-org/app", run_key=RUN, count=count), execution)
+    return steps.begin(
+        ProvisionRequest(trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key=RUN, count=count),
+        execution,
+    )
 
 
 def no_more_pickups(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +92,10 @@ def test_a_fresh_request_picks_nothing_up(local: LocalControlPlane) -> None:
     local.pooled(1)
     steps = provision_of(local.plane)
     plan = steps.begin(
-        ProvisionRequest(repository="octo-org/app", run_key=f"{RUN}/fresh=true", count=1), "fresh"
+        ProvisionRequest(
+            trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key=f"{RUN}/fresh=true", count=1
+        ),
+        "fresh",
     )
     assert plan.pre_claims == ()
     assert plan.creation_only
@@ -225,9 +232,9 @@ def test_a_request_whose_label_is_refused_fails_at_once_without_a_retry() -> Non
         with world.machine.swapped({"begin": counted}):
             execution = world.machine.machines.run(
                 world.machine.arn,
-                ProvisionRequest(repository=REPOSITORY, run_key="pool=4242/class=huge", count=1).model_dump(
-                    mode="json"
-                ),
+                ProvisionRequest(
+                    trust=TrustLevel.TRUSTED, repository=REPOSITORY, run_key="pool=4242/class=huge", count=1
+                ).model_dump(mode="json"),
                 "refused-label",
                 60,
             )

@@ -173,7 +173,7 @@ def test_a_message_from_an_earlier_idle_period_is_dropped_for_the_current_one(
 
 def test_a_message_for_an_instance_without_a_record_is_dropped(pool: Pool, spec: RunnerSpec) -> None:
     # Given a message whose instance has no record at all (its record expired by TTL, say)
-    pool.queues.offer(PoolMessage(**facts(1).model_dump(), threshold=pool.clock.now() + 300))
+    pool.queues.offer(PoolMessage(**facts(1).model_dump(), threshold=pool.clock.now() + 300, pristine=True))
     # When a runner is picked up while another instance of the partition is idle
     result = pool.picker(_SomeIdle(pool.records)).pickup(spec)
     # Then it is dropped as stale
@@ -434,6 +434,7 @@ def test_an_offer_of_a_partition_without_a_queue_stays_where_it_was_read(
     stray = PoolMessage(
         **facts(1, resource_class="retired", instance_type="m7i.large").model_dump(),
         threshold=pool.clock.now() + 300,
+        pristine=True,
     )
     pool.sqs.send_message(QueueUrl=pool.url, MessageBody=stray.to_body())
     # When a runner is picked up while some instance of the spot partition is idle

@@ -264,7 +264,13 @@ def test_a_pristine_minimum_is_a_floor_kept_by_schedule_like_the_warm_minimum() 
     )
     monday, tuesday = 1_799_625_600.0, 1_799_712_000.0  # 2027-01-11 and -12, 00:00 UTC
     # When asked at each time / Then the window's numbers hold in it, the class's outside it
-    assert (config.pristine_minimum("large", tuesday), config.pristine_stopped_minimum("large", tuesday)) == (2, 0)
-    assert (config.pristine_minimum("large", monday), config.pristine_stopped_minimum("large", monday)) == (0, 1)
+    assert (config.pristine_minimum("large", tuesday), config.pristine_stopped_minimum("large", tuesday)) == (
+        2,
+        0,
+    )
+    assert (config.pristine_minimum("large", monday), config.pristine_stopped_minimum("large", monday)) == (
+        0,
+        1,
+    )
     assert config.keeps_pristine("large")
     assert not config.keeps_pristine("xlarge")

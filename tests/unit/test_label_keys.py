@@ -31,8 +31,8 @@ from runner_pool.domain.labels import (
     label_table,
 )
 from runner_pool.domain.pickup import Verdict, judge
-from runner_pool.domain.trust import TrustLevel
 from runner_pool.domain.records import Arch, PoolMessage
+from runner_pool.domain.trust import TrustLevel
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 START = "<!-- labels:start (generated from LABEL_KEYS: uv run --frozen python -m tests.unit.test_label_keys) -->\n"

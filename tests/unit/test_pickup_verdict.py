@@ -234,6 +234,7 @@ REPOSITORIES = st.sampled_from(["octo/app", "octo/other", "someone/app"])
     scope=st.sampled_from(["repository", "owner", "any"]),
 )
 def test_a_used_instance_is_never_offered_across_levels_or_to_a_single_use_job(
+    *,
     served: TrustLevel | None,
     pristine: bool,
     served_repository: str,

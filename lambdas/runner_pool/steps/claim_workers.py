@@ -93,8 +93,11 @@ class ClaimWorkers:
         if worker.plan.refused is not None:
             return self._refused(worker, worker.plan.refused)
         exhausted = worker.attempt == 0 and worker.plan.pool_exhausted
-        if worker.plan.creation_only or (exhausted and self._config.pool.stopped_maximum == 0):
-            # Begin knows the pool has nothing for this slot, or looked for it already: creation it is.
+        plan = worker.plan
+        pristine_only = plan.single_use and not self._config.keeps_pristine(plan.spec.resource_class)
+        if pristine_only or (exhausted and self._config.pool.stopped_maximum == 0):
+            # Single use where the class keeps no pristine minimum (Begin's rule), or Begin's pickup looked
+            # for this slot already: creation it is.
             return worker.holding_nothing()
         grant = self._budget().take(1)
         if grant.refused:
