@@ -170,7 +170,9 @@ def still_offered(message: PoolMessage, record: InstanceRecord | None, now: Epoc
     """Whether the record still stands behind the message: idle, unheld, in the same idle period.
 
     The message carries the record's threshold from when it was sent; a record idle with another
-    threshold has been claimed and given back since, and a newer message speaks for it.
+    threshold has been claimed and given back since, and a newer message speaks for it. So has one that
+    served since the message was sent (the same threshold can come round under a clock that stood
+    still): who the record says it served must be who the message says.
     """
     return (
         record is not None
@@ -178,6 +180,8 @@ def still_offered(message: PoolMessage, record: InstanceRecord | None, now: Epoc
         and record.run_key is None
         and not record.threshold_passed(now)
         and record.threshold == message.threshold
+        and record.pristine is message.pristine
+        and record.trust is message.trust
     )
 
 
