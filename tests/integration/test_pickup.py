@@ -16,6 +16,7 @@ from runner_pool.domain.config import PickupSettings, StackConfig
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.pickup import (
     HOLD_SECONDS,
+    LOOK_PAST_PRISTINE_BATCHES,
     PickupManager,
     PickupResult,
     ReceivedMessage,
@@ -591,3 +592,19 @@ def test_a_privileged_jobs_instance_is_offered_to_no_one_and_dropped(pool: Pool,
     assert result.counts.dropped_stale == 1
     assert pool.visible() == []
     assert pool.records.get(offer.instance_id) is not None
+
+
+def test_a_job_that_reuses_reads_a_bounded_number_of_batches_past_pristine_matches(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given thirty pristine instances offered before one of the job's own used ones
+    for number in range(1, 31):
+        pool.add_idle(number)
+    pool.add_used(31, TrustLevel.TRUSTED)
+    # When a trusted job of octo/app picks up one
+    result = pool.picker().pickup(spec, TRUSTED_APP)
+    # Then it reads on only LOOK_PAST_PRISTINE_BATCHES batches past the first, and takes a pristine one
+    assert result.candidate is not None
+    assert result.candidate.pristine
+    assert result.counts.receive_calls == 1 + LOOK_PAST_PRISTINE_BATCHES
+    assert_every_message_accounted_for(result)
