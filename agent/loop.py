@@ -18,9 +18,9 @@ one the record names (another run, another runner, one already used) is not star
 
 A hand-off is a run key and the runner the control plane registered for it (the record notes the
 runner before the config is stored): the record naming another runner for the same run key is a
-new hand-off, served like one (issue 13, fix 5). A runner that exits before GitHub gave it a job
+new hand-off, served like one. A runner that exits before GitHub gave it a job
 left that job queued: the agent says so (UD_REG_FAILED for the run key), once, and the control
-plane replaces it (issue 13, fix 8).
+plane replaces it.
 """
 
 from __future__ import annotations

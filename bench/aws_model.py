@@ -94,7 +94,7 @@ LATENCIES: Mapping[Hop, float] = {
     Hop.EC2: 0.100,
     # GitHub publishes no API latency. Measured on its REST API: median 206 ms, middle 80 % 114-527 ms
     # over 10,000 requests (Mike Bostock, "Gist API Latency", gist.github.com/mbostock/5503544, reads).
-    # A JIT registration creates a runner: 300 ms, issue 15's "a few hundred ms".
+    # A JIT registration creates a runner: 300 ms, "a few hundred ms".
     Hop.GITHUB_JIT: 0.300,
     # An installation token request, once per execution environment and hour: like a read, above.
     Hop.GITHUB_AUTH: 0.200,

@@ -2,7 +2,7 @@
 JIT registrations each job cost (refused ones included), how many provisions the dispatcher started for
 each run, and what the webhook's stage throttle refused. The world is demo/burst.py's: the stack's own
 throttle (read from the template), Lambda's five pollers on the demand queue. bench/burst_1000.py is
-issue 15's 1,000-job size of it."""
+the 1,000-job size of it."""
 
 from __future__ import annotations
 

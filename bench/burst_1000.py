@@ -1,11 +1,11 @@
-"""Issue 15's burst: 1,000 jobs queued at once, behind the stack's own webhook throttle and Lambda's five
+"""The 1,000-job burst: 1,000 jobs queued at once, behind the stack's own webhook throttle and Lambda's five
 pollers on the demand queue, against GitHub's rate limit (bench/burst.py's world and figures).
 
 Its shape is 20 runs of a 50-job matrix. GitHub allows 256 jobs in one run ("A matrix will generate a
 maximum of 256 jobs per workflow run", docs.github.com, "Running variations of jobs in a workflow"), so
 four 250-job runs would fit too, but a provision execution takes at most PROVISION_LIMIT (50) runners,
 sized to Step Functions' quotas (domain/executions.py): a run of N jobs then costs at least
-1 + ceil((N - 1) / 50) provisions whatever the batching does (6 for 250), and issue 15's "at most 2
+1 + ceil((N - 1) / 50) provisions whatever the batching does (6 for 250), and the target of "at most 2
 provisions per run" can only be met, or missed by the batching, with runs of at most 51 jobs. The
 webhook and the dispatcher meet the same 1,000 deliveries either way.
 """
@@ -20,13 +20,12 @@ JOBS = 1000
 RUNS = 20
 TIMEOUT_SECONDS = 3300.0
 """On a quiet 2-core machine the emulator serves about 65 jobs a minute at this size, 45 with the rest
-of the machine busy (2026-11-27; 15 the day before, on a slower machine, before local AWS read EC2 tags
-by id)."""
+of the machine busy (15 on a slower machine, before local AWS read EC2 tags by id)."""
 
 SMALL = {"jobs": 300, "runs": 10}
 """make test runs it at this size on the world of its own e2e test (tests/e2e/test_github_resilience.py),
 which checks the issue's figures on it: every job served, no failed execution, provisions per run. It is
-issue 13's 300-job burst, in bench/burst.py's shape (10 runs of a 30-job matrix)."""
+the 300-job burst of the rate-limit scenarios, in bench/burst.py's shape (10 runs of a 30-job matrix)."""
 
 
 def run(jobs: int = JOBS, runs: int = RUNS, system: World | None = None) -> BenchTable:

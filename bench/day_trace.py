@@ -16,7 +16,7 @@ is due, then admits booted pool instances, then launches the shortfall below the
 idle instances whose idle time has not passed and pool instances still booting. An idle instance at the
 minimum is not kept: its idle time runs out and refresh replaces it, as the product does today.
 
-The stopped tier is the product's (issue 16, items 2 and 3; domain/stopped_tier.py), and the model
+The stopped tier is the product's (domain/stopped_tier.py), and the model
 follows it in outline: an idle instance whose idle time passes is stopped instead of terminated while
 the class has fewer than `pool.stopped_maximum` stopped; pickup prefers hot, then stopped
 (StartInstances), then a launch; refresh keeps the stopped minimum by launching instances that boot and
@@ -67,7 +67,7 @@ DAY = date(2026, 11, 24)
 TIME_ZONE = "Europe/Berlin"
 RESOURCE_CLASS = "large"
 INSTANCE_TYPE = "c7i.large"
-"""The smallest current-generation compute type in class large's fence (2 vCPU, 4 GiB): issue 16's example."""
+"""The smallest current-generation compute type in class large's fence (2 vCPU, 4 GiB)."""
 REPOSITORY = "octo/app"
 WEEKDAYS = (Weekday.MON, Weekday.TUE, Weekday.WED, Weekday.THU, Weekday.FRI)
 
@@ -485,7 +485,7 @@ def run(runs: int = 600, seed: int = 16, boot: BootModel | None = None) -> Bench
 def _explain(
     table: BenchTable, totals: dict[str, tuple[float, float]], per_job: dict[str, float], source: str
 ) -> None:
-    """The policies' settings, the prices, and the answer issue 16 asks for: is hot+stopped cheaper per job
+    """The policies' settings, the prices, and the answer to: is hot+stopped cheaper per job
     than hot-only at the same or better p95?"""
     by_name = {policy.name: policy for policy in policies()}
     hot, hot_stopped = by_name["hot_baked"], by_name["hot_stopped_baked"]

@@ -45,7 +45,7 @@ from runner_pool.domain.records import Arch, PoolMessage, UsageClass
 
 NON_MATCHING = 1_000
 BEHIND = 10_000
-"""Misfits of the request's class in front of the match: the issue's bar (issue 15, item 3)."""
+"""Misfits of the request's class in front of the match: the bar the pickup must clear."""
 LABEL = "pool=1/usage=spot/types=c7*"
 PARTITION = PoolPartition("large", UsageClass.SPOT, Arch.X64)
 """The partition LABEL's hard keys choose: class large (the default), spot, x64 (the default)."""

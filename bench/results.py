@@ -28,10 +28,10 @@ UNITS = (
     "dollars_per_month",
     "per_run",
 )
-"""`found` is an outcome, 1 or 0: whether what the figure names was found (issue 15's
-`pickup_match_behind_10000_misfits_found`); `dollars_per_month` a cost at list prices (issue 15's
+"""`found` is an outcome, 1 or 0: whether what the figure names was found (e.g.
+`pickup_match_behind_10000_misfits_found`); `dollars_per_month` a cost at list prices (e.g.
 `agent_idle_dynamodb_dollars_per_month`); `per_run` a count for each workflow run, the worst run's
-(issue 15's `burst_1000_jobs_executions_per_run`)."""
+(e.g. `burst_1000_jobs_executions_per_run`)."""
 
 
 @dataclass

@@ -50,8 +50,8 @@ REGISTRATION_BURST = 20
 JOB_SECONDS = 0.5
 RECORD_WATCH_SECONDS = 5.0
 """The timeline's look at every live record, slower than a small world's: each look reads hundreds of
-records. In the 300-job burst, DynamoDB's Query held the GIL in 17.6 % of the samples (py-spy --gil,
-2026-11-27), and in a 100-job burst two thirds of local DynamoDB's Query time were these looks, every 2 s
+records. In the 300-job burst, DynamoDB's Query held the GIL in 17.6 % of the samples (py-spy --gil),
+and in a 100-job burst two thirds of local DynamoDB's Query time were these looks, every 2 s
 then. Nothing of a burst reads the timeline's record states."""
 POLL_SECONDS = 0.5
 LOST_RUNNER_SECONDS = 30.0
@@ -59,7 +59,7 @@ LOST_RUNNER_SECONDS = 30.0
 self-hosted runner: ... lost communication with the server", actions/runner#2040), a small world 6 s
 (emulator/world.py). At a 1,000-job burst the machine's load reaches 9 on 2 cores and a runner process,
 or the fake's answer to it, can stall past 6 s: 3 jobs of 1,000 failed so, each on a runner of ours
-whose instance lived on (2026-11-27, `failed_because`). The burst's subject is the control plane's
+whose instance lived on (`failed_because`). The burst's subject is the control plane's
 pacing, as with the agents' slow periods above; 30 s is still far below GitHub's minutes."""
 FAILED = ("FAILED", "TIMED_OUT", "ABORTED")
 """The statuses of an execution that did not succeed (ListExecutions' `status`), RUNNING aside."""

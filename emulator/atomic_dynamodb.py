@@ -10,7 +10,7 @@ What an operation answers is a copy taken under the lock. moto's operations retu
 which its request handlers read after the lock is released (to write the answer, and
 `DynamoHandler.update_item` deep-copies the item it is about to update), while another thread's
 write changes the same item in place: a read saw half a write, or failed with "dictionary changed
-size during iteration" (seen in tests/integration/test_lifecycle_stateful.py's race, 2026-11-26).
+size during iteration" (seen in tests/integration/test_lifecycle_stateful.py's race).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How long a runner takes to be listening, segment by segment, from published measurements (issue 16).
+"""How long a runner takes to be listening, segment by segment, from published measurements.
 
 Each segment is a triangular distribution (min, mode, max, in seconds) with the source it comes from;
 a path (hot, stopped, cold with a boot-time install, cold from a baked image) is the sum of its
@@ -13,9 +13,9 @@ Published end-to-end figures the paths are checked against (tests/integration/te
   EC2 boot of about 40 s cut to about 5 s with a prepared image started from a stopped, pre-warmed
   volume.
 - terraform-aws-github-runner: its users report cold runners taking 1.5 to 4 minutes with the runner
-  installed at boot (issue 16's survey; issue #4076 "minimum_running_time_in_minutes": "the full time
-  period of the boot-up takes around 5 minutes" on Ubuntu), and 45-60 s from a custom AMI with the
-  runner baked in, half of it starting the runner (issue #4637 "Startup time for custom AMI").
+  installed at boot (#4076 "minimum_running_time_in_minutes": "the full time period of the boot-up
+  takes around 5 minutes" on Ubuntu), and 45-60 s from a custom AMI with the runner baked in, half
+  of it starting the runner (#4637 "Startup time for custom AMI").
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from runner_pool.domain.doctor import AWS_MANAGED_EBS_ALIAS, SERVICE_LINKED_ROLE
 
 LAMBDA_DEFAULT_CONCURRENCY = 1000
 """Lambda's default concurrent executions quota per Region (Lambda Developer Guide, "Lambda quotas":
-"Concurrent executions: 1,000"); new accounts may be given less (issue 38: 10)."""
+"Concurrent executions: 1,000"); new accounts may be given less (10 has been seen)."""
 
 
 @dataclass

@@ -118,7 +118,7 @@ class SimulatedEc2:
     retries (RequestLimitExceeded) into its ServiceBusyError, as it does when the simulator answers a
     Lambda's call from beneath its client (emulator/lambda_runtime.py).
     `refuse_starts(n)` makes the next n StartInstances calls fail with InsufficientInstanceCapacity, as EC2
-    answers a start when it has no capacity of the instance's type in its zone (issue 16, item 2).
+    answers a start when it has no capacity of the instance's type in its zone.
     `calls` counts CreateFleet calls (failed, replayed and launching ones) and StartInstances calls,
     `launched` the instances.
     `ssm` is the Parameter Store client that `resolve:ssm:` AMIs are read with.

@@ -359,7 +359,7 @@ class _Lookups:
         """An instance EC2 does not show has no tags, so a tag-conditioned TerminateInstances is denied
         (runs-on/terraform-aws-runs-on#60; the fleet adapter sorts that out). Any other answer without
         tags is logged, so that a denial for want of the stack tag says whether the instance was gone
-        or the lookup failed (two such denials under full-suite load, 2026-11-26, left it open)."""
+        or the lookup failed (two such denials under full-suite load left it open)."""
         try:
             reservations = self._client("ec2").describe_instances(InstanceIds=[instance_id])["Reservations"]
         except ClientError as exc:

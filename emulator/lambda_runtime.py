@@ -667,7 +667,7 @@ class LambdaRuntime:
         (an idle one of another function shut down to make it, if need be); else the invocation waits its
         turn. Turns are handed out first come, first served, each to the one waiter it lets go on: under
         a burst a hundred invocations wait, and waking all of them at every release made the lock they
-        share the one thing the process did (the 1,000-job burst's stall, 2026-11-27)."""
+        share the one thing the process did (the 1,000-job burst's stall)."""
         turn = _Turn(spec)
         with self._lock:
             if self._closed:

@@ -2,7 +2,7 @@
 
 The emulator's control plane, agents and local AWS share one interpreter, so its one core bounds how
 many jobs a world serves a second: a 100-job burst held the GIL for 0.78 s a job, and four
-places of moto held a third of that (py-spy --gil, 2026-11-26):
+places of moto held a third of that (py-spy --gil):
 
 - **Every request** lists its response class's methods anew (`inspect.getmembers`, 3 % of the
   samples) to see whether the action is one; a class's methods do not change while the server runs.
@@ -27,7 +27,7 @@ places of moto held a third of that (py-spy --gil, 2026-11-26):
 
 - **DynamoDB's index queries** list the whole table sorted by its key (`Table.all_items`) before they
   filter it, every time, under the lock that makes item operations atomic (emulator/atomic_dynamodb.py):
-  the sort compares moto's `DynamoType`s, each comparison converting both values anew. In issue 15's
+  the sort compares moto's `DynamoType`s, each comparison converting both values anew. In the pickup bench's
   1,000-job burst that sort held the GIL in 67 of 676 samples (py-spy --gil, 20 s, 25 min in), every
   other DynamoDB call waiting for the lock meanwhile; sorted as below, 14 of 630 (12 min in). The same
   order is had by sorting on each key's converted value, converted once per item (`DynamoType.__lt__`
@@ -40,7 +40,7 @@ places of moto held a third of that (py-spy --gil, 2026-11-26):
   receive from a queue of n messages costs n² clock readings. Real SQS does neither. The clock is read
   with `time.time()`, the same clock (`datetime.now(UTC)` reads it), and the retention check reads the
   retention period alone. In the 300-job rate-limited burst the two held the GIL in 391 of 4,135
-  samples (py-spy --gil, 2026-11-27); bench/pickup.py measured 110 s of moto per pickup on stock moto
+  samples (py-spy --gil); bench/pickup.py measured 110 s of moto per pickup on stock moto
   for a queue of 10,000.
 
 - **EC2 finds one resource's tags by listing every tag of the region** (`TaggedEC2Resource.get_tags`
@@ -48,7 +48,7 @@ places of moto held a third of that (py-spy --gil, 2026-11-26):
   anew), once per instance for each `tag:` filter of DescribeInstances and again to write each
   instance's tags: a DescribeInstances of n instances costs n² pattern matches, and moto keeps
   terminated instances and their tags. In the 300-job burst it held the GIL in 3.3 % of the samples
-  (py-spy --gil, 2026-11-27), growing with the square of the instances launched. The tags of a resource
+  (py-spy --gil), growing with the square of the instances launched. The tags of a resource
   are read from the tag backend's map by its id, in moto's order and form (an id has no pattern
   characters; an id that had would take moto's way).
 

@@ -10,7 +10,7 @@ moto wakes a waiting receive only when a message is sent (`Queue.add_message` no
 condition). A released message (a pickup letting go of the misfits it held, domain/pickup.py) stayed
 unseen by a receive already waiting, until that wait ended: with the pool's 1 s long poll the receive
 came back empty, and a request reading the pool while another held its messages launched cold where
-SQS would have handed it the released instance (helper-37's finding, 2026-11-27). Here a change of
+SQS would have handed it the released instance. Here a change of
 visibility wakes the queue's waiting receives, which then look again as they do after a send.
 """
 

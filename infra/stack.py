@@ -22,6 +22,7 @@ from infra.constructs import (
     StateTable,
 )
 from infra.constructs.ingress import WEBHOOK_PATH
+from infra.constructs.resources import StackResources
 from infra.dependency_layer import DependencyLayer
 from runner_pool.domain.config import StackConfig
 
@@ -65,49 +66,30 @@ class RunnerPoolStack(Stack):
         self.functions = ControlPlaneFunctions(
             self, "Functions", config=config, layer=layer, table=self.state_table.table
         )
-        self.release = Release(
-            self,
-            "Release",
-            config=config,
-            functions=self.functions,
-            table=self.state_table.table,
-            pool_queues=self.pool_queues,
-            notice_queues=self.instances.notice_queues,
-            github_app_key=self.github_app_key,
-        )
-        self.provision = Provision(
-            self,
-            "Provision",
+        resources = StackResources(
             config=config,
             functions=self.functions,
             table=self.state_table.table,
             pool_queues=self.pool_queues,
             instances=self.instances,
             github_app_key=self.github_app_key,
-            release=self.release.state_machine,
         )
+        self.release = Release(self, "Release", resources)
+        self.provision = Provision(self, "Provision", resources, release=self.release.state_machine)
         self.refresh = Refresh(
             self,
             "Refresh",
-            config=config,
-            functions=self.functions,
-            table=self.state_table.table,
-            pool_queues=self.pool_queues,
-            instances=self.instances,
-            github_app_key=self.github_app_key,
+            resources,
             provision=self.provision.state_machine,
             release=self.release.state_machine,
         )
         self.ingress = Ingress(
             self,
             "Ingress",
-            functions=self.functions,
+            resources,
             webhook_secret=self.webhook_secret,
-            github_app_key=self.github_app_key,
             provision=self.provision.state_machine,
             release=self.release.state_machine,
-            workflow_type=config.workflow_type,
-            table=self.state_table.table,
         )
         self.observability = Observability(
             self,

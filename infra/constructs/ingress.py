@@ -28,6 +28,7 @@ from constructs import Construct
 
 from infra.constructs import permissions
 from infra.constructs.functions import LOG_RETENTION, ControlPlaneFunctions
+from infra.constructs.resources import StackResources
 from infra.constructs.retries import FOLLOW_UP
 from infra.constructs.workflow import Step, Workflow
 from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
@@ -72,16 +73,15 @@ class Ingress(Construct):
         self,
         scope: Construct,
         construct_id: str,
+        resources: StackResources,
         *,
-        functions: ControlPlaneFunctions,
         webhook_secret: secretsmanager.ISecret,
-        github_app_key: secretsmanager.ISecret,
         provision: sfn.IStateMachine,
         release: sfn.IStateMachine,
-        workflow_type: WorkflowType,
-        table: dynamodb.ITable,
     ) -> None:
         super().__init__(scope, construct_id)
+        functions, table, github_app_key = resources.functions, resources.table, resources.github_app_key
+        workflow_type = resources.config.workflow_type
         self._table = table
         self.idempotency_table = dynamodb.Table(
             self,

@@ -15,7 +15,7 @@ The role lets an instance do exactly its side of the protocol and nothing else:
   `agent#${ec2:SourceInstanceARN}`, of the agent's attributes alone. Never under its bare ARN: IAM can
   pin a DynamoDB request to partition keys and attribute names but not to a sort key (DynamoDB
   Developer Guide, specifying-conditions.html), so a write allowed there could replace the control
-  plane's `state` item with one that does not parse (issue 36, item 2);
+  plane's `state` item with one that does not parse;
 - decrypt only its own runner config: `kms:EncryptionContext:instance-arn` must equal the same
   `${ec2:SourceInstanceARN}`, and the control plane encrypts each config under the ARN of the
   instance it is for (runner_pool.adapters.runner_credentials);

@@ -118,14 +118,14 @@ class Observability(Construct):
                 ),
                 f"{shown} executions failed, timed out or were aborted: check the execution's error",
             )
-        # GitHub gave one of our runners a job of another run or repository (issue 14): a person looks.
+        # GitHub gave one of our runners a job of another run or repository: a person looks.
         self._alarm(
             "RunnersQuarantined",
             _product_metric("RunnersQuarantined", "quarantined"),
             "an instance was quarantined: GitHub gave its runner a job of another run or repository; "
             "the release's log names both run keys",
         )
-        # An instance record that does not parse: a bug, or someone who wrote the table (issue 36, item 2).
+        # An instance record that does not parse: a bug, or someone who wrote the table.
         self._alarm(
             "UnreadableRecords",
             _product_metric("UnreadableRecords", "unreadable"),
@@ -133,7 +133,7 @@ class Observability(Construct):
             "the instance and what is wrong with the record, which stays in the table until its TTL",
         )
         # GitHub's hourly remainder fell below refresh's floor (domain/registration_budget.py): registrations
-        # have the rest, and at this pace will run out before the hour resets (issue 38, item 4).
+        # have the rest, and at this pace will run out before the hour resets.
         self._alarm(
             "GitHubHourlyBudget",
             _product_metric("GitHubHourShortJobs", "refresh reads spared"),

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 from aws_cdk import Stack
-from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.constructs import permissions
-from infra.constructs.functions import ControlPlaneFunctions
-from infra.constructs.instances import Instances
-from infra.constructs.pool_queues import PoolQueues
+from infra.constructs.resources import StackResources
 from infra.constructs.retries import IDEMPOTENT, IDEMPOTENT_LAUNCH, LAST_RESORT, REFUSE_OR_RETRY
 from infra.constructs.workflow import Step, Workflow, state_machine_arn
-from runner_pool.domain.config import StackConfig
 
 
 class Provision(Construct):
@@ -25,16 +20,17 @@ class Provision(Construct):
         self,
         scope: Construct,
         construct_id: str,
+        resources: StackResources,
         *,
-        config: StackConfig,
-        functions: ControlPlaneFunctions,
-        table: dynamodb.ITable,
-        pool_queues: PoolQueues,
-        instances: Instances,
-        github_app_key: secretsmanager.ISecret,
         release: sfn.IStateMachine,
     ) -> None:
         super().__init__(scope, construct_id)
+        config, functions, table = resources.config, resources.functions, resources.table
+        pool_queues, instances, github_app_key = (
+            resources.pool_queues,
+            resources.instances,
+            resources.github_app_key,
+        )
         queues = pool_queues.queues
         templates = list(instances.launch_templates.values())
         notice_queues = instances.notice_queues
@@ -53,9 +49,7 @@ class Provision(Construct):
             permissions.write_records(function, table)
             permissions.find_by_run_key(function, table)  # a retried claim step finds its own claim
             permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
-            permissions.start_from_stopped_tier(
-                function, table, instances.volume_key
-            )  # no hot instance (issue 16, item 2)
+            permissions.start_from_stopped_tier(function, table, instances.volume_key)  # no hot instance
 
         def create(function: lambda_.Function) -> None:
             permissions.launch_instances(
@@ -77,10 +71,10 @@ class Provision(Construct):
 
         def begin(function: lambda_.Function) -> None:
             permissions.write_records(function, table)  # the run's demand; the claims of its one pickup
-            # One pickup for every slot (issue 15, item 2)
+            # One pickup for every slot
             permissions.take_from_pool(function, queues, table)
             permissions.find_by_run_key(function, table)  # a retried Begin finds its own claims
-            # It hands its claims their configs side by side before the workers start (issue 15, item 5).
+            # It hands its claims their configs side by side before the workers start.
             permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
             permissions.send_notices(function, notice_queues)
 
@@ -161,8 +155,8 @@ class Provision(Construct):
                     hand_over,
                     hand_off,
                     # Create's time: it makes the same hand-overs, ten side by side, then reads each pending
-                    # instance. At 30 s it timed out on every retry under load (the 1,000-job burst,
-                    # 2026-11-27: one of three failed executions).
+                    # instance. At 30 s it timed out on every retry under load (the 1,000-job burst:
+                    # one of three executions failed so).
                     timeout_seconds=120,
                     retry=IDEMPOTENT,
                 ),

@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 from aws_cdk import Duration
-from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
-from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.constructs import permissions
-from infra.constructs.functions import ControlPlaneFunctions
-from infra.constructs.instances import Instances
-from infra.constructs.pool_queues import PoolQueues
-from runner_pool.domain.config import StackConfig
+from infra.constructs.resources import StackResources
 
 REFRESH_TIMEOUT_SECONDS = 50
 """Under the shortest schedule (one minute), so one run ends before the next is due."""
@@ -27,17 +22,18 @@ class Refresh(Construct):
         self,
         scope: Construct,
         construct_id: str,
+        resources: StackResources,
         *,
-        config: StackConfig,
-        functions: ControlPlaneFunctions,
-        table: dynamodb.ITable,
-        pool_queues: PoolQueues,
-        instances: Instances,
-        github_app_key: secretsmanager.ISecret,
         provision: sfn.IStateMachine,
         release: sfn.IStateMachine,
     ) -> None:
         super().__init__(scope, construct_id)
+        config, functions, table = resources.config, resources.functions, resources.table
+        pool_queues, instances, github_app_key = (
+            resources.pool_queues,
+            resources.instances,
+            resources.github_app_key,
+        )
         self.function = functions.function(
             self,
             "refresh.refresh",
@@ -50,7 +46,7 @@ class Refresh(Construct):
                     arch.value: template.launch_template_id
                     for arch, template in instances.launch_templates.items()
                 },
-                # A dead runner's release and replacement, and reconciled queued jobs (issue 13).
+                # A dead runner's release and replacement, and reconciled queued jobs.
                 "provision_state_machine_arn": provision.state_machine_arn,
                 "release_state_machine_arn": release.state_machine_arn,
             },
@@ -62,7 +58,7 @@ class Refresh(Construct):
         permissions.write_records(self.function, table)
         permissions.describe_instances(self.function)
         permissions.terminate_stack_instances(self.function)
-        permissions.stop_stack_instances(self.function)  # the stopped tier (issue 16, item 2)
+        permissions.stop_stack_instances(self.function)  # the stopped tier
         permissions.launch_instances(
             self.function,
             launch_templates=list(instances.launch_templates.values()),

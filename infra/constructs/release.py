@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from infra.constructs import permissions
-from infra.constructs.functions import ControlPlaneFunctions
-from infra.constructs.notice_queues import NoticeQueueNames
-from infra.constructs.pool_queues import PoolQueues
+from infra.constructs.resources import StackResources
 from infra.constructs.retries import IDEMPOTENT, RELEASE
 from infra.constructs.workflow import Step, Workflow
-from runner_pool.domain.config import StackConfig
 
 
 class Release(Construct):
@@ -23,15 +18,12 @@ class Release(Construct):
         self,
         scope: Construct,
         construct_id: str,
-        *,
-        config: StackConfig,
-        functions: ControlPlaneFunctions,
-        table: dynamodb.ITable,
-        pool_queues: PoolQueues,
-        notice_queues: NoticeQueueNames,
-        github_app_key: secretsmanager.ISecret,
+        resources: StackResources,
     ) -> None:
         super().__init__(scope, construct_id)
+        config, functions, table = resources.config, resources.functions, resources.table
+        pool_queues, github_app_key = resources.pool_queues, resources.github_app_key
+        notice_queues = resources.instances.notice_queues
 
         def plan(function: lambda_.Function) -> None:
             permissions.find_by_run_key(function, table)

@@ -1,0 +1,26 @@
+"""What the stack makes once and hands every workflow construct: one frozen set, named once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_secretsmanager as secretsmanager
+
+from infra.constructs.functions import ControlPlaneFunctions
+from infra.constructs.instances import Instances
+from infra.constructs.pool_queues import PoolQueues
+from runner_pool.domain.config import StackConfig
+
+
+@dataclass(frozen=True)
+class StackResources:
+    """The stack's config and the resources its state machines and Lambdas share; each construct takes
+    what it grants from here, so a new one is wired by naming this and what it adds."""
+
+    config: StackConfig
+    functions: ControlPlaneFunctions
+    table: dynamodb.ITable
+    pool_queues: PoolQueues
+    instances: Instances
+    github_app_key: secretsmanager.ISecret
