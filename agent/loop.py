@@ -31,6 +31,7 @@ from functools import partial
 
 from agent.aws_errors import fault_of
 from agent.boot import run_pre_runner_script
+from agent.clock_check import clock_failure
 from agent.docker import DockerError
 from agent.heartbeat import Heartbeat
 from agent.imds import InstanceIdentity
@@ -125,7 +126,7 @@ class Agent:
             self._log.info("agent stopped")
 
     def boot(self) -> None:
-        """Run the pre-runner script once per instance and signal UD_OK or UD_FAILED."""
+        """Check the clock and run the pre-runner script once per instance; signal UD_OK or UD_FAILED."""
         memory = self._memory.current
         if memory.booted:
             self._log.info(
@@ -133,14 +134,16 @@ class Agent:
             )
             self._scrub.keep_images(memory.first_boot_images)
             return
-        try:
-            self._scrub.prepare()
-        except OSError as exc:
-            failure: str | None = f"the runner's work directory could not be prepared: {exc}"
-        else:
-            failure = run_pre_runner_script(
-                self._settings.pre_runner_script, self._settings.pre_runner_timeout_seconds, self._log
-            )
+        failure = self._clock_failure()
+        if failure is None:
+            try:
+                self._scrub.prepare()
+            except OSError as exc:
+                failure = f"the runner's work directory could not be prepared: {exc}"
+            else:
+                failure = run_pre_runner_script(
+                    self._settings.pre_runner_script, self._settings.pre_runner_timeout_seconds, self._log
+                )
         if failure is None:
             # Hashed now, while the instance boots, so that the first claim's start only checks stats.
             problems = self._scrub.runner.verify(full=True)
@@ -152,8 +155,20 @@ class Agent:
         if failure is None:
             self._outbox.send(Signal.UD_OK)
         else:
-            self._log.error("pre-runner script failed", reason=failure)
+            self._log.error("boot failed", reason=failure)
             self._outbox.send(Signal.UD_FAILED, reason=failure)
+
+    def _clock_failure(self) -> str | None:
+        chronyc = self._settings.chronyc
+        if chronyc is None:
+            return None
+        return clock_failure(
+            chronyc,
+            self._settings.clock_error_bound_seconds,
+            self._settings.clock_sync_wait_seconds,
+            self._log,
+            pause=self._stopping.wait,
+        )
 
     def _first_boot_images(self) -> tuple[str, ...]:
         try:

@@ -100,6 +100,21 @@ class AgentSettings(BaseSettings):
     listening_timeout_seconds: float = Field(120, gt=0)
     stop_timeout_seconds: float = Field(30, gt=0)
 
+    chronyc: Path | None = None
+    """chrony's client, asked at boot how far the system clock may be from Amazon Time Sync
+    (agent/clock_check.py); the user data names it. Unset, the clock is not checked: a test's host, whose
+    clock is the control plane's own."""
+    clock_error_bound_seconds: float = Field(1.0, gt=0)
+    """The furthest the clock may be from true time for the instance to be used. The control plane reads
+    the agent's times against its own clock: a heartbeat is stale past the healthy window (90 s, beats
+    every 30 s: a margin of 60 s, which the config only requires to be positive), and a started instance
+    is ready only on a beat written after its hand-over, a comparison with no margin, which a clock behind
+    by d delays by d. One second keeps each of these within a second, a small part of any window or
+    period; chrony synchronised to the link-local Amazon Time Sync endpoint stays far inside it."""
+    clock_sync_wait_seconds: float = Field(60, ge=0)
+    """How long a boot waits for chrony to synchronise the clock (its first updates step a clock that is
+    far off) before the instance is refused."""
+
     pre_runner_script: Path | None = None
     pre_runner_timeout_seconds: float = Field(1800, gt=0)
     state_file: Path | None = Path("/var/lib/runner-pool/agent-state.json")

@@ -15,7 +15,10 @@ the instance running.
 
 `systemctl` on the instance's PATH is the simulation's: `systemctl poweroff` (the agent's last
 resort when it cannot terminate itself) marks the instance powered off, and the watcher terminates
-it in EC2, as the launch template's shutdown behaviour (terminate) makes EC2 do.
+it in EC2, as the launch template's shutdown behaviour (terminate) makes EC2 do. So is `chronyc`, which
+the agent asks at boot how far its clock is from Amazon Time Sync (agent/clock_check.py): a simulated
+instance's clock is this machine's, the one the local control plane reads, so it answers synchronised
+to the link-local endpoint and no offset.
 """
 
 from __future__ import annotations
@@ -59,6 +62,21 @@ _SYSTEMCTL = """#!/bin/sh
 if [ "$1" = poweroff ]; then touch "{marker}"; fi
 exit 0
 """
+
+
+def chronyc_script(offset_seconds: float = 0.0, leap: str = "Normal", asked: Path | None = None) -> str:
+    """A `chronyc` whose `-c tracking` reports the system clock `offset_seconds` slow of Amazon Time Sync
+    (fast when negative), with chrony's leap status `leap` ("Not synchronised" before its first update);
+    each time it is asked it adds a line to `asked`, when given."""
+    fields = ["A9FEA97B", "169.254.169.123", "3", "1767225600.000000000", f"{offset_seconds:.9f}"]
+    fields += ["0.000000000", "0.000000000", "0.000", "0.000", "0.000", "0.000100000", "0.000100000"]
+    fields += ["16.0", leap]
+    note = f'echo "$*" >> "{asked}"\n' if asked is not None else ""
+    return f"#!/bin/sh\n# chronyc on a simulated instance\n{note}echo '{','.join(fields)}'\n"
+
+
+CHRONYC_ASKED = "chronyc-asked"
+"""The file the simulated `chronyc` adds a line to, its arguments, each time the agent asks it."""
 IN_PROCESS_LOGGER = "runner_pool.agent.in_process"
 _RUN_SH = '#!/bin/sh\nexec "{python}" "{program}" "$@"\n'
 _AGENT_MESSAGES = {
@@ -323,13 +341,10 @@ class SimulatedInstances:
         run_sh = instance.runner_dir / "run.sh"
         run_sh.write_text(_RUN_SH.format(python=sys.executable, program=runner_program.__file__))
         run_sh.chmod(0o755)
-        tools = instance.directory / "bin"
-        tools.mkdir(exist_ok=True)
-        systemctl = tools / "systemctl"
-        systemctl.write_text(_SYSTEMCTL.format(marker=instance.directory / POWERED_OFF))
-        systemctl.chmod(0o755)
+        tools = _instance_tools(instance)
         settings = {
             **self._agent_settings,
+            "CHRONYC": str(tools / "chronyc"),
             "IMDS_ENDPOINT": self._metadata.endpoint(instance.instance_id),
             "RUNNER_DIR": str(instance.runner_dir),
             "STATE_FILE": str(instance.directory / "agent-state.json"),
@@ -360,7 +375,11 @@ class SimulatedInstances:
         run_sh.write_text(_RUN_SH.format(python=sys.executable, program=runner_program.__file__))
         run_sh.chmod(0o755)
         values: dict[str, Any] = {name.lower(): value for name, value in self._agent_settings.items()}
-        values |= {"runner_dir": instance.runner_dir, "state_file": instance.directory / "agent-state.json"}
+        values |= {
+            "runner_dir": instance.runner_dir,
+            "state_file": instance.directory / "agent-state.json",
+            "chronyc": _instance_tools(instance) / "chronyc",
+        }
         return AgentSettings.model_validate(values)
 
     def _shared_clients(self) -> dict[str, Any]:
@@ -439,6 +458,19 @@ class SimulatedInstances:
             instance.agent.wait()
         if instance.agent_thread is not None:
             instance.agent_thread.stop(self.settings.shutdown_seconds)
+
+
+def _instance_tools(instance: SimulatedInstance) -> Path:
+    """The instance's own programs, first on its PATH: the simulation's systemctl and chronyc."""
+    tools = instance.directory / "bin"
+    tools.mkdir(exist_ok=True)
+    for name, script in (
+        ("systemctl", _SYSTEMCTL.format(marker=instance.directory / POWERED_OFF)),
+        ("chronyc", chronyc_script(asked=instance.directory / CHRONYC_ASKED)),
+    ):
+        (tools / name).write_text(script)
+        (tools / name).chmod(0o755)
+    return tools
 
 
 def _noted(line: str) -> tuple[Happening | None, Mapping[str, Any]]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from aws_cdk import Stack
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from infra.constructs import permissions
 from infra.constructs.resources import StackResources
 from infra.constructs.retries import IDEMPOTENT, RELEASE
-from infra.constructs.workflow import Step, Workflow
+from infra.constructs.workflow import Step, Workflow, state_machine_arn
 
 
 class Release(Construct):
@@ -24,10 +25,17 @@ class Release(Construct):
         config, functions, table = resources.config, resources.functions, resources.table
         pool_queues, github_app_key = resources.pool_queues, resources.github_app_key
         notice_queues = resources.instances.notice_queues
+        # StartParts starts executions of this very machine (a run's release in parts): named, so its role
+        # can name its ARN without referring to the machine it is part of.
+        name = f"{Stack.of(self).stack_name}-release"
+        own_arn = state_machine_arn(self, name)
 
         def plan(function: lambda_.Function) -> None:
             permissions.find_by_run_key(function, table)
             permissions.mark_runs_finished(function, table)
+
+        def start_parts(function: lambda_.Function) -> None:
+            permissions.start_executions(function, [own_arn])
 
         def give_back(function: lambda_.Function) -> None:
             permissions.write_records(function, table)
@@ -47,8 +55,14 @@ class Release(Construct):
             machine="release",
             functions=functions,
             workflow_type=config.workflow_type,
+            state_machine_name=name,
             steps={
                 "plan": Step("finds the instances a completed job or run holds", plan, retry=RELEASE),
+                "start_parts": Step(
+                    "starts the parts of a run's release too large for one execution",
+                    start_parts,
+                    retry=IDEMPOTENT,
+                ),
                 "give_back": Step(
                     "sets an instance idle and deletes its runner if no job took it",
                     give_back,

@@ -13,9 +13,11 @@ cannot drift apart. On a baked instance the boot only configures and starts the 
   parameter" (Image Builder API Reference, SsmParameterConfiguration). The launch templates read that
   parameter at every launch (`resolve:ssm:`); until the first image exists it holds the base AMI, and
   the boot installs everything, as it did before there was an image.
-- **When it rebuilds.** The component is named once per architecture and versioned by a digest of what
-  it installs (the bake script as rendered: runner version and checksum, wheelhouse digest, packages,
-  Docker), and the recipe asks for it as `x.x.x`. The pipeline's schedule uses
+- **When it rebuilds.** The component is named once per architecture, and the recipe asks for it as
+  `x.x.x`, which Image Builder resolves to its highest version ("x.x.x = 2.2.4" of 2.2.4, 1.7.8 and 1.6.8,
+  Image Builder User Guide, "Semantic versioning"). So each deploy's component must sort above the last
+  one's, or the recipe keeps building the old pins: its version is stamped with the synth's time (see
+  `component_version`), not derived from a digest alone, which sorts at random. The pipeline's schedule uses
   EXPRESSION_MATCH_AND_DEPENDENCY_UPDATES_AVAILABLE: at each `image.schedule` it "builds a new image
   only when there are new versions of the base image or components in your recipe that match the
   filter", and "if the recipe references its base image through an AWS Systems Manager Parameter Store
@@ -37,7 +39,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from types import MappingProxyType
 
 from aws_cdk import Acknowledgment, ArnFormat, Stack, Validations
@@ -74,6 +78,10 @@ systemctl enable docker.service
 """Docker from the distribution's own repositories (AL2023: `docker`, in its core repository; Ubuntu:
 `docker.io`, in universe), enabled to start at boot. The runner account is not added to the docker
 group: that is root (README, "What the scrub cannot undo")."""
+
+IMAGE_STAMP_CONTEXT_KEY = "runner-pool-image-stamp"
+"""`-c runner-pool-image-stamp=<seconds since the epoch>`: the time the components' versions are stamped
+with (`image_stamp`); it must be later than the last deploy's."""
 
 MANAGED_POLICY_ACKNOWLEDGED = "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]"
 
@@ -112,10 +120,44 @@ def component_document(script: str, *, docker: bool, name: str) -> str:
     )
 
 
-def semantic_version(*parts: str) -> str:
-    """A version Image Builder accepts (major.minor.patch, each below 2^30) that changes with `parts`."""
+def component_version(stamp: datetime, *parts: str) -> str:
+    """A version Image Builder accepts (major.minor.patch, each at most 2^30-1) that sorts by `stamp`:
+    its UTC date, then its time of day ("a date, such as 2021.01.01", Image Builder User Guide, "Semantic
+    versioning"), then a digest of `parts`, so that what differs under one stamp is still a version of
+    its own ("Image Builder uses semantic versioning to ... ensure that they have unique IDs")."""
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    return f"{stamp:%Y%m%d}.{int(f'{stamp:%H%M%S}')}.{int(digest[:7], 16)}"
+
+
+def recipe_version(*parts: str) -> str:
+    """A version Image Builder accepts that changes with `parts`. Unlike the component's, its order does not
+    matter: the pipeline names the recipe by its full ARN and the lifecycle policy by its exact version,
+    and nothing asks for the highest. Stamping it too would give each deploy a new recipe, and the images
+    of the earlier ones would leave the lifecycle policy's selection, never to be deleted."""
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     return f"1.{int(digest[:7], 16)}.{int(digest[7:14], 16)}"
+
+
+def image_stamp(scope: Construct) -> datetime:
+    """The time this synth stamps the components' versions with: the IMAGE_STAMP_CONTEXT_KEY context when
+    given, else now. Read once per RunnerImage, so both architectures' components carry the same stamp.
+
+    The clock, not the source's commit time: a deploy of an older commit, or of settings edited and not
+    committed, is still a later deploy, and its component must still sort above the deployed one. The
+    price is that each synth's versions differ from the last: `cdk diff` shows both components replaced,
+    and the pipeline builds once more after a deploy that changed nothing in the image. A deployer whose
+    own clock only moves forward with what it deploys (a CI's commit time on a branch that is never
+    rolled back) can pass that instead and get a quiet diff."""
+    given = scope.node.try_get_context(IMAGE_STAMP_CONTEXT_KEY)
+    if given is None:
+        return datetime.fromtimestamp(time.time(), UTC)
+    try:
+        return datetime.fromtimestamp(int(str(given)), UTC)
+    except ValueError:
+        raise ValueError(
+            f"{IMAGE_STAMP_CONTEXT_KEY}: {given!r} is not whole seconds since the epoch; fix: pass "
+            f"-c {IMAGE_STAMP_CONTEXT_KEY}=$(date +%s)"
+        ) from None
 
 
 class RunnerImage(Construct):
@@ -133,6 +175,7 @@ class RunnerImage(Construct):
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         self.prefix = f"{stack.stack_name.lower()}-runner"
+        self.stamp = image_stamp(self)
         self.components: dict[Arch, imagebuilder.CfnComponent] = {}
         self.recipes: dict[Arch, imagebuilder.CfnImageRecipe] = {}
         for arch in Arch:
@@ -146,7 +189,7 @@ class RunnerImage(Construct):
                 self,
                 f"Component-{arch.value}",
                 name=name,
-                version=semantic_version(document.replace(bucket, "")),
+                version=component_version(self.stamp, document.replace(bucket, "")),
                 platform="Linux",
                 description=f"runner {config.instances.runner_version} and the agent, for {arch.value}",
                 change_description="the deploy's pins",
@@ -273,7 +316,7 @@ class RunnerImage(Construct):
             f"Recipe-{arch.value}",
             name=name,
             # A recipe cannot change in place: a new one is made whenever what it says changes.
-            version=semantic_version(
+            version=recipe_version(
                 parent_image,
                 settings.root_device_name,
                 str(settings.root_volume_gib),

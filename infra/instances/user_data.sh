@@ -45,6 +45,7 @@ readonly RUNNER_MANIFEST="${CONFIG_DIR}/runner-manifest.json"
 readonly STATE_DIR="${ROOT}/var/lib/runner-pool"
 readonly BAKED_DIR="${STATE_DIR}/baked"
 readonly UNIT_DIR="${ROOT}/etc/systemd/system"
+readonly CHRONYC="${ROOT}/usr/bin/chronyc"
 readonly IMDS_GUARD="${ROOT}/usr/local/sbin/runner-pool-imds-guard"
 readonly IMDS="http://169.254.169.254"
 readonly AGENT_UNIT="runner-pool-agent.service"
@@ -103,6 +104,10 @@ detect_distribution() {
 # else of Python: the venv module is in the interpreter's own packages (python3.X-libs on AL2023,
 # libpython3.X-stdlib on Ubuntu), and a venv made without pip needs neither the distribution's pip
 # (python3.X-pip) nor its ensurepip (Ubuntu's python3.X-venv): the wheelhouse brings its own pip.
+# The agent checks the clock with chrony at boot (agent/clock_check.py): AL2023 has it, set to Amazon
+# Time Sync; on Ubuntu it is installed with the Time Sync server the EC2 User Guide gives ("Set the time
+# reference on your EC2 instance to use the local Amazon Time Sync Service"), in the sources directory
+# Ubuntu's chrony.conf reads, written first so that chronyd starts with it.
 install_prerequisites() {
     case "${DISTRO}" in
         al2023)
@@ -115,10 +120,13 @@ install_prerequisites() {
             ;;
         ubuntu-24.04)
             local packages=(curl ca-certificates tar gzip "python${UBUNTU_PYTHON}"
-                liblttng-ust1t64 libkrb5-3 zlib1g libssl3t64 libicu74)
+                liblttng-ust1t64 libkrb5-3 zlib1g libssl3t64 libicu74 chrony)
             if [[ "${BLOCK_IMDS_FROM_JOBS}" == "true" ]]; then
                 packages+=(iptables)
             fi
+            mkdir -p "${ROOT}/etc/chrony/sources.d"
+            echo "server 169.254.169.123 prefer iburst minpoll 4 maxpoll 4" \
+                >"${ROOT}/etc/chrony/sources.d/amazon-time-sync.sources"
             apt-get update -q
             DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
             ;;
@@ -312,6 +320,7 @@ RUNNER_POOL_RUNNER_DIR=${RUNNER_DIR}
 RUNNER_POOL_RUNNER_USER=${RUNNER_USER}
 RUNNER_POOL_RUNNER_MANIFEST=${RUNNER_MANIFEST}
 RUNNER_POOL_JOB_UNIT=runner-pool-job
+RUNNER_POOL_CHRONYC=${CHRONYC}
 SETTINGS
     if [[ -n "${PRE_RUNNER_SCRIPT_BASE64}" ]]; then
         echo "RUNNER_POOL_PRE_RUNNER_SCRIPT=${CONFIG_DIR}/pre-runner.sh" >>"${CONFIG_DIR}/agent.env"

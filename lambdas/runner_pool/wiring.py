@@ -164,11 +164,13 @@ class ControlPlane:
         """Runs with recent demand, for refresh to reconcile with GitHub's queued jobs."""
         return RecentDemand(self.settings.table_name, self.clock, self.client("dynamodb"))
 
-    def executions(self, provision_machine_arn: str | None = None) -> Executions:
-        """Starts provisions (on `provision_machine_arn`, e.g. a step's own machine, else the configured
-        one) and releases."""
+    def executions(
+        self, provision_machine_arn: str | None = None, *, release_machine_arn: str | None = None
+    ) -> Executions:
+        """Starts provisions and releases, each on the machine given (e.g. a step's own machine), else on
+        the configured one."""
         provision = provision_machine_arn or self.settings.provision_state_machine_arn or ""
-        release = self.settings.release_state_machine_arn or ""
+        release = release_machine_arn or self.settings.release_state_machine_arn or ""
         return Executions(provision, release, self.client("stepfunctions"))
 
     def dispatcher(self) -> Dispatcher:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from emulator.fake_github import Conclusion, JobSpec, JobStatus
+from emulator.simulated_instances import CHRONYC_ASKED
 from emulator.timeline import Happening
 from runner_pool.domain.records import Signal
 from tests.e2e.conftest import LOST_RUNNER_SECONDS, WAIT_SECONDS, Stage, eventually
@@ -21,6 +22,9 @@ def test_a_launched_instance_boots_the_agent_which_signals_it_is_up(stage: Stage
     stage.await_signal(instance_id, Signal.UD_OK, None)
     assert stage.table.read_heartbeat(instance_id) is not None
     assert stage.timeline.first(Happening.BOOTED, instance_id=instance_id) is not None
+    # And it checked its clock first: it asked the instance's chronyc, whose answer it passed
+    asked = stage.instances.instances()[instance_id].directory / CHRONYC_ASKED
+    assert asked.read_text() == "-c tracking\n"
 
 
 def test_a_claimed_instance_runs_the_matching_job_and_gives_its_receipt_on_release(stage: Stage) -> None:

@@ -64,11 +64,18 @@ def stub_layer(outdir: Path) -> DependencyLayer:
     return DependencyLayer(path=path, key="stub-layer")
 
 
-def app_with(settings: Mapping[str, Any] | None, outdir: Path, *, stage_assets: bool = True) -> App:
+def app_with(
+    settings: Mapping[str, Any] | None,
+    outdir: Path,
+    *,
+    stage_assets: bool = True,
+    context: Mapping[str, Any] | None = None,
+) -> App:
     """The app as cdk.json configures it, with the "runner-pool" settings replaced when given (on top of
-    DEPLOYABLE's). Without `stage_assets` nothing is copied into the assembly, which saves seconds a
-    synth (the agent's source is most of it) where a test reads the template only."""
-    context = project_context()
+    DEPLOYABLE's), and `context` on top of cdk.json's, as `-c` gives it. Without `stage_assets` nothing
+    is copied into the assembly, which saves seconds a synth (the agent's source is most of it) where a
+    test reads the template only."""
+    context = {**project_context(), **(context or {})}
     if settings is not None:
         context[CONFIG_CONTEXT_KEY] = {**DEPLOYABLE, **settings}
     if not stage_assets:
@@ -82,9 +89,15 @@ def stack_of(app: App) -> RunnerPoolStack:
     return stack
 
 
-def synthesize(settings: Mapping[str, Any] | None, outdir: Path, *, stage_assets: bool = True) -> Synthesis:
+def synthesize(
+    settings: Mapping[str, Any] | None,
+    outdir: Path,
+    *,
+    stage_assets: bool = True,
+    context: Mapping[str, Any] | None = None,
+) -> Synthesis:
     """Synthesise with cdk-nag, as `make synth` does; any unacknowledged finding raises here."""
-    app = app_with(settings, outdir, stage_assets=stage_assets)
+    app = app_with(settings, outdir, stage_assets=stage_assets, context=context)
     app.synth()
     stack = stack_of(app)
     config = load_config(

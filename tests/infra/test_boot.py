@@ -443,6 +443,7 @@ UBUNTU_2404 = Distribution(
         "zlib1g",
         "libssl3t64",
         "libicu74",
+        "chrony",
         "iptables",
     ],
 )
@@ -488,6 +489,9 @@ def installs_the_runners_prerequisites_itself(distribution: Distribution, boot: 
             ["install", "-y", "-q", "--no-install-recommends", *distribution.packages],
         ]
         assert boot.of("dnf") == []
+        # with chrony set to Amazon Time Sync, for the agent's clock check
+        sources = boot.root / "etc/chrony/sources.d/amazon-time-sync.sources"
+        assert sources.read_text() == "server 169.254.169.123 prefer iburst minpoll 4 maxpoll 4\n"
     # And the runner's own installdependencies.sh, which exits 1 on AL2023, was not run
     assert not boot.installdependencies_ran
 
@@ -585,6 +589,8 @@ def runs_the_agent_as_a_service_behind_the_metadata_guard(boot: Boot, boot_world
     # own (agent/sandbox.py), not in a cgroup below the agent's
     assert f"RUNNER_POOL_RUNNER_MANIFEST={boot.root}/etc/runner-pool/runner-manifest.json\n" in settings
     assert "RUNNER_POOL_JOB_UNIT=runner-pool-job\n" in settings
+    # And it checks its clock with chrony's client at boot (agent/clock_check.py)
+    assert f"RUNNER_POOL_CHRONYC={boot.root}/usr/bin/chronyc\n" in settings
     assert "RUNNER_POOL_JOB_CGROUP" not in settings
     assert "Delegate=" not in agent
 

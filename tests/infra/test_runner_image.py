@@ -7,21 +7,25 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from infra.constructs.instances import BOOT_ONLY_VALUES, image_parameter_name, render_user_data
 from infra.constructs.runner_image import (
     BAKE_TERMINATOR,
     COMPONENT_DATA_LIMIT,
+    IMAGE_STAMP_CONTEXT_KEY,
     bake_script,
     component_document,
-    semantic_version,
+    component_version,
 )
 from runner_pool.domain.config import AL2023_AMI_PARAMETERS, DEFAULT_IMAGE_BUILD_INSTANCE_TYPES
 from runner_pool.domain.records import Arch
-from tests.infra.synthesis import Synthesis
+from tests.infra.synthesis import Synthesis, synthesize
 from tests.infra.test_instances import logical_id, values
 from tests.infra.test_permissions import actions, statements
 
@@ -129,21 +133,69 @@ def test_the_component_fits_image_builders_limit_with_the_longest_bucket_name(sy
         assert "{{" not in component_text(component), logical
 
 
-def test_the_component_version_changes_with_the_pins_and_only_with_them() -> None:
-    # Given the bake document of one set of pins, rendered twice, and of a new runner release
+def test_under_one_stamp_the_component_version_changes_with_the_pins_and_only_with_them() -> None:
+    # Given the bake document of one set of pins, rendered twice, and of a new runner release, at one stamp
+    stamp = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
     def version(**changed: str) -> str:
         script = render_user_data(dataclasses.replace(values(), **changed))
-        return semantic_version(component_document(script, docker=False, name="runnerpool-runner-x64"))
+        return component_version(
+            stamp, component_document(script, docker=False, name="runnerpool-runner-x64")
+        )
 
     # Then the same pins give the same version, and a new runner, wheelhouse or Docker choice another
     assert version() == version()
     assert version(runner_version="2.329.0") != version()
     assert version(wheelhouse_sha256="0" * 64) != version()
     script = render_user_data(values())
-    with_docker = semantic_version(component_document(script, docker=True, name="runnerpool-runner-x64"))
+    with_docker = component_version(
+        stamp, component_document(script, docker=True, name="runnerpool-runner-x64")
+    )
     assert with_docker != version()
-    # And every version is one Image Builder accepts: major.minor.patch, each below 2^30
+    # And every version is one Image Builder accepts: major.minor.patch, each below 2^30, led by the stamp
     assert all(0 <= int(part) < 2**30 for part in version().split("."))
+    assert version().startswith("20260102.30405.")
+
+
+def component_versions(synthesis: Synthesis) -> dict[Arch, tuple[int, ...]]:
+    return {
+        arch_of(logical): tuple(int(node) for node in component["Version"].split("."))
+        for logical, component in of_type(synthesis, "Component").items()
+    }
+
+
+def test_each_deploy_gets_a_component_version_above_the_last_whatever_it_installs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # Given three deploys a minute apart: without Docker, with it, and without it again (the recipe asks
+    # for `x.x.x`, the highest version, so a deploy whose component sorts lower is never built)
+    first = int(datetime(2026, 3, 1, 12, 0, tzinfo=UTC).timestamp())
+    deploys = [
+        synthesize(
+            {"image": {"docker": docker}},
+            tmp_path_factory.mktemp("cdk.out-stamped"),
+            stage_assets=False,
+            context={IMAGE_STAMP_CONTEXT_KEY: str(first + 60 * minute)},
+        )
+        for minute, docker in enumerate((False, True, False))
+    ]
+
+    # When their components' versions are read, in Image Builder's order (node by node, as numbers)
+    versions = [component_versions(deploy) for deploy in deploys]
+
+    # Then each architecture's version rises with every deploy, also back to what an earlier one installed
+    for arch in Arch:
+        assert versions[0][arch] < versions[1][arch] < versions[2][arch], arch
+    # And one synth stamps both architectures alike
+    assert {v[:2] for v in versions[0].values()} == {(20260301, 120000)}
+
+
+def test_an_image_stamp_that_is_not_seconds_is_refused_with_the_fix(tmp_path: Path) -> None:
+    # Given a stamp given as a date / When the app is synthesised / Then the key and the fix are named
+    with pytest.raises(ValueError, match=rf"{IMAGE_STAMP_CONTEXT_KEY}: '2026-03-01'.*date \+%s"):
+        synthesize(
+            None, tmp_path / "cdk.out", stage_assets=False, context={IMAGE_STAMP_CONTEXT_KEY: "2026-03-01"}
+        )
 
 
 def test_docker_is_installed_and_checked_only_when_configured() -> None:

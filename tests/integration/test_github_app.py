@@ -10,11 +10,9 @@ import pytest
 
 from emulator.fake_github import FakeGitHub, JobSpec, decode_jit_config
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
-from runner_pool.adapters.github_app import (
-    TOKEN_REFRESH_MARGIN_SECONDS,
-    GitHubApp,
-    runner_group_name,
-)
+from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
+from runner_pool.adapters.github_runner_groups import runner_group_name
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import OrganizationScope, Registration, RepositoryScope, RunnerScope
 from runner_pool.domain.runners import (
@@ -300,7 +298,9 @@ def test_a_runner_group_registration_that_loses_the_race_to_create_uses_the_winn
     lib_id = fake.state.repository_id(lib)
     github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
     looks = 0
-    find = github._find_group
+    groups = github._runners._groups
+    assert groups is not None
+    find = groups._find
 
     def look_then_lose(name: str) -> int | None:
         nonlocal looks
@@ -312,7 +312,7 @@ def test_a_runner_group_registration_that_loses_the_race_to_create_uses_the_winn
             )
         return found
 
-    github._find_group = look_then_lose  # type: ignore[method-assign]
+    groups._find = look_then_lose  # type: ignore[method-assign]
 
     # When it registers a runner for the repository
     runner = github.jit_config("i-0abc-3", [run_key(3)], repository=lib, repository_id=lib_id)

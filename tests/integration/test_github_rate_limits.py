@@ -11,10 +11,8 @@ import pytest
 from emulator.fake_github import FakeGitHub, JobSpec
 from emulator.fake_github.rate_limits import CONTENT_PER_MINUTE
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
-from runner_pool.adapters.github_app import (
-    GitHubApp,
-    _retry_after,
-)
+from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.github_errors import retry_after
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
 from runner_pool.domain.runners import (
@@ -52,7 +50,7 @@ def github(fake: FakeGitHub, app_key: AppKey, clock: ManualClock) -> Iterator[Gi
     app.close()
 
 
-def test_jit_registrations_past_900_points_a_minute_are_refused_with_retry_after(
+def test_jit_registrations_past_900_points_a_minute_are_refused_withretry_after(
     github: GitHubApp, fake: FakeGitHub, clock: ManualClock
 ) -> None:
     # Given GitHub's documented secondary limit: 900 points a minute per endpoint, 5 points a POST
@@ -139,7 +137,7 @@ def test_an_outage_is_reported_as_github_unavailable(
     ],
 )
 def test_the_wait_follows_githubs_documented_order_of_headers(headers: dict[str, str], wait: float) -> None:
-    assert _retry_after(httpx.Headers(headers), now=1_000_000.0) == wait
+    assert retry_after(httpx.Headers(headers), now=1_000_000.0) == wait
 
 
 def test_run_jobs_lists_an_attempts_jobs_with_labels_status_and_runner(

@@ -7,13 +7,12 @@ agent/loop.py does once it has stopped the runner and cleaned the workspace.
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from emulator.harness.control_plane import LocalControlPlane, LocalStateMachine
+from emulator.harness.release_world import ReleaseAgents as Agents
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import PoolMessage, Signal
@@ -25,33 +24,6 @@ OTHER_RUN = "pool=202"
 @pytest.fixture
 def release(local: LocalControlPlane) -> LocalStateMachine:
     return local.deploy("release")
-
-
-@dataclass
-class Agents:
-    """Simulated agents: each serves a run key until its record lets go of it, then answers."""
-
-    local: LocalControlPlane
-    answer: Signal | None = Signal.UD_REMOVE_REG_OK
-    serving: dict[str, str] = field(default_factory=dict)
-    waits: list[int] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def serve(self, instance_id: str, run_key: str) -> None:
-        self.serving[instance_id] = run_key
-
-    def on_wait(self, seconds: int) -> None:
-        """Called by every Map iteration's Wait, on moto's threads: one at a time."""
-        with self._lock:
-            self.waits.append(seconds)
-            self.local.clock.advance(seconds)
-            for instance_id, run_key in list(self.serving.items()):
-                record = self.local.table.get(instance_id)
-                if record is None or record.run_key == run_key:
-                    continue
-                del self.serving[instance_id]
-                if self.answer is not None:
-                    self.local.table.write_signal(instance_id, self.answer, run_key)
 
 
 def by_instance(instance_id: str, run_key: str = RUN, cause: str = "job-1") -> dict[str, Any]:

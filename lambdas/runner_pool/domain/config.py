@@ -460,7 +460,7 @@ class ImageSettings(_Settings):
     README's security model."""
     schedule: str = Field("cron(0 4 * * ? *)", min_length=1, max_length=1024)
     """When Image Builder checks for changes (Image Builder's cron syntax, UTC): it builds only when a
-    component's version (the pins) or the base AMI changed since its last image."""
+    component's version (each deploy stamps a new one) or the base AMI changed since its last image."""
     images_kept: int = Field(3, ge=1, le=100)
     """Images of each architecture kept; older ones are deregistered with their snapshots."""
     build_instance_types: dict[Arch, tuple[str, ...]] = Field(

@@ -3,7 +3,7 @@
 Each check is one row of CHECKS (like domain/labels.py's LABEL_KEYS): its name, what it reads (GitHub's
 and AWS's answers, the stack's outputs and config), what a failure stops, and the judge that turns the
 Readings into one Finding, a line with the fix. A check whose failure stops jobs FAILs (the doctor exits
-non-zero); the others warn. The readings are gathered by the adapters (adapters/github_app.py,
+non-zero); the others warn. The readings are gathered by the adapters (adapters/github_readings.py,
 adapters/account_readings.py); nothing here reads anything.
 """
 

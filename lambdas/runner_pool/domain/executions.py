@@ -115,10 +115,16 @@ class FollowUpRequest(_Input):
 
 class ReleaseRequest(_Input):
     """Give back what a run attempt holds: one instance whose job completed, or (instance_id None) all
-    of it."""
+    of it, or one part of all of it that the run's release planned (`part`)."""
 
     run_key: str = Field(min_length=1)
     instance_id: str | None = None
+    part: tuple[str, ...] | None = Field(
+        None,
+        min_length=1,
+        description="the instances of one bounded part of a run's release (domain.release.release_parts), "
+        "given back by an execution of its own; None for a job's release or a whole run's",
+    )
     runner_id: int | None = Field(
         None, description="the GitHub runner the completed job ran on: the one hand-off to release"
     )
@@ -141,10 +147,19 @@ class ReleaseRequest(_Input):
             raise ValueError("a quarantine names the instance and the runner GitHub gave the foreign job")
         return self
 
+    @model_validator(mode="after")
+    def _a_part_is_of_a_run(self) -> ReleaseRequest:
+        if self.part is not None and (self.instance_id is not None or self.runner_id is not None):
+            raise ValueError("a part of a run's release names no single instance or runner")
+        return self
+
     @property
     def execution_name(self) -> str:
         runner = "" if self.runner_id is None else str(self.runner_id)
-        return execution_name("release", self.run_key, self.instance_id or "run", runner, self.cause)
+        # A part is named by the run's release it belongs to (run key, cause) and by its own instances:
+        # the run's release starting it again (a retry) finds it; another part never has its name.
+        part = ("part", *self.part) if self.part is not None else ()
+        return execution_name("release", self.run_key, self.instance_id or "run", runner, self.cause, *part)
 
 
 def execution_name(kind: str, *parts: str) -> str:

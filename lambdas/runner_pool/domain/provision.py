@@ -342,5 +342,5 @@ def _signalled_failure(signal: WorkerSignal | None, current: bool) -> str | None
     if current and signal.signal is Signal.UD_REG_FAILED:
         return f"runner failed to start: {signal.reason or 'no reason given'}"
     if signal.signal is Signal.UD_FAILED:
-        return f"pre-runner script failed: {signal.reason or 'no reason given'}"
+        return f"boot failed: {signal.reason or 'no reason given'}"
     return None

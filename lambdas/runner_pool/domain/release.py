@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import Timeouts
+from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.run_keys import RunKey
@@ -40,11 +41,15 @@ class _Step(BaseModel):
 
 
 class ReleasePlan(_Step):
-    """What one release execution gives back: one instance, or every instance the run still holds."""
+    """What one release execution gives back: one instance, every instance the run still holds, or one
+    part of them; or, for a run holding more than one execution may give back, the parts to start."""
 
     run_key: str
     cause: str
     instance_ids: tuple[str, ...]
+    parts: tuple[ReleaseRequest, ...] = ()
+    """A run's release too large for one execution: each part is given back by an execution of its own,
+    and this one gives back nothing itself (`instance_ids` is empty)."""
     runner_id: int | None = None
     """For one instance: the hand-off (GitHub runner) whose job completed; nothing else is released."""
     poll_seconds: int = Field(gt=0, description="the Wait between two looks for the agent's receipt")
@@ -53,6 +58,18 @@ class ReleasePlan(_Step):
     quarantine: bool = False
     suspect: bool = False
     """A job that started on the runner is to be judged, not released: quarantined if foreign."""
+
+
+class PartsStarted(_Step):
+    """The executions a run's release started for its parts, by name (a retry finds the same ones)."""
+
+    names: tuple[str, ...]
+
+
+class ReleaseStarter(Protocol):
+    """Starts a release execution by the request's name; False when that name already existed."""
+
+    def release(self, request: ReleaseRequest) -> bool: ...
 
 
 class ReleaseItem(_Step):
@@ -97,6 +114,57 @@ class SalvageRequest(_Step):
 def receipt_poll_seconds(timeouts: Timeouts) -> int:
     """The release's poll in whole seconds, as a Wait state takes them."""
     return max(1, math.ceil(timeouts.release_receipt_poll_seconds))
+
+
+HISTORY_BUDGET_EVENTS = 12_500
+"""Half of Step Functions Standard's 25,000 events in one execution's history (Step Functions quotas:
+https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html), as for provision
+(domain.executions.PROVISION_LIMIT): the other half is margin for retries, which add events too."""
+RELEASE_EXECUTION_EVENTS = 40
+"""A release execution's events besides its instances': its start and end, Plan, the Choice, the Map's."""
+RELEASE_INSTANCE_EVENTS = 20
+"""One instance's events besides its receipt checks: its Map iteration, GiveBack, the Choice after it,
+Settled, and a Salvage if a step fails."""
+RECEIPT_CHECK_EVENTS = 9
+"""One look for the agent's receipt: the Wait, CheckReceipt and the Choice after it."""
+RELEASE_PART_LIMIT = 100
+"""The most instances one release execution gives back, however few checks each may take: its Map's
+output (about 400 bytes an instance) stays far under Step Functions' 256 KiB a state."""
+
+
+def receipt_checks(timeouts: Timeouts) -> int:
+    """The most looks for one instance's receipt: every poll until the receipt is overdue, and one more."""
+    return math.ceil(timeouts.release_receipt_seconds / receipt_poll_seconds(timeouts)) + 1
+
+
+def release_part_size(timeouts: Timeouts) -> int:
+    """The most instances one release execution gives back, each on its worst path (its agent never
+    answers, so it is checked until the receipt is overdue), within HISTORY_BUDGET_EVENTS.
+
+    At the defaults (a receipt within 120 s, looked for every 2 s): 61 checks of 9 events and 20 more,
+    569 events an instance, so 21 instances, 11,989 events with the execution's own 40.
+    tests/integration/test_quota_bench.py checks the event counts this rests on.
+    """
+    per_instance = RELEASE_INSTANCE_EVENTS + receipt_checks(timeouts) * RECEIPT_CHECK_EVENTS
+    fits = (HISTORY_BUDGET_EVENTS - RELEASE_EXECUTION_EVENTS) // per_instance
+    return max(1, min(RELEASE_PART_LIMIT, fits))
+
+
+def release_parts(
+    request: ReleaseRequest, instance_ids: tuple[str, ...], size: int
+) -> tuple[ReleaseRequest, ...]:
+    """A run's release of `instance_ids` as parts of at most `size` instances, each an execution of its own;
+    none when one execution gives them all back.
+
+    Every instance is in exactly one part, in the order given (sorted by the plan), so the same instances
+    make the same parts, named the same (ReleaseRequest.execution_name): a retried start finds them.
+    """
+    if request.instance_id is not None or request.part is not None or len(instance_ids) <= size:
+        return ()
+    return tuple(
+        request.model_copy(update={"part": instance_ids[start : start + size]})
+        for start in range(0, len(instance_ids), size)
+    )
 
 
 def ran_a_foreign_job(record: InstanceRecord | None, item: ReleaseItem) -> bool:

@@ -1,7 +1,8 @@
 """Runners on GitHub as the control plane sees them: the registry port, what it answers, how it fails.
 
-`adapters.github_app` implements the port on a GitHub App installation and translates every
-githubkit or HTTP failure into the errors below, so no step sees a client library's exceptions.
+`adapters.github_app` implements the port on a GitHub App installation, and `adapters.github_errors`
+translates every githubkit or HTTP failure into the errors below, so no step sees a client library's
+exceptions.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def refused_for_good(exc: GitHubError) -> bool:
     """Whether GitHub refused a request for a reason that will not change by asking again: a 4xx that is
     not a rate limit ("Rate limits for the REST API": a 403 or 429 that names a rate limit is one, and
     arrives as GitHubRateLimitedError). A 409 is not: for a registration it says a runner of that name is
-    running a job, which ends (`adapters.github_app.jit_config`)."""
+    running a job, which ends (`adapters.github_runners.jit_config`)."""
     status = exc.status
     return (
         not isinstance(exc, GitHubRetryableError)

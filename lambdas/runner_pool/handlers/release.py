@@ -5,11 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import BaseModel, ConfigDict
 
 from runner_pool.domain.executions import ReleaseRequest
-from runner_pool.domain.release import ReleaseItem, ReleaseProgress, ReleaseStatus, SalvageRequest
+from runner_pool.domain.release import (
+    ReleaseItem,
+    ReleasePlan,
+    ReleaseProgress,
+    ReleaseStatus,
+    SalvageRequest,
+)
 from runner_pool.observability import count, logger, tracer
 from runner_pool.steps.release import Release
+from runner_pool.steps.release_parts import ReleaseParts
 from runner_pool.wiring import ControlPlane, control_plane
 
 SETTLED_METRICS = {
@@ -26,9 +34,36 @@ SETTLED_METRICS = {
 def plan(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     planned = release_of(control_plane()).plan(ReleaseRequest.model_validate(event))
     logger.info(
-        "release planned", run_key=planned.run_key, cause=planned.cause, instances=list(planned.instance_ids)
+        "release planned",
+        run_key=planned.run_key,
+        cause=planned.cause,
+        instances=list(planned.instance_ids),
+        parts=[list(part.part or ()) for part in planned.parts],
     )
     return planned.model_dump(mode="json")
+
+
+class StartPartsEvent(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plan: ReleasePlan
+    machine: str
+    """The release state machine's own ARN (`$$.StateMachine.Id`): each part is an execution of it."""
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def start_parts(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    parsed = StartPartsEvent.model_validate(event)
+    executions = control_plane().executions(release_machine_arn=parsed.machine)
+    started = ReleaseParts(executions).start(parsed.plan)
+    logger.info(
+        "release parts started",
+        run_key=parsed.plan.run_key,
+        cause=parsed.plan.cause,
+        parts=list(started.names),
+    )
+    return started.model_dump(mode="json")
 
 
 @logger.inject_lambda_context

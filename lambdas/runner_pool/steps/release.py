@@ -30,6 +30,8 @@ from runner_pool.domain.release import (
     moved,
     ran_a_foreign_job,
     receipt_poll_seconds,
+    release_part_size,
+    release_parts,
 )
 from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
 from runner_pool.observability import logger
@@ -61,19 +63,25 @@ class Release:
         self._notices = notices
 
     def plan(self, request: ReleaseRequest) -> ReleasePlan:
-        """The instances to give back: the one named, or every record still holding the run key."""
+        """The instances to give back: the one named, the part named, or every record still holding the run
+        key; those split into parts (release_parts) when more than one execution may give back."""
         if request.instance_id is not None:
             instance_ids: tuple[str, ...] = (request.instance_id,)
+        elif request.part is not None:
+            # The run's release marked the run finished and read what it held: this part gives back its share.
+            instance_ids = request.part
         else:
             # Marked before the index is read: a provision for the run that activates after this sees the
             # mark and gives back; one that activated before is found running by the read below.
             self._table.mark_run_finished(request.run_key)
             held = self._table.held_by(request.run_key)
             instance_ids = tuple(sorted(record.instance_id for record in held))
+        parts = release_parts(request, instance_ids, release_part_size(self._timeouts))
         return ReleasePlan(
             run_key=request.run_key,
             cause=request.cause,
-            instance_ids=instance_ids,
+            instance_ids=() if parts else instance_ids,
+            parts=parts,
             runner_id=request.runner_id if request.instance_id is not None else None,
             poll_seconds=receipt_poll_seconds(self._timeouts),
             repository=request.repository,
