@@ -16,7 +16,6 @@ from runner_pool.domain.config import PickupSettings, StackConfig
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.pickup import (
     HOLD_SECONDS,
-    LOOK_PAST_PRISTINE_BATCHES,
     PickupManager,
     PickupResult,
     ReceivedMessage,
@@ -594,7 +593,7 @@ def test_a_privileged_jobs_instance_is_offered_to_no_one_and_dropped(pool: Pool,
     assert pool.records.get(offer.instance_id) is not None
 
 
-def test_a_job_that_reuses_reads_a_bounded_number_of_batches_past_pristine_matches(
+def test_a_job_that_reuses_reads_no_batch_further_only_to_find_a_used_instance(
     pool: Pool, spec: RunnerSpec
 ) -> None:
     # Given thirty pristine instances offered before one of the job's own used ones
@@ -603,8 +602,9 @@ def test_a_job_that_reuses_reads_a_bounded_number_of_batches_past_pristine_match
     pool.add_used(31, TrustLevel.TRUSTED)
     # When a trusted job of octo/app picks up one
     result = pool.picker().pickup(spec, TRUSTED_APP)
-    # Then it reads on only LOOK_PAST_PRISTINE_BATCHES batches past the first, and takes a pristine one
+    # Then it takes a pristine one from the first batch: reading on would hold the pristine offers in
+    # hand out of concurrent requests' sight
     assert result.candidate is not None
     assert result.candidate.pristine
-    assert result.counts.receive_calls == 1 + LOOK_PAST_PRISTINE_BATCHES
+    assert result.counts.receive_calls == 1
     assert_every_message_accounted_for(result)

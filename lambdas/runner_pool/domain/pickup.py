@@ -7,11 +7,13 @@ resource class, usage, architecture), so the spec's hard keys choose the queue a
 Who may take what: a pristine instance (never served) any job; a used one only a job that reuses, of
 the level the instance last served and within `reuse.scope` of its repository. A single-use job thus
 takes pristine instances only. A job that reuses prefers a used instance of its own over a pristine
-one, so that pristine ones stay for single-use jobs, but takes a pristine one rather than none: pickup
-keeps the pristine matches it meets aside while the queue may hold a used match beyond them
-(`LOOK_PAST_PRISTINE_BATCHES`), and takes them only when it found too few used ones. The claim's
-condition checks the same rule against the record, so an offer read from a stale or forged message
-never crosses a level.
+one, so that pristine ones stay for single-use jobs, but takes a pristine one rather than none: among
+the offers it has read, pickup takes used matches first and pristine ones for what is left. It reads no
+further only to find a used one: that would hold the pristine offers in hand out of every concurrent
+request's sight (with two batches of look-ahead, three requests of eight begun together over a pool of
+24 pristine instances launched some cold: tests/integration/test_one_pickup.py). The claim's condition
+checks the same rule against the record, so an offer read from a stale or forged message never crosses
+a level.
 
 Pickup receives messages in batches of ten and holds each one it received (SQS's visibility timeout)
 while it reads on, so that it never reads its own misfits twice and a sibling claim worker reading the
@@ -44,11 +46,6 @@ from runner_pool.domain.trust import TrustLevel, may_follow, reuses
 
 RECEIVE_BATCH = 10
 """SQS hands out at most 10 messages per ReceiveMessage, and takes at most 10 entries per batch call."""
-LOOK_PAST_PRISTINE_BATCHES = 2
-"""Batches a job that reuses reads on, once the pristine matches it holds would do, in search of a used
-instance of its own to take instead; it stops sooner at a batch shorter than RECEIVE_BATCH (the queue
-had no more to give at once). Bounded so that a pool of pristine instances costs a reusing job at most
-these receives, never a long poll on an emptied queue."""
 
 
 @dataclass(frozen=True)
@@ -375,10 +372,9 @@ class PickupManager:
         wanted: int,
     ) -> StopReason:
         """Read one partition's queue until `found` (what the whole pickup has) holds `wanted`, an empty
-        queue, a cycle or the deadline; or until the pristine matches held in reserve would do and the
-        queue most likely holds no used match beyond them (FOUND: the caller takes from the reserve)."""
+        queue, a cycle or the deadline; or until the pristine matches held in reserve would make up the
+        rest (FOUND: the caller takes from the reserve)."""
         seen: Counter[str] = Counter()
-        looked_past = 0
         while True:
             batch = self._queue.receive(read.partition, HOLD_SECONDS)
             read.counts["receive_calls"] += 1
@@ -387,12 +383,8 @@ class PickupManager:
             read.counts["examined"] += len(batch)
             seen.update(r.message.instance_id for r in batch if r.message is not None)
             found += self._settle(read, spec, taker, batch, wanted - len(found))
-            if len(found) >= wanted:
+            if len(found) + len(read.reserve) >= wanted:
                 return StopReason.FOUND
-            if read.reserve and len(found) + len(read.reserve) >= wanted:
-                if len(batch) < RECEIVE_BATCH or looked_past >= LOOK_PAST_PRISTINE_BATCHES:
-                    return StopReason.FOUND
-                looked_past += 1
             if seen and max(seen.values()) >= self._settings.same_instance_tolerance:
                 return StopReason.CYCLED
             if self._clock.now() >= deadline:
