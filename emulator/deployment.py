@@ -170,7 +170,7 @@ def deploy(
         app.installation_id,
         runner_scope(app.repository),
         base_url=github.url,
-        registration=config.github.registration,
+        registration=config.github.effective_registration,
         groups_allow_public_repositories=config.github.runner_groups_allow_public_repositories,
     )
 

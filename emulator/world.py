@@ -32,6 +32,7 @@ from emulator.timeline import RecordWatcher, Timeline, TimelineEvent
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.runner_scope import REGISTRATION_PERMISSIONS
 from runner_pool.observability import logger
 
 APP_ID = 4242
@@ -62,13 +63,21 @@ COMPRESSED_TIMEOUTS: dict[str, float] = {
 
 
 def compressed_config(**overrides: Any) -> StackConfig:
-    """The stack config with the App on the fake GitHub and the compressed timeouts."""
+    """The stack config with the App on the fake GitHub's organisation, registering in runner groups (an
+    organisation's default), and the compressed timeouts."""
     settings: dict[str, Any] = {
         "timeouts": COMPRESSED_TIMEOUTS,
-        "github": {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": REPOSITORY},
+        "github": {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": OWNER},
         **overrides,
     }
     return StackConfig.model_validate(settings)
+
+
+def accepted_permissions(config: StackConfig) -> dict[str, str]:
+    """What the installation accepts: what the manifest for the stack's registration asks, so a world
+    registering in runner groups runs with no repository administration at all."""
+    permission, level = REGISTRATION_PERMISSIONS[config.github.effective_registration]
+    return {"actions": "read", permission: level}
 
 
 @dataclass
@@ -118,7 +127,7 @@ def world(
         local_aws(state_machines=True, faults=faults) as aws,
         FakeGitHub(APP_ID, public_pem, lost_runner_seconds=lost_runner_seconds) as github,
     ):
-        github.state.add_installation(INSTALLATION_ID, OWNER)
+        github.state.add_installation(INSTALLATION_ID, OWNER, accepted_permissions(config))
         with deploy(
             aws,
             config,

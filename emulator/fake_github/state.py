@@ -23,7 +23,7 @@ RUNNER_PERMISSIONS = {"administration": "write", "organization_self_hosted_runne
 """What an App needs for repository runners and for organisation runners."""
 APP_PERMISSIONS = {"actions": "read", **RUNNER_PERMISSIONS}
 """The fake App's permissions, and what an installation accepts unless told otherwise: the runners', and
-`actions: read` for a run's jobs (github-app-manifest.json asks for both)."""
+`actions: read` for a run's jobs (what github-app-manifest.json and its personal-account twin ask)."""
 APP_EVENTS = ("workflow_job", "workflow_run")
 
 

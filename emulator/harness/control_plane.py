@@ -251,6 +251,8 @@ def local_control_plane(
             config.github.scope,
             base_url=github.url,
             clock=clock,
+            registration=config.github.effective_registration,
+            groups_allow_public_repositories=config.github.runner_groups_allow_public_repositories,
             on_hourly_quota=lambda quota: stack.plane.publish_hourly(quota),  # noqa: PLW0108 (plane made later)
         )
         functions_clients: dict[str, Any] = {"ec2": ec2}

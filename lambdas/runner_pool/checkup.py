@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, TextIO
 
 from runner_pool.adapters.account_readings import AccountReadings
@@ -33,11 +34,19 @@ from runner_pool.domain.doctor import (
     report,
 )
 from runner_pool.domain.records import Arch
-from runner_pool.domain.runner_scope import runner_scope
+from runner_pool.domain.runner_scope import Registration, runner_scope
 from runner_pool.environment import ENV_PREFIX
 
-MANIFEST = Path(__file__).resolve().parents[2] / "github-app-manifest.json"
-"""The App manifest of the clone the CLI runs from (the project is installed from it, editable)."""
+CLONE = Path(__file__).resolve().parents[2]
+MANIFESTS: Mapping[Registration, Path] = MappingProxyType(
+    {
+        Registration.RUNNER_GROUP: CLONE / "github-app-manifest.json",
+        Registration.REPOSITORY: CLONE / "github-app-manifest.personal-account.json",
+    }
+)
+"""The App manifest for each registration, in the clone the CLI runs from (the project is installed from
+it, editable): the least privileged one for an organisation's runner groups, repository administration
+only where registration is at the repository."""
 WEBHOOK_OUTPUT = "WebhookUrl"
 PROVISION_OUTPUT = "ProvisionStateMachineArn"
 CONFIG_VARIABLE = f"{ENV_PREFIX}CONFIG"
@@ -95,7 +104,7 @@ class Target:
         raise TargetNotFoundError(f"no function of stack {stack_name!r} is given {TEMPLATES_VARIABLE}")
 
 
-def load_manifest(path: Path = MANIFEST) -> AppManifest:
+def load_manifest(path: Path) -> AppManifest:
     return AppManifest.of(json.loads(path.read_text()))
 
 
@@ -119,10 +128,10 @@ def read(target: Target, clients: Callable[[str], Any], manifest: AppManifest) -
             if isinstance(installation, Unread):
                 policy = groups = installation
             elif installation.organization:
-                policy, groups = (
-                    app.runner_policy(installation.account),
-                    app.runner_groups(installation.account),
-                )
+                # The policy on repository-level runners matters to repository registration only.
+                if github.effective_registration is Registration.REPOSITORY:
+                    policy = app.runner_policy(installation.account)
+                groups = app.runner_groups(installation.account)
         finally:
             app.close()
     return Readings(
@@ -145,8 +154,10 @@ def read(target: Target, clients: Callable[[str], Any], manifest: AppManifest) -
 def doctor(
     target: Target, clients: Callable[[str], Any], out: TextIO, manifest: AppManifest | None = None
 ) -> int:
-    """Examine `target`, print the report, and answer the exit code (1: something stops jobs)."""
-    findings = examine(read(target, clients, manifest or load_manifest()))
+    """Examine `target`, print the report, and answer the exit code (1: something stops jobs). `manifest`:
+    what the App was made from; by default this clone's for the stack's registration (MANIFESTS)."""
+    registration = target.stack.config.github.effective_registration
+    findings = examine(read(target, clients, manifest or load_manifest(MANIFESTS[registration])))
     for line in report(findings):
         print(line, file=out)
     return exit_code(findings)
@@ -169,7 +180,7 @@ def _app(
             runner_scope(str(github.scope)),
             base_url=github.api_url,
             api_version=github.api_version,
-            registration=github.registration,
+            registration=github.effective_registration,
             groups_allow_public_repositories=github.runner_groups_allow_public_repositories,
         )
     except ValueError as exc:

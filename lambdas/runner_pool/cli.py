@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.checkup import MANIFEST, Target, TargetNotFoundError, doctor, load_manifest
+from runner_pool.checkup import Target, TargetNotFoundError, doctor, load_manifest
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
@@ -270,8 +270,9 @@ def parser() -> argparse.ArgumentParser:
     checkup.add_argument(
         "--manifest",
         type=Path,
-        default=MANIFEST,
-        help="the App manifest the App was made from (default: this clone's github-app-manifest.json)",
+        help="the App manifest the App was made from (default: this clone's for the stack's registration: "
+        "github-app-manifest.json for runner groups, github-app-manifest.personal-account.json for "
+        "repository registration)",
     )
     return root
 
@@ -291,7 +292,7 @@ def main(
             target = Target.of_stack(
                 arguments.stack, make("cloudformation", arguments.region), make("lambda", arguments.region)
             )
-            manifest = load_manifest(arguments.manifest)
+            manifest = load_manifest(arguments.manifest) if arguments.manifest else None
         except (TargetNotFoundError, OSError) as error:
             print(f"runner-pool: {error}", file=sys.stderr)
             return 1

@@ -233,7 +233,7 @@ class ControlPlane:
             base_url=github.api_url,
             api_version=github.api_version,
             clock=self.clock,
-            registration=github.registration,
+            registration=github.effective_registration,
             groups_allow_public_repositories=github.runner_groups_allow_public_repositories,
             on_hourly_quota=self.publish_hourly,
         )

@@ -1,6 +1,7 @@
-"""Who may follow whom on an instance (issue 14), end to end on an organisation installation: runners
-registered at their job's repository, reuse within the job's repository only, public repositories never
-reusing, and a foreign job on one of our runners quarantining its instance.
+"""Who may follow whom on an instance, end to end on an organisation installation: runners registered so
+that only their job's repository can take them (in a runner group of that repository alone, the
+organisation's default, or at the repository), reuse within the job's repository only, public
+repositories never reusing, and a foreign job on one of our runners quarantining its instance.
 
 Each scenario ends with the accounting check: every instance of the stack has a live record, and
 every live record an instance.
@@ -27,6 +28,7 @@ from emulator.world import (
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord
+from runner_pool.domain.runner_scope import Registration
 from tests.e2e.conftest import (
     FAST_INSTANCES,
     FAST_TIMERS,
@@ -47,28 +49,30 @@ REPOSITORY_JIT = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
 ORGANISATION_JIT = "POST /orgs/{org}/actions/runners/generate-jitconfig"
 
 
-def organisation_world(tmp_path: Path, registration: str = "repository", **reuse: object) -> Iterator[World]:
-    """An organisation installation's stack. With `registration: runner-group` (issue 36, item 5) the
-    installation has no repository administration at all, and public repositories' groups are allowed."""
-    github: dict[str, object] = {
-        "app_id": str(APP_ID),
-        "installation_id": INSTALLATION_ID,
-        "scope": OWNER,
-        "registration": registration,
-        "runner_groups_allow_public_repositories": registration == "runner-group",
-    }
+def organisation_world(tmp_path: Path, registration: str | None = None, **reuse: object) -> Iterator[World]:
+    """An organisation installation's stack, on its default registration (runner groups) unless
+    `registration` is set. Registering in runner groups, the installation has no repository
+    administration at all (emulator/world.py accepted_permissions), and public repositories' groups are
+    allowed."""
+    github: dict[str, object] = {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": OWNER}
+    if registration is not None:
+        github["registration"] = registration
     config = compressed_config(
         timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8}, github=github, reuse=reuse
     )
+    by_group = config.github.effective_registration is Registration.RUNNER_GROUP
+    allowing = config.github.model_copy(update={"runner_groups_allow_public_repositories": by_group})
+    config = config.model_copy(update={"github": allowing})
     with world(
         tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
     ) as running:
-        if registration == "runner-group":
-            running.github.state.installations[INSTALLATION_ID].permissions.pop("administration")
+        accepted = running.github.state.installations[INSTALLATION_ID].permissions
+        assert ("administration" in accepted) is not by_group
         yield running
 
 
-REGISTRATIONS = ["repository", "runner-group"]
+REGISTRATIONS = [pytest.param(None, id="default"), pytest.param("repository", id="repository")]
+"""The organisation's default (runner groups), and registration at the repository it may choose."""
 
 
 @pytest.fixture(params=REGISTRATIONS)

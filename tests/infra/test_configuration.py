@@ -133,29 +133,28 @@ def test_an_alarm_address_must_be_an_address() -> None:
     assert problem.startswith("alarms.email:")
 
 
-def test_the_app_manifest_asks_for_what_the_control_plane_uses() -> None:
-    # Given the GitHub App manifest the README creates the App from
+def test_the_app_manifest_asks_for_organisation_runners_and_no_repository_administration() -> None:
+    # Given the GitHub App manifest the README creates the App from (an organisation's: runner groups)
     manifest = json.loads((PROJECT_ROOT / "github-app-manifest.json").read_text())
 
-    # Then it may register runners at repositories (every runner is registered at its job's repository,
-    # issue 14) and read workflow runs, and nothing more: no organisation runner permission
-    assert manifest["default_permissions"] == {"actions": "read", "administration": "write"}
+    # Then it may manage the organisation's self-hosted runners and groups and read workflow runs, and
+    # nothing of any repository's administration
+    assert manifest["default_permissions"] == {"actions": "read", "organization_self_hosted_runners": "write"}
     # And it subscribes to the two events the webhook serves
     assert sorted(manifest["default_events"]) == ["workflow_job", "workflow_run"]
     assert manifest["public"] is False
 
 
-def test_the_runner_group_manifest_asks_for_organisation_runners_and_no_repository_administration() -> None:
-    # Given the manifest the README gives organisations that register by runner group (issue 36, item 5)
-    manifest = json.loads((PROJECT_ROOT / "github-app-manifest.runner-group.json").read_text())
+def test_the_personal_account_manifest_differs_only_in_repository_administration() -> None:
+    # Given the manifest the README gives a personal account's installation (repository registration)
+    manifest = json.loads((PROJECT_ROOT / "github-app-manifest.personal-account.json").read_text())
 
-    # Then it may manage the organisation's self-hosted runners and groups and read workflow runs, and
-    # nothing of any repository's administration
-    assert manifest["default_permissions"] == {"actions": "read", "organization_self_hosted_runners": "write"}
-    # And it is the repository manifest in every other respect
-    repository = json.loads((PROJECT_ROOT / "github-app-manifest.json").read_text())
+    # Then it may register runners at repositories and read workflow runs, no organisation permission
+    assert manifest["default_permissions"] == {"actions": "read", "administration": "write"}
+    # And it is the organisation's manifest in every other respect
+    organisation = json.loads((PROJECT_ROOT / "github-app-manifest.json").read_text())
     assert {k: v for k, v in manifest.items() if k != "default_permissions"} == {
-        k: v for k, v in repository.items() if k != "default_permissions"
+        k: v for k, v in organisation.items() if k != "default_permissions"
     }
 
 

@@ -22,11 +22,12 @@ from emulator.fake_github import FakeGitHub
 from emulator.fake_github.state import APP_PERMISSIONS
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from emulator.resources import create_launch_templates
-from runner_pool.checkup import Target, doctor, load_manifest
+from runner_pool.checkup import Target, doctor
 from runner_pool.cli import main
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.doctor import DeployedStack
 from runner_pool.domain.records import Arch
+from runner_pool.domain.runner_scope import OrganizationScope, Registration
 from tests.conftest import REGION
 
 WEBHOOK_URL = "https://abc123.execute-api.us-east-1.amazonaws.com/prod/webhook"
@@ -54,7 +55,7 @@ class Clinic:
         """The doctor's exit code and its lines by check name (`verdict  found; fix: ...`)."""
         out = io.StringIO()
         target = Target(DeployedStack(config or self.config, WEBHOOK_URL), self.provision_arn, self.templates)
-        code = doctor(target, clients(self.client, self.account), out, load_manifest())
+        code = doctor(target, clients(self.client, self.account), out)
         lines = out.getvalue().splitlines()
         return code, {_check_of(line): line for line in lines[:-1]} | {"summary": lines[-1]}
 
@@ -100,8 +101,31 @@ def test_a_healthy_deployment_is_all_clear(clinic: Clinic) -> None:
     # Then every check is ok, one line each, and it exits 0
     assert code == 0, lines
     assert all(line.startswith("ok") for name, line in lines.items() if name != "summary"), lines
-    assert len(lines) == 12
+    assert len(lines) == 13
     assert lines["summary"] == "all clear: nothing stops jobs (0 warning(s))"
+
+
+def test_an_organisation_on_runner_groups_is_all_clear_once_a_group_is_made(clinic: Clinic) -> None:
+    # Given the stack on the whole organisation, registering in runner groups (its default), the App with
+    # no repository administration at all
+    del clinic.github.state.installations[INSTALLATION_ID].permissions["administration"]
+    del clinic.github.state.app_permissions["administration"]
+    config = _organisation(clinic)
+
+    # When the doctor examines it before any job, and after the first job made its repository's group
+    before, first = clinic.examine(config)
+    clinic.github.state.add_runner_group(OWNER, 9, "runner-pool-repository-1")
+    after, then = clinic.examine(config)
+
+    # Then it warns that no group is made yet (a plan may refuse them), and after the first is all clear
+    assert before == 0, first
+    assert first["runner group"].startswith("warn"), first
+    assert "without runner groups beyond Default" in first["runner group"]
+    assert after == 0, then
+    assert then["registration"].startswith("ok"), then
+    assert "organization_self_hosted_runners: write" in then["registration"]
+    assert then["repository runners"].startswith("ok  "), then
+    assert then["summary"] == "all clear: nothing stops jobs (0 warning(s))", then
 
 
 @dataclass(frozen=True)
@@ -142,6 +166,30 @@ def _runner_group(c: Clinic) -> StackConfig:
     c.github.state.add_runner_group(OWNER, 5)
     github = c.config.github.model_copy(update={"runner_group_id": 5})
     return c.config.model_copy(update={"github": github})
+
+
+def _organisation(c: Clinic, **github: object) -> StackConfig:
+    """The clinic's stack on the whole organisation (registered in runner groups unless `github` says)."""
+    settings = c.config.github.model_copy(update={"scope": OrganizationScope(org=OWNER), **github})
+    return c.config.model_copy(update={"github": settings})
+
+
+def _no_organisation_runners(c: Clinic) -> StackConfig:
+    del c.github.state.installations[INSTALLATION_ID].permissions["organization_self_hosted_runners"]
+    return _organisation(c)
+
+
+def _personal_account(c: Clinic) -> StackConfig:
+    c.github.state.installations[INSTALLATION_ID].organization = False
+    return _organisation(c)
+
+
+def _no_administration(c: Clinic) -> None:
+    del c.github.state.installations[INSTALLATION_ID].permissions["administration"]
+
+
+def _organisation_at_repositories(c: Clinic) -> StackConfig:
+    return _organisation(c, registration=Registration.REPOSITORY)
 
 
 def _hook_url(c: Clinic) -> None:
@@ -218,6 +266,31 @@ WAYS = {
     ),
     "installation has not accepted": Way(
         _not_accepted, "installation", "FAIL", "has not accepted actions: read", "reviews and accepts"
+    ),
+    "runner groups without the organisation permission": Way(
+        _no_organisation_runners,
+        "registration",
+        "FAIL",
+        "github.registration runner-group (the default for the scope octo-org) needs "
+        "organization_self_hosted_runners: write",
+        "or set github.registration: repository",
+    ),
+    "runner groups on a personal account": Way(
+        _personal_account, "registration", "FAIL", "is a personal account", "set github.scope to octo-org/"
+    ),
+    "repository registration without administration": Way(
+        _no_administration,
+        "registration",
+        "FAIL",
+        "needs administration: write",
+        "give the App administration",
+    ),
+    "an organisation registering at repositories": Way(
+        _organisation_at_repositories,
+        "registration",
+        "warn",
+        "administration: write on octo-org's repositories",
+        "leave github.registration out",
     ),
     "organisation forbids repository runners": Way(
         _policy("none"), "repository runners", "FAIL", "allows no repository", "settings/actions/runners"

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from emulator.harness.control_plane import LocalControlPlane, client, stack_config
+from emulator.harness.control_plane import LocalControlPlane, client, local_control_plane, stack_config
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
 from emulator.harness.provision_world import ProvisionWorld, output, provision_world
 from runner_pool.adapters.aws_clients import ServiceBusyError
 from runner_pool.adapters.runner_credentials import RUNNER_CONFIG_ITEM
 from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import ClaimWorker, plan
 from runner_pool.domain.runners import RepositoryUnknownError, refused_for_good
@@ -220,7 +221,7 @@ def test_a_refused_registration_of_a_claimed_instance_gives_it_back_and_launches
 def test_a_hand_over_whose_record_names_no_repository_is_refused_and_registers_nothing(
     local: LocalControlPlane,
 ) -> None:
-    # Given an instance recorded for a run without the run's repository (issue 36, item 5)
+    # Given an instance recorded for a run without the run's repository
     [facts] = local.launch(1, RUN)
     plane = local.plane
     handing = HandOver(
@@ -239,3 +240,37 @@ def test_a_hand_over_whose_record_names_no_repository_is_refused_and_registers_n
     assert refused_for_good(refused.value)
     assert local.github.state.calls[JIT_ROUTE] == 0
     assert local.github.state.calls["POST /orgs/{org}/actions/runners/generate-jitconfig"] == 0
+
+
+@pytest.mark.parametrize(
+    "known", [{}, {"repository": f"{OWNER}/{REPO}"}], ids=["no repository", "no repository id"]
+)
+def test_an_organisations_hand_over_without_its_repository_id_registers_nothing_at_the_organisation(
+    known: dict[str, str],
+) -> None:
+    # Given an organisation's stack on its default registration (runner groups), and an instance recorded
+    # for a run without its repository, or without the repository's id
+    github = {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": OWNER}
+    with local_control_plane(config=stack_config(github=github), pause=lambda _seconds: None) as local:
+        [facts] = local.plane.fleet.launch(LaunchRequest.for_run(local.config.spec_for(RUN), 1, "t")).launched
+        local.table.create(facts, RUN, **known)  # type: ignore[arg-type]
+        plane = local.plane
+        handing = HandOver(
+            plane.state_table,
+            github=plane.config.github,
+            arns=plane.instance_arns,
+            registry=lambda: plane.github,
+            credentials=lambda: plane.credentials,
+            queues=lambda: plane.pool_queues,
+            notices=lambda: plane.notices,
+        )
+
+        # When its runner is handed over / Then it is refused for good, and GitHub was asked for no runner
+        # and no runner group: nothing is registered where another repository's job could take it
+        with pytest.raises(RepositoryUnknownError) as refused:
+            handing.register(facts.instance_id, RUN, "t")
+        assert refused_for_good(refused.value)
+        calls = local.github.state.calls
+        assert calls["POST /orgs/{org}/actions/runners/generate-jitconfig"] == 0
+        assert calls["POST /orgs/{org}/actions/runner-groups"] == 0
+        assert local.github.state.runners == {}

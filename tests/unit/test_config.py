@@ -8,6 +8,7 @@ import pytest
 
 from runner_pool.domain.config import ConfigError, StackConfig, load_config
 from runner_pool.domain.records import Arch, UsageClass
+from runner_pool.domain.runner_scope import Registration
 
 
 def test_defaults_are_the_designs() -> None:
@@ -274,3 +275,28 @@ def test_a_pristine_minimum_is_a_floor_kept_by_schedule_like_the_warm_minimum() 
     )
     assert config.keeps_pristine("large")
     assert not config.keeps_pristine("xlarge")
+
+
+@pytest.mark.parametrize(
+    ("scope", "expected"),
+    [("octo-org", Registration.RUNNER_GROUP), ("octocat/hello", Registration.REPOSITORY)],
+)
+def test_the_registration_follows_the_scope_unless_set(scope: str, expected: Registration) -> None:
+    # Given a scope and no registration / Then an organisation registers in runner groups, one repository
+    # (a personal account's, which has no runner groups) at the repository
+    github = load_config({"github": {"scope": scope}}).github
+    assert github.registration is None
+    assert github.effective_registration is expected
+
+
+def test_an_organisation_may_choose_repository_registration() -> None:
+    # Given an organisation scope that sets repository registration / Then that is what it uses
+    github = load_config({"github": {"scope": "octo-org", "registration": "repository"}}).github
+    assert github.effective_registration is Registration.REPOSITORY
+
+
+def test_runner_groups_for_one_repositorys_scope_are_refused() -> None:
+    # Given runner-group registration on a repository's scope / Then the setting is named: groups are an
+    # organisation's
+    (problem,) = _problems({"github": {"scope": "octocat/hello", "registration": "runner-group"}})
+    assert problem.startswith("github.registration: runner groups are an organisation's")

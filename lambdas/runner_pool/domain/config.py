@@ -35,7 +35,12 @@ from runner_pool.domain.labels import (
     RunnerSpec,
 )
 from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
-from runner_pool.domain.runner_scope import Registration, RunnerScopeSetting
+from runner_pool.domain.runner_scope import (
+    Registration,
+    RepositoryScope,
+    RunnerScopeSetting,
+    registration_for,
+)
 from runner_pool.domain.trust import WORKFLOW_EVENTS, TrustLevel, reuses
 
 SQS_MAX_DELAY_SECONDS = 900
@@ -303,11 +308,14 @@ class GitHubSettings(_Settings):
     api_version: str | None = None
     """The `X-GitHub-Api-Version` to send; GitHub Enterprise Server answers only its release's."""
     runner_group_id: int = Field(1, gt=0)
-    registration: Registration = Registration.REPOSITORY
-    """On an organisation installation: `repository` registers each job's runner at its repository (the App
-    needs repository `administration: write`); `runner-group` at the organisation, in a runner group of
-    that repository alone, made on first use (the App needs only `organization_self_hosted_runners:
-    write`; `runner_group_id` is then not used). A repository installation registers at its repository."""
+    registration: Registration | None = None
+    """Where each job's runner is registered so that only its repository can take it. Left out, it follows
+    the scope with the least privilege (`effective_registration`): an organisation's registers in
+    `runner-group`s, at the organisation in a runner group of the job's repository alone, made on first use
+    (the App needs only `organization_self_hosted_runners: write`; `runner_group_id` is then not used); a
+    repository's at that `repository` (the App needs repository `administration: write`: the only way for a
+    personal account, which has no runner groups). `repository` on an organisation is the choice to
+    register at each job's repository instead."""
     runner_groups_allow_public_repositories: bool = False
     """Whether the runner groups `runner-group` creates take public repositories' jobs (GitHub's default
     for a group is no)."""
@@ -318,6 +326,21 @@ class GitHubSettings(_Settings):
     """How many registrations may go at once after a quiet spell, within the average."""
     private_key_secret_name: str = "runner-pool/github-app-private-key"  # noqa: S105 - a name, not a secret
     webhook_secret_name: str = "runner-pool/github-webhook-secret"  # noqa: S105 - a name, not a secret
+
+    @model_validator(mode="after")
+    def _runner_groups_are_an_organisations(self) -> Self:
+        if self.registration is Registration.RUNNER_GROUP and isinstance(self.scope, RepositoryScope):
+            raise _SettingError(
+                "registration",
+                f"runner groups are an organisation's, and the scope {self.scope} is one repository",
+                "set scope to the organisation, or leave registration out to register at the repository",
+            )
+        return self
+
+    @property
+    def effective_registration(self) -> Registration:
+        """The registration in use: the one set, else the least privileged the scope allows."""
+        return registration_for(self.scope, self.registration)
 
 
 class NetworkSettings(_Settings):

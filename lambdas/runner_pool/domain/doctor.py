@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.records import Arch
+from runner_pool.domain.runner_scope import REGISTRATION_PERMISSIONS, OrganizationScope, Registration
 from runner_pool.domain.runners import DEFAULT_RUNNER_GROUP_ID
 
 T = TypeVar("T")
@@ -58,7 +59,9 @@ class Unread:
 
 @dataclass(frozen=True)
 class AppManifest:
-    """What the App asks for: github-app-manifest.json's `default_permissions` and `default_events`."""
+    """What the App asks for: its manifest's `default_permissions` and `default_events`
+    (github-app-manifest.json for runner groups, github-app-manifest.personal-account.json for repository
+    registration)."""
 
     permissions: Mapping[str, str]
     events: frozenset[str]
@@ -246,7 +249,7 @@ def _app_permissions(r: Readings) -> _Judged:
     if short:
         return _Judged(
             False,
-            f"the App lacks {', '.join(short)} (github-app-manifest.json asks for them)",
+            f"the App lacks {', '.join(short)} (its manifest asks for them)",
             f"grant {', '.join(short)} in the App's settings, Permissions & events",
         )
     granted = ", ".join(f"{k}: {v}" for k, v in sorted(r.manifest.permissions.items()))
@@ -291,6 +294,8 @@ def _installation(r: Readings) -> _Judged:
 
 def _runner_policy(r: Readings) -> _Judged:
     account = r.installation.account if isinstance(r.installation, Installation) else "the organisation"
+    if r.stack.config.github.effective_registration is Registration.RUNNER_GROUP:
+        return _Judged(True, f"not used: runners are registered in {account}'s runner groups")
     settings = f"https://github.com/organizations/{account}/settings/actions/runners"
     if isinstance(r.runner_policy, Unread):
         return _Judged(
@@ -319,7 +324,60 @@ def _runner_policy(r: Readings) -> _Judged:
     return _Judged(True, f"{account} allows repository-level runners for all repositories")
 
 
+def _registration(r: Readings) -> _Judged:
+    github = r.stack.config.github
+    registration = github.effective_registration
+    how = "set" if github.registration is not None else f"the default for the scope {github.scope}"
+    said = f"github.registration {registration} ({how})"
+    if isinstance(r.installation, Unread):
+        return _unread(
+            r.installation,
+            f"installation {github.installation_id}",
+            "check github.installation_id (the number in the installation's settings URL)",
+        )
+    account = r.installation.account
+    if registration is Registration.RUNNER_GROUP and not r.installation.organization:
+        return _Judged(
+            False,
+            f"{said}, but {account} is a personal account (its installation's target_type is User), "
+            "which has no runner groups: every registration is refused",
+            f"set github.scope to {account}/<repository> (registered at the repository, the only way on a "
+            "personal account), give the App repository administration: write "
+            "(github-app-manifest.personal-account.json) and deploy",
+        )
+    permission, level = REGISTRATION_PERMISSIONS[registration]
+    by_group = isinstance(github.scope, OrganizationScope)
+    if _level(r.installation.permissions.get(permission)) < _level(level):
+        if registration is Registration.RUNNER_GROUP:
+            instead = "; or set github.registration: repository, which needs administration: write instead"
+        elif by_group:
+            instead = "; or leave github.registration out to register in runner groups, which need less"
+        else:
+            instead = ""
+        return _Judged(
+            False,
+            f"{said} needs {permission}: {level}, which installation {github.installation_id} on {account} "
+            "has not got: every registration is refused",
+            f"give the App {permission}: {level} in its settings, Permissions & events (its manifest asks "
+            f"for it), and have an owner of {account} accept it{instead}",
+        )
+    if registration is Registration.REPOSITORY and by_group and r.installation.organization:
+        return _Judged(
+            False,
+            f"{said}: every runner is registered at its job's repository, so the App holds administration: "
+            f"write on {account}'s repositories, which reaches their settings, collaborators and deletion",
+            "leave github.registration out to register in runner groups, with only "
+            "organization_self_hosted_runners: write (github-app-manifest.json)",
+            warn_only=True,
+        )
+    return _Judged(
+        True, f"{said}: installation {github.installation_id} on {account} has {permission}: {level}"
+    )
+
+
 def _runner_group(r: Readings) -> _Judged:
+    if r.stack.config.github.effective_registration is Registration.RUNNER_GROUP:
+        return _own_runner_groups(r)
     group = r.stack.config.github.runner_group_id
     if group == DEFAULT_RUNNER_GROUP_ID:
         return _Judged(True, f"github.runner_group_id {group}: the Default group, the one a repository has")
@@ -331,6 +389,29 @@ def _runner_group(r: Readings) -> _Judged:
         f"github.runner_group_id {group}: runners are registered at each job's repository, which has only "
         f"the Default group ({DEFAULT_RUNNER_GROUP_ID}){in_org}; every registration fails",
         f"set github.runner_group_id to {DEFAULT_RUNNER_GROUP_ID} (or leave it out) and deploy",
+    )
+
+
+def _own_runner_groups(r: Readings) -> _Judged:
+    account = r.installation.account if isinstance(r.installation, Installation) else "the organisation"
+    if isinstance(r.runner_groups, Unread):
+        return _unread(
+            r.runner_groups,
+            f"{account}'s runner groups",
+            "give the App organization_self_hosted_runners: write, which registering in runner groups needs",
+        )
+    made = [group for group in r.runner_groups or () if group != DEFAULT_RUNNER_GROUP_ID]
+    if made:
+        return _Judged(True, f"{account} has {len(made)} runner group(s) beside Default")
+    return _Judged(
+        False,
+        f"{account} has only the Default group so far; runner-pool makes one per repository at that "
+        "repository's first job, and where GitHub refuses to (a plan or GitHub Enterprise Server release "
+        "without runner groups beyond Default) every registration is refused in GitHub's words "
+        "(RegistrationsRefused)",
+        "run one job: if its provision reports refused, set github.registration: repository and give the "
+        "App repository administration: write (github-app-manifest.personal-account.json)",
+        warn_only=True,
     )
 
 
@@ -482,7 +563,8 @@ def _images(r: Readings) -> _Judged:
 CHECKS: tuple[Check, ...] = (
     Check(
         "app permissions",
-        "the App has every permission github-app-manifest.json asks for",
+        "the App has every permission its manifest asks for (github-app-manifest.json, or "
+        "github-app-manifest.personal-account.json for repository registration)",
         "`GET /app` (App JWT)",
         "every registration",
         _app_permissions,
@@ -502,15 +584,27 @@ CHECKS: tuple[Check, ...] = (
         _installation,
     ),
     Check(
+        "registration",
+        "the installation's account has what `github.registration` uses (runner groups: an organisation) and "
+        "accepted the permission it needs (`organization_self_hosted_runners: write` for runner groups, "
+        "`administration: write` for repositories; an organisation registering at repositories warns)",
+        "the config; `GET /app/installations/{id}` (App JWT): `target_type`, `permissions`",
+        "every registration",
+        _registration,
+    ),
+    Check(
         "repository runners",
-        "the organisation lets repositories create repository-level runners (`selected` warns)",
+        "with repository registration, the organisation lets repositories create repository-level runners "
+        "(`selected` warns)",
         "`GET /orgs/{org}/actions/permissions/self-hosted-runners`",
         "every registration",
         _runner_policy,
     ),
     Check(
         "runner group",
-        "`github.runner_group_id` is the Default group (1), the only one a repository has",
+        "runner groups: the organisation has one of runner-pool's beside Default (none yet warns); "
+        "repository registration: `github.runner_group_id` is the Default group (1), the only one a "
+        "repository has",
         "the config; `GET /orgs/{org}/actions/runner-groups`",
         "every registration",
         _runner_group,

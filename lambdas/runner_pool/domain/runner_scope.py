@@ -6,7 +6,9 @@ for an organisation, the way GitHub's own settings pages name them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
@@ -66,12 +68,32 @@ RunnerScopeSetting = Annotated[RunnerScope, BeforeValidator(_from_text)]
 
 
 class Registration(StrEnum):
-    """Where an organisation installation registers a job's runner so that only the job's repository can
-    take it (issue 36, item 5). A repository scope always registers at its repository."""
+    """Where a job's runner is registered so that only the job's repository can take it."""
 
     REPOSITORY = "repository"
     """At the job's repository: needs the repository permission `administration: write` on every
-    repository, which also lets the App change, transfer and delete them (README, GitHub App)."""
+    repository, which also lets the App change, transfer and delete them (README, GitHub App). The only
+    way on a personal account, which has no runner groups."""
     RUNNER_GROUP = "runner-group"
     """At the organisation, in a runner group of `selected` visibility holding only the job's repository
     (by id): needs only the organisation permission `organization_self_hosted_runners: write`."""
+
+
+REGISTRATION_PERMISSIONS: Mapping[Registration, tuple[str, str]] = MappingProxyType(
+    {
+        Registration.REPOSITORY: ("administration", "write"),
+        Registration.RUNNER_GROUP: ("organization_self_hosted_runners", "write"),
+    }
+)
+"""The App permission, and its level, each registration needs ("GitHub Apps must have the administration
+permission for repositories or the organization_self_hosted_runners permission for organizations",
+docs.github.com, REST API endpoints for self-hosted runners and for self-hosted runner groups)."""
+
+
+def registration_for(scope: RunnerScope | None, chosen: Registration | None) -> Registration:
+    """The registration a stack uses: `chosen` when the config sets one, else what its scope allows with
+    the least privilege. An organisation's scope registers in runner groups; a repository's (one
+    repository, or a personal account's, which has no runner groups) at the repository."""
+    if chosen is not None:
+        return chosen
+    return Registration.RUNNER_GROUP if isinstance(scope, OrganizationScope) else Registration.REPOSITORY

@@ -114,7 +114,7 @@ class GitHubError(RuntimeError):
 class RepositoryUnknownError(GitHubError):
     """A registration for a job whose repository (or, for a runner group, its id) is not known: refused
     for good, never registered at the App's scope, where on an organisation every repository's jobs could
-    take the runner (issue 36, item 5). Answered as GitHub answers a request it cannot serve (422), so it
+    take the runner. Answered as GitHub answers a request it cannot serve (422), so it
     takes the path of GitHub's own refusals (`refused_for_good`)."""
 
     def __init__(self, message: str) -> None:

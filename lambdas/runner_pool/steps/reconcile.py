@@ -119,12 +119,12 @@ class RunReconciliation:
     def _runner_places(self) -> Sequence[str | None]:
         """Where our runners are registered: the App's repository (None), or, for an organisation,
         each repository with recent demand (runners are registered at the job's repository, and an
-        organisation's list does not hold its repositories' runners). With `github.registration:
-        runner-group` every runner is the organisation's, so its one list holds them all."""
+        organisation's list does not hold its repositories' runners). Registered in runner groups (an
+        organisation's default), every runner is the organisation's, so its one list holds them all."""
         github = self._config.github
         if (
             not isinstance(github.scope, OrganizationScope)
-            or github.registration is Registration.RUNNER_GROUP
+            or github.effective_registration is Registration.RUNNER_GROUP
         ):
             return [None]
         if self._recent is None:
