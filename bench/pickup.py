@@ -178,7 +178,7 @@ def _filled_pool(
     by_partition: dict[PoolPartition, list[PoolMessage]] = {}
     for n in range(1, misfits_count + 1):
         facts = instance_facts(instance_base + n, **kinds[n % len(kinds)])
-        message = PoolMessage(**facts.model_dump(), threshold=threshold)
+        message = PoolMessage(**facts.model_dump(), threshold=threshold, pristine=True)
         by_partition.setdefault(PoolPartition.of(message), []).append(message)
     for partition, messages in by_partition.items():
         if queues.requeue(partition, messages, delay_seconds=0):

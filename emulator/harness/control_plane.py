@@ -52,6 +52,7 @@ from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceFacts, InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.refresh import RefreshReport, refresh_tick
+from runner_pool.domain.trust import TrustLevel
 from runner_pool.environment import ControlPlaneSettings
 from runner_pool.handlers.refresh import refresh_of
 from runner_pool.steps.release import Release
@@ -133,7 +134,8 @@ class LocalControlPlane:
     def launch(
         self, count: int = 1, run_key: str | None = None, resource_class: str = "large"
     ) -> list[InstanceFacts]:
-        """Instances launched through the real Fleet and recorded as created, for a run or for the pool."""
+        """Instances launched through the real Fleet and recorded as created, for a run (of trusted jobs,
+        whose instances go back to the pool after them) or for the pool."""
         key = f"test-launch-{next(self._launches)}"
         if run_key is None:
             request = LaunchRequest.for_pool(self.config, resource_class, count, key)
@@ -141,7 +143,7 @@ class LocalControlPlane:
             request = LaunchRequest.for_run(self.config.spec_for(run_key), count, key)
         launched = list(self.plane.fleet.launch(request).launched)
         for facts in launched:
-            self.table.create(facts, run_key)
+            self.table.create(facts, run_key, trust=TrustLevel.TRUSTED if run_key else None)
         return launched
 
     def register_runner(self, instance_id: str, run_key: str, claim: str = "test") -> int:

@@ -32,6 +32,7 @@ from runner_pool.domain.clock import ManualClock, SystemClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.records import Arch, InstanceFacts, PoolMessage
+from runner_pool.domain.trust import TrustLevel
 
 REPOSITORY = f"{OWNER}/{REPO}"
 
@@ -82,7 +83,9 @@ class ProvisionWorld:
         return instance_facts(number, instance_id=instance_id, **shape)
 
     def provision(self, run_key: str, count: int, name: str | None = None) -> Execution:
-        request = ProvisionRequest(repository=REPOSITORY, run_key=run_key, count=count)
+        request = ProvisionRequest(
+            trust=TrustLevel.TRUSTED, repository=REPOSITORY, run_key=run_key, count=count
+        )
         return self.machine.machines.run(
             self.machine.arn, request.model_dump(mode="json"), name or request.execution_name, 60
         )
@@ -93,7 +96,9 @@ class ProvisionWorld:
         """Start one execution per (run key, count) at once, then wait for all of them."""
         started = []
         for run_key, count in demands:
-            request = ProvisionRequest(repository=REPOSITORY, run_key=run_key, count=count)
+            request = ProvisionRequest(
+                trust=TrustLevel.TRUSTED, repository=REPOSITORY, run_key=run_key, count=count
+            )
             payload = request.model_dump(mode="json")
             started.append(self.machine.machines.start(self.machine.arn, payload, request.execution_name))
         return [self.machine.machines.wait(arn, timeout_seconds=timeout_seconds) for arn in started]

@@ -20,6 +20,7 @@ from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import ClaimWorker, plan
 from runner_pool.domain.runners import RepositoryUnknownError, refused_for_good
+from runner_pool.domain.trust import TrustLevel
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.hand_over import HandOver
 from runner_pool.steps.provision import Provision
@@ -33,13 +34,13 @@ EVERY_ATTEMPT = 1000
 
 
 def worker(steps: Provision) -> ClaimWorker:
-    request = ProvisionRequest(repository=f"{OWNER}/{REPO}", run_key=RUN, count=1)
+    request = ProvisionRequest(trust=TrustLevel.TRUSTED, repository=f"{OWNER}/{REPO}", run_key=RUN, count=1)
     return ClaimWorker(plan=steps.begin(request, "provision-faults"), slot=0)
 
 
 def plain_worker(local: LocalControlPlane) -> ClaimWorker:
     """A worker of a plan whose Begin made no pickup, so the claim step makes its own."""
-    request = ProvisionRequest(repository=f"{OWNER}/{REPO}", run_key=RUN, count=1)
+    request = ProvisionRequest(trust=TrustLevel.TRUSTED, repository=f"{OWNER}/{REPO}", run_key=RUN, count=1)
     spec = request.key.resolve(local.config)
     planned = plan(request, spec, "provision-faults", local.config.timeouts, local.clock.now())
     return ClaimWorker(plan=planned, slot=0)

@@ -14,6 +14,7 @@ from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.domain import notices
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.provision import ClaimWorker
+from runner_pool.domain.trust import TrustLevel
 from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.handlers.provision import provision_of
 
@@ -71,7 +72,9 @@ def test_the_hand_over_of_a_warm_claim_sends_a_notice_once_the_config_is_stored(
     assert depth(local.sqs, url) == 0
     # When a provision's Begin claims it and hands it its config (the step over the plane's adapters)
     steps = provision_of(local.plane)
-    request = ProvisionRequest(repository="octo-org/app", run_key="pool=991", count=1)
+    request = ProvisionRequest(
+        trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key="pool=991", count=1
+    )
     plan = steps.begin(request, "notice")
     # Then the config is stored and one notice waits for its agent
     record = local.table.get(idle.instance_id)

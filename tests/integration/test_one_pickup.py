@@ -15,6 +15,8 @@ from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS, PickupManager
 from runner_pool.domain.provision import ClaimWorker, ProvisionPlan, Readiness
+from runner_pool.domain.records import PoolMessage
+from runner_pool.domain.trust import TrustLevel
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.claim_workers import CLAIM_RESERVE_SECONDS
 from runner_pool.steps.provision import Provision
@@ -23,7 +25,10 @@ RUN = "pool=5151"
 
 
 def begin(steps: Provision, count: int, execution: str = "one-pickup") -> ProvisionPlan:
-    return steps.begin(ProvisionRequest(repository="octo-org/app", run_key=RUN, count=count), execution)
+    return steps.begin(
+        ProvisionRequest(trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key=RUN, count=count),
+        execution,
+    )
 
 
 def no_more_pickups(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,10 +93,66 @@ def test_a_fresh_request_picks_nothing_up(local: LocalControlPlane) -> None:
     local.pooled(1)
     steps = provision_of(local.plane)
     plan = steps.begin(
-        ProvisionRequest(repository="octo-org/app", run_key=f"{RUN}/fresh=true", count=1), "fresh"
+        ProvisionRequest(
+            trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key=f"{RUN}/fresh=true", count=1
+        ),
+        "fresh",
     )
     assert plan.pre_claims == ()
     assert plan.creation_only
+
+
+def test_a_request_of_undecided_level_is_single_use_and_skips_a_pool_that_keeps_nothing_pristine(
+    local: LocalControlPlane,
+) -> None:
+    # Given a pristine instance in the pool of a class that keeps no pristine minimum
+    local.pooled(1)
+    # When a request whose jobs' level could not be decided begins
+    plan = provision_of(local.plane).begin(
+        ProvisionRequest(repository="octo-org/app", run_key=RUN, count=1), "undecided"
+    )
+    # Then it is single use (fail closed), and goes straight to creation without a look at the pool
+    assert plan.single_use
+    assert (plan.pre_claims, plan.creation_only) == ((), True)
+
+
+@pytest.mark.parametrize(
+    "request_fields",
+    [
+        {"run_key": f"{RUN}/fresh=true", "trust": "trusted"},
+        {"run_key": RUN, "trust": "privileged"},
+        {"run_key": RUN},
+    ],
+    ids=["fresh", "privileged", "undecided"],
+)
+def test_a_single_use_request_takes_a_pristine_instance_where_the_class_keeps_some(
+    request_fields: dict[str, Any],
+) -> None:
+    # Given a class that keeps a pristine minimum, one instance that served a trusted job of the same
+    # repository and one pristine instance, both idle in the pool
+    config = stack_config(warm_pool_minimum={"large": {"pristine": 1}})
+    with local_control_plane(config, pause=lambda _s: None) as local:
+        (used,) = local.pooled(1)  # its offer as pristine goes stale at the claim below
+        trusted = {"repository": "octo-org/app", "trust": TrustLevel.TRUSTED}
+        assert local.table.claim(used.instance_id, "pool=1", "t", **trusted).succeeded
+        assert local.table.activate(used.instance_id, "pool=1", 60, claim_token="t").succeeded
+        released = local.table.release(used.instance_id, "pool=1").record
+        assert released is not None
+        local.plane.pool_queues.offer(PoolMessage.for_idle(released))
+        (pristine,) = local.pooled(1)
+        # When a single-use request (fresh, privileged, or of undecided level) begins
+        request = ProvisionRequest(repository="octo-org/app", count=1, **request_fields)
+        plan = provision_of(local.plane).begin(request, "single-use")
+        # Then it claims the pristine instance warm, for single use, and leaves the used one idle
+        assert plan.single_use
+        assert plan.pre_claims == (pristine.instance_id,)
+        claimed = local.record(pristine.instance_id)
+        assert (claimed.state, claimed.single_use, claimed.trust) == (
+            InstanceState.CLAIMED,
+            True,
+            request.trust,
+        )
+        assert local.record(used.instance_id).state is InstanceState.IDLE
 
 
 def test_a_request_the_pool_has_nothing_for_goes_straight_to_creation(local: LocalControlPlane) -> None:
@@ -225,9 +286,9 @@ def test_a_request_whose_label_is_refused_fails_at_once_without_a_retry() -> Non
         with world.machine.swapped({"begin": counted}):
             execution = world.machine.machines.run(
                 world.machine.arn,
-                ProvisionRequest(repository=REPOSITORY, run_key="pool=4242/class=huge", count=1).model_dump(
-                    mode="json"
-                ),
+                ProvisionRequest(
+                    trust=TrustLevel.TRUSTED, repository=REPOSITORY, run_key="pool=4242/class=huge", count=1
+                ).model_dump(mode="json"),
                 "refused-label",
                 60,
             )

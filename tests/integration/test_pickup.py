@@ -21,9 +21,11 @@ from runner_pool.domain.pickup import (
     ReceivedMessage,
     RecordReader,
     StopReason,
+    Taker,
 )
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch, InstanceRecord, PoolMessage, UsageClass
+from runner_pool.domain.trust import TrustLevel
 from tests.support.builders import facts
 
 SPOT = {"usage_class": UsageClass.SPOT}
@@ -51,6 +53,17 @@ class Pool:
         admitted = self.records.admit(launched.instance_id).record
         assert admitted is not None
         message = PoolMessage.for_idle(admitted)
+        self.queues.offer(message)
+        return message
+
+    def add_used(self, number: int, trust: TrustLevel, repository: str = "octo/app") -> PoolMessage:
+        """An instance that served one job of `repository` at `trust`, released idle and offered."""
+        run_key = f"pool={number}"
+        self.records.create(facts(number), run_key, repository=repository, trust=trust)
+        self.records.activate(facts(number).instance_id, run_key, 60)
+        released = self.records.release(facts(number).instance_id, run_key).record
+        assert released is not None
+        message = PoolMessage.for_idle(released)
         self.queues.offer(message)
         return message
 
@@ -173,7 +186,7 @@ def test_a_message_from_an_earlier_idle_period_is_dropped_for_the_current_one(
 
 def test_a_message_for_an_instance_without_a_record_is_dropped(pool: Pool, spec: RunnerSpec) -> None:
     # Given a message whose instance has no record at all (its record expired by TTL, say)
-    pool.queues.offer(PoolMessage(**facts(1).model_dump(), threshold=pool.clock.now() + 300))
+    pool.queues.offer(PoolMessage(**facts(1).model_dump(), threshold=pool.clock.now() + 300, pristine=True))
     # When a runner is picked up while another instance of the partition is idle
     result = pool.picker(_SomeIdle(pool.records)).pickup(spec)
     # Then it is dropped as stale
@@ -434,6 +447,7 @@ def test_an_offer_of_a_partition_without_a_queue_stays_where_it_was_read(
     stray = PoolMessage(
         **facts(1, resource_class="retired", instance_type="m7i.large").model_dump(),
         threshold=pool.clock.now() + 300,
+        pristine=True,
     )
     pool.sqs.send_message(QueueUrl=pool.url, MessageBody=stray.to_body())
     # When a runner is picked up while some instance of the spot partition is idle
@@ -523,3 +537,74 @@ def test_an_idle_offer_the_index_has_not_caught_up_with_is_released_at_once(
     # Then the offer, idle by its record, is back in the queue at once
     assert counts.dropped_stale == 0
     assert pool.visible() == [wanted]
+
+
+# --- who an instance served: levels, and pristine instances ------------------------------------------
+
+TRUSTED_APP = Taker("octo/app", trust=TrustLevel.TRUSTED)
+
+
+def test_a_job_that_reuses_takes_a_used_instance_of_its_own_before_a_pristine_one(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given two pristine instances offered first, then one that served a trusted job of octo/app
+    pristine = [pool.add_idle(number) for number in (1, 2)]
+    used = pool.add_used(3, TrustLevel.TRUSTED)
+    # When a trusted job of octo/app picks up one
+    result = pool.picker().pickup(spec, TRUSTED_APP)
+    # Then it takes the used one, and the pristine ones stay offered for single-use jobs
+    assert result.candidate == used
+    assert_every_message_accounted_for(result)
+    assert instance_ids(pool.visible()) == instance_ids(pristine)
+
+
+def test_a_job_that_reuses_takes_a_pristine_instance_rather_than_none(pool: Pool, spec: RunnerSpec) -> None:
+    # Given one pristine instance and one that served an untrusted job of octo/app
+    pristine = pool.add_idle(1)
+    untrusted = pool.add_used(2, TrustLevel.UNTRUSTED)
+    # When a trusted job of octo/app picks up two
+    result = pool.picker().pickup(spec, TRUSTED_APP, wanted=2)
+    # Then it gets the pristine one only: the untrusted one's leftovers are not its to meet
+    assert result.candidates == (pristine,)
+    assert_every_message_accounted_for(result)
+    assert pool.visible() == [untrusted]
+
+
+def test_a_single_use_job_takes_only_a_pristine_instance(pool: Pool, spec: RunnerSpec) -> None:
+    # Given an instance that served a trusted job of octo/app, then a pristine one
+    used = pool.add_used(1, TrustLevel.TRUSTED)
+    pristine = pool.add_idle(2)
+    # When a single-use job of octo/app (a fresh one, say: trusted, but single use) picks up two
+    taker = Taker("octo/app", trust=TrustLevel.TRUSTED, single_use=True)
+    result = pool.picker().pickup(spec, taker, wanted=2)
+    # Then it gets the pristine one only, and the used one stays for a job that may take it
+    assert result.candidates == (pristine,)
+    assert pool.visible() == [used]
+
+
+def test_a_privileged_jobs_instance_is_offered_to_no_one_and_dropped(pool: Pool, spec: RunnerSpec) -> None:
+    # Given an instance given back idle after a privileged job's claim (it served nothing, yet it is used)
+    offer = pool.add_used(1, TrustLevel.PRIVILEGED)
+    # When any job picks up / Then nobody gets it, and its offer leaves the queue (its record ends as due)
+    result = pool.picker().pickup(spec, Taker("octo/app", trust=TrustLevel.PRIVILEGED))
+    assert result.candidate is None
+    assert result.counts.dropped_stale == 1
+    assert pool.visible() == []
+    assert pool.records.get(offer.instance_id) is not None
+
+
+def test_a_job_that_reuses_reads_no_batch_further_only_to_find_a_used_instance(
+    pool: Pool, spec: RunnerSpec
+) -> None:
+    # Given thirty pristine instances offered before one of the job's own used ones
+    for number in range(1, 31):
+        pool.add_idle(number)
+    pool.add_used(31, TrustLevel.TRUSTED)
+    # When a trusted job of octo/app picks up one
+    result = pool.picker().pickup(spec, TRUSTED_APP)
+    # Then it takes a pristine one from the first batch: reading on would hold the pristine offers in
+    # hand out of concurrent requests' sight
+    assert result.candidate is not None
+    assert result.candidate.pristine
+    assert result.counts.receive_calls == 1
+    assert_every_message_accounted_for(result)

@@ -21,6 +21,7 @@ from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import REDRIVE_LIMIT
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.release import ReleaseItem, ReleaseStatus
+from runner_pool.domain.trust import TrustLevel
 from runner_pool.handlers import provision
 from tests.support.waiting import eventually
 
@@ -254,7 +255,7 @@ def test_every_step_run_twice_with_the_same_input_changes_nothing_more(world: Pr
     context = LambdaContext(
         "provision", "replayed", "arn:aws:lambda:us-east-1:123456789012:function:provision"
     )
-    request = ProvisionRequest(repository="octo-org/app", run_key=RUN, count=2)
+    request = ProvisionRequest(trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key=RUN, count=2)
 
     def twice(step: str, event: dict[str, object]) -> dict[str, object]:
         handler = getattr(provision, step)
@@ -316,7 +317,7 @@ def test_a_created_instance_whose_short_job_ended_before_check_fleet_is_not_aske
     context = LambdaContext(
         "provision", "short-job", "arn:aws:lambda:us-east-1:123456789012:function:provision"
     )
-    request = ProvisionRequest(repository="octo-org/app", run_key=RUN, count=1)
+    request = ProvisionRequest(trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key=RUN, count=1)
     plan = provision.begin({"request": request.model_dump(mode="json"), "execution": "exec-short"}, context)
     provision.claim({"plan": plan, "slot": 0}, context)
     workers = [{"slot": 0, "instance_id": None, "claim_token": None}]
@@ -350,7 +351,7 @@ def test_a_claimed_instance_whose_short_job_ended_before_its_check_is_not_asked_
     context = LambdaContext(
         "provision", "short-warm-job", "arn:aws:lambda:us-east-1:123456789012:function:provision"
     )
-    request = ProvisionRequest(repository="octo-org/app", run_key=RUN, count=1)
+    request = ProvisionRequest(trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key=RUN, count=1)
     plan = provision.begin({"request": request.model_dump(mode="json"), "execution": "exec-warm"}, context)
     assert plan["pre_claims"] == [warm]
     # And its runner registered and ran the run's job, whose release gave the instance back before the

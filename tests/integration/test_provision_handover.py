@@ -10,6 +10,7 @@ import pytest
 from emulator.harness.control_plane import LocalControlPlane
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.provision import ClaimWorker
+from runner_pool.domain.trust import TrustLevel
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.provision import Provision
 
@@ -17,7 +18,7 @@ RUN = "pool=4242"
 
 
 def worker(steps: Provision) -> ClaimWorker:
-    request = ProvisionRequest(repository="octo-org/app", run_key=RUN, count=1)
+    request = ProvisionRequest(trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key=RUN, count=1)
     return ClaimWorker(plan=steps.begin(request, "provision-handover"), slot=0)
 
 

@@ -27,6 +27,7 @@ from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.refresh import ORPHAN_GRACE_SECONDS
+from runner_pool.domain.trust import TrustLevel
 from runner_pool.handlers.refresh import RefreshIncompleteError
 from tests.support import builders
 
@@ -284,6 +285,40 @@ def test_a_schedule_slot_tops_the_pool_up_once_however_often_it_runs(warm: Local
     assert report["launched"] == {}
     warm.clock.advance(ONE_TICK)
     assert warm.refresh()["launched"] == {"large": 2}
+
+
+def test_the_pristine_minimum_launches_what_the_idle_pool_lacks_of_never_used_instances() -> None:
+    # Given a class that keeps two idle instances, one of them at least pristine, and two idle instances
+    # that have both served a trusted job
+    config = stack_config(warm_pool_minimum={"large": {"hot": 2, "pristine": 1}})
+    with local_control_plane(config) as local:
+        for used in local.pooled(2):
+            assert local.table.claim(
+                used.instance_id,
+                RUN,
+                f"t-{used.instance_id}",
+                repository="octo/app",
+                trust=TrustLevel.TRUSTED,
+            ).succeeded
+            assert local.table.activate(
+                used.instance_id, RUN, 60, claim_token=f"t-{used.instance_id}"
+            ).succeeded
+            assert local.table.release(used.instance_id, RUN).succeeded
+        # When refresh runs
+        report = local.refresh()
+        # Then the warm minimum is met, but not its pristine floor: one pristine instance is launched
+        large = (
+            report["idle"]["large"],
+            report["idle_pristine"]["large"],
+            report["pristine_minimum"]["large"],
+        )
+        assert large == (2, 0, 1)
+        assert report["launched"] == {"large": 1}
+        # And while it boots, the next slot's refresh counts it toward the floor and launches nothing more
+        local.clock.advance(ONE_TICK)
+        assert local.refresh()["launched"] == {}
+        accounting = local.accounting()
+        assert accounting.holds, accounting.problems
 
 
 def test_an_instance_not_beating_is_not_admitted(warm: LocalControlPlane) -> None:

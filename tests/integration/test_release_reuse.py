@@ -12,17 +12,22 @@ from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, Signal
 from runner_pool.domain.release import ReleaseItem, ReleaseProgress, ReleaseStatus
+from runner_pool.domain.trust import TrustLevel
 
 RUN = "pool=101"
 FOREIGN_RUN = "pool=101 gpu"
 REPOSITORY = f"{OWNER}/{REPO}"
 
 
-def running(local: LocalControlPlane, *, single_use: bool = False) -> InstanceRecord:
-    """An instance created for a job of REPOSITORY, its runner registered there, running the job."""
+def running(
+    local: LocalControlPlane, *, single_use: bool = False, trust: TrustLevel | None = TrustLevel.TRUSTED
+) -> InstanceRecord:
+    """An instance created for a (by default trusted) job of REPOSITORY, its runner registered there,
+    running the job."""
     request = LaunchRequest.for_run(local.config.spec_for(RUN), 1, "reuse-test")
     (facts,) = local.plane.fleet.launch(request).launched
-    assert local.table.create(facts, RUN, repository=REPOSITORY, single_use=single_use).succeeded
+    created = local.table.create(facts, RUN, repository=REPOSITORY, single_use=single_use, trust=trust)
+    assert created.succeeded
     local.register_runner(facts.instance_id, RUN)
     local.table.write_signal(facts.instance_id, Signal.UD_REG_OK, RUN)
     activated = local.table.activate(facts.instance_id, RUN, 60)
@@ -57,6 +62,20 @@ def test_a_single_use_instance_is_retired_after_its_job(local: LocalControlPlane
     # Then it is retired: expired for refresh to terminate, never pooled
     assert progress.status is ReleaseStatus.RETIRED
     assert "single use" in (progress.reason or "")
+    never_pooled(local, record)
+
+
+@pytest.mark.parametrize("trust", [TrustLevel.PRIVILEGED, None], ids=["privileged", "undecided"])
+def test_an_instance_that_served_a_level_no_job_may_follow_is_retired(
+    local: LocalControlPlane, trust: TrustLevel | None
+) -> None:
+    # Given an instance running a job whose level never reuses, its record (say, from an older release)
+    # not marked single use
+    record = running(local, trust=trust)
+    # When the job is given back / Then the instance is retired, never pooled
+    progress = give_back(local, record)
+    assert progress.status is ReleaseStatus.RETIRED
+    assert "no later job may follow" in (progress.reason or "")
     never_pooled(local, record)
 
 

@@ -6,13 +6,18 @@ from typing import Any
 
 from emulator.instances import instance_facts
 from runner_pool.domain.records import PoolMessage
+from runner_pool.domain.trust import TrustLevel
 
 facts = instance_facts
 
 
 def pool_message(number: int = 1, threshold: float = 1_800_000_600.0, **overrides: Any) -> PoolMessage:
+    """An offer as release or refresh sends it: one that names no repository never served a job
+    (pristine); one that does last served a trusted job, unless `overrides` say otherwise."""
     fields: dict[str, Any] = facts(number).model_dump()
     fields["threshold"] = threshold
+    served = overrides.get("repository") is not None
+    fields |= {"pristine": not served, "trust": TrustLevel.TRUSTED if served else None}
     fields.update(overrides)
     return PoolMessage.model_validate(fields)
 

@@ -155,6 +155,26 @@ def _problems(settings: dict[str, Any]) -> list[str]:
             {"refresh_rate_minutes": "often"},
             "refresh_rate_minutes: input should be a valid integer",
         ),
+        (
+            {"reuse": {"mode": "once"}},
+            "reuse.mode: input should be 'reuse' or 'single-use' (got 'once')",
+        ),
+        (
+            {"reuse": {"mode_by_class": {"huge": "single-use"}}},
+            "reuse.mode_by_class.huge: names no defined class; fix: use one of: large",
+        ),
+        (
+            {"reuse": {"mode_by_class": {"large": "sometimes"}}},
+            "reuse.mode_by_class.large: input should be 'reuse' or 'single-use' (got 'sometimes')",
+        ),
+        (
+            {"pool": {"stopped_maximum": 1}, "warm_pool_minimum": {"large": {"pristine_stopped": 2}}},
+            "warm_pool_minimum.large.pristine_stopped: is 2, above pool.stopped_maximum (1)",
+        ),
+        (
+            {"warm_pool_minimum": {"large": {"pristine": -1}}},
+            "warm_pool_minimum.large.pristine: input should be greater than or equal to 0 (got -1)",
+        ),
     ],
 )
 def test_bad_setting_is_named_with_its_fix(settings: dict[str, Any], expected: str) -> None:
@@ -205,6 +225,56 @@ def test_a_configured_checksum_wins_over_the_known_one() -> None:
         instances.runner_checksum(Arch.ARM64)
         == "b801b9809c4d9301932bccadf57ca13533073b2aa9fa9b8e625a8db905b5d8eb"
     )
+
+
+@pytest.mark.parametrize(
+    ("reuse", "resource_class", "single_use"),
+    [
+        ({}, "large", False),
+        ({"mode": "single-use"}, "large", True),
+        ({"mode": "single-use", "mode_by_class": {"large": "reuse"}}, "large", False),
+        ({"mode_by_class": {"xlarge": "single-use"}}, "xlarge", True),
+        ({"mode_by_class": {"xlarge": "single-use"}}, "large", False),
+    ],
+    ids=["default", "stack", "class-over-stack", "class", "other-class"],
+)
+def test_a_class_is_single_use_by_its_own_mode_else_the_stacks(
+    reuse: dict[str, Any], resource_class: str, single_use: bool
+) -> None:
+    # Given reuse modes for the stack and per class / When a class is asked about / Then its own decides
+    config = load_config({"reuse": reuse})
+    assert config.reuse.single_use_class(resource_class) is single_use
+
+
+def test_a_pristine_minimum_is_a_floor_kept_by_schedule_like_the_warm_minimum() -> None:
+    # Given a class keeping 4 idle (2 pristine) outside its window, and 1 pristine stopped in it
+    config = load_config(
+        {
+            "defaults": {"usage": "on-demand"},
+            "pool": {"stopped_maximum": 2},
+            "warm_pool_minimum": {
+                "large": {
+                    "hot": 4,
+                    "pristine": 2,
+                    "windows": [
+                        {"days": ["mon"], "start": "00:00", "end": "24:00", "hot": 0, "pristine_stopped": 1}
+                    ],
+                }
+            },
+        }
+    )
+    monday, tuesday = 1_799_625_600.0, 1_799_712_000.0  # 2027-01-11 and -12, 00:00 UTC
+    # When asked at each time / Then the window's numbers hold in it, the class's outside it
+    assert (config.pristine_minimum("large", tuesday), config.pristine_stopped_minimum("large", tuesday)) == (
+        2,
+        0,
+    )
+    assert (config.pristine_minimum("large", monday), config.pristine_stopped_minimum("large", monday)) == (
+        0,
+        1,
+    )
+    assert config.keeps_pristine("large")
+    assert not config.keeps_pristine("xlarge")
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from runner_pool.domain.labels import (
 )
 from runner_pool.domain.pickup import Verdict, judge
 from runner_pool.domain.records import Arch, PoolMessage
+from runner_pool.domain.trust import TrustLevel
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 START = "<!-- labels:start (generated from LABEL_KEYS: uv run --frozen python -m tests.unit.test_label_keys) -->\n"
@@ -74,7 +75,8 @@ def _fleet_request(spec: RunnerSpec) -> dict[str, Any]:
 
 
 def _message_for(spec: RunnerSpec) -> PoolMessage:
-    """A pooled instance of exactly the spec's size and kind."""
+    """A pooled instance of exactly the spec's size and kind, that served a trusted job (a fresh job
+    takes only pristine ones)."""
     return PoolMessage(
         instance_id="i-0123456789abcdef0",
         resource_class=spec.resource_class,
@@ -84,6 +86,7 @@ def _message_for(spec: RunnerSpec) -> PoolMessage:
         cpu=spec.cpu,
         memory_mib=spec.memory_mib,
         threshold=NOW + 600,
+        trust=TrustLevel.TRUSTED,
     )
 
 

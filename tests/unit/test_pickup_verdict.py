@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.labels import RunnerSpec
-from runner_pool.domain.pickup import Verdict, judge
+from runner_pool.domain.pickup import Taker, Verdict, judge
 from runner_pool.domain.records import Arch, PoolMessage, UsageClass
+from runner_pool.domain.trust import TrustLevel
 from tests.support.builders import pool_message
 
 NOW = 1_800_000_000.0
@@ -126,6 +127,7 @@ messages = st.builds(
     cpu=st.sampled_from([1, 2, 4, 8, 16, 32]),
     memory_mib=st.sampled_from([2048, 4096, 8192, 16384, 32768, 65536]),
     threshold=st.floats(min_value=NOW - 1000, max_value=NOW + 1000),
+    pristine=st.just(True),
 )
 
 
@@ -173,6 +175,7 @@ def test_an_instance_built_to_the_spec_always_matches(spec: RunnerSpec, data: st
         cpu=spec.cpu + data.draw(st.integers(min_value=0, max_value=16)),
         memory_mib=spec.memory_mib + data.draw(st.integers(min_value=0, max_value=65536)),
         threshold=NOW + data.draw(st.floats(min_value=0.001, max_value=3600)),
+        pristine=True,
     )
     # When it is judged
     verdict = judge(message, spec, NOW)
@@ -202,7 +205,7 @@ def test_an_instance_is_offered_only_to_jobs_within_the_reuse_scope_of_what_it_s
     message = pool_message(threshold=AHEAD, repository=served, created_at=NOW - 60)
     # When it is judged for a job of `asker` / Then it matches only within the scope; otherwise another
     # request (of a repository in scope) may want it, so it goes back
-    assert judge(message, spec, NOW, asker, reuse) is verdict
+    assert judge(message, spec, NOW, Taker(asker, trust=TrustLevel.TRUSTED), reuse) is verdict
 
 
 def test_an_instance_past_its_maximum_age_is_dropped(spec: RunnerSpec, config: StackConfig) -> None:
@@ -213,3 +216,79 @@ def test_an_instance_past_its_maximum_age_is_dropped(spec: RunnerSpec, config: S
     )
     # When it is judged / Then no request may use it any more
     assert judge(message, spec, NOW, "octo/app", reuse) is Verdict.DROP
+
+
+# --- who an instance served -------------------------------------------------------------------------
+
+LEVELS = st.sampled_from([None, *TrustLevel])
+REPOSITORIES = st.sampled_from(["octo/app", "octo/other", "someone/app"])
+
+
+@given(
+    served=LEVELS,
+    pristine=st.booleans(),
+    served_repository=REPOSITORIES,
+    asker=REPOSITORIES,
+    level=LEVELS,
+    single_use=st.booleans(),
+    scope=st.sampled_from(["repository", "owner", "any"]),
+)
+def test_a_used_instance_is_never_offered_across_levels_or_to_a_single_use_job(
+    *,
+    served: TrustLevel | None,
+    pristine: bool,
+    served_repository: str,
+    asker: str,
+    level: TrustLevel | None,
+    single_use: bool,
+    scope: str,
+) -> None:
+    # Given an offer that fits the spec, of an instance that served a job of `served` (or none: pristine)
+    spec = StackConfig().spec_for("pool=7")
+    reuse = StackConfig.model_validate({"reuse": {"scope": scope}}).reuse
+    message = pool_message(
+        threshold=AHEAD,
+        created_at=NOW - 60,
+        usage_class=spec.usage,
+        pristine=pristine,
+        trust=None if pristine else served,
+        repository=None if pristine else served_repository,
+    )
+    taker = Taker(asker, trust=level, single_use=single_use)
+    # When it is judged for jobs of `level` (single use, or not)
+    verdict = judge(message, spec, NOW, taker, reuse)
+    # Then a pristine instance matches every job; a used one only a job that reuses, of its very level
+    # (untrusted or trusted), within the scope; and one no job may follow is dropped
+    if pristine:
+        assert verdict is Verdict.MATCH
+    elif served not in (TrustLevel.UNTRUSTED, TrustLevel.TRUSTED):
+        assert verdict is Verdict.DROP
+    elif verdict is Verdict.MATCH:
+        assert not single_use
+        assert level is served
+        assert reuse.in_scope(served_repository, asker)
+
+
+def test_an_offer_from_a_release_before_levels_is_taken_for_used_and_served_by_no_one() -> None:
+    # Given a message a release before levels sent: no `pristine`, no `trust`
+    spec = StackConfig().spec_for("pool=7")
+    body = pool_message(threshold=AHEAD, usage_class=spec.usage).model_dump(exclude={"pristine", "trust"})
+    message = PoolMessage.model_validate(body)
+    # When it is judged for a trusted job / Then it is dropped: fail closed (the record waits out its idle)
+    assert judge(message, spec, NOW, Taker("octo/app", trust=TrustLevel.TRUSTED)) is Verdict.DROP
+
+
+@pytest.mark.parametrize(
+    ("served_id", "asker_id", "verdict"),
+    [(11, 11, Verdict.MATCH), (11, 12, Verdict.REQUEUE), (None, 12, Verdict.MATCH)],
+    ids=["same-id", "other-id-same-name", "no-id-by-name"],
+)
+def test_within_a_repository_ids_decide_when_both_sides_have_one(
+    spec: RunnerSpec, served_id: int | None, asker_id: int, verdict: Verdict
+) -> None:
+    # Given an instance that served octo/app (with id `served_id`), trusted
+    message = pool_message(threshold=AHEAD, repository="octo/app", repository_id=served_id, created_at=NOW)
+    # When a trusted job of a repository named octo/app with id `asker_id` asks
+    taker = Taker("octo/app", repository_id=asker_id, trust=TrustLevel.TRUSTED)
+    # Then ids decide when both have one (a new repository that took an old name is another), else names
+    assert judge(message, spec, NOW, taker, StackConfig().reuse) is verdict

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pickup import Taker
 from runner_pool.domain.records import InstanceRecord, Signal, UsageClass, WorkerSignal
 from runner_pool.domain.stopped_tier import (
     awaiting_stop,
     clean_to_stop,
     fits,
+    in_order_of_use,
     launched_for_tier,
     stopped_shortfall,
     stopped_until,
     to_stop,
 )
+from runner_pool.domain.trust import TrustLevel
 from tests.support.builders import facts
 
 NOW = 1_800_000_000.0
@@ -122,11 +127,45 @@ def test_a_stopped_instance_fits_a_request_by_the_hot_pools_rule() -> None:
     stopped = record(1, InstanceState.STOPPED, threshold=NOW + 3600, instance_type="c7i.large")
     other_type = record(2, InstanceState.STOPPED, threshold=NOW + 3600, instance_type="m6i.large")
     ended = record(3, InstanceState.STOPPED, threshold=NOW, instance_type="c7i.large")
-    assert fits(stopped, spec, NOW, "octo/repo", CONFIG)
-    assert not fits(other_type, spec, NOW, "octo/repo", CONFIG)
-    assert not fits(ended, spec, NOW, "octo/repo", CONFIG)
-    served_elsewhere = stopped.model_copy(update={"repository": "octo/other"})
-    assert not fits(served_elsewhere, spec, NOW, "octo/repo", CONFIG)
+    trusted = Taker("octo/repo", trust=TrustLevel.TRUSTED)
+    assert fits(stopped, spec, NOW, trusted, CONFIG)
+    assert not fits(other_type, spec, NOW, trusted, CONFIG)
+    assert not fits(ended, spec, NOW, trusted, CONFIG)
+    served = {"repository": "octo/repo", "jobs_served": 1, "trust": TrustLevel.TRUSTED}
+    assert fits(stopped.model_copy(update=served), spec, NOW, trusted, CONFIG)
+    served_elsewhere = stopped.model_copy(update=served | {"repository": "octo/other"})
+    assert not fits(served_elsewhere, spec, NOW, trusted, CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("served", "taker", "fit"),
+    [
+        (TrustLevel.TRUSTED, Taker("octo/repo", trust=TrustLevel.UNTRUSTED), False),
+        (TrustLevel.UNTRUSTED, Taker("octo/repo", trust=TrustLevel.UNTRUSTED), True),
+        (TrustLevel.TRUSTED, Taker("octo/repo", trust=TrustLevel.TRUSTED, single_use=True), False),
+        (TrustLevel.TRUSTED, Taker("octo/repo", trust=TrustLevel.PRIVILEGED), False),
+        (None, Taker("octo/repo", trust=TrustLevel.PRIVILEGED), True),
+    ],
+    ids=["across-levels", "same-level", "single-use", "privileged", "pristine-to-privileged"],
+)
+def test_a_stopped_instance_fits_only_jobs_that_may_follow_who_it_served(
+    served: TrustLevel | None, taker: Taker, fit: bool
+) -> None:
+    # Given a stopped instance that served a job of `served` in octo/repo (None: it never served)
+    spec = CONFIG.spec_for("pool=1/usage=on-demand")
+    stopped = record(1, InstanceState.STOPPED, threshold=NOW + 3600)
+    if served is not None:
+        stopped = stopped.model_copy(update={"repository": "octo/repo", "jobs_served": 1, "trust": served})
+    # When a request of `taker`'s jobs looks at it / Then it fits only when they may follow its last job
+    assert fits(stopped, spec, NOW, taker, CONFIG) is fit
+
+
+def test_a_request_tries_used_stopped_instances_before_pristine_ones() -> None:
+    # Given a pristine and a used stopped instance, in the index's order
+    pristine = record(1, InstanceState.STOPPED, threshold=NOW + 3600)
+    used = record(2, InstanceState.STOPPED, threshold=NOW + 3600, jobs_served=3, trust=TrustLevel.TRUSTED)
+    # When ordered for a request / Then the used one comes first: the pristine one is kept for single use
+    assert ids(in_order_of_use([pristine, used])) == [used.instance_id, pristine.instance_id]
 
 
 # --- the stopped minimum: what refresh launches for it -------------------------------------------------
@@ -164,6 +203,22 @@ def test_one_launched_for_the_tier_and_admitted_counts_until_it_has_served() -> 
     served = waiting[0].model_copy(update={"jobs_served": 1})
     assert stopped_shortfall([served, *waiting[1:]], MINIMUM, NOW) == {"large": 1}
     assert not launched_for_tier(served, NOW)
+
+
+def test_a_pristine_stopped_floor_launches_what_the_tier_lacks_of_pristine_ones() -> None:
+    # Given a tier of three (one pristine minimum of two among them) holding three used stopped instances
+    config = StackConfig.model_validate(
+        {
+            "defaults": {"usage": "on-demand"},
+            "pool": {"stopped_maximum": 5},
+            "warm_pool_minimum": {"large": {"stopped": 3, "pristine_stopped": 2}},
+        }
+    )
+    used = [record(n, InstanceState.STOPPED, threshold=NOW + 3600, jobs_served=1) for n in (1, 2, 3)]
+    # When refresh decides / Then it launches two for the tier: the stopped minimum is met, the floor not
+    assert stopped_shortfall(used, config, NOW) == {"large": 2}
+    # And one booting for the tier counts toward the floor (what is launched for it is pristine)
+    assert stopped_shortfall([*used, for_tier(4)], config, NOW) == {"large": 1}
 
 
 def test_no_stopped_minimum_launches_nothing() -> None:

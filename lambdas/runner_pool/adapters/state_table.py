@@ -75,6 +75,7 @@ from runner_pool.domain.records import (
     UsageClass,
     WorkerSignal,
 )
+from runner_pool.domain.trust import TrustLevel, reuses
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -96,6 +97,7 @@ RUN_KEY_INDEX = "by-run-key"
 RUN_KEY_ATTRIBUTE = "run_key"
 REPOSITORY_ATTRIBUTE = "repository"
 REPOSITORY_ID_ATTRIBUTE = "repository_id"
+TRUST_ATTRIBUTE = "trust"
 THRESHOLD_INDEX = "by-threshold"
 SWEEP_SHARD_ATTRIBUTE = "sweep_shard"
 THRESHOLD_ATTRIBUTE = "threshold"
@@ -213,9 +215,11 @@ class StateTable:
         repository_id: int | None = None,
         single_use: bool = False,
         for_stopped_tier: bool = False,
+        trust: TrustLevel | None = None,
     ) -> TransitionResult:
-        """(new) → created: record a launched instance, for a run of `repository` or (run_key None) for
-        the pool; `for_stopped_tier` (pool only) marks one launched for a stopped minimum."""
+        """(new) → created: record a launched instance, for a run of `repository` (whose jobs are of level
+        `trust`) or (run_key None) for the pool; `for_stopped_tier` (pool only) marks one launched for a
+        stopped minimum."""
         now = self._clock.now()
         record = InstanceRecord(
             **facts.model_dump(),
@@ -226,6 +230,7 @@ class StateTable:
             repository_id=repository_id if run_key else None,
             jobs_served=1 if run_key else 0,
             single_use=single_use and bool(run_key),
+            trust=trust if run_key else None,
             for_stopped_tier=for_stopped_tier and not run_key,
             created_at=now,
             updated_at=now,
@@ -264,6 +269,7 @@ class StateTable:
         repository_id: int | None = None,
         reuse: ReuseSettings | None = None,
         single_use: bool = False,
+        trust: TrustLevel | None = None,
         stopped: bool = False,
     ) -> TransitionResult:
         """idle → claimed(run): only an idle, unheld instance whose idle time has not run out.
@@ -279,15 +285,35 @@ class StateTable:
         scope compares ids (a record that has none, from before ids were kept, by name), so a new
         repository that took an old one's name never reuses its instances. A quarantined record is never
         claimed, whatever its threshold says (a clock behind the quarantine's would still find it ahead).
+
+        And by level of trust (domain/trust.py `may_follow`), for jobs of level `trust`: a pristine
+        instance (no hand-off counted) always; a used one only if the jobs reuse (not `single_use`, and a
+        level that reuses) and the record's level is theirs. The record then names `trust` (none when
+        None). So an offer from a stale or forged message never crosses a level, whatever pickup read.
         """
         now = self._clock.now()
         conditions: list[str] = []
         values: dict[str, Any] = {}
         set_fields: dict[str, Any] = {RUN_KEY_ATTRIBUTE: run_key, "claim_token": claim_token}
+        removed: tuple[str, ...] = ()
         if repository is not None:
             set_fields |= {REPOSITORY_ATTRIBUTE: repository, "single_use": single_use}
             if repository_id is not None:
                 set_fields[REPOSITORY_ID_ATTRIBUTE] = repository_id
+            else:
+                # A hand-off whose demand named no id must not keep the id of the repository served before.
+                removed += (REPOSITORY_ID_ATTRIBUTE,)
+            if trust is not None:
+                set_fields[TRUST_ATTRIBUTE] = trust.value
+            else:
+                removed += (TRUST_ATTRIBUTE,)
+            values[":zero"] = _value(0)
+            pristine = "(attribute_not_exists(jobs_served) OR jobs_served = :zero)"
+            if single_use or not reuses(trust):
+                conditions.append(pristine)
+            else:
+                values[":trust"] = _value(trust.value if trust is not None else "")
+                conditions.append(f"({pristine} OR {TRUST_ATTRIBUTE} = :trust)")
         if repository is not None and reuse is not None:
             values |= {
                 ":max_jobs": _value(reuse.max_jobs),
@@ -327,8 +353,7 @@ class StateTable:
                 if stopped
                 else ("runner_id", "runner_run_key")
             )
-            # A hand-off whose demand named no id must not keep the id of the repository served before.
-            + ((REPOSITORY_ID_ATTRIBUTE,) if repository is not None and repository_id is None else ()),
+            + removed,
             extra_conditions=conditions,
             extra_values=values,
             count_job=repository is not None,

@@ -41,7 +41,7 @@ from runner_pool.domain.runner_scope import (
     RunnerScopeSetting,
     registration_for,
 )
-from runner_pool.domain.trust import WORKFLOW_EVENTS, TrustLevel
+from runner_pool.domain.trust import WORKFLOW_EVENTS, TrustLevel, reuses
 
 SQS_MAX_DELAY_SECONDS = 900
 EXPRESS_LIMIT_SECONDS = 300
@@ -208,6 +208,17 @@ class ReuseScope(StrEnum):
     """Jobs of any repository the App is installed on."""
 
 
+class ReuseMode(StrEnum):
+    """Whether the instances of a class (or of the whole stack) serve more than one job."""
+
+    REUSE = "reuse"
+    """Jobs that may follow one another (the same repository and level of trust) share instances."""
+    SINGLE_USE = "single-use"
+    """Every job gets an instance no job has used, pristine from the pool when there is one, terminated
+    after its job: a hot pool of one-job instances. Keep a pristine minimum (`warm_pool_minimum`) so
+    that jobs find one."""
+
+
 class ReuseSettings(_Settings):
     """How far one instance is reused between jobs (issue 14, item 2).
 
@@ -227,6 +238,10 @@ class ReuseSettings(_Settings):
     trust_by_event: dict[str, TrustLevel] = Field(default_factory=dict)
     """A run's event → the level of its jobs (domain/trust.py), over the built-in table; a fork's or
     Dependabot's run stays untrusted whatever its event."""
+    mode: ReuseMode = ReuseMode.REUSE
+    """`single-use`: no instance serves a second job, in any class but those `mode_by_class` sets."""
+    mode_by_class: dict[str, ReuseMode] = Field(default_factory=dict)
+    """A resource class → its own mode, over `mode`."""
 
     @model_validator(mode="after")
     def _events_github_sends(self) -> ReuseSettings:
@@ -239,18 +254,36 @@ class ReuseSettings(_Settings):
             )
         return self
 
-    def in_scope(self, served: str | None, repository: str) -> bool:
-        """Whether an instance that last served `served` (None: no job yet) may serve `repository`."""
+    def single_use_class(self, resource_class: str) -> bool:
+        """Whether the class's instances serve one job each."""
+        return self.mode_by_class.get(resource_class, self.mode) is ReuseMode.SINGLE_USE
+
+    def in_scope(
+        self,
+        served: str | None,
+        repository: str,
+        *,
+        served_id: int | None = None,
+        repository_id: int | None = None,
+    ) -> bool:
+        """Whether an instance that last served `served` (None: no job yet) may serve `repository`. Within
+        one repository, by id when both sides have one (a repository renamed keeps its id; a new one that
+        took an old name does not get it), else by name."""
         if served is None or self.scope is ReuseScope.ANY:
             return True
         if self.scope is ReuseScope.OWNER:
             return served.split("/", 1)[0].lower() == repository.split("/", 1)[0].lower()
+        if served_id is not None and repository_id is not None:
+            return served_id == repository_id
         return served.lower() == repository.lower()
 
     def retire_reason(self, record: InstanceRecord, now: Epoch) -> str | None:
         """Why an instance that has just served a job must not go back to the pool; None if it may."""
         if record.single_use:
             return f"single use: served {record.repository}, whose jobs never share an instance"
+        if not record.pristine and not reuses(record.trust):
+            level = "an undecided level" if record.trust is None else f"level {record.trust}"
+            return f"served a job of {level}, which no later job may follow"
         if record.jobs_served >= self.max_jobs:
             return f"served {record.jobs_served} jobs, reuse.max_jobs is {self.max_jobs}"
         if self.too_old(record.created_at, now):
@@ -511,6 +544,10 @@ class WarmWindow(_Settings):
     """Idle (running) instances to keep while the window is open."""
     stopped: int = Field(0, ge=0)
     """Stopped instances to keep while the window is open (the stopped tier, README "The stopped tier")."""
+    pristine: int = Field(0, ge=0)
+    """Of the idle instances, how many at least are pristine while the window is open (WarmMinimum)."""
+    pristine_stopped: int = Field(0, ge=0)
+    """Of the stopped tier, how many at least are pristine while the window is open (WarmMinimum)."""
 
     @model_validator(mode="after")
     def _times_are_times(self) -> Self:
@@ -561,6 +598,16 @@ class WarmMinimum(_Settings):
     window of a schedule.
 
     A plain number in the config (`{"large": 2}`) is this with `hot` 2, no stopped ones and no windows.
+
+    `pristine` and `pristine_stopped` are floors among those: of the idle instances, at least `pristine`
+    have never served a job, and of the stopped tier at least `pristine_stopped`. A pristine instance
+    counts toward `hot` (or `stopped`) too, so refresh keeps max(`hot`, `pristine`) idle instances of
+    which `pristine` never served; `{"hot": 4, "pristine": 2}` is four idle, two of them pristine, and
+    `{"pristine": 2}` alone two idle, both pristine. Single-use jobs (README, "Security model") take only
+    pristine instances, and look in the pool only when their class keeps a pristine minimum at some hour
+    (`keeps_pristine`): without one, they go straight to a launch, as fast as before. Jobs that reuse
+    take a used instance of their own repository and level first, so the pristine ones are left for
+    single-use jobs while there is another.
     """
 
     hot: int = Field(0, ge=0)
@@ -568,6 +615,10 @@ class WarmMinimum(_Settings):
     stopped: int = Field(0, ge=0)
     """Stopped instances to keep when no window is open: launched for the stopped tier, and stopped as
     soon as they are ready."""
+    pristine: int = Field(0, ge=0)
+    """Of the idle instances, how many at least are pristine when no window is open."""
+    pristine_stopped: int = Field(0, ge=0)
+    """Of the stopped tier, how many at least are pristine when no window is open."""
     time_zone: str = "UTC"
     """The IANA time zone the windows' days and times are in, e.g. `Europe/Berlin`."""
     windows: tuple[WarmWindow, ...] = ()
@@ -620,11 +671,29 @@ class WarmMinimum(_Settings):
         """The stopped minimum at `now`: the open window's, else `stopped`."""
         return self._open_at(now).stopped
 
+    def pristine_in_force(self, now: Epoch) -> int:
+        """The pristine floor among idle instances at `now`: the open window's, else `pristine`."""
+        return self._open_at(now).pristine
+
+    def pristine_stopped_in_force(self, now: Epoch) -> int:
+        """The pristine floor among the stopped tier at `now`: the open window's, else `pristine_stopped`."""
+        return self._open_at(now).pristine_stopped
+
+    def keeps_pristine(self) -> bool:
+        """Whether it keeps a pristine instance, hot or stopped, at any hour."""
+        settings: list[WarmMinimum | WarmWindow] = [self, *self.windows]
+        return any(setting.pristine or setting.pristine_stopped for setting in settings)
+
     def most_stopped(self) -> tuple[str, int]:
-        """The largest stopped minimum it ever keeps, and its setting's path under the class."""
+        """The largest stopped minimum it ever keeps (`stopped`, or a larger `pristine_stopped`, which
+        lives in the same tier), and its setting's path under the class."""
         return max(
-            [("stopped", self.stopped)]
-            + [(f"windows.{index}.stopped", window.stopped) for index, window in enumerate(self.windows)],
+            [(name, getattr(self, name)) for name in ("stopped", "pristine_stopped")]
+            + [
+                (f"windows.{index}.{name}", getattr(window, name))
+                for index, window in enumerate(self.windows)
+                for name in ("stopped", "pristine_stopped")
+            ],
             key=lambda item: item[1],
         )
 
@@ -704,6 +773,11 @@ class StackConfig(_Settings):
                 raise _SettingError(
                     f"warm_pool_minimum.{name}", "names no defined class", f"use one of: {known}"
                 )
+        for name in self.reuse.mode_by_class:
+            if name not in self.resource_classes:
+                raise _SettingError(
+                    f"reuse.mode_by_class.{name}", "names no defined class", f"use one of: {known}"
+                )
         return self
 
     @model_validator(mode="after")
@@ -778,6 +852,22 @@ class StackConfig(_Settings):
         """Stopped instances of a class refresh keeps at `now`: its schedule's window then, if any."""
         minimum = self.warm_pool_minimum.get(resource_class)
         return 0 if minimum is None else minimum.stopped_in_force(now)
+
+    def pristine_minimum(self, resource_class: str, now: Epoch) -> int:
+        """Pristine idle instances of a class refresh keeps at `now` (a floor among the warm minimum's)."""
+        minimum = self.warm_pool_minimum.get(resource_class)
+        return 0 if minimum is None else minimum.pristine_in_force(now)
+
+    def pristine_stopped_minimum(self, resource_class: str, now: Epoch) -> int:
+        """Pristine stopped instances of a class refresh keeps at `now` (a floor among the tier's)."""
+        minimum = self.warm_pool_minimum.get(resource_class)
+        return 0 if minimum is None else minimum.pristine_stopped_in_force(now)
+
+    def keeps_pristine(self, resource_class: str) -> bool:
+        """Whether the class keeps pristine instances at any hour: only then do single-use jobs look in its
+        pool, where a used instance is nothing they may take."""
+        minimum = self.warm_pool_minimum.get(resource_class)
+        return minimum is not None and minimum.keeps_pristine()
 
     def resolve(self, label: RunnerLabel) -> RunnerSpec:
         """Fill the label's missing keys with their defaults; an unknown class is a LabelError."""

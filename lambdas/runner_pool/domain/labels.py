@@ -247,14 +247,15 @@ LABEL_KEYS: tuple[LabelKey[Any], ...] = (
         parse=_fresh,
         format=lambda _: "true",
         values=(
-            "`true`: this job gets a newly launched instance, never one from the pool "
-            "(it may be pooled after the job, within `reuse.*`)"
+            "`true`: this job is served single use: a pristine instance (booted, never used by a job) "
+            "from the pool when there is one, else a newly launched one; terminated after the job"
         ),
         default=FixedDefault(False, "not fresh"),
-        fleet=NotUsed("a fresh job's instances are launched like any other; only the pool is skipped"),
-        # Provision skips pickup for a fresh job altogether (ProvisionPlan.fresh); the filter says the
-        # same thing where pickup decides, so no path can hand a fresh job a pooled instance.
-        pickup=lambda message, spec: not spec.fresh,
+        fleet=NotUsed("a fresh job's instances are launched like any other; it takes only pristine ones"),
+        # A fresh job is single use (domain/provision.py `single_use`), and pickup offers a single-use job
+        # pristine instances only; the filter says the same where the label is judged, so no path can
+        # hand a fresh job a used instance.
+        pickup=lambda message, spec: not spec.fresh or message.pristine,
         examples=("true",),
     ),
 )

@@ -2,7 +2,18 @@
 
 A pool queue holds one message per idle, vetted instance of one partition (domain/pool_partitions.py:
 resource class, usage, architecture), so the spec's hard keys choose the queue and only its soft ones
-(type globs, reuse scope, age) are judged here.
+(type globs, reuse scope, age) and who the instance served (`Taker`, domain/trust.py) are judged here.
+
+Who may take what: a pristine instance (never served) any job; a used one only a job that reuses, of
+the level the instance last served and within `reuse.scope` of its repository. A single-use job thus
+takes pristine instances only. A job that reuses prefers a used instance of its own over a pristine
+one, so that pristine ones stay for single-use jobs, but takes a pristine one rather than none: among
+the offers it has read, pickup takes used matches first and pristine ones for what is left. It reads no
+further only to find a used one: that would hold the pristine offers in hand out of every concurrent
+request's sight (with two batches of look-ahead, three requests of eight begun together over a pool of
+24 pristine instances launched some cold: tests/integration/test_one_pickup.py). The claim's condition
+checks the same rule against the record, so an offer read from a stale or forged message never crosses
+a level.
 
 Pickup receives messages in batches of ten and holds each one it received (SQS's visibility timeout)
 while it reads on, so that it never reads its own misfits twice and a sibling claim worker reading the
@@ -31,9 +42,40 @@ from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord, PoolMessage
+from runner_pool.domain.trust import TrustLevel, may_follow, reuses
 
 RECEIVE_BATCH = 10
 """SQS hands out at most 10 messages per ReceiveMessage, and takes at most 10 entries per batch call."""
+
+
+@dataclass(frozen=True)
+class Taker:
+    """The jobs a pickup finds instances for: whose leftovers they may meet (domain/trust.py)."""
+
+    repository: str
+    repository_id: int | None = None
+    trust: TrustLevel | None = None
+    """None: not known, so single use."""
+    single_use: bool = False
+    """Set by the provision's plan (domain/provision.py `single_use`) for other reasons besides the level."""
+
+    @property
+    def reuses(self) -> bool:
+        """Whether these jobs may take a used instance (and leave theirs to the pool)."""
+        return not self.single_use and reuses(self.trust)
+
+    def may_take(self, message: PoolMessage, reuse: ReuseSettings | None) -> bool:
+        """Whether these jobs may take the instance an offer names, by who it served."""
+        if message.pristine:
+            return True
+        if not (self.reuses and may_follow(message.trust, self.trust, used=True)):
+            return False
+        return reuse is None or reuse.in_scope(
+            message.repository,
+            self.repository,
+            served_id=message.repository_id,
+            repository_id=self.repository_id,
+        )
 
 
 @dataclass(frozen=True)
@@ -104,16 +146,19 @@ def judge(
     message: PoolMessage,
     spec: RunnerSpec,
     now: Epoch,
-    repository: str | None = None,
+    taker: Taker | None = None,
     reuse: ReuseSettings | None = None,
 ) -> Verdict:
-    """With `repository` and `reuse`: an instance is offered only to jobs within `reuse.scope` of the
-    repository it served, and not once it is older than `reuse.max_age_minutes` (issue 14, item 2)."""
+    """With `taker`: an instance is offered only to jobs that may take it (`Taker.may_take`); with
+    `reuse`, not once it is older than `reuse.max_age_minutes`. A used instance whose level no job may
+    follow (privileged, or not known) is dropped: its record waits out its idle time and ends."""
     if message.threshold <= now:
         return Verdict.DROP
     if reuse is not None and reuse.too_old(message.created_at, now):
         return Verdict.DROP
-    if reuse is not None and repository is not None and not reuse.in_scope(message.repository, repository):
+    if not message.pristine and not reuses(message.trust):
+        return Verdict.DROP
+    if taker is not None and not taker.may_take(message, reuse):
         return Verdict.REQUEUE
     return Verdict.MATCH if spec.fits(message) else Verdict.REQUEUE
 
@@ -122,7 +167,9 @@ def still_offered(message: PoolMessage, record: InstanceRecord | None, now: Epoc
     """Whether the record still stands behind the message: idle, unheld, in the same idle period.
 
     The message carries the record's threshold from when it was sent; a record idle with another
-    threshold has been claimed and given back since, and a newer message speaks for it.
+    threshold has been claimed and given back since, and a newer message speaks for it. So has one that
+    served since the message was sent (the same threshold can come round under a clock that stood
+    still): who the record says it served must be who the message says.
     """
     return (
         record is not None
@@ -130,6 +177,8 @@ def still_offered(message: PoolMessage, record: InstanceRecord | None, now: Epoc
         and record.run_key is None
         and not record.threshold_passed(now)
         and record.threshold == message.threshold
+        and record.pristine is message.pristine
+        and record.trust is message.trust
     )
 
 
@@ -204,6 +253,8 @@ class _Read:
     counts: Counter[str] = field(default_factory=Counter)
     misfits: list[str] = field(default_factory=list)
     """Receipts of held misfits of this partition, released when pickup stops."""
+    reserve: list[ReceivedMessage] = field(default_factory=list)
+    """Held pristine matches a job that reuses takes only if it finds too few used ones."""
 
 
 class PickupManager:
@@ -228,11 +279,11 @@ class PickupManager:
         self._reuse = reuse
         self._partitions = None if partitions is None else frozenset(partitions)
 
-    def pickup(self, spec: RunnerSpec, repository: str | None = None, wanted: int = 1) -> PickupResult:
-        """Find `wanted` idle instances for `spec` (jobs of `repository`) in the partitions its hard keys
+    def pickup(self, spec: RunnerSpec, taker: Taker | None = None, wanted: int = 1) -> PickupResult:
+        """Find `wanted` idle instances for `spec` (jobs `taker` describes) in the partitions its hard keys
         admit, in their order, or as many as there are and why there are no more. One pickup for a
-        whole request (issue 15, item 2): its slots never take offers from each other, and an empty
-        pool is known after one look."""
+        whole request: its slots never take offers from each other, and an empty pool is known after
+        one look."""
         counts: Counter[str] = Counter()
         deadline = self._clock.now() + self._budget_seconds
         found: list[PoolMessage] = []
@@ -243,10 +294,17 @@ class PickupManager:
                 continue
             read = _Read(partition)
             try:
-                reason = self._read(read, spec, repository, deadline, found=found, wanted=wanted)
+                reason = self._read(read, spec, taker, deadline, found=found, wanted=wanted)
+                found += self._take_reserved(read, wanted - len(found))
+                if len(found) >= wanted:
+                    reason = StopReason.FOUND
+                elif reason is StopReason.FOUND:
+                    reason = StopReason.EMPTY  # its pristine matches had moved on: the next partition
             finally:
                 # Whatever happened, what this pickup holds goes back before it returns or raises.
                 self._release(read, read.misfits, self._settings.requeue_delay_seconds)
+                self._release(read, [r.receipt for r in read.reserve], 0)
+                read.reserve.clear()
                 counts.update(read.counts)
             if reason in (StopReason.FOUND, StopReason.BUDGET):
                 return PickupResult(tuple(found), reason, PickupCounts(**counts))
@@ -307,14 +365,15 @@ class PickupManager:
         self,
         read: _Read,
         spec: RunnerSpec,
-        repository: str | None,
+        taker: Taker | None,
         deadline: float,
         *,
         found: list[PoolMessage],
         wanted: int,
     ) -> StopReason:
         """Read one partition's queue until `found` (what the whole pickup has) holds `wanted`, an empty
-        queue, a cycle or the deadline."""
+        queue, a cycle or the deadline; or until the pristine matches held in reserve would make up the
+        rest (FOUND: the caller takes from the reserve)."""
         seen: Counter[str] = Counter()
         while True:
             batch = self._queue.receive(read.partition, HOLD_SECONDS)
@@ -323,8 +382,8 @@ class PickupManager:
                 return StopReason.EMPTY
             read.counts["examined"] += len(batch)
             seen.update(r.message.instance_id for r in batch if r.message is not None)
-            found += self._settle(read, spec, repository, batch, wanted - len(found))
-            if len(found) >= wanted:
+            found += self._settle(read, spec, taker, batch, wanted - len(found))
+            if len(found) + len(read.reserve) >= wanted:
                 return StopReason.FOUND
             if seen and max(seen.values()) >= self._settings.same_instance_tolerance:
                 return StopReason.CYCLED
@@ -332,7 +391,7 @@ class PickupManager:
                 return StopReason.BUDGET
 
     def _settle(
-        self, read: _Read, spec: RunnerSpec, repository: str | None, batch: list[ReceivedMessage], room: int
+        self, read: _Read, spec: RunnerSpec, taker: Taker | None, batch: list[ReceivedMessage], room: int
     ) -> list[PoolMessage]:
         """Judge one received batch: delete what is taken or dropped, release spare matches at once, move
         strays to their own partition, keep misfits held; return the candidates, `room` at most."""
@@ -348,7 +407,7 @@ class PickupManager:
                     read.counts["dropped_unparseable"] += 1
                     remove.append(received.receipt)
                     continue
-                verdict = judge(message, spec, now, repository, self._reuse)
+                verdict = judge(message, spec, now, taker, self._reuse)
                 if verdict is Verdict.DROP:
                     read.counts["dropped_stale"] += 1
                     remove.append(received.receipt)
@@ -357,6 +416,8 @@ class PickupManager:
                         read.misfits.append(received.receipt)
                     else:
                         strays.append(received)
+                elif taker is not None and taker.reuses and message.pristine:
+                    read.reserve.append(received)  # looked up only if taken (`_take_reserved`)
                 elif len(candidates) >= room:
                     # Not looked up: the caller is waiting, and whoever picks it next checks its record.
                     spare.append(received)
@@ -368,12 +429,38 @@ class PickupManager:
                     remove.append(received.receipt)
         except Exception:
             # What was judged so far is in hand: the whole batch goes back rather than be decided half.
-            read.misfits += [r.receipt for r in batch]
+            read.misfits += [r.receipt for r in batch if r not in read.reserve]
             raise
         remove += self._resend(read, spare)
         self._move_home(read, strays)
         # A message whose delete failed stays held and comes back when its hold ends: a duplicate of
         # the candidate, or a stale one dropped again; either is harmless.
+        read.counts["undeleted"] += len(self._queue.delete(read.partition, remove)) if remove else 0
+        return candidates
+
+    def _take_reserved(self, read: _Read, room: int) -> list[PoolMessage]:
+        """Take up to `room` of the pristine matches held in reserve, those whose record still offers them;
+        offer the rest again at once (`_resend`)."""
+        now = self._clock.now()
+        candidates: list[PoolMessage] = []
+        remove: list[str] = []
+        spare: list[ReceivedMessage] = []
+        reserve, read.reserve = read.reserve, []
+        try:
+            for received in reserve:
+                message = received.message
+                if message is None or len(candidates) >= room:
+                    spare.append(received)
+                elif still_offered(message, self._records.get(message.instance_id), now):
+                    candidates.append(message)
+                    remove.append(received.receipt)
+                else:
+                    read.counts["dropped_stale"] += 1
+                    remove.append(received.receipt)
+        except Exception:
+            read.reserve = reserve  # nothing deleted yet: all of it goes back, as a batch in `_settle` does
+            raise
+        remove += self._resend(read, spare)
         read.counts["undeleted"] += len(self._queue.delete(read.partition, remove)) if remove else 0
         return candidates
 

@@ -14,11 +14,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.config import Timeouts
+from runner_pool.domain.config import ReuseSettings, Timeouts
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pickup import Taker
 from runner_pool.domain.records import REGISTERED_SIGNALS, Heartbeat, InstanceRecord, Signal, WorkerSignal
+from runner_pool.domain.trust import reuses
 
 CANDIDATES_PER_SLOT = 3
 """How many warm candidates one claim worker may try (and discard) before leaving its slot to creation."""
@@ -69,8 +71,8 @@ class ProvisionPlan(_Step):
     registration_deadline: Epoch = 0.0
     """A claim worker that could not register a runner by then leaves its slot to creation."""
     single_use: bool = False
-    """The jobs must neither take a reused instance nor leave theirs to the pool (a public repository's,
-    unless `reuse.public_repositories`)."""
+    """The jobs must neither take a used instance nor leave theirs to the pool (`single_use`): they take
+    a pristine one from the pool, or a new one."""
     pre_claims: tuple[str | None, ...] = ()
     """Per slot, the instance Begin's one pickup claimed for it (with the slot's attempt-0 token), if any:
     the slot's worker hands it over without a pickup of its own (issue 15, item 2)."""
@@ -78,10 +80,10 @@ class ProvisionPlan(_Step):
     """Begin's pickup looked for every slot and found fewer instances than slots: a slot it claimed
     nothing for goes to creation without a look of its own."""
     creation_only: bool = False
-    """Begin knows no claim worker could add anything: every slot goes to creation (the jobs are fresh
-    or single use, or the pool had nothing for any slot and there is no stopped tier), so the state
-    machine goes straight to Create. A cold request then makes no Claim invocation per slot and no
-    Map transitions before its launch (issue 15: the cold control plane)."""
+    """Begin knows no claim worker could add anything: every slot goes to creation (the jobs are single
+    use and their class keeps no pristine minimum, or the pool had nothing for any slot and there is no
+    stopped tier), so the state machine goes straight to Create. A cold request then makes no Claim
+    invocation per slot and no Map transitions before its launch."""
     refused: str | None = None
     """GitHub refused a registration for this run for good (domain/runners.py `refused_for_good`), in its
     words: no later step of this provision asks again, claims, or launches for it."""
@@ -90,9 +92,15 @@ class ProvisionPlan(_Step):
         return self.pre_claims[slot] if slot < len(self.pre_claims) else None
 
     @property
-    def fresh(self) -> bool:
-        """Whether the pool is skipped: the jobs asked for `fresh=true`, or are single use."""
-        return self.spec.fresh or self.single_use
+    def taker(self) -> Taker:
+        """Whose instances these jobs may take, as pickup and the stopped tier judge it."""
+        request = self.request
+        return Taker(
+            repository=request.repository,
+            repository_id=request.repository_id,
+            trust=request.trust,
+            single_use=self.single_use,
+        )
 
     def claim_token(self, slot: int, attempt: int) -> str:
         """Names one claim: a retried claim step recognises its own claim by it, and nobody else's."""
@@ -114,8 +122,27 @@ class ProvisionPlan(_Step):
         return f"{self.execution}#create"
 
 
+def single_use(request: ProvisionRequest, spec: RunnerSpec, reuse: ReuseSettings) -> bool:
+    """Whether the jobs must neither take a used instance nor leave theirs to the pool: a public
+    repository's (unless `reuse.public_repositories`), jobs whose level never reuses (privileged, or not
+    known: fail closed), `fresh=true`, `reuse.max_jobs: 1`, or a class (or stack) configured single use."""
+    return (
+        (request.public and not reuse.public_repositories)
+        or not reuses(request.trust)
+        or spec.fresh
+        or reuse.max_jobs == 1
+        or reuse.single_use_class(spec.resource_class)
+    )
+
+
 def plan(
-    request: ProvisionRequest, spec: RunnerSpec, execution: str, timeouts: Timeouts, now: Epoch
+    request: ProvisionRequest,
+    spec: RunnerSpec,
+    execution: str,
+    timeouts: Timeouts,
+    now: Epoch,
+    *,
+    reuse: ReuseSettings | None = None,
 ) -> ProvisionPlan:
     return ProvisionPlan(
         started_at=now,
@@ -127,6 +154,7 @@ def plan(
         claim_wait_seconds=FIRST_CLAIM_WAIT_SECONDS,
         fleet_wait_seconds=max(1, math.ceil(timeouts.fleet_validation_poll_seconds)),
         candidates_per_slot=CANDIDATES_PER_SLOT,
+        single_use=single_use(request, spec, reuse or ReuseSettings()),
     )
 
 

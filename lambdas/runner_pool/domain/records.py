@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.lifecycle import HELD_STATES, UNHELD_STATES, InstanceState
+from runner_pool.domain.trust import TrustLevel
 
 
 class UsageClass(StrEnum):
@@ -88,7 +89,13 @@ class InstanceRecord(InstanceFacts):
     """That repository's id, when its demand carried one: the claim compares it, not the name, and the
     hand-over registers in its runner group (issue 36, item 5)."""
     jobs_served: int = Field(0, ge=0)
-    """Hand-offs to a run so far (created for one, or claimed); `reuse.max_jobs` caps it."""
+    """Hand-offs to a run so far (created for one, or claimed); `reuse.max_jobs` caps it. Never counted
+    back down, not even when a claim is given back: a runner handed its config may have run a job, so
+    only an instance no run was ever handed is pristine (`pristine`)."""
+    trust: TrustLevel | None = None
+    """The level of trust of the jobs it was last handed to (domain/trust.py); None while pristine, and for
+    a hand-off whose level was not known (served single use). Only a job of the same level that reuses
+    may follow it (`trust.may_follow`): pickup, the claim's condition and the stopped tier all check."""
     single_use: bool = False
     """Held for a job that must not share its instance with later ones (a public repository's, unless
     `reuse.public_repositories`): released, it is expired and terminated, never pooled."""
@@ -102,6 +109,11 @@ class InstanceRecord(InstanceFacts):
 
     def threshold_passed(self, now: Epoch) -> bool:
         return self.threshold is None or self.threshold <= now
+
+    @property
+    def pristine(self) -> bool:
+        """Booted and never handed to a run: a clean slate any job may take, single-use ones included."""
+        return self.jobs_served == 0
 
     @property
     def facts(self) -> InstanceFacts:
@@ -184,6 +196,15 @@ class PoolMessage(_Record):
     """The repository the instance last served (None: none yet); pickup keeps it within `reuse.scope`."""
     created_at: Epoch | None = None
     """When the instance was launched; pickup drops an offer past `reuse.max_age_minutes`."""
+    repository_id: int | None = None
+    """The id of the repository it last served, when known: pickup compares it, not the name, when the
+    jobs' repository has one too (as the claim does)."""
+    trust: TrustLevel | None = None
+    """The level of the jobs it last served (None: none, or not known)."""
+    pristine: bool = False
+    """Never handed to a run (`InstanceRecord.pristine`). False in a message from a release before
+    pristine instances were told apart: such an offer is taken for a used one, the side that never
+    crosses a level; the claim's condition reads the record, which decides."""
 
     @classmethod
     def for_idle(cls, record: InstanceRecord) -> PoolMessage:
@@ -201,9 +222,8 @@ class PoolMessage(_Record):
 
     @classmethod
     def _of(cls, record: InstanceRecord) -> PoolMessage:
-        return cls.model_validate(
-            record.model_dump(include=set(cls.model_fields) & set(InstanceRecord.model_fields))
-        )
+        shared = record.model_dump(include=set(cls.model_fields) & set(InstanceRecord.model_fields))
+        return cls.model_validate(shared | {"pristine": record.pristine})
 
     def to_body(self) -> str:
         return self.model_dump_json()

@@ -80,8 +80,12 @@ class RefreshReport:
     """Instances launched per class for the stopped minimum (stopped once admitted)."""
     idle: dict[str, int] = field(default_factory=dict)
     """Idle instances per class before the top-up: the pool's size."""
+    idle_pristine: dict[str, int] = field(default_factory=dict)
+    """Of those, the pristine ones (never served a job) per class."""
     minimum: dict[str, int] = field(default_factory=dict)
     """The warm minimum in force per class at this run (a schedule's window, or the plain number)."""
+    pristine_minimum: dict[str, int] = field(default_factory=dict)
+    """The pristine minimum in force per class at this run: a floor among the idle instances."""
     stopped_minimum: dict[str, int] = field(default_factory=dict)
     """The stopped minimum in force per class at this run."""
     runners_deleted: int = 0

@@ -31,7 +31,7 @@ from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.pickup import Verdict, judge
+from runner_pool.domain.pickup import Taker, Verdict, judge
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal, UsageClass, WorkerSignal
 
 STOPPABLE_AFTER = frozenset({Signal.UD_OK, Signal.UD_REMOVE_REG_OK})
@@ -65,18 +65,32 @@ def awaiting_stop(record: InstanceRecord, now: Epoch) -> bool:
 
 def stopped_shortfall(records: Iterable[InstanceRecord], config: StackConfig, now: Epoch) -> dict[str, int]:
     """Per class, the instances to launch for the stopped minimum in force now: the minimum less the tier
-    (stopping and stopped, not due) and those launched for it and not stopped yet. A minimum that drops
-    stops and terminates nothing: the tier's members run out their time as before."""
+    (stopping and stopped, not due) and those launched for it and not stopped yet, or the pristine floor
+    less the tier's pristine members, whichever is short of more (what is launched for the tier is
+    pristine, so it counts toward both). A minimum that drops stops and terminates nothing: the tier's
+    members run out their time as before."""
+    records = list(records)
     have = _tier_by_class(records, now)
-    minimum = {name: config.stopped_minimum(name, now) for name in config.resource_classes}
-    return {name: wanted - have[name] for name, wanted in minimum.items() if wanted > have[name]}
+    pristine = _tier_by_class(records, now, pristine_only=True)
+    short = {
+        name: max(
+            config.stopped_minimum(name, now) - have[name],
+            config.pristine_stopped_minimum(name, now) - pristine[name],
+        )
+        for name in config.resource_classes
+    }
+    return {name: count for name, count in short.items() if count > 0}
 
 
-def _tier_by_class(records: Iterable[InstanceRecord], now: Epoch) -> Counter[str]:
+def _tier_by_class(
+    records: Iterable[InstanceRecord], now: Epoch, *, pristine_only: bool = False
+) -> Counter[str]:
     """Per class, the tier's members: stopping and stopped (not due), and those launched for it and not
     stopped yet. What the stopped minimum is short of, and what takes room under the maximum."""
     return Counter(
-        record.resource_class for record in records if in_tier(record, now) or launched_for_tier(record, now)
+        record.resource_class
+        for record in records
+        if (in_tier(record, now) or launched_for_tier(record, now)) and (record.pristine or not pristine_only)
     )
 
 
@@ -135,11 +149,18 @@ def clean_to_stop(signal: WorkerSignal | None) -> bool:
 
 
 def fits(
-    record: InstanceRecord, spec: RunnerSpec, now: Epoch, repository: str | None, config: StackConfig
+    record: InstanceRecord, spec: RunnerSpec, now: Epoch, taker: Taker | None, config: StackConfig
 ) -> bool:
     """Whether a stopped instance may serve a request: by the very rule pickup judges a hot offer by
-    (types, reuse scope and age; its partition chose class, usage and architecture already)."""
+    (types, who it served, reuse scope and age; its partition chose class, usage and architecture
+    already)."""
     if record.state is not InstanceState.STOPPED or record.threshold_passed(now):
         return False
     offer = PoolMessage.for_stopped(record)
-    return judge(offer, spec, now, repository, config.reuse) is Verdict.MATCH
+    return judge(offer, spec, now, taker, config.reuse) is Verdict.MATCH
+
+
+def in_order_of_use(records: Iterable[InstanceRecord]) -> list[InstanceRecord]:
+    """Stopped instances in the order a request tries them: used ones first, so that a job that reuses
+    leaves the pristine ones to single-use jobs while it has one of its own (as pickup does)."""
+    return sorted(records, key=lambda record: record.pristine)

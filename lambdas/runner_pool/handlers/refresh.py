@@ -84,6 +84,8 @@ def _measure(report: RefreshReport) -> None:
         **{f"PoolIdle.{name}": count for name, count in report.idle.items()},
         **{f"PoolMinimum.{name}": count for name, count in report.minimum.items()},
         **{f"PoolStoppedMinimum.{name}": count for name, count in report.stopped_minimum.items()},
+        **{f"PoolIdlePristine.{name}": count for name, count in report.idle_pristine.items()},
+        **{f"PoolPristineMinimum.{name}": count for name, count in report.pristine_minimum.items()},
         **{f"PoolLaunchedForStopped.{name}": count for name, count in report.launched_for_stopped.items()},
         "RunnersDeleted": report.runners_deleted,
         "WebhooksRedelivered": report.redelivered,

@@ -93,9 +93,11 @@ class ClaimWorkers:
         if worker.plan.refused is not None:
             return self._refused(worker, worker.plan.refused)
         exhausted = worker.attempt == 0 and worker.plan.pool_exhausted
-        if worker.plan.fresh or (exhausted and self._config.pool.stopped_maximum == 0):
-            # Fresh or single-use: never a pooled instance. Exhausted: Begin's pickup looked for this slot.
-            # A fresh or single-use job never takes a pooled instance, hot or stopped: creation it is.
+        plan = worker.plan
+        pristine_only = plan.single_use and not self._config.keeps_pristine(plan.spec.resource_class)
+        if pristine_only or (exhausted and self._config.pool.stopped_maximum == 0):
+            # Single use where the class keeps no pristine minimum (Begin's rule), or Begin's pickup looked
+            # for this slot already: creation it is.
             return worker.holding_nothing()
         grant = self._budget().take(1)
         if grant.refused:
@@ -128,7 +130,7 @@ class ClaimWorkers:
             if self._time_left() < PICKUP_BUDGET_SECONDS + CLAIM_RESERVE_SECONDS:
                 self._budget().give_back(1)
                 return self._out_of_time(worker.model_copy(update={"attempt": attempt}))
-            found = self._pickup().pickup(spec, worker.plan.request.repository)
+            found = self._pickup().pickup(spec, worker.plan.taker)
             warn_of(found)
             if found.candidate is None:
                 if found.stopped is StopReason.EMPTY and empty_looks == 0:
@@ -163,6 +165,7 @@ class ClaimWorkers:
                 repository_id=provision.request.repository_id,
                 reuse=self._config.reuse,
                 single_use=provision.single_use,
+                trust=provision.request.trust,
             )
         except Exception:
             self._queues().offer(offer)
@@ -186,11 +189,11 @@ class ClaimWorkers:
         if self._config.pool.stopped_maximum == 0:
             return None
         spec = worker.plan.spec
-        repository = worker.plan.request.repository
+        taker = worker.plan.taker
         now = self._clock.now()
         for partition in PoolPartition.admitting(spec):
-            for record in self._table.stopped(partition, now):
-                if not stopped_tier.fits(record, spec, now, repository, self._config):
+            for record in stopped_tier.in_order_of_use(self._table.stopped(partition, now)):
+                if not stopped_tier.fits(record, spec, now, taker, self._config):
                     continue
                 token = worker.plan.claim_token(worker.slot, attempt)
                 attempt += 1
@@ -198,10 +201,11 @@ class ClaimWorkers:
                     record.instance_id,
                     spec.run_key,
                     token,
-                    repository=repository,
-                    repository_id=worker.plan.request.repository_id,
+                    repository=taker.repository,
+                    repository_id=taker.repository_id,
                     reuse=self._config.reuse,
                     single_use=worker.plan.single_use,
+                    trust=taker.trust,
                     stopped=True,
                 )
                 if not claimed.succeeded:

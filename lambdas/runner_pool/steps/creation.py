@@ -79,6 +79,7 @@ class FleetCreation:
                 repository=provision.request.repository,
                 repository_id=provision.request.repository_id,
                 single_use=provision.single_use,
+                trust=provision.request.trust,
             )
         # After the records: a notice queue without a record is refresh's to delete (domain/notices.py).
         open_queues(self._notices, (facts.instance_id for facts in outcome.launched))

@@ -128,9 +128,7 @@ class Provision:
         demand for refresh's reconciliation."""
         config = self._config
         spec = request.key.resolve(config)
-        planned = plan(request, spec, execution, self._timeouts, self._clock.now())
-        if request.public and not config.reuse.public_repositories:
-            planned = planned.model_copy(update={"single_use": True})
+        planned = plan(request, spec, execution, self._timeouts, self._clock.now(), reuse=config.reuse)
         if spec.run_id.isdigit():
             try:
                 self._recent_demand().note(
@@ -145,8 +143,10 @@ class Provision:
                 )
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")
-        if planned.fresh:
-            # A fresh or single-use job never takes a pooled instance, hot or stopped: creation it is.
+        if planned.single_use and not config.keeps_pristine(spec.resource_class):
+            # Single-use jobs take pristine instances only, and a class that keeps no pristine minimum
+            # has few: a look at its pool would mostly read used offers and wait out a long poll on the
+            # emptied queue, to launch anyway. Creation it is, as fast as a cold request can be.
             return planned.model_copy(update={"creation_only": True})
         return self._pick_up(planned)
 
@@ -173,7 +173,7 @@ class Provision:
         candidates: list[PoolMessage] = []
         try:
             self._handing.authenticate_ahead()  # while the pool is read: in hand for the hand-overs
-            found = self._pickup().pickup(provision.spec, provision.request.repository, wanted=grant.granted)
+            found = self._pickup().pickup(provision.spec, provision.taker, wanted=grant.granted)
             warn_of(found)
             candidates = list(found.candidates)
             for slot, candidate in zip(provision.slots, found.candidates, strict=False):
@@ -189,6 +189,7 @@ class Provision:
                     repository_id=provision.request.repository_id,
                     reuse=self._config.reuse,
                     single_use=provision.single_use,
+                    trust=provision.request.trust,
                 )
                 candidates.remove(candidate)
                 if result.succeeded:

@@ -345,8 +345,12 @@ class Refresh:
     # --- 5. the warm minimum -------------------------------------------------------------------
 
     def _keep_warm(self, report: RefreshReport, tick: int) -> None:
+        """Launch each class's shortfall of idle instances (its warm minimum in force), or of pristine ones
+        among them (its pristine minimum), whichever is larger: what is launched for the pool is pristine,
+        so it counts toward both (domain/config.py WarmMinimum)."""
         now = self._clock.now()
         idle: Counter[str] = Counter()
+        pristine: Counter[str] = Counter()
         booting: Counter[str] = Counter()
         records = self._table.live()
         for record in records:
@@ -358,19 +362,27 @@ class Refresh:
                 and not record.threshold_passed(now)
             ):
                 idle[record.resource_class] += 1
+                pristine[record.resource_class] += record.pristine
             elif booting_for_pool(record, now):
                 booting[record.resource_class] += 1
         report.idle = {name: idle[name] for name in self._config.resource_classes}
+        report.idle_pristine = {name: pristine[name] for name in self._config.resource_classes}
         # Only a shortfall launches: when a window closes and its minimum drops, the surplus is left to
         # run out its idle time and be terminated as due, like any idle instance.
         report.minimum = {
             name: self._config.warm_minimum(name, now) for name in self._config.resource_classes
         }
-        shortfall = {
-            name: minimum - idle[name] - booting[name]
-            for name, minimum in report.minimum.items()
-            if minimum > idle[name] + booting[name]
+        report.pristine_minimum = {
+            name: self._config.pristine_minimum(name, now) for name in self._config.resource_classes
         }
+        short = {
+            name: max(
+                report.minimum[name] - idle[name] - booting[name],
+                report.pristine_minimum[name] - pristine[name] - booting[name],
+            )
+            for name in self._config.resource_classes
+        }
+        shortfall = {name: count for name, count in short.items() if count > 0}
         report.stopped_minimum = {
             name: self._config.stopped_minimum(name, now) for name in self._config.resource_classes
         }
