@@ -75,7 +75,8 @@ def run(warm_runs: int = WARM_RUNS) -> BenchTable:
         warm = cost_between(system, cold_end, warm_end)
         events = system.timeline.events()
         launched = sum(1 for e in events if e.happening is Happening.LAUNCHED)
-        reused = len(figures) - len({f.instance_id for f in figures if f.instance_id is not None})
+        served = [f.instance_id for f in figures if f.instance_id is not None]
+        reused = len(served) - len(set(served))
     return _table(figures, cold, warm, launched=launched, reused=reused, reference=reused_warm_share())
 
 
