@@ -15,7 +15,7 @@ from infra.constructs.ingress import (
     THROTTLE_BURST,
     THROTTLE_RATE_PER_SECOND,
 )
-from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
+from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
 from tests.infra.synthesis import Synthesis
 
 
