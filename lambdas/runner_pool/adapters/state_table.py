@@ -390,6 +390,27 @@ class StateTable:
             ),
         )
 
+    def mark_interrupted(self, instance_id: str, run_key: str) -> TransitionResult:
+        """running → running, interrupted: EC2 warned that it interrupts the instance while it runs a job of
+        `run_key`. Not a transition of state or threshold: the job goes on until EC2 ends it, and what
+        follows (its release, refresh's termination) reads the mark. Once: a second warning replays."""
+        now = self._clock.now()
+        return self._write(
+            instance_id,
+            update="SET interrupted_at = :now, updated_at = :now",
+            condition=(
+                f"#state = :running AND {RUN_KEY_ATTRIBUTE} = :run_key AND #threshold > :now "
+                "AND attribute_not_exists(interrupted_at)"
+            ),
+            names={"#state": "state", "#threshold": THRESHOLD_ATTRIBUTE},
+            values={
+                ":now": _value(now),
+                ":running": _value(InstanceState.RUNNING.value),
+                ":run_key": _value(run_key),
+            },
+            is_replay=lambda r: r.run_key == run_key and r.interrupted_at is not None,
+        )
+
     def activate(
         self, instance_id: str, run_key: str, max_runtime_minutes: int, claim_token: str | None = None
     ) -> TransitionResult:

@@ -1,0 +1,47 @@
+"""Hearing EC2's notices about an instance (domain/interruptions.py): read its record, write what it means.
+
+The record may move between the read and the write (a claim takes an idle instance, a release gives a
+running one back): the write's condition names what was read, so a lost write reads again and decides
+anew, a few times at most, as a moving record settles within them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.interruptions import Ec2Event, Response, respond
+
+ATTEMPTS = 3
+"""Reads and writes per notice: each lost write is someone else's transition, and a record makes few."""
+
+
+@dataclass(frozen=True)
+class Heard:
+    """What became of one notice: the response written (or NOTHING), and why."""
+
+    instance_id: str
+    response: Response
+    why: str
+    written: bool
+
+
+class Interruptions:
+    def __init__(self, table: StateTable) -> None:
+        self._table = table
+
+    def hear(self, event: Ec2Event) -> Heard:
+        instance_id = event.instance_id
+        row = respond(event, None)
+        for _attempt in range(ATTEMPTS):
+            record = self._table.get(instance_id)
+            row = respond(event, record)
+            if record is None or row.response is Response.NOTHING:
+                return Heard(instance_id, row.response, row.why, written=False)
+            if row.response is Response.MARK_INTERRUPTED and record.run_key is not None:
+                result = self._table.mark_interrupted(instance_id, record.run_key)
+            else:
+                result = self._table.expire(instance_id, run_key=record.run_key)
+            if result.succeeded:
+                return Heard(instance_id, row.response, row.why, written=True)
+        return Heard(instance_id, row.response, f"{row.why}; the record kept moving, left as it is", False)
