@@ -826,7 +826,8 @@ def test_mark_interrupted_again_is_replayed_and_keeps_the_first_mark(
 
     # Then it is a replay, with the first mark
     assert again.outcome is Outcome.REPLAYED
-    assert first is not None and again.record is not None
+    assert first is not None
+    assert again.record is not None
     assert again.record.interrupted_at == first.interrupted_at
 
 

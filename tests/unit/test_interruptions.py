@@ -71,7 +71,9 @@ def test_only_a_running_job_is_marked_and_only_a_live_record_written(
     # And only the interruption warning of a running instance marks it; a running job is never expired
     # by a warning
     if row.response is Response.MARK_INTERRUPTED:
-        assert found is not None and found.state is InstanceState.RUNNING and notice is Notice.INTERRUPTION
+        assert found is not None
+        assert found.state is InstanceState.RUNNING
+        assert notice is Notice.INTERRUPTION
     if found is not None and found.state is InstanceState.RUNNING and notice in WARNINGS:
         assert row.response is not Response.EXPIRE
 
