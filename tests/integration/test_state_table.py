@@ -831,17 +831,33 @@ def test_mark_interrupted_again_is_replayed_and_keeps_the_first_mark(
     assert again.record.interrupted_at == first.interrupted_at
 
 
-@pytest.mark.parametrize("state", [InstanceState.IDLE, InstanceState.CLAIMED, InstanceState.CREATED])
-def test_mark_interrupted_of_an_instance_not_running_is_lost(
+@pytest.mark.parametrize("state", [InstanceState.CLAIMED, InstanceState.CREATED])
+def test_mark_interrupted_of_an_instance_held_for_the_run_is_applied(
     state_table: StateTable, state: InstanceState
 ) -> None:
-    # Given an instance that is not running a job
+    # Given an instance held for the run, whose runner may already run a job before it is set running
     instance_in(state_table, state)
 
     # When it is marked interrupted
     result = state_table.mark_interrupted(ONE_ID, RUN)
 
-    # Then it loses: only a running job is interrupted
+    # Then the mark is written, the state kept
+    assert result.outcome is Outcome.APPLIED
+    assert result.record is not None
+    assert result.record.state is state
+
+
+@pytest.mark.parametrize("state", [InstanceState.IDLE, InstanceState.STOPPED])
+def test_mark_interrupted_of_an_instance_waiting_for_a_run_is_lost(
+    state_table: StateTable, state: InstanceState
+) -> None:
+    # Given an instance that no run holds
+    instance_in(state_table, state)
+
+    # When it is marked interrupted
+    result = state_table.mark_interrupted(ONE_ID, RUN)
+
+    # Then it loses: no job runs on it
     assert result.outcome is Outcome.LOST
 
 

@@ -60,7 +60,7 @@ def test_every_warning_has_a_row_for_every_live_state() -> None:
 
 
 @given(st.sampled_from(list(Notice)), st.sampled_from(EC2_STATES), records)
-def test_only_a_running_job_is_marked_and_only_a_live_record_written(
+def test_only_a_held_instance_is_marked_and_only_a_live_record_written(
     notice: Notice, ec2_state: str, found: InstanceRecord | None
 ) -> None:
     # Given any notice and any record (or none) / When it is judged
@@ -68,11 +68,11 @@ def test_only_a_running_job_is_marked_and_only_a_live_record_written(
     # Then a record that is none of ours or terminated is left alone
     if found is None or found.state is InstanceState.TERMINATED:
         assert row.response is Response.NOTHING
-    # And only the interruption warning of a running instance marks it; a running job is never expired
-    # by a warning
-    if row.response is Response.MARK_INTERRUPTED:
+    # And only the interruption warning of an instance a run holds marks it; a running job is never
+    # expired by a warning
+    if row.response in (Response.MARK_INTERRUPTED, Response.DISCARD):
         assert found is not None
-        assert found.state is InstanceState.RUNNING
+        assert found.run_key is not None
         assert notice is Notice.INTERRUPTION
     if found is not None and found.state is InstanceState.RUNNING and notice in WARNINGS:
         assert row.response is not Response.EXPIRE

@@ -19,7 +19,8 @@ run (idle, on its way to the stopped tier, stopped, or launched for the pool) le
 record is expired, so its pool message is stale, pickup drops it, and refresh terminates the instance and
 launches a replacement when the warm minimum asks for one. One a provision holds (claimed, or created for
 its run) is expired while the provision still holds it: its claim worker's next check finds it failed,
-discards it and serves the slot with the next candidate, as for any candidate that fails a check. One that
+discards it and serves the slot with the next candidate, as for any candidate that fails a check. Warned of
+an interruption, it is marked interrupted first: GitHub may have given a job to its runner already. One that
 runs a job is marked interrupted and left to run: the job may finish within the notice, and its release
 then retires the instance. A rebalance recommendation is only a risk: it never stops a job, it keeps an
 instance from being handed one.
@@ -85,6 +86,9 @@ class Response(StrEnum):
     a provision that holds it discards it."""
     MARK_INTERRUPTED = "mark-interrupted"
     """The job goes on; the record says EC2 is interrupting it."""
+    DISCARD = "discard"
+    """Marked interrupted (its runner may have been given a job already), then expired while the provision
+    still holds it."""
     NOTHING = "nothing"
 
 
@@ -102,7 +106,7 @@ _DISCARDED = "a provision holds it, and EC2 may take it any moment: the provisio
 RESPONSES: dict[tuple[Notice, InstanceState], Row] = {
     **{(Notice.INTERRUPTION, s): Row(Response.EXPIRE, _LEAVES) for s in _WAITING},
     **{(Notice.REBALANCE, s): Row(Response.EXPIRE, _LEAVES) for s in _WAITING},
-    **{(Notice.INTERRUPTION, s): Row(Response.EXPIRE, _DISCARDED) for s in _HELD},
+    **{(Notice.INTERRUPTION, s): Row(Response.DISCARD, _DISCARDED) for s in _HELD},
     **{(Notice.REBALANCE, s): Row(Response.EXPIRE, _DISCARDED) for s in _HELD},
     (Notice.INTERRUPTION, InstanceState.RUNNING): Row(
         Response.MARK_INTERRUPTED, "it runs a job, which EC2 ends within two minutes unless it ends first"
@@ -123,10 +127,9 @@ def respond(event: Ec2Event, record: InstanceRecord | None) -> Row:
         return Row(Response.NOTHING, "its record is terminated already")
     if event.notice is Notice.STATE_CHANGE:
         return _state_change(event.detail.state, record)
-    row = RESPONSES[(event.notice, record.state)]
     if record.state is InstanceState.CREATED and record.run_key is None:
-        return Row(row.response, _LEAVES)
-    return row
+        return Row(Response.EXPIRE, _LEAVES)
+    return RESPONSES[(event.notice, record.state)]
 
 
 def _state_change(state: str | None, record: InstanceRecord) -> Row:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.interruptions import Ec2Event, Response, respond
+from runner_pool.domain.records import InstanceRecord
 
 ATTEMPTS = 3
 """Reads and writes per notice: each lost write is someone else's transition, and a record makes few."""
@@ -38,10 +39,15 @@ class Interruptions:
             row = respond(event, record)
             if record is None or row.response is Response.NOTHING:
                 return Heard(instance_id, row.response, row.why, written=False)
-            if row.response is Response.MARK_INTERRUPTED and record.run_key is not None:
-                result = self._table.mark_interrupted(instance_id, record.run_key)
-            else:
-                result = self._table.expire(instance_id, run_key=record.run_key)
-            if result.succeeded:
+            if self._write(row.response, record):
                 return Heard(instance_id, row.response, row.why, written=True)
         return Heard(instance_id, row.response, f"{row.why}; the record kept moving, left as it is", False)
+
+    def _write(self, response: Response, record: InstanceRecord) -> bool:
+        """The response's writes, each conditional on the record as read; whether the last one held."""
+        written = False
+        if response in (Response.MARK_INTERRUPTED, Response.DISCARD) and record.run_key is not None:
+            written = self._table.mark_interrupted(record.instance_id, record.run_key).succeeded
+        if response in (Response.EXPIRE, Response.DISCARD):
+            written = self._table.expire(record.instance_id, run_key=record.run_key).succeeded
+        return written
