@@ -14,6 +14,7 @@ import pytest
 from emulator.ec2_events import interruption_warning, rebalance_recommendation, state_change
 from emulator.harness.control_plane import LocalControlPlane, local_control_plane, stack_config
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.provision import Readiness, readiness
 from runner_pool.domain.release import ReleaseItem, ReleaseStatus
 
 RUN = "pool=101"
@@ -63,6 +64,30 @@ def test_a_held_instance_warned_is_expired_while_its_provision_holds_it(local: L
     assert record.threshold_passed(local.clock.now())
     # ... marked interrupted first: its runner may have been given a job already
     assert record.interrupted_at is not None
+
+
+def test_a_claimed_instance_warned_fails_its_claim_workers_next_check(local: LocalControlPlane) -> None:
+    # Given an idle instance a claim worker has just claimed and handed its runner
+    (idle,) = local.pooled()
+    assert local.table.claim(idle.instance_id, RUN, "worker-1").succeeded
+    local.table.write_heartbeat(idle.instance_id)
+    handed_over_at = local.clock.now()
+    # When EC2 warns that it interrupts it
+    local.hear(interruption_warning(idle.instance_id, local.clock.now()))
+    # Then the worker's next check finds it failed, so it discards it and tries the next candidate
+    now = local.clock.now()
+    verdict, reason = readiness(
+        local.record(idle.instance_id),
+        local.table.read_heartbeat(idle.instance_id),
+        local.table.read_signal(idle.instance_id),
+        run_key=RUN,
+        claim_token="worker-1",
+        handed_over_at=handed_over_at,
+        deadline=now + 20,
+        now=now,
+        timeouts=local.config.timeouts,
+    )
+    assert verdict is Readiness.FAILED, reason
 
 
 def test_a_running_instance_warned_is_marked_interrupted_and_keeps_its_job(local: LocalControlPlane) -> None:
