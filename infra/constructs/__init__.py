@@ -3,6 +3,7 @@
 from infra.constructs.functions import ControlPlaneFunctions
 from infra.constructs.ingress import Ingress
 from infra.constructs.instances import Instances
+from infra.constructs.interruptions import Interruptions
 from infra.constructs.observability import Observability
 from infra.constructs.pool_queues import PoolQueues
 from infra.constructs.provision import Provision
@@ -15,6 +16,7 @@ __all__ = [
     "ControlPlaneFunctions",
     "Ingress",
     "Instances",
+    "Interruptions",
     "Observability",
     "PoolQueues",
     "Provision",

@@ -390,6 +390,25 @@ class StateTable:
             ),
         )
 
+    def mark_interrupted(self, instance_id: str, run_key: str) -> TransitionResult:
+        """Held for `run_key` (running, claimed or created) → the same, interrupted: EC2 warned that it
+        interrupts the instance while a job of the run may run on it (GitHub can give the job to its runner
+        before the provision has set it running). Not a transition of state or threshold: what follows (an
+        expiry, its release, refresh's termination) reads the mark. Once: a second warning replays."""
+        now = self._clock.now()
+        held = (InstanceState.RUNNING, InstanceState.CLAIMED, InstanceState.CREATED)
+        return self._write(
+            instance_id,
+            update="SET interrupted_at = :now, updated_at = :now",
+            condition=(
+                f"#state IN ({', '.join(_state_placeholders(held))}) AND {RUN_KEY_ATTRIBUTE} = :run_key "
+                "AND #threshold > :now AND attribute_not_exists(interrupted_at)"
+            ),
+            names={"#state": "state", "#threshold": THRESHOLD_ATTRIBUTE},
+            values={":now": _value(now), ":run_key": _value(run_key), **_state_values(held)},
+            is_replay=lambda r: r.run_key == run_key and r.interrupted_at is not None,
+        )
+
     def activate(
         self, instance_id: str, run_key: str, max_runtime_minutes: int, claim_token: str | None = None
     ) -> TransitionResult:

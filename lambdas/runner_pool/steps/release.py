@@ -95,9 +95,10 @@ class Release:
         """Running, claimed or created → idle (or, never handed a runner, expired), and the run's runner
         deleted from GitHub.
 
-        An instance that must not serve again (single use, at its reuse limits, or it served a job with an
-        environment) is expired once idle instead of awaiting its receipt; one whose runner ran a foreign
-        job, or started a job with an environment without being handed over single use, is quarantined.
+        An instance that must not serve again (single use, at its reuse limits, it served a job with an
+        environment, or EC2 is interrupting it) is expired once idle instead of awaiting its receipt; one
+        whose runner ran a foreign job, or started a job with an environment without being handed over
+        single use, is quarantined.
         """
         now = self._clock.now()
         progress = ReleaseProgress(
@@ -120,6 +121,8 @@ class Release:
         # release changes none of it. A job with an environment leaves nothing to the pool, whatever
         # the record says of the hand-off.
         reason = "it served a job with an environment" if item.privileged else None
+        if reason is None and record.interrupted_at is not None:
+            reason = "EC2 is interrupting it (domain/interruptions.py)"
         if reason is None and self._reuse is not None:
             reason = self._reuse.retire_reason(record, now)
         if reason is None:
