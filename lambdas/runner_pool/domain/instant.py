@@ -1,0 +1,70 @@
+"""A class's instant tier: pristine instances whose runners wait registered with the class's generic label.
+
+A job that asks for `pool=instant/class=<class>` (domain/labels.py `instant_label`) is given by GitHub to
+a runner of the tier that is idle and listening, with no step of ours in between: GitHub "queues" a job on
+"runners that have all the labels that you specify", compared without case (docs.github.com, Actions,
+"Using self-hosted runners in a workflow" and "Using labels with self-hosted runners"), and a listening
+runner that asks for work is handed the oldest such job. No run is bound to such a runner, so only an
+instance nothing of an earlier job is on may wait so: a pristine one, which serves its one job and is
+terminated (never pooled), whatever the job's level of trust.
+
+The control plane follows: each `queued` job of the tier is one more runner asked for (whichever queued
+job GitHub gives it is fine), each `completed` one releases its instance to termination, and refresh tops
+the tier up to its size. The tier's runners then never outnumber its size plus the jobs queued for it: a
+queued job asks for one runner, and the runner it is given (or another's, which it then leaves waiting)
+is the one that job counts against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from runner_pool.domain.clock import Epoch
+from runner_pool.domain.labels import LabelError, instant_class, instant_label
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import Arch, InstanceRecord
+
+DEFAULT_RUNNER_LABELS = ("self-hosted", "linux")
+"""The labels GitHub gives every self-hosted runner besides its architecture's ("Using labels with
+self-hosted runners", default labels; a JIT runner gets them too): a job may list them beside the tier's
+label and still be given one of its runners."""
+
+
+def instant_job(labels: Sequence[str], arch: Arch) -> str | None:
+    """The class whose instant tier a job's `labels` ask for; None for a job that asks for none.
+
+    LabelError for one that asks for a tier but lists a label the tier's runners never carry: GitHub
+    would never give it one, so it is not counted as the tier's demand."""
+    classes = [name for name in map(instant_class, labels) if name is not None]
+    if not classes:
+        return None
+    label = instant_label(classes[0])
+    if len(set(classes)) > 1:
+        raise LabelError(label, "a job asks for one instant tier, this one for several")
+    carried = {label, *DEFAULT_RUNNER_LABELS, arch.value}
+    missing = sorted({other.lower() for other in labels} - carried)
+    if missing:
+        raise LabelError(
+            label,
+            f"the instant tier's runners carry only {', '.join(sorted(carried))}; this job also asks for "
+            f"{', '.join(missing)}, which none of them has",
+        )
+    return classes[0]
+
+
+def tier_holds(records: Iterable[InstanceRecord], resource_class: str, now: Epoch) -> int:
+    """The instances that hold the tier's label now: waiting registered, registering, or on their job."""
+    label = instant_label(resource_class)
+    return sum(
+        1
+        for record in records
+        if record.run_key == label
+        and record.state is not InstanceState.TERMINATED
+        and not record.threshold_passed(now)
+    )
+
+
+def tier_shortfall(size: int, held: int) -> int:
+    """How many runners refresh asks for to bring the tier to `size`. Those on a job count as held until
+    their job completes: the `queued` that started the job asked for its own replacement already."""
+    return max(0, size - held)
