@@ -49,19 +49,22 @@ class RepositoryRunnerGroups:
         if held is not None:
             return held
         name = runner_group_name(repository_id)
-        group_id = self._api.call(lambda: find_group(self._api, self._org, name))
+        group_id = self._api.call(lambda: self._find(name))
         if group_id is None:
             try:
                 group_id = self._api.call(lambda: self._create(name, repository_id))
             except GitHubRejectedError as exc:
                 if exc.status != httpx.codes.CONFLICT:
                     raise
-                group_id = self._api.call(lambda: find_group(self._api, self._org, name))
+                group_id = self._api.call(lambda: self._find(name))
                 if group_id is None:
                     raise
         with self._lock:
             self._groups[repository_id] = group_id
         return group_id
+
+    def _find(self, name: str) -> int | None:
+        return find_group(self._api, self._org, name)
 
     def _create(self, name: str, repository_id: int) -> int:
         response = self._api.rest.actions.create_self_hosted_runner_group_for_org(
