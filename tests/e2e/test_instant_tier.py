@@ -108,3 +108,22 @@ def test_twice_the_tiers_size_of_jobs_at_once_are_all_served(system: World) -> N
         eventually(lambda i=instance_id: ended(system, i), f"{instance_id} to be terminated", 60.0)
     tier_ready(system)
     accounted(system)
+
+
+def test_a_waiting_runner_whose_instance_dies_is_deleted_and_replaced(system: World) -> None:
+    # Given the tier's runners waiting
+    tier_ready(system)
+    runner_id = waiting_runners(system)[0]
+    with system.github.state.lock:
+        name = system.github.state.runners[runner_id].name
+    instance_id = instance_of_runner(name)
+    assert instance_id is not None
+    # When one's instance dies where it stands (EC2 still runs it; its runner falls silent)
+    system.instances.crash(instance_id)
+    # Then GitHub's runner is deleted once GitHub shows it offline, the instance is terminated, and the
+    # tier waits at its size again with a new runner
+    eventually(lambda: runner_id not in system.github.state.runners, f"runner {runner_id} deleted", 60.0)
+    eventually(lambda: ended(system, instance_id), f"{instance_id} to be terminated", 60.0)
+    tier_ready(system)
+    assert runner_id not in waiting_runners(system)
+    accounted(system)

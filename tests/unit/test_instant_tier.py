@@ -12,12 +12,13 @@ from emulator.harness.webhooks import REPOSITORY, completed_job, queued_job
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.demand import InstanceRelease, InstantQueued
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
-from runner_pool.domain.instant import instant_job, tier_holds, tier_shortfall
+from runner_pool.domain.instant import instant_job, tier_holds, tier_shortfall, waited_offline
 from runner_pool.domain.labels import CLASS_NAME, LabelError, RunnerLabel, instant_class, instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import single_use
 from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
 from runner_pool.domain.run_keys import RunKey
+from runner_pool.domain.runners import RegisteredRunner, RunnerStatus
 from runner_pool.domain.webhooks import Accepted, Delivery, Ignored, Unserved, WorkflowJobEvent, verdict
 
 CLASSES = st.from_regex(CLASS_NAME, fullmatch=True)
@@ -146,6 +147,34 @@ def test_the_shortfall_brings_the_tier_to_its_size_and_never_past_it(size: int, 
     short = tier_shortfall(size, held)
     assert short >= 0
     assert held + short == max(size, held)
+
+
+def offline(runner_id: int = 7, label: str = LABEL) -> RegisteredRunner:
+    return RegisteredRunner(runner_id, RUNNER, RunnerStatus.OFFLINE, (label, "self-hosted"))
+
+
+def test_a_tier_runner_offline_while_its_instance_ran_for_it_waited_offline() -> None:
+    # Given a record running for the tier with runner 7, which GitHub lists offline
+    held = record(InstanceState.RUNNING, LABEL).model_copy(update={"runner_id": 7})
+    # When judged at 50 / Then it died waiting: its instance is to be ended and replaced
+    assert waited_offline(held, offline(), 50.0)
+
+
+@pytest.mark.parametrize(
+    ("state", "runner_id", "label"),
+    [
+        (InstanceState.CREATED, 7, LABEL),
+        (InstanceState.CLAIMED, 7, LABEL),
+        (InstanceState.RUNNING, 8, LABEL),
+        (InstanceState.RUNNING, 7, "pool=4242/class=large"),
+    ],
+    ids=["created-may-still-start", "claimed-may-still-start", "another-runner", "a-runs-runner"],
+)
+def test_an_offline_runner_that_may_still_start_or_is_not_the_tiers_did_not_wait_offline(
+    state: InstanceState, runner_id: int, label: str
+) -> None:
+    held = record(state, label).model_copy(update={"runner_id": runner_id})
+    assert not waited_offline(held, offline(7, label), 50.0)
 
 
 def test_a_schedule_sizes_the_tier_by_its_open_window() -> None:

@@ -23,6 +23,7 @@ from runner_pool.domain.clock import Epoch
 from runner_pool.domain.labels import LabelError, instant_class, instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Arch, InstanceRecord
+from runner_pool.domain.runners import RegisteredRunner, RunnerStatus
 
 DEFAULT_RUNNER_LABELS = ("self-hosted", "linux")
 """The labels GitHub gives every self-hosted runner besides its architecture's ("Using labels with
@@ -68,3 +69,21 @@ def tier_shortfall(size: int, held: int) -> int:
     """How many runners refresh asks for to bring the tier to `size`. Those on a job count as held until
     their job completes: the `queued` that started the job asked for its own replacement already."""
     return max(0, size - held)
+
+
+def waited_offline(record: InstanceRecord | None, runner: RegisteredRunner, now: Epoch) -> bool:
+    """Whether a tier's runner GitHub lists offline had been listening on its instance: the record is
+    running for the tier's label with this runner, which it goes to only once the agent said the runner
+    was listening (`UD_REG_OK`). The runner died or lost GitHub while waiting (a busy one is online, one
+    done with its job is gone from the list), so its instance is ended and the tier refilled. One still
+    created or claimed for it may yet start its runner, and is left alone."""
+    return (
+        record is not None
+        and record.state is InstanceState.RUNNING
+        and record.run_key is not None
+        and instant_class(record.run_key) is not None
+        and record.run_key == runner.run_key
+        and record.runner_id == runner.runner_id
+        and runner.status is RunnerStatus.OFFLINE
+        and not record.threshold_passed(now)
+    )
