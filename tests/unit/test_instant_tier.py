@@ -12,7 +12,13 @@ from emulator.harness.webhooks import REPOSITORY, completed_job, queued_job
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.demand import InstanceRelease, InstantQueued
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
-from runner_pool.domain.instant import instant_job, tier_holds, tier_shortfall, waited_offline
+from runner_pool.domain.instant import (
+    instant_job,
+    surplus_waiting,
+    tier_holds,
+    tier_shortfall,
+    waited_offline,
+)
 from runner_pool.domain.labels import CLASS_NAME, LabelError, RunnerLabel, instant_class, instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import single_use
@@ -147,6 +153,27 @@ def test_the_shortfall_brings_the_tier_to_its_size_and_never_past_it(size: int, 
     short = tier_shortfall(size, held)
     assert short >= 0
     assert held + short == max(size, held)
+
+
+def test_waiting_runners_beyond_the_size_are_surplus_those_on_a_job_never() -> None:
+    # Given four instances running for the tier with a runner, one of them on a job (its repository
+    # noted), and one still created
+    def waiting(number: int, **update: object) -> InstanceRecord:
+        found = record(InstanceState.RUNNING, LABEL).model_copy(
+            update={"instance_id": f"i-{number:017x}", "runner_id": number, "updated_at": float(number)}
+        )
+        return found.model_copy(update=update)
+
+    records = [
+        waiting(1),
+        waiting(2, repository="octo-org/app"),
+        waiting(3),
+        waiting(4),
+        record(InstanceState.CREATED, LABEL),
+    ]
+    # When a tier of 2 is judged / Then the one waiting longest beyond it is surplus, never the busy one
+    assert surplus_waiting(records, "large", 2, 50.0) == [f"i-{1:017x}"]
+    assert surplus_waiting(records, "large", 3, 50.0) == []
 
 
 def offline(runner_id: int = 7, label: str = LABEL) -> RegisteredRunner:

@@ -10,9 +10,11 @@ terminated (never pooled), whatever the job's level of trust.
 
 The control plane follows: each `queued` job of the tier is one more runner asked for (whichever queued
 job GitHub gives it is fine), each `completed` one releases its instance to termination, and refresh tops
-the tier up to its size. The tier's runners then never outnumber its size plus the jobs queued for it: a
-queued job asks for one runner, and the runner it is given (or another's, which it then leaves waiting)
-is the one that job counts against.
+the tier up to its size. The tier's runners then outnumber its size plus the jobs queued for it only for
+a moment: a queued job asks for one runner, and the runner it is given (or another's, which it then
+leaves waiting) is the one that job counts against; one asked for a job that was cancelled, or taken by
+a runner asked for by another, leaves more waiting than the size, which refresh takes back
+(`surplus_waiting`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,30 @@ def tier_holds(records: Iterable[InstanceRecord], resource_class: str, now: Epoc
         and record.state is not InstanceState.TERMINATED
         and not record.threshold_passed(now)
     )
+
+
+def surplus_waiting(
+    records: Iterable[InstanceRecord], resource_class: str, size: int, now: Epoch
+) -> list[str]:
+    """The tier's waiting instances beyond its size, oldest hand-over first: running for its label with
+    a runner that has not been seen taking a job (no repository noted, `StateTable.job_started`). A
+    waiting runner GitHub had a job for would have been given it, so more of them than the tier's size
+    are more than any queued job needs: a replacement asked for a job that was cancelled, or that another
+    runner took. Those on a job are not counted: they end with it."""
+    label = instant_label(resource_class)
+    waiting = sorted(
+        (
+            record
+            for record in records
+            if record.run_key == label
+            and record.state is InstanceState.RUNNING
+            and record.repository is None
+            and record.runner_id is not None
+            and not record.threshold_passed(now)
+        ),
+        key=lambda record: record.updated_at,
+    )
+    return [record.instance_id for record in waiting[: max(0, len(waiting) - size)]]
 
 
 def tier_shortfall(size: int, held: int) -> int:

@@ -59,16 +59,16 @@ from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.domain.clock import Clock
+from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
-from runner_pool.domain.instant import tier_holds, tier_shortfall
+from runner_pool.domain.instant import surplus_waiting, tier_holds, tier_shortfall
 from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PickupManager, PoolQueue
 from runner_pool.domain.pool_partitions import PoolPartition
-from runner_pool.domain.records import PoolMessage, Signal, UsageClass
+from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal, UsageClass
 from runner_pool.domain.refresh import (
     JOB_RESERVE_SECONDS,
     ORPHAN_GRACE_SECONDS,
@@ -85,7 +85,7 @@ from runner_pool.domain.refresh import (
     untracked,
 )
 from runner_pool.domain.registration_budget import RegistrationBudget
-from runner_pool.domain.runners import GitHubError, RunnerRegistry
+from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
 from runner_pool.domain.stopped_tier import (
     awaiting_stop,
     clean_to_stop,
@@ -448,8 +448,10 @@ class Refresh:
             if size == 0:
                 continue
             label = instant_label(name)
-            held = tier_holds(self._table.held_by(label), name, now)
+            records = self._table.held_by(label)
+            held = tier_holds(records, name, now)
             report.instant[name] = held
+            held -= self._take_back(records, name, size, now)
             short = min(tier_shortfall(size, held), PROVISION_LIMIT)
             if short == 0:
                 continue
@@ -461,6 +463,26 @@ class Refresh:
             )
             self._executions().provision(request)
             report.instant_asked[name] += short
+
+    def _take_back(self, records: list[InstanceRecord], name: str, size: int, now: Epoch) -> int:
+        """End the tier's waiting instances beyond its size: each runner deleted at GitHub first, which
+        GitHub refuses for a runner that has taken a job meanwhile (it is then left to its job). How
+        many were ended."""
+        ended = 0
+        for instance_id in surplus_waiting(records, name, size, now):
+            record = next(r for r in records if r.instance_id == instance_id)
+            if record.runner_id is None:
+                continue
+            try:
+                removal = self._registry().delete_runner(record.runner_id)
+            except GitHubError:
+                logger.warning("surplus instant runner not deleted; next run", instance_id=instance_id)
+                continue
+            if removal is RunnerRemoval.BUSY:
+                continue
+            if self._table.expire(instance_id, run_key=record.run_key).succeeded:
+                ended += 1
+        return ended
 
     # --- 7. missed webhooks --------------------------------------------------------------------
 
