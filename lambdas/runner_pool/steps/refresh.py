@@ -27,7 +27,9 @@ steps.reconcile:
    instances marked for the tier; a minimum that drops (a schedule's window closes) terminates nothing;
 5b. instant tier: each class whose instant tier holds fewer instances than its size asks for the rest
    in one provision (domain/instant.py); one whose instance died or whose runner exited is short by it
-   once jobs 1, 2 and 8 have ended it, and GitHub's runner is deleted by job 6;
+   once jobs 1, 2 and 8 have ended it (job 6 ends one whose runner GitHub shows offline), and GitHub's
+   runner is deleted by job 6; waiting runners beyond the size are deleted at GitHub and their
+   instances ended;
 6. runners: our runners GitHub lists as offline are deleted, unless one may still start;
 7. redeliveries: webhook deliveries that failed in the last hour are asked for again;
 8. dead runners: a running instance whose agent reports its runner exited before it took a job
