@@ -19,6 +19,7 @@ BENCHMARKS = (
     "provision",
     "webhook",
     "emulator",
+    "emulator_single_use",
     "burst",
     "burst_1000",
     "burst_at_concurrency_10",

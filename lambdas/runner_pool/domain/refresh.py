@@ -133,6 +133,16 @@ def refresh_tick(at: Epoch, config: StackConfig) -> int:
     return int(at // (config.refresh_rate_minutes * 60))
 
 
+def pool_shortfall(
+    minimum: int, pristine_minimum: int, *, idle: int, idle_pristine: int, booting: int
+) -> int:
+    """How many instances of a class refresh launches for the pool: the shortfall of idle ones below its
+    warm minimum, or of pristine ones among them below its pristine minimum, whichever is larger. What is
+    launched for the pool is pristine, so it counts toward both (domain/config.py WarmMinimum), as do the
+    instances still booting for the pool; 0 when neither falls short."""
+    return max(0, minimum - idle - booting, pristine_minimum - idle_pristine - booting)
+
+
 def untracked(record: InstanceRecord | None) -> bool:
     return record is None or record.state is InstanceState.TERMINATED
 

@@ -84,6 +84,7 @@ from runner_pool.domain.refresh import (
     batches,
     booting_for_pool,
     in_turn,
+    pool_shortfall,
     untracked,
 )
 from runner_pool.domain.registration_budget import RegistrationBudget
@@ -385,9 +386,12 @@ class Refresh:
             name: self._config.pristine_minimum(name, now) for name in self._config.resource_classes
         }
         short = {
-            name: max(
-                report.minimum[name] - idle[name] - booting[name],
-                report.pristine_minimum[name] - pristine[name] - booting[name],
+            name: pool_shortfall(
+                report.minimum[name],
+                report.pristine_minimum[name],
+                idle=idle[name],
+                idle_pristine=pristine[name],
+                booting=booting[name],
             )
             for name in self._config.resource_classes
         }
