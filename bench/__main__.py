@@ -26,6 +26,7 @@ BENCHMARKS = (
     "quotas",
     "lambda_runtime",
     "day_trace",
+    "instant",
 )
 """Modules of this package with `run(**size) -> BenchTable` and a `SMALL` size; later issues add theirs."""
 

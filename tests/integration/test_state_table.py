@@ -1556,3 +1556,28 @@ def test_a_marker_moved_by_another_run_to_the_same_value_is_still_lost(
     second = other.move_marker("warm-pool", 60, expected=None)
     # Then only the first owns the slot: the same value is not mistaken for one's own write
     assert (first, second) == (True, False)
+
+
+def test_an_instant_runners_job_start_restarts_its_runtime_and_names_its_repository(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given an instance running for an instant tier with runner 4242, its runner waiting since 1000 s
+    label = "pool=instant/class=large"
+    facts = builders.facts(78)
+    state_table.create(facts, run_key=label)
+    state_table.record_runner(facts.instance_id, label, 4242)
+    state_table.activate(facts.instance_id, label, 10)
+    clock.advance(500)
+    # When its runner takes a job of octo-org/app, the start reported twice; and another runner's
+    started = state_table.job_started(facts.instance_id, label, 4242, "octo-org/app", 10)
+    again = state_table.job_started(facts.instance_id, label, 4242, "octo-org/app", 10)
+    other = state_table.job_started(facts.instance_id, label, 1, "octo-org/lib", 10)
+    # Then its runtime runs from the start, the record names the repository, a repeat changes nothing,
+    # and a start reported for another runner is not its own
+    assert started.succeeded
+    assert again.succeeded
+    assert started.record is not None
+    assert started.record.threshold == clock.now() + 600
+    assert started.record.repository == "octo-org/app"
+    assert started.record.state is InstanceState.RUNNING
+    assert other.outcome is Outcome.LOST

@@ -563,6 +563,30 @@ class StateTable:
             ),
         )
 
+    def job_started(
+        self, instance_id: str, run_key: str, runner_id: int, repository: str, max_runtime_minutes: int
+    ) -> TransitionResult:
+        """running → running: the runner `runner_id` of an instance that waited for any job (an instant
+        tier's, domain/instant.py) took one of `repository`. Its runtime starts now, not when it began to
+        wait, and the record names the repository it now serves. Not for a quarantined record."""
+        now = self._clock.now()
+        return self._transition(
+            instance_id,
+            now,
+            expect_states=(InstanceState.RUNNING,),
+            expect_run_key=run_key,
+            expect_runner_id=runner_id,
+            new_state=None,
+            threshold_in=max_runtime_minutes * 60.0,
+            set_fields={REPOSITORY_ATTRIBUTE: repository},
+            is_replay=lambda r: (
+                r.state is InstanceState.RUNNING
+                and r.runner_id == runner_id
+                and r.repository == repository
+                and not r.threshold_passed(now)
+            ),
+        )
+
     def release_served(self, instance_id: str, run_key: str, runner_id: int) -> TransitionResult:
         """running | claimed | created → idle: the hand-off to `runner_id` ends (its job completed, or
         its run did).

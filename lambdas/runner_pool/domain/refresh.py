@@ -77,6 +77,10 @@ class RefreshReport:
     """Instances launched for the pool whose agent reported UD_FAILED; expired."""
     launched: Counter[str] = field(default_factory=Counter)
     launched_for_stopped: Counter[str] = field(default_factory=Counter)
+    instant: dict[str, int] = field(default_factory=dict)
+    """Per class with an instant tier, the instances holding its label at this run."""
+    instant_asked: Counter[str] = field(default_factory=Counter)
+    """Per class, the runners its instant tier was short of and a provision was asked for."""
     """Instances launched per class for the stopped minimum (stopped once admitted)."""
     idle: dict[str, int] = field(default_factory=dict)
     """Idle instances per class before the top-up: the pool's size."""
