@@ -70,7 +70,8 @@ def test_a_job_on_the_generic_label_runs_on_a_waiting_runner_and_its_instance_is
     assert INSTANT_RUNNER_GROUP in groups
     waiting = waiting_runners(system)
     # When a job asks for the generic label
-    run = system.github.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL, seconds=3.0)])
+    # (long enough for its start to be followed, webhook and release check, on a loaded machine)
+    run = system.github.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL, seconds=15.0)])
     job: FakeJob = system.github.state.jobs[run.job_ids[0]]
     eventually(lambda: job.status is not JobStatus.QUEUED, "the job to start", 30.0)
     # Then it started on a runner that was registered and listening before the job was queued: nothing
@@ -85,7 +86,7 @@ def test_a_job_on_the_generic_label_runs_on_a_waiting_runner_and_its_instance_is
         "the job's start to be noted on its instance",
         30.0,
     )
-    eventually(lambda: job.status is JobStatus.COMPLETED, "the job to complete", 30.0)
+    eventually(lambda: job.status is JobStatus.COMPLETED, "the job to complete", 60.0)
     assert job.conclusion is Conclusion.SUCCESS
     # And its instance is terminated after its job, never pooled
     eventually(lambda: ended(system, instance_id), f"{instance_id} to be terminated", 60.0)
