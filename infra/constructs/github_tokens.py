@@ -7,9 +7,11 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from infra.constructs.functions import ControlPlaneFunctions
+from runner_pool.adapters.aws_clients import READ_TIMEOUT_SECONDS
 
-TOKEN_TIMEOUT_SECONDS = 15
-"""One token request or one page walk of the App's deliveries: GitHub answers in well under a second."""
+TOKEN_TIMEOUT_SECONDS = READ_TIMEOUT_SECONDS
+"""No longer than a caller waits for an invocation's answer (its Lambda client's read timeout), past which
+the caller tries again and would find this one still running."""
 
 
 class GitHubTokens(Construct):
