@@ -7,11 +7,7 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from infra.constructs.functions import ControlPlaneFunctions
-from runner_pool.adapters.aws_clients import READ_TIMEOUT_SECONDS
-
-TOKEN_TIMEOUT_SECONDS = READ_TIMEOUT_SECONDS
-"""No longer than a caller waits for an invocation's answer (its Lambda client's read timeout), past which
-the caller tries again and would find this one still running."""
+from runner_pool.adapters.github_token_function import TOKEN_FUNCTION_TIMEOUT_SECONDS
 
 
 class GitHubTokens(Construct):
@@ -31,7 +27,7 @@ class GitHubTokens(Construct):
             self,
             "github_token.github_token",
             description="the only reader of the GitHub App's key: mints narrowed installation tokens",
-            timeout=Duration.seconds(TOKEN_TIMEOUT_SECONDS),
+            timeout=Duration.seconds(TOKEN_FUNCTION_TIMEOUT_SECONDS),
             memory_mib=256,
         )
         github_app_key.grant_read(self.function)

@@ -24,7 +24,7 @@ from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
-from runner_pool.adapters.github_token_function import TokenFunction
+from runner_pool.adapters.github_token_function import TokenFunction, invoking_client
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.adapters.pool_queues import PoolQueues
@@ -293,6 +293,8 @@ class ControlPlane:
 
 
 def _default_client(service: str) -> Any:
+    if service == "lambda":  # only ever to invoke the token function, which may take longer than a call
+        return invoking_client()
     return aws_clients.client(service)
 
 

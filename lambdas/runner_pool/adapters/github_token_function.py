@@ -14,10 +14,21 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from runner_pool.adapters import aws_clients
 from runner_pool.adapters.github_app_answers import AppAnswer, AppRequest, raised
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.github_tokens import InstallationToken, Permissions
 from runner_pool.domain.runners import FailedDelivery, GitHubError, GitHubUnavailableError
+
+TOKEN_FUNCTION_TIMEOUT_SECONDS = 20
+"""The token function's timeout: past a read of the App's key throttled through every attempt
+(aws_clients.throttled_wait_seconds, 13 s) and GitHub's answer to one token request."""
+
+
+def invoking_client() -> Any:
+    """A Lambda client whose read timeout outlasts the token function's own, so a slow invocation (a cold
+    start, a throttled read of the key) is waited for, never given up and invoked again while it runs."""
+    return aws_clients.long_poll_client("lambda", TOKEN_FUNCTION_TIMEOUT_SECONDS)
 
 
 class TokenFunction:
