@@ -21,7 +21,7 @@ from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.doctor import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
 from runner_pool.domain.github_tokens import RUN_READS, AppIdentity, registration_permissions
 from runner_pool.domain.registration_budget import HourlyQuota
-from runner_pool.domain.runner_scope import Registration, RunnerScope
+from runner_pool.domain.runner_scope import OrganizationScope, Registration, RunnerScope
 from runner_pool.domain.runners import (
     DEFAULT_RUNNER_GROUP_ID,
     FailedDelivery,
@@ -55,8 +55,9 @@ class GitHubApp:
     ) -> None:
         """`base_url` is `https://<host>/api/v3/` for GitHub Enterprise Server. `api_version` overrides
         the `X-GitHub-Api-Version` githubkit sends (its newest); GHES answers only the versions of
-        its release, e.g. `2022-11-28`. `app_id` may be the App's id or its client id. `registration`
-        is used by an organisation scope only (domain.runner_scope.Registration);
+        its release, e.g. `2022-11-28`. `identity` issues its installation tokens, one per permission set
+        (domain/github_tokens.py). `registration` is used by an organisation scope only
+        (domain.runner_scope.Registration);
         `groups_allow_public_repositories` lets the runner groups it creates take public repositories'
         jobs, which GitHub refuses by default."""
         self._identity = identity
@@ -65,7 +66,9 @@ class GitHubApp:
         self._api = GitHubApi(
             identity.installation_token,
             identity.installation_id,
-            permissions=registration_permissions(registration),
+            permissions=registration_permissions(
+                registration if isinstance(scope, OrganizationScope) else Registration.REPOSITORY
+            ),
             base_url=base_url,
             api_version=api_version,
             clock=clock,
