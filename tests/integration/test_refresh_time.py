@@ -1,6 +1,9 @@
-"""Refresh within its time (issue 38, item 7): a job begins only with enough of the Lambda's time left, the
-rest continue on the next run, and every job gets its turn within a few runs, however large the
-organisation. Time is the fake GitHub's: each request to it takes a quarter of a second."""
+"""Refresh within its time: a job begins only with enough of the Lambda's time left, the rest continue on
+the next run, and every job gets its turn within a few runs, however large the organisation. Time is the
+fake GitHub's: each request to it takes a quarter of a second.
+
+The organisation registers at each repository: its runners are then listed one repository at a time,
+the most requests a refresh run makes (in runner groups they are listed once, at the organisation)."""
 
 from __future__ import annotations
 
@@ -24,7 +27,12 @@ JOBS = 13
 
 @pytest.fixture
 def organisation() -> Iterator[LocalControlPlane]:
-    github = {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": OWNER}
+    github = {
+        "app_id": str(APP_ID),
+        "installation_id": INSTALLATION_ID,
+        "scope": OWNER,
+        "registration": "repository",
+    }
     with local_control_plane(stack_config(github=github)) as plane:
         yield plane
 
