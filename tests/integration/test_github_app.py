@@ -20,7 +20,6 @@ from runner_pool.domain.runner_scope import OrganizationScope, Registration, Rep
 from runner_pool.domain.runners import (
     GitHubAuthError,
     GitHubError,
-    GitHubForbiddenError,
     GitHubNotFoundError,
     GitHubRateLimitedError,
     GitHubRejectedError,
@@ -29,6 +28,7 @@ from runner_pool.domain.runners import (
     RepositoryUnknownError,
     RunnerRemoval,
     RunnerStatus,
+    refused_for_good,
 )
 from runner_pool.domain.trust import RunFacts, TrustLevel, run_trust
 from tests.support.builders import run_key
@@ -618,10 +618,12 @@ def test_a_missing_permission_is_forbidden(connect: Connect, fake: FakeGitHub) -
     github = connect(ORGANIZATION)
 
     # When it asks for an organisation runner
-    # Then GitHub refuses it as forbidden, which no retry will change
-    with pytest.raises(GitHubForbiddenError) as refused:
+    # Then GitHub refuses the token it needs for that, narrowed to a permission the installation has not
+    # got, for good: no retry will change it
+    with pytest.raises(GitHubRejectedError) as refused:
         github.jit_config("i-0abc-7", [run_key(7)])
-    assert not isinstance(refused.value, GitHubRetryableError)
+    assert refused.value.status == 422
+    assert refused_for_good(refused.value)
 
 
 def test_a_repository_the_installation_cannot_see_is_not_found(connect: Connect) -> None:
