@@ -19,12 +19,14 @@ BENCHMARKS = (
     "provision",
     "webhook",
     "emulator",
+    "emulator_single_use",
     "burst",
     "burst_1000",
     "burst_at_concurrency_10",
     "quotas",
     "lambda_runtime",
     "day_trace",
+    "instant",
 )
 """Modules of this package with `run(**size) -> BenchTable` and a `SMALL` size; later issues add theirs."""
 

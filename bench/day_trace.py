@@ -10,10 +10,15 @@ What is the product's own code: the hot and stopped minimums in force at each mo
 the stopped tier's maximum (`pool.stopped_maximum`), the idle time in the pool
 (`timeouts.idle_seconds`), whether a released instance is retired or pooled (`reuse.retire_reason`:
 `max_jobs`, `max_age_minutes`), which pool instance pickup still offers (`reuse.too_old`), the
-refresh period (`refresh_rate_minutes`), and the volume size (`instances.root_volume_gib`). What refresh
-does is modelled as refresh does it (lambdas/runner_pool/domain/refresh.py): each tick terminates what
-is due, then admits booted pool instances, then launches the shortfall below the minimum, counting
-idle instances whose idle time has not passed and pool instances still booting. An idle instance at the
+refresh period (`refresh_rate_minutes`), and the volume size (`instances.root_volume_gib`). Who may
+take what is the product's too: whether a job is served single use (domain/provision.py `single_use`:
+`reuse.mode: single-use`, `reuse.max_jobs: 1`, its level of trust; the trace's jobs are trusted, a
+push's), and which idle or stopped instance its jobs may take (domain/pickup.py `Taker.may_take`: a
+single-use job only a pristine one). What refresh does is modelled as refresh does it
+(lambdas/runner_pool/domain/refresh.py): each tick terminates what is due, then admits booted pool
+instances, then launches the shortfall below the minimum (`pool_shortfall`: below the warm minimum or
+below the pristine minimum, `StackConfig.pristine_minimum`, whichever is larger), counting idle
+instances whose idle time has not passed and pool instances still booting. An idle instance at the
 minimum is not kept: its idle time runs out and refresh replaces it, as the product does today.
 
 The stopped tier is the product's (domain/stopped_tier.py), and the model
@@ -51,6 +56,7 @@ from emulator.boot_model import BootModel, Path
 from emulator.instances import instance_facts
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import (
+    ReuseMode,
     ReuseSettings,
     StackConfig,
     WarmMinimum,
@@ -58,8 +64,14 @@ from runner_pool.domain.config import (
     Weekday,
     WorkflowType,
 )
+from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.records import InstanceRecord, UsageClass
+from runner_pool.domain.pickup import Taker
+from runner_pool.domain.provision import single_use
+from runner_pool.domain.records import InstanceRecord, PoolMessage, UsageClass
+from runner_pool.domain.refresh import pool_shortfall
+from runner_pool.domain.run_keys import RunKey
+from runner_pool.domain.trust import TrustLevel
 from runner_pool.prices import gp3_hourly, on_demand_hourly
 
 DAY = date(2026, 11, 24)
@@ -69,6 +81,8 @@ RESOURCE_CLASS = "large"
 INSTANCE_TYPE = "c7i.large"
 """The smallest current-generation compute type in class large's fence (2 vCPU, 4 GiB)."""
 REPOSITORY = "octo/app"
+TRUST = TrustLevel.TRUSTED
+"""The trace's runs are pushes of the repository's own code: jobs that may follow one another."""
 WEEKDAYS = (Weekday.MON, Weekday.TUE, Weekday.WED, Weekday.THU, Weekday.FRI)
 
 RUNS_PER_LOCAL_HOUR = (
@@ -112,10 +126,14 @@ def working_day(runs: int, seed: int, day: date = DAY, time_zone: str = TIME_ZON
     return sorted(jobs, key=lambda job: job.queued_at)
 
 
-def working_hours_minimum(count: int, time_zone: str = TIME_ZONE, stopped: int = 0) -> WarmMinimum:
-    """A warm minimum of `count` hot and `stopped` stopped on weekdays 08:00-18:00 in `time_zone`, none
-    outside."""
-    window = WarmWindow(days=WEEKDAYS, start="08:00", end="18:00", hot=count, stopped=stopped)
+def working_hours_minimum(
+    count: int, time_zone: str = TIME_ZONE, stopped: int = 0, pristine: int = 0
+) -> WarmMinimum:
+    """A warm minimum of `count` hot and `stopped` stopped, `pristine` of the idle ones never used, on
+    weekdays 08:00-18:00 in `time_zone`, none outside."""
+    window = WarmWindow(
+        days=WEEKDAYS, start="08:00", end="18:00", hot=count, stopped=stopped, pristine=pristine
+    )
     return WarmMinimum(time_zone=time_zone, windows=(window,))
 
 
@@ -133,14 +151,19 @@ class Policy:
 
 
 def policies(
-    hot: int = 6, hot_with_stopped: int = 3, stopped: int = 6, stopped_maximum: int = 12
+    hot: int = 6, hot_with_stopped: int = 3, stopped: int = 6, stopped_maximum: int = 12, pristine: int = 6
 ) -> list[Policy]:
-    """No pool, hot only, hot+stopped; each with a boot-time install and with a baked image."""
+    """No pool, hot only, hot+stopped, and single use (a pool of `pristine` instances no job has used, each
+    job's instance terminated after it); each with a boot-time install and with a baked image."""
     shapes = {
         "no_pool": StackConfig(reuse=ReuseSettings(max_jobs=1)),
         "hot": StackConfig(warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(hot)}),
         "hot_stopped": stopped_tier_config(
             working_hours_minimum(hot_with_stopped, stopped=stopped), stopped_maximum
+        ),
+        "single_use": StackConfig(
+            reuse=ReuseSettings(mode=ReuseMode.SINGLE_USE),
+            warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(0, pristine=pristine)},
         ),
     }
     return [
@@ -181,6 +204,9 @@ class Instance:
     agent_up_at: Epoch = 0.0
     for_stopped: bool = False
     jobs_served: int = 0
+    trust: TrustLevel | None = None
+    single_use: bool = False
+    """As the product's record has them after its last hand-off: the level served, and whether single use."""
     threshold: Epoch = 0.0
     offered_at: Epoch = 0.0
     billed_seconds: float = 0.0
@@ -238,6 +264,7 @@ class DaySimulation:
         self._instances: list[Instance] = []
         self._outstanding = 0
         self._day_end = 0.0
+        self._taker = taker(policy.config)
         self.outcome = Outcome(policy)
 
     def run(self, jobs: list[Job]) -> Outcome:
@@ -270,7 +297,8 @@ class DaySimulation:
         return sum(segment.draw(self._rng) for segment in segments)  # type: ignore[attr-defined]
 
     def _pickup(self, job: Job, now: Epoch) -> None:
-        """Pickup prefers an idle instance still offered, then a stopped one (modelled), then a launch."""
+        """Pickup prefers an idle instance still offered, then a stopped one (modelled), then a launch; of
+        each, only those the jobs may take (`Taker.may_take`: a single-use job only a pristine one)."""
         reuse = self._config.reuse
         hot = [
             i
@@ -278,9 +306,14 @@ class DaySimulation:
             if i.tier is Tier.IDLE
             and i.offered_at <= now < i.threshold
             and not reuse.too_old(i.launched_at, now)
+            and self._taker.may_take(self._offer(i, now), reuse)
         ]
         stopped = [
-            i for i in self._instances if i.tier is Tier.STOPPED and not reuse.too_old(i.launched_at, now)
+            i
+            for i in self._instances
+            if i.tier is Tier.STOPPED
+            and not reuse.too_old(i.launched_at, now)
+            and self._taker.may_take(self._offer(i, now), reuse)
         ]
         if hot:
             instance, path = min(hot, key=lambda i: i.offered_at), Path.HOT
@@ -290,6 +323,7 @@ class DaySimulation:
             instance, path = self._launch(now, Tier.BUSY), self._policy.cold_path
         instance.tier = Tier.BUSY
         instance.jobs_served += 1
+        instance.trust, instance.single_use = self._taker.trust, self._taker.single_use
         # The control plane's share is already behind `now`; a hot instance is running (and billed) already.
         to_running = self._draw(*self._boot.to_running(path))
         if path is not Path.HOT:
@@ -345,10 +379,16 @@ class DaySimulation:
                     instance.offered_at = now
 
     def _keep_minimums(self, now: Epoch) -> None:
-        hot_minimum = self._config.warm_minimum(RESOURCE_CLASS, now)
-        idle = sum(1 for i in self._instances if i.tier is Tier.IDLE and i.threshold > now)
+        idle = [i for i in self._instances if i.tier is Tier.IDLE and i.threshold > now]
         booting = sum(1 for i in self._instances if i.tier is Tier.BOOTING and not i.for_stopped)
-        for _ in range(hot_minimum - idle - booting):
+        short = pool_shortfall(
+            self._config.warm_minimum(RESOURCE_CLASS, now),
+            self._config.pristine_minimum(RESOURCE_CLASS, now),
+            idle=len(idle),
+            idle_pristine=sum(1 for i in idle if i.jobs_served == 0),
+            booting=booting,
+        )
+        for _ in range(short):
             self._launch_for_pool(now, for_stopped=False)
         # The product's rule; synth has checked it is within pool.stopped_maximum.
         stopped_minimum = self._config.stopped_minimum(RESOURCE_CLASS, now)
@@ -397,21 +437,41 @@ class DaySimulation:
             self.outcome.billed_seconds += billed
             instance.running_since = None
 
-    def _record(self, instance: Instance, now: Epoch) -> InstanceRecord:
-        """The instance as the product's records would hold it at release, for `reuse.retire_reason`."""
+    def _record(
+        self, instance: Instance, now: Epoch, state: InstanceState = InstanceState.RUNNING
+    ) -> InstanceRecord:
+        """The instance as the product's records would hold it (at release, by default), for
+        `reuse.retire_reason` and pickup's rules."""
         facts = instance_facts(
             instance.number + 1, usage_class=UsageClass.ON_DEMAND, instance_type=INSTANCE_TYPE
         )
         return InstanceRecord(
             **facts.model_dump(),
-            state=InstanceState.RUNNING,
-            run_key="pool=1",
-            threshold=now,
-            repository=REPOSITORY,
+            state=state,
+            run_key="pool=1" if state is InstanceState.RUNNING else None,
+            threshold=max(now, instance.threshold),
+            repository=REPOSITORY if instance.jobs_served else None,
             jobs_served=instance.jobs_served,
+            trust=instance.trust,
+            single_use=instance.single_use,
             created_at=instance.launched_at,
             updated_at=now,
         )
+
+    def _offer(self, instance: Instance, now: Epoch) -> PoolMessage:
+        """An idle or stopped instance as pickup judges it."""
+        if instance.tier is Tier.STOPPED:
+            return PoolMessage.for_stopped(self._record(instance, now, InstanceState.STOPPED))
+        return PoolMessage.for_idle(self._record(instance, now, InstanceState.IDLE))
+
+
+def taker(config: StackConfig) -> Taker:
+    """Whose instances the trace's jobs may take under `config`, as a provision of one of its runs decides
+    it (domain/provision.py `single_use`): trusted jobs of one private repository, single use if the
+    config says so."""
+    key = RunKey.of_job([f"pool=1/class={RESOURCE_CLASS}"], attempt=1)
+    request = ProvisionRequest(repository=REPOSITORY, run_key=str(key), count=1, trust=TRUST)
+    return Taker(REPOSITORY, trust=TRUST, single_use=single_use(request, key.resolve(config), config.reuse))
 
 
 def control_plane_per_job(config: StackConfig) -> tuple[dict[str, float], str]:
@@ -489,6 +549,7 @@ def _explain(
     than hot-only at the same or better p95?"""
     by_name = {policy.name: policy for policy in policies()}
     hot, hot_stopped = by_name["hot_baked"], by_name["hot_stopped_baked"]
+    single = by_name["single_use_baked"]
     noon = datetime.combine(DAY, time(12), ZoneInfo(TIME_ZONE)).timestamp()
     stopped = hot_stopped.config.stopped_minimum(RESOURCE_CLASS, noon)
     volume_gib = hot.config.instances.root_volume_gib
@@ -497,8 +558,11 @@ def _explain(
         f"{TIME_ZONE}; "
         f"hot_stopped: {hot_stopped.config.warm_minimum(RESOURCE_CLASS, noon)} hot and {stopped} stopped in "
         f"the same hours, at most {hot_stopped.config.pool.stopped_maximum} stopped; "
+        f"single_use: reuse.mode {single.config.reuse.mode}, a pristine minimum of "
+        f"{single.config.pristine_minimum(RESOURCE_CLASS, noon)} in the same hours, every job's instance "
+        f"terminated after it; "
         f"no_pool: reuse.max_jobs 1, no minimum. Idle time {hot.config.timeouts.idle_seconds:g} s, "
-        f"max age {hot.config.reuse.max_age_minutes} min (config defaults)."
+        f"max age {hot.config.reuse.max_age_minutes} min (config defaults). Jobs are trusted (a push's)."
     )
     table.note(
         f"Prices: {INSTANCE_TYPE} on-demand ${on_demand_hourly(INSTANCE_TYPE)}/h by the second, "
@@ -513,6 +577,15 @@ def _explain(
         f"minimum run out its idle time and launches its replacement, so an unused pool is relaunched "
         f"every idle time plus a boot (domain/refresh.py)."
     )
+    for image in ("install", "baked"):
+        single_cost, single_p95 = totals[f"single_use_{image}"]
+        none_cost, none_p95 = totals[f"no_pool_{image}"]
+        reused_cost, reused_p95 = totals[f"hot_{image}"]
+        table.note(
+            f"{image}: single use ${single_cost:.5f} per job, p95 {single_p95:.1f} s; no pool "
+            f"${none_cost:.5f}, p95 {none_p95:.1f} s; hot (reused) ${reused_cost:.5f}, "
+            f"p95 {reused_p95:.1f} s."
+        )
     for image in ("install", "baked"):
         hot_cost, hot_p95 = totals[f"hot_{image}"]
         stopped_cost, stopped_p95 = totals[f"hot_stopped_{image}"]

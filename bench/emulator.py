@@ -15,6 +15,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -28,6 +29,7 @@ from emulator.fake_github import JobSpec
 from emulator.timeline import Happening, TimelineEvent
 from emulator.world import World, world
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import InstanceRecord
 
 MATRIX = 4
 WARM_RUNS = 3
@@ -147,10 +149,10 @@ def run(warm_runs: int = WARM_RUNS) -> BenchTable:
     with tempfile.TemporaryDirectory(prefix="bench-emulator-") as scratch, world(Path(scratch)) as system:
         calls = aws_model.CallLog.attach(system)
         cold_start = Usage.now(system)
-        _serve(system, "cold")
+        serve(system, "cold")
         cold_end = Usage.now(system)
         for number in range(warm_runs):
-            _serve(system, f"warm-{number}")
+            serve(system, f"warm-{number}")
         warm_end = Usage.now(system)
         figures = job_figures(system.events(), system.github.state)
         cold = cost_between(system, cold_start, cold_end)
@@ -195,15 +197,23 @@ def _notice_figures(table: BenchTable, waits: list[float]) -> None:
     )
 
 
-def _serve(system: World, workflow: str) -> None:
+def all_idle(records: list[InstanceRecord]) -> bool:
+    """The reused pool has settled: every instance is back in it."""
+    return all(r.state is InstanceState.IDLE for r in records)
+
+
+def serve(
+    system: World, workflow: str, pool_ready: Callable[[list[InstanceRecord]], bool] = all_idle
+) -> None:
+    """One run of a matrix of `MATRIX`, then a wait until it completed, no execution is at work and the
+    live records show the pool ready for the next run."""
     run = system.start_run(workflow, JobSpec("shard", LABEL, matrix=MATRIX, seconds=JOB_SECONDS))
     deadline = time.time() + SETTLE_SECONDS
     while time.time() < deadline:
         done = run.status.value == "completed"
-        records = system.records.live()
-        idle = all(r.state is InstanceState.IDLE for r in records)
+        ready = pool_ready(system.records.live())
         running = any(e["status"] == "RUNNING" for e in system.stack.executions())
-        if done and idle and not running:
+        if done and ready and not running:
             return
         time.sleep(0.25)
     raise TimeoutError(f"run {workflow} did not settle within {SETTLE_SECONDS:g} s")

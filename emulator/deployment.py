@@ -29,7 +29,7 @@ from emulator import iam_check
 from emulator.api_gateway import ProxyEndpoint, TokenBucket
 from emulator.aws import CallCounter, LocalAws
 from emulator.ec2_fleet import SimulatedEc2
-from emulator.event_sources import STANDARD_QUEUE_POLLERS, QueueEventSource, Schedule
+from emulator.event_sources import STANDARD_QUEUE_POLLERS, EventRule, QueueEventSource, Schedule
 from emulator.fake_github import FakeGitHub
 from emulator.lambda_runtime import FunctionSpec, LambdaRuntime, host_artifacts
 from emulator.stack import LocalStack, RuntimeFactory
@@ -83,6 +83,8 @@ class Deployment:
     webhook: ProxyEndpoint
     dispatcher: QueueEventSource
     refresh: Schedule
+    ec2_events: EventRule
+    """The interruptions function's rules: what EC2 says of instances (emulator/ec2_events.py) goes here."""
     stepfunctions: Any
     """An uncounted client, for looking at executions."""
     policy_check: iam_check.PolicyCheck
@@ -252,6 +254,13 @@ def deploy(
                     rule=f"{stack_name}-refresh",
                 )
             )
+            ec2_events = running.enter_context(
+                EventRule(
+                    meter.wrap("interruptions", stack.handler("interruptions")),
+                    "interruptions",
+                    retry_attempts=stack.template.rule_retries("interruptions"),
+                )
+            )
             yield Deployment(
                 stack.plane,
                 stack_name,
@@ -261,6 +270,7 @@ def deploy(
                 api,
                 demand,
                 schedule,
+                ec2_events,
                 aws.client("stepfunctions"),
                 check,
             )

@@ -26,6 +26,7 @@ their own (not counted with the control plane's calls).
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 import uuid
@@ -215,6 +216,42 @@ class Schedule(_Invoker):
                 self.invoke(scheduled_event(time.time(), self._rule))
             except Exception:  # noqa: S112 - a failed run is the next run's to finish, as on AWS
                 continue
+
+
+class EventRule(_Invoker):
+    """An EventBridge rule whose target is the function: `put` hands it an event that matched, delivered
+    asynchronously in the rule's thread, a failed invocation retried up to `retry_attempts` times (the
+    target's RetryPolicy; EventBridge User Guide, "Event retry policy and using dead-letter queues")."""
+
+    def __init__(self, handler: Handler, function_name: str, *, retry_attempts: int) -> None:
+        super().__init__(handler, function_name)
+        self._retries = retry_attempts
+        self._events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def put(self, event: dict[str, Any]) -> None:
+        self._idle.clear()
+        self._events.put(event)
+
+    def delivered(self, timeout: float) -> bool:
+        """Whether every event put so far has been delivered (or given up on) within `timeout`."""
+        return self._idle.wait(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                event = self._events.get(timeout=LONG_POLL_SECONDS)
+            except queue.Empty:
+                continue
+            for _attempt in range(1 + self._retries):
+                try:
+                    self.invoke(event)
+                    break
+                except Exception:  # noqa: S112 - retried as the target's retry policy says
+                    continue
+            if self._events.empty():
+                self._idle.set()
 
 
 def scheduled_event(at: float, rule: str) -> dict[str, Any]:

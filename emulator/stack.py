@@ -183,6 +183,21 @@ class StackTemplate:
                 )
         raise LookupError(f"the synthesized template maps no event source to {name!r}")
 
+    def rule_retries(self, name: str) -> int:
+        """The MaximumRetryAttempts of the EventBridge rules' targets that invoke the function `name` (the
+        fewest, where several do), or EventBridge's default of 185 (AWS::Events::Rule RetryPolicy)."""
+        arn = {"Fn::GetAtt": [self.logical_id(name), "Arn"]}
+        retries = [
+            int(target.get("RetryPolicy", {}).get("MaximumRetryAttempts", 185))
+            for resource in self.resources.values()
+            if resource["Type"] == "AWS::Events::Rule"
+            for target in resource["Properties"].get("Targets", [])
+            if target["Arn"] == arn
+        ]
+        if not retries:
+            raise LookupError(f"the synthesized template has no rule that invokes {name!r}")
+        return min(retries)
+
     def method_throttle(self, name: str) -> tuple[int, float]:
         """(ThrottlingBurstLimit, ThrottlingRateLimit) that the stage of the REST API whose method proxies
         to the function `name` applies to that method: its own MethodSettings entry, else the stage's

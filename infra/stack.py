@@ -14,6 +14,7 @@ from infra.constructs import (
     GitHubTokens,
     Ingress,
     Instances,
+    Interruptions,
     Observability,
     PoolQueues,
     Provision,
@@ -87,6 +88,7 @@ class RunnerPoolStack(Stack):
             provision=self.provision.state_machine,
             release=self.release.state_machine,
         )
+        self.interruptions = Interruptions(self, "Interruptions", resources)
         self.ingress = Ingress(
             self,
             "Ingress",
@@ -108,6 +110,7 @@ class RunnerPoolStack(Stack):
             dead_letter_queues={"Demand": self.ingress.dead_letters},
             scheduled_functions={"refresh": self.refresh.function},
             functions=[
+                self.interruptions.function,
                 *self.provision.workflow.functions.values(),
                 *self.release.workflow.functions.values(),
                 *self.ingress.follow_up.functions.values(),

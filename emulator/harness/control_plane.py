@@ -27,6 +27,7 @@ from moto import mock_aws
 from emulator import aws
 from emulator.accounting import Accounting, account
 from emulator.aws import behaving_as_aws
+from emulator.ec2_events import SpotReclaim
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
@@ -195,6 +196,14 @@ class LocalControlPlane:
     def refresh(self, at: Epoch | None = None) -> dict[str, Any]:
         """One scheduled refresh through its Lambda handler, for the schedule slot of `at` (default: now)."""
         return dict(self.stack.invoke("refresh", scheduled_event(self.clock.now() if at is None else at)))
+
+    def hear(self, event: dict[str, Any]) -> dict[str, Any]:
+        """One EC2 event (emulator/ec2_events.py) delivered to the interruptions function, as its rules do."""
+        return dict(self.stack.invoke("interruptions", event))
+
+    def spot_reclaim(self) -> SpotReclaim:
+        """EC2 taking spot instances back, its events delivered to the interruptions function."""
+        return SpotReclaim(self.ec2, self.hear)
 
     def refreshes_at_once(self) -> list[RefreshReport]:
         """Two refreshes of the same schedule slot at once, each on its own thread: the domain's run, as

@@ -4,6 +4,7 @@ from infra.constructs.functions import ControlPlaneFunctions
 from infra.constructs.github_tokens import GitHubTokens
 from infra.constructs.ingress import Ingress
 from infra.constructs.instances import Instances
+from infra.constructs.interruptions import Interruptions
 from infra.constructs.observability import Observability
 from infra.constructs.pool_queues import PoolQueues
 from infra.constructs.provision import Provision
@@ -17,6 +18,7 @@ __all__ = [
     "GitHubTokens",
     "Ingress",
     "Instances",
+    "Interruptions",
     "Observability",
     "PoolQueues",
     "Provision",

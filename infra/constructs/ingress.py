@@ -31,7 +31,7 @@ from infra.constructs.functions import LOG_RETENTION, ControlPlaneFunctions
 from infra.constructs.resources import StackResources
 from infra.constructs.retries import FOLLOW_UP
 from infra.constructs.workflow import Step, Workflow
-from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
+from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
 from runner_pool.domain.config import WorkflowType
 
 WEBHOOK_PATH = "webhook"

@@ -47,6 +47,11 @@ def write_records(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     )
 
 
+def transition_records(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Read one record (GetItem) and write its transitions (UpdateItem); never a new record."""
+    _allow(grantee, ["dynamodb:GetItem", "dynamodb:UpdateItem"], [table.table_arn])
+
+
 def find_by_run_key(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     _allow(grantee, ["dynamodb:Query"], [f"{table.table_arn}/index/{schema.RUN_KEY_INDEX}"])
 

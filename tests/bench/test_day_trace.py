@@ -20,7 +20,7 @@ from bench.day_trace import (
     working_hours_minimum,
 )
 from emulator.boot_model import BootModel, Path
-from runner_pool.domain.config import ReuseSettings, StackConfig, Timeouts, WarmMinimum
+from runner_pool.domain.config import ReuseMode, ReuseSettings, StackConfig, Timeouts, WarmMinimum
 
 FIXED = BootModel().fixed(
     control_plane=2, launch=10, os_boot=5, install=60, baked_start=3, start=6, resume=3, registration=4
@@ -96,6 +96,35 @@ def test_a_stopped_instance_serves_a_job_in_the_stopped_path_time_and_pays_only_
     # And EC2 billed only its running periods: the preparation (boot, admitted at the next tick) and the
     # job's (start to release, then idle until refresh stops it again), never the hour it was stopped
     assert outcome.billed_seconds < 3600
+
+
+@pytest.mark.parametrize(
+    ("mode", "second"), [(ReuseMode.REUSE, Path.HOT), (ReuseMode.SINGLE_USE, Path.COLD_BAKED)]
+)
+def test_a_jobs_instance_serves_the_next_job_only_when_the_jobs_reuse(mode: ReuseMode, second: Path) -> None:
+    # Given a pristine minimum of 1 in working hours, and the stack in `mode`
+    config = StackConfig(
+        reuse=ReuseSettings(mode=mode), warm_pool_minimum={"large": working_hours_minimum(0, pristine=1)}
+    )
+    policy = Policy(mode.value, config, baked=True)
+    # And a trusted job at 09:00 that ends at 09:01:06, then one at 09:01:30, before refresh's next tick
+    jobs = [Job(0, at(9), 60.0), Job(1, at(9, 1) + 30, 60.0)]
+    # When the day is simulated
+    outcome = DaySimulation(policy, FIXED, seed=1).run(jobs)
+    # Then the first takes the pristine instance; the second takes it again when the jobs reuse, and
+    # launches when they are single use (the product's `single_use`, `Taker.may_take`, `retire_reason`)
+    assert outcome.paths == [Path.HOT, second]
+
+
+def test_the_single_use_policy_serves_warm_from_pristine_instances_only() -> None:
+    # Given the single-use policy (a pristine minimum of 6 in working hours) and a day of jobs
+    jobs = working_day(runs=60, seed=4)
+    # When the day is simulated
+    outcome = DaySimulation(by_name("single_use_baked"), FIXED, seed=1).run(jobs)
+    # Then some jobs are warm, and every instance served one job at most: one launch per cold job, plus
+    # one pristine instance for each warm one (and those that ran out their idle time unused)
+    assert outcome.jobs(Path.HOT) > 0
+    assert outcome.launches >= outcome.cold_jobs() + outcome.jobs(Path.HOT)
 
 
 def test_ec2_bills_a_minute_at_least_each_time_an_instance_starts() -> None:

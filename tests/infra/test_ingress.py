@@ -15,7 +15,7 @@ from infra.constructs.ingress import (
     THROTTLE_BURST,
     THROTTLE_RATE_PER_SECOND,
 )
-from runner_pool.adapters.demand_ledger import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
+from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
 from tests.infra.synthesis import Synthesis
 
 
@@ -140,7 +140,7 @@ def test_the_idempotency_table_has_powertools_key_and_ttl(synthesis: Synthesis) 
 
 def test_refresh_runs_on_a_schedule_at_the_configured_rate(synthesis: Synthesis) -> None:
     # Given the schedule rule / Then it invokes the refresh function every refresh_rate_minutes
-    rule = only(synthesis, "AWS::Events::Rule")
+    rule = synthesis.resources[logical_id(synthesis, synthesis.stack.refresh.schedule)]["Properties"]
     minutes = synthesis.config.refresh_rate_minutes
     assert rule["ScheduleExpression"] == f"rate({minutes} minute{'s' if minutes != 1 else ''})"
     (target,) = rule["Targets"]

@@ -537,3 +537,19 @@ def test_a_follow_up_whose_provision_does_not_start_in_its_gather_step_is_starte
     # Then its start step started it with the jobs the gather step sealed, carried in the machine's state
     assert world.started_follow_ups == 1
     assert sorted(tuple(p["job_ids"]) for p in world.provisions()) == [(181,), (182, 183)]
+
+
+# --- the instant tier -------------------------------------------------------------------------------
+
+
+def test_each_queued_instant_job_asks_its_tier_for_one_runner_once(world: IngressWorld) -> None:
+    # Given two jobs queued on the instant tier's label, one of them delivered twice
+    label = "pool=instant/class=large"
+    queue_jobs(world, [7001, 7002, 7001], label)
+    # When dispatched
+    response = world.dispatch(world.take_queued())
+    # Then each job started one provision of one runner for the tier, named by the job (the repeat is
+    # the same execution), with no run's demand behind it
+    assert response == {"batchItemFailures": []}
+    started = sorted((p["run_key"], p["count"], p["job_ids"]) for p in world.provisions())
+    assert started == [(label, 1, [7001]), (label, 1, [7002])]

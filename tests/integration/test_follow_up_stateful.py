@@ -27,7 +27,8 @@ from moto import mock_aws
 
 from emulator.atomic_dynamodb import atomic_items
 from emulator.resources import create_idempotency_table
-from runner_pool.adapters.demand_ledger import STATE_ATTRIBUTE, TRANSITION_CONDITIONS, DynamoDbLedger
+from runner_pool.adapters.demand_ledger import DynamoDbLedger
+from runner_pool.adapters.follow_up_batches import STATE_ATTRIBUTE, TRANSITION_CONDITIONS
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.demand import LEASE_MARGIN_SECONDS, DemandMessage, JobQueued
 from runner_pool.domain.executions import FollowUpRequest, ProvisionRequest, ReleaseRequest

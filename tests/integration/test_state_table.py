@@ -789,6 +789,103 @@ def test_expire_of_a_missing_record_is_lost(state_table: StateTable) -> None:
     assert result == schema.TransitionResult(Outcome.LOST, None)
 
 
+# --- mark_interrupted ------------------------------------------------------------------------
+
+
+def test_mark_interrupted_notes_the_warning_and_changes_nothing_else(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given an instance running a job of the run
+    running = instance_in(state_table, InstanceState.RUNNING)
+    clock.advance(7)
+
+    # When it is marked interrupted
+    result = state_table.mark_interrupted(ONE_ID, RUN)
+
+    # Then the mark is the time of the warning, and state, run key and threshold stay as they were
+    assert result.outcome is Outcome.APPLIED
+    assert result.record is not None
+    assert result.record.interrupted_at == clock.now()
+    assert (result.record.state, result.record.run_key, result.record.threshold) == (
+        InstanceState.RUNNING,
+        RUN,
+        running.threshold,
+    )
+
+
+def test_mark_interrupted_again_is_replayed_and_keeps_the_first_mark(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given a running instance marked interrupted
+    instance_in(state_table, InstanceState.RUNNING)
+    first = state_table.mark_interrupted(ONE_ID, RUN).record
+    clock.advance(5)
+
+    # When a second warning marks it again
+    again = state_table.mark_interrupted(ONE_ID, RUN)
+
+    # Then it is a replay, with the first mark
+    assert again.outcome is Outcome.REPLAYED
+    assert first is not None
+    assert again.record is not None
+    assert again.record.interrupted_at == first.interrupted_at
+
+
+@pytest.mark.parametrize("state", [InstanceState.CLAIMED, InstanceState.CREATED])
+def test_mark_interrupted_of_an_instance_held_for_the_run_is_applied(
+    state_table: StateTable, state: InstanceState
+) -> None:
+    # Given an instance held for the run, whose runner may already run a job before it is set running
+    instance_in(state_table, state)
+
+    # When it is marked interrupted
+    result = state_table.mark_interrupted(ONE_ID, RUN)
+
+    # Then the mark is written, the state kept
+    assert result.outcome is Outcome.APPLIED
+    assert result.record is not None
+    assert result.record.state is state
+
+
+@pytest.mark.parametrize("state", [InstanceState.IDLE, InstanceState.STOPPED])
+def test_mark_interrupted_of_an_instance_waiting_for_a_run_is_lost(
+    state_table: StateTable, state: InstanceState
+) -> None:
+    # Given an instance that no run holds
+    instance_in(state_table, state)
+
+    # When it is marked interrupted
+    result = state_table.mark_interrupted(ONE_ID, RUN)
+
+    # Then it loses: no job runs on it
+    assert result.outcome is Outcome.LOST
+
+
+def test_mark_interrupted_for_another_run_is_lost(state_table: StateTable) -> None:
+    # Given an instance running a job of one run
+    instance_in(state_table, InstanceState.RUNNING)
+
+    # When a mark read for another run is written
+    result = state_table.mark_interrupted(ONE_ID, OTHER_RUN)
+
+    # Then it loses: the instance has moved on since the read
+    assert result.outcome is Outcome.LOST
+
+
+def test_the_mark_survives_termination(state_table: StateTable) -> None:
+    # Given a running instance marked interrupted, then expired
+    instance_in(state_table, InstanceState.RUNNING)
+    state_table.mark_interrupted(ONE_ID, RUN)
+    state_table.expire(ONE_ID)
+
+    # When refresh marks it terminated
+    terminated = state_table.mark_terminated(ONE_ID)
+
+    # Then the mark is kept for the job's completion to read
+    assert terminated.record is not None
+    assert terminated.record.interrupted_at is not None
+
+
 # --- mark_terminated -------------------------------------------------------------------------
 
 
@@ -1459,3 +1556,28 @@ def test_a_marker_moved_by_another_run_to_the_same_value_is_still_lost(
     second = other.move_marker("warm-pool", 60, expected=None)
     # Then only the first owns the slot: the same value is not mistaken for one's own write
     assert (first, second) == (True, False)
+
+
+def test_an_instant_runners_job_start_restarts_its_runtime_and_names_its_repository(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given an instance running for an instant tier with runner 4242, its runner waiting since 1000 s
+    label = "pool=instant/class=large"
+    facts = builders.facts(78)
+    state_table.create(facts, run_key=label)
+    state_table.record_runner(facts.instance_id, label, 4242)
+    state_table.activate(facts.instance_id, label, 10)
+    clock.advance(500)
+    # When its runner takes a job of octo-org/app, the start reported twice; and another runner's
+    started = state_table.job_started(facts.instance_id, label, 4242, "octo-org/app", 10)
+    again = state_table.job_started(facts.instance_id, label, 4242, "octo-org/app", 10)
+    other = state_table.job_started(facts.instance_id, label, 1, "octo-org/lib", 10)
+    # Then its runtime runs from the start, the record names the repository, a repeat changes nothing,
+    # and a start reported for another runner is not its own
+    assert started.succeeded
+    assert again.succeeded
+    assert started.record is not None
+    assert started.record.threshold == clock.now() + 600
+    assert started.record.repository == "octo-org/app"
+    assert started.record.state is InstanceState.RUNNING
+    assert other.outcome is Outcome.LOST

@@ -191,6 +191,32 @@ def test_a_groups_runner_gets_a_public_repositorys_job_only_if_the_group_allows_
     assert (fake.actions.next_job(runner) is not None) is allows_public
 
 
+def test_a_runner_waiting_before_its_job_is_given_any_runs_job_that_asks_for_its_labels(
+    fake: FakeGitHub,
+) -> None:
+    # Given an organisation runner registered with a generic label and listening, in a group every
+    # repository may use, before any job is queued
+    group = fake.state.add_runner_group(OWNER, 78, "runner-pool-instant", visibility="all")
+    runner = fake.state.register_runner(
+        OrganizationScope(org=OWNER), "r", ["pool=instant/class=large"], group.runner_group_id
+    )
+    fake.actions.connect(runner)
+    assert fake.actions.next_job(runner) is None
+    # When two runs queue jobs: one listing the label in another case beside a default label, one also
+    # asking for a label the runner lacks ("jobs will be queued on runners that have all the labels that
+    # you specify"; "Labels are case-insensitive": docs.github.com, Actions, "Using self-hosted runners in
+    # a workflow" and "Using labels with self-hosted runners")
+    lacking = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("gpu", ("pool=instant/class=large", "gpu"))])
+    fitting = fake.actions.start_run(
+        REPOSITORY, "ci", [JobSpec("build", ("self-hosted", "Pool=Instant/Class=Large"))]
+    )
+    # Then the waiting runner is given the job whose every label it carries, and only that one
+    job = fake.actions.next_job(runner)
+    assert job is not None
+    assert job.job_id == fitting.job_ids[0]
+    assert fake.state.jobs[lacking.job_ids[0]].status is JobStatus.QUEUED
+
+
 def test_the_last_job_finishing_completes_the_run_and_removes_the_jit_runner(fake: FakeGitHub) -> None:
     # Given a run of one job, taken by a runner
     run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL)])

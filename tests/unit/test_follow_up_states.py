@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from runner_pool.adapters.demand_ledger import TRANSITION_CONDITIONS, legacy_state
+from runner_pool.adapters.follow_up_batches import TRANSITION_CONDITIONS, legacy_state
 from runner_pool.domain.follow_up import (
     TAKES_JOBS,
     TRANSITIONS,

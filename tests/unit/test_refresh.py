@@ -13,6 +13,7 @@ from runner_pool.domain.refresh import (
     REFUSAL_BACKOFF_SECONDS,
     RefreshReport,
     in_turn,
+    pool_shortfall,
     refresh_tick,
     refusal_stands,
 )
@@ -82,3 +83,13 @@ def test_a_refusal_stands_for_the_back_off_and_no_longer() -> None:
     # Given a refusal at time 1000 / Then it stands until the back-off has passed, and not from then on
     assert refusal_stands(1000.0, 1000.0 + REFUSAL_BACKOFF_SECONDS - 1)
     assert not refusal_stands(1000.0, 1000.0 + REFUSAL_BACKOFF_SECONDS)
+
+
+def test_the_pool_shortfall_is_the_larger_of_the_idle_and_the_pristine_one() -> None:
+    # Given a minimum of 4 idle, 3 of them pristine, and 4 idle of which 1 pristine, 1 booting
+    # When the shortfall is computed / Then it is the pristine one: 3 - 1 - 1
+    assert pool_shortfall(4, 3, idle=4, idle_pristine=1, booting=1) == 1
+    # And with 1 idle, the idle one: 4 - 1 - 1
+    assert pool_shortfall(4, 3, idle=1, idle_pristine=1, booting=1) == 2
+    # And none falls short: 0, never less
+    assert pool_shortfall(2, 1, idle=5, idle_pristine=3, booting=2) == 0

@@ -117,9 +117,16 @@ class GitHubApp:
         repository: str | None = None,
         *,
         repository_id: int | None = None,
+        instant: bool = False,
     ) -> JitRunner:
         return self._runners.jit_config(
-            name, labels, runner_group_id, work_folder, repository, repository_id=repository_id
+            name,
+            labels,
+            runner_group_id,
+            work_folder,
+            repository,
+            repository_id=repository_id,
+            instant=instant,
         )
 
     def registration_scope(self, repository: str | None) -> RunnerScope:

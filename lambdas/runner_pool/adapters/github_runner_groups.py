@@ -17,6 +17,10 @@ RUNNER_GROUP_PREFIX = "runner-pool-repository-"
 and a new repository that takes an old name does not inherit it."""
 
 
+INSTANT_RUNNER_GROUP = "runner-pool-instant"
+"""The organisation's group for every class's instant tier (domain/instant.py)."""
+
+
 def runner_group_name(repository_id: int) -> str:
     return f"{RUNNER_GROUP_PREFIX}{repository_id}"
 
@@ -60,19 +64,7 @@ class RepositoryRunnerGroups:
         return group_id
 
     def _find(self, name: str) -> int | None:
-        rest = self._api.rest
-        page = 1
-        while True:
-            body = validated(
-                rest.actions.list_self_hosted_runner_groups_for_org(
-                    self._org, per_page=PAGE_SIZE, page=page, headers=self._api.headers
-                )
-            )
-            groups = body.get("runner_groups", [])
-            found = next((int(g["id"]) for g in groups if g.get("name") == name), None)
-            if found is not None or len(groups) < PAGE_SIZE:
-                return found
-            page += 1
+        return find_group(self._api, self._org, name)
 
     def _create(self, name: str, repository_id: int) -> int:
         response = self._api.rest.actions.create_self_hosted_runner_group_for_org(
@@ -84,3 +76,68 @@ class RepositoryRunnerGroups:
             headers=self._api.headers,
         )
         return int(response.parsed_data.id)
+
+
+class InstantRunnerGroup:
+    """The organisation's runner group of the instant tier, found or created once.
+
+    Its visibility is `all`: any repository of the organisation may take its runners. A repository's own
+    group keeps a reused instance within that repository; the tier's instances are pristine and serve one
+    job each (domain/instant.py), so no job meets another repository's leftovers. Public repositories are
+    admitted only as the stack's groups admit them (`allow_public_repositories`), GitHub's default being
+    no ("Managing access to self-hosted runners using groups")."""
+
+    def __init__(self, api: GitHubApi, org: str, *, allow_public_repositories: bool = False) -> None:
+        self._api = api
+        self._org = org
+        self._allow_public = allow_public_repositories
+        self._group: int | None = None
+        self._lock = threading.Lock()
+
+    def id(self) -> int:
+        with self._lock:
+            if self._group is not None:
+                return self._group
+        group_id = self._api.call(self._find)
+        if group_id is None:
+            try:
+                group_id = self._api.call(self._create)
+            except GitHubRejectedError as exc:
+                if exc.status != httpx.codes.CONFLICT:
+                    raise
+                group_id = self._api.call(self._find)
+                if group_id is None:
+                    raise
+        with self._lock:
+            self._group = group_id
+        return group_id
+
+    def _find(self) -> int | None:
+        return find_group(self._api, self._org, INSTANT_RUNNER_GROUP)
+
+    def _create(self) -> int:
+        response = self._api.rest.actions.create_self_hosted_runner_group_for_org(
+            self._org,
+            name=INSTANT_RUNNER_GROUP,
+            visibility="all",
+            allows_public_repositories=self._allow_public,
+            headers=self._api.headers,
+        )
+        return int(response.parsed_data.id)
+
+
+def find_group(api: GitHubApi, org: str, name: str) -> int | None:
+    """The id of `org`'s runner group `name`, every page read until it is found; None if it has none."""
+    rest = api.rest
+    page = 1
+    while True:
+        body = validated(
+            rest.actions.list_self_hosted_runner_groups_for_org(
+                org, per_page=PAGE_SIZE, page=page, headers=api.headers
+            )
+        )
+        groups = body.get("runner_groups", [])
+        found = next((int(g["id"]) for g in groups if g.get("name") == name), None)
+        if found is not None or len(groups) < PAGE_SIZE:
+            return found
+        page += 1

@@ -14,7 +14,7 @@ import httpx
 from githubkit.utils import UNSET
 
 from runner_pool.adapters.github_api import PAGE_SIZE, GitHubApi
-from runner_pool.adapters.github_runner_groups import RepositoryRunnerGroups
+from runner_pool.adapters.github_runner_groups import InstantRunnerGroup, RepositoryRunnerGroups
 from runner_pool.domain.github_tokens import registration_permissions
 from runner_pool.domain.runner_scope import (
     OrganizationScope,
@@ -65,6 +65,13 @@ class GitHubRunners:
             else None
         )
         """A runner group per repository, when runners are registered so (on an organisation only)."""
+        self._instant_group = (
+            InstantRunnerGroup(
+                self._organization_api, scope.org, allow_public_repositories=groups_allow_public_repositories
+            )
+            if self._groups is not None and isinstance(scope, OrganizationScope)
+            else None
+        )
 
     @property
     def scope(self) -> RunnerScope:
@@ -83,6 +90,7 @@ class GitHubRunners:
         repository: str | None = None,
         *,
         repository_id: int | None = None,
+        instant: bool = False,
     ) -> JitRunner:
         """Register a just-in-time runner `name` with exactly `labels` (for us: `[run key]`), at the
         repository `repository` (`owner/repo`) when given, else at the App's scope.
@@ -107,13 +115,26 @@ class GitHubRunners:
         A name is one registration: asking again for a name GitHub already knows replaces the earlier
         registration, so a retried step whose first answer was lost still gets a config. A runner of
         that name that is running a job is never replaced (GitHubRejectedError).
+
+        `instant`: a runner of an instant tier (domain/instant.py), registered before any job is known and
+        for any repository's: at a repository scope's one repository, or at the organisation in the tier's
+        runner group (InstantRunnerGroup). An organisation that registers at each job's repository has no
+        place for it (RepositoryUnknownError; the config refuses such a tier).
         """
         if not name:
             raise ValueError("a runner needs a name")
         if not 1 <= len(labels) <= MAX_RUNNER_LABELS:
             raise ValueError(f"a JIT runner takes 1 to {MAX_RUNNER_LABELS} labels, not {len(labels)}")
-        where = self.registration_scope(repository)
-        if self._groups is not None:
+        where = self.registration_scope(None if instant else repository)
+        if instant:
+            if isinstance(where, OrganizationScope):
+                if self._instant_group is None:
+                    raise RepositoryUnknownError(
+                        f"{where} registers at each job's repository: no instant runner is registered"
+                    )
+                runner_group_id = self._instant_group.id()
+            repository = None
+        elif self._groups is not None:
             if repository is None or repository_id is None:
                 raise RepositoryUnknownError(f"no runner group without the repository's id ({repository})")
             runner_group_id = self._groups.of(repository_id)

@@ -390,6 +390,25 @@ class StateTable:
             ),
         )
 
+    def mark_interrupted(self, instance_id: str, run_key: str) -> TransitionResult:
+        """Held for `run_key` (running, claimed or created) → the same, interrupted: EC2 warned that it
+        interrupts the instance while a job of the run may run on it (GitHub can give the job to its runner
+        before the provision has set it running). Not a transition of state or threshold: what follows (an
+        expiry, its release, refresh's termination) reads the mark. Once: a second warning replays."""
+        now = self._clock.now()
+        held = (InstanceState.RUNNING, InstanceState.CLAIMED, InstanceState.CREATED)
+        return self._write(
+            instance_id,
+            update="SET interrupted_at = :now, updated_at = :now",
+            condition=(
+                f"#state IN ({', '.join(_state_placeholders(held))}) AND {RUN_KEY_ATTRIBUTE} = :run_key "
+                "AND #threshold > :now AND attribute_not_exists(interrupted_at)"
+            ),
+            names={"#state": "state", "#threshold": THRESHOLD_ATTRIBUTE},
+            values={":now": _value(now), ":run_key": _value(run_key), **_state_values(held)},
+            is_replay=lambda r: r.run_key == run_key and r.interrupted_at is not None,
+        )
+
     def activate(
         self, instance_id: str, run_key: str, max_runtime_minutes: int, claim_token: str | None = None
     ) -> TransitionResult:
@@ -541,6 +560,30 @@ class StateTable:
             values=values,
             is_replay=lambda r: (
                 r.runner_id == runner_id and r.run_key == run_key and not r.threshold_passed(now)
+            ),
+        )
+
+    def job_started(
+        self, instance_id: str, run_key: str, runner_id: int, repository: str, max_runtime_minutes: int
+    ) -> TransitionResult:
+        """running → running: the runner `runner_id` of an instance that waited for any job (an instant
+        tier's, domain/instant.py) took one of `repository`. Its runtime starts now, not when it began to
+        wait, and the record names the repository it now serves. Not for a quarantined record."""
+        now = self._clock.now()
+        return self._transition(
+            instance_id,
+            now,
+            expect_states=(InstanceState.RUNNING,),
+            expect_run_key=run_key,
+            expect_runner_id=runner_id,
+            new_state=None,
+            threshold_in=max_runtime_minutes * 60.0,
+            set_fields={REPOSITORY_ATTRIBUTE: repository},
+            is_replay=lambda r: (
+                r.state is InstanceState.RUNNING
+                and r.runner_id == runner_id
+                and r.repository == repository
+                and not r.threshold_passed(now)
             ),
         )
 

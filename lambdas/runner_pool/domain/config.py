@@ -36,6 +36,7 @@ from runner_pool.domain.labels import (
 )
 from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
 from runner_pool.domain.runner_scope import (
+    OrganizationScope,
     Registration,
     RepositoryScope,
     RunnerScopeSetting,
@@ -548,6 +549,8 @@ class WarmWindow(_Settings):
     """Of the idle instances, how many at least are pristine while the window is open (WarmMinimum)."""
     pristine_stopped: int = Field(0, ge=0)
     """Of the stopped tier, how many at least are pristine while the window is open (WarmMinimum)."""
+    instant: int = Field(0, ge=0)
+    """Instant-tier runners waiting registered while the window is open (WarmMinimum)."""
 
     @model_validator(mode="after")
     def _times_are_times(self) -> Self:
@@ -619,6 +622,11 @@ class WarmMinimum(_Settings):
     """Of the idle instances, how many at least are pristine when no window is open."""
     pristine_stopped: int = Field(0, ge=0)
     """Of the stopped tier, how many at least are pristine when no window is open."""
+    instant: int = Field(0, ge=0)
+    """The instant tier when no window is open: pristine instances, besides the idle ones above, whose
+    runner waits registered with the class's generic label (domain/labels.py `instant_label`), so GitHub
+    gives a job that asks for it to one of them with no step of ours in between. Each serves one job and
+    is terminated (domain/instant.py)."""
     time_zone: str = "UTC"
     """The IANA time zone the windows' days and times are in, e.g. `Europe/Berlin`."""
     windows: tuple[WarmWindow, ...] = ()
@@ -678,6 +686,15 @@ class WarmMinimum(_Settings):
     def pristine_stopped_in_force(self, now: Epoch) -> int:
         """The pristine floor among the stopped tier at `now`: the open window's, else `pristine_stopped`."""
         return self._open_at(now).pristine_stopped
+
+    def instant_in_force(self, now: Epoch) -> int:
+        """The instant tier's size at `now`: the open window's, else `instant`."""
+        return self._open_at(now).instant
+
+    def keeps_instant(self) -> bool:
+        """Whether it keeps an instant tier at any hour."""
+        settings: list[WarmMinimum | WarmWindow] = [self, *self.windows]
+        return any(setting.instant for setting in settings)
 
     def keeps_pristine(self) -> bool:
         """Whether it keeps a pristine instance, hot or stopped, at any hour."""
@@ -806,6 +823,28 @@ class StackConfig(_Settings):
         return self
 
     @model_validator(mode="after")
+    def _instant_tier_has_a_home(self) -> Self:
+        """The tier's runners are for any repository the stack serves, so they are registered where that is
+        what GitHub does: at the one repository of a repository scope, or at the organisation in the
+        tier's own runner group (adapters/github_runner_groups.py `InstantRunnerGroup`). Registering at
+        each job's repository is not possible for a runner registered before its job is known."""
+        github = self.github
+        if not isinstance(github.scope, OrganizationScope):
+            return self
+        if github.effective_registration is Registration.RUNNER_GROUP:
+            return self
+        for name, minimum in self.warm_pool_minimum.items():
+            if minimum.keeps_instant():
+                raise _SettingError(
+                    f"warm_pool_minimum.{name}.instant",
+                    f"keeps an instant tier, but github.registration is "
+                    f"{github.effective_registration.value}: a runner registered ahead of its job "
+                    "cannot be registered at the job's repository",
+                    "leave github.registration out (runner-group), or keep no instant tier",
+                )
+        return self
+
+    @model_validator(mode="after")
     def _express_fits_its_limit(self) -> Self:
         if self.workflow_type is not WorkflowType.EXPRESS:
             return self
@@ -862,6 +901,11 @@ class StackConfig(_Settings):
         """Pristine stopped instances of a class refresh keeps at `now` (a floor among the tier's)."""
         minimum = self.warm_pool_minimum.get(resource_class)
         return 0 if minimum is None else minimum.pristine_stopped_in_force(now)
+
+    def instant_tier(self, resource_class: str, now: Epoch) -> int:
+        """Instant-tier runners of a class refresh keeps waiting registered at `now`."""
+        minimum = self.warm_pool_minimum.get(resource_class)
+        return 0 if minimum is None else minimum.instant_in_force(now)
 
     def keeps_pristine(self, resource_class: str) -> bool:
         """Whether the class keeps pristine instances at any hour: only then do single-use jobs look in its

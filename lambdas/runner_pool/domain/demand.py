@@ -153,6 +153,15 @@ class RunFromFork(_Message):
     run_attempt: int = Field(gt=0)
 
 
+class InstantQueued(_Message):
+    """A job queued for a class's instant tier (domain/instant.py): one more runner asked for the tier."""
+
+    kind: Literal["instant-queued"] = "instant-queued"
+    repository: str = Field(min_length=1)
+    resource_class: str = Field(min_length=1)
+    job_id: int = Field(gt=0)
+
+
 class InstanceRelease(_Message):
     kind: Literal["release"] = "release"
     request: ReleaseRequest
@@ -170,7 +179,7 @@ class RunCompleted(_Message):
 
 
 DemandMessage = Annotated[
-    JobQueued | JobCancelled | InstanceRelease | RunCompleted | RunRequested | RunFromFork,
+    JobQueued | JobCancelled | InstanceRelease | RunCompleted | RunRequested | RunFromFork | InstantQueued,
     Field(discriminator="kind"),
 ]
 _MESSAGES: TypeAdapter[DemandMessage] = TypeAdapter(DemandMessage)

@@ -1,6 +1,14 @@
 """The `runs-on` label grammar of DESIGN.md section 2, and the runner spec a label resolves to.
 
     pool=<run id>[/<key>=<value>]...
+    pool=instant/class=<class>
+
+The second form is a class's instant tier (DESIGN.md 5.1, README "Which label"): pristine instances
+whose runners wait registered with exactly that label, so GitHub gives a job that asks for it to one of
+them with no step of ours in between. GitHub gives a job only to a runner that carries every label it
+lists, compared without case ("Using self-hosted runners in a workflow": "jobs will be queued on runners
+that have all the labels that you specify"; "Using labels with self-hosted runners": "Labels are
+case-insensitive"), so the tier's label has one spelling: `class=` and nothing else, lowercase.
 
 `pool` comes first; the optional keys follow in any order, each at most once. Every optional key is
 one row of LABEL_KEYS, which says how its value is read and written, what a label without it gets
@@ -24,6 +32,8 @@ from pydantic.fields import FieldInfo
 from runner_pool.domain.records import Arch, PoolMessage, UsageClass
 
 POOL_PREFIX = "pool="
+INSTANT_RUN_ID = "instant"
+"""In place of a run id: any run's job may take the instance tier's runners (`instant_label`)."""
 MAX_RUNTIME_LIMIT_MINUTES = 7200
 """GitHub stops a self-hosted job after 5 days; a longer runtime could never be used."""
 
@@ -57,6 +67,23 @@ class _RefusedError(ValueError):
 def is_pool_label(text: str) -> bool:
     """Whether a label is meant for us at all; labels that are not are none of our business."""
     return text.startswith(POOL_PREFIX)
+
+
+def instant_label(resource_class: str) -> str:
+    """The generic label of a class's instant tier: its waiting runners are registered with it."""
+    return f"{POOL_PREFIX}{INSTANT_RUN_ID}/class={resource_class}"
+
+
+def instant_class(text: str) -> str | None:
+    """The class whose instant tier a label names, compared as GitHub compares labels (without case);
+    None for any other label."""
+    head, slash, rest = text.lower().partition("/")
+    if head != f"{POOL_PREFIX}{INSTANT_RUN_ID}" or not slash:
+        return None
+    key, sep, value = rest.partition("=")
+    if key != "class" or not sep or not CLASS_NAME.fullmatch(value):
+        return None
+    return value
 
 
 # --- the table of keys ---------------------------------------------------------------------------
@@ -324,6 +351,8 @@ class RunnerLabel:
             if key in values:
                 raise LabelError(text, f"key {key!r} appears twice; give each key once")
             values[key] = value
+        if values["pool"] == INSTANT_RUN_ID:
+            return _instant(text, values)
         run_id = _parse_run_id(text, values["pool"])
         parsed: dict[str, Any] = {}
         for label_key in LABEL_KEYS:
@@ -333,6 +362,11 @@ class RunnerLabel:
                 except _RefusedError as refused:
                     raise LabelError(text, str(refused)) from None
         return cls(run_id=run_id, key_order=tuple(values)[1:], **parsed)
+
+    @property
+    def instant(self) -> bool:
+        """A class's instant tier, not one run's (`instant_label`)."""
+        return self.run_id == INSTANT_RUN_ID
 
     def format(self) -> str:
         parts = [f"pool={self.run_id}"]
@@ -369,6 +403,18 @@ class RunnerSpec(BaseModel):
     def fits(self, message: PoolMessage) -> bool:
         """Whether the pooled instance can serve this spec: every key's pickup filter passes."""
         return all(key.pickup(message, self) for key in LABEL_KEYS if not isinstance(key.pickup, NotUsed))
+
+
+def _instant(text: str, values: Mapping[str, str]) -> RunnerLabel:
+    """`pool=instant/class=<class>`: the tier's runners carry exactly this label, so a job asking for any
+    other key, or none, would never be given one."""
+    resource_class = values.get("class")
+    if set(values) != {"pool", "class"} or resource_class is None:
+        raise LabelError(text, "the instant tier's label is pool=instant/class=<class>, with no other key")
+    try:
+        return RunnerLabel(run_id=INSTANT_RUN_ID, resource_class=_class_name(resource_class))
+    except _RefusedError as refused:
+        raise LabelError(text, str(refused)) from None
 
 
 def _parse_run_id(text: str, value: str) -> str:

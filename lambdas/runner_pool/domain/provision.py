@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import ReuseSettings, Timeouts
 from runner_pool.domain.executions import ProvisionRequest
-from runner_pool.domain.labels import RunnerSpec
+from runner_pool.domain.labels import INSTANT_RUN_ID, RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import Taker
 from runner_pool.domain.records import REGISTERED_SIGNALS, Heartbeat, InstanceRecord, Signal, WorkerSignal
@@ -88,6 +88,12 @@ class ProvisionPlan(_Step):
     """GitHub refused a registration for this run for good (domain/runners.py `refused_for_good`), in its
     words: no later step of this provision asks again, claims, or launches for it."""
 
+    @property
+    def holder_repository(self) -> str | None:
+        """The repository its instances are recorded as held for: the jobs' own, but none for an instant
+        tier's, whose runner waits for any repository's job (and is deleted where it was registered)."""
+        return None if self.spec.run_id == INSTANT_RUN_ID else self.request.repository
+
     def pre_claim(self, slot: int) -> str | None:
         return self.pre_claims[slot] if slot < len(self.pre_claims) else None
 
@@ -125,11 +131,13 @@ class ProvisionPlan(_Step):
 def single_use(request: ProvisionRequest, spec: RunnerSpec, reuse: ReuseSettings) -> bool:
     """Whether the jobs must neither take a used instance nor leave theirs to the pool: a public
     repository's (unless `reuse.public_repositories`), jobs whose level never reuses (privileged, or not
-    known: fail closed), `fresh=true`, `reuse.max_jobs: 1`, or a class (or stack) configured single use."""
+    known: fail closed), `fresh=true`, an instant tier's (domain/instant.py), `reuse.max_jobs: 1`, or a class
+    (or stack) configured single use."""
     return (
         (request.public and not reuse.public_repositories)
         or not reuses(request.trust)
         or spec.fresh
+        or spec.run_id == INSTANT_RUN_ID
         or reuse.max_jobs == 1
         or reuse.single_use_class(spec.resource_class)
     )

@@ -82,6 +82,10 @@ class InstanceRecord(InstanceFacts):
     """When GitHub was seen giving this instance's runner a foreign job. Final: the record is expired in
     the same write, no transition but expiry and termination applies to it again, and its agent stops
     the runner as soon as it reads it."""
+    interrupted_at: Epoch | None = None
+    """When EC2 warned that it interrupts this spot instance while it ran a run's job
+    (domain/interruptions.py). Kept once set, through termination: the completion of the job it ran is
+    judged by it, and a release retires the instance rather than pooling it."""
     repository: str | None = None
     """The repository (`owner/repo`) of the run that holds it or last held it; None until it serves one.
     Pickup offers an idle instance only to jobs within `reuse.scope` of it (issue 14, item 2)."""

@@ -77,6 +77,10 @@ class RefreshReport:
     """Instances launched for the pool whose agent reported UD_FAILED; expired."""
     launched: Counter[str] = field(default_factory=Counter)
     launched_for_stopped: Counter[str] = field(default_factory=Counter)
+    instant: dict[str, int] = field(default_factory=dict)
+    """Per class with an instant tier, the instances holding its label at this run."""
+    instant_asked: Counter[str] = field(default_factory=Counter)
+    """Per class, the runners its instant tier was short of and a provision was asked for."""
     """Instances launched per class for the stopped minimum (stopped once admitted)."""
     idle: dict[str, int] = field(default_factory=dict)
     """Idle instances per class before the top-up: the pool's size."""
@@ -127,6 +131,16 @@ class RefreshReport:
 def refresh_tick(at: Epoch, config: StackConfig) -> int:
     """Which scheduled run a time belongs to: runs of the same schedule slot share one warm-pool top-up."""
     return int(at // (config.refresh_rate_minutes * 60))
+
+
+def pool_shortfall(
+    minimum: int, pristine_minimum: int, *, idle: int, idle_pristine: int, booting: int
+) -> int:
+    """How many instances of a class refresh launches for the pool: the shortfall of idle ones below its
+    warm minimum, or of pristine ones among them below its pristine minimum, whichever is larger. What is
+    launched for the pool is pristine, so it counts toward both (domain/config.py WarmMinimum), as do the
+    instances still booting for the pool; 0 when neither falls short."""
+    return max(0, minimum - idle - booting, pristine_minimum - idle_pristine - booting)
 
 
 def untracked(record: InstanceRecord | None) -> bool:

@@ -187,6 +187,7 @@ class RunnerRegistry(Protocol):
         repository: str | None = None,
         *,
         repository_id: int | None = None,
+        instant: bool = False,
     ) -> JitRunner: ...
 
     def delete_runner(self, runner_id: int, repository: str | None = None) -> RunnerRemoval: ...

@@ -29,13 +29,15 @@ from runner_pool.domain.config import StackConfig
 from runner_pool.domain.demand import (
     DemandMessage,
     InstanceRelease,
+    InstantQueued,
     JobCancelled,
     JobQueued,
     RunCompleted,
     RunRequested,
 )
 from runner_pool.domain.executions import ReleaseRequest, instance_of_runner
-from runner_pool.domain.labels import LabelError, RunnerLabel, is_pool_label
+from runner_pool.domain.instant import instant_job
+from runner_pool.domain.labels import LabelError, RunnerLabel, instant_label, is_pool_label
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runner_scope import OrganizationScope, Registration
 
@@ -285,6 +287,9 @@ def verdict(delivery: Delivery, config: StackConfig) -> Verdict:
 
 def _job_verdict(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
     job = event.workflow_job
+    instant = _instant_verdict(event, config)
+    if instant is not None:
+        return instant
     if not any(is_pool_label(label) for label in job.labels):
         return Ignored(f"job {job.id} has no pool= label")
     if event.action == "queued":
@@ -404,6 +409,59 @@ def _queued(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
         privileged=event.privileged,
     )
     return Accepted(demand, f"1 runner asked for job {job.id}")
+
+
+def _instant_verdict(event: WorkflowJobEvent, config: StackConfig) -> Verdict | None:
+    """What a job of a class's instant tier asks (domain/instant.py); None for a job of no tier."""
+    job = event.workflow_job
+    try:
+        resource_class = instant_job(job.labels, config.defaults.arch)
+    except LabelError as exc:
+        if event.action == "queued":
+            return Unserved(exc.label, exc.reason)
+        return Ignored(_short(f"job {job.id} is no instant tier's: {exc.reason}"))
+    if resource_class is None:
+        return None
+    if event.action == "queued":
+        return _instant_queued(event, config, resource_class)
+    return _instant_on_runner(event, resource_class)
+
+
+def _instant_queued(event: WorkflowJobEvent, config: StackConfig, resource_class: str) -> Verdict:
+    """One more runner for the tier, whichever of its jobs GitHub gives that runner."""
+    label = instant_label(resource_class)
+    if resource_class not in config.resource_classes:
+        return Unserved(label, f"class={resource_class!r} is not defined")
+    refused = _refused_by_runner_groups(event, config)
+    if refused is not None:
+        return Unserved(label, refused)
+    job_id = event.workflow_job.id
+    repository = event.repository.full_name
+    queued = InstantQueued(repository=repository, resource_class=resource_class, job_id=job_id)
+    return Accepted(queued, f"1 instant runner asked for job {job_id}")
+
+
+def _instant_on_runner(event: WorkflowJobEvent, resource_class: str) -> Verdict:
+    """Started on a runner of ours: judged by the release against the hand-over its runner was registered
+    for, as a run's started job is; a runner registered for a run carries no tier label, so such a runner
+    given this job is quarantined (domain/release.py `ran_a_foreign_job`). Completed: its instance is
+    released, and as single use, terminated."""
+    job = event.workflow_job
+    instance_id = instance_of_runner(job.runner_name)
+    if event.action not in ("in_progress", "completed") or instance_id is None or job.runner_id is None:
+        return Ignored(_short(f"workflow_job {event.action} of the instant tier needs nothing"))
+    started = event.action == "in_progress"
+    request = ReleaseRequest(
+        run_key=instant_label(resource_class),
+        instance_id=instance_id,
+        runner_id=job.runner_id,
+        cause=f"{'started-' if started else ''}job-{job.id}",
+        repository=event.repository.full_name,
+        suspect=started,
+        privileged=event.privileged,
+    )
+    what = "checked" if started else "released"
+    return Accepted(InstanceRelease(request=request), f"instant runner of {instance_id} {what}")
 
 
 def _refused_by_runner_groups(event: WorkflowJobEvent, config: StackConfig) -> str | None:

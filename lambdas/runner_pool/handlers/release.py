@@ -97,6 +97,7 @@ def release_of(plane: ControlPlane) -> Release:
         timeouts=plane.config.timeouts,
         reuse=plane.config.reuse,
         notices=lambda: plane.notices,
+        instant_runtime_minutes=plane.config.defaults.max_runtime_minutes,
     )
 
 

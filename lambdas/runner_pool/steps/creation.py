@@ -76,8 +76,8 @@ class FleetCreation:
             self._table.create(
                 facts,
                 spec.run_key,
-                repository=provision.request.repository,
-                repository_id=provision.request.repository_id,
+                repository=provision.holder_repository,
+                repository_id=provision.request.repository_id if provision.holder_repository else None,
                 single_use=provision.single_use,
                 trust=provision.request.trust,
             )

@@ -20,13 +20,14 @@ from runner_pool.domain.demand import (
     DemandMessage,
     ExecutionStarter,
     InstanceRelease,
+    InstantQueued,
     JobCancelled,
     JobQueued,
     RunCompleted,
     RunFromFork,
     RunRequested,
 )
-from runner_pool.domain.executions import FollowUpRequest, ReleaseRequest
+from runner_pool.domain.executions import FollowUpRequest, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.follow_up import (
     BURST_QUIET_SECONDS,
     FOLLOW_UP_LIMIT_SECONDS,
@@ -36,6 +37,7 @@ from runner_pool.domain.follow_up import (
     BatchRole,
     BatchTurn,
 )
+from runner_pool.domain.labels import instant_label
 from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Failure, Group, failing
 from runner_pool.steps.run_trust import RunTrust
 
@@ -101,6 +103,10 @@ class Dispatcher:
         for group in _groups(batch):
             self._provision(report, group, holder, until, turns)
         for message_id, message in batch:
+            if isinstance(message, InstantQueued):
+                with failing(report, [message_id], f"ask an instant runner for job {message.job_id}"):
+                    self._instant(report, message)
+        for message_id, message in batch:
             if isinstance(message, InstanceRelease):
                 request = message.request
                 with failing(report, [message_id], f"release {request.instance_id} ({request.cause})"):
@@ -118,6 +124,19 @@ class Dispatcher:
     def _complete(self, report: DispatchReport, message: RunCompleted) -> None:
         for run_key in sorted(self._ledger.complete_run(message.run_id, message.run_attempt)):
             self._release(report, ReleaseRequest(run_key=run_key, cause=message.cause))
+
+    def _instant(self, report: DispatchReport, message: InstantQueued) -> None:
+        """One runner more for the tier, asked by the job's own provision: named after the job, so a
+        repeated delivery asks for none again (domain/instant.py). No ledger: the job is no run's demand,
+        and its level of trust decides nothing, since the tier's instances are pristine and single use."""
+        request = ProvisionRequest(
+            repository=message.repository,
+            run_key=instant_label(message.resource_class),
+            count=1,
+            job_ids=(message.job_id,),
+        )
+        self._starter.provision(request)
+        report.provisions.append(request)
 
     def _release(self, report: DispatchReport, request: ReleaseRequest) -> None:
         self._starter.release(request)

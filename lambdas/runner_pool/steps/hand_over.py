@@ -30,6 +30,7 @@ from runner_pool.adapters.side_by_side import in_background, side_by_side
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.config import GitHubSettings
 from runner_pool.domain.executions import runner_name
+from runner_pool.domain.labels import instant_class
 from runner_pool.domain.pickup import PoolQueue
 from runner_pool.domain.provision import unavailable_wait_seconds
 from runner_pool.domain.records import PoolMessage
@@ -137,7 +138,8 @@ class HandOver:
         record = self._table.get(instance_id)
         if record is None or record.run_key != run_key:
             return None
-        if record.repository is None:
+        instant = instant_class(run_key) is not None
+        if record.repository is None and not instant:
             # Registered at the App's scope, an organisation's runner could take any repository's job.
             raise RepositoryUnknownError(
                 f"{instance_id}'s record names no repository: no runner is registered"
@@ -151,13 +153,15 @@ class HandOver:
             self._notify(instance_id)
             return record.updated_at
         # Every label the job asked for: GitHub gives a job only to a runner carrying all of them. At
-        # the job's repository, so no other repository's job can be given the runner.
+        # the job's repository, so no other repository's job can be given the runner; an instant tier's
+        # where any repository's job can (domain/instant.py): it waits for a job nobody knows yet.
         runner = self._registry().jit_config(
             runner_name(instance_id, claim),
             list(RunKey.parse(run_key).runner_labels),
             runner_group_id=self._github.runner_group_id,
             repository=record.repository,
             repository_id=record.repository_id,
+            instant=instant,
         )
         noted = self._table.record_runner(instance_id, run_key, runner.runner_id)
         if not noted.succeeded or noted.record is None:

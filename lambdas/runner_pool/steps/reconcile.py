@@ -25,6 +25,7 @@ from runner_pool.domain.executions import (
     ReleaseRequest,
     instance_of_runner,
 )
+from runner_pool.domain.instant import waited_offline
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import busy_seconds
 from runner_pool.domain.records import Signal
@@ -111,7 +112,17 @@ class RunReconciliation:
                 instance_id = instance_of_runner(runner.name)
                 if runner.status is not RunnerStatus.OFFLINE or instance_id is None:
                     continue
-                if may_still_start(self._table.get(instance_id), runner, now):
+                record = self._table.get(instance_id)
+                if waited_offline(record, runner, now) and record is not None:
+                    # Ended, for the instant tier to launch its replacement (refresh job 5b).
+                    logger.warning(
+                        "instant runner went offline while it waited; its instance is ended",
+                        instance_id=instance_id,
+                        runner_id=runner.runner_id,
+                    )
+                    if self._table.expire(instance_id, run_key=record.run_key).succeeded:
+                        report.runners_replaced += 1
+                elif may_still_start(record, runner, now):
                     continue
                 if github.delete_runner(runner.runner_id, repository) is RunnerRemoval.DELETED:
                     report.runners_deleted += 1

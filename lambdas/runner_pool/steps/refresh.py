@@ -1,6 +1,6 @@
 """Refresh (DESIGN.md section 8): the scheduled sweep that ends what is due, leaks nothing, keeps the pool.
 
-Each run does thirteen jobs, one after the other, each on its own (one failing does not stop the rest).
+Each run does fourteen jobs, one after the other, each on its own (one failing does not stop the rest).
 A job begins only with JOB_RESERVE_SECONDS of the Lambda's time left; those left are deferred, and the
 next run begins with them (`run`). Jobs 6, 8 and 9 read GitHub for runs with recent demand and live in
 steps.reconcile:
@@ -25,6 +25,11 @@ steps.reconcile:
 5. warm pool: each class short of the warm minimum in force now (idle plus still booting) is topped
    up, and each short of its stopped minimum (the tier plus those launched for it) gets on-demand
    instances marked for the tier; a minimum that drops (a schedule's window closes) terminates nothing;
+5b. instant tier: each class whose instant tier holds fewer instances than its size asks for the rest
+   in one provision (domain/instant.py); one whose instance died or whose runner exited is short by it
+   once jobs 1, 2 and 8 have ended it (job 6 ends one whose runner GitHub shows offline), and GitHub's
+   runner is deleted by job 6; waiting runners beyond the size are deleted at GitHub and their
+   instances ended;
 6. runners: our runners GitHub lists as offline are deleted, unless one may still start;
 7. redeliveries: webhook deliveries that failed in the last hour are asked for again;
 8. dead runners: a running instance whose agent reports its runner exited before it took a job
@@ -56,13 +61,16 @@ from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.domain.clock import Clock
+from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
+from runner_pool.domain.instant import surplus_waiting, tier_holds, tier_shortfall
+from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PickupManager, PoolQueue
 from runner_pool.domain.pool_partitions import PoolPartition
-from runner_pool.domain.records import PoolMessage, Signal, UsageClass
+from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal, UsageClass
 from runner_pool.domain.refresh import (
     JOB_RESERVE_SECONDS,
     ORPHAN_GRACE_SECONDS,
@@ -76,10 +84,11 @@ from runner_pool.domain.refresh import (
     batches,
     booting_for_pool,
     in_turn,
+    pool_shortfall,
     untracked,
 )
 from runner_pool.domain.registration_budget import RegistrationBudget
-from runner_pool.domain.runners import GitHubError, RunnerRegistry
+from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
 from runner_pool.domain.stopped_tier import (
     awaiting_stop,
     clean_to_stop,
@@ -150,6 +159,7 @@ class Refresh:
             ("orphans", self._terminate_orphans),
             ("admit", self._admit_ready),
             ("warm-pool", lambda r: self._keep_warm(r, tick)),
+            ("instant-tier", lambda r: self._keep_instant(r, tick)),
             ("runners", github.delete_offline_runners),
             ("redeliveries", self._redeliver),
             ("dead-runners", github.replace_dead_runners),
@@ -376,9 +386,12 @@ class Refresh:
             name: self._config.pristine_minimum(name, now) for name in self._config.resource_classes
         }
         short = {
-            name: max(
-                report.minimum[name] - idle[name] - booting[name],
-                report.pristine_minimum[name] - pristine[name] - booting[name],
+            name: pool_shortfall(
+                report.minimum[name],
+                report.pristine_minimum[name],
+                idle=idle[name],
+                idle_pristine=pristine[name],
+                booting=booting[name],
             )
             for name in self._config.resource_classes
         }
@@ -426,6 +439,56 @@ class Refresh:
                 report.launched[name] += len(outcome.launched)
         if failures:
             raise RuntimeError(f"warm-pool launches failed for: {', '.join(failures)}")
+
+    # --- 5b. the instant tier ------------------------------------------------------------------
+
+    def _keep_instant(self, report: RefreshReport, tick: int) -> None:
+        """Ask for each class's instant-tier shortfall (domain/instant.py) in one provision, which takes
+        pristine instances from the pool or launches them and registers their runners with the class's
+        generic label. Named after the tick, so two runs at once ask once."""
+        if self._executions is None:
+            return
+        now = self._clock.now()
+        for name in self._config.resource_classes:
+            size = self._config.instant_tier(name, now)
+            if size == 0:
+                continue
+            label = instant_label(name)
+            records = self._table.held_by(label)
+            held = tier_holds(records, name, now)
+            report.instant[name] = held
+            held -= self._take_back(records, name, size, now)
+            short = min(tier_shortfall(size, held), PROVISION_LIMIT)
+            if short == 0:
+                continue
+            request = ProvisionRequest(
+                repository=str(self._config.github.scope or "instant-tier"),
+                run_key=label,
+                count=short,
+                origin=f"instant-tier-{tick}",
+            )
+            self._executions().provision(request)
+            report.instant_asked[name] += short
+
+    def _take_back(self, records: list[InstanceRecord], name: str, size: int, now: Epoch) -> int:
+        """End the tier's waiting instances beyond its size: each runner deleted at GitHub first, which
+        GitHub refuses for a runner that has taken a job meanwhile (it is then left to its job). How
+        many were ended."""
+        ended = 0
+        for instance_id in surplus_waiting(records, name, size, now):
+            record = next(r for r in records if r.instance_id == instance_id)
+            if record.runner_id is None:
+                continue
+            try:
+                removal = self._registry().delete_runner(record.runner_id)
+            except GitHubError:
+                logger.warning("surplus instant runner not deleted; next run", instance_id=instance_id)
+                continue
+            if removal is RunnerRemoval.BUSY:
+                continue
+            if self._table.expire(instance_id, run_key=record.run_key).succeeded:
+                ended += 1
+        return ended
 
     # --- 7. missed webhooks --------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import ReuseSettings, Timeouts
 from runner_pool.domain.executions import ReleaseRequest
+from runner_pool.domain.labels import instant_class
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import PoolQueue
 from runner_pool.domain.records import RUN_SIGNALS, InstanceRecord, PoolMessage, Signal
@@ -53,8 +54,11 @@ class Release:
         timeouts: Timeouts,
         reuse: ReuseSettings | None = None,
         notices: NoticeSource = no_notices,
+        instant_runtime_minutes: int = 360,
     ) -> None:
-        """Without `reuse`, no instance is retired: every one that served is cleaned for the pool."""
+        """Without `reuse`, no instance is retired: every one that served is cleaned for the pool.
+        `instant_runtime_minutes`: how long an instant tier's job may run from its start (a tier label
+        sets no `max-runtime`, so the stack's default)."""
         self._table = table
         self._queues = queues
         self._registry = registry
@@ -62,6 +66,7 @@ class Release:
         self._timeouts = timeouts
         self._reuse = reuse
         self._notices = notices
+        self._instant_runtime = instant_runtime_minutes
 
     def plan(self, request: ReleaseRequest) -> ReleasePlan:
         """The instances to give back: the one named, the part named, or every record still holding the run
@@ -95,9 +100,10 @@ class Release:
         """Running, claimed or created → idle (or, never handed a runner, expired), and the run's runner
         deleted from GitHub.
 
-        An instance that must not serve again (single use, at its reuse limits, or it served a job with an
-        environment) is expired once idle instead of awaiting its receipt; one whose runner ran a foreign
-        job, or started a job with an environment without being handed over single use, is quarantined.
+        An instance that must not serve again (single use, at its reuse limits, it served a job with an
+        environment, or EC2 is interrupting it) is expired once idle instead of awaiting its receipt; one
+        whose runner ran a foreign job, or started a job with an environment without being handed over
+        single use, is quarantined.
         """
         now = self._clock.now()
         progress = ReleaseProgress(
@@ -112,6 +118,7 @@ class Release:
             return self._quarantine(item, record, progress, privileged=not foreign)
         if item.suspect:
             # A job that started is judged, never released: its completion releases its hand-off.
+            self._instant_job_started(item, record)
             return progress.model_copy(update={"reason": "the job may run on its runner"})
         released = self._give_back(item, record, now=now, progress=progress)
         if released.status is not ReleaseStatus.AWAITING_RECEIPT or record is None:
@@ -120,6 +127,8 @@ class Release:
         # release changes none of it. A job with an environment leaves nothing to the pool, whatever
         # the record says of the hand-off.
         reason = "it served a job with an environment" if item.privileged else None
+        if reason is None and record.interrupted_at is not None:
+            reason = "EC2 is interrupting it (domain/interruptions.py)"
         if reason is None and self._reuse is not None:
             reason = self._reuse.retire_reason(record, now)
         if reason is None:
@@ -178,6 +187,25 @@ class Release:
             status=ReleaseStatus.SALVAGED if expired.succeeded else ReleaseStatus.MOVED_ON,
             reason=f"{error.get('Error', 'a step failed')}: {error.get('Cause', '')}".strip(": "),
         )
+
+    def _instant_job_started(self, item: ReleaseItem, record: InstanceRecord | None) -> None:
+        """An instant tier's runner took its job (domain/instant.py): the job's runtime runs from now, and
+        the record names the job's repository. Best effort: the threshold it replaces is the running one,
+        set when the runner began to wait."""
+        if (
+            record is None
+            or item.runner_id is None
+            or item.repository is None
+            or record.run_key != item.run_key
+            or instant_class(item.run_key) is None
+        ):
+            return
+        started = self._table.job_started(
+            item.instance_id, item.run_key, item.runner_id, item.repository, self._instant_runtime
+        )
+        if not started.succeeded:
+            found = moved(started.record)
+            logger.info("instant job's start not noted", instance_id=item.instance_id, found=found)
 
     # --- mechanics -----------------------------------------------------------------------------
 

@@ -1,0 +1,136 @@
+"""A class's instant tier end to end on the emulator: pristine instances whose runners wait registered with
+the class's generic label, each given a job by the fake GitHub with no step of ours in between, terminated
+after it, and the tier refilled.
+
+Each scenario ends with the accounting check: every instance of the stack has a live record, and every
+live record an instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from emulator.fake_github import Conclusion, FakeJob, JobSpec, JobStatus
+from emulator.world import COMPRESSED_TIMEOUTS, OWNER, World, compressed_config, world
+from runner_pool.adapters.github_runner_groups import INSTANT_RUNNER_GROUP
+from runner_pool.domain.executions import instance_of_runner
+from runner_pool.domain.labels import instant_label
+from runner_pool.domain.lifecycle import InstanceState
+from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, accounted, eventually
+
+pytestmark = pytest.mark.slow
+
+TIER = 2
+LABEL = instant_label("large")
+REPOSITORY = f"{OWNER}/app"
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[World]:
+    """An organisation installation registering in runner groups, whose class `large` keeps an instant
+    tier of TIER runners."""
+    config = compressed_config(
+        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8},
+        warm_pool_minimum={"large": {"instant": TIER}},
+    )
+    with world(
+        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
+    ) as running:
+        yield running
+
+
+def waiting_runners(system: World) -> list[int]:
+    """The tier's runners GitHub has, idle and listening: online, not busy, with the tier's label."""
+    with system.github.state.lock:
+        return [
+            runner.runner_id
+            for runner in system.github.state.runners.values()
+            if runner.online and not runner.busy and LABEL in runner.label_names
+        ]
+
+
+def tier_ready(system: World, size: int = TIER) -> None:
+    eventually(lambda: len(waiting_runners(system)) >= size, f"{size} instant runners to wait", 60.0)
+
+
+def ended(system: World, instance_id: str) -> bool:
+    record = system.records.get(instance_id)
+    return record is None or record.state is InstanceState.TERMINATED
+
+
+def test_a_job_on_the_generic_label_runs_on_a_waiting_runner_and_its_instance_is_replaced(
+    system: World,
+) -> None:
+    # Given the tier's runners waiting, registered in the organisation's instant runner group
+    tier_ready(system)
+    groups = [g.name for g in system.github.state.groups_of(OWNER)]
+    assert INSTANT_RUNNER_GROUP in groups
+    waiting = waiting_runners(system)
+    # When a job asks for the generic label
+    run = system.github.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL, seconds=3.0)])
+    job: FakeJob = system.github.state.jobs[run.job_ids[0]]
+    eventually(lambda: job.status is not JobStatus.QUEUED, "the job to start", 30.0)
+    # Then it started on a runner that was registered and listening before the job was queued: nothing
+    # of ours (no webhook, no provision) was on its path
+    assert job.runner_id in waiting
+    assert job.started_at is not None
+    instance_id = instance_of_runner(job.runner_name)
+    assert instance_id is not None
+    # And its start is followed: the record names the job's repository while the job runs
+    eventually(
+        lambda: getattr(system.records.get(instance_id), "repository", None) == REPOSITORY,
+        "the job's start to be noted on its instance",
+        30.0,
+    )
+    eventually(lambda: job.status is JobStatus.COMPLETED, "the job to complete", 30.0)
+    assert job.conclusion is Conclusion.SUCCESS
+    # And its instance is terminated after its job, never pooled
+    eventually(lambda: ended(system, instance_id), f"{instance_id} to be terminated", 60.0)
+    # And the tier is refilled to its size
+    tier_ready(system)
+    assert len(waiting_runners(system)) <= TIER + sum(
+        1 for j in system.github.state.jobs.values() if j.status is JobStatus.QUEUED
+    )
+    accounted(system)
+
+
+def test_twice_the_tiers_size_of_jobs_at_once_are_all_served(system: World) -> None:
+    # Given the tier's runners waiting
+    tier_ready(system)
+    # When twice its size of jobs ask for the generic label at once
+    jobs = [JobSpec(f"build-{n}", LABEL, seconds=0.3) for n in range(2 * TIER)]
+    run = system.github.actions.start_run(REPOSITORY, "matrix", jobs)
+    # Then every one of them ran, each on an instance of its own
+    eventually(lambda: run.status is JobStatus.COMPLETED, "the run to complete", 90.0)
+    served = [system.github.state.jobs[job_id] for job_id in run.job_ids]
+    assert all(job.conclusion is Conclusion.SUCCESS for job in served)
+    instances = {instance_of_runner(job.runner_name) for job in served}
+    assert len(instances) == 2 * TIER
+    # And the tier waits at its size again, every instance that served terminated
+    for instance_id in instances:
+        assert instance_id is not None
+        eventually(lambda i=instance_id: ended(system, i), f"{instance_id} to be terminated", 60.0)
+    tier_ready(system)
+    accounted(system)
+
+
+def test_a_waiting_runner_whose_instance_dies_is_deleted_and_replaced(system: World) -> None:
+    # Given the tier's runners waiting
+    tier_ready(system)
+    runner_id = waiting_runners(system)[0]
+    with system.github.state.lock:
+        name = system.github.state.runners[runner_id].name
+    instance_id = instance_of_runner(name)
+    assert instance_id is not None
+    # When one's instance dies where it stands (EC2 still runs it; its runner falls silent)
+    system.instances.crash(instance_id)
+    # Then GitHub's runner is deleted once GitHub shows it offline, the instance is terminated, and the
+    # tier waits at its size again with a new runner
+    eventually(lambda: runner_id not in system.github.state.runners, f"runner {runner_id} deleted", 60.0)
+    eventually(lambda: ended(system, instance_id), f"{instance_id} to be terminated", 60.0)
+    tier_ready(system)
+    assert runner_id not in waiting_runners(system)
+    accounted(system)
