@@ -309,9 +309,14 @@ SERVICES = {
     "sqs": Hop.SQS,
     "kms": Hop.KMS,
     "secretsmanager": Hop.SECRETS_MANAGER,
+    "lambda": Hop.LAMBDA_INVOKE,
     "stepfunctions": Hop.START_EXECUTION,
     "ec2": Hop.EC2,
 }
+
+ASKS_FOR_TOKEN = frozenset({"lambda:Invoke", "secretsmanager:GetSecretValue"})
+"""A function's call that means an installation token is being asked for: its invoke of the token function
+(which holds the App's key), or, where a function holds the key itself, its read of the key."""
 
 
 def trace(
@@ -388,7 +393,7 @@ def _trace(
         # and its gather step's invocation run within the window (tens of milliseconds beside 0.3 s), and
         # the gather step's calls from its seal to the provision's start come after it.
         path += steps(DISPATCHER, own[: _handing_over(own)], until=lambda c: False)
-        fresh = any(call.operation == "secretsmanager:GetSecretValue" for call in gathering.calls)
+        fresh = any(call.operation in ASKS_FOR_TOKEN for call in gathering.calls)
         path.append(Step(LISTING, Hop.WAIT, listing_past_window(fresh=fresh)))
         path += steps(GATHER, gathering.calls, until=lambda c: c.params.get("name") == execution.name)
     branch = _branch(execution, handing)
@@ -496,7 +501,7 @@ def steps(
                 0.0, token_left - step.count * (1.0 if step.hop is Hop.WAIT else LATENCIES[step.hop])
             )
         found.append(step)
-        if hand_over and call.operation == "secretsmanager:GetSecretValue" and token_left is None:
+        if hand_over and call.operation in ASKS_FOR_TOKEN and token_left is None:
             token_left = LATENCIES[Hop.GITHUB_AUTH]
         if until(call):
             break

@@ -36,6 +36,7 @@ from emulator.stack import LocalStack, RuntimeFactory
 from emulator.step_functions import Handler, Invocations, lambdas_in_process, stop_running_executions
 from runner_pool.adapters.fleet import LAUNCH_TAG
 from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.runner_scope import runner_scope
@@ -167,9 +168,7 @@ def deploy(
         raise LookupError(f"the local stack gives no value for what the template gives: {unset}")
     meter = LambdaMeter()
     github_app = GitHubApp(
-        app.app_id,
-        app.private_key_pem,
-        app.installation_id,
+        GitHubAppKey(app.app_id, app.private_key_pem, app.installation_id, base_url=github.url),
         runner_scope(app.repository),
         base_url=github.url,
         registration=config.github.effective_registration,

@@ -309,13 +309,23 @@ def _decrypt(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
     return [Authorization("kms:Decrypt", world.key_arn(key), _encryption_context(params))]
 
 
-# --- Secrets Manager, Step Functions, STS ---------------------------------------------------------
+# --- Lambda, Secrets Manager, Step Functions, STS-----------------------------------------------------
 
 
 @_row("secretsmanager:GetSecretValue")
 def _get_secret_value(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
     """SAR list_awssecretsmanager.html: the secret, by its full ARN (name plus six random characters)."""
     return [Authorization("secretsmanager:GetSecretValue", world.secret_arn(params["SecretId"]))]
+
+
+@_row("lambda:Invoke")
+def _invoke(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
+    """SAR list_awslambda.html: Invoke is authorized as lambda:InvokeFunction on the function, named by
+    its name or ARN (a qualified ARN, or `Qualifier`, names that version or alias)."""
+    name = str(params["FunctionName"])
+    qualifier = params.get("Qualifier")
+    arn = name if name.startswith("arn:") else _arn(world, "lambda", f"function:{name}")
+    return [Authorization("lambda:InvokeFunction", f"{arn}:{qualifier}" if qualifier else arn)]
 
 
 @_row("stepfunctions:StartExecution")

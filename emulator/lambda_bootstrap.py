@@ -40,6 +40,7 @@ import base64
 import contextlib
 import gc
 import importlib
+import io
 import json
 import os
 import signal
@@ -193,6 +194,19 @@ def _load(handler: str) -> Any:
         ) from None
 
 
+def _revived(response: dict[str, Any]) -> dict[str, Any]:
+    """A parsed response the parent answered, with its streamed member (Lambda Invoke's `Payload`, sent as
+    `{"__bytes__": base64}`) a stream again, as botocore hands a streaming body to its caller."""
+    from botocore.response import StreamingBody  # noqa: PLC0415 - from the layer
+
+    revived = dict(response)
+    for member, value in response.items():
+        if isinstance(value, dict) and set(value) == {"__bytes__"}:
+            data = base64.b64decode(value["__bytes__"])
+            revived[member] = StreamingBody(io.BytesIO(data), len(data))
+    return revived
+
+
 def _hook_botocore(channel: _Channel) -> None:
     """Every client any session makes reports each call to the parent and obeys its answer."""
     import botocore.session  # noqa: PLC0415 - from the layer, once sys.path holds it
@@ -216,7 +230,9 @@ def _hook_botocore(channel: _Channel) -> None:
             status = int(answer["error"].get("ResponseMetadata", {}).get("HTTPStatusCode", 400))
             return AWSResponse("https://lambda-runtime.local/", status, HTTPHeaders(), None), answer["error"]
         if "response" in answer:
-            return AWSResponse("https://lambda-runtime.local/", 200, HTTPHeaders(), None), answer["response"]
+            return AWSResponse("https://lambda-runtime.local/", 200, HTTPHeaders(), None), _revived(
+                answer["response"]
+            )
         return None
 
     create_client = botocore.session.Session.create_client

@@ -843,6 +843,8 @@ class LambdaRuntime:
                 )
                 if not checked.allowed:
                     return {"error": denied_answer(service, checked)}
+            if service == "lambda" and operation == "Invoke":
+                return self._answer_invoke(params)
             if service == "ec2" and operation == "CreateFleet" and self._ec2 is not None:
                 try:
                     return {"response": self._ec2.answer_create_fleet(**params)}
@@ -859,6 +861,33 @@ class LambdaRuntime:
                 }
             }
         return {"proceed": True}
+
+    def _answer_invoke(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A function's synchronous Invoke of another of this runtime's functions, answered as the Lambda API
+        Reference's Invoke answers it: `StatusCode` 200, the function's result as `Payload`; a function that
+        raised is still a 200, flagged `FunctionError: Unhandled` with Lambda's `errorType` and
+        `errorMessage` as the payload; an unknown function is ResourceNotFoundException (404). Only
+        `RequestResponse` is served (the product invokes nothing asynchronously)."""
+        name = str(params["FunctionName"]).rsplit(":function:", 1)[-1]
+        if params.get("InvocationType", "RequestResponse") != "RequestResponse" or params.get("Qualifier"):
+            raise NotImplementedError("only RequestResponse invocations of $LATEST are served")
+        if name not in self.functions:
+            return {
+                "error": {
+                    "Error": {"Code": "ResourceNotFoundException", "Message": f"Function not found: {name}"},
+                    "ResponseMetadata": {"HTTPStatusCode": 404},
+                }
+            }
+        raw = params.get("Payload") or b"{}"
+        event = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        answer: dict[str, Any] = {"StatusCode": 200, "ExecutedVersion": "$LATEST"}
+        try:
+            result = self.invoke(name, event)
+        except FunctionError as failed:
+            answer["FunctionError"] = "Unhandled"
+            result = failed.payload
+        payload = json.dumps(result).encode()
+        return {"response": {**answer, "Payload": {"__bytes__": base64.b64encode(payload).decode()}}}
 
     # --- looking at it
 

@@ -270,6 +270,10 @@ def _module(handler: str) -> str:
     return handler.removeprefix(HANDLERS).rsplit(".", 1)[0]
 
 
+TOKEN_HANDLER = f"{HANDLERS}github_token.github_token"
+"""The token function's handler (infra/constructs/github_tokens.py): the one function of its module."""
+
+
 def _local_name(handler: str, *, single: bool) -> str:
     module, function = handler.removeprefix(HANDLERS).rsplit(".", 1)
     return module if single else f"{module}-{function}"
@@ -316,6 +320,8 @@ class LocalStack:
             "stack_name": stack_name,
             "config": config,
             "account_id": ACCOUNT,
+            # The token function is invoked by its local name, as the template names it to the others.
+            "github_token_function_name": _local_name(TOKEN_HANDLER, single=True),
         }
         self.bindings = Bindings("aws", REGION, ACCOUNT, self.template.resources)
         self.machines: dict[str, DeployedMachine] = {}

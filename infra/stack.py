@@ -11,6 +11,7 @@ from constructs import Construct
 
 from infra.constructs import (
     ControlPlaneFunctions,
+    GitHubTokens,
     Ingress,
     Instances,
     Interruptions,
@@ -67,13 +68,16 @@ class RunnerPoolStack(Stack):
         self.functions = ControlPlaneFunctions(
             self, "Functions", config=config, layer=layer, table=self.state_table.table
         )
+        self.github_tokens = GitHubTokens(
+            self, "GitHubTokens", functions=self.functions, github_app_key=self.github_app_key
+        )
         resources = StackResources(
             config=config,
             functions=self.functions,
             table=self.state_table.table,
             pool_queues=self.pool_queues,
             instances=self.instances,
-            github_app_key=self.github_app_key,
+            github_tokens=self.github_tokens.function,
         )
         self.release = Release(self, "Release", resources)
         self.provision = Provision(self, "Provision", resources, release=self.release.state_machine)
@@ -113,6 +117,7 @@ class RunnerPoolStack(Stack):
                 self.refresh.function,
                 self.ingress.webhook,
                 self.ingress.dispatcher,
+                self.github_tokens.function,
             ],
             api_name=self.ingress.api.rest_api_name,
         )

@@ -8,6 +8,11 @@
     DELETE /repos/{owner}/{repo}/actions/runners/{runner_id}          installation token
     ... and the same three runner endpoints under /orgs/{org}
 
+A request its token's permissions do not cover is refused 403 "Resource not accessible by integration",
+GitHub's answer to an installation token without the endpoint's permission (each endpoint's reference
+names its "Fine-grained access tokens" permission); a token narrowed at its request has only the
+permissions it asked for.
+
 Where GitHub's documentation is silent the fake makes a choice and says so: an unknown runner
 group in a JIT request is a 422. A JIT request names 1 to 100 labels (the REST reference's `labels`:
 "Minimum items: 1. Maximum items: 100."). Limits on the runner endpoints (GitHub's secondary rate
@@ -29,21 +34,47 @@ if TYPE_CHECKING:
 ACCESS_TOKENS = "/app/installations/{installation_id}/access_tokens"
 
 
+LEVELS = ("read", "write", "admin")
+"""A permission's levels, each including the one before ("Permissions required for GitHub Apps": write
+access includes read)."""
+
+
 @route("POST", ACCESS_TOKENS, Auth.APP)
 def create_installation_token(github: FakeGitHub, request: Request) -> Answer:
+    """ "Create an installation access token for an app" (docs.github.com/rest/apps/apps#create-an-
+    installation-access-token-for-an-app; "Generating an installation access token for a GitHub App"):
+    the token expires after an hour; `permissions` narrows it to a subset of the installation's. A
+    permission the installation was not granted, or at a higher level, is refused with 422, one of the
+    statuses the reference lists for the endpoint (the message is the fake's). The answer's
+    `permissions` are the token's. `repositories`/`repository_ids` are not modelled (every token covers
+    all of the installation's repositories)."""
     installation = github.state.installations.get(whole(request.params["installation_id"]))
     if installation is None:
         raise Refusal(404, "Not Found")
-    token, expires_at = github.state.issue_token(installation.installation_id)
+    body = request.json()
+    if body is not None and not isinstance(body, dict):
+        raise Refusal(400, "Problems parsing JSON")
+    asked = (body or {}).get("permissions")
+    if asked is not None:
+        if not isinstance(asked, dict) or not all(level in LEVELS for level in asked.values()):
+            raise invalid("permissions", asked)
+        if not all(covers(installation.permissions.get(name), level) for name, level in asked.items()):
+            raise Refusal(422, "The permissions requested are not granted to this installation.")
+    token, expires_at = github.state.issue_token(installation.installation_id, asked)
     return Answer(
         201,
         {
             "token": token,
             "expires_at": iso(expires_at),
-            "permissions": installation.permissions,
+            "permissions": dict(installation.permissions if asked is None else asked),
             "repository_selection": "all",
         },
     )
+
+
+def covers(granted: str | None, needed: str) -> bool:
+    """Whether a permission at level `granted` allows what `needed` does."""
+    return granted in LEVELS and LEVELS.index(granted) >= LEVELS.index(needed)
 
 
 @route("POST", "/repos/{owner}/{repo}/actions/runners/generate-jitconfig", Auth.INSTALLATION)

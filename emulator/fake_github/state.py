@@ -7,7 +7,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from runner_pool.domain.clock import Clock, Epoch, SystemClock
@@ -285,7 +285,9 @@ class GitHubState:
     webhook_receiver: Receiver = field(default=lambda _delivery: 200, repr=False)
     """Where deliveries go. Accepts everything until the webhooks are pointed at an endpoint."""
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
-    _tokens: dict[str, tuple[int, Epoch]] = field(default_factory=dict, repr=False)
+    _tokens: dict[str, tuple[int, Epoch, dict[str, str] | None]] = field(default_factory=dict, repr=False)
+    token_permissions: list[dict[str, str] | None] = field(default_factory=list)
+    """What each token request narrowed its token to, in order (None: not narrowed)."""
     _label_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _repository_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _next_id: int = 1000
@@ -314,20 +316,34 @@ class GitHubState:
         with self.lock:
             return next((i for i in self.installations.values() if i.owns(account)), None)
 
-    def issue_token(self, installation_id: int) -> tuple[str, Epoch]:
+    def issue_token(
+        self, installation_id: int, permissions: Mapping[str, str] | None = None
+    ) -> tuple[str, Epoch]:
+        """A token for the installation, narrowed to `permissions` (None: all it was granted); the caller
+        has checked they are a subset of its grant (rest.py `create_installation_token`)."""
         token = f"ghs_{secrets.token_hex(18)}"
         expires_at = float(int(self.clock.now()) + TOKEN_LIFETIME_SECONDS)
         with self.lock:
-            self._tokens[token] = (installation_id, expires_at)
+            self._tokens[token] = (
+                installation_id,
+                expires_at,
+                None if permissions is None else dict(permissions),
+            )
+            self.token_permissions.append(None if permissions is None else dict(permissions))
         return token, expires_at
 
     def installation_for(self, token: str) -> FakeInstallation | None:
-        """The installation a token was issued to, while it is neither expired nor revoked."""
+        """The installation a token was issued to, as the token sees it (its permissions those it was
+        narrowed to), while it is neither expired nor revoked."""
         with self.lock:
             issued = self._tokens.get(token)
             if issued is None or issued[1] <= self.clock.now():
                 return None
-            return self.installations.get(issued[0])
+            installation = self.installations.get(issued[0])
+            narrowed = issued[2]
+            if installation is None or narrowed is None:
+                return installation
+            return replace(installation, permissions=dict(narrowed))
 
     def revoke_tokens(self) -> None:
         with self.lock:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from emulator.fake_github import payloads
+from emulator.fake_github.rest import covers
 from emulator.fake_github.routes import Answer, Auth, Refusal, Request, route, whole
 
 if TYPE_CHECKING:
@@ -28,6 +29,9 @@ def get_run_attempt(github: FakeGitHub, request: Request) -> Answer:
     repository = f"{params['owner']}/{params['repo']}"
     if installation is None or not installation.owns(params["owner"]):
         raise Refusal(404, "Not Found")
+    if not covers(installation.permissions.get("actions"), "read"):
+        # "Actions" repository permissions (read), this endpoint's fine-grained permission
+        raise Refusal(403, "Resource not accessible by integration")
     state = github.state
     run_id, attempt = whole(params["run_id"]), whole(params["attempt_number"])
     with state.lock:

@@ -45,6 +45,7 @@ from emulator.step_functions import (
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.state_table import StateTable, TransitionResult
 from runner_pool.domain.clock import Epoch, ManualClock
 from runner_pool.domain.config import ReuseSettings, StackConfig
@@ -254,9 +255,7 @@ def local_control_plane(
         stack.create_state_table()
         stack.create_instance_resources(key.private_pem)
         app = GitHubApp(
-            APP_ID,
-            key.private_pem,
-            INSTALLATION_ID,
+            GitHubAppKey(APP_ID, key.private_pem, INSTALLATION_ID, base_url=github.url, clock=clock),
             config.github.scope,
             base_url=github.url,
             clock=clock,

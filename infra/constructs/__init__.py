@@ -1,6 +1,7 @@
 """One construct per concern of the deployment; the stack only composes them."""
 
 from infra.constructs.functions import ControlPlaneFunctions
+from infra.constructs.github_tokens import GitHubTokens
 from infra.constructs.ingress import Ingress
 from infra.constructs.instances import Instances
 from infra.constructs.interruptions import Interruptions
@@ -14,6 +15,7 @@ from infra.constructs.state_table import StateTable
 
 __all__ = [
     "ControlPlaneFunctions",
+    "GitHubTokens",
     "Ingress",
     "Instances",
     "Interruptions",

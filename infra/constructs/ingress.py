@@ -80,7 +80,7 @@ class Ingress(Construct):
         release: sfn.IStateMachine,
     ) -> None:
         super().__init__(scope, construct_id)
-        functions, table, github_app_key = resources.functions, resources.table, resources.github_app_key
+        functions, table, github_tokens = resources.functions, resources.table, resources.github_tokens
         workflow_type = resources.config.workflow_type
         self._table = table
         self.idempotency_table = dynamodb.Table(
@@ -125,7 +125,7 @@ class Ingress(Construct):
             },
             timeout=Duration.seconds(10),
         )
-        self.follow_up = self._follow_up(functions, provision, workflow_type, github_app_key)
+        self.follow_up = self._follow_up(functions, provision, workflow_type, github_tokens)
         webhook_secret.grant_read(self.webhook)
         self.demand_queue.grant_send_messages(self.webhook)
         self._remember(self.webhook)
@@ -146,7 +146,7 @@ class Ingress(Construct):
         release.grant_start_execution(self.dispatcher)
         self.follow_up.state_machine.grant_start_execution(self.dispatcher)
         self._remember(self.dispatcher, counts_jobs=True)
-        permissions.read_github_runs(self.dispatcher, github_app_key, self._table)
+        permissions.read_github_runs(self.dispatcher, github_tokens, self._table)
         self.dispatcher.add_event_source(
             event_sources.SqsEventSource(
                 self.demand_queue,
@@ -162,18 +162,18 @@ class Ingress(Construct):
         functions: ControlPlaneFunctions,
         provision: sfn.IStateMachine,
         workflow_type: WorkflowType,
-        github_app_key: secretsmanager.ISecret,
+        github_tokens: lambda_.IFunction,
     ) -> Workflow:
         def list_seal_and_start(function: lambda_.Function) -> None:
             self._remember(function, counts_jobs=True)
             provision.grant_start_execution(function)
             # Lists the run's queued jobs, and reads the run when its level is not known.
-            permissions.read_github_runs(function, github_app_key, self._table)
+            permissions.read_github_runs(function, github_tokens, self._table)
 
         def start(function: lambda_.Function) -> None:
             self._remember(function)
             provision.grant_start_execution(function)
-            permissions.read_github_runs(function, github_app_key, self._table)  # a run's level
+            permissions.read_github_runs(function, github_tokens, self._table)  # a run's level
 
         starting = {
             "idempotency_table_name": self.idempotency_table.table_name,

@@ -15,14 +15,13 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sqs as sqs
 
 from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_table as schema
 from runner_pool.adapters.registration_budget import BUDGET_PREFIX
 from runner_pool.domain import doctor
-from runner_pool.environment import STACK_TAG_KEY
+from runner_pool.environment import ENV_PREFIX, STACK_TAG_KEY
 
 LAUNCHED_RESOURCES = ("fleet", "instance", "volume", "network-interface", "spot-instances-request")
 """What one CreateFleet creates; their ids exist only once it has."""
@@ -159,15 +158,20 @@ def _acknowledge_notice_queues(grantee: lambda_.Function, notice_queues: NoticeQ
 
 
 def hand_off_runner_configs(
-    grantee: iam.IGrantable, key: kms.IKey, github_app_key: secretsmanager.ISecret
+    grantee: lambda_.Function, key: kms.IKey, github_tokens: lambda_.IFunction
 ) -> None:
-    """Ask GitHub for JIT configs as the App (its private key) and encrypt them for their instance."""
-    github_app_key.grant_read(grantee)
+    """Ask GitHub for JIT configs (with a token for registration from the token function) and encrypt them
+    for their instance."""
+    act_as_github_app(grantee, github_tokens)
     _allow(grantee, ["kms:Encrypt"], [key.key_arn])
 
 
-def act_as_github_app(grantee: iam.IGrantable, github_app_key: secretsmanager.ISecret) -> None:
-    github_app_key.grant_read(grantee)
+def act_as_github_app(grantee: lambda_.Function, github_tokens: lambda_.IFunction) -> None:
+    """Call GitHub with installation tokens the token function mints (infra/constructs/github_tokens.py),
+    never with the App's key: invoke that one function (its unqualified ARN, so no version or alias of
+    it either), and be told its name."""
+    _allow(grantee, ["lambda:InvokeFunction"], [github_tokens.function_arn])
+    grantee.add_environment(f"{ENV_PREFIX}GITHUB_TOKEN_FUNCTION_NAME", github_tokens.function_name)
 
 
 def share_github_hour(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
@@ -186,12 +190,12 @@ def share_github_hour(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
 
 
 def read_github_runs(
-    grantee: iam.IGrantable, github_app_key: secretsmanager.ISecret, table: dynamodb.ITable
+    grantee: lambda_.Function, github_tokens: lambda_.IFunction, table: dynamodb.ITable
 ) -> None:
     """Ask GitHub about a run whose `requested` delivery never came (steps/run_trust.py): act as the App,
     read the registration budget's item (GitHub's hourly remainder) and no other, and share the hourly
     remainder GitHub's answer reports."""
-    act_as_github_app(grantee, github_app_key)
+    act_as_github_app(grantee, github_tokens)
     share_github_hour(grantee, table)
     grantee.grant_principal.add_to_principal_policy(
         iam.PolicyStatement(

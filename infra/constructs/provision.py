@@ -26,10 +26,10 @@ class Provision(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         config, functions, table = resources.config, resources.functions, resources.table
-        pool_queues, instances, github_app_key = (
+        pool_queues, instances, github_tokens = (
             resources.pool_queues,
             resources.instances,
-            resources.github_app_key,
+            resources.github_tokens,
         )
         queues = pool_queues.queues
         templates = list(instances.launch_templates.values())
@@ -48,7 +48,7 @@ class Provision(Construct):
             permissions.take_from_pool(function, queues, table)
             permissions.write_records(function, table)
             permissions.find_by_run_key(function, table)  # a retried claim step finds its own claim
-            permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
+            permissions.hand_off_runner_configs(function, instances.credentials_key, github_tokens)
             permissions.start_from_stopped_tier(function, table, instances.volume_key)  # no hot instance
 
         def create(function: lambda_.Function) -> None:
@@ -66,7 +66,7 @@ class Provision(Construct):
         def hand_over(function: lambda_.Function) -> None:
             """Runner configs to created instances, as the registration budget (a state-table item) allows."""
             permissions.write_records(function, table)
-            permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
+            permissions.hand_off_runner_configs(function, instances.credentials_key, github_tokens)
             permissions.send_notices(function, notice_queues)
 
         def begin(function: lambda_.Function) -> None:
@@ -75,7 +75,7 @@ class Provision(Construct):
             permissions.take_from_pool(function, queues, table)
             permissions.find_by_run_key(function, table)  # a retried Begin finds its own claims
             # It hands its claims their configs side by side before the workers start.
-            permissions.hand_off_runner_configs(function, instances.credentials_key, github_app_key)
+            permissions.hand_off_runner_configs(function, instances.credentials_key, github_tokens)
             permissions.send_notices(function, notice_queues)
 
         def finish(function: lambda_.Function) -> None:

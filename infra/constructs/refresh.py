@@ -29,10 +29,10 @@ class Refresh(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         config, functions, table = resources.config, resources.functions, resources.table
-        pool_queues, instances, github_app_key = (
+        pool_queues, instances, github_tokens = (
             resources.pool_queues,
             resources.instances,
-            resources.github_app_key,
+            resources.github_tokens,
         )
         self.function = functions.function(
             self,
@@ -69,7 +69,7 @@ class Refresh(Construct):
         permissions.sweep_pool(self.function, pool_queues.queues, table)
         permissions.open_notice_queues(self.function, instances.notice_queues)
         permissions.sweep_notice_queues(self.function, instances.notice_queues)
-        permissions.act_as_github_app(self.function, github_app_key)
+        permissions.act_as_github_app(self.function, github_tokens)
         permissions.start_executions(self.function, [provision.state_machine_arn, release.state_machine_arn])
         permissions.reconcile_recent_demand(self.function, table)
         # Reconciling a run's queued jobs counts the runners of ours it still holds (StateTable.held_by).

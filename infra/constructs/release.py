@@ -23,7 +23,7 @@ class Release(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         config, functions, table = resources.config, resources.functions, resources.table
-        pool_queues, github_app_key = resources.pool_queues, resources.github_app_key
+        pool_queues, github_tokens = resources.pool_queues, resources.github_tokens
         notice_queues = resources.instances.notice_queues
         # StartParts starts executions of this very machine (a run's release in parts): named, so its role
         # can name its ARN without referring to the machine it is part of.
@@ -40,7 +40,7 @@ class Release(Construct):
         def give_back(function: lambda_.Function) -> None:
             permissions.write_records(function, table)
             permissions.send_notices(function, notice_queues)  # the agent cleans up at once
-            permissions.act_as_github_app(function, github_app_key)
+            permissions.act_as_github_app(function, github_tokens)
 
         def check_receipt(function: lambda_.Function) -> None:
             permissions.write_records(function, table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aws_cdk import aws_dynamodb as dynamodb
-from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_lambda as lambda_
 
 from infra.constructs.functions import ControlPlaneFunctions
 from infra.constructs.instances import Instances
@@ -23,4 +23,5 @@ class StackResources:
     table: dynamodb.ITable
     pool_queues: PoolQueues
     instances: Instances
-    github_app_key: secretsmanager.ISecret
+    github_tokens: lambda_.IFunction
+    """The token function, the one reader of the App's key (infra/constructs/github_tokens.py)."""

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from runner_pool.adapters.account_readings import AccountReadings
 from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.doctor import (
     SERVICE_LINKED_ROLES,
@@ -174,9 +175,13 @@ def _app(
     key = clients("secretsmanager").get_secret_value(SecretId=github.private_key_secret_name)["SecretString"]
     try:
         return GitHubApp(
-            github.app_id,
-            key,
-            github.installation_id,
+            GitHubAppKey(
+                github.app_id,
+                key,
+                github.installation_id,
+                base_url=github.api_url,
+                api_version=github.api_version,
+            ),
             runner_scope(str(github.scope)),
             base_url=github.api_url,
             api_version=github.api_version,

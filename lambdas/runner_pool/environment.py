@@ -46,6 +46,9 @@ class ControlPlaneSettings(BaseSettings):
     release_state_machine_arn: str | None = None
     follow_up_state_machine_arn: str | None = None
     demand_queue_url: str | None = None
+    github_token_function_name: str | None = None
+    """The token function (handlers/github_token.py), which alone reads the App's key; every function that
+    calls GitHub asks it for tokens."""
     idempotency_table_name: str | None = None
 
     def require(self, field: str, purpose: str) -> str:

@@ -23,6 +23,8 @@ from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
 from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.github_app_key import GitHubAppKey
+from runner_pool.adapters.github_token_function import TokenFunction, invoking_client
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.adapters.pool_queues import PoolQueues
@@ -242,14 +244,20 @@ class ControlPlane:
             return self._github
 
     def _github_app(self) -> GitHubApp:
+        """The App as this function may act as it: through the token function, which the stack names to
+        every function but itself; with the key only where no token function is named (the token
+        function's own process, a local run)."""
         github = self.config.github
-        if github.app_id is None or github.installation_id is None or github.scope is None:
-            raise LookupError("github.app_id, github.installation_id and github.scope must be configured")
-        secret = self.client("secretsmanager").get_secret_value(SecretId=github.private_key_secret_name)
+        if github.installation_id is None or github.scope is None:
+            raise LookupError("github.installation_id and github.scope must be configured")
+        token_function = self.settings.github_token_function_name
+        identity = (
+            TokenFunction(token_function, github.installation_id, self.client("lambda"))
+            if token_function
+            else self.app_key
+        )
         return GitHubApp(
-            github.app_id,
-            secret["SecretString"],
-            github.installation_id,
+            identity,
             github.scope,
             base_url=github.api_url,
             api_version=github.api_version,
@@ -257,6 +265,22 @@ class ControlPlane:
             registration=github.effective_registration,
             groups_allow_public_repositories=github.runner_groups_allow_public_repositories,
             on_hourly_quota=self.publish_hourly,
+        )
+
+    @cached_property
+    def app_key(self) -> GitHubAppKey:
+        """The App's private key at work (Secrets Manager): only the token function's role may read it."""
+        github = self.config.github
+        if github.app_id is None or github.installation_id is None:
+            raise LookupError("github.app_id and github.installation_id must be configured")
+        secret = self.client("secretsmanager").get_secret_value(SecretId=github.private_key_secret_name)
+        return GitHubAppKey(
+            github.app_id,
+            secret["SecretString"],
+            github.installation_id,
+            base_url=github.api_url,
+            api_version=github.api_version,
+            clock=self.clock,
         )
 
     def publish_hourly(self, quota: HourlyQuota) -> None:
@@ -269,6 +293,8 @@ class ControlPlane:
 
 
 def _default_client(service: str) -> Any:
+    if service == "lambda":  # only ever to invoke the token function, which may take longer than a call
+        return invoking_client()
     return aws_clients.client(service)
 
 

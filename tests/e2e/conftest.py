@@ -28,6 +28,7 @@ from emulator.simulated_instances import InstanceSettings, SimulatedInstances
 from emulator.timeline import Timeline
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
@@ -131,9 +132,7 @@ def stage(app_key: AppKey, tmp_path: Path) -> Iterator[Stage]:
             TABLE, timeouts, SystemClock(), key_id=key_id, dynamodb=dynamodb, kms=aws.client("kms")
         )
         app = GitHubApp(
-            APP_ID,
-            app_key.private_pem,
-            INSTALLATION_ID,
+            GitHubAppKey(APP_ID, app_key.private_pem, INSTALLATION_ID, base_url=github.url),
             RepositoryScope(owner=OWNER, repo=REPO),
             base_url=github.url,
         )

@@ -6,16 +6,18 @@ emulator/iam_check.py, and the test session reports the grants no call used.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from infra.constructs import permissions
 from infra.constructs.functions import HANDLERS_PACKAGE
 from runner_pool.adapters import state_table as schema
-from runner_pool.environment import STACK_TAG_KEY
+from runner_pool.environment import ENV_PREFIX, STACK_TAG_KEY
 from tests.infra.synthesis import Synthesis
 
 LAUNCH = {"ec2:CreateFleet", "ec2:RunInstances", "iam:PassRole"}
+TOKEN_HANDLER = "github_token.github_token"
 EVERY_FUNCTION = {
     "logs:CreateLogStream",
     "logs:PutLogEvents",
@@ -222,3 +224,62 @@ def test_the_pool_grants_name_exactly_the_partition_queues(synthesis: Synthesis)
 def _resources(statement: Mapping[str, Any]) -> list[Any]:
     resource = statement["Resource"]
     return resource if isinstance(resource, list) else [resource]
+
+
+def roles_granted(synthesis: Synthesis, action: str, resource_mentions: str) -> set[str]:
+    """The logical ids of every role of the stack (functions', the instances', any other) with a statement
+    allowing `action` on a resource whose template form mentions `resource_mentions`."""
+    return {
+        role["Ref"]
+        for policy in synthesis.resources.values()
+        if policy["Type"] == "AWS::IAM::Policy"
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        if statement["Effect"] == "Allow"
+        and action in actions(statement)
+        and resource_mentions in json.dumps(statement["Resource"])
+        for role in policy["Properties"]["Roles"]
+    }
+
+
+def role_of(synthesis: Synthesis, handler: str) -> str:
+    (function,) = [
+        r
+        for r in synthesis.resources.values()
+        if r["Type"] == "AWS::Lambda::Function"
+        and r["Properties"]["Handler"] == f"{HANDLERS_PACKAGE}.{handler}"
+    ]
+    role: str = function["Properties"]["Role"]["Fn::GetAtt"][0]
+    return role
+
+
+def test_only_the_token_function_may_read_the_apps_key(synthesis: Synthesis) -> None:
+    # Given the App's key, imported by name / Then exactly one role of the stack may read it: the token
+    # function's
+    key_name = synthesis.stack.github_app_key.secret_name
+    readers = roles_granted(synthesis, "secretsmanager:GetSecretValue", key_name)
+    assert readers == {role_of(synthesis, TOKEN_HANDLER)}
+
+
+def test_every_function_that_calls_github_invokes_the_token_function_and_is_told_its_name(
+    synthesis: Synthesis,
+) -> None:
+    token_function = synthesis.stack.get_logical_id(synthesis.stack.github_tokens.function.node.default_child)
+    invokers = roles_granted(synthesis, "lambda:InvokeFunction", token_function)
+    functions = {
+        r["Properties"]["Handler"].removeprefix(f"{HANDLERS_PACKAGE}."): r
+        for r in synthesis.resources.values()
+        if r["Type"] == "AWS::Lambda::Function"
+    }
+    told = {
+        handler
+        for handler, function in functions.items()
+        if f"{ENV_PREFIX}GITHUB_TOKEN_FUNCTION_NAME" in function["Properties"]["Environment"]["Variables"]
+    }
+    # Given the functions that act as the App: provision's, refresh, release's, the dispatcher, follow-up's
+    # Then each may invoke the token function, on its unqualified ARN only, and is told its name
+    assert told
+    assert invokers == {role_of(synthesis, handler) for handler in told}
+    assert TOKEN_HANDLER not in told
+    for handler in told:
+        invoking = [s for s in statements(synthesis, handler) if "lambda:InvokeFunction" in actions(s)]
+        assert [s["Resource"] for s in invoking] == [{"Fn::GetAtt": [token_function, "Arn"]}], handler

@@ -12,6 +12,7 @@ import pytest
 
 from infra.constructs import retries, workflow
 from runner_pool.adapters import aws_clients
+from runner_pool.adapters.github_token_function import invoking_client
 from tests.infra.synthesis import Synthesis
 from tests.infra.test_functions import functions
 
@@ -104,3 +105,13 @@ def _maps(definition: Any) -> Iterator[Mapping[str, Any]]:
     elif isinstance(definition, list):
         for value in definition:
             yield from _maps(value)
+
+
+def test_a_caller_waits_for_the_token_function_past_its_timeout(synthesis: Synthesis) -> None:
+    # Given the token function as synthesised, and the Lambda client its callers invoke it with
+    timeout = functions(synthesis)["github_token.github_token"]["Timeout"]
+    read_timeout = invoking_client().meta.config.read_timeout
+    # Then the token function outlasts a throttled read of the App's key, and a caller waits for it to end
+    # rather than invoking it again while it runs
+    assert timeout > aws_clients.throttled_wait_seconds()
+    assert read_timeout > timeout

@@ -13,13 +13,13 @@ from emulator.fake_github.state import RunTrigger
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
+from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.github_runner_groups import runner_group_name
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import OrganizationScope, Registration, RepositoryScope, RunnerScope
 from runner_pool.domain.runners import (
     GitHubAuthError,
     GitHubError,
-    GitHubForbiddenError,
     GitHubNotFoundError,
     GitHubRateLimitedError,
     GitHubRejectedError,
@@ -28,6 +28,7 @@ from runner_pool.domain.runners import (
     RepositoryUnknownError,
     RunnerRemoval,
     RunnerStatus,
+    refused_for_good,
 )
 from runner_pool.domain.trust import RunFacts, TrustLevel, run_trust
 from tests.support.builders import run_key
@@ -68,12 +69,14 @@ def connect(fake: FakeGitHub, app_key: AppKey, clock: ManualClock) -> Iterator[C
         api_version: str | None = None,
         registration: Registration = Registration.REPOSITORY,
     ) -> GitHubApp:
+        url = base_url or fake.url
+        identity = GitHubAppKey(
+            APP_ID, private_key, INSTALLATION_ID, base_url=url, api_version=api_version, clock=client_clock
+        )
         app = GitHubApp(
-            APP_ID,
-            private_key,
-            INSTALLATION_ID,
+            identity,
             scope,
-            base_url=base_url or fake.url,
+            base_url=url,
             api_version=api_version,
             clock=client_clock,
             registration=registration,
@@ -180,8 +183,9 @@ def test_calls_reuse_one_connection(github: GitHubApp, fake: FakeGitHub) -> None
         github.jit_config(f"runner-{number}", [run_key(number)])
     github.runners()
 
-    # Then they all went over one connection (no new handshake per call)
-    assert fake.state.connections == 1
+    # Then they all went over one connection (no new handshake per call), beside the one the key's holder
+    # asked for the token on (in the stack, the token function's own)
+    assert fake.state.connections == 2
 
 
 # --- JIT runners ---------------------------------------------------------------------------------
@@ -614,10 +618,12 @@ def test_a_missing_permission_is_forbidden(connect: Connect, fake: FakeGitHub) -
     github = connect(ORGANIZATION)
 
     # When it asks for an organisation runner
-    # Then GitHub refuses it as forbidden, which no retry will change
-    with pytest.raises(GitHubForbiddenError) as refused:
+    # Then GitHub refuses the token it needs for that, narrowed to a permission the installation has not
+    # got, for good: no retry will change it
+    with pytest.raises(GitHubRejectedError) as refused:
         github.jit_config("i-0abc-7", [run_key(7)])
-    assert not isinstance(refused.value, GitHubRetryableError)
+    assert refused.value.status == 422
+    assert refused_for_good(refused.value)
 
 
 def test_a_repository_the_installation_cannot_see_is_not_found(connect: Connect) -> None:
@@ -666,15 +672,15 @@ def test_an_enterprise_server_is_reached_below_its_api_path_with_its_api_version
         server.state.add_installation(INSTALLATION_ID, OWNER)
         for number in range(1, 151):
             server.state.register_runner(REPOSITORY, f"runner-{number}", [run_key(number)])
-        github = GitHubApp(
+        identity = GitHubAppKey(
             APP_ID,
             app_key.private_pem,
             INSTALLATION_ID,
-            REPOSITORY,
             base_url=server.url,
             api_version="2022-11-28",
             clock=clock,
         )
+        github = GitHubApp(identity, REPOSITORY, base_url=server.url, api_version="2022-11-28", clock=clock)
 
         # When the client registers a runner and lists runners over two pages
         runner = github.jit_config("i-0abc-7", [run_key(7)])

@@ -12,6 +12,7 @@ from emulator.fake_github import FakeGitHub, JobSpec
 from emulator.fake_github.rate_limits import CONTENT_PER_MINUTE
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.github_errors import retry_after
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
@@ -39,9 +40,7 @@ def fake(app_key: AppKey, clock: ManualClock) -> Iterator[FakeGitHub]:
 @pytest.fixture
 def github(fake: FakeGitHub, app_key: AppKey, clock: ManualClock) -> Iterator[GitHubApp]:
     app = GitHubApp(
-        APP_ID,
-        app_key.private_pem,
-        INSTALLATION_ID,
+        GitHubAppKey(APP_ID, app_key.private_pem, INSTALLATION_ID, base_url=fake.url, clock=clock),
         RepositoryScope(owner=OWNER, repo=REPO),
         base_url=fake.url,
         clock=clock,

@@ -60,6 +60,7 @@ PLAN = "runner_pool.handlers.release.plan"
 
 PROBES = '''
 """Probes: functions of the test's own, run in the same environments as the stack's."""
+import json
 import os
 import sys
 import threading
@@ -95,6 +96,24 @@ def together(event, context):
 
 def crash(event, context):
     os._exit(3)
+
+
+def echo(event, context):
+    if event.get("fail"):
+        raise ValueError("asked to fail")
+    return {"echoed": event}
+
+
+def invoke_other(event, context):
+    """Invokes `name` with `event` as a function does, and returns what Invoke answered."""
+    answer = boto3.client("lambda").invoke(
+        FunctionName=event["name"], InvocationType="RequestResponse", Payload=json.dumps(event["event"]).encode()
+    )
+    return {
+        "status": answer["StatusCode"],
+        "error": answer.get("FunctionError"),
+        "payload": json.loads(answer["Payload"].read()),
+    }
 
 
 def block(event, context):
@@ -269,6 +288,8 @@ def probes(probe_artifacts: Artifacts, aws: LocalAws, ec2: SimulatedEc2) -> Iter
     functions = {
         "together": probe("together"),
         "create_fleet": probe("create_fleet"),
+        "echo": probe("echo"),
+        "invoke_other": probe("invoke_other"),
     }
     with LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint, ec2=ec2) as runtime:
         yield runtime
@@ -290,6 +311,22 @@ def test_a_real_handler_runs_from_the_artifacts_against_local_aws_and_returns_it
     assert check.checked() > checked_before
     assert not check.denials(), [denial.explain() for denial in check.denials()]
     assert not stack.faults
+
+
+def test_a_function_invokes_another_of_the_runtime_as_lambdas_invoke_answers(probes: LambdaRuntime) -> None:
+    # Given two functions of one runtime
+    # When one invokes the other synchronously, once with an event it answers and once with one it raises on
+    answered = probes.invoke("invoke_other", {"name": "echo", "event": {"say": "hi"}})
+    failed = probes.invoke("invoke_other", {"name": "echo", "event": {"fail": True}})
+
+    # Then Invoke answered as Lambda's API does: the result as the payload; a raised error still a 200,
+    # flagged Unhandled, with Lambda's errorType and errorMessage as the payload
+    assert answered == {"status": 200, "error": None, "payload": {"echoed": {"say": "hi"}}}
+    assert failed["status"] == 200
+    assert failed["error"] == "Unhandled"
+    assert failed["payload"]["errorType"] == "ValueError"
+    assert failed["payload"]["errorMessage"] == "asked to fail"
+    assert probes.calls["lambda:Invoke"] == 2
 
 
 @pytest.mark.parametrize("started", ["anew", "forked"])

@@ -1,5 +1,9 @@
 """The HTTP client of one GitHub App installation: every call authenticated, pooled, and its failure ours.
 
+A client makes its calls with installation tokens narrowed to one permission set (`narrowed` gives
+another client over the same tokens and connections, for another set); only the client of the App's key
+(adapters/github_app_key.py) also signs the App's JWT for `/app/...` routes.
+
 Built on githubkit's generated REST methods, with three of its defaults replaced on purpose: the
 authentication (adapters/github_app_auth.py), the retry (none: adapters/github_errors.py), and the
 HTTP cache (none: every read must see GitHub as it is now).
@@ -10,8 +14,8 @@ across calls, so a warm Lambda does not pay a TLS handshake per request.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, TypeVar
 
 import httpx
@@ -20,17 +24,11 @@ from githubkit import GitHub
 from githubkit.exception import GitHubException
 from githubkit.versions import RestVersionSwitcher
 
-from runner_pool.adapters.github_app_auth import (
-    TOKEN_REFRESH_MARGIN_SECONDS,
-    AppAuth,
-    InstallationToken,
-    InstallationTokens,
-    app_jwt,
-    load_private_key,
-)
+from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS, AppAuth, InstallationTokens
 from runner_pool.adapters.github_errors import translate
 from runner_pool.adapters.github_hourly import HourlyWatch, hourly_quota
 from runner_pool.domain.clock import Clock, SystemClock
+from runner_pool.domain.github_tokens import InstallationToken, Permissions
 from runner_pool.domain.registration_budget import HourlyQuota
 
 T = TypeVar("T")
@@ -40,15 +38,16 @@ PAGE_SIZE = 100
 
 
 class GitHubApi:
-    """The REST API as one App installation calls it; `call` runs one operation and turns whatever it
-    raises into a GitHubError."""
+    """The REST API as one App installation calls it, with tokens narrowed to `permissions` (None: all the
+    installation was granted); `call` runs one operation and turns whatever it raises into a GitHubError."""
 
     def __init__(
         self,
-        app_id: int | str,
-        private_key: str,
+        tokens: Callable[[Permissions | None], InstallationToken],
         installation_id: int,
         *,
+        permissions: Permissions | None = None,
+        app_jwt: Callable[[], str] | None = None,
         base_url: str = GITHUB_API_URL,
         api_version: str | None = None,
         clock: Clock | None = None,
@@ -56,19 +55,34 @@ class GitHubApi:
         token_refresh_margin_seconds: float = TOKEN_REFRESH_MARGIN_SECONDS,
         on_hourly_quota: Callable[[HourlyQuota], None] | None = None,
     ) -> None:
-        self._app_id = str(app_id)
-        self._key = load_private_key(private_key)
+        """`tokens` issues a new installation token for a permission set (the App's key, or the token
+        function); `app_jwt` signs the App's JWT, given only where the key is held."""
         self.installation_id = installation_id
+        self.permissions = permissions
         self._clock: Clock = clock or SystemClock()
         self.headers = {"X-GitHub-Api-Version": api_version} if api_version else None
         self._hourly = HourlyWatch(on_hourly_quota)
         self._transport = _PooledTransport(httpx.HTTPTransport(), self._hourly)
-        self._tokens = InstallationTokens(self._request_token, self._clock, token_refresh_margin_seconds)
-        self._github = GitHub(
-            AppAuth(self._app_jwt, self._tokens),
-            base_url=base_url,
+        self._tokens = InstallationTokens(tokens, self._clock, token_refresh_margin_seconds)
+        self._app_jwt = app_jwt
+        self._base_url = base_url
+        self._timeout = timeout_seconds
+        self._github = self._client(permissions)
+
+    def narrowed(self, permissions: Permissions | None) -> GitHubApi:
+        """A client over the same tokens, connections and hourly watch, whose calls carry tokens for
+        `permissions`."""
+        other = copy.copy(self)
+        other.permissions = permissions
+        other._github = self._client(permissions)
+        return other
+
+    def _client(self, permissions: Permissions | None) -> GitHub[Any]:
+        return GitHub(
+            AppAuth(self._app_jwt, self._tokens, permissions),
+            base_url=self._base_url,
             user_agent="runner-pool",
-            timeout=timeout_seconds,
+            timeout=self._timeout,
             http_cache=False,
             auto_retry=False,
             transport=self._transport,
@@ -84,8 +98,8 @@ class GitHubApi:
         return self._hourly.seen
 
     def authenticate(self) -> None:
-        """Have the installation token in hand: asked for now unless held."""
-        self.call(self._tokens.get)
+        """Have this client's installation token in hand: asked for now unless held."""
+        self.call(lambda: self._tokens.get(self.permissions))
 
     def call(self, operation: Callable[[], T]) -> T:
         """Run one githubkit operation; whatever it raises comes out as a GitHubError."""
@@ -96,16 +110,6 @@ class GitHubApi:
 
     def close(self) -> None:
         self._transport.close_pool()
-
-    def _app_jwt(self) -> str:
-        return app_jwt(self._app_id, self._key, self._clock.now())
-
-    def _request_token(self) -> InstallationToken:
-        response = self._github.rest.apps.create_installation_access_token(
-            self.installation_id, headers=self.headers
-        )
-        issued = response.parsed_data
-        return InstallationToken(issued.token, datetime.fromisoformat(issued.expires_at).timestamp())
 
 
 def validated(response: Any) -> dict[str, Any]:

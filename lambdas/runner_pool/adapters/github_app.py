@@ -1,23 +1,27 @@
 """One GitHub App installation as the control plane uses it: the RunnerRegistry and the doctor's reads.
 
-It holds the installation's one HTTP client (adapters/github_api.py) and hands each call to the module
-of its concern: our runners (github_runners), a run's jobs (github_run_jobs), a run attempt's trigger
-(github_runs), failed webhook deliveries (github_deliveries), and what the doctor reads
-(github_readings).
+It holds the installation's HTTP client (adapters/github_api.py), narrowed per concern to the permissions
+that concern needs (domain/github_tokens.py), and hands each call to the module of its concern: our
+runners (github_runners, the registration permission), a run's jobs and trigger (github_run_jobs,
+github_runs: `actions: read`), and what the doctor reads (github_readings). Its tokens and the App's
+own failed webhook deliveries come from an AppIdentity: the App's key (adapters/github_app_key.py) where
+it is held, else the token function (adapters/github_token_function.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from runner_pool.adapters import github_deliveries, github_readings, github_run_jobs, github_runs
+from runner_pool.adapters import github_readings, github_run_jobs, github_runs
 from runner_pool.adapters.github_api import GITHUB_API_URL, GitHubApi
 from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
+from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.github_runners import GitHubRunners
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.doctor import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
+from runner_pool.domain.github_tokens import RUN_READS, AppIdentity, registration_permissions
 from runner_pool.domain.registration_budget import HourlyQuota
-from runner_pool.domain.runner_scope import Registration, RunnerScope
+from runner_pool.domain.runner_scope import OrganizationScope, Registration, RunnerScope
 from runner_pool.domain.runners import (
     DEFAULT_RUNNER_GROUP_ID,
     FailedDelivery,
@@ -28,6 +32,8 @@ from runner_pool.domain.runners import (
 )
 from runner_pool.domain.trust import RunFacts
 
+NOT_THE_KEY = Unread("the App's own settings are read with its key, which this client does not hold")
+
 
 class GitHubApp:
     """The RunnerRegistry (domain.runners) of one App installation, for the runners of one scope
@@ -35,9 +41,7 @@ class GitHubApp:
 
     def __init__(
         self,
-        app_id: int | str,
-        private_key: str,
-        installation_id: int,
+        identity: AppIdentity,
         scope: RunnerScope,
         *,
         base_url: str = GITHUB_API_URL,
@@ -51,14 +55,20 @@ class GitHubApp:
     ) -> None:
         """`base_url` is `https://<host>/api/v3/` for GitHub Enterprise Server. `api_version` overrides
         the `X-GitHub-Api-Version` githubkit sends (its newest); GHES answers only the versions of
-        its release, e.g. `2022-11-28`. `app_id` may be the App's id or its client id. `registration`
-        is used by an organisation scope only (domain.runner_scope.Registration);
+        its release, e.g. `2022-11-28`. `identity` issues its installation tokens, one per permission set
+        (domain/github_tokens.py). `registration` is used by an organisation scope only
+        (domain.runner_scope.Registration);
         `groups_allow_public_repositories` lets the runner groups it creates take public repositories'
         jobs, which GitHub refuses by default."""
+        self._identity = identity
+        self._app_api = identity.api if isinstance(identity, GitHubAppKey) else None
+        """The App's own routes the doctor reads (`GET /app`, ...): only where the key is held."""
         self._api = GitHubApi(
-            app_id,
-            private_key,
-            installation_id,
+            identity.installation_token,
+            identity.installation_id,
+            permissions=registration_permissions(
+                registration if isinstance(scope, OrganizationScope) else Registration.REPOSITORY
+            ),
             base_url=base_url,
             api_version=api_version,
             clock=clock,
@@ -66,6 +76,9 @@ class GitHubApp:
             token_refresh_margin_seconds=token_refresh_margin_seconds,
             on_hourly_quota=on_hourly_quota,
         )
+        self._runs = self._api.narrowed(RUN_READS)
+        self._installation = self._api.narrowed(None)
+        """Everything the installation was granted: the doctor's reads of its settings."""
         self._runners = GitHubRunners(
             self._api,
             scope,
@@ -84,10 +97,13 @@ class GitHubApp:
 
     def close(self) -> None:
         self._api.close()
+        if isinstance(self._identity, GitHubAppKey):
+            self._identity.close()
 
     def authenticate(self) -> None:
-        """Have the installation token in hand: asked for now unless held (a fresh environment's first
-        call would ask for it), so a step can ask while its own calls run (steps.hand_over)."""
+        """Have the registration's installation token in hand: asked for now unless held (a fresh
+        environment's first call would ask for it), so a step can ask while its own calls run
+        (steps.hand_over)."""
         self._api.authenticate()
 
     # --- runners (adapters/github_runners.py) ------------------------------------------------------
@@ -125,30 +141,36 @@ class GitHubApp:
     # --- workflow jobs and webhook deliveries -------------------------------------------------------
 
     def run_jobs(self, repository: str, run_id: int, attempt: int) -> tuple[list[RunJob], int]:
-        return github_run_jobs.run_jobs(self._api, repository, run_id, attempt)
+        return github_run_jobs.run_jobs(self._runs, repository, run_id, attempt)
 
     def run_attempt(self, repository: str, run_id: int, attempt: int) -> RunFacts:
-        return github_runs.run_attempt(self._api, repository, run_id, attempt)
+        return github_runs.run_attempt(self._runs, repository, run_id, attempt)
 
     def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]:
-        return github_deliveries.failed_deliveries(self._api, since)
+        return self._identity.failed_deliveries(since)
 
     def redeliver(self, delivery_id: int) -> None:
-        github_deliveries.redeliver(self._api, delivery_id)
+        self._identity.redeliver(delivery_id)
 
     # --- what the doctor reads (domain/doctor.py) ---------------------------------------------------
 
     def app_grant(self) -> AppGrant | Unread:
-        return github_readings.app_grant(self._api)
+        if self._app_api is None:
+            return NOT_THE_KEY
+        return github_readings.app_grant(self._app_api)
 
     def installation(self) -> Installation | Unread:
-        return github_readings.installation(self._api)
+        if self._app_api is None:
+            return NOT_THE_KEY
+        return github_readings.installation(self._app_api)
 
     def hook_config(self) -> HookConfig | Unread:
-        return github_readings.hook_config(self._api)
+        if self._app_api is None:
+            return NOT_THE_KEY
+        return github_readings.hook_config(self._app_api)
 
     def runner_policy(self, org: str) -> RunnerPolicy | Unread:
-        return github_readings.runner_policy(self._api, org)
+        return github_readings.runner_policy(self._installation, org)
 
     def runner_groups(self, org: str) -> tuple[int, ...] | Unread:
-        return github_readings.runner_groups(self._api, org)
+        return github_readings.runner_groups(self._installation, org)

@@ -38,6 +38,8 @@ _ERRORS_BY_STATUS: Mapping[int, type[GitHubError]] = {
 def translate(exc: BaseException, now: Epoch) -> GitHubError:
     """githubkit's exception as one of ours; the message names the request and GitHub's own words."""
     exc = _unwrapped(exc)
+    if isinstance(exc, GitHubError):  # the token request's own failure, already ours
+        return exc
     if isinstance(exc, RequestFailed):
         return _refused(exc, now)
     if isinstance(exc, RequestTimeout | httpx.TransportError):

@@ -15,6 +15,7 @@ from githubkit.utils import UNSET
 
 from runner_pool.adapters.github_api import PAGE_SIZE, GitHubApi
 from runner_pool.adapters.github_runner_groups import InstantRunnerGroup, RepositoryRunnerGroups
+from runner_pool.domain.github_tokens import registration_permissions
 from runner_pool.domain.runner_scope import (
     OrganizationScope,
     Registration,
@@ -50,17 +51,24 @@ class GitHubRunners:
         registration: Registration = Registration.REPOSITORY,
         groups_allow_public_repositories: bool = False,
     ) -> None:
-        """`registration` is used by an organisation scope only (domain.runner_scope.Registration)."""
-        self._api = api
+        """`registration` is used by an organisation scope only (domain.runner_scope.Registration). Calls at
+        a repository carry a token for its `administration: write`, calls at the organisation one for its
+        `organization_self_hosted_runners: write` (REGISTRATION_PERMISSIONS), each asked for on first use."""
+        self._repository_api = api.narrowed(registration_permissions(Registration.REPOSITORY))
+        self._organization_api = api.narrowed(registration_permissions(Registration.RUNNER_GROUP))
         self._scope = scope
         self._groups = (
-            RepositoryRunnerGroups(api, scope.org, allow_public_repositories=groups_allow_public_repositories)
+            RepositoryRunnerGroups(
+                self._organization_api, scope.org, allow_public_repositories=groups_allow_public_repositories
+            )
             if registration is Registration.RUNNER_GROUP and isinstance(scope, OrganizationScope)
             else None
         )
         """A runner group per repository, when runners are registered so (on an organisation only)."""
         self._instant_group = (
-            InstantRunnerGroup(api, scope.org, allow_public_repositories=groups_allow_public_repositories)
+            InstantRunnerGroup(
+                self._organization_api, scope.org, allow_public_repositories=groups_allow_public_repositories
+            )
             if self._groups is not None and isinstance(scope, OrganizationScope)
             else None
         )
@@ -68,6 +76,10 @@ class GitHubRunners:
     @property
     def scope(self) -> RunnerScope:
         return self._scope
+
+    def _at(self, scope: RunnerScope) -> GitHubApi:
+        """The client whose token may manage runners at `scope`."""
+        return self._repository_api if isinstance(scope, RepositoryScope) else self._organization_api
 
     def jit_config(
         self,
@@ -127,7 +139,7 @@ class GitHubRunners:
                 raise RepositoryUnknownError(f"no runner group without the repository's id ({repository})")
             runner_group_id = self._groups.of(repository_id)
         try:
-            return self._api.call(
+            return self._at(where).call(
                 lambda: self._generate_jit(where, name, labels, runner_group_id, work_folder)
             )
         except GitHubRejectedError as exc:
@@ -139,7 +151,9 @@ class GitHubRunners:
                     f"runner name {name!r} belongs to runner {stale.runner_id}, which is running a job",
                     httpx.codes.CONFLICT,
                 )
-        return self._api.call(lambda: self._generate_jit(where, name, labels, runner_group_id, work_folder))
+        return self._at(where).call(
+            lambda: self._generate_jit(where, name, labels, runner_group_id, work_folder)
+        )
 
     def registration_scope(self, repository: str | None) -> RunnerScope:
         """Where a runner for a job of `repository` is registered: at that repository, which must be
@@ -162,18 +176,18 @@ class GitHubRunners:
     def delete_runner(self, runner_id: int, repository: str | None = None) -> RunnerRemoval:
         """Remove a runner registration (at `repository` if it was registered there); one that is
         already gone is a normal outcome, not an error."""
-        rest = self._api.rest
-        headers = self._api.headers
         scope = self.registration_scope(repository)
+        api = self._at(scope)
+        rest, headers = api.rest, api.headers
         try:
             if isinstance(scope, RepositoryScope):
-                self._api.call(
+                api.call(
                     lambda: rest.actions.delete_self_hosted_runner_from_repo(
                         scope.owner, scope.repo, runner_id, headers=headers
                     )
                 )
             else:
-                self._api.call(
+                api.call(
                     lambda: rest.actions.delete_self_hosted_runner_from_org(
                         scope.org, runner_id, headers=headers
                     )
@@ -192,7 +206,7 @@ class GitHubRunners:
         where = self.registration_scope(repository)
         return [
             runner
-            for runner in self._api.call(lambda: self._list_runners(where))
+            for runner in self._at(where).call(lambda: self._list_runners(where))
             if runner.run_key is not None
         ]
 
@@ -204,7 +218,8 @@ class GitHubRunners:
         runner_group_id: int,
         work_folder: str | None,
     ) -> JitRunner:
-        rest = self._api.rest
+        api = self._at(scope)
+        rest = api.rest
         folder = UNSET if work_folder is None else work_folder
         if isinstance(scope, RepositoryScope):
             response = rest.actions.generate_runner_jitconfig_for_repo(
@@ -214,7 +229,7 @@ class GitHubRunners:
                 labels=list(labels),
                 runner_group_id=runner_group_id,
                 work_folder=folder,
-                headers=self._api.headers,
+                headers=api.headers,
             )
             runner_id = response.parsed_data.runner.id
             config = response.parsed_data.encoded_jit_config
@@ -225,14 +240,15 @@ class GitHubRunners:
                 labels=list(labels),
                 runner_group_id=runner_group_id,
                 work_folder=folder,
-                headers=self._api.headers,
+                headers=api.headers,
             )
             runner_id = org_response.parsed_data.runner.id
             config = org_response.parsed_data.encoded_jit_config
         return JitRunner(runner_id=runner_id, name=name, encoded_jit_config=config)
 
     def _list_runners(self, scope: RunnerScope, name: str | None = None) -> list[RegisteredRunner]:
-        rest = self._api.rest
+        api = self._at(scope)
+        rest = api.rest
         only = UNSET if name is None else name
         if isinstance(scope, RepositoryScope):
             repo_pages = rest.paginate(
@@ -242,7 +258,7 @@ class GitHubRunners:
                 repo=scope.repo,
                 name=only,
                 per_page=PAGE_SIZE,
-                headers=self._api.headers,
+                headers=api.headers,
             )
             return [_registered(runner) for runner in repo_pages]
         org_pages = rest.paginate(
@@ -251,12 +267,12 @@ class GitHubRunners:
             org=scope.org,
             name=only,
             per_page=PAGE_SIZE,
-            headers=self._api.headers,
+            headers=api.headers,
         )
         return [_registered(runner) for runner in org_pages]
 
     def _runners_named(self, scope: RunnerScope, name: str) -> list[RegisteredRunner]:
-        listed = self._api.call(lambda: self._list_runners(scope, name))
+        listed = self._at(scope).call(lambda: self._list_runners(scope, name))
         return [runner for runner in listed if runner.name == name]
 
 
