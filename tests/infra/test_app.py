@@ -19,7 +19,7 @@ from infra.constructs.instances import ANY_INSTANCE_FINDING
 from tests.infra.synthesis import Synthesis, app_with, stack_of
 
 ACKNOWLEDGED = Validations.ACKNOWLEDGED_RULES_METADATA_KEY
-FUNCTION = r"(Provision|Release)/Workflow/[A-Za-z]+|Refresh/Refresh|Interruptions/Hear|Ingress/(Webhook|Dispatcher|FollowUp/(Gather|Start))"
+FUNCTION = r"(Provision|Release)/Workflow/[A-Za-z]+|Refresh/Refresh|Interruptions/Hear|GitHubTokens/GithubToken|Ingress/(Webhook|Dispatcher|FollowUp/(Gather|Start))"
 EXPIRING = r"Provision/Workflow/(Claim|Create|Discard|Dump|Finish)Role|Refresh/RefreshRole"
 """Roles that act on the stack's tagged instances: terminate (and, the claim, start; refresh, stop)."""
 LAUNCHING = r"Provision/Workflow/CreateRole|Refresh/RefreshRole"
