@@ -77,6 +77,19 @@ def covers(granted: str | None, needed: str) -> bool:
     return granted in LEVELS and LEVELS.index(granted) >= LEVELS.index(needed)
 
 
+def readable_runs(request: Request) -> str:
+    """The repository (`owner/repo`) a run-reading route names, if the calling installation owns it and
+    its token may read Actions ("Actions" repository permissions (read), the fine-grained permission of
+    the workflow run and job endpoints); else 404 or 403 as GitHub answers."""
+    installation = request.installation
+    params = request.params
+    if installation is None or not installation.owns(params["owner"]):
+        raise Refusal(404, "Not Found")
+    if not covers(installation.permissions.get("actions"), "read"):
+        raise Refusal(403, "Resource not accessible by integration")
+    return f"{params['owner']}/{params['repo']}"
+
+
 @route("POST", "/repos/{owner}/{repo}/actions/runners/generate-jitconfig", Auth.INSTALLATION)
 @route("POST", "/orgs/{org}/actions/runners/generate-jitconfig", Auth.INSTALLATION)
 def generate_jitconfig(github: FakeGitHub, request: Request) -> Answer:

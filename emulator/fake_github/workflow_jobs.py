@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from emulator.fake_github import payloads
-from emulator.fake_github.rest import covers
+from emulator.fake_github.rest import readable_runs
 from emulator.fake_github.routes import Answer, Auth, Refusal, Request, per_page, route, whole
 
 if TYPE_CHECKING:
@@ -21,14 +21,8 @@ if TYPE_CHECKING:
 
 @route("GET", "/repos/{owner}/{repo}/actions/runs/{run_id}/attempts/{attempt_number}/jobs", Auth.INSTALLATION)
 def list_jobs_for_attempt(github: FakeGitHub, request: Request) -> Answer:
-    installation = request.installation
+    repository = readable_runs(request)
     params = request.params
-    repository = f"{params['owner']}/{params['repo']}"
-    if installation is None or not installation.owns(params["owner"]):
-        raise Refusal(404, "Not Found")
-    if not covers(installation.permissions.get("actions"), "read"):
-        # "Actions" repository permissions (read), this endpoint's fine-grained permission
-        raise Refusal(403, "Resource not accessible by integration")
     state = github.state
     run_id, attempt = whole(params["run_id"]), whole(params["attempt_number"])
     with state.lock:
