@@ -11,7 +11,7 @@ import pytest
 
 from emulator.fake_github import FakeGitHub, FakeWorkflowRun, JobSpec
 from emulator.fake_github.actions import QUEUE_EXPIRY_SECONDS
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
 from emulator.resources import create_idempotency_table
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.github_app import GitHubApp
@@ -25,18 +25,6 @@ from runner_pool.steps.reruns import Reruns
 LEDGER = "runner-pool-ledger"
 REPOSITORY = f"{OWNER}/{REPO}"
 RERUN_ROUTE = "POST /repos/{owner}/{repo}/actions/runs/{run_id}/rerun-failed-jobs"
-
-
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
-
-
-@pytest.fixture
-def fake(app_key: AppKey, clock: ManualClock) -> Iterator[FakeGitHub]:
-    with FakeGitHub(APP_ID, app_key.public_pem, clock=clock) as github:
-        github.state.add_installation(INSTALLATION_ID, OWNER)
-        yield github
 
 
 @pytest.fixture
@@ -60,7 +48,9 @@ def reruns(ledger: DynamoDbLedger, github: GitHubApp, clock: ManualClock) -> Rer
 
 def failed_run(fake: FakeGitHub, clock: ManualClock) -> FakeWorkflowRun:
     """A run whose one job failed (it waited in the queue until GitHub failed it): completed, failed."""
-    run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", "pool=${{ github.run_id }}/class=large")])
+    run = fake.actions.start_run(
+        REPOSITORY, "ci", [JobSpec("build", "pool=${{ github.run_id }}/class=large")]
+    )
     fail_queued(fake, clock)
     return run
 
@@ -82,7 +72,9 @@ def test_an_interruption_noted_before_the_run_completed_is_re_run_at_its_complet
     fake: FakeGitHub, clock: ManualClock, ledger: DynamoDbLedger, reruns: Reruns
 ) -> None:
     # Given a job of attempt 1 that failed on an interrupted instance, noted before the run completed
-    run = fake.actions.start_run(REPOSITORY, "ci", [JobSpec("build", "pool=${{ github.run_id }}/class=large")])
+    run = fake.actions.start_run(
+        REPOSITORY, "ci", [JobSpec("build", "pool=${{ github.run_id }}/class=large")]
+    )
     assert reruns.interrupted(REPOSITORY, run_key(run, 1)) is None
     fail_queued(fake, clock)
 
@@ -112,13 +104,20 @@ def test_an_interruption_noted_after_the_run_completed_is_re_run_at_once(
     assert run.run_attempt == 2
 
 
-def test_every_repeat_of_either_fact_re_runs_nothing_more(
-    fake: FakeGitHub, clock: ManualClock, ledger: DynamoDbLedger, reruns: Reruns
-) -> None:
-    # Given a run re-run once for its interrupted job
+@pytest.fixture
+def re_run(fake: FakeGitHub, clock: ManualClock, ledger: DynamoDbLedger, reruns: Reruns) -> FakeWorkflowRun:
+    """A failed run, re-run once for its interrupted job (its completion came first)."""
     run = failed_run(fake, clock)
     ledger.complete_run(run.run_id, 1)
     assert reruns.interrupted(REPOSITORY, run_key(run, 1)) is Verdict.RERUN
+    return run
+
+
+def test_every_repeat_of_either_fact_re_runs_nothing_more(
+    fake: FakeGitHub, re_run: FakeWorkflowRun, reruns: Reruns
+) -> None:
+    # Given a run re-run once for its interrupted job
+    run = re_run
 
     # When the job's release is retried and the run's completion is delivered again
     again = [reruns.interrupted(REPOSITORY, run_key(run, 1)), reruns.completed(REPOSITORY, run.run_id, 1)]
@@ -129,12 +128,10 @@ def test_every_repeat_of_either_fact_re_runs_nothing_more(
 
 
 def test_the_re_run_attempt_serves_the_interrupted_label_set_on_demand(
-    fake: FakeGitHub, clock: ManualClock, ledger: DynamoDbLedger, reruns: Reruns
+    re_run: FakeWorkflowRun, ledger: DynamoDbLedger
 ) -> None:
     # Given a run re-run for its interrupted job
-    run = failed_run(fake, clock)
-    ledger.complete_run(run.run_id, 1)
-    reruns.interrupted(REPOSITORY, run_key(run, 1))
+    run = re_run
 
     # When attempt 2's demand is remembered, as the dispatcher does before it provisions
     attempt = ledger.remember_run_key(run.run_id, run_key(run, 2), 2)
@@ -146,12 +143,10 @@ def test_the_re_run_attempt_serves_the_interrupted_label_set_on_demand(
 
 
 def test_the_re_runs_own_interruption_is_not_re_run_again(
-    fake: FakeGitHub, clock: ManualClock, ledger: DynamoDbLedger, reruns: Reruns
+    fake: FakeGitHub, clock: ManualClock, ledger: DynamoDbLedger, reruns: Reruns, re_run: FakeWorkflowRun
 ) -> None:
     # Given attempt 2, this stack's re-run of attempt 1's interrupted job
-    run = failed_run(fake, clock)
-    ledger.complete_run(run.run_id, 1)
-    reruns.interrupted(REPOSITORY, run_key(run, 1))
+    run = re_run
 
     # When its job fails on an interrupted instance too, and attempt 2 completes failed
     reruns.interrupted(REPOSITORY, run_key(run, 2))
@@ -164,7 +159,9 @@ def test_the_re_runs_own_interruption_is_not_re_run_again(
     assert reruns_asked(fake) == 1
 
 
-def test_the_marker_is_held_by_one_caller_until_asked_or_lapsed(ledger: DynamoDbLedger, clock: ManualClock) -> None:
+def test_the_marker_is_held_by_one_caller_until_asked_or_lapsed(
+    ledger: DynamoDbLedger, clock: ManualClock
+) -> None:
     # Given one caller's claim of attempt 1's re-run
     until = clock.now() + RERUN_LEASE_SECONDS
     assert ledger.claim_rerun(7, 1, {"pool=7"}, "a", until) is Claim.CLAIMED
