@@ -21,6 +21,13 @@ below the pristine minimum, `StackConfig.pristine_minimum`, whichever is larger)
 instances whose idle time has not passed and pool instances still booting. An idle instance at the
 minimum is not kept: its idle time runs out and refresh replaces it, as the product does today.
 
+The instant tier is the product's too (domain/instant.py): its size in force (`StackConfig.instant_tier`),
+what holds its label (`tier_holds`), what refresh takes back and tops up (`surplus_waiting`,
+`tier_shortfall`), and when a waiting runner's record is due (the label's max runtime). Its jobs ask
+for the tier's label; GitHub gives each to a waiting runner, or to the first that listens after it,
+in the time bench/aws_model.py models for it; each `queued` launches one runner (steps/dispatcher.py)
+and each instance is terminated after its one job.
+
 The stopped tier is the product's (domain/stopped_tier.py), and the model
 follows it in outline: an idle instance whose idle time passes is stopped instead of terminated while
 the class has fewer than `pool.stopped_maximum` stopped; pickup prefers hot, then stopped
@@ -44,13 +51,16 @@ import heapq
 import json
 import math
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from enum import StrEnum
+from functools import partial
 from itertools import count
 from zoneinfo import ZoneInfo
 
+from bench import aws_model
 from bench.results import RESULTS_PATH, BenchTable
 from emulator.boot_model import BootModel, Path
 from emulator.instances import instance_facts
@@ -65,6 +75,8 @@ from runner_pool.domain.config import (
     WorkflowType,
 )
 from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.instant import surplus_waiting, tier_holds, tier_shortfall
+from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import Taker
 from runner_pool.domain.provision import single_use
@@ -99,6 +111,9 @@ FALLBACK_CONTROL_PLANE_MICRODOLLARS = {"warm": 514.0, "cold": 606.3}
 """Step Functions Standard cost per warm and cold job as the emulator bench measured it (2026-11), for a
 results file without those keys."""
 
+INSTANT_START_SECONDS = aws_model.instant_seconds()
+"""Queued -> in_progress of a job GitHub gives to a runner already listening (bench/aws_model.py)."""
+
 SMALL = {"runs": 40}
 """`make test`'s size (tests/bench): a sparse day."""
 
@@ -127,12 +142,18 @@ def working_day(runs: int, seed: int, day: date = DAY, time_zone: str = TIME_ZON
 
 
 def working_hours_minimum(
-    count: int, time_zone: str = TIME_ZONE, stopped: int = 0, pristine: int = 0
+    count: int, time_zone: str = TIME_ZONE, stopped: int = 0, pristine: int = 0, instant: int = 0
 ) -> WarmMinimum:
-    """A warm minimum of `count` hot and `stopped` stopped, `pristine` of the idle ones never used, on
-    weekdays 08:00-18:00 in `time_zone`, none outside."""
+    """A warm minimum of `count` hot and `stopped` stopped, `pristine` of the idle ones never used, and an
+    instant tier of `instant`, on weekdays 08:00-18:00 in `time_zone`, none outside."""
     window = WarmWindow(
-        days=WEEKDAYS, start="08:00", end="18:00", hot=count, stopped=stopped, pristine=pristine
+        days=WEEKDAYS,
+        start="08:00",
+        end="18:00",
+        hot=count,
+        stopped=stopped,
+        pristine=pristine,
+        instant=instant,
     )
     return WarmMinimum(time_zone=time_zone, windows=(window,))
 
@@ -144,6 +165,8 @@ class Policy:
     name: str
     config: StackConfig
     baked: bool
+    instant: bool = False
+    """Its jobs ask for the class's instant tier (`pool=instant/class=large`) instead of `pool=<run>`."""
 
     @property
     def cold_path(self) -> Path:
@@ -151,10 +174,17 @@ class Policy:
 
 
 def policies(
-    hot: int = 6, hot_with_stopped: int = 3, stopped: int = 6, stopped_maximum: int = 12, pristine: int = 6
+    *,
+    hot: int = 6,
+    hot_with_stopped: int = 3,
+    stopped: int = 6,
+    stopped_maximum: int = 12,
+    pristine: int = 6,
+    instant: int = 6,
 ) -> list[Policy]:
-    """No pool, hot only, hot+stopped, and single use (a pool of `pristine` instances no job has used, each
-    job's instance terminated after it); each with a boot-time install and with a baked image."""
+    """No pool, hot only, hot+stopped, single use (a pool of `pristine` instances no job has used, each
+    job's instance terminated after it), and instant (jobs on the class's instant label, a tier of
+    `instant` runners waiting registered); each with a boot-time install and with a baked image."""
     shapes = {
         "no_pool": StackConfig(reuse=ReuseSettings(max_jobs=1)),
         "hot": StackConfig(warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(hot)}),
@@ -166,8 +196,11 @@ def policies(
             warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(0, pristine=pristine)},
         ),
     }
+    shapes["instant"] = StackConfig(
+        warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(0, instant=instant)}
+    )
     return [
-        Policy(f"{name}_{'baked' if baked else 'install'}", config, baked)
+        Policy(f"{name}_{'baked' if baked else 'install'}", config, baked, instant=name == "instant")
         for name, config in shapes.items()
         for baked in (False, True)
     ]
@@ -188,10 +221,15 @@ def stopped_tier_config(minimum: WarmMinimum, stopped_maximum: int) -> StackConf
 class Tier(StrEnum):
     BOOTING = "booting for the pool"
     IDLE = "idle"
+    WAITING = "waiting registered (instant tier)"
     BUSY = "busy"
     EXPIRED = "expired"
     STOPPED = "stopped"
     GONE = "terminated"
+
+
+INSTANT_HELD = (Tier.BOOTING, Tier.WAITING, Tier.BUSY)
+"""The instant tier's instances that hold its label (domain/instant.py `tier_holds`)."""
 
 
 @dataclass
@@ -241,6 +279,10 @@ class Outcome:
         return self.volume_seconds / 3600 * gp3_hourly(self.policy.config.instances.root_volume_gib)
 
     def control_plane_dollars(self, per_job: dict[str, float]) -> float:
+        if self.policy.instant:
+            # Every queued job of the instant tier asks for a runner, which a provision launches, whether
+            # the job took a waiting runner or the one launched.
+            return self.jobs() * per_job["cold"] / 1e6
         warm = self.jobs(Path.HOT) + self.jobs(Path.STOPPED)
         return (warm * per_job["warm"] + self.cold_jobs() * per_job["cold"]) / 1e6
 
@@ -265,6 +307,10 @@ class DaySimulation:
         self._outstanding = 0
         self._day_end = 0.0
         self._taker = taker(policy.config)
+        self._unassigned: deque[Job] = deque()
+        """Instant-tier jobs queued at GitHub with no runner listening yet, oldest first."""
+        label = RunKey.of_job([instant_label(RESOURCE_CLASS)], attempt=1)
+        self._instant_runtime_seconds = label.resolve(policy.config).max_runtime_minutes * 60.0
         self.outcome = Outcome(policy)
 
     def run(self, jobs: list[Job]) -> Outcome:
@@ -275,10 +321,10 @@ class DaySimulation:
         self._day_end = max(midnight + 86_400, jobs[-1].queued_at)
         self._outstanding = len(jobs)
         for job in jobs:
-            self._at(
-                job.queued_at + self._draw(self._boot.control_plane),
-                lambda now, job=job: self._pickup(job, now),
-            )
+            if self._policy.instant:
+                self._at(job.queued_at, partial(self._queued_instant, job))
+                continue
+            self._at(job.queued_at + self._draw(self._boot.control_plane), partial(self._pickup, job))
         self._at(midnight, self._refresh)
         now = midnight
         while self._events:
@@ -344,12 +390,114 @@ class DaySimulation:
         instance.threshold = now + self._config.timeouts.idle_seconds
         instance.offered_at = now + self._draw(self._boot.control_plane)
 
+    # --- the instant tier (domain/instant.py)
+
+    def _queued_instant(self, job: Job, now: Epoch) -> None:
+        """GitHub gives the job to a runner of the tier listening for it, if one is; else it waits for the
+        first to listen. Either way the `queued` delivery asks the control plane for one more runner."""
+        waiting = [i for i in self._instances if i.tier is Tier.WAITING]
+        if waiting:
+            self._start_instant(job, min(waiting, key=lambda i: i.offered_at), now, Path.HOT)
+        else:
+            self._unassigned.append(job)
+        self._at(now + self._draw(self._boot.control_plane), self._launch_instant)
+
+    def _launch_instant(self, now: Epoch) -> None:
+        """A pristine instance launched for the tier, its runner registered with the label: listening once
+        booted (the boot model's cold path), when GitHub gives it the oldest job waiting, if any."""
+        instance = self._launch(now, Tier.BOOTING)
+        path = self._policy.cold_path
+        instance.running_since = now + self._draw(*self._boot.to_running(path))
+        listening = (
+            instance.running_since
+            + self._draw(*self._boot.running_to_agent(path))
+            + self._draw(self._boot.registration)
+        )
+        self._at(listening, lambda at: self._listening(instance, at))
+
+    def _listening(self, instance: Instance, now: Epoch) -> None:
+        if instance.tier is not Tier.BOOTING:
+            return
+        if self._unassigned:
+            self._start_instant(self._unassigned.popleft(), instance, now, self._policy.cold_path)
+            return
+        instance.tier = Tier.WAITING
+        instance.offered_at = now
+
+    def _start_instant(self, job: Job, instance: Instance, now: Epoch, path: Path) -> None:
+        """The runner takes the job in GitHub's assignment and its own calls (bench/aws_model.py); the
+        instance is terminated when the job completes, never pooled."""
+        instance.tier = Tier.BUSY
+        instance.jobs_served = 1
+        instance.offered_at = now
+        ready = now + INSTANT_START_SECONDS
+        self.outcome.paths.append(path)
+        self.outcome.ready_seconds.append(ready - job.queued_at)
+        self._at(ready + job.duration, lambda at: self._completed_instant(instance, at))
+
+    def _completed_instant(self, instance: Instance, now: Epoch) -> None:
+        self._outstanding -= 1
+        self._end(instance, now)
+
+    def _keep_instant(self, now: Epoch) -> None:
+        """Refresh for the instant tier (steps/refresh.py, domain/instant.py): what is due is ended (a
+        runner waits, and then runs its job, for the label's max runtime; a launch has the created
+        threshold to register); then, for a class whose tier has a size now, the waiting runners
+        beyond it are taken back and the tier is topped up to it. A class whose tier has no size now is
+        skipped, as refresh skips it: its waiting runners wait out their runtime."""
+        records = {i.number: self._tier_record(i, now) for i in self._instances if i.tier in INSTANT_HELD}
+        for instance in self._instances:
+            record = records.get(instance.number)
+            if record is not None and record.threshold_passed(now):
+                self._end(instance, now)
+                del records[instance.number]
+        size = self._config.instant_tier(RESOURCE_CLASS, now)
+        if size == 0:
+            return
+        surplus = set(surplus_waiting(records.values(), RESOURCE_CLASS, size, now))
+        for instance in self._instances:
+            if instance.number in records and records[instance.number].instance_id in surplus:
+                self._end(instance, now)
+        held = tier_holds(records.values(), RESOURCE_CLASS, now) - len(surplus)
+        for _ in range(tier_shortfall(size, held)):
+            self._launch_instant(now)
+
+    def _tier_record(self, instance: Instance, now: Epoch) -> InstanceRecord:
+        """A tier instance as the product's record holds it: created with its runner registered while it
+        boots, running once its runner listens (its runtime from then), with the job's repository and
+        its runtime from the start once GitHub gave it one (`StateTable.job_started`)."""
+        facts = instance_facts(
+            instance.number + 1, usage_class=UsageClass.ON_DEMAND, instance_type=INSTANCE_TYPE
+        )
+        booting = instance.tier is Tier.BOOTING
+        threshold = (
+            instance.launched_at + self._config.timeouts.created_threshold_seconds
+            if booting
+            else instance.offered_at + self._instant_runtime_seconds
+        )
+        return InstanceRecord(
+            **facts.model_dump(),
+            state=InstanceState.CREATED if booting else InstanceState.RUNNING,
+            run_key=instant_label(RESOURCE_CLASS),
+            threshold=threshold,
+            runner_id=instance.number + 1,
+            repository=REPOSITORY if instance.tier is Tier.BUSY else None,
+            jobs_served=instance.jobs_served,
+            created_at=instance.launched_at,
+            updated_at=instance.offered_at or instance.launched_at,
+        )
+
+    # --- refresh
+
     def _refresh(self, now: Epoch) -> None:
         """One refresh run (domain/refresh.py's order): what is due, then admissions, then the minimums."""
         self._terminate_due(now)
         self._instances = [i for i in self._instances if i.tier is not Tier.GONE]
-        self._admit_booted(now)
-        self._keep_minimums(now)
+        if self._policy.instant:
+            self._keep_instant(now)
+        else:
+            self._admit_booted(now)
+            self._keep_minimums(now)
         # The day ends at the next midnight, or when its last job is done if later; what is left then is
         # billed up to that moment.
         if self._outstanding or now < self._day_end:
@@ -549,7 +697,7 @@ def _explain(
     than hot-only at the same or better p95?"""
     by_name = {policy.name: policy for policy in policies()}
     hot, hot_stopped = by_name["hot_baked"], by_name["hot_stopped_baked"]
-    single = by_name["single_use_baked"]
+    single, instant = by_name["single_use_baked"], by_name["instant_baked"]
     noon = datetime.combine(DAY, time(12), ZoneInfo(TIME_ZONE)).timestamp()
     stopped = hot_stopped.config.stopped_minimum(RESOURCE_CLASS, noon)
     volume_gib = hot.config.instances.root_volume_gib
@@ -561,6 +709,10 @@ def _explain(
         f"single_use: reuse.mode {single.config.reuse.mode}, a pristine minimum of "
         f"{single.config.pristine_minimum(RESOURCE_CLASS, noon)} in the same hours, every job's instance "
         f"terminated after it; "
+        f"instant: every job on {instant_label(RESOURCE_CLASS)}, an instant tier of "
+        f"{instant.config.instant_tier(RESOURCE_CLASS, noon)} runners waiting registered in the same hours, "
+        f"a job given to a waiting runner starting in {INSTANT_START_SECONDS:.3f} s (bench/aws_model.py), "
+        "each job's `queued` launching one runner and its instance terminated after it; "
         f"no_pool: reuse.max_jobs 1, no minimum. Idle time {hot.config.timeouts.idle_seconds:g} s, "
         f"max age {hot.config.reuse.max_age_minutes} min (config defaults). Jobs are trusted (a push's)."
     )

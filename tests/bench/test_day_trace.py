@@ -9,6 +9,7 @@ import pytest
 
 from bench.day_trace import (
     DAY,
+    INSTANT_START_SECONDS,
     TIME_ZONE,
     DaySimulation,
     Job,
@@ -143,3 +144,52 @@ def test_the_trace_is_a_working_day_with_matrices_and_the_same_for_a_seed() -> N
     sizes = {run: sum(1 for job in jobs if job.run == run) for run in {job.run for job in jobs}}
     assert max(sizes.values()) >= 8
     assert working_day(runs=400, seed=5) == jobs
+
+
+INSTANT_COLD_SECONDS = 2 + 10 + 5 + 3 + 4 + INSTANT_START_SECONDS
+"""An instant job with no runner waiting: the provision its `queued` asked for, a baked launch, the
+runner's registration, then GitHub's assignment and the runner's pickup."""
+
+
+def instant_policy(size: int) -> Policy:
+    config = StackConfig(warm_pool_minimum={"large": working_hours_minimum(0, instant=size)})
+    return Policy("instant", config, baked=True, instant=True)
+
+
+def test_an_instant_tier_starts_as_many_jobs_as_it_holds_at_once_and_the_rest_on_new_runners() -> None:
+    # Given a tier of 2 in working hours, and a matrix of 3 jobs queued at 09:00, long after it filled
+    jobs = [Job(0, at(9), 600.0) for _ in range(3)]
+    # When the day is simulated
+    outcome = DaySimulation(instant_policy(2), FIXED, seed=1).run(jobs)
+    # Then two start on the waiting runners in GitHub's assignment and the runner's pickup, with nothing
+    # of ours in between, and the third waits for the first runner launched for the jobs' `queued`
+    assert outcome.paths == [Path.HOT, Path.HOT, Path.COLD_BAKED]
+    assert outcome.ready_seconds == pytest.approx([INSTANT_START_SECONDS] * 2 + [INSTANT_COLD_SECONDS])
+    # And each instance serves one job: the 2 refresh filled the tier with at 08:00 and one launch per
+    # queued job; the two left over wait as the tier, which refresh leaves at its size until their
+    # records are due (the label's max runtime, 360 min, from 09:00) and refills in the window once more
+    assert outcome.launches == 2 + 3 + 2
+
+
+def test_after_its_window_the_instant_tier_lives_on_in_each_jobs_replacement_as_the_product_does() -> None:
+    # Given a tier of 2 from 08:00 to 18:00: refresh fills it at 08:00; each waiting runner's record is
+    # due after the label's max runtime (360 min), when refresh ends it and, inside the window, refills
+    # the tier (at 14:00); after 18:00 refresh skips the class, but each job's `queued` still asks for a
+    # runner (steps/dispatcher.py), which then waits for the next job
+    jobs = [Job(0, at(19), 60.0), Job(1, at(21), 60.0)]
+    # When the day is simulated
+    outcome = DaySimulation(instant_policy(2), FIXED, seed=1).run(jobs)
+    # Then the job at 19:00 finds a runner of the 14:00 refill, and the one at 21:00 (after those were
+    # due, at 20:00) the runner launched for the first
+    assert outcome.paths == [Path.HOT, Path.HOT]
+    assert outcome.ready_seconds == pytest.approx([INSTANT_START_SECONDS] * 2)
+    assert outcome.launches == 2 + 2 + 1 + 1
+
+
+def test_instant_jobs_pay_a_launching_provision_each_in_the_control_plane() -> None:
+    # Given a day on the instant tier and the per-job control plane prices
+    jobs = working_day(runs=30, seed=3)
+    outcome = DaySimulation(instant_policy(2), FIXED, seed=1).run(jobs)
+    # Then every job, warm or not, pays the cold price: its `queued` launched a runner
+    prices = {"warm": 1.0, "cold": 5.0}
+    assert outcome.control_plane_dollars(prices) == pytest.approx(len(jobs) * 5.0 / 1e6)
