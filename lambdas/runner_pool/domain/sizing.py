@@ -9,7 +9,7 @@ is Poisson with that mean whatever the lead time's spread. A job finds an instan
 than the pool's size are being replaced as it comes, and arrivals that come independently see the pool
 as it is on average over time (PASTA), so a pool of `n` serves a share of jobs equal to the share of
 time in which at most `n` jobs arrived within one lead time. The rule reads that share off the class's
-recent arrivals themselves, over the last `HORIZON_SECONDS`, rather than assuming a rate: the count of
+recent arrivals themselves, over the last hour (`HORIZON_SECONDS`), rather than assuming a rate: the count of
 arrivals in the lead time before each moment of the horizon, and the smallest pool that covers the
 target's share of moments. A released instance that goes back to the pool replaces the one its job took
 without a launch, so only the share of jobs whose instance does not come back (1 - the reuse rate)
@@ -37,9 +37,10 @@ from dataclasses import dataclass
 
 from runner_pool.domain.clock import Epoch
 
-HORIZON_SECONDS = 1800.0
-"""How far back the rule reads a class's arrivals: long enough to hold a few lead times of a busy hour,
-short enough to follow a working day's ramp within half an hour."""
+HORIZON_SECONDS = 3600.0
+"""How far back the rule reads a class's arrivals: an hour holds dozens of lead times, and on the day
+trace (bench/day_trace.py) it served more jobs warm, at a lower cost, than half an hour, which forgets
+a burst sooner than it recurs."""
 TARGET_SHARE = 0.95
 """The share of jobs that must wait no longer than the target: `pool.target_wait_seconds` is a p95."""
 
