@@ -142,6 +142,7 @@ class Provision:
                     single_use=request.public,
                     repository_id=request.repository_id,
                     trust=request.trust,
+                    on_demand=request.on_demand,
                 )
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")
