@@ -18,7 +18,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sqs as sqs
 
 from infra.constructs.notice_queues import NoticeQueueNames
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.registration_budget import BUDGET_PREFIX
 from runner_pool.domain import doctor
 from runner_pool.environment import ENV_PREFIX, STACK_TAG_KEY

@@ -15,11 +15,12 @@ from botocore.stub import Stubber
 
 from emulator.aws import INSTANCE_ARNS
 from emulator.resources import create_state_table
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.aws_clients import ATTEMPTS, ServiceBusyError
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
@@ -337,7 +338,7 @@ def test_claim_of_a_missing_record_is_lost(state_table: StateTable) -> None:
     result = state_table.claim(MISSING_ID, RUN, TOKEN)
 
     # Then the claim loses, with no record to show
-    assert result == schema.TransitionResult(Outcome.LOST, None)
+    assert result == TransitionResult(Outcome.LOST, None)
 
 
 def test_claim_retried_after_the_claim_was_expired_is_lost(state_table: StateTable) -> None:
@@ -450,7 +451,7 @@ def test_activate_of_a_missing_record_is_lost(state_table: StateTable) -> None:
     result = state_table.activate(MISSING_ID, RUN, MAX_RUNTIME_MINUTES)
 
     # Then it loses with no record to show
-    assert result == schema.TransitionResult(Outcome.LOST, None)
+    assert result == TransitionResult(Outcome.LOST, None)
 
 
 def test_activate_retried_after_the_instance_was_expired_is_lost(state_table: StateTable) -> None:
@@ -646,7 +647,7 @@ def test_back_to_idle_of_a_missing_record_is_lost(state_table: StateTable, trans
     result = TO_IDLE[transition][1](state_table)
 
     # Then it loses with no record to show
-    assert result == schema.TransitionResult(Outcome.LOST, None)
+    assert result == TransitionResult(Outcome.LOST, None)
 
 
 @pytest.mark.parametrize("transition", list(TO_IDLE))
@@ -786,7 +787,7 @@ def test_expire_of_a_missing_record_is_lost(state_table: StateTable) -> None:
     result = state_table.expire(MISSING_ID)
 
     # Then it loses with no record to show
-    assert result == schema.TransitionResult(Outcome.LOST, None)
+    assert result == TransitionResult(Outcome.LOST, None)
 
 
 # --- mark_interrupted ------------------------------------------------------------------------
@@ -977,7 +978,7 @@ def test_mark_terminated_of_a_missing_record_is_lost(state_table: StateTable) ->
     result = state_table.mark_terminated(MISSING_ID)
 
     # Then it loses with no record to show
-    assert result == schema.TransitionResult(Outcome.LOST, None)
+    assert result == TransitionResult(Outcome.LOST, None)
 
 
 # --- reads -----------------------------------------------------------------------------------

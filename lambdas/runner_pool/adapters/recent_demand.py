@@ -31,7 +31,7 @@ from botocore.exceptions import ClientError
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
-from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
+from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.demand import privileged_label
 from runner_pool.domain.trust import TrustLevel

@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
-from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY
+from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.registration_budget import Bucket, Grant, HourlyQuota, take, wait_seconds
 

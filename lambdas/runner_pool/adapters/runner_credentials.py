@@ -28,7 +28,7 @@ from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import error_code
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.instance_arns import names_instance
-from runner_pool.adapters.state_table import (
+from runner_pool.adapters.state_items import (
     PARTITION_KEY,
     SORT_KEY,
     STATE_ITEM,

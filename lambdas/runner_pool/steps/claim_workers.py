@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from runner_pool.adapters.fleet import Fleet
-from runner_pool.adapters.state_table import StateTable, TransitionResult
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain import stopped_tier
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
