@@ -25,7 +25,7 @@ from emulator.resources import create_launch_templates
 from runner_pool.checkup import Target, doctor
 from runner_pool.cli import main
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.doctor import DeployedStack
+from runner_pool.domain.doctor_readings import DeployedStack
 from runner_pool.domain.records import Arch
 from runner_pool.domain.runner_scope import OrganizationScope, Registration
 from tests.conftest import REGION

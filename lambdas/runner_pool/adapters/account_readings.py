@@ -1,7 +1,7 @@
 """What `runner-pool doctor` reads of the AWS account: secrets, EBS defaults, quotas, roles, images.
 
-Each read answers a domain/doctor.py reading, or an Unread with AWS's own words when it could not be
-made (a missing permission, a missing resource): the doctor reports it instead of stopping.
+Each read answers a reading of domain/doctor_readings.py, or an Unread with AWS's own words when it could
+not be made (a missing permission, a missing resource): the doctor reports it instead of stopping.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from runner_pool.adapters.aws_clients import ServiceBusyError, ServiceUnreachableError, error_code
 from runner_pool.adapters.fleet import LaunchTemplate
-from runner_pool.domain.doctor import (
+from runner_pool.domain.doctor_readings import (
     AWS_MANAGED_EBS_ALIAS,
     EbsDefault,
     LambdaQuota,
