@@ -37,9 +37,9 @@ from runner_pool.adapters.state_items import (
     readable_record,
 )
 from runner_pool.domain.clock import Clock
-from runner_pool.domain.config import Timeouts
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.runner_configs import CredentialsUnreadableError, RunnerConfig, StoredConfig
+from runner_pool.domain.timeouts import Timeouts
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient

@@ -50,9 +50,9 @@ from runner_pool.adapters.state_items import (
     to_item,
 )
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.config import Timeouts
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Heartbeat, InstanceRecord, Signal, UnreadableRecord, WorkerSignal
+from runner_pool.domain.timeouts import Timeouts
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient

@@ -14,12 +14,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.config import ReuseSettings, Timeouts
+from runner_pool.domain.config import ReuseSettings
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.labels import INSTANT_RUN_ID, RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import Taker
 from runner_pool.domain.records import REGISTERED_SIGNALS, Heartbeat, InstanceRecord, Signal, WorkerSignal
+from runner_pool.domain.timeouts import Timeouts
 from runner_pool.domain.trust import reuses
 
 CANDIDATES_PER_SLOT = 3

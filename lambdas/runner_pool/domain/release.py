@@ -12,12 +12,12 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.config import Timeouts
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runners import RunnerRemoval
+from runner_pool.domain.timeouts import Timeouts
 
 
 class ReleaseStatus(StrEnum):
