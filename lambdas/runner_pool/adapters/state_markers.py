@@ -9,9 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from botocore.exceptions import ClientError
-
-from runner_pool.adapters.aws_clients import error_code
+from runner_pool.adapters.aws_clients import Refusal, conditional_write
 from runner_pool.adapters.state_items import (
     FINISHED_RUN_ITEM,
     FINISHED_RUN_PREFIX,
@@ -72,8 +70,8 @@ class StateMarkers(StateReads):
         else:
             condition = f"{MARKER_ATTRIBUTE} = :expected"
             values[":expected"] = attribute_value(expected)
-        try:
-            self._client.update_item(
+        answer = conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
                 Key=item_key(MARKER_PREFIX + name, MARKER_ITEM),
                 UpdateExpression=f"SET {MARKER_ATTRIBUTE} = :value, {MARKER_MOVER} = :mover",
@@ -81,9 +79,7 @@ class StateMarkers(StateReads):
                 ExpressionAttributeValues=values,
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
-            return bool(current.get(MARKER_MOVER, {}).get("S") == mover)
+        )
+        if isinstance(answer, Refusal):
+            return bool(answer.item.get(MARKER_MOVER, {}).get("S") == mover)
         return True

@@ -13,10 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
 from runner_pool.adapters import aws_clients
-from runner_pool.adapters.aws_clients import error_code
+from runner_pool.adapters.aws_clients import Refusal, conditional_write
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.state_items import (
@@ -183,10 +181,11 @@ class StateReads:
         if unreadable.instance_id is None:
             return False
         now = self._clock.now()
-        try:
-            self._client.update_item(
+        key = self._instance_key(unreadable.instance_id, STATE_ITEM)
+        answer = conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
-                Key=self._instance_key(unreadable.instance_id, STATE_ITEM),
+                Key=key,
                 UpdateExpression=(
                     f"SET {TTL_ATTRIBUTE} = :expires, {UNREADABLE_ATTRIBUTE} = :now REMOVE "
                     + ", ".join(INDEX_KEYS)
@@ -197,11 +196,8 @@ class StateReads:
                     ":now": attribute_value(now),
                 },
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            return False
-        return True
+        )
+        return not isinstance(answer, Refusal)
 
     def _unreadable(self, item: Mapping[str, Any]) -> UnreadableRecord | None:
         try:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from botocore.exceptions import ClientError
-
+from runner_pool.adapters.aws_clients import Refusal, conditional_write
 from runner_pool.adapters.state_items import (
     IDLE_SINCE_ATTRIBUTE,
     NOT_QUARANTINED,
@@ -31,7 +30,7 @@ from runner_pool.adapters.state_markers import StateMarkers
 from runner_pool.adapters.state_writes import (
     StateWrites,
     TransitionResult,
-    lost_race_record,
+    record_found,
     state_placeholders,
     state_values,
 )
@@ -83,15 +82,16 @@ class StateTable(StateWrites, StateMarkers):
             SWEEP_SHARD_ATTRIBUTE: {"S": sweep_shard(facts.instance_id)},
             POOL_PARTITION_ATTRIBUTE: {"S": PoolPartition.of(facts).name},
         }
-        try:
-            self._client.put_item(
+        answer = conditional_write(
+            lambda: self._client.put_item(
                 TableName=self._table,
                 Item=item,
                 ConditionExpression="attribute_not_exists(pk)",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ClientError as exc:
-            current = lost_race_record(exc)
+        )
+        if isinstance(answer, Refusal):
+            current = record_found(answer)
             replayed = (
                 current is not None
                 and current.state is InstanceState.CREATED

@@ -7,9 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import ClientError
-
-from runner_pool.adapters.aws_clients import error_code
+from runner_pool.adapters.aws_clients import Refusal, conditional_write
 from runner_pool.adapters.state_items import (
     IDLE_SINCE_ATTRIBUTE,
     NOT_QUARANTINED,
@@ -159,8 +157,8 @@ class StateWrites(StateReads):
         after, is no record: the write is LOST, with none."""
         if not may_be_quarantined:
             condition = f"{condition} AND {NOT_QUARANTINED}"
-        try:
-            response = self._client.update_item(
+        answer = conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
                 Key=self._instance_key(instance_id, STATE_ITEM),
                 UpdateExpression=update,
@@ -170,8 +168,9 @@ class StateWrites(StateReads):
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ClientError as exc:
-            current = lost_race_record(exc)
+        )
+        if isinstance(answer, Refusal):
+            current = record_found(answer)
             if (
                 current is not None
                 and (may_be_quarantined or current.quarantined_at is None)
@@ -179,17 +178,13 @@ class StateWrites(StateReads):
             ):
                 return TransitionResult(Outcome.REPLAYED, current)
             return TransitionResult(Outcome.LOST, current)
-        applied = readable_record(response["Attributes"])
+        applied = readable_record(answer["Attributes"])
         return TransitionResult(Outcome.LOST if applied is None else Outcome.APPLIED, applied)
 
 
-def lost_race_record(exc: ClientError) -> InstanceRecord | None:
-    """The record that beat us, from a failed condition (None if none, or none that parses); anything but
-    a lost race is re-raised."""
-    if error_code(exc) != "ConditionalCheckFailedException":
-        raise exc
-    item = exc.response.get("Item")
-    return None if not item else readable_record(item)  # type: ignore[arg-type]
+def record_found(refusal: Refusal) -> InstanceRecord | None:
+    """The record a failed condition found (None if none, or none that parses)."""
+    return readable_record(refusal.item) if refusal.item else None
 
 
 def state_placeholders(states: tuple[InstanceState, ...] | frozenset[InstanceState]) -> list[str]:
