@@ -61,7 +61,7 @@ class StateMarkers(StateReads):
         Runs that overlap (two refreshes) both read a marker; whichever moves it first owns what it
         stands for, and the other gets False and leaves that work alone. A move whose answer was lost
         and that is retried (by botocore) meets its own write: the token it wrote beside
-        the value tells it so, and it has won (issue 12, defect 6).
+        the value tells it so, and it has won.
         """
         mover = uuid.uuid4().hex
         values: dict[str, Any] = {":value": attribute_value(value), ":mover": {"S": mover}}

@@ -121,7 +121,7 @@ class StateTable(StateWrites, StateMarkers):
         leaves the by-stopped index in this same write, so no other request finds it to start it again.
 
         For a run of `repository`: only an instance that served nothing yet or served a repository
-        within `reuse.scope` of it, and fewer than `reuse.max_jobs` jobs (issue 14, item 2); the record
+        within `reuse.scope` of it, and fewer than `reuse.max_jobs` jobs; the record
         then names `repository` and counts the hand-off. Pickup chose it by the same rule from a read
         a moment older: the condition, not that read, decides. With `repository_id`, the repository
         scope compares ids (a record that has none, from before ids were kept, by name), so a new
@@ -211,7 +211,7 @@ class StateTable(StateWrites, StateMarkers):
 
     def quarantine(self, instance_id: str, runner_id: int) -> TransitionResult:
         """any live → expired and quarantined, while the record still holds the hand-off to `runner_id`:
-        GitHub gave that runner a job of another run, attempt or repository (issues 14 and 36), so the
+        GitHub gave that runner a job of another run, attempt or repository, so the
         instance must never serve again. Idle counts too (the run's release may have come first); a later
         hand-off does not; an instance already expired is marked too, so its agent stops the runner now
         rather than when the instance ends. The mark is final: every other transition requires its
@@ -381,7 +381,7 @@ class StateTable(StateWrites, StateMarkers):
     def record_runner(self, instance_id: str, run_key: str, runner_id: int) -> TransitionResult:
         """Note the GitHub runner registered for the run on a claimed or created instance, before its
         config is stored: a retried hand-off that finds a runner noted but no config for it registers
-        anew, one that finds both is complete (issue 13, fix 5). Release deletes the runner if it never
+        anew, one that finds both is complete. Release deletes the runner if it never
         takes a job, and finds the instance a completed job names by it. Not a transition: state and
         threshold stay as they are; a later registration for the same hand-off replaces the earlier. The
         run key is noted beside it (`runner_run_key`): the jobs that runner runs are judged by it."""
@@ -436,8 +436,8 @@ class StateTable(StateWrites, StateMarkers):
         """running | claimed | created → idle: the hand-off to `runner_id` ends (its job completed, or
         its run did).
 
-        A short job can end before its provision's Finish has set the instance running (issue 13,
-        fix 6), and the run's completion can be handled before the job's; the instance was handed
+        A short job can end before its provision's Finish has set the instance running, and the
+        run's completion can be handled before the job's; the instance was handed
         nothing but the run's runner config either way, so it goes back to the pool like any
         released one once its agent has cleaned up. Only the hand-off to that runner: a later
         hand-off of the same instance to the same run (another runner) is not touched.

@@ -95,7 +95,7 @@ class PickupSettings(Settings):
 
 
 class PoolSettings(Settings):
-    """The stopped tier of the warm pool (issue 16, item 2): idle on-demand instances kept stopped.
+    """The stopped tier of the warm pool: idle on-demand instances kept stopped.
 
     EC2 bills a stopped instance for its EBS volumes only ("You are not charged for usage of a stopped
     instance", EC2 API Reference, StopInstances), and starts it in seconds where a launch boots and
@@ -146,7 +146,7 @@ class ReuseMode(StrEnum):
 
 
 class ReuseSettings(Settings):
-    """How far one instance is reused between jobs (issue 14, item 2).
+    """How far one instance is reused between jobs.
 
     GitHub: self-hosted runners "can be persistently compromised by untrusted code in a workflow"
     (docs.github.com, "Security hardening for GitHub Actions", Hardening for self-hosted runners).

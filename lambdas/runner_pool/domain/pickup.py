@@ -353,7 +353,7 @@ class PickupManager:
     def _may_hold_offers(self, partition: PoolPartition, counts: Counter[str]) -> bool:
         """False only when the records say no instance of the partition is idle: then reading its queue
         could find nothing to take, and on an empty queue a receive waits out its whole long poll, the
-        cold path's longest wait (issue 15). A failed look reads the queue, as before there was one:
+        cold path's longest wait. A failed look reads the queue, as before there was one:
         a transient fault may cost a second, never a warm instance."""
         try:
             return self._records.holds_idle(partition)

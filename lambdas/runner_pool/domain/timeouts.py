@@ -56,7 +56,7 @@ class Timeouts(Settings):
             )
         # A warm instance claimed for a batch stays claimed until Finish, which runs once the batch's
         # cold part has passed fleet validation; a created one likewise. Their thresholds must outlast
-        # both waits and Finish's own work, or a live runner is expired under its job (issue 12, defect 7).
+        # both waits and Finish's own work, or a live runner is expired under its job.
         provision = self.claim_registration_seconds + self.fleet_validation_seconds + FINISH_MARGIN_SECONDS
         for setting in ("claimed_threshold_seconds", "created_threshold_seconds"):
             if getattr(self, setting) < provision:
