@@ -144,7 +144,7 @@ def check_then_write_worker(arena: Arena, index: int) -> Worker:
         record = reader.get(instance_id)
         if record is None or record.state is not InstanceState.IDLE:
             return Outcome.LOST
-        time.sleep(CHECK_TO_WRITE_SECONDS)
+        time.sleep(CHECK_TO_WRITE_SECONDS)  # the gap between check and write is the behaviour under test
         claim_unconditionally(client, instance_id, run_key, token)
         return Outcome.APPLIED
 
