@@ -1,5 +1,6 @@
 """The integration tier's shared fixtures: the control plane on moto (emulator/harness/control_plane.py),
-and the fake GitHub with the App installed."""
+the provision world around it (emulator/harness/provision_world.py), and the fake GitHub with the App
+installed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from emulator.fake_github import FakeGitHub
 from emulator.harness.control_plane import LocalControlPlane, local_control_plane
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, AppKey
+from emulator.harness.provision_world import ProvisionWorld, provision_world
 from runner_pool.domain.clock import ManualClock
 
 
@@ -21,6 +23,15 @@ def local() -> Iterator[LocalControlPlane]:
     with local_control_plane(pause=lambda _seconds: None) as plane:
         yield plane
         accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
+@pytest.fixture
+def world() -> Iterator[ProvisionWorld]:
+    """The provision world with the default config; every test ends with the accounting check."""
+    with provision_world() as built:
+        yield built
+        accounting = built.accounting()
         assert accounting.holds, accounting.problems
 
 
