@@ -224,10 +224,33 @@ STARTS_FROM: dict[str, InstanceState] = {
 
 
 def start_of(table: StateTable, call: str) -> InstanceRecord:
-    """An instance in the state `call` starts from (admit's: created for the pool, not for RUN)."""
+    """An instance in the state `call` starts from (admit's: created for the pool, not for RUN; expiry's:
+    running; termination's: running, then expired)."""
     if call == "admit":
         return table.create(builders.facts(1), None).record  # type: ignore[return-value]
+    if call in ("expire", "mark terminated"):
+        running = instance_in(table, InstanceState.RUNNING)
+        return running if call == "expire" else table.expire(ONE_ID).record  # type: ignore[return-value]
     return instance_in(table, STARTS_FROM[call])
+
+
+@pytest.mark.parametrize("call", [*STARTS_FROM, "expire", "mark terminated"])
+def test_a_transition_retried_is_replayed_and_changes_nothing(
+    state_table: StateTable, clock: ManualClock, call: str
+) -> None:
+    # Given an instance the call already moved
+    start_of(state_table, call)
+    first = CALLS[call](state_table, ONE_ID)
+    assert first.outcome is Outcome.APPLIED
+    clock.advance(1)
+
+    # When the same call is retried (its answer was lost, say)
+    retry = CALLS[call](state_table, ONE_ID)
+
+    # Then it is a replay, and the record is as the first call left it: no threshold restarted or
+    # extended, no TTL pushed back
+    assert retry.outcome is Outcome.REPLAYED
+    assert retry.record == first.record == state_table.get(ONE_ID)
 
 
 @pytest.mark.parametrize("call", list(STARTS_FROM))
@@ -372,19 +395,6 @@ def test_claim_of_an_idle_instance_holds_it_for_the_run(
     assert result.record.updated_at == clock.now()
 
 
-def test_claim_retried_with_the_same_token_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
-    # Given an instance this worker has claimed
-    claimed = instance_in(state_table, InstanceState.CLAIMED)
-    clock.advance(2)
-
-    # When the worker's claim is retried
-    retry = state_table.claim(ONE_ID, RUN, TOKEN)
-
-    # Then it is a replay; the claim and its threshold are untouched
-    assert retry.outcome is Outcome.REPLAYED
-    assert retry.record == claimed == state_table.get(ONE_ID)
-
-
 def test_claim_with_another_token_is_lost(state_table: StateTable) -> None:
     # Given an instance one worker has claimed
     claimed = instance_in(state_table, InstanceState.CLAIMED)
@@ -451,19 +461,6 @@ def test_activate_puts_the_instance_to_work_for_its_max_runtime(
     assert result.record.run_key == RUN
     assert result.record.threshold == clock.now() + MAX_RUNTIME_MINUTES * 60
     assert result.record.claim_token is None
-
-
-def test_activate_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
-    # Given an instance already running for the run
-    running = instance_in(state_table, InstanceState.RUNNING)
-    clock.advance(1)
-
-    # When the activation is retried
-    retry = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES)
-
-    # Then it is a replay and the max runtime is not extended
-    assert retry.outcome is Outcome.REPLAYED
-    assert retry.record == running == state_table.get(ONE_ID)
 
 
 def test_activate_of_a_pool_instance_still_being_created_is_lost(state_table: StateTable) -> None:
@@ -561,23 +558,6 @@ def test_back_to_idle_clears_the_holder_and_starts_the_idle_time(
 
 
 @pytest.mark.parametrize("transition", TO_IDLE)
-def test_back_to_idle_retried_is_replayed(
-    state_table: StateTable, clock: ManualClock, transition: str
-) -> None:
-    # Given an instance the transition already took back to idle
-    start_of(state_table, transition)
-    first = CALLS[transition](state_table, ONE_ID)
-    clock.advance(1)
-
-    # When the same call is retried
-    retry = CALLS[transition](state_table, ONE_ID)
-
-    # Then it is a replay and the idle time is not restarted
-    assert retry.outcome is Outcome.REPLAYED
-    assert retry.record == first.record == state_table.get(ONE_ID)
-
-
-@pytest.mark.parametrize("transition", TO_IDLE)
 def test_back_to_idle_after_the_threshold_passed_is_lost(
     state_table: StateTable, clock: ManualClock, transition: str
 ) -> None:
@@ -667,20 +647,6 @@ def test_expire_for_no_run_of_a_held_instance_is_lost(state_table: StateTable) -
     # Then it loses: the claim is not cut short
     assert result.outcome is Outcome.LOST
     assert result.record == claimed == state_table.get(ONE_ID)
-
-
-def test_expire_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
-    # Given an instance already expired
-    instance_in(state_table, InstanceState.RUNNING)
-    first = state_table.expire(ONE_ID, RUN)
-    clock.advance(1)
-
-    # When the expiry is retried
-    retry = state_table.expire(ONE_ID, RUN)
-
-    # Then it is a replay and the threshold stays where the first call put it
-    assert retry.outcome is Outcome.REPLAYED
-    assert retry.record == first.record == state_table.get(ONE_ID)
 
 
 def test_expire_of_an_instance_whose_threshold_passed_on_its_own_is_replayed(
@@ -854,19 +820,6 @@ def test_mark_terminated_of_an_instance_whose_threshold_passed_on_its_own_is_app
 
     # Then it is terminated
     assert result.outcome is Outcome.APPLIED
-
-
-def test_mark_terminated_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
-    # Given a terminated instance
-    terminated = instance_in(state_table, InstanceState.TERMINATED)
-    clock.advance(30)
-
-    # When refresh's marking is retried
-    retry = state_table.mark_terminated(ONE_ID)
-
-    # Then it is a replay and the TTL is not pushed back
-    assert retry.outcome is Outcome.REPLAYED
-    assert retry.record == terminated == state_table.get(ONE_ID)
 
 
 # --- reads -----------------------------------------------------------------------------------
