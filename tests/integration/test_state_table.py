@@ -155,6 +155,10 @@ CALLS: dict[str, Call] = {
     "release by another run": lambda table, i: table.release(i, OTHER_RUN),
     "admit": lambda table, i: table.admit(i),
     "expire": lambda table, i: table.expire(i),
+    "expire for another run": lambda table, i: table.expire(i, OTHER_RUN),
+    "expire as unheld": lambda table, i: table.expire(i, None),
+    "mark interrupted": lambda table, i: table.mark_interrupted(i, RUN),
+    "mark interrupted for another run": lambda table, i: table.mark_interrupted(i, OTHER_RUN),
     "mark terminated": lambda table, i: table.mark_terminated(i),
 }
 """Each transition as a call for RUN (or, where named, for another run) of the instance `i`."""
@@ -174,6 +178,8 @@ LOST_FROM: list[tuple[str, InstanceState]] = [
     ("release", InstanceState.TERMINATED),
     ("admit", InstanceState.TERMINATED),
     ("expire", InstanceState.TERMINATED),
+    ("mark interrupted", InstanceState.IDLE),
+    ("mark interrupted", InstanceState.STOPPED),
     # From the right state, but held by RUN, not the caller (admit: created for RUN, not for the pool)
     ("activate the claim by another run", InstanceState.CLAIMED),
     ("activate by another run", InstanceState.CREATED),
@@ -181,6 +187,11 @@ LOST_FROM: list[tuple[str, InstanceState]] = [
     ("unclaim by another run", InstanceState.CLAIMED),
     ("release by another run", InstanceState.RUNNING),
     ("admit", InstanceState.CREATED),
+    ("expire for another run", InstanceState.CREATED),
+    ("expire for another run", InstanceState.CLAIMED),
+    ("expire for another run", InstanceState.RUNNING),
+    ("expire as unheld", InstanceState.CLAIMED),
+    ("mark interrupted for another run", InstanceState.RUNNING),
     # Before its threshold passed: only an expired instance is terminated
     ("mark terminated", InstanceState.RUNNING),
 ]
@@ -202,7 +213,8 @@ def test_a_transition_from_a_state_it_does_not_start_from_is_lost_and_changes_no
 
 
 @pytest.mark.parametrize(
-    "call", ["claim", "activate", "unclaim", "release", "admit", "expire", "mark terminated"]
+    "call",
+    ["claim", "activate", "unclaim", "release", "admit", "expire", "mark interrupted", "mark terminated"],
 )
 def test_a_transition_of_a_missing_record_is_lost(state_table: StateTable, call: str) -> None:
     # Given no record for the instance
@@ -611,21 +623,6 @@ def test_expire_for_the_holding_run_is_applied(state_table: StateTable, state: I
     assert result.outcome is Outcome.APPLIED
 
 
-@pytest.mark.parametrize("state", [InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING])
-def test_expire_for_a_run_that_no_longer_holds_the_instance_is_lost(
-    state_table: StateTable, state: InstanceState
-) -> None:
-    # Given an instance held by RUN
-    before = state_table.get(instance_in(state_table, state).instance_id)
-
-    # When another run's failure path expires it
-    result = state_table.expire(ONE_ID, OTHER_RUN)
-
-    # Then it loses and the instance keeps its threshold
-    assert result.outcome is Outcome.LOST
-    assert result.record == before == state_table.get(ONE_ID)
-
-
 def test_expire_of_an_unheld_instance_for_no_run_is_applied(state_table: StateTable) -> None:
     # Given an idle instance
     instance_in(state_table, InstanceState.IDLE)
@@ -635,18 +632,6 @@ def test_expire_of_an_unheld_instance_for_no_run_is_applied(state_table: StateTa
 
     # Then it is expired
     assert result.outcome is Outcome.APPLIED
-
-
-def test_expire_for_no_run_of_a_held_instance_is_lost(state_table: StateTable) -> None:
-    # Given an idle instance that a run has since claimed
-    claimed = instance_in(state_table, InstanceState.CLAIMED)
-
-    # When a pool-side failure path expires it as an unheld instance
-    result = state_table.expire(ONE_ID, None)
-
-    # Then it loses: the claim is not cut short
-    assert result.outcome is Outcome.LOST
-    assert result.record == claimed == state_table.get(ONE_ID)
 
 
 def test_expire_of_an_instance_whose_threshold_passed_on_its_own_is_replayed(
@@ -721,31 +706,6 @@ def test_mark_interrupted_of_an_instance_held_for_the_run_is_applied(
     assert result.outcome is Outcome.APPLIED
     assert result.record is not None
     assert result.record.state is state
-
-
-@pytest.mark.parametrize("state", [InstanceState.IDLE, InstanceState.STOPPED])
-def test_mark_interrupted_of_an_instance_waiting_for_a_run_is_lost(
-    state_table: StateTable, state: InstanceState
-) -> None:
-    # Given an instance that no run holds
-    instance_in(state_table, state)
-
-    # When it is marked interrupted
-    result = state_table.mark_interrupted(ONE_ID, RUN)
-
-    # Then it loses: no job runs on it
-    assert result.outcome is Outcome.LOST
-
-
-def test_mark_interrupted_for_another_run_is_lost(state_table: StateTable) -> None:
-    # Given an instance running a job of one run
-    instance_in(state_table, InstanceState.RUNNING)
-
-    # When a mark read for another run is written
-    result = state_table.mark_interrupted(ONE_ID, OTHER_RUN)
-
-    # Then it loses: the instance has moved on since the read
-    assert result.outcome is Outcome.LOST
 
 
 def test_the_mark_survives_termination(state_table: StateTable) -> None:
