@@ -30,11 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
 from runner_pool.adapters import aws_clients
-from runner_pool.adapters.aws_clients import error_code
-from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
+from runner_pool.adapters.aws_clients import conditional_write
+from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.demand import privileged_label
 from runner_pool.domain.trust import TrustLevel
@@ -183,8 +181,8 @@ class RecentDemand:
         """GitHub refused the run's registration for good, in its words `reason`. Only a run noted before
         (by its provision's Begin) is marked: a mark never brings a forgotten run back."""
         key = RecentRun(repository, run_id, attempt, frozenset(), 0.0, 0.0).key
-        try:
-            self._client.update_item(
+        conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
                 Key=_key(key),
                 UpdateExpression="SET refused_at = :now, refused_reason = :reason",
@@ -194,9 +192,7 @@ class RecentDemand:
                     ":reason": {"S": reason[:1000]},
                 },
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
+        )
 
     def busy(self, run: RecentRun, busy_for: float) -> None:
         """A provision was started for the run (by refresh): leave it alone until it has had its chance."""
@@ -210,16 +206,14 @@ class RecentDemand:
 
     def forget(self, run: RecentRun) -> None:
         """Unless the run had new demand since it was read (its demand_at moved on)."""
-        try:
-            self._client.delete_item(
+        conditional_write(
+            lambda: self._client.delete_item(
                 TableName=self._table,
                 Key=_key(run.key),
                 ConditionExpression="demand_at = :seen",
                 ExpressionAttributeValues={":seen": {"N": repr(run.demand_at)}},
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
+        )
 
 
 def _key(sort_key: str) -> dict[str, Any]:
