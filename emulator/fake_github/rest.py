@@ -83,7 +83,7 @@ def readable_runs(request: Request) -> str:
     the workflow run and job endpoints); else 404 or 403 as GitHub answers."""
     installation = request.installation
     params = request.params
-    if installation is None or not installation.owns(params["owner"]):
+    if installation is None or not installation.covers(f"{params['owner']}/{params['repo']}"):
         raise Refusal(404, "Not Found")
     if not covers(installation.permissions.get("actions"), "read"):
         raise Refusal(403, "Resource not accessible by integration")
