@@ -20,6 +20,8 @@ a runner asked for by another, leaves more waiting than the size, which refresh 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.labels import LabelError, instant_class, instant_label
@@ -113,3 +115,28 @@ def waited_offline(record: InstanceRecord | None, runner: RegisteredRunner, now:
         and runner.status is RunnerStatus.OFFLINE
         and not record.threshold_passed(now)
     )
+
+
+@dataclass(frozen=True)
+class TierGroupAccess:
+    """Which repositories' jobs the organisation's tier runner group admits: every repository of the
+    organisation (`repository_ids` None, visibility `all`), or exactly these (visibility `selected`)."""
+
+    repository_ids: frozenset[int] | None
+
+    @property
+    def visibility(self) -> Literal["all", "selected"]:
+        return "all" if self.repository_ids is None else "selected"
+
+
+def tier_group_access(repository_selection: str, repository_ids: Iterable[int]) -> TierGroupAccess:
+    """The tier group's access for an installation whose `repository_selection` is `all` (every repository
+    of the organisation) or `selected` (`repository_ids` only). A tier runner waits for whichever job
+    GitHub gives it, and we hear only of the jobs of the repositories the installation covers ("A webhook
+    can only access events that are available in the ... GitHub App where it is installed",
+    docs.github.com, "Types of webhooks"): a repository outside a selection could take a runner whose job
+    we never follow. Any other answer is read as `selected`, so the group never admits more than the
+    repositories listed."""
+    if repository_selection == "all":
+        return TierGroupAccess(None)
+    return TierGroupAccess(frozenset(repository_ids))
