@@ -179,7 +179,14 @@ class ControlPlane:
     def dispatcher(self) -> Dispatcher:
         """Turns a batch of demand into executions over the demand ledger."""
         ledger, executions = self._demand()
-        return Dispatcher(ledger, executions, self.clock, self.pause, trust=self._run_trust(ledger))
+        return Dispatcher(
+            ledger,
+            executions,
+            self.clock,
+            self.pause,
+            trust=self._run_trust(ledger),
+            tier_group=lambda: self.github.keep_instant_group_in_step(),  # noqa: PLW0108 - GitHub on first use
+        )
 
     def follow_up_steps(self) -> FollowUpSteps:
         """The follow-up state machine's steps: gather a follow-up batch and start its provisions."""

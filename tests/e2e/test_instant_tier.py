@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from emulator.fake_github import Conclusion, FakeJob, JobSpec, JobStatus
+from emulator.fake_github.installations import select_repositories
 from emulator.world import COMPRESSED_TIMEOUTS, OWNER, World, compressed_config, world
 from runner_pool.adapters.github_runner_groups import INSTANT_RUNNER_GROUP
 from runner_pool.domain.executions import instance_of_runner
@@ -135,3 +136,50 @@ def test_a_waiting_runner_whose_instance_dies_is_deleted_and_replaced(system: Wo
     tier_ready(system)
     assert runner_id not in waiting_runners(system)
     accounted(system)
+
+
+def test_a_repository_outside_a_selecting_installation_takes_no_tier_runner_until_it_is_added(
+    system: World,
+) -> None:
+    state = system.github.state
+    outside = f"{OWNER}/outside"
+    inside_id, outside_id = state.repository_id(REPOSITORY), state.repository_id(outside)
+
+    def tier_group_selects(repository_ids: set[int]) -> bool:
+        group = next((g for g in state.groups_of(OWNER) if g.name == INSTANT_RUNNER_GROUP), None)
+        return group is not None and (group.visibility, group.selected_repository_ids) == (
+            "selected",
+            repository_ids,
+        )
+
+    # Given the owner narrows the App's installation to one repository of the organisation
+    select_repositories(system.github, OWNER, {REPOSITORY})
+    eventually(lambda: tier_group_selects({inside_id}), "the tier group to select that repository", 60.0)
+    tier_ready(system)
+    # When a job of another repository asks for the tier's label, then one of the installation's
+    stray_run = system.github.actions.start_run(outside, "ci", [JobSpec("build", LABEL, seconds=0.3)])
+    stray = state.jobs[stray_run.job_ids[0]]
+    run = system.github.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL, seconds=0.3)])
+    job = state.jobs[run.job_ids[0]]
+    # Then the installation's job runs on a tier runner, while the older one, which GitHub offers a runner
+    # first when it may take it, is still queued: the tier's group does not admit its repository
+    eventually(lambda: job.status is JobStatus.COMPLETED, "the installation's job to complete", 60.0)
+    assert instant_of(job) is not None
+    assert stray.status is JobStatus.QUEUED
+    assert stray.runner_id is None
+    # When the owner adds that repository to the installation
+    select_repositories(system.github, OWNER, {REPOSITORY, outside})
+    # Then the tier's group admits it, and its job runs on a tier runner
+    eventually(lambda: tier_group_selects({inside_id, outside_id}), "the tier group to add it", 60.0)
+    eventually(lambda: stray.status is JobStatus.COMPLETED, "its job to complete", 60.0)
+    assert stray.conclusion is Conclusion.SUCCESS
+    instance_id = instant_of(stray)
+    assert instance_id is not None
+    eventually(lambda: ended(system, instance_id), f"{instance_id} to be terminated", 60.0)
+    tier_ready(system)
+    accounted(system)
+
+
+def instant_of(job: FakeJob) -> str | None:
+    """The instance of the tier runner a job ran on, if it ran on one."""
+    return instance_of_runner(job.runner_name) if LABEL in job.runner_labels else None

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from runner_pool.domain.clock import Epoch
+from runner_pool.domain.config import StackConfig
 from runner_pool.domain.labels import LabelError, instant_class, instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Arch, InstanceRecord
+from runner_pool.domain.runner_scope import OrganizationScope
 from runner_pool.domain.runners import RegisteredRunner, RunnerStatus
 
 DEFAULT_RUNNER_LABELS = ("self-hosted", "linux")
@@ -140,3 +142,11 @@ def tier_group_access(repository_selection: str, repository_ids: Iterable[int]) 
     if repository_selection == "all":
         return TierGroupAccess(None)
     return TierGroupAccess(frozenset(repository_ids))
+
+
+def keeps_tier_group(config: StackConfig) -> bool:
+    """Whether the stack keeps an organisation runner group for its instant tiers: an organisation's, any
+    of whose classes keeps a tier at any hour (which the config lets register only in runner groups)."""
+    return isinstance(config.github.scope, OrganizationScope) and any(
+        minimum.keeps_instant() for minimum in config.warm_pool_minimum.values()
+    )

@@ -57,6 +57,8 @@ class DispatchReport:
     gathered_here: list[str] = field(default_factory=list)
     """Why the follow-up state machine did not start for a follow-up this dispatch leads (it gathered
     the follow-up itself)."""
+    tier_groups: int = 0
+    """Times the instant tier's runner group was set to the installation's repositories."""
     failures: list[Failure] = field(default_factory=list)
 
     @property

@@ -26,6 +26,7 @@ from runner_pool.domain.demand import (
     RunCompleted,
     RunFromFork,
     RunRequested,
+    TierGroupChanged,
 )
 from runner_pool.domain.executions import FollowUpRequest, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.follow_up import (
@@ -67,9 +68,11 @@ class Dispatcher:
         limit_seconds: float = FOLLOW_UP_LIMIT_SECONDS,
         sealed_wait_seconds: float = SEALED_WAIT_SECONDS,
         trust: RunTrust | None = None,
+        tier_group: Callable[[], object] | None = None,
     ) -> None:
         """`trust` decides runs' levels (without it: from `requested` deliveries only, by the built-in
-        table)."""
+        table). `tier_group` sets the instant tier's runner group to the installation's repositories
+        (domain.runners.RunnerRegistry.keep_instant_group_in_step); without it that is left to refresh."""
         self._ledger = ledger
         self._starter = starter
         self._clock = clock
@@ -80,6 +83,7 @@ class Dispatcher:
         self._window = window_seconds
         self._limit = limit_seconds
         self._sealed_wait = sealed_wait_seconds
+        self._tier_group = tier_group
 
     def dispatch(
         self, batch: Sequence[tuple[str, DemandMessage]], holder: str, lease_seconds: float
@@ -106,6 +110,7 @@ class Dispatcher:
             if isinstance(message, InstantQueued):
                 with failing(report, [message_id], f"ask an instant runner for job {message.job_id}"):
                     self._instant(report, message)
+        self._keep_tier_group(report, batch)
         for message_id, message in batch:
             if isinstance(message, InstanceRelease):
                 request = message.request
@@ -116,6 +121,16 @@ class Dispatcher:
         for group, closes_at in turns.led:
             self._start_follow_up_machine(report, group, closes_at, holder, until)
         return report
+
+    def _keep_tier_group(self, report: DispatchReport, batch: Sequence[tuple[str, DemandMessage]]) -> None:
+        """Set the instant tier's runner group to the installation's repositories once for every change in
+        the batch: one read of the whole list serves them all, whatever order they came in."""
+        changed = [message_id for message_id, message in batch if isinstance(message, TierGroupChanged)]
+        if not changed or self._tier_group is None:
+            return
+        with failing(report, changed, "set the instant tier's runner group to the installation's"):
+            self._tier_group()
+            report.tier_groups += 1
 
     def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
         if self._ledger.cancel(message.job_id):
