@@ -8,6 +8,7 @@ live record an instance.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, accounted, eventuall
 pytestmark = pytest.mark.slow
 
 TIER = 2
+BURST_PROVISIONS = 2
+"""Provisions a burst of the tier's jobs may start: one for the first batch, one follow-up for the rest."""
 LABEL = instant_label("large")
 REPOSITORY = f"{OWNER}/app"
 
@@ -41,6 +44,17 @@ def system(tmp_path: Path) -> Iterator[World]:
         tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
     ) as running:
         yield running
+
+
+def tier_job_provisions(system: World) -> list[list[int]]:
+    """The job ids of each provision the tier's queued jobs started (refresh's top-ups name no job)."""
+    stepfunctions = system.stack.stepfunctions
+    inputs = [
+        json.loads(stepfunctions.describe_execution(executionArn=e["executionArn"])["input"])
+        for e in system.stack.executions()
+        if e["machine"] == "provision"
+    ]
+    return [i["job_ids"] for i in inputs if i["run_key"] == LABEL and i["job_ids"]]
 
 
 def waiting_runners(system: World) -> list[int]:
@@ -111,6 +125,11 @@ def test_twice_the_tiers_size_of_jobs_at_once_are_all_served(system: World) -> N
     assert all(job.conclusion is Conclusion.SUCCESS for job in served)
     instances = {instance_of_runner(job.runner_name) for job in served}
     assert len(instances) == 2 * TIER
+    # And the burst's demand was batched: each job asked the tier for one runner, once, in fewer provisions
+    # than jobs (the first at once, the rest in one follow-up)
+    asked = tier_job_provisions(system)
+    assert sorted(job_id for job_ids in asked for job_id in job_ids) == sorted(run.job_ids)
+    assert len(asked) <= BURST_PROVISIONS
     # And the tier waits at its size again, every instance that served terminated
     for instance_id in instances:
         assert instance_id is not None
