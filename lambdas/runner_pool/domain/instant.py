@@ -10,11 +10,11 @@ terminated (never pooled), whatever the job's level of trust.
 
 The control plane follows: each `queued` job of the tier is one more runner asked for (whichever queued
 job GitHub gives it is fine), counted once in the demand ledger and batched with the tier's other jobs of
-a burst as a run's are (steps/dispatcher.py), each `completed` one releases its instance to termination, and refresh tops
-the tier up to its size. The tier's runners then outnumber its size plus the jobs queued for it only for
-a moment: a queued job asks for one runner, and the runner it is given (or another's, which it then
-leaves waiting) is the one that job counts against; one asked for a job that was cancelled, or taken by
-a runner asked for by another, leaves more waiting than the size, which refresh takes back
+a burst as a run's are (steps/dispatcher.py), each `completed` one releases its instance to termination,
+and refresh tops the tier up to its size. The tier's runners then outnumber its size plus the jobs queued
+for it only for a moment: a queued job asks for one runner, and the runner it is given (or another's,
+which it then leaves waiting) is the one that job counts against; one asked for a job that was cancelled,
+or taken by a runner asked for by another, leaves more waiting than the size, which refresh takes back
 (`surplus_waiting`).
 """
 
