@@ -9,6 +9,8 @@ live record an instance.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +69,11 @@ def waiting_runners(system: World) -> list[int]:
         ]
 
 
+def queued_jobs(system: World) -> int:
+    with system.github.state.lock:
+        return sum(1 for job in system.github.state.jobs.values() if job.status is JobStatus.QUEUED)
+
+
 def tier_ready(system: World, size: int = TIER) -> None:
     eventually(lambda: len(waiting_runners(system)) >= size, f"{size} instant runners to wait", 60.0)
 
@@ -107,9 +114,7 @@ def test_a_job_on_the_generic_label_runs_on_a_waiting_runner_and_its_instance_is
     eventually(lambda: ended(system, instance_id), f"{instance_id} to be terminated", 60.0)
     # And the tier is refilled to its size
     tier_ready(system)
-    assert len(waiting_runners(system)) <= TIER + sum(
-        1 for j in system.github.state.jobs.values() if j.status is JobStatus.QUEUED
-    )
+    assert len(waiting_runners(system)) <= TIER + queued_jobs(system)
     accounted(system)
 
 
@@ -135,6 +140,7 @@ def test_twice_the_tiers_size_of_jobs_at_once_are_all_served(system: World) -> N
         assert instance_id is not None
         eventually(lambda i=instance_id: ended(system, i), f"{instance_id} to be terminated", 60.0)
     tier_ready(system)
+    assert len(waiting_runners(system)) <= TIER + queued_jobs(system)
     accounted(system)
 
 
@@ -202,3 +208,55 @@ def test_a_repository_outside_a_selecting_installation_takes_no_tier_runner_unti
 def instant_of(job: FakeJob) -> str | None:
     """The instance of the tier runner a job ran on, if it ran on one."""
     return instance_of_runner(job.runner_name) if LABEL in job.runner_labels else None
+
+
+def test_a_waiting_runner_that_exits_is_deleted_and_its_instance_replaced(system: World) -> None:
+    # Given the tier's runners waiting
+    tier_ready(system)
+    runner_id = waiting_runners(system)[0]
+    with system.github.state.lock:
+        name = system.github.state.runners[runner_id].name
+    instance_id = instance_of_runner(name)
+    assert instance_id is not None
+    pid = system.instances.instances()[instance_id].runner_pid()
+    assert pid is not None
+    # When its runner exits before any job (the instance and its agent live on)
+    os.kill(pid, signal.SIGKILL)
+    # Then GitHub's runner is deleted, the instance is terminated, never pooled, and the tier waits at its
+    # size again with a new runner
+    eventually(lambda: runner_id not in system.github.state.runners, f"runner {runner_id} deleted", 60.0)
+    eventually(lambda: ended(system, instance_id), f"{instance_id} to be terminated", 60.0)
+    tier_ready(system)
+    assert runner_id not in waiting_runners(system)
+    accounted(system)
+
+
+def test_replacements_asked_for_jobs_that_were_cancelled_are_taken_back_to_the_tiers_size(
+    system: World,
+) -> None:
+    # Given the tier's runners waiting
+    tier_ready(system)
+    # When one more job than the tier holds asks for it, and the run is cancelled once the tier's runners
+    # took theirs: each job had asked for a replacement, the one still queued among them
+    jobs = [JobSpec(f"build-{n}", LABEL, seconds=30.0) for n in range(TIER + 1)]
+    run = system.github.actions.start_run(REPOSITORY, "matrix", jobs)
+    started = lambda: [  # noqa: E731 - read again at each look
+        job_id for job_id in run.job_ids if system.github.state.jobs[job_id].status is JobStatus.IN_PROGRESS
+    ]
+    eventually(lambda: len(started()) == TIER, "the tier's runners to take their jobs", 30.0)
+    system.github.actions.cancel_run(run.run_id)
+    # Then the replacements beyond its size are taken back: the tier waits at its size, no more, with no
+    # job queued for it
+    eventually(
+        lambda: len(waiting_runners(system)) == TIER and all_ended_but_tier(system),
+        "the tier to be back at its size",
+        90.0,
+    )
+    assert not any(job.status is JobStatus.QUEUED for job in system.github.state.jobs.values())
+    accounted(system)
+
+
+def all_ended_but_tier(system: World) -> bool:
+    """Only the tier's waiting instances hold its label: every other one has ended."""
+    holding = [r for r in system.records.live() if r.run_key == LABEL]
+    return len(holding) == TIER

@@ -33,6 +33,7 @@ from runner_pool.domain.labels import CLASS_NAME, LabelError, RunnerLabel, insta
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import single_use
 from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
+from runner_pool.domain.release import ReleaseItem, ran_a_foreign_job
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runners import GitHubUnavailableError, RegisteredRunner, RunnerStatus
 from runner_pool.domain.webhooks import (
@@ -388,3 +389,29 @@ def test_a_tier_group_github_did_not_set_is_delivered_again() -> None:
     report = tier_group_dispatcher(unavailable).dispatch(batch, "holder", 60.0)
     assert report.failed_message_ids == {"m1", "m2"}
     assert report.tier_groups == 0
+
+
+# --- a runner of ours given a job it was not registered for --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("registered_for", "job_of"),
+    [("pool=4242/class=large", LABEL), (LABEL, "pool=4242/class=large")],
+    ids=["a tier job on a run's runner", "a run's job on a tier runner"],
+)
+def test_a_job_on_a_runner_we_did_not_register_for_it_is_foreign(registered_for: str, job_of: str) -> None:
+    # Given an instance whose runner 7 we registered for one label
+    held = record(InstanceState.RUNNING, registered_for).model_copy(
+        update={"runner_id": 7, "runner_run_key": registered_for}
+    )
+    # When GitHub reports runner 7 on a job of the other / Then the release quarantines it
+    item = ReleaseItem(
+        instance_id=held.instance_id, run_key=job_of, poll_seconds=1, runner_id=7, suspect=True
+    )
+    assert ran_a_foreign_job(held, item)
+
+
+def test_a_tier_job_on_the_tier_runner_we_registered_is_its_own() -> None:
+    held = record(InstanceState.RUNNING, LABEL).model_copy(update={"runner_id": 7, "runner_run_key": LABEL})
+    item = ReleaseItem(instance_id=held.instance_id, run_key=LABEL, poll_seconds=1, runner_id=7, suspect=True)
+    assert not ran_a_foreign_job(held, item)
