@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from emulator.fake_github.app_settings import installation_json
 from emulator.fake_github.payloads import SENDER, account_json, repository_json
 from emulator.fake_github.routes import Answer, Auth, Refusal, Request, per_page, route, whole
 from emulator.fake_github.state import FakeInstallation
@@ -42,17 +43,25 @@ def list_installation_repositories(github: FakeGitHub, request: Request) -> Answ
             "total_count": len(covered),
             "repository_selection": installation.repository_selection,
             "repositories": [
-                repository_json(
-                    name,
-                    state.repository_id(name),
-                    _owner(installation),
-                    public=name in state.public_repositories,
-                    at=now,
+                _listed(
+                    repository_json(
+                        name,
+                        state.repository_id(name),
+                        _owner(installation),
+                        public=name in state.public_repositories,
+                        at=now,
+                    )
                 )
                 for name in shown
             ],
         },
     )
+
+
+def _listed(repository: dict[str, Any]) -> dict[str, Any]:
+    """A repository as the REST list shows it: as an event does, less `has_downloads`, which only the
+    events' description names."""
+    return {key: value for key, value in repository.items() if key != "has_downloads"}
 
 
 def select_repositories(github: FakeGitHub, account: str, repositories: set[str] | None) -> None:
@@ -82,7 +91,7 @@ def _change(
 ) -> dict[str, Any]:
     return {
         "action": "added" if added else "removed",
-        "installation": {"id": installation.installation_id, "account": _owner(installation)},
+        "installation": installation_json(installation, github.state.app_id, github.state.app_events),
         "repository_selection": installation.repository_selection,
         "repositories_added": [_short(github, name) for name in added],
         "repositories_removed": [_short(github, name) for name in removed],
