@@ -56,19 +56,9 @@ def create_runner_group(github: FakeGitHub, request: Request) -> Answer:
     """ "Create a self-hosted runner group for an organization": `name` (required), `visibility` (default
     `all`), `selected_repository_ids`, `allows_public_repositories` (default false); 201 with the group."""
     org = organization(request, "organization_self_hosted_runners", _WRITE)
-    body = request.json()
-    if not isinstance(body, dict):
-        raise Refusal(400, "Problems parsing JSON")
-    name = body.get("name")
-    if not isinstance(name, str) or not name:
-        raise invalid("name", name)
-    visibility = body.get("visibility", "all")
-    if visibility not in VISIBILITIES:
-        raise invalid("visibility", visibility)
+    body, name = _named(request)
+    visibility, allows_public = _settings(body, visibility="all", allows_public=False)
     selected = _repository_ids(body.get("selected_repository_ids", []))
-    allows_public = body.get("allows_public_repositories", False)
-    if not isinstance(allows_public, bool):
-        raise invalid("allows_public_repositories", allows_public)
     state = github.state
     with state.lock:
         if name.lower() == "default" or any(g.name.lower() == name.lower() for g in state.groups_of(org)):
@@ -90,18 +80,8 @@ def update_runner_group(github: FakeGitHub, request: Request) -> Answer:
     `allows_public_repositories`; 200 with the group. A group that becomes `selected` keeps the
     repositories it had selected (none for one created `all`)."""
     org = organization(request, "organization_self_hosted_runners", _WRITE)
-    body = request.json()
-    if not isinstance(body, dict):
-        raise Refusal(400, "Problems parsing JSON")
-    name = body.get("name")
-    if not isinstance(name, str) or not name:
-        raise invalid("name", name)
-    visibility = body.get("visibility")
-    if visibility is not None and visibility not in VISIBILITIES:
-        raise invalid("visibility", visibility)
-    allows_public = body.get("allows_public_repositories")
-    if allows_public is not None and not isinstance(allows_public, bool):
-        raise invalid("allows_public_repositories", allows_public)
+    body, name = _named(request)
+    visibility, allows_public = _settings(body, visibility=None, allows_public=None)
     with github.state.lock:
         group = _group(github, request, org)
         group.name = name
@@ -134,6 +114,28 @@ def _group(github: FakeGitHub, request: Request, org: str) -> FakeRunnerGroup:
     if group is None or group.org.lower() != org.lower():
         raise Refusal(404, "Not Found")
     return group
+
+
+def _named(request: Request) -> tuple[dict[str, Any], str]:
+    """The request's JSON object and the group `name` it must give."""
+    body = request.json()
+    if not isinstance(body, dict):
+        raise Refusal(400, "Problems parsing JSON")
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid("name", name)
+    return body, name
+
+
+def _settings(body: dict[str, Any], *, visibility: Any, allows_public: Any) -> tuple[Any, Any]:
+    """The body's `visibility` and `allows_public_repositories`, each checked, else the defaults given."""
+    visibility = body.get("visibility", visibility)
+    if visibility is not None and visibility not in VISIBILITIES:
+        raise invalid("visibility", visibility)
+    allows_public = body.get("allows_public_repositories", allows_public)
+    if allows_public is not None and not isinstance(allows_public, bool):
+        raise invalid("allows_public_repositories", allows_public)
+    return visibility, allows_public
 
 
 def _repository_ids(value: Any) -> set[int]:

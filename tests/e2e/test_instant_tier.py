@@ -147,15 +147,27 @@ def test_twice_the_tiers_size_of_jobs_at_once_are_all_served(system: World) -> N
 def test_a_waiting_runner_whose_instance_dies_is_deleted_and_replaced(system: World) -> None:
     # Given the tier's runners waiting
     tier_ready(system)
+    runner_id, instance_id = a_waiting_runner(system)
+    # When one's instance dies where it stands (EC2 still runs it; its runner falls silent)
+    system.instances.crash(instance_id)
+    # Then GitHub's runner is deleted once GitHub shows it offline, the instance is terminated, and the
+    # tier waits at its size again with a new runner
+    deleted_and_replaced(system, runner_id, instance_id)
+
+
+def a_waiting_runner(system: World) -> tuple[int, str]:
+    """One of the tier's waiting runners, and its instance."""
     runner_id = waiting_runners(system)[0]
     with system.github.state.lock:
         name = system.github.state.runners[runner_id].name
     instance_id = instance_of_runner(name)
     assert instance_id is not None
-    # When one's instance dies where it stands (EC2 still runs it; its runner falls silent)
-    system.instances.crash(instance_id)
-    # Then GitHub's runner is deleted once GitHub shows it offline, the instance is terminated, and the
-    # tier waits at its size again with a new runner
+    return runner_id, instance_id
+
+
+def deleted_and_replaced(system: World, runner_id: int, instance_id: str) -> None:
+    """Wait for the runner to be deleted at GitHub, its instance terminated, and the tier at its size
+    again with another runner; then the accounting check."""
     eventually(lambda: runner_id not in system.github.state.runners, f"runner {runner_id} deleted", 60.0)
     eventually(lambda: ended(system, instance_id), f"{instance_id} to be terminated", 60.0)
     tier_ready(system)
@@ -213,22 +225,14 @@ def instant_of(job: FakeJob) -> str | None:
 def test_a_waiting_runner_that_exits_is_deleted_and_its_instance_replaced(system: World) -> None:
     # Given the tier's runners waiting
     tier_ready(system)
-    runner_id = waiting_runners(system)[0]
-    with system.github.state.lock:
-        name = system.github.state.runners[runner_id].name
-    instance_id = instance_of_runner(name)
-    assert instance_id is not None
+    runner_id, instance_id = a_waiting_runner(system)
     pid = system.instances.instances()[instance_id].runner_pid()
     assert pid is not None
     # When its runner exits before any job (the instance and its agent live on)
     os.kill(pid, signal.SIGKILL)
     # Then GitHub's runner is deleted, the instance is terminated, never pooled, and the tier waits at its
     # size again with a new runner
-    eventually(lambda: runner_id not in system.github.state.runners, f"runner {runner_id} deleted", 60.0)
-    eventually(lambda: ended(system, instance_id), f"{instance_id} to be terminated", 60.0)
-    tier_ready(system)
-    assert runner_id not in waiting_runners(system)
-    accounted(system)
+    deleted_and_replaced(system, runner_id, instance_id)
 
 
 def test_replacements_asked_for_jobs_that_were_cancelled_are_taken_back_to_the_tiers_size(

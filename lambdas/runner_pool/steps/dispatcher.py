@@ -5,10 +5,9 @@ cancelled in the same batch as its demand is never counted and a run's level is 
 completions next, so a run that completed refuses the rest of its demand; then each run key's queued jobs take
 a turn in the ledger (domain.follow_up: first, joined, leader, taken over, waiting), and so do each instant
 tier's, under the tier's label per owner; an installation's changed repositories set the tier's runner group
-once; releases after. Last, so
-nothing else of the batch waits: demand that met its follow-up being started waits for that start, and each
-follow-up this dispatch leads is given to the follow-up state machine (or, should that not start, gathered
-here). What failed is in the report, for SQS to deliver again; nothing raises.
+once; releases after. Last, so nothing else of the batch waits: demand that met its follow-up being started
+waits for that start, and each follow-up this dispatch leads is given to the follow-up state machine (or,
+should that not start, gathered here). What failed is in the report, for SQS to deliver again; nothing raises.
 """
 
 from __future__ import annotations
