@@ -770,6 +770,29 @@ def test_the_tier_group_follows_the_installations_repositories_both_ways(
     assert len(fake.state.groups_of(OWNER)) == 1
 
 
+def test_an_installation_on_all_repositories_is_read_in_one_request(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    # Given an installation on every repository of an organisation with more than a page of them
+    for number in range(250):
+        fake.state.repository_id(f"{OWNER}/repo-{number}")
+    github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
+    # When the tier group is kept in step / Then its answer's first page said enough
+    assert github.keep_instant_group_in_step() == TierGroupAccess(None)
+    assert fake.state.calls["GET /installation/repositories"] == 1
+
+
+def test_a_selection_longer_than_a_page_is_read_whole(connect: Connect, fake: FakeGitHub) -> None:
+    # Given an installation selecting more repositories than a page holds
+    selected = {f"{OWNER}/repo-{number}" for number in range(150)}
+    fake.state.installations[INSTALLATION_ID].repositories = selected
+    github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
+    # When the tier group is kept in step / Then every page was read, and the group selects them all
+    access = github.keep_instant_group_in_step()
+    assert access == TierGroupAccess(frozenset(fake.state.repository_id(name) for name in selected))
+    assert fake.state.calls["GET /installation/repositories"] == 2
+
+
 def test_a_repository_scope_has_no_tier_group_to_keep(github: GitHubApp, fake: FakeGitHub) -> None:
     # Given a client for one repository's runners / When asked to keep the tier group in step
     # Then there is none, and GitHub was not asked

@@ -179,8 +179,9 @@ class InstantRunnerGroup:
 
 
 def installation_access(api: GitHubApi) -> TierGroupAccess:
-    """What GET /installation/repositories answers, every page read: its `repository_selection` and the
-    ids of the repositories it lists."""
+    """What GET /installation/repositories answers: its `repository_selection` and, when that selects,
+    the ids of the repositories it lists, every page read. An installation on all repositories is known
+    from the first page, so an organisation of thousands costs one request, not one per hundred."""
     page = 1
     ids: set[int] = set()
     while True:
@@ -189,6 +190,8 @@ def installation_access(api: GitHubApi) -> TierGroupAccess:
                 per_page=PAGE_SIZE, page=page, headers=api.headers
             )
         )
+        if body.get("repository_selection") == "all":
+            return tier_group_access("all", ())
         repositories = body.get("repositories", [])
         ids.update(int(repository["id"]) for repository in repositories)
         if len(repositories) < PAGE_SIZE:
