@@ -19,7 +19,7 @@ from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
 from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.github_runners import GitHubRunners
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.doctor import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
+from runner_pool.domain.doctor_readings import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
 from runner_pool.domain.github_tokens import RUN_READS, RUN_RERUNS, AppIdentity, registration_permissions
 from runner_pool.domain.instant import TierGroupAccess
 from runner_pool.domain.registration_budget import HourlyQuota
@@ -165,7 +165,7 @@ class GitHubApp:
     def redeliver(self, delivery_id: int) -> None:
         self._identity.redeliver(delivery_id)
 
-    # --- what the doctor reads (domain/doctor.py) ---------------------------------------------------
+    # --- what the doctor reads (domain/doctor_readings.py) ------------------------------------------
 
     def app_grant(self) -> AppGrant | Unread:
         if self._app_api is None:

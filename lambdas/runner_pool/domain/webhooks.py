@@ -89,7 +89,7 @@ class Repository(_Payload):
     full_name: str = Field(pattern=r"^[^/\s]+/[^/\s]+$", max_length=200)
     id: int | None = Field(None, gt=0)
     """The repository's id, which a rename does not change and a new repository of an old name does not
-    take: what reuse and runner groups are decided by (issue 36, item 5)."""
+    take: what reuse and runner groups are decided by."""
     private: bool | None = None
     visibility: str | None = None
     """`public`, `private` or `internal`; GitHub's webhook examples carry it beside `private`."""
@@ -328,12 +328,12 @@ def _job_verdict(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
 def _foreign(event: WorkflowJobEvent) -> Verdict | None:
     """A job running on one of our runners that is not of the run its `pool=` label names: another
     repository's job that copied our label (run ids are not secret), which GitHub could hand an
-    organisation-scoped runner (issue 14, item 1). Its runner's instance is quarantined.
+    organisation-scoped runner. Its runner's instance is quarantined.
 
     A job of the same run's later attempt (a re-run) carries the same label, and GitHub can give it a
     runner of an earlier attempt still registered; only the record knows which attempt the runner is
-    for, so such a job that starts on our runner is sent to the release to be judged there (issue 36,
-    item 3). A job of attempt 1 has no earlier attempt to be mistaken for."""
+    for, so such a job that starts on our runner is sent to the release to be judged there.
+    A job of attempt 1 has no earlier attempt to be mistaken for."""
     job = event.workflow_job
     if event.action not in ("in_progress", "completed") or job.runner_id is None:
         return None

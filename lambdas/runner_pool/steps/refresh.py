@@ -35,10 +35,10 @@ steps.reconcile:
 7. redeliveries: webhook deliveries that failed in the last hour are asked for again;
 8. dead runners: a running instance whose agent reports its runner exited before it took a job
    (UD_REG_FAILED for its run key) is released, to be cleaned and pooled, and one more runner is
-   asked for the run (issue 13, fix 8);
+   asked for the run;
 9. reconcile: for runs with recent demand and no provision at work for them, GitHub is asked for
    their jobs (List jobs for a workflow run attempt), and every queued job with our label that no
-   runner of ours is free to take gets one (issue 13: no job is ever stranded). At most
+   runner of ours is free to take gets one: no job is ever stranded. At most
    RECONCILE_REQUESTS_PER_RUN requests to GitHub a run, least recently reconciled runs first;
 10. notice queues: a notice queue whose instance has no live record is deleted, and a live record
    without one gets one (its opening failed); queues are opened only after their record is written, so
