@@ -21,6 +21,7 @@ from runner_pool.adapters.github_runners import GitHubRunners
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.doctor_readings import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
 from runner_pool.domain.github_tokens import RUN_READS, RUN_RERUNS, AppIdentity, registration_permissions
+from runner_pool.domain.instant import TierGroupAccess
 from runner_pool.domain.registration_budget import HourlyQuota
 from runner_pool.domain.reruns import RunNow
 from runner_pool.domain.runner_scope import OrganizationScope, Registration, RunnerScope
@@ -140,6 +141,9 @@ class GitHubApp:
 
     def runners(self, repository: str | None = None) -> list[RegisteredRunner]:
         return self._runners.runners(repository)
+
+    def keep_instant_group_in_step(self) -> TierGroupAccess | None:
+        return self._runners.keep_instant_group_in_step()
 
     # --- workflow jobs and webhook deliveries -------------------------------------------------------
 
