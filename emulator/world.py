@@ -77,7 +77,7 @@ def accepted_permissions(config: StackConfig) -> dict[str, str]:
     """What the installation accepts: what the manifest for the stack's registration asks, so a world
     registering in runner groups runs with no repository administration at all."""
     permission, level = REGISTRATION_PERMISSIONS[config.github.effective_registration]
-    return {"actions": "read", permission: level}
+    return {"actions": "write", permission: level}
 
 
 @dataclass

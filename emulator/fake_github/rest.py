@@ -77,15 +77,16 @@ def covers(granted: str | None, needed: str) -> bool:
     return granted in LEVELS and LEVELS.index(granted) >= LEVELS.index(needed)
 
 
-def readable_runs(request: Request) -> str:
-    """The repository (`owner/repo`) a run-reading route names, if the calling installation owns it and
-    its token may read Actions ("Actions" repository permissions (read), the fine-grained permission of
-    the workflow run and job endpoints); else 404 or 403 as GitHub answers."""
+def readable_runs(request: Request, level: str = "read") -> str:
+    """The repository (`owner/repo`) a run route names, if the calling installation owns it and its token
+    may read Actions ("Actions" repository permissions (read), the fine-grained permission of the workflow
+    run and job endpoints), or write them at `level` `write` (re-running); else 404 or 403 as GitHub
+    answers."""
     installation = request.installation
     params = request.params
     if installation is None or not installation.owns(params["owner"]):
         raise Refusal(404, "Not Found")
-    if not covers(installation.permissions.get("actions"), "read"):
+    if not covers(installation.permissions.get("actions"), level):
         raise Refusal(403, "Resource not accessible by integration")
     return f"{params['owner']}/{params['repo']}"
 

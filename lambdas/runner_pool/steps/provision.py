@@ -36,7 +36,7 @@ from runner_pool.domain.provision import (
     busy_seconds,
     plan,
 )
-from runner_pool.domain.records import REGISTERED_SIGNALS, PoolMessage
+from runner_pool.domain.records import REGISTERED_SIGNALS, PoolMessage, UsageClass
 from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubRateLimitedError, RunnerRegistry
 from runner_pool.observability import count, logger, seconds
@@ -128,6 +128,8 @@ class Provision:
         demand for refresh's reconciliation."""
         config = self._config
         spec = request.key.resolve(config)
+        if request.on_demand:
+            spec = spec.model_copy(update={"usage": UsageClass.ON_DEMAND})
         planned = plan(request, spec, execution, self._timeouts, self._clock.now(), reuse=config.reuse)
         if spec.run_id.isdigit():
             try:
@@ -140,6 +142,7 @@ class Provision:
                     single_use=request.public,
                     repository_id=request.repository_id,
                     trust=request.trust,
+                    on_demand=request.on_demand,
                 )
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")
