@@ -295,9 +295,9 @@ class DynamoDbLedger:
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         )
-        if isinstance(answer, Refusal):
-            return Claim.ASKED if answer.item.get(RERUN_ATTRIBUTE, {}).get("S") == ASKED else Claim.HELD
-        return Claim.CLAIMED
+        if not isinstance(answer, Refusal):
+            return Claim.CLAIMED
+        return Claim.ASKED if answer.item.get(RERUN_ATTRIBUTE, {}).get("S") == ASKED else Claim.HELD
 
     def rerun_asked(self, run_id: int, attempt: int, holder: str) -> None:
         conditional_write(
