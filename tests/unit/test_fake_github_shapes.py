@@ -78,11 +78,6 @@ class Asking:
         return self.fake.handle(method, target, headers, payload)
 
 
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
-
-
 @pytest.fixture
 def ask(app_key: AppKey, clock: ManualClock) -> Asking:
     fake = FakeGitHub(APP_ID, app_key.public_pem, clock=clock)

@@ -17,18 +17,13 @@ from githubkit.webhooks import parse_obj
 from emulator.fake_github import Conclusion, FakeDelivery, FakeGitHub, JobSpec
 from emulator.fake_github.installations import select_repositories
 from emulator.fake_github.state import RunTrigger
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
 from tests.unit.test_fake_github_shapes import unknown_keys
 
 REPOSITORY = f"{OWNER}/{REPO}"
 LABEL = "pool=${{ github.run_id }}/class=large"
-
-
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
 
 
 @pytest.fixture
