@@ -20,6 +20,7 @@ from aws_cdk import aws_sqs as sqs
 from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_table as schema
 from runner_pool.adapters.registration_budget import BUDGET_PREFIX
+from runner_pool.adapters.spot_breaker import BREAKER_PREFIX
 from runner_pool.domain import doctor
 from runner_pool.environment import ENV_PREFIX, STACK_TAG_KEY
 
@@ -71,6 +72,21 @@ def mark_runs_finished(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
             resources=[table.table_arn],
             conditions={
                 "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{schema.FINISHED_RUN_PREFIX}*"]},
+                "Null": {"dynamodb:LeadingKeys": "false"},
+            },
+        )
+    )
+
+
+def count_spot_interruptions(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Put, count and open the spot circuit breaker's items (adapters/spot_breaker.py) and no other
+    (dynamodb:LeadingKeys as in `mark_runs_finished`)."""
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"],
+            resources=[table.table_arn],
+            conditions={
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{BREAKER_PREFIX}*"]},
                 "Null": {"dynamodb:LeadingKeys": "false"},
             },
         )

@@ -31,6 +31,7 @@ from runner_pool.adapters.pool_queues import PoolQueues
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
 from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.spot_breaker import DynamoDbSpotBreaker
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import StackConfig
@@ -160,6 +161,13 @@ class ControlPlane:
             burst=github.registration_burst,
             clock=self.clock,
             client=self.client("dynamodb"),
+        )
+
+    @cached_property
+    def spot_breaker(self) -> DynamoDbSpotBreaker:
+        """The classes whose spot demand goes on-demand for a while, an item of the state table per class."""
+        return DynamoDbSpotBreaker(
+            self.settings.table_name, self.config.fleet.spot_breaker, self.clock, self.client("dynamodb")
         )
 
     @cached_property

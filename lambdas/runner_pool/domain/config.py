@@ -42,6 +42,7 @@ from runner_pool.domain.runner_scope import (
     RunnerScopeSetting,
     registration_for,
 )
+from runner_pool.domain.spot_breaker import SpotBreakerSettings
 from runner_pool.domain.trust import WORKFLOW_EVENTS, TrustLevel, reuses
 
 SQS_MAX_DELAY_SECONDS = 900
@@ -196,6 +197,8 @@ class FleetSettings(_Settings):
     spot_fallback_to_on_demand: bool = True
     """Launch a spot shortfall once more as on-demand: the job runs at the on-demand price rather
     than waiting for spot capacity that may not come back before the validation timeout."""
+    spot_breaker: SpotBreakerSettings = SpotBreakerSettings()
+    """When a class's spot demand is served on-demand for a while (domain/spot_breaker.py)."""
 
 
 class ReuseScope(StrEnum):

@@ -16,10 +16,12 @@ from runner_pool.adapters.fleet import LAUNCH_TAG, Fleet
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.spot_breaker import DynamoDbSpotBreaker
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
+from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import (
     PickupManager,
@@ -36,9 +38,10 @@ from runner_pool.domain.provision import (
     busy_seconds,
     plan,
 )
-from runner_pool.domain.records import REGISTERED_SIGNALS, PoolMessage
+from runner_pool.domain.records import REGISTERED_SIGNALS, PoolMessage, UsageClass
 from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubRateLimitedError, RunnerRegistry
+from runner_pool.domain.spot_breaker import usage_for
 from runner_pool.observability import count, logger, seconds
 from runner_pool.steps.claim_workers import ClaimWorkers, warn_of
 from runner_pool.steps.creation import FleetCreation
@@ -73,10 +76,12 @@ class Provision:
         notices: NoticeSource = no_notices,
         pause: Callable[[float], None] = time.sleep,
         time_left: Callable[[], float] | None = None,
+        spot_breaker: Callable[[], DynamoDbSpotBreaker] | None = None,
     ) -> None:
         """`executions(machine)` starts provisions on `machine` (a step's own state machine), else on the
         configured one. `pause` is how a step waits briefly in-line; `time_left`, the seconds its Lambda
-        has left (the invocation's context; None: no limit)."""
+        has left (the invocation's context; None: no limit). `spot_breaker`: which classes' spot demand is
+        served on-demand for now (None: none)."""
         self._table = table
         self._clock = clock
         self._config = config
@@ -87,6 +92,7 @@ class Provision:
         self._budget = budget
         self._recent_demand = recent_demand
         self._executions = executions
+        self._spot_breaker = spot_breaker
         self._handing = HandOver(
             table,
             github=config.github,
@@ -127,7 +133,7 @@ class Provision:
         """Resolve the label (a LabelError fails the execution before anything is held), and note the run's
         demand for refresh's reconciliation."""
         config = self._config
-        spec = request.key.resolve(config)
+        spec = self._usage(request.key.resolve(config))
         planned = plan(request, spec, execution, self._timeouts, self._clock.now(), reuse=config.reuse)
         if spec.run_id.isdigit():
             try:
@@ -149,6 +155,23 @@ class Provision:
             # emptied queue, to launch anyway. Creation it is, as fast as a cold request can be.
             return planned.model_copy(update={"creation_only": True})
         return self._pick_up(planned)
+
+    def _usage(self, spec: RunnerSpec) -> RunnerSpec:
+        """The spec with the usage it is served on: on-demand while its class's spot breaker is open
+        (domain/spot_breaker.py). Pickup and creation both follow it; the runner keeps the job's labels."""
+        if self._spot_breaker is None or spec.usage is not UsageClass.SPOT:
+            return spec
+        open_until = self._spot_breaker().open_until(spec.resource_class)
+        usage = usage_for(spec.usage, open_until, self._clock.now())
+        if usage is spec.usage:
+            return spec
+        count("SpotServedOnDemand")
+        logger.info(
+            "spot circuit breaker open: served on-demand",
+            resource_class=spec.resource_class,
+            until=open_until,
+        )
+        return spec.model_copy(update={"usage": usage})
 
     def _pick_up(self, provision: ProvisionPlan) -> ProvisionPlan:
         """One pickup for every slot, before the claim workers start (issue 15, item 2), each instance it
