@@ -62,6 +62,10 @@ PRODUCT_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
             ("breaker opened", "SpotBreakerOpened"),
             ("provisions served on-demand", "SpotServedOnDemand"),
         ),
+        "Capacity: jobs EC2 could not launch for": (
+            ("jobs waiting for capacity", "JobsWaitingForCapacity"),
+            ("waits ended, jobs served", "CapacityWaitsEnded"),
+        ),
         "Demand: webhooks and dispatch": (
             ("demand queued", "DemandQueued"),
             ("deliveries refused", "DeliveriesRefused"),
@@ -152,6 +156,14 @@ class Observability(Construct):
             _product_metric("SpotBreakerOpened", "breaker opened"),
             "a class's spot interruptions passed fleet.spot_breaker's threshold: its spot demand is served "
             "on-demand for the cool-down; the interruptions function's log names the class",
+        )
+        # A provision EC2 left short after the on-demand fallback: its jobs wait and are tried again
+        # with a back-off (domain/capacity_waits.py); a person may want other types, zones or a quota.
+        self._alarm(
+            "JobsWaitingForCapacity",
+            _product_metric("JobsWaitingForCapacity", "jobs waiting for capacity"),
+            "EC2 had no capacity for a provision after the on-demand fallback: its jobs wait and are tried "
+            "again with a back-off; runner-pool status lists them with EC2's error",
         )
         for name, function in (scheduled_functions or {}).items():
             # A scheduled run that fails once is retried by the next; three in a row need a person.

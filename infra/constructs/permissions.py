@@ -19,6 +19,7 @@ from aws_cdk import aws_sqs as sqs
 
 from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_table as schema
+from runner_pool.adapters.capacity_waits import WAITS_PARTITION
 from runner_pool.adapters.registration_budget import BUDGET_PREFIX
 from runner_pool.adapters.spot_breaker import BREAKER_PREFIX
 from runner_pool.domain import doctor
@@ -87,6 +88,22 @@ def count_spot_interruptions(grantee: iam.IGrantable, table: dynamodb.ITable) ->
             resources=[table.table_arn],
             conditions={
                 "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{BREAKER_PREFIX}*"]},
+                "Null": {"dynamodb:LeadingKeys": "false"},
+            },
+        )
+    )
+
+
+def end_capacity_waits(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Delete a run key's wait for capacity once its jobs are served (adapters/capacity_waits.py), and no
+    other item (dynamodb:LeadingKeys as in `mark_runs_finished`); noting one is a PutItem of
+    `write_records`."""
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["dynamodb:DeleteItem"],
+            resources=[table.table_arn],
+            conditions={
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WAITS_PARTITION]},
                 "Null": {"dynamodb:LeadingKeys": "false"},
             },
         )
@@ -408,6 +425,15 @@ def _allow(grantee: iam.IGrantable, actions: list[str], resources: list[str]) ->
 def start_executions(grantee: iam.IGrantable, state_machine_arns: Sequence[str]) -> None:
     """Start executions of the named state machines (a redrive, a reconciled job, a dead runner's release)."""
     _allow(grantee, ["states:StartExecution"], list(state_machine_arns))
+
+
+def end_provisions(
+    grantee: iam.IGrantable, table: dynamodb.ITable, state_machine_arns: Sequence[str]
+) -> None:
+    """What Finish (and Dump) do beyond expiring: ask again for what a provision could not serve, and end a
+    run key's wait for capacity once its jobs are served."""
+    start_executions(grantee, state_machine_arns)
+    end_capacity_waits(grantee, table)
 
 
 def reconcile_recent_demand(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.backoff import Backoff
+from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
@@ -169,6 +170,11 @@ class ControlPlane:
         return DynamoDbSpotBreaker(
             self.settings.table_name, self.config.fleet.spot_breaker, self.clock, self.client("dynamodb")
         )
+
+    @cached_property
+    def capacity_waits(self) -> CapacityWaits:
+        """Run keys whose jobs wait for EC2 capacity, an item of the state table each."""
+        return CapacityWaits(self.settings.table_name, self.clock, self.client("dynamodb"))
 
     @cached_property
     def recent_demand(self) -> RecentDemand:

@@ -72,6 +72,7 @@ def provision_of(plane: ControlPlane, time_left: Callable[[], float] | None = No
         pause=plane.pause,
         time_left=time_left,
         spot_breaker=lambda: plane.spot_breaker,
+        capacity_waits=lambda: plane.capacity_waits,
     )
 
 

@@ -68,6 +68,7 @@ def refresh_of(plane: ControlPlane) -> Refresh:
         notices=lambda: plane.notices,
         pickup=lambda: plane.pickup,
         budget=lambda: plane.registration_budget,
+        capacity_waits=lambda: plane.capacity_waits,
     )
 
 

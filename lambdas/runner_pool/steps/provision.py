@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import LAUNCH_TAG, Fleet
 from runner_pool.adapters.instance_arns import InstanceArns
@@ -18,6 +19,7 @@ from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.spot_breaker import DynamoDbSpotBreaker
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.capacity_waits import shortfall_reason
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
@@ -77,11 +79,13 @@ class Provision:
         pause: Callable[[float], None] = time.sleep,
         time_left: Callable[[], float] | None = None,
         spot_breaker: Callable[[], DynamoDbSpotBreaker] | None = None,
+        capacity_waits: Callable[[], CapacityWaits] | None = None,
     ) -> None:
         """`executions(machine)` starts provisions on `machine` (a step's own state machine), else on the
         configured one. `pause` is how a step waits briefly in-line; `time_left`, the seconds its Lambda
         has left (the invocation's context; None: no limit). `spot_breaker`: which classes' spot demand is
-        served on-demand for now (None: none)."""
+        served on-demand for now (None: none). `capacity_waits`: where a provision EC2 left short notes
+        its jobs' wait for capacity (None: it asks again at once, as for any shortfall)."""
         self._table = table
         self._clock = clock
         self._config = config
@@ -93,6 +97,7 @@ class Provision:
         self._recent_demand = recent_demand
         self._executions = executions
         self._spot_breaker = spot_breaker
+        self._capacity_waits = capacity_waits
         self._handing = HandOver(
             table,
             github=config.github,
@@ -384,14 +389,60 @@ class Provision:
             logger.warning("instances never got ready", failed=creation.failed, pending=creation.pending)
         if moved_on:
             logger.warning("ready instances moved on before Finish, serving nothing", instances=moved_on)
+        short_of_capacity = shortfall_reason(
+            creation.requested, len(creation.launched), creation.launch_errors
+        )
         if refused is not None:
             # Asking again would be refused again: the jobs are left unserved, with GitHub's reason.
             count("JobsUnservedRefused", outcome.unserved)
             logger.error("jobs left unserved: GitHub refused their runners", reason=refused)
             self._note_refusal(provision, refused)
+        elif outcome.unserved > 0 and short_of_capacity is not None and self._capacity_waits is not None:
+            self._wait_for_capacity(self._capacity_waits(), provision, outcome.unserved, short_of_capacity)
         else:
             self._redrive(provision, outcome.unserved, machine)
+        if outcome.unserved == 0 and self._capacity_waits is not None:
+            self._capacity_back(self._capacity_waits(), provision)
         return outcome
+
+    def _wait_for_capacity(
+        self, waits: CapacityWaits, provision: ProvisionPlan, unserved: int, reason: str
+    ) -> None:
+        """EC2 refused the launch after the fallback: asking again at once would be refused again, so the
+        jobs wait, and refresh's reconciliation asks again after the back-off (domain/capacity_waits.py)."""
+        spec = provision.spec
+        wait = waits.note(
+            repository=provision.request.repository,
+            run_key=spec.run_key,
+            resource_class=spec.resource_class,
+            usage=spec.usage.value,
+            reason=reason,
+            jobs=unserved,
+            execution=provision.execution,
+        )
+        count("JobsWaitingForCapacity", unserved)
+        logger.error(
+            "jobs wait for capacity: EC2 refused the launch after the fallback; asked again after a back-off",
+            run_key=spec.run_key,
+            resource_class=spec.resource_class,
+            usage=spec.usage.value,
+            reason=reason,
+            unserved=unserved,
+            tries=wait.tries,
+            next_try=wait.next_try,
+        )
+
+    def _capacity_back(self, waits: CapacityWaits, provision: ProvisionPlan) -> None:
+        """Every job this provision asked for is served: the run key's wait for capacity, if any, ends."""
+        ended = waits.end(provision.request.repository, provision.spec.run_key)
+        if ended is not None:
+            count("CapacityWaitsEnded")
+            logger.info(
+                "capacity is back: jobs that waited for it are served",
+                run_key=ended.run_key,
+                waited_seconds=self._clock.now() - ended.since,
+                tries=ended.tries,
+            )
 
     def _note_refusal(self, provision: ProvisionPlan, reason: str) -> None:
         """So that refresh's reconciliation does not ask again every minute (steps/reconcile.py)."""

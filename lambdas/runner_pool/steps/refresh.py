@@ -57,6 +57,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
+from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.adapters.recent_demand import RecentDemand
@@ -119,8 +120,10 @@ class Refresh:
         notices: NoticeSource = no_notices,
         pickup: Callable[[], PickupManager] | None = None,
         budget: Callable[[], RegistrationBudget] | None = None,
+        capacity_waits: Callable[[], CapacityWaits] | None = None,
     ) -> None:
-        """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing."""
+        """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing. With
+        `capacity_waits`, job 9 provisions a run key waiting for capacity only once its back-off is over."""
         self._table = table
         self._fleet = fleet
         self._queues = queues
@@ -134,6 +137,7 @@ class Refresh:
         self._notices = notices
         self._pickup = pickup
         self._budget = budget
+        self._capacity_waits = capacity_waits
 
     def run(self, tick: int, time_left: TimeLeft = lambda: math.inf) -> RefreshReport:
         """Every job in turn while `time_left()` (seconds) allows; the rest are deferred to the next run,
@@ -150,6 +154,7 @@ class Refresh:
             executions=self._executions,
             time_left=time_left,
             budget=self._budget,
+            capacity_waits=self._capacity_waits,
         )
         jobs: list[tuple[str, Callable[[RefreshReport], None]]] = [
             ("vanished", self._expire_vanished),
