@@ -77,10 +77,11 @@ def compressed_config(**overrides: Any) -> StackConfig:
 
 
 def accepted_permissions(config: StackConfig) -> dict[str, str]:
-    """What the installation accepts: what the manifest for the stack's registration asks, so a world
-    registering in runner groups runs with no repository administration at all."""
+    """What the installation accepts: what the manifest for the stack's registration asks (with `checks:
+    write` for the check run of jobs waiting for capacity), so a world registering in runner groups runs with
+    no repository administration at all."""
     permission, level = REGISTRATION_PERMISSIONS[config.github.effective_registration]
-    return {"actions": "read", permission: level}
+    return {"actions": "read", "checks": "write", permission: level}
 
 
 @dataclass

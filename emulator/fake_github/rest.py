@@ -81,11 +81,17 @@ def readable_runs(request: Request) -> str:
     """The repository (`owner/repo`) a run-reading route names, if the calling installation owns it and
     its token may read Actions ("Actions" repository permissions (read), the fine-grained permission of
     the workflow run and job endpoints); else 404 or 403 as GitHub answers."""
+    return permitted_repository(request, "actions", "read")
+
+
+def permitted_repository(request: Request, permission: str, level: str) -> str:
+    """The repository (`owner/repo`) a route names, if the calling installation owns it and its token has
+    `permission` at `level` or above; else 404 or 403 as GitHub answers."""
     installation = request.installation
     params = request.params
     if installation is None or not installation.owns(params["owner"]):
         raise Refusal(404, "Not Found")
-    if not covers(installation.permissions.get("actions"), "read"):
+    if not covers(installation.permissions.get(permission), level):
         raise Refusal(403, "Resource not accessible by integration")
     return f"{params['owner']}/{params['repo']}"
 

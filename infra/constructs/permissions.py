@@ -428,12 +428,16 @@ def start_executions(grantee: iam.IGrantable, state_machine_arns: Sequence[str])
 
 
 def end_provisions(
-    grantee: iam.IGrantable, table: dynamodb.ITable, state_machine_arns: Sequence[str]
+    grantee: lambda_.Function,
+    table: dynamodb.ITable,
+    state_machine_arns: Sequence[str],
+    github_tokens: lambda_.IFunction,
 ) -> None:
-    """What Finish (and Dump) do beyond expiring: ask again for what a provision could not serve, and end a
-    run key's wait for capacity once its jobs are served."""
+    """What Finish (and Dump) do beyond expiring: ask again for what a provision could not serve, and
+    note, tell (a check run, as the App) and end a run key's wait for capacity."""
     start_executions(grantee, state_machine_arns)
     end_capacity_waits(grantee, table)
+    act_as_github_app(grantee, github_tokens)
 
 
 def reconcile_recent_demand(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:

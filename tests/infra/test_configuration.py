@@ -137,9 +137,13 @@ def test_the_app_manifest_asks_for_organisation_runners_and_no_repository_admini
     # Given the GitHub App manifest the README creates the App from (an organisation's: runner groups)
     manifest = json.loads((PROJECT_ROOT / "github-app-manifest.json").read_text())
 
-    # Then it may manage the organisation's self-hosted runners and groups and read workflow runs, and
-    # nothing of any repository's administration
-    assert manifest["default_permissions"] == {"actions": "read", "organization_self_hosted_runners": "write"}
+    # Then it may manage the organisation's self-hosted runners and groups, read workflow runs and write
+    # check runs (why a job waits for capacity), and nothing of any repository's administration
+    assert manifest["default_permissions"] == {
+        "actions": "read",
+        "checks": "write",
+        "organization_self_hosted_runners": "write",
+    }
     # And it subscribes to the two events the webhook serves
     assert sorted(manifest["default_events"]) == ["workflow_job", "workflow_run"]
     assert manifest["public"] is False
@@ -149,8 +153,13 @@ def test_the_personal_account_manifest_differs_only_in_repository_administration
     # Given the manifest the README gives a personal account's installation (repository registration)
     manifest = json.loads((PROJECT_ROOT / "github-app-manifest.personal-account.json").read_text())
 
-    # Then it may register runners at repositories and read workflow runs, no organisation permission
-    assert manifest["default_permissions"] == {"actions": "read", "administration": "write"}
+    # Then it may register runners at repositories, read workflow runs and write check runs, no
+    # organisation permission
+    assert manifest["default_permissions"] == {
+        "actions": "read",
+        "checks": "write",
+        "administration": "write",
+    }
     # And it is the organisation's manifest in every other respect
     organisation = json.loads((PROJECT_ROOT / "github-app-manifest.json").read_text())
     assert {k: v for k, v in manifest.items() if k != "default_permissions"} == {

@@ -7,10 +7,12 @@
     since, tries, next_try, last_execution
                     the wait's start, the short provisions so far, when reconciliation may try again, and
                     the provision that noted it last
+    check_run_id    the check run on the run's head commit that tells the jobs' author why they wait, once
+                    created; a note never writes it, so it is never lost to one
     expires_at      TTL: a day after the last note, when GitHub has failed a job queued that long
 
 One partition, written once per short provision and read by refresh for the run keys it would provision
-again, and by `runner-pool status`; a note is a read and a write conditional on what was read, so two
+again, and by `runner-pool status`; a note is a read and an update conditional on what was read, so two
 Finishes of one run key never lose a try. The items carry neither a run key attribute of the index nor a
 sweep shard, so they stay out of the table's indexes, and their keys are no instance's ARN.
 """
@@ -104,23 +106,42 @@ class CapacityWaits:
     def _key(self, repository: str, run_key: str) -> dict[str, Any]:
         return {PARTITION_KEY: {"S": WAITS_PARTITION}, SORT_KEY: {"S": f"{repository}#{run_key}"}}
 
-    def _write(self, wait: CapacityWait, tries_read: int | None) -> bool:
-        item = {
-            **self._key(wait.repository, wait.run_key),
-            **{name: {"S": str(getattr(wait, name))} for name in _FIELDS},
-            **{name: {"N": repr(getattr(wait, name))} for name in _NUMBERS},
-            TTL_ATTRIBUTE: {"N": str(int(self._clock.now() + RETENTION_SECONDS))},
-        }
-        condition: dict[str, Any] = (
-            {"ConditionExpression": f"attribute_not_exists({PARTITION_KEY})"}
-            if tries_read is None
-            else {
-                "ConditionExpression": "tries = :read",
-                "ExpressionAttributeValues": {":read": {"N": str(tries_read)}},
-            }
-        )
+    def mark_check_run(self, repository: str, run_key: str, check_run_id: int) -> None:
+        """The wait's check run, once created: kept unless the wait has ended meanwhile."""
         try:
-            self._client.put_item(TableName=self._table, Item=item, **condition)
+            self._client.update_item(
+                TableName=self._table,
+                Key=self._key(repository, run_key),
+                UpdateExpression="SET check_run_id = :id",
+                ConditionExpression=f"attribute_exists({PARTITION_KEY})",
+                ExpressionAttributeValues={":id": {"N": str(check_run_id)}},
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+
+    def _write(self, wait: CapacityWait, tries_read: int | None) -> bool:
+        values: dict[str, Any] = {
+            **{f":{name}": {"S": str(getattr(wait, name))} for name in _FIELDS},
+            **{f":{name}": {"N": repr(getattr(wait, name))} for name in _NUMBERS},
+            ":expires": {"N": str(int(self._clock.now() + RETENTION_SECONDS))},
+        }
+        if tries_read is None:
+            condition = f"attribute_not_exists({PARTITION_KEY})"
+        else:
+            condition = "tries = :read"
+            values[":read"] = {"N": str(tries_read)}
+        names = {f"#{name}": name for name in (*_FIELDS, *_NUMBERS)} | {"#ttl": TTL_ATTRIBUTE}
+        assignments = ", ".join(f"#{name} = :{name}" for name in (*_FIELDS, *_NUMBERS))
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key=self._key(wait.repository, wait.run_key),
+                UpdateExpression=f"SET {assignments}, #ttl = :expires",
+                ConditionExpression=condition,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
         except ClientError as exc:
             if error_code(exc) != "ConditionalCheckFailedException":
                 raise
@@ -135,4 +156,5 @@ def _wait(item: dict[str, Any]) -> CapacityWait:
         since=float(item["since"]["N"]),
         tries=int(item["tries"]["N"]),
         next_try=float(item["next_try"]["N"]),
+        check_run_id=int(item["check_run_id"]["N"]) if "check_run_id" in item else None,
     )

@@ -7,18 +7,23 @@ at once would meet the same answer: the run key's wait is noted instead, with EC
 refresh's reconciliation provisions the still-queued jobs again only once `next_try` has come, each try
 waiting twice as long as the one before, from a minute up to a quarter of an hour. A provision that serves
 every job of the run key ends the wait. Until then the operator sees it in `runner-pool status`, the
-`JobsWaitingForCapacity` metric and its alarm.
+`JobsWaitingForCapacity` metric and its alarm, and the job's author a check run on the run's head commit
+that names the jobs, the class and EC2's error (`waiting_check`), completed when they are served
+(`served_check`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from runner_pool.domain.clock import Epoch
 
 FIRST_BACKOFF_SECONDS = 60.0
 """The first wait after a shortfall: refresh's schedule, the soonest reconciliation looks again anyway."""
+CHECK_RUN_NAME = "runner-pool: waiting for EC2 capacity"
+"""The check run's name, one per run key and commit, beside the workflow's own checks."""
+MAX_JOB_NAMES = 5
 MAX_BACKOFF_SECONDS = 900.0
 """The longest wait between tries: capacity that comes back is used within a quarter of an hour, and a
 class out of capacity for hours costs four CreateFleet calls an hour per run key, not sixty."""
@@ -56,6 +61,8 @@ class CapacityWait:
     next_try: Epoch
     last_execution: str
     """The provision that noted it last: a retried Finish of the same execution counts no second try."""
+    check_run_id: int | None = None
+    """The check run that tells the jobs' author why they wait; None until one is created."""
 
     def due(self, now: Epoch) -> bool:
         return now >= self.next_try
@@ -65,15 +72,51 @@ class CapacityWait:
         if execution == self.last_execution:
             return self
         tries = self.tries + 1
-        return CapacityWait(
-            repository=self.repository,
-            run_key=self.run_key,
-            resource_class=self.resource_class,
-            usage=self.usage,
+        return replace(
+            self,
             reason=reason,
             jobs=jobs,
-            since=self.since,
             tries=tries,
             next_try=now + backoff_seconds(tries),
             last_execution=execution,
         )
+
+
+def _named(job_names: Sequence[str], jobs: int) -> str:
+    shown = [f"`{name}`" for name in job_names[:MAX_JOB_NAMES]]
+    more = jobs - len(shown)
+    if not shown:
+        return f"{jobs} job{'s' if jobs != 1 else ''}"
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def waiting_check(wait: CapacityWait, job_names: Sequence[str]) -> tuple[str, str]:
+    """The check run's title and summary while the jobs wait: the jobs, their class and EC2's error."""
+    jobs = _named(job_names, wait.jobs)
+    verb = "waits" if wait.jobs == 1 else "wait"
+    title = f"{jobs} {verb} for a `{wait.resource_class}` runner: EC2 has no capacity"
+    summary = (
+        f"EC2 could not launch an instance of resource class `{wait.resource_class}` ({wait.usage}, then "
+        f"on-demand) for {jobs}: {wait.reason}. runner-pool asks again with a back-off, from a minute up to "
+        f"a quarter of an hour ({wait.tries} tr{'ies' if wait.tries != 1 else 'y'} so far), and completes "
+        "this check when the jobs have their runners. Other instance types (`types=`), another class, or "
+        "more subnets give EC2 more pools to choose from."
+    )
+    return title, summary
+
+
+def served_check(wait: CapacityWait, now: float) -> tuple[str, str]:
+    """The check run's title and summary once the jobs are served."""
+    minutes = max(0, round((now - wait.since) / 60))
+    title = f"Capacity is back: the `{wait.resource_class}` jobs have their runners"
+    summary = (
+        f"EC2 launched the jobs' instances after {minutes} minute{'s' if minutes != 1 else ''} of waiting."
+    )
+    return title, summary
+
+
+def finished_check(wait: CapacityWait) -> tuple[str, str]:
+    """The check run's title and summary when the run finished before capacity came back."""
+    title = "The run finished while its jobs waited for capacity"
+    summary = f"runner-pool stopped waiting for `{wait.resource_class}` capacity for it: {wait.reason}."
+    return title, summary

@@ -27,6 +27,11 @@ RUN_READS: Permissions = MappingProxyType({"actions": "read"})
 """A run's jobs and a run attempt's trigger ("Get a workflow run attempt", "List jobs for a workflow run
 attempt": fine-grained permission "Actions" repository permissions (read))."""
 
+CHECK_WRITES: Permissions = MappingProxyType({"checks": "write"})
+"""The check run that tells a job's author why the job waits for capacity ("Create a check run", "Update a
+check run": fine-grained permission "Checks" repository permissions (write); "To create a check run, you
+must use a GitHub App")."""
+
 
 def registration_permissions(registration: Registration) -> Permissions:
     """Registering, listing and removing our runners, and the runner groups they register into: the one

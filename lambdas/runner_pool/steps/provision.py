@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import LAUNCH_TAG, Fleet
 from runner_pool.adapters.instance_arns import InstanceArns
@@ -45,6 +44,7 @@ from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubRateLimitedError, RunnerRegistry
 from runner_pool.domain.spot_breaker import usage_for
 from runner_pool.observability import count, logger, seconds
+from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.claim_workers import ClaimWorkers, warn_of
 from runner_pool.steps.creation import FleetCreation
 from runner_pool.steps.hand_over import (
@@ -79,13 +79,13 @@ class Provision:
         pause: Callable[[float], None] = time.sleep,
         time_left: Callable[[], float] | None = None,
         spot_breaker: Callable[[], DynamoDbSpotBreaker] | None = None,
-        capacity_waits: Callable[[], CapacityWaits] | None = None,
+        capacity_waits: CapacityWaitSteps | None = None,
     ) -> None:
         """`executions(machine)` starts provisions on `machine` (a step's own state machine), else on the
         configured one. `pause` is how a step waits briefly in-line; `time_left`, the seconds its Lambda
         has left (the invocation's context; None: no limit). `spot_breaker`: which classes' spot demand is
-        served on-demand for now (None: none). `capacity_waits`: where a provision EC2 left short notes
-        its jobs' wait for capacity (None: it asks again at once, as for any shortfall)."""
+        served on-demand for now (None: none). `capacity_waits`: how a provision EC2 left short has its
+        jobs wait for capacity (None: it asks again at once, as for any shortfall)."""
         self._table = table
         self._clock = clock
         self._config = config
@@ -352,9 +352,15 @@ class Provision:
         and each ready instance's runner serves one job of the run, so it runs whatever the others did.
         """
         spec = provision.spec
-        if self._table.run_finished(spec.run_key):
-            return self._give_up(provision, workers, creation)
         workers = list(workers)
+        if self._table.run_finished(spec.run_key):
+            if self._capacity_waits is not None:
+                # A short job can run and its run finish before Finish: capacity came, if anything held.
+                held = creation.launched or any(worker.instance_id for worker in workers)
+                self._capacity_waits.run_finished(
+                    provision.request.repository, spec.run_key, served=bool(held)
+                )
+            return self._give_up(provision, workers, creation)
         claimed: list[tuple[str, str | None, float]] = [
             (worker.instance_id, worker.claim_token, worker.handed_over_at or provision.started_at)
             for worker in workers
@@ -398,51 +404,12 @@ class Provision:
             logger.error("jobs left unserved: GitHub refused their runners", reason=refused)
             self._note_refusal(provision, refused)
         elif outcome.unserved > 0 and short_of_capacity is not None and self._capacity_waits is not None:
-            self._wait_for_capacity(self._capacity_waits(), provision, outcome.unserved, short_of_capacity)
+            self._capacity_waits.wait(provision, outcome.unserved, short_of_capacity)
         else:
             self._redrive(provision, outcome.unserved, machine)
         if outcome.unserved == 0 and self._capacity_waits is not None:
-            self._capacity_back(self._capacity_waits(), provision)
+            self._capacity_waits.served(provision.request.repository, spec.run_key)
         return outcome
-
-    def _wait_for_capacity(
-        self, waits: CapacityWaits, provision: ProvisionPlan, unserved: int, reason: str
-    ) -> None:
-        """EC2 refused the launch after the fallback: asking again at once would be refused again, so the
-        jobs wait, and refresh's reconciliation asks again after the back-off (domain/capacity_waits.py)."""
-        spec = provision.spec
-        wait = waits.note(
-            repository=provision.request.repository,
-            run_key=spec.run_key,
-            resource_class=spec.resource_class,
-            usage=spec.usage.value,
-            reason=reason,
-            jobs=unserved,
-            execution=provision.execution,
-        )
-        count("JobsWaitingForCapacity", unserved)
-        logger.error(
-            "jobs wait for capacity: EC2 refused the launch after the fallback; asked again after a back-off",
-            run_key=spec.run_key,
-            resource_class=spec.resource_class,
-            usage=spec.usage.value,
-            reason=reason,
-            unserved=unserved,
-            tries=wait.tries,
-            next_try=wait.next_try,
-        )
-
-    def _capacity_back(self, waits: CapacityWaits, provision: ProvisionPlan) -> None:
-        """Every job this provision asked for is served: the run key's wait for capacity, if any, ends."""
-        ended = waits.end(provision.request.repository, provision.spec.run_key)
-        if ended is not None:
-            count("CapacityWaitsEnded")
-            logger.info(
-                "capacity is back: jobs that waited for it are served",
-                run_key=ended.run_key,
-                waited_seconds=self._clock.now() - ended.since,
-                tries=ended.tries,
-            )
 
     def _note_refusal(self, provision: ProvisionPlan, reason: str) -> None:
         """So that refresh's reconciliation does not ask again every minute (steps/reconcile.py)."""

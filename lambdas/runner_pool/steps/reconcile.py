@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.recent_demand import RecentDemand, RecentRun
 from runner_pool.adapters.state_table import StateTable
@@ -45,6 +44,7 @@ from runner_pool.domain.registration_budget import REFRESH_FLOOR, RegistrationBu
 from runner_pool.domain.runner_scope import OrganizationScope, Registration
 from runner_pool.domain.runners import RunJob, RunnerRegistry, RunnerRemoval, RunnerStatus
 from runner_pool.observability import logger
+from runner_pool.steps.capacity_waits import CapacityWaitSteps
 
 TimeLeft = Callable[[], float]
 """Seconds the run has left before its Lambda's timeout."""
@@ -62,7 +62,7 @@ class RunReconciliation:
         executions: Callable[[], Executions] | None,
         time_left: TimeLeft,
         budget: Callable[[], RegistrationBudget] | None = None,
-        capacity_waits: Callable[[], CapacityWaits] | None = None,
+        capacity_waits: CapacityWaitSteps | None = None,
     ) -> None:
         """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing. With `budget`,
         jobs 6 and 9 read GitHub only while its hourly remainder is above refresh's floor. With
@@ -210,6 +210,10 @@ class RunReconciliation:
             if now - run.demand_at > RECENT_DEMAND_SECONDS or all(
                 self._table.run_finished(run_key) for run_key in run.run_keys
             ):
+                if self._capacity_waits is not None:
+                    # Nothing asks for its jobs any more: a wait for capacity ends with the run.
+                    for run_key in run.run_keys:
+                        self._capacity_waits.run_finished(run.repository, run_key, served=False)
                 self._recent.forget(run)
                 continue
             if now < run.busy_until:
@@ -236,7 +240,7 @@ class RunReconciliation:
         """Whether the run key waits for capacity and its next try has not come (domain/capacity_waits.py)."""
         if self._capacity_waits is None:
             return False
-        wait = self._capacity_waits().get(repository, run_key)
+        wait = self._capacity_waits.waiting(repository, run_key)
         if wait is None or wait.due(now):
             return False
         logger.warning(

@@ -57,7 +57,6 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
-from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.adapters.recent_demand import RecentDemand
@@ -99,6 +98,7 @@ from runner_pool.domain.stopped_tier import (
     to_stop,
 )
 from runner_pool.observability import logger
+from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.notices import NoticeSource, close_queues, no_notices, open_queues
 from runner_pool.steps.reconcile import RunReconciliation, TimeLeft
 
@@ -120,7 +120,7 @@ class Refresh:
         notices: NoticeSource = no_notices,
         pickup: Callable[[], PickupManager] | None = None,
         budget: Callable[[], RegistrationBudget] | None = None,
-        capacity_waits: Callable[[], CapacityWaits] | None = None,
+        capacity_waits: CapacityWaitSteps | None = None,
     ) -> None:
         """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing. With
         `capacity_waits`, job 9 provisions a run key waiting for capacity only once its back-off is over."""
