@@ -30,6 +30,7 @@ from typing import Any
 
 from bench.results import BenchTable
 from demo.figures import JobFigures, Kind
+from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.follow_up import FOLLOW_UP_WINDOW_SECONDS
 
 
@@ -49,6 +50,10 @@ class Hop(StrEnum):
     GITHUB_JIT = "GitHub JIT"
     GITHUB_AUTH = "GitHub installation token"
     GITHUB_READ = "GitHub read"
+    GITHUB_ASSIGNMENT = "GitHub assignment"
+    """GitHub giving a queued job to a runner listening on its open long poll, server side."""
+    GITHUB_RUNNER_CALL = "runner call to GitHub"
+    """One of the runner's own round trips to GitHub's broker or run service."""
     WAIT = "configured wait"
     """Counted in seconds: a batching window, a Wait state, an empty long poll."""
 
@@ -100,6 +105,18 @@ LATENCIES: Mapping[Hop, float] = {
     Hop.GITHUB_AUTH: 0.200,
     # A read (a follow-up's list of its run's jobs, one page): the same measurement's median.
     Hop.GITHUB_READ: 0.206,
+    # GitHub Support's server-side dispatch trace of one check run, assigned three times to a runner
+    # scale set: "Server-side assignment | Latency ... 08:57:14Z | ~50ms", each correlating with a
+    # message the listener received (actions/actions-runner-controller #4602, the reporter's closing
+    # comment of 2026-09-01).
+    Hop.GITHUB_ASSIGNMENT: 0.050,
+    # The runner's calls once its long poll (BrokerMessageListener.GetNextMessageAsync) answers: the
+    # answer itself, POST `acknowledge` to the broker, POST `acquirejob` to the run service, and the
+    # first job renewal, which the listener awaits before it starts the worker ("not even start worker
+    # if the first renew fail"); actions/runner, src/Runner.Listener/Runner.cs (the broker flow),
+    # BrokerHttpClient.cs, RunServiceHttpClient.cs, JobDispatcher.cs. GitHub publishes no latency for
+    # those services: each at the REST API's measured median round trip, as a read above.
+    Hop.GITHUB_RUNNER_CALL: 0.206,
     Hop.WAIT: 1.0,
 }
 
@@ -687,6 +704,114 @@ def _nearest(
     a launch's tag) before one that does not (begin's calls name none)."""
     candidates = [i for i in invocations if i.function == function and abs(i.ended - ended) < 1.0]
     return min(candidates, key=lambda i: (not i.mentions(execution), abs(i.ended - ended)), default=None)
+
+
+# --- the instant tier's path ------------------------------------------------------------------------
+
+
+ASSIGNMENT = "GitHub assigns, the runner's long poll answers"
+RUNNER_START = "runner: acknowledge, acquirejob, first renewal"
+RUNNER_START_CALLS = 3
+"""The real runner's calls after its long poll answers, before it starts the job's worker: POST
+`acknowledge`, POST `acquirejob`, the first renewal (actions/runner, Runner.cs and JobDispatcher.cs)."""
+INSTANT_TARGET_SECONDS = 2.0
+"""Issue 42's bound on the modelled queued -> in_progress of a job given to a runner listening ahead."""
+
+
+@dataclass(frozen=True)
+class InstantStart:
+    """A job on an instant tier's label as an emulator run served it, as far as its path needs."""
+
+    job_id: int
+    queued_at: float
+    offered_at: float | None
+    """When the fake GitHub offered it to the runner that asked for work (its assignment)."""
+    started_at: float | None
+    """When that runner picked it up: `in_progress`."""
+    listening_ahead: bool
+    """Whether the runner that took it was one of ours, connected and idle with the label, before the
+    job was queued."""
+
+
+def listening_runners(system: Any, label: str) -> frozenset[int]:
+    """The runners of an emulator World that are connected to the fake GitHub, idle, and carry `label`:
+    taken just before a job is queued, those a job could be given with nothing of ours in between."""
+    with system.github.state.lock:
+        return frozenset(
+            runner.runner_id
+            for runner in system.github.state.runners.values()
+            if runner.online and not runner.busy and label in runner.label_names
+        )
+
+
+def instant_start(system: Any, job_id: int, listening: frozenset[int]) -> InstantStart:
+    """The job `job_id` of an emulator World as the fake GitHub saw it, given the runners `listening`
+    before it was queued."""
+    with system.github.state.lock:
+        job = system.github.state.jobs[job_id]
+        ours = instance_of_runner(job.runner_name) is not None
+        return InstantStart(
+            job.job_id,
+            job.queued_at,
+            job.assigned_at,
+            job.started_at,
+            ours and job.runner_id in listening,
+        )
+
+
+def instant_path(start: InstantStart) -> tuple[Step, ...] | None:
+    """The path from queued to `in_progress` of a job whose runner was listening before it was queued,
+    as GitHub and the real runner take it: GitHub's assignment, then the runner's calls (its long poll's
+    answer, and those before it starts the job). The emulator's runner asks for work every
+    POLL_SECONDS instead of holding a long poll open, so its wait for its next ask is not GitHub's and is
+    not priced. None for a job that was not started so: the control plane's chain was on its path."""
+    if not start.listening_ahead or start.offered_at is None or start.started_at is None:
+        return None
+    if not start.queued_at <= start.offered_at <= start.started_at:
+        return None
+    return INSTANT_PATH
+
+
+INSTANT_PATH = (
+    Step(ASSIGNMENT, Hop.GITHUB_ASSIGNMENT, 1),
+    Step(ASSIGNMENT, Hop.GITHUB_RUNNER_CALL, 1),
+    Step(RUNNER_START, Hop.GITHUB_RUNNER_CALL, RUNNER_START_CALLS),
+)
+
+
+def instant_seconds() -> float:
+    """Queued -> `in_progress` of a job given to a runner listening ahead, at the published figures (the
+    day trace's instant tier takes this long to start a job on a waiting runner)."""
+    return model(INSTANT_PATH).seconds
+
+
+def report_instant(table: BenchTable, starts: Sequence[InstantStart]) -> None:
+    """Add the instant tier's modelled queued -> in_progress, and its path's rows, to `table` (the
+    instant bench's: columns figure, value)."""
+    paths = [path for path in map(instant_path, starts) if path is not None]
+    if not paths:
+        table.note(f"AWS model: none of {len(starts)} instant jobs started on a runner listening ahead")
+        return
+    modelled = sorted((model(path) for path in paths), key=lambda m: m.seconds)
+    median = modelled[(len(modelled) - 1) // 2]
+    table.figure("aws_model_instant_queued_to_started_seconds", round(median.seconds, 3))
+    table.figure(
+        "aws_model_instant_critical_path_aws_calls_count",
+        median.total(*(set(SERVICES.values()) | {Hop.EC2_CREATE_FLEET})),
+    )
+    for row in median.rows:
+        table.row(f"AWS model: {row.segment}, {row.hop.value}", row.describe())
+    table.row("AWS model: queued -> in_progress", f"{median.seconds:.3f} s")
+    met = "met" if median.seconds <= INSTANT_TARGET_SECONDS else "NOT met"
+    table.note(
+        f"AWS model: {len(paths)} of {len(starts)} instant jobs started on a runner of ours that was "
+        "connected and idle with the label before the job was queued, so no call of ours is on their "
+        "path; priced at GitHub's "
+        f"assignment ({LATENCIES[Hop.GITHUB_ASSIGNMENT] * 1000:g} ms, GitHub Support's trace in "
+        "actions/actions-runner-controller #4602) and the runner's calls "
+        f"({LATENCIES[Hop.GITHUB_RUNNER_CALL] * 1000:g} ms each, bench/aws_model.py LATENCIES); target <= "
+        f"{INSTANT_TARGET_SECONDS:g} s ({met})."
+    )
 
 
 # --- the figures --------------------------------------------------------------------------------------

@@ -21,6 +21,25 @@ below the pristine minimum, `StackConfig.pristine_minimum`, whichever is larger)
 instances whose idle time has not passed and pool instances still booting. An idle instance at the
 minimum is not kept: its idle time runs out and refresh replaces it, as the product does today.
 
+The instant tier is the product's too (domain/instant.py): its size in force (`StackConfig.instant_tier`),
+what holds its label (`tier_holds`), what refresh takes back and tops up (`surplus_waiting`,
+`tier_shortfall`), and when a waiting runner's record is due (the label's max runtime). Its jobs ask
+for the tier's label; GitHub gives each to a waiting runner, or to the first that listens after it,
+in the time bench/aws_model.py models for it; each `queued` launches one runner (steps/dispatcher.py)
+and each instance is terminated after its one job.
+
+The adaptive policy holds what the sizing rule (domain/sizing.py `pool_size`, the product's function)
+says at each refresh, from what the simulated stack has recorded: the day's arrivals so far, the share
+of jobs served by an instance that had served before (the reuse rate), and the p95 of its latest
+launch -> ready and start -> ready; its floor is the schedule in force (0) and its stopped ceiling
+`pool.stopped_maximum`. How refresh applies it is modelled, as the product does not yet: the hot and
+stopped shortfalls are launched, and an idle instance beyond the hot number is stopped while the
+stopped tier has room, else ended.
+
+A second trace, the storm (`storm_day`), has another shape: half the pushes over the same hours,
+scheduled workflows at the top of every hour day and night, and one matrix of 100 jobs at once; the
+baked policies run it too (`day_trace_storm_*`).
+
 The stopped tier is the product's (domain/stopped_tier.py), and the model
 follows it in outline: an idle instance whose idle time passes is stopped instead of terminated while
 the class has fewer than `pool.stopped_maximum` stopped; pickup prefers hot, then stopped
@@ -44,13 +63,16 @@ import heapq
 import json
 import math
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from enum import StrEnum
+from functools import partial
 from itertools import count
 from zoneinfo import ZoneInfo
 
+from bench import aws_model
 from bench.results import RESULTS_PATH, BenchTable
 from emulator.boot_model import BootModel, Path
 from emulator.instances import instance_facts
@@ -65,12 +87,15 @@ from runner_pool.domain.config import (
     WorkflowType,
 )
 from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.instant import surplus_waiting, tier_holds, tier_shortfall
+from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import Taker
 from runner_pool.domain.provision import single_use
 from runner_pool.domain.records import InstanceRecord, PoolMessage, UsageClass
 from runner_pool.domain.refresh import pool_shortfall
 from runner_pool.domain.run_keys import RunKey
+from runner_pool.domain.sizing import HORIZON_SECONDS, Demand, Holding, pool_size
 from runner_pool.domain.trust import TrustLevel
 from runner_pool.prices import gp3_hourly, on_demand_hourly
 
@@ -99,7 +124,14 @@ FALLBACK_CONTROL_PLANE_MICRODOLLARS = {"warm": 514.0, "cold": 606.3}
 """Step Functions Standard cost per warm and cold job as the emulator bench measured it (2026-11), for a
 results file without those keys."""
 
-SMALL = {"runs": 40}
+TARGET_WAIT_SECONDS = 15.0
+"""The adaptive policy's p95 target wait (the sizing rule's `target_wait_seconds`)."""
+MEASURED = 50
+"""How many of the latest launches (and starts) the adaptive policy's boot times are measured over."""
+INSTANT_START_SECONDS = aws_model.instant_seconds()
+"""Queued -> in_progress of a job GitHub gives to a runner already listening (bench/aws_model.py)."""
+
+SMALL = {"runs": 40, "storm_pushes": 20}
 """`make test`'s size (tests/bench): a sparse day."""
 
 
@@ -120,19 +152,59 @@ def working_day(runs: int, seed: int, day: date = DAY, time_zone: str = TIME_ZON
         (hour,) = rng.choices(range(24), weights=RUNS_PER_LOCAL_HOUR)
         queued_at = midnight + hour * 3600 + rng.uniform(0, 3600)
         (size,) = rng.choices(sizes, weights=weights)
-        for _ in range(size):
-            duration = min(3600.0, rng.lognormvariate(math.log(JOB_MEDIAN_SECONDS), JOB_SIGMA))
-            jobs.append(Job(run, queued_at, duration))
+        jobs += [Job(run, queued_at, _duration(rng)) for _ in range(size)]
     return sorted(jobs, key=lambda job: job.queued_at)
 
 
+SCHEDULED_RUNS_PER_HOUR = 4
+"""The storm trace's scheduled workflows (`on: schedule`, cron `0 * * * *`): runs started at the top of
+every hour, day and night."""
+SCHEDULED_DELAY_SECONDS = 120.0
+"""How late a scheduled run may start: GitHub says "The schedule event can be delayed during periods of
+high loads of GitHub Actions workflow runs. High load times include the start of every hour"
+(docs.github.com, Actions, "Events that trigger workflows", schedule) and gives no figure; two minutes
+is an assumption that keeps each hour's runs together."""
+STORM_JOBS = 100
+STORM_AT = time(15, 10)
+"""The storm trace's one matrix storm: a run of STORM_JOBS jobs queued at once, mid-afternoon."""
+STORM_PUSHES = 300
+"""The storm trace's pushes, over the working day's shape (half the working day's)."""
+
+
+def storm_day(pushes: int, seed: int, day: date = DAY, time_zone: str = TIME_ZONE) -> list[Job]:
+    """A day of another shape: `pushes` runs over the working day's hours (its quiet night), scheduled
+    runs at the top of every hour, and one matrix storm of STORM_JOBS jobs."""
+    rng = random.Random(seed + 1)
+    midnight = datetime.combine(day, time(0), ZoneInfo(time_zone)).timestamp()
+    jobs = working_day(pushes, seed, day, time_zone)
+    run = pushes
+    for hour in range(24):
+        for _ in range(SCHEDULED_RUNS_PER_HOUR):
+            queued_at = midnight + hour * 3600 + rng.uniform(0, SCHEDULED_DELAY_SECONDS)
+            jobs += [Job(run, queued_at, _duration(rng)) for _ in range(rng.choice((1, 2, 3)))]
+            run += 1
+    storm_at = datetime.combine(day, STORM_AT, ZoneInfo(time_zone)).timestamp()
+    jobs += [Job(run, storm_at, _duration(rng)) for _ in range(STORM_JOBS)]
+    return sorted(jobs, key=lambda job: job.queued_at)
+
+
+def _duration(rng: random.Random) -> float:
+    return min(3600.0, rng.lognormvariate(math.log(JOB_MEDIAN_SECONDS), JOB_SIGMA))
+
+
 def working_hours_minimum(
-    count: int, time_zone: str = TIME_ZONE, stopped: int = 0, pristine: int = 0
+    count: int, time_zone: str = TIME_ZONE, stopped: int = 0, pristine: int = 0, instant: int = 0
 ) -> WarmMinimum:
-    """A warm minimum of `count` hot and `stopped` stopped, `pristine` of the idle ones never used, on
-    weekdays 08:00-18:00 in `time_zone`, none outside."""
+    """A warm minimum of `count` hot and `stopped` stopped, `pristine` of the idle ones never used, and an
+    instant tier of `instant`, on weekdays 08:00-18:00 in `time_zone`, none outside."""
     window = WarmWindow(
-        days=WEEKDAYS, start="08:00", end="18:00", hot=count, stopped=stopped, pristine=pristine
+        days=WEEKDAYS,
+        start="08:00",
+        end="18:00",
+        hot=count,
+        stopped=stopped,
+        pristine=pristine,
+        instant=instant,
     )
     return WarmMinimum(time_zone=time_zone, windows=(window,))
 
@@ -144,6 +216,10 @@ class Policy:
     name: str
     config: StackConfig
     baked: bool
+    instant: bool = False
+    """Its jobs ask for the class's instant tier (`pool=instant/class=large`) instead of `pool=<run>`."""
+    adaptive: bool = False
+    """Refresh holds what the sizing rule (domain/sizing.py) says, the schedule its floor."""
 
     @property
     def cold_path(self) -> Path:
@@ -151,10 +227,17 @@ class Policy:
 
 
 def policies(
-    hot: int = 6, hot_with_stopped: int = 3, stopped: int = 6, stopped_maximum: int = 12, pristine: int = 6
+    *,
+    hot: int = 6,
+    hot_with_stopped: int = 3,
+    stopped: int = 6,
+    stopped_maximum: int = 12,
+    pristine: int = 6,
+    instant: int = 6,
 ) -> list[Policy]:
-    """No pool, hot only, hot+stopped, and single use (a pool of `pristine` instances no job has used, each
-    job's instance terminated after it); each with a boot-time install and with a baked image."""
+    """No pool, hot only, hot+stopped, single use (a pool of `pristine` instances no job has used, each
+    job's instance terminated after it), and instant (jobs on the class's instant label, a tier of
+    `instant` runners waiting registered); each with a boot-time install and with a baked image."""
     shapes = {
         "no_pool": StackConfig(reuse=ReuseSettings(max_jobs=1)),
         "hot": StackConfig(warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(hot)}),
@@ -166,11 +249,14 @@ def policies(
             warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(0, pristine=pristine)},
         ),
     }
+    shapes["instant"] = StackConfig(
+        warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(0, instant=instant)}
+    )
     return [
-        Policy(f"{name}_{'baked' if baked else 'install'}", config, baked)
+        Policy(f"{name}_{'baked' if baked else 'install'}", config, baked, instant=name == "instant")
         for name, config in shapes.items()
         for baked in (False, True)
-    ]
+    ] + [Policy("adaptive", stopped_tier_config(WarmMinimum(), stopped_maximum), baked=True, adaptive=True)]
 
 
 def stopped_tier_config(minimum: WarmMinimum, stopped_maximum: int) -> StackConfig:
@@ -188,10 +274,15 @@ def stopped_tier_config(minimum: WarmMinimum, stopped_maximum: int) -> StackConf
 class Tier(StrEnum):
     BOOTING = "booting for the pool"
     IDLE = "idle"
+    WAITING = "waiting registered (instant tier)"
     BUSY = "busy"
     EXPIRED = "expired"
     STOPPED = "stopped"
     GONE = "terminated"
+
+
+INSTANT_HELD = (Tier.BOOTING, Tier.WAITING, Tier.BUSY)
+"""The instant tier's instances that hold its label (domain/instant.py `tier_holds`)."""
 
 
 @dataclass
@@ -241,6 +332,10 @@ class Outcome:
         return self.volume_seconds / 3600 * gp3_hourly(self.policy.config.instances.root_volume_gib)
 
     def control_plane_dollars(self, per_job: dict[str, float]) -> float:
+        if self.policy.instant:
+            # Every queued job of the instant tier asks for a runner, which a provision launches, whether
+            # the job took a waiting runner or the one launched.
+            return self.jobs() * per_job["cold"] / 1e6
         warm = self.jobs(Path.HOT) + self.jobs(Path.STOPPED)
         return (warm * per_job["warm"] + self.cold_jobs() * per_job["cold"]) / 1e6
 
@@ -265,6 +360,18 @@ class DaySimulation:
         self._outstanding = 0
         self._day_end = 0.0
         self._taker = taker(policy.config)
+        self._reused: list[tuple[Epoch, bool]] = []
+        """Each pickup: when, and whether the instance had served a job before (the reuse rate)."""
+        self._launched: list[float] = []
+        self._started: list[float] = []
+        """Launch -> ready and start -> ready of the jobs served cold and stopped, as the stack measures
+        them."""
+        self._arrivals: list[Epoch] = []
+        self._watched_since = 0.0
+        self._unassigned: deque[Job] = deque()
+        """Instant-tier jobs queued at GitHub with no runner listening yet, oldest first."""
+        label = RunKey.of_job([instant_label(RESOURCE_CLASS)], attempt=1)
+        self._instant_runtime_seconds = label.resolve(policy.config).max_runtime_minutes * 60.0
         self.outcome = Outcome(policy)
 
     def run(self, jobs: list[Job]) -> Outcome:
@@ -274,11 +381,13 @@ class DaySimulation:
         midnight = datetime.combine(first.date(), time(0), first.tzinfo).timestamp()
         self._day_end = max(midnight + 86_400, jobs[-1].queued_at)
         self._outstanding = len(jobs)
+        self._watched_since = midnight
         for job in jobs:
-            self._at(
-                job.queued_at + self._draw(self._boot.control_plane),
-                lambda now, job=job: self._pickup(job, now),
-            )
+            self._at(job.queued_at, partial(self._queued, job))
+            if self._policy.instant:
+                self._at(job.queued_at, partial(self._queued_instant, job))
+                continue
+            self._at(job.queued_at + self._draw(self._boot.control_plane), partial(self._pickup, job))
         self._at(midnight, self._refresh)
         now = midnight
         while self._events:
@@ -322,6 +431,7 @@ class DaySimulation:
         else:
             instance, path = self._launch(now, Tier.BUSY), self._policy.cold_path
         instance.tier = Tier.BUSY
+        self._reused.append((now, instance.jobs_served > 0))
         instance.jobs_served += 1
         instance.trust, instance.single_use = self._taker.trust, self._taker.single_use
         # The control plane's share is already behind `now`; a hot instance is running (and billed) already.
@@ -329,6 +439,8 @@ class DaySimulation:
         if path is not Path.HOT:
             instance.running_since = now + to_running
         ready = now + to_running + self._draw(*self._boot.running_to_agent(path), self._boot.registration)
+        if path is not Path.HOT:
+            (self._started if path is Path.STOPPED else self._launched).append(ready - now)
         self.outcome.paths.append(path)
         self.outcome.ready_seconds.append(ready - job.queued_at)
         self._at(ready + job.duration, lambda at: self._release(instance, at))
@@ -344,12 +456,121 @@ class DaySimulation:
         instance.threshold = now + self._config.timeouts.idle_seconds
         instance.offered_at = now + self._draw(self._boot.control_plane)
 
+    def _queued(self, job: Job, now: Epoch) -> None:
+        """The job's `queued` as the stack records it (the ledger's arrivals)."""
+        self._arrivals.append(now)
+
+    # --- the instant tier (domain/instant.py)
+
+    def _queued_instant(self, job: Job, now: Epoch) -> None:
+        """GitHub gives the job to a runner of the tier listening for it, if one is; else it waits for the
+        first to listen. Either way the `queued` delivery asks the control plane for one more runner."""
+        waiting = [i for i in self._instances if i.tier is Tier.WAITING]
+        if waiting:
+            self._start_instant(job, min(waiting, key=lambda i: i.offered_at), now, Path.HOT)
+        else:
+            self._unassigned.append(job)
+        self._at(now + self._draw(self._boot.control_plane), self._launch_instant)
+
+    def _launch_instant(self, now: Epoch) -> None:
+        """A pristine instance launched for the tier, its runner registered with the label: listening once
+        booted (the boot model's cold path), when GitHub gives it the oldest job waiting, if any."""
+        instance = self._launch(now, Tier.BOOTING)
+        path = self._policy.cold_path
+        instance.running_since = now + self._draw(*self._boot.to_running(path))
+        listening = (
+            instance.running_since
+            + self._draw(*self._boot.running_to_agent(path))
+            + self._draw(self._boot.registration)
+        )
+        self._at(listening, lambda at: self._listening(instance, at))
+
+    def _listening(self, instance: Instance, now: Epoch) -> None:
+        if instance.tier is not Tier.BOOTING:
+            return
+        if self._unassigned:
+            self._start_instant(self._unassigned.popleft(), instance, now, self._policy.cold_path)
+            return
+        instance.tier = Tier.WAITING
+        instance.offered_at = now
+
+    def _start_instant(self, job: Job, instance: Instance, now: Epoch, path: Path) -> None:
+        """The runner takes the job in GitHub's assignment and its own calls (bench/aws_model.py); the
+        instance is terminated when the job completes, never pooled."""
+        instance.tier = Tier.BUSY
+        instance.jobs_served = 1
+        instance.offered_at = now
+        ready = now + INSTANT_START_SECONDS
+        self.outcome.paths.append(path)
+        self.outcome.ready_seconds.append(ready - job.queued_at)
+        self._at(ready + job.duration, lambda at: self._completed_instant(instance, at))
+
+    def _completed_instant(self, instance: Instance, now: Epoch) -> None:
+        self._outstanding -= 1
+        self._end(instance, now)
+
+    def _keep_instant(self, now: Epoch) -> None:
+        """Refresh for the instant tier (steps/refresh.py, domain/instant.py): what is due is ended (a
+        runner waits, and then runs its job, for the label's max runtime; a launch has the created
+        threshold to register); then, for a class whose tier has a size now, the waiting runners
+        beyond it are taken back and the tier is topped up to it. A class whose tier has no size now is
+        skipped, as refresh skips it: its waiting runners wait out their runtime."""
+        records = {i.number: self._tier_record(i, now) for i in self._instances if i.tier in INSTANT_HELD}
+        for instance in self._instances:
+            record = records.get(instance.number)
+            if record is not None and record.threshold_passed(now):
+                self._end(instance, now)
+                del records[instance.number]
+        size = self._config.instant_tier(RESOURCE_CLASS, now)
+        if size == 0:
+            return
+        surplus = set(surplus_waiting(records.values(), RESOURCE_CLASS, size, now))
+        for instance in self._instances:
+            if instance.number in records and records[instance.number].instance_id in surplus:
+                self._end(instance, now)
+        held = tier_holds(records.values(), RESOURCE_CLASS, now) - len(surplus)
+        for _ in range(tier_shortfall(size, held)):
+            self._launch_instant(now)
+
+    def _tier_record(self, instance: Instance, now: Epoch) -> InstanceRecord:
+        """A tier instance as the product's record holds it: created with its runner registered while it
+        boots, running once its runner listens (its runtime from then), with the job's repository and
+        its runtime from the start once GitHub gave it one (`StateTable.job_started`)."""
+        facts = instance_facts(
+            instance.number + 1, usage_class=UsageClass.ON_DEMAND, instance_type=INSTANCE_TYPE
+        )
+        booting = instance.tier is Tier.BOOTING
+        threshold = (
+            instance.launched_at + self._config.timeouts.created_threshold_seconds
+            if booting
+            else instance.offered_at + self._instant_runtime_seconds
+        )
+        return InstanceRecord(
+            **facts.model_dump(),
+            state=InstanceState.CREATED if booting else InstanceState.RUNNING,
+            run_key=instant_label(RESOURCE_CLASS),
+            threshold=threshold,
+            runner_id=instance.number + 1,
+            repository=REPOSITORY if instance.tier is Tier.BUSY else None,
+            jobs_served=instance.jobs_served,
+            created_at=instance.launched_at,
+            updated_at=instance.offered_at or instance.launched_at,
+        )
+
+    # --- refresh
+
     def _refresh(self, now: Epoch) -> None:
         """One refresh run (domain/refresh.py's order): what is due, then admissions, then the minimums."""
         self._terminate_due(now)
         self._instances = [i for i in self._instances if i.tier is not Tier.GONE]
-        self._admit_booted(now)
-        self._keep_minimums(now)
+        if self._policy.instant:
+            self._keep_instant(now)
+        elif self._policy.adaptive:
+            self._admit_booted(now)
+            self._keep_sized(now)
+        else:
+            self._admit_booted(now)
+            self._keep_minimums(now)
         # The day ends at the next midnight, or when its last job is done if later; what is left then is
         # billed up to that moment.
         if self._outstanding or now < self._day_end:
@@ -397,6 +618,54 @@ class DaySimulation:
         )
         for _ in range(stopped_minimum - stopped):
             self._launch_for_pool(now, for_stopped=True)
+
+    # --- the sizing rule (domain/sizing.py), as refresh would apply it
+
+    def _keep_sized(self, now: Epoch) -> None:
+        """Hold what the rule says (the schedule in force its floor, `pool.stopped_maximum` the stopped
+        ceiling): launch the hot and stopped shortfalls, counting what still boots. It scales down as
+        deliberately: an idle instance beyond the rule's hot number is stopped while the stopped tier has
+        room (ended otherwise), so it can serve a later job in a start rather than a launch."""
+        config = self._config
+        floor = Holding(config.warm_minimum(RESOURCE_CLASS, now), config.stopped_minimum(RESOURCE_CLASS, now))
+        ceiling = Holding(len(self._arrivals) + 1, config.pool.stopped_maximum)
+        need = pool_size(self._demand(now), TARGET_WAIT_SECONDS, now, floor, ceiling)
+        idle = sorted(
+            (i for i in self._instances if i.tier is Tier.IDLE and i.threshold > now),
+            key=lambda i: i.offered_at,
+        )
+        stopped = sum(
+            1 for i in self._instances if i.tier is Tier.STOPPED or (i.tier is Tier.BOOTING and i.for_stopped)
+        )
+        for instance in idle[: max(0, len(idle) - need.hot)]:
+            if self._room_to_stop() and not config.reuse.too_old(instance.launched_at, now):
+                self._stop(instance, now)
+                stopped += 1
+            else:
+                self._end(instance, now)
+        booting = sum(1 for i in self._instances if i.tier is Tier.BOOTING and not i.for_stopped)
+        kept = min(len(idle), need.hot)
+        for _ in range(pool_shortfall(need.hot, 0, idle=kept, idle_pristine=0, booting=booting)):
+            self._launch_for_pool(now, for_stopped=False)
+        for _ in range(need.stopped - stopped):
+            self._launch_for_pool(now, for_stopped=True)
+
+    def _demand(self, now: Epoch) -> Demand | None:
+        """The class's demand as the stack has recorded it: arrivals, the reuse rate over the horizon, and
+        the p95 of its measured launch -> ready and start -> ready (a start is taken to be as slow as a
+        launch until one is measured); none before a launch has been measured."""
+        if not self._launched:
+            return None
+        recent = [reused for at, reused in self._reused if at > now - HORIZON_SECONDS]
+        launch = _p95(self._launched[-MEASURED:])
+        return Demand(
+            arrivals=self._arrivals,
+            watched_since=self._watched_since,
+            reuse_rate=sum(recent) / len(recent) if recent else 0.0,
+            launch_seconds=launch,
+            start_seconds=_p95(self._started[-MEASURED:]) if self._started else launch,
+            refresh_seconds=self._config.refresh_rate_minutes * 60.0,
+        )
 
     # --- instances
 
@@ -465,6 +734,11 @@ class DaySimulation:
         return PoolMessage.for_idle(self._record(instance, now, InstanceState.IDLE))
 
 
+def _p95(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
 def taker(config: StackConfig) -> Taker:
     """Whose instances the trace's jobs may take under `config`, as a provision of one of its runs decides
     it (domain/provision.py `single_use`): trusted jobs of one private repository, single use if the
@@ -486,12 +760,27 @@ def control_plane_per_job(config: StackConfig) -> tuple[dict[str, float], str]:
     return dict(FALLBACK_CONTROL_PLANE_MICRODOLLARS), "the 2026-11 emulator figures (no results file)"
 
 
-def run(runs: int = 600, seed: int = 16, boot: BootModel | None = None) -> BenchTable:
+STORM_POLICIES = ("no_pool_baked", "hot_baked", "hot_stopped_baked", "instant_baked", "adaptive")
+"""The policies the storm trace runs: the baked ones, against no pool's."""
+
+
+def run(
+    runs: int = 600, seed: int = 16, boot: BootModel | None = None, storm_pushes: int = STORM_PUSHES
+) -> BenchTable:
     jobs = working_day(runs, seed)
-    outcomes = [DaySimulation(policy, boot or BootModel(), seed).run(jobs) for policy in policies()]
+    stormy = storm_day(storm_pushes, seed)
+    everyone = policies()
+    outcomes = [DaySimulation(policy, boot or BootModel(), seed).run(jobs) for policy in everyone]
+    storm = [
+        DaySimulation(policy, boot or BootModel(), seed).run(stormy)
+        for policy in everyone
+        if policy.name in STORM_POLICIES
+    ]
     per_job, per_job_source = control_plane_per_job(outcomes[0].policy.config)
     table = BenchTable(
-        f"day trace: {len(jobs)} jobs in {runs} runs over a working day ({DAY:%a %Y-%m-%d}, {TIME_ZONE})",
+        f"day trace: {len(jobs)} jobs in {runs} runs over a working day ({DAY:%a %Y-%m-%d}, {TIME_ZONE}); "
+        f"storm: {len(stormy)} jobs ({storm_pushes} pushes, {SCHEDULED_RUNS_PER_HOUR} scheduled runs at the "
+        f"top of every hour, one matrix of {STORM_JOBS} at {STORM_AT:%H:%M})",
         (
             "policy",
             "warm",
@@ -506,6 +795,18 @@ def run(runs: int = 600, seed: int = 16, boot: BootModel | None = None) -> Bench
             "launches",
         ),
     )
+    totals = _report(table, outcomes, per_job, "")
+    storm_totals = _report(table, storm, per_job, "storm_")
+    _explain(table, totals, per_job, per_job_source)
+    _adaptive_verdict(table, totals, "working day")
+    _adaptive_verdict(table, storm_totals, "storm")
+    return table
+
+
+def _report(
+    table: BenchTable, outcomes: list[Outcome], per_job: dict[str, float], trace: str
+) -> dict[str, tuple[float, float, float]]:
+    """A row and the figures (`day_trace_<trace><policy>_*`) per policy; each one's $/job, p50 and p95."""
     totals = {}
     for outcome in outcomes:
         name = outcome.policy.name
@@ -513,10 +814,10 @@ def run(runs: int = 600, seed: int = 16, boot: BootModel | None = None) -> Bench
         ec2, ebs = outcome.ec2_dollars() / jobs_count, outcome.ebs_dollars() / jobs_count
         control = outcome.control_plane_dollars(per_job) / jobs_count
         total = ec2 + ebs + control
-        totals[name] = (total, outcome.ready_percentile(0.95))
         p50, p95 = outcome.ready_percentile(0.5), outcome.ready_percentile(0.95)
+        totals[name] = (total, p50, p95)
         table.row(
-            name,
+            f"{trace.replace('_', ': ')}{name}",
             outcome.jobs(Path.HOT),
             outcome.jobs(Path.STOPPED),
             outcome.cold_jobs(),
@@ -528,7 +829,7 @@ def run(runs: int = 600, seed: int = 16, boot: BootModel | None = None) -> Bench
             f"{total:.5f}",
             outcome.launches,
         )
-        prefix = f"day_trace_{name}"
+        prefix = f"day_trace_{trace}{name}"
         table.figure(f"{prefix}_warm_jobs_count", outcome.jobs(Path.HOT))
         table.figure(f"{prefix}_stopped_jobs_count", outcome.jobs(Path.STOPPED))
         table.figure(f"{prefix}_cold_jobs_count", outcome.cold_jobs())
@@ -538,18 +839,38 @@ def run(runs: int = 600, seed: int = 16, boot: BootModel | None = None) -> Bench
         table.figure(f"{prefix}_ebs_cost_per_job_microdollars_count", round(ebs * 1e6, 1))
         table.figure(f"{prefix}_control_plane_cost_per_job_microdollars_count", round(control * 1e6, 1))
         table.figure(f"{prefix}_cost_per_job_microdollars_count", round(total * 1e6, 1))
-    _explain(table, totals, per_job, per_job_source)
-    return table
+    return totals
+
+
+ADAPTIVE_COST_RATIO = 1.25
+ADAPTIVE_P95_SECONDS = 15.0
+ADAPTIVE_P50_SECONDS = 8.0
+"""Issue 40's targets for the adaptive policy: $/job against no pool's (baked), and queued -> ready."""
+
+
+def _adaptive_verdict(table: BenchTable, totals: dict[str, tuple[float, float, float]], trace: str) -> None:
+    cost, p50, p95 = totals["adaptive"]
+    ratio = cost / totals["no_pool_baked"][0]
+    verdicts = [
+        f"$/job {ratio:.2f}x no pool's (<= {ADAPTIVE_COST_RATIO:g}x: {_met(ratio, ADAPTIVE_COST_RATIO)})",
+        f"p95 {p95:.1f} s (<= {ADAPTIVE_P95_SECONDS:g}: {_met(p95, ADAPTIVE_P95_SECONDS)})",
+        f"p50 {p50:.1f} s (<= {ADAPTIVE_P50_SECONDS:g}: {_met(p50, ADAPTIVE_P50_SECONDS)})",
+    ]
+    table.note(f"adaptive on the {trace}: " + ", ".join(verdicts) + ".")
+
+
+def _met(value: float, bound: float) -> str:
+    return "met" if value <= bound else "NOT met"
 
 
 def _explain(
-    table: BenchTable, totals: dict[str, tuple[float, float]], per_job: dict[str, float], source: str
+    table: BenchTable, totals: dict[str, tuple[float, float, float]], per_job: dict[str, float], source: str
 ) -> None:
     """The policies' settings, the prices, and the answer to: is hot+stopped cheaper per job
     than hot-only at the same or better p95?"""
     by_name = {policy.name: policy for policy in policies()}
     hot, hot_stopped = by_name["hot_baked"], by_name["hot_stopped_baked"]
-    single = by_name["single_use_baked"]
+    single, instant = by_name["single_use_baked"], by_name["instant_baked"]
     noon = datetime.combine(DAY, time(12), ZoneInfo(TIME_ZONE)).timestamp()
     stopped = hot_stopped.config.stopped_minimum(RESOURCE_CLASS, noon)
     volume_gib = hot.config.instances.root_volume_gib
@@ -561,6 +882,10 @@ def _explain(
         f"single_use: reuse.mode {single.config.reuse.mode}, a pristine minimum of "
         f"{single.config.pristine_minimum(RESOURCE_CLASS, noon)} in the same hours, every job's instance "
         f"terminated after it; "
+        f"instant: every job on {instant_label(RESOURCE_CLASS)}, an instant tier of "
+        f"{instant.config.instant_tier(RESOURCE_CLASS, noon)} runners waiting registered in the same hours, "
+        f"a job given to a waiting runner starting in {INSTANT_START_SECONDS:.3f} s (bench/aws_model.py), "
+        "each job's `queued` launching one runner and its instance terminated after it; "
         f"no_pool: reuse.max_jobs 1, no minimum. Idle time {hot.config.timeouts.idle_seconds:g} s, "
         f"max age {hot.config.reuse.max_age_minutes} min (config defaults). Jobs are trusted (a push's)."
     )
@@ -578,17 +903,17 @@ def _explain(
         f"every idle time plus a boot (domain/refresh.py)."
     )
     for image in ("install", "baked"):
-        single_cost, single_p95 = totals[f"single_use_{image}"]
-        none_cost, none_p95 = totals[f"no_pool_{image}"]
-        reused_cost, reused_p95 = totals[f"hot_{image}"]
+        single_cost, _, single_p95 = totals[f"single_use_{image}"]
+        none_cost, _, none_p95 = totals[f"no_pool_{image}"]
+        reused_cost, _, reused_p95 = totals[f"hot_{image}"]
         table.note(
             f"{image}: single use ${single_cost:.5f} per job, p95 {single_p95:.1f} s; no pool "
             f"${none_cost:.5f}, p95 {none_p95:.1f} s; hot (reused) ${reused_cost:.5f}, "
             f"p95 {reused_p95:.1f} s."
         )
     for image in ("install", "baked"):
-        hot_cost, hot_p95 = totals[f"hot_{image}"]
-        stopped_cost, stopped_p95 = totals[f"hot_stopped_{image}"]
+        hot_cost, _, hot_p95 = totals[f"hot_{image}"]
+        stopped_cost, _, stopped_p95 = totals[f"hot_stopped_{image}"]
         cheaper = "costs less" if stopped_cost < hot_cost else "does NOT cost less"
         p95 = "at the same or better" if stopped_p95 <= hot_p95 else "at a WORSE"
         table.note(

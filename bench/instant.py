@@ -3,7 +3,8 @@
 A class keeps an instant tier of TIER runners registered ahead (domain/instant.py); jobs are queued one
 at a time, each once the tier is full again, and each one's wait is from the fake GitHub's queueing of it
 to its `in_progress` (the runner picking it up). No step of the control plane is on that path: the figure
-is the fake GitHub's assignment and the waiting runner's poll for work.
+is the fake GitHub's assignment and the waiting runner's poll for work. The same jobs' paths, read from
+the run, are priced at GitHub's and the real runner's published figures (bench/aws_model.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from bench import aws_model
 from bench.results import BenchTable
 from demo.figures import Spread
 from emulator.fake_github import FakeJob, JobSpec, JobStatus
@@ -32,29 +34,28 @@ TARGET_SECONDS = 1.0
 def run(jobs: int = JOBS) -> BenchTable:
     config = compressed_config(warm_pool_minimum={"large": {"instant": TIER}})
     waits: list[float] = []
+    starts: list[aws_model.InstantStart] = []
     with (
         tempfile.TemporaryDirectory(prefix="bench-instant-") as scratch,
         world(Path(scratch), config=config) as system,
     ):
         for number in range(jobs):
             _until(partial(_full, system), "the instant tier to fill")
+            listening = aws_model.listening_runners(system, LABEL)
             run = system.start_run(f"instant-{number}", JobSpec("build", LABEL, seconds=0.2))
             job = system.github.state.jobs[run.job_ids[0]]
             _until(partial(_started, job), "the job to start")
             if job.started_at is not None:
                 waits.append(job.started_at - job.queued_at)
-    return _table(waits)
+            starts.append(aws_model.instant_start(system, job.job_id, listening))
+    table = _table(waits)
+    aws_model.report_instant(table, starts)
+    return table
 
 
 def _full(system: World) -> bool:
     """Whether the tier's runners are all idle and listening at GitHub."""
-    with system.github.state.lock:
-        waiting = sum(
-            1
-            for runner in system.github.state.runners.values()
-            if runner.online and not runner.busy and LABEL in runner.label_names
-        )
-    return waiting >= TIER
+    return len(aws_model.listening_runners(system, LABEL)) >= TIER
 
 
 def _started(job: FakeJob) -> bool:

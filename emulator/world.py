@@ -81,7 +81,7 @@ def accepted_permissions(config: StackConfig) -> dict[str, str]:
     write` for the check run of jobs waiting for capacity), so a world registering in runner groups runs with
     no repository administration at all."""
     permission, level = REGISTRATION_PERMISSIONS[config.github.effective_registration]
-    return {"actions": "read", "checks": "write", permission: level}
+    return {"actions": "write", "checks": "write", permission: level}
 
 
 @dataclass

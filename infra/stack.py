@@ -97,6 +97,7 @@ class RunnerPoolStack(Stack):
             provision=self.provision.state_machine,
             release=self.release.state_machine,
         )
+        self.ingress.rerun_from(self.release.workflow.functions["give_back"])
         self.observability = Observability(
             self,
             "Observability",

@@ -58,6 +58,8 @@ QUEUE_EXPIRY_SECONDS = 24 * 3600.0
 """How long a job waits in the queue for a runner before GitHub fails it; tests scale it down."""
 RERUN_WINDOW_SECONDS = 30 * 24 * 3600.0
 """How long after a run was started it may be re-run."""
+RERUN_LIMIT = 50
+"""'A workflow run can be re-run a maximum of 50 times' ("Re-running workflows and jobs")."""
 
 Event = tuple[str, str, dict[str, Any], str]
 """(event, action, payload, ordering key): a webhook to send once the state lock is released."""
@@ -178,6 +180,8 @@ class Actions:
                 raise RerunRefusedError(f"run {run_id} is {run.status.value}: only a completed run is re-run")
             if now - run.created_at > RERUN_WINDOW_SECONDS:
                 raise RerunRefusedError(f"run {run_id} is more than 30 days old")
+            if run.run_attempt > RERUN_LIMIT:
+                raise RerunRefusedError(f"run {run_id} was re-run {RERUN_LIMIT} times already")
             earlier = self._jobs_of(run)
             if not any(again(job) for job in earlier):
                 raise RerunRefusedError(f"run {run_id} has no job to re-run")

@@ -77,11 +77,12 @@ def covers(granted: str | None, needed: str) -> bool:
     return granted in LEVELS and LEVELS.index(granted) >= LEVELS.index(needed)
 
 
-def readable_runs(request: Request) -> str:
-    """The repository (`owner/repo`) a run-reading route names, if the calling installation owns it and
-    its token may read Actions ("Actions" repository permissions (read), the fine-grained permission of
-    the workflow run and job endpoints); else 404 or 403 as GitHub answers."""
-    return permitted_repository(request, "actions", "read")
+def readable_runs(request: Request, level: str = "read") -> str:
+    """The repository (`owner/repo`) a run route names, if the calling installation owns it and its token
+    may read Actions ("Actions" repository permissions (read), the fine-grained permission of the workflow
+    run and job endpoints), or write them at `level` `write` (re-running); else 404 or 403 as GitHub
+    answers."""
+    return permitted_repository(request, "actions", level)
 
 
 def permitted_repository(request: Request, permission: str, level: str) -> str:

@@ -22,10 +22,10 @@ macOS") and its architecture ("x64, ARM, or ARM64") (docs.github.com, Actions, "
 runners in a workflow", Using default labels to route jobs). The fake's runners run Linux on x64."""
 RUNNER_PERMISSIONS = {"administration": "write", "organization_self_hosted_runners": "write"}
 """What an App needs for repository runners and for organisation runners."""
-APP_PERMISSIONS = {"actions": "read", "checks": "write", **RUNNER_PERMISSIONS}
+APP_PERMISSIONS = {"actions": "write", "checks": "write", **RUNNER_PERMISSIONS}
 """The fake App's permissions, and what an installation accepts unless told otherwise: the runners',
-`actions: read` for a run's jobs and `checks: write` for the check run of jobs waiting for capacity (what
-github-app-manifest.json and its personal-account twin ask)."""
+`actions: write` to read a run's jobs and re-run its failed ones, and `checks: write` for the check run of
+jobs waiting for capacity (what github-app-manifest.json and its personal-account twin ask)."""
 APP_EVENTS = ("workflow_job", "workflow_run")
 
 

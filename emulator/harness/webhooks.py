@@ -76,10 +76,17 @@ def queued_job(
 
 
 def completed_job(
-    label: str, *, runner_name: str | None, job_id: int | None = None, run_id: int = 4242
+    label: str,
+    *,
+    runner_name: str | None,
+    job_id: int | None = None,
+    run_id: int = 4242,
+    failed: bool = False,
 ) -> dict[str, Any]:
-    """The real `workflow_job completed` payload for `label`; runner_name None: it never got a runner."""
-    payload = fixture("workflow_job.completed.success.with-organization.payload.json")
+    """The real `workflow_job completed` payload for `label`, of GitHub's failed example with `failed`;
+    runner_name None: it never got a runner."""
+    example = "failure" if failed else "success"
+    payload = fixture(f"workflow_job.completed.{example}.with-organization.payload.json")
     job = payload["workflow_job"]
     job.update(id=job_id or next(_numbers), run_id=run_id, labels=[label], runner_name=runner_name)
     if runner_name is None:

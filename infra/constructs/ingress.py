@@ -33,6 +33,7 @@ from infra.constructs.retries import FOLLOW_UP
 from infra.constructs.workflow import Step, Workflow
 from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
 from runner_pool.domain.config import WorkflowType
+from runner_pool.environment import ENV_PREFIX
 
 WEBHOOK_PATH = "webhook"
 REQUIRED_HEADERS = ("X-GitHub-Event", "X-GitHub-Delivery")
@@ -200,6 +201,18 @@ class Ingress(Construct):
                     retry=FOLLOW_UP,
                 ),
             },
+        )
+
+    def rerun_from(self, function: lambda_.Function) -> None:
+        """A function that notes a job an interruption failed on its run attempt's ledger item, and re-runs
+        the run when the attempt completed first (steps.reruns, the release's give back): those items by
+        key, read and updated, nothing else."""
+        function.add_environment(f"{ENV_PREFIX}IDEMPOTENCY_TABLE_NAME", self.idempotency_table.table_name)
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+                resources=[self.idempotency_table.table_arn],
+            )
         )
 
     def _remember(self, function: lambda_.Function, *, counts_jobs: bool = False) -> None:

@@ -42,6 +42,7 @@ from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
 from runner_pool.observability import logger
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpSteps
+from runner_pool.steps.reruns import Reruns
 from runner_pool.steps.run_trust import RunTrust
 
 ClientFactory = Callable[[str], Any]
@@ -193,7 +194,22 @@ class ControlPlane:
     def dispatcher(self) -> Dispatcher:
         """Turns a batch of demand into executions over the demand ledger."""
         ledger, executions = self._demand()
-        return Dispatcher(ledger, executions, self.clock, self.pause, trust=self._run_trust(ledger))
+        return Dispatcher(
+            ledger,
+            executions,
+            self.clock,
+            self.pause,
+            trust=self._run_trust(ledger),
+            reruns=self._reruns(ledger),
+        )
+
+    def reruns(self) -> Reruns:
+        """Re-runs of interrupted jobs' runs, over the demand ledger (for the release's give back)."""
+        return self._reruns(self._ledger())
+
+    def _reruns(self, ledger: DynamoDbLedger) -> Reruns:
+        enabled = self.config.fleet.rerun_interrupted_jobs
+        return Reruns(ledger, lambda: self.github, self.clock, enabled=enabled)
 
     def follow_up_steps(self) -> FollowUpSteps:
         """The follow-up state machine's steps: gather a follow-up batch and start its provisions."""
@@ -221,12 +237,7 @@ class ControlPlane:
     def _demand(self) -> tuple[DynamoDbLedger, Executions]:
         """The demand ledger, and what starts the provision, release and follow-up machines."""
         settings = self.settings
-        ledger = DynamoDbLedger(
-            settings.require("idempotency_table_name", "the demand ledger"),
-            self.clock,
-            self.client("dynamodb"),
-            self.backoff,
-        )
+        ledger = self._ledger()
         executions = Executions(
             settings.require("provision_state_machine_arn", "starting provisions"),
             settings.release_state_machine_arn or "",  # the follow-up machine's steps start no release
@@ -234,6 +245,14 @@ class ControlPlane:
             follow_up_machine_arn=settings.follow_up_state_machine_arn,
         )
         return ledger, executions
+
+    def _ledger(self) -> DynamoDbLedger:
+        return DynamoDbLedger(
+            self.settings.require("idempotency_table_name", "the demand ledger"),
+            self.clock,
+            self.client("dynamodb"),
+            self.backoff,
+        )
 
     @cached_property
     def instance_arns(self) -> InstanceArns:

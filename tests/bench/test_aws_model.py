@@ -5,17 +5,22 @@ from __future__ import annotations
 import pytest
 
 from bench.aws_model import (
+    INSTANT_TARGET_SECONDS,
     LATENCIES,
+    RUNNER_START_CALLS,
     Call,
     Hop,
+    InstantStart,
     Invocation,
     JobTrace,
     Step,
     Traced,
+    instant_path,
     listing_past_window,
     model,
     own_hand_over,
     report,
+    report_instant,
     steps,
 )
 from bench.results import BenchTable
@@ -177,3 +182,50 @@ def test_hand_overs_side_by_side_put_only_their_own_calls_on_an_instances_path()
         calls[6].params,
         calls[7].params,
     ]
+
+
+def _start(listening: bool = True, queued: float = 10.0, offered: float | None = 10.1) -> InstantStart:
+    return InstantStart(7, queued_at=queued, offered_at=offered, started_at=10.2, listening_ahead=listening)
+
+
+def test_a_job_given_to_a_runner_listening_ahead_costs_githubs_assignment_and_the_runners_calls() -> None:
+    # Given a job queued while one of our runners was connected and idle with its label, offered to it,
+    # then picked up
+    path = instant_path(_start())
+    # Then its path is GitHub's assignment, the long poll's answer and the runner's three calls before
+    # it starts the job, and nothing of ours
+    assert path is not None
+    modelled = model(path)
+    assert modelled.total(Hop.GITHUB_ASSIGNMENT) == 1
+    assert modelled.total(Hop.GITHUB_RUNNER_CALL) == 1 + RUNNER_START_CALLS
+    assert modelled.total(*(hop for hop in Hop if not hop.name.startswith("GITHUB_"))) == 0
+    assert modelled.seconds == pytest.approx(
+        LATENCIES[Hop.GITHUB_ASSIGNMENT] + 4 * LATENCIES[Hop.GITHUB_RUNNER_CALL]
+    )
+    assert modelled.seconds <= INSTANT_TARGET_SECONDS
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        _start(listening=False),  # the runner that took it was registered for it after it was queued
+        _start(offered=None),  # never offered: not started by the fake GitHub's assignment
+        _start(offered=9.0),  # offered before it was queued: not this job's record
+    ],
+)
+def test_a_job_not_started_on_a_runner_listening_ahead_has_no_instant_path(start: InstantStart) -> None:
+    assert instant_path(start) is None
+
+
+def test_the_instant_report_keeps_the_median_job_and_says_when_no_job_was_instant() -> None:
+    # Given two instant jobs and one whose runner came after it
+    table = BenchTable("instant", ("figure", "value"))
+    report_instant(table, [_start(), _start(), _start(listening=False)])
+    # Then the figure is the modelled path, with no AWS call on it
+    assert table.figures["aws_model_instant_queued_to_started_seconds"] == pytest.approx(0.874)
+    assert table.figures["aws_model_instant_critical_path_aws_calls_count"] == 0
+    assert "2 of 3" in table.notes[-1]
+    # And with none, no figure: the test of the small run then fails
+    empty = BenchTable("instant", ("figure", "value"))
+    report_instant(empty, [_start(listening=False)])
+    assert "aws_model_instant_queued_to_started_seconds" not in empty.figures

@@ -9,6 +9,10 @@ import pytest
 
 from bench.day_trace import (
     DAY,
+    INSTANT_START_SECONDS,
+    SCHEDULED_DELAY_SECONDS,
+    STORM_JOBS,
+    TARGET_WAIT_SECONDS,
     TIME_ZONE,
     DaySimulation,
     Job,
@@ -16,6 +20,7 @@ from bench.day_trace import (
     ec2_billed_seconds,
     policies,
     stopped_tier_config,
+    storm_day,
     working_day,
     working_hours_minimum,
 )
@@ -143,3 +148,107 @@ def test_the_trace_is_a_working_day_with_matrices_and_the_same_for_a_seed() -> N
     sizes = {run: sum(1 for job in jobs if job.run == run) for run in {job.run for job in jobs}}
     assert max(sizes.values()) >= 8
     assert working_day(runs=400, seed=5) == jobs
+
+
+INSTANT_COLD_SECONDS = 2 + 10 + 5 + 3 + 4 + INSTANT_START_SECONDS
+"""An instant job with no runner waiting: the provision its `queued` asked for, a baked launch, the
+runner's registration, then GitHub's assignment and the runner's pickup."""
+
+
+def instant_policy(size: int) -> Policy:
+    config = StackConfig(warm_pool_minimum={"large": working_hours_minimum(0, instant=size)})
+    return Policy("instant", config, baked=True, instant=True)
+
+
+def test_an_instant_tier_starts_as_many_jobs_as_it_holds_at_once_and_the_rest_on_new_runners() -> None:
+    # Given a tier of 2 in working hours, and a matrix of 3 jobs queued at 09:00, long after it filled
+    jobs = [Job(0, at(9), 600.0) for _ in range(3)]
+    # When the day is simulated
+    outcome = DaySimulation(instant_policy(2), FIXED, seed=1).run(jobs)
+    # Then two start on the waiting runners in GitHub's assignment and the runner's pickup, with nothing
+    # of ours in between, and the third waits for the first runner launched for the jobs' `queued`
+    assert outcome.paths == [Path.HOT, Path.HOT, Path.COLD_BAKED]
+    assert outcome.ready_seconds == pytest.approx([INSTANT_START_SECONDS] * 2 + [INSTANT_COLD_SECONDS])
+    # And each instance serves one job: the 2 refresh filled the tier with at 08:00 and one launch per
+    # queued job; the two left over wait as the tier, which refresh leaves at its size until their
+    # records are due (the label's max runtime, 360 min, from 09:00) and refills in the window once more
+    assert outcome.launches == 2 + 3 + 2
+
+
+def test_after_its_window_the_instant_tier_lives_on_in_each_jobs_replacement_as_the_product_does() -> None:
+    # Given a tier of 2 from 08:00 to 18:00: refresh fills it at 08:00; each waiting runner's record is
+    # due after the label's max runtime (360 min), when refresh ends it and, inside the window, refills
+    # the tier (at 14:00); after 18:00 refresh skips the class, but each job's `queued` still asks for a
+    # runner (steps/dispatcher.py), which then waits for the next job
+    jobs = [Job(0, at(19), 60.0), Job(1, at(21), 60.0)]
+    # When the day is simulated
+    outcome = DaySimulation(instant_policy(2), FIXED, seed=1).run(jobs)
+    # Then the job at 19:00 finds a runner of the 14:00 refill, and the one at 21:00 (after those were
+    # due, at 20:00) the runner launched for the first
+    assert outcome.paths == [Path.HOT, Path.HOT]
+    assert outcome.ready_seconds == pytest.approx([INSTANT_START_SECONDS] * 2)
+    assert outcome.launches == 2 + 2 + 1 + 1
+
+
+def test_instant_jobs_pay_a_launching_provision_each_in_the_control_plane() -> None:
+    # Given a day on the instant tier and the per-job control plane prices
+    jobs = working_day(runs=30, seed=3)
+    outcome = DaySimulation(instant_policy(2), FIXED, seed=1).run(jobs)
+    # Then every job, warm or not, pays the cold price: its `queued` launched a runner
+    prices = {"warm": 1.0, "cold": 5.0}
+    assert outcome.control_plane_dollars(prices) == pytest.approx(len(jobs) * 5.0 / 1e6)
+
+
+def adaptive() -> Policy:
+    return by_name("adaptive")
+
+
+def test_the_adaptive_policy_holds_its_floor_until_it_has_watched_an_hour_then_meets_the_target() -> None:
+    # Given jobs every 30 s from 01:00 to 04:00, each a minute long, and the adaptive policy (floor 0)
+    jobs = [Job(n, at(1) + 30 * n, 60.0) for n in range(360)]
+    # When the day is simulated
+    outcome = DaySimulation(adaptive(), FIXED, seed=1).run(jobs)
+    # Then the first job launches: the stack has watched no hour of demand, so the schedule (0) holds
+    assert outcome.paths[0] is Path.COLD_BAKED
+    # And once it has, nearly every job waits no longer than the target: here a start (13 s to ready)
+    # is within it, so the rule holds the stock stopped, and the instances the jobs release serve too
+    later = [
+        ready for job, ready in zip(jobs, outcome.ready_seconds, strict=True) if job.queued_at >= at(2, 30)
+    ]
+    assert sum(1 for ready in later if ready <= TARGET_WAIT_SECONDS + 1e-6) / len(later) >= 0.95
+    assert outcome.jobs(Path.STOPPED) > 0
+
+
+def test_the_adaptive_policy_lets_its_pool_go_once_the_demand_has_left_the_rules_horizon() -> None:
+    # Given the same steady jobs, then nothing for the rest of the day
+    jobs = [Job(n, at(1) + 30 * n, 60.0) for n in range(360)]
+    outcome = DaySimulation(adaptive(), FIXED, seed=1).run(jobs)
+    # Then the instances were billed for the jobs and less than four instance-hours more (boots, the
+    # stock held, an hour of the rule's memory), though 20 hours of the day are left after the last job:
+    # what the rule no longer wants is stopped or ended, not kept running
+    busy = sum(job.duration for job in jobs)
+    assert busy < outcome.billed_seconds < busy + 4 * 3600
+
+
+def test_the_storm_trace_has_hourly_schedules_day_and_night_and_one_large_matrix() -> None:
+    jobs = storm_day(pushes=200, seed=5)
+    # Every hour, day and night, scheduled runs start within the first minutes
+    for hour in range(24):
+        assert any(at(hour) <= job.queued_at < at(hour) + SCHEDULED_DELAY_SECONDS for job in jobs)
+    # One run queues STORM_JOBS jobs at once
+    sizes: dict[int, int] = {}
+    for job in jobs:
+        sizes[job.run] = sizes.get(job.run, 0) + 1
+    assert max(sizes.values()) == STORM_JOBS
+    # The night is otherwise quiet: outside working hours, few jobs besides the schedules
+    night = [
+        job
+        for job in jobs
+        if job.queued_at < at(6) and job.queued_at - at(job_hour(job)) > SCHEDULED_DELAY_SECONDS
+    ]
+    assert len(night) < 0.05 * len(jobs)
+    assert storm_day(pushes=200, seed=5) == jobs
+
+
+def job_hour(job: Job) -> int:
+    return datetime.fromtimestamp(job.queued_at, ZoneInfo(TIME_ZONE)).hour

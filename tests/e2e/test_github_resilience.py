@@ -1,4 +1,4 @@
-"""Issue 13 end to end: GitHub's rate limits waited out (in a burst that also shows one CreateFleet per
+"""End to end: GitHub's rate limits waited out (in a burst that also shows one CreateFleet per
 provision and never two jobs on one instance at once), a GitHub outage outlived, a short job's warm
 instance kept. The whole stack on local AWS, the fake GitHub with its documented limits, our agents.
 Every scenario ends with the accounting check (each instance of the stack has a live record, and
@@ -40,9 +40,7 @@ pytestmark = pytest.mark.slow
 
 BURST_JOBS = bench_burst_1000.SMALL["jobs"]
 BURST_RUNS = bench_burst_1000.SMALL["runs"]
-"""Issue 13's 300 jobs, in 10 runs of a 30-job matrix: served in 147 s, the test 172 s with its settling
-and accounting, on an idle 2-core machine (2026-11-27, after local AWS read EC2 tags by id and the
-timeline looked at records every 5 s in a burst). `make bench` measures 300 and 1,000."""
+"""bench/burst_1000.py's small size: enough runs of a matrix to meet GitHub's limit and wait it out."""
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The integration tier's shared fixture: the control plane on moto (emulator/harness/control_plane.py)."""
+"""The integration tier's shared fixtures: the control plane on moto (emulator/harness/control_plane.py), and
+the fake GitHub with the App's key."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from emulator.fake_github import FakeGitHub
 from emulator.harness.control_plane import LocalControlPlane, local_control_plane
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, AppKey, generate_app_key
+from runner_pool.domain.clock import ManualClock
 
 
 @pytest.fixture
@@ -18,3 +22,16 @@ def local() -> Iterator[LocalControlPlane]:
         yield plane
         accounting = plane.accounting()
         assert accounting.holds, accounting.problems
+
+
+@pytest.fixture(scope="module")
+def app_key() -> AppKey:
+    return generate_app_key()
+
+
+@pytest.fixture
+def fake(app_key: AppKey, clock: ManualClock) -> Iterator[FakeGitHub]:
+    """The fake GitHub on the test's clock, with the App installed on its organisation."""
+    with FakeGitHub(APP_ID, app_key.public_pem, clock=clock) as github:
+        github.state.add_installation(INSTALLATION_ID, OWNER)
+        yield github

@@ -118,6 +118,7 @@ def test_a_matrix_of_twenty_jobs_in_one_batch_is_one_provision_of_twenty(world: 
             "public": True,  # GitHub's example payload's repository is public
             "repository_id": 186853002,  # and its id
             "trust": None,  # no `requested` delivery, and no GitHub to ask: single use
+            "on_demand": False,  # as its label says: no re-run of interrupted jobs
         }
     ]
 
@@ -227,6 +228,7 @@ def test_a_job_cancelled_in_the_same_batch_as_its_demand_is_not_provisioned(worl
             "public": True,
             "repository_id": 186853002,
             "trust": None,
+            "on_demand": False,
         }
     ]
 

@@ -148,7 +148,8 @@ def _app_event(c: Clinic) -> None:
 
 
 def _not_accepted(c: Clinic) -> None:
-    del c.github.state.installations[INSTALLATION_ID].permissions["actions"]
+    # Accepted before the App asked to re-run runs: reading them only.
+    c.github.state.installations[INSTALLATION_ID].permissions["actions"] = "read"
 
 
 def _policy(value: str) -> Callable[[Clinic], None]:
@@ -265,7 +266,7 @@ WAYS = {
         _app_event, "app events", "FAIL", "not subscribed to workflow_job", "subscribe to workflow_job"
     ),
     "installation has not accepted": Way(
-        _not_accepted, "installation", "FAIL", "has not accepted actions: read", "reviews and accepts"
+        _not_accepted, "installation", "FAIL", "has not accepted actions: write", "reviews and accepts"
     ),
     "runner groups without the organisation permission": Way(
         _no_organisation_runners,

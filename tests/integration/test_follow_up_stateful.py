@@ -296,9 +296,10 @@ def _jobs(item: dict[str, Any]) -> set[int]:
     return {int(job_id) for job_id in item.get("jobs", {}).get("NS", [])}
 
 
-# 25 programs of 30 steps: about 15 s alone on moto.
+# 12 programs of 30 steps: each program drives the window through arrivals, seals, leader deaths and late
+# deliveries on moto; more examples cost make test's time and have found nothing the first dozen did not.
 FollowUpWindow.TestCase.settings = settings(
-    max_examples=25,
+    max_examples=12,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -44,18 +44,6 @@ DELIVERIES_ROUTE = "GET /app/hook/deliveries"
 Connect = Callable[..., GitHubApp]
 
 
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
-
-
-@pytest.fixture
-def fake(app_key: AppKey, clock: ManualClock) -> Iterator[FakeGitHub]:
-    with FakeGitHub(APP_ID, app_key.public_pem, clock=clock) as github:
-        github.state.add_installation(INSTALLATION_ID, OWNER)
-        yield github
-
-
 @pytest.fixture
 def connect(fake: FakeGitHub, app_key: AppKey, clock: ManualClock) -> Iterator[Connect]:
     """Clients of the fake's App installation; by default for the repository, on the fake's clock."""

@@ -10,7 +10,7 @@ import pytest
 
 from emulator.fake_github import FakeGitHub, JobSpec
 from emulator.fake_github.rate_limits import CONTENT_PER_MINUTE
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.github_errors import retry_after
@@ -23,18 +23,6 @@ from runner_pool.domain.runners import (
 from tests.support.builders import run_key
 
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
-
-
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
-
-
-@pytest.fixture
-def fake(app_key: AppKey, clock: ManualClock) -> Iterator[FakeGitHub]:
-    with FakeGitHub(APP_ID, app_key.public_pem, clock=clock) as github:
-        github.state.add_installation(INSTALLATION_ID, OWNER)
-        yield github
 
 
 @pytest.fixture

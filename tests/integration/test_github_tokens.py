@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from emulator.fake_github import FakeGitHub, JobSpec
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_answers import AppRequest, answer
 from runner_pool.adapters.github_app_key import GitHubAppKey
@@ -24,18 +24,6 @@ from tests.support.builders import run_key
 
 REPOSITORY = RepositoryScope(owner=OWNER, repo=REPO)
 TOKEN_FUNCTION = "runner-pool-GitHubToken"
-
-
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
-
-
-@pytest.fixture
-def fake(app_key: AppKey, clock: ManualClock) -> Iterator[FakeGitHub]:
-    with FakeGitHub(APP_ID, app_key.public_pem, clock=clock) as github:
-        github.state.add_installation(INSTALLATION_ID, OWNER)
-        yield github
 
 
 @pytest.fixture

@@ -172,6 +172,22 @@ def test_jobs_provisioned_again_carry_their_runs_level(
     assert provision.trust is level
 
 
+@pytest.mark.parametrize("on_demand", [True, False], ids=["re-run-of-an-interruption", "as-its-label-says"])
+def test_jobs_provisioned_again_stay_on_demand_if_their_provision_was(
+    local: LocalControlPlane, on_demand: bool
+) -> None:
+    # Given a run attempt whose provision of its run key was served on-demand (the re-run of a job an
+    # interruption failed), its one job queued for a while with no runner of ours for it
+    run, run_key = queued_run(local, 1)
+    local.plane.recent_demand.note(REPOSITORY, run.run_id, 1, run_key, busy_for=0, on_demand=on_demand)
+    local.clock.advance(RECONCILE_GRACE_SECONDS)
+    started = StartedExecutions()
+    # When refresh reconciles / Then the provision it starts is on-demand exactly when the run's was
+    refresh(local, started)
+    (provision,) = started.provisions.values()
+    assert provision.on_demand is on_demand
+
+
 def test_a_run_whose_provision_may_still_be_at_work_is_not_reconciled(local: LocalControlPlane) -> None:
     # Given a run whose provision began a moment ago and has claimed nothing yet
     run, run_key = queued_run(local, 2)

@@ -329,6 +329,18 @@ def test_a_job_completed_on_our_runner_releases_that_instance() -> None:
     )
 
 
+@pytest.mark.parametrize("failed", [True, False])
+def test_a_completed_jobs_release_says_whether_it_failed(failed: bool) -> None:
+    # Given job 55 completed on our runner, as GitHub's failed or successful example has it
+    payload = completed_job(LABEL, runner_name=RUNNER, job_id=55, failed=failed)
+    assert payload["workflow_job"]["conclusion"] == ("failure" if failed else "success")
+    # When judged / Then its release carries whether it failed (an interrupted one may be re-run)
+    judged = verdict(job_delivery(payload), StackConfig())
+    assert isinstance(judged, Accepted)
+    assert isinstance(judged.message, InstanceRelease)
+    assert judged.message.request.failed is failed
+
+
 @pytest.mark.parametrize("action", ["in_progress", "completed"])
 def test_a_job_of_another_run_on_our_runner_quarantines_its_instance(action: str) -> None:
     # Given job 57 of run 999 that copied run 4242's label and ran on the runner we registered for 4242

@@ -11,7 +11,12 @@ Powertools' delivery records, whose ids never start with the prefixes used here:
                                     (from its `requested` delivery, or GitHub's answer when that came
                                     late), never overwritten; privileged_labels (string set): its pool
                                     labels that had a job with an environment; from_fork, written
-                                    with trust (an earlier release wrote it alone: untrusted)
+                                    with trust (an earlier release wrote it alone: untrusted);
+                                    interrupted (string set): label sets whose jobs failed on an
+                                    instance EC2 was interrupting; on_demand (string set) and rerun
+                                    (asking | asked, with rerun_holder and rerun_lease_until): this
+                                    stack asked to re-run the attempt before, and this attempt serves
+                                    those label sets on-demand (domain/reruns.py)
     batch#<...>                     a run key's follow-up batch: adapters.follow_up_batches
 
 Each change is one conditional write, so two dispatchers that see the same job never both count
@@ -36,6 +41,7 @@ from runner_pool.domain.follow_up import (
     BatchTurn,
     Sealing,
 )
+from runner_pool.domain.reruns import Claim, RerunRecord
 from runner_pool.domain.trust import TrustLevel
 
 if TYPE_CHECKING:
@@ -53,6 +59,11 @@ FORK_ATTRIBUTE = "from_fork"
 """Written with the level; an earlier release wrote it alone, and it then reads as untrusted."""
 TRUST_ATTRIBUTE = "trust"
 PRIVILEGED_ATTRIBUTE = "privileged_labels"
+INTERRUPTED_ATTRIBUTE = "interrupted"
+ON_DEMAND_ATTRIBUTE = "on_demand"
+RERUN_ATTRIBUTE = "rerun"
+ASKING = "asking"
+ASKED = "asked"
 
 
 class DynamoDbLedger:
@@ -186,8 +197,9 @@ class DynamoDbLedger:
         return RunAttempt(
             RunMark.OPEN,
             trust=_trust(item),
-            privileged_labels=frozenset(item.get(PRIVILEGED_ATTRIBUTE, {}).get("SS", [])),
+            privileged_labels=_strings(item, PRIVILEGED_ATTRIBUTE),
             from_fork=item.get(FORK_ATTRIBUTE, {}).get("BOOL", False),
+            on_demand=_strings(item, ON_DEMAND_ATTRIBUTE),
         )
 
     def decide_trust(self, run_id: int, attempt: int, level: TrustLevel, *, from_fork: bool) -> TrustLevel:
@@ -233,6 +245,83 @@ class DynamoDbLedger:
             ReturnValues="ALL_NEW",
         )
         return _run_keys(response.get("Attributes", {}))
+
+    def note_interrupted(self, run_id: int, attempt: int, label_set: str) -> bool:
+        now = self._clock.now()
+        # Adding to a set is its own idempotence: a retried release notes the same label set again.
+        response = self._client.update_item(
+            TableName=self._table,
+            Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
+            UpdateExpression=f"ADD {INTERRUPTED_ATTRIBUTE} :labels SET #expiry = :expiry",
+            ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
+            ExpressionAttributeValues={":labels": {"SS": [label_set]}, ":expiry": {"N": self._expiry(now)}},
+            ReturnValues="ALL_NEW",
+        )
+        return "completed_at" in response.get("Attributes", {})
+
+    def rerun_record(self, run_id: int, attempt: int) -> RerunRecord:
+        this = self._read(_run(run_id, attempt))
+        interrupted = _strings(this, INTERRUPTED_ATTRIBUTE)
+        if not interrupted:
+            return RerunRecord()
+        following = self._read(_run(run_id, attempt + 1))
+        return RerunRecord(
+            interrupted=interrupted,
+            ours=RERUN_ATTRIBUTE in this,
+            asked=following.get(RERUN_ATTRIBUTE, {}).get("S") == ASKED,
+        )
+
+    def claim_rerun(
+        self, run_id: int, attempt: int, on_demand: Collection[str], holder: str, until: Epoch
+    ) -> Claim:
+        now = self._clock.now()
+        try:
+            self._client.update_item(
+                TableName=self._table,
+                Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt + 1)}},
+                UpdateExpression=(
+                    f"SET {RERUN_ATTRIBUTE} = :asking, rerun_holder = :holder, rerun_lease_until = :until, "
+                    f"#expiry = :expiry ADD {ON_DEMAND_ATTRIBUTE} :labels"
+                ),
+                # Our own claim (a retry whose answer was lost), or one whose holder died before asking.
+                ConditionExpression=(
+                    f"attribute_not_exists({RERUN_ATTRIBUTE}) OR ({RERUN_ATTRIBUTE} = :asking AND "
+                    "(rerun_holder = :holder OR rerun_lease_until < :now))"
+                ),
+                ExpressionAttributeNames={"#expiry": EXPIRY_ATTRIBUTE},
+                ExpressionAttributeValues={
+                    ":asking": {"S": ASKING},
+                    ":holder": {"S": holder},
+                    ":until": {"N": number(until)},
+                    ":now": {"N": number(now)},
+                    ":labels": {"SS": sorted(on_demand)},
+                    ":expiry": {"N": self._expiry(now)},
+                },
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
+            return Claim.ASKED if current.get(RERUN_ATTRIBUTE, {}).get("S") == ASKED else Claim.HELD
+        return Claim.CLAIMED
+
+    def rerun_asked(self, run_id: int, attempt: int, holder: str) -> None:
+        conditional(
+            lambda: self._client.update_item(
+                TableName=self._table,
+                Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt + 1)}},
+                UpdateExpression=f"SET {RERUN_ATTRIBUTE} = :asked REMOVE rerun_lease_until",
+                ConditionExpression="rerun_holder = :holder",
+                ExpressionAttributeValues={":asked": {"S": ASKED}, ":holder": {"S": holder}},
+            )
+        )
+
+    def _read(self, key: str) -> dict[str, Any]:
+        response = self._client.get_item(
+            TableName=self._table, Key={KEY_ATTRIBUTE: {"S": key}}, ConsistentRead=True
+        )
+        return response.get("Item", {})
 
     def take_turn(
         self,
@@ -288,4 +377,8 @@ def _trust(item: Any) -> TrustLevel | None:
 
 
 def _run_keys(item: Any) -> frozenset[str]:
-    return frozenset(item.get("run_keys", {}).get("SS", []))
+    return _strings(item, "run_keys")
+
+
+def _strings(item: Any, attribute: str) -> frozenset[str]:
+    return frozenset(item.get(attribute, {}).get("SS", []))

@@ -1,12 +1,12 @@
 """One GitHub App installation as the control plane uses it: the RunnerRegistry and the doctor's reads.
 
 It holds the installation's HTTP client (adapters/github_api.py), narrowed per concern to the permissions
-that concern needs (domain/github_tokens.py), and hands each call to the module of its concern: our
-runners (github_runners, the registration permission), a run's jobs and trigger (github_run_jobs,
-github_runs: `actions: read`), the check run of jobs waiting for capacity (github_check_runs: `checks:
-write`), and what the doctor reads (github_readings). Its tokens and the App's
-own failed webhook deliveries come from an AppIdentity: the App's key (adapters/github_app_key.py) where
-it is held, else the token function (adapters/github_token_function.py).
+that concern needs (domain/github_tokens.py), and hands each call to the module of its concern: our runners
+(github_runners, the registration permission), a run's jobs and trigger (github_run_jobs, github_runs:
+`actions: read`), a run's re-run (github_runs: `actions: write`), the check run of jobs waiting for
+capacity (github_check_runs: `checks: write`), and what the doctor reads (github_readings). Its tokens and
+the App's own failed webhook deliveries come from an AppIdentity: the App's key (adapters/github_app_key.py)
+where it is held, else the token function (adapters/github_token_function.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from runner_pool.domain.doctor import AppGrant, HookConfig, Installation, Runner
 from runner_pool.domain.github_tokens import (
     CHECK_WRITES,
     RUN_READS,
+    RUN_RERUNS,
     AppIdentity,
     registration_permissions,
 )
 from runner_pool.domain.registration_budget import HourlyQuota
+from runner_pool.domain.reruns import RunNow
 from runner_pool.domain.runner_scope import OrganizationScope, Registration, RunnerScope
 from runner_pool.domain.runners import (
     DEFAULT_RUNNER_GROUP_ID,
@@ -84,6 +86,7 @@ class GitHubApp:
             on_hourly_quota=on_hourly_quota,
         )
         self._runs = self._api.narrowed(RUN_READS)
+        self._reruns = self._api.narrowed(RUN_RERUNS)
         self._checks = self._api.narrowed(CHECK_WRITES)
         self._installation = self._api.narrowed(None)
         """Everything the installation was granted: the doctor's reads of its settings."""
@@ -153,6 +156,12 @@ class GitHubApp:
 
     def run_attempt(self, repository: str, run_id: int, attempt: int) -> RunFacts:
         return github_runs.run_attempt(self._runs, repository, run_id, attempt)
+
+    def run_now(self, repository: str, run_id: int) -> RunNow:
+        return github_runs.run_now(self._reruns, repository, run_id)
+
+    def rerun_failed_jobs(self, repository: str, run_id: int) -> None:
+        github_runs.rerun_failed_jobs(self._reruns, repository, run_id)
 
     def create_check_run(self, repository: str, *, head_sha: str, name: str, title: str, summary: str) -> int:
         return github_check_runs.create_check_run(

@@ -197,6 +197,9 @@ class FleetSettings(_Settings):
     spot_fallback_to_on_demand: bool = True
     """Launch a spot shortfall once more as on-demand: the job runs at the on-demand price rather
     than waiting for spot capacity that may not come back before the validation timeout."""
+    rerun_interrupted_jobs: bool = True
+    """Ask GitHub to re-run a run's failed jobs, once per attempt, when one failed because EC2 interrupted
+    its spot instance; the re-run is served on-demand (domain/reruns.py)."""
     spot_breaker: SpotBreakerSettings = SpotBreakerSettings()
     """When a class's spot demand is served on-demand for a while (domain/spot_breaker.py)."""
 

@@ -230,6 +230,9 @@ class RunAttempt:
     from_fork: bool = False
     """Its head repository is not its repository (or GitHub did not say): its jobs are single use, as a
     public repository's are."""
+    on_demand: frozenset[str] = frozenset()
+    """Label sets it serves on-demand: it is this stack's re-run of their interrupted jobs
+    (domain/reruns.py)."""
 
 
 def privileged_label(run_key: str) -> str:

@@ -77,6 +77,11 @@ class ProvisionRequest(_Input):
         description="the jobs' level of trust (domain/trust.py); None when it could not be decided, and "
         "then the jobs are served single use (fail closed), as is a request from before levels existed",
     )
+    on_demand: bool = Field(
+        False,
+        description="served on-demand whatever the label's `usage=` says: the jobs are this stack's re-run "
+        "of jobs of the same labels that an interruption failed (domain/reruns.py)",
+    )
 
     @property
     def key(self) -> RunKey:
@@ -145,6 +150,11 @@ class ReleaseRequest(_Input):
         False,
         description="the job targets an environment (its delivery carries `deployment`): the instance is "
         "never pooled after it, and one not handed over single use is quarantined when the job starts",
+    )
+    failed: bool = Field(
+        False,
+        description="the completed job failed: if its instance was being interrupted, its run attempt is "
+        "noted for a re-run of its failed jobs (domain/reruns.py)",
     )
 
     @model_validator(mode="after")

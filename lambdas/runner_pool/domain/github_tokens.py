@@ -26,6 +26,9 @@ Permissions = Mapping[str, str]
 RUN_READS: Permissions = MappingProxyType({"actions": "read"})
 """A run's jobs and a run attempt's trigger ("Get a workflow run attempt", "List jobs for a workflow run
 attempt": fine-grained permission "Actions" repository permissions (read))."""
+RUN_RERUNS: Permissions = MappingProxyType({"actions": "write"})
+"""Re-running a run's failed jobs ("Re-run failed jobs from a workflow run": fine-grained permission
+"Actions" repository permissions (write)), which includes reading the run first."""
 
 CHECK_WRITES: Permissions = MappingProxyType({"checks": "write"})
 """The check run that tells a job's author why the job waits for capacity ("Create a check run", "Update a

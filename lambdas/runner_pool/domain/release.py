@@ -61,6 +61,9 @@ class ReleasePlan(_Step):
     is privileged on an instance not handed over single use."""
     privileged: bool = False
     """The job targets an environment: its instance is never pooled (see `privileged_on_shared`)."""
+    failed: bool = False
+    """The completed job failed: on an instance EC2 was interrupting, a re-run may follow
+    (domain/reruns.py)."""
 
 
 class PartsStarted(_Step):
@@ -86,6 +89,7 @@ class ReleaseItem(_Step):
     quarantine: bool = False
     suspect: bool = False
     privileged: bool = False
+    failed: bool = False
 
 
 class ReleaseProgress(_Step):

@@ -38,6 +38,7 @@ from runner_pool.domain.demand import (
 from runner_pool.domain.executions import ReleaseRequest, instance_of_runner
 from runner_pool.domain.instant import instant_job
 from runner_pool.domain.labels import LabelError, RunnerLabel, instant_label, is_pool_label
+from runner_pool.domain.reruns import job_failed
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runner_scope import OrganizationScope, Registration
 
@@ -108,6 +109,8 @@ class WorkflowJob(_Payload):
     labels: list[str]
     runner_id: int | None = None
     runner_name: str | None = None
+    conclusion: str | None = None
+    """Once completed: `success`, `failure`, `cancelled`, ... (a runner lost mid-job fails its job)."""
 
 
 class Deployment(_Payload):
@@ -377,6 +380,7 @@ def _completed(event: WorkflowJobEvent) -> Verdict:
             cause=f"job-{job.id}",
             repository=event.repository.full_name,
             privileged=event.privileged,
+            failed=job_failed(job.conclusion),
         )
         return Accepted(InstanceRelease(request=request), f"release of {instance_id} queued")
     if not job.runner_name:

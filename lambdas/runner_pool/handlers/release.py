@@ -98,6 +98,7 @@ def release_of(plane: ControlPlane) -> Release:
         reuse=plane.config.reuse,
         notices=lambda: plane.notices,
         instant_runtime_minutes=plane.config.defaults.max_runtime_minutes,
+        reruns=plane.reruns,
     )
 
 

@@ -25,6 +25,7 @@ from runner_pool.domain.demand import (
 )
 from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.follow_up import SEAL_ATTEMPTS, FollowUp, Sealing
+from runner_pool.domain.reruns import served_on_demand
 from runner_pool.domain.trust import TrustLevel, least_trusted
 from runner_pool.steps.run_trust import RunTrust
 
@@ -283,6 +284,7 @@ class DemandStarts:
                 or any(job_id in public_ids for job_id in reserved),
                 repository_id=group.repository_id,
                 trust=self.trust(group, reserved),
+                on_demand=any(served_on_demand(group.run_key, run.on_demand) for run in group.runs.values()),
             )
             self._starter.provision(request)
         except Exception as exc:  # any fault fails the chunk's messages, for SQS to retry them

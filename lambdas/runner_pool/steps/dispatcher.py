@@ -39,6 +39,7 @@ from runner_pool.domain.follow_up import (
 )
 from runner_pool.domain.labels import instant_label
 from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Failure, Group, failing
+from runner_pool.steps.reruns import Reruns
 from runner_pool.steps.run_trust import RunTrust
 
 
@@ -67,15 +68,17 @@ class Dispatcher:
         limit_seconds: float = FOLLOW_UP_LIMIT_SECONDS,
         sealed_wait_seconds: float = SEALED_WAIT_SECONDS,
         trust: RunTrust | None = None,
+        reruns: Reruns | None = None,
     ) -> None:
         """`trust` decides runs' levels (without it: from `requested` deliveries only, by the built-in
-        table)."""
+        table); `reruns` re-runs a completed run whose job an interruption failed (without it: none is)."""
         self._ledger = ledger
         self._starter = starter
         self._clock = clock
         self._pause = pause
         """How demand waits: for a follow-up being started, or (gathered here) for a window to close."""
         self._trust = trust or RunTrust(ledger, clock)
+        self._reruns = reruns
         self._starts = DemandStarts(ledger, starter, clock, pause, trust=self._trust)
         self._window = window_seconds
         self._limit = limit_seconds
@@ -124,6 +127,10 @@ class Dispatcher:
     def _complete(self, report: DispatchReport, message: RunCompleted) -> None:
         for run_key in sorted(self._ledger.complete_run(message.run_id, message.run_attempt)):
             self._release(report, ReleaseRequest(run_key=run_key, cause=message.cause))
+        if self._reruns is not None:
+            # After the releases, which a failure here (SQS delivers the completion again) starts again
+            # by the same names: nothing twice.
+            self._reruns.completed(message.repository, message.run_id, message.run_attempt)
 
     def _instant(self, report: DispatchReport, message: InstantQueued) -> None:
         """One runner more for the tier, asked by the job's own provision: named after the job, so a

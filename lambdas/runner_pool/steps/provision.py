@@ -138,7 +138,10 @@ class Provision:
         """Resolve the label (a LabelError fails the execution before anything is held), and note the run's
         demand for refresh's reconciliation."""
         config = self._config
-        spec = self._usage(request.key.resolve(config))
+        spec = request.key.resolve(config)
+        if request.on_demand:
+            spec = spec.model_copy(update={"usage": UsageClass.ON_DEMAND})
+        spec = self._usage(spec)
         planned = plan(request, spec, execution, self._timeouts, self._clock.now(), reuse=config.reuse)
         if spec.run_id.isdigit():
             try:
@@ -151,6 +154,7 @@ class Provision:
                     single_use=request.public,
                     repository_id=request.repository_id,
                     trust=request.trust,
+                    on_demand=request.on_demand,
                 )
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")

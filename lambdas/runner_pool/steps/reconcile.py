@@ -193,6 +193,7 @@ class RunReconciliation:
                         public=run.single_use,
                         repository_id=run.repository_id,
                         trust=run.trust_of(run_key),
+                        on_demand=run_key in run.on_demand_keys,
                     )
                 )
             report.runners_replaced += 1
@@ -304,6 +305,7 @@ class RunReconciliation:
                     public=run.single_use,
                     repository_id=run.repository_id,
                     trust=run.trust_of(run_key),
+                    on_demand=run_key in run.on_demand_keys,
                 )
             )
             report.jobs_reprovisioned += missing

@@ -36,8 +36,9 @@ from runner_pool.domain.release import (
     release_parts,
 )
 from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
-from runner_pool.observability import logger
+from runner_pool.observability import count, logger
 from runner_pool.steps.notices import NoticeSource, no_notices, notify
+from runner_pool.steps.reruns import Reruns
 
 
 class Release:
@@ -55,8 +56,11 @@ class Release:
         reuse: ReuseSettings | None = None,
         notices: NoticeSource = no_notices,
         instant_runtime_minutes: int = 360,
+        reruns: Callable[[], Reruns] | None = None,
     ) -> None:
         """Without `reuse`, no instance is retired: every one that served is cleaned for the pool.
+        `reruns` (built on first use) hears of a job that failed on an instance EC2 was interrupting;
+        without it, no such job is re-run.
         `instant_runtime_minutes`: how long an instant tier's job may run from its start (a tier label
         sets no `max-runtime`, so the stack's default)."""
         self._table = table
@@ -67,6 +71,7 @@ class Release:
         self._reuse = reuse
         self._notices = notices
         self._instant_runtime = instant_runtime_minutes
+        self._reruns = reruns
 
     def plan(self, request: ReleaseRequest) -> ReleasePlan:
         """The instances to give back: the one named, the part named, or every record still holding the run
@@ -94,6 +99,7 @@ class Release:
             quarantine=request.quarantine,
             suspect=request.suspect,
             privileged=request.privileged,
+            failed=request.failed,
         )
 
     def give_back(self, item: ReleaseItem) -> ReleaseProgress:
@@ -120,6 +126,7 @@ class Release:
             # A job that started is judged, never released: its completion releases its hand-off.
             self._instant_job_started(item, record)
             return progress.model_copy(update={"reason": "the job may run on its runner"})
+        self._interrupted_failure(item, record)
         released = self._give_back(item, record, now=now, progress=progress)
         if released.status is not ReleaseStatus.AWAITING_RECEIPT or record is None:
             return released
@@ -206,6 +213,26 @@ class Release:
         if not started.succeeded:
             found = moved(started.record)
             logger.info("instant job's start not noted", instance_id=item.instance_id, found=found)
+
+    def _interrupted_failure(self, item: ReleaseItem, record: InstanceRecord | None) -> None:
+        """A job that failed on the hand-off of an instance EC2 was interrupting is told to the re-runs
+        (steps.reruns), whatever its record's state now (EC2 may have ended it already). Best effort: the
+        give back goes on whatever happens; a failure here leaves the job to a person, logged."""
+        if (
+            self._reruns is None
+            or not item.failed
+            or item.repository is None
+            or record is None
+            or record.interrupted_at is None
+            or item.runner_id is None
+            or record.runner_id != item.runner_id
+        ):
+            return
+        try:
+            self._reruns().interrupted(item.repository, item.run_key)
+        except Exception:
+            logger.exception("interrupted job's failure not taken up for a re-run", run_key=item.run_key)
+            count("InterruptedRerunsFailed")
 
     # --- mechanics -----------------------------------------------------------------------------
 

@@ -1,0 +1,145 @@
+"""How many hot and stopped instances a class should hold now, from its own recent demand and boot times.
+
+The reasoning is an inventory one: the pool is stock, a job takes one instance from it, and each instance
+taken is replaced by a launch that is ready a lead time later (at most a refresh period until refresh
+sees the gap, then the launch's own measured launch -> ready). The instances being replaced at a moment
+are the jobs that took one within the last lead time: by Little's law their mean is the arrival rate
+times the lead time, and by Palm's theorem, for arrivals that come independently (Poisson), their number
+is Poisson with that mean whatever the lead time's spread. A job finds an instance waiting when fewer
+than the pool's size are being replaced as it comes, and arrivals that come independently see the pool
+as it is on average over time (PASTA), so a pool of `n` serves a share of jobs equal to the share of
+time in which at most `n` jobs arrived within one lead time. The rule reads that share off the class's
+recent arrivals themselves, over the last hour (`HORIZON_SECONDS`), rather than assuming a rate: the count of
+arrivals in the lead time before each moment of the horizon, and the smallest pool that covers the
+target's share of moments. A released instance that goes back to the pool replaces the one its job took
+without a launch, so only the share of jobs whose instance does not come back (1 - the reuse rate)
+counts against the pool.
+
+Which tier holds the stock follows from the target wait (`pool.target_wait_seconds`, a p95): if a launch
+is ready within it (launch -> ready), no pool is needed; if a stopped instance is (start -> ready), the
+stopped tier alone holds it, at an EBS volume's price; otherwise the hot tier holds the target's share,
+and the stopped tier stands behind it, sized to catch the same share of what the hot one misses, so a job
+the hot tier misses waits a start rather than a launch. The weekly schedule in force bounds the answer:
+its value is the floor, and the ceiling (the caller's: a maximum such as `pool.stopped_maximum`) the
+most. A stack that has not yet watched its class for a whole horizon has no history to read: the answer
+is the schedule's.
+
+A matrix's jobs come together, not independently: the share of time a burst fills is smaller than the
+share of jobs in it, so the rule covers bursts only as far as they recur within the horizon. It is one
+pure function; refresh and the day trace (bench/day_trace.py) both call it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from runner_pool.domain.clock import Epoch
+
+HORIZON_SECONDS = 3600.0
+"""How far back the rule reads a class's arrivals: an hour holds dozens of lead times, and on the day
+trace (bench/day_trace.py) it served more jobs warm, at a lower cost, than half an hour, which forgets
+a burst sooner than it recurs."""
+TARGET_SHARE = 0.95
+"""The share of jobs that must wait no longer than the target: `pool.target_wait_seconds` is a p95."""
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Instances a class holds, or should: idle and running (hot), and stopped."""
+
+    hot: int = 0
+    stopped: int = 0
+
+    def within(self, floor: Holding, ceiling: Holding | None) -> Holding:
+        """This holding kept at or above `floor` and, where the floor allows, at or below `ceiling`."""
+        if ceiling is None:
+            return Holding(max(self.hot, floor.hot), max(self.stopped, floor.stopped))
+        return Holding(
+            max(floor.hot, min(self.hot, ceiling.hot)),
+            max(floor.stopped, min(self.stopped, ceiling.stopped)),
+        )
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What the stack has recorded of a class, as the rule needs it."""
+
+    arrivals: Sequence[Epoch]
+    """When its recent jobs were queued (any order; those outside the horizon are ignored)."""
+    watched_since: Epoch
+    """Since when the stack has recorded its arrivals (its deployment, or its oldest record kept)."""
+    reuse_rate: float
+    """The share of its recent jobs whose instance went back to the pool after them (0 to 1)."""
+    launch_seconds: float
+    """Launch -> ready of its instances, as measured (a high percentile of the recent launches)."""
+    start_seconds: float
+    """Start -> ready of its stopped instances, as measured."""
+    refresh_seconds: float
+    """The refresh period: how long a taken instance may wait for refresh to see the gap it left."""
+
+
+def pool_size(
+    demand: Demand | None,
+    target_wait_seconds: float,
+    now: Epoch,
+    floor: Holding,
+    ceiling: Holding | None = None,
+) -> Holding:
+    """The hot and stopped instances a class should hold at `now` to keep its jobs' p95 wait within
+    `target_wait_seconds`, bounded by the schedule's `floor` and `ceiling` (module docstring). With no
+    `demand`, or one watched for less than a horizon, the floor (the schedule)."""
+    if demand is None or now - demand.watched_since < HORIZON_SECONDS:
+        return floor.within(floor, ceiling)
+    if demand.launch_seconds <= target_wait_seconds:
+        return Holding().within(floor, ceiling)
+    lead = demand.launch_seconds + demand.refresh_seconds
+    replaced = 1.0 - min(1.0, max(0.0, demand.reuse_rate))
+    recent = sorted(at for at in demand.arrivals if now - HORIZON_SECONDS - lead < at <= now)
+    covering = _Covering(recent, lead, replaced, now - HORIZON_SECONDS, now)
+    if demand.start_seconds <= target_wait_seconds:
+        return Holding(stopped=covering.size(TARGET_SHARE)).within(floor, ceiling)
+    hot = covering.size(TARGET_SHARE)
+    behind = covering.size(1.0 - (1.0 - TARGET_SHARE) ** 2)
+    return Holding(hot, behind - hot).within(floor, ceiling)
+
+
+@dataclass(frozen=True)
+class _Covering:
+    """The instances being replaced at each moment of [start, end): `replaced` times the arrivals within
+    `lead` before it."""
+
+    arrivals: Sequence[Epoch]
+    lead: float
+    replaced: float
+    start: Epoch
+    end: Epoch
+
+    def size(self, share: float) -> int:
+        """The smallest pool that at least `share` of the moments find with no more being replaced than it
+        holds."""
+        if self.end <= self.start:
+            return 0
+        needed = sorted(self._levels(), key=lambda level: level[0])
+        covered = 0.0
+        for count, seconds in needed:
+            covered += seconds
+            if covered >= share * (self.end - self.start) - 1e-9:
+                return math.ceil(self.replaced * count - 1e-9)
+        return math.ceil(self.replaced * needed[-1][0] - 1e-9) if needed else 0
+
+    def _levels(self) -> list[tuple[int, float]]:
+        """(arrivals within the lead, seconds of [start, end) at that count), piece by piece."""
+        changes = sorted([(at, 1) for at in self.arrivals] + [(at + self.lead, -1) for at in self.arrivals])
+        level, moment, pieces = 0, self.start, []
+        for at, step in changes:
+            if at > moment:
+                piece_end = min(at, self.end)
+                if piece_end > moment:
+                    pieces.append((level, piece_end - moment))
+                moment = max(moment, min(at, self.end))
+            level += step
+        if self.end > moment:
+            pieces.append((level, self.end - moment))
+        return pieces
