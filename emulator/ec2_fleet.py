@@ -15,7 +15,12 @@ EC2 answers an instant fleet:
 - the instances are launched with moto's RunInstances, so everything after the launch (describe,
   tags, terminate) is moto's real EC2;
 - capacity is finite when a test says so: what fits is launched and the rest is reported in
-  `Errors`, as EC2 does for instant fleets, instead of failing the call;
+  `Errors`, as EC2 does for instant fleets, instead of failing the call (EC2 API Reference, CreateFleet,
+  response element `Errors`: "Information about the instances that could not be launched by the fleet.
+  Supported only for fleets of type instant."); a size of instance can run out of one market or both
+  and come back (`exhaust`, `replenish`), reported with the code a scenario picks from EC2's own
+  (`InsufficientInstanceCapacity`, or `UnfulfillableCapacity` for spot: EC2 API Reference, "Error
+  codes for the Amazon EC2 API");
 - the same ClientToken answers with the first call's response and launches nothing again.
 
 The wrapper is thread-safe: Step Functions' Map runs the launching handlers on several threads.
@@ -52,6 +57,13 @@ CATALOG: tuple[str, ...] = (
 """The instance types the simulated EC2 chooses from: compute, general and memory-optimised x86_64
 families, burstable ones (which our requests exclude), a GPU family (which they fence out), and the
 Graviton equivalents, each from large (2 vCPU) to 8xlarge (32 vCPU) like the resource classes."""
+
+INSUFFICIENT_CAPACITY = "InsufficientInstanceCapacity"
+UNFULFILLABLE_CAPACITY = "UnfulfillableCapacity"
+CAPACITY_ERRORS = (INSUFFICIENT_CAPACITY, UNFULFILLABLE_CAPACITY)
+"""The codes EC2 reports in a fleet's `Errors` for a pool without capacity ("Error codes for the Amazon EC2
+API": InsufficientInstanceCapacity, "not enough capacity to fulfill your request"; UnfulfillableCapacity,
+"not enough spare capacity to fulfill your request for Spot Instances")."""
 
 _MANUFACTURERS = {"Intel": "intel", "AMD": "amd", "AWS": "amazon-web-services"}
 """DescribeInstanceTypes' CPU manufacturer, as InstanceRequirements' CpuManufacturers names it."""
@@ -117,6 +129,8 @@ class SimulatedEc2:
     is the answer to every attempt of the call, so a client built by `aws_clients` turns a code botocore
     retries (RequestLimitExceeded) into its ServiceBusyError, as it does when the simulator answers a
     Lambda's call from beneath its client (emulator/lambda_runtime.py).
+    `exhaust(cpu, markets, code)` leaves no capacity of any type of that many vCPUs (a resource class's
+    size) in those markets, each pool reported in `Errors` with `code`, until `replenish(cpu)`.
     `refuse_starts(n)` makes the next n StartInstances calls fail with InsufficientInstanceCapacity, as EC2
     answers a start when it has no capacity of the instance's type in its zone.
     `calls` counts CreateFleet calls (failed, replayed and launching ones) and StartInstances calls,
@@ -141,6 +155,7 @@ class SimulatedEc2:
         self.launched = 0
         self._failures: list[tuple[str, str]] = []
         self._start_refusals = 0
+        self._exhausted: dict[tuple[int, Market], str] = {}
         self._by_token: dict[str, tuple[str, dict[str, Any]]] = {}
         self._catalog: tuple[InstanceType, ...] | None = None
 
@@ -157,6 +172,20 @@ class SimulatedEc2:
         """The next `count` CreateFleet calls fail as a whole with `code` (e.g. RequestLimitExceeded)."""
         with self._lock:
             self._failures.extend([(code, message or f"simulated {code}")] * count)
+
+    def exhaust(
+        self, cpu: int, markets: Sequence[Market] = MARKETS, code: str = INSUFFICIENT_CAPACITY
+    ) -> None:
+        """No capacity of any instance type with `cpu` vCPUs in `markets` until `replenish(cpu)`."""
+        if code not in CAPACITY_ERRORS:
+            raise ValueError(f"{code} is not an error EC2 reports for a pool without capacity")
+        with self._lock:
+            self._exhausted.update({(cpu, market): code for market in markets})
+
+    def replenish(self, cpu: int) -> None:
+        """Capacity of `cpu`-vCPU types is back in every market."""
+        with self._lock:
+            self._exhausted = {key: code for key, code in self._exhausted.items() if key[0] != cpu}
 
     def refuse_starts(self, count: int) -> None:
         with self._lock:
@@ -282,6 +311,10 @@ class SimulatedEc2:
         for pool in pools:
             if wanted == 0:
                 break
+            exhausted = self._exhausted_by(market, pool)
+            if exhausted is not None:
+                errors.append({**_entry(pool), "Lifecycle": market, **_no_capacity(exhausted, market, pool)})
+                continue
             count = min(wanted, self._room(market, pool.subnet_id))
             if count > 0:
                 instance_ids = self._run(market, pool, count, params)
@@ -295,8 +328,17 @@ class SimulatedEc2:
                 )
                 wanted -= count
             if wanted > 0:
-                errors.append({**_entry(pool), "Lifecycle": market, **_insufficient(market, pool)})
+                errors.append(
+                    {**_entry(pool), "Lifecycle": market, **_no_capacity(INSUFFICIENT_CAPACITY, market, pool)}
+                )
         return instances, errors
+
+    def _exhausted_by(self, market: Market, pool: _Pool) -> str | None:
+        """The error code `exhaust` set for the pool's size in `market`, if it did."""
+        if not self._exhausted:
+            return None
+        shape = next((t for t in self.catalog() if t.name == pool.instance_type), None)
+        return None if shape is None else self._exhausted.get((shape.cpu, market))
 
     def _room(self, market: Market, subnet_id: str | None) -> int:
         limits = [self.capacity[market], self.subnet_capacity.get(subnet_id or "")]
@@ -397,15 +439,20 @@ def _entry(pool: _Pool) -> dict[str, Any]:
     return {"LaunchTemplateAndOverrides": pool.launched_from()}
 
 
-def _insufficient(market: Market, pool: _Pool) -> dict[str, str]:
-    if market == "spot":
+def _no_capacity(code: str, market: Market, pool: _Pool) -> dict[str, str]:
+    if code == UNFULFILLABLE_CAPACITY:
+        message = (
+            "Unable to fulfill capacity due to your request configuration. "
+            "Please adjust your request and try again."
+        )
+    elif market == "spot":
         message = "There is no Spot capacity available that matches your request."
     else:
         message = (
             f"We currently do not have sufficient {pool.instance_type} capacity in the Availability "
             f"Zone of {pool.subnet_id}. Our system will be working on provisioning additional capacity."
         )
-    return {"ErrorCode": "InsufficientInstanceCapacity", "ErrorMessage": message}
+    return {"ErrorCode": code, "ErrorMessage": message}
 
 
 def _instance_type(info: Mapping[str, Any]) -> InstanceType:

@@ -3,6 +3,16 @@
 Each instance's agent is given `http://127.0.0.1:<port>/<instance id>` as its metadata endpoint, so
 one server answers for all of them and tells them apart by that first path segment. Like EC2's, it
 answers only requests that carry a session token obtained with a PUT (IMDSv1 is refused).
+
+EC2's notices to a spot instance are items of its metadata, absent (404) until EC2 gives one:
+
+- `spot/instance-action`: `{"action": "terminate", "time": "<UTC>"}`, the action (`hibernate`, `stop` or
+  `terminate`) and the approximate time it happens, from the interruption warning on (EC2 User Guide, "Spot
+  Instance interruption notices", section "instance-action");
+- `events/recommendations/rebalance`: `{"noticeTime": "<UTC>"}`, when the rebalance recommendation was
+  given (EC2 User Guide, "EC2 instance rebalance recommendations", section "Use instance metadata").
+
+`notify` posts one; emulator/ec2_events.py `SpotReclaim` posts them as it warns.
 """
 
 from __future__ import annotations
@@ -19,6 +29,9 @@ from emulator.aws import ACCOUNT, REGION
 TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a URL path, not a secret
 IDENTITY_PATH = "/latest/dynamic/instance-identity/document"
 PARTITION_PATH = "/latest/meta-data/services/partition"
+INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
+REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
+NOTICE_PATHS = (INSTANCE_ACTION_PATH, REBALANCE_PATH)
 
 
 class InstanceMetadata(ThreadingHTTPServer):
@@ -30,6 +43,8 @@ class InstanceMetadata(ThreadingHTTPServer):
         self.account_id = account_id
         self.token = secrets.token_hex(16)
         self._thread: threading.Thread | None = None
+        self._notices: dict[tuple[str, str], str] = {}
+        self._notices_lock = threading.Lock()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Quiet: a client that hangs up mid-answer (a stopped runner, a timed-out call) is its business."""
@@ -53,7 +68,18 @@ class InstanceMetadata(ThreadingHTTPServer):
         if self._thread is not None:
             self._thread.join()
 
+    def notify(self, instance_id: str, path: str, item: dict[str, str]) -> None:
+        """EC2 gives `instance_id` a notice: from now on its metadata has `item` at `path` (NOTICE_PATHS)."""
+        if path not in NOTICE_PATHS:
+            raise ValueError(f"{path} is not a notice EC2 gives in instance metadata")
+        with self._notices_lock:
+            self._notices[(instance_id, path)] = json.dumps(item)
+
     def answer(self, instance_id: str, path: str) -> str | None:
+        with self._notices_lock:
+            notice = self._notices.get((instance_id, path))
+        if notice is not None:
+            return notice
         answers = {
             IDENTITY_PATH: json.dumps(
                 {"instanceId": instance_id, "region": self.region, "accountId": self.account_id}

@@ -255,6 +255,11 @@ class SimulatedInstances:
 
     # --- what a scenario does to instances
 
+    @property
+    def metadata(self) -> InstanceMetadata:
+        """The instances' metadata service, where EC2's notices to an instance are posted."""
+        return self._metadata
+
     def crash(self, instance_id: str) -> None:
         """The instance dies where it stands: agent and runner killed, no goodbye; EC2 still runs it."""
         with self._lock:

@@ -22,6 +22,7 @@ from emulator.accounting import Accounting, account
 from emulator.aws import INSTANCE_ARNS, LocalAws, local_aws
 from emulator.aws_faults import AwsFaults
 from emulator.deployment import Deployment, GitHubAppSetup, Timers, deploy
+from emulator.ec2_events import SpotReclaim
 from emulator.fake_github import FakeGitHub, FakeWorkflowRun, JobSpec
 from emulator.harness.github_app import generate_app_key
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
@@ -43,6 +44,8 @@ MOTO_STEP_FUNCTIONS = "moto.stepfunctions"
 LOST_RUNNER_SECONDS = 6.0
 """How long GitHub waits for a silent runner before it fails its job (minutes on GitHub)."""
 RECORD_WATCH_SECONDS = 0.25
+SPOT_NOTICE_SECONDS = 5.0
+"""From a spot interruption warning to the instance's end (two minutes on EC2)."""
 
 
 COMPRESSED_TIMEOUTS: dict[str, float] = {
@@ -72,10 +75,11 @@ def compressed_config(**overrides: Any) -> StackConfig:
 
 
 def accepted_permissions(config: StackConfig) -> dict[str, str]:
-    """What the installation accepts: what the manifest for the stack's registration asks, so a world
-    registering in runner groups runs with no repository administration at all."""
+    """What the installation accepts: what the manifest for the stack's registration asks (with `checks:
+    write` for the check run of jobs waiting for capacity), so a world registering in runner groups runs with
+    no repository administration at all."""
     permission, level = REGISTRATION_PERMISSIONS[config.github.effective_registration]
-    return {"actions": "write", permission: level}
+    return {"actions": "write", "checks": "write", permission: level}
 
 
 @dataclass
@@ -87,6 +91,9 @@ class World:
     timeline: Timeline
     records: StateTable
     """The state table read through a client of the emulator's own (its reads are not counted)."""
+    spot: SpotReclaim
+    """EC2 taking spot instances back: warnings to the stack's rules and the instances' metadata, then the
+    end of each instance after SPOT_NOTICE_SECONDS (emulator/ec2_events.py)."""
 
     def start_run(self, workflow: str, *jobs: JobSpec) -> FakeWorkflowRun:
         return self.github.actions.start_run(REPOSITORY, workflow, jobs)
@@ -156,7 +163,13 @@ def world(
                     timeline=timeline,
                     settings=instance_settings,
                 ) as instances:
-                    yield World(aws, github, stack, instances, timeline, records)
+                    spot = SpotReclaim(
+                        aws.client("ec2"), stack.ec2_events.put, instances.metadata, SPOT_NOTICE_SECONDS
+                    )
+                    try:
+                        yield World(aws, github, stack, instances, timeline, records, spot)
+                    finally:
+                        spot.close()
             finally:
                 watcher.stop()
                 # Executions still under way when local AWS stops fail loudly in moto's log; they are

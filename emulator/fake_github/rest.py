@@ -82,11 +82,17 @@ def readable_runs(request: Request, level: str = "read") -> str:
     may read Actions ("Actions" repository permissions (read), the fine-grained permission of the workflow
     run and job endpoints), or write them at `level` `write` (re-running); else 404 or 403 as GitHub
     answers."""
+    return permitted_repository(request, "actions", level)
+
+
+def permitted_repository(request: Request, permission: str, level: str) -> str:
+    """The repository (`owner/repo`) a route names, if the calling installation owns it and its token has
+    `permission` at `level` or above; else 404 or 403 as GitHub answers."""
     installation = request.installation
     params = request.params
     if installation is None or not installation.covers(f"{params['owner']}/{params['repo']}"):
         raise Refusal(404, "Not Found")
-    if not covers(installation.permissions.get("actions"), level):
+    if not covers(installation.permissions.get(permission), level):
         raise Refusal(403, "Resource not accessible by integration")
     return f"{params['owner']}/{params['repo']}"
 

@@ -18,6 +18,7 @@ import jwt
 
 from emulator.fake_github import (
     app_settings,
+    check_runs,
     installations,
     rest,
     runner_groups,
@@ -47,7 +48,16 @@ SHUTDOWN_POLL_SECONDS = 0.01
 """How often the server looks for a stop request; `stop` waits up to this long."""
 LOST_RUNNER_CHECK_SECONDS = 0.25
 """How often a running fake looks for runners that stopped talking."""
-_ENDPOINTS = (rest, app_settings, installations, runner_groups, runner_protocol, workflow_jobs, workflow_runs)
+_ENDPOINTS = (
+    rest,
+    app_settings,
+    check_runs,
+    installations,
+    runner_groups,
+    runner_protocol,
+    workflow_jobs,
+    workflow_runs,
+)
 """The modules whose `@route`s make up the fake; imported for their routes."""
 
 Gate = Callable[[str, Request], None]

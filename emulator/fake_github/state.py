@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 from runner_pool.domain.clock import Clock, Epoch, SystemClock
 from runner_pool.domain.runner_scope import RepositoryScope, RunnerScope
@@ -21,10 +22,10 @@ macOS") and its architecture ("x64, ARM, or ARM64") (docs.github.com, Actions, "
 runners in a workflow", Using default labels to route jobs). The fake's runners run Linux on x64."""
 RUNNER_PERMISSIONS = {"administration": "write", "organization_self_hosted_runners": "write"}
 """What an App needs for repository runners and for organisation runners."""
-APP_PERMISSIONS = {"actions": "write", **RUNNER_PERMISSIONS}
-"""The fake App's permissions, and what an installation accepts unless told otherwise: the runners', and
-`actions: write` to read a run's jobs and re-run its failed ones (what github-app-manifest.json and its
-personal-account twin ask)."""
+APP_PERMISSIONS = {"actions": "write", "checks": "write", **RUNNER_PERMISSIONS}
+"""The fake App's permissions, and what an installation accepts unless told otherwise: the runners',
+`actions: write` to read a run's jobs and re-run its failed ones, and `checks: write` for the check run of
+jobs waiting for capacity (what github-app-manifest.json and its personal-account twin ask)."""
 APP_EVENTS = ("workflow_job", "workflow_run")
 
 
@@ -265,6 +266,8 @@ class GitHubState:
     jobs: dict[int, FakeJob] = field(default_factory=dict)
     runner_groups: dict[int, FakeRunnerGroup] = field(default_factory=dict)
     """Organisations' runner groups by id, beyond the Default group every owner has."""
+    check_runs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Check runs by id, as the check-run routes answer them (emulator/fake_github/check_runs.py)."""
     redelivery_requests: list[int] = field(default_factory=list)
     calls: Counter[str] = field(default_factory=Counter)
     """Requests received, per route (`POST /app/installations/{installation_id}/access_tokens`)."""

@@ -32,6 +32,8 @@ class Interruptions(Construct):
         )
         # Expire, or mark interrupted: conditional writes of the record it has just read.
         permissions.transition_records(self.function, resources.table)
+        # A spot instance's interruption counted for its class's circuit breaker.
+        permissions.count_spot_interruptions(self.function, resources.table)
         # EC2's events carry no tags, so no pattern can narrow them to the stack's instances: the function
         # leaves alone an instance with no record (domain/interruptions.py).
         target = targets.LambdaFunction(

@@ -57,6 +57,15 @@ PRODUCT_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
             ("runs refused, not reconciled", "RunsUnservedRefused"),
             ("jobs unserved, refused", "JobsUnservedRefused"),
         ),
+        "Spot: interruptions and the circuit breaker": (
+            ("spot interruption warnings", "SpotInterruptions"),
+            ("breaker opened", "SpotBreakerOpened"),
+            ("provisions served on-demand", "SpotServedOnDemand"),
+        ),
+        "Capacity: jobs EC2 could not launch for": (
+            ("jobs waiting for capacity", "JobsWaitingForCapacity"),
+            ("waits ended, jobs served", "CapacityWaitsEnded"),
+        ),
         "Demand: webhooks and dispatch": (
             ("demand queued", "DemandQueued"),
             ("deliveries refused", "DeliveriesRefused"),
@@ -139,6 +148,22 @@ class Observability(Construct):
             _product_metric("GitHubHourShortJobs", "refresh reads spared"),
             "GitHub's hourly API limit is three quarters spent: refresh stopped reading GitHub and Create "
             "launches only what the rest can register; the GitHubHourlyRemaining metric shows the pace",
+        )
+        # EC2 is taking back a class's spot instances in a wave (domain/spot_breaker.py): its jobs pay
+        # on-demand for the cool-down, and a person may want other types or zones for it.
+        self._alarm(
+            "SpotBreakerOpened",
+            _product_metric("SpotBreakerOpened", "breaker opened"),
+            "a class's spot interruptions passed fleet.spot_breaker's threshold: its spot demand is served "
+            "on-demand for the cool-down; the interruptions function's log names the class",
+        )
+        # A provision EC2 left short after the on-demand fallback: its jobs wait and are tried again
+        # with a back-off (domain/capacity_waits.py); a person may want other types, zones or a quota.
+        self._alarm(
+            "JobsWaitingForCapacity",
+            _product_metric("JobsWaitingForCapacity", "jobs waiting for capacity"),
+            "EC2 had no capacity for a provision after the on-demand fallback: its jobs wait and are tried "
+            "again with a back-off; runner-pool status lists them with EC2's error",
         )
         for name, function in (scheduled_functions or {}).items():
             # A scheduled run that fails once is retried by the next; three in a row need a person.

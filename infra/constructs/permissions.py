@@ -19,7 +19,9 @@ from aws_cdk import aws_sqs as sqs
 
 from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_items as schema
+from runner_pool.adapters.capacity_waits import WAITS_PARTITION
 from runner_pool.adapters.registration_budget import BUDGET_PREFIX
+from runner_pool.adapters.spot_breaker import BREAKER_PREFIX
 from runner_pool.domain import doctor_readings
 from runner_pool.environment import ENV_PREFIX, STACK_TAG_KEY
 
@@ -73,6 +75,37 @@ def mark_runs_finished(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
             resources=[table.table_arn],
             conditions={
                 "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{schema.FINISHED_RUN_PREFIX}*"]},
+                "Null": {"dynamodb:LeadingKeys": "false"},
+            },
+        )
+    )
+
+
+def count_spot_interruptions(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Put, count and open the spot circuit breaker's items (adapters/spot_breaker.py) and no other
+    (dynamodb:LeadingKeys as in `mark_runs_finished`)."""
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"],
+            resources=[table.table_arn],
+            conditions={
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{BREAKER_PREFIX}*"]},
+                "Null": {"dynamodb:LeadingKeys": "false"},
+            },
+        )
+    )
+
+
+def end_capacity_waits(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Delete a run key's wait for capacity once its jobs are served (adapters/capacity_waits.py), and no
+    other item (dynamodb:LeadingKeys as in `mark_runs_finished`); noting one is a PutItem of
+    `write_records`."""
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["dynamodb:DeleteItem"],
+            resources=[table.table_arn],
+            conditions={
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [WAITS_PARTITION]},
                 "Null": {"dynamodb:LeadingKeys": "false"},
             },
         )
@@ -394,6 +427,19 @@ def _allow(grantee: iam.IGrantable, actions: list[str], resources: list[str]) ->
 def start_executions(grantee: iam.IGrantable, state_machine_arns: Sequence[str]) -> None:
     """Start executions of the named state machines (a redrive, a reconciled job, a dead runner's release)."""
     _allow(grantee, ["states:StartExecution"], list(state_machine_arns))
+
+
+def end_provisions(
+    grantee: lambda_.Function,
+    table: dynamodb.ITable,
+    state_machine_arns: Sequence[str],
+    github_tokens: lambda_.IFunction,
+) -> None:
+    """What Finish (and Dump) do beyond expiring: ask again for what a provision could not serve, and
+    note, tell (a check run, as the App) and end a run key's wait for capacity."""
+    start_executions(grantee, state_machine_arns)
+    end_capacity_waits(grantee, table)
+    act_as_github_app(grantee, github_tokens)
 
 
 def reconcile_recent_demand(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:

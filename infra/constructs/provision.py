@@ -80,7 +80,7 @@ class Provision(Construct):
 
         def finish(function: lambda_.Function) -> None:
             expire(function)
-            permissions.start_executions(function, [own_arn, release.state_machine_arn])
+            permissions.end_provisions(function, table, [own_arn, release.state_machine_arn], github_tokens)
 
         def expire(function: lambda_.Function) -> None:
             """Expire and terminate what failed or what a failed execution holds."""

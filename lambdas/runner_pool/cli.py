@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runner_pool.adapters import aws_clients
+from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.checkup import Target, TargetNotFoundError, doctor, load_manifest
 from runner_pool.domain.clock import Clock, SystemClock
@@ -87,6 +88,7 @@ class Operator:
         self._deployment = deployment
         # The CLI reads and expires only: no transition it makes depends on the timeouts' values.
         self._table = StateTable(deployment.table_name, Timeouts(), clock, dynamodb)
+        self._waits = CapacityWaits(deployment.table_name, clock, dynamodb)
         self._sqs = sqs
         self._clock = clock
         self._out = out
@@ -94,7 +96,8 @@ class Operator:
     def status(self) -> int:
         """Instances per class and state, with how many are overdue and how many wait in the pool; then
         each class's hot (idle and still offered) and stopped counts, and what its idle and stopped
-        instances cost an hour at list prices (`_idle_cost_per_hour`)."""
+        instances cost an hour at list prices (`_idle_cost_per_hour`); then the jobs waiting for capacity,
+        with EC2's reason."""
         records = self._table.live()
         now = self._clock.now()
         by_class_state = Counter((r.resource_class, r.state) for r in records)
@@ -133,7 +136,33 @@ class Operator:
             ],
             rows,
         )
+        self._capacity_waits_out(now)
         return 0
+
+    def _capacity_waits_out(self, now: float) -> None:
+        """The run keys whose jobs wait for EC2 capacity (domain/capacity_waits.py), with EC2's reason;
+        nothing when none does."""
+        waits = sorted(self._waits.all(), key=lambda wait: wait.since)
+        if not waits:
+            return
+        print("\njobs waiting for capacity", file=self._out)
+        self._table_out(
+            ["class", "usage", "jobs", "reason", "waiting", "tries", "next try", "repository", "run key"],
+            [
+                [
+                    wait.resource_class,
+                    wait.usage,
+                    str(wait.jobs),
+                    wait.reason,
+                    _duration(now - wait.since),
+                    str(wait.tries),
+                    "due" if wait.due(now) else f"in {_duration(wait.next_try - now)}",
+                    wait.repository,
+                    wait.run_key,
+                ]
+                for wait in waits
+            ],
+        )
 
     def instances(self) -> int:
         """Every live instance, oldest first."""

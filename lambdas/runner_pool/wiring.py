@@ -19,6 +19,7 @@ from typing import Any
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.backoff import Backoff
+from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
@@ -31,6 +32,7 @@ from runner_pool.adapters.pool_queues import PoolQueues
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
 from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.spot_breaker import DynamoDbSpotBreaker
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import StackConfig
@@ -162,6 +164,18 @@ class ControlPlane:
             clock=self.clock,
             client=self.client("dynamodb"),
         )
+
+    @cached_property
+    def spot_breaker(self) -> DynamoDbSpotBreaker:
+        """The classes whose spot demand goes on-demand for a while, an item of the state table per class."""
+        return DynamoDbSpotBreaker(
+            self.settings.table_name, self.config.fleet.spot_breaker, self.clock, self.client("dynamodb")
+        )
+
+    @cached_property
+    def capacity_waits(self) -> CapacityWaits:
+        """Run keys whose jobs wait for EC2 capacity, an item of the state table each."""
+        return CapacityWaits(self.settings.table_name, self.clock, self.client("dynamodb"))
 
     @cached_property
     def recent_demand(self) -> RecentDemand:

@@ -133,9 +133,11 @@ def test_the_app_manifest_asks_for_organisation_runners_and_no_repository_admini
     manifest = json.loads((PROJECT_ROOT / "github-app-manifest.json").read_text())
 
     # Then it may manage the organisation's self-hosted runners and groups, read workflow runs and re-run
-    # their failed jobs, and nothing of any repository's administration
+    # their failed jobs, write check runs (why a job waits for capacity), and nothing of any repository's
+    # administration
     assert manifest["default_permissions"] == {
         "actions": "write",
+        "checks": "write",
         "organization_self_hosted_runners": "write",
     }
     # And it subscribes to the two events the webhook serves
@@ -147,8 +149,13 @@ def test_the_personal_account_manifest_differs_only_in_repository_administration
     # Given the manifest the README gives a personal account's installation (repository registration)
     manifest = json.loads((PROJECT_ROOT / "github-app-manifest.personal-account.json").read_text())
 
-    # Then it may register runners at repositories, read and re-run workflow runs, no organisation permission
-    assert manifest["default_permissions"] == {"actions": "write", "administration": "write"}
+    # Then it may register runners at repositories, read and re-run workflow runs and write check runs, no
+    # organisation permission
+    assert manifest["default_permissions"] == {
+        "actions": "write",
+        "checks": "write",
+        "administration": "write",
+    }
     # And it is the organisation's manifest in every other respect
     organisation = json.loads((PROJECT_ROOT / "github-app-manifest.json").read_text())
     assert {k: v for k, v in manifest.items() if k != "default_permissions"} == {

@@ -50,7 +50,17 @@ def test_the_alarms_watch_dead_letters_failed_executions_and_refresh_errors(synt
         "RunnersQuarantined",
         "UnreadableRecords",
         "GitHubHourlyBudget",
+        "SpotBreakerOpened",
+        "JobsWaitingForCapacity",
     }
+
+
+def test_the_spot_breaker_alarm_fires_when_a_class_goes_on_demand(synthesis: Synthesis) -> None:
+    # Given the synthesised alarms / Then one fires on the first opening of a class's spot breaker
+    (alarm,) = [a for name, a in alarms(synthesis).items() if name.startswith("SpotBreakerOpened")]
+    assert "'SpotBreakerOpened'" in repr(alarm)
+    assert alarm["Threshold"] == 1
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
 
 
 def test_without_a_topic_the_alarms_notify_nobody(synthesis: Synthesis) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import boto3
 import pytest
 
+from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.cli import main
 from runner_pool.domain.clock import ManualClock
@@ -180,6 +181,34 @@ def test_status_counts_an_overdue_idle_instance_in_the_cost_but_not_as_hot(
     extra = {row[0]: row[7:] for row in rows[1:]}
     assert code == 0
     assert extra["large"] == ["0", "0", usd(0.08925 + VOLUME)]
+
+
+def test_status_lists_the_jobs_waiting_for_capacity_with_ec2s_reason(
+    stack: str, state_table: StateTable, clock: ManualClock, dynamodb: Any
+) -> None:
+    # Given two jobs of a run whose provision EC2 left short, a minute and a half ago
+    CapacityWaits(TABLE_NAME, clock, dynamodb).note(
+        repository="octo/app",
+        run_key="pool=7/class=large",
+        resource_class="large",
+        usage="spot",
+        reason="InsufficientInstanceCapacity (4 pools)",
+        jobs=2,
+        execution="provision-a",
+    )
+    clock.advance(90)
+
+    # When the operator asks for the status
+    code, rows = run("status", clock=clock)
+
+    # Then below the classes, the wait is listed: class, usage, jobs, EC2's reason, how long, when next
+    assert code == 0
+    at = rows.index(["jobs", "waiting", "for", "capacity"])
+    assert rows[at + 1][:4] == ["class", "usage", "jobs", "reason"]
+    assert rows[at + 2] == [
+        "large", "spot", "2", "InsufficientInstanceCapacity", "(4", "pools)", "1m30s", "1", "due",
+        "octo/app", "pool=7/class=large",
+    ]  # fmt: skip
 
 
 def test_status_says_it_does_not_know_the_price_of_a_type_missing_from_its_table(

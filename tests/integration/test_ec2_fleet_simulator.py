@@ -367,3 +367,40 @@ def test_a_launch_whose_image_parameter_is_missing_is_refused(
     with pytest.raises(FleetRequestError):
         Fleet(setup, simulated).launch(request_for(config, count=1))  # type: ignore[arg-type]
     assert ec2_instance_count(ec2) == 0
+
+
+@pytest.mark.parametrize("code", ["InsufficientInstanceCapacity", "UnfulfillableCapacity"])
+def test_a_size_run_out_of_both_markets_launches_nothing_and_says_why_until_it_is_back(
+    fleet: Fleet, simulated: SimulatedEc2, setup: FleetSetup, config: StackConfig, code: str
+) -> None:
+    # Given EC2 has no capacity of any 2-vCPU type (the large class) in either market
+    simulated.exhaust(2, code=code)
+    # When 2 large spot runners are launched, with the on-demand fallback
+    outcome = fleet.launch_with_fallback(request_for(config, "pool=42/usage=spot", count=2), FALLBACK_ON)
+    # Then nothing runs, and every subnet's pool of each market reports EC2's code
+    assert outcome.launched == ()
+    assert [(f.code, f.usage, f.subnet_id) for f in outcome.failures] == [
+        (code, usage, subnet)
+        for usage in (UsageClass.SPOT, UsageClass.ON_DEMAND)
+        for subnet in setup.subnet_ids
+    ]
+    # And another size is launched as before
+    assert len(fleet.launch(request_for(config, "pool=43/class=xlarge", count=1, key="p-2")).launched) == 1
+    # When the capacity comes back / Then the class launches again
+    simulated.replenish(2)
+    assert len(fleet.launch(request_for(config, "pool=42/usage=spot", count=2, key="p-3")).launched) == 2
+
+
+def test_a_size_run_out_of_spot_only_is_served_by_the_on_demand_fallback(
+    fleet: Fleet, simulated: SimulatedEc2, config: StackConfig
+) -> None:
+    # Given no spot capacity of 2-vCPU types
+    simulated.exhaust(2, markets=["spot"])
+    # When 2 large spot runners are launched with the fallback / Then both run on-demand
+    outcome = fleet.launch_with_fallback(request_for(config, "pool=42/usage=spot", count=2), FALLBACK_ON)
+    assert [facts.usage_class for facts in outcome.launched] == [UsageClass.ON_DEMAND] * 2
+
+
+def test_only_ec2s_capacity_codes_can_be_played(simulated: SimulatedEc2) -> None:
+    with pytest.raises(ValueError, match="RequestLimitExceeded"):
+        simulated.exhaust(2, code="RequestLimitExceeded")

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from emulator.fake_github import FakeGitHub, JobSpec, decode_jit_config
+from emulator.fake_github.payloads import HEAD_SHA
 from emulator.fake_github.state import RunTrigger
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from runner_pool.adapters.github_app import GitHubApp
@@ -786,3 +787,80 @@ def test_a_repository_scope_has_no_tier_group_to_keep(github: GitHubApp, fake: F
     # Then there is none, and GitHub was not asked
     assert github.keep_instant_group_in_step() is None
     assert not fake.state.calls["GET /installation/repositories"]
+
+
+# --- check runs: why a job waits for capacity ------------------------------------------------------
+
+CHECKS_REPOSITORY = f"{OWNER}/{REPO}"
+
+
+def test_a_check_run_is_created_in_progress_on_the_commit_and_completed(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    # Given an installation that may write checks (the fake App's permissions, as installed by default)
+    github = connect()
+    # When the control plane creates a check run on a commit
+    check_run_id = github.create_check_run(
+        CHECKS_REPOSITORY,
+        head_sha=HEAD_SHA,
+        name="runner-pool: waiting",
+        title="`build` waits",
+        summary="EC2 ...",
+    )
+    # Then GitHub holds it in progress, with its output, on that commit
+    created = dict(fake.state.check_runs[check_run_id])
+    assert (created["name"], created["head_sha"], created["status"], created["conclusion"]) == (
+        "runner-pool: waiting",
+        HEAD_SHA,
+        "in_progress",
+        None,
+    )
+    assert created["output"]["title"] == "`build` waits"
+    # When it is completed / Then it is, with its conclusion and last word
+    github.complete_check_run(
+        CHECKS_REPOSITORY, check_run_id, conclusion="success", title="back", summary="served"
+    )
+    completed = fake.state.check_runs[check_run_id]
+    assert (completed["status"], completed["conclusion"], completed["output"]["summary"]) == (
+        "completed",
+        "success",
+        "served",
+    )
+    assert completed["completed_at"] is not None
+    # And the token that did it was narrowed to checks: write
+    assert {"checks": "write"} in fake.state.token_permissions
+
+
+def test_an_installation_without_checks_write_is_refused(connect: Connect, fake: FakeGitHub) -> None:
+    # Given an installation whose owner never accepted checks: write
+    fake.state.add_installation(
+        INSTALLATION_ID, OWNER, permissions={"actions": "read", "administration": "write"}
+    )
+    github = connect()
+    # When a check run is asked for / Then GitHub refuses, and nothing is created
+    with pytest.raises(GitHubError):
+        github.create_check_run(CHECKS_REPOSITORY, head_sha=HEAD_SHA, name="n", title="t", summary="s")
+    assert fake.state.check_runs == {}
+
+
+def test_completing_a_check_run_of_another_repository_is_not_found(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    github = connect()
+    check_run_id = github.create_check_run(
+        CHECKS_REPOSITORY, head_sha=HEAD_SHA, name="n", title="t", summary="s"
+    )
+    with pytest.raises(GitHubNotFoundError):
+        github.complete_check_run(
+            f"{OWNER}/other", check_run_id, conclusion="success", title="t", summary="s"
+        )
+    assert fake.state.check_runs[check_run_id]["status"] == "in_progress"
+
+
+def test_a_runs_jobs_are_listed_with_their_names_and_head_commit(connect: Connect, fake: FakeGitHub) -> None:
+    # Given a run with a queued job
+    github = connect()
+    run = fake.actions.start_run(CHECKS_REPOSITORY, "ci", [JobSpec("build", "pool=${{ github.run_id }}")])
+    # When its jobs are listed / Then each carries the name the check run names and the commit it goes on
+    (job,), _ = github.run_jobs(CHECKS_REPOSITORY, run.run_id, 1)
+    assert (job.name, job.head_sha) == ("build", HEAD_SHA)

@@ -169,4 +169,5 @@ def test_an_instance_of_no_record_is_left_alone(local: LocalControlPlane) -> Non
         "response": "nothing",
         "why": "no record: not an instance of this stack",
         "written": False,
+        "breaker": None,
     }

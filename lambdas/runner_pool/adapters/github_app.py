@@ -3,24 +3,31 @@
 It holds the installation's HTTP client (adapters/github_api.py), narrowed per concern to the permissions
 that concern needs (domain/github_tokens.py), and hands each call to the module of its concern: our runners
 (github_runners, the registration permission), a run's jobs and trigger (github_run_jobs, github_runs:
-`actions: read`), a run's re-run (github_runs: `actions: write`), and what the doctor reads
-(github_readings). Its tokens and the App's own failed webhook deliveries come from an AppIdentity: the
-App's key (adapters/github_app_key.py) where it is held, else the token function
-(adapters/github_token_function.py).
+`actions: read`), a run's re-run (github_runs: `actions: write`), the check run of jobs waiting for
+capacity (github_check_runs: `checks: write`), and what the doctor reads (github_readings). Its tokens and
+the App's own failed webhook deliveries come from an AppIdentity: the App's key (adapters/github_app_key.py)
+where it is held, else the token function (adapters/github_token_function.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from runner_pool.adapters import github_readings, github_run_jobs, github_runs
+from runner_pool.adapters import github_check_runs, github_readings, github_run_jobs, github_runs
 from runner_pool.adapters.github_api import GITHUB_API_URL, GitHubApi
 from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
 from runner_pool.adapters.github_app_key import GitHubAppKey
+from runner_pool.adapters.github_check_runs import Conclusion
 from runner_pool.adapters.github_runners import GitHubRunners
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.doctor_readings import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
-from runner_pool.domain.github_tokens import RUN_READS, RUN_RERUNS, AppIdentity, registration_permissions
+from runner_pool.domain.github_tokens import (
+    CHECK_WRITES,
+    RUN_READS,
+    RUN_RERUNS,
+    AppIdentity,
+    registration_permissions,
+)
 from runner_pool.domain.instant import TierGroupAccess
 from runner_pool.domain.registration_budget import HourlyQuota
 from runner_pool.domain.reruns import RunNow
@@ -81,6 +88,7 @@ class GitHubApp:
         )
         self._runs = self._api.narrowed(RUN_READS)
         self._reruns = self._api.narrowed(RUN_RERUNS)
+        self._checks = self._api.narrowed(CHECK_WRITES)
         self._installation = self._api.narrowed(None)
         """Everything the installation was granted: the doctor's reads of its settings."""
         self._runners = GitHubRunners(
@@ -158,6 +166,18 @@ class GitHubApp:
 
     def rerun_failed_jobs(self, repository: str, run_id: int) -> None:
         github_runs.rerun_failed_jobs(self._reruns, repository, run_id)
+
+    def create_check_run(self, repository: str, *, head_sha: str, name: str, title: str, summary: str) -> int:
+        return github_check_runs.create_check_run(
+            self._checks, repository, head_sha=head_sha, name=name, title=title, summary=summary
+        )
+
+    def complete_check_run(
+        self, repository: str, check_run_id: int, *, conclusion: Conclusion, title: str, summary: str
+    ) -> None:
+        github_check_runs.complete_check_run(
+            self._checks, repository, check_run_id, conclusion=conclusion, title=title, summary=summary
+        )
 
     def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]:
         return self._identity.failed_deliveries(since)

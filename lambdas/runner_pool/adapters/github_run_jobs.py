@@ -46,4 +46,6 @@ def _run_job(job: Job) -> RunJob:
         created_at=job.created_at.timestamp(),
         runner_id=job.runner_id,
         runner_name=job.runner_name,
+        name=job.name,
+        head_sha=job.head_sha,
     )

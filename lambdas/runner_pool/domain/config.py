@@ -38,6 +38,7 @@ from runner_pool.domain.runner_scope import (
     registration_for,
 )
 from runner_pool.domain.settings import SettingError, Settings
+from runner_pool.domain.spot_breaker import SpotBreakerSettings
 from runner_pool.domain.timeouts import Timeouts
 from runner_pool.domain.trust import WORKFLOW_EVENTS, TrustLevel, reuses
 from runner_pool.domain.warm_schedule import WarmMinimum
@@ -124,6 +125,8 @@ class FleetSettings(Settings):
     rerun_interrupted_jobs: bool = True
     """Ask GitHub to re-run a run's failed jobs, once per attempt, when one failed because EC2 interrupted
     its spot instance; the re-run is served on-demand (domain/reruns.py)."""
+    spot_breaker: SpotBreakerSettings = SpotBreakerSettings()
+    """When a class's spot demand is served on-demand for a while (domain/spot_breaker.py)."""
 
 
 class ReuseScope(StrEnum):

@@ -30,6 +30,11 @@ RUN_RERUNS: Permissions = MappingProxyType({"actions": "write"})
 """Re-running a run's failed jobs ("Re-run failed jobs from a workflow run": fine-grained permission
 "Actions" repository permissions (write)), which includes reading the run first."""
 
+CHECK_WRITES: Permissions = MappingProxyType({"checks": "write"})
+"""The check run that tells a job's author why the job waits for capacity ("Create a check run", "Update a
+check run": fine-grained permission "Checks" repository permissions (write); "To create a check run, you
+must use a GitHub App")."""
+
 
 def registration_permissions(registration: Registration) -> Permissions:
     """Registering, listing and removing our runners, and the runner groups they register into: the one

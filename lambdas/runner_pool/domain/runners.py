@@ -79,6 +79,10 @@ class RunJob:
     """When the job was queued."""
     runner_id: int | None = None
     runner_name: str | None = None
+    name: str = ""
+    """The job's name as the workflow run shows it (a matrix job's with its values)."""
+    head_sha: str | None = None
+    """The commit the job's run is for."""
 
     @property
     def queued(self) -> bool:

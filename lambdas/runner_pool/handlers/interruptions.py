@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -15,8 +16,18 @@ from runner_pool.wiring import control_plane
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 def hear(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    heard = Interruptions(control_plane().state_table).hear(Ec2Event.model_validate(event))
-    logger.info("ec2 notice heard", notice=event.get("detail-type"), **vars(heard))
+    plane = control_plane()
+    heard = Interruptions(plane.state_table, plane.spot_breaker).hear(Ec2Event.model_validate(event))
+    answer = {**asdict(heard), "response": heard.response.value}
+    logger.info("ec2 notice heard", notice=event.get("detail-type"), **answer)
     if heard.written:
         count(f"Ec2Notice.{heard.response}")
-    return {**vars(heard), "response": heard.response.value}
+    if heard.breaker is not None:
+        count("SpotInterruptions")
+        if heard.breaker.opened:
+            count("SpotBreakerOpened")
+            logger.warning(
+                "spot circuit breaker opened: the class's spot demand is served on-demand until open_until",
+                **asdict(heard.breaker),
+            )
+    return answer

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from runner_pool.domain.executions import MalformedRequestError, ProvisionRequest
 from runner_pool.domain.provision import ClaimWorker, Creation, ProvisionPlan, WorkerResult
 from runner_pool.observability import logger, tracer
+from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.provision import Provision
 from runner_pool.wiring import ControlPlane, control_plane
 
@@ -71,6 +72,10 @@ def provision_of(plane: ControlPlane, time_left: Callable[[], float] | None = No
         notices=lambda: plane.notices,
         pause=plane.pause,
         time_left=time_left,
+        spot_breaker=lambda: plane.spot_breaker,
+        capacity_waits=CapacityWaitSteps(
+            lambda: plane.capacity_waits, clock=plane.clock, check_runs=lambda: plane.github
+        ),
     )
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from runner_pool.domain.refresh import RefreshReport, refresh_tick
 from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.observability import logger, metrics, tracer
+from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.refresh import Refresh
 from runner_pool.wiring import ControlPlane, control_plane
 
@@ -68,6 +69,9 @@ def refresh_of(plane: ControlPlane) -> Refresh:
         notices=lambda: plane.notices,
         pickup=lambda: plane.pickup,
         budget=lambda: plane.registration_budget,
+        capacity_waits=CapacityWaitSteps(
+            lambda: plane.capacity_waits, clock=plane.clock, check_runs=lambda: plane.github
+        ),
     )
 
 

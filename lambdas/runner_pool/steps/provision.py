@@ -16,10 +16,13 @@ from runner_pool.adapters.fleet import LAUNCH_TAG, Fleet
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.runner_credentials import RunnerCredentials
+from runner_pool.adapters.spot_breaker import DynamoDbSpotBreaker
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.capacity_waits import shortfall_reason
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
+from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import (
     PickupManager,
@@ -39,7 +42,9 @@ from runner_pool.domain.provision import (
 from runner_pool.domain.records import REGISTERED_SIGNALS, PoolMessage, UsageClass
 from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubRateLimitedError, RunnerRegistry
+from runner_pool.domain.spot_breaker import usage_for
 from runner_pool.observability import count, logger, seconds
+from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.claim_workers import ClaimWorkers, warn_of
 from runner_pool.steps.creation import FleetCreation
 from runner_pool.steps.hand_over import (
@@ -73,10 +78,14 @@ class Provision:
         notices: NoticeSource = no_notices,
         pause: Callable[[float], None] = time.sleep,
         time_left: Callable[[], float] | None = None,
+        spot_breaker: Callable[[], DynamoDbSpotBreaker] | None = None,
+        capacity_waits: CapacityWaitSteps | None = None,
     ) -> None:
         """`executions(machine)` starts provisions on `machine` (a step's own state machine), else on the
         configured one. `pause` is how a step waits briefly in-line; `time_left`, the seconds its Lambda
-        has left (the invocation's context; None: no limit)."""
+        has left (the invocation's context; None: no limit). `spot_breaker`: which classes' spot demand is
+        served on-demand for now (None: none). `capacity_waits`: how a provision EC2 left short has its
+        jobs wait for capacity (None: it asks again at once, as for any shortfall)."""
         self._table = table
         self._clock = clock
         self._config = config
@@ -87,6 +96,8 @@ class Provision:
         self._budget = budget
         self._recent_demand = recent_demand
         self._executions = executions
+        self._spot_breaker = spot_breaker
+        self._capacity_waits = capacity_waits
         self._handing = HandOver(
             table,
             github=config.github,
@@ -130,6 +141,7 @@ class Provision:
         spec = request.key.resolve(config)
         if request.on_demand:
             spec = spec.model_copy(update={"usage": UsageClass.ON_DEMAND})
+        spec = self._usage(spec)
         planned = plan(request, spec, execution, self._timeouts, self._clock.now(), reuse=config.reuse)
         if spec.run_id.isdigit():
             try:
@@ -152,6 +164,23 @@ class Provision:
             # emptied queue, to launch anyway. Creation it is, as fast as a cold request can be.
             return planned.model_copy(update={"creation_only": True})
         return self._pick_up(planned)
+
+    def _usage(self, spec: RunnerSpec) -> RunnerSpec:
+        """The spec with the usage it is served on: on-demand while its class's spot breaker is open
+        (domain/spot_breaker.py). Pickup and creation both follow it; the runner keeps the job's labels."""
+        if self._spot_breaker is None or spec.usage is not UsageClass.SPOT:
+            return spec
+        open_until = self._spot_breaker().open_until(spec.resource_class)
+        usage = usage_for(spec.usage, open_until, self._clock.now())
+        if usage is spec.usage:
+            return spec
+        count("SpotServedOnDemand")
+        logger.info(
+            "spot circuit breaker open: served on-demand",
+            resource_class=spec.resource_class,
+            until=open_until,
+        )
+        return spec.model_copy(update={"usage": usage})
 
     def _pick_up(self, provision: ProvisionPlan) -> ProvisionPlan:
         """One pickup for every slot, before the claim workers start, each instance it
@@ -326,9 +355,15 @@ class Provision:
         and each ready instance's runner serves one job of the run, so it runs whatever the others did.
         """
         spec = provision.spec
-        if self._table.run_finished(spec.run_key):
-            return self._give_up(provision, workers, creation)
         workers = list(workers)
+        if self._table.run_finished(spec.run_key):
+            if self._capacity_waits is not None:
+                # A short job can run and its run finish before Finish: capacity came, if anything held.
+                held = creation.launched or any(worker.instance_id for worker in workers)
+                self._capacity_waits.run_finished(
+                    provision.request.repository, spec.run_key, served=bool(held)
+                )
+            return self._give_up(provision, workers, creation)
         claimed: list[tuple[str, str | None, float]] = [
             (worker.instance_id, worker.claim_token, worker.handed_over_at or provision.started_at)
             for worker in workers
@@ -363,13 +398,20 @@ class Provision:
             logger.warning("instances never got ready", failed=creation.failed, pending=creation.pending)
         if moved_on:
             logger.warning("ready instances moved on before Finish, serving nothing", instances=moved_on)
+        short_of_capacity = shortfall_reason(
+            creation.requested, len(creation.launched), creation.launch_errors
+        )
         if refused is not None:
             # Asking again would be refused again: the jobs are left unserved, with GitHub's reason.
             count("JobsUnservedRefused", outcome.unserved)
             logger.error("jobs left unserved: GitHub refused their runners", reason=refused)
             self._note_refusal(provision, refused)
+        elif outcome.unserved > 0 and short_of_capacity is not None and self._capacity_waits is not None:
+            self._capacity_waits.wait(provision, outcome.unserved, short_of_capacity)
         else:
             self._redrive(provision, outcome.unserved, machine)
+        if outcome.unserved == 0 and self._capacity_waits is not None:
+            self._capacity_waits.served(provision.request.repository, spec.run_key)
         return outcome
 
     def _note_refusal(self, provision: ProvisionPlan, reason: str) -> None:

@@ -44,6 +44,7 @@ from runner_pool.domain.registration_budget import REFRESH_FLOOR, RegistrationBu
 from runner_pool.domain.runner_scope import OrganizationScope, Registration
 from runner_pool.domain.runners import RunJob, RunnerRegistry, RunnerRemoval, RunnerStatus
 from runner_pool.observability import logger
+from runner_pool.steps.capacity_waits import CapacityWaitSteps
 
 TimeLeft = Callable[[], float]
 """Seconds the run has left before its Lambda's timeout."""
@@ -61,9 +62,11 @@ class RunReconciliation:
         executions: Callable[[], Executions] | None,
         time_left: TimeLeft,
         budget: Callable[[], RegistrationBudget] | None = None,
+        capacity_waits: CapacityWaitSteps | None = None,
     ) -> None:
         """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing. With `budget`,
-        jobs 6 and 9 read GitHub only while its hourly remainder is above refresh's floor."""
+        jobs 6 and 9 read GitHub only while its hourly remainder is above refresh's floor. With
+        `capacity_waits`, job 9 leaves a run key that waits for capacity alone until its next try."""
         self._table = table
         self._registry = registry
         self._clock = clock
@@ -72,6 +75,7 @@ class RunReconciliation:
         self._executions = executions
         self._time_left = time_left
         self._budget = budget
+        self._capacity_waits = capacity_waits
 
     def _out_of_time(self, report: RefreshReport, job: str) -> bool:
         """Whether the job stops here, its rest left to the next run (and noted as cut short)."""
@@ -207,6 +211,10 @@ class RunReconciliation:
             if now - run.demand_at > RECENT_DEMAND_SECONDS or all(
                 self._table.run_finished(run_key) for run_key in run.run_keys
             ):
+                if self._capacity_waits is not None:
+                    # Nothing asks for its jobs any more: a wait for capacity ends with the run.
+                    for run_key in run.run_keys:
+                        self._capacity_waits.run_finished(run.repository, run_key, served=False)
                 self._recent.forget(run)
                 continue
             if now < run.busy_until:
@@ -228,6 +236,22 @@ class RunReconciliation:
             report.runs_reconciled += 1
             if self._reprovision(report, run, jobs, self._executions(), tick=tick, now=now):
                 self._recent.busy(run, busy_seconds(self._config.timeouts))
+
+    def _backing_off(self, repository: str, run_key: str, now: Epoch) -> bool:
+        """Whether the run key waits for capacity and its next try has not come (domain/capacity_waits.py)."""
+        if self._capacity_waits is None:
+            return False
+        wait = self._capacity_waits.waiting(repository, run_key)
+        if wait is None or wait.due(now):
+            return False
+        logger.warning(
+            "queued jobs wait for capacity; not provisioned again until the back-off passes",
+            run_key=run_key,
+            reason=wait.reason,
+            tries=wait.tries,
+            next_try=wait.next_try,
+        )
+        return True
 
     def _reprovision(
         self,
@@ -263,7 +287,7 @@ class RunReconciliation:
             ]
             # One provision's worth a run at a time (Step Functions' quotas); the rest at the next refresh.
             missing = min(len(waiting) - len(free), PROVISION_LIMIT)
-            if missing <= 0:
+            if missing <= 0 or self._backing_off(run.repository, run_key, now):
                 continue
             logger.warning(
                 "queued jobs have no runner of ours; provisioning them again",

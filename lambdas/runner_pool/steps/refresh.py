@@ -99,6 +99,7 @@ from runner_pool.domain.stopped_tier import (
     to_stop,
 )
 from runner_pool.observability import logger
+from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.notices import NoticeSource, close_queues, no_notices, open_queues
 from runner_pool.steps.reconcile import RunReconciliation, TimeLeft
 
@@ -120,8 +121,10 @@ class Refresh:
         notices: NoticeSource = no_notices,
         pickup: Callable[[], PickupManager] | None = None,
         budget: Callable[[], RegistrationBudget] | None = None,
+        capacity_waits: CapacityWaitSteps | None = None,
     ) -> None:
-        """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing."""
+        """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing. With
+        `capacity_waits`, job 9 provisions a run key waiting for capacity only once its back-off is over."""
         self._table = table
         self._fleet = fleet
         self._queues = queues
@@ -135,6 +138,7 @@ class Refresh:
         self._notices = notices
         self._pickup = pickup
         self._budget = budget
+        self._capacity_waits = capacity_waits
 
     def run(self, tick: int, time_left: TimeLeft = lambda: math.inf) -> RefreshReport:
         """Every job in turn while `time_left()` (seconds) allows; the rest are deferred to the next run,
@@ -151,6 +155,7 @@ class Refresh:
             executions=self._executions,
             time_left=time_left,
             budget=self._budget,
+            capacity_waits=self._capacity_waits,
         )
         jobs: list[tuple[str, Callable[[RefreshReport], None]]] = [
             ("vanished", self._expire_vanished),

@@ -1,0 +1,122 @@
+"""Jobs waiting for capacity: what EC2 refused a provision, and when to ask again.
+
+A provision whose creation launched fewer instances than it asked for, with EC2's reasons in the fleet's
+`Errors` (CreateFleet reports a pool it could not launch in instead of failing the call: EC2 API
+Reference, CreateFleet, response element `Errors`), ends short after the on-demand fallback. Asking again
+at once would meet the same answer: the run key's wait is noted instead, with EC2's error codes, and
+refresh's reconciliation provisions the still-queued jobs again only once `next_try` has come, each try
+waiting twice as long as the one before, from a minute up to a quarter of an hour. A provision that serves
+every job of the run key ends the wait. Until then the operator sees it in `runner-pool status`, the
+`JobsWaitingForCapacity` metric and its alarm, and the job's author a check run on the run's head commit
+that names the jobs, the class and EC2's error (`waiting_check`), completed when they are served
+(`served_check`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from runner_pool.domain.clock import Epoch
+
+FIRST_BACKOFF_SECONDS = 60.0
+"""The first wait after a shortfall: refresh's schedule, the soonest reconciliation looks again anyway."""
+CHECK_RUN_NAME = "runner-pool: waiting for EC2 capacity"
+"""The check run's name, one per run key and commit, beside the workflow's own checks."""
+MAX_JOB_NAMES = 5
+MAX_BACKOFF_SECONDS = 900.0
+"""The longest wait between tries: capacity that comes back is used within a quarter of an hour, and a
+class out of capacity for hours costs four CreateFleet calls an hour per run key, not sixty."""
+
+
+def backoff_seconds(tries: int) -> float:
+    """How long after its `tries`-th short provision a run key is tried again."""
+    return min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * float(2 ** max(0, tries - 1)))
+
+
+def shortfall_reason(requested: int, launched: int, launch_errors: Mapping[str, int]) -> str | None:
+    """EC2's reason for a creation that launched fewer than it asked for, as its error codes with the
+    number of pools each refused; None when EC2 launched everything, or said nothing."""
+    if launched >= requested or not launch_errors:
+        return None
+    return ", ".join(
+        f"{code} ({pools} pool{'s' if pools != 1 else ''})" for code, pools in sorted(launch_errors.items())
+    )
+
+
+@dataclass(frozen=True)
+class CapacityWait:
+    """The jobs of one run key that a provision could not get capacity for."""
+
+    repository: str
+    run_key: str
+    resource_class: str
+    usage: str
+    reason: str
+    """EC2's error codes (`shortfall_reason`)."""
+    jobs: int
+    """Jobs left unserved by the last short provision."""
+    since: Epoch
+    tries: int
+    next_try: Epoch
+    last_execution: str
+    """The provision that noted it last: a retried Finish of the same execution counts no second try."""
+    check_run_id: int | None = None
+    """The check run that tells the jobs' author why they wait; None until one is created."""
+
+    def due(self, now: Epoch) -> bool:
+        return now >= self.next_try
+
+    def tried_again(self, *, execution: str, jobs: int, reason: str, now: Epoch) -> CapacityWait:
+        """This wait after another short provision (`execution`), unless it is the one noted already."""
+        if execution == self.last_execution:
+            return self
+        tries = self.tries + 1
+        return replace(
+            self,
+            reason=reason,
+            jobs=jobs,
+            tries=tries,
+            next_try=now + backoff_seconds(tries),
+            last_execution=execution,
+        )
+
+
+def _named(job_names: Sequence[str], jobs: int) -> str:
+    shown = [f"`{name}`" for name in job_names[:MAX_JOB_NAMES]]
+    more = jobs - len(shown)
+    if not shown:
+        return f"{jobs} job{'s' if jobs != 1 else ''}"
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def waiting_check(wait: CapacityWait, job_names: Sequence[str]) -> tuple[str, str]:
+    """The check run's title and summary while the jobs wait: the jobs, their class and EC2's error."""
+    jobs = _named(job_names, wait.jobs)
+    verb = "waits" if wait.jobs == 1 else "wait"
+    title = f"{jobs} {verb} for a `{wait.resource_class}` runner: EC2 has no capacity"
+    summary = (
+        f"EC2 could not launch an instance of resource class `{wait.resource_class}` ({wait.usage}, then "
+        f"on-demand) for {jobs}: {wait.reason}. runner-pool asks again with a back-off, from a minute up to "
+        f"a quarter of an hour ({wait.tries} tr{'ies' if wait.tries != 1 else 'y'} so far), and completes "
+        "this check when the jobs have their runners. Other instance types (`types=`), another class, or "
+        "more subnets give EC2 more pools to choose from."
+    )
+    return title, summary
+
+
+def served_check(wait: CapacityWait, now: float) -> tuple[str, str]:
+    """The check run's title and summary once the jobs are served."""
+    minutes = max(0, round((now - wait.since) / 60))
+    title = f"Capacity is back: the `{wait.resource_class}` jobs have their runners"
+    summary = (
+        f"EC2 launched the jobs' instances after {minutes} minute{'s' if minutes != 1 else ''} of waiting."
+    )
+    return title, summary
+
+
+def finished_check(wait: CapacityWait) -> tuple[str, str]:
+    """The check run's title and summary when the run finished before capacity came back."""
+    title = "The run finished while its jobs waited for capacity"
+    summary = f"runner-pool stopped waiting for `{wait.resource_class}` capacity for it: {wait.reason}."
+    return title, summary

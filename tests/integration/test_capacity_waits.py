@@ -1,0 +1,152 @@
+"""Jobs waiting for capacity: a provision EC2 leaves short notes their wait instead of asking again at once,
+refresh asks again only after the back-off, and the provision that serves them ends the wait (moto, the
+real provision machine, the fake GitHub)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from emulator.fake_github import JobSpec
+from emulator.fake_github.payloads import HEAD_SHA
+from emulator.harness.github_app import OWNER, REPO
+from emulator.harness.provision_world import ProvisionWorld, output, provision_world
+from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS
+from runner_pool.environment import STACK_TAG_KEY
+from runner_pool.steps.capacity_waits import CapacityWaitSteps
+from runner_pool.steps.refresh import Refresh
+from runner_pool.wiring import ControlPlane
+from tests.integration.test_refresh_reconcile import REFRESH_HANDLER, StartedExecutions
+
+REPOSITORY = f"{OWNER}/{REPO}"
+RUN = "pool=4242"
+
+
+@pytest.fixture
+def world() -> Iterator[ProvisionWorld]:
+    with provision_world() as built:
+        yield built
+        accounting = built.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def refresh_with_waits(plane: ControlPlane, started: StartedExecutions) -> Refresh:
+    """Refresh over the plane with its jobs' waits for capacity, its started executions recorded in `started`."""
+    return Refresh(
+        plane.state_table,
+        plane.fleet,
+        plane.pool_queues,
+        lambda: plane.github,
+        clock=plane.clock,
+        config=plane.config,
+        stack_tag=(STACK_TAG_KEY, "runner-pool-local"),
+        recent_demand=plane.recent_demand,
+        executions=lambda: started,  # type: ignore[arg-type,return-value]
+        capacity_waits=CapacityWaitSteps(
+            lambda: plane.capacity_waits, clock=plane.clock, check_runs=lambda: plane.github
+        ),
+    )
+
+
+def test_a_class_out_of_capacity_waits_with_ec2s_reason_and_is_served_when_it_is_back(
+    world: ProvisionWorld,
+) -> None:
+    # Given a run with two queued jobs, and EC2 without capacity of the large class's size, spot or on-demand
+    run = world.github.actions.start_run(
+        REPOSITORY, "ci", [JobSpec("test", "pool=${{ github.run_id }}", matrix=2)]
+    )
+    run_key = f"pool={run.run_id}"
+    world.ec2.exhaust(2)
+    # When a provision asks for their two runners
+    result = output(world.provision(run_key, 2))
+    # Then nothing was launched, and the jobs' wait is noted with EC2's reason instead of asking again at once
+    assert result["cold"] == []
+    (wait,) = world.plane.capacity_waits.all()
+    assert (wait.run_key, wait.resource_class, wait.usage, wait.jobs, wait.tries) == (
+        run_key,
+        "large",
+        "spot",
+        2,
+        1,
+    )
+    assert wait.reason.startswith("InsufficientInstanceCapacity (")
+    assert wait.next_try == pytest.approx(world.clock.now() + 60, abs=5)
+    assert world.ec2.calls["CreateFleet"] == 2  # spot, then the on-demand fallback; no redrive
+    # And the jobs' author finds a check run on the run's commit naming the jobs, the class and EC2's error
+    (check_run,) = world.github.state.check_runs.values()
+    assert wait.check_run_id == check_run["id"]
+    assert (check_run["head_sha"], check_run["status"]) == (HEAD_SHA, "in_progress")
+    assert check_run["output"]["title"].startswith("`test")
+    assert check_run["output"]["title"].endswith("wait for a `large` runner: EC2 has no capacity")
+    assert "`large`" in check_run["output"]["summary"]
+    assert "InsufficientInstanceCapacity" in check_run["output"]["summary"]
+    # When another provision ends short / Then the wait is tried once more, and no second check run is made
+    output(world.provision(run_key, 2, name="second"))
+    (again,) = world.plane.capacity_waits.all()
+    assert again.tries == 2
+    assert len(world.github.state.check_runs) == 1
+    # When capacity is back and the jobs are provisioned again
+    world.ec2.replenish(2)
+    served = output(world.provision(run_key, 2, name="third"))
+    # Then they are served, the wait is over, and the check run concluded
+    assert len(served["cold"]) == 2
+    assert world.plane.capacity_waits.all() == []
+    assert (check_run["status"], check_run["conclusion"]) == ("completed", "success")
+
+
+def test_refresh_asks_again_for_waiting_jobs_only_after_the_back_off(world: ProvisionWorld) -> None:
+    local = world.local
+    plane = local.plane
+    # Given a run whose two queued jobs wait for capacity after one short provision
+    run = local.github.actions.start_run(
+        REPOSITORY, "ci", [JobSpec("test", "pool=${{ github.run_id }}", matrix=2)]
+    )
+    run_key = f"pool={run.run_id}"
+    plane.recent_demand.note(REPOSITORY, run.run_id, 1, run_key, busy_for=0)
+    wait = plane.capacity_waits.note(
+        repository=REPOSITORY,
+        run_key=run_key,
+        resource_class="large",
+        usage="spot",
+        reason="InsufficientInstanceCapacity (2 pools)",
+        jobs=2,
+        execution="provision-first",
+    )
+    local.clock.advance(RECONCILE_GRACE_SECONDS)
+    started = StartedExecutions()
+    refresh = refresh_with_waits(plane, started)
+    check = local.policy_check
+    # When refresh reconciles before the next try / Then the jobs are left to wait
+    with check.acting_as(check.iam.function(REFRESH_HANDLER)):
+        assert refresh.run(1).jobs_reprovisioned == 0
+    # When the back-off has passed / Then they are provisioned again
+    local.clock.advance(wait.next_try - local.clock.now())
+    with check.acting_as(check.iam.function(REFRESH_HANDLER)):
+        assert refresh.run(2).jobs_reprovisioned == 2
+    (again,) = started.provisions.values()
+    assert (again.run_key, again.count) == (run_key, 2)
+
+
+def test_a_run_that_finishes_while_its_jobs_wait_ends_the_wait_and_concludes_its_check_run(
+    world: ProvisionWorld,
+) -> None:
+    local = world.local
+    plane = local.plane
+    # Given a run whose job waits for capacity after a short provision, its author told by a check run
+    run = local.github.actions.start_run(REPOSITORY, "ci", [JobSpec("test", "pool=${{ github.run_id }}")])
+    run_key = f"pool={run.run_id}"
+    plane.recent_demand.note(REPOSITORY, run.run_id, 1, run_key, busy_for=0)
+    world.ec2.exhaust(2)
+    output(world.provision(run_key, 1))
+    (check_run,) = world.github.state.check_runs.values()
+    assert check_run["status"] == "in_progress"
+    # When the run is cancelled (its release marks it finished), and refresh reconciles
+    plane.state_table.mark_run_finished(run_key)
+    refresh = refresh_with_waits(plane, StartedExecutions())
+    check = local.policy_check
+    with check.acting_as(check.iam.function(REFRESH_HANDLER)):
+        refresh.run(1)
+    # Then the wait is over, and the check run says the run finished first, without claiming success
+    assert plane.capacity_waits.all() == []
+    assert (check_run["status"], check_run["conclusion"]) == ("completed", "neutral")
