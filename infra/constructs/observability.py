@@ -57,10 +57,13 @@ PRODUCT_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
             ("runs refused, not reconciled", "RunsUnservedRefused"),
             ("jobs unserved, refused", "JobsUnservedRefused"),
         ),
-        "Spot: interruptions and the circuit breaker": (
+        "Spot: interruptions, re-runs and the circuit breaker": (
             ("spot interruption warnings", "SpotInterruptions"),
             ("breaker opened", "SpotBreakerOpened"),
             ("provisions served on-demand", "SpotServedOnDemand"),
+            ("runs re-run after an interruption", "InterruptedRunsRerun"),
+            ("re-runs GitHub refused", "InterruptedRerunsRefused"),
+            ("re-runs not asked (release failed)", "InterruptedRerunsFailed"),
         ),
         "Capacity: jobs EC2 could not launch for": (
             ("jobs waiting for capacity", "JobsWaitingForCapacity"),
@@ -156,6 +159,15 @@ class Observability(Construct):
             _product_metric("SpotBreakerOpened", "breaker opened"),
             "a class's spot interruptions passed fleet.spot_breaker's threshold: its spot demand is served "
             "on-demand for the cool-down; the interruptions function's log names the class",
+        )
+        # GitHub refused to re-run a run whose job an interruption failed (most often: the installation has
+        # not accepted `actions: write`): the job stays failed until a person re-runs it.
+        self._alarm(
+            "InterruptedRerunsRefused",
+            _product_metric("InterruptedRerunsRefused", "re-runs refused"),
+            "GitHub refused to re-run the failed jobs of a run an interruption failed (domain/reruns.py): "
+            "the job stays failed until a person re-runs it; the dispatcher's log names the run and GitHub's "
+            "answer (check that the installation accepted actions: write)",
         )
         # A provision EC2 left short after the on-demand fallback: its jobs wait and are tried again
         # with a back-off (domain/capacity_waits.py); a person may want other types, zones or a quota.

@@ -51,6 +51,7 @@ def test_the_alarms_watch_dead_letters_failed_executions_and_refresh_errors(synt
         "UnreadableRecords",
         "GitHubHourlyBudget",
         "SpotBreakerOpened",
+        "InterruptedRerunsRefused",
         "JobsWaitingForCapacity",
     }
 
