@@ -36,9 +36,11 @@ def target_of(system: World) -> JobTarget:
     return JobTarget(sources, settings.config)
 
 
-def story(system: World, run: FakeWorkflowRun, *, as_json: bool = True) -> Any:
+def story(system: World, run: FakeWorkflowRun, *, as_json: bool = True, whole_run: bool = False) -> Any:
+    """What the job command prints for the run's first job (`whole_run`: for the run's URL)."""
     out = io.StringIO()
-    url = f"https://github.com/{REPOSITORY}/actions/runs/{run.run_id}/job/{run.job_ids[0]}"
+    url = f"https://github.com/{REPOSITORY}/actions/runs/{run.run_id}"
+    url += "" if whole_run else f"/job/{run.job_ids[0]}"
     code = job(target_of(system), url, system.aws.client, SystemClock(), out, as_json=as_json)
     assert code == 0, out.getvalue()
     return json.loads(out.getvalue()) if as_json else out.getvalue()
@@ -82,6 +84,8 @@ def test_the_story_of_a_cold_job_and_of_the_warm_job_that_reused_its_instance(sy
         for index, step in enumerate(timed[1:], start=1):
             latest = max(earlier["at"] for earlier in timed[:index])
             assert step["wait_seconds"] == pytest.approx(max(0.0, step["at"] - latest)), timed
+    # And the run's URL tells each of its jobs' stories, here its one job's
+    assert [told["ref"]["job_id"] for told in story(system, second, whole_run=True)] == second.job_ids
     # And the text form tells the same story, headed by the job and its instance
     text = story(system, second, as_json=False)
     assert text.splitlines()[0] == (
