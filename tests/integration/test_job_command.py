@@ -14,7 +14,7 @@ from emulator.resources import create_idempotency_table
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.cli import main
 from runner_pool.domain.clock import ManualClock
-from runner_pool.domain.executions import ProvisionRequest
+from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
 from tests.conftest import REGION, TABLE_NAME
 
 STACK = "RunnerPool"
@@ -24,6 +24,7 @@ RUN_ID = 41
 JOB_ID = 4101
 URL = f"https://github.com/{REPOSITORY}/actions/runs/{RUN_ID}/job/{JOB_ID}"
 ROLE = "arn:aws:iam::123456789012:role/states"
+INSTANCE = "i-0123456789abcdef0"
 PASS = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}})
 
 
@@ -91,6 +92,47 @@ def test_a_counted_job_is_told_from_the_ledger_and_its_provision(
     assert told["ref"] == {"repository": REPOSITORY, "run_id": RUN_ID, "job_id": JOB_ID}
     assert len(told["gaps"]) == 1
     assert told["gaps"][0].startswith("queued time: the stack config is not readable")
+
+
+def test_the_jobs_redrive_and_release_are_found_among_the_executions_since_its_first_provision(
+    stack: str, machines: dict[str, str], dynamodb: Any, clock: ManualClock
+) -> None:
+    # Given the job's provision, another run's provision, the job's redrive, and releases of the job and
+    # of another job
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    first = ProvisionRequest(repository=REPOSITORY, run_key=f"pool={RUN_ID}", count=1, job_ids=(JOB_ID,))
+    other = first.model_copy(update={"run_key": "pool=42", "job_ids": (4201,)})
+    redrive = first.model_copy(update={"redrives": 1})
+    ledger = DynamoDbLedger(LEDGER, clock, dynamodb)
+    ledger.reserve(JOB_ID, "dispatch-1", clock.now() + 60)
+    ledger.confirm([JOB_ID], "dispatch-1", first.execution_name)
+    for request in (first, other, redrive):
+        sfn.start_execution(
+            stateMachineArn=machines["Provision"],
+            name=request.execution_name,
+            input=request.model_dump_json(),
+        )
+    releases = [
+        ReleaseRequest(run_key=f"pool={RUN_ID}", instance_id=INSTANCE, runner_id=7, cause=f"job-{job_id}")
+        for job_id in (JOB_ID, 4201)
+    ]
+    for release in releases:
+        sfn.start_execution(
+            stateMachineArn=machines["Release"], name=release.execution_name, input=release.model_dump_json()
+        )
+
+    # When the operator asks for the job's story
+    code, out = run("job", URL, "--json", clock=clock)
+
+    # Then its two batches are told, the second as a redrive, and its own release, which names its instance
+    assert code == 0, out
+    told = json.loads(out)
+    batches = [step["detail"] for step in told["steps"] if step["what"] == "batch"]
+    assert [batch.split(":")[0] for batch in batches] == [first.execution_name, redrive.execution_name]
+    assert "redrive 1" in batches[1]
+    told_releases = [step["detail"] for step in told["steps"] if step["what"] == "release"]
+    assert told_releases == [f"{releases[0].execution_name} (job-{JOB_ID})"]
+    assert told["instance_id"] == INSTANCE
 
 
 def test_a_job_the_ledger_never_counted_waits_for_its_demand(stack: str, clock: ManualClock) -> None:
