@@ -18,10 +18,12 @@ from runner_pool.domain.job_story import (
     LedgerJob,
     StateExit,
     Tier,
+    instant_tier,
     parse_job_url,
     tell,
     unserved_reason,
 )
+from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import ClaimWorker, Creation, ProvisionResult, Readiness, WorkerResult, plan
 from runner_pool.domain.records import InstanceRecord
@@ -271,6 +273,30 @@ def test_a_label_of_another_run_is_unserved_with_the_fix() -> None:
         "pool=999 is not this job's run 41; use pool=${{ github.run_id }}"
     )
     assert unserved_reason(github_job(), RUN_ID, CONFIG) is None
+
+
+def test_a_job_of_an_instant_tier_is_no_runs_demand_and_says_what_it_waits_for() -> None:
+    # Given a queued job that asks for the large class's instant tier, which the ledger never counts
+    job = github_job(labels=(instant_label("large"),))
+    tier = instant_tier(job, CONFIG)
+
+    # When its story is told
+    story = tell(
+        facts(github=job, ledger=None, unserved=unserved_reason(job, RUN_ID, CONFIG), instant_tier=tier)
+    )
+
+    # Then it is told as the tier's job, not as a job whose webhook was lost
+    assert tier == "large"
+    assert next(s.detail for s in story.steps if s.what == "demand") == (
+        "a job of the large instant tier: no run's demand, no ledger item"
+    )
+    assert story.waiting == "for a runner of the large instant tier (its provisions are not told yet)"
+
+
+def test_a_job_of_an_undefined_instant_tier_is_unserved() -> None:
+    job = github_job(labels=(instant_label("huge"),))
+    assert instant_tier(job, CONFIG) is None
+    assert unserved_reason(job, RUN_ID, CONFIG) == f"{instant_label('huge')}: class='huge' is not defined"
 
 
 def test_a_job_whose_instance_was_quarantined_says_so() -> None:

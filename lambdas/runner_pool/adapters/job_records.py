@@ -32,6 +32,7 @@ from runner_pool.domain.job_story import (
     JobRef,
     LedgerJob,
     StateExit,
+    instant_tier,
     ran_on,
     unserved_reason,
 )
@@ -109,6 +110,11 @@ class JobRecords:
             unserved=(
                 unserved_reason(github, ref.run_id, self._config)
                 if github is not None and self._config is not None and ledger is None
+                else None
+            ),
+            instant_tier=(
+                instant_tier(github, self._config)
+                if github is not None and self._config is not None
                 else None
             ),
         )

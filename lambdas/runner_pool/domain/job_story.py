@@ -20,7 +20,8 @@ from typing import Any
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import instance_of_runner
-from runner_pool.domain.labels import LabelError, is_pool_label
+from runner_pool.domain.instant import instant_job
+from runner_pool.domain.labels import LabelError, instant_label, is_pool_label
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.run_keys import RunKey
 
@@ -139,6 +140,9 @@ class JobFacts:
     """The registration budget's hold-off after a GitHub rate limit (adapters/registration_budget.py)."""
     unserved: str | None = None
     """Why the job's labels are not served, judged by the webhook's own rule from GitHub's labels."""
+    instant_tier: str | None = None
+    """The class whose instant tier the job asked for: such a job is no run's demand, so the ledger holds
+    no item of it (steps/dispatcher.py), and its story is GitHub's view and its runner's release only."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,7 @@ def tell(facts: JobFacts) -> Story:
         gaps.append(f"queued time: {facts.github_unread or 'GitHub not asked'}")
     if facts.unserved:
         raw.append(Step("unserved", None, facts.unserved))
-    raw += _demand(facts.ledger)
+    raw += _demand(facts.ledger, facts.instant_tier)
     instance_id = ran_on(facts.github, facts.releases)
     tier: Tier | None = None
     for provision in facts.provisions:
@@ -240,7 +244,9 @@ def _timed(steps: Sequence[Step]) -> tuple[Step, ...]:
     return (*told, *(s for s in steps if s.at is None))
 
 
-def _demand(ledger: LedgerJob | None) -> list[Step]:
+def _demand(ledger: LedgerJob | None, tier: str | None) -> list[Step]:
+    if tier is not None:
+        return [Step("demand", None, f"a job of the {tier} instant tier: no run's demand, no ledger item")]
     if ledger is None:
         return [Step("demand", None, "no ledger item: the webhook never counted the job")]
     if ledger.state == "cancelled":
@@ -366,6 +372,8 @@ def _waiting(facts: JobFacts, instance_id: str | None) -> str | None:
     ended = github is not None and (github.started_at is not None or github.completed_at is not None)
     if ended or (facts.ledger is not None and facts.ledger.state == "cancelled"):
         return None
+    if facts.instant_tier is not None:
+        return f"for a runner of the {facts.instant_tier} instant tier (its provisions are not told yet)"
     quarantined = facts.record is not None and facts.record.quarantined_at is not None
     held = facts.held_until if facts.held_until is not None and facts.held_until > facts.now else None
     reasons = [
@@ -421,9 +429,27 @@ def _clock(at: Epoch) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S")
 
 
+def instant_tier(job: GitHubJob, config: StackConfig) -> str | None:
+    """The class whose instant tier the job asks for, if it asks for one it can have (domain/instant.py)."""
+    try:
+        resource_class = instant_job(job.labels, config.defaults.arch)
+    except LabelError:
+        return None
+    return resource_class if resource_class in config.resource_classes else None
+
+
 def unserved_reason(job: GitHubJob, run_id: int, config: StackConfig) -> str | None:
     """Why the webhook leaves a job with these labels unserved (domain/webhooks.py's rule for a queued
     job, as far as the labels and the stack config decide it); None for a job it serves or does not own."""
+    try:
+        resource_class = instant_job(job.labels, config.defaults.arch)
+    except LabelError as exc:
+        return f"{exc.label}: {exc.reason}"
+    if resource_class is not None:
+        defined = resource_class in config.resource_classes
+        return (
+            None if defined else f"{instant_label(resource_class)}: class={resource_class!r} is not defined"
+        )
     if not any(map(is_pool_label, job.labels)):
         return "no pool= label: not a runner-pool job"
     try:
