@@ -3,7 +3,6 @@ the stack's outputs, and tells what they hold, saying what it could not read."""
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any
 
@@ -12,12 +11,11 @@ import pytest
 
 from emulator.resources import create_idempotency_table
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
-from runner_pool.cli import main
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
 from tests.conftest import REGION, TABLE_NAME
+from tests.integration.test_cli import STACK, printed
 
-STACK = "RunnerPool"
 LEDGER = "runner-pool-ledger"
 REPOSITORY = "octo-org/app"
 RUN_ID = 41
@@ -56,17 +54,6 @@ def stack(dynamodb: Any, machines: dict[str, str]) -> str:
     return STACK
 
 
-def run(*argv: str, clock: ManualClock) -> tuple[int, str]:
-    out = io.StringIO()
-    code = main(
-        ["--stack", STACK, *argv],
-        clients=lambda service, _region: boto3.client(service, region_name=REGION),
-        clock=clock,
-        out=out,
-    )
-    return code, out.getvalue()
-
-
 def test_a_counted_job_is_told_from_the_ledger_and_its_provision(
     stack: str, machines: dict[str, str], dynamodb: Any, clock: ManualClock
 ) -> None:
@@ -80,7 +67,7 @@ def test_a_counted_job_is_told_from_the_ledger_and_its_provision(
     )
 
     # When the operator asks for its story as JSON
-    code, out = run("job", URL, "--json", clock=clock)
+    code, out = printed("job", URL, "--json", clock=clock)
 
     # Then it tells the demand and the batch, from the ledger and the execution the ledger names
     assert code == 0, out
@@ -122,7 +109,7 @@ def test_the_jobs_redrive_and_release_are_found_among_the_executions_since_its_f
         )
 
     # When the operator asks for the job's story
-    code, out = run("job", URL, "--json", clock=clock)
+    code, out = printed("job", URL, "--json", clock=clock)
 
     # Then its two batches are told, the second as a redrive, and its own release, which names its instance
     assert code == 0, out
@@ -138,7 +125,7 @@ def test_the_jobs_redrive_and_release_are_found_among_the_executions_since_its_f
 def test_a_job_the_ledger_never_counted_waits_for_its_demand(stack: str, clock: ManualClock) -> None:
     # Given no ledger item for the job (its queued webhook never counted)
     # When the operator asks for its story
-    code, out = run("job", URL, clock=clock)
+    code, out = printed("job", URL, clock=clock)
 
     # Then the text names the job and says why it waits
     assert code == 0, out
@@ -148,6 +135,6 @@ def test_a_job_the_ledger_never_counted_waits_for_its_demand(stack: str, clock: 
 
 
 def test_a_url_that_names_no_job_is_refused(stack: str, clock: ManualClock) -> None:
-    code, out = run("job", f"https://github.com/{REPOSITORY}/pull/3", clock=clock)
+    code, out = printed("job", f"https://github.com/{REPOSITORY}/pull/3", clock=clock)
     assert code == 2
     assert "is not a job or run URL" in out
