@@ -392,3 +392,13 @@ def test_a_job_or_run_url_names_its_repository_run_and_job(url: str, ref: JobRef
 def test_any_other_url_is_refused() -> None:
     with pytest.raises(ValueError, match="not a job or run URL"):
         parse_job_url(f"https://github.com/{REPOSITORY}/pull/3")
+
+
+def test_a_stack_of_express_workflows_says_its_executions_were_not_read() -> None:
+    # Given a counted job on a stack whose state machines keep no history (EXPRESS)
+    unread = "the stack's state machines are EXPRESS workflows"
+    story = tell(facts(github=github_job(), executions_unread=unread))
+
+    # Then the story says so, as a gap and as the reason it cannot tell why the job waits
+    assert story.gaps == (f"provisions and releases: {unread}",)
+    assert story.waiting == unread

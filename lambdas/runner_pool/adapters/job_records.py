@@ -2,10 +2,12 @@
 items, the provision and release executions (Step Functions DescribeExecution, ListExecutions and
 GetExecutionHistory), the instance's record, the registration budget, and the job on GitHub.
 
-Executions are named by a digest of what they serve (domain/executions.py), so the ledger's item names
-the provision that counted the job; the provisions that asked again for it (a redrive, a reconciliation)
-and its release are found by listing the machine's executions since then, newest first, and reading
-their inputs, at most LISTED_EXECUTIONS of each machine.
+Executions are named by a digest of what they serve (domain/executions.py), so the ledger's item names the
+provision that counted the job; the provisions that asked again for it (a redrive, a reconciliation) and
+its release are found by listing the machine's executions since then and reading their inputs, at most
+LISTED_EXECUTIONS of each machine. ListExecutions answers newest first, and is eventually consistent
+("Results are sorted by time, with the most recent execution first", AWS Step Functions API Reference,
+ListExecutions): an execution started a moment ago may be missing from the story.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock
-from runner_pool.domain.config import StackConfig
+from runner_pool.domain.config import StackConfig, WorkflowType
 from runner_pool.domain.job_story import (
     ExecutionFacts,
     GitHubJob,
@@ -42,6 +44,10 @@ LISTED_EXECUTIONS = 1000
 """Executions of one machine read back at most, newest first, to find those that name the job."""
 MAX_ATTEMPTS = 10
 """Run attempts looked through on GitHub for the job, from the first."""
+EXPRESS_UNREAD = (
+    "the stack's state machines are EXPRESS workflows, whose executions Step Functions does not describe or "
+    'keep a history of (DescribeExecution, GetExecutionHistory: "not supported by EXPRESS state machines")'
+)
 _JOB_CAUSES = ("job-{}", "started-job-{}", "foreign-job-{}")
 """A release's cause when a job's webhook asked for it (domain/webhooks.py)."""
 
@@ -93,9 +99,10 @@ class JobRecords:
             raise ValueError("the facts of one job need its id")
         github, unread = self._github_job(ref, job_id)
         ledger = self._ledger(job_id)
-        provisions = self._provisions(job_id, ledger)
+        express = self._config is not None and self._config.workflow_type is WorkflowType.EXPRESS
+        provisions = () if express else self._provisions(job_id, ledger)
         since = provisions[0].started_at if provisions else (github.created_at if github else None)
-        releases = self._releases(job_id, since) if since is not None else ()
+        releases = self._releases(job_id, since) if since is not None and not express else ()
         instance_id = ran_on(github, releases)
         return JobFacts(
             ref=ref,
@@ -107,6 +114,7 @@ class JobRecords:
             releases=releases,
             record=self._table.get(instance_id) if instance_id else None,
             held_until=self._held_until(),
+            executions_unread=EXPRESS_UNREAD if express else None,
             unserved=(
                 unserved_reason(github, ref.run_id, self._config)
                 if github is not None and self._config is not None and ledger is None
@@ -225,22 +233,14 @@ class JobRecords:
             exits=self._exits(described["executionArn"]),
         )
 
-    def _exits(self, arn: str) -> tuple[StateExit, ...] | None:
-        exits = []
-        try:
-            pages = self._sfn.get_paginator("get_execution_history").paginate(executionArn=arn)
-            for page in pages:
-                for event in page["events"]:
-                    details = event.get("stateExitedEventDetails")
-                    if details is None:
-                        continue
-                    exits.append(StateExit(event["timestamp"].timestamp(), details["name"], _output(details)))
-        except ClientError as exc:
-            # Step Functions keeps no history of an EXPRESS workflow's executions.
-            if error_code(exc) in ("InvalidArn", "ExecutionDoesNotExist"):
-                return None
-            raise
-        return tuple(exits)
+    def _exits(self, arn: str) -> tuple[StateExit, ...]:
+        pages = self._sfn.get_paginator("get_execution_history").paginate(executionArn=arn)
+        return tuple(
+            StateExit(event["timestamp"].timestamp(), details["name"], _output(details))
+            for page in pages
+            for event in page["events"]
+            if (details := event.get("stateExitedEventDetails")) is not None
+        )
 
     def _held_until(self) -> float | None:
         config = self._config

@@ -114,11 +114,10 @@ class ExecutionFacts:
     started_at: Epoch
     input: Mapping[str, Any]
     stopped_at: Epoch | None = None
-    exits: tuple[StateExit, ...] | None = ()
-    """None when Step Functions keeps no history of it (an EXPRESS workflow's)."""
+    exits: tuple[StateExit, ...] = ()
 
     def outputs(self, name: str) -> list[StateExit]:
-        return [e for e in self.exits or () if e.name == name]
+        return [e for e in self.exits if e.name == name]
 
 
 @dataclass(frozen=True)
@@ -140,6 +139,8 @@ class JobFacts:
     """The registration budget's hold-off after a GitHub rate limit (adapters/registration_budget.py)."""
     unserved: str | None = None
     """Why the job's labels are not served, judged by the webhook's own rule from GitHub's labels."""
+    executions_unread: str | None = None
+    """Why the provisions and releases were not read (an EXPRESS workflow's executions keep no history)."""
     instant_tier: str | None = None
     """The class whose instant tier the job asked for: such a job is no run's demand, so the ledger holds
     no item of it (steps/dispatcher.py), and its story is GitHub's view and its runner's release only."""
@@ -205,8 +206,8 @@ def tell(facts: JobFacts) -> Story:
         raw += _release(release)
     if facts.record is not None and facts.record.quarantined_at is not None:
         raw.append(Step("quarantined", facts.record.quarantined_at, "GitHub gave its runner a foreign job"))
-    if any(p.exits is None for p in (*facts.provisions, *facts.releases)):
-        gaps.append("state outputs of EXPRESS executions (Step Functions keeps no history of them)")
+    if facts.executions_unread:
+        gaps.append(f"provisions and releases: {facts.executions_unread}")
     return Story(
         ref=facts.ref,
         steps=_timed(raw),
@@ -275,8 +276,6 @@ def _provision(provision: ExecutionFacts, instance_id: str | None) -> tuple[list
     runners = request.get("count")
     batch = f"{provision.name}: {runners} runner(s) for {jobs} job(s) of {request.get('run_key')}"
     steps = [Step("batch", provision.started_at, batch + again)]
-    if provision.exits is None:
-        return steps, None
     tier = None
     for worker in provision.outputs("Selected"):
         if worker.output.get("instance_id") == instance_id and instance_id is not None:
@@ -341,8 +340,6 @@ def _instance_step(record: InstanceRecord | None, instance_id: str | None) -> li
 
 def _release(release: ExecutionFacts) -> list[Step]:
     steps = [Step("release", release.started_at, f"{release.name} ({release.input.get('cause')})")]
-    if release.exits is None:
-        return steps
     verdicts = release.outputs("CheckReceipt") + release.outputs("GiveBack") + release.outputs("Salvage")
     final = [e for e in verdicts if e.output.get("status") not in (None, "awaiting-receipt")]
     if final:
@@ -387,7 +384,7 @@ def _waiting(facts: JobFacts, instance_id: str | None) -> str | None:
             held is not None,
             f"registrations held off for {(held or 0) - facts.now:.0f} s more (GitHub rate limit)",
         ),
-        (not facts.provisions, "no provision found for the job yet"),
+        (not facts.provisions, facts.executions_unread or "no provision found for the job yet"),
     ]
     told = next((reason for applies, reason in reasons if applies), None)
     return told or _provision_wait(facts.provisions[-1], instance_id)
