@@ -11,6 +11,7 @@ started or ended time and says so.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -78,13 +79,15 @@ def job(
     try:
         ref = parse_job_url(url)
     except ValueError as error:
-        print(f"runner-pool: {error}", file=out)
+        print(f"runner-pool: {error}", file=sys.stderr)
         return 2
     with ExitStack() as opened:
         github, unread = _github(target, clients, opened)
         stories = _stories(target, ref, clients=clients, clock=clock, github=github, unread=unread)
     if stories is None:
-        print(f"runner-pool: the jobs of run {ref.run_id} are listed by GitHub only: {unread}", file=out)
+        print(
+            f"runner-pool: the jobs of run {ref.run_id} are listed by GitHub only: {unread}", file=sys.stderr
+        )
         return 1
     if as_json:
         documents = [_document(s) for s in stories]

@@ -134,7 +134,22 @@ def test_a_job_the_ledger_never_counted_waits_for_its_demand(stack: str, clock: 
     assert "  waiting: no demand recorded: the queued webhook was not counted" in out
 
 
-def test_a_url_that_names_no_job_is_refused(stack: str, clock: ManualClock) -> None:
+def test_a_url_that_names_no_job_is_refused(
+    stack: str, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out = printed("job", f"https://github.com/{REPOSITORY}/pull/3", clock=clock)
     assert code == 2
-    assert "is not a job or run URL" in out
+    assert out == ""
+    assert "is not a job or run URL" in capsys.readouterr().err
+
+
+def test_a_runs_url_without_github_says_only_github_lists_its_jobs(
+    stack: str, clock: ManualClock, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a stack whose config (and so the App) cannot be read
+    # When the operator asks for a run's story
+    code, _ = printed("job", f"https://github.com/{REPOSITORY}/actions/runs/{RUN_ID}", clock=clock)
+
+    # Then it fails, saying why it cannot list the run's jobs
+    assert code == 1
+    assert f"the jobs of run {RUN_ID} are listed by GitHub only" in capsys.readouterr().err
