@@ -138,8 +138,15 @@ class RunnerPoolStack(Stack):
         )
 
     def _outputs(self, config: StackConfig) -> None:
-        """What the operator CLI (`runner-pool`) reads to find the table and queues, and to price them."""
+        """What the operator CLI (`runner-pool`) reads to find the tables, queues and state machines, and to
+        price them."""
         CfnOutput(self, "StateTableName", value=self.state_table.table.table_name)
+        CfnOutput(
+            self,
+            "DemandLedgerTableName",
+            value=self.ingress.idempotency_table.table_name,
+            description="The demand ledger: which jobs were counted, and by which provision",
+        )
         CfnOutput(
             self,
             "RootVolumeGib",

@@ -1,12 +1,13 @@
-"""The operator CLI, `runner-pool status|instances|pool|drain|doctor`: a deployed pool, from its table,
-queues, and (doctor) its App and account.
+"""The operator CLI, `runner-pool status|instances|pool|drain|doctor|job`: a deployed pool, from its table,
+queues, and (doctor) its App and account; (job) one job's story.
 
 It finds the state table and the pool queues (one per class, usage and architecture) through the
 stack's outputs (`--stack`, default
 RunnerPool), with the operator's own AWS credentials, and prints plain tables. `drain CLASS` expires
 the idle instances of one class: their pool messages go stale, and the next refresh terminates them.
 `doctor` checks the deployment's GitHub App and AWS account, one line per check with its fix
-(runner_pool/checkup.py), and exits 1 when something would stop jobs.
+(runner_pool/checkup.py), and exits 1 when something would stop jobs. `job URL` tells what happened to
+the job a GitHub job (or run) URL names, in order, from the stack's records (runner_pool/job_command.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from runner_pool import job_command
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.state_table import StateTable
@@ -303,6 +305,11 @@ def parser() -> argparse.ArgumentParser:
         "github-app-manifest.json for runner groups, github-app-manifest.personal-account.json for "
         "repository registration)",
     )
+    story = commands.add_parser(
+        "job", help="a job's story from a job or run URL: demand, provision, instance, runner, release"
+    )
+    story.add_argument("url", metavar="URL", help="https://github.com/OWNER/REPO/actions/runs/RUN[/job/JOB]")
+    story.add_argument("--json", action="store_true", help="one JSON document, for scripts")
     return root
 
 
@@ -326,6 +333,8 @@ def main(
             print(f"runner-pool: {error}", file=sys.stderr)
             return 1
         return doctor(target, lambda service: make(service, arguments.region), out or sys.stdout, manifest)
+    if arguments.command == "job":
+        return _job(arguments, lambda service: make(service, arguments.region), clock, out)
     try:
         deployment = Deployment.of_stack(arguments.stack, make("cloudformation", arguments.region))
     except DeploymentNotFoundError as error:
@@ -342,6 +351,19 @@ def main(
         return operator.drain(arguments.resource_class)
     command: Callable[[], int] = getattr(operator, arguments.command)
     return command()
+
+
+def _job(
+    arguments: argparse.Namespace, clients: Callable[[str], Any], clock: Clock | None, out: TextIO | None
+) -> int:
+    try:
+        found = job_command.JobTarget.of_stack(arguments.stack, clients)
+    except job_command.JobTargetNotFoundError as error:
+        print(f"runner-pool: {error}", file=sys.stderr)
+        return 1
+    return job_command.job(
+        found, arguments.url, clients, clock or SystemClock(), out or sys.stdout, as_json=arguments.json
+    )
 
 
 if __name__ == "__main__":

@@ -153,6 +153,8 @@ def test_the_outputs_name_the_deployed_table_and_queues(
 
     # Then the table output names a real table, and the queue outputs a real queue per partition
     deployed["dynamodb"].describe_table(TableName=outputs["StateTableName"])
+    # And the demand ledger's output names a real table (`runner-pool job` reads the job's item there)
+    deployed["dynamodb"].describe_table(TableName=outputs["DemandLedgerTableName"])
     classes = json.loads(outputs["ResourceClasses"])
     assert set(classes) == set(synthesis.config.resource_classes)
     for partition in PoolPartition.every(classes):

@@ -50,8 +50,8 @@ def stack(dynamodb: Any, pool_queue_url_prefix: str, config: StackConfig) -> str
     return STACK
 
 
-def run(*argv: str, clock: ManualClock) -> tuple[int, list[list[str]]]:
-    """The CLI's exit code and its output's rows, each split into cells."""
+def printed(*argv: str, clock: ManualClock) -> tuple[int, str]:
+    """The CLI's exit code and what it printed, run against the stack `STACK` on moto."""
     out = io.StringIO()
     code = main(
         ["--stack", STACK, *argv],
@@ -59,7 +59,13 @@ def run(*argv: str, clock: ManualClock) -> tuple[int, list[list[str]]]:
         clock=clock,
         out=out,
     )
-    rows = [line.split() for line in out.getvalue().splitlines() if line and not line.startswith("-")]
+    return code, out.getvalue()
+
+
+def run(*argv: str, clock: ManualClock) -> tuple[int, list[list[str]]]:
+    """The CLI's exit code and its output's rows, each split into cells."""
+    code, out = printed(*argv, clock=clock)
+    rows = [line.split() for line in out.splitlines() if line and not line.startswith("-")]
     return code, rows
 
 
