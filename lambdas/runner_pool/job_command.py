@@ -25,9 +25,10 @@ from runner_pool.adapters.job_records import JobRecords, JobSources
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.checkup import Target, TargetNotFoundError
 from runner_pool.domain.clock import Clock
-from runner_pool.domain.config import StackConfig, Timeouts
+from runner_pool.domain.config import StackConfig
 from runner_pool.domain.github_tokens import RUN_READS
 from runner_pool.domain.job_story import JobRef, Story, parse_job_url, tell
+from runner_pool.domain.timeouts import Timeouts
 
 TABLE_OUTPUT = "StateTableName"
 LEDGER_OUTPUT = "DemandLedgerTableName"
