@@ -347,16 +347,38 @@ def ec2_billed_seconds(running_seconds: float) -> float:
     return max(60.0, running_seconds)
 
 
-class DaySimulation:
-    """One policy over one trace, event by event in simulated time."""
+class Simulated:
+    """Events in simulated time, in the order they are due (ties in the order scheduled), and draws of
+    the boot model's segments from one seeded generator."""
 
-    def __init__(self, policy: Policy, boot: BootModel, seed: int) -> None:
-        self._policy = policy
-        self._config = policy.config
+    def __init__(self, boot: BootModel, seed: int) -> None:
         self._boot = boot
         self._rng = random.Random(seed)
         self._events: list[tuple[Epoch, int, Callable[[Epoch], None]]] = []
         self._order = count()
+
+    def _at(self, when: Epoch, action: Callable[[Epoch], None]) -> None:
+        heapq.heappush(self._events, (when, next(self._order), action))
+
+    def _draw(self, *segments: object) -> float:
+        return sum(segment.draw(self._rng) for segment in segments)  # type: ignore[attr-defined]
+
+    def _until_done(self, start: Epoch) -> Epoch:
+        """Run every event, those the events schedule too; the time of the last."""
+        now = start
+        while self._events:
+            now, _, action = heapq.heappop(self._events)
+            action(now)
+        return now
+
+
+class DaySimulation(Simulated):
+    """One policy over one trace, event by event in simulated time."""
+
+    def __init__(self, policy: Policy, boot: BootModel, seed: int) -> None:
+        super().__init__(boot, seed)
+        self._policy = policy
+        self._config = policy.config
         self._instances: list[Instance] = []
         self._outstanding = 0
         self._day_end = 0.0
@@ -390,21 +412,12 @@ class DaySimulation:
                 continue
             self._at(job.queued_at + self._draw(self._boot.control_plane), partial(self._pickup, job))
         self._at(midnight, self._refresh)
-        now = midnight
-        while self._events:
-            now, _, action = heapq.heappop(self._events)
-            action(now)
+        now = self._until_done(midnight)
         for instance in self._instances:
             self._end(instance, now)
         return self.outcome
 
     # --- events
-
-    def _at(self, when: Epoch, action: Callable[[Epoch], None]) -> None:
-        heapq.heappush(self._events, (when, next(self._order), action))
-
-    def _draw(self, *segments: object) -> float:
-        return sum(segment.draw(self._rng) for segment in segments)  # type: ignore[attr-defined]
 
     def _pickup(self, job: Job, now: Epoch) -> None:
         """Pickup prefers an idle instance still offered, then a stopped one (modelled), then a launch; of
@@ -848,7 +861,7 @@ class SpotOutcome:
         return (ec2 + ebs + self.attempts * per_job["cold"] / 1e6) / self.jobs
 
 
-class SpotDay:
+class SpotDay(Simulated):
     """The working day's jobs, each on an instance of its own (no pool), spot unless the product says
     on-demand, EC2 interrupting spot instances at `hazard` per instance-hour from running.
 
@@ -867,12 +880,9 @@ class SpotDay:
     2017-10-02); an interrupted spot instance is billed up to its end, which errs on the dear side."""
 
     def __init__(self, config: StackConfig, boot: BootModel, seed: int, hazard: float) -> None:
+        super().__init__(boot, seed)
         self._config = config
-        self._boot = boot
-        self._rng = random.Random(seed)
         self._hazard = hazard
-        self._events: list[tuple[Epoch, int, Callable[[Epoch], None]]] = []
-        self._order = count()
         self._running: dict[tuple[int, int], int] = {}
         """Job attempts of each (run, attempt) not yet completed."""
         self._failed: dict[tuple[int, int], list[JobAttempt]] = {}
@@ -885,16 +895,8 @@ class SpotDay:
         self.outcome = SpotOutcome(jobs=len(jobs))
         for index, job in enumerate(jobs):
             self._at(job.queued_at, partial(self._queued, job, index, 1, frozenset()))
-        while self._events:
-            now, _, action = heapq.heappop(self._events)
-            action(now)
+        self._until_done(jobs[0].queued_at if jobs else 0.0)
         return self.outcome
-
-    def _at(self, when: Epoch, action: Callable[[Epoch], None]) -> None:
-        heapq.heappush(self._events, (when, next(self._order), action))
-
-    def _draw(self, *segments: object) -> float:
-        return sum(segment.draw(self._rng) for segment in segments)  # type: ignore[attr-defined]
 
     def _queued(self, job: Job, index: int, attempt: int, on_demand: frozenset[str], now: Epoch) -> None:
         key = RunKey.of_job([f"pool={job.run + 1}/class={RESOURCE_CLASS}"], attempt=attempt)
