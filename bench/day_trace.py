@@ -55,6 +55,11 @@ instances cannot be stopped), billed per second from running to stopped or termi
 60-second minimum each time it starts; its gp3 root volume is billed from launch to termination,
 stopped or not (runner_pool/prices.py has both prices and their sources). The control plane's share
 per job is the emulator's measured Step Functions cost per warm or cold job (bench/results.json).
+
+A third run, the spot day (`SpotDay`), serves the working day's jobs without a pool on spot instances
+that EC2 interrupts at a published rate, and keeps what re-runs cost and whether any job is lost
+(`day_trace_spot_*`): see SPOT_ADVISOR_MONTHLY and REPORTED_RUNS_INTERRUPTED for the rates, and
+`SpotDay` for what is the product's own code in it.
 """
 
 from __future__ import annotations
@@ -75,22 +80,25 @@ from zoneinfo import ZoneInfo
 from bench import aws_model
 from bench.results import RESULTS_PATH, BenchTable
 from emulator.boot_model import BootModel, Path
+from emulator.ec2_events import NOTICE_SECONDS, interruption_warning
 from emulator.instances import instance_facts
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import ReuseMode, ReuseSettings, StackConfig, WorkflowType
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.instant import surplus_waiting, tier_holds, tier_shortfall
+from runner_pool.domain.interruptions import Ec2Event, Response, respond
 from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import Taker
 from runner_pool.domain.provision import single_use
 from runner_pool.domain.records import InstanceRecord, PoolMessage, UsageClass
 from runner_pool.domain.refresh import pool_shortfall
+from runner_pool.domain.reruns import RunNow, Verdict, decide, job_failed, label_set, served_on_demand
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.sizing import HORIZON_SECONDS, Demand, Holding, pool_size
 from runner_pool.domain.trust import TrustLevel
 from runner_pool.domain.warm_schedule import WarmMinimum, WarmWindow, Weekday
-from runner_pool.prices import gp3_hourly, on_demand_hourly
+from runner_pool.prices import HOURS_PER_MONTH, gp3_hourly, on_demand_hourly
 
 DAY = date(2026, 11, 24)
 """A Tuesday."""
@@ -339,16 +347,38 @@ def ec2_billed_seconds(running_seconds: float) -> float:
     return max(60.0, running_seconds)
 
 
-class DaySimulation:
-    """One policy over one trace, event by event in simulated time."""
+class Simulated:
+    """Events in simulated time, in the order they are due (ties in the order scheduled), and draws of
+    the boot model's segments from one seeded generator."""
 
-    def __init__(self, policy: Policy, boot: BootModel, seed: int) -> None:
-        self._policy = policy
-        self._config = policy.config
+    def __init__(self, boot: BootModel, seed: int) -> None:
         self._boot = boot
         self._rng = random.Random(seed)
         self._events: list[tuple[Epoch, int, Callable[[Epoch], None]]] = []
         self._order = count()
+
+    def _at(self, when: Epoch, action: Callable[[Epoch], None]) -> None:
+        heapq.heappush(self._events, (when, next(self._order), action))
+
+    def _draw(self, *segments: object) -> float:
+        return sum(segment.draw(self._rng) for segment in segments)  # type: ignore[attr-defined]
+
+    def _until_done(self, start: Epoch) -> Epoch:
+        """Run every event, those the events schedule too; the time of the last."""
+        now = start
+        while self._events:
+            now, _, action = heapq.heappop(self._events)
+            action(now)
+        return now
+
+
+class DaySimulation(Simulated):
+    """One policy over one trace, event by event in simulated time."""
+
+    def __init__(self, policy: Policy, boot: BootModel, seed: int) -> None:
+        super().__init__(boot, seed)
+        self._policy = policy
+        self._config = policy.config
         self._instances: list[Instance] = []
         self._outstanding = 0
         self._day_end = 0.0
@@ -382,21 +412,12 @@ class DaySimulation:
                 continue
             self._at(job.queued_at + self._draw(self._boot.control_plane), partial(self._pickup, job))
         self._at(midnight, self._refresh)
-        now = midnight
-        while self._events:
-            now, _, action = heapq.heappop(self._events)
-            action(now)
+        now = self._until_done(midnight)
         for instance in self._instances:
             self._end(instance, now)
         return self.outcome
 
     # --- events
-
-    def _at(self, when: Epoch, action: Callable[[Epoch], None]) -> None:
-        heapq.heappush(self._events, (when, next(self._order), action))
-
-    def _draw(self, *segments: object) -> float:
-        return sum(segment.draw(self._rng) for segment in segments)  # type: ignore[attr-defined]
 
     def _pickup(self, job: Job, now: Epoch) -> None:
         """Pickup prefers an idle instance still offered, then a stopped one (modelled), then a launch; of
@@ -753,6 +774,230 @@ def control_plane_per_job(config: StackConfig) -> tuple[dict[str, float], str]:
     return dict(FALLBACK_CONTROL_PLANE_MICRODOLLARS), "the 2026-11 emulator figures (no results file)"
 
 
+# --- the spot day: interruptions at a published rate, and the product's re-runs of interrupted jobs
+
+SPOT_ADVISOR_MONTHLY = 0.20
+"""The Spot Instance Advisor's highest frequency-of-interruption band, ">20%", at its edge: "Frequency of
+interruption represents the rate at which Spot has reclaimed capacity during the trailing month. They are
+in ranges of < 5%, 5-10%, 10-15%, 15-20% and >20%" (https://aws.amazon.com/ec2/spot/instance-advisor/,
+its data https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json). c7i.large's own band in
+us-east-1 changes month by month and is not read here: a type in any lower band is interrupted less, and
+one in this band may be interrupted more (the reported rate below is far higher). It is read as the
+share of instances running a whole month that EC2 takes back in it, at a constant hazard:
+1 - exp(-h * 730 h) = 0.20, so h = -ln(0.8) / 730 = 3.1e-4 per instance-hour (`hazard_per_hour`)."""
+REPORTED_RUNS_INTERRUPTED = 0.25
+REPORTED_RUN_INSTANCE_SECONDS = 251 + 499 + 277 + 636
+"""A user's report of a much higher rate: "Approx 25% of our workflow runs experience a spot termination",
+for runs of four jobs of 4m11s, 8m19s, 4m37s and 10m36s on large spot instances (runs-on/runs-on issue
+#160). As a hazard over a run's instance time: 1 - exp(-h * 27.7 min) = 0.25, h = 0.62 per instance-hour.
+The spot day runs at both rates: the advisor's (`day_trace_spot_*`) and this one
+(`day_trace_spot_reported_*`), at which a day's re-runs are many."""
+SPOT_PRICE_RATIO = 0.041 / 0.096
+"""Spot's price as a share of on-demand's, at the top of a published us-east-1 range for a large
+current-generation x86 type, m6i.large: spot "$0.029-0.041/hr" against on-demand $0.096/hr
+(cloudprice.app, "Spot instance economics: when interruption is fine", a 2026 snapshot). Applied to
+c7i.large's on-demand price; spot prices move with supply and demand, so it is a yardstick."""
+
+
+def hazard_per_hour(share: float, over_hours: float) -> float:
+    """The constant hazard per instance-hour at which `share` of instances are interrupted within
+    `over_hours` of running: 1 - exp(-h * over_hours) = share."""
+    return -math.log1p(-share) / over_hours
+
+
+ADVISOR_HAZARD = hazard_per_hour(SPOT_ADVISOR_MONTHLY, HOURS_PER_MONTH)
+REPORTED_HAZARD = hazard_per_hour(REPORTED_RUNS_INTERRUPTED, REPORTED_RUN_INSTANCE_SECONDS / 3600)
+
+
+def spot_config(*, rerun: bool = True, usage: UsageClass = UsageClass.SPOT) -> StackConfig:
+    """No pool (every instance serves one job), `usage` by default, re-runs of interrupted jobs as set."""
+    return StackConfig.model_validate(
+        {
+            "defaults": {"usage": usage.value},
+            "reuse": {"max_jobs": 1},
+            "fleet": {"rerun_interrupted_jobs": rerun},
+        }
+    )
+
+
+@dataclass(frozen=True)
+class JobAttempt:
+    job: Job
+    index: int
+    """The job's place in the trace: one job, however many attempts run it."""
+    run_key: str
+
+
+@dataclass
+class SpotOutcome:
+    """A spot day: what was interrupted, re-run and lost, and what the instances were billed."""
+
+    jobs: int
+    spot_seconds: float = 0.0
+    on_demand_seconds: float = 0.0
+    volume_seconds: float = 0.0
+    attempts: int = 0
+    launches: int = 0
+    discarded: int = 0
+    """Instances warned before their job started: the provision serves the job with another launch."""
+    interrupted: int = 0
+    """Job attempts failed because EC2 ended their instance before the job did."""
+    rerun: int = 0
+    """Job attempts queued again by a re-run of their run's failed jobs."""
+    verdicts: dict[Verdict, int] = field(default_factory=dict)
+    last_failed: set[int] = field(default_factory=set)
+    """The jobs whose latest attempt failed: lost, unless a later attempt served them."""
+
+    @property
+    def lost(self) -> int:
+        return len(self.last_failed)
+
+    def dollars(self, per_job: dict[str, float], volume_gib: int) -> float:
+        """EC2 (spot at SPOT_PRICE_RATIO of on-demand), EBS and the control plane's cold provision per
+        attempt, per job of the trace."""
+        hourly = on_demand_hourly(INSTANCE_TYPE) or 0.0
+        ec2 = (self.spot_seconds * SPOT_PRICE_RATIO + self.on_demand_seconds) / 3600 * hourly
+        ebs = self.volume_seconds / 3600 * gp3_hourly(volume_gib)
+        return (ec2 + ebs + self.attempts * per_job["cold"] / 1e6) / self.jobs
+
+
+class SpotDay(Simulated):
+    """The working day's jobs, each on an instance of its own (no pool), spot unless the product says
+    on-demand, EC2 interrupting spot instances at `hazard` per instance-hour from running.
+
+    The product's own code: the usage a job's run key resolves to (`RunKey.resolve`), and on-demand for an
+    attempt that re-runs a label set an interruption failed (domain/reruns.py `served_on_demand`); what a
+    warning means for the instance's record (domain/interruptions.py `respond`, on the event the emulator
+    sends): one warned before its job starts is discarded and the job served by another launch, one
+    running a job is marked interrupted and ended at the end of the notice (NOTICE_SECONDS), its job
+    failed unless done by then; which jobs a re-run of failed jobs runs again (`job_failed`), and whether
+    a run attempt that completed with a job failed on an interrupted instance is re-run (`decide`, with
+    what this stack asked before: its own re-run's interruption is not re-run). Modelled: GitHub fails the
+    job when its instance ends, the run completes with its last job, and its re-run's jobs are queued a
+    control-plane round trip later. Billing is per second with a minute's minimum, spot too: "Linux based
+    instances that are launched in On-Demand, Reserved and Spot form will be billed on one second
+    increments, with a minimum of 60 seconds" (AWS What's New, "Announcing Amazon EC2 per second billing",
+    2017-10-02); an interrupted spot instance is billed up to its end, which errs on the dear side."""
+
+    def __init__(self, config: StackConfig, boot: BootModel, seed: int, hazard: float) -> None:
+        super().__init__(boot, seed)
+        self._config = config
+        self._hazard = hazard
+        self._running: dict[tuple[int, int], int] = {}
+        """Job attempts of each (run, attempt) not yet completed."""
+        self._failed: dict[tuple[int, int], list[JobAttempt]] = {}
+        """Each run attempt's job attempts failed on an interrupted instance."""
+        self._asked: set[tuple[int, int]] = set()
+        """Run attempts this stack asked GitHub to re-run."""
+        self.outcome = SpotOutcome(jobs=0)
+
+    def run(self, jobs: list[Job]) -> SpotOutcome:
+        self.outcome = SpotOutcome(jobs=len(jobs))
+        for index, job in enumerate(jobs):
+            self._at(job.queued_at, partial(self._queued, job, index, 1, frozenset()))
+        self._until_done(jobs[0].queued_at if jobs else 0.0)
+        return self.outcome
+
+    def _queued(self, job: Job, index: int, attempt: int, on_demand: frozenset[str], now: Epoch) -> None:
+        key = RunKey.of_job([f"pool={job.run + 1}/class={RESOURCE_CLASS}"], attempt=attempt)
+        usage = key.resolve(self._config).usage
+        if served_on_demand(str(key), on_demand):
+            usage = UsageClass.ON_DEMAND
+        self._running[job.run, attempt] = self._running.get((job.run, attempt), 0) + 1
+        self.outcome.attempts += 1
+        self._at(
+            now + self._draw(self._boot.control_plane),
+            partial(self._launch, JobAttempt(job, index, str(key)), usage),
+        )
+
+    def _launch(self, attempt: JobAttempt, usage: UsageClass, now: Epoch) -> None:
+        self.outcome.launches += 1
+        path = Path.COLD_BAKED
+        running = now + self._draw(*self._boot.to_running(path))
+        ready = running + self._draw(*self._boot.running_to_agent(path), self._boot.registration)
+        done = ready + attempt.job.duration
+        spot = usage is UsageClass.SPOT and self._hazard > 0
+        warned = running + self._rng.expovariate(self._hazard / 3600) if spot else math.inf
+        if warned >= done:
+            self._ended(usage, now, running, done)
+            self._at(done, partial(self._completed, attempt, False))
+            return
+        state = InstanceState.CREATED if warned < ready else InstanceState.RUNNING
+        row = respond(self._warning(warned), self._warned_record(attempt, state, now, warned))
+        if row.response is Response.MARK_INTERRUPTED:
+            end = min(done, warned + NOTICE_SECONDS)
+            self._ended(usage, now, running, end)
+            self._at(end, partial(self._completed, attempt, end < done))
+            return
+        # Discarded (or left the pool): the provision serves the job with another launch.
+        self.outcome.discarded += 1
+        self._ended(usage, now, running, warned)
+        self._at(warned + self._draw(self._boot.control_plane), partial(self._launch, attempt, usage))
+
+    def _warning(self, at: Epoch) -> Ec2Event:
+        return Ec2Event.model_validate(
+            interruption_warning(instance_facts(self.outcome.launches).instance_id, at)
+        )
+
+    def _warned_record(
+        self, attempt: JobAttempt, state: InstanceState, launched: Epoch, at: Epoch
+    ) -> InstanceRecord:
+        facts = instance_facts(self.outcome.launches, instance_type=INSTANCE_TYPE)
+        return InstanceRecord(
+            **facts.model_dump(),
+            state=state,
+            run_key=attempt.run_key,
+            threshold=at + self._config.timeouts.created_threshold_seconds,
+            repository=REPOSITORY,
+            created_at=launched,
+            updated_at=at,
+        )
+
+    def _ended(self, usage: UsageClass, launched: Epoch, running: Epoch, end: Epoch) -> None:
+        billed = ec2_billed_seconds(max(0.0, end - running)) if end > running else 0.0
+        if usage is UsageClass.SPOT:
+            self.outcome.spot_seconds += billed
+        else:
+            self.outcome.on_demand_seconds += billed
+        self.outcome.volume_seconds += end - launched
+
+    def _completed(self, attempt: JobAttempt, interrupted: bool, now: Epoch) -> None:
+        run_attempt = RunKey.parse(attempt.run_key).attempt
+        key = (attempt.job.run, run_attempt)
+        conclusion = "failure" if interrupted else "success"
+        if interrupted:
+            self.outcome.interrupted += 1
+            self._failed.setdefault(key, []).append(attempt)
+        if job_failed(conclusion):
+            self.outcome.last_failed.add(attempt.index)
+        else:
+            self.outcome.last_failed.discard(attempt.index)
+        self._running[key] -= 1
+        if self._running[key] == 0:
+            self._run_completed(attempt.job.run, run_attempt, now)
+
+    def _run_completed(self, run: int, attempt: int, now: Epoch) -> None:
+        failed = self._failed.pop((run, attempt), [])
+        if not failed:
+            return
+        verdict, _ = decide(
+            enabled=self._config.fleet.rerun_interrupted_jobs,
+            attempt=attempt,
+            run=RunNow(status="completed", conclusion="failure", latest_attempt=attempt),
+            asked_for_previous=(run, attempt - 1) in self._asked,
+            asked_for_this=(run, attempt) in self._asked,
+        )
+        self.outcome.verdicts[verdict] = self.outcome.verdicts.get(verdict, 0) + 1
+        if verdict is not Verdict.RERUN:
+            return
+        self._asked.add((run, attempt))
+        on_demand = frozenset(label_set(each.run_key) for each in failed)
+        queued = now + self._draw(self._boot.control_plane)
+        for each in failed:
+            self.outcome.rerun += 1
+            self._at(queued, partial(self._queued, each.job, each.index, attempt + 1, on_demand))
+
+
 STORM_POLICIES = ("no_pool_baked", "hot_baked", "hot_stopped_baked", "instant_baked", "adaptive")
 """The policies the storm trace runs: the baked ones, against no pool's."""
 
@@ -793,7 +1038,53 @@ def run(
     _explain(table, totals, per_job, per_job_source)
     _adaptive_verdict(table, totals, "working day")
     _adaptive_verdict(table, storm_totals, "storm")
+    _spot_report(table, jobs, boot or BootModel(), seed, per_job)
     return table
+
+
+SPOT_RATES = (
+    ("", ADVISOR_HAZARD, "the Spot Instance Advisor's >20% band"),
+    ("reported_", REPORTED_HAZARD, "runs-on #160's 25% of runs"),
+)
+
+
+def spot_day(
+    jobs: list[Job],
+    boot: BootModel,
+    seed: int,
+    hazard: float,
+    *,
+    rerun: bool = True,
+    usage: UsageClass = UsageClass.SPOT,
+) -> SpotOutcome:
+    """`jobs` served without a pool, `usage` by default, EC2 interrupting spot at `hazard` an hour."""
+    return SpotDay(spot_config(rerun=rerun, usage=usage), boot, seed, hazard).run(jobs)
+
+
+def _spot_report(
+    table: BenchTable, jobs: list[Job], boot: BootModel, seed: int, per_job: dict[str, float]
+) -> None:
+    """The spot day at each rate, against the same jobs all on-demand (`day_trace_spot_*`)."""
+    volume_gib = spot_config().instances.root_volume_gib
+    on_demand = spot_day(jobs, boot, seed, hazard=0.0, usage=UsageClass.ON_DEMAND)
+    on_demand_cost = on_demand.dollars(per_job, volume_gib)
+    table.figure("day_trace_spot_on_demand_cost_per_job_microdollars_count", round(on_demand_cost * 1e6, 1))
+    for prefix, hazard, source in SPOT_RATES:
+        outcome = spot_day(jobs, boot, seed, hazard)
+        cost = outcome.dollars(per_job, volume_gib)
+        name = f"day_trace_spot_{prefix}"
+        table.figure(f"{name}interrupted_jobs_count", outcome.interrupted)
+        table.figure(f"{name}interrupted_jobs_rerun_count", outcome.rerun)
+        table.figure(f"{name}interrupted_jobs_lost_count", outcome.lost)
+        table.figure(f"{name}discarded_launches_count", outcome.discarded)
+        table.figure(f"{name}cost_per_job_microdollars_count", round(cost * 1e6, 1))
+        table.note(
+            f"spot day at {source} ({hazard:.2e} per instance-hour), no pool, spot at "
+            f"{SPOT_PRICE_RATIO:.0%} of on-demand: {outcome.interrupted} job attempts interrupted, "
+            f"{outcome.discarded} instances warned before their job and replaced, {outcome.rerun} re-run "
+            f"on on-demand, {outcome.lost} lost; ${cost:.5f} per job against ${on_demand_cost:.5f} all "
+            "on-demand."
+        )
 
 
 def _report(

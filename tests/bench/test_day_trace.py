@@ -8,8 +8,10 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from bench.day_trace import (
+    ADVISOR_HAZARD,
     DAY,
     INSTANT_START_SECONDS,
+    REPORTED_HAZARD,
     SCHEDULED_DELAY_SECONDS,
     STORM_JOBS,
     TARGET_WAIT_SECONDS,
@@ -19,6 +21,7 @@ from bench.day_trace import (
     Policy,
     ec2_billed_seconds,
     policies,
+    spot_day,
     stopped_tier_config,
     storm_day,
     working_day,
@@ -26,6 +29,8 @@ from bench.day_trace import (
 )
 from emulator.boot_model import BootModel, Path
 from runner_pool.domain.config import ReuseMode, ReuseSettings, StackConfig
+from runner_pool.domain.records import UsageClass
+from runner_pool.domain.reruns import Verdict
 from runner_pool.domain.timeouts import Timeouts
 from runner_pool.domain.warm_schedule import WarmMinimum
 
@@ -254,3 +259,43 @@ def test_the_storm_trace_has_hourly_schedules_day_and_night_and_one_large_matrix
 
 def job_hour(job: Job) -> int:
     return datetime.fromtimestamp(job.queued_at, ZoneInfo(TIME_ZONE)).hour
+
+
+def test_at_the_reported_rate_every_interrupted_job_is_re_run_once_on_on_demand_and_none_is_lost() -> None:
+    # Given make test's day of jobs on spot, EC2 interrupting at the rate a user reported
+    jobs = working_day(runs=40, seed=16)
+    # When the day is served with the product's re-runs on
+    outcome = spot_day(jobs, FIXED, seed=1, hazard=REPORTED_HAZARD)
+    # Then jobs were interrupted, each run attempt with one was re-run, and every interrupted job was
+    # served by its re-run (on-demand: not interrupted again)
+    assert outcome.interrupted > 0
+    assert outcome.rerun == outcome.interrupted
+    assert outcome.lost == 0
+    assert set(outcome.verdicts) == {Verdict.RERUN}
+    assert outcome.attempts == len(jobs) + outcome.rerun
+    assert outcome.on_demand_seconds > 0
+
+
+def test_with_re_runs_off_every_interrupted_job_is_lost() -> None:
+    # Given the same day and rate, with fleet.rerun_interrupted_jobs off
+    jobs = working_day(runs=40, seed=16)
+    outcome = spot_day(jobs, FIXED, seed=1, hazard=REPORTED_HAZARD, rerun=False)
+    # Then each interrupted job stays failed, and nothing ran on-demand
+    assert outcome.interrupted > 0
+    assert outcome.lost == outcome.interrupted
+    assert outcome.rerun == 0
+    assert set(outcome.verdicts) == {Verdict.OFF}
+    assert outcome.on_demand_seconds == 0
+
+
+def test_spot_with_re_runs_costs_less_per_job_than_on_demand_at_either_rate() -> None:
+    # Given the day's jobs all on-demand, and on spot at the advisor's and the reported rate
+    jobs = working_day(runs=40, seed=16)
+    per_job = {"warm": 500.0, "cold": 600.0}
+    on_demand = spot_day(jobs, FIXED, seed=1, hazard=0.0, usage=UsageClass.ON_DEMAND)
+    for hazard in (ADVISOR_HAZARD, REPORTED_HAZARD):
+        spot = spot_day(jobs, FIXED, seed=1, hazard=hazard)
+        # Then spot, its re-runs on on-demand included, costs less per job of the trace
+        assert spot.lost == 0
+        assert spot.dollars(per_job, 30) < on_demand.dollars(per_job, 30)
+    assert on_demand.interrupted == on_demand.spot_seconds == 0

@@ -127,6 +127,27 @@ def test_a_job_interrupted_mid_job_is_re_run_once_and_succeeds_on_on_demand(syst
     ends_at(system, run, 2, reruns=1)
 
 
+def test_the_re_runs_own_interruption_is_not_re_run_again(system: World) -> None:
+    # Given a spot job interrupted mid-job, failed, and its run re-run on on-demand
+    run = spot_job(system)
+    first = interrupt(system, run)
+    eventually(lambda: run.run_attempt == 2, "the run to be re-run")
+
+    # When the re-run's instance is interrupted too (EC2 warns only spot instances; the notice is played
+    # to the on-demand one so the rule, not the market, decides), and its job fails
+    second = interrupt(system, run)
+    assert second != first
+    record = system.records.get(second)
+    assert record is not None
+    assert record.usage_class is UsageClass.ON_DEMAND
+    attempt_completed(system, run, 2)
+
+    # Then the run ends failed at attempt 2: the stack's own re-run is not re-run
+    assert job_of(system, run).conclusion is Conclusion.FAILURE
+    assert run.conclusion is Conclusion.FAILURE
+    ends_at(system, run, 2, reruns=1)
+
+
 def test_a_cancelled_run_is_not_re_run(system: World) -> None:
     # Given a run of two spot jobs running
     run = system.start_run(
