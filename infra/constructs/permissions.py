@@ -19,6 +19,7 @@ from aws_cdk import aws_sqs as sqs
 
 from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_table as schema
+from runner_pool.adapters.class_history import HISTORY_PREFIX
 from runner_pool.adapters.registration_budget import BUDGET_PREFIX
 from runner_pool.domain import doctor
 from runner_pool.environment import ENV_PREFIX, STACK_TAG_KEY
@@ -187,6 +188,32 @@ def share_github_hour(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
             },
         )
     )
+
+
+def note_class_history(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Add arrivals and boot times to the class history's items and no other (DynamoDbClassHistory.note;
+    dynamodb:LeadingKeys as in `mark_runs_finished`)."""
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=["dynamodb:UpdateItem"],
+            resources=[table.table_arn],
+            conditions={
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{HISTORY_PREFIX}*"]},
+                "Null": {"dynamodb:LeadingKeys": "false"},
+            },
+        )
+    )
+
+
+def check_readiness(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Read a held instance's record, heartbeat and signal, and note a started one's start -> ready."""
+    read_records(grantee, table)
+    note_class_history(grantee, table)
+
+
+def read_class_history(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Read the class history (Query) and start a class's watch (UpdateItem): adaptive sizing."""
+    _allow(grantee, ["dynamodb:Query", "dynamodb:UpdateItem"], [table.table_arn])
 
 
 def read_github_runs(

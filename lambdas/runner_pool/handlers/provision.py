@@ -71,6 +71,7 @@ def provision_of(plane: ControlPlane, time_left: Callable[[], float] | None = No
         notices=lambda: plane.notices,
         pause=plane.pause,
         time_left=time_left,
+        history=plane.history_notes,
     )
 
 

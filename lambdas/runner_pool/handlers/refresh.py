@@ -68,6 +68,7 @@ def refresh_of(plane: ControlPlane) -> Refresh:
         notices=lambda: plane.notices,
         pickup=lambda: plane.pickup,
         budget=lambda: plane.registration_budget,
+        history=plane.class_history,
     )
 
 
@@ -87,6 +88,7 @@ def _measure(report: RefreshReport) -> None:
         **{f"PoolIdlePristine.{name}": count for name, count in report.idle_pristine.items()},
         **{f"PoolPristineMinimum.{name}": count for name, count in report.pristine_minimum.items()},
         **{f"PoolLaunchedForStopped.{name}": count for name, count in report.launched_for_stopped.items()},
+        **{f"PoolTrimmed.{name}": count for name, count in report.trimmed.items()},
         "RunnersDeleted": report.runners_deleted,
         "WebhooksRedelivered": report.redelivered,
         "RunnersReplaced": report.runners_replaced,

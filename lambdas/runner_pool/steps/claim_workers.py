@@ -12,6 +12,7 @@ from typing import TypeVar
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.adapters.state_table import StateTable, TransitionResult
 from runner_pool.domain import stopped_tier
+from runner_pool.domain.class_history import Fact
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import Ec2State, Start
@@ -29,6 +30,7 @@ from runner_pool.domain.records import PoolMessage
 from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubRetryableError
 from runner_pool.observability import count, logger
+from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.hand_over import HandOver, RegistrationDeferred, RegistrationRefused, github_wait
 from runner_pool.steps.held_instances import HeldInstances
 
@@ -67,7 +69,9 @@ class ClaimWorkers:
         held: HeldInstances,
         pause: Callable[[float], None] = time.sleep,
         time_left: Callable[[], float] | None = None,
+        history: HistoryNotes | None = None,
     ) -> None:
+        """`history` notes each stopped instance's time from start to ready, for adaptive sizing."""
         self._table = table
         self._clock = clock
         self._config = config
@@ -80,6 +84,7 @@ class ClaimWorkers:
         self._held = held
         self._pause = pause
         self._time_left = time_left or (lambda: math.inf)
+        self._history = history
 
     def claim(self, worker: ClaimWorker) -> ClaimWorker:
         """Pick up a warm candidate, claim it and hand it its runner config; or report the pool exhausted.
@@ -358,14 +363,29 @@ class ClaimWorkers:
     def check_claim(self, worker: ClaimWorker) -> ClaimWorker:
         if worker.instance_id is None or worker.handed_over_at is None or worker.deadline is None:
             raise ValueError(f"slot {worker.slot} holds no claimed instance to check")
+        view = self._table.observe(worker.instance_id)
         verdict, reason = self._held.readiness(
-            self._table.observe(worker.instance_id),
+            view,
             provision=worker.plan,
             claim_token=worker.claim_token,
             handed_over_at=worker.handed_over_at,
             deadline=worker.deadline,
             starting=worker.starting,
         )
+        if (
+            verdict is Readiness.READY
+            and worker.starting
+            and self._history is not None
+            and view.record is not None
+            and view.signal is not None
+        ):
+            # Started just before its hand-over: start -> ready as the job waited for it.
+            self._history.boot(
+                Fact.START,
+                view.record.resource_class,
+                worker.instance_id,
+                view.signal.at - worker.handed_over_at,
+            )
         return worker.model_copy(
             update={"readiness": verdict, "reason": reason, "wait_seconds": worker.plan.claim_wait_seconds}
         )

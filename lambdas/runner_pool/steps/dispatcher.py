@@ -38,6 +38,7 @@ from runner_pool.domain.follow_up import (
     BatchTurn,
 )
 from runner_pool.domain.labels import instant_label
+from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Failure, Group, failing
 from runner_pool.steps.reruns import Reruns
 from runner_pool.steps.run_trust import RunTrust
@@ -69,9 +70,11 @@ class Dispatcher:
         sealed_wait_seconds: float = SEALED_WAIT_SECONDS,
         trust: RunTrust | None = None,
         reruns: Reruns | None = None,
+        history: HistoryNotes | None = None,
     ) -> None:
         """`trust` decides runs' levels (without it: from `requested` deliveries only, by the built-in
-        table); `reruns` re-runs a completed run whose job an interruption failed (without it: none is)."""
+        table); `reruns` re-runs a completed run whose job an interruption failed (without it: none is);
+        `history` notes each queued job's arrival in its class, for adaptive sizing (without it: none is)."""
         self._ledger = ledger
         self._starter = starter
         self._clock = clock
@@ -79,6 +82,7 @@ class Dispatcher:
         """How demand waits: for a follow-up being started, or (gathered here) for a window to close."""
         self._trust = trust or RunTrust(ledger, clock)
         self._reruns = reruns
+        self._history = history
         self._starts = DemandStarts(ledger, starter, clock, pause, trust=self._trust)
         self._window = window_seconds
         self._limit = limit_seconds
@@ -101,6 +105,7 @@ class Dispatcher:
             if isinstance(message, RunCompleted):
                 with failing(report, [message_id], f"release {message.cause}"):
                     self._complete(report, message)
+        self._note_arrivals(batch)
         until = self._clock.now() + lease_seconds
         turns = _Turns()
         for group in _groups(batch):
@@ -119,6 +124,12 @@ class Dispatcher:
         for group, closes_at in turns.led:
             self._start_follow_up_machine(report, group, closes_at, holder, until)
         return report
+
+    def _note_arrivals(self, batch: Sequence[tuple[str, DemandMessage]]) -> None:
+        """Every delivery of a job, repeated or stale too: the history keeps each job once, and a job
+        queued is demand on its class even when its run has completed since."""
+        if self._history is not None:
+            self._history.arrivals(message for _, message in batch if isinstance(message, JobQueued))
 
     def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
         if self._ledger.cancel(message.job_id):

@@ -41,6 +41,7 @@ from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubRateLimitedError, RunnerRegistry
 from runner_pool.observability import count, logger, seconds
 from runner_pool.steps.claim_workers import ClaimWorkers, warn_of
+from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.creation import FleetCreation
 from runner_pool.steps.hand_over import (
     HandOver,
@@ -73,10 +74,12 @@ class Provision:
         notices: NoticeSource = no_notices,
         pause: Callable[[float], None] = time.sleep,
         time_left: Callable[[], float] | None = None,
+        history: HistoryNotes | None = None,
     ) -> None:
         """`executions(machine)` starts provisions on `machine` (a step's own state machine), else on the
         configured one. `pause` is how a step waits briefly in-line; `time_left`, the seconds its Lambda
-        has left (the invocation's context; None: no limit)."""
+        has left (the invocation's context; None: no limit); `history` notes boot times for adaptive
+        sizing (None: none is)."""
         self._table = table
         self._clock = clock
         self._config = config
@@ -109,6 +112,7 @@ class Provision:
             held=self._held,
             pause=pause,
             time_left=time_left,
+            history=history,
         )
         self._creation = FleetCreation(
             table,
@@ -119,6 +123,7 @@ class Provision:
             handing=self._handing,
             held=self._held,
             notices=notices,
+            history=history,
         )
 
     # --- Begin ---------------------------------------------------------------------------------
