@@ -126,3 +126,20 @@ def test_the_surplus_never_goes_below_the_rule_nor_the_pristine_minimum(
     assert sum(r.pristine for r in kept) >= min(pristine_minimum, sum(r.pristine for r in pool))
     # Every used instance goes before any pristine one
     assert not (any(r.pristine for r in chosen) and any(not r.pristine for r in kept))
+
+
+def test_the_reuse_rate_is_the_share_of_arrivals_a_used_instance_served_each_counted_once() -> None:
+    # Given four jobs, two of them served by instances that had served before (one noted twice)
+    arrivals = [Entry(str(n), NOW - 100 + n) for n in range(4)]
+    reuses = [Entry("i-1#2", NOW - 90), Entry("i-2#5", NOW - 80), Entry("i-1#2", NOW - 85)]
+    history = ClassRecord(arrivals, [Entry("i-launch", 40.0)], [], NOW - 7200, reuses)
+    # When read / Then half of the jobs' instances came back to the pool
+    demand = demand_of(history, REFRESH_SECONDS)
+    assert demand is not None
+    assert demand.reuse_rate == 0.5
+    # And more reuses than arrivals (jobs that arrived before the window) count as every job's
+    crowded = ClassRecord(arrivals[:1], [Entry("i-launch", 40.0)], [], NOW - 7200, reuses)
+    assert demand_of(crowded, REFRESH_SECONDS).reuse_rate == 1.0  # type: ignore[union-attr]
+    # And no arrivals, no rate
+    idle = ClassRecord([], [Entry("i-launch", 40.0)], [], NOW - 7200, reuses)
+    assert demand_of(idle, REFRESH_SECONDS).reuse_rate == 0.0  # type: ignore[union-attr]

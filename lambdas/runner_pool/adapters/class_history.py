@@ -1,9 +1,10 @@
 """Each resource class's arrivals and boot times (domain/class_history.py), kept in the state table.
 
     pk = sizing#<class>#<fact>, sk = <minute>   one item per class, fact and minute (fact: arrival, launch,
-                                                start; minute: its first epoch second, zero-padded to sort)
-    entries     (string set) "<id>@<figure>": a job id and when it arrived, or an instance id and its boot's
-                seconds; ADD to a set is idempotent, so a write a retried Lambda repeats adds nothing
+                                                start, reuse; minute: its first epoch second, zero-padded)
+    entries     (string set) "<id>@<figure>": a job id and when it arrived, an instance id and its boot's
+                seconds, or an instance's hand-off (<instance id>#<jobs served>) and when it was ready;
+                ADD to a set is idempotent, so a write a retried Lambda repeats adds nothing
     expires_at  TTL, domain/class_history.py BOOT_RETENTION_SECONDS after its minute
     pk = sizing#<class>#watch, sk = watch
     since       when refresh first read the class (`watched_since`), written once
@@ -62,17 +63,16 @@ class DynamoDbClassHistory:
         )
 
     def read(self, resource_class: str, arrivals_since: Epoch) -> ClassRecord:
-        arrivals = [
-            entry
-            for entry in self._entries(resource_class, Fact.ARRIVAL, since=arrivals_since)
-            if entry.value >= arrivals_since
-        ]
         return ClassRecord(
-            arrivals=arrivals,
+            arrivals=self._since(resource_class, Fact.ARRIVAL, arrivals_since),
             launches=self._latest(resource_class, Fact.LAUNCH),
             starts=self._latest(resource_class, Fact.START),
             watched_since=self._watched_since(resource_class),
+            reuses=self._since(resource_class, Fact.REUSE, arrivals_since),
         )
+
+    def _since(self, resource_class: str, fact: Fact, since: Epoch) -> list[Entry]:
+        return [entry for entry in self._entries(resource_class, fact, since=since) if entry.value >= since]
 
     def _latest(self, resource_class: str, fact: Fact) -> list[Entry]:
         """At least MEASURED entries of the newest minutes (all there are, if fewer), newest first."""

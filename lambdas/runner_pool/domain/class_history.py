@@ -1,11 +1,13 @@
 """What the stack records of each resource class for adaptive sizing, and how refresh reads it into the
 sizing rule's input (domain/sizing.py `Demand`).
 
-Three facts, each written where it happens: a job's arrival (the dispatcher, when it takes the job's
+Four facts, each written where it happens: a job's arrival (the dispatcher, when it takes the job's
 `queued` delivery), an instance's launch -> ready (creation's fleet validation for a job's launch,
-refresh's admission for the pool's), and a stopped instance's start -> ready (its claim worker). Each is
-an entry keyed by its job or instance id, so a write repeated by a retried Lambda counts once: the reading
-keeps one entry per id (the earliest arrival; any one boot, the same figure).
+refresh's admission for the pool's), a stopped instance's start -> ready (its claim worker), and a job
+served warm by an instance that had served before (its claim worker: the reuse the rule counts on, as
+the day trace measures it). Each is an entry keyed by its job's or instance's id (an instance's reuse by
+the hand-off it was), so a write repeated by a retried Lambda counts once: the reading keeps one entry
+per id (the earliest arrival; any one boot, the same figure).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Fact(StrEnum):
     ARRIVAL = "arrival"
     LAUNCH = "launch"
     START = "start"
+    REUSE = "reuse"
 
 
 @dataclass(frozen=True)
@@ -45,13 +48,14 @@ class Entry:
 
 @dataclass(frozen=True)
 class ClassRecord:
-    """A class's record as read: its arrivals since the time asked (any order), its latest launches and
-    starts (newest first), and since when the stack has watched it."""
+    """A class's record as read: its arrivals and reuses since the time asked (any order), its latest
+    launches and starts (newest first), and since when the stack has watched it."""
 
     arrivals: Sequence[Entry]
     launches: Sequence[Entry]
     starts: Sequence[Entry]
     watched_since: Epoch
+    reuses: Sequence[Entry] = ()
 
 
 class ClassHistory(Protocol):
@@ -61,24 +65,27 @@ class ClassHistory(Protocol):
         ...
 
     def read(self, resource_class: str, arrivals_since: Epoch) -> ClassRecord:
-        """The class's record, its arrivals from `arrivals_since` on; the first read of a class starts its
-        watch."""
+        """The class's record, its arrivals and reuses from `arrivals_since` on; the first read of a class
+        starts its watch."""
         ...
 
 
-def demand_of(record: ClassRecord, refresh_seconds: float, reuse_rate: float = 0.0) -> Demand | None:
-    """The rule's input from a class's record: its arrivals (each job once, at its earliest), and the p95
-    of its latest MEASURED launches and starts (a start taken to be as slow as a launch until one is
-    measured). None while no launch has been measured: the rule then keeps the schedule."""
+def demand_of(record: ClassRecord, refresh_seconds: float) -> Demand | None:
+    """The rule's input from a class's record: its arrivals (each job once, at its earliest), the share
+    of them served by an instance that had served before (the reuse rate), and the p95 of its latest
+    MEASURED launches and starts (a start taken to be as slow as a launch until one is measured). None
+    while no launch has been measured: the rule then keeps the schedule."""
     launches = _latest(record.launches)
     if not launches:
         return None
     launch = _percentile(launches)
     starts = _latest(record.starts)
+    arrivals = _earliest(record.arrivals)
+    reuses = len({entry.key for entry in record.reuses})
     return Demand(
-        arrivals=sorted(_earliest(record.arrivals).values()),
+        arrivals=sorted(arrivals.values()),
         watched_since=record.watched_since,
-        reuse_rate=reuse_rate,
+        reuse_rate=min(1.0, reuses / len(arrivals)) if arrivals else 0.0,
         launch_seconds=launch,
         start_seconds=_percentile(starts) if starts else launch,
         refresh_seconds=refresh_seconds,

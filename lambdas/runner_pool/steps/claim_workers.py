@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from runner_pool.adapters.fleet import Fleet
-from runner_pool.adapters.state_table import StateTable, TransitionResult
+from runner_pool.adapters.state_table import InstanceView, StateTable, TransitionResult
 from runner_pool.domain import stopped_tier
 from runner_pool.domain.class_history import Fact
 from runner_pool.domain.clock import Clock
@@ -372,23 +372,23 @@ class ClaimWorkers:
             deadline=worker.deadline,
             starting=worker.starting,
         )
-        if (
-            verdict is Readiness.READY
-            and worker.starting
-            and self._history is not None
-            and view.record is not None
-            and view.signal is not None
-        ):
-            # Started just before its hand-over: start -> ready as the job waited for it.
-            self._history.boot(
-                Fact.START,
-                view.record.resource_class,
-                worker.instance_id,
-                view.signal.at - worker.handed_over_at,
-            )
+        if verdict is Readiness.READY:
+            self._note_ready(worker, view)
         return worker.model_copy(
             update={"readiness": verdict, "reason": reason, "wait_seconds": worker.plan.claim_wait_seconds}
         )
+
+    def _note_ready(self, worker: ClaimWorker, view: InstanceView) -> None:
+        """For adaptive sizing: a reused instance's serving, and a started one's start -> ready (started just
+        before its hand-over, so as the job waited for it)."""
+        record, signal = view.record, view.signal
+        if self._history is None or record is None or worker.instance_id is None:
+            return
+        self._history.reused(record.resource_class, worker.instance_id, record.jobs_served)
+        if worker.starting and signal is not None and worker.handed_over_at is not None:
+            self._history.boot(
+                Fact.START, record.resource_class, worker.instance_id, signal.at - worker.handed_over_at
+            )
 
     def discard(self, worker: ClaimWorker) -> ClaimWorker:
         """The candidate failed a check: expire it (if still ours) and terminate it; one candidate fewer."""

@@ -38,6 +38,12 @@ class HistoryNotes:
         if seconds >= 0:
             self._note(fact, resource_class, [Entry(instance_id, seconds)])
 
+    def reused(self, resource_class: str, instance_id: str, jobs_served: int) -> None:
+        """A job of the class was served warm by an instance on its `jobs_served`th hand-off (above 1: it had
+        served before)."""
+        if jobs_served > 1:
+            self._note(Fact.REUSE, resource_class, [Entry(f"{instance_id}#{jobs_served}", self._clock.now())])
+
     def _note(self, fact: Fact, resource_class: str, entries: list[Entry]) -> None:
         try:
             self._history.note(fact, resource_class, entries, self._clock.now())
