@@ -33,8 +33,8 @@ steps.reconcile:
 5b. instant tier: each class whose instant tier holds fewer instances than its size asks for the rest
    in one provision (domain/instant.py); one whose instance died or whose runner exited is short by it
    once jobs 1, 2 and 8 have ended it (job 6 ends one whose runner GitHub shows offline), and GitHub's
-   runner is deleted by job 6; waiting runners beyond the size are deleted at GitHub and their
-   instances ended;
+   runner is deleted by job 6; waiting runners beyond the size (all of them, once a window closes and
+   the size is 0) are deleted at GitHub and their instances ended;
 6. runners: our runners GitHub lists as offline are deleted, unless one may still start;
 7. redeliveries: webhook deliveries that failed in the last hour are asked for again;
 8. dead runners: a running instance whose agent reports its runner exited before it took a job
@@ -530,8 +530,11 @@ class Refresh:
         now = self._clock.now()
         for name in self._config.resource_classes:
             size = self._config.instant_tier(name, now)
-            if size == 0:
+            minimum = self._config.warm_pool_minimum.get(name)
+            if minimum is None or not minimum.keeps_instant():
                 continue
+            # A tier of 0 (its window closed) is looked at too: its waiting runners are taken back then,
+            # not left up until their max runtime.
             label = instant_label(name)
             records = self._table.held_by(label)
             held = tier_holds(records, name, now)
