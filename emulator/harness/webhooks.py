@@ -403,6 +403,7 @@ def ingress_world(config: StackConfig | None = None) -> Iterator[IngressWorld]:
             client.meta.events.register("before-call.*.*", record)
         stack = LocalStack(config, ours.__getitem__, stack_name=STACK_NAME)
         stack.create_ingress_resources(WEBHOOK_SECRET)
+        stack.create_state_table()  # the dispatcher notes each job's arrival there (the class history)
         provision, release, follow_up = (
             stack.create_state_machine(machine) for machine in ("provision", "release", "follow_up")
         )

@@ -148,6 +148,7 @@ class Ingress(Construct):
         self.follow_up.state_machine.grant_start_execution(self.dispatcher)
         self._remember(self.dispatcher, counts_jobs=True)
         permissions.read_github_runs(self.dispatcher, github_tokens, self._table)
+        permissions.note_class_history(self.dispatcher, self._table)  # each job's arrival in its class
         self.dispatcher.add_event_source(
             event_sources.SqsEventSource(
                 self.demand_queue,

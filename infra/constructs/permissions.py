@@ -20,6 +20,7 @@ from aws_cdk import aws_sqs as sqs
 from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.capacity_waits import WAITS_PARTITION
+from runner_pool.adapters.class_history import HISTORY_PREFIX
 from runner_pool.adapters.registration_budget import BUDGET_PREFIX
 from runner_pool.adapters.spot_breaker import BREAKER_PREFIX
 from runner_pool.domain import doctor_readings
@@ -69,16 +70,7 @@ def mark_runs_finished(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     """Put a run's finished mark (StateTable.mark_run_finished) and no other item: every partition key
     written must carry the marks' prefix (dynamodb:LeadingKeys, DynamoDB Developer Guide,
     specifying-conditions.html; Null keeps ForAllValues from holding for a request without keys)."""
-    grantee.grant_principal.add_to_principal_policy(
-        iam.PolicyStatement(
-            actions=["dynamodb:PutItem"],
-            resources=[table.table_arn],
-            conditions={
-                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{schema.FINISHED_RUN_PREFIX}*"]},
-                "Null": {"dynamodb:LeadingKeys": "false"},
-            },
-        )
-    )
+    _allow_on_keys(grantee, "dynamodb:PutItem", table, schema.FINISHED_RUN_PREFIX)
 
 
 def count_spot_interruptions(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
@@ -212,16 +204,24 @@ def act_as_github_app(grantee: lambda_.Function, github_tokens: lambda_.IFunctio
 def share_github_hour(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     """Write GitHub's hourly remainder, read off an answer, onto the registration budget's item and no
     other (DynamoDbRegistrationBudget.observe; dynamodb:LeadingKeys as in `mark_runs_finished`)."""
-    grantee.grant_principal.add_to_principal_policy(
-        iam.PolicyStatement(
-            actions=["dynamodb:UpdateItem"],
-            resources=[table.table_arn],
-            conditions={
-                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{BUDGET_PREFIX}*"]},
-                "Null": {"dynamodb:LeadingKeys": "false"},
-            },
-        )
-    )
+    _allow_on_keys(grantee, "dynamodb:UpdateItem", table, BUDGET_PREFIX)
+
+
+def note_class_history(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Add arrivals and boot times to the class history's items and no other (DynamoDbClassHistory.note;
+    dynamodb:LeadingKeys as in `mark_runs_finished`)."""
+    _allow_on_keys(grantee, "dynamodb:UpdateItem", table, HISTORY_PREFIX)
+
+
+def check_readiness(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Read a held instance's record, heartbeat and signal, and note a started one's start -> ready."""
+    read_records(grantee, table)
+    note_class_history(grantee, table)
+
+
+def read_class_history(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Read the class history (Query) and start a class's watch (UpdateItem): adaptive sizing."""
+    _allow(grantee, ["dynamodb:Query", "dynamodb:UpdateItem"], [table.table_arn])
 
 
 def read_github_runs(
@@ -232,16 +232,7 @@ def read_github_runs(
     remainder GitHub's answer reports."""
     act_as_github_app(grantee, github_tokens)
     share_github_hour(grantee, table)
-    grantee.grant_principal.add_to_principal_policy(
-        iam.PolicyStatement(
-            actions=["dynamodb:GetItem"],
-            resources=[table.table_arn],
-            conditions={
-                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{BUDGET_PREFIX}*"]},
-                "Null": {"dynamodb:LeadingKeys": "false"},
-            },
-        )
-    )
+    _allow_on_keys(grantee, "dynamodb:GetItem", table, BUDGET_PREFIX)
 
 
 def describe_instances(grantee: iam.IGrantable) -> None:
@@ -418,6 +409,22 @@ def acknowledge_wildcards(grantee: lambda_.Function, resources: Sequence[str], r
         Validations.of(grantee.role or grantee).acknowledge(
             Acknowledgment(id=f"AwsSolutions-IAM5[Resource::{resource}]", reason=reason)
         )
+
+
+def _allow_on_keys(grantee: iam.IGrantable, action: str, table: dynamodb.ITable, prefix: str) -> None:
+    """`action` on the table's items whose partition key starts with `prefix` and no other: every key the
+    request names must carry it (dynamodb:LeadingKeys, DynamoDB Developer Guide, specifying-conditions.html;
+    Null keeps ForAllValues from holding for a request without keys)."""
+    grantee.grant_principal.add_to_principal_policy(
+        iam.PolicyStatement(
+            actions=[action],
+            resources=[table.table_arn],
+            conditions={
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{prefix}*"]},
+                "Null": {"dynamodb:LeadingKeys": "false"},
+            },
+        )
+    )
 
 
 def _allow(grantee: iam.IGrantable, actions: list[str], resources: list[str]) -> None:

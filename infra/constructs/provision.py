@@ -94,7 +94,7 @@ class Provision(Construct):
             permissions.offer_to_pool(function, queues)  # a claimed instance never handed a runner
 
         def check(function: lambda_.Function) -> None:
-            permissions.read_records(function, table)
+            permissions.check_readiness(function, table)
 
         # The fleet adapter is built with its subnets even when it only terminates.
         fleet_environment = {"subnet_ids": config.network.subnet_ids}

@@ -72,6 +72,7 @@ class Refresh(Construct):
         permissions.act_as_github_app(self.function, github_tokens)
         permissions.start_executions(self.function, [provision.state_machine_arn, release.state_machine_arn])
         permissions.reconcile_recent_demand(self.function, table)
+        permissions.read_class_history(self.function, table)  # adaptive sizing; boot times it admits
         # Reconciling a run's queued jobs counts the runners of ours it still holds (StateTable.held_by).
         permissions.find_by_run_key(self.function, table)
         self.schedule = events.Rule(

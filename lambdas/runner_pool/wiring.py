@@ -20,6 +20,7 @@ from typing import Any
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.capacity_waits import CapacityWaits
+from runner_pool.adapters.class_history import DynamoDbClassHistory
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
@@ -40,6 +41,7 @@ from runner_pool.domain.pickup import PickupManager
 from runner_pool.domain.registration_budget import HourlyQuota
 from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
 from runner_pool.observability import logger
+from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpSteps
 from runner_pool.steps.reruns import Reruns
@@ -182,6 +184,15 @@ class ControlPlane:
         """Runs with recent demand, for refresh to reconcile with GitHub's queued jobs."""
         return RecentDemand(self.settings.table_name, self.clock, self.client("dynamodb"))
 
+    @cached_property
+    def class_history(self) -> DynamoDbClassHistory:
+        """Each class's arrivals and boot times, for adaptive sizing."""
+        return DynamoDbClassHistory(self.settings.table_name, self.clock, self.client("dynamodb"))
+
+    @cached_property
+    def history_notes(self) -> HistoryNotes:
+        return HistoryNotes(self.class_history, self.config, self.clock)
+
     def executions(
         self, provision_machine_arn: str | None = None, *, release_machine_arn: str | None = None
     ) -> Executions:
@@ -202,6 +213,7 @@ class ControlPlane:
             trust=self._run_trust(ledger),
             reruns=self._reruns(ledger),
             tier_group=lambda: self.github.keep_instant_group_in_step(),  # noqa: PLW0108 - GitHub on first use
+            history=self.history_notes,
         )
 
     def reruns(self) -> Reruns:

@@ -8,6 +8,7 @@ start, with which input, and how many.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from emulator.harness.webhooks import (
     sqs_record,
 )
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
+from runner_pool.domain.class_history import Entry, demand_of
 from runner_pool.domain.demand import LEASE_MARGIN_SECONDS, Reservation
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
 from runner_pool.domain.follow_up import BURST_QUIET_SECONDS, FOLLOW_UP_WINDOW_SECONDS
@@ -590,3 +592,32 @@ def test_a_burst_of_tier_jobs_over_many_batches_is_served_by_one_provision_and_o
     assert len(provisions) == 2
     assert sorted(job for ids in provisions for job in ids) == [7201, 7202, 7203, 7204, 7205]
     assert {p["run_key"] for p in world.provisions()} == {INSTANT}
+
+
+# --- the class history ------------------------------------------------------------------------------
+
+
+def test_each_queued_job_is_noted_once_as_an_arrival_in_its_class(world: IngressWorld) -> None:
+    # Given 3 large jobs and 2 xlarge ones dispatched, and one large job's delivery dispatched again later
+    queue_jobs(world, [1, 2, 3])
+    queue_jobs(world, [4, 5], OTHER_LABEL)
+    world.dispatch(world.take_queued())
+    first = world.clock.now()
+    world.clock.advance(5)
+    queue_jobs(world, [2])
+    world.dispatch(world.take_queued())
+    # When each class's history is read
+    history = world.plane.class_history
+    large = history.read("large", first - 60)
+    # Then each job arrived in its own class, when it was dispatched; the repeat is read as one arrival
+    assert sorted((entry.key, entry.value) for entry in large.arrivals) == [
+        ("1", first),
+        ("2", first),
+        ("2", first + 5),
+        ("3", first),
+    ]
+    assert sorted(entry.key for entry in history.read("xlarge", first - 60).arrivals) == ["4", "5"]
+    large = replace(large, launches=[Entry("i-1", 30.0)])
+    demand = demand_of(large, 60.0)
+    assert demand is not None
+    assert list(demand.arrivals) == [first] * 3

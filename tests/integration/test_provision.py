@@ -360,3 +360,18 @@ def test_a_claimed_instance_whose_short_job_ended_before_its_check_is_not_asked_
     assert (result["warm"], result["lost"], result["expired"]) == ([], [warm], [])
     assert world.ec2.calls["CreateFleet"] == 0
     assert executions_once_settled(world) == []
+
+
+def test_each_launch_served_notes_its_launch_to_ready_and_a_pristine_claim_no_reuse(
+    world: ProvisionWorld,
+) -> None:
+    # Given one warm pristine instance / When a run asks for three runners
+    warm = world.warm(1).instance_id
+    result = output(world.provision(RUN, 3))
+    # Then the class history holds each created instance's launch -> ready, and no reuse: the warm one
+    # had never served
+    record = world.plane.class_history.read("large", 0.0)
+    assert sorted(entry.key for entry in record.launches) == sorted(result["cold"])
+    assert all(entry.value >= 0 for entry in record.launches)
+    assert record.reuses == []
+    assert warm in result["warm"]

@@ -38,6 +38,7 @@ from runner_pool.domain.runner_scope import (
     registration_for,
 )
 from runner_pool.domain.settings import SettingError, Settings
+from runner_pool.domain.sizing import HORIZON_SECONDS
 from runner_pool.domain.spot_breaker import SpotBreakerSettings
 from runner_pool.domain.timeouts import Timeouts
 from runner_pool.domain.trust import WORKFLOW_EVENTS, TrustLevel, reuses
@@ -95,6 +96,11 @@ class PickupSettings(Settings):
     `same_instance_tolerance` anyway."""
 
 
+class PoolSizing(StrEnum):
+    SCHEDULE = "schedule"
+    ADAPTIVE = "adaptive"
+
+
 class PoolSettings(Settings):
     """The stopped tier of the warm pool: idle on-demand instances kept stopped.
 
@@ -114,6 +120,20 @@ class PoolSettings(Settings):
     """How long an instance stays stopped, from its stop, before refresh terminates it. Measured from the
     stop, because the tier's cost is its volumes' time in it; the time since launch is bounded already by
     `reuse.max_age_minutes`, which caps this too."""
+    sizing: PoolSizing = PoolSizing.SCHEDULE
+    """How refresh decides how many hot and stopped instances each class holds: `schedule` (the default),
+    its `warm_pool_minimum` in force; `adaptive`, the sizing rule over its recorded arrivals and boot times
+    (domain/sizing.py), the schedule in force its floor. Adaptive is opted into: it launches instances no
+    operator asked for, and a stack that upgrades keeps the numbers it was deployed with."""
+    target_wait_seconds: float = Field(15.0, gt=0)
+    """The p95 of a job's wait for its runner that adaptive sizing holds instances for: 15 s, issue 40's
+    target, under which the day trace (bench/day_trace.py) held cost within 1.25x of no pool."""
+    hot_maximum: int = Field(20, ge=0)
+    """The most idle instances adaptive sizing holds per class (the schedule's floor is held above it): a
+    bound on a runaway bill. 20 covers the day trace's largest matrix."""
+    sizing_horizon_minutes: int = Field(int(HORIZON_SECONDS // 60), ge=1)
+    """How far back adaptive sizing reads a class's arrivals, and how long it must have watched a class
+    before the rule's number replaces the schedule's (domain/sizing.py HORIZON_SECONDS)."""
 
 
 class FleetSettings(Settings):

@@ -92,6 +92,8 @@ class RefreshReport:
     """The pristine minimum in force per class at this run: a floor among the idle instances."""
     stopped_minimum: dict[str, int] = field(default_factory=dict)
     """The stopped minimum in force per class at this run."""
+    trimmed: Counter[str] = field(default_factory=Counter)
+    """Idle instances per class ended (or stopped, for the stopped tier) beyond what adaptive sizing holds."""
     runners_deleted: int = 0
     redelivered: int = 0
     runners_replaced: int = 0
@@ -141,6 +143,24 @@ def pool_shortfall(
     launched for the pool is pristine, so it counts toward both (domain/config.py WarmMinimum), as do the
     instances still booting for the pool; 0 when neither falls short."""
     return max(0, minimum - idle - booting, pristine_minimum - idle_pristine - booting)
+
+
+def surplus_idle(idle: Sequence[InstanceRecord], hot: int, pristine_minimum: int) -> list[InstanceRecord]:
+    """Which of a class's idle instances to take back when it holds more than `hot`: as many as it holds
+    beyond, used ones first (the pristine ones serve any job), then those whose idle time ends first; a
+    pristine one only while more than `pristine_minimum` remain."""
+    surplus = len(idle) - hot
+    pristine_left = sum(record.pristine for record in idle)
+    chosen: list[InstanceRecord] = []
+    for record in sorted(idle, key=lambda r: (r.pristine, r.threshold or 0.0, r.instance_id)):
+        if len(chosen) >= surplus:
+            break
+        if record.pristine:
+            if pristine_left <= pristine_minimum:
+                continue
+            pristine_left -= 1
+        chosen.append(record)
+    return chosen
 
 
 def untracked(record: InstanceRecord | None) -> bool:

@@ -86,18 +86,21 @@ def pool_size(
     now: Epoch,
     floor: Holding,
     ceiling: Holding | None = None,
+    *,
+    horizon_seconds: float = HORIZON_SECONDS,
 ) -> Holding:
     """The hot and stopped instances a class should hold at `now` to keep its jobs' p95 wait within
-    `target_wait_seconds`, bounded by the schedule's `floor` and `ceiling` (module docstring). With no
-    `demand`, or one watched for less than a horizon, the floor (the schedule)."""
-    if demand is None or now - demand.watched_since < HORIZON_SECONDS:
+    `target_wait_seconds`, bounded by the schedule's `floor` and `ceiling` (module docstring), reading the
+    arrivals of the last `horizon_seconds`. With no `demand`, or one watched for less than a horizon, the
+    floor (the schedule)."""
+    if demand is None or now - demand.watched_since < horizon_seconds:
         return floor.within(floor, ceiling)
     if demand.launch_seconds <= target_wait_seconds:
         return Holding().within(floor, ceiling)
     lead = demand.launch_seconds + demand.refresh_seconds
     replaced = 1.0 - min(1.0, max(0.0, demand.reuse_rate))
-    recent = sorted(at for at in demand.arrivals if now - HORIZON_SECONDS - lead < at <= now)
-    covering = _Covering(recent, lead, replaced, now - HORIZON_SECONDS, now)
+    recent = sorted(at for at in demand.arrivals if now - horizon_seconds - lead < at <= now)
+    covering = _Covering(recent, lead, replaced, now - horizon_seconds, now)
     if demand.start_seconds <= target_wait_seconds:
         return Holding(stopped=covering.size(TARGET_SHARE)).within(floor, ceiling)
     hot = covering.size(TARGET_SHARE)

@@ -25,7 +25,7 @@ the Spot Instance ... because it is associated with a one-time Spot Instance req
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import StackConfig
@@ -63,18 +63,23 @@ def awaiting_stop(record: InstanceRecord, now: Epoch) -> bool:
     return launched_for_tier(record, now) and record.state is InstanceState.IDLE
 
 
-def stopped_shortfall(records: Iterable[InstanceRecord], config: StackConfig, now: Epoch) -> dict[str, int]:
-    """Per class, the instances to launch for the stopped minimum in force now: the minimum less the tier
-    (stopping and stopped, not due) and those launched for it and not stopped yet, or the pristine floor
-    less the tier's pristine members, whichever is short of more (what is launched for the tier is
-    pristine, so it counts toward both). A minimum that drops stops and terminates nothing: the tier's
-    members run out their time as before."""
+def stopped_shortfall(
+    records: Iterable[InstanceRecord],
+    config: StackConfig,
+    now: Epoch,
+    minimum: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """Per class, the instances to launch for the stopped minimum in force now (or `minimum`'s, adaptive
+    sizing's number): the minimum less the tier (stopping and stopped, not due) and those launched for it
+    and not stopped yet, or the pristine floor less the tier's pristine members, whichever is short of
+    more (what is launched for the tier is pristine, so it counts toward both). A minimum that drops stops
+    and terminates nothing: the tier's members run out their time as before."""
     records = list(records)
     have = _tier_by_class(records, now)
     pristine = _tier_by_class(records, now, pristine_only=True)
     short = {
         name: max(
-            config.stopped_minimum(name, now) - have[name],
+            (config.stopped_minimum(name, now) if minimum is None else minimum[name]) - have[name],
             config.pristine_stopped_minimum(name, now) - pristine[name],
         )
         for name in config.resource_classes

@@ -76,6 +76,7 @@ def provision_of(plane: ControlPlane, time_left: Callable[[], float] | None = No
         capacity_waits=CapacityWaitSteps(
             lambda: plane.capacity_waits, clock=plane.clock, check_runs=lambda: plane.github
         ),
+        history=plane.history_notes,
     )
 
 

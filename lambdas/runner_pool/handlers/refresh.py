@@ -72,6 +72,7 @@ def refresh_of(plane: ControlPlane) -> Refresh:
         capacity_waits=CapacityWaitSteps(
             lambda: plane.capacity_waits, clock=plane.clock, check_runs=lambda: plane.github
         ),
+        history=plane.class_history,
     )
 
 
@@ -91,6 +92,7 @@ def _measure(report: RefreshReport) -> None:
         **{f"PoolIdlePristine.{name}": count for name, count in report.idle_pristine.items()},
         **{f"PoolPristineMinimum.{name}": count for name, count in report.pristine_minimum.items()},
         **{f"PoolLaunchedForStopped.{name}": count for name, count in report.launched_for_stopped.items()},
+        **{f"PoolTrimmed.{name}": count for name, count in report.trimmed.items()},
         "RunnersDeleted": report.runners_deleted,
         "WebhooksRedelivered": report.redelivered,
         "RunnersReplaced": report.runners_replaced,

@@ -10,9 +10,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from runner_pool.adapters.fleet import Fleet
+from runner_pool.adapters.state_reads import InstanceView
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain import stopped_tier
+from runner_pool.domain.class_history import Fact
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import Ec2State, Start
@@ -30,6 +32,7 @@ from runner_pool.domain.records import PoolMessage
 from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubRetryableError
 from runner_pool.observability import count, logger
+from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.hand_over import HandOver, RegistrationDeferred, RegistrationRefused, github_wait
 from runner_pool.steps.held_instances import HeldInstances
 
@@ -68,7 +71,9 @@ class ClaimWorkers:
         held: HeldInstances,
         pause: Callable[[float], None] = time.sleep,
         time_left: Callable[[], float] | None = None,
+        history: HistoryNotes | None = None,
     ) -> None:
+        """`history` notes each stopped instance's time from start to ready, for adaptive sizing."""
         self._table = table
         self._clock = clock
         self._config = config
@@ -81,6 +86,7 @@ class ClaimWorkers:
         self._held = held
         self._pause = pause
         self._time_left = time_left or (lambda: math.inf)
+        self._history = history
 
     def claim(self, worker: ClaimWorker) -> ClaimWorker:
         """Pick up a warm candidate, claim it and hand it its runner config; or report the pool exhausted.
@@ -359,17 +365,32 @@ class ClaimWorkers:
     def check_claim(self, worker: ClaimWorker) -> ClaimWorker:
         if worker.instance_id is None or worker.handed_over_at is None or worker.deadline is None:
             raise ValueError(f"slot {worker.slot} holds no claimed instance to check")
+        view = self._table.observe(worker.instance_id)
         verdict, reason = self._held.readiness(
-            self._table.observe(worker.instance_id),
+            view,
             provision=worker.plan,
             claim_token=worker.claim_token,
             handed_over_at=worker.handed_over_at,
             deadline=worker.deadline,
             starting=worker.starting,
         )
+        if verdict is Readiness.READY:
+            self._note_ready(worker, view)
         return worker.model_copy(
             update={"readiness": verdict, "reason": reason, "wait_seconds": worker.plan.claim_wait_seconds}
         )
+
+    def _note_ready(self, worker: ClaimWorker, view: InstanceView) -> None:
+        """For adaptive sizing: a reused instance's serving, and a started one's start -> ready (started just
+        before its hand-over, so as the job waited for it)."""
+        record, signal = view.record, view.signal
+        if self._history is None or record is None or worker.instance_id is None:
+            return
+        self._history.reused(record.resource_class, worker.instance_id, record.jobs_served)
+        if worker.starting and signal is not None and worker.handed_over_at is not None:
+            self._history.boot(
+                Fact.START, record.resource_class, worker.instance_id, signal.at - worker.handed_over_at
+            )
 
     def discard(self, worker: ClaimWorker) -> ClaimWorker:
         """The candidate failed a check: expire it (if still ours) and terminate it; one candidate fewer."""

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.class_history import Fact
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import LaunchRequest
@@ -19,6 +20,7 @@ from runner_pool.domain.provision import (
 from runner_pool.domain.registration_budget import REGISTRATION_FLOOR, RegistrationBudget
 from runner_pool.domain.runners import GitHubRetryableError
 from runner_pool.observability import count, logger
+from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.hand_over import HandOver, NotTried, Refused, github_wait
 from runner_pool.steps.held_instances import HeldInstances
 from runner_pool.steps.notices import NoticeSource, open_queues
@@ -38,7 +40,9 @@ class FleetCreation:
         handing: HandOver,
         held: HeldInstances,
         notices: NoticeSource,
+        history: HistoryNotes | None = None,
     ) -> None:
+        """`history` notes each launch's time to ready, for adaptive sizing (without it: none is)."""
         self._table = table
         self._clock = clock
         self._config = config
@@ -48,6 +52,7 @@ class FleetCreation:
         self._handing = handing
         self._held = held
         self._notices = notices
+        self._history = history
 
     def create(self, provision: ProvisionPlan, workers: Iterable[WorkerResult]) -> Creation:
         """Launch the slots the pool could not fill; record every launched instance at once."""
@@ -206,6 +211,11 @@ class FleetCreation:
             )
             if verdict is Readiness.READY:
                 ready.append(instance_id)
+                if self._history is not None and view.record is not None and view.signal is not None:
+                    # Launch -> ready as a job's launch waits for it: recorded at launch, registered.
+                    self._history.boot(
+                        Fact.LAUNCH, view.record.resource_class, instance_id, view.signal.at - handed_over_at
+                    )
             elif verdict is Readiness.FAILED:
                 failed[instance_id] = reason
             else:

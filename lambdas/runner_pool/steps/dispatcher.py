@@ -40,6 +40,7 @@ from runner_pool.domain.follow_up import (
     BatchTurn,
 )
 from runner_pool.domain.labels import instant_label
+from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Failure, Group, failing
 from runner_pool.steps.reruns import Reruns
 from runner_pool.steps.run_trust import RunTrust
@@ -84,11 +85,13 @@ class Dispatcher:
         trust: RunTrust | None = None,
         reruns: Reruns | None = None,
         tier_group: Callable[[], object] | None = None,
+        history: HistoryNotes | None = None,
     ) -> None:
         """`trust` decides runs' levels (without it: from `requested` deliveries only, by the built-in
         table); `reruns` re-runs a completed run whose job an interruption failed (without it: none is);
         `tier_group` sets the instant tier's runner group to the installation's repositories
-        (domain.runners.RunnerRegistry.keep_instant_group_in_step; without it that is left to refresh)."""
+        (domain.runners.RunnerRegistry.keep_instant_group_in_step; without it that is left to refresh);
+        `history` notes each queued job's arrival in its class, for adaptive sizing (without it: none is)."""
         self._ledger = ledger
         self._starter = starter
         self._clock = clock
@@ -96,6 +99,7 @@ class Dispatcher:
         """How demand waits: for a follow-up being started, or (gathered here) for a window to close."""
         self._trust = trust or RunTrust(ledger, clock)
         self._reruns = reruns
+        self._history = history
         self._starts = DemandStarts(ledger, starter, clock, pause, trust=self._trust)
         self._window = window_seconds
         self._limit = limit_seconds
@@ -119,6 +123,7 @@ class Dispatcher:
             if isinstance(message, RunCompleted):
                 with failing(report, [message_id], f"release {message.cause}"):
                     self._complete(report, message)
+        self._note_arrivals(batch)
         until = self._clock.now() + lease_seconds
         turns = _Turns()
         for group in _groups(batch):
@@ -146,6 +151,12 @@ class Dispatcher:
         with failing(report, changed, "set the instant tier's runner group to the installation's"):
             self._tier_group()
             report.tier_groups += 1
+
+    def _note_arrivals(self, batch: Sequence[tuple[str, DemandMessage]]) -> None:
+        """Every delivery of a job, repeated or stale too: the history keeps each job once, and a job
+        queued is demand on its class even when its run has completed since."""
+        if self._history is not None:
+            self._history.arrivals(message for _, message in batch if isinstance(message, JobQueued))
 
     def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
         if self._ledger.cancel(message.job_id):

@@ -46,6 +46,7 @@ from runner_pool.domain.spot_breaker import usage_for
 from runner_pool.observability import count, logger, seconds
 from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.claim_workers import ClaimWorkers, warn_of
+from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.creation import FleetCreation
 from runner_pool.steps.hand_over import (
     HandOver,
@@ -80,12 +81,14 @@ class Provision:
         time_left: Callable[[], float] | None = None,
         spot_breaker: Callable[[], DynamoDbSpotBreaker] | None = None,
         capacity_waits: CapacityWaitSteps | None = None,
+        history: HistoryNotes | None = None,
     ) -> None:
         """`executions(machine)` starts provisions on `machine` (a step's own state machine), else on the
         configured one. `pause` is how a step waits briefly in-line; `time_left`, the seconds its Lambda
         has left (the invocation's context; None: no limit). `spot_breaker`: which classes' spot demand is
         served on-demand for now (None: none). `capacity_waits`: how a provision EC2 left short has its
-        jobs wait for capacity (None: it asks again at once, as for any shortfall)."""
+        jobs wait for capacity (None: it asks again at once, as for any shortfall). `history` notes boot
+        times for adaptive sizing (None: none is)."""
         self._table = table
         self._clock = clock
         self._config = config
@@ -120,6 +123,7 @@ class Provision:
             held=self._held,
             pause=pause,
             time_left=time_left,
+            history=history,
         )
         self._creation = FleetCreation(
             table,
@@ -130,6 +134,7 @@ class Provision:
             handing=self._handing,
             held=self._held,
             notices=notices,
+            history=history,
         )
 
     # --- Begin ---------------------------------------------------------------------------------

@@ -24,13 +24,18 @@ steps.reconcile:
    straight on to idle → stopping; `UD_FAILED` expires them;
 5. warm pool: each class short of the warm minimum in force now (idle plus still booting) is topped
    up, and each short of its stopped minimum (the tier plus those launched for it) gets on-demand
-   instances marked for the tier; a minimum that drops (a schedule's window closes) terminates nothing;
+   instances marked for the tier; a minimum that drops (a schedule's window closes) terminates nothing.
+   With `pool.sizing: adaptive`, the sizing rule's numbers (domain/sizing.py, over the class's recorded
+   arrivals and boot times, the schedule its floor) replace the minimums, and idle instances beyond its
+   hot number are taken back: stopped while the rule wants more stopped, else ended (only while still
+   idle and unheld: a claim that came first keeps its instance). No history, or none readable, keeps
+   the schedule;
 5b. instant tier: its organisation runner group is set to the installation's repositories (the backstop
    of a lost `installation_repositories` delivery); each class whose instant tier holds fewer instances
    than its size asks for the rest in one provision (domain/instant.py); one whose instance died or whose
    runner exited is short by it once jobs 1, 2 and 8 have ended it (job 6 ends one whose runner GitHub
-   shows offline), and GitHub's runner is deleted by job 6; waiting runners beyond the size are deleted at
-   GitHub and their instances ended;
+   shows offline), and GitHub's runner is deleted by job 6; waiting runners beyond the size (all of them,
+   once a window closes and the size is 0) are deleted at GitHub and their instances ended;
 6. runners: our runners GitHub lists as offline are deleted, unless one may still start;
 7. redeliveries: webhook deliveries that failed in the last hour are asked for again;
 8. dead runners: a running instance whose agent reports its runner exited before it took a job
@@ -62,8 +67,9 @@ from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.domain.class_history import ClassHistory, Fact, demand_of
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.config import StackConfig
+from runner_pool.domain.config import PoolSizing, StackConfig
 from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
 from runner_pool.domain.instant import keeps_tier_group, surplus_waiting, tier_holds, tier_shortfall
@@ -86,10 +92,12 @@ from runner_pool.domain.refresh import (
     booting_for_pool,
     in_turn,
     pool_shortfall,
+    surplus_idle,
     untracked,
 )
 from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
+from runner_pool.domain.sizing import Holding, pool_size
 from runner_pool.domain.stopped_tier import (
     awaiting_stop,
     clean_to_stop,
@@ -98,8 +106,9 @@ from runner_pool.domain.stopped_tier import (
     stopped_until,
     to_stop,
 )
-from runner_pool.observability import logger
+from runner_pool.observability import count, logger
 from runner_pool.steps.capacity_waits import CapacityWaitSteps
+from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.notices import NoticeSource, close_queues, no_notices, open_queues
 from runner_pool.steps.reconcile import RunReconciliation, TimeLeft
 
@@ -122,9 +131,11 @@ class Refresh:
         pickup: Callable[[], PickupManager] | None = None,
         budget: Callable[[], RegistrationBudget] | None = None,
         capacity_waits: CapacityWaitSteps | None = None,
+        history: ClassHistory | None = None,
     ) -> None:
         """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing. With
-        `capacity_waits`, job 9 provisions a run key waiting for capacity only once its back-off is over."""
+        `capacity_waits`, job 9 provisions a run key waiting for capacity only once its back-off is over;
+        without `history`, adaptive sizing keeps the schedule and no boot time is noted."""
         self._table = table
         self._fleet = fleet
         self._queues = queues
@@ -139,6 +150,8 @@ class Refresh:
         self._pickup = pickup
         self._budget = budget
         self._capacity_waits = capacity_waits
+        self._history = history
+        self._notes = None if history is None else HistoryNotes(history, config, clock)
 
     def run(self, tick: int, time_left: TimeLeft = lambda: math.inf) -> RefreshReport:
         """Every job in turn while `time_left()` (seconds) allows; the rest are deferred to the next run,
@@ -352,6 +365,10 @@ class Refresh:
             if admitted.outcome is not Outcome.APPLIED or admitted.record is None:
                 continue
             report.admitted += 1
+            if self._notes is not None:
+                self._notes.boot(
+                    Fact.LAUNCH, record.resource_class, record.instance_id, signal.at - record.created_at
+                )
             if admitted.record.for_stopped_tier:
                 # Never offered hot: stopped at once, its room in the tier taken since its launch.
                 self._stop(record.instance_id, report)
@@ -365,7 +382,7 @@ class Refresh:
         among them (its pristine minimum), whichever is larger: what is launched for the pool is pristine,
         so it counts toward both (domain/config.py WarmMinimum)."""
         now = self._clock.now()
-        idle: Counter[str] = Counter()
+        idle: dict[str, list[InstanceRecord]] = {name: [] for name in self._config.resource_classes}
         pristine: Counter[str] = Counter()
         booting: Counter[str] = Counter()
         records = self._table.live()
@@ -377,25 +394,31 @@ class Refresh:
                 and record.run_key is None
                 and not record.threshold_passed(now)
             ):
-                idle[record.resource_class] += 1
+                idle.setdefault(record.resource_class, []).append(record)
                 pristine[record.resource_class] += record.pristine
             elif booting_for_pool(record, now):
                 booting[record.resource_class] += 1
-        report.idle = {name: idle[name] for name in self._config.resource_classes}
+        report.idle = {name: len(idle[name]) for name in self._config.resource_classes}
         report.idle_pristine = {name: pristine[name] for name in self._config.resource_classes}
-        # Only a shortfall launches: when a window closes and its minimum drops, the surplus is left to
-        # run out its idle time and be terminated as due, like any idle instance.
+        # On the schedule only a shortfall launches: when a window closes and its minimum drops, the
+        # surplus is left to run out its idle time and be terminated as due, like any idle instance.
+        sized = self._sized(now)
         report.minimum = {
-            name: self._config.warm_minimum(name, now) for name in self._config.resource_classes
+            name: sized[name].hot if name in sized else self._config.warm_minimum(name, now)
+            for name in self._config.resource_classes
         }
         report.pristine_minimum = {
             name: self._config.pristine_minimum(name, now) for name in self._config.resource_classes
+        }
+        surplus = {
+            name: surplus_idle(idle[name], need.hot, report.pristine_minimum[name])
+            for name, need in sized.items()
         }
         short = {
             name: pool_shortfall(
                 report.minimum[name],
                 report.pristine_minimum[name],
-                idle=idle[name],
+                idle=len(idle[name]),
                 idle_pristine=pristine[name],
                 booting=booting[name],
             )
@@ -403,26 +426,35 @@ class Refresh:
         }
         shortfall = {name: count for name, count in short.items() if count > 0}
         report.stopped_minimum = {
-            name: self._config.stopped_minimum(name, now) for name in self._config.resource_classes
+            name: sized[name].stopped if name in sized else self._config.stopped_minimum(name, now)
+            for name in self._config.resource_classes
         }
-        stopped_short = stopped_shortfall(records, self._config, now)
-        if not shortfall and not stopped_short:
+        stopped_short = stopped_shortfall(records, self._config, now, report.stopped_minimum)
+        if not shortfall and not stopped_short and not any(surplus.values()):
             return
-        # One claim covers both top-ups: two runs at once never launch either twice.
+        # One claim covers the top-ups and the take-back: two runs at once never do either twice.
         claimed, _ = self._claim_marker(WARM_POOL_MARKER, tick, self._table.read_marker(WARM_POOL_MARKER))
         if not claimed:
             return  # this schedule slot's top-up is another run's
-        launches = [(name, count, False) for name, count in sorted(shortfall.items())] + [
-            (name, count, True) for name, count in sorted(stopped_short.items())
+        for name, chosen in surplus.items():
+            stopped_short[name] = self._take_back_idle(chosen, stopped_short.get(name, 0), report)
+        stopped_short = {name: count for name, count in stopped_short.items() if count > 0}
+        self._launch_for_pool(report, tick, shortfall, stopped_short)
+
+    def _launch_for_pool(
+        self, report: RefreshReport, tick: int, shortfall: dict[str, int], stopped_short: dict[str, int]
+    ) -> None:
+        launches = [(name, number, False) for name, number in sorted(shortfall.items())] + [
+            (name, number, True) for name, number in sorted(stopped_short.items())
         ]
         failures = []
-        for name, count, for_tier in launches:
+        for name, number, for_tier in launches:
             # The tier is on-demand only (EC2 stops no one-time Spot Instance); config refuses a stopped
             # minimum under spot defaults, and the launch says on-demand itself, so no fallback applies.
             request = LaunchRequest.for_pool(
                 self._config,
                 name,
-                count,
+                number,
                 f"refresh-{tick}-{'stopped-tier' if for_tier else 'warm-pool'}-{name}",
                 usage=UsageClass.ON_DEMAND if for_tier else None,
             )
@@ -430,7 +462,7 @@ class Refresh:
                 outcome = self._fleet.launch_with_fallback(request, self._config.fleet)
             except Exception:
                 logger.exception(
-                    "warm-pool launch failed", resource_class=name, count=count, for_tier=for_tier
+                    "warm-pool launch failed", resource_class=name, count=number, for_tier=for_tier
                 )
                 failures.append(name)
                 continue
@@ -445,6 +477,53 @@ class Refresh:
                 report.launched[name] += len(outcome.launched)
         if failures:
             raise RuntimeError(f"warm-pool launches failed for: {', '.join(failures)}")
+
+    def _sized(self, now: Epoch) -> dict[str, Holding]:
+        """Per class, what adaptive sizing holds now (domain/sizing.py), the schedule in force its floor;
+        empty on the schedule. A class whose history cannot be read keeps the schedule, logged."""
+        pool = self._config.pool
+        if pool.sizing is not PoolSizing.ADAPTIVE or self._history is None:
+            return {}
+        horizon = pool.sizing_horizon_minutes * 60.0
+        refresh_seconds = self._config.refresh_rate_minutes * 60.0
+        # The rule reads the arrivals of a lead before the horizon too; a lead is at most a launch's
+        # created threshold (past it the launch is expired) and a refresh period.
+        since = now - horizon - self._config.timeouts.created_threshold_seconds - refresh_seconds
+        sized: dict[str, Holding] = {}
+        for name in self._config.resource_classes:
+            floor = Holding(self._config.warm_minimum(name, now), self._config.stopped_minimum(name, now))
+            ceiling = Holding(max(pool.hot_maximum, floor.hot), pool.stopped_maximum)
+            try:
+                demand = demand_of(self._history.read(name, since), refresh_seconds)
+            except Exception:
+                count("SizingHistoryUnread")
+                logger.exception("sizing history not read; the class keeps its schedule", resource_class=name)
+                demand = None
+            sized[name] = pool_size(
+                demand, pool.target_wait_seconds, now, floor, ceiling, horizon_seconds=horizon
+            )
+        return sized
+
+    def _take_back_idle(self, chosen: list[InstanceRecord], stopped_short: int, report: RefreshReport) -> int:
+        """Idle instances beyond adaptive sizing's hot number: each stopped while the class's stopped tier
+        is short (on-demand, its agent clean) and ended otherwise, only while still idle and unheld. How
+        short the tier is still."""
+        for record in chosen:
+            if (
+                stopped_short > 0
+                and record.usage_class is UsageClass.ON_DEMAND
+                and clean_to_stop(self._table.read_signal(record.instance_id))
+            ):
+                stopping = report.stopping
+                self._stop(record.instance_id, report)
+                if report.stopping > stopping:
+                    stopped_short -= 1
+                    report.trimmed[record.resource_class] += 1
+                continue
+            # A claim that came first holds a run key, so this expiry fails: its instance serves its job.
+            if self._table.expire(record.instance_id, run_key=None).outcome is Outcome.APPLIED:
+                report.trimmed[record.resource_class] += 1
+        return stopped_short
 
     # --- 5b. the instant tier ------------------------------------------------------------------
 
@@ -462,8 +541,11 @@ class Refresh:
         now = self._clock.now()
         for name in self._config.resource_classes:
             size = self._config.instant_tier(name, now)
-            if size == 0:
+            minimum = self._config.warm_pool_minimum.get(name)
+            if minimum is None or not minimum.keeps_instant():
                 continue
+            # A tier of 0 (its window closed) is looked at too: its waiting runners are taken back then,
+            # not left up until their max runtime.
             label = instant_label(name)
             records = self._table.held_by(label)
             held = tier_holds(records, name, now)

@@ -1,0 +1,169 @@
+"""Refresh applying adaptive sizing (`pool.sizing: adaptive`): its Lambda handler on moto, the class history in
+the state table, the sizing rule's number against the schedule's.
+
+After every test the accounting holds: every EC2 instance of the stack has a live record, and every live
+record an instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from emulator.harness.control_plane import LocalControlPlane, client, local_control_plane, stack_config
+from runner_pool.adapters.class_history import ENTRIES_ATTRIBUTE, HISTORY_PREFIX
+from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY
+from runner_pool.domain.class_history import Entry, Fact, demand_of
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import Signal
+from runner_pool.domain.refresh import refresh_tick
+from runner_pool.domain.sizing import Holding, pool_size
+from runner_pool.handlers.refresh import refresh_of
+
+LAUNCH_SECONDS = 90.0
+HORIZON_SECONDS = 300.0
+"""`pool.sizing_horizon_minutes` of 5: arrivals leave it well within an idle instance's 10 minutes."""
+
+
+@pytest.fixture
+def adaptive() -> Iterator[LocalControlPlane]:
+    """A stack that sizes its pool by the rule over 5 minutes of arrivals, over a schedule of one idle
+    `large` instance; watched (its history first read) two horizons ago, its launches measured at 90 s."""
+    config = stack_config(
+        warm_pool_minimum={"large": 1}, pool={"sizing": "adaptive", "sizing_horizon_minutes": 5}
+    )
+    with local_control_plane(config) as plane:
+        plane.plane.class_history.read("large", plane.clock.now())
+        plane.clock.advance(2 * HORIZON_SECONDS)
+        launch = [Entry(f"i-measured-{n}", LAUNCH_SECONDS) for n in range(5)]
+        plane.plane.class_history.note(Fact.LAUNCH, "large", launch, plane.clock.now() - 600)
+        yield plane
+        accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
+def burst(local: LocalControlPlane, jobs: int, minutes: int) -> None:
+    """`jobs` arrivals each of the last `minutes` minutes, noted as the dispatcher notes them."""
+    notes = local.plane.class_history
+    for minute in range(minutes):
+        at = local.clock.now() - (minutes - minute) * 60 + 5
+        notes.note(Fact.ARRIVAL, "large", [Entry(f"{minute}-{n}", at + n) for n in range(jobs)], at)
+
+
+def the_rules_number(local: LocalControlPlane) -> Holding:
+    """What the rule says from what the history holds now, the schedule (1) its floor."""
+    now = local.clock.now()
+    record = local.plane.class_history.read("large", now - 2 * HORIZON_SECONDS)
+    pool = local.config.pool
+    return pool_size(
+        demand_of(record, 60.0),
+        pool.target_wait_seconds,
+        now,
+        Holding(1),
+        Holding(pool.hot_maximum),
+        horizon_seconds=HORIZON_SECONDS,
+    )
+
+
+def pool_booted(local: LocalControlPlane) -> None:
+    for record in local.table.live():
+        if record.state is InstanceState.CREATED and record.run_key is None:
+            local.table.write_heartbeat(record.instance_id)
+            local.table.write_signal(record.instance_id, Signal.UD_OK)
+
+
+def test_a_burst_of_arrivals_grows_the_hot_pool_to_the_rules_number(adaptive: LocalControlPlane) -> None:
+    # Given three jobs a minute for the last ten minutes of a class whose launches take 90 s
+    burst(adaptive, 3, 10)
+    expected = the_rules_number(adaptive)
+    assert expected.hot > 1
+
+    # When refresh runs
+    report = adaptive.refresh()
+
+    # Then the class's number is the rule's, above its schedule's, and the shortfall was launched
+    assert report["minimum"]["large"] == expected.hot
+    assert report["launched"] == {"large": expected.hot}
+
+
+def test_when_arrivals_stop_the_surplus_is_taken_back_down_to_the_schedule(
+    adaptive: LocalControlPlane,
+) -> None:
+    # Given a pool grown by a burst, booted and admitted
+    burst(adaptive, 3, 10)
+    grown = adaptive.refresh()["launched"]["large"]
+    pool_booted(adaptive)
+    adaptive.clock.advance(30)
+    assert adaptive.refresh()["admitted"] == grown
+
+    # When no job arrives for more than the horizon and a lead (launch and refresh period), and refresh runs
+    adaptive.clock.advance(HORIZON_SECONDS + LAUNCH_SECONDS + 90)
+    pool_booted(adaptive)  # their agents beat on
+    report = adaptive.refresh()
+
+    # Then the class is back at its schedule: all but one idle instance ended, none launched
+    assert report["minimum"]["large"] == 1
+    assert report["trimmed"] == {"large": grown - 1}
+    assert report["launched"] == {}
+    now = adaptive.clock.now()
+    idle = [r for r in adaptive.table.live() if r.state is InstanceState.IDLE and not r.threshold_passed(now)]
+    assert len(idle) == 1
+
+
+def test_an_idle_instance_a_claim_takes_while_refresh_runs_is_never_taken_back(
+    adaptive: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given three idle instances where the schedule holds one, and no arrivals: two are surplus
+    pooled = adaptive.pooled(3)
+    # And refresh reading them idle, but a job's claim landing on each before refresh acts
+    seen = adaptive.table.live()
+    for record in pooled:
+        assert adaptive.table.claim(record.instance_id, "pool=9", f"claim-{record.instance_id}").succeeded
+    monkeypatch.setattr(adaptive.table, "live", lambda: seen)
+
+    # When refresh takes the surplus back (its run over this plane's table, which read them idle)
+    report = refresh_of(adaptive.plane).run(refresh_tick(adaptive.clock.now(), adaptive.config))
+
+    # Then it ended none: each claim came first, and its instance is its job's
+    assert report.trimmed == {}
+    assert all(adaptive.record(r.instance_id).state is InstanceState.CLAIMED for r in pooled)
+    monkeypatch.undo()
+    for record in pooled:
+        adaptive.table.expire(record.instance_id)
+    adaptive.refresh()
+
+
+def test_a_history_that_cannot_be_read_keeps_the_schedule(adaptive: LocalControlPlane) -> None:
+    # Given a burst, and an arrival item that does not parse
+    burst(adaptive, 3, 10)
+    client("dynamodb").put_item(
+        TableName=adaptive.plane.settings.table_name,
+        Item={
+            PARTITION_KEY: {"S": f"{HISTORY_PREFIX}large#{Fact.ARRIVAL.value}"},
+            SORT_KEY: {"S": str(int(adaptive.clock.now() // 60 * 60)).zfill(12)},
+            ENTRIES_ATTRIBUTE: {"SS": ["job@not-a-time"]},
+        },
+    )
+
+    # When refresh runs
+    report = adaptive.refresh()
+
+    # Then the class keeps its schedule (one idle instance), and refresh itself did not fail
+    assert report["minimum"]["large"] == 1
+    assert report["launched"] == {"large": 1}
+    assert report["failed"] == []
+
+
+def test_on_the_schedule_the_history_changes_nothing() -> None:
+    # Given a stack on the schedule (the default) with a burst in its history
+    with local_control_plane(stack_config(warm_pool_minimum={"large": 1})) as local:
+        local.plane.class_history.read("large", local.clock.now())
+        local.clock.advance(2 * HORIZON_SECONDS)
+        local.plane.class_history.note(
+            Fact.LAUNCH, "large", [Entry("i-1", LAUNCH_SECONDS)], local.clock.now()
+        )
+        burst(local, 3, 10)
+        # When refresh runs / Then it keeps the schedule's one
+        report = local.refresh()
+        assert (report["minimum"]["large"], report["launched"]) == (1, {"large": 1})
