@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from runner_pool.adapters.fleet import Fleet
-from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import LaunchRequest
+from runner_pool.domain.ports import CreationRecords, Launches
 from runner_pool.domain.provision import (
     Creation,
     ProvisionPlan,
@@ -29,11 +28,11 @@ class FleetCreation:
 
     def __init__(
         self,
-        table: StateTable,
+        table: CreationRecords,
         *,
         clock: Clock,
         config: StackConfig,
-        fleet: Callable[[], Fleet],
+        fleet: Callable[[], Launches],
         budget: Callable[[], RegistrationBudget],
         handing: HandOver,
         held: HeldInstances,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.interruptions import Ec2Event, Response, respond
+from runner_pool.domain.ports import InterruptionRecords
 from runner_pool.domain.records import InstanceRecord
 
 ATTEMPTS = 3
@@ -28,7 +28,7 @@ class Heard:
 
 
 class Interruptions:
-    def __init__(self, table: StateTable) -> None:
+    def __init__(self, table: InterruptionRecords) -> None:
         self._table = table
 
     def hear(self, event: Ec2Event) -> Heard:
