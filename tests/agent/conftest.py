@@ -436,3 +436,11 @@ def serve_imds(identity: InstanceIdentity) -> Iterator[FakeImds]:
 def fake_imds() -> Iterator[FakeImds]:
     with serve_imds(InstanceIdentity("i-0123456789abcdef0", "eu-west-1", ACCOUNT, "aws")) as server:
         yield server
+
+
+def idle_agent(control_plane: ControlPlane, agents: AgentFactory) -> RunningAgent:
+    """An instance launched for the pool, its agent started and reporting it ready (UD_OK, no run)."""
+    control_plane.launch_for_pool()
+    running = agents.start()
+    control_plane.await_signal(Signal.UD_OK, None)
+    return running

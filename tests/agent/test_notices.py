@@ -20,7 +20,15 @@ from emulator.aws import ACCOUNT
 from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.domain import notices
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, RunningAgent, config_id, eventually, jit_config
+from tests.agent.conftest import (
+    AgentFactory,
+    ControlPlane,
+    RunningAgent,
+    config_id,
+    eventually,
+    idle_agent,
+    jit_config,
+)
 from tests.conftest import REGION
 
 RUN = "pool=778/class=large"
@@ -126,9 +134,7 @@ def test_a_notice_is_answered_with_one_read_of_the_record_and_its_config(
 
 def test_the_periodic_look_reads_the_record_alone(control_plane: ControlPlane, agents: AgentFactory) -> None:
     # Given an idle pooled instance whose agent has no notice queue and looks every 50 ms
-    control_plane.launch_for_pool()
-    running = agents.start()
-    control_plane.await_signal(Signal.UD_OK, None)
+    running = idle_agent(control_plane, agents)
     # When it looks several times without a notice
     reads = reads_of(running.dynamodb)
     eventually(lambda: len(reads) >= 5, what="five looks")
