@@ -178,6 +178,11 @@ class ControlPlane:
     def signal(self) -> WorkerSignal | None:
         return self.records.read_signal(self.instance_id)
 
+    def latest_signal(self) -> Signal | None:
+        """What the agent's signal item says now; None before its first."""
+        current = self.signal()
+        return current.signal if current is not None else None
+
     def await_signal(
         self, signal: Signal, run_key: str | None, timeout: float = WAIT_SECONDS
     ) -> WorkerSignal:

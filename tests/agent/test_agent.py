@@ -157,9 +157,7 @@ def test_a_config_stored_for_an_earlier_run_is_never_used(
     # When the agent has looked at its record many times / Then no runner started
     running.looked_again(times=5)
     assert running.runner_starts == []
-    signal = control_plane.signal()
-    assert signal is not None
-    assert signal.signal is Signal.UD_OK
+    assert control_plane.latest_signal() is Signal.UD_OK
 
 
 def test_release_stops_what_is_left_cleans_the_work_directory_and_gives_the_receipt(
