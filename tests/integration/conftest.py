@@ -30,6 +30,15 @@ def accounted_plane(
         assert accounting.holds, accounting.problems
 
 
+@contextmanager
+def accounted_world(config: StackConfig | None = None) -> Iterator[ProvisionWorld]:
+    """The provision world (provision_world), checked as `accounted_plane` is when the test is done."""
+    with provision_world(config) as built:
+        yield built
+        accounting = built.accounting()
+        assert accounting.holds, accounting.problems
+
+
 @pytest.fixture
 def local() -> Iterator[LocalControlPlane]:
     """The control plane on moto, its steps' in-line pauses passing no time (the clock is a ManualClock
@@ -42,10 +51,8 @@ def local() -> Iterator[LocalControlPlane]:
 @pytest.fixture
 def world() -> Iterator[ProvisionWorld]:
     """The provision world with the default config; every test ends with the accounting check."""
-    with provision_world() as built:
+    with accounted_world() as built:
         yield built
-        accounting = built.accounting()
-        assert accounting.holds, accounting.problems
 
 
 @pytest.fixture
