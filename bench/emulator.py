@@ -219,6 +219,40 @@ def serve(
     raise TimeoutError(f"run {workflow} did not settle within {SETTLE_SECONDS:g} s")
 
 
+def spread_rows(table: BenchTable, by_kind: dict[Kind, list[Any]], prefix: str) -> None:
+    """The rows of queued -> ready and its two shares, median and p95 of each kind's jobs, each figure
+    recorded under `prefix`."""
+    for label, attribute, key in (
+        ("queued -> ready", "ready_seconds", "ready"),
+        ("  control plane's share", "control_plane_seconds", "control_plane"),
+        ("  instance's share", "instance_seconds", "instance"),
+    ):
+        cells = []
+        for kind in (Kind.COLD, Kind.WARM):
+            spread = Spread.of(getattr(f, attribute) for f in by_kind[kind])
+            if spread is None:
+                cells.append("-")
+                continue
+            table.figure(f"{prefix}_{kind.value}_{key}_median_seconds", round(spread.median, 3))
+            table.figure(f"{prefix}_{kind.value}_{key}_p95_seconds", round(spread.p95, 3))
+            cells.append(f"{spread.median:.2f} s / {spread.p95:.2f} s")
+        table.row(f"{label} (median / p95)", *cells)
+
+
+def per_job_rows(
+    table: BenchTable, phases: tuple[tuple[Kind, Cost], ...], jobs: dict[Kind, int], prefix: str
+) -> None:
+    """The rows of AWS calls and state transitions per job of each phase, recorded under `prefix`."""
+    for label, attribute, key in (
+        ("AWS calls per job", "aws_calls", "aws_calls_per_job_count"),
+        ("state transitions per job", "transitions", "state_transitions_per_job_count"),
+    ):
+        per = {kind: getattr(cost, attribute) / jobs[kind] for kind, cost in phases}
+        for kind, value in per.items():
+            table.figure(f"{prefix}_{kind.value}_{key}", round(value, 1))
+        table.row(label, f"{per[Kind.COLD]:.1f}", f"{per[Kind.WARM]:.1f}")
+
+
 def _table(
     figures: list[Any], cold: Cost, warm: Cost, refresh_seconds: list[float], launched: int
 ) -> BenchTable:
@@ -228,34 +262,12 @@ def _table(
     )
     by_kind = {kind: [f for f in figures if f.kind is kind] for kind in (Kind.COLD, Kind.WARM)}
     jobs = {kind: max(1, len(found)) for kind, found in by_kind.items()}
-    for label, attribute, key in (
-        ("queued -> ready", "ready_seconds", "ready"),
-        ("  control plane's share", "control_plane_seconds", "control_plane"),
-        ("  instance's share", "instance_seconds", "instance"),
-    ):
-        spreads = {kind: Spread.of(getattr(f, attribute) for f in by_kind[kind]) for kind in jobs}
-        cells = []
-        for kind in (Kind.COLD, Kind.WARM):
-            spread = spreads[kind]
-            if spread is None:
-                cells.append("-")
-                continue
-            table.figure(f"emulator_{kind.value}_{key}_median_seconds", round(spread.median, 3))
-            table.figure(f"emulator_{kind.value}_{key}_p95_seconds", round(spread.p95, 3))
-            cells.append(f"{spread.median:.2f} s / {spread.p95:.2f} s")
-        table.row(f"{label} (median / p95)", *cells)
+    spread_rows(table, by_kind, "emulator")
     served = len(by_kind[Kind.COLD]) + len(by_kind[Kind.WARM])
     phases = ((Kind.COLD, cold), (Kind.WARM, warm))
     warm_ratio = table.figure("emulator_warm_hit_ratio", round(len(by_kind[Kind.WARM]) / max(1, served), 3))
     table.row("jobs served", str(len(by_kind[Kind.COLD])), str(len(by_kind[Kind.WARM])))
-    for label, attribute, key in (
-        ("AWS calls per job", "aws_calls", "aws_calls_per_job_count"),
-        ("state transitions per job", "transitions", "state_transitions_per_job_count"),
-    ):
-        per = {kind: getattr(cost, attribute) / jobs[kind] for kind, cost in phases}
-        for kind, value in per.items():
-            table.figure(f"emulator_{kind.value}_{key}", round(value, 1))
-        table.row(label, f"{per[Kind.COLD]:.1f}", f"{per[Kind.WARM]:.1f}")
+    per_job_rows(table, phases, jobs, "emulator")
     for label, attribute in (("cost per job, Standard", "standard"), ("cost per job, Express", "express")):
         per = {kind: getattr(cost, attribute) / jobs[kind] for kind, cost in phases}
         for kind, value in per.items():

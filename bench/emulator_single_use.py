@@ -16,7 +16,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench.emulator import MATRIX, WARM_RUNS, Cost, Usage, cost_between, serve
+from bench.emulator import MATRIX, WARM_RUNS, Cost, Usage, cost_between, per_job_rows, serve, spread_rows
 from bench.results import RESULTS_PATH, BenchTable
 from demo.figures import JobFigures, Kind, Spread, job_figures
 from demo.scenario import LABEL
@@ -103,33 +103,12 @@ def _table(
     by_kind = {kind: [f for f in figures if f.kind is kind] for kind in (Kind.COLD, Kind.WARM)}
     jobs = {kind: max(1, len(found)) for kind, found in by_kind.items()}
     prefix = "emulator_single_use"
-    for label, attribute, key in (
-        ("queued -> ready", "ready_seconds", "ready"),
-        ("  control plane's share", "control_plane_seconds", "control_plane"),
-        ("  instance's share", "instance_seconds", "instance"),
-    ):
-        cells = []
-        for kind in (Kind.COLD, Kind.WARM):
-            spread = Spread.of(getattr(f, attribute) for f in by_kind[kind])
-            if spread is None:
-                cells.append("-")
-                continue
-            table.figure(f"{prefix}_{kind.value}_{key}_median_seconds", round(spread.median, 3))
-            table.figure(f"{prefix}_{kind.value}_{key}_p95_seconds", round(spread.p95, 3))
-            cells.append(f"{spread.median:.2f} s / {spread.p95:.2f} s")
-        table.row(f"{label} (median / p95)", *cells)
+    spread_rows(table, by_kind, prefix)
     served = len(by_kind[Kind.COLD]) + len(by_kind[Kind.WARM])
     warm_jobs = len(by_kind[Kind.WARM])
     table.row("jobs served", len(by_kind[Kind.COLD]), warm_jobs)
     phases = ((Kind.COLD, cold), (Kind.WARM, warm))
-    for label, attribute, key in (
-        ("AWS calls per job", "aws_calls", "aws_calls_per_job_count"),
-        ("state transitions per job", "transitions", "state_transitions_per_job_count"),
-    ):
-        per = {kind: getattr(cost, attribute) / jobs[kind] for kind, cost in phases}
-        for kind, value in per.items():
-            table.figure(f"{prefix}_{kind.value}_{key}", round(value, 1))
-        table.row(label, f"{per[Kind.COLD]:.1f}", f"{per[Kind.WARM]:.1f}")
+    per_job_rows(table, phases, jobs, prefix)
     standard = {kind: cost.standard / jobs[kind] for kind, cost in phases}
     for kind, value in standard.items():
         table.figure(f"{prefix}_{kind.value}_standard_cost_per_job_microdollars_count", round(value * 1e6, 1))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.fleet import FleetSetup, LaunchTemplate
@@ -37,44 +37,30 @@ def create_state_table(client: DynamoDBClient, name: str) -> None:
             {"AttributeName": schema.IDLE_SINCE_ATTRIBUTE, "AttributeType": "N"},
         ],
         GlobalSecondaryIndexes=[
-            {
-                "IndexName": schema.RUN_KEY_INDEX,
-                "KeySchema": [
-                    {"AttributeName": schema.RUN_KEY_ATTRIBUTE, "KeyType": "HASH"},
-                    {"AttributeName": schema.PARTITION_KEY, "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            },
-            {
-                "IndexName": schema.THRESHOLD_INDEX,
-                "KeySchema": [
-                    {"AttributeName": schema.SWEEP_SHARD_ATTRIBUTE, "KeyType": "HASH"},
-                    {"AttributeName": schema.THRESHOLD_ATTRIBUTE, "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            },
-            {
-                "IndexName": schema.STOPPED_INDEX,
-                "KeySchema": [
-                    {"AttributeName": schema.STOPPED_PARTITION_ATTRIBUTE, "KeyType": "HASH"},
-                    {"AttributeName": schema.THRESHOLD_ATTRIBUTE, "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            },
-            {
-                "IndexName": schema.IDLE_INDEX,
-                "KeySchema": [
-                    {"AttributeName": schema.POOL_PARTITION_ATTRIBUTE, "KeyType": "HASH"},
-                    {"AttributeName": schema.IDLE_SINCE_ATTRIBUTE, "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "KEYS_ONLY"},
-            },
+            _index(schema.RUN_KEY_INDEX, schema.RUN_KEY_ATTRIBUTE, schema.PARTITION_KEY),
+            _index(schema.THRESHOLD_INDEX, schema.SWEEP_SHARD_ATTRIBUTE, schema.THRESHOLD_ATTRIBUTE),
+            _index(schema.STOPPED_INDEX, schema.STOPPED_PARTITION_ATTRIBUTE, schema.THRESHOLD_ATTRIBUTE),
+            _index(
+                schema.IDLE_INDEX, schema.POOL_PARTITION_ATTRIBUTE, schema.IDLE_SINCE_ATTRIBUTE, "KEYS_ONLY"
+            ),
         ],
     )
     client.update_time_to_live(
         TableName=name,
         TimeToLiveSpecification={"Enabled": True, "AttributeName": schema.TTL_ATTRIBUTE},
     )
+
+
+def _index(name: str, partition: str, sort: str, projection: str = "ALL") -> dict[str, Any]:
+    """One global secondary index: `partition` its hash key, `sort` its range key."""
+    return {
+        "IndexName": name,
+        "KeySchema": [
+            {"AttributeName": partition, "KeyType": "HASH"},
+            {"AttributeName": sort, "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": projection},
+    }
 
 
 def create_pool_queues(client: SQSClient, name_prefix: str, classes: Iterable[str]) -> str:

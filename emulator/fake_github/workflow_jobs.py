@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from emulator.fake_github import payloads
 from emulator.fake_github.rest import readable_runs
 from emulator.fake_github.routes import Answer, Auth, Refusal, Request, per_page, route, whole
+from emulator.fake_github.workflow_runs import run_of
 
 if TYPE_CHECKING:
     from emulator.fake_github.server import FakeGitHub
@@ -22,13 +23,10 @@ if TYPE_CHECKING:
 @route("GET", "/repos/{owner}/{repo}/actions/runs/{run_id}/attempts/{attempt_number}/jobs", Auth.INSTALLATION)
 def list_jobs_for_attempt(github: FakeGitHub, request: Request) -> Answer:
     repository = readable_runs(request)
-    params = request.params
     state = github.state
-    run_id, attempt = whole(params["run_id"]), whole(params["attempt_number"])
+    attempt = whole(request.params["attempt_number"])
     with state.lock:
-        run = state.runs.get(run_id)
-        if run is None or run.repository.lower() != repository.lower():
-            raise Refusal(404, "Not Found")
+        run = run_of(github, repository, request)
         jobs = [state.jobs[job_id] for job_id in run.job_ids]
         # Attempts are the fake's only where it models re-runs; a run without them has attempt 1.
         of_attempt = [job for job in jobs if getattr(job, "run_attempt", 1) == attempt]

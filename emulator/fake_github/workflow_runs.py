@@ -37,12 +37,11 @@ if TYPE_CHECKING:
 @route("GET", "/repos/{owner}/{repo}/actions/runs/{run_id}/attempts/{attempt_number}", Auth.INSTALLATION)
 def get_run_attempt(github: FakeGitHub, request: Request) -> Answer:
     repository = readable_runs(request)
-    params = request.params
     state = github.state
-    run_id, attempt = whole(params["run_id"]), whole(params["attempt_number"])
+    attempt = whole(request.params["attempt_number"])
     with state.lock:
-        run = state.runs.get(run_id)
-        if run is None or run.repository.lower() != repository.lower() or not 1 <= attempt <= run.run_attempt:
+        run = run_of(github, repository, request)
+        if not 1 <= attempt <= run.run_attempt:
             raise Refusal(404, "Not Found")
         if run.trigger.read_fails:
             raise Refusal(503, "Service Unavailable")
@@ -57,7 +56,7 @@ def get_run(github: FakeGitHub, request: Request) -> Answer:
     repository = readable_runs(request)
     state = github.state
     with state.lock:
-        run = _run_of(github, repository, request)
+        run = run_of(github, repository, request)
         return Answer(200, payloads.run_attempt(run, state.repository_id(run.repository)))
 
 
@@ -65,7 +64,7 @@ def get_run(github: FakeGitHub, request: Request) -> Answer:
 def rerun_failed_jobs(github: FakeGitHub, request: Request) -> Answer:
     repository = readable_runs(request, "write")
     with github.state.lock:
-        run_id = _run_of(github, repository, request).run_id
+        run_id = run_of(github, repository, request).run_id
     try:
         github.actions.rerun_failed_jobs(run_id)
     except RerunRefusedError as exc:
@@ -73,7 +72,9 @@ def rerun_failed_jobs(github: FakeGitHub, request: Request) -> Answer:
     return Answer(201, {})
 
 
-def _run_of(github: FakeGitHub, repository: str, request: Request) -> FakeWorkflowRun:
+def run_of(github: FakeGitHub, repository: str, request: Request) -> FakeWorkflowRun:
+    """The run the route's `run_id` names, if it is `repository`'s; else 404, as GitHub answers. Under
+    the state's lock."""
     run = github.state.runs.get(whole(request.params["run_id"]))
     if run is None or run.repository.lower() != repository.lower():
         raise Refusal(404, "Not Found")

@@ -47,13 +47,12 @@ from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain.clock import Epoch, ManualClock
 from runner_pool.domain.config import ReuseSettings, StackConfig
 from runner_pool.domain.executions import runner_name
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.pool_partitions import PoolPartition
-from runner_pool.domain.records import InstanceFacts, InstanceRecord, PoolMessage, Signal
+from runner_pool.domain.records import InstanceFacts, InstanceRecord, PoolMessage, Signal, TransitionResult
 from runner_pool.domain.refresh import RefreshReport, refresh_tick
 from runner_pool.domain.trust import TrustLevel
 from runner_pool.environment import ControlPlaneSettings

@@ -178,6 +178,11 @@ class ControlPlane:
     def signal(self) -> WorkerSignal | None:
         return self.records.read_signal(self.instance_id)
 
+    def latest_signal(self) -> Signal | None:
+        """What the agent's signal item says now; None before its first."""
+        current = self.signal()
+        return current.signal if current is not None else None
+
     def await_signal(
         self, signal: Signal, run_key: str | None, timeout: float = WAIT_SECONDS
     ) -> WorkerSignal:
@@ -436,3 +441,11 @@ def serve_imds(identity: InstanceIdentity) -> Iterator[FakeImds]:
 def fake_imds() -> Iterator[FakeImds]:
     with serve_imds(InstanceIdentity("i-0123456789abcdef0", "eu-west-1", ACCOUNT, "aws")) as server:
         yield server
+
+
+def idle_agent(control_plane: ControlPlane, agents: AgentFactory) -> RunningAgent:
+    """An instance launched for the pool, its agent started and reporting it ready (UD_OK, no run)."""
+    control_plane.launch_for_pool()
+    running = agents.start()
+    control_plane.await_signal(Signal.UD_OK, None)
+    return running

@@ -16,6 +16,7 @@ from tests.agent.conftest import (
     ControlPlane,
     config_id,
     eventually,
+    idle_agent,
     jit_config,
     process_alive,
     throttling_response,
@@ -112,9 +113,7 @@ def test_a_claim_registers_a_runner_for_exactly_that_run_key(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given an idle instance in the pool, its agent running
-    control_plane.launch_for_pool()
-    running = agents.start()
-    control_plane.await_signal(Signal.UD_OK, None)
+    running = idle_agent(control_plane, agents)
 
     # When a run claims it and hands it its runner config
     config = jit_config(idle_seconds=5)
@@ -158,9 +157,7 @@ def test_a_config_stored_for_an_earlier_run_is_never_used(
     # When the agent has looked at its record many times / Then no runner started
     running.looked_again(times=5)
     assert running.runner_starts == []
-    signal = control_plane.signal()
-    assert signal is not None
-    assert signal.signal is Signal.UD_OK
+    assert control_plane.latest_signal() is Signal.UD_OK
 
 
 def test_release_stops_what_is_left_cleans_the_work_directory_and_gives_the_receipt(

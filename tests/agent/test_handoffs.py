@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, config_id, eventually, jit_config
+from tests.agent.conftest import AgentFactory, ControlPlane, config_id, eventually, idle_agent, jit_config
 
 RUN = "pool=777/class=large"
 
@@ -22,9 +22,7 @@ def test_a_runner_that_exits_before_taking_a_job_is_reported_once(
     control_plane: ControlPlane, agents: AgentFactory, clock: ManualClock
 ) -> None:
     # Given a claimed instance whose runner starts listening, then dies before GitHub gives it a job
-    control_plane.launch_for_pool()
-    running = agents.start()
-    control_plane.await_signal(Signal.UD_OK, None)
+    running = idle_agent(control_plane, agents)
     control_plane.claim(RUN, config=None)
     hand_over(control_plane, 11, jit_config("vanish", idle_seconds=0.3))
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
@@ -55,9 +53,7 @@ def test_a_runner_that_took_its_job_and_exited_is_not_reported(
     assert not running.agent._runner.exited_without_job()
     # Then nothing is reported, however often it looks: the job's completion releases the instance
     running.looked_again(times=5)
-    signal = control_plane.signal()
-    assert signal is not None
-    assert signal.signal is Signal.UD_REG_OK
+    assert control_plane.latest_signal() is Signal.UD_REG_OK
 
 
 def test_a_new_runner_for_the_run_key_it_serves_is_a_new_hand_off(

@@ -17,7 +17,7 @@ import pytest
 
 from agent.jit_config import DISABLE_UPDATE, SETTINGS_FILE, JitConfigError, runner_files, without_self_update
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, config_file, config_id, jit_config
+from tests.agent.conftest import AgentFactory, ControlPlane, config_file, config_id, idle_agent, jit_config
 from tests.support import builders
 
 RUN = builders.run_key(1)
@@ -148,9 +148,7 @@ def test_the_runner_starts_ephemeral_with_updates_off_from_the_files_it_would_wr
 ) -> None:
     # Given an idle instance whose agent runs, and a config in GitHub's encoded format (plus the fake
     # runner's own member, which Newtonsoft.Json, like the real runner, would ignore)
-    control_plane.launch_for_pool()
-    running = agents.start()
-    control_plane.await_signal(Signal.UD_OK, None)
+    running = idle_agent(control_plane, agents)
     fake = {"id": "github-shaped", "mode": "job", "idle_seconds": 5}
     config, from_jitconfig = github_config({**GITHUB_SETTINGS, "fakeRunner": fake})
 
@@ -180,9 +178,7 @@ def test_no_variable_the_runner_takes_as_an_argument_reaches_it(
     # its arguments (in any case)
     monkeypatch.setenv("ACTIONS_RUNNER_INPUT_JITCONFIG", jit_config(mode="refuse"))
     monkeypatch.setenv("actions_runner_input_once", "true")
-    control_plane.launch_for_pool()
-    running = agents.start()
-    control_plane.await_signal(Signal.UD_OK, None)
+    running = idle_agent(control_plane, agents)
 
     # When a run claims it with its config
     config = jit_config(idle_seconds=5)

@@ -20,7 +20,15 @@ from emulator.aws import ACCOUNT
 from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.domain import notices
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, RunningAgent, config_id, eventually, jit_config
+from tests.agent.conftest import (
+    AgentFactory,
+    ControlPlane,
+    RunningAgent,
+    config_id,
+    eventually,
+    idle_agent,
+    jit_config,
+)
 from tests.conftest import REGION
 
 RUN = "pool=778/class=large"
@@ -95,9 +103,7 @@ def test_a_notice_wakes_the_agent_long_before_its_watch_period(
     claimed_and_handed_over(control_plane)
     time.sleep(1.0)  # a second of nothing is the behaviour under test: no condition stands for it
     # Then the agent has not seen it (the test can fail: without a notice the claim waits for the watch)
-    signal = control_plane.signal()
-    assert signal is not None
-    assert signal.signal is Signal.UD_OK
+    assert control_plane.latest_signal() is Signal.UD_OK
     # And when the notice is sent, the runner listens within seconds, not the watch period
     sent = time.monotonic()
     assert queues.notify(control_plane.instance_id) is None
@@ -126,9 +132,7 @@ def test_a_notice_is_answered_with_one_read_of_the_record_and_its_config(
 
 def test_the_periodic_look_reads_the_record_alone(control_plane: ControlPlane, agents: AgentFactory) -> None:
     # Given an idle pooled instance whose agent has no notice queue and looks every 50 ms
-    control_plane.launch_for_pool()
-    running = agents.start()
-    control_plane.await_signal(Signal.UD_OK, None)
+    running = idle_agent(control_plane, agents)
     # When it looks several times without a notice
     reads = reads_of(running.dynamodb)
     eventually(lambda: len(reads) >= 5, what="five looks")

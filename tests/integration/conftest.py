@@ -4,7 +4,9 @@ installed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -13,6 +15,28 @@ from emulator.harness.control_plane import LocalControlPlane, local_control_plan
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, AppKey
 from emulator.harness.provision_world import ProvisionWorld, provision_world
 from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.config import StackConfig
+
+
+@contextmanager
+def accounted_plane(
+    config: StackConfig | None = None, *, pause: Callable[[float], None] = time.sleep
+) -> Iterator[LocalControlPlane]:
+    """The control plane on moto (local_control_plane), checked when the test is done with it: each
+    instance has a live record, and each live record an instance."""
+    with local_control_plane(config, pause=pause) as plane:
+        yield plane
+        accounting = plane.accounting()
+        assert accounting.holds, accounting.problems
+
+
+@contextmanager
+def accounted_world(config: StackConfig | None = None) -> Iterator[ProvisionWorld]:
+    """The provision world (provision_world), checked as `accounted_plane` is when the test is done."""
+    with provision_world(config) as built:
+        yield built
+        accounting = built.accounting()
+        assert accounting.holds, accounting.problems
 
 
 @pytest.fixture
@@ -20,19 +44,15 @@ def local() -> Iterator[LocalControlPlane]:
     """The control plane on moto, its steps' in-line pauses passing no time (the clock is a ManualClock
     the test moves); every test ends with the accounting check: each instance has a live record, and
     each live record an instance."""
-    with local_control_plane(pause=lambda _seconds: None) as plane:
+    with accounted_plane(pause=lambda _seconds: None) as plane:
         yield plane
-        accounting = plane.accounting()
-        assert accounting.holds, accounting.problems
 
 
 @pytest.fixture
 def world() -> Iterator[ProvisionWorld]:
     """The provision world with the default config; every test ends with the accounting check."""
-    with provision_world() as built:
+    with accounted_world() as built:
         yield built
-        accounting = built.accounting()
-        assert accounting.holds, accounting.problems
 
 
 @pytest.fixture

@@ -35,12 +35,11 @@ from emulator.aws import INSTANCE_ARNS
 from emulator.resources import create_state_table
 from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain.clock import Epoch, ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
 from runner_pool.domain.pool_partitions import PoolPartition
-from runner_pool.domain.records import InstanceRecord, Signal, UsageClass
+from runner_pool.domain.records import InstanceRecord, Signal, TransitionResult, UsageClass
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
 from tests.support import builders
 

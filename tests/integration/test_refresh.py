@@ -29,6 +29,7 @@ from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.refresh import ORPHAN_GRACE_SECONDS
 from runner_pool.domain.trust import TrustLevel
 from runner_pool.handlers.refresh import RefreshIncompleteError
+from tests.integration.conftest import accounted_plane
 from tests.support import builders
 
 RUN = "pool=101"
@@ -38,10 +39,8 @@ ONE_TICK = 60.0
 @pytest.fixture
 def warm() -> Iterator[LocalControlPlane]:
     """A stack that keeps two idle `large` instances."""
-    with local_control_plane(stack_config(warm_pool_minimum={"large": 2})) as plane:
+    with accounted_plane(stack_config(warm_pool_minimum={"large": 2})) as plane:
         yield plane
-        accounting = plane.accounting()
-        assert accounting.holds, accounting.problems
 
 
 def live_ids(local: LocalControlPlane) -> set[str]:

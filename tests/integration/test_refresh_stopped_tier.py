@@ -13,6 +13,7 @@ import pytest
 from emulator.harness.control_plane import LocalControlPlane, local_control_plane, stack_config
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, Signal
+from tests.integration.conftest import accounted_plane
 
 ONE_TICK = 60.0
 ENDING_SOON = 30.0
@@ -25,10 +26,8 @@ def tiered() -> Iterator[LocalControlPlane]:
     config = stack_config(
         defaults={"usage": "on-demand"}, pool={"stopped_maximum": 1, "stopped_max_age_minutes": 120}
     )
-    with local_control_plane(config) as plane:
+    with accounted_plane(config) as plane:
         yield plane
-        accounting = plane.accounting()
-        assert accounting.holds, accounting.problems
 
 
 def clean_idle(local: LocalControlPlane, count: int = 1) -> list[InstanceRecord]:
@@ -209,10 +208,8 @@ def with_stopped_minimum(stopped: int = 2, hot: int = 0) -> Iterator[LocalContro
         pool={"stopped_maximum": stopped},
         warm_pool_minimum={"large": {"hot": hot, "stopped": stopped}},
     )
-    with local_control_plane(config) as plane:
+    with accounted_plane(config) as plane:
         yield plane
-        accounting = plane.accounting()
-        assert accounting.holds, accounting.problems
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from emulator.harness.control_plane import (
     LocalControlPlane,
     LocalStateMachine,
     client,
-    local_control_plane,
     stack_config,
 )
 from emulator.harness.release_world import ReleaseAgents, ReleaseRun, run_release
@@ -25,6 +24,7 @@ from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.release import release_part_size
+from tests.integration.conftest import accounted_plane
 
 RUN = "pool=101"
 OTHER_RUN = "pool=202"
@@ -38,10 +38,8 @@ LAMBDA_TIMED_OUT = type("Sandbox.Timedout", (Exception,), {})
 
 @pytest.fixture
 def local() -> Iterator[LocalControlPlane]:
-    with local_control_plane(stack_config(timeouts=TIMEOUTS), pause=lambda _seconds: None) as plane:
+    with accounted_plane(stack_config(timeouts=TIMEOUTS), pause=lambda _seconds: None) as plane:
         yield plane
-        accounting = plane.accounting()
-        assert accounting.holds, accounting.problems
 
 
 @pytest.fixture

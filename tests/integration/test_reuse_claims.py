@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import ReuseSettings, StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
-from runner_pool.domain.records import InstanceRecord
+from runner_pool.domain.records import InstanceRecord, TransitionResult
 from runner_pool.domain.trust import TrustLevel
 from tests.conftest import NO_WAIT, TABLE_NAME
 from tests.support import builders

@@ -20,11 +20,10 @@ from runner_pool.adapters.aws_clients import ATTEMPTS, ServiceBusyError
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
-from runner_pool.domain.records import InstanceRecord, Signal, UsageClass
+from runner_pool.domain.records import InstanceRecord, Signal, TransitionResult, UsageClass
 from tests.conftest import REGION, TABLE_NAME
 from tests.support import builders
 from tests.support.aws_faults import RetryDelays, answer_busy, lose_answers

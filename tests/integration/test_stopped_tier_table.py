@@ -3,6 +3,7 @@ one conditional write, with its replay and its lost races, and the by-stopped in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -79,38 +80,63 @@ def test_stop_retried_is_replayed(state_table: StateTable, clock: ManualClock) -
     assert state_table.stop(facts.instance_id).outcome is Outcome.REPLAYED
 
 
-def test_stop_of_a_spot_instance_is_lost(state_table: StateTable) -> None:
-    # Given an idle spot instance (an instant fleet's one-time request: EC2 cannot stop it)
+def _spot(table: StateTable, _clock: ManualClock, _config: StackConfig) -> str:
+    """An idle spot instance (an instant fleet's one-time request: EC2 cannot stop it); the write's own
+    condition refuses it, and it stays idle."""
     facts = builders.facts(1, usage_class=UsageClass.SPOT)
-    idle(state_table, facts)
+    idle(table, facts)
+    return facts.instance_id
 
-    # When a stop is tried / Then the write's own condition refuses it, and the instance stays idle
-    result = state_table.stop(facts.instance_id)
+
+def _idle_time_ran_out(table: StateTable, clock: ManualClock, config: StackConfig) -> str:
+    """An idle instance whose idle time has passed: refresh's sweep may be terminating it already, and
+    a passed threshold stays final."""
+    facts = on_demand()
+    idle(table, facts)
+    clock.advance(config.timeouts.idle_seconds)
+    return facts.instance_id
+
+
+def _expired(table: StateTable, _clock: ManualClock, _config: StackConfig) -> str:
+    """An idle instance expired by a failure path (a release without receipt, a quarantine): it is on
+    its way out, never stopped."""
+    facts = on_demand()
+    idle(table, facts)
+    table.expire(facts.instance_id)
+    return facts.instance_id
+
+
+def _claimed(table: StateTable, _clock: ManualClock, _config: StackConfig) -> str:
+    """An idle instance claimed a moment before refresh's stop: the claim stands."""
+    facts = on_demand()
+    idle(table, facts)
+    table.claim(facts.instance_id, RUN, TOKEN)
+    return facts.instance_id
+
+
+@pytest.mark.parametrize(
+    ("given", "state_after"),
+    [
+        pytest.param(_spot, InstanceState.IDLE, id="spot"),
+        pytest.param(_idle_time_ran_out, InstanceState.IDLE, id="idle-time-ran-out"),
+        pytest.param(_expired, InstanceState.IDLE, id="expired"),
+        pytest.param(_claimed, InstanceState.CLAIMED, id="claimed"),
+    ],
+)
+def test_a_stop_is_lost(
+    state_table: StateTable,
+    clock: ManualClock,
+    config: StackConfig,
+    given: Callable[[StateTable, ManualClock, StackConfig], str],
+    state_after: InstanceState,
+) -> None:
+    # Given an instance no stop may take (each case's docstring says why)
+    instance_id = given(state_table, clock, config)
+    # When a stop is tried / Then it loses, and the record keeps its state
+    result = state_table.stop(instance_id)
     assert result.outcome is Outcome.LOST
     assert result.record is not None
-    assert result.record.state is InstanceState.IDLE
-
-
-def test_stop_after_the_idle_time_ran_out_is_lost(
-    state_table: StateTable, clock: ManualClock, config: StackConfig
-) -> None:
-    # Given an idle instance whose idle time has passed: refresh's sweep may be terminating it already
-    facts = on_demand()
-    idle(state_table, facts)
-    clock.advance(config.timeouts.idle_seconds)
-
-    # When a stop is tried / Then a passed threshold stays final
-    assert state_table.stop(facts.instance_id).outcome is Outcome.LOST
-
-
-def test_stop_of_an_expired_idle_instance_is_lost(state_table: StateTable) -> None:
-    # Given an idle instance expired by a failure path (a release without receipt, a quarantine)
-    facts = on_demand()
-    idle(state_table, facts)
-    state_table.expire(facts.instance_id)
-
-    # When a stop is tried / Then it is never stopped: it is on its way out
-    assert state_table.stop(facts.instance_id).outcome is Outcome.LOST
+    assert result.record.state is state_after
 
 
 def test_claim_after_the_stop_is_lost(state_table: StateTable) -> None:
@@ -121,19 +147,6 @@ def test_claim_after_the_stop_is_lost(state_table: StateTable) -> None:
 
     # When a hot claim reaches it / Then it loses: the instance is no longer idle
     assert state_table.claim(facts.instance_id, RUN, TOKEN).outcome is Outcome.LOST
-
-
-def test_stop_after_a_claim_is_lost(state_table: StateTable) -> None:
-    # Given an idle instance claimed a moment before refresh's stop
-    facts = on_demand()
-    idle(state_table, facts)
-    state_table.claim(facts.instance_id, RUN, TOKEN)
-
-    # When the stop is tried / Then it loses, and the claim stands
-    result = state_table.stop(facts.instance_id)
-    assert result.outcome is Outcome.LOST
-    assert result.record is not None
-    assert result.record.state is InstanceState.CLAIMED
 
 
 # --- stopping → stopped ----------------------------------------------------------------------

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from emulator.harness.webhooks import REPOSITORY
 from emulator.instances import instance_facts
+from runner_pool.domain.demand import InstanceRelease
+from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.records import PoolMessage
 from runner_pool.domain.trust import TrustLevel
 
@@ -24,3 +27,19 @@ def pool_message(number: int = 1, threshold: float = 1_800_000_600.0, **override
 
 def run_key(run_id: int = 1, spec: str = "") -> str:
     return f"pool={run_id}{spec}"
+
+
+def release_of_runner_5(run_key: str, cause: str, **flags: Any) -> InstanceRelease:
+    """What the webhook asks of the release for a job on runner 5, the one the webhook tests' payloads
+    name (registered for instance i-0123456789abcdef0 at the fixtures' repository); `flags` are the
+    request's own (quarantine, suspect, privileged, failed)."""
+    return InstanceRelease(
+        request=ReleaseRequest(
+            run_key=run_key,
+            instance_id="i-0123456789abcdef0",
+            runner_id=5,
+            cause=cause,
+            repository=REPOSITORY,
+            **flags,
+        )
+    )

@@ -32,7 +32,7 @@ from runner_pool.domain.instant import (
 from runner_pool.domain.labels import CLASS_NAME, LabelError, RunnerLabel, instant_class, instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import single_use
-from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
+from runner_pool.domain.records import Arch, InstanceRecord
 from runner_pool.domain.release import ReleaseItem, ran_a_foreign_job
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runners import GitHubUnavailableError, RegisteredRunner, RunnerStatus
@@ -46,6 +46,7 @@ from runner_pool.domain.webhooks import (
     verdict,
 )
 from runner_pool.steps.dispatcher import Dispatcher
+from tests.support import builders
 
 CLASSES = st.from_regex(CLASS_NAME, fullmatch=True)
 LABEL = instant_label("large")
@@ -138,13 +139,7 @@ def test_a_job_without_a_tier_label_is_none_of_the_tiers() -> None:
 
 def record(state: InstanceState, run_key: str | None, threshold: float = 100.0) -> InstanceRecord:
     return InstanceRecord(
-        instance_id="i-0123456789abcdef0",
-        resource_class="large",
-        instance_type="c7i.large",
-        usage_class=UsageClass.SPOT,
-        arch=Arch.X64,
-        cpu=2,
-        memory_mib=4096,
+        **builders.facts(0x123456789ABCDEF0).model_dump(),
         state=state,
         run_key=run_key,
         threshold=threshold,

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from emulator.ec2_events import interruption_warning, rebalance_recommendation, state_change
 from runner_pool.domain.interruptions import RESPONSES, Ec2Event, Notice, Response, respond
 from runner_pool.domain.lifecycle import HELD_STATES, LIVE_STATES, UNHELD_STATES, InstanceState
-from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
+from runner_pool.domain.records import InstanceRecord
+from tests.support import builders
 
 INSTANCE = "i-0123456789abcdef0"
 WARNINGS = (Notice.INTERRUPTION, Notice.REBALANCE)
@@ -20,13 +21,7 @@ EC2_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "ter
 
 def record(state: InstanceState, run_key: str | None = None) -> InstanceRecord:
     return InstanceRecord(
-        instance_id=INSTANCE,
-        resource_class="large",
-        instance_type="m7i.large",
-        usage_class=UsageClass.SPOT,
-        arch=Arch.X64,
-        cpu=2,
-        memory_mib=4096,
+        **builders.facts(int(INSTANCE.removeprefix("i-"), 16), instance_type="m7i.large").model_dump(),
         state=state,
         run_key=run_key,
         threshold=None if state is InstanceState.TERMINATED else 2_000_000_000.0,

@@ -44,6 +44,8 @@ def judge(
     latest: WorkerSignal | None,
     now: float = T0 + 2,
     token: str | None = TOKEN,
+    *,
+    starting: bool = False,
 ) -> Readiness:
     verdict, _reason = readiness(
         current,
@@ -55,6 +57,7 @@ def judge(
         deadline=T0 + 20,
         now=now,
         timeouts=TIMEOUTS,
+        starting=starting,
     )
     return verdict
 
@@ -140,19 +143,7 @@ def test_an_instance_idle_again_without_registering_after_the_hand_off_has_faile
 
 
 def judge_started(heartbeat: Heartbeat | None, latest: WorkerSignal | None, now: float = T0 + 2) -> Readiness:
-    verdict, _reason = readiness(
-        record(),
-        heartbeat,
-        latest,
-        run_key=RUN,
-        claim_token=TOKEN,
-        handed_over_at=T0,
-        deadline=T0 + 20,
-        now=now,
-        timeouts=TIMEOUTS,
-        starting=True,
-    )
-    return verdict
+    return judge(record(), heartbeat, latest, now, starting=True)
 
 
 def test_a_started_instance_whose_last_beat_is_from_before_its_stop_is_still_booting() -> None:

@@ -2,46 +2,41 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from runner_pool.domain.reruns import RunNow, Verdict, decide, job_failed, label_set, served_on_demand
 
 FAILED = RunNow(status="completed", conclusion="failure", latest_attempt=1)
+CANCELLED = RunNow(status="completed", conclusion="cancelled", latest_attempt=1)
+FAILED_AGAIN = RunNow(status="completed", conclusion="failure", latest_attempt=2)
+"""Attempt 2 failed too: the latest, whoever re-ran attempt 1."""
 
 
-def test_a_failed_latest_attempt_never_re_run_is_re_run() -> None:
-    # Given attempt 1 failed, latest, never asked for / When decided / Then it is re-run
-    verdict, _ = decide(enabled=True, attempt=1, run=FAILED, asked_for_previous=False, asked_for_this=False)
-    assert verdict is Verdict.RERUN
-
-
-def test_a_cancelled_run_is_never_re_run() -> None:
-    # Given a run someone cancelled / When decided / Then it is left alone
-    run = RunNow(status="completed", conclusion="cancelled", latest_attempt=1)
-    verdict, _ = decide(enabled=True, attempt=1, run=run, asked_for_previous=False, asked_for_this=False)
-    assert verdict is Verdict.CANCELLED
-
-
-def test_a_run_a_person_re_ran_first_is_not_re_run_again() -> None:
-    # Given attempt 1, which a person re-ran (attempt 2 is the latest) before the stack acted
-    run = RunNow(status="completed", conclusion="failure", latest_attempt=2)
-    # When decided for attempt 1 / Then it is not the latest: no second re-run
-    verdict, _ = decide(enabled=True, attempt=1, run=run, asked_for_previous=False, asked_for_this=False)
-    assert verdict is Verdict.NOT_LATEST
-
-
-def test_the_re_runs_own_interruption_is_not_re_run() -> None:
-    # Given attempt 2, the stack's own re-run of attempt 1, interrupted too
-    run = RunNow(status="completed", conclusion="failure", latest_attempt=2)
-    # When decided / Then it is not re-run again
-    verdict, _ = decide(enabled=True, attempt=2, run=run, asked_for_previous=True, asked_for_this=False)
-    assert verdict is Verdict.OUR_RERUN
-
-
-def test_the_setting_turns_it_off() -> None:
-    verdict, _ = decide(enabled=False, attempt=1, run=FAILED, asked_for_previous=False, asked_for_this=False)
-    assert verdict is Verdict.OFF
+@pytest.mark.parametrize(
+    ("enabled", "attempt", "run", "asked_for_previous", "verdict"),
+    [
+        # attempt 1 failed, latest, never asked for: it is re-run
+        pytest.param(True, 1, FAILED, False, Verdict.RERUN, id="failed-latest-never-asked"),
+        # a run someone cancelled is left alone
+        pytest.param(True, 1, CANCELLED, False, Verdict.CANCELLED, id="cancelled"),
+        # attempt 1, which a person re-ran (attempt 2 is the latest) before the stack acted: no second re-run
+        pytest.param(True, 1, FAILED_AGAIN, False, Verdict.NOT_LATEST, id="a-person-re-ran-it-first"),
+        # attempt 2, the stack's own re-run of attempt 1, interrupted too: not re-run again
+        pytest.param(True, 2, FAILED_AGAIN, True, Verdict.OUR_RERUN, id="our-own-re-run"),
+        # the setting turns it off
+        pytest.param(False, 1, FAILED, False, Verdict.OFF, id="off"),
+    ],
+)
+def test_the_verdict_on_a_run(
+    enabled: bool, attempt: int, run: RunNow, asked_for_previous: bool, verdict: Verdict
+) -> None:
+    # Given the run as GitHub has it and the ledger's history / When decided / Then the verdict
+    decided, _ = decide(
+        enabled=enabled, attempt=attempt, run=run, asked_for_previous=asked_for_previous, asked_for_this=False
+    )
+    assert decided is verdict
 
 
 runs = st.builds(

@@ -20,7 +20,7 @@ from emulator.harness.webhooks import (
 )
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.demand import InstanceRelease, JobCancelled, JobQueued, RunCompleted
-from runner_pool.domain.executions import ReleaseRequest, runner_name
+from runner_pool.domain.executions import runner_name
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.webhooks import (
     MAX_BODY_BYTES,
@@ -35,6 +35,7 @@ from runner_pool.domain.webhooks import (
     signature_matches,
     verdict,
 )
+from tests.support.builders import release_of_runner_5
 
 SECRET = WEBHOOK_SECRET.encode()
 LABEL = "pool=4242/class=large/usage=spot"
@@ -318,15 +319,7 @@ def test_a_job_completed_on_our_runner_releases_that_instance() -> None:
     # When judged / Then that instance is released from the job's run key
     judged = verdict(delivery, StackConfig())
     assert isinstance(judged, Accepted)
-    assert judged.message == InstanceRelease(
-        request=ReleaseRequest(
-            run_key=LABEL,
-            instance_id="i-0123456789abcdef0",
-            runner_id=5,
-            cause="job-55",
-            repository=REPOSITORY,
-        )
-    )
+    assert judged.message == release_of_runner_5(LABEL, "job-55")
 
 
 @pytest.mark.parametrize("failed", [True, False])
@@ -352,16 +345,7 @@ def test_a_job_of_another_run_on_our_runner_quarantines_its_instance(action: str
     # Then that instance's hand-off (runner 5) is quarantined, naming the foreign job's run key and
     # repository; nothing is released to the pool
     assert isinstance(judged, Accepted)
-    assert judged.message == InstanceRelease(
-        request=ReleaseRequest(
-            run_key=LABEL,
-            instance_id="i-0123456789abcdef0",
-            runner_id=5,
-            cause="foreign-job-57",
-            repository=REPOSITORY,
-            quarantine=True,
-        )
-    )
+    assert judged.message == release_of_runner_5(LABEL, "foreign-job-57", quarantine=True)
 
 
 def test_a_job_of_its_own_run_in_progress_on_our_runner_needs_nothing() -> None:
@@ -382,16 +366,7 @@ def test_a_job_of_a_rerun_started_on_our_runner_has_its_runners_attempt_checked(
     # not to release anything
     judged = verdict(job_delivery(payload), StackConfig())
     assert isinstance(judged, Accepted)
-    assert judged.message == InstanceRelease(
-        request=ReleaseRequest(
-            run_key=f"{LABEL}@2",
-            instance_id="i-0123456789abcdef0",
-            runner_id=5,
-            cause="started-job-59",
-            repository=REPOSITORY,
-            suspect=True,
-        )
-    )
+    assert judged.message == release_of_runner_5(f"{LABEL}@2", "started-job-59", suspect=True)
 
 
 def test_a_job_of_a_rerun_completed_on_our_runner_releases_under_that_attempts_run_key() -> None:

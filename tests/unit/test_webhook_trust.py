@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from emulator.harness.webhooks import (
-    REPOSITORY,
     completed_job,
     fixture,
     queued_job,
@@ -19,7 +18,7 @@ from emulator.harness.webhooks import (
 )
 from runner_pool.domain.config import GitHubSettings, StackConfig
 from runner_pool.domain.demand import InstanceRelease, JobQueued, RunFromFork, RunRequested, from_body
-from runner_pool.domain.executions import ReleaseRequest, runner_name
+from runner_pool.domain.executions import runner_name
 from runner_pool.domain.runner_scope import Registration
 from runner_pool.domain.trust import WORKFLOW_EVENTS, TrustLevel, run_trust
 from runner_pool.domain.webhooks import (
@@ -30,6 +29,7 @@ from runner_pool.domain.webhooks import (
     WorkflowRunEvent,
     verdict,
 )
+from tests.support.builders import release_of_runner_5
 
 LABEL = "pool=4242/class=large"
 RUNNER = runner_name("i-0123456789abcdef0", "claim-1")
@@ -157,17 +157,7 @@ def test_a_job_with_an_environment_starting_on_our_runner_is_sent_to_be_judged()
     # When judged / Then the release is asked to judge its instance's hand-over, not to release it
     judged = judged_job(payload)
     assert isinstance(judged, Accepted)
-    assert judged.message == InstanceRelease(
-        request=ReleaseRequest(
-            run_key=LABEL,
-            instance_id="i-0123456789abcdef0",
-            runner_id=5,
-            cause="started-job-303",
-            repository=REPOSITORY,
-            suspect=True,
-            privileged=True,
-        )
-    )
+    assert judged.message == release_of_runner_5(LABEL, "started-job-303", suspect=True, privileged=True)
 
 
 def test_a_job_with_an_environment_completed_on_our_runner_releases_it_as_privileged() -> None:

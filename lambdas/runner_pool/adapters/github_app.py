@@ -17,8 +17,8 @@ from runner_pool.adapters import github_check_runs, github_readings, github_run_
 from runner_pool.adapters.github_api import GITHUB_API_URL, GitHubApi
 from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
 from runner_pool.adapters.github_app_key import GitHubAppKey
-from runner_pool.adapters.github_check_runs import Conclusion
 from runner_pool.adapters.github_runners import GitHubRunners
+from runner_pool.domain.capacity_waits import Conclusion
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.doctor_readings import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
 from runner_pool.domain.github_tokens import (

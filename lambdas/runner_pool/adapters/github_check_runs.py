@@ -8,13 +8,11 @@ commit, beside the workflow's own checks, with its `output`'s title and summary.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from runner_pool.adapters.github_api import GitHubApi
+from runner_pool.domain.capacity_waits import Conclusion
 from runner_pool.domain.runners import GitHubError
-
-Conclusion = Literal["success", "neutral"]
-"""How the control plane concludes a check run: its jobs served, or their run finished first."""
 
 
 def create_check_run(

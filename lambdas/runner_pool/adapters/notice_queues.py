@@ -10,7 +10,6 @@ large creation does not spend its Lambda's time one queue after another.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -20,6 +19,7 @@ from runner_pool.adapters.aws_clients import ServiceBusyError
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.side_by_side import side_by_side
 from runner_pool.domain import notices
+from runner_pool.domain.notices import NoticeFailure
 
 if TYPE_CHECKING:
     from mypy_boto3_sqs.client import SQSClient
@@ -30,14 +30,6 @@ LIST_PAGE = 1000
 """ListQueues' largest page (Amazon SQS API Reference, ListQueues: MaxResults, 1 to 1,000)."""
 GONE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
 """How SQS says a queue does not exist: the query protocol's code, and the JSON protocol's."""
-
-
-@dataclass(frozen=True)
-class NoticeFailure:
-    """A queue call that failed for good, for the step to log: which instance, and SQS's reason."""
-
-    instance_id: str
-    reason: str
 
 
 class NoticeQueues:

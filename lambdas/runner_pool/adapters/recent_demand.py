@@ -27,55 +27,20 @@ run key and no sweep shard, so they stay out of both of the table's indexes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import conditional_write
 from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
-from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.clock import Clock
 from runner_pool.domain.demand import privileged_label
+from runner_pool.domain.refresh import RecentRun
 from runner_pool.domain.trust import TrustLevel
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
 
 RECENT_DEMAND_PARTITION = "demand#recent"
-
-
-@dataclass(frozen=True)
-class RecentRun:
-    repository: str
-    run_id: int
-    attempt: int
-    run_keys: frozenset[str]
-    demand_at: Epoch
-    busy_until: Epoch
-    reconciled_at: Epoch = 0.0
-    single_use: bool = False
-    """Its jobs were public or a fork's: what refresh provisions again for it stays single use."""
-    trust: TrustLevel | None = None
-    """The run's level as its provisions had it (None: not known; see `trust_of`)."""
-    privileged_labels: frozenset[str] = frozenset()
-    repository_id: int | None = None
-    """The repository's id, when its demand carried one: what refresh provisions again carries it too."""
-    refused_at: Epoch | None = None
-    """When GitHub last refused its registration for good, unless a provision has begun since."""
-    refused_reason: str | None = None
-    """GitHub's words for that refusal."""
-    on_demand_keys: frozenset[str] = frozenset()
-    """Its run keys whose provisions were served on-demand: what refresh provisions again for them is too."""
-
-    @property
-    def key(self) -> str:
-        return f"{self.repository}#{self.run_id}#{self.attempt}"
-
-    def trust_of(self, run_key: str) -> TrustLevel | None:
-        """The level a job of `run_key` is provisioned again at: privileged when a provision of its pool
-        label was, else the run's (None, not known, is served single use)."""
-        if privileged_label(run_key) in self.privileged_labels:
-            return TrustLevel.PRIVILEGED
-        return self.trust
 
 
 class RecentDemand:

@@ -27,14 +27,20 @@ instance's ARN, so no instance role can reach them.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import Refusal, conditional_write
 from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.spot_breaker import Interruption, SpotBreakerSettings, in_window, is_open, trips
+from runner_pool.domain.spot_breaker import (
+    Interruption,
+    Noted,
+    SpotBreakerSettings,
+    in_window,
+    is_open,
+    trips,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -43,16 +49,6 @@ BREAKER_PREFIX = "spot-breaker#"
 INTERRUPTION_PREFIX = "interruption#"
 OPEN_ITEM = "open"
 TTL_SLACK_SECONDS = 86_400
-
-
-@dataclass(frozen=True)
-class Noted:
-    """What counting one interruption found: the window's count, and whether this call opened the breaker."""
-
-    resource_class: str
-    interruptions: int
-    opened: bool
-    open_until: Epoch | None
 
 
 class DynamoDbSpotBreaker:

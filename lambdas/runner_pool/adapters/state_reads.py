@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runner_pool.adapters import aws_clients
@@ -49,20 +48,18 @@ from runner_pool.adapters.state_items import (
 )
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.pool_partitions import PoolPartition
-from runner_pool.domain.records import Heartbeat, InstanceRecord, Signal, UnreadableRecord, WorkerSignal
+from runner_pool.domain.records import (
+    Heartbeat,
+    InstanceRecord,
+    InstanceView,
+    Signal,
+    UnreadableRecord,
+    WorkerSignal,
+)
 from runner_pool.domain.timeouts import Timeouts
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
-
-
-@dataclass(frozen=True)
-class InstanceView:
-    """An instance's record and its agent's latest heartbeat and signal, as one read saw them."""
-
-    record: InstanceRecord | None
-    heartbeat: Heartbeat | None
-    signal: WorkerSignal | None
 
 
 class StateReads:

@@ -29,7 +29,6 @@ from runner_pool.adapters.state_items import (
 from runner_pool.adapters.state_markers import StateMarkers
 from runner_pool.adapters.state_writes import (
     StateWrites,
-    TransitionResult,
     record_found,
     state_placeholders,
     state_values,
@@ -38,7 +37,7 @@ from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import ReuseScope, ReuseSettings
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
 from runner_pool.domain.pool_partitions import PoolPartition
-from runner_pool.domain.records import InstanceFacts, InstanceRecord, UsageClass
+from runner_pool.domain.records import InstanceFacts, InstanceRecord, TransitionResult, UsageClass
 from runner_pool.domain.trust import TrustLevel, reuses
 
 _ANY_RUN = object()

@@ -4,7 +4,6 @@ is told apart as a replay of the caller's own write or a race lost to another.""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from runner_pool.adapters.aws_clients import Refusal, conditional_write
@@ -20,19 +19,7 @@ from runner_pool.adapters.state_items import (
 from runner_pool.adapters.state_reads import StateReads
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.lifecycle import InstanceState, Outcome
-from runner_pool.domain.records import InstanceRecord
-
-
-@dataclass(frozen=True)
-class TransitionResult:
-    """The outcome of one transition and the record as it stands afterwards (None if there is none)."""
-
-    outcome: Outcome
-    record: InstanceRecord | None
-
-    @property
-    def succeeded(self) -> bool:
-        return self.outcome.succeeded
+from runner_pool.domain.records import InstanceRecord, TransitionResult
 
 
 class StateWrites(StateReads):

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from runner_pool.domain.clock import Epoch
+
+Conclusion = Literal["success", "neutral"]
+"""How the control plane concludes a check run: its jobs served, or their run finished first."""
 
 FIRST_BACKOFF_SECONDS = 60.0
 """The first wait after a shortfall: refresh's schedule, the soonest reconciliation looks again anyway."""

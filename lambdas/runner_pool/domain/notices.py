@@ -18,6 +18,10 @@ opens one for a live record that has none (an opening that failed).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
 from runner_pool.domain.pool_partitions import QUEUE_NAME_LIMIT
 
 INSTANCE_TAG_KEY = "runner-pool:instance"
@@ -28,6 +32,28 @@ RETENTION_SECONDS = 300
 """A notice older than this is of no use: the agent has read its record since, by its watch period."""
 INSTANCE_ID_LENGTH = len("i-0123456789abcdef0")
 """EC2's instance ids are `i-` and 17 hexadecimal digits (8 for instances of before 2016, shorter)."""
+
+
+@dataclass(frozen=True)
+class NoticeFailure:
+    """A queue call that failed for good, for the step to log: which instance, and SQS's reason."""
+
+    instance_id: str
+    reason: str
+
+
+class NoticeQueues(Protocol):
+    """The stack's notice queues as the steps reach them (adapters/notice_queues.py)."""
+
+    def notify(self, instance_id: str) -> NoticeFailure | None: ...
+
+    def open(self, instance_ids: Iterable[str]) -> list[NoticeFailure]: ...
+
+    def close(self, instance_ids: Iterable[str]) -> list[NoticeFailure]: ...
+
+    def instance_ids(self) -> list[str]:
+        """The instances that have a notice queue now."""
+        ...
 
 
 def queue_name_prefix(stack_name: str) -> str:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.lifecycle import HELD_STATES, UNHELD_STATES, InstanceState
+from runner_pool.domain.lifecycle import HELD_STATES, UNHELD_STATES, InstanceState, Outcome
 from runner_pool.domain.trust import TrustLevel
 
 
@@ -179,6 +180,27 @@ class WorkerSignal(_Record):
 
     def confirms(self, signal: Signal, run_key: str | None) -> bool:
         return self.signal is signal and self.run_key == run_key
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """An instance's record and its agent's latest heartbeat and signal, as one read saw them."""
+
+    record: InstanceRecord | None
+    heartbeat: Heartbeat | None
+    signal: WorkerSignal | None
+
+
+@dataclass(frozen=True)
+class TransitionResult:
+    """The outcome of one transition and the record as it stands afterwards (None if there is none)."""
+
+    outcome: Outcome
+    record: InstanceRecord | None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.outcome.succeeded
 
 
 class PoolMessage(_Record):

@@ -8,14 +8,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.demand import privileged_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runners import RegisteredRunner
+from runner_pool.domain.trust import TrustLevel
 
 _Item = TypeVar("_Item")
 
@@ -128,6 +130,59 @@ class RefreshReport:
     def as_json(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it rebuilds a Counter from its items, counting them again.
         return {name: dict(value) if isinstance(value, dict) else value for name, value in vars(self).items()}
+
+
+@dataclass(frozen=True)
+class RecentRun:
+    repository: str
+    run_id: int
+    attempt: int
+    run_keys: frozenset[str]
+    demand_at: Epoch
+    busy_until: Epoch
+    reconciled_at: Epoch = 0.0
+    single_use: bool = False
+    """Its jobs were public or a fork's: what refresh provisions again for it stays single use."""
+    trust: TrustLevel | None = None
+    """The run's level as its provisions had it (None: not known; see `trust_of`)."""
+    privileged_labels: frozenset[str] = frozenset()
+    repository_id: int | None = None
+    """The repository's id, when its demand carried one: what refresh provisions again carries it too."""
+    refused_at: Epoch | None = None
+    """When GitHub last refused its registration for good, unless a provision has begun since."""
+    refused_reason: str | None = None
+    """GitHub's words for that refusal."""
+    on_demand_keys: frozenset[str] = frozenset()
+    """Its run keys whose provisions were served on-demand: what refresh provisions again for them is too."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.repository}#{self.run_id}#{self.attempt}"
+
+    def trust_of(self, run_key: str) -> TrustLevel | None:
+        """The level a job of `run_key` is provisioned again at: privileged when a provision of its pool
+        label was, else the run's (None, not known, is served single use)."""
+        if privileged_label(run_key) in self.privileged_labels:
+            return TrustLevel.PRIVILEGED
+        return self.trust
+
+
+class RecentRuns(Protocol):
+    """The runs with recent demand, as reconcile reads and marks them (adapters/recent_demand.py)."""
+
+    def runs(self) -> list[RecentRun]:
+        """Every run noted and not forgotten yet, least recently reconciled first."""
+        ...
+
+    def reconciled(self, run: RecentRun) -> None: ...
+
+    def busy(self, run: RecentRun, busy_for: float) -> None:
+        """A provision was started for the run (by refresh): leave it alone until it has had its chance."""
+        ...
+
+    def forget(self, run: RecentRun) -> None:
+        """Unless the run had new demand since it was read (its demand_at moved on)."""
+        ...
 
 
 def refresh_tick(at: Epoch, config: StackConfig) -> int:

@@ -80,3 +80,13 @@ def usage_for(asked: UsageClass, open_until: Epoch | None, now: Epoch) -> UsageC
     if asked is UsageClass.SPOT and is_open(open_until, now):
         return UsageClass.ON_DEMAND
     return asked
+
+
+@dataclass(frozen=True)
+class Noted:
+    """What counting one interruption found: the window's count, and whether this call opened the breaker."""
+
+    resource_class: str
+    interruptions: int
+    opened: bool
+    open_until: Epoch | None

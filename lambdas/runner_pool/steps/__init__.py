@@ -1,1 +1,2 @@
-"""What the state machines do at each step, over the adapters; the handlers call one step each."""
+"""What the state machines do at each step, over collaborators typed as the domain's ports (wiring.py
+builds the adapters); the handlers call one step each."""

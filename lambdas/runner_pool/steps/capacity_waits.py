@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from runner_pool.adapters.capacity_waits import CapacityWaits
-from runner_pool.adapters.github_app import GitHubApp
-from runner_pool.adapters.github_check_runs import Conclusion
 from runner_pool.domain.capacity_waits import (
     CHECK_RUN_NAME,
     CapacityWait,
+    Conclusion,
     finished_check,
     served_check,
     waiting_check,
 )
 from runner_pool.domain.clock import Clock
+from runner_pool.domain.ports import CapacityWaitRecords, CheckRuns
 from runner_pool.domain.provision import ProvisionPlan
 from runner_pool.domain.runners import GitHubError
 from runner_pool.observability import count, logger
@@ -33,10 +32,10 @@ class CapacityWaitSteps:
 
     def __init__(
         self,
-        waits: Callable[[], CapacityWaits],
+        waits: Callable[[], CapacityWaitRecords],
         *,
         clock: Clock,
-        check_runs: Callable[[], GitHubApp] | None = None,
+        check_runs: Callable[[], CheckRuns] | None = None,
     ) -> None:
         self._waits = waits
         self._clock = clock
@@ -98,7 +97,7 @@ class CapacityWaitSteps:
             logger.info("run finished while its jobs waited for capacity", run_key=ended.run_key)
             self._complete(ended, "neutral", *finished_check(ended))
 
-    def _tell_author(self, waits: CapacityWaits, provision: ProvisionPlan, wait: CapacityWait) -> None:
+    def _tell_author(self, waits: CapacityWaitRecords, provision: ProvisionPlan, wait: CapacityWait) -> None:
         spec, request = provision.spec, provision.request
         if self._check_runs is None or not spec.run_id.isdigit():
             return  # an instant tier's runner waits for any repository's job: no run to tell

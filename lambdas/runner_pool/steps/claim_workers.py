@@ -9,10 +9,6 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from runner_pool.adapters.fleet import Fleet
-from runner_pool.adapters.state_reads import InstanceView
-from runner_pool.adapters.state_table import StateTable
-from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain import stopped_tier
 from runner_pool.domain.class_history import Fact
 from runner_pool.domain.clock import Clock
@@ -27,8 +23,9 @@ from runner_pool.domain.pickup import (
     StopReason,
 )
 from runner_pool.domain.pool_partitions import PoolPartition
+from runner_pool.domain.ports import ClaimRecords, ClaimStarts
 from runner_pool.domain.provision import ClaimWorker, ProvisionPlan, Readiness
-from runner_pool.domain.records import PoolMessage
+from runner_pool.domain.records import InstanceView, PoolMessage, TransitionResult
 from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubRetryableError
 from runner_pool.observability import count, logger
@@ -59,13 +56,13 @@ class ClaimWorkers:
 
     def __init__(
         self,
-        table: StateTable,
+        table: ClaimRecords,
         *,
         clock: Clock,
         config: StackConfig,
         pickup: Callable[[], PickupManager],
         queues: Callable[[], PoolQueue],
-        fleet: Callable[[], Fleet],
+        fleet: Callable[[], ClaimStarts],
         budget: Callable[[], RegistrationBudget],
         handing: HandOver,
         held: HeldInstances,

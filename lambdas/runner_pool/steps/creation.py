@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from runner_pool.adapters.fleet import Fleet
-from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.class_history import Fact
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import LaunchRequest
+from runner_pool.domain.ports import CreationRecords, Launches
 from runner_pool.domain.provision import (
     Creation,
     ProvisionPlan,
@@ -31,11 +30,11 @@ class FleetCreation:
 
     def __init__(
         self,
-        table: StateTable,
+        table: CreationRecords,
         *,
         clock: Clock,
         config: StackConfig,
-        fleet: Callable[[], Fleet],
+        fleet: Callable[[], Launches],
         budget: Callable[[], RegistrationBudget],
         handing: HandOver,
         held: HeldInstances,

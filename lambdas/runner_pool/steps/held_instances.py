@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from runner_pool.adapters.fleet import Fleet
-from runner_pool.adapters.state_reads import InstanceView
-from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock
+from runner_pool.domain.ports import HeldRecords, Terminations
 from runner_pool.domain.provision import ProvisionPlan, Readiness, readiness
+from runner_pool.domain.records import InstanceView
 from runner_pool.domain.timeouts import Timeouts
 
 
@@ -16,7 +15,7 @@ class HeldInstances:
     """What Begin, the claim workers, Create, Finish and Dump share about the instances they hold."""
 
     def __init__(
-        self, table: StateTable, fleet: Callable[[], Fleet], *, clock: Clock, timeouts: Timeouts
+        self, table: HeldRecords, fleet: Callable[[], Terminations], *, clock: Clock, timeouts: Timeouts
     ) -> None:
         self._table = table
         self._fleet = fleet

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from runner_pool.adapters.spot_breaker import DynamoDbSpotBreaker, Noted
-from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.interruptions import Ec2Event, Notice, Response, respond
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.ports import InterruptionRecords, SpotBreakerNotes
 from runner_pool.domain.records import InstanceRecord, UsageClass
+from runner_pool.domain.spot_breaker import Noted
 
 ATTEMPTS = 3
 """Reads and writes per notice: each lost write is someone else's transition, and a record makes few."""
@@ -36,7 +36,7 @@ class Heard:
 
 
 class Interruptions:
-    def __init__(self, table: StateTable, breaker: DynamoDbSpotBreaker | None = None) -> None:
+    def __init__(self, table: InterruptionRecords, breaker: SpotBreakerNotes | None = None) -> None:
         self._table = table
         self._breaker = breaker
 

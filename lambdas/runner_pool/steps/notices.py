@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from runner_pool.adapters.notice_queues import NoticeFailure, NoticeQueues
+from runner_pool.domain.notices import NoticeFailure, NoticeQueues
 from runner_pool.observability import count, logger
 
 NoticeSource = Callable[[], NoticeQueues | None]

@@ -14,11 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from runner_pool.adapters.executions import Executions
-from runner_pool.adapters.recent_demand import RecentDemand, RecentRun
-from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.demand import ExecutionStarter
 from runner_pool.domain.executions import (
     PROVISION_LIMIT,
     ProvisionRequest,
@@ -27,6 +25,7 @@ from runner_pool.domain.executions import (
 )
 from runner_pool.domain.instant import waited_offline
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.ports import ReconcileRecords
 from runner_pool.domain.provision import busy_seconds
 from runner_pool.domain.records import Signal
 from runner_pool.domain.refresh import (
@@ -35,6 +34,8 @@ from runner_pool.domain.refresh import (
     RECONCILE_GRACE_SECONDS,
     RECONCILE_REQUESTS_PER_RUN,
     RUNNERS_MARKER,
+    RecentRun,
+    RecentRuns,
     RefreshReport,
     in_turn,
     may_still_start,
@@ -53,13 +54,13 @@ TimeLeft = Callable[[], float]
 class RunReconciliation:
     def __init__(
         self,
-        table: StateTable,
+        table: ReconcileRecords,
         registry: Callable[[], RunnerRegistry],
         *,
         clock: Clock,
         config: StackConfig,
-        recent_demand: RecentDemand | None,
-        executions: Callable[[], Executions] | None,
+        recent_demand: RecentRuns | None,
+        executions: Callable[[], ExecutionStarter] | None,
         time_left: TimeLeft,
         budget: Callable[[], RegistrationBudget] | None = None,
         capacity_waits: CapacityWaitSteps | None = None,
@@ -258,7 +259,7 @@ class RunReconciliation:
         report: RefreshReport,
         run: RecentRun,
         jobs: Sequence[RunJob],
-        executions: Executions,
+        executions: ExecutionStarter,
         *,
         tick: int,
         now: Epoch,

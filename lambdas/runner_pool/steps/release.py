@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import ReuseSettings
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.labels import instant_class
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import PoolQueue
+from runner_pool.domain.ports import ReleaseRecords
 from runner_pool.domain.records import RUN_SIGNALS, InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.release import (
     ReleaseItem,
@@ -48,7 +48,7 @@ class Release:
 
     def __init__(
         self,
-        table: StateTable,
+        table: ReleaseRecords,
         queues: Callable[[], PoolQueue],
         registry: Callable[[], RunnerRegistry],
         *,
