@@ -55,6 +55,12 @@ class SpotBreakerNotes(Protocol):
     def note(self, resource_class: str, instance_id: str) -> Noted: ...
 
 
+class InstantTierRecords(RecordExpiry, Protocol):
+    """Keeping a class's instant tier at its size (steps/instant_tier.py)."""
+
+    def held_by(self, run_key: str) -> list[InstanceRecord]: ...
+
+
 class HeldRecords(RecordExpiry, Protocol):
     """Letting go of the instances a provision holds (steps/held_instances.py)."""
 

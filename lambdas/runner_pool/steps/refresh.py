@@ -70,10 +70,7 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.class_history import ClassHistory, Fact, demand_of
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import PoolSizing, StackConfig
-from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
-from runner_pool.domain.instant import keeps_tier_group, surplus_waiting, tier_holds, tier_shortfall
-from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PickupManager, PoolQueue
 from runner_pool.domain.pool_partitions import PoolPartition
@@ -96,7 +93,7 @@ from runner_pool.domain.refresh import (
     untracked,
 )
 from runner_pool.domain.registration_budget import RegistrationBudget
-from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
+from runner_pool.domain.runners import GitHubError, RunnerRegistry
 from runner_pool.domain.sizing import Holding, pool_size
 from runner_pool.domain.stopped_tier import (
     awaiting_stop,
@@ -109,6 +106,7 @@ from runner_pool.domain.stopped_tier import (
 from runner_pool.observability import count, logger
 from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.class_history import HistoryNotes
+from runner_pool.steps.instant_tier import InstantTier
 from runner_pool.steps.notices import NoticeSource, close_queues, no_notices, open_queues
 from runner_pool.steps.reconcile import RunReconciliation, TimeLeft
 
@@ -170,6 +168,9 @@ class Refresh:
             budget=self._budget,
             capacity_waits=self._capacity_waits,
         )
+        instant = InstantTier(
+            self._table, self._registry, clock=self._clock, config=self._config, executions=self._executions
+        )
         jobs: list[tuple[str, Callable[[RefreshReport], None]]] = [
             ("vanished", self._expire_vanished),
             ("stopped-tier", lambda r: self._keep_stopped(r, tick)),
@@ -178,7 +179,7 @@ class Refresh:
             ("orphans", self._terminate_orphans),
             ("admit", self._admit_ready),
             ("warm-pool", lambda r: self._keep_warm(r, tick)),
-            ("instant-tier", lambda r: self._keep_instant(r, tick)),
+            ("instant-tier", lambda r: instant.keep(r, tick)),
             ("runners", github.delete_offline_runners),
             ("redeliveries", self._redeliver),
             ("dead-runners", github.replace_dead_runners),
@@ -525,63 +526,7 @@ class Refresh:
                 report.trimmed[record.resource_class] += 1
         return stopped_short
 
-    # --- 5b. the instant tier ------------------------------------------------------------------
-
-    def _keep_instant(self, report: RefreshReport, tick: int) -> None:
-        """Ask for each class's instant-tier shortfall (domain/instant.py) in one provision, which takes
-        pristine instances from the pool or launches them and registers their runners with the class's
-        generic label. Named after the tick, so two runs at once ask once."""
-        if keeps_tier_group(self._config):
-            try:
-                self._registry().keep_instant_group_in_step()
-            except GitHubError:
-                logger.warning("instant tier group not set to the installation's repositories; next run")
-        if self._executions is None:
-            return
-        now = self._clock.now()
-        for name in self._config.resource_classes:
-            size = self._config.instant_tier(name, now)
-            minimum = self._config.warm_pool_minimum.get(name)
-            if minimum is None or not minimum.keeps_instant():
-                continue
-            # A tier of 0 (its window closed) is looked at too: its waiting runners are taken back then,
-            # not left up until their max runtime.
-            label = instant_label(name)
-            records = self._table.held_by(label)
-            held = tier_holds(records, name, now)
-            report.instant[name] = held
-            held -= self._take_back(records, name, size, now)
-            short = min(tier_shortfall(size, held), PROVISION_LIMIT)
-            if short == 0:
-                continue
-            request = ProvisionRequest(
-                repository=str(self._config.github.scope or "instant-tier"),
-                run_key=label,
-                count=short,
-                origin=f"instant-tier-{tick}",
-            )
-            self._executions().provision(request)
-            report.instant_asked[name] += short
-
-    def _take_back(self, records: list[InstanceRecord], name: str, size: int, now: Epoch) -> int:
-        """End the tier's waiting instances beyond its size: each runner deleted at GitHub first, which
-        GitHub refuses for a runner that has taken a job meanwhile (it is then left to its job). How
-        many were ended."""
-        ended = 0
-        for instance_id in surplus_waiting(records, name, size, now):
-            record = next(r for r in records if r.instance_id == instance_id)
-            if record.runner_id is None:
-                continue
-            try:
-                removal = self._registry().delete_runner(record.runner_id)
-            except GitHubError:
-                logger.warning("surplus instant runner not deleted; next run", instance_id=instance_id)
-                continue
-            if removal is RunnerRemoval.BUSY:
-                continue
-            if self._table.expire(instance_id, run_key=record.run_key).succeeded:
-                ended += 1
-        return ended
+    # --- 5b. the instant tier: steps/instant_tier.py ----------------------------------------------
 
     # --- 7. missed webhooks --------------------------------------------------------------------
 
