@@ -356,12 +356,12 @@ class LocalStack:
             launch_templates=create_launch_templates(ec2, self.stack_name),
         )
 
-    def create_ingress_resources(self, webhook_secret: str) -> None:
-        """What webhooks arrive through: the webhook secret, the idempotency table, the demand queue."""
+    def create_ingress_resources(self, *webhook_secrets: str) -> None:
+        """What webhooks arrive through: each App's webhook secret (in the order of the config's Apps),
+        the idempotency table, the demand queue."""
         table = f"{self.stack_name}-idempotency"
-        self._clients("secretsmanager").create_secret(
-            Name=self.config.github.webhook_secret_name, SecretString=webhook_secret
-        )
+        for name, secret in zip(self.config.github.webhook_secret_names, webhook_secrets, strict=True):
+            self._clients("secretsmanager").create_secret(Name=name, SecretString=secret)
         create_idempotency_table(self._clients("dynamodb"), table)
         self.give(
             idempotency_table_name=table,
