@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
@@ -42,6 +43,8 @@ from runner_pool.domain.runners import (
 from runner_pool.domain.trust import RunFacts
 from runner_pool.observability import count, logger
 
+_T = TypeVar("_T")
+
 
 class UsableOrNot:
     """An App's identity whose token refusals say the App is unusable (AppUnusableError): a 401 (GitHub
@@ -61,7 +64,10 @@ class UsableOrNot:
             raise AppUnusableError(f"GitHub refused the App a token: {exc}", exc.status) from exc
 
     def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]:
-        return self._identity.failed_deliveries(since)
+        try:
+            return self._identity.failed_deliveries(since)
+        except GitHubAuthError as exc:  # the App's JWT refused: its key is wrong
+            raise AppUnusableError(f"GitHub refused the App's JWT: {exc}", exc.status) from exc
 
     def redeliver(self, delivery_id: int) -> None:
         self._identity.redeliver(delivery_id)
@@ -212,50 +218,64 @@ class GitHubApps:
         with self._lock:
             return frozenset(app_id for app_id, until in self._skipped.items() if now < until)
 
-    def _any(self) -> GitHubApp:
-        """The first App not skipped, for what any App on the scope may do."""
-        skipped = self._skipped_now()
-        return self.app(next((a for a in self._budgets if a not in skipped), next(iter(self._budgets))))
+    def _any(self, call: Callable[[GitHubApp], _T]) -> _T:
+        """`call` through the first App not skipped, for what any App on the scope may do; an App found
+        unusable on the way is skipped and the next one asked."""
+        while True:
+            skipped = self._skipped_now()
+            app_id = next((a for a in self._budgets if a not in skipped), next(iter(self._budgets)))
+            try:
+                return call(self.app(app_id))
+            except AppUnusableError as unusable:
+                if not self._skip(app_id, unusable):
+                    raise
 
     # --- what any App may do -----------------------------------------------------------------------
 
     @property
     def scope(self) -> RunnerScope:
-        return self._any().scope
+        return self.app(next(iter(self._budgets))).scope
 
     def authenticate(self) -> None:
         self.app(self._registering()).authenticate()
 
     def registration_scope(self, repository: str | None) -> RunnerScope:
-        return self._any().registration_scope(repository)
+        return self.app(next(iter(self._budgets))).registration_scope(repository)
 
     def delete_runner(self, runner_id: int, repository: str | None = None) -> RunnerRemoval:
-        return self._any().delete_runner(runner_id, repository)
+        return self._any(lambda app: app.delete_runner(runner_id, repository))
 
     def runners(self, repository: str | None = None) -> list[RegisteredRunner]:
-        return self._any().runners(repository)
+        return self._any(lambda app: app.runners(repository))
 
     def run_jobs(self, repository: str, run_id: int, attempt: int) -> tuple[list[RunJob], int]:
-        return self._any().run_jobs(repository, run_id, attempt)
+        return self._any(lambda app: app.run_jobs(repository, run_id, attempt))
 
     def run_attempt(self, repository: str, run_id: int, attempt: int) -> RunFacts:
-        return self._any().run_attempt(repository, run_id, attempt)
+        return self._any(lambda app: app.run_attempt(repository, run_id, attempt))
 
     def run_now(self, repository: str, run_id: int) -> RunNow:
-        return self._any().run_now(repository, run_id)
+        return self._any(lambda app: app.run_now(repository, run_id))
 
     def rerun_failed_jobs(self, repository: str, run_id: int) -> None:
-        self._any().rerun_failed_jobs(repository, run_id)
+        self._any(lambda app: app.rerun_failed_jobs(repository, run_id))
 
     # --- each App's own deliveries -----------------------------------------------------------------
 
     def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]:
+        """Every usable App's; an App found unusable is skipped (its deliveries wait for its fix)."""
         found: list[FailedDelivery] = []
         for app_id in self._budgets:
-            for delivery in self.app(app_id).failed_deliveries(since):
-                with self._lock:
-                    self._delivered_by[delivery.delivery_id] = app_id
-                found.append(delivery)
+            if app_id in self._skipped_now():
+                continue
+            try:
+                deliveries = self.app(app_id).failed_deliveries(since)
+            except AppUnusableError as unusable:
+                self._skip(app_id, unusable)
+                continue
+            with self._lock:
+                self._delivered_by |= {delivery.delivery_id: app_id for delivery in deliveries}
+            found += deliveries
         return found
 
     def redeliver(self, delivery_id: int) -> None:
