@@ -102,9 +102,10 @@ class GitHubApps:
     # --- the budget ---------------------------------------------------------------------------------
 
     def take(self, wanted: int) -> Grant:
-        app_id = with_most_left(
-            {app_id: budget.left() for app_id, budget in self._budgets.items()}, self._skipped_now()
-        )
+        left = {app_id: budget.left() for app_id, budget in self._budgets.items()}
+        for each, amount in left.items():
+            count(f"RegistrationBudgetLeft.{each}", amount)
+        app_id = with_most_left(left, self._skipped_now())
         if app_id is None:
             return Grant(0, wait_seconds(SKIP_SECONDS))
         grant = self._budgets[app_id].take(wanted)
