@@ -18,7 +18,7 @@ from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain import notices
 from runner_pool.domain.clock import Clock, SystemClock
-from runner_pool.domain.config import Timeouts
+from runner_pool.domain.timeouts import Timeouts
 
 
 def build_agent(

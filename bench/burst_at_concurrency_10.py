@@ -17,7 +17,7 @@ from emulator.step_functions import AccountConcurrency
 JOBS = 300
 RUNS = 10
 CONCURRENCY = 10
-"""Lambda's concurrent executions quota of a new account (the doctor's THROTTLED_QUOTA_FLOOR)."""
+"""Lambda's concurrent executions quota of a new account (domain/doctor_judges.py's THROTTLED_QUOTA_FLOOR)."""
 TIMEOUT_SECONDS = 2400.0
 
 SMALL = {"jobs": 30, "runs": 1}

@@ -77,15 +77,7 @@ from bench.results import RESULTS_PATH, BenchTable
 from emulator.boot_model import BootModel, Path
 from emulator.instances import instance_facts
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.config import (
-    ReuseMode,
-    ReuseSettings,
-    StackConfig,
-    WarmMinimum,
-    WarmWindow,
-    Weekday,
-    WorkflowType,
-)
+from runner_pool.domain.config import ReuseMode, ReuseSettings, StackConfig, WorkflowType
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.instant import surplus_waiting, tier_holds, tier_shortfall
 from runner_pool.domain.labels import instant_label
@@ -97,6 +89,7 @@ from runner_pool.domain.refresh import pool_shortfall
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.sizing import HORIZON_SECONDS, Demand, Holding, pool_size
 from runner_pool.domain.trust import TrustLevel
+from runner_pool.domain.warm_schedule import WarmMinimum, WarmWindow, Weekday
 from runner_pool.prices import gp3_hourly, on_demand_hourly
 
 DAY = date(2026, 11, 24)

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from emulator.world import World
 from runner_pool.checkup import Target, doctor
-from runner_pool.domain.doctor import AWS_MANAGED_EBS_ALIAS, SERVICE_LINKED_ROLES, DeployedStack
+from runner_pool.domain.doctor_readings import AWS_MANAGED_EBS_ALIAS, SERVICE_LINKED_ROLES, DeployedStack
 
 LAMBDA_DEFAULT_CONCURRENCY = 1000
 """Lambda's default concurrent executions quota per Region (Lambda Developer Guide, "Lambda quotas":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.fleet import FleetSetup, LaunchTemplate
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch

@@ -18,14 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-
 from emulator.accounting import Accounting, account
 from emulator.aws import INSTANCE_ARNS, LocalAws, local_aws
 from emulator.aws_faults import AwsFaults
 from emulator.deployment import Deployment, GitHubAppSetup, Timers, deploy
 from emulator.fake_github import FakeGitHub, FakeWorkflowRun, JobSpec
+from emulator.harness.github_app import generate_app_key
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
 from emulator.stack import RuntimeFactory
 from emulator.timeline import RecordWatcher, Timeline, TimelineEvent
@@ -137,21 +135,21 @@ def world(
     threshold index, which a world of hundreds of instances wants less often). `faults`: the Lambdas'
     calls failing as AWS's do, on a seeded fraction (emulator/aws_faults.py)."""
     config = config or compressed_config()
-    private_pem, public_pem = _app_key()
+    key = generate_app_key()
     scope = str(config.github.scope or REPOSITORY)
-    app = GitHubAppSetup(APP_ID, INSTALLATION_ID, private_pem, scope)
+    app = GitHubAppSetup(APP_ID, INSTALLATION_ID, key.private_pem, scope)
     # Each App of a config of several (apps_settings) has a key of its own and is installed on the owner.
     more_keys = {
-        int(more.app_id): (more.installation_id, *_app_key()) for more in config.github.every_app[1:]
+        int(more.app_id): (more.installation_id, generate_app_key()) for more in config.github.every_app[1:]
     }
     with (
         _lambdas_quiet(),
         local_aws(state_machines=True, faults=faults) as aws,
-        FakeGitHub(APP_ID, public_pem, lost_runner_seconds=lost_runner_seconds) as github,
+        FakeGitHub(APP_ID, key.public_pem, lost_runner_seconds=lost_runner_seconds) as github,
     ):
         github.state.add_installation(INSTALLATION_ID, OWNER, accepted_permissions(config))
-        for app_id, (installation_id, _, public) in more_keys.items():
-            github.state.add_app(app_id, public)
+        for app_id, (installation_id, more_key) in more_keys.items():
+            github.state.add_app(app_id, more_key.public_pem)
             github.state.add_installation(installation_id, OWNER, accepted_permissions(config), app_id=app_id)
         with deploy(
             aws,
@@ -163,8 +161,8 @@ def world(
             timers=timers,
             runtime=runtime,
             more_apps=[
-                GitHubAppSetup(app_id, installation_id, private, scope)
-                for app_id, (installation_id, private, _) in more_keys.items()
+                GitHubAppSetup(app_id, installation_id, more_key.private_pem, scope)
+                for app_id, (installation_id, more_key) in more_keys.items()
             ],
         ) as stack:
             timeline = Timeline()
@@ -216,19 +214,3 @@ def _lambdas_quiet() -> Iterator[None]:
             os.environ.pop(METRICS_DISABLED, None)
         else:
             os.environ[METRICS_DISABLED] = saved
-
-
-def _app_key() -> tuple[str, str]:
-    """A throwaway GitHub App key pair (private PEM as GitHub issues it, public PEM for the fake)."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.TraditionalOpenSSL,
-        serialization.NoEncryption(),
-    ).decode()
-    public_pem = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-    return private_pem, public_pem

@@ -14,6 +14,7 @@ from moto import mock_aws
 
 from emulator.aws import behaving_as_aws
 from emulator.harness.control_plane import NO_WAIT, REGION
+from emulator.harness.github_app import AppKey, generate_app_key
 from emulator.iam_check import USAGE_DIRECTORY_VARIABLE, usage_report
 from emulator.resources import create_pool_queues, create_state_table
 from emulator.step_functions_quotas import QuotaWatch
@@ -50,6 +51,12 @@ def retry_delays(monkeypatch: pytest.MonkeyPatch) -> RetryDelays:
 def aws() -> Iterator[None]:
     with mock_aws(), behaving_as_aws():
         yield
+
+
+@pytest.fixture(scope="module")
+def app_key() -> AppKey:
+    """A GitHub App's key pair, made once a module: generating one takes a while."""
+    return generate_app_key()
 
 
 @pytest.fixture

@@ -426,11 +426,15 @@ class Actions:
         return "workflow_run", action, payload, f"run-{run.run_id}"
 
     def _installation_id(self, run: FakeWorkflowRun) -> int | None:
-        installation = self.state.installation_of(run.owner)
+        installation = self.state.installation_covering(run.repository)
         return installation.installation_id if installation else None
 
     def _send(self, events: list[Event]) -> None:
         for event, action, payload, order_key in events:
+            if "installation" not in payload and self.state.installation_of(
+                payload["repository"]["owner"]["login"]
+            ):
+                continue  # a repository its account's installation does not select: the App hears nothing
             self.webhooks.send(
                 event,
                 action,

@@ -73,7 +73,7 @@ def get_installation(github: FakeGitHub, request: Request) -> Answer:
         installation = state.installations.get(installation_id)
         if installation is None:
             raise Refusal(404, "Not Found")
-        return Answer(200, _installation_json(installation, state.app_id, state.app_events))
+        return Answer(200, installation_json(installation, state.app_id, state.app_events))
 
 
 @route("GET", "/app/hook/config", Auth.APP)
@@ -125,7 +125,7 @@ def organization(
     return org
 
 
-def _installation_json(installation: FakeInstallation, app_id: int, events: list[str]) -> dict[str, Any]:
+def installation_json(installation: FakeInstallation, app_id: int, events: list[str]) -> dict[str, Any]:
     kind = "Organization" if installation.organization else "User"
     account_id = 9000 + installation.installation_id
     settings = (
@@ -136,7 +136,7 @@ def _installation_json(installation: FakeInstallation, app_id: int, events: list
     return {
         "id": installation.installation_id,
         "account": account_json(installation.account, account_id, kind),
-        "repository_selection": "all",
+        "repository_selection": installation.repository_selection,
         "access_tokens_url": f"{API}/app/installations/{installation.installation_id}/access_tokens",
         "repositories_url": f"{API}/installation/repositories",
         "html_url": settings,

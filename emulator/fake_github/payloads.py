@@ -327,12 +327,18 @@ def _minimal_repository(
 
 
 def _repository(run: FakeWorkflowRun, repository_id: int, owner: dict[str, Any]) -> dict[str, Any]:
-    """The repository as the top level of an event carries it: everything a repository shows."""
-    full_name = run.repository
-    return _minimal_repository(full_name, repository_id, owner, run.public) | {
-        "created_at": iso(run.created_at - 365 * 86400),
-        "updated_at": iso(run.created_at - 60),
-        "pushed_at": iso(run.created_at - 60),
+    return repository_json(run.repository, repository_id, owner, public=run.public, at=run.created_at)
+
+
+def repository_json(
+    full_name: str, repository_id: int, owner: dict[str, Any], *, public: bool, at: float
+) -> dict[str, Any]:
+    """The repository as the top level of an event, or a list of repositories, carries it: everything a
+    repository shows, last pushed a minute before `at`."""
+    return _minimal_repository(full_name, repository_id, owner, public) | {
+        "created_at": iso(at - 365 * 86400),
+        "updated_at": iso(at - 60),
+        "pushed_at": iso(at - 60),
         "git_url": f"git://github.com/{full_name}.git",
         "ssh_url": f"git@github.com:{full_name}.git",
         "clone_url": f"{WEB}/{full_name}.git",
@@ -359,7 +365,7 @@ def _repository(run: FakeWorkflowRun, repository_id: int, owner: dict[str, Any])
         "default_branch": "main",
         "is_template": False,
         "topics": [],
-        "visibility": "public" if run.public else "private",
+        "visibility": "public" if public else "private",
         "web_commit_signoff_required": False,
         "custom_properties": {},
     }

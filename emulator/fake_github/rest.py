@@ -84,7 +84,7 @@ def readable_runs(request: Request, level: str = "read") -> str:
     answers."""
     installation = request.installation
     params = request.params
-    if installation is None or not installation.owns(params["owner"]):
+    if installation is None or not installation.covers(f"{params['owner']}/{params['repo']}"):
         raise Refusal(404, "Not Found")
     if not covers(installation.permissions.get("actions"), level):
         raise Refusal(403, "Resource not accessible by integration")

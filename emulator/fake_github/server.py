@@ -18,6 +18,7 @@ import jwt
 
 from emulator.fake_github import (
     app_settings,
+    installations,
     rest,
     runner_groups,
     runner_protocol,
@@ -46,7 +47,7 @@ SHUTDOWN_POLL_SECONDS = 0.01
 """How often the server looks for a stop request; `stop` waits up to this long."""
 LOST_RUNNER_CHECK_SECONDS = 0.25
 """How often a running fake looks for runners that stopped talking."""
-_ENDPOINTS = (rest, app_settings, runner_groups, runner_protocol, workflow_jobs, workflow_runs)
+_ENDPOINTS = (rest, app_settings, installations, runner_groups, runner_protocol, workflow_jobs, workflow_runs)
 """The modules whose `@route`s make up the fake; imported for their routes."""
 
 Gate = Callable[[str, Request], None]
@@ -324,6 +325,12 @@ class _HttpHandler(BaseHTTPRequestHandler):
         self._serve()
 
     def do_DELETE(self) -> None:
+        self._serve()
+
+    def do_PUT(self) -> None:
+        self._serve()
+
+    def do_PATCH(self) -> None:
         self._serve()
 
     def _serve(self) -> None:

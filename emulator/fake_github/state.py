@@ -35,11 +35,24 @@ class FakeInstallation:
     permissions: dict[str, str]
     organization: bool = True
     """Whether the account is an organisation (the installation's `target_type`), else a user."""
+    repositories: set[str] | None = None
+    """The repositories (`owner/repo`, lowercased) the owner selected for the App; None for all of the
+    account's: the installation's `repository_selection` is `selected` or `all` ("Installing your own
+    GitHub App": "All repositories" or "Only select repositories")."""
     app_id: int = 0
-    """The App installed (GitHubState.apps); 0: the fake's first App."""
+    """The App installed (GitHubState.other_apps); add_installation sets the fake's first App's."""
 
     def owns(self, account: str) -> bool:
         return self.account.lower() == account.lower()
+
+    @property
+    def repository_selection(self) -> str:
+        return "all" if self.repositories is None else "selected"
+
+    def covers(self, repository: str) -> bool:
+        """Whether the App may see `repository`: the installation's account's, and selected if it selects."""
+        owner = repository.split("/", 1)[0]
+        return self.owns(owner) and (self.repositories is None or repository.lower() in self.repositories)
 
 
 @dataclass(frozen=True)
@@ -338,6 +351,20 @@ class GitHubState:
     def installation_of(self, account: str) -> FakeInstallation | None:
         with self.lock:
             return next((i for i in self.installations.values() if i.owns(account)), None)
+
+    def installation_covering(self, repository: str) -> FakeInstallation | None:
+        """The installation the App sees `repository` through: its account's, unless that installation
+        selects repositories and not this one: "A webhook can only access events that are available in
+        the ... GitHub App where it is installed" (docs.github.com, "Types of webhooks"), so the App hears
+        nothing of a repository outside the selection."""
+        installation = self.installation_of(repository.split("/", 1)[0])
+        return installation if installation is not None and installation.covers(repository) else None
+
+    def repositories_of(self, installation: FakeInstallation) -> list[str]:
+        """The repositories (`owner/repo`, lowercased) the installation covers, of those the fake knows."""
+        with self.lock:
+            known = set(self._repository_ids) | set(installation.repositories or ())
+            return sorted(name for name in known if installation.covers(name))
 
     def issue_token(
         self, installation_id: int, permissions: Mapping[str, str] | None = None

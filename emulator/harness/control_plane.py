@@ -46,7 +46,8 @@ from runner_pool.adapters import aws_clients
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
-from runner_pool.adapters.state_table import StateTable, TransitionResult
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain.clock import Epoch, ManualClock
 from runner_pool.domain.config import ReuseSettings, StackConfig
 from runner_pool.domain.executions import runner_name

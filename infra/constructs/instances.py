@@ -67,10 +67,11 @@ from constructs import Construct
 
 from infra.agent_wheelhouse import BOOT_PYTHONS, AgentWheelhouse, agent_wheelhouse
 from infra.constructs.notice_queues import NoticeQueueNames
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
 from runner_pool.domain import notices
-from runner_pool.domain.config import InstanceSettings, StackConfig
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.instance_settings import InstanceSettings
 from runner_pool.domain.records import Arch
 
 PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")

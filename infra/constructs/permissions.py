@@ -18,9 +18,9 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sqs as sqs
 
 from infra.constructs.notice_queues import NoticeQueueNames
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.registration_budget import BUDGET_PREFIX
-from runner_pool.domain import doctor
+from runner_pool.domain import doctor_readings
 from runner_pool.environment import ENV_PREFIX, STACK_TAG_KEY
 
 LAUNCHED_RESOURCES = ("fleet", "instance", "volume", "network-interface", "spot-instances-request")
@@ -28,8 +28,10 @@ LAUNCHED_RESOURCES = ("fleet", "instance", "volume", "network-interface", "spot-
 LAUNCH_INPUTS = ("subnet", "security-group")
 ANY_INSTANCE = "arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*"
 """How cdk-nag spells instance/* of this account and region."""
-SERVICE_LINKED_ROLES = tuple((service, role) for role, service in doctor.SERVICE_LINKED_ROLES.items())
-"""(service, role) of the roles EC2 Fleet and Spot act through: the doctor's table (domain/doctor.py)."""
+SERVICE_LINKED_ROLES = tuple(
+    (service, role) for role, service in doctor_readings.SERVICE_LINKED_ROLES.items()
+)
+"""(service, role) of the roles EC2 Fleet and Spot act through: the doctor's (domain/doctor_readings.py)."""
 
 
 def read_records(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:

@@ -10,7 +10,7 @@ from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
 
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 
 
 class StateTable(Construct):

@@ -19,21 +19,18 @@ from runner_pool.adapters.account_readings import AccountReadings
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.doctor import (
+from runner_pool.domain.doctor import Finding, examine, exit_code, report
+from runner_pool.domain.doctor_readings import (
     SERVICE_LINKED_ROLES,
     AppGrant,
     AppManifest,
     DeployedStack,
-    Finding,
     HookConfig,
     Installation,
     Readings,
     RunnerPolicy,
     SecretState,
     Unread,
-    examine,
-    exit_code,
-    report,
 )
 from runner_pool.domain.records import Arch
 from runner_pool.domain.runner_scope import Registration, runner_scope

@@ -24,10 +24,10 @@ from runner_pool.adapters import aws_clients
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.checkup import Target, TargetNotFoundError, doctor, load_manifest
 from runner_pool.domain.clock import Clock, SystemClock
-from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord
+from runner_pool.domain.timeouts import Timeouts
 from runner_pool.prices import gp3_hourly, on_demand_hourly
 
 DEFAULT_STACK = "RunnerPool"

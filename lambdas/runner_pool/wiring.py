@@ -210,6 +210,7 @@ class ControlPlane:
             self.pause,
             trust=self._run_trust(ledger),
             reruns=self._reruns(ledger),
+            tier_group=lambda: self.github.keep_instant_group_in_step(),  # noqa: PLW0108 - GitHub on first use
         )
 
     def reruns(self) -> Reruns:

@@ -16,7 +16,8 @@ from runner_pool.adapters.runner_credentials import (
     CredentialsUnreadableError,
     RunnerCredentials,
 )
-from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, StateTable
+from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY
+from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from tests.conftest import REGION, TABLE_NAME

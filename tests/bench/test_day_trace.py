@@ -25,7 +25,9 @@ from bench.day_trace import (
     working_hours_minimum,
 )
 from emulator.boot_model import BootModel, Path
-from runner_pool.domain.config import ReuseMode, ReuseSettings, StackConfig, Timeouts, WarmMinimum
+from runner_pool.domain.config import ReuseMode, ReuseSettings, StackConfig
+from runner_pool.domain.timeouts import Timeouts
+from runner_pool.domain.warm_schedule import WarmMinimum
 
 FIXED = BootModel().fixed(
     control_plane=2, launch=10, os_boot=5, install=60, baked_start=3, start=6, resume=3, registration=4

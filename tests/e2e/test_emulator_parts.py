@@ -358,7 +358,7 @@ def test_a_server_of_the_emulator_holds_a_burst_of_connections_it_has_not_accept
     # Given one of the emulator's servers whose accepting thread does not run for a while (a loaded
     # burst starves it)
     def not_accepting(_server: Any) -> None:
-        time.sleep(0.01)
+        time.sleep(0.01)  # an accepting thread that is starved is the behaviour under test
 
     connections: list[socket.socket] = []
     with (

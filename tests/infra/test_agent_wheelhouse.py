@@ -138,15 +138,23 @@ def digests_under(archive: zipfile.ZipFile, directory: str) -> dict[str, str]:
     }
 
 
+def requirements_and_digests(wheelhouse: AgentWheelhouse, directory: str) -> tuple[str, dict[str, str]]:
+    """A wheelhouse's requirements.txt, and the digest of each file it holds under `directory`."""
+    with zipfile.ZipFile(wheelhouse.path) as archive:
+        return archive.read("requirements.txt").decode(), digests_under(archive, directory)
+
+
+UV_LOCK = Path(__file__).resolve().parents[2] / "uv.lock"
+"""The project's uv.lock, whose digests every wheel of a wheelhouse must carry."""
+
+
 def test_every_file_is_pinned_by_the_hash_uv_lock_records(
     wheelhouses: Mapping[Arch, AgentWheelhouse],
 ) -> None:
-    lock = (Path(__file__).resolve().parents[2] / "uv.lock").read_text()
+    lock = UV_LOCK.read_text()
     for arch, wheelhouse in wheelhouses.items():
         # Given a wheelhouse's files and requirements
-        with zipfile.ZipFile(wheelhouse.path) as archive:
-            requirements = archive.read("requirements.txt").decode()
-            digests = digests_under(archive, "wheels")
+        requirements, digests = requirements_and_digests(wheelhouse, "wheels")
         # Then each requirement is an exact pin, each file is pinned by its digest, and every
         # dependency's digest is the one uv.lock records for that file
         assert all("==" in line for line in requirements.splitlines() if line and not line.startswith(" ")), (
@@ -161,12 +169,10 @@ def test_every_file_is_pinned_by_the_hash_uv_lock_records(
 def test_the_wheelhouse_carries_the_locked_pip_to_install_with_but_not_to_install(
     wheelhouses: Mapping[Arch, AgentWheelhouse],
 ) -> None:
-    lock = (Path(__file__).resolve().parents[2] / "uv.lock").read_text()
+    lock = UV_LOCK.read_text()
     for arch, wheelhouse in wheelhouses.items():
         # Given a wheelhouse's installer and requirements
-        with zipfile.ZipFile(wheelhouse.path) as archive:
-            requirements = archive.read("requirements.txt").decode()
-            installers = digests_under(archive, INSTALLER_DIR)
+        requirements, installers = requirements_and_digests(wheelhouse, INSTALLER_DIR)
         # Then it holds one pip wheel, the file and digest uv.lock records for the boot group's pin
         ((name, digest),) = installers.items()
         assert re.fullmatch(r"pip-[^-]+-py3-none-any\.whl", name), (arch, name)

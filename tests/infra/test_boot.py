@@ -39,7 +39,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from infra.agent_wheelhouse import BOOT_PYTHONS
-from runner_pool.domain.config import KNOWN_RUNNER_CHECKSUMS, InstanceSettings
+from runner_pool.domain.instance_settings import KNOWN_RUNNER_CHECKSUMS, InstanceSettings
 from runner_pool.domain.records import Arch
 from tests.infra.synthesis import Synthesis
 from tests.infra.test_instances import launch_templates

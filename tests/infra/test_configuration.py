@@ -19,12 +19,7 @@ from infra.app import (
     project_context,
 )
 from infra.constructs.functions import ControlPlaneFunctions
-from runner_pool.domain.config import (
-    ConfigError,
-    WorkflowType,
-    load_config,
-    load_deployable_config,
-)
+from runner_pool.domain.config import ConfigError, WorkflowType, load_config, load_deployable_config
 from tests.infra.synthesis import DEPLOYABLE, stub_layer
 
 

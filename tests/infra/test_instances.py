@@ -37,11 +37,11 @@ from infra.constructs.instances import (
 )
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.domain.config import (
+from runner_pool.domain.config import StackConfig
+from runner_pool.domain.instance_settings import (
     AL2023_AMI_PARAMETERS,
     KNOWN_RUNNER_CHECKSUMS,
     InstanceSettings,
-    StackConfig,
 )
 from runner_pool.domain.records import Arch, Signal
 from tests.conftest import TABLE_NAME

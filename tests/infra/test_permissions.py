@@ -12,7 +12,7 @@ from typing import Any
 
 from infra.constructs import permissions
 from infra.constructs.functions import HANDLERS_PACKAGE
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 from runner_pool.environment import ENV_PREFIX, STACK_TAG_KEY
 from tests.infra.synthesis import Synthesis
 

@@ -23,7 +23,7 @@ from infra.constructs.runner_image import (
     component_document,
     component_version,
 )
-from runner_pool.domain.config import AL2023_AMI_PARAMETERS, DEFAULT_IMAGE_BUILD_INSTANCE_TYPES
+from runner_pool.domain.instance_settings import AL2023_AMI_PARAMETERS, DEFAULT_IMAGE_BUILD_INSTANCE_TYPES
 from runner_pool.domain.records import Arch
 from tests.infra.synthesis import Synthesis, synthesize
 from tests.infra.test_instances import logical_id, values

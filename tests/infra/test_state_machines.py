@@ -141,14 +141,7 @@ def test_a_task_without_a_declared_step_fails_synth(bare_stack: tuple[Stack, Any
 
     # When the workflow is built / Then it refuses, naming the handler
     with pytest.raises(LookupError, match="invokes begin, but Provision declares no Step"):
-        Workflow(
-            stack,
-            "Provision",
-            machine="provision",
-            functions=helper,
-            workflow_type=WorkflowType.STANDARD,
-            steps={},
-        )
+        build_provision(stack, helper, {})
 
 
 def test_a_declared_step_the_file_never_invokes_fails_synth(bare_stack: tuple[Stack, Any]) -> None:
@@ -158,14 +151,7 @@ def test_a_declared_step_the_file_never_invokes_fails_synth(bare_stack: tuple[St
 
     # When the workflow is built / Then it refuses, naming the stale step
     with pytest.raises(LookupError, match=r"declares Steps provision\.asl\.json never invokes: claim"):
-        Workflow(
-            stack,
-            "Provision",
-            machine="provision",
-            functions=helper,
-            workflow_type=WorkflowType.STANDARD,
-            steps=steps,
-        )
+        build_provision(stack, helper, steps)
 
 
 def retried_begin(bare_stack: tuple[Stack, Any], retry: list[dict[str, Any]]) -> tuple[Stack, Any]:
@@ -178,14 +164,15 @@ def retried_begin(bare_stack: tuple[Stack, Any], retry: list[dict[str, Any]]) ->
     return stack, helper
 
 
-def build_provision(stack: Stack, helper: Any, begin: Step) -> Workflow:
+def build_provision(stack: Stack, helper: Any, steps: dict[str, Step]) -> Workflow:
+    """The provision machine's Workflow over `helper`'s functions, with `steps` declared."""
     return Workflow(
         stack,
         "Provision",
         machine="provision",
         functions=helper,
         workflow_type=WorkflowType.STANDARD,
-        steps={"begin": begin},
+        steps=steps,
     )
 
 
@@ -194,7 +181,7 @@ def test_a_task_whose_step_names_no_retry_policy_fails_synth(bare_stack: tuple[S
     stack, helper = retried_begin(bare_stack, retries.IDEMPOTENT.asl())
     # When the workflow is built / Then it refuses, naming the task
     with pytest.raises(LookupError, match="Begin invokes begin, whose Step names no retry policy"):
-        build_provision(stack, helper, Step("plans"))
+        build_provision(stack, helper, {"begin": Step("plans")})
 
 
 def test_a_task_that_retries_otherwise_than_its_steps_policy_fails_synth(
@@ -204,7 +191,7 @@ def test_a_task_that_retries_otherwise_than_its_steps_policy_fails_synth(
     stack, helper = retried_begin(bare_stack, retries.IDEMPOTENT.asl())
     # When the workflow is built / Then it refuses, naming the policy
     with pytest.raises(ValueError, match="does not retry as begin's policy 'refuse, or retry' says"):
-        build_provision(stack, helper, Step("plans", retry=retries.REFUSE_OR_RETRY))
+        build_provision(stack, helper, {"begin": Step("plans", retry=retries.REFUSE_OR_RETRY)})
 
 
 def test_a_task_that_retries_as_its_steps_policy_says_is_built(bare_stack: tuple[Stack, Any]) -> None:
@@ -213,6 +200,6 @@ def test_a_task_that_retries_as_its_steps_policy_says_is_built(bare_stack: tuple
     policy[1]["ErrorEquals"].reverse()
     stack, helper = retried_begin(bare_stack, policy)
     # When the workflow is built / Then it is
-    assert build_provision(stack, helper, Step("plans", retry=retries.REFUSE_OR_RETRY)).functions.keys() == {
-        "begin"
-    }
+    assert build_provision(
+        stack, helper, {"begin": Step("plans", retry=retries.REFUSE_OR_RETRY)}
+    ).functions.keys() == {"begin"}

@@ -8,7 +8,7 @@ from typing import Any
 from aws_cdk.assertions import Match
 
 from emulator.resources import create_state_table
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 from tests.infra.synthesis import Synthesis
 
 TABLE = "AWS::DynamoDB::Table"

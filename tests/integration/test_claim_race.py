@@ -28,7 +28,7 @@ from moto import mock_aws
 from emulator.atomic_dynamodb import atomic_items
 from emulator.aws import INSTANCE_ARNS
 from emulator.resources import create_state_table
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
@@ -144,7 +144,7 @@ def check_then_write_worker(arena: Arena, index: int) -> Worker:
         record = reader.get(instance_id)
         if record is None or record.state is not InstanceState.IDLE:
             return Outcome.LOST
-        time.sleep(CHECK_TO_WRITE_SECONDS)
+        time.sleep(CHECK_TO_WRITE_SECONDS)  # the gap between check and write is the behaviour under test
         claim_unconditionally(client, instance_id, run_key, token)
         return Outcome.APPLIED
 

@@ -12,10 +12,11 @@ import pytest
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.cli import main
 from runner_pool.domain.clock import ManualClock
-from runner_pool.domain.config import StackConfig, Timeouts
+from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch, UsageClass
+from runner_pool.domain.timeouts import Timeouts
 from runner_pool.prices import gp3_hourly
 from tests.conftest import REGION, TABLE_NAME
 from tests.support import builders

@@ -29,7 +29,7 @@ from emulator.harness.webhooks import (
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain.demand import LEASE_MARGIN_SECONDS, Reservation
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
-from runner_pool.domain.follow_up import FOLLOW_UP_WINDOW_SECONDS
+from runner_pool.domain.follow_up import BURST_QUIET_SECONDS, FOLLOW_UP_WINDOW_SECONDS
 from runner_pool.steps import demand_starts
 from tests.support.aws_faults import lose_answers
 
@@ -544,14 +544,49 @@ def test_a_follow_up_whose_provision_does_not_start_in_its_gather_step_is_starte
 # --- the instant tier -------------------------------------------------------------------------------
 
 
-def test_each_queued_instant_job_asks_its_tier_for_one_runner_once(world: IngressWorld) -> None:
-    # Given two jobs queued on the instant tier's label, one of them delivered twice
-    label = "pool=instant/class=large"
-    queue_jobs(world, [7001, 7002, 7001], label)
-    # When dispatched
+INSTANT = "pool=instant/class=large"
+
+
+def test_a_batch_of_tier_jobs_asks_the_tier_for_one_runner_each_in_one_provision(world: IngressWorld) -> None:
+    # Given three jobs queued on the instant tier's label, one of them delivered twice
+    queue_jobs(world, [7001, 7002, 7003, 7001], INSTANT)
+    # When dispatched in one batch
     response = world.dispatch(world.take_queued())
-    # Then each job started one provision of one runner for the tier, named by the job (the repeat is
-    # the same execution), with no run's demand behind it
+    # Then one provision asks the tier for one runner per job, with no run's demand behind it
     assert response == {"batchItemFailures": []}
-    started = sorted((p["run_key"], p["count"], p["job_ids"]) for p in world.provisions())
-    assert started == [(label, 1, [7001]), (label, 1, [7002])]
+    started = [(p["run_key"], p["count"], p["job_ids"]) for p in world.provisions()]
+    assert started == [(INSTANT, 3, [7001, 7002, 7003])]
+
+
+def test_a_tier_job_delivered_again_after_its_provision_started_asks_for_nothing(world: IngressWorld) -> None:
+    # Given a tier job whose provision started
+    queue_jobs(world, [7101], INSTANT)
+    world.dispatch(world.take_queued())
+    # When its `queued` comes again in a later batch (a redelivery), after a quiet spell
+    world.clock.advance(BURST_QUIET_SECONDS + 1)
+    queue_jobs(world, [7101], INSTANT)
+    response = world.dispatch(world.take_queued())
+    # Then the ledger has it counted: no second provision, whatever the state machine's type (an Express
+    # workflow starts a second execution of the same name)
+    assert response == {"batchItemFailures": []}
+    assert [p["job_ids"] for p in world.provisions()] == [[7101]]
+
+
+def test_a_burst_of_tier_jobs_over_many_batches_is_served_by_one_provision_and_one_follow_up(
+    world: IngressWorld,
+) -> None:
+    # Given a burst of tier jobs of two repositories of one owner, delivered over four batches
+    for job_ids, name in (([7201], "app"), ([7202, 7203], "lib"), ([7204], "app"), ([7205], "lib")):
+        for job_id in job_ids:
+            payload = queued_job(INSTANT, job_id=job_id)
+            owner = payload["repository"]["full_name"].split("/")[0]
+            payload["repository"]["full_name"] = f"{owner}/{name}"
+            assert world.deliver(delivery(payload, "workflow_job")).status == 202
+        assert world.dispatch(world.take_queued()) == {"batchItemFailures": []}
+    # When the follow-up's window closes
+    assert world.gather_follow_ups() == 1
+    # Then the first job was served at once, and the rest by one follow-up: two provisions, each job once
+    provisions = [tuple(p["job_ids"]) for p in world.provisions()]
+    assert len(provisions) == 2
+    assert sorted(job for ids in provisions for job in ids) == [7201, 7202, 7203, 7204, 7205]
+    assert {p["run_key"] for p in world.provisions()} == {INSTANT}

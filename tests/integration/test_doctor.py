@@ -25,7 +25,7 @@ from emulator.resources import create_launch_templates
 from runner_pool.checkup import Target, doctor
 from runner_pool.cli import main
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.doctor import DeployedStack
+from runner_pool.domain.doctor_readings import DeployedStack
 from runner_pool.domain.records import Arch
 from runner_pool.domain.runner_scope import OrganizationScope, Registration
 from tests.conftest import REGION
@@ -33,11 +33,6 @@ from tests.conftest import REGION
 WEBHOOK_URL = "https://abc123.execute-api.us-east-1.amazonaws.com/prod/webhook"
 PROVISION_ASL = Path(__file__).parents[2] / "infra" / "statemachines" / "provision.asl.json"
 ROLE_ARN = "arn:aws:iam::123456789012:role/provision"
-
-
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
 
 
 @dataclass

@@ -14,8 +14,9 @@ from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, Ap
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
 from runner_pool.adapters.github_app_key import GitHubAppKey
-from runner_pool.adapters.github_runner_groups import runner_group_name
+from runner_pool.adapters.github_runner_groups import INSTANT_RUNNER_GROUP, runner_group_name
 from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.instant import TierGroupAccess
 from runner_pool.domain.runner_scope import OrganizationScope, Registration, RepositoryScope, RunnerScope
 from runner_pool.domain.runners import (
     GitHubAuthError,
@@ -708,3 +709,80 @@ def test_a_run_attempt_github_does_not_give_is_a_github_error(
     # When it is read / Then the product's own error comes out (the dispatcher then serves single use)
     with pytest.raises(GitHubError):
         connect().run_attempt(f"{OWNER}/{REPO}", run.run_id, attempt)
+
+
+# --- the instant tier's runner group -------------------------------------------------------------------
+
+
+def test_the_tier_group_of_an_installation_on_selected_repositories_admits_exactly_those(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    # Given an organisation installation on two selected repositories, registering by runner group
+    app, lib = f"{OWNER}/app", f"{OWNER}/lib"
+    fake.state.installations[INSTALLATION_ID].repositories = {app, lib}
+    github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
+    # When a tier runner is registered before the group exists
+    runner = github.jit_config("i-0abc-1", ["pool=instant/class=large"], instant=True)
+    # Then the group was created `selected`, with exactly the installation's repositories
+    [group] = fake.state.groups_of(OWNER)
+    assert (group.name, group.visibility) == (INSTANT_RUNNER_GROUP, "selected")
+    assert group.selected_repository_ids == {fake.state.repository_id(app), fake.state.repository_id(lib)}
+    assert fake.state.runners[runner.runner_id].runner_group_id == group.runner_group_id
+
+
+def test_the_tier_group_follows_the_installations_repositories_both_ways(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    # Given a tier group made while the installation covered every repository
+    installation = fake.state.installations[INSTALLATION_ID]
+    app, lib = f"{OWNER}/app", f"{OWNER}/lib"
+    fake.state.repository_id(app)
+    github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
+    assert github.keep_instant_group_in_step() == TierGroupAccess(None)
+    [group] = fake.state.groups_of(OWNER)
+    assert group.visibility == "all"
+    # When the owner selects one repository, and the group is brought in step
+    installation.repositories = {lib}
+    access = github.keep_instant_group_in_step()
+    # Then the group selects exactly that repository
+    lib_id = fake.state.repository_id(lib)
+    assert access == TierGroupAccess(frozenset({lib_id}))
+    assert (group.visibility, group.selected_repository_ids) == ("selected", {lib_id})
+    # And when the selection changes, and again when it is every repository, the group follows
+    installation.repositories = {app}
+    github.keep_instant_group_in_step()
+    assert group.selected_repository_ids == {fake.state.repository_id(app)}
+    installation.repositories = None
+    github.keep_instant_group_in_step()
+    assert group.visibility == "all"
+    assert len(fake.state.groups_of(OWNER)) == 1
+
+
+def test_an_installation_on_all_repositories_is_read_in_one_request(
+    connect: Connect, fake: FakeGitHub
+) -> None:
+    # Given an installation on every repository of an organisation with more than a page of them
+    for number in range(250):
+        fake.state.repository_id(f"{OWNER}/repo-{number}")
+    github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
+    # When the tier group is kept in step / Then its answer's first page said enough
+    assert github.keep_instant_group_in_step() == TierGroupAccess(None)
+    assert fake.state.calls["GET /installation/repositories"] == 1
+
+
+def test_a_selection_longer_than_a_page_is_read_whole(connect: Connect, fake: FakeGitHub) -> None:
+    # Given an installation selecting more repositories than a page holds
+    selected = {f"{OWNER}/repo-{number}" for number in range(150)}
+    fake.state.installations[INSTALLATION_ID].repositories = selected
+    github = connect(ORGANIZATION, registration=Registration.RUNNER_GROUP)
+    # When the tier group is kept in step / Then every page was read, and the group selects them all
+    access = github.keep_instant_group_in_step()
+    assert access == TierGroupAccess(frozenset(fake.state.repository_id(name) for name in selected))
+    assert fake.state.calls["GET /installation/repositories"] == 2
+
+
+def test_a_repository_scope_has_no_tier_group_to_keep(github: GitHubApp, fake: FakeGitHub) -> None:
+    # Given a client for one repository's runners / When asked to keep the tier group in step
+    # Then there is none, and GitHub was not asked
+    assert github.keep_instant_group_in_step() is None
+    assert not fake.state.calls["GET /installation/repositories"]

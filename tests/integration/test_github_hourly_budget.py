@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from emulator.harness.control_plane import LocalControlPlane, local_control_plane
-from emulator.harness.provision_world import ProvisionWorld, output, provision_world
+from emulator.harness.provision_world import ProvisionWorld, output
 from runner_pool.domain.registration_budget import REGISTRATION_FLOOR
 
 LIMIT = 5000
@@ -20,14 +20,6 @@ KEPT = int(LIMIT * REGISTRATION_FLOOR)
 def local() -> Iterator[LocalControlPlane]:
     with local_control_plane() as plane:
         yield plane
-
-
-@pytest.fixture
-def world() -> Iterator[ProvisionWorld]:
-    with provision_world() as built:
-        yield built
-        accounting = built.accounting()
-        assert accounting.holds, accounting.problems
 
 
 def test_the_fake_counts_the_installations_requests_and_refuses_past_the_hour(

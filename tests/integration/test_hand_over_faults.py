@@ -218,13 +218,10 @@ def test_a_refused_registration_of_a_claimed_instance_gives_it_back_and_launches
     assert ledger.spent == 0
 
 
-def test_a_hand_over_whose_record_names_no_repository_is_refused_and_registers_nothing(
-    local: LocalControlPlane,
-) -> None:
-    # Given an instance recorded for a run without the run's repository
-    [facts] = local.launch(1, RUN)
+def hand_over_of(local: LocalControlPlane) -> HandOver:
+    """The hand-over as the provision builds it, over the local control plane's collaborators."""
     plane = local.plane
-    handing = HandOver(
+    return HandOver(
         plane.state_table,
         github=plane.config.github,
         arns=plane.instance_arns,
@@ -233,6 +230,14 @@ def test_a_hand_over_whose_record_names_no_repository_is_refused_and_registers_n
         queues=lambda: plane.pool_queues,
         notices=lambda: plane.notices,
     )
+
+
+def test_a_hand_over_whose_record_names_no_repository_is_refused_and_registers_nothing(
+    local: LocalControlPlane,
+) -> None:
+    # Given an instance recorded for a run without the run's repository
+    [facts] = local.launch(1, RUN)
+    handing = hand_over_of(local)
 
     # When its runner is handed over / Then the hand-over is refused for good, and GitHub was asked nothing
     with pytest.raises(RepositoryUnknownError) as refused:
@@ -254,16 +259,7 @@ def test_an_organisations_hand_over_without_its_repository_id_registers_nothing_
     with local_control_plane(config=stack_config(github=github), pause=lambda _seconds: None) as local:
         [facts] = local.plane.fleet.launch(LaunchRequest.for_run(local.config.spec_for(RUN), 1, "t")).launched
         local.table.create(facts, RUN, **known)  # type: ignore[arg-type]
-        plane = local.plane
-        handing = HandOver(
-            plane.state_table,
-            github=plane.config.github,
-            arns=plane.instance_arns,
-            registry=lambda: plane.github,
-            credentials=lambda: plane.credentials,
-            queues=lambda: plane.pool_queues,
-            notices=lambda: plane.notices,
-        )
+        handing = hand_over_of(local)
 
         # When its runner is handed over / Then it is refused for good, and GitHub was asked for no runner
         # and no runner group: nothing is registered where another repository's job could take it

@@ -368,18 +368,25 @@ def of_the_code_asset(modules: list[str], artifacts: Artifacts) -> list[str]:
     return [name for name in modules if name.split(".")[0] in packages]
 
 
+def preloaded_after_a_first_environment(
+    stack: LambdaRuntime, artifacts: Artifacts
+) -> tuple[list[str], list[str]]:
+    """Once a first environment of a real handler has cold-started: the fork server's preload, and those of
+    its modules the function's code asset holds."""
+    stack.invoke("plan", {"run_key": "pool=6/class=large", "cause": "run-6-attempt-1"})
+    preload = fork_server_preload(artifacts)
+    assert preload is not None
+    return preload, of_the_code_asset(preload, artifacts)
+
+
 def test_the_fork_server_preloads_of_the_code_asset_only_the_domain_modules_a_first_environment_loaded(
     stack: LambdaRuntime, artifacts: Artifacts
 ) -> None:
     # Given a first environment of a real handler (this runtime's or an earlier one's) has cold-started
-    stack.invoke("plan", {"run_key": "pool=6/class=large", "cause": "run-6-attempt-1"})
-
     # When the fork server's preload is read
-    preload = fork_server_preload(artifacts)
-    assert preload is not None
+    preload, code = preloaded_after_a_first_environment(stack, artifacts)
 
     # Then of the code asset it holds only modules of PRELOADED_CODE, the domain's Plan imports among them
-    code = of_the_code_asset(preload, artifacts)
     assert PRELOADED_CODE == ("runner_pool.domain",)
     assert {"runner_pool.domain.executions", "runner_pool.domain.config"} <= set(code)
     assert [name for name in code if not name.startswith("runner_pool.domain.")] == ["runner_pool.domain"]
@@ -395,10 +402,7 @@ def test_importing_the_preloaded_code_reads_no_variable_of_the_functions_environ
 ) -> None:
     # Given the fork server's preload once a first environment has loaded: the layer modules, and the
     # code asset's PRELOADED_CODE modules
-    stack.invoke("plan", {"run_key": "pool=6/class=large", "cause": "run-6-attempt-1"})
-    preload = fork_server_preload(artifacts)
-    assert preload is not None
-    code = of_the_code_asset(preload, artifacts)
+    preload, code = preloaded_after_a_first_environment(stack, artifacts)
     layers = [name for name in preload if name not in code]
 
     # When each code module is imported after the layers, as the fork server does, with os.environ watched

@@ -33,8 +33,9 @@ from moto import mock_aws
 from emulator.atomic_dynamodb import atomic_items
 from emulator.aws import INSTANCE_ARNS
 from emulator.resources import create_state_table
-from runner_pool.adapters import state_table as schema
-from runner_pool.adapters.state_table import StateTable, TransitionResult
+from runner_pool.adapters import state_items as schema
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain.clock import Epoch, ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome

@@ -13,7 +13,7 @@ import pytest
 from emulator.iam_policy import Request, evaluate
 from emulator.iam_stack import WITHOUT_GRANT_VARIABLE, StackIam, without_grant
 from emulator.template import synthesized_template
-from runner_pool.adapters.state_table import FINISHED_RUN_PREFIX
+from runner_pool.adapters.state_items import FINISHED_RUN_PREFIX
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = (

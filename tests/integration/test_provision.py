@@ -7,10 +7,7 @@ and every live record an instance, so nothing was lost or leaked on any path.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from emulator.harness.control_plane import client
 from emulator.harness.provision_world import ProvisionWorld, output, provision_world
@@ -26,14 +23,6 @@ from runner_pool.handlers import provision
 from tests.support.waiting import eventually
 
 RUN = "pool=4242"
-
-
-@pytest.fixture
-def world() -> Iterator[ProvisionWorld]:
-    with provision_world() as built:
-        yield built
-        accounting = built.accounting()
-        assert accounting.holds, accounting.problems
 
 
 def states(world: ProvisionWorld, instance_ids: list[str]) -> list[InstanceState]:

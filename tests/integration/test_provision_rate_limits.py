@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,14 +18,6 @@ from runner_pool.steps.hand_over import HAND_OVERS_AT_ONCE
 
 RUN = "pool=4242"
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
-
-
-@pytest.fixture
-def world() -> Iterator[ProvisionWorld]:
-    with provision_world() as built:
-        yield built
-        accounting = built.accounting()
-        assert accounting.holds, accounting.problems
 
 
 def test_claims_wait_out_a_rate_limit_and_every_warm_runner_is_served(world: ProvisionWorld) -> None:

@@ -115,34 +115,33 @@ def test_queued_jobs_without_a_free_runner_are_provisioned_again(local: LocalCon
     assert again.runs_reconciled == 0
 
 
-def test_jobs_provisioned_again_carry_their_repositorys_id(local: LocalControlPlane) -> None:
-    # Given a run whose provision named its repository's id (issue 36, item 5), its one job queued for a
-    # while with no runner of ours for it
+MARKS = [
+    pytest.param({"repository_id": 186853077}, "repository_id", 186853077, id="repository-id"),
+    pytest.param({"single_use": True}, "public", True, id="single-use-public-or-fork"),
+    pytest.param({"single_use": False}, "public", False, id="private"),
+    pytest.param({"on_demand": True}, "on_demand", True, id="on-demand-re-run-of-an-interruption"),
+    pytest.param({"on_demand": False}, "on_demand", False, id="usage-as-its-label-says"),
+]
+"""What a run's provision noted, and the field of the provision refresh starts again that keeps it: the
+repository's id (its runner joins that repository's group), single use (a public repository's or a
+fork's), and on-demand (the re-run of a job an interruption failed, whatever its label's usage)."""
+
+
+@pytest.mark.parametrize(("noted", "field", "kept"), MARKS)
+def test_jobs_provisioned_again_keep_what_their_runs_provision_noted(
+    local: LocalControlPlane, noted: dict[str, object], field: str, kept: object
+) -> None:
+    # Given a run whose provision noted this of its run key, its one job queued for a while with no
+    # runner of ours for it
     run, run_key = queued_run(local, 1)
-    local.plane.recent_demand.note(REPOSITORY, run.run_id, 1, run_key, busy_for=0, repository_id=186853077)
+    local.plane.recent_demand.note(REPOSITORY, run.run_id, 1, run_key, busy_for=0, **noted)  # type: ignore[arg-type]
     local.clock.advance(RECONCILE_GRACE_SECONDS)
     started = StartedExecutions()
     # When refresh provisions the job again
     refresh(local, started)
-    # Then the provision names the same repository id, so its runner joins that repository's group
+    # Then the provision keeps it
     (provision,) = started.provisions.values()
-    assert provision.repository_id == 186853077
-
-
-@pytest.mark.parametrize("single_use", [True, False], ids=["public-or-fork", "private"])
-def test_jobs_provisioned_again_stay_single_use_if_their_run_was(
-    local: LocalControlPlane, single_use: bool
-) -> None:
-    # Given a run whose provision was single use (a public repository's, or a fork's: issue 14), its one
-    # job queued for a while with no runner of ours for it
-    run, run_key = queued_run(local, 1)
-    local.plane.recent_demand.note(REPOSITORY, run.run_id, 1, run_key, busy_for=0, single_use=single_use)
-    local.clock.advance(RECONCILE_GRACE_SECONDS)
-    started = StartedExecutions()
-    # When refresh reconciles / Then the provision it starts is single use exactly when the run's was
-    refresh(local, started)
-    (provision,) = started.provisions.values()
-    assert provision.public is single_use
+    assert getattr(provision, field) == kept
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from emulator.harness.control_plane import LocalControlPlane
-from runner_pool.domain.config import Timeouts
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord, Signal
@@ -16,6 +15,7 @@ from runner_pool.domain.release import (
     SalvageRequest,
     receipt_poll_seconds,
 )
+from runner_pool.domain.timeouts import Timeouts
 
 RUN = "pool=101"
 OTHER_RUN = "pool=202"

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from runner_pool.adapters.state_table import StateTable, TransitionResult
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import ReuseSettings, StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome

@@ -15,11 +15,12 @@ from botocore.stub import Stubber
 
 from emulator.aws import INSTANCE_ARNS
 from emulator.resources import create_state_table
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.aws_clients import ATTEMPTS, ServiceBusyError
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.state_table import StateTable
+from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
@@ -134,6 +135,150 @@ def operations_seen(client: Any) -> list[tuple[str, str | None]]:
 
 def ids(records: list[InstanceRecord]) -> set[str]:
     return {record.instance_id for record in records}
+
+
+# --- the transition matrix: what every transition refuses --------------------------------------
+
+Call = Callable[[StateTable, str], TransitionResult]
+CALLS: dict[str, Call] = {
+    "claim": lambda table, i: table.claim(i, RUN, TOKEN),
+    "claim by another run": lambda table, i: table.claim(i, OTHER_RUN, OTHER_TOKEN),
+    "activate": lambda table, i: table.activate(i, RUN, MAX_RUNTIME_MINUTES),
+    "activate the claim": lambda table, i: table.activate(i, RUN, MAX_RUNTIME_MINUTES, claim_token=TOKEN),
+    "activate by another run": lambda table, i: table.activate(i, OTHER_RUN, MAX_RUNTIME_MINUTES),
+    "activate the claim by another run": lambda table, i: table.activate(
+        i, OTHER_RUN, MAX_RUNTIME_MINUTES, claim_token=TOKEN
+    ),
+    "unclaim": lambda table, i: table.unclaim(i, RUN, TOKEN),
+    "unclaim by another run": lambda table, i: table.unclaim(i, OTHER_RUN, TOKEN),
+    "release": lambda table, i: table.release(i, RUN),
+    "release by another run": lambda table, i: table.release(i, OTHER_RUN),
+    "admit": lambda table, i: table.admit(i),
+    "expire": lambda table, i: table.expire(i),
+    "expire for another run": lambda table, i: table.expire(i, OTHER_RUN),
+    "expire as unheld": lambda table, i: table.expire(i, None),
+    "mark interrupted": lambda table, i: table.mark_interrupted(i, RUN),
+    "mark interrupted for another run": lambda table, i: table.mark_interrupted(i, OTHER_RUN),
+    "mark terminated": lambda table, i: table.mark_terminated(i),
+}
+"""Each transition as a call for RUN (or, where named, for another run) of the instance `i`."""
+
+LOST_FROM: list[tuple[str, InstanceState]] = [
+    # Not from the state the transition starts from
+    ("claim by another run", InstanceState.CREATED),
+    ("claim by another run", InstanceState.RUNNING),
+    ("claim by another run", InstanceState.TERMINATED),
+    ("activate", InstanceState.IDLE),
+    ("activate", InstanceState.TERMINATED),
+    ("unclaim", InstanceState.RUNNING),
+    ("unclaim", InstanceState.CREATED),
+    ("unclaim", InstanceState.TERMINATED),
+    ("release", InstanceState.CLAIMED),
+    ("release", InstanceState.CREATED),
+    ("release", InstanceState.TERMINATED),
+    ("admit", InstanceState.TERMINATED),
+    ("expire", InstanceState.TERMINATED),
+    ("mark interrupted", InstanceState.IDLE),
+    ("mark interrupted", InstanceState.STOPPED),
+    # From the right state, but held by RUN, not the caller (admit: created for RUN, not for the pool)
+    ("activate the claim by another run", InstanceState.CLAIMED),
+    ("activate by another run", InstanceState.CREATED),
+    ("activate by another run", InstanceState.RUNNING),
+    ("unclaim by another run", InstanceState.CLAIMED),
+    ("release by another run", InstanceState.RUNNING),
+    ("admit", InstanceState.CREATED),
+    ("expire for another run", InstanceState.CREATED),
+    ("expire for another run", InstanceState.CLAIMED),
+    ("expire for another run", InstanceState.RUNNING),
+    ("expire as unheld", InstanceState.CLAIMED),
+    ("mark interrupted for another run", InstanceState.RUNNING),
+    # Before its threshold passed: only an expired instance is terminated
+    ("mark terminated", InstanceState.RUNNING),
+]
+
+
+@pytest.mark.parametrize(("call", "state"), LOST_FROM, ids=[f"{c}-{s.value}" for c, s in LOST_FROM])
+def test_a_transition_from_a_state_it_does_not_start_from_is_lost_and_changes_nothing(
+    state_table: StateTable, call: str, state: InstanceState
+) -> None:
+    # Given an instance (held by RUN where held) in a state the call may not move it from
+    before = state_table.get(instance_in(state_table, state).instance_id)
+
+    # When the call is made
+    result = CALLS[call](state_table, ONE_ID)
+
+    # Then it loses, shows the record as it is, and nothing changes
+    assert result.outcome is Outcome.LOST
+    assert result.record == before == state_table.get(ONE_ID)
+
+
+@pytest.mark.parametrize(
+    "call",
+    ["claim", "activate", "unclaim", "release", "admit", "expire", "mark interrupted", "mark terminated"],
+)
+def test_a_transition_of_a_missing_record_is_lost(state_table: StateTable, call: str) -> None:
+    # Given no record for the instance
+    # When the call is made
+    result = CALLS[call](state_table, MISSING_ID)
+
+    # Then it loses, with no record to show
+    assert result == TransitionResult(Outcome.LOST, None)
+
+
+STARTS_FROM: dict[str, InstanceState] = {
+    "claim": InstanceState.IDLE,
+    "activate the claim": InstanceState.CLAIMED,
+    "unclaim": InstanceState.CLAIMED,
+    "release": InstanceState.RUNNING,
+    "admit": InstanceState.CREATED,
+}
+"""The state each transition that hands an instance on starts from."""
+
+
+def start_of(table: StateTable, call: str) -> InstanceRecord:
+    """An instance in the state `call` starts from (admit's: created for the pool, not for RUN; expiry's:
+    running; termination's: running, then expired)."""
+    if call == "admit":
+        return table.create(builders.facts(1), None).record  # type: ignore[return-value]
+    if call in ("expire", "mark terminated"):
+        running = instance_in(table, InstanceState.RUNNING)
+        return running if call == "expire" else table.expire(ONE_ID).record  # type: ignore[return-value]
+    return instance_in(table, STARTS_FROM[call])
+
+
+@pytest.mark.parametrize("call", [*STARTS_FROM, "expire", "mark terminated"])
+def test_a_transition_retried_is_replayed_and_changes_nothing(
+    state_table: StateTable, clock: ManualClock, call: str
+) -> None:
+    # Given an instance the call already moved
+    start_of(state_table, call)
+    first = CALLS[call](state_table, ONE_ID)
+    assert first.outcome is Outcome.APPLIED
+    clock.advance(1)
+
+    # When the same call is retried (its answer was lost, say)
+    retry = CALLS[call](state_table, ONE_ID)
+
+    # Then it is a replay, and the record is as the first call left it: no threshold restarted or
+    # extended, no TTL pushed back
+    assert retry.outcome is Outcome.REPLAYED
+    assert retry.record == first.record == state_table.get(ONE_ID)
+
+
+@pytest.mark.parametrize("call", list(STARTS_FROM))
+def test_a_transition_retried_after_the_instance_was_expired_is_lost(
+    state_table: StateTable, call: str
+) -> None:
+    # Given an instance the call moved, since expired (a failure path, or no release receipt in time)
+    start_of(state_table, call)
+    assert CALLS[call](state_table, ONE_ID).outcome is Outcome.APPLIED
+    state_table.expire(ONE_ID)
+
+    # When the call is retried
+    retry = CALLS[call](state_table, ONE_ID)
+
+    # Then it is not reported as done: the instance is on its way out
+    assert retry.outcome is Outcome.LOST
 
 
 # --- create ----------------------------------------------------------------------------------
@@ -262,19 +407,6 @@ def test_claim_of_an_idle_instance_holds_it_for_the_run(
     assert result.record.updated_at == clock.now()
 
 
-def test_claim_retried_with_the_same_token_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
-    # Given an instance this worker has claimed
-    claimed = instance_in(state_table, InstanceState.CLAIMED)
-    clock.advance(2)
-
-    # When the worker's claim is retried
-    retry = state_table.claim(ONE_ID, RUN, TOKEN)
-
-    # Then it is a replay; the claim and its threshold are untouched
-    assert retry.outcome is Outcome.REPLAYED
-    assert retry.record == claimed == state_table.get(ONE_ID)
-
-
 def test_claim_with_another_token_is_lost(state_table: StateTable) -> None:
     # Given an instance one worker has claimed
     claimed = instance_in(state_table, InstanceState.CLAIMED)
@@ -285,19 +417,6 @@ def test_claim_with_another_token_is_lost(state_table: StateTable) -> None:
     # Then the second worker loses and the first keeps the claim
     assert result.outcome is Outcome.LOST
     assert result.record == claimed == state_table.get(ONE_ID)
-
-
-@pytest.mark.parametrize("state", [InstanceState.CREATED, InstanceState.RUNNING, InstanceState.TERMINATED])
-def test_claim_of_an_instance_that_is_not_idle_is_lost(state_table: StateTable, state: InstanceState) -> None:
-    # Given an instance that is not idle
-    before = state_table.get(instance_in(state_table, state).instance_id)
-
-    # When a worker of another run claims it
-    result = state_table.claim(ONE_ID, OTHER_RUN, OTHER_TOKEN)
-
-    # Then the claim loses and nothing changes
-    assert result.outcome is Outcome.LOST
-    assert result.record == before == state_table.get(ONE_ID)
 
 
 def test_claim_of_an_idle_record_that_still_holds_a_run_key_is_lost(
@@ -331,27 +450,6 @@ def test_claim_after_the_idle_time_ran_out_is_lost(
     assert result.record == idle == state_table.get(ONE_ID)
 
 
-def test_claim_of_a_missing_record_is_lost(state_table: StateTable) -> None:
-    # Given no record for the instance
-    # When a worker claims it
-    result = state_table.claim(MISSING_ID, RUN, TOKEN)
-
-    # Then the claim loses, with no record to show
-    assert result == schema.TransitionResult(Outcome.LOST, None)
-
-
-def test_claim_retried_after_the_claim_was_expired_is_lost(state_table: StateTable) -> None:
-    # Given an instance this worker claimed, since expired by a failure path
-    instance_in(state_table, InstanceState.CLAIMED)
-    state_table.expire(ONE_ID)
-
-    # When the worker's claim is retried
-    retry = state_table.claim(ONE_ID, RUN, TOKEN)
-
-    # Then it is not reported as held: the claim is no longer valid
-    assert retry.outcome is Outcome.LOST
-
-
 # --- activate --------------------------------------------------------------------------------
 
 
@@ -377,33 +475,6 @@ def test_activate_puts_the_instance_to_work_for_its_max_runtime(
     assert result.record.claim_token is None
 
 
-def test_activate_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
-    # Given an instance already running for the run
-    running = instance_in(state_table, InstanceState.RUNNING)
-    clock.advance(1)
-
-    # When the activation is retried
-    retry = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES)
-
-    # Then it is a replay and the max runtime is not extended
-    assert retry.outcome is Outcome.REPLAYED
-    assert retry.record == running == state_table.get(ONE_ID)
-
-
-@pytest.mark.parametrize("state", [InstanceState.CLAIMED, InstanceState.CREATED, InstanceState.RUNNING])
-def test_activate_for_another_run_is_lost(state_table: StateTable, state: InstanceState) -> None:
-    # Given an instance held by one run
-    before = state_table.get(instance_in(state_table, state).instance_id)
-
-    # When another run activates it (with the claim's own token, so only the run key is wrong)
-    token = TOKEN if state is InstanceState.CLAIMED else None
-    result = state_table.activate(ONE_ID, OTHER_RUN, MAX_RUNTIME_MINUTES, claim_token=token)
-
-    # Then the activation loses and nothing changes
-    assert result.outcome is Outcome.LOST
-    assert result.record == before == state_table.get(ONE_ID)
-
-
 def test_activate_of_a_pool_instance_still_being_created_is_lost(state_table: StateTable) -> None:
     # Given an instance created for the pool (no run key)
     state_table.create(builders.facts(1), None)
@@ -413,21 +484,6 @@ def test_activate_of_a_pool_instance_still_being_created_is_lost(state_table: St
 
     # Then it loses: pool instances reach a run only through idle and a claim
     assert result.outcome is Outcome.LOST
-
-
-@pytest.mark.parametrize("state", [InstanceState.IDLE, InstanceState.TERMINATED])
-def test_activate_of_an_instance_neither_created_nor_claimed_is_lost(
-    state_table: StateTable, state: InstanceState
-) -> None:
-    # Given an idle or terminated instance
-    before = state_table.get(instance_in(state_table, state).instance_id)
-
-    # When a run activates it
-    result = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES)
-
-    # Then it loses and nothing changes
-    assert result.outcome is Outcome.LOST
-    assert result.record == before == state_table.get(ONE_ID)
 
 
 def test_activate_after_the_claim_timed_out_is_lost(state_table: StateTable, clock: ManualClock) -> None:
@@ -442,27 +498,6 @@ def test_activate_after_the_claim_timed_out_is_lost(state_table: StateTable, clo
     # Then it loses and the claim stays as it was, for refresh
     assert result.outcome is Outcome.LOST
     assert result.record == claimed == state_table.get(ONE_ID)
-
-
-def test_activate_of_a_missing_record_is_lost(state_table: StateTable) -> None:
-    # Given no record
-    # When a run activates the instance
-    result = state_table.activate(MISSING_ID, RUN, MAX_RUNTIME_MINUTES)
-
-    # Then it loses with no record to show
-    assert result == schema.TransitionResult(Outcome.LOST, None)
-
-
-def test_activate_retried_after_the_instance_was_expired_is_lost(state_table: StateTable) -> None:
-    # Given an instance running for the run, since expired by a failure path
-    instance_in(state_table, InstanceState.RUNNING)
-    state_table.expire(ONE_ID)
-
-    # When the activation is retried
-    retry = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES)
-
-    # Then it is not reported as running: the instance is on its way out
-    assert retry.outcome is Outcome.LOST
 
 
 def test_activate_from_claimed_needs_the_holding_claim_token(state_table: StateTable) -> None:
@@ -510,22 +545,10 @@ def test_late_unclaim_retry_does_not_undo_a_later_claim_of_the_same_run(state_ta
 
 # --- unclaim, release, admit: back to idle ---------------------------------------------------
 
-ToIdle = Callable[[StateTable], Any]
-TO_IDLE: dict[str, tuple[InstanceState, ToIdle]] = {
-    "unclaim": (InstanceState.CLAIMED, lambda table: table.unclaim(ONE_ID, RUN, TOKEN)),
-    "release": (InstanceState.RUNNING, lambda table: table.release(ONE_ID, RUN)),
-    "admit": (InstanceState.CREATED, lambda table: table.admit(ONE_ID)),
-}
+TO_IDLE = ("unclaim", "release", "admit")
 
 
-def start_of(table: StateTable, transition: str) -> InstanceRecord:
-    state, _ = TO_IDLE[transition]
-    if transition == "admit":
-        return table.create(builders.facts(1), None).record  # type: ignore[return-value]
-    return instance_in(table, state)
-
-
-@pytest.mark.parametrize("transition", list(TO_IDLE))
+@pytest.mark.parametrize("transition", TO_IDLE)
 def test_back_to_idle_clears_the_holder_and_starts_the_idle_time(
     state_table: StateTable, clock: ManualClock, config: StackConfig, transition: str
 ) -> None:
@@ -534,93 +557,19 @@ def test_back_to_idle_clears_the_holder_and_starts_the_idle_time(
     clock.advance(12)
 
     # When it goes back to idle
-    result = TO_IDLE[transition][1](state_table)
+    result = CALLS[transition](state_table, ONE_ID)
 
     # Then it is idle, held by no run and no worker, with the idle time ahead
     assert result.outcome is Outcome.APPLIED
     assert result.record == state_table.get(ONE_ID)
+    assert result.record is not None
     assert result.record.state is InstanceState.IDLE
     assert result.record.run_key is None
     assert result.record.claim_token is None
     assert result.record.threshold == clock.now() + config.timeouts.idle_seconds
 
 
-@pytest.mark.parametrize("transition", list(TO_IDLE))
-def test_back_to_idle_retried_is_replayed(
-    state_table: StateTable, clock: ManualClock, transition: str
-) -> None:
-    # Given an instance the transition already took back to idle
-    start_of(state_table, transition)
-    first = TO_IDLE[transition][1](state_table)
-    clock.advance(1)
-
-    # When the same call is retried
-    retry = TO_IDLE[transition][1](state_table)
-
-    # Then it is a replay and the idle time is not restarted
-    assert retry.outcome is Outcome.REPLAYED
-    assert retry.record == first.record == state_table.get(ONE_ID)
-
-
-@pytest.mark.parametrize(
-    ("state", "back_to_idle"),
-    [
-        (InstanceState.CLAIMED, lambda table: table.unclaim(ONE_ID, OTHER_RUN, TOKEN)),
-        (InstanceState.RUNNING, lambda table: table.release(ONE_ID, OTHER_RUN)),
-        (InstanceState.CREATED, lambda table: table.admit(ONE_ID)),
-    ],
-    ids=["unclaim", "release", "admit"],
-)
-def test_back_to_idle_by_a_run_that_does_not_hold_the_instance_is_lost(
-    state_table: StateTable, state: InstanceState, back_to_idle: ToIdle
-) -> None:
-    # Given an instance held by RUN (admit: created for RUN, so not a pool instance)
-    before = state_table.get(instance_in(state_table, state).instance_id)
-
-    # When another run (or the pool's admit) tries to take it back to idle
-    result = back_to_idle(state_table)
-
-    # Then it loses and the holder keeps it
-    assert result.outcome is Outcome.LOST
-    assert result.record == before == state_table.get(ONE_ID)
-
-
-@pytest.mark.parametrize(
-    ("state", "back_to_idle"),
-    [
-        (InstanceState.RUNNING, lambda table: table.unclaim(ONE_ID, RUN, TOKEN)),
-        (InstanceState.CREATED, lambda table: table.unclaim(ONE_ID, RUN, TOKEN)),
-        (InstanceState.TERMINATED, lambda table: table.unclaim(ONE_ID, RUN, TOKEN)),
-        (InstanceState.CLAIMED, lambda table: table.release(ONE_ID, RUN)),
-        (InstanceState.CREATED, lambda table: table.release(ONE_ID, RUN)),
-        (InstanceState.TERMINATED, lambda table: table.release(ONE_ID, RUN)),
-        (InstanceState.TERMINATED, lambda table: table.admit(ONE_ID)),
-    ],
-    ids=[
-        "unclaim-running",
-        "unclaim-created",
-        "unclaim-terminated",
-        "release-claimed",
-        "release-created",
-        "release-terminated",
-        "admit-terminated",
-    ],
-)
-def test_back_to_idle_from_the_wrong_state_is_lost(
-    state_table: StateTable, state: InstanceState, back_to_idle: ToIdle
-) -> None:
-    # Given an instance of the right run but in a state the transition does not start from
-    before = state_table.get(instance_in(state_table, state).instance_id)
-
-    # When the transition is attempted
-    result = back_to_idle(state_table)
-
-    # Then it loses and nothing changes
-    assert result.outcome is Outcome.LOST
-    assert result.record == before == state_table.get(ONE_ID)
-
-
-@pytest.mark.parametrize("transition", list(TO_IDLE))
+@pytest.mark.parametrize("transition", TO_IDLE)
 def test_back_to_idle_after_the_threshold_passed_is_lost(
     state_table: StateTable, clock: ManualClock, transition: str
 ) -> None:
@@ -630,39 +579,13 @@ def test_back_to_idle_after_the_threshold_passed_is_lost(
     clock.advance(start.threshold - clock.now() + 1)
 
     # When it is taken back to idle
-    result = TO_IDLE[transition][1](state_table)
+    result = CALLS[transition](state_table, ONE_ID)
 
     # Then it loses: an expired instance is terminated, never pooled
     assert result.outcome is Outcome.LOST
     assert result.record == state_table.get(ONE_ID)
     assert result.record is not None
     assert result.record.state is start.state
-
-
-@pytest.mark.parametrize("transition", list(TO_IDLE))
-def test_back_to_idle_of_a_missing_record_is_lost(state_table: StateTable, transition: str) -> None:
-    # Given no record at all
-    # When the transition is attempted
-    result = TO_IDLE[transition][1](state_table)
-
-    # Then it loses with no record to show
-    assert result == schema.TransitionResult(Outcome.LOST, None)
-
-
-@pytest.mark.parametrize("transition", list(TO_IDLE))
-def test_back_to_idle_retried_after_the_idle_instance_expired_is_lost(
-    state_table: StateTable, transition: str
-) -> None:
-    # Given an instance taken back to idle, then expired (e.g. no release receipt in time)
-    start_of(state_table, transition)
-    TO_IDLE[transition][1](state_table)
-    state_table.expire(ONE_ID)
-
-    # When the call is retried
-    retry = TO_IDLE[transition][1](state_table)
-
-    # Then it is not reported as pooled: the instance is due for termination
-    assert retry.outcome is Outcome.LOST
 
 
 # --- expire ----------------------------------------------------------------------------------
@@ -700,21 +623,6 @@ def test_expire_for_the_holding_run_is_applied(state_table: StateTable, state: I
     assert result.outcome is Outcome.APPLIED
 
 
-@pytest.mark.parametrize("state", [InstanceState.CREATED, InstanceState.CLAIMED, InstanceState.RUNNING])
-def test_expire_for_a_run_that_no_longer_holds_the_instance_is_lost(
-    state_table: StateTable, state: InstanceState
-) -> None:
-    # Given an instance held by RUN
-    before = state_table.get(instance_in(state_table, state).instance_id)
-
-    # When another run's failure path expires it
-    result = state_table.expire(ONE_ID, OTHER_RUN)
-
-    # Then it loses and the instance keeps its threshold
-    assert result.outcome is Outcome.LOST
-    assert result.record == before == state_table.get(ONE_ID)
-
-
 def test_expire_of_an_unheld_instance_for_no_run_is_applied(state_table: StateTable) -> None:
     # Given an idle instance
     instance_in(state_table, InstanceState.IDLE)
@@ -724,32 +632,6 @@ def test_expire_of_an_unheld_instance_for_no_run_is_applied(state_table: StateTa
 
     # Then it is expired
     assert result.outcome is Outcome.APPLIED
-
-
-def test_expire_for_no_run_of_a_held_instance_is_lost(state_table: StateTable) -> None:
-    # Given an idle instance that a run has since claimed
-    claimed = instance_in(state_table, InstanceState.CLAIMED)
-
-    # When a pool-side failure path expires it as an unheld instance
-    result = state_table.expire(ONE_ID, None)
-
-    # Then it loses: the claim is not cut short
-    assert result.outcome is Outcome.LOST
-    assert result.record == claimed == state_table.get(ONE_ID)
-
-
-def test_expire_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
-    # Given an instance already expired
-    instance_in(state_table, InstanceState.RUNNING)
-    first = state_table.expire(ONE_ID, RUN)
-    clock.advance(1)
-
-    # When the expiry is retried
-    retry = state_table.expire(ONE_ID, RUN)
-
-    # Then it is a replay and the threshold stays where the first call put it
-    assert retry.outcome is Outcome.REPLAYED
-    assert retry.record == first.record == state_table.get(ONE_ID)
 
 
 def test_expire_of_an_instance_whose_threshold_passed_on_its_own_is_replayed(
@@ -766,27 +648,6 @@ def test_expire_of_an_instance_whose_threshold_passed_on_its_own_is_replayed(
     # Then the record already is what expire would make it
     assert result.outcome is Outcome.REPLAYED
     assert result.record == claimed
-
-
-def test_expire_of_a_terminated_instance_is_lost(state_table: StateTable) -> None:
-    # Given a terminated instance
-    terminated = instance_in(state_table, InstanceState.TERMINATED)
-
-    # When it is expired
-    result = state_table.expire(ONE_ID)
-
-    # Then it loses and the record stays terminated
-    assert result.outcome is Outcome.LOST
-    assert result.record == terminated == state_table.get(ONE_ID)
-
-
-def test_expire_of_a_missing_record_is_lost(state_table: StateTable) -> None:
-    # Given no record
-    # When the instance is expired
-    result = state_table.expire(MISSING_ID)
-
-    # Then it loses with no record to show
-    assert result == schema.TransitionResult(Outcome.LOST, None)
 
 
 # --- mark_interrupted ------------------------------------------------------------------------
@@ -845,31 +706,6 @@ def test_mark_interrupted_of_an_instance_held_for_the_run_is_applied(
     assert result.outcome is Outcome.APPLIED
     assert result.record is not None
     assert result.record.state is state
-
-
-@pytest.mark.parametrize("state", [InstanceState.IDLE, InstanceState.STOPPED])
-def test_mark_interrupted_of_an_instance_waiting_for_a_run_is_lost(
-    state_table: StateTable, state: InstanceState
-) -> None:
-    # Given an instance that no run holds
-    instance_in(state_table, state)
-
-    # When it is marked interrupted
-    result = state_table.mark_interrupted(ONE_ID, RUN)
-
-    # Then it loses: no job runs on it
-    assert result.outcome is Outcome.LOST
-
-
-def test_mark_interrupted_for_another_run_is_lost(state_table: StateTable) -> None:
-    # Given an instance running a job of one run
-    instance_in(state_table, InstanceState.RUNNING)
-
-    # When a mark read for another run is written
-    result = state_table.mark_interrupted(ONE_ID, OTHER_RUN)
-
-    # Then it loses: the instance has moved on since the read
-    assert result.outcome is Outcome.LOST
 
 
 def test_the_mark_survives_termination(state_table: StateTable) -> None:
@@ -931,18 +767,6 @@ def test_a_terminated_record_leaves_both_indexes(state_table: StateTable, dynamo
     assert state_table.due() == []
 
 
-def test_mark_terminated_before_the_threshold_passed_is_lost(state_table: StateTable) -> None:
-    # Given a running instance whose threshold is still ahead
-    running = instance_in(state_table, InstanceState.RUNNING)
-
-    # When refresh tries to mark it terminated
-    result = state_table.mark_terminated(ONE_ID)
-
-    # Then it loses: only an expired instance is terminated
-    assert result.outcome is Outcome.LOST
-    assert result.record == running == state_table.get(ONE_ID)
-
-
 def test_mark_terminated_of_an_instance_whose_threshold_passed_on_its_own_is_applied(
     state_table: StateTable, clock: ManualClock
 ) -> None:
@@ -956,28 +780,6 @@ def test_mark_terminated_of_an_instance_whose_threshold_passed_on_its_own_is_app
 
     # Then it is terminated
     assert result.outcome is Outcome.APPLIED
-
-
-def test_mark_terminated_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
-    # Given a terminated instance
-    terminated = instance_in(state_table, InstanceState.TERMINATED)
-    clock.advance(30)
-
-    # When refresh's marking is retried
-    retry = state_table.mark_terminated(ONE_ID)
-
-    # Then it is a replay and the TTL is not pushed back
-    assert retry.outcome is Outcome.REPLAYED
-    assert retry.record == terminated == state_table.get(ONE_ID)
-
-
-def test_mark_terminated_of_a_missing_record_is_lost(state_table: StateTable) -> None:
-    # Given no record
-    # When refresh marks the instance terminated
-    result = state_table.mark_terminated(MISSING_ID)
-
-    # Then it loses with no record to show
-    assert result == schema.TransitionResult(Outcome.LOST, None)
 
 
 # --- reads -----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from emulator.aws import INSTANCE_ARNS
-from runner_pool.adapters import state_table as schema
+from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig

@@ -96,6 +96,7 @@ def test_a_job_completed_on_our_runner_queues_its_release(world: IngressWorld) -
                 "quarantine": False,
                 "suspect": False,
                 "privileged": False,
+                "failed": False,  # GitHub's successful example
             },
         }
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from botocore.stub import Stubber
 
 from runner_pool.adapters import aws_clients
 from runner_pool.environment import ControlPlaneSettings
@@ -69,3 +70,66 @@ def test_a_call_that_never_reaches_aws_raises_the_products_own_error() -> None:
     with pytest.raises(aws_clients.ServiceUnreachableError) as raised:
         unreachable.list_tables()
     assert isinstance(raised.value.__cause__, aws_clients.TRANSPORT_ERRORS)
+
+
+def stubbed(service: str = "dynamodb") -> tuple[Any, Stubber]:
+    """A client of the product whose answers a Stubber gives (no network, no moto)."""
+    made = aws_clients.client(
+        service, region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+    )
+    return made, Stubber(made)
+
+
+WRITE = {"TableName": "t", "Key": {"pk": {"S": "a"}}, "UpdateExpression": "SET v = :v"}
+
+
+def test_a_refusal_is_the_products_own_error_and_reads_as_botocores() -> None:
+    # Given a product client that AWS refuses with a code no adapter expects
+    client, stubber = stubbed()
+    stubber.add_client_error("update_item", "AccessDeniedException", "no", 400)
+    # When the call is made / Then it raises AwsRefusedError, still botocore's class of that code
+    with stubber, pytest.raises(aws_clients.AwsRefusedError) as raised:
+        client.update_item(**WRITE)
+    assert isinstance(raised.value, client.exceptions.ClientError)
+    assert aws_clients.error_code(raised.value) == "AccessDeniedException"
+    assert raised.value.operation_name == "UpdateItem"
+
+
+def test_a_conditional_write_is_applied_or_finds_the_item_as_it_was() -> None:
+    # Given a write that applies, then one whose condition fails and returns the item as it was
+    client, stubber = stubbed()
+    stubber.add_response("update_item", {"Attributes": {"v": {"S": "new"}}})
+    stubber.add_client_error(
+        "update_item",
+        aws_clients.CONDITION_FAILED,
+        "The conditional request failed",
+        400,
+        response_meta={},
+        modeled_fields={"Item": {"v": {"S": "old"}}},
+    )
+    with stubber:
+        applied = aws_clients.conditional_write(lambda: client.update_item(**WRITE))
+        refused = aws_clients.conditional_write(lambda: client.update_item(**WRITE))
+    # Then the first answers as AWS did, and the second is a Refusal holding the item it found
+    assert applied == {"Attributes": {"v": {"S": "new"}}}
+    assert isinstance(refused, aws_clients.Refusal)
+    assert refused.code == aws_clients.CONDITION_FAILED
+    assert refused.item == {"v": {"S": "old"}}
+
+
+@pytest.mark.parametrize("product_client", [True, False])
+def test_a_refusal_not_expected_is_raised_as_the_products_error(product_client: bool) -> None:
+    # Given a conditional write refused for another reason, by a product client or one built bare
+    client, stubber = stubbed()
+    if not product_client:
+        import boto3  # noqa: PLC0415
+
+        client = boto3.client(
+            "dynamodb", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+        )
+        stubber = Stubber(client)
+    stubber.add_client_error("update_item", "ResourceNotFoundException", "no table", 400)
+    # Then it is not taken for a lost condition: AwsRefusedError, of botocore's class for the code
+    with stubber, pytest.raises(aws_clients.AwsRefusedError) as raised:
+        aws_clients.conditional_write(lambda: client.update_item(**WRITE))
+    assert isinstance(raised.value, client.exceptions.ResourceNotFoundException)

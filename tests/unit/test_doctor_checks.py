@@ -6,8 +6,8 @@ import dataclasses
 from pathlib import Path
 
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.doctor import (
-    CHECKS,
+from runner_pool.domain.doctor import CHECKS, Verdict, examine, exit_code, table
+from runner_pool.domain.doctor_readings import (
     AppGrant,
     AppManifest,
     DeployedStack,
@@ -20,10 +20,6 @@ from runner_pool.domain.doctor import (
     RunnerPolicy,
     SecretState,
     Unread,
-    Verdict,
-    examine,
-    exit_code,
-    table,
 )
 from runner_pool.domain.records import Arch
 

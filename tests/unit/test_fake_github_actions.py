@@ -21,18 +21,13 @@ from emulator.fake_github import (
     JobStatus,
 )
 from emulator.fake_github.actions import JobGoneError
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import OrganizationScope, RepositoryScope
 
 REPOSITORY = f"{OWNER}/{REPO}"
 LABEL = "pool=${{ github.run_id }}/class=large"
 LOST_AFTER = 30.0
-
-
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
 
 
 @pytest.fixture

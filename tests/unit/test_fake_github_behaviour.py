@@ -31,7 +31,7 @@ from emulator.fake_github import (
 )
 from emulator.fake_github.actions import RERUN_WINDOW_SECONDS, JobGoneError, RerunRefusedError
 from emulator.fake_github.routes import Request
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
 
@@ -41,11 +41,6 @@ REQUEUE_AFTER = 60.0
 QUEUE_EXPIRY = 300.0
 """24 hours on GitHub, scaled down."""
 SCOPE = RepositoryScope(owner=OWNER, repo=REPO)
-
-
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
 
 
 @pytest.fixture

@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
 from emulator.fake_github import Conclusion, FakeGitHub, JobSpec
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
 from emulator.harness.webhooks import fixture
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
@@ -33,11 +31,6 @@ READ_BY_US = {
     "workflow_job": ("run_attempt", "labels", "runner_id", "runner_name"),
     "workflow_run": ("run_attempt", "head_repository"),
 }
-
-
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
 
 
 def type_name(value: Any) -> str:

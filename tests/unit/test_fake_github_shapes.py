@@ -20,6 +20,7 @@ from githubkit_schemas.latest.models import (
     BasicError,
     HookDeliveryItem,
     Installation,
+    InstallationRepositoriesGetResponse200,
     InstallationToken,
     Integration,
     IntegrationPropPermissions,
@@ -75,11 +76,6 @@ class Asking:
         payload = b"" if body is None else json.dumps(body).encode()
         headers = {"Authorization": authorization, "X-GitHub-Api-Version": "2022-11-28"}
         return self.fake.handle(method, target, headers, payload)
-
-
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
 
 
 @pytest.fixture
@@ -174,6 +170,24 @@ SUCCESSES: dict[str, tuple[Call, int, Any]] = {
             {"name": "runner-pool-7", "visibility": "selected", "selected_repository_ids": [7]},
         ),
         201,
+        RunnerGroupsOrg,
+    ),
+    "an installation's selected repositories": (
+        lambda ask: (
+            setattr(ask.fake.state.installations[INSTALLATION_ID], "repositories", {f"{OWNER}/{REPO}"}),
+            ask.as_installation("GET", "/installation/repositories"),
+        )[1],
+        200,
+        InstallationRepositoriesGetResponse200,
+    ),
+    "an updated runner group": (
+        lambda ask: ask.as_installation(
+            "PATCH",
+            f"/orgs/{OWNER}/actions/runner-groups/"
+            f"{ask.as_installation('POST', f'/orgs/{OWNER}/actions/runner-groups', {'name': 'g'}).body['id']}",
+            {"name": "g", "visibility": "selected"},
+        ),
+        200,
         RunnerGroupsOrg,
     ),
     "installation token": (
@@ -436,6 +450,15 @@ def test_setting_a_groups_repositories_replaces_its_selection(ask: Asking) -> No
     # Then GitHub answers with no content, and the group selects 8 only
     assert (answer.status, answer.body) == (204, None)
     assert ask.fake.state.runner_groups[group].selected_repository_ids == {8}
+
+
+def test_a_group_of_visibility_all_takes_no_list_of_repositories(ask: Asking) -> None:
+    # Given a group every repository of the organisation may use
+    group = ask.as_installation("POST", GROUPS, {"name": "runner-pool-all"}).body["id"]
+    # When its repositories are set / Then GitHub refuses: the list is a selected group's
+    answer = ask.as_installation("PUT", f"{GROUPS}/{group}/repositories", {"selected_repository_ids": [8]})
+    assert answer.status == 422
+    assert ask.fake.state.runner_groups[group].visibility == "all"
 
 
 def test_creating_a_runner_group_needs_the_organisations_self_hosted_runners_write(ask: Asking) -> None:

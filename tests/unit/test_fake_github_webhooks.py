@@ -15,19 +15,15 @@ import pytest
 from githubkit.webhooks import parse_obj
 
 from emulator.fake_github import Conclusion, FakeDelivery, FakeGitHub, JobSpec
+from emulator.fake_github.installations import select_repositories
 from emulator.fake_github.state import RunTrigger
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.runner_scope import RepositoryScope
 from tests.unit.test_fake_github_shapes import unknown_keys
 
 REPOSITORY = f"{OWNER}/{REPO}"
 LABEL = "pool=${{ github.run_id }}/class=large"
-
-
-@pytest.fixture(scope="module")
-def app_key() -> AppKey:
-    return generate_app_key()
 
 
 @pytest.fixture
@@ -67,6 +63,12 @@ def a_deploy_job_of_a_forks_pull_request(fake: FakeGitHub) -> None:
     fake.actions.finish(runner, job.job_id, Conclusion.SUCCESS)
 
 
+def the_installation_narrowed_then_widened(fake: FakeGitHub) -> None:
+    """The owner selects one repository for the App, then adds another (installation_repositories)."""
+    select_repositories(fake, OWNER, {REPOSITORY})
+    select_repositories(fake, OWNER, {REPOSITORY, f"{OWNER}/other"})
+
+
 Story = Callable[[FakeGitHub], None]
 
 STORIES: dict[str, Story] = {
@@ -74,6 +76,7 @@ STORIES: dict[str, Story] = {
     "a job that failed": lambda fake: one_job_served(fake, Conclusion.FAILURE),
     "a run cancelled while its job was queued": one_job_cancelled_while_queued,
     "a deploy job of a fork's pull request by Dependabot": a_deploy_job_of_a_forks_pull_request,
+    "the installation narrowed, then widened": the_installation_narrowed_then_widened,
 }
 
 

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from emulator.harness.webhooks import REPOSITORY, completed_job, queued_job
+from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.demand import InstanceRelease, InstantQueued
+from runner_pool.domain.demand import (
+    DemandLedger,
+    ExecutionStarter,
+    InstanceRelease,
+    InstantQueued,
+    TierGroupChanged,
+)
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest, runner_name
 from runner_pool.domain.instant import (
+    TierGroupAccess,
     instant_job,
     surplus_waiting,
+    tier_group_access,
     tier_holds,
     tier_shortfall,
     waited_offline,
@@ -23,9 +33,19 @@ from runner_pool.domain.labels import CLASS_NAME, LabelError, RunnerLabel, insta
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import single_use
 from runner_pool.domain.records import Arch, InstanceRecord, UsageClass
+from runner_pool.domain.release import ReleaseItem, ran_a_foreign_job
 from runner_pool.domain.run_keys import RunKey
-from runner_pool.domain.runners import RegisteredRunner, RunnerStatus
-from runner_pool.domain.webhooks import Accepted, Delivery, Ignored, Unserved, WorkflowJobEvent, verdict
+from runner_pool.domain.runners import GitHubUnavailableError, RegisteredRunner, RunnerStatus
+from runner_pool.domain.webhooks import (
+    Accepted,
+    Delivery,
+    Ignored,
+    InstallationRepositoriesEvent,
+    Unserved,
+    WorkflowJobEvent,
+    verdict,
+)
+from runner_pool.steps.dispatcher import Dispatcher
 
 CLASSES = st.from_regex(CLASS_NAME, fullmatch=True)
 LABEL = instant_label("large")
@@ -290,3 +310,108 @@ def test_a_started_tier_job_is_sent_to_be_judged_against_its_runners_hand_over()
 def test_a_tier_job_on_a_runner_not_ours_needs_nothing() -> None:
     found = judged(completed_job(LABEL, runner_name="someone-elses", job_id=406))
     assert isinstance(found, Ignored)
+
+
+# --- the tier's runner group and the installation's repositories ---------------------------------------
+
+TIER_STACK = {
+    "github": {"scope": "octo-org", "installation_id": 77},
+    "warm_pool_minimum": {"large": {"instant": 2}},
+}
+
+
+def installation_change(installation_id: int = 77, action: str = "added") -> Delivery:
+    event = InstallationRepositoriesEvent.model_validate(
+        {"action": action, "installation": {"id": installation_id}, "repository_selection": "selected"}
+    )
+    return Delivery("d-2", "installation_repositories", event)
+
+
+@pytest.mark.parametrize("action", ["added", "removed"])
+def test_a_change_of_the_installations_repositories_sets_the_tier_group_again(action: str) -> None:
+    # Given an organisation stack that keeps an instant tier
+    # When the installation's repositories change / Then the tier group is queued to be set to them
+    found = verdict(installation_change(action=action), StackConfig.model_validate(TIER_STACK))
+    assert isinstance(found, Accepted)
+    assert found.message == TierGroupChanged(installation_id=77)
+
+
+def test_a_change_of_another_installation_or_of_a_stack_without_a_tier_needs_nothing() -> None:
+    tier = StackConfig.model_validate(TIER_STACK)
+    assert isinstance(verdict(installation_change(installation_id=78), tier), Ignored)
+    without = StackConfig.model_validate({"github": TIER_STACK["github"]})
+    assert isinstance(verdict(installation_change(), without), Ignored)
+
+
+@given(st.sets(st.integers(min_value=1, max_value=10**9), max_size=20), st.text(max_size=10))
+def test_the_tier_group_admits_every_repository_only_for_an_installation_on_all(
+    repository_ids: set[int], selection: str
+) -> None:
+    # Given an installation's answer: its selection and the repositories it listed
+    # When the tier group's access is decided / Then `all` admits every repository, and anything else
+    # exactly those listed, never more
+    assert tier_group_access("all", repository_ids) == TierGroupAccess(None)
+    access = tier_group_access(selection, repository_ids)
+    if selection != "all":
+        assert access == TierGroupAccess(frozenset(repository_ids))
+        assert access.visibility == "selected"
+
+
+def tier_group_dispatcher(tier_group: Callable[[], object]) -> Dispatcher:
+    """A dispatcher for batches of installation changes only, which ask nothing of the ledger or starter."""
+    return Dispatcher(
+        cast(DemandLedger, None),
+        cast(ExecutionStarter, None),
+        ManualClock(),
+        lambda _seconds: None,
+        tier_group=tier_group,
+    )
+
+
+def test_the_changes_of_one_batch_set_the_tier_group_once() -> None:
+    # Given two deliveries of installation changes in one batch
+    asked: list[str] = []
+    batch = [(f"m{n}", TierGroupChanged(installation_id=77)) for n in (1, 2)]
+    # When dispatched / Then one read of the installation's whole list serves both, and neither is retried
+    report = tier_group_dispatcher(lambda: asked.append("set")).dispatch(batch, "holder", 60.0)
+    assert asked == ["set"]
+    assert report.tier_groups == 1
+    assert report.failed_message_ids == set()
+
+
+def test_a_tier_group_github_did_not_set_is_delivered_again() -> None:
+    # Given GitHub failing the change of the tier group
+    def unavailable() -> None:
+        raise GitHubUnavailableError("502 from GitHub")
+
+    batch = [(f"m{n}", TierGroupChanged(installation_id=77)) for n in (1, 2)]
+    # When dispatched / Then every message of the change fails, for SQS to deliver again
+    report = tier_group_dispatcher(unavailable).dispatch(batch, "holder", 60.0)
+    assert report.failed_message_ids == {"m1", "m2"}
+    assert report.tier_groups == 0
+
+
+# --- a runner of ours given a job it was not registered for --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("registered_for", "job_of"),
+    [("pool=4242/class=large", LABEL), (LABEL, "pool=4242/class=large")],
+    ids=["a tier job on a run's runner", "a run's job on a tier runner"],
+)
+def test_a_job_on_a_runner_we_did_not_register_for_it_is_foreign(registered_for: str, job_of: str) -> None:
+    # Given an instance whose runner 7 we registered for one label
+    held = record(InstanceState.RUNNING, registered_for).model_copy(
+        update={"runner_id": 7, "runner_run_key": registered_for}
+    )
+    # When GitHub reports runner 7 on a job of the other / Then the release quarantines it
+    item = ReleaseItem(
+        instance_id=held.instance_id, run_key=job_of, poll_seconds=1, runner_id=7, suspect=True
+    )
+    assert ran_a_foreign_job(held, item)
+
+
+def test_a_tier_job_on_the_tier_runner_we_registered_is_its_own() -> None:
+    held = record(InstanceState.RUNNING, LABEL).model_copy(update={"runner_id": 7, "runner_run_key": LABEL})
+    item = ReleaseItem(instance_id=held.instance_id, run_key=LABEL, poll_seconds=1, runner_id=7, suspect=True)
+    assert not ran_a_foreign_job(held, item)

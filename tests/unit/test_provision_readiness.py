@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from runner_pool.domain.config import Timeouts
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.provision import Readiness, readiness
 from runner_pool.domain.records import Heartbeat, InstanceRecord, Signal, WorkerSignal
+from runner_pool.domain.timeouts import Timeouts
 from tests.support.builders import facts
 
 RUN = "pool=7"

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner_pool.domain.config import Timeouts
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.release import (
     HISTORY_BUDGET_EVENTS,
@@ -19,6 +18,7 @@ from runner_pool.domain.release import (
     release_part_size,
     release_parts,
 )
+from runner_pool.domain.timeouts import Timeouts
 
 RUN = "pool=101"
 RUN_RELEASE = ReleaseRequest(run_key=RUN, cause="run-45-attempt-1", repository="octo/app")

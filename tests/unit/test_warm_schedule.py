@@ -14,12 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runner_pool.domain.clock import Epoch, ManualClock
-from runner_pool.domain.config import (
-    ConfigError,
-    WarmMinimum,
-    Weekday,
-    load_config,
-)
+from runner_pool.domain.config import ConfigError, load_config
+from runner_pool.domain.warm_schedule import WarmMinimum, Weekday
 
 BERLIN = "Europe/Berlin"
 WORKDAYS = ["mon", "tue", "wed", "thu", "fri"]

@@ -1,7 +1,7 @@
 """What `runner-pool doctor` reads of the AWS account: secrets, EBS defaults, quotas, roles, images.
 
-Each read answers a domain/doctor.py reading, or an Unread with AWS's own words when it could not be
-made (a missing permission, a missing resource): the doctor reports it instead of stopping.
+Each read answers a reading of domain/doctor_readings.py, or an Unread with AWS's own words when it could
+not be made (a missing permission, a missing resource): the doctor reports it instead of stopping.
 """
 
 from __future__ import annotations
@@ -12,9 +12,15 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runner_pool.adapters.aws_clients import ServiceBusyError, ServiceUnreachableError, error_code
+from runner_pool.adapters.aws_clients import (
+    Refusal,
+    ServiceBusyError,
+    ServiceUnreachableError,
+    attempt,
+    error_code,
+)
 from runner_pool.adapters.fleet import LaunchTemplate
-from runner_pool.domain.doctor import (
+from runner_pool.domain.doctor_readings import (
     AWS_MANAGED_EBS_ALIAS,
     EbsDefault,
     LambdaQuota,
@@ -33,6 +39,9 @@ _ACCESS_DENIED = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperatio
 _MISSING_SECRET = "ResourceNotFoundException"  # noqa: S105 - an error code
 _NO_SUCH_ROLE = "NoSuchEntity"
 _NO_SUCH_PARAMETER = "ParameterNotFound"
+_NO_SUCH_IMAGE = ("InvalidAMIID.NotFound", "InvalidAMIID.Malformed", "InvalidAMIID.Unavailable")
+"""EC2's codes for an AMI id that names no usable image (EC2 API Reference, "Error codes for the Amazon
+EC2 API", errors-overview.html: the three InvalidAMIID codes)."""
 
 
 def _read(operation: Callable[[], T]) -> T | Unread:
@@ -56,12 +65,9 @@ class AccountReadings:
         client = self._clients("secretsmanager")
 
         def state(name: str) -> SecretState:
-            try:
-                value = client.get_secret_value(SecretId=name)
-            except ClientError as exc:
-                if error_code(exc) == _MISSING_SECRET:
-                    return SecretState.MISSING
-                raise
+            value = attempt(lambda: client.get_secret_value(SecretId=name), (_MISSING_SECRET,))
+            if isinstance(value, Refusal):
+                return SecretState.MISSING
             held = value.get("SecretString") or value.get("SecretBinary")
             return SecretState.PRESENT if held and str(held).strip() else SecretState.EMPTY
 
@@ -106,13 +112,7 @@ class AccountReadings:
         iam = self._clients("iam")
 
         def exists(name: str) -> bool:
-            try:
-                iam.get_role(RoleName=name)
-            except ClientError as exc:
-                if error_code(exc) == _NO_SUCH_ROLE:
-                    return False
-                raise
-            return True
+            return not isinstance(attempt(lambda: iam.get_role(RoleName=name), (_NO_SUCH_ROLE,)), Refusal)
 
         return {name: _read(lambda name=name: exists(name)) for name in names}  # type: ignore[misc]
 
@@ -132,22 +132,15 @@ class AccountReadings:
         ref = str(version["LaunchTemplateData"].get("ImageId", ""))
         image_id: str | None = ref
         if ref.startswith(SSM_PREFIX):
-            try:
-                image_id = self._clients("ssm").get_parameter(Name=ref.removeprefix(SSM_PREFIX))["Parameter"][
-                    "Value"
-                ]
-            except ClientError as exc:
-                if error_code(exc) != _NO_SUCH_PARAMETER:
-                    raise
-                image_id = None
+            ssm = self._clients("ssm")
+            parameter = attempt(
+                lambda: ssm.get_parameter(Name=ref.removeprefix(SSM_PREFIX)), (_NO_SUCH_PARAMETER,)
+            )
+            image_id = None if isinstance(parameter, Refusal) else parameter["Parameter"]["Value"]
         if image_id is None:
             return LaunchImage(arch, template_id, ref, None, None)
-        try:
-            images = ec2.describe_images(ImageIds=[image_id])["Images"]
-        except ClientError as exc:
-            if not error_code(exc).startswith("InvalidAMIID"):
-                raise
-            images = []
+        described = attempt(lambda: ec2.describe_images(ImageIds=[image_id]), _NO_SUCH_IMAGE)
+        images = [] if isinstance(described, Refusal) else described["Images"]
         state = str(images[0]["State"]) if images else None
         return LaunchImage(arch, template_id, ref, image_id, state)
 

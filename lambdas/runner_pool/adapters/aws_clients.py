@@ -12,7 +12,9 @@ ServiceBusyError, and one whose every attempt failed to reach AWS or to get its 
 refused or timed out, a read timed out, a connection dropped) raises ServiceUnreachableError: the
 product's own errors, which the caller's own retry takes from there: the agent's loop, Step Functions'
 Retry (release.asl.json names them), SQS redelivering to the dispatcher. No caller, and no state
-machine, names a botocore class for either.
+machine, names a botocore class for either. Any other refusal raises AwsRefusedError, naming the
+operation and AWS's code; an adapter that expects a code asks `refusal` (or, for a conditional write,
+`conditional_write`) instead of catching botocore's error itself.
 
 Worst case, as botocore 1.44 computes a retry's delay (botocore/retries/standard.py,
 ExponentialBackoff): the i-th retry (0-based) waits rand(0, 1) * min(base * 2**i, 20 s), base 1 s for
@@ -21,7 +23,10 @@ throttling; a response carrying `x-amz-retry-after` may raise a wait to at most 
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -113,6 +118,59 @@ class ServiceUnreachableError(RuntimeError):
     retry is next."""
 
 
+class AwsRefusedError(ClientError):
+    """AWS refused a call with a code its adapter does not expect (access denied, a missing resource, a bad
+    request): the product's own error, raised once, here. It keeps botocore's shape (`response`,
+    `operation_name`), so what reads a refusal's code (`error_code`, the agent's aws_errors) reads it as
+    before."""
+
+
+CONDITION_FAILED = "ConditionalCheckFailedException"
+"""DynamoDB's answer to a write whose condition did not hold (Amazon DynamoDB API Reference, UpdateItem,
+Errors); with ReturnValuesOnConditionCheckFailure ALL_OLD it carries the item as it was."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refusal the caller expected: AWS's code, its message, and the item a failed condition found
+    (empty when there was none, or the write did not ask for it)."""
+
+    code: str
+    message: str
+    error: ClientError = field(repr=False)
+    """The refusal as botocore raised it: the cause to keep, or to raise should the caller judge it real."""
+    item: Mapping[str, Any] = field(default_factory=dict)
+
+
+T = TypeVar("T")
+
+
+def refusal(exc: ClientError, expected: frozenset[str] | tuple[str, ...]) -> Refusal:
+    """`exc` as a Refusal when its code is one of `expected`; any other is raised as AwsRefusedError."""
+    code = error_code(exc)
+    if code not in expected:
+        if isinstance(exc, AwsRefusedError):
+            raise exc
+        raise _refused_as(type(exc))(exc.response, exc.operation_name) from exc
+    message = str(exc.response.get("Error", {}).get("Message", ""))
+    return Refusal(code, message, exc, exc.response.get("Item", {}))  # type: ignore[arg-type]
+
+
+def attempt(call: Callable[[], T], expected: frozenset[str] | tuple[str, ...]) -> T | Refusal:
+    """`call`'s answer, or the Refusal it met when AWS refused it with an `expected` code."""
+    try:
+        return call()
+    except ClientError as exc:
+        return refusal(exc, expected)
+
+
+def conditional_write(write: Callable[[], T]) -> T | Refusal:
+    """A conditional write's answer when it applied, else the Refusal of its condition, whose `item` is
+    the item as it was (for a write that asked for ALL_OLD): one place tells a lost condition from any
+    other refusal."""
+    return attempt(write, (CONDITION_FAILED,))
+
+
 TRANSPORT_ERRORS = (BotocoreConnectionError, HTTPClientError)
 """botocore's errors for a call that never got an answer: EndpointConnectionError, ConnectTimeoutError
 (ConnectionError's), ReadTimeoutError, ConnectionClosedError (HTTPClientError's), and their kin."""
@@ -152,16 +210,22 @@ def long_poll_client(
 
 
 def with_busy_errors(made: Any) -> Any:
-    """`made` raises ServiceBusyError for a call AWS kept busy, and ServiceUnreachableError for one that
-    never got an answer (for clients the caller configured itself)."""
-    made.meta.events.register("after-call", _raise_when_busy, unique_id="runner-pool-busy")
+    """`made` raises ServiceBusyError for a call AWS kept busy, ServiceUnreachableError for one that never
+    got an answer, and AwsRefusedError for any other refusal (for clients the caller configured itself)."""
+    made.meta.events.register(
+        "after-call",
+        functools.partial(_raise_the_products_error, made.exceptions),
+        unique_id="runner-pool-busy",
+    )
     made.meta.events.register(
         "after-call-error", _raise_when_unreachable, unique_id="runner-pool-unreachable"
     )
     return made
 
 
-def _raise_when_busy(http_response: Any, parsed: dict[str, Any], model: Any, **_: Any) -> None:
+def _raise_the_products_error(
+    exceptions: Any, http_response: Any, parsed: dict[str, Any], model: Any, **_: Any
+) -> None:
     # after-call comes once per call, after botocore's last attempt: this is the answer the caller gets.
     status = getattr(http_response, "status_code", 200)
     if status < 300:
@@ -170,6 +234,20 @@ def _raise_when_busy(http_response: Any, parsed: dict[str, Any], model: Any, **_
     if is_busy(code, status):
         attempts = parsed.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
         raise ServiceBusyError(f"{model.name}: AWS answered {code or status} to each of {attempts} attempts")
+    raise _refused_as(exceptions.from_code(code))(parsed, model.name)  # type: ignore[arg-type]
+
+
+_REFUSED_AS: dict[type[ClientError], type[AwsRefusedError]] = {ClientError: AwsRefusedError}
+
+
+def _refused_as(modeled: type[ClientError]) -> type[AwsRefusedError]:
+    """AwsRefusedError, and the class botocore would have raised for the code (its name kept, so a task's
+    error in Step Functions is named as before)."""
+    made = _REFUSED_AS.get(modeled)
+    if made is None:
+        made = type(modeled.__name__, (AwsRefusedError, modeled), {"__module__": modeled.__module__})
+        made = _REFUSED_AS.setdefault(modeled, made)
+    return made
 
 
 def _raise_when_unreachable(exception: Exception, **_: Any) -> None:

@@ -28,13 +28,11 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
 from runner_pool.adapters import aws_clients
-from runner_pool.adapters.aws_clients import error_code
+from runner_pool.adapters.aws_clients import Refusal, conditional_write
 from runner_pool.adapters.backoff import Backoff, read_consistently
 from runner_pool.adapters.follow_up_batches import FollowUpBatches
-from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE, conditional, number
+from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE, number
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.demand import Reservation, RunAttempt, RunMark, privileged_label
 from runner_pool.domain.follow_up import (
@@ -82,8 +80,8 @@ class DynamoDbLedger:
 
     def reserve(self, job_id: int, holder: str, until: Epoch) -> Reservation:
         now = self._clock.now()
-        try:
-            self._client.put_item(
+        answer = conditional_write(
+            lambda: self._client.put_item(
                 TableName=self._table,
                 Item={
                     KEY_ATTRIBUTE: {"S": _job(job_id)},
@@ -100,12 +98,10 @@ class DynamoDbLedger:
                 ExpressionAttributeValues={":reserved": {"S": RESERVED}, ":now": {"N": number(now)}},
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
-            state = current.get("state", {}).get("S")
-            if state == RESERVED and current.get("holder", {}).get("S") == holder:
+        )
+        if isinstance(answer, Refusal):
+            state = answer.item.get("state", {}).get("S")
+            if state == RESERVED and answer.item.get("holder", {}).get("S") == holder:
                 # Our own reservation, met by a retry after its answer was lost.
                 return Reservation.RESERVED
             return Reservation.HELD if state == RESERVED else Reservation.COUNTED
@@ -134,7 +130,7 @@ class DynamoDbLedger:
     def _confirm_one(self, job_id: int, holder: str, execution_name: str) -> None:
         values = {":started": {"S": STARTED}, ":name": {"S": execution_name}}
         # Lost only if the reservation lapsed and another dispatcher took the job: theirs stands.
-        conditional(
+        conditional_write(
             lambda: self._client.update_item(
                 **self._held(job_id, holder, values),
                 UpdateExpression="SET #state = :started, execution_name = :name REMOVE lease_until",
@@ -142,7 +138,7 @@ class DynamoDbLedger:
         )
 
     def _free_one(self, job_id: int, holder: str) -> None:
-        conditional(lambda: self._client.delete_item(**self._held(job_id, holder, {})))
+        conditional_write(lambda: self._client.delete_item(**self._held(job_id, holder, {})))
 
     def _held(self, job_id: int, holder: str, values: dict[str, Any]) -> dict[str, Any]:
         """The key and condition of a write that only happens while `holder`'s reservation stands."""
@@ -155,7 +151,7 @@ class DynamoDbLedger:
         }
 
     def cancel(self, job_id: int) -> bool:
-        return conditional(
+        cancelled = conditional_write(
             lambda: self._client.put_item(
                 TableName=self._table,
                 Item={
@@ -167,6 +163,7 @@ class DynamoDbLedger:
                 ExpressionAttributeNames={"#id": KEY_ATTRIBUTE},
             )
         )
+        return not isinstance(cancelled, Refusal)
 
     def remember_run_key(
         self, run_id: int, run_key: str, attempt: int, *, privileged: bool = False
@@ -179,8 +176,8 @@ class DynamoDbLedger:
         if privileged:
             additions += f", {PRIVILEGED_ATTRIBUTE} :label"
             values[":label"] = {"SS": [privileged_label(run_key)]}
-        try:
-            response = self._client.update_item(
+        response = conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
                 Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
                 UpdateExpression=f"ADD {additions} SET #expiry = :expiry",
@@ -189,10 +186,9 @@ class DynamoDbLedger:
                 ExpressionAttributeValues=values,
                 ReturnValues="ALL_NEW",
             )
-        except ClientError as exc:
-            if error_code(exc) == "ConditionalCheckFailedException":
-                return RunAttempt(RunMark.COMPLETED)
-            raise
+        )
+        if isinstance(response, Refusal):
+            return RunAttempt(RunMark.COMPLETED)
         item = response.get("Attributes", {})
         return RunAttempt(
             RunMark.OPEN,
@@ -204,10 +200,10 @@ class DynamoDbLedger:
 
     def decide_trust(self, run_id: int, attempt: int, level: TrustLevel, *, from_fork: bool) -> TrustLevel:
         now = self._clock.now()
-        try:
-            # Whenever it comes, and whatever else the item holds (a completion, run keys): the first
-            # level stands, so a later delivery that disagrees changes nothing already served by it.
-            self._client.update_item(
+        # Whenever it comes, and whatever else the item holds (a completion, run keys): the first
+        # level stands, so a later delivery that disagrees changes nothing already served by it.
+        answer = conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
                 Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt)}},
                 UpdateExpression="SET #trust = :level, #fork = :fork, #expiry = :expiry",
@@ -224,10 +220,9 @@ class DynamoDbLedger:
                 },
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            standing = _trust(exc.response.get("Item", {}))
+        )
+        if isinstance(answer, Refusal):
+            standing = _trust(answer.item)
             return level if standing is None else standing
         return level
 
@@ -275,8 +270,8 @@ class DynamoDbLedger:
         self, run_id: int, attempt: int, on_demand: Collection[str], holder: str, until: Epoch
     ) -> Claim:
         now = self._clock.now()
-        try:
-            self._client.update_item(
+        answer = conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
                 Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt + 1)}},
                 UpdateExpression=(
@@ -299,15 +294,13 @@ class DynamoDbLedger:
                 },
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
-            return Claim.ASKED if current.get(RERUN_ATTRIBUTE, {}).get("S") == ASKED else Claim.HELD
-        return Claim.CLAIMED
+        )
+        if not isinstance(answer, Refusal):
+            return Claim.CLAIMED
+        return Claim.ASKED if answer.item.get(RERUN_ATTRIBUTE, {}).get("S") == ASKED else Claim.HELD
 
     def rerun_asked(self, run_id: int, attempt: int, holder: str) -> None:
-        conditional(
+        conditional_write(
             lambda: self._client.update_item(
                 TableName=self._table,
                 Key={KEY_ATTRIBUTE: {"S": _run(run_id, attempt + 1)}},

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from botocore.exceptions import ClientError
 
 from runner_pool.adapters import aws_clients
-from runner_pool.adapters.aws_clients import error_code
+from runner_pool.adapters.aws_clients import Refusal, attempt, error_code
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import FleetSettings
 from runner_pool.domain.fleet import (
@@ -299,26 +299,17 @@ class Fleet:
         and stops the instance (stopping, then stopped), forcing it after a while if the OS does not
         finish (EC2 API Reference, StopInstances); a stop of a stopping or stopped instance is accepted
         again. One instance a call: an unknown id fails a whole batch, and the tier is a few a class."""
-        try:
-            self._client.stop_instances(InstanceIds=[instance_id])
-        except ClientError as exc:
-            if error_code(exc) in STOP_REFUSALS:
-                return False
-            raise
-        return True
+        stopped = attempt(lambda: self._client.stop_instances(InstanceIds=[instance_id]), STOP_REFUSALS)
+        return not isinstance(stopped, Refusal)
 
     def start(self, instance_id: str) -> Start:
         """StartInstances on one stopped instance claimed for a run (EC2 API Reference, StartInstances:
         stopped → pending → running; a start of a pending or running instance is accepted again)."""
-        try:
-            self._client.start_instances(InstanceIds=[instance_id])
-        except ClientError as exc:
-            code = error_code(exc)
-            if code == NO_CAPACITY:
-                return Start.NO_CAPACITY
-            if code in START_REFUSALS:
-                return Start.REFUSED
-            raise
+        started = attempt(
+            lambda: self._client.start_instances(InstanceIds=[instance_id]), (NO_CAPACITY, *START_REFUSALS)
+        )
+        if isinstance(started, Refusal):
+            return Start.NO_CAPACITY if started.code == NO_CAPACITY else Start.REFUSED
         return Start.STARTING
 
     def states(self, instance_ids: Sequence[str]) -> dict[str, Ec2State]:
@@ -353,27 +344,27 @@ class Fleet:
         ]
 
     def _terminate_batch(self, instance_ids: list[str]) -> dict[str, Termination]:
-        try:
-            response = self._client.terminate_instances(InstanceIds=instance_ids)
-        except ClientError as exc:
-            if error_code(exc) in UNKNOWN_INSTANCE_CODES:
-                return self._sort_out_unknown(instance_ids)
-            if error_code(exc) == UNAUTHORIZED:
-                return self._sort_out_denied(instance_ids, exc)
-            raise
+        response = attempt(
+            lambda: self._client.terminate_instances(InstanceIds=instance_ids),
+            (*UNKNOWN_INSTANCE_CODES, UNAUTHORIZED),
+        )
+        if isinstance(response, Refusal):
+            if response.code == UNAUTHORIZED:
+                return self._sort_out_denied(instance_ids, response)
+            return self._sort_out_unknown(instance_ids)
         return {
             item["InstanceId"]: _termination(item["CurrentState"]["Name"])
             for item in response.get("TerminatingInstances", [])
         }
 
-    def _sort_out_denied(self, instance_ids: list[str], denial: ClientError) -> dict[str, Termination]:
+    def _sort_out_denied(self, instance_ids: list[str], denial: Refusal) -> dict[str, Termination]:
         """Our TerminateInstances is allowed only on instances carrying the stack's tag, and an instance
         EC2 no longer has carries none: IAM then denies the whole batch (UnauthorizedOperation) where
         EC2 would have said NotFound (runs-on/terraform-aws-runs-on#60). The ids EC2 does not show are
         gone; the rest are terminated on their own. A denial with every id still there is a real one."""
         gone = {i for i, state in self.states(instance_ids).items() if state is Ec2State.UNKNOWN}
         if not gone:
-            raise denial
+            raise denial.error
         results = dict.fromkeys(gone, Termination.UNKNOWN)
         known = [i for i in instance_ids if i not in gone]
         if known:

@@ -20,10 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
-from runner_pool.adapters.aws_clients import error_code
-from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE, conditional, number
+from runner_pool.adapters.aws_clients import Refusal, conditional_write
+from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE, number
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.follow_up import (
     TRANSITIONS,
@@ -311,12 +309,9 @@ class FollowUpBatches:
         return written
 
     def _write(self, write: dict[str, Any]) -> _Written:
-        try:
-            response = self._client.update_item(**write)
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            return _Written(applied=False, item=exc.response.get("Item", {}))  # type: ignore[arg-type]
+        response = conditional_write(lambda: self._client.update_item(**write))
+        if isinstance(response, Refusal):
+            return _Written(applied=False, item=dict(response.item))
         return _Written(applied=True, item=response.get("Attributes", {}))
 
     def _store_state(self, key: dict[str, Any], item: dict[str, Any]) -> None:
@@ -330,7 +325,7 @@ class FollowUpBatches:
         if "opened_at" in item:
             unchanged.append("opened_at = :opened")
             values[":opened"] = item["opened_at"]
-        conditional(
+        conditional_write(
             lambda: self._client.update_item(
                 TableName=self._table,
                 Key=key,

@@ -19,8 +19,9 @@ from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
 from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.github_runners import GitHubRunners
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.doctor import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
+from runner_pool.domain.doctor_readings import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
 from runner_pool.domain.github_tokens import RUN_READS, RUN_RERUNS, AppIdentity, registration_permissions
+from runner_pool.domain.instant import TierGroupAccess
 from runner_pool.domain.registration_budget import HourlyQuota
 from runner_pool.domain.reruns import RunNow
 from runner_pool.domain.runner_scope import OrganizationScope, Registration, RunnerScope
@@ -141,6 +142,9 @@ class GitHubApp:
     def runners(self, repository: str | None = None) -> list[RegisteredRunner]:
         return self._runners.runners(repository)
 
+    def keep_instant_group_in_step(self) -> TierGroupAccess | None:
+        return self._runners.keep_instant_group_in_step()
+
     # --- workflow jobs and webhook deliveries -------------------------------------------------------
 
     def run_jobs(self, repository: str, run_id: int, attempt: int) -> tuple[list[RunJob], int]:
@@ -161,7 +165,7 @@ class GitHubApp:
     def redeliver(self, delivery_id: int) -> None:
         self._identity.redeliver(delivery_id)
 
-    # --- what the doctor reads (domain/doctor.py) ---------------------------------------------------
+    # --- what the doctor reads (domain/doctor_readings.py) ------------------------------------------
 
     def app_grant(self) -> AppGrant | Unread:
         if self._app_api is None:

@@ -26,6 +26,7 @@ from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
 from runner_pool.domain.app_choice import SKIP_SECONDS, AppUnusableError, with_most_left
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.github_tokens import AppIdentity, InstallationToken, Permissions
+from runner_pool.domain.instant import TierGroupAccess
 from runner_pool.domain.registration_budget import Grant, HourlyQuota, wait_seconds
 from runner_pool.domain.reruns import RunNow
 from runner_pool.domain.runner_scope import RunnerScope
@@ -260,6 +261,9 @@ class GitHubApps:
 
     def rerun_failed_jobs(self, repository: str, run_id: int) -> None:
         self._any(lambda app: app.rerun_failed_jobs(repository, run_id))
+
+    def keep_instant_group_in_step(self) -> TierGroupAccess | None:
+        return self._any(lambda app: app.keep_instant_group_in_step())
 
     # --- each App's own deliveries -----------------------------------------------------------------
 

@@ -1,13 +1,13 @@
 """What `runner-pool doctor` reads of the GitHub App: its grant, installation, webhook and organisation.
 
-Each read answers a domain/doctor.py reading, or an Unread with GitHub's own words when it could not be
-made: the doctor reports it instead of stopping.
+Each read answers a reading of domain/doctor_readings.py, or an Unread with GitHub's own words when it could
+not be made: the doctor reports it instead of stopping.
 """
 
 from __future__ import annotations
 
 from runner_pool.adapters.github_api import PAGE_SIZE, GitHubApi, validated
-from runner_pool.domain.doctor import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
+from runner_pool.domain.doctor_readings import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
 from runner_pool.domain.runners import GitHubError, GitHubForbiddenError, GitHubNotFoundError
 
 

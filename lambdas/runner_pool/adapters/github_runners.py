@@ -16,6 +16,7 @@ from githubkit.utils import UNSET
 from runner_pool.adapters.github_api import PAGE_SIZE, GitHubApi
 from runner_pool.adapters.github_runner_groups import InstantRunnerGroup, RepositoryRunnerGroups
 from runner_pool.domain.github_tokens import registration_permissions
+from runner_pool.domain.instant import TierGroupAccess
 from runner_pool.domain.runner_scope import (
     OrganizationScope,
     Registration,
@@ -76,6 +77,11 @@ class GitHubRunners:
     @property
     def scope(self) -> RunnerScope:
         return self._scope
+
+    def keep_instant_group_in_step(self) -> TierGroupAccess | None:
+        """The instant tier's runner group set to the installation's repositories (InstantRunnerGroup);
+        None without such a group."""
+        return None if self._instant_group is None else self._instant_group.keep_in_step()
 
     def _at(self, scope: RunnerScope) -> GitHubApi:
         """The client whose token may manage runners at `scope`."""

@@ -8,6 +8,9 @@
     privileged_labels
                     (string set) its pool labels whose provisions were privileged (domain.demand
                     privileged_label): every run key of such a label is provisioned again privileged
+    on_demand_keys  (string set) its run keys whose provisions were served on-demand whatever their
+                    `usage=` said (the re-run of a job an interruption failed, domain/reruns.py): each is
+                    provisioned again on-demand
     demand_at       the last provision for it began
     busy_until      until then a provision for it may still be claiming or creating: not reconciled
     reconciled_at   when refresh last asked GitHub about it
@@ -27,11 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
 from runner_pool.adapters import aws_clients
-from runner_pool.adapters.aws_clients import error_code
-from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
+from runner_pool.adapters.aws_clients import conditional_write
+from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.demand import privileged_label
 from runner_pool.domain.trust import TrustLevel
@@ -62,6 +63,8 @@ class RecentRun:
     """When GitHub last refused its registration for good, unless a provision has begun since."""
     refused_reason: str | None = None
     """GitHub's words for that refusal."""
+    on_demand_keys: frozenset[str] = frozenset()
+    """Its run keys whose provisions were served on-demand: what refresh provisions again for them is too."""
 
     @property
     def key(self) -> str:
@@ -100,12 +103,14 @@ class RecentDemand:
         single_use: bool = False,
         repository_id: int | None = None,
         trust: TrustLevel | None = None,
+        on_demand: bool = False,
     ) -> None:
         """A provision for the run's `run_key` begins now and may be at work for `busy_for` seconds.
         Idempotent: a retried note sets the same values again (a later one moves the times on); once
         single use, a run stays so. A refusal noted before is cleared: this provision asks GitHub anew.
         A privileged provision marks its pool label; the run's level is kept as first noted (the demand
-        ledger decides it once per run attempt); an unknown one (None) changes nothing."""
+        ledger decides it once per run attempt); an unknown one (None) changes nothing. A provision served
+        on-demand whatever its label's usage marks its run key, which stays so."""
         now = self._clock.now()
         run = RecentRun(repository, run_id, attempt, frozenset({run_key}), now, now + busy_for)
         marks = ", single_use = :single_use" if single_use else ""
@@ -119,6 +124,8 @@ class RecentDemand:
         elif trust is not None:
             marks += ", trust = if_not_exists(trust, :trust)"
             levels[":trust"] = {"S": trust}
+        if on_demand:
+            additions += ", on_demand_keys :run_keys"
         self._client.update_item(
             TableName=self._table,
             Key=_key(run.key),
@@ -174,8 +181,8 @@ class RecentDemand:
         """GitHub refused the run's registration for good, in its words `reason`. Only a run noted before
         (by its provision's Begin) is marked: a mark never brings a forgotten run back."""
         key = RecentRun(repository, run_id, attempt, frozenset(), 0.0, 0.0).key
-        try:
-            self._client.update_item(
+        conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
                 Key=_key(key),
                 UpdateExpression="SET refused_at = :now, refused_reason = :reason",
@@ -185,9 +192,7 @@ class RecentDemand:
                     ":reason": {"S": reason[:1000]},
                 },
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
+        )
 
     def busy(self, run: RecentRun, busy_for: float) -> None:
         """A provision was started for the run (by refresh): leave it alone until it has had its chance."""
@@ -201,16 +206,14 @@ class RecentDemand:
 
     def forget(self, run: RecentRun) -> None:
         """Unless the run had new demand since it was read (its demand_at moved on)."""
-        try:
-            self._client.delete_item(
+        conditional_write(
+            lambda: self._client.delete_item(
                 TableName=self._table,
                 Key=_key(run.key),
                 ConditionExpression="demand_at = :seen",
                 ExpressionAttributeValues={":seen": {"N": repr(run.demand_at)}},
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
+        )
 
 
 def _key(sort_key: str) -> dict[str, Any]:
@@ -232,4 +235,5 @@ def _run(item: dict[str, Any]) -> RecentRun:
         repository_id=int(item["repository_id"]["N"]) if "repository_id" in item else None,
         refused_at=float(item["refused_at"]["N"]) if "refused_at" in item else None,
         refused_reason=item.get("refused_reason", {}).get("S"),
+        on_demand_keys=frozenset(item.get("on_demand_keys", {}).get("SS", [])),
     )

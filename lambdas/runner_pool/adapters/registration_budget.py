@@ -18,11 +18,9 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
 from runner_pool.adapters import aws_clients
-from runner_pool.adapters.aws_clients import error_code
-from runner_pool.adapters.state_table import PARTITION_KEY, SORT_KEY
+from runner_pool.adapters.aws_clients import Refusal, conditional_write
+from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY
 from runner_pool.domain.app_choice import registrations_left
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.registration_budget import Bucket, Grant, HourlyQuota, take, wait_seconds
@@ -77,8 +75,9 @@ class DynamoDbRegistrationBudget:
             return
         # Not guarded by the version: a refund that lands twice (a lost answer retried) adds a token
         # too many, which the capacity caps at the next take; it never takes one from anybody.
-        try:
-            self._client.update_item(
+        # No bucket yet: it starts full, nothing to give back to.
+        conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
                 Key=self._key,
                 # The hour's remainder too: a registration not made spent no request of it.
@@ -86,15 +85,13 @@ class DynamoDbRegistrationBudget:
                 ConditionExpression="attribute_exists(tokens)",
                 ExpressionAttributeValues={":count": {"N": str(count)}, ":one": {"N": "1"}},
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            # No bucket yet: it starts full, nothing to give back to.
+        )
 
     def hold_off(self, seconds: float) -> None:
         until = self._clock.now() + seconds
-        try:
-            self._client.update_item(
+        # A hold at least as long is in place already.
+        conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
                 Key=self._key,
                 # Empty until the hold ends, then refilling from there: no burst the moment it ends.
@@ -107,18 +104,15 @@ class DynamoDbRegistrationBudget:
                     ":one": {"N": "1"},
                 },
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            # A hold at least as long is in place already.
+        )
 
     def observe(self, quota: HourlyQuota) -> None:
         """GitHub's answer said `quota`: kept unless what is kept is as fresh (the same hour, as little
         left or less). Not guarded by the version, so a take in flight is not made to try again; a take
         that lands after it writes the figure it read, less what it granted, which the next answer sets
         right."""
-        try:
-            self._client.update_item(
+        conditional_write(
+            lambda: self._client.update_item(
                 TableName=self._table,
                 Key=self._key,
                 # `version` made to exist, so that a take's write over the version it read applies.
@@ -133,9 +127,7 @@ class DynamoDbRegistrationBudget:
                     ":zero": {"N": "0"},
                 },
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
+        )
 
     def hourly(self) -> HourlyQuota | None:
         return _hourly(self._read())
@@ -178,20 +170,18 @@ class DynamoDbRegistrationBudget:
                 "hourly_remaining": {"N": str(bucket.hourly.remaining)},
                 "hourly_reset": {"N": repr(float(bucket.hourly.reset_at))},
             }
-        try:
-            self._client.put_item(
+        answer = conditional_write(
+            lambda: self._client.put_item(
                 TableName=self._table,
                 Item=item,
                 ConditionExpression=condition,
                 ExpressionAttributeValues=values,
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
-        except ClientError as exc:
-            if error_code(exc) != "ConditionalCheckFailedException":
-                raise
-            current: dict[str, Any] = exc.response.get("Item", {})  # type: ignore[assignment]
+        )
+        if isinstance(answer, Refusal):
             # Our own write, applied by an attempt whose answer was lost: the take stands.
-            return bool(current.get("taker", {}).get("S") == taker)
+            return bool(answer.item.get("taker", {}).get("S") == taker)
         return True
 
 

@@ -22,13 +22,11 @@ import math
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
 from runner_pool.adapters import aws_clients
-from runner_pool.adapters.aws_clients import error_code
+from runner_pool.adapters.aws_clients import Refusal, attempt
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.instance_arns import names_instance
-from runner_pool.adapters.state_table import (
+from runner_pool.adapters.state_items import (
     PARTITION_KEY,
     SORT_KEY,
     STATE_ITEM,
@@ -37,9 +35,9 @@ from runner_pool.adapters.state_table import (
     readable_record,
 )
 from runner_pool.domain.clock import Clock
-from runner_pool.domain.config import Timeouts
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.runner_configs import CredentialsUnreadableError, RunnerConfig, StoredConfig
+from runner_pool.domain.timeouts import Timeouts
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -200,14 +198,12 @@ class RunnerCredentials:
         }
         if self._key_id is not None:
             request["KeyId"] = self._key_id
-        try:
-            plaintext: bytes = self._kms.decrypt(**request)["Plaintext"]
-        except ClientError as exc:
-            if error_code(exc) in _UNREADABLE_CODES:
-                raise CredentialsUnreadableError(
-                    f"KMS refused to decrypt the runner config under {arn}: {error_code(exc)}"
-                ) from exc
-            raise
+        decrypted = attempt(lambda: self._kms.decrypt(**request), _UNREADABLE_CODES)
+        if isinstance(decrypted, Refusal):
+            raise CredentialsUnreadableError(
+                f"KMS refused to decrypt the runner config under {arn}: {decrypted.code}"
+            ) from decrypted.error
+        plaintext: bytes = decrypted["Plaintext"]
         return plaintext
 
     def _expiry(self, now: float) -> int:

@@ -2,7 +2,7 @@
 
 A step that acts on hundreds of instances (Create's hand-overs, opening notice queues) cannot make its
 calls one after another: at a few hundred milliseconds each, 350 of them took Create past its 120 s
-timeout (issue 15). Threads share the step's clients, which boto3 documents as thread-safe
+timeout. Threads share the step's clients, which boto3 documents as thread-safe
 ("Multithreading or multiprocessing with clients", boto3 guide) and githubkit builds per call on our
 one pooled transport (adapters/github_api.py). Each call runs in a copy of the caller's context, so
 what a context variable holds (the logger's keys) holds in every call.

@@ -11,6 +11,9 @@ One message per webhook delivery that asks for something:
                    repository), from which the dispatcher decides its jobs' level of trust
     run-from-fork  (from an earlier release, still read) a workflow run's head repository is a fork: its
                    jobs are untrusted
+    instant-queued a job of a class's instant tier is waiting: one more runner for the tier
+    tier-group     the repositories the App's installation covers changed: the instant tier's runner group
+                   is set to them again (domain/instant.py `TierGroupAccess`)
 
 The dispatcher counts each job once, ever, in a ledger (a conditional write per job id), before it
 starts anything, because Express workflows do not refuse a second execution of the same name and
@@ -162,6 +165,15 @@ class InstantQueued(_Message):
     job_id: int = Field(gt=0)
 
 
+class TierGroupChanged(_Message):
+    """The installation's repositories changed (an `installation_repositories` delivery): the instant
+    tier's runner group is set to the repositories it covers now, read whole from GitHub, so deliveries
+    that come twice or out of order all end at the same list."""
+
+    kind: Literal["tier-group"] = "tier-group"
+    installation_id: int = Field(gt=0)
+
+
 class InstanceRelease(_Message):
     kind: Literal["release"] = "release"
     request: ReleaseRequest
@@ -179,7 +191,14 @@ class RunCompleted(_Message):
 
 
 DemandMessage = Annotated[
-    JobQueued | JobCancelled | InstanceRelease | RunCompleted | RunRequested | RunFromFork | InstantQueued,
+    JobQueued
+    | JobCancelled
+    | InstanceRelease
+    | RunCompleted
+    | RunRequested
+    | RunFromFork
+    | InstantQueued
+    | TierGroupChanged,
     Field(discriminator="kind"),
 ]
 _MESSAGES: TypeAdapter[DemandMessage] = TypeAdapter(DemandMessage)

@@ -14,6 +14,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from runner_pool.domain.labels import instant_class
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.trust import TrustLevel
 
@@ -106,11 +107,19 @@ class FollowUpRequest(_Input):
     repository: str = Field(min_length=1)
     run_key: RunKeyText = Field(min_length=1)
     holder: str = Field(min_length=1, description="the dispatch that leads the follow-up in the ledger")
-    attempts: tuple[tuple[int, int], ...] = Field(min_length=1, description="(run id, attempt) of its jobs")
+    attempts: tuple[tuple[int, int], ...] = Field(
+        description="(run id, attempt) of its jobs; none for an instant tier's (no run's demand)"
+    )
     closes_at: float = Field(description="when its window closes, unless more jobs join (epoch seconds)")
     repository_id: int | None = Field(
         None, gt=0, description="the repository's id, as its jobs' webhooks gave it"
     )
+
+    @model_validator(mode="after")
+    def _of_runs_unless_a_tiers(self) -> FollowUpRequest:
+        if not self.attempts and instant_class(self.run_key) is None:
+            raise ValueError(f"a follow-up of {self.run_key!r} names the run attempts of its jobs")
+        return self
 
     @property
     def execution_name(self) -> str:

@@ -191,7 +191,7 @@ class Termination(StrEnum):
 
 
 class Start(StrEnum):
-    """What StartInstances made of a stopped instance (issue 16, item 2)."""
+    """What StartInstances made of a stopped instance."""
 
     STARTING = "starting"
     """EC2 took the start: the instance is pending, then running (EC2 API Reference, StartInstances)."""

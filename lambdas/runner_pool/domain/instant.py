@@ -9,22 +9,27 @@ instance nothing of an earlier job is on may wait so: a pristine one, which serv
 terminated (never pooled), whatever the job's level of trust.
 
 The control plane follows: each `queued` job of the tier is one more runner asked for (whichever queued
-job GitHub gives it is fine), each `completed` one releases its instance to termination, and refresh tops
-the tier up to its size. The tier's runners then outnumber its size plus the jobs queued for it only for
-a moment: a queued job asks for one runner, and the runner it is given (or another's, which it then
-leaves waiting) is the one that job counts against; one asked for a job that was cancelled, or taken by
-a runner asked for by another, leaves more waiting than the size, which refresh takes back
+job GitHub gives it is fine), counted once in the demand ledger and batched with the tier's other jobs of
+a burst as a run's are (steps/dispatcher.py), each `completed` one releases its instance to termination,
+and refresh tops the tier up to its size. The tier's runners then outnumber its size plus the jobs queued
+for it only for a moment: a queued job asks for one runner, and the runner it is given (or another's,
+which it then leaves waiting) is the one that job counts against; one asked for a job that was cancelled,
+or taken by a runner asked for by another, leaves more waiting than the size, which refresh takes back
 (`surplus_waiting`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from runner_pool.domain.clock import Epoch
+from runner_pool.domain.config import StackConfig
 from runner_pool.domain.labels import LabelError, instant_class, instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import Arch, InstanceRecord
+from runner_pool.domain.runner_scope import OrganizationScope
 from runner_pool.domain.runners import RegisteredRunner, RunnerStatus
 
 DEFAULT_RUNNER_LABELS = ("self-hosted", "linux")
@@ -112,4 +117,37 @@ def waited_offline(record: InstanceRecord | None, runner: RegisteredRunner, now:
         and record.runner_id == runner.runner_id
         and runner.status is RunnerStatus.OFFLINE
         and not record.threshold_passed(now)
+    )
+
+
+@dataclass(frozen=True)
+class TierGroupAccess:
+    """Which repositories' jobs the organisation's tier runner group admits: every repository of the
+    organisation (`repository_ids` None, visibility `all`), or exactly these (visibility `selected`)."""
+
+    repository_ids: frozenset[int] | None
+
+    @property
+    def visibility(self) -> Literal["all", "selected"]:
+        return "all" if self.repository_ids is None else "selected"
+
+
+def tier_group_access(repository_selection: str, repository_ids: Iterable[int]) -> TierGroupAccess:
+    """The tier group's access for an installation whose `repository_selection` is `all` (every repository
+    of the organisation) or `selected` (`repository_ids` only). A tier runner waits for whichever job
+    GitHub gives it, and we hear only of the jobs of the repositories the installation covers ("A webhook
+    can only access events that are available in the ... GitHub App where it is installed",
+    docs.github.com, "Types of webhooks"): a repository outside a selection could take a runner whose job
+    we never follow. Any other answer is read as `selected`, so the group never admits more than the
+    repositories listed."""
+    if repository_selection == "all":
+        return TierGroupAccess(None)
+    return TierGroupAccess(frozenset(repository_ids))
+
+
+def keeps_tier_group(config: StackConfig) -> bool:
+    """Whether the stack keeps an organisation runner group for its instant tiers: an organisation's, any
+    of whose classes keeps a tier at any hour (which the config lets register only in runner groups)."""
+    return isinstance(config.github.scope, OrganizationScope) and any(
+        minimum.keeps_instant() for minimum in config.warm_pool_minimum.values()
     )

@@ -43,7 +43,7 @@ _TYPE_GLOB = re.compile(r"[a-z0-9*][a-z0-9.*-]{0,29}")
 """One `types=` glob, as CreateFleet takes it in InstanceRequirements.AllowedInstanceTypes: "*" is the
 only wildcard, each entry 1 to 30 characters of `[a-zA-Z0-9.*-]` (botocore's EC2 model, shape
 AllowedInstanceType; EC2 API reference, InstanceRequirementsRequest), lowercase as type names are.
-A glob outside it was accepted here and failed every CreateFleet (issue 12, defect 10)."""
+A glob outside it was accepted here and failed every CreateFleet."""
 MAX_TYPE_GLOBS = 400
 """AllowedInstanceTypes holds at most 400 entries (botocore's EC2 model, AllowedInstanceTypeSet)."""
 _MINUTES = re.compile(r"[1-9][0-9]{0,5}")

@@ -11,7 +11,7 @@ class InstanceState(StrEnum):
     RUNNING = "running"
     IDLE = "idle"
     STOPPING = "stopping"
-    """Chosen for the stopped tier (issue 16, item 2): EC2 StopInstances asked, not yet seen stopped."""
+    """Chosen for the stopped tier: EC2 StopInstances asked, not yet seen stopped."""
     STOPPED = "stopped"
     """EC2 reports it stopped: it pays for its EBS volumes only, and waits to be started for a run."""
     TERMINATED = "terminated"

@@ -1,5 +1,5 @@
-"""Notices: how the control plane tells an instance's agent "your record changed, read it now" (issue 15,
-item 4) without ever connecting to the instance.
+"""Notices: how the control plane tells an instance's agent "your record changed, read it now"
+without ever connecting to the instance.
 
 Each instance has a notice queue of its own, an SQS standard queue named `<stack>-notice-<instance id>`,
 opened by the control plane right after it records the instance and tagged with the instance's ARN. Its

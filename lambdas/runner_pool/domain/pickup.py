@@ -353,7 +353,7 @@ class PickupManager:
     def _may_hold_offers(self, partition: PoolPartition, counts: Counter[str]) -> bool:
         """False only when the records say no instance of the partition is idle: then reading its queue
         could find nothing to take, and on an empty queue a receive waits out its whole long poll, the
-        cold path's longest wait (issue 15). A failed look reads the queue, as before there was one:
+        cold path's longest wait. A failed look reads the queue, as before there was one:
         a transient fault may cost a second, never a warm instance."""
         try:
             return self._records.holds_idle(partition)
@@ -421,12 +421,10 @@ class PickupManager:
                 elif len(candidates) >= room:
                     # Not looked up: the caller is waiting, and whoever picks it next checks its record.
                     spare.append(received)
-                elif still_offered(message, self._records.get(message.instance_id), now):
-                    candidates.append(message)
-                    remove.append(received.receipt)
                 else:
-                    read.counts["dropped_stale"] += 1
-                    remove.append(received.receipt)
+                    self._take_if_offered(
+                        read, received.receipt, message, now, candidates=candidates, remove=remove
+                    )
         except Exception:
             # What was judged so far is in hand: the whole batch goes back rather than be decided half.
             read.misfits += [r.receipt for r in batch if r not in read.reserve]
@@ -451,18 +449,34 @@ class PickupManager:
                 message = received.message
                 if message is None or len(candidates) >= room:
                     spare.append(received)
-                elif still_offered(message, self._records.get(message.instance_id), now):
-                    candidates.append(message)
-                    remove.append(received.receipt)
                 else:
-                    read.counts["dropped_stale"] += 1
-                    remove.append(received.receipt)
+                    self._take_if_offered(
+                        read, received.receipt, message, now, candidates=candidates, remove=remove
+                    )
         except Exception:
             read.reserve = reserve  # nothing deleted yet: all of it goes back, as a batch in `_settle` does
             raise
         remove += self._resend(read, spare)
         read.counts["undeleted"] += len(self._queue.delete(read.partition, remove)) if remove else 0
         return candidates
+
+    def _take_if_offered(
+        self,
+        read: _Read,
+        receipt: str,
+        message: PoolMessage,
+        now: Epoch,
+        *,
+        candidates: list[PoolMessage],
+        remove: list[str],
+    ) -> None:
+        """A candidate if its record still offers it, else a stale offer dropped: its message leaves the
+        queue either way."""
+        if still_offered(message, self._records.get(message.instance_id), now):
+            candidates.append(message)
+        else:
+            read.counts["dropped_stale"] += 1
+        remove.append(receipt)
 
     def _resend(self, read: _Read, spare: list[ReceivedMessage]) -> list[str]:
         """Offer matches beyond the candidate again at once, as new messages; returns the receipts of

@@ -1,4 +1,4 @@
-"""The pool's partitions: one queue per resource class, usage and architecture (issue 15, item 3).
+"""The pool's partitions: one queue per resource class, usage and architecture.
 
 A label's hard keys choose the queue a request reads, so no instance that a hard key rules out ever
 stands in front of one that fits: a spot x64 request never reads an arm64 or an on-demand offer.

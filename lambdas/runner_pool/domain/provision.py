@@ -14,12 +14,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.config import ReuseSettings, Timeouts
+from runner_pool.domain.config import ReuseSettings
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.labels import INSTANT_RUN_ID, RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import Taker
 from runner_pool.domain.records import REGISTERED_SIGNALS, Heartbeat, InstanceRecord, Signal, WorkerSignal
+from runner_pool.domain.timeouts import Timeouts
 from runner_pool.domain.trust import reuses
 
 CANDIDATES_PER_SLOT = 3
@@ -75,7 +76,7 @@ class ProvisionPlan(_Step):
     a pristine one from the pool, or a new one."""
     pre_claims: tuple[str | None, ...] = ()
     """Per slot, the instance Begin's one pickup claimed for it (with the slot's attempt-0 token), if any:
-    the slot's worker hands it over without a pickup of its own (issue 15, item 2)."""
+    the slot's worker hands it over without a pickup of its own."""
     pool_exhausted: bool = False
     """Begin's pickup looked for every slot and found fewer instances than slots: a slot it claimed
     nothing for goes to creation without a look of its own."""
@@ -264,7 +265,7 @@ class ProvisionResult(_Step):
     @property
     def unserved(self) -> int:
         """Jobs no runner of this provision will take: a lost instance was moved on by someone else,
-        most often the release of a short job it already served (fix 6), so it is not one of them."""
+        most often the release of a short job it already served, so it is not one of them."""
         return max(0, self.shortfall - len(self.lost))
 
 
@@ -323,7 +324,7 @@ def _moved_on(
     """An instance this hand-off no longer holds: failed, unless a release made it idle after its runner
     registered for the run (the agent's current signal says so).
 
-    That is the release of a short job it ran (issue 13, fix 6, seen at this look rather than at
+    That is the release of a short job it ran (seen at this look rather than at
     Finish), or of its run: ready then, so that Finish's activate loses it and counts it lost, not
     unserved. Failed would ask again for a runner for a job this one has already run, and the provision
     asked would read the pool, holding the misfits it receives out of every other request's sight.

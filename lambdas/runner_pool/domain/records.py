@@ -42,11 +42,11 @@ INSTANCE_ID_PATTERN = r"^i-(?:[0-9a-f]{8}|[0-9a-f]{17})$"
 """An EC2 instance id: `i-` and 8 (older) or 17 hexadecimal characters
 (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/resource-ids.html). Anything else read from a
 queue or a request is not one of our instances: a forged over-long id would otherwise reach DynamoDB's
-key-size limit and fail every provision that reads it (issue 12, defect 10)."""
+key-size limit and fail every provision that reads it."""
 
 
 MAX_REASON_CHARS = 500
-"""The longest failure reason a signal carries (issue 12, item 3: bounded, whatever the agent wrote)."""
+"""The longest failure reason a signal carries (bounded, whatever the agent wrote)."""
 
 
 class _Record(BaseModel):
@@ -88,10 +88,10 @@ class InstanceRecord(InstanceFacts):
     judged by it, and a release retires the instance rather than pooling it."""
     repository: str | None = None
     """The repository (`owner/repo`) of the run that holds it or last held it; None until it serves one.
-    Pickup offers an idle instance only to jobs within `reuse.scope` of it (issue 14, item 2)."""
+    Pickup offers an idle instance only to jobs within `reuse.scope` of it."""
     repository_id: int | None = Field(None, gt=0)
     """That repository's id, when its demand carried one: the claim compares it, not the name, and the
-    hand-over registers in its runner group (issue 36, item 5)."""
+    hand-over registers in its runner group."""
     jobs_served: int = Field(0, ge=0)
     """Hand-offs to a run so far (created for one, or claimed); `reuse.max_jobs` caps it. Never counted
     back down, not even when a claim is given back: a runner handed its config may have run a job, so

@@ -12,12 +12,12 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.config import Timeouts
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceRecord
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runners import RunnerRemoval
+from runner_pool.domain.timeouts import Timeouts
 
 
 class ReleaseStatus(StrEnum):
@@ -33,7 +33,7 @@ class ReleaseStatus(StrEnum):
     RETIRED = "retired"
     """Served its last job: expired, not pooled (single use, `reuse.max_jobs`, `reuse.max_age_minutes`)."""
     QUARANTINED = "quarantined"
-    """GitHub gave its runner a job of another run or repository: expired, never pooled (issue 14)."""
+    """GitHub gave its runner a job of another run or repository: expired, never pooled."""
 
 
 class _Step(BaseModel):
@@ -180,7 +180,7 @@ def ran_a_foreign_job(record: InstanceRecord | None, item: ReleaseItem) -> bool:
     than the one its instance was handed to (a runner that only that repository's jobs can take: defence
     in depth, never expected), or of another run or another attempt of it. Every attempt of a run has
     the same `pool=` label, so GitHub can give a re-run's job to a runner of an earlier attempt still
-    registered (issue 36, item 3); the run key the runner was registered for tells them apart."""
+    registered; the run key the runner was registered for tells them apart."""
     if item.runner_id is None or record is None or record.runner_id != item.runner_id:
         return False
     if (
@@ -221,7 +221,7 @@ def hand_off_to_end(record: InstanceRecord | None, item: ReleaseItem) -> int | N
     """The runner of a claimed or created instance's hand-off that this job or run release ends, if any.
 
     Its runner may have taken one of the run's jobs already: a short job can end before its provision's
-    Finish sets the instance running (issue 13, fix 6), and GitHub may deliver the run's completion
+    Finish sets the instance running, and GitHub may deliver the run's completion
     before that job's, or the two releases may run side by side. Served or not, the instance was handed
     nothing but the run's runner config, so it is cleaned by its agent and pooled like any released
     one. A job's release names the runner it ran on; only that hand-off is ended by it.

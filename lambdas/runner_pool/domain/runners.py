@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.labels import LabelError, is_pool_label
 from runner_pool.domain.run_keys import RunKey
+
+if TYPE_CHECKING:
+    from runner_pool.domain.instant import TierGroupAccess
 
 CONFLICT = 409
 DEFAULT_RUNNER_GROUP_ID = 1
@@ -199,3 +202,9 @@ class RunnerRegistry(Protocol):
     def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]: ...
 
     def redeliver(self, delivery_id: int) -> None: ...
+
+    def keep_instant_group_in_step(self) -> TierGroupAccess | None:
+        """Set the instant tier's organisation runner group to admit exactly the repositories the App's
+        installation covers (domain/instant.py); None where the tier registers in no such group (at a
+        repository, or an organisation registering at each job's repository)."""
+        ...

@@ -1,4 +1,4 @@
-"""The stopped tier (issue 16, item 2): which idle instances refresh stops, how long they stay stopped, and
+"""The stopped tier: which idle instances refresh stops, how long they stay stopped, and
 which stopped instance a request may start.
 
 An idle on-demand instance whose idle time is about to run out is stopped instead of terminated, up to

@@ -9,8 +9,8 @@ A request is checked in this order, and the first check that fails answers it:
          object, or a `workflow_job` / `workflow_run` payload lacks a field we read
 
 Nothing of the body is parsed before its signature has been checked. Events other than `ping`,
-`workflow_job` and `workflow_run` are acknowledged and ignored, as are the actions of those two
-that ask nothing of us.
+`workflow_job`, `workflow_run` and `installation_repositories` are acknowledged and ignored, as are the
+actions of those that ask nothing of us.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from runner_pool.domain.demand import (
     JobQueued,
     RunCompleted,
     RunRequested,
+    TierGroupChanged,
 )
 from runner_pool.domain.executions import ReleaseRequest, instance_of_runner
-from runner_pool.domain.instant import instant_job
+from runner_pool.domain.instant import instant_job, keeps_tier_group
 from runner_pool.domain.labels import LabelError, RunnerLabel, instant_label, is_pool_label
 from runner_pool.domain.reruns import job_failed
 from runner_pool.domain.run_keys import RunKey
@@ -88,7 +89,7 @@ class Repository(_Payload):
     full_name: str = Field(pattern=r"^[^/\s]+/[^/\s]+$", max_length=200)
     id: int | None = Field(None, gt=0)
     """The repository's id, which a rename does not change and a new repository of an old name does not
-    take: what reuse and runner groups are decided by (issue 36, item 5)."""
+    take: what reuse and runner groups are decided by."""
     private: bool | None = None
     visibility: str | None = None
     """`public`, `private` or `internal`; GitHub's webhook examples carry it beside `private`."""
@@ -160,6 +161,20 @@ class WorkflowRunEvent(_Payload):
 # --- the request ---------------------------------------------------------------------------------------
 
 
+class InstallationRef(_Payload):
+    id: int = Field(gt=0)
+
+
+class InstallationRepositoriesEvent(_Payload):
+    """Which repositories the App's installation covers changed ("Webhook events and payloads",
+    installation_repositories: `added` or `removed`, with `repository_selection`); every App receives it
+    without subscribing ("You cannot manually subscribe to this event")."""
+
+    action: str
+    installation: InstallationRef
+    repository_selection: str
+
+
 @dataclass(frozen=True)
 class Refusal:
     """A request that is not a delivery we can use: a 4xx with a short reason; nothing else happens."""
@@ -174,7 +189,7 @@ class Delivery:
 
     delivery_id: str
     event: str
-    payload: WorkflowJobEvent | WorkflowRunEvent | None
+    payload: WorkflowJobEvent | WorkflowRunEvent | InstallationRepositoriesEvent | None
     """None for events we do not read (ping among them)."""
 
 
@@ -215,7 +230,9 @@ def _header(
     return value
 
 
-def _payload(event: str, body: bytes) -> WorkflowJobEvent | WorkflowRunEvent | None:
+def _payload(
+    event: str, body: bytes
+) -> WorkflowJobEvent | WorkflowRunEvent | InstallationRepositoriesEvent | None:
     try:
         document = pydantic_core.from_json(body)
     except ValueError:
@@ -231,9 +248,10 @@ def _payload(event: str, body: bytes) -> WorkflowJobEvent | WorkflowRunEvent | N
         raise _Refused(400, f"not a {event} payload: {_first_error(exc)}") from None
 
 
-_MODELS: dict[str, type[WorkflowJobEvent] | type[WorkflowRunEvent]] = {
+_MODELS: dict[str, type[WorkflowJobEvent] | type[WorkflowRunEvent] | type[InstallationRepositoriesEvent]] = {
     "workflow_job": WorkflowJobEvent,
     "workflow_run": WorkflowRunEvent,
+    "installation_repositories": InstallationRepositoriesEvent,
 }
 
 
@@ -284,6 +302,8 @@ def verdict(delivery: Delivery, config: StackConfig) -> Verdict:
             return _job_verdict(job_event, config)
         case WorkflowRunEvent() as run_event:
             return _run_verdict(run_event)
+        case InstallationRepositoriesEvent() as installation_event:
+            return _installation_verdict(installation_event, config)
         case _:
             return Ignored(_short(f"event {delivery.event} is not used"))
 
@@ -308,12 +328,12 @@ def _job_verdict(event: WorkflowJobEvent, config: StackConfig) -> Verdict:
 def _foreign(event: WorkflowJobEvent) -> Verdict | None:
     """A job running on one of our runners that is not of the run its `pool=` label names: another
     repository's job that copied our label (run ids are not secret), which GitHub could hand an
-    organisation-scoped runner (issue 14, item 1). Its runner's instance is quarantined.
+    organisation-scoped runner. Its runner's instance is quarantined.
 
     A job of the same run's later attempt (a re-run) carries the same label, and GitHub can give it a
     runner of an earlier attempt still registered; only the record knows which attempt the runner is
-    for, so such a job that starts on our runner is sent to the release to be judged there (issue 36,
-    item 3). A job of attempt 1 has no earlier attempt to be mistaken for."""
+    for, so such a job that starts on our runner is sent to the release to be judged there.
+    A job of attempt 1 has no earlier attempt to be mistaken for."""
     job = event.workflow_job
     if event.action not in ("in_progress", "completed") or job.runner_id is None:
         return None
@@ -486,6 +506,19 @@ def _refused_by_runner_groups(event: WorkflowJobEvent, config: StackConfig) -> s
         "(github.registration: runner-group), which take no public repository; set "
         "github.runner_groups_allow_public_repositories: true to serve it"
     )
+
+
+def _installation_verdict(event: InstallationRepositoriesEvent, config: StackConfig) -> Verdict:
+    """The instant tier's runner group is set again to the installation's repositories (refresh does the
+    same every run, should this delivery be lost); nothing for another installation, or a stack that keeps
+    no such group."""
+    installation_id = event.installation.id
+    if installation_id != config.github.installation_id:
+        return Ignored(_short(f"installation {installation_id} is not this stack's"))
+    if not keeps_tier_group(config):
+        return Ignored("no instant tier runner group to keep in step")
+    summary = f"installation's repositories {event.action} ({event.repository_selection}): tier group queued"
+    return Accepted(TierGroupChanged(installation_id=installation_id), _short(summary))
 
 
 def _run_verdict(event: WorkflowRunEvent) -> Verdict:

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from runner_pool.adapters.fleet import Fleet
-from runner_pool.adapters.state_table import StateTable, TransitionResult
+from runner_pool.adapters.state_table import StateTable
+from runner_pool.adapters.state_writes import TransitionResult
 from runner_pool.domain import stopped_tier
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import StackConfig
@@ -46,8 +47,8 @@ CLAIM_RESERVE_SECONDS = 10.0
 and its in-line checks. A pickup begins only with its whole budget and this left, and the in-line
 checks run only while this is left: a slow step (a loaded region, a long pool queue) returns what it
 has, to be claimed again or checked by the state machine's loop, instead of timing out. Three timeouts
-in a row (Sandbox.Timedout) failed the Map and the execution, with its jobs left to a redrive: issue
-15's 1,000-job burst under load, 2026-11-27."""
+in a row (Sandbox.Timedout) failed the Map and the execution, with its jobs left to a redrive (a burst
+of 1,000 jobs under load did)."""
 
 
 class ClaimWorkers:
@@ -177,7 +178,7 @@ class ClaimWorkers:
         return worker.holding_nothing(attempt=attempt)
 
     def _start_stopped(self, worker: ClaimWorker, attempt: int) -> ClaimWorker | None:
-        """The stopped tier (issue 16, item 2), once the hot pool had nothing: claim a stopped instance that
+        """The stopped tier, once the hot pool had nothing: claim a stopped instance that
         fits, start it, hand it its config; None if there is none that fits and starts.
 
         The claim (stopped → claimed, a conditional write) comes before StartInstances, so two workers

@@ -9,7 +9,7 @@ work did not happen (SQS delivers them again) and goes into the report: none esc
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
@@ -25,6 +25,7 @@ from runner_pool.domain.demand import (
 )
 from runner_pool.domain.executions import PROVISION_LIMIT, FollowUpRequest, ProvisionRequest, ReleaseRequest
 from runner_pool.domain.follow_up import SEAL_ATTEMPTS, FollowUp, Sealing
+from runner_pool.domain.labels import instant_class
 from runner_pool.domain.reruns import served_on_demand
 from runner_pool.domain.trust import TrustLevel, least_trusted
 from runner_pool.steps.run_trust import RunTrust
@@ -58,6 +59,8 @@ class DispatchReport:
     gathered_here: list[str] = field(default_factory=list)
     """Why the follow-up state machine did not start for a follow-up this dispatch leads (it gathered
     the follow-up itself)."""
+    tier_groups: int = 0
+    """Times the instant tier's runner group was set to the installation's repositories."""
     failures: list[Failure] = field(default_factory=list)
 
     @property
@@ -84,7 +87,16 @@ class Group:
 
     def add(self, message_id: str, job: JobQueued) -> None:
         self.jobs.setdefault(job.job_id, job)
-        self.messages.setdefault(job.job_id, []).append(message_id)
+        self.ask(message_id, job.job_id)
+
+    def ask(self, message_id: str, job_id: int) -> None:
+        """Note a message that asked for the job (an instant tier's jobs are known by this alone)."""
+        self.messages.setdefault(job_id, []).append(message_id)
+
+    @property
+    def instant(self) -> bool:
+        """An instant tier's demand (domain/instant.py): no run's, so no run attempt can have ended it."""
+        return instant_class(self.run_key) is not None
 
     def message_ids(self, job_ids: Iterable[int]) -> tuple[str, ...]:
         """This batch's messages for these jobs (a follow-up's jobs that others added have none here)."""
@@ -166,14 +178,19 @@ class DemandStarts:
         )
 
     def start_apart(
-        self, report: DispatchReport, group: Group, current: list[JobQueued], holder: str, until: Epoch
+        self,
+        report: DispatchReport,
+        group: Group,
+        job_ids: Sequence[int],
+        *,
+        public_ids: Collection[int],
+        holder: str,
+        until: Epoch,
     ) -> None:
         """Start one provision per PROVISION_LIMIT of these jobs, with no follow-up."""
-        public = {job.job_id for job in current if job.public}
-        job_ids = [job.job_id for job in current]
         for start in range(0, len(job_ids), PROVISION_LIMIT):
-            chunk = job_ids[start : start + PROVISION_LIMIT]
-            self._provision_chunk(report, group, chunk, public_ids=public, holder=holder, until=until)
+            chunk = list(job_ids[start : start + PROVISION_LIMIT])
+            self._provision_chunk(report, group, chunk, public_ids=public_ids, holder=holder, until=until)
 
     def seal_once_closed(
         self,
@@ -223,7 +240,7 @@ class DemandStarts:
         except Exception as exc:  # any fault fails our messages, for SQS to retry them
             report.failures.append(Failure(own, f"start the follow-up of {group.run_key}", repr(exc)))
             return
-        if not live:
+        if not live and not group.instant:
             report.stale += len(follow_up.job_ids)
         else:
             job_ids = sorted(follow_up.job_ids)

@@ -3,10 +3,11 @@
 Cancellations and requested runs (whose level of trust is decided then, steps.run_trust) go first, so a job
 cancelled in the same batch as its demand is never counted and a run's level is there before its demand; run
 completions next, so a run that completed refuses the rest of its demand; then each run key's queued jobs take
-a turn in the ledger (domain.follow_up: first, joined, leader, taken over, waiting); releases after. Last, so
-nothing else of the batch waits: demand that met its follow-up being started waits for that start, and each
-follow-up this dispatch leads is given to the follow-up state machine (or, should that not start, gathered
-here). What failed is in the report, for SQS to deliver again; nothing raises.
+a turn in the ledger (domain.follow_up: first, joined, leader, taken over, waiting), and so do each instant
+tier's, under the tier's label per owner; an installation's changed repositories set the tier's runner group
+once; releases after. Last, so nothing else of the batch waits: demand that met its follow-up being started
+waits for that start, and each follow-up this dispatch leads is given to the follow-up state machine (or,
+should that not start, gathered here). What failed is in the report, for SQS to deliver again; nothing raises.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from runner_pool.domain.demand import (
     RunCompleted,
     RunFromFork,
     RunRequested,
+    TierGroupChanged,
 )
-from runner_pool.domain.executions import FollowUpRequest, ProvisionRequest, ReleaseRequest
+from runner_pool.domain.executions import FollowUpRequest, ReleaseRequest
 from runner_pool.domain.follow_up import (
     BURST_QUIET_SECONDS,
     FOLLOW_UP_LIMIT_SECONDS,
@@ -43,11 +45,23 @@ from runner_pool.steps.reruns import Reruns
 from runner_pool.steps.run_trust import RunTrust
 
 
+@dataclass(frozen=True)
+class _Jobs:
+    """The jobs of a group that take a turn in the ledger: their ids, and which are a public repository's."""
+
+    job_ids: list[int]
+    public_ids: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, jobs: Sequence[JobQueued]) -> _Jobs:
+        return cls([job.job_id for job in jobs], frozenset(job.job_id for job in jobs if job.public))
+
+
 @dataclass
 class _Turns:
     """What one dispatch still has to do once every group took its turn."""
 
-    waiting: list[tuple[Group, list[JobQueued]]] = field(default_factory=list)
+    waiting: list[tuple[Group, _Jobs]] = field(default_factory=list)
     """Groups that met their follow-up being started, with their current jobs."""
     led: list[tuple[Group, Epoch]] = field(default_factory=list)
     """Follow-ups this dispatch leads, with when their window closes."""
@@ -69,9 +83,12 @@ class Dispatcher:
         sealed_wait_seconds: float = SEALED_WAIT_SECONDS,
         trust: RunTrust | None = None,
         reruns: Reruns | None = None,
+        tier_group: Callable[[], object] | None = None,
     ) -> None:
         """`trust` decides runs' levels (without it: from `requested` deliveries only, by the built-in
-        table); `reruns` re-runs a completed run whose job an interruption failed (without it: none is)."""
+        table); `reruns` re-runs a completed run whose job an interruption failed (without it: none is);
+        `tier_group` sets the instant tier's runner group to the installation's repositories
+        (domain.runners.RunnerRegistry.keep_instant_group_in_step; without it that is left to refresh)."""
         self._ledger = ledger
         self._starter = starter
         self._clock = clock
@@ -83,6 +100,7 @@ class Dispatcher:
         self._window = window_seconds
         self._limit = limit_seconds
         self._sealed_wait = sealed_wait_seconds
+        self._tier_group = tier_group
 
     def dispatch(
         self, batch: Sequence[tuple[str, DemandMessage]], holder: str, lease_seconds: float
@@ -105,20 +123,29 @@ class Dispatcher:
         turns = _Turns()
         for group in _groups(batch):
             self._provision(report, group, holder, until, turns)
-        for message_id, message in batch:
-            if isinstance(message, InstantQueued):
-                with failing(report, [message_id], f"ask an instant runner for job {message.job_id}"):
-                    self._instant(report, message)
+        for tier in _tiers(batch):
+            self._instant(report, tier, holder, until, turns)
+        self._keep_tier_group(report, batch)
         for message_id, message in batch:
             if isinstance(message, InstanceRelease):
                 request = message.request
                 with failing(report, [message_id], f"release {request.instance_id} ({request.cause})"):
                     self._release(report, request)
-        for group, current in turns.waiting:
-            self._wait_for_start(report, group, current, holder, until, turns)
+        for group, jobs in turns.waiting:
+            self._wait_for_start(report, group, jobs, holder, until, turns)
         for group, closes_at in turns.led:
             self._start_follow_up_machine(report, group, closes_at, holder, until)
         return report
+
+    def _keep_tier_group(self, report: DispatchReport, batch: Sequence[tuple[str, DemandMessage]]) -> None:
+        """Set the instant tier's runner group to the installation's repositories once for every change in
+        the batch: one read of the whole list serves them all, whatever order they came in."""
+        changed = [message_id for message_id, message in batch if isinstance(message, TierGroupChanged)]
+        if not changed or self._tier_group is None:
+            return
+        with failing(report, changed, "set the instant tier's runner group to the installation's"):
+            self._tier_group()
+            report.tier_groups += 1
 
     def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
         if self._ledger.cancel(message.job_id):
@@ -132,18 +159,28 @@ class Dispatcher:
             # by the same names: nothing twice.
             self._reruns.completed(message.repository, message.run_id, message.run_attempt)
 
-    def _instant(self, report: DispatchReport, message: InstantQueued) -> None:
-        """One runner more for the tier, asked by the job's own provision: named after the job, so a
-        repeated delivery asks for none again (domain/instant.py). No ledger: the job is no run's demand,
-        and its level of trust decides nothing, since the tier's instances are pristine and single use."""
-        request = ProvisionRequest(
-            repository=message.repository,
-            run_key=instant_label(message.resource_class),
-            count=1,
-            job_ids=(message.job_id,),
-        )
-        self._starter.provision(request)
-        report.provisions.append(request)
+    def _instant(self, report: DispatchReport, tier: Group, holder: str, until: Epoch, turns: _Turns) -> None:
+        """The tier's queued jobs of this batch, each one more runner for the tier (domain/instant.py),
+        batched as a run key's demand is: the jobs of a burst take turns in the ledger under the tier's
+        label, so they are served by one provision at once and one follow-up, not one provision each; each
+        job is counted once (a conditional write), so a repeated delivery asks for none again whatever
+        the state machines' type. No run attempt is remembered: the jobs are no run's demand, and their
+        level of trust decides nothing, since the tier's instances are pristine and single use."""
+        report.duplicates += tier.repeated_messages
+        job_ids = sorted(tier.messages)
+        try:
+            counted = self._ledger.counted(job_ids)
+            report.duplicates += len(counted)
+            current = _Jobs([job_id for job_id in job_ids if job_id not in counted])
+            if not current.job_ids:
+                return
+            turn = self._take_turn(tier, current, holder, until)
+        except Exception as exc:  # any fault fails the tier's messages, for SQS to retry them
+            report.failures.append(
+                Failure(tier.message_ids(job_ids), f"batch the demand of {tier.run_key}", repr(exc))
+            )
+            return
+        self._act(report, tier, current, turn, holder, until, turns)
 
     def _release(self, report: DispatchReport, request: ReleaseRequest) -> None:
         self._starter.release(request)
@@ -163,22 +200,22 @@ class Dispatcher:
             # that delivery is a repeat, and must not open another follow-up.
             counted = self._ledger.counted([job.job_id for job in current]) if current else frozenset()
             report.duplicates += len(counted)
-            current = [job for job in current if job.job_id not in counted]
-            if not current:
+            jobs = _Jobs.of([job for job in current if job.job_id not in counted])
+            if not jobs.job_ids:
                 return
-            turn = self._take_turn(group, current, holder, until)
+            turn = self._take_turn(group, jobs, holder, until)
         except Exception as exc:  # any fault fails the group's messages, for SQS to retry them
             what = f"batch the demand of {group.run_key}"
             report.failures.append(Failure(group.message_ids(group.jobs), what, repr(exc)))
             return
-        self._act(report, group, current, turn, holder, until, turns)
+        self._act(report, group, jobs, turn, holder, until, turns)
 
-    def _take_turn(self, group: Group, current: list[JobQueued], holder: str, until: Epoch) -> BatchTurn:
+    def _take_turn(self, group: Group, jobs: _Jobs, holder: str, until: Epoch) -> BatchTurn:
         return self._ledger.take_turn(
             group.repository,
             group.run_key,
-            job_ids=[job.job_id for job in current],
-            public_ids=[job.job_id for job in current if job.public],
+            job_ids=jobs.job_ids,
+            public_ids=sorted(jobs.public_ids),
             holder=holder,
             lease_until=until,
             window_seconds=self._window,
@@ -190,7 +227,7 @@ class Dispatcher:
         self,
         report: DispatchReport,
         group: Group,
-        current: list[JobQueued],
+        jobs: _Jobs,
         turn: BatchTurn,
         holder: str,
         until: Epoch,
@@ -198,11 +235,13 @@ class Dispatcher:
     ) -> None:
         match turn.role:
             case BatchRole.FIRST:
-                self._starts.start_apart(report, group, current, holder, until)
+                self._starts.start_apart(
+                    report, group, jobs.job_ids, public_ids=jobs.public_ids, holder=holder, until=until
+                )
             case BatchRole.WAITING:
-                turns.waiting.append((group, current))
+                turns.waiting.append((group, jobs))
             case BatchRole.JOINED:
-                report.joined += len(current)
+                report.joined += len(jobs.job_ids)
             case BatchRole.LEADER:
                 turns.led.append((group, turn.closes_at))
             case BatchRole.TAKEN_OVER if turn.follow_up is not None:
@@ -212,7 +251,7 @@ class Dispatcher:
         self,
         report: DispatchReport,
         group: Group,
-        current: list[JobQueued],
+        jobs: _Jobs,
         holder: str,
         until: Epoch,
         turns: _Turns,
@@ -223,13 +262,15 @@ class Dispatcher:
         while self._clock.now() < give_up_at:
             self._pause(SEALED_LOOK_SECONDS)
             try:
-                turn = self._take_turn(group, current, holder, until)
+                turn = self._take_turn(group, jobs, holder, until)
             except Exception:  # the jobs are still ours: start them apart below
                 break
             if turn.role is not BatchRole.WAITING:
-                self._act(report, group, current, turn, holder, until, turns)
+                self._act(report, group, jobs, turn, holder, until, turns)
                 return
-        self._starts.start_apart(report, group, current, holder, until)
+        self._starts.start_apart(
+            report, group, jobs.job_ids, public_ids=jobs.public_ids, holder=holder, until=until
+        )
 
     def _start_follow_up_machine(
         self, report: DispatchReport, group: Group, closes_at: Epoch, holder: str, until: Epoch
@@ -271,3 +312,15 @@ def _groups(batch: Sequence[tuple[str, DemandMessage]]) -> list[Group]:
             key = (message.repository, message.run_key)
             groups.setdefault(key, Group(message.repository, message.run_key)).add(message_id, message)
     return list(groups.values())
+
+
+def _tiers(batch: Sequence[tuple[str, DemandMessage]]) -> list[Group]:
+    """Instant tiers' queued jobs grouped by (owner, class): the tier's runners wait for any repository's
+    job of the owner, so every repository's jobs of a class are one tier's demand."""
+    tiers: dict[tuple[str, str], Group] = {}
+    for message_id, message in batch:
+        if isinstance(message, InstantQueued):
+            owner = message.repository.split("/", 1)[0]
+            label = instant_label(message.resource_class)
+            tiers.setdefault((owner.lower(), label), Group(owner, label)).ask(message_id, message.job_id)
+    return list(tiers.values())

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from runner_pool.adapters.fleet import Fleet
-from runner_pool.adapters.state_table import InstanceView, StateTable
+from runner_pool.adapters.state_reads import InstanceView
+from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock
-from runner_pool.domain.config import Timeouts
 from runner_pool.domain.provision import ProvisionPlan, Readiness, readiness
+from runner_pool.domain.timeouts import Timeouts
 
 
 class HeldInstances:

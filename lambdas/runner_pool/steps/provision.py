@@ -142,6 +142,7 @@ class Provision:
                     single_use=request.public,
                     repository_id=request.repository_id,
                     trust=request.trust,
+                    on_demand=request.on_demand,
                 )
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")
@@ -153,7 +154,7 @@ class Provision:
         return self._pick_up(planned)
 
     def _pick_up(self, provision: ProvisionPlan) -> ProvisionPlan:
-        """One pickup for every slot, before the claim workers start (issue 15, item 2), each instance it
+        """One pickup for every slot, before the claim workers start, each instance it
         finds claimed for a slot with that slot's first token: the workers then only hand over, never
         take offers from each other, and an empty pool is known after this one look.
 
@@ -223,9 +224,8 @@ class Provision:
     def _hand_over_pre_claims(self, provision: ProvisionPlan) -> ProvisionPlan:
         """Hand the instances just claimed their configs, side by side, before the claim workers start:
         a warm runner's config is then stored one Map start and one Lambda invocation sooner, and a Map
-        of 40 workers at a time no longer holds the 41st slot's hand-over until a worker ends (issue 15,
-        item 5). Each slot's worker then finds its hand-over done (`_hand_over` recognises it) and only
-        checks readiness.
+        of 40 workers at a time no longer holds the 41st slot's hand-over until a worker ends. Each slot's
+        worker then finds its hand-over done (`_hand_over` recognises it) and only checks readiness.
 
         Only a head start: whatever fails here (GitHub deferring, its record moved on, any error) is left
         as it is, claimed, for the slot's worker to hand over or give back as it always did. Once GitHub
@@ -418,8 +418,8 @@ class Provision:
         )
 
     def _redrive(self, provision: ProvisionPlan, unserved: int, machine: str | None) -> None:
-        """Ask again, at once, for the runners this provision could not serve (issue 13, "no job is
-        ever stranded"): the dispatcher counted these jobs already and will not start them twice, and
+        """Ask again, at once, for the runners this provision could not serve, so that no job is
+        ever stranded: the dispatcher counted these jobs already and will not start them twice, and
         GitHub keeps them queued for 24 hours. A bounded number of times; then refresh's reconciliation,
         which asks GitHub which jobs still wait, is what is left."""
         if unserved <= 0:
@@ -479,7 +479,7 @@ class Provision:
         Found from the records its claim tokens name and from the instances its launches tagged, not
         from the execution's data, which a failed step may not have written. An instance whose runner
         is registered for the run and healthy is set running, never terminated: it may be about to
-        take one of the run's jobs (issue 13). A claimed one that was never handed a runner is clean,
+        take one of the run's jobs. A claimed one that was never handed a runner is clean,
         and goes back to the pool.
         """
         run_key = provision.spec.run_key

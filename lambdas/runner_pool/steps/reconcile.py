@@ -1,4 +1,4 @@
-"""Refresh's jobs that read GitHub on behalf of runs with recent demand (DESIGN.md section 8, issue 13).
+"""Refresh's jobs that read GitHub on behalf of runs with recent demand (DESIGN.md section 8).
 
 Three jobs of steps.refresh, kept apart from the jobs over EC2 and the state table: our offline runners
 deleted (6), runners that died before their job replaced (8), and queued jobs no runner of ours serves
@@ -6,7 +6,7 @@ provisioned again (9). Jobs 6 and 9 take their share of GitHub's hourly limit: t
 while the hour's remainder is below REFRESH_FLOOR, which is kept for registrations. Each stops between
 two of its GitHub reads once the run's time is short, and the next run goes on (domain/refresh.py
 `JOB_RESERVE_SECONDS`). A run whose registration GitHub refused for
-good is not provisioned again until `REFUSAL_BACKOFF_SECONDS` have passed (issue 38, item 3).
+good is not provisioned again until `REFUSAL_BACKOFF_SECONDS` have passed.
 """
 
 from __future__ import annotations
@@ -189,6 +189,7 @@ class RunReconciliation:
                         public=run.single_use,
                         repository_id=run.repository_id,
                         trust=run.trust_of(run_key),
+                        on_demand=run_key in run.on_demand_keys,
                     )
                 )
             report.runners_replaced += 1
@@ -280,6 +281,7 @@ class RunReconciliation:
                     public=run.single_use,
                     repository_id=run.repository_id,
                     trust=run.trust_of(run_key),
+                    on_demand=run_key in run.on_demand_keys,
                 )
             )
             report.jobs_reprovisioned += missing

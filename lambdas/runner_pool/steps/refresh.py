@@ -25,19 +25,20 @@ steps.reconcile:
 5. warm pool: each class short of the warm minimum in force now (idle plus still booting) is topped
    up, and each short of its stopped minimum (the tier plus those launched for it) gets on-demand
    instances marked for the tier; a minimum that drops (a schedule's window closes) terminates nothing;
-5b. instant tier: each class whose instant tier holds fewer instances than its size asks for the rest
-   in one provision (domain/instant.py); one whose instance died or whose runner exited is short by it
-   once jobs 1, 2 and 8 have ended it (job 6 ends one whose runner GitHub shows offline), and GitHub's
-   runner is deleted by job 6; waiting runners beyond the size are deleted at GitHub and their
-   instances ended;
+5b. instant tier: its organisation runner group is set to the installation's repositories (the backstop
+   of a lost `installation_repositories` delivery); each class whose instant tier holds fewer instances
+   than its size asks for the rest in one provision (domain/instant.py); one whose instance died or whose
+   runner exited is short by it once jobs 1, 2 and 8 have ended it (job 6 ends one whose runner GitHub
+   shows offline), and GitHub's runner is deleted by job 6; waiting runners beyond the size are deleted at
+   GitHub and their instances ended;
 6. runners: our runners GitHub lists as offline are deleted, unless one may still start;
 7. redeliveries: webhook deliveries that failed in the last hour are asked for again;
 8. dead runners: a running instance whose agent reports its runner exited before it took a job
    (UD_REG_FAILED for its run key) is released, to be cleaned and pooled, and one more runner is
-   asked for the run (issue 13, fix 8);
+   asked for the run;
 9. reconcile: for runs with recent demand and no provision at work for them, GitHub is asked for
    their jobs (List jobs for a workflow run attempt), and every queued job with our label that no
-   runner of ours is free to take gets one (issue 13: no job is ever stranded). At most
+   runner of ours is free to take gets one: no job is ever stranded. At most
    RECONCILE_REQUESTS_PER_RUN requests to GitHub a run, least recently reconciled runs first;
 10. notice queues: a notice queue whose instance has no live record is deleted, and a live record
    without one gets one (its opening failed); queues are opened only after their record is written, so
@@ -65,7 +66,7 @@ from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.executions import PROVISION_LIMIT, ProvisionRequest
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
-from runner_pool.domain.instant import surplus_waiting, tier_holds, tier_shortfall
+from runner_pool.domain.instant import keeps_tier_group, surplus_waiting, tier_holds, tier_shortfall
 from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PickupManager, PoolQueue
@@ -446,6 +447,11 @@ class Refresh:
         """Ask for each class's instant-tier shortfall (domain/instant.py) in one provision, which takes
         pristine instances from the pool or launches them and registers their runners with the class's
         generic label. Named after the tick, so two runs at once ask once."""
+        if keeps_tier_group(self._config):
+            try:
+                self._registry().keep_instant_group_in_step()
+            except GitHubError:
+                logger.warning("instant tier group not set to the installation's repositories; next run")
         if self._executions is None:
             return
         now = self._clock.now()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.config import ReuseSettings, Timeouts
+from runner_pool.domain.config import ReuseSettings
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.labels import instant_class
 from runner_pool.domain.lifecycle import InstanceState
@@ -36,6 +36,7 @@ from runner_pool.domain.release import (
     release_parts,
 )
 from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemoval
+from runner_pool.domain.timeouts import Timeouts
 from runner_pool.observability import count, logger
 from runner_pool.steps.notices import NoticeSource, no_notices, notify
 from runner_pool.steps.reruns import Reruns
