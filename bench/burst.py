@@ -16,8 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import BenchTable
+from demo.burst import (
+    GITHUB_POINTS_PER_WINDOW,
+    REGISTRATIONS_PER_MINUTE,
+    Burst,
+    rate_limited_world,
+    serve_burst,
+)
 from demo.burst import GITHUB_WINDOW_SECONDS as WINDOW
-from demo.burst import REGISTRATIONS_PER_MINUTE, Burst, rate_limited_world, serve_burst
 from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.world import World
 from runner_pool.domain.executions import PROVISION_LIMIT
@@ -41,20 +47,23 @@ def run(
     runs: int = RUNS,
     system: World | None = None,
     timeout: float = TIMEOUT_SECONDS,
+    *,
     apps: int = 1,
+    points_per_window: int = GITHUB_POINTS_PER_WINDOW,
 ) -> BenchTable:
-    """The burst on a fresh rate-limited world of `apps` GitHub Apps, or on `system` (one built by
-    rate_limited_world)."""
+    """The burst on a fresh rate-limited world of `apps` GitHub Apps (each limited to `points_per_window`
+    in the fake's minute), or on `system` (one built by rate_limited_world)."""
     if system is not None:
-        return table_of(
-            serve_burst(system, jobs, runs=runs, timeout=min(timeout, 900)), jobs, Footprint(), apps
-        )
+        limit = system.github.limits.points_per_window
+        burst = serve_burst(system, jobs, runs=runs, timeout=min(timeout, 900))
+        return table_of(burst, jobs, Footprint(), apps, limit)
     with (
         tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch,
-        rate_limited_world(Path(scratch), apps=apps) as fresh,
+        rate_limited_world(Path(scratch), apps=apps, points_per_window=points_per_window) as fresh,
         footprint() as peak,
     ):
-        return table_of(serve_burst(fresh, jobs, runs=runs, timeout=timeout), jobs, peak, apps)
+        burst = serve_burst(fresh, jobs, runs=runs, timeout=timeout)
+        return table_of(burst, jobs, peak, apps, points_per_window)
 
 
 @dataclass
@@ -124,7 +133,9 @@ def _counted(table: BenchTable, heading: str, prefix: str, counts: Counter[str])
         table.row(f"  {prefix}{kind}", count)
 
 
-def table_of(burst: Burst, jobs: int, peak: Footprint, apps: int = 1) -> BenchTable:
+def table_of(
+    burst: Burst, jobs: int, peak: Footprint, apps: int = 1, points: int = GITHUB_POINTS_PER_WINDOW
+) -> BenchTable:
     """The burst's rows to print and figures to keep; a burst through two Apps keys its figures
     `burst_<jobs>_two_apps_*`."""
     through = "" if apps == 1 else f", through {apps} GitHub Apps"
@@ -184,9 +195,10 @@ def table_of(burst: Burst, jobs: int, peak: Footprint, apps: int = 1) -> BenchTa
     table.figure(f"{key}_webhook_throttled_count", burst.throttled)
     table.figure(f"{key}_webhook_failed_deliveries_count", len(burst.failed_deliveries))
     table.note(
-        f"GitHub's limit (180 registrations a minute) in its minute compressed to {WINDOW:g} s, "
-        f"{180 * 60 / WINDOW:g} a minute; the registration budget at {REGISTRATIONS_PER_MINUTE} a minute, "
-        f"above it on purpose. The limit bounds a burst of N jobs from below: N/{180 / WINDOW:g} s here "
+        f"GitHub's limit ({points // 5} registrations a minute per App; GitHub's own is 180) in its minute "
+        f"compressed to {WINDOW:g} s, {points // 5 * 60 / WINDOW:g} a minute; the registration budget at "
+        f"{REGISTRATIONS_PER_MINUTE} a minute, above it on purpose. The limit bounds a burst of N jobs "
+        f"through one App from below: N/{points // 5 / WINDOW:g} s here "
         "(plus the window already spent when it arrives), N/3 s on GitHub."
     )
     table.note(

@@ -88,9 +88,13 @@ so they count together. Lambda's timeout names its request ("RequestId: <id> Err
 
 @contextmanager
 def rate_limited_world(
-    scratch: Path, runtime: RuntimeFactory | None = None, apps: int = 1
+    scratch: Path,
+    runtime: RuntimeFactory | None = None,
+    apps: int = 1,
+    points_per_window: int = GITHUB_POINTS_PER_WINDOW,
 ) -> Iterator[World]:
-    """`apps`: how many GitHub Apps the stack registers through, each with its own limit on the fake."""
+    """`apps`: how many GitHub Apps the stack registers through, each with its own limit on the fake;
+    `points_per_window`: that limit, GitHub's 900 points unless a benchmark needs it lower."""
     # At one repository: the burst's figures (bench/results.json) are of registrations at the repository,
     # GitHub's limit counted on that one endpoint (JIT_ROUTE), per App.
     github = (
@@ -128,7 +132,7 @@ def rate_limited_world(
     ) as running:
         limits = running.github.limits
         limits.enabled = True
-        limits.points_per_window = GITHUB_POINTS_PER_WINDOW
+        limits.points_per_window = points_per_window
         limits.window_seconds = GITHUB_WINDOW_SECONDS
         yield running
 
