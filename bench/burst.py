@@ -16,8 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import BenchTable
+from demo.burst import (
+    GITHUB_POINTS_PER_WINDOW,
+    REGISTRATIONS_PER_MINUTE,
+    Burst,
+    rate_limited_world,
+    serve_burst,
+)
 from demo.burst import GITHUB_WINDOW_SECONDS as WINDOW
-from demo.burst import REGISTRATIONS_PER_MINUTE, Burst, rate_limited_world, serve_burst
 from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.world import World
 from runner_pool.domain.executions import PROVISION_LIMIT
@@ -27,6 +33,9 @@ RUNS = 10
 """300 jobs as 10 runs of a 30-job matrix, the shape every burst_300 figure so far was measured with."""
 TIMEOUT_SECONDS = 1800.0
 
+APPS_NAMES = {2: "two", 3: "three"}
+"""How a burst through several Apps names its figures (`burst_1000_two_apps_served_seconds`)."""
+
 SMALL = {"jobs": 20}
 """`python -m bench --small`'s size; make test runs it at its full 300 (as burst_1000's small size) on the
 world of its own e2e test (tests/e2e/test_github_resilience.py), which then checks that world settles
@@ -34,17 +43,27 @@ and accounts."""
 
 
 def run(
-    jobs: int = JOBS, runs: int = RUNS, system: World | None = None, timeout: float = TIMEOUT_SECONDS
+    jobs: int = JOBS,
+    runs: int = RUNS,
+    system: World | None = None,
+    timeout: float = TIMEOUT_SECONDS,
+    *,
+    apps: int = 1,
+    points_per_window: int = GITHUB_POINTS_PER_WINDOW,
 ) -> BenchTable:
-    """The burst on a fresh rate-limited world, or on `system` (one built by rate_limited_world)."""
+    """The burst on a fresh rate-limited world of `apps` GitHub Apps (each limited to `points_per_window`
+    in the fake's minute), or on `system` (one built by rate_limited_world)."""
     if system is not None:
-        return table_of(serve_burst(system, jobs, runs=runs, timeout=min(timeout, 900)), jobs, Footprint())
+        limit = system.github.limits.points_per_window
+        burst = serve_burst(system, jobs, runs=runs, timeout=min(timeout, 900))
+        return table_of(burst, jobs, Footprint(), apps, limit)
     with (
         tempfile.TemporaryDirectory(prefix="bench-burst-") as scratch,
-        rate_limited_world(Path(scratch)) as fresh,
+        rate_limited_world(Path(scratch), apps=apps, points_per_window=points_per_window) as fresh,
         footprint() as peak,
     ):
-        return table_of(serve_burst(fresh, jobs, runs=runs, timeout=timeout), jobs, peak)
+        burst = serve_burst(fresh, jobs, runs=runs, timeout=timeout)
+        return table_of(burst, jobs, peak, apps, points_per_window)
 
 
 @dataclass
@@ -114,14 +133,18 @@ def _counted(table: BenchTable, heading: str, prefix: str, counts: Counter[str])
         table.row(f"  {prefix}{kind}", count)
 
 
-def table_of(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
-    """The burst's rows to print and figures to keep."""
+def table_of(
+    burst: Burst, jobs: int, peak: Footprint, apps: int = 1, points: int = GITHUB_POINTS_PER_WINDOW
+) -> BenchTable:
+    """The burst's rows to print and figures to keep; a burst through two Apps keys its figures
+    `burst_<jobs>_two_apps_*`."""
+    through = "" if apps == 1 else f", through {apps} GitHub Apps"
     table = BenchTable(
         f"A burst of {burst.jobs} jobs ({burst.runs} runs of a {burst.jobs // max(1, burst.runs)}-job "
-        f"matrix) against GitHub's rate limit (its minute compressed to {WINDOW:g} s)",
+        f"matrix) against GitHub's rate limit (its minute compressed to {WINDOW:g} s){through}",
         ("figure", "value"),
     )
-    key = f"burst_{jobs}"
+    key = f"burst_{jobs}" if apps == 1 else f"burst_{jobs}_{APPS_NAMES[apps]}_apps"
     table.row("jobs served", f"{burst.served} of {burst.jobs}")
     _counted(table, "  not served, by what became of them", "not served: ", burst.unserved)
     table.row("time to serve every job", f"{burst.seconds:.0f} s")
@@ -158,7 +181,9 @@ def table_of(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
         table.row("peak processes (execution environments and this one)", peak.processes)
         table.figure(f"{key}_jobs_peak_memory_bytes", peak.rss_bytes)
         table.figure(f"{key}_jobs_peak_threads_count", peak.threads)
-    table.figure(f"{key}_jobs_served_seconds", round(burst.seconds, 1))
+    table.figure(
+        f"{key}_jobs_served_seconds" if apps == 1 else f"{key}_served_seconds", round(burst.seconds, 1)
+    )
     table.figure(f"{key}_jobs_served_count", burst.served)
     table.figure(f"{key}_jobs_served_ratio", round(burst.served_ratio, 4))
     table.figure(f"{key}_jit_calls_per_job_ratio", round(burst.jit_calls_per_job, 3))
@@ -170,9 +195,10 @@ def table_of(burst: Burst, jobs: int, peak: Footprint) -> BenchTable:
     table.figure(f"{key}_webhook_throttled_count", burst.throttled)
     table.figure(f"{key}_webhook_failed_deliveries_count", len(burst.failed_deliveries))
     table.note(
-        f"GitHub's limit (180 registrations a minute) in its minute compressed to {WINDOW:g} s, "
-        f"{180 * 60 / WINDOW:g} a minute; the registration budget at {REGISTRATIONS_PER_MINUTE} a minute, "
-        f"above it on purpose. The limit bounds a burst of N jobs from below: N/{180 / WINDOW:g} s here "
+        f"GitHub's limit ({points // 5} registrations a minute per App; GitHub's own is 180) in its minute "
+        f"compressed to {WINDOW:g} s, {points // 5 * 60 / WINDOW:g} a minute; the registration budget at "
+        f"{REGISTRATIONS_PER_MINUTE} a minute, above it on purpose. The limit bounds a burst of N jobs "
+        f"through one App from below: N/{points // 5 / WINDOW:g} s here "
         "(plus the window already spent when it arrives), N/3 s on GitHub."
     )
     table.note(

@@ -35,7 +35,7 @@ from emulator.fake_github.rate_limits import POINTS_PER_MINUTE, RateLimits
 from emulator.simulated_instances import InstanceSettings
 from emulator.stack import RuntimeFactory
 from emulator.timeline import Happening, TimelineEvent
-from emulator.world import COMPRESSED_TIMEOUTS, REPOSITORY, World, compressed_config, world
+from emulator.world import COMPRESSED_TIMEOUTS, REPOSITORY, World, apps_settings, compressed_config, world
 from runner_pool.domain.executions import FollowUpRequest, ProvisionRequest, instance_of_runner
 from runner_pool.domain.run_keys import RunKey
 
@@ -87,10 +87,21 @@ so they count together. Lambda's timeout names its request ("RequestId: <id> Err
 
 
 @contextmanager
-def rate_limited_world(scratch: Path, runtime: RuntimeFactory | None = None) -> Iterator[World]:
+def rate_limited_world(
+    scratch: Path,
+    runtime: RuntimeFactory | None = None,
+    apps: int = 1,
+    points_per_window: int = GITHUB_POINTS_PER_WINDOW,
+) -> Iterator[World]:
+    """`apps`: how many GitHub Apps the stack registers through, each with its own limit on the fake;
+    `points_per_window`: that limit, GitHub's 900 points unless a benchmark needs it lower."""
     # At one repository: the burst's figures (bench/results.json) are of registrations at the repository,
-    # GitHub's limit counted on that one endpoint (JIT_ROUTE).
-    github = {**compressed_config().github.model_dump(mode="json", exclude_none=True), "scope": REPOSITORY}
+    # GitHub's limit counted on that one endpoint (JIT_ROUTE), per App.
+    github = (
+        apps_settings(apps, REPOSITORY)
+        if apps > 1
+        else {**compressed_config().github.model_dump(mode="json", exclude_none=True), "scope": REPOSITORY}
+    )
     config = compressed_config(
         timeouts={
             **COMPRESSED_TIMEOUTS,
@@ -121,7 +132,7 @@ def rate_limited_world(scratch: Path, runtime: RuntimeFactory | None = None) -> 
     ) as running:
         limits = running.github.limits
         limits.enabled = True
-        limits.points_per_window = GITHUB_POINTS_PER_WINDOW
+        limits.points_per_window = points_per_window
         limits.window_seconds = GITHUB_WINDOW_SECONDS
         yield running
 
@@ -185,7 +196,7 @@ def serve_burst(system: World, jobs: int, runs: int = 10, timeout: float = 1800.
     throttled_before = system.stack.webhook.throttled
     deliveries_before = set(system.github.state.deliveries)
     began = time.monotonic()
-    with _window_spent_until_refused(system.github.limits, refused_before):
+    with _window_spent_until_refused(system.github.limits, refused_before, system.github.state.app_ids):
         started = _serve(system, jobs, runs, began + timeout)
     seconds = time.monotonic() - began
 
@@ -393,7 +404,9 @@ def _serve(system: World, jobs: int, runs: int, deadline: float) -> list[FakeWor
 
 
 @contextmanager
-def _window_spent_until_refused(limits: RateLimits, refused_before: int) -> Iterator[None]:
+def _window_spent_until_refused(
+    limits: RateLimits, refused_before: int, app_ids: Sequence[int]
+) -> Iterator[None]:
     """Another client of the App keeps its window spent until the burst's first registration is refused
     (GitHub counts an App's requests together): the burst meets GitHub's refusal and its `retry-after`
     whatever pace this machine reaches, and however long its first registration takes to come."""
@@ -401,7 +414,8 @@ def _window_spent_until_refused(limits: RateLimits, refused_before: int) -> Iter
 
     def spend() -> None:
         while limits.refused[JIT_ROUTE] == refused_before:
-            limits.spend(JIT_ROUTE, limits.points_per_window, limits.clock.now())
+            for app_id in app_ids:  # every App's: each has a window of its own
+                limits.spend(JIT_ROUTE, limits.points_per_window, limits.clock.now(), app_id=app_id)
             if stop.wait(limits.window_seconds / 2):
                 return
 

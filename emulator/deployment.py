@@ -17,10 +17,11 @@ until the `with` ends:
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,12 +146,14 @@ def deploy(
     stack_name: str = "runner-pool-local",
     timers: Timers | None = None,
     runtime: RuntimeFactory | None = None,
+    more_apps: Sequence[GitHubAppSetup] = (),
 ) -> Iterator[Deployment]:
     """The stack deployed on `aws` (started with `state_machines=True`), running until the `with` ends;
     its functions run by `runtime`: by default as deployed, from the code asset and the layer built for
     this machine, each in execution environments of its own (emulator/lambda_runtime.py), so a
     dependency missing from the layer or a variable CDK does not give fails here as on Lambda;
-    `emulator.stack.InProcess` calls our handlers in this process instead."""
+    `emulator.stack.InProcess` calls our handlers in this process instead. `more_apps`: the config's
+    other Apps (github.apps), installed on the fake; deliveries come signed by the first."""
     timers = timers or Timers()
     calls = CallCounter()
     # The functions' own config names the fake as GitHub's API, as an operator's names GitHub Enterprise
@@ -159,8 +162,8 @@ def deploy(
     config = config.model_copy(update={"github": config.github.model_copy(update={"api_url": github.url})})
     stack = LocalStack(config, aws.client, stack_name=stack_name)
     stack.create_state_table()
-    stack.create_instance_resources(app.private_key_pem)
-    stack.create_ingress_resources(webhook_secret)
+    stack.create_instance_resources(app.private_key_pem, *(more.private_key_pem for more in more_apps))
+    stack.create_ingress_resources(webhook_secret, *(secrets.token_hex(20) for _ in more_apps))
     for machine in MACHINES:
         stack.create_state_machine(machine)
     unset = {name: stack.missing(name) for name in stack.template.function_names() if stack.missing(name)}
@@ -199,7 +202,10 @@ def deploy(
 
     try:
         with (
-            stack.running(clients=counted, github=github_app, runtime=runtime or from_artifacts),
+            # With several Apps, each function chooses among them itself (wiring.ControlPlane.github_apps).
+            stack.running(
+                clients=counted, github=None if more_apps else github_app, runtime=runtime or from_artifacts
+            ),
             ExitStack() as running,
         ):
             check = stack.policy_check

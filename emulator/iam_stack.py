@@ -357,9 +357,10 @@ WITHOUT_GRANT_VARIABLE = "RUNNER_POOL_IAM_WITHOUT_GRANT"
 lacks that grant of that function's role. The negative control runs a named test with it set."""
 
 
-def checked_template() -> dict[str, Any]:
-    """The template the checks use: the synthesized one, less the grant WITHOUT_GRANT_VARIABLE names."""
-    template = synthesized_template()
+def checked_template(github: str = "") -> dict[str, Any]:
+    """The template the checks use: the synthesized one (with `github`'s Apps, synthesized_template), less
+    the grant WITHOUT_GRANT_VARIABLE names."""
+    template = synthesized_template(github)
     removed = os.environ.get(WITHOUT_GRANT_VARIABLE)
     if not removed:
         return template

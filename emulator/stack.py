@@ -313,7 +313,11 @@ class LocalStack:
         """`clients` are the harness's own, for creating the resources: neither counted nor checked."""
         self.config = config
         self.stack_name = stack_name
-        self.template = StackTemplate(checked_template() if template is None else template)
+        if template is None:  # several Apps: the template that grants each App's secrets
+            apps = config.github.every_app
+            github = {"apps": [app.model_dump() for app in apps], "scope": str(config.github.scope)}
+            template = checked_template(json.dumps(github, sort_keys=True) if len(apps) > 1 else "")
+        self.template = StackTemplate(template)
         self._clients = clients
         self.given: dict[str, Any] = {
             "table_name": f"{stack_name}-state",
@@ -335,13 +339,15 @@ class LocalStack:
     def create_state_table(self) -> None:
         create_state_table(self._clients("dynamodb"), self.given["table_name"])
 
-    def create_instance_resources(self, private_key_pem: str) -> None:
+    def create_instance_resources(self, *private_key_pems: str) -> None:
         """What instances are launched and handed runners with: pool queues, the runner credentials key,
-        a network, a launch template per architecture, and the GitHub App's private key."""
+        a network, a launch template per architecture, and each GitHub App's private key (in the order of
+        the config's Apps)."""
         ec2 = self._clients("ec2")
-        self._clients("secretsmanager").create_secret(
-            Name=self.config.github.private_key_secret_name, SecretString=private_key_pem
-        )
+        github = self.config.github
+        names = [app.private_key_secret_name for app in github.every_app] or [github.private_key_secret_name]
+        for name, private_key_pem in zip(names, private_key_pems, strict=True):
+            self._clients("secretsmanager").create_secret(Name=name, SecretString=private_key_pem)
         self.give(
             # Named as the template names them (it fixes the stack's name in them, as in the state
             # machines' names): the functions' URL prefix is the template's.
@@ -356,12 +362,12 @@ class LocalStack:
             launch_templates=create_launch_templates(ec2, self.stack_name),
         )
 
-    def create_ingress_resources(self, webhook_secret: str) -> None:
-        """What webhooks arrive through: the webhook secret, the idempotency table, the demand queue."""
+    def create_ingress_resources(self, *webhook_secrets: str) -> None:
+        """What webhooks arrive through: each App's webhook secret (in the order of the config's Apps),
+        the idempotency table, the demand queue."""
         table = f"{self.stack_name}-idempotency"
-        self._clients("secretsmanager").create_secret(
-            Name=self.config.github.webhook_secret_name, SecretString=webhook_secret
-        )
+        for name, secret in zip(self.config.github.webhook_secret_names, webhook_secrets, strict=True):
+            self._clients("secretsmanager").create_secret(Name=name, SecretString=secret)
         create_idempotency_table(self._clients("dynamodb"), table)
         self.give(
             idempotency_table_name=table,

@@ -74,6 +74,23 @@ def compressed_config(**overrides: Any) -> StackConfig:
     return StackConfig.model_validate(settings)
 
 
+def apps_settings(count: int, scope: str = OWNER) -> dict[str, Any]:
+    """`github` settings of `count` Apps (github.apps), each installed on the world's owner: APP_ID and
+    INSTALLATION_ID first, then the next ids, each with secrets of its own."""
+    return {
+        "apps": [
+            {
+                "app_id": str(APP_ID + n),
+                "installation_id": INSTALLATION_ID + n,
+                "private_key_secret_name": f"runner-pool/github-app-{n}-private-key",
+                "webhook_secret_name": f"runner-pool/github-app-{n}-webhook-secret",
+            }
+            for n in range(count)
+        ],
+        "scope": scope,
+    }
+
+
 def accepted_permissions(config: StackConfig) -> dict[str, str]:
     """What the installation accepts: what the manifest for the stack's registration asks (with `checks:
     write` for the check run of jobs waiting for capacity), so a world registering in runner groups runs with
@@ -126,13 +143,21 @@ def world(
     calls failing as AWS's do, on a seeded fraction (emulator/aws_faults.py)."""
     config = config or compressed_config()
     key = generate_app_key()
-    app = GitHubAppSetup(APP_ID, INSTALLATION_ID, key.private_pem, str(config.github.scope or REPOSITORY))
+    scope = str(config.github.scope or REPOSITORY)
+    app = GitHubAppSetup(APP_ID, INSTALLATION_ID, key.private_pem, scope)
+    # Each App of a config of several (apps_settings) has a key of its own and is installed on the owner.
+    more_keys = {
+        int(more.app_id): (more.installation_id, generate_app_key()) for more in config.github.every_app[1:]
+    }
     with (
         _lambdas_quiet(),
         local_aws(state_machines=True, faults=faults) as aws,
         FakeGitHub(APP_ID, key.public_pem, lost_runner_seconds=lost_runner_seconds) as github,
     ):
         github.state.add_installation(INSTALLATION_ID, OWNER, accepted_permissions(config))
+        for app_id, (installation_id, more_key) in more_keys.items():
+            github.state.add_app(app_id, more_key.public_pem)
+            github.state.add_installation(installation_id, OWNER, accepted_permissions(config), app_id=app_id)
         with deploy(
             aws,
             config,
@@ -142,6 +167,10 @@ def world(
             stack_name=STACK_NAME,
             timers=timers,
             runtime=runtime,
+            more_apps=[
+                GitHubAppSetup(app_id, installation_id, more_key.private_pem, scope)
+                for app_id, (installation_id, more_key) in more_keys.items()
+            ],
         ) as stack:
             timeline = Timeline()
             records = StateTable(

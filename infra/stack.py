@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from aws_cdk import CfnOutput, Fn, Stack
@@ -59,17 +60,21 @@ class RunnerPoolStack(Stack):
         )
         # Imported by name, never created here: the operator stores them before the first deploy, so
         # the key never passes through CloudFormation and outlives a stack teardown (README: Deploying).
-        self.github_app_key = secretsmanager.Secret.from_secret_name_v2(
-            self, "GitHubAppPrivateKey", config.github.private_key_secret_name
+        # One of each per App; the first keeps the single App's construct id, so its import is unchanged.
+        apps = config.github.every_app
+        self.github_app_keys = self._imported_secrets(
+            "GitHubAppPrivateKey",
+            [app.private_key_secret_name for app in apps] or [config.github.private_key_secret_name],
         )
-        self.webhook_secret = secretsmanager.Secret.from_secret_name_v2(
-            self, "GitHubWebhookSecret", config.github.webhook_secret_name
+        self.github_app_key = self.github_app_keys[0]
+        self.webhook_secrets = self._imported_secrets(
+            "GitHubWebhookSecret", config.github.webhook_secret_names
         )
         self.functions = ControlPlaneFunctions(
             self, "Functions", config=config, layer=layer, table=self.state_table.table
         )
         self.github_tokens = GitHubTokens(
-            self, "GitHubTokens", functions=self.functions, github_app_key=self.github_app_key
+            self, "GitHubTokens", functions=self.functions, github_app_keys=self.github_app_keys
         )
         resources = StackResources(
             config=config,
@@ -93,7 +98,7 @@ class RunnerPoolStack(Stack):
             self,
             "Ingress",
             resources,
-            webhook_secret=self.webhook_secret,
+            webhook_secrets=self.webhook_secrets,
             provision=self.provision.state_machine,
             release=self.release.state_machine,
         )
@@ -123,6 +128,12 @@ class RunnerPoolStack(Stack):
             api_name=self.ingress.api.rest_api_name,
         )
         self._outputs(config)
+
+    def _imported_secrets(self, construct_id: str, names: Sequence[str]) -> list[secretsmanager.ISecret]:
+        return [
+            secretsmanager.Secret.from_secret_name_v2(self, construct_id + (str(i) if i else ""), name)
+            for i, name in enumerate(names)
+        ]
 
     def _runner_vpc(self, config: StackConfig) -> ec2.IVpc:
         """The operator's VPC, by id: nothing is looked up at synth, so synth needs no AWS credentials.

@@ -15,6 +15,11 @@ secondary rate limit" and "Exceeding the rate limit"):
   many seconds has elapsed." The fake always sends `retry-after`: the seconds until its window has
   room again.
 
+GitHub counts them per App: "Secondary rate limits ... per GitHub App" would be too strong a quote, but
+the page's primary limits are an App installation's own ("Primary rate limit for GitHub App
+installations"), and every window here is kept per App (the App of the request's token or JWT), so a
+second App registers alongside the first, as the Terraform module's several Apps do.
+
 The windows are the fake's own minute and hour (`window_seconds`, `hour_seconds`), so the emulator
 can play a burst against GitHub's limits in compressed time, as it compresses everything else.
 `outage` stands for GitHub being down: every REST request is answered 503 until it ends (GitHub's
@@ -60,7 +65,9 @@ class RateLimits:
     refused: Counter[str] = field(default_factory=Counter)
     """Requests answered with a rate limit, per endpoint (`POST /repos/{owner}/...`)."""
     outage_refused: int = 0
-    _spent: dict[str, deque[tuple[Epoch, int]]] = field(default_factory=dict, repr=False)
+    admitted: Counter[tuple[int, str]] = field(default_factory=Counter)
+    """Requests let through (enabled or not), per App and endpoint."""
+    _spent: dict[tuple[int, str], deque[tuple[Epoch, int]]] = field(default_factory=dict, repr=False)
     _content: deque[Epoch] = field(default_factory=deque, repr=False)
     _down: tuple[Epoch, Epoch] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -70,25 +77,28 @@ class RateLimits:
         with self._lock:
             self._down = (start, end)
 
-    def spend(self, endpoint: str, points: int, now: Epoch) -> None:
-        """Another client of the same App spent `points` on `endpoint` at `now`: GitHub counts an App's
-        requests together, whichever of its clients made them."""
+    def spend(self, endpoint: str, points: int, now: Epoch, *, app_id: int) -> None:
+        """Another client of the App `app_id` spent `points` on `endpoint` at `now`:
+        GitHub counts an App's requests together, whichever of its clients made them."""
         with self._lock:
-            self._spent.setdefault(endpoint, deque()).append((now, points))
+            self._spent.setdefault((app_id, endpoint), deque()).append((now, points))
 
     def gate(self, endpoint: str, request: Request) -> None:
-        self.admit(endpoint, request.method, self.clock.now())
+        installation = request.installation
+        app_id = installation.app_id if installation is not None else request.app_id
+        self.admit(endpoint, request.method, self.clock.now(), app_id=app_id or 0)
 
-    def admit(self, endpoint: str, method: str, now: Epoch) -> None:
-        """Count one request to `endpoint`; Refusal when GitHub would not serve it now."""
+    def admit(self, endpoint: str, method: str, now: Epoch, app_id: int = 0) -> None:
+        """Count one request of App `app_id` to `endpoint`; Refusal when GitHub would not serve it now."""
         with self._lock:
             if self._down is not None and self._down[0] <= now < self._down[1]:
                 self.outage_refused += 1
                 raise Refusal(503, "Service Unavailable")
             if not self.enabled:
+                self.admitted[(app_id, endpoint)] += 1
                 return
             cost = POINTS_BY_METHOD.get(method, 1)
-            spent = self._spent.setdefault(endpoint, deque())
+            spent = self._spent.setdefault((app_id, endpoint), deque())
             _forget(spent, now - self.window_seconds)
             used = sum(points for _, points in spent)
             if used + cost > self.points_per_window:
@@ -101,6 +111,7 @@ class RateLimits:
                 self._check_content(endpoint, now)
                 self._content.append(now)
             spent.append((now, cost))
+            self.admitted[(app_id, endpoint)] += 1
 
     def _check_content(self, endpoint: str, now: Epoch) -> None:
         minute = now - self.window_seconds

@@ -49,8 +49,8 @@ def create_installation_token(github: FakeGitHub, request: Request) -> Answer:
     `permissions` are the token's. `repositories`/`repository_ids` are not modelled (every token covers
     all of the installation's repositories)."""
     installation = github.state.installations.get(whole(request.params["installation_id"]))
-    if installation is None:
-        raise Refusal(404, "Not Found")
+    if installation is None or (request.app_id is not None and installation.app_id != request.app_id):
+        raise Refusal(404, "Not Found")  # another App's installation is none of this App's
     body = request.json()
     if body is not None and not isinstance(body, dict):
         raise Refusal(400, "Problems parsing JSON")

@@ -43,6 +43,8 @@ class Request:
     """Who sent it, for installation-token routes."""
     runner: FakeRunner | None = None
     """Who sent it, for runner routes."""
+    app_id: int | None = None
+    """The App that signed it, for App-JWT routes."""
 
     def json(self) -> Any:
         try:

@@ -239,8 +239,7 @@ class FakeGitHub:
         if auth is Auth.APP:
             if scheme.lower() != "bearer":
                 raise Refusal(401, "A JSON web token could not be decoded")
-            self._check_app_jwt(credential)
-            return request
+            return replace(request, app_id=self._check_app_jwt(credential))
         installation = None
         if scheme.lower() in ("token", "bearer"):
             installation = self.state.installation_for(credential)
@@ -248,20 +247,27 @@ class FakeGitHub:
             raise Refusal(401, "Bad credentials")
         return replace(request, installation=installation)
 
-    def _check_app_jwt(self, token: str) -> None:
-        """GitHub's checks of an App JWT: signed RS256 by the App's key, issued by the App, in date."""
+    def _check_app_jwt(self, token: str) -> int:
+        """GitHub's checks of an App JWT: signed RS256 by the App's key, issued by the App, in date; the
+        App's id."""
+        try:
+            issuer = jwt.decode(token, options={"verify_signature": False}).get("iss")
+            app_id = int(str(issuer))
+        except (jwt.PyJWTError, ValueError):
+            raise Refusal(401, "A JSON web token could not be decoded") from None
+        public_key = self.state.public_key_of(app_id)
+        if public_key is None:
+            raise Refusal(401, "'Issuer' claim ('iss') must be the App's id")
         try:
             claims = jwt.decode(
                 token,
-                self.state.public_key_pem,
+                public_key,
                 algorithms=["RS256"],
                 options={"verify_exp": False, "verify_iat": False, "require": ["iat", "exp", "iss"]},
             )
         except jwt.PyJWTError:
             raise Refusal(401, "A JSON web token could not be decoded") from None
         now = self.state.clock.now()
-        if str(claims["iss"]) != str(self.state.app_id):
-            raise Refusal(401, "'Issuer' claim ('iss') must be the App's id")
         if not isinstance(claims["exp"], int) or claims["exp"] <= now:
             raise Refusal(
                 401,
@@ -276,6 +282,7 @@ class FakeGitHub:
             )
         if claims["exp"] > now + JWT_MAX_LIFETIME_SECONDS:
             raise Refusal(401, "'Expiration time' claim ('exp') is too far in the future")
+        return app_id
 
     def _rate_limit_headers(self) -> dict[str, str]:
         """GitHub's primary-limit headers ("Rate limits for the REST API", "Checking the status of your

@@ -40,6 +40,8 @@ class FakeInstallation:
     """The repositories (`owner/repo`, lowercased) the owner selected for the App; None for all of the
     account's: the installation's `repository_selection` is `selected` or `all` ("Installing your own
     GitHub App": "All repositories" or "Only select repositories")."""
+    app_id: int = 0
+    """The App installed (GitHubState.other_apps); add_installation sets the fake's first App's."""
 
     def owns(self, account: str) -> bool:
         return self.account.lower() == account.lower()
@@ -301,6 +303,9 @@ class GitHubState:
     self-hosted runners" (docs.github.com, Actions, "Adding self-hosted runners")."""
     webhook_receiver: Receiver = field(default=lambda _delivery: 200, repr=False)
     """Where deliveries go. Accepts everything until the webhooks are pointed at an endpoint."""
+    other_apps: dict[int, str] = field(default_factory=dict, repr=False)
+    """More Apps than `app_id`, each by id with its public key: each holds its own installations, tokens
+    and rate limits, as GitHub counts them per App and installation."""
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _tokens: dict[str, tuple[int, Epoch, dict[str, str] | None]] = field(default_factory=dict, repr=False)
     token_permissions: list[dict[str, str] | None] = field(default_factory=list)
@@ -318,16 +323,33 @@ class GitHubState:
         permissions: Mapping[str, str] | None = None,
         *,
         organization: bool = True,
+        app_id: int | None = None,
     ) -> FakeInstallation:
+        """`app_id`: the App installed (None: the first; another must be added first, `add_app`)."""
         installation = FakeInstallation(
             installation_id,
             account,
             dict(APP_PERMISSIONS if permissions is None else permissions),
             organization,
+            app_id=self.app_id if app_id is None else app_id,
         )
         with self.lock:
             self.installations[installation_id] = installation
         return installation
+
+    def add_app(self, app_id: int, public_key_pem: str) -> None:
+        """Another App, signing its JWTs with the private key of `public_key_pem`."""
+        with self.lock:
+            self.other_apps[app_id] = public_key_pem
+
+    @property
+    def app_ids(self) -> list[int]:
+        with self.lock:
+            return [self.app_id, *self.other_apps]
+
+    def public_key_of(self, app_id: int) -> str | None:
+        with self.lock:
+            return self.public_key_pem if app_id == self.app_id else self.other_apps.get(app_id)
 
     def installation_of(self, account: str) -> FakeInstallation | None:
         with self.lock:

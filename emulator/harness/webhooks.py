@@ -13,7 +13,7 @@ import hmac
 import itertools
 import json
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -385,9 +385,12 @@ def _session() -> boto3.session.Session:
 
 
 @contextmanager
-def ingress_world(config: StackConfig | None = None) -> Iterator[IngressWorld]:
-    """moto with the webhook secret, the idempotency table, the demand queue and our three state machines
-    (which record executions: moto's mock does not run them), and both handlers running as themselves."""
+def ingress_world(
+    config: StackConfig | None = None, webhook_secrets: Sequence[str] = (WEBHOOK_SECRET,)
+) -> Iterator[IngressWorld]:
+    """moto with the webhook secrets (one per App), the idempotency table, the demand queue and our three
+    state machines (which record executions: moto's mock does not run them), and both handlers running as
+    themselves."""
     config = config or StackConfig()
     with mock_aws(), behaving_as_aws():
         services = ("sqs", "dynamodb", "secretsmanager", "stepfunctions")
@@ -402,7 +405,7 @@ def ingress_world(config: StackConfig | None = None) -> Iterator[IngressWorld]:
         for client in theirs.values():
             client.meta.events.register("before-call.*.*", record)
         stack = LocalStack(config, ours.__getitem__, stack_name=STACK_NAME)
-        stack.create_ingress_resources(WEBHOOK_SECRET)
+        stack.create_ingress_resources(*webhook_secrets)
         stack.create_state_table()  # the dispatcher notes each job's arrival there (the class history)
         provision, release, follow_up = (
             stack.create_state_machine(machine) for machine in ("provision", "release", "follow_up")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import Duration
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
@@ -20,7 +22,7 @@ class GitHubTokens(Construct):
         construct_id: str,
         *,
         functions: ControlPlaneFunctions,
-        github_app_key: secretsmanager.ISecret,
+        github_app_keys: Sequence[secretsmanager.ISecret],
     ) -> None:
         super().__init__(scope, construct_id)
         self.function = functions.function(
@@ -30,4 +32,5 @@ class GitHubTokens(Construct):
             timeout=Duration.seconds(TOKEN_FUNCTION_TIMEOUT_SECONDS),
             memory_mib=256,
         )
-        github_app_key.grant_read(self.function)
+        for github_app_key in github_app_keys:  # one per App the stack acts as
+            github_app_key.grant_read(self.function)

@@ -14,6 +14,8 @@ dispatch need not wait for the batch's window in a Lambda holding one of the dem
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_dynamodb as dynamodb
@@ -76,7 +78,7 @@ class Ingress(Construct):
         construct_id: str,
         resources: StackResources,
         *,
-        webhook_secret: secretsmanager.ISecret,
+        webhook_secrets: Sequence[secretsmanager.ISecret],
         provision: sfn.IStateMachine,
         release: sfn.IStateMachine,
     ) -> None:
@@ -127,7 +129,8 @@ class Ingress(Construct):
             timeout=Duration.seconds(10),
         )
         self.follow_up = self._follow_up(functions, provision, workflow_type, github_tokens)
-        webhook_secret.grant_read(self.webhook)
+        for webhook_secret in webhook_secrets:
+            webhook_secret.grant_read(self.webhook)
         self.demand_queue.grant_send_messages(self.webhook)
         self._remember(self.webhook)
         self.dispatcher = functions.function(

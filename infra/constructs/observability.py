@@ -84,9 +84,19 @@ PRODUCT_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
 """Dashboard widget → (label, metric name) of the counts the handlers emit; a test holds each name against
 the handlers' code, so a renamed metric cannot leave an empty graph behind."""
 PER_KEY_METRICS: Mapping[str, str] = MappingProxyType(
-    {"Fleet errors by EC2 error code": "FleetErrors.", "Pool launches per class": "PoolLaunched."}
+    {
+        "Fleet errors by EC2 error code": "FleetErrors.",
+        "Pool launches per class": "PoolLaunched.",
+        "Registrations taken from each GitHub App's budget": "RegistrationsTaken.",
+        "Registrations made through each GitHub App": "RegistrationsMade.",
+        "GitHub Apps skipped (GitHub refused the App a token)": "GitHubAppsSkipped.",
+    }
 )
 """Widget → prefix of metrics emitted once per key (`FleetErrors.<code>`); the dashboard searches for them."""
+PER_KEY_LOWEST: Mapping[str, str] = MappingProxyType(
+    {"Registrations each GitHub App's budget had left (lowest)": "RegistrationBudgetLeft."}
+)
+"""As PER_KEY_METRICS, for a level read at each use: its lowest in the period, not a sum."""
 
 
 class Observability(Construct):
@@ -248,12 +258,15 @@ class Observability(Construct):
                     title=title,
                     left=[
                         cloudwatch.MathExpression(
-                            expression=_search(prefix.rstrip(".")), label="", period=PERIOD
+                            expression=_search(prefix.rstrip("."), statistic), label="", period=PERIOD
                         )
                     ],
                     width=12,
                 )
-                for title, prefix in PER_KEY_METRICS.items()
+                for title, prefix, statistic in [
+                    *((title, prefix, "Sum") for title, prefix in PER_KEY_METRICS.items()),
+                    *((title, prefix, "Minimum") for title, prefix in PER_KEY_LOWEST.items()),
+                ]
             )
         )
         self.dashboard.add_widgets(
@@ -353,10 +366,10 @@ def _product_metric(name: str, label: str) -> cloudwatch.Metric:
     )
 
 
-def _search(terms: str) -> str:
+def _search(terms: str, statistic: str = "Sum") -> str:
     """A metric math SEARCH over the product metrics (namespace and Powertools' `service` dimension);
     an unquoted term matches a whole token of a name, so `FleetErrors` finds `FleetErrors.<code>`."""
-    return f"SEARCH('{{{METRICS_NAMESPACE},service}} {terms}', 'Sum', {PERIOD.to_seconds()})"
+    return f"SEARCH('{{{METRICS_NAMESPACE},service}} {terms}', '{statistic}', {PERIOD.to_seconds()})"
 
 
 def _api_metric(api_name: str, name: str, label: str) -> cloudwatch.Metric:

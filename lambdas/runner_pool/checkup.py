@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TextIO
@@ -19,7 +19,7 @@ from runner_pool.adapters.account_readings import AccountReadings
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.domain.config import StackConfig
-from runner_pool.domain.doctor import examine, exit_code, report
+from runner_pool.domain.doctor import Finding, examine, exit_code, report
 from runner_pool.domain.doctor_readings import (
     SERVICE_LINKED_ROLES,
     AppGrant,
@@ -156,10 +156,39 @@ def doctor(
     """Examine `target`, print the report, and answer the exit code (1: something stops jobs). `manifest`:
     what the App was made from; by default this clone's for the stack's registration (MANIFESTS)."""
     registration = target.stack.config.github.effective_registration
-    findings = examine(read(target, clients, manifest or load_manifest(MANIFESTS[registration])))
+    findings = examine_every_app(target, clients, manifest or load_manifest(MANIFESTS[registration]))
     for line in report(findings):
         print(line, file=out)
     return exit_code(findings)
+
+
+ACCOUNT_CHECKS = frozenset({"ebs encryption", "lambda concurrency", "service-linked roles", "runner image"})
+"""The checks of the AWS account, the same whichever App reads GitHub: reported once."""
+
+
+def examine_every_app(target: Target, clients: Callable[[str], Any], manifest: AppManifest) -> list[Finding]:
+    """Every check for a stack of one App; with several (github.apps), GitHub's checks once per App, each
+    row naming its App, and the account's once."""
+    config = target.stack.config
+    apps = config.github.every_app
+    if len(apps) < 2:
+        return examine(read(target, clients, manifest))
+    findings: list[Finding] = []
+    for n, app in enumerate(apps):
+        github = config.github.model_copy(
+            update={"apps": (), **app.model_dump()}  # the App as a stack of it alone would name it
+        )
+        alone = replace(
+            target, stack=replace(target.stack, config=config.model_copy(update={"github": github}))
+        )
+        findings += [
+            finding
+            if finding.check in ACCOUNT_CHECKS
+            else replace(finding, check=f"{finding.check} (App {app.app_id})")
+            for finding in examine(read(alone, clients, manifest))
+            if n == 0 or finding.check not in ACCOUNT_CHECKS
+        ]
+    return findings
 
 
 def _app(

@@ -9,6 +9,7 @@ harness that runs several functions in one process gives each invocation its fun
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
+from runner_pool.adapters.github_apps import GitHubApps, UsableOrNot
 from runner_pool.adapters.github_token_function import TokenFunction, invoking_client
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.notice_queues import NoticeQueues
@@ -37,8 +39,11 @@ from runner_pool.adapters.spot_breaker import DynamoDbSpotBreaker
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Clock, SystemClock
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.github_apps import GitHubAppEntry
+from runner_pool.domain.github_tokens import AppIdentity
 from runner_pool.domain.pickup import PickupManager
 from runner_pool.domain.registration_budget import HourlyQuota
+from runner_pool.domain.runners import GitHubAuthError
 from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
 from runner_pool.observability import logger
 from runner_pool.steps.class_history import HistoryNotes
@@ -59,7 +64,7 @@ class ControlPlane:
         clock: Clock | None = None,
         clients: ClientFactory | None = None,
         backoff: Backoff | None = None,
-        github: GitHubApp | None = None,
+        github: GitHubApp | GitHubApps | None = None,
         pause: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
@@ -75,7 +80,8 @@ class ControlPlane:
         """Clients are made one at a time: boto3's default session is not safe to make clients from on
         several threads at once (its Session is not thread-safe, boto3 guide "Multithreading or
         multiprocessing with clients"), and a step makes some in the background (steps.hand_over)."""
-        self._github_made = threading.Lock()
+        self._github_made = threading.RLock()
+        self._app_keys: dict[str, GitHubAppKey] = {}
 
     @property
     def config(self) -> StackConfig:
@@ -155,12 +161,17 @@ class ControlPlane:
         )
 
     @cached_property
-    def registration_budget(self) -> DynamoDbRegistrationBudget:
-        """The App's shared budget of JIT registrations, an item of the state table."""
+    def registration_budget(self) -> DynamoDbRegistrationBudget | GitHubApps:
+        """The App's shared budget of JIT registrations, an item of the state table; with several Apps,
+        each App's, a take going to the App with the most left (adapters/github_apps.py)."""
+        apps = self.config.github.every_app
+        return self.github_apps or self._budget_of(apps[0].app_id if apps else "app")
+
+    def _budget_of(self, app_id: str) -> DynamoDbRegistrationBudget:
         github = self.config.github
         return DynamoDbRegistrationBudget(
             self.settings.table_name,
-            github.app_id or "app",
+            app_id,
             per_minute=github.registrations_per_minute,
             burst=github.registration_burst,
             clock=self.clock,
@@ -178,6 +189,18 @@ class ControlPlane:
     def capacity_waits(self) -> CapacityWaits:
         """Run keys whose jobs wait for EC2 capacity, an item of the state table each."""
         return CapacityWaits(self.settings.table_name, self.clock, self.client("dynamodb"))
+
+    @cached_property
+    def github_apps(self) -> GitHubApps | None:
+        """The stack's Apps as one registry and budget, when it has more than one (else None)."""
+        apps = self.config.github.every_app
+        if len(apps) < 2:
+            return None
+        return GitHubApps(
+            {app.app_id: functools.partial(self._github_app, app) for app in apps},
+            {app.app_id: self._budget_of(app.app_id) for app in apps},
+            self.clock,
+        )
 
     @cached_property
     def recent_demand(self) -> RecentDemand:
@@ -283,25 +306,33 @@ class ControlPlane:
         return self.instance_arns.arn(instance_id)
 
     @property
-    def github(self) -> GitHubApp:
+    def github(self) -> GitHubApp | GitHubApps:
         with self._github_made:  # once, also when a step's background thread asks first
             if self._github is None:
-                self._github = self._github_app()
+                apps = self.config.github.every_app
+                self._github = self.github_apps or self._github_app(apps[0] if apps else None)
             return self._github
 
-    def _github_app(self) -> GitHubApp:
+    def _github_app(self, app: GitHubAppEntry | None) -> GitHubApp:
         """The App as this function may act as it: through the token function, which the stack names to
         every function but itself; with the key only where no token function is named (the token
-        function's own process, a local run)."""
+        function's own process, a local run). One of several Apps tells an unusable App apart."""
         github = self.config.github
-        if github.installation_id is None or github.scope is None:
+        if app is None or github.scope is None:
             raise LookupError("github.installation_id and github.scope must be configured")
         token_function = self.settings.github_token_function_name
-        identity = (
-            TokenFunction(token_function, github.installation_id, self.client("lambda"))
+        several = self.github_apps is not None
+        identity: AppIdentity = (
+            TokenFunction(
+                token_function, app.installation_id, self.client("lambda"), app.app_id if several else None
+            )
             if token_function
-            else self.app_key
+            else self.app_key_of(app.app_id if several else None)
         )
+        on_hourly_quota = self.publish_hourly
+        if self.github_apps is not None:
+            identity = UsableOrNot(identity)
+            on_hourly_quota = functools.partial(self.github_apps.observe, app.app_id)
         return GitHubApp(
             identity,
             github.scope,
@@ -310,30 +341,47 @@ class ControlPlane:
             clock=self.clock,
             registration=github.effective_registration,
             groups_allow_public_repositories=github.runner_groups_allow_public_repositories,
-            on_hourly_quota=self.publish_hourly,
+            on_hourly_quota=on_hourly_quota,
         )
 
-    @cached_property
+    @property
     def app_key(self) -> GitHubAppKey:
-        """The App's private key at work (Secrets Manager): only the token function's role may read it."""
+        """The (first) App's private key at work (Secrets Manager): only the token function's role may
+        read it."""
+        return self.app_key_of(None)
+
+    def app_key_of(self, app_id: str | None) -> GitHubAppKey:
+        """The private key of the App `app_id` (None: the first) at work, read once; a key GitHub could
+        never take (not an RSA PEM) is GitHub's refusal of the App (GitHubAuthError), as GitHub would."""
         github = self.config.github
-        if github.app_id is None or github.installation_id is None:
-            raise LookupError("github.app_id and github.installation_id must be configured")
-        secret = self.client("secretsmanager").get_secret_value(SecretId=github.private_key_secret_name)
-        return GitHubAppKey(
-            github.app_id,
-            secret["SecretString"],
-            github.installation_id,
-            base_url=github.api_url,
-            api_version=github.api_version,
-            clock=self.clock,
-        )
+        apps = {app.app_id: app for app in github.every_app}
+        app = apps.get(app_id) if app_id is not None else next(iter(apps.values()), None)
+        if app is None:
+            raise LookupError(f"no App {app_id or ''} configured (github.app_id or github.apps)")
+        with self._github_made:
+            if app.app_id not in self._app_keys:
+                secret = self.client("secretsmanager").get_secret_value(SecretId=app.private_key_secret_name)
+                try:
+                    self._app_keys[app.app_id] = GitHubAppKey(
+                        app.app_id,
+                        secret["SecretString"],
+                        app.installation_id,
+                        base_url=github.api_url,
+                        api_version=github.api_version,
+                        clock=self.clock,
+                    )
+                except ValueError as exc:
+                    raise GitHubAuthError(f"App {app.app_id}: {exc}", 401) from exc
+            return self._app_keys[app.app_id]
 
     def publish_hourly(self, quota: HourlyQuota) -> None:
         """GitHub's hourly remainder, read off an answer, shared with every process through the budget.
         Bookkeeping: a failed write never fails the GitHub call it rode on (the next answer tries again)."""
+        budget = self.registration_budget
+        if isinstance(budget, GitHubApps):  # several Apps: each App's own answers go to its own budget
+            return
         try:
-            self.registration_budget.observe(quota)
+            budget.observe(quota)
         except Exception:
             logger.warning("GitHub's hourly remainder not shared with the budget", exc_info=True)
 

@@ -30,6 +30,18 @@ DISABLE_ASSET_STAGING_CONTEXT = "aws:cdk:disable-asset-staging"
 
 CUSTOM_SETTINGS: dict[str, Any] = {
     **DEPLOYABLE,
+    "github": {
+        "apps": [
+            {
+                "app_id": str(4242 + n),
+                "installation_id": 777 + n,
+                "private_key_secret_name": f"runner-pool/app-{n}-key",
+                "webhook_secret_name": f"runner-pool/app-{n}-webhook",
+            }
+            for n in (0, 1)
+        ],
+        "scope": "octo-org/octo-repo",
+    },
     "resource_classes": {
         "small": {"cpu": 1, "memory_mib": 2048},
         "build-farm": {"cpu": 48, "memory_mib": 96 * 1024},
@@ -42,8 +54,8 @@ CUSTOM_SETTINGS: dict[str, Any] = {
         "ebs_kms_key_arn": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
     },
 }
-"""An operator's own class list, idle time, workflow type, alarm address and EBS key: unlike the defaults in
-every respect."""
+"""An operator's own Apps (two), class list, idle time, workflow type, alarm address and EBS key: unlike the
+defaults in every respect."""
 
 
 @dataclass(frozen=True)

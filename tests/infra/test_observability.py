@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from infra.constructs.observability import PER_KEY_METRICS, PRODUCT_METRICS
+from infra.constructs.observability import PER_KEY_LOWEST, PER_KEY_METRICS, PRODUCT_METRICS
 from runner_pool.domain.pool_partitions import PoolPartition
 from tests.infra.synthesis import Synthesis
 
@@ -35,7 +35,8 @@ def test_every_metric_on_the_dashboard_is_one_a_handler_emits() -> None:
     missing = [name for name in names if f'"{name}"' not in source]
     assert missing == []
     # And each per-key family is emitted under its prefix
-    assert all(re.search(rf'f"{re.escape(prefix)}\{{', source) for prefix in PER_KEY_METRICS.values())
+    prefixes = [*PER_KEY_METRICS.values(), *PER_KEY_LOWEST.values()]
+    assert all(re.search(rf'f"{re.escape(prefix)}\{{', source) for prefix in prefixes)
 
 
 def test_the_alarms_watch_dead_letters_failed_executions_and_refresh_errors(synthesis: Synthesis) -> None:

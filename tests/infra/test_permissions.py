@@ -264,6 +264,18 @@ def test_only_the_token_function_may_read_the_apps_key(synthesis: Synthesis) -> 
     assert readers == {role_of(synthesis, TOKEN_HANDLER)}
 
 
+def test_with_two_apps_the_token_function_alone_reads_both_keys_and_the_webhook_both_secrets(
+    custom_synthesis: Synthesis,
+) -> None:
+    # Given a stack of two Apps / Then each App's key is read by the token function's role alone, and each
+    # App's webhook secret by the webhook's alone
+    for app in custom_synthesis.config.github.every_app:
+        keys = roles_granted(custom_synthesis, "secretsmanager:GetSecretValue", app.private_key_secret_name)
+        hooks = roles_granted(custom_synthesis, "secretsmanager:GetSecretValue", app.webhook_secret_name)
+        assert keys == {role_of(custom_synthesis, TOKEN_HANDLER)}
+        assert hooks == {role_of(custom_synthesis, "webhook.receive")}
+
+
 def test_every_function_that_calls_github_invokes_the_token_function_and_is_told_its_name(
     synthesis: Synthesis,
 ) -> None:

@@ -20,7 +20,7 @@ import pytest
 from emulator.doctor import LocalAccount, add_service_linked_roles, clients
 from emulator.fake_github import FakeGitHub
 from emulator.fake_github.state import APP_PERMISSIONS
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from emulator.resources import create_launch_templates
 from runner_pool.checkup import Target, doctor
 from runner_pool.cli import main
@@ -445,3 +445,43 @@ def test_the_cli_says_when_there_is_no_such_stack(clinic: Clinic, capsys: pytest
     # Then it says which stack it could not find, and exits 1 without a traceback
     assert code == 1
     assert "stack 'Elsewhere'" in capsys.readouterr().err
+
+
+def test_with_two_apps_each_app_is_checked_and_one_whose_installation_is_gone_fails(clinic: Clinic) -> None:
+    # Given a stack of two Apps on the repository, the second installed and then uninstalled
+    second = generate_app_key()
+    clinic.github.state.add_app(APP_ID + 1, second.public_pem)
+    secrets = boto3.client("secretsmanager", region_name=REGION)
+    secrets.create_secret(Name="second-app-key", SecretString=second.private_pem)
+    secrets.create_secret(Name="second-app-webhook", SecretString="webhook-secret")
+    first = clinic.config.github
+    config = StackConfig.model_validate(
+        {
+            "github": {
+                "apps": [
+                    {
+                        "app_id": first.app_id,
+                        "installation_id": first.installation_id,
+                        "private_key_secret_name": first.private_key_secret_name,
+                        "webhook_secret_name": first.webhook_secret_name,
+                    },
+                    {
+                        "app_id": str(APP_ID + 1),
+                        "installation_id": INSTALLATION_ID + 1,
+                        "private_key_secret_name": "second-app-key",
+                        "webhook_secret_name": "second-app-webhook",
+                    },
+                ],
+                "scope": f"{OWNER}/{REPO}",
+                "api_url": clinic.github.url,
+            }
+        }
+    )
+    # When the doctor examines it
+    code, lines = clinic.examine(config)
+    # Then the first App's checks pass, the second's installation fails, and the account is checked once
+    assert code == 1, lines
+    assert lines[f"installation (App {APP_ID})"].startswith("ok"), lines
+    assert lines[f"installation (App {APP_ID + 1})"].startswith("FAIL"), lines
+    assert f"installation {INSTALLATION_ID + 1}" in lines[f"installation (App {APP_ID + 1})"]
+    assert sum(1 for name in lines if name.startswith("runner image")) == 1

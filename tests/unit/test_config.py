@@ -300,3 +300,59 @@ def test_runner_groups_for_one_repositorys_scope_are_refused() -> None:
     # organisation's
     (problem,) = _problems({"github": {"scope": "octocat/hello", "registration": "runner-group"}})
     assert problem.startswith("github.registration: runner groups are an organisation's")
+
+
+# --- several GitHub Apps ----------------------------------------------------------------------------
+
+
+def _app(n: int) -> dict[str, Any]:
+    return {
+        "app_id": str(100 + n),
+        "installation_id": 200 + n,
+        "private_key_secret_name": f"runner-pool/app-{n}-key",
+        "webhook_secret_name": f"runner-pool/app-{n}-webhook",
+    }
+
+
+def test_the_single_app_settings_are_the_one_app() -> None:
+    # Given an existing user's single-App settings
+    config = load_config({"github": {"app_id": "123", "installation_id": 45, "scope": "my-org"}})
+    # When the stack asks for its Apps
+    apps = config.github.every_app
+    # Then it is that App, with the default secret names, and the config still deploys as it did
+    assert [(app.app_id, app.installation_id) for app in apps] == [("123", 45)]
+    assert apps[0].private_key_secret_name == "runner-pool/github-app-private-key"
+    assert config.github.webhook_secret_names == ("runner-pool/github-webhook-secret",)
+    assert "github.app_id" not in " ".join(config.deploy_problems())
+
+
+def test_a_list_of_apps_is_every_app_and_needs_no_single_app_id() -> None:
+    # Given two Apps listed
+    config = load_config({"github": {"apps": [_app(1), _app(2)], "scope": "my-org"}})
+    # Then both are the stack's, in order, each with its webhook secret, and nothing is missing to deploy
+    assert [app.app_id for app in config.github.every_app] == ["101", "102"]
+    assert config.github.webhook_secret_names == ("runner-pool/app-1-webhook", "runner-pool/app-2-webhook")
+    assert not [p for p in config.deploy_problems() if p.startswith("github.")]
+
+
+@pytest.mark.parametrize(
+    ("github", "expected"),
+    [
+        ({"apps": [_app(1)], "app_id": "9"}, "github.apps: is set together with app_id"),
+        ({"apps": [_app(1), {**_app(2), "app_id": "101"}]}, "github.apps: lists app_id '101' twice"),
+        (
+            {"apps": [_app(1), {**_app(2), "webhook_secret_name": "runner-pool/app-1-webhook"}]},
+            "lists webhook_secret_name 'runner-pool/app-1-webhook' twice",
+        ),
+        ({"apps": [{"app_id": "1", "installation_id": 2}]}, "github.apps.0.private_key_secret_name"),
+    ],
+)
+def test_a_list_of_apps_that_cannot_work_is_refused_with_its_fix(
+    github: dict[str, Any], expected: str
+) -> None:
+    # Given Apps listed with a single App's id too, an App twice, or an App without its secrets
+    # When the config is loaded
+    with pytest.raises(ConfigError) as refused:
+        load_config({"github": github})
+    # Then the message names the setting
+    assert expected in str(refused.value)

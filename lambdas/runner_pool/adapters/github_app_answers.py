@@ -43,6 +43,8 @@ class AppRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     permissions: dict[str, str] | None = None
+    app_id: str | None = None
+    """Which of the stack's Apps to act as (github.apps); None: the first."""
     failed_deliveries_since: Epoch | None = None
     redeliver: int | None = None
 
@@ -101,14 +103,19 @@ def answer(identity: AppIdentity, request: AppRequest) -> AppAnswer:
             identity.redeliver(request.redeliver)
         return AppAnswer()
     except GitHubError as exc:
-        return AppAnswer(
-            error=AnsweredError(
-                kind=type(exc).__name__ if type(exc).__name__ in ERROR_KINDS else GitHubError.__name__,
-                message=str(exc),
-                status=exc.status,
-                retry_after_seconds=getattr(exc, "retry_after_seconds", None),
-            )
+        return refusal(exc)
+
+
+def refusal(exc: GitHubError) -> AppAnswer:
+    """GitHub's error (or ours, e.g. a key that does not load) as the answer's data."""
+    return AppAnswer(
+        error=AnsweredError(
+            kind=type(exc).__name__ if type(exc).__name__ in ERROR_KINDS else GitHubError.__name__,
+            message=str(exc),
+            status=exc.status,
+            retry_after_seconds=getattr(exc, "retry_after_seconds", None),
         )
+    )
 
 
 def raised(error: AnsweredError) -> GitHubError:

@@ -34,9 +34,13 @@ def invoking_client() -> Any:
 class TokenFunction:
     """The AppIdentity (domain/github_tokens.py) of a function that may only invoke the token function."""
 
-    def __init__(self, function_name: str, installation_id: int, client: Any) -> None:
+    def __init__(
+        self, function_name: str, installation_id: int, client: Any, app_id: str | None = None
+    ) -> None:
+        """`app_id`: which of the stack's Apps (None: the first)."""
         self._function = function_name
         self._installation_id = installation_id
+        self._app_id = app_id
         self._lambda = client
 
     @property
@@ -44,16 +48,20 @@ class TokenFunction:
         return self._installation_id
 
     def installation_token(self, permissions: Permissions | None) -> InstallationToken:
-        answer = self._ask(AppRequest(permissions=None if permissions is None else dict(permissions)))
+        answer = self._ask(
+            AppRequest(permissions=None if permissions is None else dict(permissions), app_id=self._app_id)
+        )
         if answer.token is None:
             raise GitHubError("the token function answered without a token")
         return answer.token.issued()
 
     def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]:
-        return list(self._ask(AppRequest(failed_deliveries_since=since)).deliveries or ())
+        return list(
+            self._ask(AppRequest(failed_deliveries_since=since, app_id=self._app_id)).deliveries or ()
+        )
 
     def redeliver(self, delivery_id: int) -> None:
-        self._ask(AppRequest(redeliver=delivery_id))
+        self._ask(AppRequest(redeliver=delivery_id, app_id=self._app_id))
 
     def _ask(self, request: AppRequest) -> AppAnswer:
         try:

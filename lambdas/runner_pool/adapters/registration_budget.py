@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import Refusal, conditional_write
 from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY
+from runner_pool.domain.app_choice import registrations_left
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.registration_budget import Bucket, Grant, HourlyQuota, take, wait_seconds
 
@@ -130,6 +131,13 @@ class DynamoDbRegistrationBudget:
 
     def hourly(self) -> HourlyQuota | None:
         return _hourly(self._read())
+
+    def left(self) -> float:
+        """Registrations a take would be granted now: how this App compares with the stack's others."""
+        item = self._read()
+        now = self._clock.now()
+        bucket = _bucket(item) or Bucket(tokens=self._capacity, at=now, hourly=_hourly(item))
+        return registrations_left(bucket, now, self._per_second, self._capacity)
 
     def bucket(self) -> Bucket | None:
         """The bucket as it stands (for operators and tests)."""

@@ -15,6 +15,7 @@ Deliveries signed with either are accepted:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from aws_lambda_powertools.utilities.parameters import SecretsProvider
@@ -76,3 +77,22 @@ def _bytes(value: object) -> bytes:
     if isinstance(value, str):
         return value.encode()
     raise TypeError(f"the webhook secret is a {type(value).__name__}, not a string")
+
+
+class AppsWebhookSecrets:
+    """The webhook secrets of every App the stack acts as: a delivery signed by any of them is accepted.
+
+    GitHub signs each App's deliveries with that App's own secret (docs.github.com, "Validating webhook
+    deliveries": the `X-Hub-Signature-256` header is "the HMAC hex digest of the request body ... generated
+    using the SHA-256 hash function and the secret as the HMAC key", to be compared with "a constant-time
+    string comparison"). Every App's secret is compared, in constant time each, whichever matched first, so
+    how long a refusal takes says nothing about which App's secret came close."""
+
+    def __init__(self, names: Sequence[str], client: Any, clock: Clock) -> None:
+        if not names:
+            raise ValueError("at least one webhook secret is needed")
+        self._secrets = [WebhookSecret(name, client, clock) for name in names]
+
+    def signed(self, body: bytes, signature: str) -> bool:
+        matched = [secret.signed(body, signature) for secret in self._secrets]  # each one, whatever matched
+        return any(matched)

@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from runner_pool.domain.clock import Epoch
+from runner_pool.domain.github_apps import GitHubAppEntry, repeated
 from runner_pool.domain.instance_settings import ImageSettings, InstanceSettings
 from runner_pool.domain.labels import (
     CLASS_NAME,
@@ -278,6 +279,45 @@ class GitHubSettings(Settings):
     """How many registrations may go at once after a quiet spell, within the average."""
     private_key_secret_name: str = "runner-pool/github-app-private-key"  # noqa: S105 - a name, not a secret
     webhook_secret_name: str = "runner-pool/github-webhook-secret"  # noqa: S105 - a name, not a secret
+    apps: tuple[GitHubAppEntry, ...] = ()
+    """Several Apps installed on the scope (domain/github_apps.py), in place of `app_id`, `installation_id`
+    and the two secret names: each registration goes through the one with the most budget left."""
+
+    @property
+    def every_app(self) -> tuple[GitHubAppEntry, ...]:
+        """`apps`, or the one App of the single-App settings (none while its ids are unset)."""
+        if self.apps or self.app_id is None or self.installation_id is None:
+            return self.apps
+        return (
+            GitHubAppEntry(
+                app_id=self.app_id,
+                installation_id=self.installation_id,
+                private_key_secret_name=self.private_key_secret_name,
+                webhook_secret_name=self.webhook_secret_name,
+            ),
+        )
+
+    @property
+    def webhook_secret_names(self) -> tuple[str, ...]:
+        """Every App's webhook secret: a delivery signed with any of them is GitHub's."""
+        return tuple(app.webhook_secret_name for app in self.every_app) or (self.webhook_secret_name,)
+
+    @model_validator(mode="after")
+    def _one_form_of_apps(self) -> Self:
+        if self.apps and (self.app_id is not None or self.installation_id is not None):
+            raise SettingError(
+                "apps",
+                "is set together with app_id or installation_id",
+                "list every App under apps (the first as well), or keep the single-App settings",
+            )
+        shared = repeated(self.apps)
+        if shared is not None:
+            raise SettingError(
+                "apps",
+                f"lists {shared[0]} {shared[1]!r} twice",
+                "give each App its own id, installation and secrets",
+            )
+        return self
 
     @model_validator(mode="after")
     def _runner_groups_are_an_organisations(self) -> Self:
@@ -467,8 +507,11 @@ class StackConfig(Settings):
     def deploy_problems(self) -> list[str]:
         """What a deployable stack needs and this config leaves unset, each with its fix."""
         required = {
-            "github.app_id": (self.github.app_id, "the App's id, from its settings page"),
-            "github.installation_id": (self.github.installation_id, "the id in the installation's URL"),
+            "github.app_id": (self.github.apps or self.github.app_id, "the App's id, from its settings page"),
+            "github.installation_id": (
+                self.github.apps or self.github.installation_id,
+                "the id in the installation's URL",
+            ),
             "github.scope": (self.github.scope, "`org` or `owner/repo`, where runners register"),
             "network.vpc_id": (self.network.vpc_id, "the VPC runners launch in"),
             "network.subnet_ids": (self.network.subnet_ids, "one subnet per Availability Zone"),

@@ -7,7 +7,8 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from runner_pool.adapters.github_app_answers import AppRequest, answer
+from runner_pool.adapters.github_app_answers import AppRequest, answer, refusal
+from runner_pool.domain.runners import GitHubError
 from runner_pool.observability import logger, tracer
 from runner_pool.wiring import control_plane
 
@@ -16,9 +17,13 @@ from runner_pool.wiring import control_plane
 @tracer.capture_lambda_handler(capture_response=False)  # the answer may hold a token: never in a trace
 def github_token(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = AppRequest.model_validate(event)
-    answered = answer(control_plane().app_key, request)
+    try:
+        answered = answer(control_plane().app_key_of(request.app_id), request)
+    except GitHubError as exc:  # the App's key does not load: answered, so the caller skips the App
+        answered = refusal(exc)
     logger.info(
         "acted as the App",
+        app_id=request.app_id,
         permissions=request.permissions,
         failed_deliveries_since=request.failed_deliveries_since,
         redeliver=request.redeliver,

@@ -5,7 +5,7 @@ the checks and what each answer means are in `runner_pool.domain.webhooks`. A de
 something puts one message on the demand queue, once per `X-GitHub-Delivery` (Powertools
 idempotency on DynamoDB): a repeated delivery gets the first one's answer and queues nothing.
 
-Route: POST /webhook. Environment (RUNNER_POOL_*): CONFIG (labels; github.webhook_secret_name),
+Route: POST /webhook. Environment (RUNNER_POOL_*): CONFIG (labels; every App's webhook secret name),
 DEMAND_QUEUE_URL, IDEMPOTENCY_TABLE_NAME. The AWS calls it makes are recorded in the tests and
 checked against its role (emulator/iam_check.py).
 """
@@ -32,7 +32,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyAl
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from runner_pool.adapters.demand_queue import DemandQueue
-from runner_pool.adapters.webhook_secret import WebhookSecret
+from runner_pool.adapters.webhook_secret import AppsWebhookSecrets
 from runner_pool.domain.demand import DemandMessage
 from runner_pool.domain.webhooks import Accepted, Ignored, Refusal, Unserved, read_delivery, verdict
 from runner_pool.observability import logger, metrics, tracer
@@ -117,7 +117,7 @@ class _Ingress:
     """What the webhook keeps for the life of its process: the secret's cache above all."""
 
     plane: ControlPlane
-    secret: WebhookSecret
+    secret: AppsWebhookSecrets
     idempotency: IdempotencyConfig
     enqueue_once: Callable[..., dict[str, Any]]
     """(delivery={"id": ...}, message=DemandMessage, summary=str) -> {"status", "message"}, once per id."""
@@ -151,8 +151,8 @@ def _build(plane: ControlPlane) -> _Ingress:
     )
     return _Ingress(
         plane=plane,
-        secret=WebhookSecret(
-            plane.config.github.webhook_secret_name, plane.client("secretsmanager"), plane.clock
+        secret=AppsWebhookSecrets(
+            plane.config.github.webhook_secret_names, plane.client("secretsmanager"), plane.clock
         ),
         idempotency=config,
         enqueue_once=idempotent_function(

@@ -1,0 +1,119 @@
+"""Several GitHub Apps as one registry and budget (adapters/github_apps.py), their buckets on moto."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from runner_pool.adapters.github_app import GitHubApp
+from runner_pool.adapters.github_apps import GitHubApps
+from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
+from runner_pool.domain.app_choice import AppUnusableError, with_most_left
+from runner_pool.domain.clock import ManualClock
+from runner_pool.domain.runners import GitHubRateLimitedError, JitRunner
+from tests.conftest import TABLE_NAME
+
+
+class App:
+    """Stands in for one App's GitHubApp: registers through itself, or fails as told."""
+
+    def __init__(self, app_id: str, fails: Exception | None = None) -> None:
+        self.app_id = app_id
+        self.fails = fails
+        self.registered: list[str] = []
+
+    def jit_config(self, name: str, labels: Sequence[str], *_: Any, **__: Any) -> JitRunner:
+        if self.fails is not None:
+            raise self.fails
+        self.registered.append(name)
+        return JitRunner(len(self.registered), name, "config")
+
+
+def apps(dynamodb: Any, clock: ManualClock, *fakes: App) -> GitHubApps:
+    return GitHubApps(
+        {fake.app_id: (lambda fake=fake: cast(GitHubApp, fake)) for fake in fakes},
+        {
+            fake.app_id: DynamoDbRegistrationBudget(
+                TABLE_NAME, fake.app_id, per_minute=60, burst=5, clock=clock, client=dynamodb
+            )
+            for fake in fakes
+        },
+        clock,
+    )
+
+
+def test_the_app_with_most_left_is_chosen_and_ties_go_to_the_first() -> None:
+    assert with_most_left({"a": 3.0, "b": 4.5}) == "b"
+    assert with_most_left({"a": 4.0, "b": 4.0}) == "a"
+    assert with_most_left({"a": 4.0, "b": 9.0}, skipped=frozenset({"b"})) == "a"
+    assert with_most_left({"a": 4.0}, skipped=frozenset({"a"})) is None
+
+
+def test_takes_and_registrations_go_to_the_app_with_most_budget_left(
+    dynamodb: Any, clock: ManualClock
+) -> None:
+    # Given two Apps of 5 a burst each, the first with 4 of its 5 spent
+    first, second = App("1"), App("2")
+    both = apps(dynamodb, clock, first, second)
+    DynamoDbRegistrationBudget(TABLE_NAME, "1", per_minute=60, burst=5, clock=clock, client=dynamodb).take(4)
+    # When 3 registrations are taken and made
+    grant = both.take(3)
+    for n in range(grant.granted):
+        both.jit_config(f"runner-{n}", ["pool=1"])
+    # Then they came from the second App's budget and went through it
+    assert grant.granted == 3
+    assert (first.registered, len(second.registered)) == ([], 3)
+    # And the next take, both Apps now near even (1 left and 2), goes to the second still, then the first
+    assert both.take(2).granted == 2
+    assert both.take(5).granted == 1
+
+
+def test_an_app_github_refuses_a_token_is_skipped_and_the_registration_made_by_another(
+    dynamodb: Any, clock: ManualClock
+) -> None:
+    # Given two Apps, the one with the most left (the first, ties go first) refused its token: its key is wrong
+    broken = App("1", fails=AppUnusableError("GitHub refused the App a token: bad credentials", 401))
+    working = App("2")
+    both = apps(dynamodb, clock, broken, working)
+    # When a registration is taken and made
+    assert both.take(1).granted == 1
+    runner = both.jit_config("runner-0", ["pool=1"])
+    # Then it went through the other App, and from then on takes go to the working App only
+    assert runner.name == "runner-0"
+    assert working.registered == ["runner-0"]
+    assert both.take(5).granted == 5
+    both.jit_config("runner-1", ["pool=1"])
+    assert working.registered == ["runner-0", "runner-1"]
+
+
+def test_when_every_app_is_unusable_the_refusal_is_raised_and_takes_wait(
+    dynamodb: Any, clock: ManualClock
+) -> None:
+    # Given two Apps whose installations are gone
+    gone = [App(n, fails=AppUnusableError("no such installation", 404)) for n in ("1", "2")]
+    both = apps(dynamodb, clock, *gone)
+    # When a registration is made: Then GitHub's refusal is raised (the hand-over gives the instance back)
+    try:
+        both.jit_config("runner-0", ["pool=1"])
+    except AppUnusableError as refused:
+        assert refused.status == 404
+    else:
+        raise AssertionError("a registration with no usable App must fail")
+    # And a take is refused with a wait, so no instance is claimed for a registration no App can make
+    assert both.take(1).refused
+
+
+def test_a_rate_limit_holds_off_only_the_app_github_limited(dynamodb: Any, clock: ManualClock) -> None:
+    # Given two Apps, the second rate-limited by GitHub
+    first, limited = App("1"), App("2", fails=GitHubRateLimitedError("secondary rate limit", 403, 30))
+    both = apps(dynamodb, clock, first, limited)
+    DynamoDbRegistrationBudget(TABLE_NAME, "1", per_minute=60, burst=5, clock=clock, client=dynamodb).take(1)
+    assert both.take(1).granted == 1
+    try:
+        both.jit_config("runner-0", ["pool=1"])
+    except GitHubRateLimitedError as exc:
+        # When the hand-over honours GitHub's wait (steps/hand_over.py github_wait)
+        both.hold_off(exc.retry_after_seconds)
+    # Then the second App grants nothing during the wait, and the first still does
+    assert both.take(10).granted == 4
+    assert both.take(1).refused
