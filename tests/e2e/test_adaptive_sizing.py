@@ -71,7 +71,7 @@ def test_a_burst_grows_the_hot_pool_at_the_next_refresh_and_it_shrinks_back_when
 
     # Then, their launches measured, refresh launches a hot pool for the burst the rule sees recurring (its
     # launches take a boot each, which a loaded machine stretches: under the whole suite one took past 90 s)
-    eventually(lambda: hot_pool(adaptive) >= BURST, f"a hot pool of {BURST}", 180.0)
+    eventually(lambda: hot_pool(adaptive) >= BURST, f"a hot pool of {BURST}", 240.0)
 
     # And once no job has arrived for a horizon and a lead (launch and refresh period), it is taken back:
     # every idle instance ended well before its idle time would have ended it

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from demo.burst import queued_spans
 from emulator.fake_github import Conclusion, FakeJob, JobSpec, JobStatus
 from emulator.fake_github.installations import select_repositories
 from emulator.world import COMPRESSED_TIMEOUTS, OWNER, World, compressed_config, world
@@ -23,7 +24,7 @@ from runner_pool.adapters.github_runner_groups import INSTANT_RUNNER_GROUP
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, accounted, eventually
+from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, accounted, eventually, provisions_bound
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +94,7 @@ def test_a_job_on_the_generic_label_runs_on_a_waiting_runner_and_its_instance_is
     waiting = waiting_runners(system)
     # When a job asks for the generic label
     # (long enough for its start to be followed, webhook and release check, on a loaded machine)
-    run = system.github.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL, seconds=15.0)])
+    run = system.github.actions.start_run(REPOSITORY, "ci", [JobSpec("build", LABEL, seconds=45.0)])
     job: FakeJob = system.github.state.jobs[run.job_ids[0]]
     eventually(lambda: job.status is not JobStatus.QUEUED, "the job to start", 30.0)
     # Then it started on a runner that was registered and listening before the job was queued: nothing
@@ -106,9 +107,9 @@ def test_a_job_on_the_generic_label_runs_on_a_waiting_runner_and_its_instance_is
     eventually(
         lambda: getattr(system.records.get(instance_id), "repository", None) == REPOSITORY,
         "the job's start to be noted on its instance",
-        30.0,
+        45.0,
     )
-    eventually(lambda: job.status is JobStatus.COMPLETED, "the job to complete", 60.0)
+    eventually(lambda: job.status is JobStatus.COMPLETED, "the job to complete", 90.0)
     assert job.conclusion is Conclusion.SUCCESS
     # And its instance is terminated after its job, never pooled
     eventually(lambda: ended(system, instance_id), f"{instance_id} to be terminated", 60.0)
@@ -130,11 +131,12 @@ def test_twice_the_tiers_size_of_jobs_at_once_are_all_served(system: World) -> N
     assert all(job.conclusion is Conclusion.SUCCESS for job in served)
     instances = {instance_of_runner(job.runner_name) for job in served}
     assert len(instances) == 2 * TIER
-    # And the burst's demand was batched: each job asked the tier for one runner, once, in fewer provisions
-    # than jobs (the first at once, the rest in one follow-up)
+    # And the burst's demand was batched: each job asked the tier for one runner, once, in two provisions
+    # (the first at once, the rest in one follow-up), unless its deliveries came so far apart on this busy
+    # machine that a follow-up window closed between them (provisions_bound, as for a run's matrix)
     asked = tier_job_provisions(system)
     assert sorted(job_id for job_ids in asked for job_id in job_ids) == sorted(run.job_ids)
-    assert len(asked) <= BURST_PROVISIONS
+    assert len(asked) <= max(BURST_PROVISIONS, provisions_bound(queued_spans(system)[run.run_id]))
     # And the tier waits at its size again, every instance that served terminated
     for instance_id in instances:
         assert instance_id is not None

@@ -212,10 +212,8 @@ class RunReconciliation:
             if now - run.demand_at > RECENT_DEMAND_SECONDS or all(
                 self._table.run_finished(run_key) for run_key in run.run_keys
             ):
-                if self._capacity_waits is not None:
-                    # Nothing asks for its jobs any more: a wait for capacity ends with the run.
-                    for run_key in run.run_keys:
-                        self._capacity_waits.run_finished(run.repository, run_key, served=False)
+                if self._waits_ended(run, now):
+                    continue
                 self._recent.forget(run)
                 continue
             if now < run.busy_until:
@@ -237,6 +235,21 @@ class RunReconciliation:
             report.runs_reconciled += 1
             if self._reprovision(report, run, jobs, self._executions(), tick=tick, now=now):
                 self._recent.busy(run, busy_seconds(self._config.timeouts))
+
+    def _waits_ended(self, run: RecentRun, now: Epoch) -> bool:
+        """End the finished run's waits for capacity, unserved; True when one is left to the provision
+        asked for it after its back-off (it began after the wait's next try, and may still be at work):
+        that provision's Finish ends it, served or not, and a later run forgets the run."""
+        if self._capacity_waits is None:
+            return False
+        left = False
+        for run_key in run.run_keys:
+            wait = self._capacity_waits.waiting(run.repository, run_key)
+            if wait is not None and now < run.busy_until and run.demand_at >= wait.next_try:
+                left = True
+                continue
+            self._capacity_waits.run_finished(run.repository, run_key, served=False)
+        return left
 
     def _backing_off(self, repository: str, run_key: str, now: Epoch) -> bool:
         """Whether the run key waits for capacity and its next try has not come (domain/capacity_waits.py)."""
