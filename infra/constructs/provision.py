@@ -32,7 +32,7 @@ class Provision(Construct):
             resources.github_tokens,
         )
         queues = pool_queues.queues
-        templates = list(instances.launch_templates.values())
+        templates = instances.every_launch_template
         notice_queues = instances.notice_queues
         hand_off = {
             "credentials_key_id": instances.credentials_key.key_id,
@@ -55,7 +55,7 @@ class Provision(Construct):
             permissions.launch_instances(
                 function,
                 launch_templates=templates,
-                instance_role=instances.role,
+                instance_roles=instances.roles,
                 image_parameter_arns=instances.image_parameter_arns,
                 volume_key=instances.volume_key,
             )
@@ -142,10 +142,7 @@ class Provision(Construct):
                     environment={
                         **hand_off,
                         "subnet_ids": config.network.subnet_ids,
-                        "launch_templates": {
-                            arch.value: template.launch_template_id
-                            for arch, template in instances.launch_templates.items()
-                        },
+                        **instances.launch_environment,
                     },
                     timeout_seconds=120,
                     retry=IDEMPOTENT_LAUNCH,

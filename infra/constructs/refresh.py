@@ -42,10 +42,7 @@ class Refresh(Construct):
                 "pool_queue_url_prefix": pool_queues.url_prefix,
                 "notice_queue_url_prefix": instances.notice_queues.url_prefix,
                 "subnet_ids": config.network.subnet_ids,
-                "launch_templates": {
-                    arch.value: template.launch_template_id
-                    for arch, template in instances.launch_templates.items()
-                },
+                **instances.launch_environment,
                 # A dead runner's release and replacement, and reconciled queued jobs.
                 "provision_state_machine_arn": provision.state_machine_arn,
                 "release_state_machine_arn": release.state_machine_arn,
@@ -61,8 +58,8 @@ class Refresh(Construct):
         permissions.stop_stack_instances(self.function)  # the stopped tier
         permissions.launch_instances(
             self.function,
-            launch_templates=list(instances.launch_templates.values()),
-            instance_role=instances.role,
+            launch_templates=instances.every_launch_template,
+            instance_roles=instances.roles,
             image_parameter_arns=instances.image_parameter_arns,
             volume_key=instances.volume_key,
         )
