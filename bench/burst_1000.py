@@ -58,5 +58,5 @@ def run(jobs: int = JOBS, runs: int = RUNS, system: World | None = None, apps: i
         / one.figures[f"burst_{jobs}_jobs_served_seconds"]
     )
     one.row("two Apps' time to serve every job, of one App's", f"{ratio:.2f} (at most {TWO_APPS_BOUND})")
-    one.figure(f"burst_{jobs}_two_apps_of_one_app_ratio", round(ratio, 3))
+    one.figure(f"burst_{jobs}_two_apps_to_one_app_ratio", round(ratio, 3))
     return one
