@@ -98,10 +98,10 @@ def test_a_notice_wakes_the_agent_long_before_its_watch_period(
     control_plane: ControlPlane, agents: AgentFactory, queues: NoticeQueues
 ) -> None:
     # Given an idle pooled instance whose agent reads its record only every 30 s, with its notice queue open
-    listening_agent(control_plane, agents, queues)
-    # When it is claimed and handed its config, and nothing is sent yet
+    running, _ = listening_agent(control_plane, agents, queues)
+    # When it is claimed and handed its config, and nothing is sent for a whole long poll of its queue
     claimed_and_handed_over(control_plane)
-    time.sleep(1.0)  # a second of nothing is the behaviour under test: no condition stands for it
+    running.listened_again()
     # Then the agent has not seen it (the test can fail: without a notice the claim waits for the watch)
     assert control_plane.latest_signal() is Signal.UD_OK
     # And when the notice is sent, the runner listens within seconds, not the watch period
