@@ -143,6 +143,33 @@ class Launches(Protocol):
     def launch_with_fallback(self, request: LaunchRequest, settings: FleetSettings) -> LaunchOutcome: ...
 
 
+class HandOverRecords(RecordReads, RecordExpiry, Protocol):
+    """Handing a held instance its runner, or giving back its claim (steps/hand_over.py)."""
+
+    def record_runner(self, instance_id: str, run_key: str, runner_id: int) -> TransitionResult: ...
+
+    def unclaim(self, instance_id: str, run_key: str, claim_token: str) -> TransitionResult: ...
+
+
+class ProvisionRecords(ClaimRecords, CreationRecords, HeldRecords, HandOverRecords, Protocol):
+    """The provision machine's steps together (steps/provision.py and its parts): Begin's claims, Finish's
+    activations and Dump's look at what the run holds."""
+
+    def run_finished(self, run_key: str) -> bool: ...
+
+    def activate(
+        self, instance_id: str, run_key: str, max_runtime_minutes: int, claim_token: str | None = None
+    ) -> TransitionResult: ...
+
+
+class ProvisionFleet(ClaimStarts, Launches, Terminations, Protocol):
+    """EC2 as the provision's steps reach it; Dump finds what an execution launched by its launch tag."""
+
+    def tagged_instances(
+        self, tag_key: str, tag_value: str, launched_before: Epoch | None = None
+    ) -> list[str]: ...
+
+
 class ReconcileRecords(RecordReads, RecordExpiry, Protocol):
     """Refresh's reconcile against GitHub (steps/reconcile.py): its markers, and the runs' records."""
 
