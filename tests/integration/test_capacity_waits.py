@@ -75,7 +75,8 @@ def test_a_class_out_of_capacity_waits_with_ec2s_reason_and_is_served_when_it_is
     assert world.ec2.calls["CreateFleet"] == 2  # spot, then the on-demand fallback; no redrive
     # And the jobs' author finds a check run on the run's commit naming the jobs, the class and EC2's error
     (check_run,) = world.github.state.check_runs.values()
-    assert wait.check_run_id == check_run["id"]
+    assert wait.check_run is not None
+    assert wait.check_run.check_run_id == check_run["id"]
     assert (check_run["head_sha"], check_run["status"]) == (HEAD_SHA, "in_progress")
     assert check_run["output"]["title"].startswith("`test")
     assert check_run["output"]["title"].endswith("wait for a `large` runner: EC2 has no capacity")

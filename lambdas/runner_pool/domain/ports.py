@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from runner_pool.domain.capacity_waits import CapacityWait, Conclusion
+from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, Conclusion
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import FleetSettings, ReuseSettings
 from runner_pool.domain.fleet import Ec2State, LaunchOutcome, LaunchRequest, Start, Termination
@@ -205,7 +205,7 @@ class CapacityWaitRecords(Protocol):
 
     def end(self, repository: str, run_key: str) -> CapacityWait | None: ...
 
-    def mark_check_run(self, repository: str, run_key: str, check_run_id: int) -> None: ...
+    def mark_check_run(self, repository: str, run_key: str, check_run: CheckRun) -> None: ...
 
 
 class CheckRuns(Protocol):
@@ -216,8 +216,8 @@ class CheckRuns(Protocol):
 
     def create_check_run(
         self, repository: str, *, head_sha: str, name: str, title: str, summary: str
-    ) -> int: ...
+    ) -> CheckRun: ...
 
     def complete_check_run(
-        self, repository: str, check_run_id: int, *, conclusion: Conclusion, title: str, summary: str
+        self, repository: str, check_run: CheckRun, *, conclusion: Conclusion, title: str, summary: str
     ) -> None: ...

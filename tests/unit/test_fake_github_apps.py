@@ -1,4 +1,4 @@
-"""The fake GitHub counts each App's rate limits apart, as GitHub does.
+"""The fake GitHub keeps each App's own apart, as GitHub does: its rate limits and its check runs.
 
 Sources (docs.github.com):
 - "Rate limits for the REST API", "Primary rate limit for GitHub App installations": Apps "authenticating
@@ -8,6 +8,9 @@ Sources (docs.github.com):
 - "Rate limits for GitHub Apps": the limit is on "the number of requests a GitHub App can make", and
   secondary limits come in addition; "About secondary rate limits": "No more than 900 points per minute
   are allowed for REST API endpoints", per endpoint.
+- "Using the REST API to interact with checks": "A check suite is a collection of the check runs created by
+  a single GitHub App"; another App's update is refused 403 ("check run can only be modified by the GitHub
+  App that created it", quoted in int128/argocd-commenter#631).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, Ap
 from runner_pool.domain.clock import ManualClock
 
 RUNNERS = f"/repos/{OWNER}/{REPO}/actions/runners"
+CHECK_RUNS = f"/repos/{OWNER}/{REPO}/check-runs"
 SECOND_APP_ID = APP_ID + 1
 SECOND_INSTALLATION_ID = INSTALLATION_ID + 1
 
@@ -36,10 +40,14 @@ def fake(app_key: AppKey, clock: ManualClock) -> FakeGitHub:
     return github
 
 
-def as_installation(fake: FakeGitHub, installation_id: int, method: str = "GET", body: Any = None) -> Answer:
+def request(fake: FakeGitHub, installation_id: int, method: str, target: str, body: Any = None) -> Answer:
     token, _ = fake.state.issue_token(installation_id)
     headers = {"Authorization": f"token {token}", "X-GitHub-Api-Version": "2022-11-28"}
-    return fake.handle(method, RUNNERS, headers, b"" if body is None else json.dumps(body).encode())
+    return fake.handle(method, target, headers, b"" if body is None else json.dumps(body).encode())
+
+
+def as_installation(fake: FakeGitHub, installation_id: int) -> Answer:
+    return request(fake, installation_id, "GET", RUNNERS)
 
 
 def test_each_installation_has_an_hour_of_its_own(fake: FakeGitHub) -> None:
@@ -85,3 +93,18 @@ def test_each_app_has_its_own_secondary_window_on_an_endpoint(fake: FakeGitHub) 
     # Then the first App's third read is refused (with retry-after), and the second App's is answered
     assert answers == [200, 200, 403]
     assert other.status == 200
+
+
+def test_a_check_run_is_updated_only_by_the_app_that_created_it(fake: FakeGitHub) -> None:
+    # Given a check run the first App created
+    body = {"name": "n", "head_sha": "abc", "status": "in_progress"}
+    created = request(fake, INSTALLATION_ID, "POST", CHECK_RUNS, body)
+    assert created.status == 201
+    check_run = f"{CHECK_RUNS}/{created.body['id']}"
+    # When the second App completes it / Then GitHub refuses: the check run is the first App's
+    refused = request(fake, SECOND_INSTALLATION_ID, "PATCH", check_run, {"conclusion": "success"})
+    assert refused.status == 403
+    assert "can only be modified by the GitHub App that created it" in refused.body["message"]
+    # When the first App completes it / Then it is completed
+    completed = request(fake, INSTALLATION_ID, "PATCH", check_run, {"conclusion": "success"})
+    assert (completed.status, completed.body["status"]) == (200, "completed")
