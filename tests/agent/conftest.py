@@ -193,6 +193,14 @@ class ControlPlane:
         found: WorkerSignal = eventually(confirmed, timeout=timeout, what=f"{signal.value} for {run_key!r}")
         return found
 
+    def await_runner(
+        self, running: RunningAgent, run_key: str, config: str, timeout: float = WAIT_SECONDS
+    ) -> None:
+        """The agent signals UD_REG_OK for `run_key` once its runner listens, and it started the runner
+        once, with exactly `config`: the one the control plane stored, never another."""
+        self.await_signal(Signal.UD_REG_OK, run_key, timeout)
+        assert running.runner_starts == [config_id(config)]
+
 
 @pytest.fixture
 def control_plane(
@@ -458,9 +466,18 @@ def fake_imds() -> Iterator[FakeImds]:
         yield server
 
 
-def idle_agent(control_plane: ControlPlane, agents: AgentFactory) -> RunningAgent:
-    """An instance launched for the pool, its agent started and reporting it ready (UD_OK, no run)."""
+def pooled_agent(
+    control_plane: ControlPlane, agents: AgentFactory, docker: Docker | None = None, **settings: Any
+) -> RunningAgent:
+    """An instance launched for the pool, its agent started with `settings` (its first look may be to come)."""
     control_plane.launch_for_pool()
-    running = agents.start()
+    return agents.start(docker, **settings)
+
+
+def idle_agent(
+    control_plane: ControlPlane, agents: AgentFactory, docker: Docker | None = None, **settings: Any
+) -> RunningAgent:
+    """An instance launched for the pool, its agent started and reporting it ready (UD_OK, no run)."""
+    running = pooled_agent(control_plane, agents, docker, **settings)
     control_plane.await_signal(Signal.UD_OK, None)
     return running
