@@ -32,7 +32,7 @@ from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
-from runner_pool.domain.config import StackConfig
+from runner_pool.domain.config import DEFAULT_RESOURCE_CLASSES, StackConfig
 from runner_pool.domain.executions import runner_name
 from runner_pool.domain.follow_up import FOLLOW_UP_WINDOW_SECONDS
 from runner_pool.domain.lifecycle import InstanceState
@@ -165,10 +165,20 @@ FAST_TIMERS = LAMBDA_POLLER_TIMERS
 """The e2e scenarios' timers: the dispatcher read by Lambda's five pollers, as deployed."""
 
 
+SESSION_CLASSES = {
+    name: {**resource_class.model_dump(), "ssm": name == "xlarge"}
+    for name, resource_class in DEFAULT_RESOURCE_CLASSES.items()
+}
+"""The default classes, xlarge with Session Manager (`runner-pool connect`)."""
+
+
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[World]:
-    """The whole system on local AWS, with its waits compressed further than the demo's."""
-    config = compressed_config(timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8})
+    """The whole system on local AWS, with its waits compressed further than the demo's; class xlarge lets
+    Session Manager in (its instances run as the session role, their agents checked against it)."""
+    config = compressed_config(
+        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8}, resource_classes=SESSION_CLASSES
+    )
     with world(
         tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
     ) as running:
