@@ -28,8 +28,8 @@ class StackResources:
     """The token function, the one reader of the App's key (infra/constructs/github_tokens.py)."""
 
     def launch_environment(self) -> dict[str, object]:
-        """What a function that launches runner instances reads: the subnets, and each architecture's
-        launch template (and those of the classes with Session Manager)."""
+        """What a function that launches runner instances reads: the subnets, and the launch templates
+        (one per architecture, and those of the classes with Session Manager)."""
         return {"subnet_ids": self.config.network.subnet_ids, **self.instances.launch_environment}
 
     def grant_launches(self, function: lambda_.Function) -> None:

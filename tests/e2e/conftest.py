@@ -12,6 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, Ap
 from emulator.instances import instance_facts
 from emulator.resources import create_state_table
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
-from emulator.timeline import Timeline
+from emulator.timeline import Happening, Timeline
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
@@ -165,6 +166,19 @@ FAST_TIMERS = LAMBDA_POLLER_TIMERS
 """The e2e scenarios' timers: the dispatcher read by Lambda's five pollers, as deployed."""
 
 
+@contextmanager
+def e2e_world(tmp_path: Path, **settings: Any) -> Iterator[World]:
+    """The whole system on local AWS as the scenarios run it, its waits compressed further than the demo's:
+    the compressed config with `settings` over it (their `timeouts` over the scenarios' own), fast
+    instances, the dispatcher read by Lambda's pollers."""
+    timeouts = {**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8, **settings.pop("timeouts", {})}
+    config = compressed_config(timeouts=timeouts, **settings)
+    with world(
+        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
+    ) as running:
+        yield running
+
+
 SESSION_CLASSES = {
     name: {**resource_class.model_dump(), "ssm": name == "xlarge"}
     for name, resource_class in DEFAULT_RESOURCE_CLASSES.items()
@@ -176,12 +190,7 @@ SESSION_CLASSES = {
 def system(tmp_path: Path) -> Iterator[World]:
     """The whole system on local AWS, with its waits compressed further than the demo's; class xlarge lets
     Session Manager in (its instances run as the session role, their agents checked against it)."""
-    config = compressed_config(
-        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8}, resource_classes=SESSION_CLASSES
-    )
-    with world(
-        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
-    ) as running:
+    with e2e_world(tmp_path, resource_classes=SESSION_CLASSES) as running:
         yield running
 
 
@@ -201,6 +210,21 @@ def settled(system: World, timeout: float = 60.0) -> None:
         ) and not any(e["status"] == "RUNNING" for e in system.stack.executions())
 
     eventually(quiet, "the system to settle", timeout, every=SWEEP_LOOK_SECONDS)
+
+
+def one_pooled(system: World) -> str:
+    """A first run served and its instance back in the pool, idle and in date: that instance's id."""
+    completed(system, system.start_run("build", JobSpec("build", LABEL, seconds=0.5)))
+    settled(system)
+    (pooled,) = system.instances.booted()
+    return pooled
+
+
+def retired(system: World, instance_id: str, what: str) -> None:
+    """`instance_id` terminated, the system settled after it, and every instance accounted for."""
+    eventually(lambda: system.timeline.first(Happening.TERMINATED, instance_id=instance_id), what)
+    settled(system)
+    accounted(system)
 
 
 def demand_handled(system: World) -> None:

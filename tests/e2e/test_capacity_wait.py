@@ -11,7 +11,7 @@ from emulator.fake_github.payloads import HEAD_SHA
 from emulator.world import World
 from runner_pool.domain.capacity_waits import CHECK_RUN_NAME, FIRST_BACKOFF_SECONDS
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS
-from tests.e2e.conftest import LABEL, completed, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, accounted, completed, eventually, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -50,4 +50,4 @@ def test_a_job_without_capacity_is_told_why_and_served_when_capacity_comes_back(
     eventually(lambda: check_run()["status"] == "completed", "the check run to be concluded")  # type: ignore[index]
     assert check_run()["conclusion"] == "success"  # type: ignore[index]
     settled(system)
-    assert system.accounting().holds, system.accounting().problems
+    accounted(system)

@@ -12,12 +12,12 @@ import pytest
 
 from emulator.fake_github import Conclusion, FakeWorkflowRun, JobSpec
 from emulator.timeline import Happening
-from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
+from emulator.world import World
 from runner_pool.adapters.spot_breaker import DynamoDbSpotBreaker
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.records import UsageClass
-from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, accounted, completed, e2e_world, eventually, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +27,11 @@ COOLDOWN_SECONDS = 20.0
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[World]:
     """The e2e system, its breaker opened by two interruptions and cooling down in seconds."""
-    config = compressed_config(
-        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8},
+    with e2e_world(
+        tmp_path,
         fleet={
             "spot_breaker": {"interruptions": 2, "window_seconds": 600, "cooldown_seconds": COOLDOWN_SECONDS}
         },
-    )
-    with world(
-        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
     ) as running:
         yield running
 
@@ -89,4 +86,4 @@ def test_a_class_ec2_takes_back_runs_its_next_job_on_demand_and_spot_again_after
     assert job_of(system, third).conclusion is Conclusion.SUCCESS
     assert usage_of_job(system, third) is UsageClass.SPOT
     settled(system)
-    assert system.accounting().holds, system.accounting().problems
+    accounted(system)
