@@ -32,8 +32,9 @@ class AgentCheckSpec:
     region: str
     account: str
     instance_id: str
-    launch_template: str | None
-    """The local launch template the instance was launched from: its profile's role is the agent's."""
+    role: str
+    """The logical id of the instance's role: its launch template's profile's (StackIam.instance_role),
+    resolved by the emulator, whose check knows the local launch templates."""
     denials: str
     usage_directory: str | None
 
@@ -62,7 +63,7 @@ def main(spec_path: str) -> int:
         StackIam.bound(template, spec.environment, region=spec.region, account=spec.account)
     )
     check.denials_file = Path(spec.denials)
-    principal = check.iam.instance(spec.instance_id, spec.launch_template)
+    principal = check.iam.of_role(spec.role, spec.instance_id)
     make_client = boto3.session.Session.client
 
     def checked_client(session: Any, *args: Any, **kwargs: Any) -> Any:

@@ -286,6 +286,10 @@ class StackIam:
         roles = self.instance_roles()
         if launch_template is not None:
             bound = {self.bindings.ref(logical): role for logical, role in roles.items()}
+            if launch_template not in bound:
+                raise LookupError(
+                    f"{launch_template} is none of the stack's launch templates: {sorted(bound)}"
+                )
             return bound[launch_template]
         (role,) = set(roles.values())
         return role
@@ -369,10 +373,10 @@ WITHOUT_GRANT_VARIABLE = "RUNNER_POOL_IAM_WITHOUT_GRANT"
 lacks that grant of that function's role. The negative control runs a named test with it set."""
 
 
-def checked_template(github: str = "") -> dict[str, Any]:
-    """The template the checks use: the synthesized one (with `github`'s Apps, synthesized_template), less
-    the grant WITHOUT_GRANT_VARIABLE names."""
-    template = synthesized_template(github)
+def checked_template(overrides: str = "") -> dict[str, Any]:
+    """The template the checks use: the synthesized one (with the config's `overrides`,
+    synthesized_template), less the grant WITHOUT_GRANT_VARIABLE names."""
+    template = synthesized_template(overrides)
     removed = os.environ.get(WITHOUT_GRANT_VARIABLE)
     if not removed:
         return template

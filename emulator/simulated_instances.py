@@ -249,7 +249,7 @@ class SimulatedInstances:
             region=REGION,
             account=ACCOUNT,
             instance_id=instance.instance_id,
-            launch_template=instance.launch_template,
+            role=check.iam.instance_role(instance.launch_template),
             denials=str(instance.directory / IAM_DENIALS),
             usage_directory=os.environ.get(iam_check.USAGE_DIRECTORY_VARIABLE),
         )

@@ -299,6 +299,19 @@ class DeployedMachine:
     """What runs executions of it to the end (and starts or waits for them)."""
 
 
+def template_overrides(config: StackConfig) -> str:
+    """What of `config` the template must be synthesised with, beyond cdk.json's (JSON; empty for none):
+    several Apps (the template grants each App's secrets), classes with Session Manager (the template has
+    their launch templates and role)."""
+    overrides: dict[str, Any] = {}
+    apps = config.github.every_app
+    if len(apps) > 1:
+        overrides["github"] = {"apps": [app.model_dump() for app in apps], "scope": str(config.github.scope)}
+    if config.session_classes:
+        overrides["resource_classes"] = config.model_dump(mode="json")["resource_classes"]
+    return json.dumps(overrides, sort_keys=True) if overrides else ""
+
+
 class LocalStack:
     """The synthesized stack's resources on local AWS, bound to the template, and its functions run."""
 
@@ -313,10 +326,8 @@ class LocalStack:
         """`clients` are the harness's own, for creating the resources: neither counted nor checked."""
         self.config = config
         self.stack_name = stack_name
-        if template is None:  # several Apps: the template that grants each App's secrets
-            apps = config.github.every_app
-            github = {"apps": [app.model_dump() for app in apps], "scope": str(config.github.scope)}
-            template = checked_template(json.dumps(github, sort_keys=True) if len(apps) > 1 else "")
+        if template is None:
+            template = checked_template(template_overrides(config))
         self.template = StackTemplate(template)
         self._clients = clients
         self.given: dict[str, Any] = {

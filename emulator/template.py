@@ -65,45 +65,47 @@ ASSEMBLIES = Path(tempfile.gettempdir()) / "runner-pool-assemblies"
 
 
 @functools.cache
-def host_assembly(cache: Path = ASSEMBLIES, github: str = "") -> Path:
+def host_assembly(cache: Path = ASSEMBLIES, overrides: str = "") -> Path:
     """The cloud assembly `python app.py` makes, but with the dependency layer built for this interpreter
     and platform (infra/dependency_layer.py `host_target()`: uv.lock's runtime pins, wheels this Python
     can load) and assets unstaged, so each asset is its source directory (for the code, `lambdas/`).
     Cached on disk per `template_key()` and per layer; synthesised under a lock, so parallel test workers
-    synthesise once (a miss costs the seconds jsii takes to start CDK); once per process. `github`: the
-    config's `github` settings in place of cdk.json's (JSON), for a world of other Apps."""
+    synthesise once (a miss costs the seconds jsii takes to start CDK); once per process. `overrides`:
+    sections of the config in place of cdk.json's (a JSON object), for a world whose stack has other
+    resources: other Apps (`github`), classes with Session Manager (`resource_classes`)."""
     from infra.dependency_layer import dependency_layer, host_target  # noqa: PLC0415
 
     layer = dependency_layer(target=host_target())
-    apps = f"-{hashlib.sha256(github.encode()).hexdigest()[:12]}" if github else ""
-    assembly = cache / f"{template_key()}-{layer.key}{apps}"
+    changed = f"-{hashlib.sha256(overrides.encode()).hexdigest()[:12]}" if overrides else ""
+    assembly = cache / f"{template_key()}-{layer.key}{changed}"
     if not (assembly / "done").exists():
         cache.mkdir(parents=True, exist_ok=True)
         with open(cache / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not (assembly / "done").exists():
-                _synthesize(assembly, layer, github)
+                _synthesize(assembly, layer, overrides)
     return assembly
 
 
 @functools.cache
-def synthesized_template(github: str = "") -> dict[str, Any]:
+def synthesized_template(overrides: str = "") -> dict[str, Any]:
     """The stack's template, from `host_assembly()`: the layer it was built with changes no resource of
-    the template but the layer's own asset. `github` as host_assembly's: a stack of several Apps grants
-    each App's secrets, so a world of two Apps is checked against the template that deploys them."""
-    assembly = host_assembly(github=github)
+    the template but the layer's own asset. `overrides` as host_assembly's: a stack of several Apps grants
+    each App's secrets, one with a Session Manager class has that class's templates and role, so such a
+    world is checked against the template that deploys it."""
+    assembly = host_assembly(overrides=overrides)
     loaded: dict[str, Any] = json.loads((assembly / f"{STACK_ID}.template.json").read_text())
     return loaded
 
 
-def _synthesize(assembly: Path, layer: DependencyLayer, github: str = "") -> None:
+def _synthesize(assembly: Path, layer: DependencyLayer, overrides: str = "") -> None:
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
     # CDK only on a cache miss: its jsii runtime takes seconds to start.
     from infra.app import CONFIG_CONTEXT_KEY, build_app, project_context  # noqa: PLC0415
 
     shutil.rmtree(assembly, ignore_errors=True)
     context = {**project_context(), "aws:cdk:disable-asset-staging": True}
-    if github:
-        context[CONFIG_CONTEXT_KEY] = {**context[CONFIG_CONTEXT_KEY], "github": json.loads(github)}
+    if overrides:
+        context[CONFIG_CONTEXT_KEY] = {**context[CONFIG_CONTEXT_KEY], **json.loads(overrides)}
     build_app(context, outdir=str(assembly), layer=layer).synth()
     (assembly / "done").write_text("")

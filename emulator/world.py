@@ -28,10 +28,12 @@ from emulator.harness.github_app import generate_app_key
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
 from emulator.stack import RuntimeFactory
 from emulator.timeline import RecordWatcher, Timeline, TimelineEvent
+from runner_pool.adapters.job_records import JobSources
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.runner_scope import REGISTRATION_PERMISSIONS
+from runner_pool.job_command import JobTarget
 from runner_pool.observability import logger
 
 APP_ID = 4242
@@ -123,6 +125,18 @@ class World:
 
     def accounting(self) -> Accounting:
         return account(self.aws.client("ec2"), self.records, self.stack.stack_name)
+
+    def job_target(self) -> JobTarget:
+        """Where `runner-pool job` and `connect` read this stack's records, as its outputs and functions'
+        environment would give them."""
+        settings = self.stack.plane.settings
+        sources = JobSources(
+            state_table=settings.table_name,
+            ledger_table=settings.require("idempotency_table_name", "the job story"),
+            provision_machine_arn=settings.require("provision_state_machine_arn", "the job story"),
+            release_machine_arn=settings.require("release_state_machine_arn", "the job story"),
+        )
+        return JobTarget(sources, settings.config)
 
 
 @contextmanager

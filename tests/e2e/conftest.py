@@ -33,7 +33,7 @@ from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import SystemClock
-from runner_pool.domain.config import StackConfig
+from runner_pool.domain.config import DEFAULT_RESOURCE_CLASSES, StackConfig
 from runner_pool.domain.executions import runner_name
 from runner_pool.domain.follow_up import FOLLOW_UP_WINDOW_SECONDS
 from runner_pool.domain.lifecycle import InstanceState
@@ -179,10 +179,18 @@ def e2e_world(tmp_path: Path, **settings: Any) -> Iterator[World]:
         yield running
 
 
+SESSION_CLASSES = {
+    name: {**resource_class.model_dump(), "ssm": name == "xlarge"}
+    for name, resource_class in DEFAULT_RESOURCE_CLASSES.items()
+}
+"""The default classes, xlarge with Session Manager (`runner-pool connect`)."""
+
+
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[World]:
-    """The whole system on local AWS, with its waits compressed further than the demo's."""
-    with e2e_world(tmp_path) as running:
+    """The whole system on local AWS, with its waits compressed further than the demo's; class xlarge lets
+    Session Manager in (its instances run as the session role, their agents checked against it)."""
+    with e2e_world(tmp_path, resource_classes=SESSION_CLASSES) as running:
         yield running
 
 

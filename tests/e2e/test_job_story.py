@@ -1,5 +1,7 @@
 """`runner-pool job <URL>` on the emulator's stack: the story of a cold job and of the warm job after it,
-told from the records the stack itself wrote (ledger, executions, state table) and GitHub's job."""
+told from the records the stack itself wrote (ledger, executions, state table) and GitHub's job; and
+`runner-pool connect`, which finds a job's instance through that story (no session is started here: the
+emulator has no Systems Manager, so the command is printed and its refusals checked)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,15 @@ from typing import Any
 
 import pytest
 
+from emulator import iam_check
 from emulator.fake_github import FakeWorkflowRun, JobSpec
 from emulator.world import REPOSITORY, World
-from runner_pool.adapters.job_records import JobSources
+from runner_pool.connect_command import connect
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.executions import instance_of_runner
-from runner_pool.job_command import JobTarget, job
-from tests.e2e.conftest import LABEL, completed, job_of, settled
+from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.job_command import job
+from tests.e2e.conftest import LABEL, SWEEP_LOOK_SECONDS, completed, eventually, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -24,24 +28,12 @@ SERVED = ["queued", "demand", "batch", "hand-over", "started", "ended", "release
 its runner registered) is not among them: GitHub may start the job before that check comes round."""
 
 
-def target_of(system: World) -> JobTarget:
-    """The job command's target as the stack's outputs and functions' environment would give it."""
-    settings = system.stack.plane.settings
-    sources = JobSources(
-        state_table=settings.table_name,
-        ledger_table=settings.require("idempotency_table_name", "the job story"),
-        provision_machine_arn=settings.require("provision_state_machine_arn", "the job story"),
-        release_machine_arn=settings.require("release_state_machine_arn", "the job story"),
-    )
-    return JobTarget(sources, settings.config)
-
-
 def story(system: World, run: FakeWorkflowRun, *, as_json: bool = True, whole_run: bool = False) -> Any:
     """What the job command prints for the run's first job (`whole_run`: for the run's URL)."""
     out = io.StringIO()
     url = f"https://github.com/{REPOSITORY}/actions/runs/{run.run_id}"
     url += "" if whole_run else f"/job/{run.job_ids[0]}"
-    code = job(target_of(system), url, system.aws.client, SystemClock(), out, as_json=as_json)
+    code = job(system.job_target(), url, system.aws.client, SystemClock(), out, as_json=as_json)
     assert code == 0, out.getvalue()
     return json.loads(out.getvalue()) if as_json else out.getvalue()
 
@@ -91,3 +83,86 @@ def test_the_story_of_a_cold_job_and_of_the_warm_job_that_reused_its_instance(sy
     assert text.splitlines()[0] == (
         f"job {second.job_ids[0]} of run {second.run_id} in {REPOSITORY} on {instance_id}, warm"
     )
+
+
+def connect_to(system: World, named: str, *, print_only: bool = True) -> tuple[int, str]:
+    """What `runner-pool connect` answers for `named`, as an operator without the session-manager-plugin."""
+    out = io.StringIO()
+    code = connect(
+        system.job_target(),
+        named,
+        system.aws.client,
+        SystemClock(),
+        out,
+        print_only=print_only,
+        which=no_tool,
+    )
+    return code, out.getvalue()
+
+
+def no_tool(_name: str) -> None:
+    return None
+
+
+def test_connect_finds_a_jobs_instance_by_its_url_and_refuses_what_it_may_not_open(
+    system: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a run of two jobs: one of class large (SSM off), one of xlarge, which lets Session Manager in
+    run = completed(
+        system,
+        system.start_run(
+            "connect",
+            JobSpec("plain", LABEL, seconds=0.5),
+            JobSpec("reachable", LABEL.replace("class=large", "class=xlarge"), seconds=0.5),
+        ),
+    )
+    settled(system)
+    plain, reachable = (instance_of_runner(job_of(system, run, n).runner_name) for n in (0, 1))
+    assert plain is not None
+    assert reachable is not None
+    assert plain != reachable
+    # And each instance's agent ran as its launch template's role, the xlarge one as the session role
+    check = iam_check.installed_check()
+    assert check is not None
+    launched = system.instances.instances()
+    roles = {i: check.iam.instance_role(launched[i].launch_template) for i in (plain, reachable)}
+    assert roles[plain] != roles[reachable]
+    session_actions = {
+        a for s in check.iam.role(roles[reachable], name="session").statements for a in s.actions
+    }
+    assert "ssmmessages:OpenDataChannel" in session_actions
+    assert not any(
+        a.startswith("ssm") for s in check.iam.role(roles[plain], name="plain").statements for a in s.actions
+    )
+    url = f"https://github.com/{REPOSITORY}/actions/runs/{run.run_id}"
+    region = system.aws.client("dynamodb").meta.region_name
+    capsys.readouterr()
+
+    # When the operator connects to the xlarge job by its URL, without the session-manager-plugin
+    code, printed = connect_to(system, f"{url}/job/{run.job_ids[1]}", print_only=False)
+
+    # Then the session command for that job's instance is printed, and why it was not started
+    assert (code, printed) == (0, f"aws ssm start-session --target {reachable} --region {region}\n")
+    assert "session-manager-plugin not installed" in capsys.readouterr().err
+
+    # And the large job's instance is refused: its class has SSM off
+    assert connect_to(system, f"{url}/job/{run.job_ids[0]}") == (1, "")
+    assert "no session: class large has SSM off" in capsys.readouterr().err
+
+    # And the run's URL lists its jobs' two instances to choose from
+    assert connect_to(system, url) == (1, "")
+    listed = capsys.readouterr().err
+    assert "ran on 2 instances; name one:" in listed
+    assert f"job {run.job_ids[0]}: {plain}" in listed
+    assert f"job {run.job_ids[1]}: {reachable}" in listed
+
+    # And once the xlarge instance is gone, its id is refused as gone
+    assert system.records.expire(reachable, None).succeeded
+
+    def gone() -> bool:
+        record = system.records.get(reachable)
+        return record is None or record.state is InstanceState.TERMINATED
+
+    eventually(gone, "refresh to terminate the expired instance", every=SWEEP_LOOK_SECONDS)
+    assert connect_to(system, reachable) == (1, "")
+    assert f"no session: {reachable} is gone" in capsys.readouterr().err

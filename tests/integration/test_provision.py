@@ -332,34 +332,63 @@ def test_a_created_instance_whose_short_job_ended_before_check_fleet_is_not_aske
     assert executions_once_settled(world) == []
 
 
-def test_a_claimed_instance_whose_short_job_ended_before_its_check_is_not_asked_for_again(
-    world: ProvisionWorld,
-) -> None:
-    # Given a warm instance, claimed and handed its runner config by Begin
+def short_warm_job(world: ProvisionWorld, execution: str) -> tuple[str, dict[str, Any], LambdaContext]:
+    """A warm instance claimed and handed its runner config by Begin, whose runner registered and ran the
+    run's one job, a short one: its release gave the instance back before the claim worker's check. The
+    instance, the plan and the context of its steps."""
     warm = world.warm(1).instance_id
     context = LambdaContext(
-        "provision", "short-warm-job", "arn:aws:lambda:us-east-1:123456789012:function:provision"
+        "provision", execution, "arn:aws:lambda:us-east-1:123456789012:function:provision"
     )
     request = ProvisionRequest(trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key=RUN, count=1)
-    plan = provision.begin({"request": request.model_dump(mode="json"), "execution": "exec-warm"}, context)
+    plan = provision.begin({"request": request.model_dump(mode="json"), "execution": execution}, context)
     assert plan["pre_claims"] == [warm]
-    # And its runner registered and ran the run's job, whose release gave the instance back before the
-    # claim worker's check
     world.agents.act()
     runner = world.plane.state_table.get(warm).runner_id
     item = ReleaseItem(instance_id=warm, run_key=RUN, poll_seconds=1, runner_id=runner)
     assert world.local.release().give_back(item).status is ReleaseStatus.AWAITING_RECEIPT
-    # When the claim worker checks it and Finish runs
+    return warm, plan, context
+
+
+def checked_and_finished(
+    world: ProvisionWorld, plan: dict[str, Any], context: LambdaContext
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The claim worker's check of slot 0, then Finish: what each answered."""
     worker = provision.claim({"plan": plan, "slot": 0}, context)
     workers = [{"slot": 0, "instance_id": worker["instance_id"], "claim_token": worker["claim_token"]}]
     finishing = {"plan": plan, "workers": workers, "creation": {}, "machine": world.machine.arn}
-    result = provision.finish(finishing, context)
+    return worker, provision.finish(finishing, context)
+
+
+def test_a_claimed_instance_whose_short_job_ended_before_its_check_is_not_asked_for_again(
+    world: ProvisionWorld,
+) -> None:
+    # Given a warm instance claimed by Begin, whose short job ran and was released before the worker's check
+    warm, plan, context = short_warm_job(world, "exec-warm")
+    # When the claim worker checks it and Finish runs
+    worker, result = checked_and_finished(world, plan, context)
     # Then the worker kept it (no other instance claimed or launched for the job that has run), Finish
     # counted it lost, and no runner is asked for again
     assert worker["readiness"] == "ready"
     assert (result["warm"], result["lost"], result["expired"]) == ([], [warm], [])
     assert world.ec2.calls["CreateFleet"] == 0
     assert executions_once_settled(world) == []
+
+
+def test_a_short_jobs_warm_instance_released_before_a_finish_that_gives_up_is_counted_lost_not_expired(
+    world: ProvisionWorld,
+) -> None:
+    # Given a warm instance claimed by Begin, whose short job ran and was released, and whose run finished,
+    # all before Finish looked
+    warm, plan, context = short_warm_job(world, "exec-run")
+    world.plane.state_table.mark_run_finished(RUN)
+    # When the worker checks it and Finish runs, and gives up on the finished run
+    _, result = checked_and_finished(world, plan, context)
+    # Then the instance, pooled by the job's release, is told as lost (it served the run), not as expired:
+    # it was neither expired nor terminated
+    assert (result["warm"], result["expired"], result["lost"]) == ([], [], [warm])
+    assert states(world, [warm]) == [InstanceState.IDLE]
+    assert ec2_state(world, warm) == "running"
 
 
 def test_each_launch_served_notes_its_launch_to_ready_and_a_pristine_claim_no_reuse(

@@ -46,13 +46,15 @@ class HeldInstances:
             starting=starting,
         )
 
-    def expire_and_terminate(self, instance_ids: list[str], run_key: str) -> None:
-        """Expire each record still held for the run, then terminate those (and any without a record).
+    def expire_and_terminate(self, instance_ids: list[str], run_key: str) -> list[str]:
+        """Expire each record still held for the run, then terminate those (and any without a record);
+        returns them, the ones this ended.
 
-        An instance whose record another run holds now is left alone: it is not ours any more.
+        An instance whose record another run holds now, or that a release moved on, is left alone: it is
+        not ours any more, and not counted as ended here.
         """
         if not instance_ids:
-            return
+            return []
         doomed: list[str] = []
         for instance_id in instance_ids:
             result = self._table.expire(instance_id, run_key)
@@ -60,3 +62,4 @@ class HeldInstances:
                 doomed.append(instance_id)
         if doomed:
             self._fleet().terminate(doomed)
+        return doomed

@@ -66,15 +66,23 @@ class Leftovers(ProvisionPart):
         rest were never handed a config: expired and terminated here.
         """
         run_key = provision.spec.run_key
-        held = [w.instance_id for w in workers if w.instance_id] + list(creation.launched)
-        doomed = self._end_for_finished_run(provision, held)
-        logger.info("run finished before its runners were ready", expired=doomed)
+        held = list(
+            dict.fromkeys([w.instance_id for w in workers if w.instance_id] + list(creation.launched))
+        )
+        handed, expired = self._end_for_finished_run(provision, held)
+        # Neither left to the run's release nor expired here: a release moved it on first (a short job's).
+        lost, moved_on = self.moved_on(
+            run_key, [(i, provision.started_at) for i in held if i not in handed and i not in expired]
+        )
+        logger.info("run finished before its runners were ready", expired=expired, lost=lost)
         return ProvisionResult(
             run_key=run_key,
             requested=len(provision.slots),
             warm=(),
             cold=(),
-            expired=tuple(doomed),
+            expired=tuple(expired),
+            lost=lost,
+            moved_on=moved_on,
         )
 
     def dump(self, provision: ProvisionPlan, machine: str | None = None) -> list[str]:
@@ -119,29 +127,30 @@ class Leftovers(ProvisionPart):
             else:
                 doomed.append(instance_id)
         if finished:
-            held = self._end_for_finished_run(provision, doomed)
+            _, held = self._end_for_finished_run(provision, doomed)
         else:
-            held = list(dict.fromkeys(doomed))
-            self._held.expire_and_terminate(held, run_key)
+            held = self._held.expire_and_terminate(list(dict.fromkeys(doomed)), run_key)
         logger.error("provision dumped", execution=provision.execution, instances=held, kept=kept)
         if not finished:
             self.redrive(provision, len(provision.slots) - len(set(kept)), machine)
         return held
 
-    def _end_for_finished_run(self, provision: ProvisionPlan, instance_ids: Iterable[str]) -> list[str]:
+    def _end_for_finished_run(
+        self, provision: ProvisionPlan, instance_ids: Iterable[str]
+    ) -> tuple[list[str], list[str]]:
         """What a provision holds when its run has finished: an instance whose runner is noted goes to a
         release of the run (named by this execution, so a retried step starts it once); the rest are
-        expired and terminated. Returns those."""
+        expired and terminated, but those someone else moved on meanwhile. Returns those left to the
+        release, and those expired."""
         run_key = provision.spec.run_key
         held = list(dict.fromkeys(instance_ids))
         handed = [instance_id for instance_id in held if self._runner_noted(instance_id, run_key)]
-        doomed = [instance_id for instance_id in held if instance_id not in handed]
-        self._held.expire_and_terminate(doomed, run_key)
+        expired = self._held.expire_and_terminate([i for i in held if i not in handed], run_key)
         if handed:
             request = ReleaseRequest(run_key=run_key, cause=f"gave-up-{provision.execution}")
             self._executions(None).release(request)
             logger.info("hand-offs of a finished run left to its release", instances=handed)
-        return doomed
+        return handed, expired
 
     def _runner_noted(self, instance_id: str, run_key: str) -> bool:
         record = self._table.get(instance_id)

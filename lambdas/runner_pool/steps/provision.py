@@ -37,7 +37,7 @@ from runner_pool.domain.provision import (
     busy_seconds,
     plan,
 )
-from runner_pool.domain.records import REGISTERED_SIGNALS, PoolMessage, UsageClass
+from runner_pool.domain.records import PoolMessage, UsageClass
 from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubRateLimitedError, RunnerRegistry
 from runner_pool.domain.spot_breaker import usage_for
@@ -363,7 +363,11 @@ class Provision(ProvisionPart):
             provision, [(instance_id, None, provision.started_at) for instance_id in creation.ready]
         )
         never_ready = list(creation.failed) + list(creation.pending)
-        self._held.expire_and_terminate(never_ready, spec.run_key)
+        expired = self._held.expire_and_terminate(never_ready, spec.run_key)
+        # Never ready and no longer ours to expire: a release moved it on first (a late runner's short job).
+        lost_late, moved_on_late = self.moved_on(
+            spec.run_key, [(i, provision.started_at) for i in never_ready if i not in expired]
+        )
         refused = (
             provision.refused or creation.refused or next((w.refused for w in workers if w.refused), None)
         )
@@ -372,9 +376,9 @@ class Provision(ProvisionPart):
             requested=len(provision.slots),
             warm=warm,
             cold=cold,
-            expired=tuple(never_ready),
-            lost=lost + lost_cold,
-            moved_on=moved_on + moved_on_cold,
+            expired=tuple(expired),
+            lost=lost + lost_cold + lost_late,
+            moved_on=moved_on + moved_on_cold + moved_on_late,
             refused=refused,
         )
         if warm or cold:
@@ -422,31 +426,16 @@ class Provision(ProvisionPart):
         after serving the run, those moved on with nothing served."""
         spec = provision.spec
         running: list[str] = []
-        lost: list[str] = []
-        moved_on: list[str] = []
+        gone: list[tuple[str, float]] = []
         for instance_id, token, since in ready:
             if self._table.activate(
                 instance_id, spec.run_key, spec.max_runtime_minutes, claim_token=token
             ).succeeded:
                 running.append(instance_id)
-            elif self._served(instance_id, spec.run_key, since):
-                lost.append(instance_id)
             else:
-                moved_on.append(instance_id)
-        return tuple(running), tuple(lost), tuple(moved_on)
-
-    def _served(self, instance_id: str, run_key: str, since: float) -> bool:
-        """Whether an instance Finish could not activate served the run: its agent says its runner
-        registered for the run since the hand-over, and a release moved it on (a short job's, before
-        Finish; a registered hand-over is never given back, steps/hand_over.py). One moved on with no
-        runner of the run registered served nothing: its job is still to serve."""
-        signal = self._table.observe(instance_id).signal
-        return (
-            signal is not None
-            and signal.run_key == run_key
-            and signal.at >= since
-            and signal.signal in REGISTERED_SIGNALS
-        )
+                gone.append((instance_id, since))
+        lost, moved_on = self.moved_on(spec.run_key, gone)
+        return tuple(running), lost, moved_on
 
     def dump(self, provision: ProvisionPlan, machine: str | None = None) -> list[str]:
         return self._leftovers.dump(provision, machine)

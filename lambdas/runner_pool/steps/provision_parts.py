@@ -3,7 +3,7 @@ workers, its creation and its leftovers each take the one set instead of a list 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from runner_pool.domain.clock import Clock
@@ -11,6 +11,7 @@ from runner_pool.domain.config import StackConfig
 from runner_pool.domain.demand import ExecutionStarter
 from runner_pool.domain.pickup import PickupManager, PoolQueue
 from runner_pool.domain.ports import ProvisionFleet, ProvisionRecords
+from runner_pool.domain.records import REGISTERED_SIGNALS
 from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.hand_over import HandOver
@@ -63,3 +64,27 @@ class ProvisionPart:
         self._pause = parts.pause
         self._time_left = parts.time_left
         self._history = parts.history
+
+    def moved_on(
+        self, run_key: str, gone: Iterable[tuple[str, float]]
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Split what a provision held and someone else moved on first, each (instance, handed over at): those
+        lost after serving the run, and those moved on with nothing served (their jobs are still to serve)."""
+        lost: list[str] = []
+        nothing: list[str] = []
+        for instance_id, since in gone:
+            (lost if self._served(instance_id, run_key, since) else nothing).append(instance_id)
+        return tuple(lost), tuple(nothing)
+
+    def _served(self, instance_id: str, run_key: str, since: float) -> bool:
+        """Whether an instance Finish could not activate served the run: its agent says its runner
+        registered for the run since the hand-over, and a release moved it on (a short job's, before
+        Finish; a registered hand-over is never given back, steps/hand_over.py). One moved on with no
+        runner of the run registered served nothing: its job is still to serve."""
+        signal = self._table.observe(instance_id).signal
+        return (
+            signal is not None
+            and signal.run_key == run_key
+            and signal.at >= since
+            and signal.signal in REGISTERED_SIGNALS
+        )
