@@ -187,6 +187,7 @@ def world(
                     table_name=stack.plane.settings.table_name,
                     credentials_key_id=stack.credentials_key_id,
                     notice_queue_url_prefix=stack.plane.settings.notice_queue_url_prefix,
+                    log_group_name=stack.job_log_group,
                     stack_tag=stack.stack_tag,
                     scratch=scratch,
                     timeline=timeline,

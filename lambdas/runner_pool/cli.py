@@ -1,5 +1,5 @@
-"""The operator CLI, `runner-pool status|instances|pool|drain|doctor|job`: a deployed pool, from its table,
-queues, and (doctor) its App and account; (job) one job's story.
+"""The operator CLI, `runner-pool status|instances|pool|drain|doctor|job|logs`: a deployed pool, from its
+table, queues, and (doctor) its App and account; (job) one job's story; (logs) its hand-over's lines.
 
 It finds the state table and the pool queues (one per class, usage and architecture) through the
 stack's outputs (`--stack`, default
@@ -7,7 +7,8 @@ RunnerPool), with the operator's own AWS credentials, and prints plain tables. `
 the idle instances of one class: their pool messages go stale, and the next refresh terminates them.
 `doctor` checks the deployment's GitHub App and AWS account, one line per check with its fix
 (runner_pool/checkup.py), and exits 1 when something would stop jobs. `job URL` tells what happened to
-the job a GitHub job (or run) URL names, in order, from the stack's records (runner_pool/job_command.py).
+the job a GitHub job (or run) URL names, in order, from the stack's records (runner_pool/job_command.py);
+`logs URL` prints what its instance's agent and runner logged of its hand-over (runner_pool/logs_command.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from runner_pool import job_command
+from runner_pool import job_command, logs_command
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.state_table import StateTable
@@ -310,6 +311,11 @@ def parser() -> argparse.ArgumentParser:
     )
     story.add_argument("url", metavar="URL", help="https://github.com/OWNER/REPO/actions/runs/RUN[/job/JOB]")
     story.add_argument("--json", action="store_true", help="one JSON document, for scripts")
+    lines = commands.add_parser(
+        "logs", help="the agent's and the runner's lines of a job's hand-over, from a job or run URL"
+    )
+    lines.add_argument("url", metavar="URL", help="https://github.com/OWNER/REPO/actions/runs/RUN[/job/JOB]")
+    lines.add_argument("--json", action="store_true", help="one JSON document, for scripts")
     return root
 
 
@@ -333,7 +339,7 @@ def main(
             print(f"runner-pool: {error}", file=sys.stderr)
             return 1
         return doctor(target, lambda service: make(service, arguments.region), out or sys.stdout, manifest)
-    if arguments.command == "job":
+    if arguments.command in ("job", "logs"):
         return _job(arguments, lambda service: make(service, arguments.region), clock, out)
     try:
         deployment = Deployment.of_stack(arguments.stack, make("cloudformation", arguments.region))
@@ -361,7 +367,8 @@ def _job(
     except job_command.JobTargetNotFoundError as error:
         print(f"runner-pool: {error}", file=sys.stderr)
         return 1
-    return job_command.job(
+    command = job_command.job if arguments.command == "job" else logs_command.logs
+    return command(
         found, arguments.url, clients, clock or SystemClock(), out or sys.stdout, as_json=arguments.json
     )
 
