@@ -14,10 +14,17 @@ import pytest
 
 from agent.log import agent_log
 from agent.log_shipping import MAX_DIAG_BYTES, LogShipper, diag_events
+from emulator.aws import REGION
+from emulator.iam_stack import checked_template
+from emulator.stack import JOB_LOG_GROUP_OUTPUT
+from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import ServiceUnreachableError
 from runner_pool.domain.job_logs import LogEvent
+from runner_pool.domain.records import Signal
+from tests.agent.conftest import AgentFactory, ControlPlane, eventually, jit_config
 
 INSTANCE = "i-0123456789abcdef0"
+RUN = "pool=901/class=large"
 
 
 class Streams:
@@ -156,3 +163,83 @@ def test_no_more_of_the_diagnostic_files_is_read_than_the_bound(tmp_path: Path) 
     # Then the bound is read and the rest counted as unread
     assert unread == 101
     assert sum(len(json.loads(e.message)["message"]) for e in events) <= MAX_DIAG_BYTES
+
+
+# --- the real agent, its calls checked against the synthesized instance role --------------------------
+
+
+def job_log_group() -> str:
+    """The stack's job log group, named by its logical id as the IAM check resolves it (emulator/stack.py)."""
+    group = str(checked_template()["Outputs"][JOB_LOG_GROUP_OUTPUT]["Value"]["Ref"])
+    aws_clients.client("logs", region_name=REGION).create_log_group(logGroupName=group)
+    return group
+
+
+def handed_over(control_plane: ControlPlane, agents: AgentFactory, group: str, runner_id: int) -> Path:
+    """An agent shipping to `group` serving RUN on runner `runner_id`; its runner's `_diag` holds a line."""
+    control_plane.launch_for_pool()
+    running = agents.start(log_group_name=group, log_ship_period_seconds=0.1, log_flush_seconds=2)
+    control_plane.claim(RUN, config=None)
+    assert control_plane.records.record_runner(control_plane.instance_id, RUN, runner_id).succeeded
+    control_plane.credentials.store(
+        control_plane.instance_id,
+        control_plane.identity.arn,
+        RUN,
+        jit_config(job_seconds=0.05),
+        runner_id=runner_id,
+    )
+    control_plane.await_signal(Signal.UD_REG_OK, RUN)
+    control_plane.activate(RUN)
+    diag = running.settings.runner_dir / "_diag"
+    diag.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    (diag / "Worker_20261129-000000-utc.log").write_text(f"[{stamp}Z INFO Worker] Running job: build\n")
+    return diag
+
+
+def test_a_release_ships_the_runners_lines_before_the_scrub_and_leaves_none_on_disk(
+    control_plane: ControlPlane, agents: AgentFactory
+) -> None:
+    # Given an agent serving a job on runner 77, whose runner wrote a diagnostic line
+    group = job_log_group()
+    diag = handed_over(control_plane, agents, group, runner_id=77)
+    # When the job ends and the control plane releases the instance
+    control_plane.release(RUN)
+    control_plane.await_signal(Signal.UD_REMOVE_REG_OK, RUN)
+    # Then `_diag` is empty for the next job
+    assert list(diag.iterdir()) == []
+    # And the runner's line and the agent's scrub report reached the instance's streams, with the hand-over
+    logs = aws_clients.client("logs", region_name=REGION)
+
+    def shipped() -> dict[str, list[dict[str, object]]] | None:
+        events = logs.filter_log_events(logGroupName=group)["events"]
+        found: dict[str, list[dict[str, object]]] = {}
+        for event in events:
+            found.setdefault(event["logStreamName"], []).append(json.loads(event["message"]))
+        agent = found.get(f"{control_plane.instance_id}/agent", [])
+        return found if any(line["message"] == "workspace clean" for line in agent) else None
+
+    found = eventually(shipped, what="the scrub's report in the agent's stream")
+    (runner_line,) = found[f"{control_plane.instance_id}/runner"]
+    assert "Running job: build" in str(runner_line["message"])
+    assert (runner_line["run_key"], runner_line["runner_id"]) == (RUN, 77)
+    clean = next(
+        line for line in found[f"{control_plane.instance_id}/agent"] if line["message"] == "workspace clean"
+    )
+    assert (clean["run_key"], clean["runner_id"]) == (RUN, 77)
+
+
+def test_cloudwatch_refusing_every_call_costs_the_release_nothing_but_its_lines(
+    control_plane: ControlPlane, agents: AgentFactory
+) -> None:
+    # Given an agent serving a job, whose log group is then deleted (every put refused from then on)
+    group = job_log_group()
+    diag = handed_over(control_plane, agents, group, runner_id=78)
+    aws_clients.client("logs", region_name=REGION).delete_log_group(logGroupName=group)
+    # When the control plane releases the instance
+    started = time.monotonic()
+    control_plane.release(RUN)
+    # Then the scrub runs and the receipt comes, within the release's bound on waiting for the lines
+    control_plane.await_signal(Signal.UD_REMOVE_REG_OK, RUN)
+    assert time.monotonic() - started < 10
+    assert list(diag.iterdir()) == []
