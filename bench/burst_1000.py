@@ -49,6 +49,12 @@ def run(jobs: int = JOBS, runs: int = RUNS, system: World | None = None, apps: i
     two = burst.run(
         jobs=jobs, runs=runs, timeout=TIMEOUT_SECONDS, apps=2, points_per_window=APP_POINTS_PER_WINDOW
     )
+    return compared(one, two, jobs)
+
+
+def compared(one: BenchTable, two: BenchTable, jobs: int) -> BenchTable:
+    """The one-App burst's table with the two-App burst's rows and figures after it, and the ratio of
+    their times to serve every job (`burst_<jobs>_two_apps_to_one_app_ratio`)."""
     one.rows += [("", ""), (two.title, ""), *two.rows]
     one.notes += two.notes
     for key, value in two.figures.items():
@@ -58,5 +64,5 @@ def run(jobs: int = JOBS, runs: int = RUNS, system: World | None = None, apps: i
         / one.figures[f"burst_{jobs}_jobs_served_seconds"]
     )
     one.row("two Apps' time to serve every job, of one App's", f"{ratio:.2f} (at most {TWO_APPS_BOUND})")
-    one.figure(f"burst_{jobs}_two_apps_of_one_app_ratio", round(ratio, 3))
+    one.figure(f"burst_{jobs}_two_apps_to_one_app_ratio", round(ratio, 3))
     return one

@@ -239,6 +239,20 @@ def spread_rows(table: BenchTable, by_kind: dict[Kind, list[Any]], prefix: str) 
         table.row(f"{label} (median / p95)", *cells)
 
 
+def served_rows(
+    table: BenchTable, figures: list[Any], phases: tuple[tuple[Kind, Cost], ...], prefix: str
+) -> tuple[dict[Kind, list[Any]], dict[Kind, int]]:
+    """The rows an emulator bench's table opens with, recorded under `prefix`: queued -> ready, the jobs
+    served, AWS calls and state transitions per job. Returns the figures by kind, and each kind's jobs to
+    divide by (at least one)."""
+    by_kind = {kind: [f for f in figures if f.kind is kind] for kind in (Kind.COLD, Kind.WARM)}
+    jobs = {kind: max(1, len(found)) for kind, found in by_kind.items()}
+    spread_rows(table, by_kind, prefix)
+    table.row("jobs served", len(by_kind[Kind.COLD]), len(by_kind[Kind.WARM]))
+    per_job_rows(table, phases, jobs, prefix)
+    return by_kind, jobs
+
+
 def per_job_rows(
     table: BenchTable, phases: tuple[tuple[Kind, Cost], ...], jobs: dict[Kind, int], prefix: str
 ) -> None:
@@ -260,14 +274,10 @@ def _table(
         "Emulator: the whole system, queued -> ready and the control plane's cost per job",
         ("figure", "cold", "warm"),
     )
-    by_kind = {kind: [f for f in figures if f.kind is kind] for kind in (Kind.COLD, Kind.WARM)}
-    jobs = {kind: max(1, len(found)) for kind, found in by_kind.items()}
-    spread_rows(table, by_kind, "emulator")
-    served = len(by_kind[Kind.COLD]) + len(by_kind[Kind.WARM])
     phases = ((Kind.COLD, cold), (Kind.WARM, warm))
+    by_kind, jobs = served_rows(table, figures, phases, "emulator")
+    served = len(by_kind[Kind.COLD]) + len(by_kind[Kind.WARM])
     warm_ratio = table.figure("emulator_warm_hit_ratio", round(len(by_kind[Kind.WARM]) / max(1, served), 3))
-    table.row("jobs served", str(len(by_kind[Kind.COLD])), str(len(by_kind[Kind.WARM])))
-    per_job_rows(table, phases, jobs, "emulator")
     for label, attribute in (("cost per job, Standard", "standard"), ("cost per job, Express", "express")):
         per = {kind: getattr(cost, attribute) / jobs[kind] for kind, cost in phases}
         for kind, value in per.items():

@@ -16,7 +16,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench.emulator import MATRIX, WARM_RUNS, Cost, Usage, cost_between, per_job_rows, serve, spread_rows
+from bench.emulator import MATRIX, WARM_RUNS, Cost, Usage, cost_between, serve, served_rows
 from bench.results import RESULTS_PATH, BenchTable
 from demo.figures import JobFigures, Kind, Spread, job_figures
 from demo.scenario import LABEL
@@ -100,15 +100,11 @@ def _table(
         "Emulator, single use: a pristine pool serving one-job instances, queued -> ready",
         ("figure", "cold", "warm"),
     )
-    by_kind = {kind: [f for f in figures if f.kind is kind] for kind in (Kind.COLD, Kind.WARM)}
-    jobs = {kind: max(1, len(found)) for kind, found in by_kind.items()}
     prefix = "emulator_single_use"
-    spread_rows(table, by_kind, prefix)
+    phases = ((Kind.COLD, cold), (Kind.WARM, warm))
+    by_kind, jobs = served_rows(table, figures, phases, prefix)
     served = len(by_kind[Kind.COLD]) + len(by_kind[Kind.WARM])
     warm_jobs = len(by_kind[Kind.WARM])
-    table.row("jobs served", len(by_kind[Kind.COLD]), warm_jobs)
-    phases = ((Kind.COLD, cold), (Kind.WARM, warm))
-    per_job_rows(table, phases, jobs, prefix)
     standard = {kind: cost.standard / jobs[kind] for kind, cost in phases}
     for kind, value in standard.items():
         table.figure(f"{prefix}_{kind.value}_standard_cost_per_job_microdollars_count", round(value * 1e6, 1))

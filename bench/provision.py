@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from typing import Any
 
 from bench.results import BenchTable
 from emulator.harness.provision_world import ProvisionWorld, output, provision_world
@@ -29,25 +30,26 @@ def _warm_round(world: ProvisionWorld, round_number: int) -> tuple[float, int, i
     (concurrent workers can see a moment with every message in another worker's hands)."""
     for n in range(BATCH):
         world.warm(round_number * 100 + n + 1)
-    calls_before = len(world.invocations.calls)
-    started = time.perf_counter()
-    execution = world.provision(f"pool={1000 + round_number}", BATCH)
-    elapsed = time.perf_counter() - started
-    result = output(execution)
-    if len(result["warm"]) != BATCH:
-        return None
-    return elapsed, execution.state_transitions, len(world.invocations.calls) - calls_before
+    figures, result = _batch(world, f"pool={1000 + round_number}")
+    return figures if len(result["warm"]) == BATCH else None
 
 
 def _cold_round(world: ProvisionWorld, round_number: int) -> tuple[float, int, int]:
-    calls_before = len(world.invocations.calls)
-    started = time.perf_counter()
-    execution = world.provision(f"pool={2000 + round_number}", BATCH)
-    elapsed = time.perf_counter() - started
-    result = output(execution)
+    figures, result = _batch(world, f"pool={2000 + round_number}")
     if len(result["cold"]) != BATCH:
         raise AssertionError(f"cold round {round_number} was not all created: {result}")
-    return elapsed, execution.state_transitions, len(world.invocations.calls) - calls_before
+    return figures
+
+
+def _batch(world: ProvisionWorld, run_key: str) -> tuple[tuple[float, int, int], dict[str, Any]]:
+    """A batch of BATCH provisioned for `run_key`: its seconds, state transitions and Lambda invocations,
+    and the provision's output."""
+    calls_before = len(world.invocations.calls)
+    started = time.perf_counter()
+    execution = world.provision(run_key, BATCH)
+    elapsed = time.perf_counter() - started
+    figures = (elapsed, execution.state_transitions, len(world.invocations.calls) - calls_before)
+    return figures, output(execution)
 
 
 def _single_warm(world: ProvisionWorld, rounds: int) -> list[float]:

@@ -35,11 +35,11 @@ from emulator.fake_github import FakeGitHub
 from emulator.lambda_runtime import FunctionSpec, LambdaRuntime, host_artifacts
 from emulator.stack import LocalStack, RuntimeFactory
 from emulator.step_functions import Handler, Invocations, lambdas_in_process, stop_running_executions
-from runner_pool.adapters.fleet import LAUNCH_TAG
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.config import StackConfig
+from runner_pool.domain.fleet import LAUNCH_TAG
 from runner_pool.domain.runner_scope import runner_scope
 from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.handlers import webhook

@@ -48,6 +48,7 @@ from emulator.fake_github.state import (
     RunTrigger,
 )
 from emulator.fake_github.webhooks import Webhooks
+from runner_pool.domain.clock import Epoch
 
 RUN_ID_EXPRESSION = "${{ github.run_id }}"
 LOST_AFTER_SECONDS = 60.0
@@ -145,21 +146,7 @@ class Actions:
             events = [self._run_event("requested", run)]
             for spec in jobs:
                 for name in spec.names():
-                    labels = spec.labels(run.run_id)
-                    job = FakeJob(
-                        state.new_id(),
-                        run.run_id,
-                        name,
-                        labels,
-                        spec.seconds,
-                        now,
-                        1,
-                        spec.fail_attempts,
-                        environment=spec.environment,
-                    )
-                    state.jobs[job.job_id] = job
-                    run.job_ids.append(job.job_id)
-                    events.append(self._job_event("queued", job))
+                    events.append(self._queue(run, name, spec.labels(run.run_id), spec, now))
         self._send(events)
         return run
 
@@ -198,20 +185,7 @@ class Actions:
                 if not again(job):
                     run.job_ids.append(job.job_id)
                     continue
-                rerun = FakeJob(
-                    state.new_id(),
-                    run.run_id,
-                    job.name,
-                    list(job.labels),
-                    job.seconds,
-                    now,
-                    run.run_attempt,
-                    job.fail_attempts,
-                    environment=job.environment,
-                )
-                state.jobs[rerun.job_id] = rerun
-                run.job_ids.append(rerun.job_id)
-                events.append(self._job_event("queued", rerun))
+                events.append(self._queue(run, job.name, list(job.labels), job, now))
         self._send(events)
         return run
 
@@ -411,6 +385,27 @@ class Actions:
             run.conclusion = next(worst, Conclusion.SUCCESS)
             events.append(self._run_event("completed", run))
         return events
+
+    def _queue(
+        self, run: FakeWorkflowRun, name: str, labels: list[str], like: JobSpec | FakeJob, now: Epoch
+    ) -> Event:
+        """A job of `run`'s attempt queued `now`, its steps as `like`'s (its spec, or the job of an earlier
+        attempt it runs again): kept, listed on the run; its `queued` event. Under the state's lock."""
+        state = self.state
+        job = FakeJob(
+            state.new_id(),
+            run.run_id,
+            name,
+            labels,
+            like.seconds,
+            now,
+            run.run_attempt,
+            like.fail_attempts,
+            environment=like.environment,
+        )
+        state.jobs[job.job_id] = job
+        run.job_ids.append(job.job_id)
+        return self._job_event("queued", job)
 
     def _job_event(self, action: str, job: FakeJob) -> Event:
         run = self.state.runs[job.run_id]

@@ -9,7 +9,11 @@ As GitHub documents them (docs.github.com, "REST API endpoints for check runs", 
 `cancelled`, `failure`, `neutral`, `success`, `skipped`, `stale` or `timed_out`), and `output` carries a
 `title` and a `summary` (both required when `output` is given). The fine-grained permission of both is
 "Checks" repository permissions (write); "To create a check run, you must use a GitHub App". Created is
-201, updated 200, each with the check run; a check run of another repository, or none, is 404.
+201, updated 200, each with the check run; a check run of another repository, or none, is 404. A check run
+is its App's ("A check suite is a collection of the check runs created by a single GitHub App", "Using
+the REST API to interact with checks"): another App's update is refused 403 with "Invalid app_id `<id>` -
+check run can only be modified by the GitHub App that created it.", as GitHub answers it (quoted in
+int128/argocd-commenter#631 and OP5dev/TF-via-PR#538).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def create_check_run(github: FakeGitHub, request: Request) -> Answer:
         "completed_at": None,
         "output": {"title": None, "summary": None, "text": None},
         "updates": 0,
+        "app_id": _app_of(request),
     }
     _apply(check_run, body, state.clock.now())
     with state.lock:
@@ -72,9 +77,19 @@ def update_check_run(github: FakeGitHub, request: Request) -> Answer:
         check_run = state.check_runs.get(whole(request.params["check_run_id"]))
         if check_run is None or check_run["repository"].lower() != repository.lower():
             raise Refusal(404, "Not Found")
+        if check_run["app_id"] != _app_of(request):
+            raise Refusal(
+                403,
+                f"Invalid app_id `{_app_of(request)}` - check run can only be modified by the GitHub App "
+                "that created it.",
+            )
         _apply(check_run, body, state.clock.now())
         check_run["updates"] += 1
         return Answer(200, _shown(check_run))
+
+
+def _app_of(request: Request) -> int:
+    return 0 if request.installation is None else request.installation.app_id
 
 
 def _body(request: Request) -> dict[str, Any]:
@@ -111,4 +126,4 @@ def _apply(check_run: dict[str, Any], body: dict[str, Any], now: float) -> None:
 
 
 def _shown(check_run: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in check_run.items() if key not in ("repository", "updates")}
+    return {key: value for key, value in check_run.items() if key not in ("repository", "updates", "app_id")}

@@ -15,10 +15,15 @@ secondary rate limit" and "Exceeding the rate limit"):
   many seconds has elapsed." The fake always sends `retry-after`: the seconds until its window has
   room again.
 
-GitHub counts them per App: "Secondary rate limits ... per GitHub App" would be too strong a quote, but
-the page's primary limits are an App installation's own ("Primary rate limit for GitHub App
-installations"), and every window here is kept per App (the App of the request's token or JWT), so a
-second App registers alongside the first, as the Terraform module's several Apps do.
+Every window here is kept per App (the App of the request's token or JWT), so a second App registers
+alongside the first, as the Terraform module's several Apps do. GitHub counts a client's requests
+against its own limits: "GitHub sets a limit on the number of requests a GitHub App can make ... In
+addition to these primary rate limits, GitHub may also apply secondary rate limits" (docs.github.com,
+"Rate limits for GitHub Apps"); the secondary limits are those a client meets when it makes "too many
+requests to a single endpoint per minute" or creates "too much content". The primary (hourly) limit is
+an installation's own, "the installation's minimum rate limit of 5,000 requests per hour" ("Rate limits
+for the REST API", "Primary rate limit for GitHub App installations"); the fake counts it per
+installation in GitHubState (`spend_hourly`).
 
 The windows are the fake's own minute and hour (`window_seconds`, `hour_seconds`), so the emulator
 can play a burst against GitHub's limits in compressed time, as it compresses everything else.
@@ -68,7 +73,8 @@ class RateLimits:
     admitted: Counter[tuple[int, str]] = field(default_factory=Counter)
     """Requests let through (enabled or not), per App and endpoint."""
     _spent: dict[tuple[int, str], deque[tuple[Epoch, int]]] = field(default_factory=dict, repr=False)
-    _content: deque[Epoch] = field(default_factory=deque, repr=False)
+    _content: dict[int, deque[Epoch]] = field(default_factory=dict, repr=False)
+    """Each App's content-creating requests in the last hour."""
     _down: tuple[Epoch, Epoch] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -108,22 +114,21 @@ class RateLimits:
                 )
             creates = self.content_creation and method == "POST" and endpoint.endswith("/generate-jitconfig")
             if creates:
-                self._check_content(endpoint, now)
-                self._content.append(now)
+                content = self._content.setdefault(app_id, deque())
+                self._check_content(endpoint, content, now)
+                content.append(now)
             spent.append((now, cost))
             self.admitted[(app_id, endpoint)] += 1
 
-    def _check_content(self, endpoint: str, now: Epoch) -> None:
+    def _check_content(self, endpoint: str, content: deque[Epoch], now: Epoch) -> None:
         minute = now - self.window_seconds
-        while self._content and self._content[0] <= now - self.hour_seconds:
-            self._content.popleft()
-        in_minute = [at for at in self._content if at > minute]
+        while content and content[0] <= now - self.hour_seconds:
+            content.popleft()
+        in_minute = [at for at in content if at > minute]
         if len(in_minute) >= CONTENT_PER_MINUTE:
             self._refuse(endpoint, in_minute[len(in_minute) - CONTENT_PER_MINUTE] + self.window_seconds - now)
-        if len(self._content) >= CONTENT_PER_HOUR:
-            self._refuse(
-                endpoint, self._content[len(self._content) - CONTENT_PER_HOUR] + self.hour_seconds - now
-            )
+        if len(content) >= CONTENT_PER_HOUR:
+            self._refuse(endpoint, content[len(content) - CONTENT_PER_HOUR] + self.hour_seconds - now)
 
     def _refuse(self, endpoint: str, seconds: float) -> None:
         self.refused[endpoint] += 1

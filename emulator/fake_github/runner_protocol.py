@@ -14,6 +14,7 @@ in its JIT config (`.credentials`); a runner GitHub has removed is refused with 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from emulator.fake_github.actions import JobGoneError
@@ -59,20 +60,12 @@ def next_job(github: FakeGitHub, request: Request) -> Answer:
 
 @route("POST", "/_runner/jobs/{job_id}/acquire", Auth.RUNNER)
 def acquire(github: FakeGitHub, request: Request) -> Answer:
-    try:
-        github.actions.acquire(_runner(request), whole(request.params["job_id"]))
-    except JobGoneError:
-        raise Refusal(410, "The job is no longer offered to this runner") from None
-    return Answer(204)
+    return _on_job(request, github.actions.acquire, "The job is no longer offered to this runner")
 
 
 @route("POST", "/_runner/jobs/{job_id}/renew", Auth.RUNNER)
 def renew(github: FakeGitHub, request: Request) -> Answer:
-    try:
-        github.actions.renew(_runner(request), whole(request.params["job_id"]))
-    except JobGoneError:
-        raise Refusal(410, "The job is no longer assigned to this runner") from None
-    return Answer(204)
+    return _on_job(request, github.actions.renew, "The job is no longer assigned to this runner")
 
 
 @route("POST", "/_runner/jobs/{job_id}/result", Auth.RUNNER)
@@ -81,10 +74,20 @@ def report(github: FakeGitHub, request: Request) -> Answer:
     if not isinstance(body, dict) or body.get("conclusion") not in ("success", "failure"):
         raise Refusal(422, "conclusion must be success or failure", [])
     conclusion = Conclusion(body["conclusion"])
+    return _on_job(
+        request,
+        lambda runner, job_id: github.actions.finish(runner, job_id, conclusion),
+        "The job is no longer assigned to this runner",
+    )
+
+
+def _on_job(request: Request, act: Callable[[FakeRunner, int], object], gone: str) -> Answer:
+    """`act` on the job the path names, as the request's runner; 410 with `gone` when the job is not the
+    runner's to act on any more (the same answer for each of the runner's calls about its job)."""
     try:
-        github.actions.finish(_runner(request), whole(request.params["job_id"]), conclusion)
+        act(_runner(request), whole(request.params["job_id"]))
     except JobGoneError:
-        raise Refusal(410, "The job is no longer assigned to this runner") from None
+        raise Refusal(410, gone) from None
     return Answer(204)
 
 

@@ -33,7 +33,7 @@ from emulator.fake_github.actions import (
     Actions,
 )
 from emulator.fake_github.rate_limits import RateLimits
-from emulator.fake_github.routes import ROUTES, Answer, Auth, Refusal, Request
+from emulator.fake_github.routes import ROUTES, Answer, Auth, Refusal, Request, Route
 from emulator.fake_github.state import DEFAULT_RUNNER_GROUP_ID, FakeRunner, GitHubState
 from emulator.fake_github.webhooks import Webhooks
 from emulator.listening import LISTEN_BACKLOG
@@ -194,7 +194,6 @@ class FakeGitHub:
         common = {
             "x-github-api-version-selected": version,
             "x-github-request-id": uuid.uuid4().hex[:20].upper(),
-            **self._rate_limit_headers(),
         }
         return Answer(answer.status, answer.body, {**common, **answer.headers})
 
@@ -218,16 +217,28 @@ class FakeGitHub:
                 )
             request = Request(method, path, query, headers, body, match.groupdict())
             request = self._authenticate(candidate.auth, request)
-            if candidate.auth is not Auth.RUNNER:
-                # Installation requests count against the hour (App-JWT ones have a limit of their own).
+            if candidate.auth is Auth.RUNNER:  # a runner's own requests are not the App's
+                return candidate.handler(self, request)
+            # Installation requests count against their installation's hour, and their answers say what
+            # is left of it (App-JWT ones have a limit of their own, not counted here).
+            installation_id = None if request.installation is None else request.installation.installation_id
+            try:
                 if self.state.limited_on_purpose() or not (
-                    candidate.auth is not Auth.INSTALLATION or self.state.spend_hourly()
+                    installation_id is None or self.state.spend_hourly(installation_id)
                 ):
-                    raise Refusal(403, "API rate limit exceeded.", headers=self._rate_limit_headers())
-                for gate in self.gates:
-                    gate(candidate.name, request)
-            return candidate.handler(self, request)
+                    raise Refusal(403, "API rate limit exceeded.")
+                answer = self._answer(candidate, request)
+            except Refusal as refusal:
+                refusal.headers = {**self._rate_limit_headers(installation_id), **refusal.headers}
+                raise
+            return replace(answer, headers={**self._rate_limit_headers(installation_id), **answer.headers})
         raise Refusal(404, "Not Found")
+
+    def _answer(self, route: Route, request: Request) -> Answer:
+        """The route's answer, once the gates (GitHub's secondary limits, outages) let it through."""
+        for gate in self.gates:
+            gate(route.name, request)
+        return route.handler(self, request)
 
     def _authenticate(self, auth: Auth, request: Request) -> Request:
         scheme, _, credential = request.headers.get("authorization", "").partition(" ")
@@ -284,16 +295,17 @@ class FakeGitHub:
             raise Refusal(401, "'Expiration time' claim ('exp') is too far in the future")
         return app_id
 
-    def _rate_limit_headers(self) -> dict[str, str]:
+    def _rate_limit_headers(self, installation_id: int | None) -> dict[str, str]:
         """GitHub's primary-limit headers ("Rate limits for the REST API", "Checking the status of your
-        rate limit"): the installation's hour as counted, or nothing left while exhausted on purpose."""
-        used, reset = self.state.hourly_status()
+        rate limit"): the installation's hour as counted, or nothing left while exhausted on purpose;
+        none for an App's own requests (their limit is not counted here)."""
         limit = self.state.hourly_limit
-        if (
-            self.state.rate_limited_until is not None
-            and self.state.clock.now() < self.state.rate_limited_until
-        ):
-            used, reset = limit, self.state.rate_limited_until
+        if self.state.limited_on_purpose():
+            used, reset = limit, self.state.rate_limited_until or 0.0
+        elif installation_id is None:
+            return {}
+        else:
+            used, reset = self.state.hourly_status(installation_id)
         return {
             "x-ratelimit-limit": str(limit),
             "x-ratelimit-remaining": str(max(0, limit - used)),

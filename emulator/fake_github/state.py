@@ -277,10 +277,12 @@ class GitHubState:
     rate_limited_until: Epoch | None = None
     hourly_limit: int = 5000
     """Requests an hour an installation may make: 5,000 at least, up to 12,500 for a large one
-    (docs.github.com, "Rate limits for the REST API", "Primary rate limit for GitHub App installations")."""
-    hourly_used: int = 0
-    hourly_reset_at: Epoch | None = None
-    """When the current hour's window ends; it begins with the first request after the last one ended."""
+    (docs.github.com, "Rate limits for the REST API", "Primary rate limit for GitHub App installations":
+    Apps "authenticating with an installation access token use the installation's minimum rate limit").
+    Each installation has an hour of its own, so two Apps installed on one owner have two."""
+    _hours: dict[int, tuple[int, Epoch]] = field(default_factory=dict, repr=False)
+    """Each installation's hour by its id: the requests made in it, and when it ends; an hour begins
+    with the installation's first request after its last one ended."""
     public_repositories: set[str] = field(default_factory=set)
     """Repositories (`owner/repo`, lowercased) that are public; every other one is private. The demo's
     repositories are private, the usual case for self-hosted runners, which GitHub advises against
@@ -411,36 +413,38 @@ class GitHubState:
         with self.lock:
             self.rate_limited_until = until
 
-    def rate_limited(self) -> bool:
-        with self.lock:
-            if self.rate_limited_until is not None and self.clock.now() < self.rate_limited_until:
-                return True
-            return self._hourly_window()[0] >= self.hourly_limit
-
     def limited_on_purpose(self) -> bool:
         """Whether `exhaust_rate_limit` holds now: every authenticated request is refused."""
         with self.lock:
             return self.rate_limited_until is not None and self.clock.now() < self.rate_limited_until
 
-    def spend_hourly(self) -> bool:
-        """One installation request against the hour's limit; False (and nothing spent) once it is out."""
+    def spend_hourly(self, installation_id: int) -> bool:
+        """One request of the installation against its hour's limit; False (and nothing spent) once
+        the hour is out."""
         with self.lock:
-            used, _ = self._hourly_window()
+            used, reset = self.hourly_status(installation_id)
             if used >= self.hourly_limit:
                 return False
-            self.hourly_used = used + 1
+            self._hours[installation_id] = (used + 1, reset)
             return True
 
-    def hourly_status(self) -> tuple[int, Epoch]:
-        """(requests used, when the window resets) as GitHub's `x-ratelimit-*` headers report them."""
+    def hourly_status(self, installation_id: int) -> tuple[int, Epoch]:
+        """(requests used, when the window resets) of the installation's hour, as GitHub's
+        `x-ratelimit-*` headers report them."""
         with self.lock:
-            return self._hourly_window()
+            now = self.clock.now()
+            used, reset = self._hours.get(installation_id, (0, now))
+            if now >= reset:
+                used, reset = 0, now + 3600
+                self._hours[installation_id] = (used, reset)
+            return used, reset
 
-    def _hourly_window(self) -> tuple[int, Epoch]:
-        now = self.clock.now()
-        if self.hourly_reset_at is None or now >= self.hourly_reset_at:
-            self.hourly_used, self.hourly_reset_at = 0, now + 3600
-        return self.hourly_used, self.hourly_reset_at
+    def use_hourly(self, installation_id: int, used: int) -> None:
+        """Say the installation made `used` requests in its hour so far (its hour begins now if none
+        is running), as other clients of the installation would have."""
+        with self.lock:
+            _, reset = self.hourly_status(installation_id)
+            self._hours[installation_id] = (used, reset)
 
     def repository_id(self, repository: str) -> int:
         """A stable id per `owner/repo`, as GitHub's repository ids are."""

@@ -32,7 +32,6 @@ class Provision(Construct):
             resources.github_tokens,
         )
         queues = pool_queues.queues
-        templates = list(instances.launch_templates.values())
         notice_queues = instances.notice_queues
         hand_off = {
             "credentials_key_id": instances.credentials_key.key_id,
@@ -52,13 +51,7 @@ class Provision(Construct):
             permissions.start_from_stopped_tier(function, table, instances.volume_key)  # no hot instance
 
         def create(function: lambda_.Function) -> None:
-            permissions.launch_instances(
-                function,
-                launch_templates=templates,
-                instance_role=instances.role,
-                image_parameter_arns=instances.image_parameter_arns,
-                volume_key=instances.volume_key,
-            )
+            resources.grant_launches(function)
             permissions.describe_instances(function)
             permissions.open_notice_queues(function, notice_queues)
             hand_over(function)
@@ -141,11 +134,7 @@ class Provision(Construct):
                     grant=create,
                     environment={
                         **hand_off,
-                        "subnet_ids": config.network.subnet_ids,
-                        "launch_templates": {
-                            arch.value: template.launch_template_id
-                            for arch, template in instances.launch_templates.items()
-                        },
+                        **resources.launch_environment(),
                     },
                     timeout_seconds=120,
                     retry=IDEMPOTENT_LAUNCH,

@@ -28,24 +28,16 @@ class Refresh(Construct):
         release: sfn.IStateMachine,
     ) -> None:
         super().__init__(scope, construct_id)
-        config, functions, table = resources.config, resources.functions, resources.table
-        pool_queues, instances, github_tokens = (
-            resources.pool_queues,
-            resources.instances,
-            resources.github_tokens,
-        )
+        functions, table, pool_queues = resources.functions, resources.table, resources.pool_queues
+        notice_queues, github_tokens = resources.instances.notice_queues, resources.github_tokens
         self.function = functions.function(
             self,
             "refresh.refresh",
             description="terminates what expired, sweeps orphans, keeps the warm pool, asks for redeliveries",
             environment={
                 "pool_queue_url_prefix": pool_queues.url_prefix,
-                "notice_queue_url_prefix": instances.notice_queues.url_prefix,
-                "subnet_ids": config.network.subnet_ids,
-                "launch_templates": {
-                    arch.value: template.launch_template_id
-                    for arch, template in instances.launch_templates.items()
-                },
+                "notice_queue_url_prefix": notice_queues.url_prefix,
+                **resources.launch_environment(),
                 # A dead runner's release and replacement, and reconciled queued jobs.
                 "provision_state_machine_arn": provision.state_machine_arn,
                 "release_state_machine_arn": release.state_machine_arn,
@@ -59,16 +51,10 @@ class Refresh(Construct):
         permissions.describe_instances(self.function)
         permissions.terminate_stack_instances(self.function)
         permissions.stop_stack_instances(self.function)  # the stopped tier
-        permissions.launch_instances(
-            self.function,
-            launch_templates=list(instances.launch_templates.values()),
-            instance_role=instances.role,
-            image_parameter_arns=instances.image_parameter_arns,
-            volume_key=instances.volume_key,
-        )
+        resources.grant_launches(self.function)
         permissions.sweep_pool(self.function, pool_queues.queues, table)
-        permissions.open_notice_queues(self.function, instances.notice_queues)
-        permissions.sweep_notice_queues(self.function, instances.notice_queues)
+        permissions.open_notice_queues(self.function, notice_queues)
+        permissions.sweep_notice_queues(self.function, notice_queues)
         permissions.act_as_github_app(self.function, github_tokens)
         permissions.start_executions(self.function, [provision.state_machine_arn, release.state_machine_arn])
         permissions.reconcile_recent_demand(self.function, table)
@@ -79,7 +65,7 @@ class Refresh(Construct):
             self,
             "Schedule",
             description="runner-pool: refresh",
-            schedule=events.Schedule.rate(Duration.minutes(config.refresh_rate_minutes)),
+            schedule=events.Schedule.rate(Duration.minutes(resources.config.refresh_rate_minutes)),
             # A missed slot is covered by the next one; retrying a stale one only piles up.
             targets=[targets.LambdaFunction(self.function, retry_attempts=0)],
         )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_lambda as lambda_
 
+from infra.constructs import permissions
 from infra.constructs.functions import ControlPlaneFunctions
 from infra.constructs.instances import Instances
 from infra.constructs.pool_queues import PoolQueues
@@ -25,3 +26,24 @@ class StackResources:
     instances: Instances
     github_tokens: lambda_.IFunction
     """The token function, the one reader of the App's key (infra/constructs/github_tokens.py)."""
+
+    def launch_environment(self) -> dict[str, object]:
+        """What a function that launches runner instances reads: the subnets, and each architecture's
+        launch template."""
+        return {
+            "subnet_ids": self.config.network.subnet_ids,
+            "launch_templates": {
+                arch.value: template.launch_template_id
+                for arch, template in self.instances.launch_templates.items()
+            },
+        }
+
+    def grant_launches(self, function: lambda_.Function) -> None:
+        """CreateFleet from the stack's launch templates, with the instance role and its images."""
+        permissions.launch_instances(
+            function,
+            launch_templates=list(self.instances.launch_templates.values()),
+            instance_role=self.instances.role,
+            image_parameter_arns=self.instances.image_parameter_arns,
+            volume_key=self.instances.volume_key,
+        )

@@ -193,6 +193,14 @@ class ControlPlane:
         found: WorkerSignal = eventually(confirmed, timeout=timeout, what=f"{signal.value} for {run_key!r}")
         return found
 
+    def await_runner(
+        self, running: RunningAgent, run_key: str, config: str, timeout: float = WAIT_SECONDS
+    ) -> None:
+        """The agent signals UD_REG_OK for `run_key` once its runner listens, and it started the runner
+        once, with exactly `config`: the one the control plane stored, never another."""
+        self.await_signal(Signal.UD_REG_OK, run_key, timeout)
+        assert running.runner_starts == [config_id(config)]
+
 
 @pytest.fixture
 def control_plane(
@@ -235,13 +243,17 @@ class RunningAgent:
     settings: AgentSettings
     dynamodb: Any
     ec2: Any
+    sqs: Any
     powered_off: list[float]
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     looks: int = 0
     """How many looks at its record (`Agent.step`) the agent has finished, each with what followed from it."""
+    listens: int = 0
+    """How many long polls of its notice queue the agent has finished, heard or not."""
 
     def __post_init__(self) -> None:
+        self.sqs.meta.events.register("after-call.sqs.ReceiveMessage", self._listened)
         look = self.agent.step
 
         def counted(*, noticed: bool = False) -> float:
@@ -260,6 +272,17 @@ class RunningAgent:
         eventually(
             lambda: self.looks >= seen + times or self.agent.terminated,
             what=f"{times} more looks of the agent at its record",
+        )
+
+    def _listened(self, **_: Any) -> None:
+        self.listens += 1
+
+    def listened_again(self, times: int = 2) -> None:
+        """Wait until the agent has finished `times` more long polls of its notice queue from now: the
+        second began after now, so one whole poll has passed in which anything sent by now was heard."""
+        seen = self.listens
+        eventually(
+            lambda: self.listens >= seen + times, what=f"{times} more long polls of the agent's notices"
         )
 
     def start(self) -> RunningAgent:
@@ -339,7 +362,7 @@ class AgentFactory:
             poweroff=lambda: powered_off.append(self.clock.now()),
             docker=(lambda: docker) if docker is not None else None,
         )
-        return RunningAgent(agent, settings, dynamodb, ec2, powered_off)
+        return RunningAgent(agent, settings, dynamodb, ec2, sqs, powered_off)
 
     def check_as_instance(self, settings: AgentSettings, *clients: Any) -> None:
         """The agent's clients checked as this instance (one place, to move onto the harness's hook)."""
@@ -445,9 +468,18 @@ def fake_imds() -> Iterator[FakeImds]:
         yield server
 
 
-def idle_agent(control_plane: ControlPlane, agents: AgentFactory) -> RunningAgent:
-    """An instance launched for the pool, its agent started and reporting it ready (UD_OK, no run)."""
+def pooled_agent(
+    control_plane: ControlPlane, agents: AgentFactory, docker: Docker | None = None, **settings: Any
+) -> RunningAgent:
+    """An instance launched for the pool, its agent started with `settings` (its first look may be to come)."""
     control_plane.launch_for_pool()
-    running = agents.start()
+    return agents.start(docker, **settings)
+
+
+def idle_agent(
+    control_plane: ControlPlane, agents: AgentFactory, docker: Docker | None = None, **settings: Any
+) -> RunningAgent:
+    """An instance launched for the pool, its agent started and reporting it ready (UD_OK, no run)."""
+    running = pooled_agent(control_plane, agents, docker, **settings)
     control_plane.await_signal(Signal.UD_OK, None)
     return running

@@ -18,6 +18,7 @@ from tests.agent.conftest import (
     eventually,
     idle_agent,
     jit_config,
+    pooled_agent,
     process_alive,
     throttling_response,
 )
@@ -59,8 +60,7 @@ def test_every_item_the_agent_reads_and_writes_is_keyed_by_its_own_instance_arn(
     control_plane: ControlPlane, agents: AgentFactory, dynamodb: Any
 ) -> None:
     # Given an instance in the pool, its agent running, claimed with its config handed over
-    control_plane.launch_for_pool()
-    agents.start()
+    pooled_agent(control_plane, agents)
     control_plane.claim(RUN, jit_config(idle_seconds=5))
 
     # When it has registered (it read its record and its config, and wrote heartbeat and signals)
@@ -120,18 +120,15 @@ def test_a_claim_registers_a_runner_for_exactly_that_run_key(
     control_plane.claim(RUN, config)
 
     # Then the agent signals UD_REG_OK for that run key, once the runner listens
-    control_plane.await_signal(Signal.UD_REG_OK, RUN)
-
     # And the runner was started once, with exactly the config the control plane stored
-    assert running.runner_starts == [config_id(config)]
+    control_plane.await_runner(running, RUN, config)
 
 
 def test_the_agent_waits_for_a_config_handed_over_after_the_claim(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given an instance claimed for a run whose config has not been stored yet
-    control_plane.launch_for_pool()
-    running = agents.start()
+    running = pooled_agent(control_plane, agents)
     control_plane.claim(RUN, config=None)
     running.looked_again()
     assert running.runner_starts == []
@@ -141,8 +138,7 @@ def test_the_agent_waits_for_a_config_handed_over_after_the_claim(
     control_plane.hand_over(RUN, config)
 
     # Then the runner starts with it and the agent signals UD_REG_OK
-    control_plane.await_signal(Signal.UD_REG_OK, RUN)
-    assert running.runner_starts == [config_id(config)]
+    control_plane.await_runner(running, RUN, config)
 
 
 def test_a_config_stored_for_an_earlier_run_is_never_used(
@@ -164,8 +160,7 @@ def test_release_stops_what_is_left_cleans_the_work_directory_and_gives_the_rece
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given an instance that ran a job for RUN (the fake job leaves files and a process behind)
-    control_plane.launch_for_pool()
-    running = agents.start()
+    running = pooled_agent(control_plane, agents)
     control_plane.claim(RUN, jit_config(job_seconds=0.05))
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
     control_plane.activate(RUN)
@@ -193,8 +188,7 @@ def test_a_release_while_the_job_still_runs_stops_the_runner(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given a runner busy with a long job (a cancelled workflow run, say)
-    control_plane.launch_for_pool()
-    agents.start()
+    pooled_agent(control_plane, agents)
     control_plane.claim(RUN, jit_config(job_seconds=30))
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
     control_plane.activate(RUN)
@@ -212,8 +206,7 @@ def test_a_quarantine_stops_the_runner_and_its_job_at_once_and_nothing_more(
     control_plane: ControlPlane, agents: AgentFactory, clock: ManualClock
 ) -> None:
     # Given a runner (42) busy with a long job, one GitHub reports is not of its run
-    control_plane.launch_for_pool()
-    running = agents.start()
+    running = pooled_agent(control_plane, agents)
     control_plane.claim(RUN, None)
     assert control_plane.records.record_runner(control_plane.instance_id, RUN, 42).succeeded
     control_plane.hand_over(RUN, jit_config(job_seconds=30))
@@ -241,8 +234,7 @@ def test_an_instance_back_in_the_pool_registers_again_for_the_same_run(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given an instance that served RUN and was released back to the pool
-    control_plane.launch_for_pool()
-    running = agents.start()
+    running = pooled_agent(control_plane, agents)
     first = jit_config()
     control_plane.claim(RUN, first)
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
@@ -267,8 +259,7 @@ def test_the_heartbeat_goes_on_while_a_slow_runner_starts(
     control_plane: ControlPlane, agents: AgentFactory, clock: ManualClock
 ) -> None:
     # Given a claimed instance whose runner is slow to start listening
-    control_plane.launch_for_pool()
-    running = agents.start(listening_timeout_seconds=5)
+    running = pooled_agent(control_plane, agents, listening_timeout_seconds=5)
     control_plane.claim(RUN, jit_config(mode="hang"))
     eventually(lambda: running.runner_starts, what="the runner to start")
 
@@ -292,8 +283,7 @@ def test_a_runner_that_fails_to_start_signals_ud_reg_failed_with_its_reason(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given a claimed instance whose runner will refuse its config
-    control_plane.launch_for_pool()
-    running = agents.start()
+    running = pooled_agent(control_plane, agents)
 
     # When the agent starts the runner
     control_plane.claim(RUN, jit_config(mode="refuse"))
@@ -313,8 +303,7 @@ def test_a_runner_that_never_listens_is_stopped_and_reported(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given a runner that hangs before listening
-    control_plane.launch_for_pool()
-    agents.start(listening_timeout_seconds=0.3)
+    pooled_agent(control_plane, agents, listening_timeout_seconds=0.3)
 
     # When the listening timeout passes
     control_plane.claim(RUN, jit_config(mode="hang"))
@@ -384,8 +373,7 @@ def test_a_restarted_agent_neither_reboots_nor_registers_again(
     script = tmp_path / "pre-runner.sh"
     script.write_text(f"#!/bin/sh\necho booted >> {marker}\n")
     script.chmod(0o755)
-    control_plane.launch_for_pool()
-    first = agents.start(pre_runner_script=script)
+    first = pooled_agent(control_plane, agents, pre_runner_script=script)
     control_plane.claim(RUN, jit_config(idle_seconds=10))
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
     first.halt()

@@ -16,7 +16,7 @@ import pytest
 from emulator.fake_docker import FakeDocker
 from emulator.instance_root import InstanceRoot, instance_root, plant_in_docker
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, eventually
+from tests.agent.conftest import AgentFactory, ControlPlane, eventually, idle_agent, pooled_agent
 from tests.support import builders
 
 RUN = builders.run_key(7, "/class=large")
@@ -73,9 +73,7 @@ def test_a_job_on_a_runner_account_never_sees_the_runner_config_and_leaves_nothi
     # holds an image pulled before the first job (by the pre-runner script)
     docker = FakeDocker()
     base_image = docker.pull("ubuntu:24.04")
-    control_plane.launch_for_pool()
-    agents.start(docker, **instance.settings())
-    control_plane.await_signal(Signal.UD_OK, None)
+    idle_agent(control_plane, agents, docker, **instance.settings())
 
     # When a run claims it with a JIT config holding a secret, and the runner listens
     secret = f"https://pipelines.invalid/{uuid.uuid4().hex}"
@@ -118,8 +116,7 @@ def test_an_instance_whose_scrub_left_something_refuses_every_later_run(
     shared = instance.path("opt/shared-cache")
     shared.mkdir(parents=True)
     shared.chmod(0o1777)
-    control_plane.launch_for_pool()
-    agents.start(**instance.settings())
+    pooled_agent(control_plane, agents, **instance.settings())
     control_plane.claim(RUN, jit_config_holding("s1"))
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
     control_plane.activate(RUN)

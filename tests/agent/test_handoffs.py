@@ -5,9 +5,25 @@ from __future__ import annotations
 
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, config_id, eventually, idle_agent, jit_config
+from tests.agent.conftest import (
+    AgentFactory,
+    ControlPlane,
+    RunningAgent,
+    config_id,
+    eventually,
+    idle_agent,
+    jit_config,
+    pooled_agent,
+)
 
 RUN = "pool=777/class=large"
+
+
+def claimed_agent(control_plane: ControlPlane, agents: AgentFactory) -> RunningAgent:
+    """An agent started on an instance claimed for RUN, no runner handed over to it yet."""
+    running = pooled_agent(control_plane, agents)
+    control_plane.claim(RUN, config=None)
+    return running
 
 
 def hand_over(control_plane: ControlPlane, runner_id: int, config: str) -> None:
@@ -43,9 +59,7 @@ def test_a_runner_that_took_its_job_and_exited_is_not_reported(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given a runner that takes its job and exits, as every JIT runner does after its one job
-    control_plane.launch_for_pool()
-    running = agents.start()
-    control_plane.claim(RUN, config=None)
+    running = claimed_agent(control_plane, agents)
     hand_over(control_plane, 12, jit_config(idle_seconds=0.05, job_seconds=0.05))
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
     eventually(lambda: running.agent._runner is not None and not running.agent._runner.running)
@@ -60,9 +74,7 @@ def test_a_new_runner_for_the_run_key_it_serves_is_a_new_hand_off(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given an agent serving RUN with runner 21
-    control_plane.launch_for_pool()
-    running = agents.start()
-    control_plane.claim(RUN, config=None)
+    running = claimed_agent(control_plane, agents)
     first = jit_config("hang")
     hand_over(control_plane, 21, first)
     eventually(lambda: running.runner_starts == [config_id(first)])

@@ -17,7 +17,7 @@ import pytest
 
 from agent.jit_config import DISABLE_UPDATE, SETTINGS_FILE, JitConfigError, runner_files, without_self_update
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, config_file, config_id, idle_agent, jit_config
+from tests.agent.conftest import AgentFactory, ControlPlane, config_file, idle_agent, jit_config, pooled_agent
 from tests.support import builders
 
 RUN = builders.run_key(1)
@@ -185,16 +185,14 @@ def test_no_variable_the_runner_takes_as_an_argument_reaches_it(
     control_plane.claim(RUN, config)
 
     # Then the runner listens (the fake refuses any such variable), started from the run's config alone
-    control_plane.await_signal(Signal.UD_REG_OK, RUN)
-    assert running.runner_starts == [config_id(config)]
+    control_plane.await_runner(running, RUN, config)
 
 
 def test_a_config_that_is_no_jit_config_signals_ud_reg_failed_and_starts_nothing(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given an idle instance whose agent runs
-    control_plane.launch_for_pool()
-    running = agents.start()
+    running = pooled_agent(control_plane, agents)
 
     # When a run claims it with a config that is no JIT config
     control_plane.claim(RUN, "not a jit config")

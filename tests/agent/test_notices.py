@@ -24,7 +24,6 @@ from tests.agent.conftest import (
     AgentFactory,
     ControlPlane,
     RunningAgent,
-    config_id,
     eventually,
     idle_agent,
     jit_config,
@@ -98,10 +97,10 @@ def test_a_notice_wakes_the_agent_long_before_its_watch_period(
     control_plane: ControlPlane, agents: AgentFactory, queues: NoticeQueues
 ) -> None:
     # Given an idle pooled instance whose agent reads its record only every 30 s, with its notice queue open
-    listening_agent(control_plane, agents, queues)
-    # When it is claimed and handed its config, and nothing is sent yet
+    running, _ = listening_agent(control_plane, agents, queues)
+    # When it is claimed and handed its config, and nothing is sent for a whole long poll of its queue
     claimed_and_handed_over(control_plane)
-    time.sleep(1.0)  # a second of nothing is the behaviour under test: no condition stands for it
+    running.listened_again()
     # Then the agent has not seen it (the test can fail: without a notice the claim waits for the watch)
     assert control_plane.latest_signal() is Signal.UD_OK
     # And when the notice is sent, the runner listens within seconds, not the watch period
@@ -158,17 +157,16 @@ def test_a_notice_with_a_config_of_another_runner_waits_for_the_one_the_record_n
         control_plane.instance_id, control_plane.identity.arn, RUN, config, runner_id=21
     )
     assert queues.notify(control_plane.instance_id) is None
-    control_plane.await_signal(Signal.UD_REG_OK, RUN, timeout=5.0)
-    assert running.runner_starts == [config_id(config)]
+    control_plane.await_runner(running, RUN, config, timeout=5.0)
 
 
 def test_an_agent_without_a_queue_still_serves_its_claim_at_its_watch_period(
     control_plane: ControlPlane, agents: AgentFactory
 ) -> None:
     # Given an agent told of notice queues whose own queue was never opened (refresh would open it later)
-    control_plane.launch_for_pool()
-    agents.start(notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=0.2)
-    control_plane.await_signal(Signal.UD_OK, None)
+    idle_agent(
+        control_plane, agents, notice_queue_url_prefix=PREFIX, notice_wait_seconds=1, watch_period_seconds=0.2
+    )
     # When it is claimed and handed over / Then it reads its record and serves, its listener retrying aside
     claimed_and_handed_over(control_plane)
     control_plane.await_signal(Signal.UD_REG_OK, RUN)

@@ -25,7 +25,7 @@ from agent.sandbox import LEFT_OUT, SANDBOX, SLICE, JobUnit
 from agent.scrub import build_scrub
 from emulator.instance_root import InstanceRoot, instance_root
 from runner_pool.domain.records import Signal
-from tests.agent.conftest import AgentFactory, ControlPlane, eventually
+from tests.agent.conftest import AgentFactory, ControlPlane, eventually, idle_agent
 from tests.agent.test_agent_scrub import LISTENER, RUN, jit_config_holding
 
 STAND_IN_SYSTEMD_RUN = """#!/bin/sh
@@ -143,9 +143,7 @@ def test_the_agent_serves_a_job_through_the_sandboxed_service_and_scrubs_after_i
     control_plane: ControlPlane, agents: AgentFactory, instance: InstanceRoot, sandbox: dict[str, object]
 ) -> None:
     # Given an idle instance whose agent starts the runner as a sandboxed service
-    control_plane.launch_for_pool()
-    agents.start(None, **instance.settings(**sandbox, stop_timeout_seconds=5))
-    control_plane.await_signal(Signal.UD_OK, None)
+    idle_agent(control_plane, agents, None, **instance.settings(**sandbox, stop_timeout_seconds=5))
 
     # When a run claims it and its runner listens
     control_plane.claim(RUN, jit_config_holding("https://pipelines.invalid/secret"))

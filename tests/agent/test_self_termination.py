@@ -10,6 +10,7 @@ from tests.agent.conftest import (
     AgentFactory,
     ControlPlane,
     eventually,
+    idle_agent,
     instance_state,
     launch_instance,
     throttling_response,
@@ -26,9 +27,7 @@ def test_a_passed_threshold_makes_the_agent_terminate_its_own_instance(
     control_plane: ControlPlane, agents: AgentFactory, clock: ManualClock
 ) -> None:
     # Given an idle instance whose control plane has gone quiet
-    control_plane.launch_for_pool()
-    running = agents.start(termination_grace_seconds=60)
-    control_plane.await_signal(Signal.UD_OK, None)
+    running = idle_agent(control_plane, agents, termination_grace_seconds=60)
     record = control_plane.records.get(control_plane.instance_id)
     assert record is not None
     assert record.threshold is not None

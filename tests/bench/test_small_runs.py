@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import burst_1000 as bench_burst_1000
 from bench.__main__ import BENCHMARKS, run_bench
 from bench.results import UNITS, BenchTable, repeated
 
@@ -83,3 +84,18 @@ def test_repeated_runs_keep_the_median_and_the_min_of_each_figure() -> None:
     # Then each figure keeps its median under its key and its min with min_ in front, unit last
     assert kept == {"b_seconds": 2.0, "min_b_seconds": 1.0, "b_count": 8.0, "min_b_count": 7}
     assert len(summary.rows) == 2
+
+
+def test_the_two_app_burst_is_compared_with_the_one_app_burst_of_the_same_run() -> None:
+    # Given a one-App and a two-App burst's tables of one run (bench/burst.py's keys)
+    one, two = BenchTable("one App", ("figure", "value")), BenchTable("two Apps", ("figure", "value"))
+    one.figure("burst_10_jobs_served_seconds", 100.0)
+    two.figure("burst_10_two_apps_served_seconds", 55.0)
+    two.figure("burst_10_two_apps_jobs_served_count", 10)
+    two.row("jobs served", "10 of 10")
+    # When they are compared / Then one table holds both Apps' figures and the ratio of their times
+    table = bench_burst_1000.compared(one, two, 10)
+    assert table.figures["burst_10_two_apps_to_one_app_ratio"] == 0.55
+    assert table.figures["burst_10_two_apps_jobs_served_count"] == 10
+    assert ("two Apps", "") in table.rows
+    assert table.rows[-1] == ("two Apps' time to serve every job, of one App's", "0.55 (at most 0.6)")

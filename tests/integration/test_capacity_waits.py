@@ -13,11 +13,10 @@ from emulator.fake_github.payloads import HEAD_SHA
 from emulator.harness.github_app import OWNER, REPO
 from emulator.harness.provision_world import ProvisionWorld, output, provision_world
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS
-from runner_pool.environment import STACK_TAG_KEY
 from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.refresh import Refresh
 from runner_pool.wiring import ControlPlane
-from tests.integration.test_refresh_reconcile import REFRESH_HANDLER, StartedExecutions
+from tests.integration.test_refresh_reconcile import REFRESH_HANDLER, StartedExecutions, recording_refresh
 
 REPOSITORY = f"{OWNER}/{REPO}"
 RUN = "pool=4242"
@@ -33,20 +32,10 @@ def world() -> Iterator[ProvisionWorld]:
 
 def refresh_with_waits(plane: ControlPlane, started: StartedExecutions) -> Refresh:
     """Refresh over the plane with its jobs' waits for capacity, its started executions recorded in `started`."""
-    return Refresh(
-        plane.state_table,
-        plane.fleet,
-        plane.pool_queues,
-        lambda: plane.github,
-        clock=plane.clock,
-        config=plane.config,
-        stack_tag=(STACK_TAG_KEY, "runner-pool-local"),
-        recent_demand=plane.recent_demand,
-        executions=lambda: started,  # type: ignore[arg-type,return-value]
-        capacity_waits=CapacityWaitSteps(
-            lambda: plane.capacity_waits, clock=plane.clock, check_runs=lambda: plane.github
-        ),
+    waits = CapacityWaitSteps(
+        lambda: plane.capacity_waits, clock=plane.clock, check_runs=lambda: plane.github
     )
+    return recording_refresh(plane, started, capacity_waits=waits)
 
 
 def test_a_class_out_of_capacity_waits_with_ec2s_reason_and_is_served_when_it_is_back(
@@ -75,7 +64,8 @@ def test_a_class_out_of_capacity_waits_with_ec2s_reason_and_is_served_when_it_is
     assert world.ec2.calls["CreateFleet"] == 2  # spot, then the on-demand fallback; no redrive
     # And the jobs' author finds a check run on the run's commit naming the jobs, the class and EC2's error
     (check_run,) = world.github.state.check_runs.values()
-    assert wait.check_run_id == check_run["id"]
+    assert wait.check_run is not None
+    assert wait.check_run.check_run_id == check_run["id"]
     assert (check_run["head_sha"], check_run["status"]) == (HEAD_SHA, "in_progress")
     assert check_run["output"]["title"].startswith("`test")
     assert check_run["output"]["title"].endswith("wait for a `large` runner: EC2 has no capacity")

@@ -800,7 +800,7 @@ def test_a_check_run_is_created_in_progress_on_the_commit_and_completed(
     # Given an installation that may write checks (the fake App's permissions, as installed by default)
     github = connect()
     # When the control plane creates a check run on a commit
-    check_run_id = github.create_check_run(
+    check_run = github.create_check_run(
         CHECKS_REPOSITORY,
         head_sha=HEAD_SHA,
         name="runner-pool: waiting",
@@ -808,7 +808,7 @@ def test_a_check_run_is_created_in_progress_on_the_commit_and_completed(
         summary="EC2 ...",
     )
     # Then GitHub holds it in progress, with its output, on that commit
-    created = dict(fake.state.check_runs[check_run_id])
+    created = dict(fake.state.check_runs[check_run.check_run_id])
     assert (created["name"], created["head_sha"], created["status"], created["conclusion"]) == (
         "runner-pool: waiting",
         HEAD_SHA,
@@ -818,9 +818,9 @@ def test_a_check_run_is_created_in_progress_on_the_commit_and_completed(
     assert created["output"]["title"] == "`build` waits"
     # When it is completed / Then it is, with its conclusion and last word
     github.complete_check_run(
-        CHECKS_REPOSITORY, check_run_id, conclusion="success", title="back", summary="served"
+        CHECKS_REPOSITORY, check_run, conclusion="success", title="back", summary="served"
     )
-    completed = fake.state.check_runs[check_run_id]
+    completed = fake.state.check_runs[check_run.check_run_id]
     assert (completed["status"], completed["conclusion"], completed["output"]["summary"]) == (
         "completed",
         "success",
@@ -847,14 +847,12 @@ def test_completing_a_check_run_of_another_repository_is_not_found(
     connect: Connect, fake: FakeGitHub
 ) -> None:
     github = connect()
-    check_run_id = github.create_check_run(
+    check_run = github.create_check_run(
         CHECKS_REPOSITORY, head_sha=HEAD_SHA, name="n", title="t", summary="s"
     )
     with pytest.raises(GitHubNotFoundError):
-        github.complete_check_run(
-            f"{OWNER}/other", check_run_id, conclusion="success", title="t", summary="s"
-        )
-    assert fake.state.check_runs[check_run_id]["status"] == "in_progress"
+        github.complete_check_run(f"{OWNER}/other", check_run, conclusion="success", title="t", summary="s")
+    assert fake.state.check_runs[check_run.check_run_id]["status"] == "in_progress"
 
 
 def test_a_runs_jobs_are_listed_with_their_names_and_head_commit(connect: Connect, fake: FakeGitHub) -> None:

@@ -9,24 +9,38 @@ from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_apps import GitHubApps
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
 from runner_pool.domain.app_choice import AppUnusableError, with_most_left
+from runner_pool.domain.capacity_waits import CheckRun
 from runner_pool.domain.clock import ManualClock
-from runner_pool.domain.runners import GitHubRateLimitedError, JitRunner
+from runner_pool.domain.runners import GitHubError, GitHubRateLimitedError, JitRunner
 from tests.conftest import TABLE_NAME
 
 
 class App:
-    """Stands in for one App's GitHubApp: registers through itself, or fails as told."""
+    """Stands in for one App's GitHubApp: registers and writes check runs through itself, or fails as told."""
 
     def __init__(self, app_id: str, fails: Exception | None = None) -> None:
         self.app_id = app_id
         self.fails = fails
         self.registered: list[str] = []
+        self.check_runs: dict[int, str] = {}
 
     def jit_config(self, name: str, labels: Sequence[str], *_: Any, **__: Any) -> JitRunner:
         if self.fails is not None:
             raise self.fails
         self.registered.append(name)
         return JitRunner(len(self.registered), name, "config")
+
+    def create_check_run(self, repository: str, **_: Any) -> CheckRun:
+        if self.fails is not None:
+            raise self.fails
+        check_run_id = 100 * int(self.app_id) + len(self.check_runs)
+        self.check_runs[check_run_id] = "in_progress"
+        return CheckRun(check_run_id)
+
+    def complete_check_run(self, repository: str, check_run: CheckRun, **_: Any) -> None:
+        if check_run.check_run_id not in self.check_runs:  # GitHub's 403: another App's check run
+            raise GitHubError("check run can only be modified by the GitHub App that created it", 403)
+        self.check_runs[check_run.check_run_id] = "completed"
 
 
 def apps(dynamodb: Any, clock: ManualClock, *fakes: App) -> GitHubApps:
@@ -117,3 +131,37 @@ def test_a_rate_limit_holds_off_only_the_app_github_limited(dynamodb: Any, clock
     # Then the second App grants nothing during the wait, and the first still does
     assert both.take(10).granted == 4
     assert both.take(1).refused
+
+
+def budget_of(dynamodb: Any, clock: ManualClock, app_id: str) -> DynamoDbRegistrationBudget:
+    return DynamoDbRegistrationBudget(
+        TABLE_NAME, app_id, per_minute=60, burst=5, clock=clock, client=dynamodb
+    )
+
+
+def test_a_check_run_goes_through_the_app_with_most_left_and_is_completed_through_it(
+    dynamodb: Any, clock: ManualClock
+) -> None:
+    # Given two Apps, the first (listed first, which any App's reads go through) with 4 of its 5 spent
+    first, second = App("1"), App("2")
+    both = apps(dynamodb, clock, first, second)
+    budget_of(dynamodb, clock, "1").take(4)
+    # When a capacity wait's check run is created
+    check_run = both.create_check_run("octo-org/app", head_sha="abc", name="n", title="t", summary="s")
+    # Then it went through the second App, as a registration would, and says so
+    assert (first.check_runs, list(second.check_runs)) == ({}, [check_run.check_run_id])
+    assert check_run.app_id == "2"
+    # When the second App has since spent more than the first / Then it is still completed through it
+    budget_of(dynamodb, clock, "2").take(5)
+    both.complete_check_run("octo-org/app", check_run, conclusion="success", title="t", summary="s")
+    assert second.check_runs[check_run.check_run_id] == "completed"
+
+
+def test_a_check_run_skips_an_app_github_refuses_a_token(dynamodb: Any, clock: ManualClock) -> None:
+    # Given two Apps, the one with the most left refused its token: its installation is gone
+    gone, working = App("1", fails=AppUnusableError("no such installation", 404)), App("2")
+    both = apps(dynamodb, clock, gone, working)
+    # When a check run is created / Then it went through the other App
+    check_run = both.create_check_run("octo-org/app", head_sha="abc", name="n", title="t", summary="s")
+    assert check_run.app_id == "2"
+    assert list(working.check_runs) == [check_run.check_run_id]

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from emulator.harness.control_plane import LocalControlPlane, local_control_plane
+from emulator.harness.github_app import INSTALLATION_ID
 from emulator.harness.provision_world import ProvisionWorld, output
 from runner_pool.domain.registration_budget import REGISTRATION_FLOOR
 
@@ -28,7 +29,7 @@ def test_the_fake_counts_the_installations_requests_and_refuses_past_the_hour(
     # Given an installation with two requests left in its hour
     github = local.plane.github
     github.runners(None)
-    local.github.state.hourly_used = LIMIT - 2
+    local.github.state.use_hourly(INSTALLATION_ID, LIMIT - 2)
     # When it makes three / Then the first two are answered and the third is refused as rate limited
     github.runners(None)
     github.runners(None)
@@ -42,14 +43,14 @@ def test_every_answers_hourly_remainder_reaches_the_shared_budget(local: LocalCo
     # Then the budget knows what GitHub said is left: the limit less the requests made this hour
     hourly = local.plane.registration_budget.hourly()
     assert hourly is not None
-    used, reset = local.github.state.hourly_status()
+    used, reset = local.github.state.hourly_status(INSTALLATION_ID)
     assert (hourly.limit, hourly.remaining, hourly.reset_at) == (LIMIT, LIMIT - used, int(reset))
 
 
 def test_create_launches_no_more_than_the_hour_can_register(world: ProvisionWorld) -> None:
     # Given an hour with three requests left above the floor, as a GitHub answer told the budget
     world.plane.github.runners(None)  # the hour's window opens
-    world.github.state.hourly_used = LIMIT - KEPT - 4
+    world.github.state.use_hourly(INSTALLATION_ID, LIMIT - KEPT - 4)
     world.plane.github.runners(None)
     # When a run asks for five runners with an empty pool
     result = output(world.provision("pool=5151", 5))

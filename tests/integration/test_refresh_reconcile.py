@@ -5,6 +5,7 @@ fake, answering List jobs for a workflow run attempt; executions are recorded, n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -51,8 +52,9 @@ def _refresh(local: LocalControlPlane, started: StartedExecutions, tick: int) ->
     return recording_refresh(local.plane, started).run(tick)
 
 
-def recording_refresh(plane: ControlPlane, started: StartedExecutions) -> Refresh:
-    """Refresh over the plane, its started executions recorded in `started` instead of run."""
+def recording_refresh(plane: ControlPlane, started: StartedExecutions, **collaborators: Any) -> Refresh:
+    """Refresh over the plane, its started executions recorded in `started` instead of run; with
+    `collaborators` (Refresh's optional ones) besides."""
     return Refresh(
         plane.state_table,
         plane.fleet,
@@ -63,6 +65,7 @@ def recording_refresh(plane: ControlPlane, started: StartedExecutions) -> Refres
         stack_tag=(STACK_TAG_KEY, STACK_NAME),
         recent_demand=plane.recent_demand,
         executions=lambda: started,  # type: ignore[arg-type,return-value]
+        **collaborators,
     )
 
 

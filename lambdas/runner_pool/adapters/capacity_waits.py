@@ -9,6 +9,7 @@
                     the provision that noted it last
     check_run_id    the check run on the run's head commit that tells the jobs' author why they wait, once
                     created; a note never writes it, so it is never lost to one
+    check_run_app   the App (of several) that created it, which alone may complete it
     expires_at      TTL: a day after the last note, when GitHub has failed a job queued that long
 
 One partition, written once per short provision and read by refresh for the run keys it would provision
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import Refusal, conditional_write
 from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
-from runner_pool.domain.capacity_waits import CapacityWait, backoff_seconds
+from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, backoff_seconds
 from runner_pool.domain.clock import Clock
 
 if TYPE_CHECKING:
@@ -104,15 +105,20 @@ class CapacityWaits:
     def _key(self, repository: str, run_key: str) -> dict[str, Any]:
         return {PARTITION_KEY: {"S": WAITS_PARTITION}, SORT_KEY: {"S": f"{repository}#{run_key}"}}
 
-    def mark_check_run(self, repository: str, run_key: str, check_run_id: int) -> None:
+    def mark_check_run(self, repository: str, run_key: str, check_run: CheckRun) -> None:
         """The wait's check run, once created: kept unless the wait has ended meanwhile."""
+        values: dict[str, Any] = {":id": {"N": str(check_run.check_run_id)}}
+        assignments = "check_run_id = :id"
+        if check_run.app_id is not None:
+            values[":app"] = {"S": check_run.app_id}
+            assignments += ", check_run_app = :app"
         conditional_write(
             lambda: self._client.update_item(
                 TableName=self._table,
                 Key=self._key(repository, run_key),
-                UpdateExpression="SET check_run_id = :id",
+                UpdateExpression=f"SET {assignments}",
                 ConditionExpression=f"attribute_exists({PARTITION_KEY})",
-                ExpressionAttributeValues={":id": {"N": str(check_run_id)}},
+                ExpressionAttributeValues=values,
             )
         )
 
@@ -149,5 +155,12 @@ def _wait(item: dict[str, Any]) -> CapacityWait:
         since=float(item["since"]["N"]),
         tries=int(item["tries"]["N"]),
         next_try=float(item["next_try"]["N"]),
-        check_run_id=int(item["check_run_id"]["N"]) if "check_run_id" in item else None,
+        check_run=(
+            CheckRun(
+                int(item["check_run_id"]["N"]),
+                item["check_run_app"]["S"] if "check_run_app" in item else None,
+            )
+            if "check_run_id" in item
+            else None
+        ),
     )

@@ -30,6 +30,7 @@ from runner_pool.adapters.aws_clients import Refusal, attempt, error_code
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import FleetSettings
 from runner_pool.domain.fleet import (
+    LAUNCH_TAG,
     Ec2State,
     FleetRequestError,
     LaunchFailure,
@@ -63,8 +64,6 @@ _Item = TypeVar("_Item")
 
 RUN_KEY_TAG = "runner-pool:run-key"
 RESOURCE_CLASS_TAG = "runner-pool:resource-class"
-LAUNCH_TAG = "runner-pool:launch"
-"""The launch's idempotency key (for provision, the execution's name): dump finds what it launched by it."""
 TAG_VALUE_LIMIT = 256
 """EC2's longest tag value. A run key with many type globs can be longer; the tag is for people and
 cost reports, the record holds the exact key."""

@@ -18,7 +18,7 @@ from runner_pool.adapters.github_api import GITHUB_API_URL, GitHubApi
 from runner_pool.adapters.github_app_auth import TOKEN_REFRESH_MARGIN_SECONDS
 from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.github_runners import GitHubRunners
-from runner_pool.domain.capacity_waits import Conclusion
+from runner_pool.domain.capacity_waits import CheckRun, Conclusion
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.doctor_readings import AppGrant, HookConfig, Installation, RunnerPolicy, Unread
 from runner_pool.domain.github_tokens import (
@@ -167,16 +167,25 @@ class GitHubApp:
     def rerun_failed_jobs(self, repository: str, run_id: int) -> None:
         github_runs.rerun_failed_jobs(self._reruns, repository, run_id)
 
-    def create_check_run(self, repository: str, *, head_sha: str, name: str, title: str, summary: str) -> int:
-        return github_check_runs.create_check_run(
-            self._checks, repository, head_sha=head_sha, name=name, title=title, summary=summary
+    def create_check_run(
+        self, repository: str, *, head_sha: str, name: str, title: str, summary: str
+    ) -> CheckRun:
+        return CheckRun(
+            github_check_runs.create_check_run(
+                self._checks, repository, head_sha=head_sha, name=name, title=title, summary=summary
+            )
         )
 
     def complete_check_run(
-        self, repository: str, check_run_id: int, *, conclusion: Conclusion, title: str, summary: str
+        self, repository: str, check_run: CheckRun, *, conclusion: Conclusion, title: str, summary: str
     ) -> None:
         github_check_runs.complete_check_run(
-            self._checks, repository, check_run_id, conclusion=conclusion, title=title, summary=summary
+            self._checks,
+            repository,
+            check_run.check_run_id,
+            conclusion=conclusion,
+            title=title,
+            summary=summary,
         )
 
     def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]:

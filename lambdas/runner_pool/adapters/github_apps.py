@@ -10,8 +10,9 @@ most left, as a new take would.
 An App GitHub refuses a token for (its key is wrong, its installation gone: AppUnusableError) is skipped
 for SKIP_SECONDS, logged and counted (`GitHubAppsSkipped`), and the registration is made through the next
 App: a batch never fails for one App. Reads (runners, a run's jobs) and deletions go through the first App
-not skipped: any App installed on the scope may make them. Each App's failed webhook deliveries are its
-own, and are redelivered through it.
+not skipped: any App installed on the scope may make them. A capacity wait's check run is created as a
+registration is made, through the App with the most left, and completed through that App. Each App's
+failed webhook deliveries are its own, and are redelivered through it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TypeVar
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
 from runner_pool.domain.app_choice import SKIP_SECONDS, AppUnusableError, with_most_left
-from runner_pool.domain.capacity_waits import Conclusion
+from runner_pool.domain.capacity_waits import CheckRun, Conclusion
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.github_tokens import AppIdentity, InstallationToken, Permissions
 from runner_pool.domain.instant import TierGroupAccess
@@ -203,8 +204,10 @@ class GitHubApps:
             held = [(n, app_id) for app_id, n in self._held.items() if n > 0 and app_id not in skipped]
         if held:
             return max(held)[1]
-        app_id = with_most_left({app_id: budget.left() for app_id, budget in self._budgets.items()}, skipped)
-        return app_id or next(iter(self._budgets))
+        return self._most_left(skipped) or next(iter(self._budgets))
+
+    def _most_left(self, skipped: frozenset[str]) -> str | None:
+        return with_most_left({app_id: budget.left() for app_id, budget in self._budgets.items()}, skipped)
 
     def _skip(self, app_id: str, unusable: AppUnusableError) -> bool:
         """Leave the App out for SKIP_SECONDS; whether another App is left to ask."""
@@ -222,13 +225,20 @@ class GitHubApps:
             return frozenset(app_id for app_id, until in self._skipped.items() if now < until)
 
     def _any(self, call: Callable[[GitHubApp], _T]) -> _T:
-        """`call` through the first App not skipped, for what any App on the scope may do; an App found
-        unusable on the way is skipped and the next one asked."""
+        """`call` through the first App not skipped, for what any App on the scope may do."""
+        return self._through(
+            call, lambda skipped: next((a for a in self._budgets if a not in skipped), None)
+        )[1]
+
+    def _through(
+        self, call: Callable[[GitHubApp], _T], choose: Callable[[frozenset[str]], str | None]
+    ) -> tuple[str, _T]:
+        """`call` through the App `choose` picks of those not skipped (the first when all are), and that
+        App; an App found unusable on the way is skipped and the next one asked."""
         while True:
-            skipped = self._skipped_now()
-            app_id = next((a for a in self._budgets if a not in skipped), next(iter(self._budgets)))
+            app_id = choose(self._skipped_now()) or next(iter(self._budgets))
             try:
-                return call(self.app(app_id))
+                return app_id, call(self.app(app_id))
             except AppUnusableError as unusable:
                 if not self._skip(app_id, unusable):
                     raise
@@ -267,24 +277,32 @@ class GitHubApps:
         return self._any(lambda app: app.keep_instant_group_in_step())
 
     # A check run is its App's: "A check suite is a collection of the check runs created by a single GitHub
-    # App for a specific commit" (docs.github.com, "Using the REST API to interact with checks"). Creating
-    # and completing one both go through the first usable App, so the same App, unless it was skipped in
-    # between (completing it then fails, is logged, and the check run stays in progress).
-    def create_check_run(self, repository: str, *, head_sha: str, name: str, title: str, summary: str) -> int:
-        return self._any(
+    # App for a specific commit" (docs.github.com, "Using the REST API to interact with checks"), and GitHub
+    # refuses another App's update with a 403 ("check run can only be modified by the GitHub App that
+    # created it"). One is created through the App a registration would go through (most left, not
+    # skipped), which the CheckRun names, and completed through that App alone: if it is unusable by then,
+    # completing fails, is logged, and the check run stays in progress.
+    def create_check_run(
+        self, repository: str, *, head_sha: str, name: str, title: str, summary: str
+    ) -> CheckRun:
+        app_id, created = self._through(
             lambda app: app.create_check_run(
                 repository, head_sha=head_sha, name=name, title=title, summary=summary
-            )
+            ),
+            self._most_left,
         )
+        return CheckRun(created.check_run_id, app_id)
 
     def complete_check_run(
-        self, repository: str, check_run_id: int, *, conclusion: Conclusion, title: str, summary: str
+        self, repository: str, check_run: CheckRun, *, conclusion: Conclusion, title: str, summary: str
     ) -> None:
-        self._any(
-            lambda app: app.complete_check_run(
-                repository, check_run_id, conclusion=conclusion, title=title, summary=summary
-            )
-        )
+        def complete(app: GitHubApp) -> None:
+            app.complete_check_run(repository, check_run, conclusion=conclusion, title=title, summary=summary)
+
+        if check_run.app_id in self._budgets:
+            complete(self.app(check_run.app_id))
+        else:  # created before its App was named, or by an App no longer listed
+            self._any(complete)
 
     # --- each App's own deliveries -----------------------------------------------------------------
 

@@ -49,6 +49,16 @@ def shortfall_reason(requested: int, launched: int, launch_errors: Mapping[str, 
 
 
 @dataclass(frozen=True)
+class CheckRun:
+    """A check run the control plane created, and the App it went through (of several; None for the
+    one App): only that App may complete it, as GitHub answers any other App's update "check run can
+    only be modified by the GitHub App that created it" (a 403)."""
+
+    check_run_id: int
+    app_id: str | None = None
+
+
+@dataclass(frozen=True)
 class CapacityWait:
     """The jobs of one run key that a provision could not get capacity for."""
 
@@ -65,7 +75,7 @@ class CapacityWait:
     next_try: Epoch
     last_execution: str
     """The provision that noted it last: a retried Finish of the same execution counts no second try."""
-    check_run_id: int | None = None
+    check_run: CheckRun | None = None
     """The check run that tells the jobs' author why they wait; None until one is created."""
 
     def due(self, now: Epoch) -> bool:

@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.github_apps import GitHubAppEntry, repeated
+from runner_pool.domain.github_settings import GitHubSettings
 from runner_pool.domain.instance_settings import ImageSettings, InstanceSettings
 from runner_pool.domain.labels import (
     CLASS_NAME,
@@ -31,20 +31,39 @@ from runner_pool.domain.labels import (
     RunnerSpec,
 )
 from runner_pool.domain.logs_settings import LogsSettings
-from runner_pool.domain.records import InstanceRecord, UsageClass
-from runner_pool.domain.runner_scope import (
-    OrganizationScope,
-    Registration,
-    RepositoryScope,
-    RunnerScopeSetting,
-    registration_for,
-)
+from runner_pool.domain.records import UsageClass
+from runner_pool.domain.reuse import ReuseMode, ReuseScope, ReuseSettings
+from runner_pool.domain.runner_scope import OrganizationScope, Registration
 from runner_pool.domain.settings import SettingError, Settings
 from runner_pool.domain.sizing import HORIZON_SECONDS
 from runner_pool.domain.spot_breaker import SpotBreakerSettings
 from runner_pool.domain.timeouts import Timeouts
-from runner_pool.domain.trust import WORKFLOW_EVENTS, TrustLevel, reuses
 from runner_pool.domain.warm_schedule import WarmMinimum
+
+# The settings kept in modules of their own are named here too: StackConfig's is the one entry point.
+__all__ = [
+    "DEFAULT_RESOURCE_CLASSES",
+    "EXPRESS_LIMIT_SECONDS",
+    "EXPRESS_MARGIN_SECONDS",
+    "SQS_MAX_DELAY_SECONDS",
+    "AlarmSettings",
+    "ConfigError",
+    "FleetSettings",
+    "GitHubSettings",
+    "LabelDefaults",
+    "NetworkSettings",
+    "PickupSettings",
+    "PoolSettings",
+    "PoolSizing",
+    "ResourceClass",
+    "ReuseMode",
+    "ReuseScope",
+    "ReuseSettings",
+    "StackConfig",
+    "WorkflowType",
+    "load_config",
+    "load_deployable_config",
+]
 
 SQS_MAX_DELAY_SECONDS = 900
 EXPRESS_LIMIT_SECONDS = 300
@@ -149,191 +168,6 @@ class FleetSettings(Settings):
     its spot instance; the re-run is served on-demand (domain/reruns.py)."""
     spot_breaker: SpotBreakerSettings = SpotBreakerSettings()
     """When a class's spot demand is served on-demand for a while (domain/spot_breaker.py)."""
-
-
-class ReuseScope(StrEnum):
-    """Which jobs an instance that served a job may serve next (README, Security model)."""
-
-    REPOSITORY = "repository"
-    """Only jobs of the repository it served: GitHub's guidance for reused runners, and the default."""
-    OWNER = "owner"
-    """Jobs of any repository of the same owner (organisation or user)."""
-    ANY = "any"
-    """Jobs of any repository the App is installed on."""
-
-
-class ReuseMode(StrEnum):
-    """Whether the instances of a class (or of the whole stack) serve more than one job."""
-
-    REUSE = "reuse"
-    """Jobs that may follow one another (the same repository and level of trust) share instances."""
-    SINGLE_USE = "single-use"
-    """Every job gets an instance no job has used, pristine from the pool when there is one, terminated
-    after its job: a hot pool of one-job instances. Keep a pristine minimum (`warm_pool_minimum`) so
-    that jobs find one."""
-
-
-class ReuseSettings(Settings):
-    """How far one instance is reused between jobs.
-
-    GitHub: self-hosted runners "can be persistently compromised by untrusted code in a workflow"
-    (docs.github.com, "Security hardening for GitHub Actions", Hardening for self-hosted runners).
-    Reuse is therefore kept within one repository by default, never offered to public repositories,
-    and bounded, so that whatever a scrub could not see lives a few jobs and a few hours at most.
-    """
-
-    scope: ReuseScope = ReuseScope.REPOSITORY
-    public_repositories: bool = False
-    """Whether a public repository's job may take a reused instance and leave its own to the pool."""
-    max_jobs: int = Field(20, ge=1)
-    """Jobs one instance serves at most; then it is terminated instead of pooled."""
-    max_age_minutes: int = Field(360, ge=1)
-    """How long after its launch an instance is still pooled or picked up; then it is terminated."""
-    trust_by_event: dict[str, TrustLevel] = Field(default_factory=dict)
-    """A run's event → the level of its jobs (domain/trust.py), over the built-in table; a fork's or
-    Dependabot's run stays untrusted whatever its event."""
-    mode: ReuseMode = ReuseMode.REUSE
-    """`single-use`: no instance serves a second job, in any class but those `mode_by_class` sets."""
-    mode_by_class: dict[str, ReuseMode] = Field(default_factory=dict)
-    """A resource class → its own mode, over `mode`."""
-
-    @model_validator(mode="after")
-    def _events_github_sends(self) -> ReuseSettings:
-        unknown = sorted(set(self.trust_by_event) - WORKFLOW_EVENTS)
-        if unknown:
-            raise SettingError(
-                "trust_by_event",
-                f"names {', '.join(map(repr, unknown))}, which GitHub never sends as a run's event",
-                'use an event of "Events that trigger workflows" (push, pull_request, ...)',
-            )
-        return self
-
-    def single_use_class(self, resource_class: str) -> bool:
-        """Whether the class's instances serve one job each."""
-        return self.mode_by_class.get(resource_class, self.mode) is ReuseMode.SINGLE_USE
-
-    def in_scope(
-        self,
-        served: str | None,
-        repository: str,
-        *,
-        served_id: int | None = None,
-        repository_id: int | None = None,
-    ) -> bool:
-        """Whether an instance that last served `served` (None: no job yet) may serve `repository`. Within
-        one repository, by id when both sides have one (a repository renamed keeps its id; a new one that
-        took an old name does not get it), else by name."""
-        if served is None or self.scope is ReuseScope.ANY:
-            return True
-        if self.scope is ReuseScope.OWNER:
-            return served.split("/", 1)[0].lower() == repository.split("/", 1)[0].lower()
-        if served_id is not None and repository_id is not None:
-            return served_id == repository_id
-        return served.lower() == repository.lower()
-
-    def retire_reason(self, record: InstanceRecord, now: Epoch) -> str | None:
-        """Why an instance that has just served a job must not go back to the pool; None if it may."""
-        if record.single_use:
-            return f"single use: served {record.repository}, whose jobs never share an instance"
-        if not record.pristine and not reuses(record.trust):
-            level = "an undecided level" if record.trust is None else f"level {record.trust}"
-            return f"served a job of {level}, which no later job may follow"
-        if record.jobs_served >= self.max_jobs:
-            return f"served {record.jobs_served} jobs, reuse.max_jobs is {self.max_jobs}"
-        if self.too_old(record.created_at, now):
-            return f"launched more than reuse.max_age_minutes ({self.max_age_minutes}) ago"
-        return None
-
-    def too_old(self, launched_at: Epoch | None, now: Epoch) -> bool:
-        return launched_at is not None and now - launched_at >= self.max_age_minutes * 60
-
-
-class GitHubSettings(Settings):
-    """The GitHub App the control plane acts as, and where its runners are registered."""
-
-    app_id: str | None = None
-    """The App's id (or client id); required to deploy."""
-    installation_id: int | None = Field(None, gt=0)
-    """The App's installation on the organisation or repository; required to deploy."""
-    scope: RunnerScopeSetting | None = None
-    """`org` for organisation runners, `owner/repo` for one repository's; required to deploy."""
-    api_url: str = "https://api.github.com/"
-    """`https://<host>/api/v3/` for GitHub Enterprise Server."""
-    api_version: str | None = None
-    """The `X-GitHub-Api-Version` to send; GitHub Enterprise Server answers only its release's."""
-    runner_group_id: int = Field(1, gt=0)
-    registration: Registration | None = None
-    """Where each job's runner is registered so that only its repository can take it. Left out, it follows
-    the scope with the least privilege (`effective_registration`): an organisation's registers in
-    `runner-group`s, at the organisation in a runner group of the job's repository alone, made on first use
-    (the App needs only `organization_self_hosted_runners: write`; `runner_group_id` is then not used); a
-    repository's at that `repository` (the App needs repository `administration: write`: the only way for a
-    personal account, which has no runner groups). `repository` on an organisation is the choice to
-    register at each job's repository instead."""
-    runner_groups_allow_public_repositories: bool = False
-    """Whether the runner groups `runner-group` creates take public repositories' jobs (GitHub's default
-    for a group is no)."""
-    registrations_per_minute: float = Field(150, gt=0)
-    """JIT runner registrations the stack makes a minute on average, shared by every provision; GitHub's
-    secondary rate limits allow about 180 (900 points a minute per endpoint, 5 points a POST)."""
-    registration_burst: int = Field(20, ge=1)
-    """How many registrations may go at once after a quiet spell, within the average."""
-    private_key_secret_name: str = "runner-pool/github-app-private-key"  # noqa: S105 - a name, not a secret
-    webhook_secret_name: str = "runner-pool/github-webhook-secret"  # noqa: S105 - a name, not a secret
-    apps: tuple[GitHubAppEntry, ...] = ()
-    """Several Apps installed on the scope (domain/github_apps.py), in place of `app_id`, `installation_id`
-    and the two secret names: each registration goes through the one with the most budget left."""
-
-    @property
-    def every_app(self) -> tuple[GitHubAppEntry, ...]:
-        """`apps`, or the one App of the single-App settings (none while its ids are unset)."""
-        if self.apps or self.app_id is None or self.installation_id is None:
-            return self.apps
-        return (
-            GitHubAppEntry(
-                app_id=self.app_id,
-                installation_id=self.installation_id,
-                private_key_secret_name=self.private_key_secret_name,
-                webhook_secret_name=self.webhook_secret_name,
-            ),
-        )
-
-    @property
-    def webhook_secret_names(self) -> tuple[str, ...]:
-        """Every App's webhook secret: a delivery signed with any of them is GitHub's."""
-        return tuple(app.webhook_secret_name for app in self.every_app) or (self.webhook_secret_name,)
-
-    @model_validator(mode="after")
-    def _one_form_of_apps(self) -> Self:
-        if self.apps and (self.app_id is not None or self.installation_id is not None):
-            raise SettingError(
-                "apps",
-                "is set together with app_id or installation_id",
-                "list every App under apps (the first as well), or keep the single-App settings",
-            )
-        shared = repeated(self.apps)
-        if shared is not None:
-            raise SettingError(
-                "apps",
-                f"lists {shared[0]} {shared[1]!r} twice",
-                "give each App its own id, installation and secrets",
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _runner_groups_are_an_organisations(self) -> Self:
-        if self.registration is Registration.RUNNER_GROUP and isinstance(self.scope, RepositoryScope):
-            raise SettingError(
-                "registration",
-                f"runner groups are an organisation's, and the scope {self.scope} is one repository",
-                "set scope to the organisation, or leave registration out to register at the repository",
-            )
-        return self
-
-    @property
-    def effective_registration(self) -> Registration:
-        """The registration in use: the one set, else the least privileged the scope allows."""
-        return registration_for(self.scope, self.registration)
 
 
 class NetworkSettings(Settings):

@@ -19,6 +19,9 @@ from runner_pool.domain.config import FleetSettings, StackConfig
 from runner_pool.domain.labels import LABEL_KEYS, NotUsed, RunnerLabel, RunnerSpec
 from runner_pool.domain.records import Arch, InstanceFacts, UsageClass
 
+LAUNCH_TAG = "runner-pool:launch"
+"""The launch's idempotency key (for provision, the execution's name): dump finds what it launched by it."""
+
 MEMORY_HEADROOM = 2
 """Without named types an instance may have up to this many times its class's memory: the compute
 and general-purpose families of the class's size, not the memory-optimised ones."""

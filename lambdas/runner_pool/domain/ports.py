@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from runner_pool.domain.capacity_waits import CapacityWait, Conclusion
+from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, Conclusion
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import FleetSettings, ReuseSettings
 from runner_pool.domain.fleet import Ec2State, LaunchOutcome, LaunchRequest, Start, Termination
@@ -143,6 +143,33 @@ class Launches(Protocol):
     def launch_with_fallback(self, request: LaunchRequest, settings: FleetSettings) -> LaunchOutcome: ...
 
 
+class HandOverRecords(RecordReads, RecordExpiry, Protocol):
+    """Handing a held instance its runner, or giving back its claim (steps/hand_over.py)."""
+
+    def record_runner(self, instance_id: str, run_key: str, runner_id: int) -> TransitionResult: ...
+
+    def unclaim(self, instance_id: str, run_key: str, claim_token: str) -> TransitionResult: ...
+
+
+class ProvisionRecords(ClaimRecords, CreationRecords, HeldRecords, HandOverRecords, Protocol):
+    """The provision machine's steps together (steps/provision.py and its parts): Begin's claims, Finish's
+    activations and Dump's look at what the run holds."""
+
+    def run_finished(self, run_key: str) -> bool: ...
+
+    def activate(
+        self, instance_id: str, run_key: str, max_runtime_minutes: int, claim_token: str | None = None
+    ) -> TransitionResult: ...
+
+
+class ProvisionFleet(ClaimStarts, Launches, Terminations, Protocol):
+    """EC2 as the provision's steps reach it; Dump finds what an execution launched by its launch tag."""
+
+    def tagged_instances(
+        self, tag_key: str, tag_value: str, launched_before: Epoch | None = None
+    ) -> list[str]: ...
+
+
 class ReconcileRecords(RecordReads, RecordExpiry, Protocol):
     """Refresh's reconcile against GitHub (steps/reconcile.py): its markers, and the runs' records."""
 
@@ -178,7 +205,7 @@ class CapacityWaitRecords(Protocol):
 
     def end(self, repository: str, run_key: str) -> CapacityWait | None: ...
 
-    def mark_check_run(self, repository: str, run_key: str, check_run_id: int) -> None: ...
+    def mark_check_run(self, repository: str, run_key: str, check_run: CheckRun) -> None: ...
 
 
 class CheckRuns(Protocol):
@@ -189,8 +216,8 @@ class CheckRuns(Protocol):
 
     def create_check_run(
         self, repository: str, *, head_sha: str, name: str, title: str, summary: str
-    ) -> int: ...
+    ) -> CheckRun: ...
 
     def complete_check_run(
-        self, repository: str, check_run_id: int, *, conclusion: Conclusion, title: str, summary: str
+        self, repository: str, check_run: CheckRun, *, conclusion: Conclusion, title: str, summary: str
     ) -> None: ...

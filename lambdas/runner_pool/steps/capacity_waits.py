@@ -66,7 +66,7 @@ class CapacityWaitSteps:
             tries=wait.tries,
             next_try=wait.next_try,
         )
-        if wait.check_run_id is None:
+        if wait.check_run is None:
             self._tell_author(waits, provision, wait)
         return wait
 
@@ -117,7 +117,7 @@ class CapacityWaitSteps:
                 )
                 return
             title, summary = waiting_check(wait, [job.name for job in ours if job.name])
-            check_run_id = github.create_check_run(
+            check_run = github.create_check_run(
                 request.repository, head_sha=head_sha, name=CHECK_RUN_NAME, title=title, summary=summary
             )
         except GitHubError as refused:
@@ -128,15 +128,15 @@ class CapacityWaitSteps:
                 error=str(refused),
             )
             return
-        waits.mark_check_run(request.repository, spec.run_key, check_run_id)
+        waits.mark_check_run(request.repository, spec.run_key, check_run)
         count("CapacityCheckRunsCreated")
 
     def _complete(self, ended: CapacityWait, conclusion: Conclusion, title: str, summary: str) -> None:
-        if ended.check_run_id is None or self._check_runs is None:
+        if ended.check_run is None or self._check_runs is None:
             return
         try:
             self._check_runs().complete_check_run(
-                ended.repository, ended.check_run_id, conclusion=conclusion, title=title, summary=summary
+                ended.repository, ended.check_run, conclusion=conclusion, title=title, summary=summary
             )
         except GitHubError as failed:
             # Left in progress on the commit: it says the jobs waited, which they did.

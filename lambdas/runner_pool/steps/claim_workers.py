@@ -4,34 +4,25 @@ to creation."""
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from runner_pool.domain import stopped_tier
 from runner_pool.domain.class_history import Fact
-from runner_pool.domain.clock import Clock
-from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import Ec2State, Start
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import (
     PICKUP_BUDGET_SECONDS,
-    PickupManager,
     PickupResult,
-    PoolQueue,
     StopReason,
 )
 from runner_pool.domain.pool_partitions import PoolPartition
-from runner_pool.domain.ports import ClaimRecords, ClaimStarts
 from runner_pool.domain.provision import ClaimWorker, ProvisionPlan, Readiness
 from runner_pool.domain.records import InstanceView, PoolMessage, TransitionResult
-from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubRetryableError
 from runner_pool.observability import count, logger
-from runner_pool.steps.class_history import HistoryNotes
-from runner_pool.steps.hand_over import HandOver, RegistrationDeferred, RegistrationRefused, github_wait
-from runner_pool.steps.held_instances import HeldInstances
+from runner_pool.steps.hand_over import RegistrationDeferred, RegistrationRefused, github_wait
+from runner_pool.steps.provision_parts import ProvisionPart
 
 INLINE_CHECKS = 4
 INLINE_CHECK_PAUSE_SECONDS = 0.25
@@ -51,39 +42,9 @@ in a row (Sandbox.Timedout) failed the Map and the execution, with its jobs left
 of 1,000 jobs under load did)."""
 
 
-class ClaimWorkers:
-    """The Claim, CheckClaim and Discard steps, over the provision's collaborators."""
-
-    def __init__(
-        self,
-        table: ClaimRecords,
-        *,
-        clock: Clock,
-        config: StackConfig,
-        pickup: Callable[[], PickupManager],
-        queues: Callable[[], PoolQueue],
-        fleet: Callable[[], ClaimStarts],
-        budget: Callable[[], RegistrationBudget],
-        handing: HandOver,
-        held: HeldInstances,
-        pause: Callable[[float], None] = time.sleep,
-        time_left: Callable[[], float] | None = None,
-        history: HistoryNotes | None = None,
-    ) -> None:
-        """`history` notes each stopped instance's time from start to ready, for adaptive sizing."""
-        self._table = table
-        self._clock = clock
-        self._config = config
-        self._timeouts = config.timeouts
-        self._pickup = pickup
-        self._queues = queues
-        self._fleet = fleet
-        self._budget = budget
-        self._handing = handing
-        self._held = held
-        self._pause = pause
-        self._time_left = time_left or (lambda: math.inf)
-        self._history = history
+class ClaimWorkers(ProvisionPart):
+    """The Claim, CheckClaim and Discard steps, over the provision's collaborators; each stopped instance's
+    time from start to ready is noted in its class's history, for adaptive sizing."""
 
     def claim(self, worker: ClaimWorker) -> ClaimWorker:
         """Pick up a warm candidate, claim it and hand it its runner config; or report the pool exhausted.

@@ -3,55 +3,27 @@ once, hand each its runner as the registration budget allows, and watch them get
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from runner_pool.domain.class_history import Fact
-from runner_pool.domain.clock import Clock
-from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import LaunchRequest
-from runner_pool.domain.ports import CreationRecords, Launches
 from runner_pool.domain.provision import (
     Creation,
     ProvisionPlan,
     Readiness,
     WorkerResult,
 )
-from runner_pool.domain.registration_budget import REGISTRATION_FLOOR, RegistrationBudget
+from runner_pool.domain.registration_budget import REGISTRATION_FLOOR
 from runner_pool.domain.runners import GitHubRetryableError
 from runner_pool.observability import count, logger
-from runner_pool.steps.class_history import HistoryNotes
-from runner_pool.steps.hand_over import HandOver, NotTried, Refused, github_wait
-from runner_pool.steps.held_instances import HeldInstances
-from runner_pool.steps.notices import NoticeSource, open_queues
+from runner_pool.steps.hand_over import NotTried, Refused, github_wait
+from runner_pool.steps.notices import open_queues
+from runner_pool.steps.provision_parts import ProvisionPart
 
 
-class FleetCreation:
-    """Create and CheckFleet, over the provision's collaborators."""
-
-    def __init__(
-        self,
-        table: CreationRecords,
-        *,
-        clock: Clock,
-        config: StackConfig,
-        fleet: Callable[[], Launches],
-        budget: Callable[[], RegistrationBudget],
-        handing: HandOver,
-        held: HeldInstances,
-        notices: NoticeSource,
-        history: HistoryNotes | None = None,
-    ) -> None:
-        """`history` notes each launch's time to ready, for adaptive sizing (without it: none is)."""
-        self._table = table
-        self._clock = clock
-        self._config = config
-        self._timeouts = config.timeouts
-        self._fleet = fleet
-        self._budget = budget
-        self._handing = handing
-        self._held = held
-        self._notices = notices
-        self._history = history
+class FleetCreation(ProvisionPart):
+    """Create and CheckFleet, over the provision's collaborators; each launch's time to ready is noted in
+    its class's history, for adaptive sizing."""
 
     def create(self, provision: ProvisionPlan, workers: Iterable[WorkerResult]) -> Creation:
         """Launch the slots the pool could not fill; record every launched instance at once."""

@@ -27,11 +27,11 @@ from typing import TypeVar
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.side_by_side import in_background, side_by_side
-from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.config import GitHubSettings
 from runner_pool.domain.executions import runner_name
 from runner_pool.domain.labels import instant_class
 from runner_pool.domain.pickup import PoolQueue
+from runner_pool.domain.ports import HandOverRecords
 from runner_pool.domain.provision import unavailable_wait_seconds
 from runner_pool.domain.records import PoolMessage
 from runner_pool.domain.registration_budget import RegistrationBudget, wait_seconds
@@ -106,7 +106,7 @@ class HandOver:
 
     def __init__(
         self,
-        table: StateTable,
+        table: HandOverRecords,
         *,
         github: GitHubSettings,
         arns: InstanceArns,
