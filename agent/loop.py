@@ -287,9 +287,10 @@ class Agent:
     ) -> None:
         log = self._hand_over_log(run_key, runner_id)
         memory = self._memory.current
-        refusal = memory.boot_failure or memory.scrub_failure
+        refusal = memory.boot_failure or memory.scrub_failure or self._scrub.operator_session()
         if refusal is not None:
-            # A failed boot, or a scrub that left something of an earlier job: no job runs here again.
+            # A failed boot, a scrub that left something of an earlier job, or an operator's session since
+            # (a root shell no scrub can undo): no job runs here again.
             self._memory.update(serving_run_key=run_key)
             self._outbox.send(Signal.UD_REG_FAILED, run_key, f"not registering: {refusal}")
             return

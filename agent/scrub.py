@@ -15,7 +15,8 @@ again, from scratch, for anything the account still has:
   subordinate uids), its crontab, its lingering marker (systemd-logind starts a lingering user's
   manager, and so its user units, at boot), its mail spool emptied; the runner directory back to its
   manifest, its work and log directories emptied;
-- then the check: no process, no container, volume, network, foreign image or build cache, no key,
+- then the check: no trace of an operator's Session Manager session (agent/operator_sessions.py), no
+  process, no container, volume, network, foreign image or build cache, no key,
   IPC object or message queue of the account, no subordinate uid or gid range for it, no access for it
   to the docker daemon's socket (with it, a job is root), a home equal to the skeleton, no crontab or
   linger marker, the runner program as installed (hashed), nothing the account owns anywhere on the
@@ -45,6 +46,7 @@ from pathlib import Path
 
 from agent import kernel_objects
 from agent.docker import Docker, DockerCli, DockerError
+from agent.operator_sessions import session_trace
 from agent.processes import JobCgroup, JobProcesses
 from agent.runner_install import RunnerInstall, remove_path
 from agent.sandbox import JobUnit
@@ -121,6 +123,7 @@ class Scrub:
         docker: Callable[[], Docker | None] = lambda: None,
         base_images: frozenset[str] = frozenset(),
         clock: Callable[[], float] = time.monotonic,
+        passwd_file: Path = Path("/etc/passwd"),
     ) -> None:
         if account is not None and places is None:
             raise ValueError("a runner account of its own needs the places to scrub")
@@ -133,6 +136,7 @@ class Scrub:
         self._docker = docker
         self._base_images = base_images
         self._clock = clock
+        self._passwd_file = passwd_file
 
     @property
     def work_dir(self) -> Path:
@@ -217,8 +221,15 @@ class Scrub:
         remove_path(self._work_dir)
         self.prepare()
 
+    def operator_session(self) -> str | None:
+        """Why an operator's Session Manager session bars the instance from another job; None if none ran."""
+        return session_trace(self._passwd_file)
+
     def _check(self, session_id: int | None, docker: Docker | None) -> list[str]:
         left: list[str] = []
+        session = self.operator_session()
+        if session is not None:
+            left.append(session)
         processes = self._processes.find(session_id)
         if processes:
             left.append(_listed("processes", [str(p.pid) for p in processes]))
@@ -551,6 +562,7 @@ def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | N
         account=account if own else None,
         places=places if own else None,
         docker=docker or docker_cli,
+        passwd_file=settings.passwd_file,
     )
 
 

@@ -106,6 +106,8 @@ class AgentSettings(BaseSettings):
     """login.defs UID_MIN: a file of a uid from here up that no account has is a job's (a subordinate uid)."""
     docker_socket: Path = Path("/var/run/docker.sock")
     """No socket, no daemon: nothing of docker to clean."""
+    passwd_file: Path = Path("/etc/passwd")
+    """Where the account a Session Manager session creates is looked for (agent/operator_sessions.py)."""
     listening_timeout_seconds: float = Field(120, gt=0)
     stop_timeout_seconds: float = Field(30, gt=0)
 

@@ -32,6 +32,8 @@ class AgentCheckSpec:
     region: str
     account: str
     instance_id: str
+    launch_template: str | None
+    """The local launch template the instance was launched from: its profile's role is the agent's."""
     denials: str
     usage_directory: str | None
 
@@ -60,7 +62,7 @@ def main(spec_path: str) -> int:
         StackIam.bound(template, spec.environment, region=spec.region, account=spec.account)
     )
     check.denials_file = Path(spec.denials)
-    principal = check.iam.instance(spec.instance_id)
+    principal = check.iam.instance(spec.instance_id, spec.launch_template)
     make_client = boto3.session.Session.client
 
     def checked_client(session: Any, *args: Any, **kwargs: Any) -> Any:

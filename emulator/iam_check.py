@@ -437,7 +437,9 @@ def save_usage(check: PolicyCheck, directory: str | None = None) -> None:
         }
     )
     principals = [check.iam.function(handler) for handler in check.iam.handlers()]
-    principals.append(check.iam.role(check.iam.instance_role(), name="instances"))
+    principals += [
+        check.iam.role(role, name="instances") for role in set(check.iam.instance_roles().values())
+    ]
     granted = sorted(
         {
             (principal.role_arn, statement.describe(), action)

@@ -257,7 +257,7 @@ class StackIam:
     def of_role(self, role: str, instance_id: str | None = None) -> Principal:
         """The principal of a role by its logical id: an instance's agent when `instance_id` is given."""
         if instance_id is not None:
-            return self.instance(instance_id)
+            return self._as_instance(role, instance_id)
         names = {
             resource["Properties"]["Role"]["Fn::GetAtt"][0]: handler
             for handler, logical in self.handlers().items()
@@ -265,23 +265,41 @@ class StackIam:
         }
         return self.role(role, name=names.get(role, role))
 
-    def instance_role(self) -> str:
-        """The logical id of the role the launch templates' instance profile carries (the stack has
-        another profile, the runner image builds', which no launch template names)."""
-        (profile,) = {
-            template["Properties"]["LaunchTemplateData"]["IamInstanceProfile"]["Arn"]["Fn::GetAtt"][0]
-            for template in _of_type(self.resources, "AWS::EC2::LaunchTemplate")
-        }
-        (role,) = self.resources[profile]["Properties"]["Roles"]
-        return str(role["Ref"])
+    def instance_roles(self) -> dict[str, str]:
+        """Each launch template's logical id → the logical id of the role its instance profile carries (the
+        stack has another profile, the runner image builds', which no launch template names)."""
+        roles = {}
+        for logical, template in self.resources.items():
+            if template["Type"] != "AWS::EC2::LaunchTemplate":
+                continue
+            profile = template["Properties"]["LaunchTemplateData"].get("IamInstanceProfile", {}).get("Arn")
+            if profile is None:
+                continue
+            (role,) = self.resources[profile["Fn::GetAtt"][0]]["Properties"]["Roles"]
+            roles[logical] = str(role["Ref"])
+        return roles
 
-    def instance(self, instance_id: str) -> Principal:
-        """An instance's agent: the instance role, with the context keys EC2 adds to requests signed with
-        its credentials: ec2:SourceInstanceARN (SAR list_amazonec2.html, and the IAM User Guide's
+    def instance_role(self, launch_template: str | None = None) -> str:
+        """The logical id of the role an instance launched from `launch_template` (its local id) runs as, as
+        EC2 gives an instance its launch template's profile; without a template (an instance a test ran by
+        hand), the stack's one instance role, when it has only one."""
+        roles = self.instance_roles()
+        if launch_template is not None:
+            bound = {self.bindings.ref(logical): role for logical, role in roles.items()}
+            return bound[launch_template]
+        (role,) = set(roles.values())
+        return role
+
+    def instance(self, instance_id: str, launch_template: str | None = None) -> Principal:
+        """An instance's agent: its launch template's role, with the context keys EC2 adds to requests signed
+        with its credentials: ec2:SourceInstanceARN (SAR list_amazonec2.html, and the IAM User Guide's
         "AWS global condition context keys": the ARN of the instance the request came from)."""
+        return self._as_instance(self.instance_role(launch_template), instance_id)
+
+    def _as_instance(self, role_logical: str, instance_id: str) -> Principal:
         b = self.bindings
         arn = f"arn:{b.partition}:ec2:{b.region}:{b.account}:instance/{instance_id}"
-        role = self.role(self.instance_role(), name=f"instance {instance_id}")
+        role = self.role(role_logical, name=f"instance {instance_id}")
         return Principal(
             role.name, role.role_arn, role.statements, {**role.context, "ec2:SourceInstanceARN": arn}
         )
@@ -332,16 +350,10 @@ class StackIam:
 
     def launch_template_roles(self) -> dict[str, str]:
         """Each launch template's local id → the ARN of the role its instance profile passes."""
-        roles = {}
-        for logical, resource in self.resources.items():
-            if resource["Type"] != "AWS::EC2::LaunchTemplate":
-                continue
-            profile = resource["Properties"]["LaunchTemplateData"].get("IamInstanceProfile", {}).get("Arn")
-            if profile is None:
-                continue
-            (role,) = self.resources[profile["Fn::GetAtt"][0]]["Properties"]["Roles"]
-            roles[self.bindings.ref(logical)] = self.bindings.attribute(role["Ref"], "Arn")
-        return roles
+        return {
+            self.bindings.ref(logical): self.bindings.attribute(role, "Arn")
+            for logical, role in self.instance_roles().items()
+        }
 
     def function_statements(self) -> dict[str, tuple[Statement, ...]]:
         """Every function's statements by handler, for least-privilege checks."""

@@ -107,6 +107,7 @@ class InstanceRoot:
             "mqueue_dir": self.root / "dev/mqueue",
             "subordinate_id_files": (self.root / "etc/subuid", self.root / "etc/subgid"),
             "docker_socket": self.root / "var/run/docker.sock",
+            "passwd_file": self.root / "etc/passwd",
         }
         if self.cgroup_root is not None:
             values |= {"cgroup_root": self.cgroup_root, "job_cgroup": self.cgroup_name}
@@ -238,6 +239,11 @@ def _lay_out(instance: InstanceRoot, listener: str, runner_files: Mapping[str, b
     skeleton.mkdir(parents=True)
     for name, content in SKELETON.items():
         (skeleton / name).write_text(content)
+    # The instance's accounts: root and the runner account, as the boot's useradd leaves them
+    (root / "etc/passwd").write_text(
+        "root:x:0:0:root:/root:/bin/bash\n"
+        f"{account.pw_name}:x:{account.pw_uid}:{account.pw_gid}::{instance.home}:/bin/bash\n"
+    )
     # useradd --create-home, as the boot does: the skeleton copied, all of it the account's
     shutil.copytree(skeleton, instance.home)
     for path in (instance.home, *instance.home.iterdir()):

@@ -55,6 +55,9 @@ ENDED_EC2_STATES = ("shutting-down", "terminated")
 HALTED_EC2_STATES = ("stopping", "stopped")
 RUNNING_EC2_STATES = ("pending", "running")
 _EC2_BACKENDS = "moto.ec2.models:ec2_backends"
+LAUNCH_TEMPLATE_TAG = "aws:ec2launchtemplate:id"
+"""The tag EC2 puts on an instance launched from a launch template, naming it (EC2 User Guide, "Launch an
+instance from a launch template": "aws:ec2launchtemplate:id")."""
 POWERED_OFF = "powered-off"
 """The file the simulated `systemctl poweroff` leaves in the instance's directory."""
 _SYSTEMCTL = """#!/bin/sh
@@ -147,6 +150,9 @@ class SimulatedInstance:
     directory: Path
     launched_at: Epoch
     boot_at: Epoch
+    launch_template: str | None = None
+    """The local launch template EC2 launched it from (the `aws:ec2launchtemplate:id` tag EC2 adds): its
+    instance profile's role is what the agent's calls are checked against."""
     phase: Phase = Phase.LAUNCHED
     agent: subprocess.Popen[str] | None = field(default=None, repr=False)
     agent_thread: _AgentThread | None = field(default=None, repr=False)
@@ -248,6 +254,7 @@ class SimulatedInstances:
             region=REGION,
             account=ACCOUNT,
             instance_id=instance.instance_id,
+            launch_template=instance.launch_template,
             denials=str(instance.directory / IAM_DENIALS),
             usage_directory=os.environ.get(iam_check.USAGE_DIRECTORY_VARIABLE),
         )
@@ -304,6 +311,7 @@ class SimulatedInstances:
                         self._scratch / instance_id,
                         launched_at=now,
                         boot_at=now + self.settings.boot_delay(),
+                        launch_template=self._launch_template_of(instance_id),
                     )
                     self._timeline.record(Happening.LAUNCHED, instance_id, at=now)
             if instance is not None and state in ENDED_EC2_STATES and instance.phase is not Phase.ENDED:
@@ -321,6 +329,11 @@ class SimulatedInstances:
             elif instance.phase is Phase.BOOTED and (instance.directory / POWERED_OFF).exists():
                 # The instance powered itself off; its shutdown behaviour is terminate.
                 self._ec2.terminate_instances(InstanceIds=[instance.instance_id])
+
+    @staticmethod
+    def _launch_template_of(instance_id: str) -> str | None:
+        tags = resolve(_EC2_BACKENDS)[ACCOUNT][REGION].tags.get(instance_id, {})
+        return tags.get(LAUNCH_TEMPLATE_TAG)
 
     def _ec2_states(self) -> dict[str, str]:
         """The state of every instance with the stack's tag, read from the EC2 backend local AWS answers
@@ -506,6 +519,7 @@ class _AgentThread(threading.Thread):
         self.stopping = threading.Event()
         identity = InstanceIdentity(instance.instance_id, REGION, ACCOUNT)
         self._instance_id = instance.instance_id
+        self._launch_template = instance.launch_template
         self._agent = build_agent(
             settings,
             identity,
@@ -519,7 +533,7 @@ class _AgentThread(threading.Thread):
         )
 
     def run(self) -> None:
-        with acting_as_instance(self._instance_id):
+        with acting_as_instance(self._instance_id, self._launch_template):
             self._agent.run(self.stopping)
 
     def stop(self, timeout_seconds: float) -> None:
@@ -550,12 +564,12 @@ def collect_agent_denials(scratch: Path) -> None:
 
 
 @contextlib.contextmanager
-def acting_as_instance(instance_id: str) -> Iterator[None]:
+def acting_as_instance(instance_id: str, launch_template: str | None) -> Iterator[None]:
     check = iam_check.installed_check()
     if check is None:
         yield
         return
-    with check.acting_as(check.iam.instance(instance_id)):
+    with check.acting_as(check.iam.instance(instance_id, launch_template)):
         yield
 
 

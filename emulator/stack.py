@@ -342,8 +342,8 @@ class LocalStack:
 
     def create_instance_resources(self, *private_key_pems: str) -> None:
         """What instances are launched and handed runners with: pool queues, the runner credentials key,
-        a network, a launch template per architecture, and each GitHub App's private key (in the order of
-        the config's Apps)."""
+        a network, a launch template per architecture (and per architecture for the classes with Session
+        Manager, when some have it), and each GitHub App's private key (in the order of the config's Apps)."""
         ec2 = self._clients("ec2")
         github = self.config.github
         names = [app.private_key_secret_name for app in github.every_app] or [github.private_key_secret_name]
@@ -362,6 +362,9 @@ class LocalStack:
             subnet_ids=create_network(ec2),
             launch_templates=create_launch_templates(ec2, self.stack_name),
         )
+        if self.config.session_classes:
+            # The template's second set, whose profile carries the SSM agent's permissions.
+            self.give(session_launch_templates=create_launch_templates(ec2, f"{self.stack_name}-session"))
 
     def create_job_log_group(self) -> str:
         """The log group of job logs as the template declares it (the one its `JobLogGroupName` output

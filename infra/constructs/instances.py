@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -102,6 +102,14 @@ AGENT_ITEM_ATTRIBUTES = (
 """Every attribute the agent writes (StateTable.write_heartbeat and write_signal), and no other."""
 OWN_AGENT_PARTITION = schema.AGENT_PARTITION_PREFIX + SOURCE_INSTANCE_ARN
 """The partition key of the calling instance's agent's items: the only one the instance writes under."""
+SESSION_MANAGER_ACTIONS = (
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+)
+"""What the SSM agent calls to register the instance and carry a session (`_grant_session_manager`)."""
 
 
 @dataclass(frozen=True)
@@ -215,26 +223,11 @@ class Instances(Construct):
             description="runner-pool instances: no inbound traffic; outbound to GitHub, AWS and packages",
             allow_all_outbound=True,
         )
-        self.role = iam.Role(
-            self,
+        self._job_logs = job_logs
+        self.role = self._instance_role(
             "Role",
-            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
-            description="runner-pool instances: their own items, their own runner config, ending themselves",
-        )
-        self._grant_own_items(table)
-        self._grant_own_runner_config()
-        self._grant_self_termination()
-        self._grant_own_notices()
-        permissions.ship_job_logs(self.role, job_logs.arn)
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                sid="ReadAgentWheelhouses",
-                actions=["s3:GetObject"],
-                resources=[
-                    asset.bucket.arn_for_objects(asset.s3_object_key)
-                    for asset in self.wheelhouse_assets.values()
-                ],
-            )
+            "runner-pool instances: their own items, their own runner config, ending themselves",
+            table,
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
         self.image_parameters: Mapping[Arch, ssm.CfnParameter] = MappingProxyType(
@@ -244,9 +237,53 @@ class Instances(Construct):
             {arch: self._user_data_values(arch, settings, config, table, job_logs) for arch in Arch}
         )
         self.launch_templates: Mapping[Arch, ec2.LaunchTemplate] = MappingProxyType(
-            {arch: self._launch_template(arch, settings) for arch in Arch}
+            {arch: self._launch_template(arch, settings, self.instance_profile) for arch in Arch}
         )
-        Validations.of(self.role).acknowledge(
+        self.session_role: iam.Role | None = None
+        """The role of the classes an operator may open Session Manager sessions on (`resource_classes.<class>
+        .ssm`): the instance role and the SSM agent's permissions. None when no class has it."""
+        self.session_launch_templates: Mapping[Arch, ec2.LaunchTemplate] = MappingProxyType({})
+        if config.session_classes:
+            self.session_role = self._instance_role(
+                "SessionRole",
+                "runner-pool instances of classes with Session Manager: the instance role and the SSM agent",
+                table,
+            )
+            self._grant_session_manager(self.session_role)
+            profile = iam.InstanceProfile(self, "SessionInstanceProfile", role=self.session_role)
+            self.session_launch_templates = MappingProxyType(
+                {arch: self._launch_template(arch, settings, profile, prefix="Session") for arch in Arch}
+            )
+
+    @property
+    def roles(self) -> Sequence[iam.IRole]:
+        """Every role an instance of the stack runs as: what launching passes."""
+        return [self.role] + ([self.session_role] if self.session_role is not None else [])
+
+    @property
+    def every_launch_template(self) -> list[ec2.LaunchTemplate]:
+        return [*self.launch_templates.values(), *self.session_launch_templates.values()]
+
+    @property
+    def launch_environment(self) -> dict[str, dict[str, str | None]]:
+        """What a launching function is told of the templates: one per architecture, and those of the
+        classes with Session Manager (runner_pool/environment.py)."""
+        environment = {"launch_templates": _template_ids(self.launch_templates)}
+        if self.session_launch_templates:
+            environment["session_launch_templates"] = _template_ids(self.session_launch_templates)
+        return environment
+
+    def _instance_role(self, construct_id: str, description: str, table: dynamodb.ITable) -> iam.Role:
+        role = iam.Role(
+            self, construct_id, assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"), description=description
+        )
+        self._grant_own_items(role, table)
+        self._grant_own_runner_config(role)
+        self._grant_self_termination(role)
+        self._grant_own_notices(role)
+        permissions.ship_job_logs(role, self._job_logs.arn)
+        self.grant_read_wheelhouses(role)
+        Validations.of(role).acknowledge(
             Acknowledgment(
                 id=f"AwsSolutions-IAM5[Resource::{ANY_INSTANCE_FINDING}]",
                 reason=(
@@ -256,10 +293,51 @@ class Instances(Construct):
                 ),
             )
         )
+        return role
 
-    def _grant_own_items(self, table: dynamodb.ITable) -> None:
+    def grant_read_wheelhouses(self, role: iam.IRole) -> None:
+        """The agent's wheelhouses, which an instance (or an image build) installs the agent from."""
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ReadAgentWheelhouses",
+                actions=["s3:GetObject"],
+                resources=[
+                    asset.bucket.arn_for_objects(asset.s3_object_key)
+                    for asset in self.wheelhouse_assets.values()
+                ],
+            )
+        )
+
+    @staticmethod
+    def _grant_session_manager(role: iam.Role) -> None:
+        """What the SSM agent needs for Session Manager and nothing else of Systems Manager: the Systems
+        Manager User Guide's "Create a custom IAM role with permissions for Session Manager only"
+        (getting-started-create-iam-instance-profile.html), the same five actions as AWS's managed
+        AWSCloud9SSMInstanceProfile, on `*` as both write them. Not AmazonSSMManagedInstanceCore: no
+        ec2messages (Run Command's channel), no ssm:GetParameter(s), documents or associations, so an operator
+        with ssm:SendCommand still cannot run commands here. Session logging to S3 or CloudWatch, or KMS
+        encryption of sessions, would need more (that guide's optional statements); neither is set up."""
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="SessionManagerAgent",
+                actions=[*SESSION_MANAGER_ACTIONS],
+                resources=["*"],
+            )
+        )
+        Validations.of(role).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-IAM5[Resource::*]",
+                reason=(
+                    "Session Manager's agent actions (ssm:UpdateInstanceInformation, ssmmessages:*Channel) "
+                    "on *, as the Systems Manager User Guide's Session-Manager-only instance policy writes "
+                    "them; only the classes an operator set ssm on run with this role."
+                ),
+            )
+        )
+
+    def _grant_own_items(self, role: iam.Role, table: dynamodb.ITable) -> None:
         own_partitions = [SOURCE_INSTANCE_ARN, OWN_AGENT_PARTITION]
-        self.role.add_to_policy(
+        role.add_to_policy(
             iam.PolicyStatement(
                 sid="ReadOwnItems",
                 actions=["dynamodb:GetItem", "dynamodb:BatchGetItem"],
@@ -267,7 +345,7 @@ class Instances(Construct):
                 conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": own_partitions}},
             )
         )
-        self.role.add_to_policy(
+        role.add_to_policy(
             iam.PolicyStatement(
                 sid="WriteOwnHeartbeatAndSignal",
                 actions=["dynamodb:PutItem"],
@@ -281,8 +359,8 @@ class Instances(Construct):
             )
         )
 
-    def _grant_own_runner_config(self) -> None:
-        self.role.add_to_policy(
+    def _grant_own_runner_config(self, role: iam.Role) -> None:
+        role.add_to_policy(
             iam.PolicyStatement(
                 sid="DecryptOwnRunnerConfig",
                 actions=["kms:Decrypt"],
@@ -293,8 +371,8 @@ class Instances(Construct):
             )
         )
 
-    def _grant_own_notices(self) -> None:
-        self.role.add_to_policy(
+    def _grant_own_notices(self, role: iam.Role) -> None:
+        role.add_to_policy(
             iam.PolicyStatement(
                 sid="ReceiveOwnNotices",
                 actions=["sqs:ReceiveMessage", "sqs:DeleteMessage"],
@@ -304,7 +382,7 @@ class Instances(Construct):
                 },
             )
         )
-        Validations.of(self.role).acknowledge(
+        Validations.of(role).acknowledge(
             Acknowledgment(
                 id=f"AwsSolutions-IAM5[Resource::{self.notice_queues.finding}]",
                 reason=(
@@ -315,11 +393,11 @@ class Instances(Construct):
             )
         )
 
-    def _grant_self_termination(self) -> None:
+    def _grant_self_termination(self, role: iam.Role) -> None:
         stack = Stack.of(self)
         instance_arn = stack.format_arn(service="ec2", resource="instance", resource_name="*")
         own_arn = stack.format_arn(service="ec2", resource="instance", resource_name=TARGET_INSTANCE_ID)
-        self.role.add_to_policy(
+        role.add_to_policy(
             iam.PolicyStatement(
                 sid="TerminateSelf",
                 actions=["ec2:TerminateInstances"],
@@ -399,12 +477,14 @@ class Instances(Construct):
             block_imds_from_jobs="true" if settings.block_imds_from_jobs else "false",
         )
 
-    def _launch_template(self, arch: Arch, settings: InstanceSettings) -> ec2.LaunchTemplate:
+    def _launch_template(
+        self, arch: Arch, settings: InstanceSettings, profile: iam.InstanceProfile, prefix: str = ""
+    ) -> ec2.LaunchTemplate:
         parameter = self.image_parameters[arch]
         user_data = render_user_data(self.user_data_values[arch])
         template = ec2.LaunchTemplate(
             self,
-            f"LaunchTemplate-{arch.value}",
+            f"{prefix}LaunchTemplate-{arch.value}",
             # Resolved by EC2 at each launch, so a new image is used from the moment the pipeline writes
             # it (instant fleets take it: "resolve:ssm:" in the EC2 API Reference's
             # FleetLaunchTemplateOverridesRequest ImageId, "only available for fleets of type instant").
@@ -413,7 +493,7 @@ class Instances(Construct):
                 os=ec2.OperatingSystemType.LINUX,
             ),
             user_data=ec2.UserData.custom(user_data),
-            instance_profile=self.instance_profile,
+            instance_profile=profile,
             security_group=self.security_group,
             http_endpoint=True,
             http_tokens=ec2.LaunchTemplateHttpTokens.REQUIRED,
@@ -438,3 +518,7 @@ class Instances(Construct):
         # EC2 checks the parameter when the template is created, so it must exist first.
         template.node.add_dependency(parameter)
         return template
+
+
+def _template_ids(templates: Mapping[Arch, ec2.LaunchTemplate]) -> dict[str, str | None]:
+    return {arch.value: template.launch_template_id for arch, template in templates.items()}

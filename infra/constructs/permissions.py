@@ -297,7 +297,7 @@ def launch_instances(
     grantee: lambda_.Function,
     *,
     launch_templates: Sequence[ec2.ILaunchTemplate],
-    instance_role: iam.IRole,
+    instance_roles: Sequence[iam.IRole],
     image_parameter_arns: Sequence[str],
     volume_key: kms.IKey | None,
     images: str = "*",
@@ -305,7 +305,7 @@ def launch_instances(
     """One instant CreateFleet (and the RunInstances it makes) from the stack's launch templates.
 
     The fleet, instances, volumes and interfaces are new, so their ARNs end in `*`; the launch
-    templates are named one by one, the role passed is the instance role alone, and tags may only
+    templates are named one by one, the roles passed are the instance roles alone, and tags may only
     be written as part of the launch. The templates' AMIs are SSM parameters EC2 resolves with the
     caller's permissions (`image_parameter_arns`, infra/constructs/instances.py).
     """
@@ -331,7 +331,8 @@ def launch_instances(
             conditions={"StringEquals": {"ec2:CreateAction": ["CreateFleet", "RunInstances"]}},
         )
     )
-    instance_role.grant_pass_role(grantee.grant_principal)
+    for role in instance_roles:
+        role.grant_pass_role(grantee.grant_principal)
     _allow(grantee, ["ssm:GetParameters"], list(image_parameter_arns))
     use_volume_key(grantee, volume_key)
     acknowledge_wildcards(

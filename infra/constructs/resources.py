@@ -28,22 +28,16 @@ class StackResources:
     """The token function, the one reader of the App's key (infra/constructs/github_tokens.py)."""
 
     def launch_environment(self) -> dict[str, object]:
-        """What a function that launches runner instances reads: the subnets, and each architecture's
-        launch template."""
-        return {
-            "subnet_ids": self.config.network.subnet_ids,
-            "launch_templates": {
-                arch.value: template.launch_template_id
-                for arch, template in self.instances.launch_templates.items()
-            },
-        }
+        """What a function that launches runner instances reads: the subnets, and the launch templates
+        (one per architecture, and those of the classes with Session Manager)."""
+        return {"subnet_ids": self.config.network.subnet_ids, **self.instances.launch_environment}
 
     def grant_launches(self, function: lambda_.Function) -> None:
-        """CreateFleet from the stack's launch templates, with the instance role and its images."""
+        """CreateFleet from the stack's launch templates, with the instance roles and their images."""
         permissions.launch_instances(
             function,
-            launch_templates=list(self.instances.launch_templates.values()),
-            instance_role=self.instances.role,
+            launch_templates=self.instances.every_launch_template,
+            instance_roles=self.instances.roles,
             image_parameter_arns=self.instances.image_parameter_arns,
             volume_key=self.instances.volume_key,
         )

@@ -246,16 +246,7 @@ class RunnerImage(Construct):
                 resources=[logs, f"{logs}:*"],
             )
         )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="ReadAgentWheelhouses",
-                actions=["s3:GetObject"],
-                resources=[
-                    asset.bucket.arn_for_objects(asset.s3_object_key)
-                    for asset in instances.wheelhouse_assets.values()
-                ],
-            )
-        )
+        instances.grant_read_wheelhouses(role)
         Validations.of(role).acknowledge(
             Acknowledgment(
                 id=MANAGED_POLICY_ACKNOWLEDGED.format(name="AmazonSSMManagedInstanceCore"),

@@ -1,5 +1,6 @@
-"""The operator CLI, `runner-pool status|instances|pool|drain|doctor|job|logs`: a deployed pool, from its
-table, queues, and (doctor) its App and account; (job) one job's story; (logs) its hand-over's lines.
+"""The operator CLI, `runner-pool status|instances|pool|drain|doctor|job|logs|connect`: a deployed pool,
+from its table, queues, and (doctor) its App and account; (job) one job's story; (logs) its hand-over's
+lines; (connect) a shell on its instance.
 
 It finds the state table and the pool queues (one per class, usage and architecture) through the
 stack's outputs (`--stack`, default
@@ -9,6 +10,8 @@ the idle instances of one class: their pool messages go stale, and the next refr
 (runner_pool/checkup.py), and exits 1 when something would stop jobs. `job URL` tells what happened to
 the job a GitHub job (or run) URL names, in order, from the stack's records (runner_pool/job_command.py);
 `logs URL` prints what its instance's agent and runner logged of its hand-over (runner_pool/logs_command.py).
+`connect URL|INSTANCE` starts (or prints) a Session Manager session on that job's instance, when its class
+lets Session Manager in (runner_pool/connect_command.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from runner_pool import job_command, logs_command
+from runner_pool import connect_command, job_command, logs_command
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.state_table import StateTable
@@ -316,6 +319,18 @@ def parser() -> argparse.ArgumentParser:
     )
     lines.add_argument("url", metavar="URL", help="https://github.com/OWNER/REPO/actions/runs/RUN[/job/JOB]")
     lines.add_argument("--json", action="store_true", help="one JSON document, for scripts")
+    session = commands.add_parser(
+        "connect",
+        help="a Session Manager shell on a job's instance, when its class has ssm on (README, Security)",
+    )
+    session.add_argument("target", metavar="URL|INSTANCE", help="a job's or run's URL, or an instance id")
+    session.add_argument(
+        "--print",
+        action="store_true",
+        dest="print_only",
+        help="print the `aws ssm start-session` command instead of starting it (the default without the "
+        "session-manager-plugin)",
+    )
     return root
 
 
@@ -339,7 +354,7 @@ def main(
             print(f"runner-pool: {error}", file=sys.stderr)
             return 1
         return doctor(target, lambda service: make(service, arguments.region), out or sys.stdout, manifest)
-    if arguments.command in ("job", "logs"):
+    if arguments.command in ("job", "logs", "connect"):
         return _job(arguments, lambda service: make(service, arguments.region), clock, out)
     try:
         deployment = Deployment.of_stack(arguments.stack, make("cloudformation", arguments.region))
@@ -367,6 +382,15 @@ def _job(
     except job_command.JobTargetNotFoundError as error:
         print(f"runner-pool: {error}", file=sys.stderr)
         return 1
+    if arguments.command == "connect":
+        return connect_command.connect(
+            found,
+            arguments.target,
+            clients,
+            clock or SystemClock(),
+            out or sys.stdout,
+            print_only=arguments.print_only,
+        )
     command = job_command.job if arguments.command == "job" else logs_command.logs
     return command(
         found, arguments.url, clients, clock or SystemClock(), out or sys.stdout, as_json=arguments.json

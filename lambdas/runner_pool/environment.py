@@ -42,6 +42,9 @@ class ControlPlaneSettings(BaseSettings):
     subnet_ids: tuple[str, ...] = ()
     launch_templates: dict[Arch, str] = Field(default_factory=dict)
     """Launch template id per architecture."""
+    session_launch_templates: dict[Arch, str] = Field(default_factory=dict)
+    """Launch template id per architecture for the classes with Session Manager (`resource_classes.<class>
+    .ssm`), whose instance profile carries the SSM agent's permissions; empty when no class has it."""
     provision_state_machine_arn: str | None = None
     release_state_machine_arn: str | None = None
     follow_up_state_machine_arn: str | None = None

@@ -105,9 +105,7 @@ def told(target: JobTarget, url: str, clients: Callable[[str], Any], clock: Cloc
     except ValueError as error:
         print(f"runner-pool: {error}", file=sys.stderr)
         return 2
-    with ExitStack() as opened:
-        github, unread = _github(target, clients, opened)
-        stories = _stories(target, ref, clients=clients, clock=clock, github=github, unread=unread)
+    stories, unread = stories_of(target, ref, clients, clock)
     if stories is None:
         print(
             f"runner-pool: the jobs of run {ref.run_id} are listed by GitHub only: {unread}", file=sys.stderr
@@ -123,6 +121,28 @@ def job_url(url: str, ref: JobRef) -> str:
     return f"{base}/actions/runs/{ref.run_id}/job/{ref.job_id}"
 
 
+def stories_of(
+    target: JobTarget, ref: JobRef, clients: Callable[[str], Any], clock: Clock
+) -> tuple[list[Story] | None, str | None]:
+    """The story of the job `ref` names, or of each job of its run (None when the run's jobs are unknown),
+    and why GitHub could not be asked, if it could not."""
+    with ExitStack() as opened:
+        github, unread = _github(target, clients, opened)
+        return _stories(target, ref, clients=clients, clock=clock, github=github, unread=unread), unread
+
+
+def state_table(target: JobTarget, clients: Callable[[str], Any], clock: Clock) -> StateTable:
+    """The state table, for reading records only: no transition depends on the timeouts' values."""
+    dynamodb = clients("dynamodb")
+    return StateTable(
+        target.sources.state_table,
+        Timeouts(),
+        clock,
+        dynamodb,
+        arns=InstanceArns.of_caller(dynamodb, clients("sts")),
+    )
+
+
 def _stories(
     target: JobTarget,
     ref: JobRef,
@@ -136,14 +156,7 @@ def _stories(
     dynamodb = clients("dynamodb")
     records = JobRecords(
         target.sources,
-        # The story reads records only: no transition depends on the timeouts' values.
-        StateTable(
-            target.sources.state_table,
-            Timeouts(),
-            clock,
-            dynamodb,
-            arns=InstanceArns.of_caller(dynamodb, clients("sts")),
-        ),
+        state_table(target, clients, clock),
         dynamodb,
         clients("stepfunctions"),
         clock,

@@ -146,6 +146,11 @@ class ControlPlane:
             },
             stack_tag_key=STACK_TAG_KEY,
             stack_tag_value=self.settings.stack_name,
+            session_templates={
+                arch: LaunchTemplate(template)
+                for arch, template in self.settings.session_launch_templates.items()
+            },
+            session_classes=self.config.session_classes,
         )
         return Fleet(setup, self.client("ec2"))
 

@@ -138,6 +138,29 @@ def test_an_instance_whose_scrub_left_something_refuses_every_later_run(
     assert refused.reason.startswith("not registering: the scrub left: files of the runner account")
 
 
+def test_an_instance_an_operator_opened_a_session_on_while_it_was_idle_serves_no_later_run(
+    control_plane: ControlPlane, agents: AgentFactory, instance: InstanceRoot
+) -> None:
+    # Given an instance that served RUN and was scrubbed clean, back in the pool
+    control_plane.launch_for_pool()
+    agents.start(**instance.settings())
+    control_plane.claim(RUN, jit_config_holding("s1"))
+    control_plane.await_signal(Signal.UD_REG_OK, RUN)
+    control_plane.activate(RUN)
+    control_plane.release(RUN)
+    control_plane.await_signal(Signal.UD_REMOVE_REG_OK, RUN)
+
+    # When an operator opens a Session Manager session on it (the SSM agent adds its account)
+    with instance.path("etc/passwd").open("a") as accounts:
+        accounts.write("ssm-user:x:1001:1001::/home/ssm-user:/bin/bash\n")
+
+    # Then, claimed again, it starts no runner and says why
+    control_plane.claim(NEXT_RUN, jit_config_holding("s2"))
+    refused = control_plane.await_signal(Signal.UD_REG_FAILED, NEXT_RUN)
+    assert refused.reason is not None
+    assert refused.reason.startswith("not registering: an operator's Session Manager session ran here")
+
+
 def test_an_instance_whose_runner_is_not_as_installed_fails_its_boot(
     control_plane: ControlPlane, agents: AgentFactory, instance: InstanceRoot
 ) -> None:

@@ -235,6 +235,25 @@ def test_a_runner_account_that_may_use_the_docker_socket_refuses_the_instance(
     ]
 
 
+def test_an_operators_session_during_the_job_refuses_the_instance(
+    instance: InstanceRoot, docker: FakeDocker
+) -> None:
+    # Given a clean instance, whose scrub finds no operator's session
+    scrub = scrub_of(instance, docker)
+    assert scrub.operator_session() is None
+    # And an operator who opened a Session Manager session on it while its job ran (the SSM agent made
+    # its account)
+    with instance.path("etc/passwd").open("a") as accounts:
+        accounts.write("ssm-user:x:1001:1001::/home/ssm-user:/bin/bash\n")
+
+    # When the scrub runs after the job / Then the instance is refused: a root shell no scrub can undo
+    report = scrub_of(instance, docker).run(session_id=None)
+    assert report.left == [
+        "an operator's Session Manager session ran here (the account ssm-user exists), so the instance "
+        "is not reused"
+    ]
+
+
 def test_a_docker_socket_the_runner_account_cannot_use_is_no_reason_to_refuse(
     instance: InstanceRoot, docker: FakeDocker
 ) -> None:

@@ -44,7 +44,7 @@ CUSTOM_SETTINGS: dict[str, Any] = {
     },
     "resource_classes": {
         "small": {"cpu": 1, "memory_mib": 2048},
-        "build-farm": {"cpu": 48, "memory_mib": 96 * 1024},
+        "build-farm": {"cpu": 48, "memory_mib": 96 * 1024, "ssm": True},
     },
     "defaults": {"resource_class": "small"},
     "timeouts": {"idle_seconds": 3600},
@@ -54,8 +54,8 @@ CUSTOM_SETTINGS: dict[str, Any] = {
         "ebs_kms_key_arn": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
     },
 }
-"""An operator's own Apps (two), class list, idle time, workflow type, alarm address and EBS key: unlike the
-defaults in every respect."""
+"""An operator's own Apps (two), class list (one with Session Manager), idle time, workflow type, alarm address
+and EBS key: unlike the defaults in every respect."""
 
 
 @dataclass(frozen=True)

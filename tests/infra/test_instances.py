@@ -25,9 +25,11 @@ from aws_cdk.assertions import Template
 from constructs import IConstruct
 
 from infra.agent_wheelhouse import BOOT_PYTHONS
+from infra.constructs.functions import HANDLERS_PACKAGE
 from infra.constructs.instances import (
     AGENT_ITEM_ATTRIBUTES,
     PLACEHOLDER,
+    SESSION_MANAGER_ACTIONS,
     SOURCE_INSTANCE_ARN,
     USER_DATA_TEMPLATE,
     Instances,
@@ -47,6 +49,7 @@ from runner_pool.domain.instance_settings import (
 from runner_pool.domain.records import Arch, Signal
 from tests.conftest import TABLE_NAME
 from tests.infra.synthesis import Synthesis
+from tests.infra.test_permissions import statements
 from tests.support import builders
 
 ROLE = "AWS::IAM::Role"
@@ -457,6 +460,81 @@ def test_launch_templates_use_the_instance_profile_and_a_closed_security_group(s
         # And every template launches with the instance profile and that group alone
         assert data["IamInstanceProfile"] == {"Arn": {"Fn::GetAtt": [profile, "Arn"]}}, arch
         assert data["SecurityGroupIds"] == [{"Fn::GetAtt": [group_id, "GroupId"]}], arch
+
+
+def roles_of_profile(synthesis: Synthesis, data: Mapping[str, Any]) -> list[Any]:
+    """The roles a launch template's instance profile carries."""
+    profile = data["IamInstanceProfile"]["Arn"]["Fn::GetAtt"][0]
+    return list(synthesis.resources[profile]["Properties"]["Roles"])
+
+
+def statements_of(synthesis: Synthesis, role: str) -> list[Mapping[str, Any]]:
+    return [
+        statement
+        for policy in synthesis.template.find_resources(POLICY).values()
+        if {"Ref": role} in policy["Properties"]["Roles"]
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def test_only_the_classes_with_session_manager_launch_with_the_ssm_agents_permissions(
+    synthesis: Synthesis, custom_synthesis: Synthesis
+) -> None:
+    # Given a stack whose one class `build-farm` sets ssm, and the default stack, where no class does
+    stack, instances = custom_synthesis.stack, custom_synthesis.stack.instances
+    assert custom_synthesis.config.session_classes == {"build-farm"}
+    assert synthesis.config.session_classes == frozenset()
+    assert synthesis.stack.instances.session_role is None
+    assert not synthesis.stack.instances.session_launch_templates
+
+    # When each launch template's profile is followed to its role
+    plain = {
+        arch: roles_of_profile(custom_synthesis, data)
+        for arch, data in launch_template_data(stack, custom_synthesis.template, instances).items()
+    }
+    resources = custom_synthesis.template.find_resources(LAUNCH_TEMPLATE)
+    session = {
+        arch: roles_of_profile(
+            custom_synthesis, resources[logical_id(stack, template)]["Properties"]["LaunchTemplateData"]
+        )
+        for arch, template in instances.session_launch_templates.items()
+    }
+
+    # Then every architecture has both templates, the session ones carrying the session role alone
+    assert instances.session_role is not None
+    session_role = logical_id(stack, instances.session_role)
+    runner_role = logical_id(stack, instances.role)
+    assert set(session) == set(plain) == set(Arch)
+    assert all(roles == [{"Ref": session_role}] for roles in session.values())
+    assert all(roles == [{"Ref": runner_role}] for roles in plain.values())
+    # And the session role is the instance role and the five Session Manager actions, nothing of Run Command
+    session_actions = {a for s in statements_of(custom_synthesis, session_role) for a in actions(s)}
+    assert session_actions == EXPECTED_ACTIONS | set(SESSION_MANAGER_ACTIONS)
+    assert not any(a.startswith("ec2messages:") for a in session_actions)
+    # And the instance role of every other class, in either stack, has none of them
+    for synthesized in (synthesis, custom_synthesis):
+        role = logical_id(synthesized.stack, synthesized.stack.instances.role)
+        assert {a for s in statements_of(synthesized, role) for a in actions(s)} == EXPECTED_ACTIONS
+    # And the functions that launch are told both sets of templates, and may pass both roles
+    for handler in ("provision.create", "refresh.refresh"):
+        (function,) = [
+            r
+            for r in custom_synthesis.resources.values()
+            if r["Type"] == "AWS::Lambda::Function"
+            and r["Properties"]["Handler"] == f"{HANDLERS_PACKAGE}.{handler}"
+        ]
+        assert {"RUNNER_POOL_LAUNCH_TEMPLATES", "RUNNER_POOL_SESSION_LAUNCH_TEMPLATES"} <= set(
+            function["Properties"]["Environment"]["Variables"]
+        ), handler
+        passed = [
+            flat(resource)
+            for s in statements(custom_synthesis, handler)
+            if "iam:PassRole" in actions(s)
+            for resource in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]])
+        ]
+        assert sorted(passed) == sorted(
+            f"<Fn::GetAtt {json.dumps([role, 'Arn'])}>" for role in (runner_role, session_role)
+        ), handler
 
 
 def test_the_runner_credentials_key_rotates(synthesis: Synthesis) -> None:

@@ -304,6 +304,31 @@ def test_an_arch_without_a_template_is_refused_before_any_call(
     assert stubbed.fleets_sent() == []
 
 
+def test_a_class_with_session_manager_launches_from_its_own_templates_and_no_other(
+    stubbed: StubbedEc2, config: StackConfig
+) -> None:
+    # Given a stack whose class xlarge has Session Manager, with its own template per architecture
+    setup = FleetSetup(
+        SUBNETS,
+        {Arch.X64: LaunchTemplate("lt-x64")},
+        *STACK_TAG,
+        session_templates={Arch.X64: LaunchTemplate("lt-session-x64")},
+        session_classes=frozenset({"xlarge"}),
+    )
+    fleet = Fleet(setup, stubbed.client)
+    # When a job of xlarge and one of large are launched
+    session = fleet.fleet_request(request_for(config, "pool=42/class=xlarge/arch=x64"))
+    plain = fleet.fleet_request(request_for(config, "pool=43/class=large/arch=x64"))
+    # Then each takes its class's template: the SSM agent's permissions reach xlarge's instances only
+    assert session["LaunchTemplateConfigs"][0]["LaunchTemplateSpecification"]["LaunchTemplateId"] == (
+        "lt-session-x64"
+    )
+    assert plain["LaunchTemplateConfigs"][0]["LaunchTemplateSpecification"]["LaunchTemplateId"] == "lt-x64"
+    # And an architecture with no session template is refused for that class, not launched without it
+    with pytest.raises(NoLaunchTemplateError, match=r"arch=arm64"):
+        fleet.launch(request_for(config, "pool=44/class=xlarge/arch=arm64"))
+
+
 def test_instances_and_volumes_are_tagged_with_the_stack_the_class_the_run_and_the_launch(
     fleet: Fleet, stubbed: StubbedEc2, config: StackConfig
 ) -> None:

@@ -126,6 +126,9 @@ class FleetSetup:
     templates: Mapping[Arch, LaunchTemplate]
     stack_tag_key: str
     stack_tag_value: str
+    session_templates: Mapping[Arch, LaunchTemplate] = field(default_factory=dict)
+    """The templates of the classes an operator may open Session Manager sessions on."""
+    session_classes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.subnet_ids:
@@ -133,10 +136,13 @@ class FleetSetup:
         if len(set(self.subnet_ids)) != len(self.subnet_ids):
             raise ValueError(f"subnets are listed twice: {self.subnet_ids}")
 
-    def template_for(self, arch: Arch) -> LaunchTemplate:
-        template = self.templates.get(arch)
+    def template_for(self, arch: Arch, resource_class: str) -> LaunchTemplate:
+        """A class with Session Manager launches from its own templates, whose profile the SSM agent can use;
+        with none deployed it is not launched from the others, whose instances no session could reach."""
+        templates = self.session_templates if resource_class in self.session_classes else self.templates
+        template = templates.get(arch)
         if template is None:
-            raise NoLaunchTemplateError(arch, self.templates)
+            raise NoLaunchTemplateError(arch, templates)
         return template
 
 
@@ -241,7 +247,7 @@ class Fleet:
 
     def fleet_request(self, request: LaunchRequest) -> CreateFleetRequestTypeDef:
         """The CreateFleet parameters for a request; a pure function of the request and the setup."""
-        template = self._setup.template_for(request.arch)
+        template = self._setup.template_for(request.arch, request.resource_class)
         requirements = _requirements(request)
         tags = self._tags(request)
         params: CreateFleetRequestTypeDef = {

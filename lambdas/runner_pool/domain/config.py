@@ -77,6 +77,10 @@ class ResourceClass(Settings):
 
     cpu: int = Field(gt=0, description="vCPUs")
     memory_mib: int = Field(gt=0, description="memory in MiB")
+    ssm: bool = False
+    """Whether an operator may open Session Manager sessions on the class's instances (`runner-pool
+    connect`). Off by default: it gives the class's instance role the SSM agent's permissions, which a job
+    that gains root on the instance can use too (README, Security model)."""
 
 
 DEFAULT_RESOURCE_CLASSES: dict[str, ResourceClass] = {
@@ -357,6 +361,11 @@ class StackConfig(Settings):
             for setting, (value, what) in required.items()
             if not value
         ]
+
+    @property
+    def session_classes(self) -> frozenset[str]:
+        """The classes whose instances run with the instance role that Session Manager can reach."""
+        return frozenset(name for name, resource_class in self.resource_classes.items() if resource_class.ssm)
 
     def warm_minimum(self, resource_class: str, now: Epoch) -> int:
         """Idle instances of a class refresh keeps at `now`: its schedule's window then, if any."""
