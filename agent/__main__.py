@@ -38,6 +38,7 @@ def main() -> int:
         kms=aws_clients.client("kms", session),
         ec2=aws_clients.client("ec2", session),
         sqs=aws_clients.long_poll_client("sqs", settings.notice_wait_seconds, session),
+        logs=aws_clients.client("logs", session),
         log=log,
     )
     stop = threading.Event()

@@ -37,6 +37,7 @@ from agent.heartbeat import Heartbeat
 from agent.imds import InstanceIdentity
 from agent.jit_config import runner_files
 from agent.log import EventLog
+from agent.log_shipping import LogShipper, diag_events
 from agent.memory import MemoryFile
 from agent.notices import NoticeListener, Wakeup
 from agent.outbox import Outbox
@@ -68,6 +69,7 @@ class Agent:
         clock: Clock,
         log: EventLog,
         notices: NoticeListener | None = None,
+        shipper: LogShipper | None = None,
     ) -> None:
         self._identity = identity
         self._settings = settings
@@ -79,6 +81,7 @@ class Agent:
         self._clock = clock
         self._log = log
         self._notices = notices
+        self._shipper = shipper
         self._wakeup = Wakeup()
         self._outbox = Outbox(records, identity.instance_id, memory, log)
         self._runner: RunnerProcess | None = None
@@ -108,6 +111,8 @@ class Agent:
             self._log,
         )
         heartbeat.start()
+        if self._shipper is not None:
+            self._shipper.start()
         self._wakeup.wake_on(stop)
         if self._notices is not None:
             self._notices.start(stop, self._wakeup)
@@ -124,6 +129,8 @@ class Agent:
             if self._runner is not None and self._runner.running:
                 self._runner.stop(self._settings.stop_timeout_seconds)
             self._log.info("agent stopped")
+            if self._shipper is not None:
+                self._shipper.close(self._settings.log_flush_seconds)
 
     def boot(self) -> None:
         """Check the clock and run the pre-runner script once per instance; signal UD_OK or UD_FAILED."""
@@ -267,13 +274,18 @@ class Agent:
             return
         self._exit_reported = True
         reason = "the runner exited before it took a job"
-        self._log.bind(run_key=serving).warning(reason)
+        self._hand_over_log(serving).warning(reason)
         self._outbox.send(Signal.UD_REG_FAILED, serving, reason)
+
+    def _hand_over_log(self, run_key: str, runner_id: int | None = None) -> EventLog:
+        """The log of one hand-over: every line carries its run key and its runner's id, which tell one
+        job's lines from the next one's on this instance (domain/job_logs.py)."""
+        return self._log.bind(run_key=run_key, runner_id=runner_id or self._memory.current.serving_runner_id)
 
     def _register(
         self, run_key: str, runner_id: int | None, stored_config: Callable[[], StoredConfig | None]
     ) -> None:
-        log = self._log.bind(run_key=run_key)
+        log = self._hand_over_log(run_key, runner_id)
         memory = self._memory.current
         refusal = memory.boot_failure or memory.scrub_failure or self._scrub.operator_session()
         if refusal is not None:
@@ -305,6 +317,7 @@ class Agent:
         self._memory.update(
             serving_run_key=run_key, used_config_id=config.config_id, serving_runner_id=config.runner_id
         )
+        log = self._hand_over_log(run_key, config.runner_id)
         self._exit_reported = False
         waited = None if config.stored_at is None else round(self._clock.now() - config.stored_at, 3)
         # How long the config waited for this agent: the notice's worth, readable in every instance's log.
@@ -338,13 +351,14 @@ class Agent:
         self._outbox.send(Signal.UD_REG_OK, run_key)
 
     def _release(self, run_key: str) -> None:
-        log = self._log.bind(run_key=run_key)
+        log = self._hand_over_log(run_key)
         log.info("run key released; cleaning up")
         session = None
         if self._runner is not None:
             self._runner.stop(self._settings.stop_timeout_seconds)
             session = self._runner.session_id
             self._runner = None
+        self._ship_runner_logs(run_key, log)
         report = self._scrub.run(session)
         if not report.clean:
             reason = report.reason()
@@ -359,6 +373,25 @@ class Agent:
         )
         self._memory.update(serving_run_key=None, serving_runner_id=None)
         self._outbox.send(Signal.UD_REMOVE_REG_OK, run_key)
+
+    def _ship_runner_logs(self, run_key: str, log: EventLog) -> None:
+        """The runner's diagnostic lines of this hand-over, sent before the scrub empties `_diag`: waited
+        for at most `log_flush_seconds`, so an unreachable CloudWatch Logs never holds the scrub up."""
+        if self._shipper is None:
+            return
+        identity = {"run_key": run_key, "runner_id": self._memory.current.serving_runner_id}
+        diag = self._scrub.runner.directory / "_diag"
+        events, unread = diag_events(diag, identity, self._clock.now())
+        self._shipper.runner_lines(events)
+        sent = self._shipper.flush(self._settings.log_flush_seconds)
+        log.info(
+            "runner's diagnostic logs shipped"
+            if sent
+            else "runner's diagnostic logs not all shipped in time",
+            diag_lines=len(events),
+            diag_bytes_unread=unread,
+            log_lines_dropped=self._shipper.dropped,
+        )
 
     def _stop_quarantined(self) -> None:
         """Stop the runner, and with it the foreign job, at once; no scrub, no receipt, no runner again:

@@ -42,6 +42,15 @@ class AgentSettings(BaseSettings):
     """How long the agent waits for a record of its instance before it concludes nobody owns it."""
     retention_days: int = Field(7, gt=0)
 
+    log_group_name: str | None = None
+    """The stack's log group of job logs (domain/job_logs.py): the agent ships its lines and the runner's
+    diagnostic logs there. Unset, nothing leaves the instance's journal."""
+    log_ship_period_seconds: float = Field(5, gt=0)
+    """How often the agent's lines are sent: a PutLogEvents call per stream at most every period."""
+    log_flush_seconds: float = Field(10, ge=0)
+    """How long a release waits for the runner's diagnostic lines to be sent before its scrub goes on
+    anyway (well inside the control plane's release receipt timeout, 120 s by default)."""
+
     runner_dir: Path = Path("/opt/actions-runner")
     runner_program: Path | None = None
     """The runner's start script; `run.sh` in the runner directory unless set."""

@@ -8,12 +8,14 @@ from typing import Any
 from agent.docker import Docker
 from agent.imds import InstanceIdentity
 from agent.log import EventLog
+from agent.log_shipping import LogShipper
 from agent.loop import Agent
 from agent.memory import MemoryFile
 from agent.notices import NoticeListener
 from agent.scrub import build_scrub
 from agent.settings import AgentSettings
 from agent.termination import SelfTermination, power_off
+from runner_pool.adapters.job_logs import JobLogStreams
 from runner_pool.adapters.runner_credentials import RunnerCredentials
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain import notices
@@ -30,16 +32,27 @@ def build_agent(
     ec2: Any,
     log: EventLog,
     sqs: Any = None,
+    logs: Any = None,
     clock: Clock | None = None,
     poweroff: Callable[[], None] = power_off,
     docker: Callable[[], Docker | None] | None = None,
 ) -> Agent:
     """Without `sqs` (or a notice queue prefix in the settings), the agent hears of changes only by
-    reading its record every watch period."""
+    reading its record every watch period; without `logs` (or a log group in the settings), its lines and
+    the runner's stay on the instance."""
     clock = clock or SystemClock()
     # Of the timeouts, the agent's writes use only the retention (the TTL of its items).
     timeouts = Timeouts(terminated_retention_days=settings.retention_days)
     log = log.bind(instance_id=identity.instance_id)
+    shipper = None
+    if logs is not None and settings.log_group_name:
+        shipper = LogShipper(
+            JobLogStreams(settings.log_group_name, logs),
+            identity.instance_id,
+            log,
+            period_seconds=settings.log_ship_period_seconds,
+        )
+        log = log.shipping_to(shipper.agent_line)
     return Agent(
         identity=identity,
         settings=settings,
@@ -60,6 +73,7 @@ def build_agent(
         clock=clock,
         log=log,
         notices=_notices(settings, identity, sqs, log),
+        shipper=shipper,
     )
 
 

@@ -90,6 +90,8 @@ class Deployment:
     """An uncounted client, for looking at executions."""
     policy_check: iam_check.PolicyCheck
     """Every AWS call of the Lambdas and in-process agents, checked against the synthesized IAM policies."""
+    job_log_group: str
+    """Where the instances' agents ship their lines and the runner's (infra/constructs/job_logs.py)."""
 
     @property
     def ec2(self) -> FleetEc2:
@@ -164,6 +166,7 @@ def deploy(
     stack.create_state_table()
     stack.create_instance_resources(app.private_key_pem, *(more.private_key_pem for more in more_apps))
     stack.create_ingress_resources(webhook_secret, *(secrets.token_hex(20) for _ in more_apps))
+    job_log_group = stack.create_job_log_group()
     for machine in MACHINES:
         stack.create_state_machine(machine)
     unset = {name: stack.missing(name) for name in stack.template.function_names() if stack.missing(name)}
@@ -279,6 +282,7 @@ def deploy(
                 ec2_events,
                 aws.client("stepfunctions"),
                 check,
+                job_log_group,
             )
     finally:
         github_app.close()

@@ -429,3 +429,28 @@ def _create_fleet(params: Mapping[str, Any], world: Lookups) -> list[Authorizati
         for kind in sorted(tagged)
     ]
     return requests
+
+
+# --- CloudWatch Logs -------------------------------------------------------------------------------
+# SAR list_amazoncloudwatchlogs.html: CreateLogStream and PutLogEvents authorize the log stream,
+# `arn:<p>:logs:<region>:<account>:log-group:<group>:log-stream:<stream>` (earlier versions of the page gave
+# CreateLogStream the log group; a grant on `log-group:<group>:*`, as the CloudWatch Logs User Guide's
+# "Overview of managing access permissions" writes a group's ARN for IAM policies, covers both);
+# FilterLogEvents and GetLogEvents authorize the log group, `log-group:<group>`.
+
+
+def _log_stream_call(action: str) -> Row:
+    def row(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
+        group, stream = params["logGroupName"], params["logStreamName"]
+        return [Authorization(action, _arn(world, "logs", f"log-group:{group}:log-stream:{stream}"))]
+
+    return row
+
+
+ROWS["logs:CreateLogStream"] = _log_stream_call("logs:CreateLogStream")
+ROWS["logs:PutLogEvents"] = _log_stream_call("logs:PutLogEvents")
+
+
+@_row("logs:FilterLogEvents")
+def _filter_log_events(params: Mapping[str, Any], world: Lookups) -> list[Authorization]:
+    return [Authorization("logs:FilterLogEvents", _arn(world, "logs", f"log-group:{params['logGroupName']}"))]

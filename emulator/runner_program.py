@@ -6,6 +6,11 @@ job, runs it (the job is a sleep of the length GitHub hands over), reports the r
 It speaks the fake's small runner protocol (emulator/fake_github/runner_protocol.py), renewing
 its job while it runs, so a runner that dies mid-job is noticed by GitHub as lost. Ctrl-C (the
 agent's stop) disconnects and exits. Standard library only: it starts once per job, and fast.
+
+As the real runner does, it writes diagnostic logs under its directory's `_diag`: the listener's
+`Runner_<time>-utc.log` and the job's worker's `Worker_<time>-utc.log`, each line
+`[<UTC time>Z <level> <component>] <text>` (actions/runner's `HostTraceListener` format), which the agent
+ships before its scrub empties the directory (agent/log_shipping.py).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 VERSION = "2.328.0"
+STARTED = f"{datetime.now(UTC):%Y%m%d-%H%M%S}"
 POLL_SECONDS = 0.2
 """How often an idle runner asks for its job."""
 RENEW_SECONDS = 1.0
@@ -64,8 +70,19 @@ class FakeGitHubClient:
         raise AssertionError("unreachable: the loop returns or raises")
 
 
+DIAG = Path("_diag")
+
+
 def say(line: str) -> None:
     print(line, flush=True)
+    diag("Runner", "Listener", line)
+
+
+def diag(kind: str, component: str, line: str) -> None:
+    """One line of the `kind` (Runner or Worker) diagnostic log this process started."""
+    DIAG.mkdir(exist_ok=True)
+    with (DIAG / f"{kind}_{STARTED}-utc.log").open("a") as log:
+        log.write(f"[{datetime.now(UTC):%Y-%m-%d %H:%M:%S}Z INFO {component}] {line}\n")
 
 
 def stamp() -> str:
@@ -92,6 +109,7 @@ def serve_one_job(github: FakeGitHubClient) -> int:
             break
         time.sleep(POLL_SECONDS)
     say(f"{stamp()}: Running job: {job['name']}")
+    diag("Worker", "Worker", f"Job {job['name']} (job id {job['job_id']}) received; running it")
     finish_at = time.monotonic() + float(job["seconds"])
     while (left := finish_at - time.monotonic()) > 0:
         time.sleep(min(left, RENEW_SECONDS))
@@ -99,6 +117,7 @@ def serve_one_job(github: FakeGitHubClient) -> int:
             say(f"{stamp()}: Job {job['name']} was cancelled")
             return 0
     conclusion = job.get("conclusion", "success")
+    diag("Worker", "Worker", f"Job {job['name']} completed with result: {conclusion}")
     github.call("POST", f"/_runner/jobs/{job['job_id']}/result", {"conclusion": conclusion})
     say(f"{stamp()}: Job {job['name']} completed with result: {conclusion.title()}")
     return 0

@@ -113,6 +113,8 @@ class InstanceSettings:
     orphan_grace_seconds: float = 60.0
     shutdown_seconds: float = 5.0
     """How long an OS shutdown lets the agent stop before it is killed."""
+    log_ship_period_seconds: float = 1.0
+    """How often the agents send their lines to the job logs' group (5 s in production)."""
     in_process: bool = False
     """Run each agent in a thread of this process instead of a process of its own: the same agent
     (`agent.wiring.build_agent`), without a Python start-up per instance, for scenarios with many
@@ -130,6 +132,7 @@ class InstanceSettings:
             "STOP_TIMEOUT_SECONDS": str(self.stop_timeout_seconds),
             "TERMINATION_GRACE_SECONDS": str(self.termination_grace_seconds),
             "ORPHAN_GRACE_SECONDS": str(self.orphan_grace_seconds),
+            "LOG_SHIP_PERIOD_SECONDS": str(self.log_ship_period_seconds),
         }
 
 
@@ -176,6 +179,7 @@ class SimulatedInstances:
         credentials_key_id: str,
         stack_tag: tuple[str, str],
         notice_queue_url_prefix: str | None = None,
+        log_group_name: str | None = None,
         scratch: Path,
         timeline: Timeline,
         settings: InstanceSettings | None = None,
@@ -192,6 +196,7 @@ class SimulatedInstances:
             "CREDENTIALS_KEY_ID": credentials_key_id,
             "REGION": REGION,
             **({"NOTICE_QUEUE_URL_PREFIX": notice_queue_url_prefix} if notice_queue_url_prefix else {}),
+            **({"LOG_GROUP_NAME": log_group_name} if log_group_name else {}),
             **self.settings.agent_environment(),
         }
         self._poll = poll_seconds
@@ -403,7 +408,9 @@ class SimulatedInstances:
     def _shared_clients(self) -> dict[str, Any]:
         with self._lock:
             if not self._clients:
-                self._clients = {service: self._aws.client(service) for service in ("dynamodb", "kms", "ec2")}
+                self._clients = {
+                    service: self._aws.client(service) for service in ("dynamodb", "kms", "ec2", "logs")
+                }
                 # Every in-process agent holds one long poll open: a connection each, not botocore's 10.
                 self._clients["sqs"] = self._aws.long_poll_client(
                     "sqs", AgentSettings.model_fields["notice_wait_seconds"].default, IN_PROCESS_CONNECTIONS
@@ -520,6 +527,7 @@ class _AgentThread(threading.Thread):
             kms=clients["kms"],
             ec2=clients["ec2"],
             sqs=clients.get("sqs"),
+            logs=clients.get("logs"),
             log=EventLog(logging.getLogger(IN_PROCESS_LOGGER), {"instance_id": instance.instance_id}),
             poweroff=(instance.directory / POWERED_OFF).touch,
         )

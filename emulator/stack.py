@@ -77,6 +77,7 @@ from runner_pool.wiring import ClientFactory, ControlPlane, invoked_with, use_co
 ACCOUNT_THROTTLE = (5000, 10000.0)
 """A stage method with no throttle of its own has the account's Regional one: 10,000 requests a second,
 a burst of 5,000 (API Gateway quotas, limits.html, "Throttle quota per account, per Region")."""
+JOB_LOG_GROUP_OUTPUT = "JobLogGroupName"
 HANDLERS = "runner_pool.handlers."
 """The package of our handlers: a function whose handler is elsewhere (CDK's own) is not ours to run."""
 
@@ -375,6 +376,18 @@ class LocalStack:
         if self.config.session_classes:
             # The template's second set, whose profile carries the SSM agent's permissions.
             self.give(session_launch_templates=create_launch_templates(ec2, f"{self.stack_name}-session"))
+
+    def create_job_log_group(self) -> str:
+        """The log group of job logs as the template declares it (the one its `JobLogGroupName` output
+        names), with its retention; named by its logical id, as IAM's check resolves a resource no
+        function is told of (emulator/iam_stack.py). Returns its name, which the instances' agents are
+        given as the user data gives it."""
+        logical = self.template.template["Outputs"][JOB_LOG_GROUP_OUTPUT]["Value"]["Ref"]
+        properties = self.template.resources[logical]["Properties"]
+        logs = self._clients("logs")
+        logs.create_log_group(logGroupName=logical)
+        logs.put_retention_policy(logGroupName=logical, retentionInDays=properties["RetentionInDays"])
+        return str(logical)
 
     def create_ingress_resources(self, *webhook_secrets: str) -> None:
         """What webhooks arrive through: each App's webhook secret (in the order of the config's Apps),

@@ -136,7 +136,7 @@ class World:
             provision_machine_arn=settings.require("provision_state_machine_arn", "the job story"),
             release_machine_arn=settings.require("release_state_machine_arn", "the job story"),
         )
-        return JobTarget(sources, settings.config)
+        return JobTarget(sources, settings.config, log_group=self.stack.job_log_group)
 
 
 @contextmanager
@@ -201,6 +201,7 @@ def world(
                     table_name=stack.plane.settings.table_name,
                     credentials_key_id=stack.credentials_key_id,
                     notice_queue_url_prefix=stack.plane.settings.notice_queue_url_prefix,
+                    log_group_name=stack.job_log_group,
                     stack_tag=stack.stack_tag,
                     scratch=scratch,
                     timeline=timeline,

@@ -25,6 +25,7 @@ from infra.constructs import (
     StateTable,
 )
 from infra.constructs.ingress import WEBHOOK_PATH
+from infra.constructs.job_logs import JobLogs
 from infra.constructs.resources import StackResources
 from infra.dependency_layer import DependencyLayer
 from runner_pool.domain.config import StackConfig
@@ -48,8 +49,14 @@ class RunnerPoolStack(Stack):
         )
         self.state_table = StateTable(self, "StateTable")
         self.pool_queues = PoolQueues(self, "PoolQueues", config=config)
+        self.job_logs = JobLogs(self, "JobLogs", config=config)
         self.instances = Instances(
-            self, "Instances", config=config, vpc=self._runner_vpc(config), table=self.state_table.table
+            self,
+            "Instances",
+            config=config,
+            vpc=self._runner_vpc(config),
+            table=self.state_table.table,
+            job_logs=self.job_logs,
         )
         self.runner_image = RunnerImage(
             self,
@@ -165,6 +172,12 @@ class RunnerPoolStack(Stack):
             description="Each instance's gp3 root volume: what a stopped instance still pays for",
         )
         CfnOutput(self, "PoolQueueUrlPrefix", value=self.pool_queues.url_prefix)
+        CfnOutput(
+            self,
+            "JobLogGroupName",
+            value=self.job_logs.name,
+            description="The instances' agent and runner logs, two streams per instance (runner-pool logs)",
+        )
         CfnOutput(self, "NoticeQueueUrlPrefix", value=self.instances.notice_queues.url_prefix)
         CfnOutput(
             self, "ResourceClasses", value=self.to_json_string(sorted(self.pool_queues.resource_classes))

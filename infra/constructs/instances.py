@@ -22,6 +22,9 @@ The role lets an instance do exactly its side of the protocol and nothing else:
 - terminate only itself: `ec2:SourceInstanceARN` must be the ARN of the instance acted on
   (`${ec2:InstanceID}`), the pattern of AWS's own AWSEC2VssSnapshotPolicy;
 - read the S3 objects that hold the agent's wheelhouses (one per architecture), and no other;
+- write its lines into the job logs' group (infra/constructs/job_logs.py): CreateLogStream and
+  PutLogEvents there, no read and no other group (permissions.ship_job_logs says why not its own stream
+  only);
 - receive (and delete) notices from its own notice queue only: the queue's `runner-pool:instance` tag
   must equal the same `${ec2:SourceInstanceARN}` (aws:ResourceTag, which SQS supports for its queue
   actions: SQS Developer Guide, "ABAC condition keys for Amazon SQS"), and the control plane tags each
@@ -66,6 +69,8 @@ from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from infra.agent_wheelhouse import BOOT_PYTHONS, AgentWheelhouse, agent_wheelhouse
+from infra.constructs import permissions
+from infra.constructs.job_logs import JobLogs
 from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
@@ -126,6 +131,7 @@ class UserDataValues:
     heartbeat_period_seconds: str
     termination_grace_seconds: str
     retention_days: str
+    log_group_name: str
     block_imds_from_jobs: str
 
 
@@ -137,6 +143,7 @@ BOOT_ONLY_VALUES = (
     "heartbeat_period_seconds",
     "termination_grace_seconds",
     "retention_days",
+    "log_group_name",
 )
 """The placeholders only the boot reads (the agent's settings): the bake leaves them empty, so an image
 depends on the pins alone and one image serves every deploy of the same pins."""
@@ -178,6 +185,7 @@ class Instances(Construct):
         config: StackConfig,
         vpc: ec2.IVpc,
         table: dynamodb.ITable,
+        job_logs: JobLogs,
         wheelhouses: Mapping[Arch, AgentWheelhouse] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -215,6 +223,7 @@ class Instances(Construct):
             description="runner-pool instances: no inbound traffic; outbound to GitHub, AWS and packages",
             allow_all_outbound=True,
         )
+        self._job_logs = job_logs
         self.role = self._instance_role(
             "Role",
             "runner-pool instances: their own items, their own runner config, ending themselves",
@@ -225,7 +234,7 @@ class Instances(Construct):
             {arch: self._image_parameter(arch, settings) for arch in Arch}
         )
         self.user_data_values: Mapping[Arch, UserDataValues] = MappingProxyType(
-            {arch: self._user_data_values(arch, settings, config, table) for arch in Arch}
+            {arch: self._user_data_values(arch, settings, config, table, job_logs) for arch in Arch}
         )
         self.launch_templates: Mapping[Arch, ec2.LaunchTemplate] = MappingProxyType(
             {arch: self._launch_template(arch, settings, self.instance_profile) for arch in Arch}
@@ -272,6 +281,7 @@ class Instances(Construct):
         self._grant_own_runner_config(role)
         self._grant_self_termination(role)
         self._grant_own_notices(role)
+        permissions.ship_job_logs(role, self._job_logs.arn)
         self.grant_read_wheelhouses(role)
         Validations.of(role).acknowledge(
             Acknowledgment(
@@ -436,7 +446,12 @@ class Instances(Construct):
         )
 
     def _user_data_values(
-        self, arch: Arch, settings: InstanceSettings, config: StackConfig, table: dynamodb.ITable
+        self,
+        arch: Arch,
+        settings: InstanceSettings,
+        config: StackConfig,
+        table: dynamodb.ITable,
+        job_logs: JobLogs,
     ) -> UserDataValues:
         wheelhouse = self.wheelhouse_assets[arch]
         checksum = settings.runner_checksum(arch)
@@ -458,6 +473,7 @@ class Instances(Construct):
             heartbeat_period_seconds=f"{config.timeouts.heartbeat_period_seconds:g}",
             termination_grace_seconds=str(settings.termination_grace_seconds),
             retention_days=str(config.timeouts.terminated_retention_days),
+            log_group_name=job_logs.name,
             block_imds_from_jobs="true" if settings.block_imds_from_jobs else "false",
         )
 

@@ -428,6 +428,16 @@ def _allow_on_keys(grantee: iam.IGrantable, action: str, table: dynamodb.ITable,
     )
 
 
+def ship_job_logs(grantee: iam.IGrantable, log_group_arn: str) -> None:
+    """An instance's lines into the job logs' group: make a stream and put events in it, nothing else (no
+    read, no other group). IAM cannot tie a stream to the calling instance: a stream's name is in no
+    condition key, only in the resource, and the keys naming the instance (`ec2:SourceInstanceARN`, and
+    `aws:userid`, `<role id>:<instance id>` for a role on an instance: IAM User Guide, "IAM policy
+    elements: Variables and tags") hold a ':', which no stream name may (CloudWatch Logs API Reference,
+    CreateLogStream). README "Security model" says what that lets a job with root write."""
+    _allow(grantee, ["logs:CreateLogStream", "logs:PutLogEvents"], [log_group_arn])
+
+
 def _allow(grantee: iam.IGrantable, actions: list[str], resources: list[str]) -> None:
     grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=resources))
 

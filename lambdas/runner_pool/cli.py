@@ -1,5 +1,6 @@
-"""The operator CLI, `runner-pool status|instances|pool|drain|doctor|job|connect`: a deployed pool, from its
-table, queues, and (doctor) its App and account; (job) one job's story; (connect) a shell on its instance.
+"""The operator CLI, `runner-pool status|instances|pool|drain|doctor|job|logs|connect`: a deployed pool,
+from its table, queues, and (doctor) its App and account; (job) one job's story; (logs) its hand-over's
+lines; (connect) a shell on its instance.
 
 It finds the state table and the pool queues (one per class, usage and architecture) through the
 stack's outputs (`--stack`, default
@@ -7,7 +8,8 @@ RunnerPool), with the operator's own AWS credentials, and prints plain tables. `
 the idle instances of one class: their pool messages go stale, and the next refresh terminates them.
 `doctor` checks the deployment's GitHub App and AWS account, one line per check with its fix
 (runner_pool/checkup.py), and exits 1 when something would stop jobs. `job URL` tells what happened to
-the job a GitHub job (or run) URL names, in order, from the stack's records (runner_pool/job_command.py).
+the job a GitHub job (or run) URL names, in order, from the stack's records (runner_pool/job_command.py);
+`logs URL` prints what its instance's agent and runner logged of its hand-over (runner_pool/logs_command.py).
 `connect URL|INSTANCE` starts (or prints) a Session Manager session on that job's instance, when its class
 lets Session Manager in (runner_pool/connect_command.py).
 """
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from runner_pool import connect_command, job_command
+from runner_pool import connect_command, job_command, logs_command
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.state_table import StateTable
@@ -312,6 +314,11 @@ def parser() -> argparse.ArgumentParser:
     )
     story.add_argument("url", metavar="URL", help="https://github.com/OWNER/REPO/actions/runs/RUN[/job/JOB]")
     story.add_argument("--json", action="store_true", help="one JSON document, for scripts")
+    lines = commands.add_parser(
+        "logs", help="the agent's and the runner's lines of a job's hand-over, from a job or run URL"
+    )
+    lines.add_argument("url", metavar="URL", help="https://github.com/OWNER/REPO/actions/runs/RUN[/job/JOB]")
+    lines.add_argument("--json", action="store_true", help="one JSON document, for scripts")
     session = commands.add_parser(
         "connect",
         help="a Session Manager shell on a job's instance, when its class has ssm on (README, Security)",
@@ -347,7 +354,7 @@ def main(
             print(f"runner-pool: {error}", file=sys.stderr)
             return 1
         return doctor(target, lambda service: make(service, arguments.region), out or sys.stdout, manifest)
-    if arguments.command in ("job", "connect"):
+    if arguments.command in ("job", "logs", "connect"):
         return _job(arguments, lambda service: make(service, arguments.region), clock, out)
     try:
         deployment = Deployment.of_stack(arguments.stack, make("cloudformation", arguments.region))
@@ -384,7 +391,8 @@ def _job(
             out or sys.stdout,
             print_only=arguments.print_only,
         )
-    return job_command.job(
+    command = job_command.job if arguments.command == "job" else logs_command.logs
+    return command(
         found, arguments.url, clients, clock or SystemClock(), out or sys.stdout, as_json=arguments.json
     )
 

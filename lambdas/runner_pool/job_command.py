@@ -34,6 +34,7 @@ TABLE_OUTPUT = "StateTableName"
 LEDGER_OUTPUT = "DemandLedgerTableName"
 PROVISION_OUTPUT = "ProvisionStateMachineArn"
 RELEASE_OUTPUT = "ReleaseStateMachineArn"
+LOG_GROUP_OUTPUT = "JobLogGroupName"
 
 
 class JobTargetNotFoundError(LookupError):
@@ -47,6 +48,8 @@ class JobTarget:
     sources: JobSources
     config: StackConfig | None
     config_unread: str | None = None
+    log_group: str | None = None
+    """The job logs' group (`runner-pool logs`); None for a stack deployed before it had one."""
 
     @classmethod
     def of_stack(cls, stack_name: str, clients: Callable[[str], Any]) -> JobTarget:
@@ -65,11 +68,12 @@ class JobTarget:
             provision_machine_arn=outputs[PROVISION_OUTPUT],
             release_machine_arn=outputs[RELEASE_OUTPUT],
         )
+        log_group = outputs.get(LOG_GROUP_OUTPUT)
         try:
             config = Target.of_stack(stack_name, cloudformation, clients("lambda")).stack.config
         except TargetNotFoundError as error:
-            return cls(sources, None, str(error))
-        return cls(sources, config)
+            return cls(sources, None, str(error), log_group)
+        return cls(sources, config, log_group=log_group)
 
 
 def job(
@@ -77,6 +81,25 @@ def job(
 ) -> int:
     """Print the story of the job `url` names, or of every job of the run it names; 2 for a URL that names
     neither, 1 when a run's jobs cannot be listed."""
+    stories = told(target, url, clients, clock)
+    if isinstance(stories, int):
+        return stories
+    if as_json:
+        documents = [_document(s) for s in stories]
+        one = parse_job_url(url).job_id is not None
+        print(json.dumps(documents[0] if one else documents, indent=2), file=out)
+        return 0
+    for story in stories:
+        for line in render(story):
+            print(line, file=out)
+        if story.instance_id is not None:
+            print(f"  its agent's and runner's lines: runner-pool logs {job_url(url, story.ref)}", file=out)
+    return 0
+
+
+def told(target: JobTarget, url: str, clients: Callable[[str], Any], clock: Clock) -> list[Story] | int:
+    """The stories of the job or run `url` names, or the exit code once it has said why there are none: 2
+    for a URL that names neither, 1 when a run's jobs cannot be listed."""
     try:
         ref = parse_job_url(url)
     except ValueError as error:
@@ -88,14 +111,14 @@ def job(
             f"runner-pool: the jobs of run {ref.run_id} are listed by GitHub only: {unread}", file=sys.stderr
         )
         return 1
-    if as_json:
-        documents = [_document(s) for s in stories]
-        print(json.dumps(documents if ref.job_id is None else documents[0], indent=2), file=out)
-        return 0
-    for story in stories:
-        for line in render(story):
-            print(line, file=out)
-    return 0
+    return stories
+
+
+def job_url(url: str, ref: JobRef) -> str:
+    """The URL of the job `ref` names, on the host and repository of `url` (a job's or its run's)."""
+    run = url.split("?", maxsplit=1)[0].split("#", maxsplit=1)[0]
+    base = run[: run.index(f"/actions/runs/{ref.run_id}")]
+    return f"{base}/actions/runs/{ref.run_id}/job/{ref.job_id}"
 
 
 def stories_of(
@@ -154,7 +177,7 @@ def render(story: Story) -> list[str]:
     on = f" on {story.instance_id}{tier}" if story.instance_id else ""
     lines = [f"job {ref.job_id} of run {ref.run_id} in {ref.repository}{on}"]
     for step in story.steps:
-        at = _clock(step.at) if step.at is not None else "--:--:--.---"
+        at = clock_time(step.at) if step.at is not None else "--:--:--.---"
         wait = f"+{step.wait_seconds:.1f}s" if step.wait_seconds is not None else ""
         lines.append(f"  {at}  {wait:>8}  {step.what:<14} {step.detail}")
     if story.waiting:
@@ -199,5 +222,6 @@ def _github(
     return api, None
 
 
-def _clock(at: float) -> str:
+def clock_time(at: float) -> str:
+    """A time as a step's or a line's column shows it: UTC, to the millisecond."""
     return datetime.fromtimestamp(at, UTC).strftime("%H:%M:%S.%f")[:-3]

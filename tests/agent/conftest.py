@@ -353,7 +353,8 @@ class AgentFactory:
         ec2 = aws_clients.client("ec2", region_name=REGION)
         kms = aws_clients.client("kms", region_name=REGION)
         sqs = aws_clients.long_poll_client("sqs", settings.notice_wait_seconds, region_name=REGION)
-        self.check_as_instance(settings, dynamodb, ec2, kms, sqs)
+        logs = aws_clients.client("logs", region_name=REGION)
+        self.check_as_instance(settings, dynamodb, ec2, kms, sqs, logs)
         powered_off: list[float] = []
         agent = build_agent(
             settings,
@@ -362,6 +363,7 @@ class AgentFactory:
             kms=kms,
             ec2=ec2,
             sqs=sqs,
+            logs=logs,
             log=agent_log(),
             clock=self.clock,
             poweroff=lambda: powered_off.append(self.clock.now()),

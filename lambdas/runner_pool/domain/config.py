@@ -30,6 +30,7 @@ from runner_pool.domain.labels import (
     RunnerLabel,
     RunnerSpec,
 )
+from runner_pool.domain.logs_settings import LogsSettings
 from runner_pool.domain.records import UsageClass
 from runner_pool.domain.reuse import ReuseMode, ReuseScope, ReuseSettings
 from runner_pool.domain.runner_scope import OrganizationScope, Registration
@@ -226,6 +227,7 @@ class StackConfig(Settings):
     instances: InstanceSettings = InstanceSettings()
     image: ImageSettings = ImageSettings()
     reuse: ReuseSettings = ReuseSettings()
+    logs: LogsSettings = LogsSettings()
 
     @model_validator(mode="after")
     def _classes_are_coherent(self) -> Self:

@@ -161,6 +161,9 @@ class Story:
     steps: tuple[Step, ...]
     instance_id: str | None = None
     tier: Tier | None = None
+    runner_id: int | None = None
+    """GitHub's id of the runner the job ran on: its hand-over's, which every line the instance ships of
+    that hand-over carries (domain/job_logs.py)."""
     waiting: str | None = None
     """Why a job that has not started waits; None once it started or ended."""
     gaps: tuple[str, ...] = field(default_factory=tuple)
@@ -213,6 +216,7 @@ def tell(facts: JobFacts) -> Story:
         steps=_timed(raw),
         instance_id=instance_id,
         tier=tier,
+        runner_id=github.runner_id if github is not None else None,
         waiting=_waiting(facts, instance_id),
         gaps=tuple(gaps),
     )
