@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from runner_pool.domain.budget import BudgetSettings
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.github_apps import GitHubAppEntry, repeated
 from runner_pool.domain.instance_settings import ImageSettings, InstanceSettings
@@ -388,6 +389,7 @@ class StackConfig(Settings):
     instances: InstanceSettings = InstanceSettings()
     image: ImageSettings = ImageSettings()
     reuse: ReuseSettings = ReuseSettings()
+    budget: BudgetSettings = BudgetSettings()
 
     @model_validator(mode="after")
     def _classes_are_coherent(self) -> Self:
