@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.harness.control_plane import LocalControlPlane, LocalStateMachine, client
+from emulator.harness.control_plane import LocalControlPlane, LocalStateMachine, client, stack_config
 from emulator.harness.release_world import ReleaseAgents as Agents
 from runner_pool.adapters.cost_ledger import DynamoDbCostLedger
 from runner_pool.cost_command import read_report
@@ -15,6 +15,7 @@ from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import HandOverTier
 from runner_pool.domain.release import ReleaseItem, ReleaseStatus
 from runner_pool.handlers.release import release_of
+from tests.integration.conftest import accounted_plane
 
 RUN = "pool=101"
 
@@ -66,3 +67,19 @@ def test_a_retried_release_records_its_hand_over_once_and_refresh_the_instances_
     # And a second refresh records nothing twice
     local.refresh()
     assert [len(items) for items in ledger.day(utc_day(local.clock.now()))] == [1, 1]
+
+
+@pytest.mark.parametrize("drop", [True, False], ids=["drops", "alarms-only"])
+def test_past_the_daily_budget_refresh_holds_the_warm_minimum_at_zero_when_asked(drop: bool) -> None:
+    # Given a stack keeping two idle `large` instances, with a daily budget a running instance passes
+    config = stack_config(
+        warm_pool_minimum={"large": 2}, budget={"daily_usd": 0.0001, "drop_warm_minimums": drop}
+    )
+    with accounted_plane(config, pause=lambda _seconds: None) as local:
+        local.running(RUN)
+        local.clock.advance(3600)
+        # When refresh runs
+        report = local.refresh()
+        # Then, asked to, it holds the warm minimum at 0 and launches nothing for the pool; else it keeps 2
+        assert report["minimum"]["large"] == (0 if drop else 2)
+        assert report["launched"].get("large", 0) == (0 if drop else 2)
