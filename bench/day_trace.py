@@ -54,7 +54,9 @@ default class's on-demand c7i.large (a stopped tier needs on-demand: an instant 
 instances cannot be stopped), billed per second from running to stopped or terminated with a
 60-second minimum each time it starts; its gp3 root volume is billed from launch to termination,
 stopped or not (runner_pool/prices.py has both prices and their sources). The control plane's share
-per job is the emulator's measured Step Functions cost per warm or cold job (bench/results.json).
+per job is the emulator's measured Step Functions cost per warm or cold job (bench/results.json). The
+dollars are the product's own arithmetic: domain/cost.py `price`, which `runner-pool cost` and the daily
+budget use on the stack's records, prices each policy's billed seconds, volume seconds and jobs by tier.
 
 A third run, the spot day (`SpotDay`), serves the working day's jobs without a pool on spot instances
 that EC2 interrupts at a published rate, and keeps what re-runs cost and whether any job is lost
@@ -84,6 +86,7 @@ from emulator.ec2_events import NOTICE_SECONDS, interruption_warning
 from emulator.instances import instance_facts
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import ReuseMode, ReuseSettings, StackConfig, WorkflowType
+from runner_pool.domain.cost import Charges, InstanceUse, PriceList, ec2_billed_seconds, price
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.instant import surplus_waiting, tier_holds, tier_shortfall
 from runner_pool.domain.interruptions import Ec2Event, Response, respond
@@ -91,14 +94,22 @@ from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import Taker
 from runner_pool.domain.provision import single_use
-from runner_pool.domain.records import InstanceRecord, PoolMessage, UsageClass
+from runner_pool.domain.records import HandOverTier, InstanceRecord, PoolMessage, UsageClass
 from runner_pool.domain.refresh import pool_shortfall
 from runner_pool.domain.reruns import RunNow, Verdict, decide, job_failed, label_set, served_on_demand
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.sizing import HORIZON_SECONDS, Demand, Holding, pool_size
 from runner_pool.domain.trust import TrustLevel
 from runner_pool.domain.warm_schedule import WarmMinimum, WarmWindow, Weekday
-from runner_pool.prices import HOURS_PER_MONTH, gp3_hourly, on_demand_hourly
+from runner_pool.prices import (
+    CONTROL_PLANE_PER_JOB_USD,
+    HOURS_PER_MONTH,
+    SPOT_PRICE_RATIO,
+    ec2_hourly,
+    gp3_hourly,
+    list_prices,
+    on_demand_hourly,
+)
 
 DAY = date(2026, 11, 24)
 """A Tuesday."""
@@ -121,9 +132,9 @@ JOB_MEDIAN_SECONDS = 300.0
 JOB_SIGMA = 0.8
 """Job lengths are lognormal: median 5 min, p95 about 19 min; capped at an hour."""
 
-FALLBACK_CONTROL_PLANE_MICRODOLLARS = {"warm": 514.0, "cold": 606.3}
-"""Step Functions Standard cost per warm and cold job as the emulator bench measured it (2026-11), for a
-results file without those keys."""
+FALLBACK_CONTROL_PLANE_MICRODOLLARS = {path: usd * 1e6 for path, usd in CONTROL_PLANE_PER_JOB_USD.items()}
+"""The product's control plane per warm and cold job (runner_pool/prices.py), for a results file without
+the emulator bench's own measure."""
 
 TARGET_WAIT_SECONDS = 15.0
 """The adaptive policy's p95 target wait (the sizing rule's `target_wait_seconds`)."""
@@ -326,25 +337,36 @@ class Outcome:
         ordered = sorted(self.ready_seconds)
         return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
-    def ec2_dollars(self) -> float:
-        return self.billed_seconds / 3600 * (on_demand_hourly(INSTANCE_TYPE) or 0.0)
-
-    def ebs_dollars(self) -> float:
-        return self.volume_seconds / 3600 * gp3_hourly(self.policy.config.instances.root_volume_gib)
-
-    def control_plane_dollars(self, per_job: dict[str, float]) -> float:
+    def charges(
+        self,
+        per_job: dict[str, float],
+        instance_type: str = INSTANCE_TYPE,
+        usage: UsageClass = UsageClass.ON_DEMAND,
+    ) -> Charges:
+        """The day priced by the product's own function (domain/cost.py `price`): the instances' billed
+        time and volume time as one use (on `instance_type` as `usage` runs it), and each job's control
+        plane by the tier that served it."""
+        volume_gib = self.policy.config.instances.root_volume_gib
+        hourly = ec2_hourly(instance_type, usage.value)
         if self.policy.instant:
             # Every queued job of the instant tier asks for a runner, which a provision launches, whether
             # the job took a waiting runner or the one launched.
-            return self.jobs() * per_job["cold"] / 1e6
-        warm = self.jobs(Path.HOT) + self.jobs(Path.STOPPED)
-        return (warm * per_job["warm"] + self.cold_jobs() * per_job["cold"]) / 1e6
+            tiers = {HandOverTier.COLD: self.jobs()}
+        else:
+            warm = {HandOverTier.HOT: self.jobs(Path.HOT), HandOverTier.STOPPED: self.jobs(Path.STOPPED)}
+            tiers = {**warm, HandOverTier.COLD: self.cold_jobs()}
+        uses = [InstanceUse(self.billed_seconds, self.volume_seconds, hourly, volume_gib)] + [
+            InstanceUse(0.0, 0.0, hourly, volume_gib, tier=tier, jobs=jobs) for tier, jobs in tiers.items()
+        ]
+        return price(uses, trace_prices(per_job))
+
+    def control_plane_dollars(self, per_job: dict[str, float]) -> float:
+        return self.charges(per_job).control_plane_usd
 
 
-def ec2_billed_seconds(running_seconds: float) -> float:
-    """EC2 per-second billing: "Every time you start your instance, Amazon EC2 charges a one-minute
-    minimum for instance usage, and thereafter charges per second" (EC2 API Reference, StopInstances)."""
-    return max(60.0, running_seconds)
+def trace_prices(per_job: dict[str, float]) -> PriceList:
+    """The product's price list with the control plane per warm and cold job in microdollars `per_job`."""
+    return list_prices({path: microdollars / 1e6 for path, microdollars in per_job.items()})
 
 
 class Simulated:
@@ -792,11 +814,6 @@ for runs of four jobs of 4m11s, 8m19s, 4m37s and 10m36s on large spot instances 
 #160). As a hazard over a run's instance time: 1 - exp(-h * 27.7 min) = 0.25, h = 0.62 per instance-hour.
 The spot day runs at both rates: the advisor's (`day_trace_spot_*`) and this one
 (`day_trace_spot_reported_*`), at which a day's re-runs are many."""
-SPOT_PRICE_RATIO = 0.041 / 0.096
-"""Spot's price as a share of on-demand's, at the top of a published us-east-1 range for a large
-current-generation x86 type, m6i.large: spot "$0.029-0.041/hr" against on-demand $0.096/hr
-(cloudprice.app, "Spot instance economics: when interruption is fine", a 2026 snapshot). Applied to
-c7i.large's on-demand price; spot prices move with supply and demand, so it is a yardstick."""
 
 
 def hazard_per_hour(share: float, over_hours: float) -> float:
@@ -855,10 +872,17 @@ class SpotOutcome:
     def dollars(self, per_job: dict[str, float], volume_gib: int) -> float:
         """EC2 (spot at SPOT_PRICE_RATIO of on-demand), EBS and the control plane's cold provision per
         attempt, per job of the trace."""
-        hourly = on_demand_hourly(INSTANCE_TYPE) or 0.0
-        ec2 = (self.spot_seconds * SPOT_PRICE_RATIO + self.on_demand_seconds) / 3600 * hourly
-        ebs = self.volume_seconds / 3600 * gp3_hourly(volume_gib)
-        return (ec2 + ebs + self.attempts * per_job["cold"] / 1e6) / self.jobs
+        uses = [
+            InstanceUse(self.spot_seconds, 0.0, ec2_hourly(INSTANCE_TYPE, UsageClass.SPOT.value), volume_gib),
+            InstanceUse(
+                self.on_demand_seconds,
+                self.volume_seconds,
+                ec2_hourly(INSTANCE_TYPE, UsageClass.ON_DEMAND.value),
+                volume_gib,
+            ),
+            InstanceUse(0.0, 0.0, None, volume_gib, tier=HandOverTier.COLD, jobs=self.attempts),
+        ]
+        return price(uses, trace_prices(per_job)).total_usd / self.jobs
 
 
 class SpotDay(Simulated):
@@ -1095,8 +1119,9 @@ def _report(
     for outcome in outcomes:
         name = outcome.policy.name
         jobs_count = outcome.jobs()
-        ec2, ebs = outcome.ec2_dollars() / jobs_count, outcome.ebs_dollars() / jobs_count
-        control = outcome.control_plane_dollars(per_job) / jobs_count
+        charges = outcome.charges(per_job)
+        ec2, ebs = charges.ec2_usd / jobs_count, charges.ebs_usd / jobs_count
+        control = charges.control_plane_usd / jobs_count
         total = ec2 + ebs + control
         p50, p95 = outcome.ready_percentile(0.5), outcome.ready_percentile(0.95)
         totals[name] = (total, p50, p95)

@@ -5,9 +5,9 @@ cold-start instances, the later ones get the instances the first ones gave back.
 crashes mid-job and one `queued` webhook never arrives (refresh asks GitHub to deliver it again).
 At the end it prints, per job, how long it waited for a runner and whose time that was, the
 warm-hit ratio, the AWS calls and state transitions per job, the accounting check, the `runner-pool
-job` story of the crashed job and of the lost-webhook job, and writes the timeline chart. It ends with
-`runner-pool doctor` against its own stack (emulator/doctor.py): the deploy guide's check of the App, the
-organisation's runner policy and the account, all clear.
+job` story of the crashed job and of the lost-webhook job, `runner-pool cost` for its repositories, and
+writes the timeline chart. It ends with `runner-pool doctor` against its own stack (emulator/doctor.py):
+the deploy guide's check of the App, the organisation's runner policy and the account, all clear.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from demo import scenario
+from demo.cost import print_cost
 from demo.report import holds, print_report, summary_lines, totals
 from demo.stories import print_job_stories
 from demo.timeline_chart import write_chart
@@ -43,12 +44,13 @@ def run(argv: list[str]) -> bool:
         found = totals(system)
         print_report(system, played, found)
         print_job_stories(system, steps, played)
+        priced = print_cost(system)
         print("\nrunner-pool doctor, against the demo's stack:")
         doctor.as_after_first_fleet(system)
         healthy = doctor.examine(system, sys.stdout) == 0
     events = system.events()
     write_chart(chart, events, "runner-pool: the demo's timeline", summary_lines(found))
-    verdict = holds(found, played, jobs) and healthy
+    verdict = holds(found, played, jobs) and healthy and priced
     print(f"timeline chart: {chart.resolve()}")
     print(f"demo {'passed' if verdict else 'FAILED'} in {time.time() - began:.0f} s")
     return verdict

@@ -26,6 +26,7 @@ from runner_pool.domain.config import StackConfig
 from runner_pool.observability import METRICS_NAMESPACE, SERVICE
 
 PERIOD = Duration.minutes(5)
+AT_LEAST = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
 PRODUCT_METRICS: Mapping[str, tuple[tuple[str, str], ...]] = MappingProxyType(
     {
         "Provision: where runners came from": (
@@ -187,6 +188,7 @@ class Observability(Construct):
             "EC2 had no capacity for a provision after the on-demand fallback: its jobs wait and are tried "
             "again with a back-off; runner-pool status lists them with EC2's error",
         )
+        self._budget_alarm(config)
         for name, function in (scheduled_functions or {}).items():
             # A scheduled run that fails once is retried by the next; three in a row need a person.
             self._alarm(
@@ -315,15 +317,48 @@ class Observability(Construct):
             cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=24)
         )
 
+    def _budget_alarm(self, config: StackConfig) -> None:
+        """Today's spend (refresh's `DailySpendUsd`, domain/budget.py) above `budget.daily_usd`: its highest
+        reading in a period, as refresh emits it once a run."""
+        if config.budget.daily_usd is None:
+            return
+        self._alarm(
+            "DailyBudgetExceeded",
+            cloudwatch.Metric(
+                namespace=METRICS_NAMESPACE,
+                metric_name="DailySpendUsd",
+                dimensions_map={"service": SERVICE},
+                statistic="Maximum",
+                period=PERIOD,
+                label="today's spend (USD, list prices)",
+            ),
+            f"today's spend at list prices passed budget.daily_usd (${config.budget.daily_usd:g}); "
+            + (
+                "warm minimums are 0 until midnight UTC; "
+                if config.budget.drop_warm_minimums
+                else "nothing is held back; "
+            )
+            + "runner-pool cost --since 1d --by repository shows where it went",
+            threshold=config.budget.daily_usd,
+            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+        )
+
     def _alarm(
-        self, name: str, metric: cloudwatch.IMetric, description: str, evaluation_periods: int = 1
+        self,
+        name: str,
+        metric: cloudwatch.IMetric,
+        description: str,
+        evaluation_periods: int = 1,
+        *,
+        threshold: float = 1,
+        comparison: cloudwatch.ComparisonOperator = AT_LEAST,
     ) -> None:
         alarm = cloudwatch.Alarm(
             self,
             name,
             metric=metric,
-            threshold=1,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            threshold=threshold,
+            comparison_operator=comparison,
             evaluation_periods=evaluation_periods,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             alarm_description=f"runner-pool: {description}",

@@ -21,6 +21,7 @@ from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.capacity_waits import WAITS_PARTITION
 from runner_pool.adapters.class_history import HISTORY_PREFIX
+from runner_pool.adapters.cost_ledger import COST_PREFIX
 from runner_pool.adapters.registration_budget import BUDGET_PREFIX
 from runner_pool.adapters.spot_breaker import BREAKER_PREFIX
 from runner_pool.domain import doctor_readings
@@ -211,6 +212,17 @@ def note_class_history(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
     """Add arrivals and boot times to the class history's items and no other (DynamoDbClassHistory.note;
     dynamodb:LeadingKeys as in `mark_runs_finished`)."""
     _allow_on_keys(grantee, "dynamodb:UpdateItem", table, HISTORY_PREFIX)
+
+
+def record_costs(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Put the cost items (a hand-over's, an instance's life) and no other (DynamoDbCostLedger;
+    dynamodb:LeadingKeys as in `mark_runs_finished`)."""
+    _allow_on_keys(grantee, "dynamodb:PutItem", table, COST_PREFIX)
+
+
+def read_costs(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
+    """Read a UTC day's cost items (Query): the daily budget, and the `cost` command's grant."""
+    _allow(grantee, ["dynamodb:Query"], [table.table_arn])
 
 
 def check_readiness(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:

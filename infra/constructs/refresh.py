@@ -59,6 +59,8 @@ class Refresh(Construct):
         permissions.start_executions(self.function, [provision.state_machine_arn, release.state_machine_arn])
         permissions.reconcile_recent_demand(self.function, table)
         permissions.read_class_history(self.function, table)  # adaptive sizing; boot times it admits
+        permissions.record_costs(self.function, table)  # each instance's life as it ends
+        permissions.read_costs(self.function, table)  # the daily budget
         # Reconciling a run's queued jobs counts the runners of ours it still holds (StateTable.held_by).
         permissions.find_by_run_key(self.function, table)
         self.schedule = events.Rule(

@@ -41,6 +41,7 @@ class Release(Construct):
             permissions.write_records(function, table)
             permissions.send_notices(function, notice_queues)  # the agent cleans up at once
             permissions.act_as_github_app(function, github_tokens)
+            permissions.record_costs(function, table)  # the hand-over it ends
 
         def check_receipt(function: lambda_.Function) -> None:
             permissions.write_records(function, table)

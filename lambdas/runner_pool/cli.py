@@ -1,6 +1,6 @@
-"""The operator CLI, `runner-pool status|instances|pool|drain|doctor|job|logs|connect`: a deployed pool,
-from its table, queues, and (doctor) its App and account; (job) one job's story; (logs) its hand-over's
-lines; (connect) a shell on its instance.
+"""The operator CLI, `runner-pool status|instances|pool|drain|doctor|job|logs|connect|cost`: a deployed
+pool, from its table, queues, and (doctor) its App and account; (job) one job's story; (logs) its
+hand-over's lines; (connect) a shell on its instance; (cost) what the stack spent.
 
 It finds the state table and the pool queues (one per class, usage and architecture) through the
 stack's outputs (`--stack`, default
@@ -12,6 +12,7 @@ the job a GitHub job (or run) URL names, in order, from the stack's records (run
 `logs URL` prints what its instance's agent and runner logged of its hand-over (runner_pool/logs_command.py).
 `connect URL|INSTANCE` starts (or prints) a Session Manager session on that job's instance, when its class
 lets Session Manager in (runner_pool/connect_command.py).
+`cost` prices the hand-overs and idle time the stack recorded (runner_pool/cost_command.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from runner_pool import connect_command, job_command, logs_command
+from runner_pool import connect_command, cost_command, job_command, logs_command
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.capacity_waits import CapacityWaits
+from runner_pool.adapters.cost_ledger import DynamoDbCostLedger
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.checkup import Target, TargetNotFoundError, doctor, load_manifest
 from runner_pool.domain.clock import Clock, SystemClock
+from runner_pool.domain.cost import Grouping
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord
@@ -95,6 +98,7 @@ class Operator:
         # The CLI reads and expires only: no transition it makes depends on the timeouts' values.
         self._table = StateTable(deployment.table_name, Timeouts(), clock, dynamodb)
         self._waits = CapacityWaits(deployment.table_name, clock, dynamodb)
+        self._costs = DynamoDbCostLedger(deployment.table_name, dynamodb)
         self._sqs = sqs
         self._clock = clock
         self._out = out
@@ -241,6 +245,24 @@ class Operator:
             depths[partition] = (found[attributes[0]], found[attributes[1]], found[attributes[2]])
         return depths
 
+    def cost(self, since: str, by: Grouping, *, as_json: bool = False) -> int:
+        """The jobs' and the idle pool's dollars over the last `since` (7d, 12h) per group, at list
+        prices (runner_pool/cost_command.py)."""
+        try:
+            seconds = cost_command.window_seconds(since)
+        except ValueError as error:
+            print(f"runner-pool: {error}", file=sys.stderr)
+            return 1
+        found = cost_command.read_report(self._costs, self._clock.now(), seconds, by)
+        if as_json:
+            print(json.dumps(cost_command.as_document(found, since, by), indent=2), file=self._out)
+            return 0
+        print(f"cost of the last {since} by {by}, at {cost_command.YARDSTICK}", file=self._out)
+        self._table_out(cost_command.HEADER, cost_command.rows(found))
+        for note in cost_command.notes(found):
+            print(note, file=self._out)
+        return 0
+
     def _table_out(self, header: list[str], rows: list[list[str]]) -> None:
         if not rows:
             print("(none)", file=self._out)
@@ -331,7 +353,18 @@ def parser() -> argparse.ArgumentParser:
         help="print the `aws ssm start-session` command instead of starting it (the default without the "
         "session-manager-plugin)",
     )
+    _cost_parser(commands)
     return root
+
+
+def _cost_parser(commands: Any) -> None:
+    spend = commands.add_parser(
+        "cost",
+        help="EC2, EBS and control-plane dollars per job and group, the idle share apart (list prices)",
+    )
+    spend.add_argument("--since", default="7d", help="how far back: 7d (the default), 36h, ...")
+    spend.add_argument("--by", choices=[g.value for g in Grouping], default=Grouping.REPOSITORY.value)
+    spend.add_argument("--json", action="store_true", help="one JSON document, for scripts")
 
 
 def main(
@@ -368,9 +401,11 @@ def main(
         clock or SystemClock(),
         out or sys.stdout,
     )
-    if arguments.command == "drain":
-        return operator.drain(arguments.resource_class)
-    command: Callable[[], int] = getattr(operator, arguments.command)
+    with_arguments: dict[str, Callable[[], int]] = {
+        "drain": lambda: operator.drain(arguments.resource_class),
+        "cost": lambda: operator.cost(arguments.since, Grouping(arguments.by), as_json=arguments.json),
+    }
+    command: Callable[[], int] = with_arguments.get(arguments.command) or getattr(operator, arguments.command)
     return command()
 
 

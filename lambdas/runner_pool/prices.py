@@ -1,13 +1,16 @@
-"""List prices the operator CLI and the cost bench read: EC2 on-demand by instance type, and gp3 storage.
+"""List prices the operator CLI, the cost records and the cost bench read: EC2 by instance type and
+usage class, gp3 storage, and the control plane's share of a job.
 
-US East (N. Virginia), Linux, on-demand, as listed in November 2026: other regions, spot, savings plans
-and reserved instances differ, so these are a yardstick for what idle capacity costs, not a bill.
+US East (N. Virginia), Linux, as listed in November 2026: other regions, spot's moving prices, savings
+plans and reserved instances differ, so these are a yardstick for what capacity costs, not a bill.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+
+from runner_pool.domain.cost import PriceList
 
 PRICES_AS_OF = "2026-11, us-east-1"
 
@@ -50,3 +53,35 @@ def on_demand_hourly(instance_type: str) -> float | None:
 def gp3_hourly(gib: float) -> float:
     """What a gp3 volume of `gib` costs an hour."""
     return gib * GP3_GB_MONTH_USD / HOURS_PER_MONTH
+
+
+SPOT_PRICE_RATIO = 0.041 / 0.096
+"""Spot's price as a share of on-demand's, at the top of a published us-east-1 range for a large
+current-generation x86 type, m6i.large: spot "$0.029-0.041/hr" against on-demand $0.096/hr
+(cloudprice.app, "Spot instance economics: when interruption is fine", a 2026 snapshot). Spot prices move
+with supply and demand ("Spot Instance pricing", https://aws.amazon.com/ec2/spot/pricing/), so this is a
+yardstick, applied to every type's on-demand price."""
+
+CONTROL_PLANE_PER_JOB_USD: Mapping[str, float] = MappingProxyType({"warm": 514.0e-6, "cold": 606.3e-6})
+"""What the control plane spends on one job served warm (from the hot pool or the stopped tier) and cold
+(a launch), Step Functions Standard: the emulator bench's measured use (bench/emulator.py: the
+webhook's API Gateway request, every Lambda invocation and its GB-seconds at 512 MB, the state
+transitions, DynamoDB and SQS requests, KMS and Secrets Manager reads) priced at the list prices it
+cites (https://aws.amazon.com/lambda/pricing/, /step-functions/pricing/, /dynamodb/pricing/on-demand/,
+/sqs/pricing/, /api-gateway/pricing/), as measured in November 2026. Refresh's runs, every minute
+whatever the demand, are no job's."""
+
+
+def ec2_hourly(instance_type: str, usage_class: str) -> float | None:
+    """The hourly list price of `instance_type` as `usage_class` runs it (spot at SPOT_PRICE_RATIO of
+    on-demand), or None if this table does not know the type."""
+    on_demand = on_demand_hourly(instance_type)
+    if on_demand is None or usage_class != "spot":
+        return on_demand
+    return on_demand * SPOT_PRICE_RATIO
+
+
+def list_prices(control_plane_per_job_usd: Mapping[str, float] = CONTROL_PLANE_PER_JOB_USD) -> PriceList:
+    """The prices domain/cost.py `price` applies: gp3 by the GiB-hour, and the control plane per job (the
+    day trace passes the emulator bench's latest measure instead)."""
+    return PriceList(gp3_hourly(1), control_plane_per_job_usd)

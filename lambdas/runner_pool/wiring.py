@@ -22,6 +22,7 @@ from runner_pool.adapters import aws_clients
 from runner_pool.adapters.backoff import Backoff
 from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.class_history import DynamoDbClassHistory
+from runner_pool.adapters.cost_ledger import DynamoDbCostLedger
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet, FleetSetup, LaunchTemplate
@@ -51,6 +52,7 @@ from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpSteps
 from runner_pool.steps.reruns import Reruns
 from runner_pool.steps.run_trust import RunTrust
+from runner_pool.steps.spend import Spend
 
 ClientFactory = Callable[[str], Any]
 """service name → boto3 client."""
@@ -216,6 +218,15 @@ class ControlPlane:
     def class_history(self) -> DynamoDbClassHistory:
         """Each class's arrivals and boot times, for adaptive sizing."""
         return DynamoDbClassHistory(self.settings.table_name, self.clock, self.client("dynamodb"))
+
+    @cached_property
+    def spend(self) -> Spend:
+        """The cost items (a hand-over's, an instance's life) and the daily budget, in the state table."""
+        return Spend(
+            lambda: DynamoDbCostLedger(self.settings.table_name, self.client("dynamodb")),
+            self.clock,
+            self.config,
+        )
 
     @cached_property
     def history_notes(self) -> HistoryNotes:

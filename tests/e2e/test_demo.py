@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from demo import scenario
+from demo.cost import print_cost
 from demo.report import holds, print_report, summary_lines, totals
 from demo.timeline_chart import write_chart
 from emulator.fake_github import JobSpec
@@ -28,6 +29,7 @@ def test_a_played_scenario_is_reported_and_charted(
     played = scenario.play(system, SHORT)
     found = totals(system)
     print_report(system, played, found)
+    priced = print_cost(system)
     chart = write_chart(tmp_path / "timeline.html", system.events(), "demo", summary_lines(found))
 
     # Then both jobs were served, the accounting holds, and the report and the chart say so
@@ -36,3 +38,7 @@ def test_a_played_scenario_is_reported_and_charted(
     assert "accounting holds" in printed
     assert "1 failed, 1 redelivered by refresh" in printed
     assert "build" in chart.read_text()
+    # And `runner-pool cost` priced the jobs' hand-overs at list prices, the idle pool apart
+    assert priced
+    assert "(idle pool)" in printed
+    assert "2 job(s): $" in printed

@@ -6,13 +6,25 @@ state machines, refresh) and the real agents on simulated instances do the rest.
 
 from __future__ import annotations
 
+import io
+import itertools
+import json
+import time
+
 import pytest
 
+from bench.day_trace import FALLBACK_CONTROL_PLANE_MICRODOLLARS, Outcome, policies
+from emulator.boot_model import Path
 from emulator.fake_github import Conclusion, JobSpec, JobStatus
 from emulator.timeline import Happening
 from emulator.world import World
+from runner_pool.adapters.cost_ledger import DynamoDbCostLedger
+from runner_pool.cli import Deployment, Operator
+from runner_pool.domain.clock import SystemClock
+from runner_pool.domain.cost import Charges, Grouping, utc_day
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.records import HandOverTier
 from tests.e2e.conftest import (
     LABEL,
     accounted,
@@ -50,6 +62,43 @@ def test_a_later_workflow_reuses_the_instance_an_earlier_one_cold_started(system
     )
     assert job_of(system, second).conclusion is Conclusion.SUCCESS
     assert len(launched(system)) == 1
+    # And `runner-pool cost` prices its two hand-overs (cold, then hot) as the day trace prices them
+    settled(system)
+    cost_agrees_with_the_day_trace(system, [HandOverTier.COLD, HandOverTier.HOT])
+
+
+def cost_agrees_with_the_day_trace(system: World, tiers: list[HandOverTier]) -> None:
+    """The stack's hand-over items are the jobs' (their tiers, in order), and `runner-pool cost` prices
+    them as bench/day_trace.py prices the same hand-over seconds and jobs (its Outcome's `charges`, on
+    each instance type as its usage runs it): one function, so they agree within rounding."""
+    ledger = DynamoDbCostLedger(system.stack.plane.settings.table_name, system.aws.client("dynamodb"))
+    hand_overs = sorted(ledger.day(utc_day(time.time()))[0], key=lambda item: item.started_at)
+    assert [item.tier for item in hand_overs] == tiers
+    assert all(item.seconds > 0 for item in hand_overs)
+    out = io.StringIO()
+    deployment = Deployment(system.stack.plane.settings.table_name, "", ())
+    operator = Operator(deployment, system.aws.client("dynamodb"), None, SystemClock(), out)
+    assert operator.cost("1d", Grouping.REPOSITORY, as_json=True) == 0
+    reported = json.loads(out.getvalue())
+    hot = {policy.name: policy for policy in policies()}["hot_baked"]
+    traced = Charges()
+    for (instance_type, usage), items in itertools.groupby(
+        sorted(hand_overs, key=lambda item: (item.instance_type, item.usage_class)),
+        key=lambda item: (item.instance_type, item.usage_class),
+    ):
+        group = list(items)
+        seconds = sum(item.seconds for item in group)
+        outcome = Outcome(hot, paths=[PATHS[item.tier] for item in group], billed_seconds=seconds)
+        outcome.volume_seconds = seconds
+        traced += outcome.charges(FALLBACK_CONTROL_PLANE_MICRODOLLARS, instance_type, usage)
+    jobs = sum(group["jobs"] for group in reported["groups"].values())
+    total = sum(group["total_usd"] for group in reported["groups"].values())
+    assert jobs == traced.jobs == len(tiers)
+    assert total == pytest.approx(traced.total_usd, abs=1e-5)
+
+
+PATHS = {HandOverTier.COLD: Path.COLD_BAKED, HandOverTier.HOT: Path.HOT, HandOverTier.STOPPED: Path.STOPPED}
+"""How the day trace names the tier a job was served from."""
 
 
 def test_an_instance_dead_when_claimed_is_discarded_and_the_job_still_gets_a_runner(system: World) -> None:

@@ -50,12 +50,13 @@ CUSTOM_SETTINGS: dict[str, Any] = {
     "timeouts": {"idle_seconds": 3600},
     "workflow_type": "EXPRESS",
     "alarms": {"email": "oncall@example.com"},
+    "budget": {"daily_usd": 5, "drop_warm_minimums": True},
     "instances": {
         "ebs_kms_key_arn": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
     },
 }
-"""An operator's own Apps (two), class list (one with Session Manager), idle time, workflow type, alarm address
-and EBS key: unlike the defaults in every respect."""
+"""An operator's own Apps (two), class list (one with Session Manager), idle time, workflow type, alarm address,
+daily budget and EBS key: unlike the defaults in every respect."""
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,13 @@ from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import ReuseScope, ReuseSettings
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
 from runner_pool.domain.pool_partitions import PoolPartition
-from runner_pool.domain.records import InstanceFacts, InstanceRecord, TransitionResult, UsageClass
+from runner_pool.domain.records import (
+    HandOverTier,
+    InstanceFacts,
+    InstanceRecord,
+    TransitionResult,
+    UsageClass,
+)
 from runner_pool.domain.trust import TrustLevel, reuses
 
 _ANY_RUN = object()
@@ -72,6 +78,8 @@ class StateTable(StateWrites, StateMarkers):
             single_use=single_use and bool(run_key),
             trust=trust if run_key else None,
             for_stopped_tier=for_stopped_tier and not run_key,
+            handed_over_at=now if run_key else None,
+            handed_over_from=HandOverTier.COLD if run_key else None,
             created_at=now,
             updated_at=now,
         )
@@ -135,7 +143,12 @@ class StateTable(StateWrites, StateMarkers):
         now = self._clock.now()
         conditions: list[str] = []
         values: dict[str, Any] = {}
-        set_fields: dict[str, Any] = {RUN_KEY_ATTRIBUTE: run_key, "claim_token": claim_token}
+        set_fields: dict[str, Any] = {
+            RUN_KEY_ATTRIBUTE: run_key,
+            "claim_token": claim_token,
+            "handed_over_at": now,
+            "handed_over_from": (HandOverTier.STOPPED if stopped else HandOverTier.HOT).value,
+        }
         removed: tuple[str, ...] = ()
         if repository is not None:
             set_fields |= {REPOSITORY_ATTRIBUTE: repository, "single_use": single_use}
@@ -321,7 +334,7 @@ class StateTable(StateWrites, StateMarkers):
             expect_run_key=None,
             new_state=InstanceState.STOPPED,
             threshold_in=until - now,
-            set_fields={STOPPED_PARTITION_ATTRIBUTE: PoolPartition.of(facts).name},
+            set_fields={STOPPED_PARTITION_ATTRIBUTE: PoolPartition.of(facts).name, "stopped_at": now},
             is_replay=lambda r: r.state is InstanceState.STOPPED and not r.threshold_passed(now),
         )
 

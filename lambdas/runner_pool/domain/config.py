@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from runner_pool.domain.budget import BudgetSettings
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.github_settings import GitHubSettings
 from runner_pool.domain.instance_settings import ImageSettings, InstanceSettings
@@ -228,6 +229,7 @@ class StackConfig(Settings):
     image: ImageSettings = ImageSettings()
     reuse: ReuseSettings = ReuseSettings()
     logs: LogsSettings = LogsSettings()
+    budget: BudgetSettings = BudgetSettings()
 
     @model_validator(mode="after")
     def _classes_are_coherent(self) -> Self:

@@ -14,6 +14,7 @@ from typing import Protocol
 from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, Conclusion
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import FleetSettings, ReuseSettings
+from runner_pool.domain.cost import HandOverCost, InstanceLife
 from runner_pool.domain.fleet import Ec2State, LaunchOutcome, LaunchRequest, Start, Termination
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import (
@@ -221,3 +222,13 @@ class CheckRuns(Protocol):
     def complete_check_run(
         self, repository: str, check_run: CheckRun, *, conclusion: Conclusion, title: str, summary: str
     ) -> None: ...
+
+
+class CostLedger(Protocol):
+    """The cost items (adapters/cost_ledger.py): written once each, read a UTC day at a time."""
+
+    def hand_over_ended(self, cost: HandOverCost) -> bool: ...
+
+    def instance_ended(self, life: InstanceLife) -> bool: ...
+
+    def day(self, day: str) -> tuple[list[HandOverCost], list[InstanceLife]]: ...

@@ -22,6 +22,14 @@ class Arch(StrEnum):
     ARM64 = "arm64"
 
 
+class HandOverTier(StrEnum):
+    """Where the instance of a hand-over came from: the hot pool, the stopped tier, or a launch for it."""
+
+    HOT = "hot"
+    STOPPED = "stopped"
+    COLD = "cold"
+
+
 class Signal(StrEnum):
     """What the agent tells the control plane, through its signal item."""
 
@@ -107,6 +115,13 @@ class InstanceRecord(InstanceFacts):
     for_stopped_tier: bool = False
     """Launched by refresh for a class's stopped minimum (set at launch, never changed): once admitted it
     is stopped at once rather than offered hot (domain/stopped_tier.py, `launched_for_tier`)."""
+    handed_over_at: Epoch | None = None
+    """When its latest hand-off to a run began (its claim, or its launch for the run); kept until the next,
+    so the release that ends it can record the instance-seconds it used (domain/cost.py)."""
+    handed_over_from: HandOverTier | None = None
+    """Where that hand-off took it from: the hot pool, the stopped tier, or a launch."""
+    stopped_at: Epoch | None = None
+    """When it last entered the stopped tier: its time stopped is priced at its volume alone."""
     created_at: Epoch
     updated_at: Epoch
     expires_at: int | None = None

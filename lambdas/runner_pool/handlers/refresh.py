@@ -73,6 +73,7 @@ def refresh_of(plane: ControlPlane) -> Refresh:
             lambda: plane.capacity_waits, clock=plane.clock, check_runs=lambda: plane.github
         ),
         history=plane.class_history,
+        spend=plane.spend,
     )
 
 

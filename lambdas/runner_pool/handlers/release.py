@@ -99,6 +99,7 @@ def release_of(plane: ControlPlane) -> Release:
         notices=lambda: plane.notices,
         instant_runtime_minutes=plane.config.defaults.max_runtime_minutes,
         reruns=plane.reruns,
+        spend=plane.spend,
     )
 
 

@@ -1,6 +1,6 @@
 """Refresh (DESIGN.md section 8): the scheduled sweep that ends what is due, leaks nothing, keeps the pool.
 
-Each run does fourteen jobs, one after the other, each on its own (one failing does not stop the rest).
+Each run does fifteen jobs, one after the other, each on its own (one failing does not stop the rest).
 A job begins only with JOB_RESERVE_SECONDS of the Lambda's time left; those left are deferred, and the
 next run begins with them (`run`). Jobs 6, 8 and 9 read GitHub for runs with recent demand and live in
 steps.reconcile:
@@ -30,6 +30,7 @@ steps.reconcile:
    hot number are taken back: stopped while the rule wants more stopped, else ended (only while still
    idle and unheld: a claim that came first keeps its instance). No history, or none readable, keeps
    the schedule;
+5a. budget: with `budget.daily_usd`, today's spend is emitted; past it, warm minimums are 0 (steps/spend.py);
 5b. instant tier: its organisation runner group is set to the installation's repositories (the backstop
    of a lost `installation_repositories` delivery); each class whose instant tier holds fewer instances
    than its size asks for the rest in one provision (domain/instant.py); one whose instance died or whose
@@ -109,6 +110,7 @@ from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.instant_tier import InstantTier
 from runner_pool.steps.notices import NoticeSource, close_queues, no_notices, open_queues
 from runner_pool.steps.reconcile import RunReconciliation, TimeLeft
+from runner_pool.steps.spend import Spend
 
 
 class Refresh:
@@ -130,10 +132,12 @@ class Refresh:
         budget: Callable[[], RegistrationBudget] | None = None,
         capacity_waits: CapacityWaitSteps | None = None,
         history: ClassHistory | None = None,
+        spend: Spend | None = None,
     ) -> None:
         """Without `recent_demand` and `executions` (both needed), jobs 8 and 9 do nothing. With
         `capacity_waits`, job 9 provisions a run key waiting for capacity only once its back-off is over;
-        without `history`, adaptive sizing keeps the schedule and no boot time is noted."""
+        without `history`, adaptive sizing keeps the schedule and no boot time is noted; `spend` records
+        each instance's life as it ends and keeps the daily budget."""
         self._table = table
         self._fleet = fleet
         self._queues = queues
@@ -150,6 +154,7 @@ class Refresh:
         self._capacity_waits = capacity_waits
         self._history = history
         self._notes = None if history is None else HistoryNotes(history, config, clock)
+        self._spend = spend
 
     def run(self, tick: int, time_left: TimeLeft = lambda: math.inf) -> RefreshReport:
         """Every job in turn while `time_left()` (seconds) allows; the rest are deferred to the next run,
@@ -178,6 +183,7 @@ class Refresh:
             ("unreadable", self._end_unreadable),
             ("orphans", self._terminate_orphans),
             ("admit", self._admit_ready),
+            ("budget", lambda r: self._spend.keep_budget(self._table.live()) if self._spend else None),
             ("warm-pool", lambda r: self._keep_warm(r, tick)),
             ("instant-tier", lambda r: instant.keep(r, tick)),
             ("runners", github.delete_offline_runners),
@@ -291,8 +297,11 @@ class Refresh:
             results = self._fleet.terminate([record.instance_id for record in batch])
             for record in batch:
                 # TerminateInstances first: a record is never marked terminated while its instance runs.
-                if self._table.mark_terminated(record.instance_id).outcome is not Outcome.APPLIED:
+                ended = self._table.mark_terminated(record.instance_id)
+                if ended.outcome is not Outcome.APPLIED or ended.record is None:
                     continue
+                if self._spend is not None:
+                    self._spend.instance_ended(record, ended.record.updated_at)
                 report.terminated[record.state.value] += 1
                 if results.get(record.instance_id) in (Termination.TERMINATED, Termination.UNKNOWN):
                     report.already_gone += 1
@@ -405,7 +414,7 @@ class Refresh:
         # surplus is left to run out its idle time and be terminated as due, like any idle instance.
         sized = self._sized(now)
         report.minimum = {
-            name: sized[name].hot if name in sized else self._config.warm_minimum(name, now)
+            name: sized[name].hot if name in sized else self._warm_minimum(name, now)
             for name in self._config.resource_classes
         }
         report.pristine_minimum = {
@@ -441,6 +450,9 @@ class Refresh:
             stopped_short[name] = self._take_back_idle(chosen, stopped_short.get(name, 0), report)
         stopped_short = {name: count for name, count in stopped_short.items() if count > 0}
         self._launch_for_pool(report, tick, shortfall, stopped_short)
+
+    def _warm_minimum(self, name: str, now: Epoch) -> int:
+        return 0 if self._spend is not None and self._spend.dropped else self._config.warm_minimum(name, now)
 
     def _launch_for_pool(
         self, report: RefreshReport, tick: int, shortfall: dict[str, int], stopped_short: dict[str, int]
@@ -492,7 +504,7 @@ class Refresh:
         since = now - horizon - self._config.timeouts.created_threshold_seconds - refresh_seconds
         sized: dict[str, Holding] = {}
         for name in self._config.resource_classes:
-            floor = Holding(self._config.warm_minimum(name, now), self._config.stopped_minimum(name, now))
+            floor = Holding(self._warm_minimum(name, now), self._config.stopped_minimum(name, now))
             ceiling = Holding(max(pool.hot_maximum, floor.hot), pool.stopped_maximum)
             try:
                 demand = demand_of(self._history.read(name, since), refresh_seconds)

@@ -40,6 +40,7 @@ from runner_pool.domain.timeouts import Timeouts
 from runner_pool.observability import count, logger
 from runner_pool.steps.notices import NoticeSource, no_notices, notify
 from runner_pool.steps.reruns import Reruns
+from runner_pool.steps.spend import Spend
 
 
 class Release:
@@ -58,10 +59,11 @@ class Release:
         notices: NoticeSource = no_notices,
         instant_runtime_minutes: int = 360,
         reruns: Callable[[], Reruns] | None = None,
+        spend: Spend | None = None,
     ) -> None:
         """Without `reuse`, no instance is retired: every one that served is cleaned for the pool.
         `reruns` (built on first use) hears of a job that failed on an instance EC2 was interrupting;
-        without it, no such job is re-run.
+        without it, no such job is re-run. `spend` records each hand-over's cost as it ends.
         `instant_runtime_minutes`: how long an instant tier's job may run from its start (a tier label
         sets no `max-runtime`, so the stack's default)."""
         self._table = table
@@ -73,6 +75,7 @@ class Release:
         self._notices = notices
         self._instant_runtime = instant_runtime_minutes
         self._reruns = reruns
+        self._spend = spend
 
     def plan(self, request: ReleaseRequest) -> ReleasePlan:
         """The instances to give back: the one named, the part named, or every record still holding the run
@@ -310,6 +313,8 @@ class Release:
         return self._awaiting_receipt(progress, released)
 
     def _awaiting_receipt(self, progress: ReleaseProgress, released: InstanceRecord) -> ReleaseProgress:
+        if self._spend is not None:
+            self._spend.hand_over_ended(released)
         # The agent stops its runner and cleans up as soon as it reads its record: now, not at its watch.
         notify(self._notices, released.instance_id)
         return progress.model_copy(
