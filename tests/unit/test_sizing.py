@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner_pool.domain.sizing import HORIZON_SECONDS, HOT_SHARE, Demand, Holding, pool_size
+from runner_pool.domain.sizing import HORIZON_SECONDS, HOT_SHARE, SEASON_HOURS, Demand, Holding, pool_size
 
 NOW = 1_800_000_000.0
 NONE = Holding()
@@ -201,3 +201,17 @@ def test_the_answer_shrinks_only_after_a_lead_time(
     held = pool_size(base, 15, NOW, NONE)
     assert held.hot >= then.hot
     assert held.hot + held.stopped >= then.hot + then.stopped
+
+
+def test_a_burst_at_the_same_minutes_of_each_of_the_last_hours_is_held_hot_ahead_of_its_repeat() -> None:
+    # Given 4 jobs a minute after the top of each of the last SEASON_HOURS hours, and nothing else
+    top = NOW - NOW % 3600 + 3600
+    hourly = [top - back * 3600 + 60 + n for back in range(1, SEASON_HOURS + 1) for n in range(4)]
+    # Then just before the next top of the hour the rule holds them hot (the window ahead is a lead of 60 s
+    # and a refresh period of 20 s), where the horizon alone holds them stopped: they fill too few moments
+    held = pool_size(demand(hourly), 15, top - 10, NONE)
+    assert held.hot == 4
+    assert pool_size(demand(hourly[:4]), 15, top - 10, NONE) == Holding(0, held.hot + held.stopped)
+    # And once one of those hours had none (the last, or the first), nothing is held hot for them
+    assert pool_size(demand(hourly[4:]), 15, top - 10, NONE).hot == 0
+    assert pool_size(demand(hourly[:-4]), 15, top - 10, NONE).hot == 0

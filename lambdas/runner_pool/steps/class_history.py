@@ -12,7 +12,7 @@ from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import PoolSizing, StackConfig
 from runner_pool.domain.demand import JobQueued
 from runner_pool.domain.run_keys import RunKey
-from runner_pool.domain.sizing import Holding, pool_size
+from runner_pool.domain.sizing import SEASON_HOURS, Holding, pool_size
 from runner_pool.observability import count, logger
 
 
@@ -69,15 +69,17 @@ def sized(history: ClassHistory | None, config: StackConfig, now: Epoch) -> dict
     horizon = pool.sizing_horizon_minutes * 60.0
     refresh_seconds = config.refresh_rate_minutes * 60.0
     # The rule reads the arrivals of two leads before the horizon too (a lead's count at each moment, for
-    # each moment of the lead it holds its answer over); a lead is at most a launch's created threshold
-    # (past it the launch is expired) and a refresh period.
-    since = now - horizon - 2 * (config.timeouts.created_threshold_seconds + refresh_seconds)
+    # each moment of the lead it holds its answer over), and those of SEASON_HOURS hours back; a lead is
+    # at most a launch's created threshold (past it the launch is expired) and a refresh period. The reuse
+    # rate is the horizon's.
+    lead = config.timeouts.created_threshold_seconds + refresh_seconds
+    since = now - max(horizon + 2 * lead, SEASON_HOURS * 3600.0)
     holdings: dict[str, Holding] = {}
     for name in config.resource_classes:
         floor = Holding(config.warm_minimum(name, now), config.stopped_minimum(name, now))
         ceiling = Holding(max(pool.hot_maximum, floor.hot), pool.stopped_maximum)
         try:
-            demand = demand_of(history.read(name, since), refresh_seconds)
+            demand = demand_of(history.read(name, since), refresh_seconds, rate_since=now - horizon)
         except Exception:
             count("SizingHistoryUnread")
             logger.exception("sizing history not read; the class keeps its schedule", resource_class=name)
