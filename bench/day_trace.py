@@ -31,10 +31,12 @@ and each instance is terminated after its one job.
 The adaptive policy holds what the sizing rule (domain/sizing.py `pool_size`, the product's function)
 says at each refresh, from what the simulated stack has recorded: the day's arrivals so far, the share
 of jobs served by an instance that had served before (the reuse rate), and the p95 of its latest
-launch -> ready and start -> ready; its floor is the schedule in force (0) and its stopped ceiling
-`pool.stopped_maximum`. How refresh applies it is modelled, as the product does not yet: the hot and
-stopped shortfalls are launched, and an idle instance beyond the hot number is stopped while the
-stopped tier has room, else ended.
+launch -> ready and start -> ready; its floor is the schedule in force (0) and its ceilings
+`pool.hot_maximum` and `pool.stopped_maximum` (20: `policies`). Refresh applies it as the
+product's does (steps/refresh.py): the hot and stopped shortfalls are launched; an idle instance beyond
+the hot number is stopped while the stopped tier is short of the rule's stopped number, else ended; an
+idle instance whose idle time passes is stopped only while the tier is short of it; and stopped instances
+beyond it are ended.
 
 A second trace, the storm (`storm_day`), has another shape: half the pushes over the same hours,
 scheduled workflows at the top of every hour day and night, and one matrix of 100 jobs at once; the
@@ -246,10 +248,14 @@ def policies(
     stopped_maximum: int = 12,
     pristine: int = 6,
     instant: int = 6,
+    adaptive_stopped_maximum: int = 20,
 ) -> list[Policy]:
     """No pool, hot only, hot+stopped, single use (a pool of `pristine` instances no job has used, each
     job's instance terminated after it), and instant (jobs on the class's instant label, a tier of
-    `instant` runners waiting registered); each with a boot-time install and with a baked image."""
+    `instant` runners waiting registered); each with a boot-time install and with a baked image. And the
+    adaptive policy (baked): the sizing rule's numbers, the stopped tier up to `adaptive_stopped_maximum`,
+    as many as `pool.hot_maximum`'s default, since a stopped instance costs its volume only and the rule
+    leans on the tier to catch what the hot one misses."""
     shapes = {
         "no_pool": StackConfig(reuse=ReuseSettings(max_jobs=1)),
         "hot": StackConfig(warm_pool_minimum={RESOURCE_CLASS: working_hours_minimum(hot)}),
@@ -268,7 +274,14 @@ def policies(
         Policy(f"{name}_{'baked' if baked else 'install'}", config, baked, instant=name == "instant")
         for name, config in shapes.items()
         for baked in (False, True)
-    ] + [Policy("adaptive", stopped_tier_config(WarmMinimum(), stopped_maximum), baked=True, adaptive=True)]
+    ] + [
+        Policy(
+            "adaptive",
+            stopped_tier_config(WarmMinimum(), adaptive_stopped_maximum),
+            baked=True,
+            adaptive=True,
+        )
+    ]
 
 
 def stopped_tier_config(minimum: WarmMinimum, stopped_maximum: int) -> StackConfig:
@@ -597,13 +610,14 @@ class DaySimulation(Simulated):
 
     def _refresh(self, now: Epoch) -> None:
         """One refresh run (domain/refresh.py's order): what is due, then admissions, then the minimums."""
-        self._terminate_due(now)
+        need = self._sized(now) if self._policy.adaptive else None
+        self._terminate_due(now, need)
         self._instances = [i for i in self._instances if i.tier is not Tier.GONE]
         if self._policy.instant:
             self._keep_instant(now)
-        elif self._policy.adaptive:
+        elif need is not None:
             self._admit_booted(now)
-            self._keep_sized(now)
+            self._keep_sized(now, need)
         else:
             self._admit_booted(now)
             self._keep_minimums(now)
@@ -612,13 +626,15 @@ class DaySimulation(Simulated):
         if self._outstanding or now < self._day_end:
             self._at(now + self._config.refresh_rate_minutes * 60, self._refresh)
 
-    def _terminate_due(self, now: Epoch) -> None:
+    def _terminate_due(self, now: Epoch, need: Holding | None) -> None:
+        """What is due: an idle instance whose idle time has passed is stopped while the tier has room (the
+        rule's stopped number under adaptive sizing, else `pool.stopped_maximum`), ended otherwise."""
         reuse = self._config.reuse
         for instance in self._instances:
             if instance.tier is Tier.EXPIRED:
                 self._end(instance, now)
             elif instance.tier is Tier.IDLE and instance.threshold <= now:
-                if self._room_to_stop() and not reuse.too_old(instance.launched_at, now):
+                if self._room_to_stop(need) and not reuse.too_old(instance.launched_at, now):
                     self._stop(instance, now)
                 else:
                     self._end(instance, now)
@@ -657,15 +673,20 @@ class DaySimulation(Simulated):
 
     # --- the sizing rule (domain/sizing.py), as refresh would apply it
 
-    def _keep_sized(self, now: Epoch) -> None:
-        """Hold what the rule says (the schedule in force its floor, `pool.stopped_maximum` the stopped
-        ceiling): launch the hot and stopped shortfalls, counting what still boots. It scales down as
-        deliberately: an idle instance beyond the rule's hot number is stopped while the stopped tier has
-        room (ended otherwise), so it can serve a later job in a start rather than a launch."""
+    def _sized(self, now: Epoch) -> Holding:
+        """What the rule says now, the schedule in force its floor and `pool.hot_maximum` and
+        `pool.stopped_maximum` its ceiling, as refresh asks it (steps/refresh.py)."""
         config = self._config
         floor = Holding(config.warm_minimum(RESOURCE_CLASS, now), config.stopped_minimum(RESOURCE_CLASS, now))
-        ceiling = Holding(len(self._arrivals) + 1, config.pool.stopped_maximum)
-        need = pool_size(self._demand(now), TARGET_WAIT_SECONDS, now, floor, ceiling)
+        ceiling = Holding(max(config.pool.hot_maximum, floor.hot), config.pool.stopped_maximum)
+        return pool_size(self._demand(now), TARGET_WAIT_SECONDS, now, floor, ceiling)
+
+    def _keep_sized(self, now: Epoch, need: Holding) -> None:
+        """Hold what the rule says: launch the hot and stopped shortfalls, counting what still boots. It
+        scales down as deliberately: an idle instance beyond the rule's hot number is stopped while the
+        stopped tier is short of the rule's stopped number (ended otherwise), so it can serve a later job in
+        a start rather than a launch; stopped instances beyond it are ended, the oldest first."""
+        config = self._config
         idle = sorted(
             (i for i in self._instances if i.tier is Tier.IDLE and i.threshold > now),
             key=lambda i: i.offered_at,
@@ -674,7 +695,7 @@ class DaySimulation(Simulated):
             1 for i in self._instances if i.tier is Tier.STOPPED or (i.tier is Tier.BOOTING and i.for_stopped)
         )
         for instance in idle[: max(0, len(idle) - need.hot)]:
-            if self._room_to_stop() and not config.reuse.too_old(instance.launched_at, now):
+            if stopped < need.stopped and not config.reuse.too_old(instance.launched_at, now):
                 self._stop(instance, now)
                 stopped += 1
             else:
@@ -685,6 +706,9 @@ class DaySimulation(Simulated):
             self._launch_for_pool(now, for_stopped=False)
         for _ in range(need.stopped - stopped):
             self._launch_for_pool(now, for_stopped=True)
+        held = sorted((i for i in self._instances if i.tier is Tier.STOPPED), key=lambda i: i.launched_at)
+        for instance in held[: max(0, stopped - need.stopped)]:
+            self._end(instance, now)
 
     def _demand(self, now: Epoch) -> Demand | None:
         """The class's demand as the stack has recorded it: arrivals, the reuse rate over the horizon, and
@@ -718,9 +742,9 @@ class DaySimulation(Simulated):
         instance.running_since = now + self._draw(*self._boot.to_running(path))
         instance.agent_up_at = instance.running_since + self._draw(*self._boot.running_to_agent(path))
 
-    def _room_to_stop(self) -> bool:
+    def _room_to_stop(self, need: Holding | None = None) -> bool:
         stopped = sum(1 for i in self._instances if i.tier is Tier.STOPPED)
-        return stopped < self._config.pool.stopped_maximum
+        return stopped < (self._config.pool.stopped_maximum if need is None else need.stopped)
 
     def _stop(self, instance: Instance, now: Epoch) -> None:
         self._close_running(instance, now)

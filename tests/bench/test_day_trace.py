@@ -235,6 +235,8 @@ def test_the_adaptive_policy_lets_its_pool_go_once_the_demand_has_left_the_rules
     # what the rule no longer wants is stopped or ended, not kept running
     busy = sum(job.duration for job in jobs)
     assert busy < outcome.billed_seconds < busy + 4 * 3600
+    # And the stopped tier is taken back too: one volume kept stopped to midnight would add 20 hours
+    assert outcome.volume_seconds < busy + 24 * 3600
 
 
 def test_the_storm_trace_has_hourly_schedules_day_and_night_and_one_large_matrix() -> None:

@@ -30,10 +30,15 @@ HORIZON_SECONDS = 300.0
 def adaptive() -> Iterator[LocalControlPlane]:
     """A stack that sizes its pool by the rule over 5 minutes of arrivals, over a schedule of one idle
     `large` instance; watched (its history first read) two horizons ago, its launches measured at 90 s."""
-    config = stack_config(
+    yield from watched(
         warm_pool_minimum={"large": 1}, pool={"sizing": "adaptive", "sizing_horizon_minutes": 5}
     )
-    with local_control_plane(config) as plane:
+
+
+def watched(**config: object) -> Iterator[LocalControlPlane]:
+    """A stack of `config` whose class was first read two horizons ago, its launches measured at 90 s;
+    its accounting checked once the test is done."""
+    with local_control_plane(stack_config(**config)) as plane:
         plane.plane.class_history.read("large", plane.clock.now())
         plane.clock.advance(2 * HORIZON_SECONDS)
         launch = [Entry(f"i-measured-{n}", LAUNCH_SECONDS) for n in range(5)]
@@ -52,16 +57,16 @@ def burst(local: LocalControlPlane, jobs: int, minutes: int) -> None:
 
 
 def the_rules_number(local: LocalControlPlane) -> Holding:
-    """What the rule says from what the history holds now, the schedule (1) its floor."""
+    """What the rule says from what the history holds now, the schedule its floor."""
     now = local.clock.now()
     record = local.plane.class_history.read("large", now - 2 * HORIZON_SECONDS)
-    pool = local.config.pool
+    config = local.config
     return pool_size(
         demand_of(record, 60.0),
-        pool.target_wait_seconds,
+        config.pool.target_wait_seconds,
         now,
-        Holding(1),
-        Holding(pool.hot_maximum),
+        Holding(config.warm_minimum("large", now), config.stopped_minimum("large", now)),
+        Holding(config.pool.hot_maximum, config.pool.stopped_maximum),
         horizon_seconds=HORIZON_SECONDS,
     )
 
@@ -167,3 +172,39 @@ def test_on_the_schedule_the_history_changes_nothing() -> None:
         # When refresh runs / Then it keeps the schedule's one
         report = local.refresh()
         assert (report["minimum"]["large"], report["launched"]) == (1, {"large": 1})
+
+
+@pytest.fixture
+def tiered() -> Iterator[LocalControlPlane]:
+    """An adaptive stack with no schedule (floor 0), on-demand by default, with a stopped tier of up to 3."""
+    yield from watched(
+        defaults={"usage": "on-demand"},
+        pool={"sizing": "adaptive", "sizing_horizon_minutes": 5, "stopped_maximum": 3},
+    )
+
+
+def test_the_stopped_tier_holds_the_rules_number_not_the_maximum(tiered: LocalControlPlane) -> None:
+    # Given no arrivals (the rule holds nothing), two stopped instances, and one clean idle instance whose
+    # idle time ends before refresh's next run: under the schedule, the maximum of 3 would stop it too
+    *stopped, idle = tiered.pooled(3)
+    for record in (*stopped, idle):
+        tiered.table.write_heartbeat(record.instance_id)
+        tiered.table.write_signal(record.instance_id, Signal.UD_OK)
+    for record in stopped:
+        assert tiered.table.stop(record.instance_id).succeeded
+        tiered.ec2.stop_instances(InstanceIds=[record.instance_id])
+        until = tiered.clock.now() + tiered.config.pool.stopped_max_age_minutes * 60
+        assert tiered.table.mark_stopped(tiered.record(record.instance_id), until).succeeded
+    tiered.clock.advance(tiered.config.timeouts.idle_seconds - 30)
+    assert the_rules_number(tiered) == Holding()
+
+    # When refresh runs
+    report = tiered.refresh()
+
+    # Then the idle one is not stopped (the rule wants none stopped), and it and the stopped ones are taken
+    # back (the rule wants none hot either)
+    assert report["stopping"] == 0
+    assert report["trimmed"] == {"large": 3}
+    # And the next run terminates them, stopped or idle, as due
+    tiered.clock.advance(60)
+    assert tiered.refresh()["terminated"] == {"stopped": 2, "idle": 1}

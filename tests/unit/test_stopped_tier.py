@@ -19,6 +19,7 @@ from runner_pool.domain.stopped_tier import (
     launched_for_tier,
     stopped_shortfall,
     stopped_until,
+    surplus_stopped,
     to_stop,
 )
 from runner_pool.domain.trust import TrustLevel
@@ -233,3 +234,25 @@ def test_those_launched_for_the_tier_take_its_room_from_idle_stops() -> None:
     booting, stopped = for_tier(1), record(2, InstanceState.STOPPED, threshold=NOW + 3600)
     # When refresh chooses whom to stop / Then the ending one has no room: it is terminated as due
     assert to_stop([booting, stopped, record(3)], CONFIG, NOW) == []
+
+
+def test_under_adaptive_sizing_the_tiers_room_is_the_rules_number() -> None:
+    # Given three idle instances ending within the lead, a maximum of 2, and the rule wanting one stopped
+    ending = [record(1, threshold=NOW + 5), record(2, threshold=NOW + 10), record(3, threshold=NOW + 15)]
+    # Then one is stopped, the soonest; and with the rule wanting none, none is
+    assert ids(to_stop(ending, CONFIG, NOW, tier={"large": 1})) == ids(ending[:1])
+    assert to_stop(ending, CONFIG, NOW, tier={"large": 0}) == []
+
+
+def test_stopped_instances_beyond_the_rules_number_are_taken_back_oldest_launched_first() -> None:
+    # Given three stopped instances (one held by a claim starting it) and one stopping, and the rule wanting two
+    until = {"threshold": NOW + 3600}
+    oldest = record(1, InstanceState.STOPPED, created_at=NOW - 900, **until)
+    older = record(2, InstanceState.STOPPED, created_at=NOW - 800, **until)
+    held = record(3, InstanceState.STOPPED, created_at=NOW - 1000, run_key="pool=9", **until)
+    stopping = record(4, InstanceState.STOPPING, created_at=NOW - 2000, **until)
+    tier = [held, older, stopping, oldest]
+    # Then the two beyond it are the oldest unheld stopped ones: a stopping one counts, but is not chosen
+    assert ids(surplus_stopped(tier, {"large": 2}, NOW)) == ids([oldest, older])
+    # And with the rule wanting all four, none is
+    assert surplus_stopped(tier, {"large": 4}, NOW) == []

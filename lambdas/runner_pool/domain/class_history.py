@@ -70,22 +70,23 @@ class ClassHistory(Protocol):
         ...
 
 
-def demand_of(record: ClassRecord, refresh_seconds: float) -> Demand | None:
+def demand_of(record: ClassRecord, refresh_seconds: float, rate_since: Epoch = -math.inf) -> Demand | None:
     """The rule's input from a class's record: its arrivals (each job once, at its earliest), the share
-    of them served by an instance that had served before (the reuse rate), and the p95 of its latest
-    MEASURED launches and starts (a start taken to be as slow as a launch until one is measured). None
-    while no launch has been measured: the rule then keeps the schedule."""
+    of those since `rate_since` served by an instance that had served before (the reuse rate), and the p95
+    of its latest MEASURED launches and starts (a start taken to be as slow as a launch until one is
+    measured). None while no launch has been measured: the rule then keeps the schedule."""
     launches = _latest(record.launches)
     if not launches:
         return None
     launch = _percentile(launches)
     starts = _latest(record.starts)
     arrivals = _earliest(record.arrivals)
-    reuses = len({entry.key for entry in record.reuses})
+    reuses = len({entry.key for entry in record.reuses if entry.value >= rate_since})
+    counted = sum(1 for at in arrivals.values() if at >= rate_since)
     return Demand(
         arrivals=sorted(arrivals.values()),
         watched_since=record.watched_since,
-        reuse_rate=min(1.0, reuses / len(arrivals)) if arrivals else 0.0,
+        reuse_rate=min(1.0, reuses / counted) if counted else 0.0,
         launch_seconds=launch,
         start_seconds=_percentile(starts) if starts else launch,
         refresh_seconds=refresh_seconds,

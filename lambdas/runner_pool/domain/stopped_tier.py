@@ -125,12 +125,19 @@ def to_stop(
     config: StackConfig,
     now: Epoch,
     clean: Callable[[InstanceRecord], bool] = lambda _: True,
+    tier: Mapping[str, int] | None = None,
 ) -> list[InstanceRecord]:
-    """The idle instances to stop now: per class, as many as `pool.stopped_maximum` leaves room for, those
-    whose idle time ends first first, each one whose agent is `clean` (asked only while there is room)."""
+    """The idle instances to stop now: per class, as many as `pool.stopped_maximum` (or `tier`'s number for
+    it: adaptive sizing's) leaves room for, those whose idle time ends first first, each one whose agent is
+    `clean` (asked only while there is room)."""
     records = list(records)
     lead = config.refresh_rate_minutes * 60.0
-    room = Counter(dict.fromkeys(config.resource_classes, config.pool.stopped_maximum))
+    room = Counter(
+        {
+            name: config.pool.stopped_maximum if tier is None else tier.get(name, config.pool.stopped_maximum)
+            for name in config.resource_classes
+        }
+    )
     # Those launched for the stopped minimum are stopped when admitted: their room is taken already.
     room.subtract(_tier_by_class(records, now))
     chosen: list[InstanceRecord] = []
@@ -169,3 +176,29 @@ def in_order_of_use(records: Iterable[InstanceRecord]) -> list[InstanceRecord]:
     """Stopped instances in the order a request tries them: used ones first, so that a job that reuses
     leaves the pristine ones to single-use jobs while it has one of its own (as pickup does)."""
     return sorted(records, key=lambda record: record.pristine)
+
+
+def surplus_stopped(
+    records: Iterable[InstanceRecord], tier: Mapping[str, int], now: Epoch
+) -> list[InstanceRecord]:
+    """Per class, the stopped instances beyond `tier`'s number for it (adaptive sizing's), the oldest
+    launched first (the nearest to `reuse.max_age_minutes`): only stopped ones no job holds, as a claim
+    that starts one writes its run key first. Those stopping and those launched for the tier count toward
+    it but are not chosen: they are the tier's newest."""
+    records = list(records)
+    have = _tier_by_class(records, now)
+    chosen: list[InstanceRecord] = []
+    for name, wanted in tier.items():
+        stopped = sorted(
+            (
+                r
+                for r in records
+                if r.resource_class == name
+                and r.state is InstanceState.STOPPED
+                and r.run_key is None
+                and not r.threshold_passed(now)
+            ),
+            key=lambda r: (r.created_at, r.instance_id),
+        )
+        chosen += stopped[: max(0, have[name] - wanted)]
+    return chosen

@@ -1,16 +1,18 @@
 """Noting the facts adaptive sizing reads (domain/class_history.py) where they happen: a note that fails is
-logged and counted, never fails the dispatch, provision or refresh it describes."""
+logged and counted, never fails the dispatch, provision or refresh it describes; and reading them back
+into what each class should hold (`sized`), for refresh."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
 
-from runner_pool.domain.class_history import ClassHistory, Entry, Fact
-from runner_pool.domain.clock import Clock
-from runner_pool.domain.config import StackConfig
+from runner_pool.domain.class_history import ClassHistory, Entry, Fact, demand_of
+from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.config import PoolSizing, StackConfig
 from runner_pool.domain.demand import JobQueued
 from runner_pool.domain.run_keys import RunKey
+from runner_pool.domain.sizing import SEASON_HOURS, Holding, pool_size
 from runner_pool.observability import count, logger
 
 
@@ -55,3 +57,34 @@ class HistoryNotes:
                 resource_class=resource_class,
                 exc_info=True,
             )
+
+
+def sized(history: ClassHistory | None, config: StackConfig, now: Epoch) -> dict[str, Holding]:
+    """Per class, what adaptive sizing holds now (domain/sizing.py), the schedule in force its floor;
+    empty on the schedule (or without a history). A class whose history cannot be read keeps the
+    schedule, logged."""
+    pool = config.pool
+    if pool.sizing is not PoolSizing.ADAPTIVE or history is None:
+        return {}
+    horizon = pool.sizing_horizon_minutes * 60.0
+    refresh_seconds = config.refresh_rate_minutes * 60.0
+    # The rule reads the arrivals of two leads before the horizon too (a lead's count at each moment, for
+    # each moment of the lead it holds its answer over), and those of SEASON_HOURS hours back; a lead is
+    # at most a launch's created threshold (past it the launch is expired) and a refresh period. The reuse
+    # rate is the horizon's.
+    lead = config.timeouts.created_threshold_seconds + refresh_seconds
+    since = now - max(horizon + 2 * lead, SEASON_HOURS * 3600.0)
+    holdings: dict[str, Holding] = {}
+    for name in config.resource_classes:
+        floor = Holding(config.warm_minimum(name, now), config.stopped_minimum(name, now))
+        ceiling = Holding(max(pool.hot_maximum, floor.hot), pool.stopped_maximum)
+        try:
+            demand = demand_of(history.read(name, since), refresh_seconds, rate_since=now - horizon)
+        except Exception:
+            count("SizingHistoryUnread")
+            logger.exception("sizing history not read; the class keeps its schedule", resource_class=name)
+            demand = None
+        holdings[name] = pool_size(
+            demand, pool.target_wait_seconds, now, floor, ceiling, horizon_seconds=horizon
+        )
+    return holdings

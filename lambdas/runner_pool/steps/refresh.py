@@ -63,14 +63,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from runner_pool.adapters.executions import Executions
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.adapters.recent_demand import RecentDemand
 from runner_pool.adapters.state_table import StateTable
-from runner_pool.domain.class_history import ClassHistory, Fact, demand_of
+from runner_pool.domain.class_history import ClassHistory, Fact
 from runner_pool.domain.clock import Clock, Epoch
-from runner_pool.domain.config import PoolSizing, StackConfig
+from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import Ec2State, LaunchRequest, Termination
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import PickupManager, PoolQueue
@@ -95,18 +96,19 @@ from runner_pool.domain.refresh import (
 )
 from runner_pool.domain.registration_budget import RegistrationBudget
 from runner_pool.domain.runners import GitHubError, RunnerRegistry
-from runner_pool.domain.sizing import Holding, pool_size
+from runner_pool.domain.sizing import Holding
 from runner_pool.domain.stopped_tier import (
     awaiting_stop,
     clean_to_stop,
     launched_for_tier,
     stopped_shortfall,
     stopped_until,
+    surplus_stopped,
     to_stop,
 )
-from runner_pool.observability import count, logger
+from runner_pool.observability import logger
 from runner_pool.steps.capacity_waits import CapacityWaitSteps
-from runner_pool.steps.class_history import HistoryNotes
+from runner_pool.steps.class_history import HistoryNotes, sized
 from runner_pool.steps.instant_tier import InstantTier
 from runner_pool.steps.notices import NoticeSource, close_queues, no_notices, open_queues
 from runner_pool.steps.reconcile import RunReconciliation, TimeLeft
@@ -155,6 +157,7 @@ class Refresh:
         self._history = history
         self._notes = None if history is None else HistoryNotes(history, config, clock)
         self._spend = spend
+        self._sizing: tuple[int, dict[str, Holding]] | None = None
 
     def run(self, tick: int, time_left: TimeLeft = lambda: math.inf) -> RefreshReport:
         """Every job in turn while `time_left()` (seconds) allows; the rest are deferred to the next run,
@@ -266,8 +269,14 @@ class Refresh:
                 self._stop(record.instance_id, report)
         # An agent not known clean (its scrub not done yet, or failed) is looked at again next run, and is
         # terminated as due if its idle time ends first.
+        # Under adaptive sizing the tier has room for the rule's stopped number, not the maximum.
+        tier = {name: need.stopped for name, need in self._sized(tick).items()} or None
         chosen = to_stop(
-            records, self._config, now, clean=lambda r: clean_to_stop(self._table.read_signal(r.instance_id))
+            records,
+            self._config,
+            now,
+            clean=lambda r: clean_to_stop(self._table.read_signal(r.instance_id)),
+            tier=tier,
         )
         if not chosen:
             return
@@ -412,9 +421,9 @@ class Refresh:
         report.idle_pristine = {name: pristine[name] for name in self._config.resource_classes}
         # On the schedule only a shortfall launches: when a window closes and its minimum drops, the
         # surplus is left to run out its idle time and be terminated as due, like any idle instance.
-        sized = self._sized(now)
+        holdings = self._sized(tick)
         report.minimum = {
-            name: sized[name].hot if name in sized else self._warm_minimum(name, now)
+            name: holdings[name].hot if name in holdings else self._warm_minimum(name, now)
             for name in self._config.resource_classes
         }
         report.pristine_minimum = {
@@ -422,7 +431,7 @@ class Refresh:
         }
         surplus = {
             name: surplus_idle(idle[name], need.hot, report.pristine_minimum[name])
-            for name, need in sized.items()
+            for name, need in holdings.items()
         }
         short = {
             name: pool_shortfall(
@@ -436,11 +445,13 @@ class Refresh:
         }
         shortfall = {name: count for name, count in short.items() if count > 0}
         report.stopped_minimum = {
-            name: sized[name].stopped if name in sized else self._config.stopped_minimum(name, now)
+            name: holdings[name].stopped if name in holdings else self._config.stopped_minimum(name, now)
             for name in self._config.resource_classes
         }
         stopped_short = stopped_shortfall(records, self._config, now, report.stopped_minimum)
-        if not shortfall and not stopped_short and not any(surplus.values()):
+        tier = {name: need.stopped for name, need in holdings.items()}
+        stopped_surplus = surplus_stopped(records, tier, now)
+        if not shortfall and not stopped_short and not any(surplus.values()) and not stopped_surplus:
             return
         # One claim covers the top-ups and the take-back: two runs at once never do either twice.
         claimed, _ = self._claim_marker(WARM_POOL_MARKER, tick, self._table.read_marker(WARM_POOL_MARKER))
@@ -448,6 +459,10 @@ class Refresh:
             return  # this schedule slot's top-up is another run's
         for name, chosen in surplus.items():
             stopped_short[name] = self._take_back_idle(chosen, stopped_short.get(name, 0), report)
+        for record in stopped_surplus:
+            # A claim that came first holds a run key, so this expiry fails: its instance starts for its job.
+            if self._table.expire(record.instance_id, run_key=None).outcome is Outcome.APPLIED:
+                report.trimmed[record.resource_class] += 1
         stopped_short = {name: count for name, count in stopped_short.items() if count > 0}
         self._launch_for_pool(report, tick, shortfall, stopped_short)
 
@@ -491,31 +506,16 @@ class Refresh:
         if failures:
             raise RuntimeError(f"warm-pool launches failed for: {', '.join(failures)}")
 
-    def _sized(self, now: Epoch) -> dict[str, Holding]:
-        """Per class, what adaptive sizing holds now (domain/sizing.py), the schedule in force its floor;
-        empty on the schedule. A class whose history cannot be read keeps the schedule, logged."""
-        pool = self._config.pool
-        if pool.sizing is not PoolSizing.ADAPTIVE or self._history is None:
-            return {}
-        horizon = pool.sizing_horizon_minutes * 60.0
-        refresh_seconds = self._config.refresh_rate_minutes * 60.0
-        # The rule reads the arrivals of a lead before the horizon too; a lead is at most a launch's
-        # created threshold (past it the launch is expired) and a refresh period.
-        since = now - horizon - self._config.timeouts.created_threshold_seconds - refresh_seconds
-        sized: dict[str, Holding] = {}
-        for name in self._config.resource_classes:
-            floor = Holding(self._warm_minimum(name, now), self._config.stopped_minimum(name, now))
-            ceiling = Holding(max(pool.hot_maximum, floor.hot), pool.stopped_maximum)
-            try:
-                demand = demand_of(self._history.read(name, since), refresh_seconds)
-            except Exception:
-                count("SizingHistoryUnread")
-                logger.exception("sizing history not read; the class keeps its schedule", resource_class=name)
-                demand = None
-            sized[name] = pool_size(
-                demand, pool.target_wait_seconds, now, floor, ceiling, horizon_seconds=horizon
-            )
-        return sized
+    def _sized(self, tick: int) -> dict[str, Holding]:
+        """Per class, what adaptive sizing holds now (steps/class_history.py `sized`), read once a run: the
+        stopped tier's room and the warm pool's numbers are the same answer. Past a daily budget that drops
+        warm minimums, the rule holds nothing hot either (its stopped tier costs only volumes)."""
+        if self._sizing is None or self._sizing[0] != tick:
+            holdings = sized(self._history, self._config, self._clock.now())
+            if self._spend is not None and self._spend.dropped:
+                holdings = {name: replace(holding, hot=0) for name, holding in holdings.items()}
+            self._sizing = (tick, holdings)
+        return self._sizing[1]
 
     def _take_back_idle(self, chosen: list[InstanceRecord], stopped_short: int, report: RefreshReport) -> int:
         """Idle instances beyond adaptive sizing's hot number: each stopped while the class's stopped tier
