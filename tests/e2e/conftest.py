@@ -12,6 +12,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,13 +166,21 @@ FAST_TIMERS = LAMBDA_POLLER_TIMERS
 """The e2e scenarios' timers: the dispatcher read by Lambda's five pollers, as deployed."""
 
 
-@pytest.fixture
-def system(tmp_path: Path) -> Iterator[World]:
-    """The whole system on local AWS, with its waits compressed further than the demo's."""
-    config = compressed_config(timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8})
+@contextmanager
+def whole_system(tmp_path: Path, **settings: Any) -> Iterator[World]:
+    """The whole system on local AWS, with its waits compressed further than the demo's, and any stack
+    settings of a scenario's own (e.g. `fleet={...}`)."""
+    config = compressed_config(timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8}, **settings)
     with world(
         tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
     ) as running:
+        yield running
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[World]:
+    """The whole system on local AWS (`whole_system`)."""
+    with whole_system(tmp_path) as running:
         yield running
 
 

@@ -11,14 +11,12 @@ import pytest
 
 from emulator.ec2_events import SpotReclaim, interruption_warning
 from emulator.fake_github import Conclusion, FakeWorkflowRun, JobSpec, JobStatus
-from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
+from emulator.world import World
 from runner_pool.domain.demand import RunCompleted, to_body
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import UsageClass
 from tests.e2e.conftest import (
-    FAST_INSTANCES,
-    FAST_TIMERS,
     LABEL,
     accounted,
     completed,
@@ -26,6 +24,7 @@ from tests.e2e.conftest import (
     eventually,
     job_of,
     settled,
+    whole_system,
 )
 
 pytestmark = pytest.mark.slow
@@ -39,13 +38,7 @@ JOB_SECONDS = 6.0
 @pytest.fixture
 def system_without_reruns(tmp_path: Path) -> Iterator[World]:
     """The e2e `system`, with fleet.rerun_interrupted_jobs off."""
-    config = compressed_config(
-        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8},
-        fleet={"rerun_interrupted_jobs": False},
-    )
-    with world(
-        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
-    ) as running:
+    with whole_system(tmp_path, fleet={"rerun_interrupted_jobs": False}) as running:
         yield running
 
 

@@ -12,12 +12,12 @@ import pytest
 
 from emulator.fake_github import Conclusion, FakeWorkflowRun, JobSpec
 from emulator.timeline import Happening
-from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
+from emulator.world import World
 from runner_pool.adapters.spot_breaker import DynamoDbSpotBreaker
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.records import UsageClass
-from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, completed, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, completed, eventually, job_of, settled, whole_system
 
 pytestmark = pytest.mark.slow
 
@@ -27,15 +27,8 @@ COOLDOWN_SECONDS = 20.0
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[World]:
     """The e2e system, its breaker opened by two interruptions and cooling down in seconds."""
-    config = compressed_config(
-        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8},
-        fleet={
-            "spot_breaker": {"interruptions": 2, "window_seconds": 600, "cooldown_seconds": COOLDOWN_SECONDS}
-        },
-    )
-    with world(
-        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
-    ) as running:
+    breaker = {"interruptions": 2, "window_seconds": 600, "cooldown_seconds": COOLDOWN_SECONDS}
+    with whole_system(tmp_path, fleet={"spot_breaker": breaker}) as running:
         yield running
 
 
