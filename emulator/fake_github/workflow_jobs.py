@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from emulator.fake_github import payloads
-from emulator.fake_github.rest import readable_runs
 from emulator.fake_github.routes import Answer, Auth, Refusal, Request, per_page, route, whole
-from emulator.fake_github.workflow_runs import run_of
+from emulator.fake_github.workflow_runs import run_attempt_of
 
 if TYPE_CHECKING:
     from emulator.fake_github.server import FakeGitHub
@@ -22,11 +21,9 @@ if TYPE_CHECKING:
 
 @route("GET", "/repos/{owner}/{repo}/actions/runs/{run_id}/attempts/{attempt_number}/jobs", Auth.INSTALLATION)
 def list_jobs_for_attempt(github: FakeGitHub, request: Request) -> Answer:
-    repository = readable_runs(request)
     state = github.state
-    attempt = whole(request.params["attempt_number"])
     with state.lock:
-        run = run_of(github, repository, request)
+        run, attempt = run_attempt_of(github, request)
         jobs = [state.jobs[job_id] for job_id in run.job_ids]
         # Attempts are the fake's only where it models re-runs; a run without them has attempt 1.
         of_attempt = [job for job in jobs if getattr(job, "run_attempt", 1) == attempt]

@@ -36,16 +36,13 @@ if TYPE_CHECKING:
 
 @route("GET", "/repos/{owner}/{repo}/actions/runs/{run_id}/attempts/{attempt_number}", Auth.INSTALLATION)
 def get_run_attempt(github: FakeGitHub, request: Request) -> Answer:
-    repository = readable_runs(request)
-    state = github.state
-    attempt = whole(request.params["attempt_number"])
-    with state.lock:
-        run = run_of(github, repository, request)
+    with github.state.lock:
+        run, attempt = run_attempt_of(github, request)
         if not 1 <= attempt <= run.run_attempt:
             raise Refusal(404, "Not Found")
         if run.trigger.read_fails:
             raise Refusal(503, "Service Unavailable")
-        body = payloads.run_attempt(run, state.repository_id(run.repository))
+        body = payloads.run_attempt(run, github.state.repository_id(run.repository))
     # The fake keeps only a run's latest attempt; an earlier one differs in its attempt's own fields.
     body["run_attempt"] = attempt
     return Answer(200, body)
@@ -53,18 +50,16 @@ def get_run_attempt(github: FakeGitHub, request: Request) -> Answer:
 
 @route("GET", "/repos/{owner}/{repo}/actions/runs/{run_id}", Auth.INSTALLATION)
 def get_run(github: FakeGitHub, request: Request) -> Answer:
-    repository = readable_runs(request)
     state = github.state
     with state.lock:
-        run = run_of(github, repository, request)
+        run = run_of(github, request)
         return Answer(200, payloads.run_attempt(run, state.repository_id(run.repository)))
 
 
 @route("POST", "/repos/{owner}/{repo}/actions/runs/{run_id}/rerun-failed-jobs", Auth.INSTALLATION)
 def rerun_failed_jobs(github: FakeGitHub, request: Request) -> Answer:
-    repository = readable_runs(request, "write")
     with github.state.lock:
-        run_id = run_of(github, repository, request).run_id
+        run_id = run_of(github, request, "write").run_id
     try:
         github.actions.rerun_failed_jobs(run_id)
     except RerunRefusedError as exc:
@@ -72,9 +67,17 @@ def rerun_failed_jobs(github: FakeGitHub, request: Request) -> Answer:
     return Answer(201, {})
 
 
-def run_of(github: FakeGitHub, repository: str, request: Request) -> FakeWorkflowRun:
-    """The run the route's `run_id` names, if it is `repository`'s; else 404, as GitHub answers. Under
-    the state's lock."""
+def run_attempt_of(github: FakeGitHub, request: Request) -> tuple[FakeWorkflowRun, int]:
+    """The run the route names (run_of), and the attempt number its path asks for: whether the run has
+    that attempt is the route's to say. Under the state's lock."""
+    return run_of(github, request), whole(request.params["attempt_number"])
+
+
+def run_of(github: FakeGitHub, request: Request, level: str = "read") -> FakeWorkflowRun:
+    """The run the route's `run_id` names, if it is the route's repository's and the calling installation
+    may read its Actions (or write them, at `level` `write`: rest.readable_runs); else 404 or 403, as GitHub
+    answers. Under the state's lock."""
+    repository = readable_runs(request, level)
     run = github.state.runs.get(whole(request.params["run_id"]))
     if run is None or run.repository.lower() != repository.lower():
         raise Refusal(404, "Not Found")

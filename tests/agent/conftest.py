@@ -175,6 +175,13 @@ class ControlPlane:
     def release(self, run_key: str) -> None:
         assert self.records.release(self.instance_id, run_key).succeeded
 
+    def released_after_its_job(self, run_key: str) -> None:
+        """The run's job went to work on the instance, then the run released it; the agent's receipt
+        (UD_REMOVE_REG_OK) awaited."""
+        self.activate(run_key)
+        self.release(run_key)
+        self.await_signal(Signal.UD_REMOVE_REG_OK, run_key)
+
     def signal(self) -> WorkerSignal | None:
         return self.records.read_signal(self.instance_id)
 

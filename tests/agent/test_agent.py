@@ -238,9 +238,7 @@ def test_an_instance_back_in_the_pool_registers_again_for_the_same_run(
     first = jit_config()
     control_plane.claim(RUN, first)
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
-    control_plane.activate(RUN)
-    control_plane.release(RUN)
-    control_plane.await_signal(Signal.UD_REMOVE_REG_OK, RUN)
+    control_plane.released_after_its_job(RUN)
 
     # When another job of the same run (same label, same run key) claims it; for a moment, until
     # the new config is stored, the one already used is all there is for that run key
@@ -360,9 +358,7 @@ def test_throttled_dynamodb_for_seconds_recovers_without_a_second_registration(
     assert running.runner_starts == [config_id(config)]
 
     # And the agent still follows its record: a release gets its receipt
-    control_plane.activate(RUN)
-    control_plane.release(RUN)
-    control_plane.await_signal(Signal.UD_REMOVE_REG_OK, RUN)
+    control_plane.released_after_its_job(RUN)
 
 
 def test_a_restarted_agent_neither_reboots_nor_registers_again(
@@ -387,6 +383,4 @@ def test_a_restarted_agent_neither_reboots_nor_registers_again(
     assert len(second.runner_starts) == 1
 
     # And the restarted agent still cleans up and answers the release
-    control_plane.activate(RUN)
-    control_plane.release(RUN)
-    control_plane.await_signal(Signal.UD_REMOVE_REG_OK, RUN)
+    control_plane.released_after_its_job(RUN)

@@ -43,9 +43,7 @@ def test_an_agent_started_from_the_stopped_tier_beats_afresh_and_serves_only_its
     first_config = jit_config()
     control_plane.claim(RUN, first_config)
     control_plane.await_signal(Signal.UD_REG_OK, RUN)
-    control_plane.activate(RUN)
-    control_plane.release(RUN)
-    control_plane.await_signal(Signal.UD_REMOVE_REG_OK, RUN)
+    control_plane.released_after_its_job(RUN)
 
     # And refresh stopped it: its record stopping, the agent halted with the OS, the record stopped
     records = control_plane.records

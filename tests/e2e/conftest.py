@@ -26,7 +26,7 @@ from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, Ap
 from emulator.instances import instance_facts
 from emulator.resources import create_state_table
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
-from emulator.timeline import Timeline
+from emulator.timeline import Happening, Timeline
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
@@ -167,10 +167,12 @@ FAST_TIMERS = LAMBDA_POLLER_TIMERS
 
 
 @contextmanager
-def whole_system(tmp_path: Path, **settings: Any) -> Iterator[World]:
-    """The whole system on local AWS, with its waits compressed further than the demo's, and any stack
-    settings of a scenario's own (e.g. `fleet={...}`)."""
-    config = compressed_config(timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8}, **settings)
+def e2e_world(tmp_path: Path, **settings: Any) -> Iterator[World]:
+    """The whole system on local AWS as the scenarios run it, its waits compressed further than the demo's:
+    the compressed config with `settings` over it (their `timeouts` over the scenarios' own), fast
+    instances, the dispatcher read by Lambda's pollers."""
+    timeouts = {**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8, **settings.pop("timeouts", {})}
+    config = compressed_config(timeouts=timeouts, **settings)
     with world(
         tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
     ) as running:
@@ -179,8 +181,8 @@ def whole_system(tmp_path: Path, **settings: Any) -> Iterator[World]:
 
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[World]:
-    """The whole system on local AWS (`whole_system`)."""
-    with whole_system(tmp_path) as running:
+    """The whole system on local AWS, with its waits compressed further than the demo's."""
+    with e2e_world(tmp_path) as running:
         yield running
 
 
@@ -200,6 +202,21 @@ def settled(system: World, timeout: float = 60.0) -> None:
         ) and not any(e["status"] == "RUNNING" for e in system.stack.executions())
 
     eventually(quiet, "the system to settle", timeout, every=SWEEP_LOOK_SECONDS)
+
+
+def one_pooled(system: World) -> str:
+    """A first run served and its instance back in the pool, idle and in date: that instance's id."""
+    completed(system, system.start_run("build", JobSpec("build", LABEL, seconds=0.5)))
+    settled(system)
+    (pooled,) = system.instances.booted()
+    return pooled
+
+
+def retired(system: World, instance_id: str, what: str) -> None:
+    """`instance_id` terminated, the system settled after it, and every instance accounted for."""
+    eventually(lambda: system.timeline.first(Happening.TERMINATED, instance_id=instance_id), what)
+    settled(system)
+    accounted(system)
 
 
 def demand_handled(system: World) -> None:

@@ -13,7 +13,17 @@ from emulator.timeline import Happening
 from emulator.world import World
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import LABEL, completed, demand_handled, eventually, job_of, settled
+from tests.e2e.conftest import (
+    LABEL,
+    accounted,
+    completed,
+    demand_handled,
+    eventually,
+    job_of,
+    one_pooled,
+    retired,
+    settled,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -44,9 +54,7 @@ def test_a_later_workflow_reuses_the_instance_an_earlier_one_cold_started(system
 
 def test_an_instance_dead_when_claimed_is_discarded_and_the_job_still_gets_a_runner(system: World) -> None:
     # Given one instance in the pool whose agent dies just as a job is queued (its last beat still fresh)
-    completed(system, system.start_run("build", JobSpec("build", LABEL, seconds=0.5)))
-    settled(system)
-    (pooled,) = system.instances.booted()
+    pooled = one_pooled(system)
     run = system.start_run("test", JobSpec("test", LABEL, seconds=0.5))
     system.instances.crash(pooled)
 
@@ -57,11 +65,7 @@ def test_an_instance_dead_when_claimed_is_discarded_and_the_job_still_gets_a_run
     job = job_of(system, run)
     assert job.conclusion is Conclusion.SUCCESS
     assert instance_of_runner(job.runner_name) not in (None, pooled)
-    eventually(
-        lambda: system.timeline.first(Happening.TERMINATED, instance_id=pooled), "the dead instance to end"
-    )
-    settled(system)
-    assert system.accounting().holds, system.accounting().problems
+    retired(system, pooled, "the dead instance to end")
 
 
 def test_a_dropped_queued_webhook_is_recovered_by_refreshs_redelivery(system: World) -> None:
@@ -112,4 +116,4 @@ def test_cancelling_a_run_releases_its_instance_back_to_the_pool(system: World) 
     assert record is not None
     assert record.state is InstanceState.IDLE
     assert job.conclusion is Conclusion.CANCELLED
-    assert system.accounting().holds, system.accounting().problems
+    accounted(system)

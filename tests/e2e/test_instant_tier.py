@@ -19,12 +19,12 @@ import pytest
 from demo.burst import queued_spans
 from emulator.fake_github import Conclusion, FakeJob, JobSpec, JobStatus
 from emulator.fake_github.installations import select_repositories
-from emulator.world import COMPRESSED_TIMEOUTS, OWNER, World, compressed_config, world
+from emulator.world import OWNER, World
 from runner_pool.adapters.github_runner_groups import INSTANT_RUNNER_GROUP
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.labels import instant_label
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, accounted, eventually, provisions_bound
+from tests.e2e.conftest import accounted, e2e_world, eventually, provisions_bound
 
 pytestmark = pytest.mark.slow
 
@@ -39,13 +39,7 @@ REPOSITORY = f"{OWNER}/app"
 def system(tmp_path: Path) -> Iterator[World]:
     """An organisation installation registering in runner groups, whose class `large` keeps an instant
     tier of TIER runners."""
-    config = compressed_config(
-        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8},
-        warm_pool_minimum={"large": {"instant": TIER}},
-    )
-    with world(
-        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
-    ) as running:
+    with e2e_world(tmp_path, warm_pool_minimum={"large": {"instant": TIER}}) as running:
         yield running
 
 

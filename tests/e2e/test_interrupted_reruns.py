@@ -21,10 +21,10 @@ from tests.e2e.conftest import (
     accounted,
     completed,
     demand_handled,
+    e2e_world,
     eventually,
     job_of,
     settled,
-    whole_system,
 )
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ JOB_SECONDS = 6.0
 @pytest.fixture
 def system_without_reruns(tmp_path: Path) -> Iterator[World]:
     """The e2e `system`, with fleet.rerun_interrupted_jobs off."""
-    with whole_system(tmp_path, fleet={"rerun_interrupted_jobs": False}) as running:
+    with e2e_world(tmp_path, fleet={"rerun_interrupted_jobs": False}) as running:
         yield running
 
 

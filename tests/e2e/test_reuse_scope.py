@@ -142,7 +142,7 @@ def test_two_repositories_jobs_never_share_an_instance_under_the_default_scope(o
         assert (calls[REPOSITORY_JIT], calls[ORGANISATION_JIT]) == (3, 0), whole_story(org)
     settled(org)
     assert {r.repository for r in org.records.live()} == {APP, LIB}
-    assert org.accounting().holds, org.accounting().problems
+    accounted(org)
 
 
 def test_a_public_repositorys_job_never_gets_a_reused_instance_and_its_own_is_not_pooled(
@@ -212,4 +212,4 @@ def test_a_foreign_job_on_our_runner_gets_the_instance_quarantined(org: World) -
         org.github.actions.cancel_run(over.run_id)
     settled(org)
     assert ours not in {r.instance_id for r in org.records.live()}
-    assert org.accounting().holds, org.accounting().problems
+    accounted(org)

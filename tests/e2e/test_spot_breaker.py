@@ -17,7 +17,7 @@ from runner_pool.adapters.spot_breaker import DynamoDbSpotBreaker
 from runner_pool.domain.clock import SystemClock
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.records import UsageClass
-from tests.e2e.conftest import LABEL, completed, eventually, job_of, settled, whole_system
+from tests.e2e.conftest import LABEL, accounted, completed, e2e_world, eventually, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,12 @@ COOLDOWN_SECONDS = 20.0
 @pytest.fixture
 def system(tmp_path: Path) -> Iterator[World]:
     """The e2e system, its breaker opened by two interruptions and cooling down in seconds."""
-    breaker = {"interruptions": 2, "window_seconds": 600, "cooldown_seconds": COOLDOWN_SECONDS}
-    with whole_system(tmp_path, fleet={"spot_breaker": breaker}) as running:
+    with e2e_world(
+        tmp_path,
+        fleet={
+            "spot_breaker": {"interruptions": 2, "window_seconds": 600, "cooldown_seconds": COOLDOWN_SECONDS}
+        },
+    ) as running:
         yield running
 
 
@@ -82,4 +86,4 @@ def test_a_class_ec2_takes_back_runs_its_next_job_on_demand_and_spot_again_after
     assert job_of(system, third).conclusion is Conclusion.SUCCESS
     assert usage_of_job(system, third) is UsageClass.SPOT
     settled(system)
-    assert system.accounting().holds, system.accounting().problems
+    accounted(system)

@@ -9,11 +9,10 @@ import pytest
 
 from emulator.ec2_events import interruption_warning, rebalance_recommendation
 from emulator.fake_github import Conclusion, JobSpec
-from emulator.timeline import Happening
 from emulator.world import World
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import LABEL, completed, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, completed, eventually, job_of, one_pooled, retired
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +21,7 @@ def test_an_idle_instance_recommended_for_rebalance_is_replaced_before_a_job_lan
     system: World,
 ) -> None:
     # Given an instance back in the pool after a first run
-    completed(system, system.start_run("build", JobSpec("build", LABEL, seconds=0.5)))
-    settled(system)
-    (pooled,) = system.instances.booted()
+    pooled = one_pooled(system)
 
     # When EC2 recommends rebalancing it, and a second run's job is queued
     system.stack.ec2_events.put(rebalance_recommendation(pooled, time.time()))
@@ -35,11 +32,7 @@ def test_an_idle_instance_recommended_for_rebalance_is_replaced_before_a_job_lan
     job = job_of(system, second)
     assert job.conclusion is Conclusion.SUCCESS
     assert instance_of_runner(job.runner_name) not in (None, pooled)
-    eventually(
-        lambda: system.timeline.first(Happening.TERMINATED, instance_id=pooled), "the warned instance to end"
-    )
-    settled(system)
-    assert system.accounting().holds, system.accounting().problems
+    retired(system, pooled, "the warned instance to end")
 
 
 def test_an_instance_warned_of_while_running_finishes_its_job_and_is_retired(system: World) -> None:
@@ -61,8 +54,4 @@ def test_an_instance_warned_of_while_running_finishes_its_job_and_is_retired(sys
 
     # Then the job succeeded, and its instance was terminated rather than pooled
     assert job_of(system, run).conclusion is Conclusion.SUCCESS
-    eventually(
-        lambda: system.timeline.first(Happening.TERMINATED, instance_id=instance_id), "the instance to end"
-    )
-    settled(system)
-    assert system.accounting().holds, system.accounting().problems
+    retired(system, instance_id, "the instance to end")

@@ -14,17 +14,10 @@ import pytest
 
 from emulator.fake_github import Conclusion, JobSpec
 from emulator.timeline import Happening
-from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
+from emulator.world import World
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import (
-    FAST_INSTANCES,
-    FAST_TIMERS,
-    SWEEP_LOOK_SECONDS,
-    completed,
-    eventually,
-    job_of,
-)
+from tests.e2e.conftest import SWEEP_LOOK_SECONDS, completed, e2e_world, eventually, job_of
 
 pytestmark = pytest.mark.slow
 
@@ -36,13 +29,7 @@ STOPPED_WAIT_SECONDS = 60.0
 def tiered(tmp_path: Path) -> Iterator[World]:
     """The e2e system with a stopped tier of one instance per class (its idle time short: refresh stops an
     instance at its first run after the agent's receipt)."""
-    config = compressed_config(
-        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8, "idle_seconds": 20},
-        pool={"stopped_maximum": 1},
-    )
-    with world(
-        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
-    ) as running:
+    with e2e_world(tmp_path, timeouts={"idle_seconds": 20}, pool={"stopped_maximum": 1}) as running:
         yield running
 
 

@@ -17,21 +17,11 @@ import pytest
 from emulator.fake_github import Conclusion, FakeWorkflowRun, JobSpec
 from emulator.fake_github.state import RunTrigger
 from emulator.timeline import Happening
-from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
+from emulator.world import World
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.trust import TrustLevel
-from tests.e2e.conftest import (
-    FAST_INSTANCES,
-    FAST_TIMERS,
-    LABEL,
-    REPOSITORY,
-    accounted,
-    completed,
-    eventually,
-    job_of,
-    settled,
-)
+from tests.e2e.conftest import LABEL, REPOSITORY, accounted, completed, e2e_world, eventually, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -43,13 +33,7 @@ DEPENDABOT = RunTrigger("push", "dependabot[bot]")
 @pytest.fixture
 def pool(tmp_path: Path) -> Iterator[World]:
     """The whole system with class large keeping one pristine instance idle (a floor, not an addition)."""
-    config = compressed_config(
-        timeouts={**COMPRESSED_TIMEOUTS, "release_receipt_seconds": 8},
-        warm_pool_minimum={"large": {"hot": 0, "pristine": 1}},
-    )
-    with world(
-        tmp_path, config=config, instance_settings=FAST_INSTANCES, timers=FAST_TIMERS, lost_runner_seconds=4.0
-    ) as running:
+    with e2e_world(tmp_path, warm_pool_minimum={"large": {"hot": 0, "pristine": 1}}) as running:
         yield running
 
 

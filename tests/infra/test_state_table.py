@@ -39,24 +39,27 @@ def test_the_table_is_keyed_by_instance_and_item_kind(synthesis: Synthesis) -> N
     )
 
 
+def whole_records_index(name: str, partition: str, sort: str) -> Any:
+    """A match for the table's indexes holding `name`, keyed by `partition` then `sort`, projecting whole
+    records."""
+    key_schema = [
+        {"AttributeName": partition, "KeyType": "HASH"},
+        {"AttributeName": sort, "KeyType": "RANGE"},
+    ]
+    return Match.array_with(
+        [{"IndexName": name, "KeySchema": key_schema, "Projection": {"ProjectionType": "ALL"}}]
+    )
+
+
 def test_release_finds_instances_through_the_run_key_index(synthesis: Synthesis) -> None:
     # Given the synthesised stack / When its indexes are read
     # Then by-run-key is keyed by run key then instance, projecting whole records
     synthesis.template.has_resource_properties(
         TABLE,
         {
-            "GlobalSecondaryIndexes": Match.array_with(
-                [
-                    {
-                        "IndexName": schema.RUN_KEY_INDEX,
-                        "KeySchema": [
-                            {"AttributeName": schema.RUN_KEY_ATTRIBUTE, "KeyType": "HASH"},
-                            {"AttributeName": schema.PARTITION_KEY, "KeyType": "RANGE"},
-                        ],
-                        "Projection": {"ProjectionType": "ALL"},
-                    }
-                ]
-            ),
+            "GlobalSecondaryIndexes": whole_records_index(
+                schema.RUN_KEY_INDEX, schema.RUN_KEY_ATTRIBUTE, schema.PARTITION_KEY
+            )
         },
     )
 
@@ -67,17 +70,8 @@ def test_refresh_sweeps_thresholds_through_the_sharded_threshold_index(synthesis
     synthesis.template.has_resource_properties(
         TABLE,
         {
-            "GlobalSecondaryIndexes": Match.array_with(
-                [
-                    {
-                        "IndexName": schema.THRESHOLD_INDEX,
-                        "KeySchema": [
-                            {"AttributeName": schema.SWEEP_SHARD_ATTRIBUTE, "KeyType": "HASH"},
-                            {"AttributeName": schema.THRESHOLD_ATTRIBUTE, "KeyType": "RANGE"},
-                        ],
-                        "Projection": {"ProjectionType": "ALL"},
-                    }
-                ]
+            "GlobalSecondaryIndexes": whole_records_index(
+                schema.THRESHOLD_INDEX, schema.SWEEP_SHARD_ATTRIBUTE, schema.THRESHOLD_ATTRIBUTE
             ),
             "AttributeDefinitions": Match.array_with(
                 [{"AttributeName": schema.THRESHOLD_ATTRIBUTE, "AttributeType": "N"}]

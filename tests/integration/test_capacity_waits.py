@@ -4,14 +4,12 @@ real provision machine, the fake GitHub)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from emulator.fake_github import JobSpec
 from emulator.fake_github.payloads import HEAD_SHA
 from emulator.harness.github_app import OWNER, REPO
-from emulator.harness.provision_world import ProvisionWorld, output, provision_world
+from emulator.harness.provision_world import ProvisionWorld, output
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS
 from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.refresh import Refresh
@@ -20,14 +18,6 @@ from tests.integration.test_refresh_reconcile import REFRESH_HANDLER, StartedExe
 
 REPOSITORY = f"{OWNER}/{REPO}"
 RUN = "pool=4242"
-
-
-@pytest.fixture
-def world() -> Iterator[ProvisionWorld]:
-    with provision_world() as built:
-        yield built
-        accounting = built.accounting()
-        assert accounting.holds, accounting.problems
 
 
 def refresh_with_waits(plane: ControlPlane, started: StartedExecutions) -> Refresh:

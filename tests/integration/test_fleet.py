@@ -206,26 +206,22 @@ def test_the_fleet_is_instant_for_the_count_asked(
     assert params["TargetCapacitySpecification"]["TotalTargetCapacity"] == 7
 
 
-def test_spot_usage_asks_for_spot_capacity_price_capacity_optimized(
-    fleet: Fleet, stubbed: StubbedEc2, config: StackConfig
+@pytest.mark.parametrize(
+    ("usage", "options"),
+    [
+        ("spot", {"SpotOptions": {"AllocationStrategy": "price-capacity-optimized"}}),
+        ("on-demand", {"OnDemandOptions": {"AllocationStrategy": "lowest-price"}}),
+    ],
+)
+def test_a_usage_asks_for_its_capacity_type_allocated_its_way(
+    fleet: Fleet, stubbed: StubbedEc2, config: StackConfig, usage: str, options: dict[str, Any]
 ) -> None:
-    # Given a spot label
-    params = sent_request(fleet, stubbed, request_for(config, "pool=42/usage=spot"))
-    # Then spot is the capacity type, allocated to the pools least likely to be interrupted
-    assert params["TargetCapacitySpecification"]["DefaultTargetCapacityType"] == "spot"
-    assert params["SpotOptions"] == {"AllocationStrategy": "price-capacity-optimized"}
-    assert "OnDemandOptions" not in params
-
-
-def test_on_demand_usage_asks_for_on_demand_capacity_at_the_lowest_price(
-    fleet: Fleet, stubbed: StubbedEc2, config: StackConfig
-) -> None:
-    # Given an on-demand label
-    params = sent_request(fleet, stubbed, request_for(config, "pool=42/usage=on-demand"))
-    # Then on-demand is the capacity type, lowest price first
-    assert params["TargetCapacitySpecification"]["DefaultTargetCapacityType"] == "on-demand"
-    assert params["OnDemandOptions"] == {"AllocationStrategy": "lowest-price"}
-    assert "SpotOptions" not in params
+    # Given a label of that usage
+    params = sent_request(fleet, stubbed, request_for(config, f"pool=42/usage={usage}"))
+    # Then it is the capacity type, allocated its way (spot to the pools least likely to be interrupted,
+    # on-demand lowest price first), and the other usage's options are not sent
+    assert params["TargetCapacitySpecification"]["DefaultTargetCapacityType"] == usage
+    assert {key: params[key] for key in ("SpotOptions", "OnDemandOptions") if key in params} == options
 
 
 def test_every_subnet_is_one_override_with_the_same_requirements(

@@ -408,7 +408,7 @@ def test_demand_whose_ledger_fails_while_it_waits_for_a_follow_up_being_started_
     turns: list[str] = []
 
     def failing_after_the_first_look(self: DynamoDbLedger, *args: Any, **kwargs: Any) -> BatchTurn:
-        turns.append(kwargs["holder"])
+        turns.append(kwargs["arrival"].holder)
         if turns.count("c") > 1:
             raise RuntimeError("ProvisionedThroughputExceededException")
         return take_turn(self, *args, **kwargs)
@@ -440,7 +440,7 @@ def test_batches_that_meet_a_follow_up_its_leader_is_starting_wait_for_it_then_m
         def take_turn(self, *args: Any, **kwargs: Any) -> BatchTurn:
             turn = super().take_turn(*args, **kwargs)
             if turn.role is BatchRole.WAITING:
-                waiting.add(kwargs["holder"])
+                waiting.add(kwargs["arrival"].holder)
                 if len(waiting) == len(waiters):
                     all_waiting.set()
             return turn

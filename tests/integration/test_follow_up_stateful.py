@@ -20,7 +20,6 @@ from typing import Any
 
 import boto3
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from moto import mock_aws
@@ -41,6 +40,7 @@ from runner_pool.domain.follow_up import (
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpNotStartedError, FollowUpSteps
 from tests.conftest import NO_WAIT, REGION
+from tests.support.stateful import programs
 
 pytestmark = pytest.mark.slow
 
@@ -298,10 +298,5 @@ def _jobs(item: dict[str, Any]) -> set[int]:
 
 # 12 programs of 30 steps: each program drives the window through arrivals, seals, leader deaths and late
 # deliveries on moto; more examples cost make test's time and have found nothing the first dozen did not.
-FollowUpWindow.TestCase.settings = settings(
-    max_examples=12,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+FollowUpWindow.TestCase.settings = programs(12, steps=30)
 TestFollowUpWindow = FollowUpWindow.TestCase

@@ -90,7 +90,7 @@ def together(event, context):
     while len(os.listdir(directory)) < event["count"]:
         if time.monotonic() > deadline:
             raise TimeoutError("the other invocations never ran alongside this one")
-        time.sleep(0.01)
+        time.sleep(0.01)  # a poll of the condition, bounded by the deadline: no event crosses processes
     return os.getpid()
 
 
@@ -125,7 +125,7 @@ def block(event, context):
 def in_turn(event, context):
     """Waits until `until` exists (if given), then writes its `tag` as the next line of `log`."""
     while event.get("until") and not os.path.exists(event["until"]):
-        time.sleep(0.01)
+        time.sleep(0.01)  # a poll of the condition: the file is the other invocation's word
     with open(event["log"], "a") as log:
         log.write(event["tag"] + "\\n")
     return os.getpid()

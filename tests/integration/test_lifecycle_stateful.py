@@ -25,7 +25,7 @@ from typing import Any
 import boto3
 import pytest
 from boto3.dynamodb.types import TypeDeserializer
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from moto import mock_aws
@@ -42,6 +42,7 @@ from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord, Signal, TransitionResult, UsageClass
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
 from tests.support import builders
+from tests.support.stateful import programs
 
 pytestmark = pytest.mark.slow
 
@@ -692,10 +693,5 @@ def _record(item: dict[str, Any]) -> InstanceRecord:
 
 # 8 programs of 60 steps: the stateful machine is where a broken transition shows first, so it keeps the
 # most steps per program and gives up examples instead (make test's 10 minutes).
-LifecycleMachine.TestCase.settings = settings(
-    max_examples=8,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+LifecycleMachine.TestCase.settings = programs(8, steps=60)
 TestLifecycle = LifecycleMachine.TestCase

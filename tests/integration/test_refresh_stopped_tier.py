@@ -43,6 +43,16 @@ def idle_time_nearly_over(local: LocalControlPlane) -> None:
     local.clock.advance(local.config.timeouts.idle_seconds - ENDING_SOON)
 
 
+def idle_time_over(local: LocalControlPlane) -> InstanceRecord:
+    """A clean idle instance, refresh run as its idle time nearly ends, and the clock one tick on: the
+    instance's idle time is over, for the next refresh to act on."""
+    (record,) = clean_idle(local)
+    idle_time_nearly_over(local)
+    local.refresh()
+    local.clock.advance(ONE_TICK)
+    return record
+
+
 def test_an_idle_on_demand_instance_whose_idle_time_ends_is_stopped_not_terminated(
     tiered: LocalControlPlane,
 ) -> None:
@@ -130,10 +140,7 @@ def test_an_expired_idle_instance_is_terminated_not_stopped(tiered: LocalControl
 
 def test_a_stopped_instance_past_its_max_age_is_terminated(tiered: LocalControlPlane) -> None:
     # Given a stopped instance
-    (record,) = clean_idle(tiered)
-    idle_time_nearly_over(tiered)
-    tiered.refresh()
-    tiered.clock.advance(ONE_TICK)
+    record = idle_time_over(tiered)
     tiered.refresh()
     assert tiered.record(record.instance_id).state is InstanceState.STOPPED
 
@@ -151,10 +158,7 @@ def test_a_stopped_tier_of_zero_changes_nothing() -> None:
     # Given the default stack (no stopped tier) and a clean on-demand idle instance ending its idle time
     config = stack_config(defaults={"usage": "on-demand"})
     with local_control_plane(config) as local:
-        (record,) = clean_idle(local)
-        idle_time_nearly_over(local)
-        local.refresh()
-        local.clock.advance(ONE_TICK)
+        record = idle_time_over(local)
 
         # When refresh runs after its idle time / Then it is terminated, as before the tier existed
         local.refresh()

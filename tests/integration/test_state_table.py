@@ -96,6 +96,22 @@ def instance_in(
     return result.record
 
 
+def applied(table: StateTable, result: TransitionResult, state: InstanceState) -> InstanceRecord:
+    """The record a transition of ONE_ID applied: as stored, in `state`."""
+    assert result.outcome is Outcome.APPLIED
+    assert result.record == table.get(ONE_ID)
+    assert result.record is not None
+    assert result.record.state is state
+    return result.record
+
+
+def registered_in(table: StateTable, state: InstanceState) -> None:
+    """One instance in `state` (instance_in) whose agent has beaten and signalled UD_REG_OK for RUN."""
+    instance_in(table, state)
+    table.write_heartbeat(ONE_ID)
+    table.write_signal(ONE_ID, Signal.UD_REG_OK, RUN)
+
+
 def raw_item(client: Any, instance_id: str, kind: str = schema.STATE_ITEM) -> dict[str, Any]:
     arn = INSTANCE_ARNS.arn(instance_id)
     partition = arn if kind == schema.STATE_ITEM else schema.agent_partition(arn)
@@ -396,14 +412,11 @@ def test_claim_of_an_idle_instance_holds_it_for_the_run(
     result = state_table.claim(ONE_ID, RUN, TOKEN)
 
     # Then it is claimed by that worker for the run, with the claim timeout ahead
-    assert result.outcome is Outcome.APPLIED
-    assert result.record == state_table.get(ONE_ID)
-    assert result.record is not None
-    assert result.record.state is InstanceState.CLAIMED
-    assert result.record.run_key == RUN
-    assert result.record.claim_token == TOKEN
-    assert result.record.threshold == clock.now() + config.timeouts.claimed_threshold_seconds
-    assert result.record.updated_at == clock.now()
+    record = applied(state_table, result, InstanceState.CLAIMED)
+    assert record.run_key == RUN
+    assert record.claim_token == TOKEN
+    assert record.threshold == clock.now() + config.timeouts.claimed_threshold_seconds
+    assert record.updated_at == clock.now()
 
 
 def test_claim_with_another_token_is_lost(state_table: StateTable) -> None:
@@ -465,13 +478,10 @@ def test_activate_puts_the_instance_to_work_for_its_max_runtime(
     result = state_table.activate(ONE_ID, RUN, MAX_RUNTIME_MINUTES, claim_token=token)
 
     # Then it is running for the run until its max runtime, and no longer carries a claim token
-    assert result.outcome is Outcome.APPLIED
-    assert result.record == state_table.get(ONE_ID)
-    assert result.record is not None
-    assert result.record.state is InstanceState.RUNNING
-    assert result.record.run_key == RUN
-    assert result.record.threshold == clock.now() + MAX_RUNTIME_MINUTES * 60
-    assert result.record.claim_token is None
+    record = applied(state_table, result, InstanceState.RUNNING)
+    assert record.run_key == RUN
+    assert record.threshold == clock.now() + MAX_RUNTIME_MINUTES * 60
+    assert record.claim_token is None
 
 
 def test_activate_of_a_pool_instance_still_being_created_is_lost(state_table: StateTable) -> None:
@@ -559,13 +569,10 @@ def test_back_to_idle_clears_the_holder_and_starts_the_idle_time(
     result = CALLS[transition](state_table, ONE_ID)
 
     # Then it is idle, held by no run and no worker, with the idle time ahead
-    assert result.outcome is Outcome.APPLIED
-    assert result.record == state_table.get(ONE_ID)
-    assert result.record is not None
-    assert result.record.state is InstanceState.IDLE
-    assert result.record.run_key is None
-    assert result.record.claim_token is None
-    assert result.record.threshold == clock.now() + config.timeouts.idle_seconds
+    record = applied(state_table, result, InstanceState.IDLE)
+    assert record.run_key is None
+    assert record.claim_token is None
+    assert record.threshold == clock.now() + config.timeouts.idle_seconds
 
 
 @pytest.mark.parametrize("transition", TO_IDLE)
@@ -736,15 +743,12 @@ def test_mark_terminated_ends_the_record_with_a_ttl(
     result = state_table.mark_terminated(ONE_ID)
 
     # Then it is terminated, holds nothing, and expires after the retention period
-    assert result.outcome is Outcome.APPLIED
-    assert result.record == state_table.get(ONE_ID)
-    assert result.record is not None
-    assert result.record.state is InstanceState.TERMINATED
-    assert result.record.run_key is None
-    assert result.record.claim_token is None
-    assert result.record.threshold is None
-    assert result.record.expires_at == int(clock.now()) + config.timeouts.terminated_retention_days * 86_400
-    assert result.record.invariant_violations() == []
+    record = applied(state_table, result, InstanceState.TERMINATED)
+    assert record.run_key is None
+    assert record.claim_token is None
+    assert record.threshold is None
+    assert record.expires_at == int(clock.now()) + config.timeouts.terminated_retention_days * 86_400
+    assert record.invariant_violations() == []
 
 
 def test_a_terminated_record_leaves_both_indexes(state_table: StateTable, dynamodb: Any) -> None:
@@ -1026,9 +1030,7 @@ def test_agent_items_carry_a_ttl(
 def test_agent_items_never_appear_in_held_by(state_table: StateTable) -> None:
     # Given an instance running for RUN whose agent beats and signals about RUN, and a signal
     # about RUN from an instance with no record
-    instance_in(state_table, InstanceState.RUNNING)
-    state_table.write_heartbeat(ONE_ID)
-    state_table.write_signal(ONE_ID, Signal.UD_REG_OK, RUN)
+    registered_in(state_table, InstanceState.RUNNING)
     state_table.write_signal(MISSING_ID, Signal.UD_REG_OK, RUN)
 
     # When the run's instances are looked up
@@ -1057,9 +1059,7 @@ def test_every_item_of_an_instance_is_keyed_by_its_arn_and_the_agents_apart(
     state_table: StateTable, dynamodb: Any
 ) -> None:
     # Given an instance with a record, a heartbeat and a signal
-    instance_in(state_table, InstanceState.RUNNING)
-    state_table.write_heartbeat(ONE_ID)
-    state_table.write_signal(ONE_ID, Signal.UD_REG_OK, RUN)
+    registered_in(state_table, InstanceState.RUNNING)
 
     # When the table is read raw
     items = dynamodb.scan(TableName=TABLE_NAME, ConsistentRead=True)["Items"]
@@ -1246,9 +1246,7 @@ def test_observe_reads_record_heartbeat_and_signal_in_one_call(
     state_table: StateTable, dynamodb: Any
 ) -> None:
     # Given a claimed instance whose agent has beaten and registered, and one with no items at all
-    instance_in(state_table, InstanceState.CLAIMED)
-    state_table.write_heartbeat(ONE_ID)
-    state_table.write_signal(ONE_ID, Signal.UD_REG_OK, RUN)
+    registered_in(state_table, InstanceState.CLAIMED)
     calls: list[str] = []
     dynamodb.meta.events.register(
         "provide-client-params.dynamodb.*", lambda model, **_: calls.append(model.name)

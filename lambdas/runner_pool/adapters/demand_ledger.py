@@ -35,10 +35,7 @@ from runner_pool.adapters.follow_up_batches import FollowUpBatches
 from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE, number
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.demand import Reservation, RunAttempt, RunMark, privileged_label
-from runner_pool.domain.follow_up import (
-    BatchTurn,
-    Sealing,
-)
+from runner_pool.domain.follow_up import Arrival, BatchTurn, Sealing, WindowSpan
 from runner_pool.domain.reruns import Claim, RerunRecord
 from runner_pool.domain.trust import TrustLevel
 
@@ -316,30 +313,8 @@ class DynamoDbLedger:
         )
         return response.get("Item", {})
 
-    def take_turn(
-        self,
-        repository: str,
-        run_key: str,
-        *,
-        job_ids: Sequence[int],
-        public_ids: Sequence[int],
-        holder: str,
-        lease_until: Epoch,
-        window_seconds: float,
-        limit_seconds: float,
-        quiet_seconds: float,
-    ) -> BatchTurn:
-        return self._batches.take_turn(
-            repository,
-            run_key,
-            job_ids=job_ids,
-            public_ids=public_ids,
-            holder=holder,
-            lease_until=lease_until,
-            window_seconds=window_seconds,
-            limit_seconds=limit_seconds,
-            quiet_seconds=quiet_seconds,
-        )
+    def take_turn(self, repository: str, run_key: str, *, arrival: Arrival, span: WindowSpan) -> BatchTurn:
+        return self._batches.take_turn(repository, run_key, arrival=arrival, span=span)
 
     def seal(self, repository: str, run_key: str, holder: str, *, started: bool = False) -> Sealing:
         return self._batches.seal(repository, run_key, holder, started=started)

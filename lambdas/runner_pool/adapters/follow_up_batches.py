@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +25,14 @@ from runner_pool.adapters.ledger_items import EXPIRY_ATTRIBUTE, KEY_ATTRIBUTE, n
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.follow_up import (
     TRANSITIONS,
+    Arrival,
     BatchRole,
     BatchTurn,
     FollowUp,
     FollowUpState,
     FollowUpTransition,
     Sealing,
+    WindowSpan,
     follow_up_closes_at,
     next_follow_up_closes_at,
     next_move,
@@ -102,24 +104,13 @@ class FollowUpBatches:
         self._clock = clock
         self._client = client
 
-    def take_turn(
-        self,
-        repository: str,
-        run_key: str,
-        *,
-        job_ids: Sequence[int],
-        public_ids: Sequence[int],
-        holder: str,
-        lease_until: Epoch,
-        window_seconds: float,
-        limit_seconds: float,
-        quiet_seconds: float,
-    ) -> BatchTurn:
+    def take_turn(self, repository: str, run_key: str, *, arrival: Arrival, span: WindowSpan) -> BatchTurn:
         key = {KEY_ATTRIBUTE: {"S": _batch(repository, run_key)}}
-        jobs = _Jobs(job_ids, public_ids, holder, lease_until)
         for _ in range(TURN_ATTEMPTS):
             now = self._clock.now()
-            window = _Window(now, now + window_seconds, now + limit_seconds, now - quiet_seconds)
+            window = _Window(
+                now, now + span.window_seconds, now + span.limit_seconds, now - span.quiet_seconds
+            )
             current = self._open(key, repository, run_key, window)
             if current is None:
                 return BatchTurn(BatchRole.FIRST, closes_at=window.closes_at)
@@ -137,12 +128,12 @@ class FollowUpBatches:
                     now,
                     last_closed_at=_epoch(current, "closes_at"),
                     limit_at=window.limit_at,
-                    window_seconds=window_seconds,
+                    window_seconds=span.window_seconds,
                 )
                 next_window = _Window(now, paced, window.limit_at, window.quiet_before)
-                turn = self._lead_next(key, current, next_window, jobs)
+                turn = self._lead_next(key, current, next_window, arrival)
             elif move is FollowUpTransition.TAKE_OVER:
-                turn = self._take_over(key, jobs, now)
+                turn = self._take_over(key, arrival, now)
             else:
                 closes_at = follow_up_closes_at(
                     now,
@@ -150,10 +141,10 @@ class FollowUpBatches:
                     limit_at=_epoch(current, "limit_at"),
                     joined_at=_epoch(current, "joined_at") if "joined_at" in current else None,
                     joined=int(current.get("joins", {}).get("N", "0")),
-                    window_seconds=window_seconds,
+                    window_seconds=span.window_seconds,
                     opened_at=_epoch(current, "opened_at"),
                 )
-                turn = self._join(key, jobs, now, closes_at)
+                turn = self._join(key, arrival, now, closes_at)
             if turn is not None:
                 return turn
         return BatchTurn(BatchRole.WAITING)
@@ -185,26 +176,22 @@ class FollowUpBatches:
         return None if written.applied else written.item
 
     def _lead_next(
-        self, key: dict[str, Any], seen: dict[str, Any], window: _Window, jobs: _Jobs
+        self, key: dict[str, Any], seen: dict[str, Any], window: _Window, jobs: Arrival
     ) -> BatchTurn | None:
         """LEAD_NEXT: the next follow-up of a burst that goes on, with these jobs in it and their holder
         leading it; None when the item moved on since it was `seen`."""
         values: dict[str, Any] = {
+            **_arrival_values(jobs),
             ":opened": seen.get("opened_at", {"N": "0"}),
             ":now": {"N": number(window.now)},
             ":closes": {"N": number(window.closes_at)},
             ":limit": {"N": number(window.limit_at)},
-            ":jobs": {"NS": [str(job_id) for job_id in jobs.job_ids]},
-            ":me": {"S": jobs.holder},
-            ":lease": {"N": number(jobs.lease_until)},
-            ":one": {"N": "1"},
         }
         update = (
             "SET #state = :to, opened_at = :now, joined_at = :now, joins = :one, closes_at = :closes, "
             "limit_at = :limit, jobs = :jobs, leader = :me, lease_until = :lease"
         )
         if jobs.public_ids:
-            values[":public"] = {"NS": [str(job_id) for job_id in jobs.public_ids]}
             update += ", public_jobs = :public REMOVE sealed, started"
         else:
             update += " REMOVE sealed, started, public_jobs"
@@ -216,15 +203,15 @@ class FollowUpBatches:
         )
         return BatchTurn(BatchRole.LEADER, window.closes_at) if written.applied else None
 
-    def _join(self, key: dict[str, Any], jobs: _Jobs, now: Epoch, closes_at: Epoch) -> BatchTurn | None:
+    def _join(self, key: dict[str, Any], jobs: Arrival, now: Epoch, closes_at: Epoch) -> BatchTurn | None:
         """JOIN: the jobs added to the open follow-up, whose window each join keeps open a little longer
         (`closes_at`, follow_up_closes_at); the first to join leads it. None when the item moved on."""
-        values = {**jobs.values(), ":now": {"N": number(now)}, ":closes": {"N": number(closes_at)}}
+        values = {**_arrival_values(jobs), ":now": {"N": number(now)}, ":closes": {"N": number(closes_at)}}
         written = self._transition(
             FollowUpTransition.JOIN,
             Key=key,
             UpdateExpression=(
-                f"{jobs.additions} SET #state = :to, leader = if_not_exists(leader, :me), "
+                f"{_additions(jobs)} SET #state = :to, leader = if_not_exists(leader, :me), "
                 "lease_until = if_not_exists(lease_until, :lease), "
                 "joined_at = if_not_exists(joined_at, :now), closes_at = :closes"
             ),
@@ -236,14 +223,14 @@ class FollowUpBatches:
         leads = written.item.get("leader", {}).get("S") == jobs.holder
         return BatchTurn(BatchRole.LEADER if leads else BatchRole.JOINED, _epoch(written.item, "closes_at"))
 
-    def _take_over(self, key: dict[str, Any], jobs: _Jobs, now: Epoch) -> BatchTurn | None:
+    def _take_over(self, key: dict[str, Any], jobs: Arrival, now: Epoch) -> BatchTurn | None:
         """TAKE_OVER: the jobs added to a follow-up whose leader's lease passed, sealed, with their holder
         leading it (it starts now); None when the item moved on."""
         written = self._transition(
             FollowUpTransition.TAKE_OVER,
             Key=key,
-            UpdateExpression=f"{jobs.additions} SET #state = :to, leader = :me, lease_until = :lease",
-            ExpressionAttributeValues={**jobs.values(), ":now": {"N": number(now)}},
+            UpdateExpression=f"{_additions(jobs)} SET #state = :to, leader = :me, lease_until = :lease",
+            ExpressionAttributeValues={**_arrival_values(jobs), ":now": {"N": number(now)}},
             ReturnValues="ALL_NEW",
         )
         if not written.applied:
@@ -345,29 +332,21 @@ class _Written:
     item: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class _Jobs:
-    """The jobs a dispatch adds to a follow-up, and its lead should it lead it."""
+def _additions(arrival: Arrival) -> str:
+    """The ADD clause that puts an arrival's jobs in the follow-up and counts its join."""
+    return "ADD jobs :jobs, joins :one" + (", public_jobs :public" if arrival.public_ids else "")
 
-    job_ids: Sequence[int]
-    public_ids: Sequence[int]
-    holder: str
-    lease_until: Epoch
 
-    @property
-    def additions(self) -> str:
-        return "ADD jobs :jobs, joins :one" + (", public_jobs :public" if self.public_ids else "")
-
-    def values(self) -> dict[str, Any]:
-        values: dict[str, Any] = {
-            ":one": {"N": "1"},
-            ":jobs": {"NS": [str(job_id) for job_id in self.job_ids]},
-            ":me": {"S": self.holder},
-            ":lease": {"N": number(self.lease_until)},
-        }
-        if self.public_ids:
-            values[":public"] = {"NS": [str(job_id) for job_id in self.public_ids]}
-        return values
+def _arrival_values(arrival: Arrival) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        ":one": {"N": "1"},
+        ":jobs": {"NS": [str(job_id) for job_id in arrival.job_ids]},
+        ":me": {"S": arrival.holder},
+        ":lease": {"N": number(arrival.lease_until)},
+    }
+    if arrival.public_ids:
+        values[":public"] = {"NS": [str(job_id) for job_id in arrival.public_ids]}
+    return values
 
 
 @dataclass(frozen=True)
@@ -379,6 +358,10 @@ class _Window:
     closes_at: Epoch
     limit_at: Epoch
     quiet_before: Epoch
+
+    @classmethod
+    def opened(cls, now: Epoch, span: WindowSpan) -> _Window:
+        return cls(now, now + span.window_seconds, now + span.limit_seconds, now - span.quiet_seconds)
 
 
 def _batch(repository: str, run_key: str) -> str:

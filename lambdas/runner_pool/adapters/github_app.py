@@ -11,7 +11,8 @@ where it is held, else the token function (adapters/github_token_function.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from typing import Any
 
 from runner_pool.adapters import github_check_runs, github_readings, github_run_jobs, github_runs
 from runner_pool.adapters.github_api import GITHUB_API_URL, GitHubApi
@@ -33,7 +34,6 @@ from runner_pool.domain.registration_budget import HourlyQuota
 from runner_pool.domain.reruns import RunNow
 from runner_pool.domain.runner_scope import OrganizationScope, Registration, RunnerScope
 from runner_pool.domain.runners import (
-    DEFAULT_RUNNER_GROUP_ID,
     FailedDelivery,
     JitRunner,
     RegisteredRunner,
@@ -120,26 +120,10 @@ class GitHubApp:
 
     # --- runners (adapters/github_runners.py) ------------------------------------------------------
 
-    def jit_config(
-        self,
-        name: str,
-        labels: Sequence[str],
-        runner_group_id: int = DEFAULT_RUNNER_GROUP_ID,
-        work_folder: str | None = None,
-        repository: str | None = None,
-        *,
-        repository_id: int | None = None,
-        instant: bool = False,
-    ) -> JitRunner:
-        return self._runners.jit_config(
-            name,
-            labels,
-            runner_group_id,
-            work_folder,
-            repository,
-            repository_id=repository_id,
-            instant=instant,
-        )
+    def jit_config(self, *arguments: Any, **named: Any) -> JitRunner:
+        """The RunnerRegistry port's registration, passed on as given (its parameters are stated once, by
+        the port and by GitHubRunners, which makes it)."""
+        return self._runners.jit_config(*arguments, **named)
 
     def registration_scope(self, repository: str | None) -> RunnerScope:
         return self._runners.registration_scope(repository)

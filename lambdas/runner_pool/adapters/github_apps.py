@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.registration_budget import DynamoDbRegistrationBudget
@@ -33,7 +33,6 @@ from runner_pool.domain.registration_budget import Grant, HourlyQuota, wait_seco
 from runner_pool.domain.reruns import RunNow
 from runner_pool.domain.runner_scope import RunnerScope
 from runner_pool.domain.runners import (
-    DEFAULT_RUNNER_GROUP_ID,
     FailedDelivery,
     GitHubAuthError,
     GitHubNotFoundError,
@@ -159,31 +158,14 @@ class GitHubApps:
 
     # --- registrations ------------------------------------------------------------------------------
 
-    def jit_config(
-        self,
-        name: str,
-        labels: Sequence[str],
-        runner_group_id: int = DEFAULT_RUNNER_GROUP_ID,
-        work_folder: str | None = None,
-        repository: str | None = None,
-        *,
-        repository_id: int | None = None,
-        instant: bool = False,
-    ) -> JitRunner:
-        """Through the App whose tokens are held (else the one with the most left); an unusable App is
-        skipped and the next one asked, until none is left, when the last refusal is raised."""
+    def jit_config(self, *arguments: Any, **named: Any) -> JitRunner:
+        """The RunnerRegistry port's registration, through the App whose tokens are held (else the one with
+        the most left); an unusable App is skipped and the next one asked, until none is left, when the
+        last refusal is raised."""
         while True:
             app_id = self._registering()
             try:
-                runner = self.app(app_id).jit_config(
-                    name,
-                    labels,
-                    runner_group_id,
-                    work_folder,
-                    repository,
-                    repository_id=repository_id,
-                    instant=instant,
-                )
+                runner = self.app(app_id).jit_config(*arguments, **named)
             except AppUnusableError as unusable:
                 if not self._skip(app_id, unusable):
                     raise

@@ -216,18 +216,14 @@ class StateTable(StateWrites, StateMarkers):
         rather than when the instance ends. The mark is final: every other transition requires its
         absence."""
         now = self._clock.now()
-        return self._transition(
+        return self._expire_live(
             instance_id,
             now,
-            expect_states=tuple(LIVE_STATES),
-            expect_run_key=_ANY_RUN,
+            _ANY_RUN,
             expect_runner_id=runner_id,
-            new_state=None,
-            threshold_in=0.0,
             set_fields={QUARANTINED_ATTRIBUTE: now},
             # Once: a retry (or a second report of the job) finds its own mark and replays.
             extra_conditions=[NOT_QUARANTINED],
-            may_be_quarantined=True,
             threshold_ahead=False,
             is_replay=lambda r: (
                 r.state in LIVE_STATES and r.runner_id == runner_id and r.quarantined_at is not None
@@ -342,6 +338,13 @@ class StateTable(StateWrites, StateMarkers):
             holder_matches = run_key is _ANY_RUN or record.run_key == run_key
             return record.state in LIVE_STATES and holder_matches and record.threshold_passed(now)
 
+        return self._expire_live(instance_id, now, run_key, is_replay=already_expired)
+
+    def _expire_live(
+        self, instance_id: str, now: Epoch, run_key: str | object | None, **terms: Any
+    ) -> TransitionResult:
+        """any live → expired at `now`, the state kept, a quarantined record too; `run_key` as `expire`'s,
+        `terms` the rest of the transition's conditions and fields."""
         return self._transition(
             instance_id,
             now,
@@ -350,7 +353,7 @@ class StateTable(StateWrites, StateMarkers):
             new_state=None,
             threshold_in=0.0,
             may_be_quarantined=True,
-            is_replay=already_expired,
+            **terms,
         )
 
     def mark_terminated(self, instance_id: str) -> TransitionResult:

@@ -70,7 +70,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.executions import FollowUpRequest, ProvisionRequest, ReleaseRequest
-from runner_pool.domain.follow_up import BatchTurn, Sealing
+from runner_pool.domain.follow_up import Arrival, BatchTurn, Sealing, WindowSpan
 from runner_pool.domain.run_keys import RunKey
 from runner_pool.domain.runners import RunJob
 from runner_pool.domain.trust import RunFacts, TrustLevel
@@ -302,23 +302,10 @@ class DemandLedger(Protocol):
         (empty for a run not ours, or whose demand has not come yet)."""
         ...
 
-    def take_turn(
-        self,
-        repository: str,
-        run_key: str,
-        *,
-        job_ids: Sequence[int],
-        public_ids: Sequence[int],
-        holder: str,
-        lease_until: Epoch,
-        window_seconds: float,
-        limit_seconds: float,
-        quiet_seconds: float,
-    ) -> BatchTurn:
-        """Open the run key's follow-up window (a first, when its last burst ended `quiet_seconds` ago or
-        more; else the next follow-up, which `holder` leads), or add the jobs to its follow-up batch
-        (keeping it open `window_seconds` more, up to `limit_seconds` after it opened), or take over a
-        follow-up whose leader's lease passed; `holder` leads a follow-up until `lease_until`."""
+    def take_turn(self, repository: str, run_key: str, *, arrival: Arrival, span: WindowSpan) -> BatchTurn:
+        """Open the run key's follow-up window (a first, when its last burst is quiet; else the next
+        follow-up, which the arrival's holder leads), or add the arrival's jobs to its follow-up batch
+        (keeping its window open a little longer), or take over a follow-up whose leader's lease passed."""
         ...
 
     def seal(self, repository: str, run_key: str, holder: str, *, started: bool = False) -> Sealing:

@@ -47,7 +47,7 @@ coming (FOLLOW_UP_LIMIT_SECONDS).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -188,6 +188,28 @@ class BatchRole(StrEnum):
     LEADER = "leader"
     TAKEN_OVER = "taken-over"
     WAITING = "waiting"
+
+
+@dataclass(frozen=True)
+class WindowSpan:
+    """The follow-up window's lengths: each arrival keeps it open `window_seconds` more (or longer,
+    `follow_up_closes_at`), up to `limit_seconds` after it opened; demand of a run key whose last burst
+    ended `quiet_seconds` ago or more is a first."""
+
+    window_seconds: float = FOLLOW_UP_WINDOW_SECONDS
+    limit_seconds: float = FOLLOW_UP_LIMIT_SECONDS
+    quiet_seconds: float = BURST_QUIET_SECONDS
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """The jobs one dispatch adds to a run key's follow-up, and, should it lead the follow-up, its
+    `holder` and how long its lead lasts (`lease_until`)."""
+
+    job_ids: Sequence[int]
+    public_ids: Sequence[int]
+    holder: str
+    lease_until: Epoch
 
 
 @dataclass(frozen=True)

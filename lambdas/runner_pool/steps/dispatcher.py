@@ -31,13 +31,14 @@ from runner_pool.domain.demand import (
 )
 from runner_pool.domain.executions import FollowUpRequest, ReleaseRequest
 from runner_pool.domain.follow_up import (
-    BURST_QUIET_SECONDS,
     FOLLOW_UP_LIMIT_SECONDS,
     FOLLOW_UP_WINDOW_SECONDS,
     SEALED_LOOK_SECONDS,
     SEALED_WAIT_SECONDS,
+    Arrival,
     BatchRole,
     BatchTurn,
+    WindowSpan,
 )
 from runner_pool.domain.labels import instant_label
 from runner_pool.steps.class_history import HistoryNotes
@@ -101,8 +102,7 @@ class Dispatcher:
         self._reruns = reruns
         self._history = history
         self._starts = DemandStarts(ledger, starter, clock, pause, trust=self._trust)
-        self._window = window_seconds
-        self._limit = limit_seconds
+        self._span = WindowSpan(window_seconds, limit_seconds)
         self._sealed_wait = sealed_wait_seconds
         self._tier_group = tier_group
 
@@ -222,17 +222,8 @@ class Dispatcher:
         self._act(report, group, jobs, turn, holder, until, turns)
 
     def _take_turn(self, group: Group, jobs: _Jobs, holder: str, until: Epoch) -> BatchTurn:
-        return self._ledger.take_turn(
-            group.repository,
-            group.run_key,
-            job_ids=jobs.job_ids,
-            public_ids=sorted(jobs.public_ids),
-            holder=holder,
-            lease_until=until,
-            window_seconds=self._window,
-            limit_seconds=self._limit,
-            quiet_seconds=BURST_QUIET_SECONDS,
-        )
+        arrival = Arrival(jobs.job_ids, sorted(jobs.public_ids), holder, until)
+        return self._ledger.take_turn(group.repository, group.run_key, arrival=arrival, span=self._span)
 
     def _act(  # noqa: PLR0917 - one turn and everything it acts with
         self,
