@@ -195,7 +195,12 @@ class ControlPlane:
     @cached_property
     def capacity_waits(self) -> CapacityWaits:
         """Run keys whose jobs wait for EC2 capacity, an item of the state table each."""
-        return CapacityWaits(self.settings.table_name, self.clock, self.client("dynamodb"))
+        return CapacityWaits(
+            self.settings.table_name,
+            self.clock,
+            self.client("dynamodb"),
+            first_backoff=self.config.fleet.capacity_retry_seconds,
+        )
 
     @cached_property
     def github_apps(self) -> GitHubApps | None:

@@ -4,18 +4,29 @@ instance accounted for."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from emulator.fake_github import Conclusion, JobSpec
 from emulator.fake_github.payloads import HEAD_SHA
 from emulator.world import World
-from runner_pool.domain.capacity_waits import CHECK_RUN_NAME, FIRST_BACKOFF_SECONDS
+from runner_pool.domain.capacity_waits import CHECK_RUN_NAME, LONGEST_BACKOFF
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS
-from tests.e2e.conftest import LABEL, accounted, completed, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, accounted, completed, e2e_world, eventually, job_of, settled
 
 pytestmark = pytest.mark.slow
 
 LARGE_CPU = 2
+RETRY_SECONDS = 4.0
+"""fleet.capacity_retry_seconds: refresh runs every 2 s here, so the jobs are tried again within seconds."""
+
+
+@pytest.fixture
+def system(tmp_path: Path) -> Iterator[World]:
+    with e2e_world(tmp_path, fleet={"capacity_retry_seconds": RETRY_SECONDS}) as running:
+        yield running
 
 
 def test_a_job_without_capacity_is_told_why_and_served_when_capacity_comes_back(system: World) -> None:
@@ -45,7 +56,7 @@ def test_a_job_without_capacity_is_told_why_and_served_when_capacity_comes_back(
     system.stack.ec2.replenish(LARGE_CPU)
 
     # Then after the back-off the job is served and succeeds, and its check run is concluded
-    completed(system, run, timeout=FIRST_BACKOFF_SECONDS + RECONCILE_GRACE_SECONDS + 60)
+    completed(system, run, timeout=LONGEST_BACKOFF * RETRY_SECONDS + RECONCILE_GRACE_SECONDS + 60)
     assert job_of(system, run).conclusion is Conclusion.SUCCESS
     eventually(lambda: check_run()["status"] == "completed", "the check run to be concluded")  # type: ignore[index]
     assert check_run()["conclusion"] == "success"  # type: ignore[index]

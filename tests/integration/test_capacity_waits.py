@@ -52,6 +52,9 @@ def test_a_class_out_of_capacity_waits_with_ec2s_reason_and_is_served_when_it_is
     assert wait.reason.startswith("InsufficientInstanceCapacity (")
     assert wait.next_try == pytest.approx(world.clock.now() + 60, abs=5)
     assert world.ec2.calls["CreateFleet"] == 2  # spot, then the on-demand fallback; no redrive
+    # And the run is not held busy for the provision's whole busy time: the back-off decides the next try
+    (recent,) = world.plane.recent_demand.runs()
+    assert recent.busy_until <= world.clock.now()
     # And the jobs' author finds a check run on the run's commit naming the jobs, the class and EC2's error
     (check_run,) = world.github.state.check_runs.values()
     assert wait.check_run is not None
@@ -73,6 +76,26 @@ def test_a_class_out_of_capacity_waits_with_ec2s_reason_and_is_served_when_it_is
     assert len(served["cold"]) == 2
     assert world.plane.capacity_waits.all() == []
     assert (check_run["status"], check_run["conclusion"]) == ("completed", "success")
+
+
+def test_a_provision_ended_short_frees_its_run_for_reconciliation_unless_a_later_one_began(
+    world: ProvisionWorld,
+) -> None:
+    recent, clock = world.plane.recent_demand, world.local.clock
+    # Given a run's provision begun, and a later one for the same run begun 5 s after
+    first = clock.now()
+    recent.note(REPOSITORY, 7, 1, "pool=7", busy_for=300, at=first)
+    clock.advance(5)
+    recent.note(REPOSITORY, 7, 1, "pool=7/class=small", busy_for=300, at=clock.now())
+    # When the first ends short / Then the run stays busy: the later one may still be at work
+    recent.provision_ended(REPOSITORY, 7, 1, first)
+    (run,) = recent.runs()
+    assert run.busy_until > clock.now()
+    # When the later one ends short (and its Finish is retried) / Then the run is free to be reconciled
+    recent.provision_ended(REPOSITORY, 7, 1, run.demand_at)
+    recent.provision_ended(REPOSITORY, 7, 1, run.demand_at)
+    (run,) = recent.runs()
+    assert run.busy_until <= clock.now()
 
 
 def test_refresh_asks_again_for_waiting_jobs_only_after_the_back_off(world: ProvisionWorld) -> None:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from runner_pool.domain.capacity_waits import (
-    MAX_BACKOFF_SECONDS,
-    CapacityWait,
-    backoff_seconds,
-    shortfall_reason,
-)
+from runner_pool.domain.capacity_waits import CapacityWait, backoff_seconds, shortfall_reason
+from runner_pool.domain.config import FleetSettings
 
 
 def test_each_try_waits_twice_as_long_up_to_a_quarter_of_an_hour() -> None:
-    assert [backoff_seconds(tries) for tries in range(1, 7)] == [60, 120, 240, 480, 900, 900]
-    assert backoff_seconds(50) == MAX_BACKOFF_SECONDS
+    first = FleetSettings().capacity_retry_seconds
+    assert [backoff_seconds(tries, first) for tries in range(1, 7)] == [60, 120, 240, 480, 900, 900]
+    assert backoff_seconds(50, first) == 900
+
+
+def test_a_shorter_first_wait_doubles_up_to_fifteen_times_itself() -> None:
+    assert [backoff_seconds(tries, 4.0) for tries in range(1, 7)] == [4, 8, 16, 32, 60, 60]
 
 
 def test_the_reason_is_ec2s_codes_with_the_pools_each_refused() -> None:
@@ -47,8 +48,10 @@ def test_another_short_provision_backs_off_longer_and_a_retried_note_counts_once
     assert first.due(1060.0)
     # When another provision ends short at 1100 / Then it waits two minutes, from the same start
     second = first.tried_again(
-        execution="provision-b", jobs=1, reason="UnfulfillableCapacity (1 pool)", now=1100
+        execution="provision-b", jobs=1, reason="UnfulfillableCapacity (1 pool)", now=1100, first_backoff=60
     )
     assert (second.tries, second.next_try, second.since, second.jobs) == (2, 1220.0, 1000.0, 1)
     # And the same provision's Finish, retried, counts no second try
-    assert second.tried_again(execution="provision-b", jobs=1, reason="x", now=1200) is second
+    assert (
+        second.tried_again(execution="provision-b", jobs=1, reason="x", now=1200, first_backoff=60) is second
+    )

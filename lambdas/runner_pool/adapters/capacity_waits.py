@@ -27,6 +27,7 @@ from runner_pool.adapters.aws_clients import Refusal, conditional_write
 from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, backoff_seconds
 from runner_pool.domain.clock import Clock
+from runner_pool.domain.config import FleetSettings
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb.client import DynamoDBClient
@@ -39,9 +40,16 @@ _NUMBERS = ("jobs", "since", "tries", "next_try")
 
 
 class CapacityWaits:
-    def __init__(self, table_name: str, clock: Clock, client: DynamoDBClient | None = None) -> None:
+    def __init__(
+        self,
+        table_name: str,
+        clock: Clock,
+        client: DynamoDBClient | None = None,
+        first_backoff: float = FleetSettings().capacity_retry_seconds,
+    ) -> None:
         self._table = table_name
         self._clock = clock
+        self._first_backoff = first_backoff
         self._client: DynamoDBClient = client or aws_clients.client("dynamodb")
 
     def note(
@@ -69,11 +77,13 @@ class CapacityWaits:
                     jobs=jobs,
                     since=now,
                     tries=1,
-                    next_try=now + backoff_seconds(1),
+                    next_try=now + backoff_seconds(1, self._first_backoff),
                     last_execution=execution,
                 )
             else:
-                wait = current.tried_again(execution=execution, jobs=jobs, reason=reason, now=now)
+                wait = current.tried_again(
+                    execution=execution, jobs=jobs, reason=reason, now=now, first_backoff=self._first_backoff
+                )
                 if wait is current:
                     return current  # this execution's note, retried
             if self._write(wait, None if current is None else current.tries):

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import conditional_write
 from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
-from runner_pool.domain.clock import Clock
+from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.demand import privileged_label
 from runner_pool.domain.refresh import RecentRun
 from runner_pool.domain.trust import TrustLevel
@@ -69,14 +69,16 @@ class RecentDemand:
         repository_id: int | None = None,
         trust: TrustLevel | None = None,
         on_demand: bool = False,
+        at: Epoch | None = None,
     ) -> None:
-        """A provision for the run's `run_key` begins now and may be at work for `busy_for` seconds.
+        """A provision for the run's `run_key` begins now (or `at`, its Begin's time) and may be at work for
+        `busy_for` seconds.
         Idempotent: a retried note sets the same values again (a later one moves the times on); once
         single use, a run stays so. A refusal noted before is cleared: this provision asks GitHub anew.
         A privileged provision marks its pool label; the run's level is kept as first noted (the demand
         ledger decides it once per run attempt); an unknown one (None) changes nothing. A provision served
         on-demand whatever its label's usage marks its run key, which stays so."""
-        now = self._clock.now()
+        now = self._clock.now() if at is None else at
         run = RecentRun(repository, run_id, attempt, frozenset({run_key}), now, now + busy_for)
         marks = ", single_use = :single_use" if single_use else ""
         if repository_id is not None:
@@ -167,6 +169,21 @@ class RecentDemand:
             Key=_key(run.key),
             UpdateExpression="SET busy_until = :until",
             ExpressionAttributeValues={":until": {"N": repr(until)}},
+        )
+
+    def provision_ended(self, repository: str, run_id: int, attempt: int, begun_at: Epoch) -> None:
+        """The provision Begin noted at `begun_at` has ended with jobs still queued: reconciliation need not
+        wait out its busy time (a capacity wait's back-off decides when to ask again). Unless a later
+        provision for the run began since (its demand_at moved on): that one may still be at work."""
+        now = self._clock.now()
+        conditional_write(
+            lambda: self._client.update_item(
+                TableName=self._table,
+                Key=_key(RecentRun(repository, run_id, attempt, frozenset(), 0.0, 0.0).key),
+                UpdateExpression="SET busy_until = :now",
+                ConditionExpression="demand_at = :begun AND busy_until > :now",
+                ExpressionAttributeValues={":begun": {"N": repr(begun_at)}, ":now": {"N": repr(now)}},
+            )
         )
 
     def forget(self, run: RecentRun) -> None:

@@ -5,7 +5,8 @@ A provision whose creation launched fewer instances than it asked for, with EC2'
 Reference, CreateFleet, response element `Errors`), ends short after the on-demand fallback. Asking again
 at once would meet the same answer: the run key's wait is noted instead, with EC2's error codes, and
 refresh's reconciliation provisions the still-queued jobs again only once `next_try` has come, each try
-waiting twice as long as the one before, from a minute up to a quarter of an hour. A provision that serves
+waiting twice as long as the one before, from `fleet.capacity_retry_seconds` (a minute) up to fifteen times
+that (a quarter of an hour). A provision that serves
 every job of the run key ends the wait. Until then the operator sees it in `runner-pool status`, the
 `JobsWaitingForCapacity` metric and its alarm, and the job's author a check run on the run's head commit
 that names the jobs, the class and EC2's error (`waiting_check`), completed when they are served
@@ -23,19 +24,18 @@ from runner_pool.domain.clock import Epoch
 Conclusion = Literal["success", "neutral"]
 """How the control plane concludes a check run: its jobs served, or their run finished first."""
 
-FIRST_BACKOFF_SECONDS = 60.0
-"""The first wait after a shortfall: refresh's schedule, the soonest reconciliation looks again anyway."""
 CHECK_RUN_NAME = "runner-pool: waiting for EC2 capacity"
 """The check run's name, one per run key and commit, beside the workflow's own checks."""
 MAX_JOB_NAMES = 5
-MAX_BACKOFF_SECONDS = 900.0
-"""The longest wait between tries: capacity that comes back is used within a quarter of an hour, and a
-class out of capacity for hours costs four CreateFleet calls an hour per run key, not sixty."""
+LONGEST_BACKOFF = 15
+"""The longest wait between tries, in first waits: at the default minute, capacity that comes back is used
+within a quarter of an hour, and a class out of capacity for hours costs four CreateFleet calls an hour per
+run key, not sixty."""
 
 
-def backoff_seconds(tries: int) -> float:
-    """How long after its `tries`-th short provision a run key is tried again."""
-    return min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * float(2 ** max(0, tries - 1)))
+def backoff_seconds(tries: int, first: float) -> float:
+    """How long after its `tries`-th short provision a run key is tried again, `first` after the first."""
+    return min(LONGEST_BACKOFF * first, first * float(2 ** max(0, tries - 1)))
 
 
 def shortfall_reason(requested: int, launched: int, launch_errors: Mapping[str, int]) -> str | None:
@@ -81,7 +81,9 @@ class CapacityWait:
     def due(self, now: Epoch) -> bool:
         return now >= self.next_try
 
-    def tried_again(self, *, execution: str, jobs: int, reason: str, now: Epoch) -> CapacityWait:
+    def tried_again(
+        self, *, execution: str, jobs: int, reason: str, now: Epoch, first_backoff: float
+    ) -> CapacityWait:
         """This wait after another short provision (`execution`), unless it is the one noted already."""
         if execution == self.last_execution:
             return self
@@ -91,7 +93,7 @@ class CapacityWait:
             reason=reason,
             jobs=jobs,
             tries=tries,
-            next_try=now + backoff_seconds(tries),
+            next_try=now + backoff_seconds(tries, first_backoff),
             last_execution=execution,
         )
 

@@ -173,6 +173,10 @@ class FleetSettings(Settings):
     its spot instance; the re-run is served on-demand (domain/reruns.py)."""
     spot_breaker: SpotBreakerSettings = SpotBreakerSettings()
     """When a class's spot demand is served on-demand for a while (domain/spot_breaker.py)."""
+    capacity_retry_seconds: float = Field(60, gt=0)
+    """How long after a provision EC2 left short (no capacity) refresh first provisions its jobs again; each
+    next wait is twice the last, up to fifteen times this (domain/capacity_waits.py). Refresh runs every
+    minute, so a shorter first wait only helps where refresh runs more often (the emulator)."""
 
 
 class NetworkSettings(Settings):

@@ -144,6 +144,7 @@ class Provision(ProvisionPart):
                     repository_id=request.repository_id,
                     trust=request.trust,
                     on_demand=request.on_demand,
+                    at=planned.started_at,
                 )
             except Exception:  # a backstop's bookkeeping never holds up a provision
                 logger.exception("run's demand not noted; refresh will not reconcile it")
@@ -401,11 +402,27 @@ class Provision(ProvisionPart):
             self._note_refusal(provision, refused)
         elif outcome.unserved > 0 and short_of_capacity is not None and self._capacity_waits is not None:
             self._capacity_waits.wait(provision, outcome.unserved, short_of_capacity)
+            self._note_ended_short(provision)
         else:
             self._leftovers.redrive(provision, outcome.unserved, machine)
         if outcome.unserved == 0 and self._capacity_waits is not None:
             self._capacity_waits.served(provision.request.repository, spec.run_key)
         return outcome
+
+    def _note_ended_short(self, provision: ProvisionPlan) -> None:
+        """So that refresh's reconciliation asks again when the capacity wait's back-off has passed, not
+        when this provision's busy time would have (steps/reconcile.py)."""
+        if not provision.spec.run_id.isdigit():
+            return
+        try:
+            self._recent_demand().provision_ended(
+                provision.request.repository,
+                int(provision.spec.run_id),
+                provision.request.key.attempt,
+                provision.started_at,
+            )
+        except Exception:  # a backstop's bookkeeping never fails a provision's Finish
+            logger.exception("run's provision not noted ended; refresh asks again after its busy time")
 
     def _note_refusal(self, provision: ProvisionPlan, reason: str) -> None:
         """So that refresh's reconciliation does not ask again every minute (steps/reconcile.py)."""
