@@ -86,18 +86,18 @@ def evaluate(
 ) -> str:
     """The state `alarm` (a template's AWS::CloudWatch::Alarm Properties) takes at `now` over `data`;
     `state` is the one it was in (what `ignore` keeps)."""
-    wanted = {d["Name"]: d["Value"] for d in alarm.get("Dimensions", [])}
+    metric, period, stat = _watched(alarm)
+    wanted = {d["Name"]: d["Value"] for d in metric.get("Dimensions", [])}
     values = [
         datum
         for datum in data
-        if datum.namespace == alarm["Namespace"]
-        and datum.name == alarm["MetricName"]
+        if datum.namespace == metric["Namespace"]
+        and datum.name == metric["MetricName"]
         and dict(datum.dimensions) == wanted
     ]
-    period = float(alarm["Period"])
     count = int(alarm["EvaluationPeriods"])
     to_alarm = int(alarm.get("DatapointsToAlarm", count))
-    statistic = _STATISTICS[alarm["Statistic"]]
+    statistic = _STATISTICS[stat]
     compare = _COMPARISONS[alarm["ComparisonOperator"]]
     threshold = float(alarm["Threshold"])
     missing = alarm.get("TreatMissingData", "missing")
@@ -115,3 +115,15 @@ def evaluate(
     if not verdicts:
         return state if missing == "ignore" else INSUFFICIENT_DATA
     return ALARM if sum(verdicts) >= to_alarm else OK
+
+
+def _watched(alarm: Mapping[str, Any]) -> tuple[Mapping[str, Any], float, str]:
+    """The metric an alarm watches, its period and statistic: given in the alarm's own properties
+    (`MetricName`, `Namespace`, `Period`, `Statistic`), or as the one `MetricStat` of its `Metrics` that
+    returns data (the form CloudFormation takes for a metric with a label; PutMetricAlarm's Metrics, a
+    metric math alarm of one metric). An expression of several metrics is not evaluated here."""
+    if "Metrics" not in alarm:
+        return alarm, float(alarm["Period"]), alarm["Statistic"]
+    (returned,) = [query for query in alarm["Metrics"] if query.get("ReturnData", True)]
+    stat = returned["MetricStat"]
+    return stat["Metric"], float(stat["Period"]), stat["Stat"]

@@ -221,8 +221,9 @@ def record_costs(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
 
 
 def read_costs(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:
-    """Read a UTC day's cost items (Query): the daily budget, and the `cost` command's grant."""
-    _allow(grantee, ["dynamodb:Query"], [table.table_arn])
+    """Read a UTC day's cost items (Query) and no other: the daily budget, and the `cost` command's grant
+    (dynamodb:LeadingKeys as in `mark_runs_finished`)."""
+    _allow_on_keys(grantee, "dynamodb:Query", table, COST_PREFIX)
 
 
 def check_readiness(grantee: iam.IGrantable, table: dynamodb.ITable) -> None:

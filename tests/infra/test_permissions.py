@@ -13,6 +13,7 @@ from typing import Any
 from infra.constructs import permissions
 from infra.constructs.functions import HANDLERS_PACKAGE
 from runner_pool.adapters import state_items as schema
+from runner_pool.adapters.cost_ledger import COST_PREFIX
 from runner_pool.adapters.spot_breaker import BREAKER_PREFIX
 from runner_pool.environment import ENV_PREFIX, STACK_TAG_KEY
 from tests.infra.synthesis import Synthesis
@@ -159,11 +160,15 @@ def test_table_queries_name_one_index_each(synthesis: Synthesis) -> None:
     ]
     assert queries
     # ... but for refresh's runs with recent demand, one partition of the table itself (its key is fixed),
-    # and the spot breaker's partitions, which the interruptions function may reach only by their prefix
+    # and the spot breaker's and the day's cost partitions, which the interruptions function and refresh
+    # may reach only by their prefix
     on_table = [handler for handler, resource in queries if resource == {"Fn::GetAtt": [table, "Arn"]}]
-    assert sorted(on_table) == ["interruptions.hear", "refresh.refresh"]
-    (breaker,) = [s for s in statements(synthesis, "interruptions.hear") if "dynamodb:Query" in actions(s)]
-    assert breaker["Condition"]["ForAllValues:StringLike"] == {"dynamodb:LeadingKeys": [f"{BREAKER_PREFIX}*"]}
+    assert sorted(on_table) == ["interruptions.hear", "refresh.refresh", "refresh.refresh"]
+    for handler, prefix in (("interruptions.hear", BREAKER_PREFIX), ("refresh.refresh", COST_PREFIX)):
+        (keyed,) = [
+            s for s in statements(synthesis, handler) if "dynamodb:Query" in actions(s) and "Condition" in s
+        ]
+        assert keyed["Condition"]["ForAllValues:StringLike"] == {"dynamodb:LeadingKeys": [f"{prefix}*"]}
     for handler, resource in queries:
         if resource == {"Fn::GetAtt": [table, "Arn"]}:
             continue

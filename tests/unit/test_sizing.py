@@ -187,22 +187,6 @@ def test_a_burst_is_held_for_a_lead_time_after_it_leaves_the_horizon() -> None:
     assert pool_size(burst, 15, NOW + lead, NONE) == NONE
 
 
-@settings(max_examples=150, deadline=None)
-@given(times, boots, reuse, st.floats(min_value=1, max_value=120))
-def test_the_answer_shrinks_only_after_a_lead_time(
-    arrivals: list[float], launch: float, reused: float, refresh: float
-) -> None:
-    # Given the answer at one refresh, and no arrival since
-    earlier = NOW - refresh
-    before = [at for at in arrivals if at <= earlier]
-    base = demand(before, launch_seconds=launch, reuse_rate=reused, refresh_seconds=refresh)
-    then = pool_size(base, 15, earlier, NONE)
-    # Then the next refresh holds at least as many of each tier together, and as many hot
-    held = pool_size(base, 15, NOW, NONE)
-    assert held.hot >= then.hot
-    assert held.hot + held.stopped >= then.hot + then.stopped
-
-
 def test_a_burst_at_the_same_minutes_of_each_of_the_last_hours_is_held_hot_ahead_of_its_repeat() -> None:
     # Given 4 jobs a minute after the top of each of the last SEASON_HOURS hours, and nothing else
     top = NOW - NOW % 3600 + 3600
