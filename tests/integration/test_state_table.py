@@ -1380,3 +1380,22 @@ def test_an_instant_runners_job_start_restarts_its_runtime_and_names_its_reposit
     assert started.record.repository == "octo-org/app"
     assert started.record.state is InstanceState.RUNNING
     assert other.outcome is Outcome.LOST
+
+
+def test_an_instant_runners_job_start_before_its_provisions_finish_is_noted_and_kept_by_the_activation(
+    state_table: StateTable, clock: ManualClock
+) -> None:
+    # Given an instance created for an instant tier, its runner 4242 registered, not yet set running
+    label = "pool=instant/class=large"
+    facts = builders.facts(79)
+    state_table.create(facts, run_key=label)
+    state_table.record_runner(facts.instance_id, label, 4242)
+    # When its runner takes a job of octo-org/app before the provision's Finish comes round
+    started = state_table.job_started(facts.instance_id, label, 4242, "octo-org/app", 10)
+    # Then the start is noted, the state left to Finish, whose activation keeps the repository
+    assert started.succeeded
+    assert started.record is not None
+    assert (started.record.state, started.record.repository) == (InstanceState.CREATED, "octo-org/app")
+    activated = state_table.activate(facts.instance_id, label, 10)
+    assert activated.record is not None
+    assert (activated.record.state, activated.record.repository) == (InstanceState.RUNNING, "octo-org/app")

@@ -426,21 +426,25 @@ class StateTable(StateWrites, StateMarkers):
     def job_started(
         self, instance_id: str, run_key: str, runner_id: int, repository: str, max_runtime_minutes: int
     ) -> TransitionResult:
-        """running → running: the runner `runner_id` of an instance that waited for any job (an instant
-        tier's, domain/instant.py) took one of `repository`. Its runtime starts now, not when it began to
-        wait, and the record names the repository it now serves. Not for a quarantined record."""
+        """running | created | claimed, unchanged: the runner `runner_id` of an instance that waited for any
+        job (an instant tier's, domain/instant.py) took one of `repository`. Its runtime starts now, not
+        when it began to wait, and the record names the repository it now serves. A runner registered and
+        listening can take a job before its provision's Finish has set the instance running (its check
+        comes round later): the start is noted all the same, and the activation keeps it. Not for a
+        quarantined record."""
         now = self._clock.now()
+        handed_over = (InstanceState.RUNNING, InstanceState.CREATED, InstanceState.CLAIMED)
         return self._transition(
             instance_id,
             now,
-            expect_states=(InstanceState.RUNNING,),
+            expect_states=handed_over,
             expect_run_key=run_key,
             expect_runner_id=runner_id,
             new_state=None,
             threshold_in=max_runtime_minutes * 60.0,
             set_fields={REPOSITORY_ATTRIBUTE: repository},
             is_replay=lambda r: (
-                r.state is InstanceState.RUNNING
+                r.state in handed_over
                 and r.runner_id == runner_id
                 and r.repository == repository
                 and not r.threshold_passed(now)
