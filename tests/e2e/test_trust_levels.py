@@ -75,7 +75,9 @@ def test_a_run_whose_requested_delivery_is_lost_and_whose_read_fails_is_served_u
     # Then it ran, provisioned undecided (None: single use, fail closed)
     assert job_of(system, served).conclusion is Conclusion.SUCCESS
     assert set(levels(system, served)) == {None}
-    settled(system)
+    # (under the whole suite a provision of this run was once dumped after an unhandled error, its job
+    # served all the same; refresh's cleanup of what it held then took longer than the default minute)
+    settled(system, timeout=120)
     accounted(system)
 
 
