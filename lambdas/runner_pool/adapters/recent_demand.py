@@ -147,11 +147,10 @@ class RecentDemand:
     def refused(self, repository: str, run_id: int, attempt: int, reason: str) -> None:
         """GitHub refused the run's registration for good, in its words `reason`. Only a run noted before
         (by its provision's Begin) is marked: a mark never brings a forgotten run back."""
-        key = RecentRun(repository, run_id, attempt, frozenset(), 0.0, 0.0).key
         conditional_write(
             lambda: self._client.update_item(
                 TableName=self._table,
-                Key=_key(key),
+                Key=_run_key(repository, run_id, attempt),
                 UpdateExpression="SET refused_at = :now, refused_reason = :reason",
                 ConditionExpression="attribute_exists(demand_at)",
                 ExpressionAttributeValues={
@@ -179,7 +178,7 @@ class RecentDemand:
         conditional_write(
             lambda: self._client.update_item(
                 TableName=self._table,
-                Key=_key(RecentRun(repository, run_id, attempt, frozenset(), 0.0, 0.0).key),
+                Key=_run_key(repository, run_id, attempt),
                 UpdateExpression="SET busy_until = :now",
                 ConditionExpression="demand_at = :begun AND busy_until > :now",
                 ExpressionAttributeValues={":begun": {"N": repr(begun_at)}, ":now": {"N": repr(now)}},
@@ -200,6 +199,11 @@ class RecentDemand:
 
 def _key(sort_key: str) -> dict[str, Any]:
     return {PARTITION_KEY: {"S": RECENT_DEMAND_PARTITION}, SORT_KEY: {"S": sort_key}}
+
+
+def _run_key(repository: str, run_id: int, attempt: int) -> dict[str, Any]:
+    """The item of a run's attempt, as RecentRun keys it."""
+    return _key(RecentRun(repository, run_id, attempt, frozenset(), 0.0, 0.0).key)
 
 
 def _run(item: dict[str, Any]) -> RecentRun:

@@ -132,22 +132,22 @@ class Provision(ProvisionPart):
             spec = spec.model_copy(update={"usage": UsageClass.ON_DEMAND})
         spec = self._usage(spec)
         planned = plan(request, spec, execution, self._timeouts, self._clock.now(), reuse=config.reuse)
-        if spec.run_id.isdigit():
-            try:
-                self._recent_demand().note(
-                    request.repository,
-                    int(spec.run_id),
-                    request.key.attempt,
-                    spec.run_key,
-                    busy_seconds(self._timeouts),
-                    single_use=request.public,
-                    repository_id=request.repository_id,
-                    trust=request.trust,
-                    on_demand=request.on_demand,
-                    at=planned.started_at,
-                )
-            except Exception:  # a backstop's bookkeeping never holds up a provision
-                logger.exception("run's demand not noted; refresh will not reconcile it")
+        self._tell_recent_demand(
+            planned,
+            lambda recent, repository, run_id, attempt: recent.note(
+                repository,
+                run_id,
+                attempt,
+                spec.run_key,
+                busy_seconds(self._timeouts),
+                single_use=request.public,
+                repository_id=request.repository_id,
+                trust=request.trust,
+                on_demand=request.on_demand,
+                at=planned.started_at,
+            ),
+            "run's demand not noted; refresh will not reconcile it",
+        )
         if planned.single_use and not config.keeps_pristine(spec.resource_class):
             # Single-use jobs take pristine instances only, and a class that keeps no pristine minimum
             # has few: a look at its pool would mostly read used offers and wait out a long poll on the
@@ -412,29 +412,42 @@ class Provision(ProvisionPart):
     def _note_ended_short(self, provision: ProvisionPlan) -> None:
         """So that refresh's reconciliation asks again when the capacity wait's back-off has passed, not
         when this provision's busy time would have (steps/reconcile.py)."""
-        if not provision.spec.run_id.isdigit():
-            return
-        try:
-            self._recent_demand().provision_ended(
-                provision.request.repository,
-                int(provision.spec.run_id),
-                provision.request.key.attempt,
-                provision.started_at,
-            )
-        except Exception:  # a backstop's bookkeeping never fails a provision's Finish
-            logger.exception("run's provision not noted ended; refresh asks again after its busy time")
+        self._tell_recent_demand(
+            provision,
+            lambda recent, repository, run_id, attempt: recent.provision_ended(
+                repository, run_id, attempt, provision.started_at
+            ),
+            "run's provision not noted ended; refresh asks again after its busy time",
+        )
 
     def _note_refusal(self, provision: ProvisionPlan, reason: str) -> None:
         """So that refresh's reconciliation does not ask again every minute (steps/reconcile.py)."""
-        spec = provision.spec
-        if not spec.run_id.isdigit():
+        self._tell_recent_demand(
+            provision,
+            lambda recent, repository, run_id, attempt: recent.refused(repository, run_id, attempt, reason),
+            "run's refusal not noted; refresh may ask GitHub again before its back-off",
+        )
+
+    def _tell_recent_demand(
+        self,
+        provision: ProvisionPlan,
+        tell: Callable[[RecentDemand, str, int, int], None],
+        unnoted: str,
+    ) -> None:
+        """Tell refresh's reconciliation (the recent demand of the provision's run: its repository, run id
+        and attempt) what became of the provision. Only a run's own label has a run id to reconcile by, and
+        a backstop's bookkeeping never holds up or fails a provision: a failure is logged as `unnoted`."""
+        if not provision.spec.run_id.isdigit():
             return
         try:
-            self._recent_demand().refused(
-                provision.request.repository, int(spec.run_id), provision.request.key.attempt, reason
+            tell(
+                self._recent_demand(),
+                provision.request.repository,
+                int(provision.spec.run_id),
+                provision.request.key.attempt,
             )
-        except Exception:  # a backstop's bookkeeping never fails a provision's Finish
-            logger.exception("run's refusal not noted; refresh may ask GitHub again before its back-off")
+        except Exception:
+            logger.exception(unnoted)
 
     def _activate(
         self, provision: ProvisionPlan, ready: list[tuple[str, str | None, float]]

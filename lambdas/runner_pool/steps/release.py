@@ -202,7 +202,8 @@ class Release:
     def _instant_job_started(self, item: ReleaseItem, record: InstanceRecord | None) -> None:
         """An instant tier's runner took its job (domain/instant.py): the job's runtime runs from now, and
         the record names the job's repository. Best effort: the threshold it replaces is the running one,
-        set when the runner began to wait."""
+        set when the runner began to wait (or, when the runner took the job before its provision's Finish,
+        the created one, and Finish's activation then restarts the runtime a few seconds later)."""
         if (
             record is None
             or item.runner_id is None
