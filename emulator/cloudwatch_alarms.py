@@ -120,8 +120,10 @@ def evaluate(
 def _watched(alarm: Mapping[str, Any]) -> tuple[Mapping[str, Any], float, str]:
     """The metric an alarm watches, its period and statistic: given in the alarm's own properties
     (`MetricName`, `Namespace`, `Period`, `Statistic`), or as the one `MetricStat` of its `Metrics` that
-    returns data (the form CloudFormation takes for a metric with a label; PutMetricAlarm's Metrics, a
-    metric math alarm of one metric). An expression of several metrics is not evaluated here."""
+    returns data (AWS CloudFormation User Guide, AWS::CloudWatch::Alarm `Metrics` and
+    AWS::CloudWatch::Alarm MetricDataQuery: "exactly one of the MetricDataQuery objects must have
+    ReturnData set to true"; the form CDK synthesises for a metric with a label, as the budget alarm's
+    template shows). An expression of several metrics is not evaluated here."""
     if "Metrics" not in alarm:
         return alarm, float(alarm["Period"]), alarm["Statistic"]
     (returned,) = [query for query in alarm["Metrics"] if query.get("ReturnData", True)]
