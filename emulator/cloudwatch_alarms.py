@@ -120,9 +120,9 @@ def evaluate(
 def _watched(alarm: Mapping[str, Any]) -> tuple[Mapping[str, Any], float, str]:
     """The metric an alarm watches, its period and statistic: given in the alarm's own properties
     (`MetricName`, `Namespace`, `Period`, `Statistic`), or as the one `MetricStat` of its `Metrics` that
-    returns data (AWS CloudFormation User Guide, AWS::CloudWatch::Alarm `Metrics` and
-    AWS::CloudWatch::Alarm MetricDataQuery: "exactly one of the MetricDataQuery objects must have
-    ReturnData set to true"; the form CDK synthesises for a metric with a label, as the budget alarm's
+    returns data (CloudWatch API Reference, MetricDataQuery: "When used in PutMetricAlarm, specify true
+    for the one expression result to use as the alarm"; CloudFormation's AWS::CloudWatch::Alarm `Metrics`
+    takes the same objects, the form CDK synthesises for a metric with a label, as the budget alarm's
     template shows). An expression of several metrics is not evaluated here."""
     if "Metrics" not in alarm:
         return alarm, float(alarm["Period"]), alarm["Statistic"]
