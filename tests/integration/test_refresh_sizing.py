@@ -208,3 +208,26 @@ def test_the_stopped_tier_holds_the_rules_number_not_the_maximum(tiered: LocalCo
     # And the next run terminates them, stopped or idle, as due
     tiered.clock.advance(60)
     assert tiered.refresh()["terminated"] == {"stopped": 2, "idle": 1}
+
+
+def test_past_a_budget_that_drops_warm_minimums_the_rule_holds_nothing_hot() -> None:
+    # Given an adaptive stack with a daily budget that drops warm minimums, which a running instance passes
+    plane = watched(
+        warm_pool_minimum={"large": 1},
+        pool={"sizing": "adaptive", "sizing_horizon_minutes": 5},
+        budget={"daily_usd": 0.0001, "drop_warm_minimums": True},
+    )
+    adaptive = next(plane)
+    adaptive.running("pool=1")
+    adaptive.clock.advance(3600)
+    # And three jobs a minute for the last ten minutes, for which the rule alone would hold some hot
+    burst(adaptive, 3, 10)
+    assert the_rules_number(adaptive).hot > 1
+
+    # When refresh runs past the budget
+    report = adaptive.refresh()
+
+    # Then the class holds nothing hot and launches nothing for the pool
+    assert report["minimum"]["large"] == 0
+    assert report["launched"].get("large", 0) == 0
+    next(plane, None)  # the accounting check
