@@ -40,7 +40,11 @@ beyond it are ended.
 
 A second trace, the storm (`storm_day`), has another shape: half the pushes over the same hours,
 scheduled workflows at the top of every hour day and night, and one matrix of 100 jobs at once; the
-baked policies run it too (`day_trace_storm_*`).
+baked policies run it too (`day_trace_storm_*`). For each trace, `p95_reach` reads what a p95 within the
+adaptive target asks of any pool, whatever its rule: how many jobs may wait longer, how often the boot
+model's stopped and launch paths are ready within it, and how many of the largest run must be ready at once
+(`day_trace_*p95_slower_jobs_allowed_count`, `day_trace_*largest_run_jobs_count`); its note says whether
+the pool's ceilings could ever have that many ready in time.
 
 The stopped tier is the product's (domain/stopped_tier.py), and the model
 follows it in outline: an idle instance whose idle time passes is stopped instead of terminated while
@@ -72,7 +76,7 @@ import heapq
 import json
 import math
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, time
@@ -1086,6 +1090,9 @@ def run(
     _explain(table, totals, per_job, per_job_source)
     _adaptive_verdict(table, totals, "working day")
     _adaptive_verdict(table, storm_totals, "storm")
+    adaptive = next(policy for policy in everyone if policy.adaptive)
+    _reach_note(table, p95_reach(jobs, boot or BootModel()), adaptive, "working day", "")
+    _reach_note(table, p95_reach(stormy, boot or BootModel()), adaptive, "storm", "storm_")
     _spot_report(table, jobs, boot or BootModel(), seed, per_job)
     return table
 
@@ -1190,6 +1197,68 @@ def _adaptive_verdict(table: BenchTable, totals: dict[str, tuple[float, float, f
         f"p50 {p50:.1f} s (<= {ADAPTIVE_P50_SECONDS:g}: {_met(p50, ADAPTIVE_P50_SECONDS)})",
     ]
     table.note(f"adaptive on the {trace}: " + ", ".join(verdicts) + ".")
+
+
+@dataclass(frozen=True)
+class P95Reach:
+    """What a queued -> ready p95 within ADAPTIVE_P95_SECONDS asks of any pool on a trace, by any rule."""
+
+    jobs: int
+    slower_allowed: int
+    """How many jobs may wait longer (`Outcome.ready_percentile`: the ceil(0.95 n)th fastest is the p95)."""
+    stopped_in_time: float
+    """The share of the boot model's stopped-path draws (queued -> ready) within the target."""
+    cold_in_time: float
+    """The same of its baked launch path."""
+    largest_run: int
+    """The most jobs one run queues at once."""
+
+    @property
+    def at_once(self) -> int:
+        """Instances that must be ready within the target when the largest run comes, even if every other
+        job of the trace is."""
+        return max(0, self.largest_run - self.slower_allowed)
+
+
+def p95_reach(jobs: list[Job], boot: BootModel, draws: int = 20_000, seed: int = 16) -> P95Reach:
+    """The trace's `jobs` against the p95 target (`P95Reach`), each path drawn `draws` times."""
+    rng = random.Random(seed)
+
+    def in_time(path: Path) -> float:
+        return sum(1 for _ in range(draws) if boot.draw(path, rng) <= ADAPTIVE_P95_SECONDS) / draws
+
+    runs = Counter(job.run for job in jobs)
+    return P95Reach(
+        jobs=len(jobs),
+        slower_allowed=len(jobs) - math.ceil(0.95 * len(jobs)),
+        stopped_in_time=in_time(Path.STOPPED),
+        cold_in_time=in_time(Path.COLD_BAKED),
+        largest_run=max(runs.values(), default=0),
+    )
+
+
+def _reach_note(table: BenchTable, reach: P95Reach, adaptive: Policy, trace: str, prefix: str) -> None:
+    """Why the adaptive p95 is or is not within reach on a trace: the jobs it lets wait longer, against the
+    largest run and what the pool's ceilings can have ready within the target at once."""
+    pool = adaptive.config.pool
+    table.figure(f"day_trace_{prefix}p95_slower_jobs_allowed_count", reach.slower_allowed)
+    table.figure(f"day_trace_{prefix}largest_run_jobs_count", reach.largest_run)
+    launched = max(0, reach.largest_run - pool.hot_maximum - pool.stopped_maximum)
+    in_time = pool.hot_maximum + reach.stopped_in_time * pool.stopped_maximum + reach.cold_in_time * launched
+    verdict = (
+        f"more than the ceilings can have ready within it at once (pool.hot_maximum {pool.hot_maximum} hot, "
+        f"{reach.stopped_in_time:.0%} of pool.stopped_maximum {pool.stopped_maximum} and "
+        f"{reach.cold_in_time:.0%} of the launches in time): no sizing within them meets the p95 here"
+        if reach.at_once > in_time
+        else "within the ceilings, so the p95 is a matter of what is held hot when"
+    )
+    table.note(
+        f"p95 reach on the {trace}: a p95 within {ADAPTIVE_P95_SECONDS:g} s lets {reach.slower_allowed} of "
+        f"{reach.jobs} jobs wait longer; a stopped instance is ready within it in "
+        f"{reach.stopped_in_time:.0%} of the boot model's draws and a launch in {reach.cold_in_time:.0%} "
+        "(the rest of the jobs they serve are among those that wait longer); the largest run queues "
+        f"{reach.largest_run} at once, {reach.at_once} of which must be ready within it, {verdict}."
+    )
 
 
 def _met(value: float, bound: float) -> str:

@@ -130,6 +130,20 @@ def test_a_longer_boot_never_fewer_instances(
 
 
 @settings(max_examples=150, deadline=None)
+@given(times, st.tuples(boots, boots), reuse, st.floats(1, 100), st.floats(0, 200))
+def test_a_looser_target_never_more_instances(
+    arrivals: list[float], launch_and_start: tuple[float, float], reused: float, target: float, looser: float
+) -> None:
+    # A target a start or a launch meets lets the rule hold instances stopped or none: never more than a
+    # tighter one, hot or in all
+    launch, start = launch_and_start
+    base = demand(arrivals, launch_seconds=launch, start_seconds=min(start, launch), reuse_rate=reused)
+    tight, loose = pool_size(base, target, NOW, NONE), pool_size(base, target + looser, NOW, NONE)
+    assert loose.hot <= tight.hot
+    assert loose.hot + loose.stopped <= tight.hot + tight.stopped
+
+
+@settings(max_examples=150, deadline=None)
 @given(
     times,
     st.builds(Holding, st.integers(0, 20), st.integers(0, 20)),
