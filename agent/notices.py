@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from agent.aws_errors import AWS_FAILURES, Fault, fault_of
@@ -49,24 +50,18 @@ class Wakeup:
         threading.Thread(target=relay, name="stop-relay", daemon=True).start()
 
 
+@dataclass(eq=False)
 class NoticeListener:
     """Receives from one queue until `stop` is set; each batch received wakes the loop, then is deleted."""
 
-    def __init__(
-        self,
-        sqs: Any,
-        queue_url: str,
-        *,
-        wait_seconds: int,
-        retry_seconds: float,
-        log: EventLog,
-    ) -> None:
-        self._sqs = sqs
-        self._url = queue_url
-        self._wait = wait_seconds
-        self._retry = retry_seconds
-        self._log = log
-        self._failing: Fault | None = None
+    sqs: Any
+    queue_url: str
+    _: KW_ONLY
+    wait_seconds: int
+    retry_seconds: float
+    log: EventLog
+    _failing: Fault | None = field(default=None, init=False)
+    """The fault the latest receive failed with (None once one succeeds): each new fault is logged once."""
 
     def start(self, stop: threading.Event, wakeup: Wakeup) -> threading.Thread:
         """Listen in a thread of its own, waking `wakeup` at each notice, until `stop` is set."""
@@ -82,18 +77,18 @@ class NoticeListener:
     def listen(self, stop: threading.Event, wakeup: Wakeup) -> None:
         while not stop.is_set():
             if not self.receive_once(wakeup) and not stop.is_set():
-                stop.wait(self._retry)
+                stop.wait(self.retry_seconds)
 
     def receive_once(self, wakeup: Wakeup) -> bool:
         """One long poll; False when it failed (the caller waits before the next)."""
         try:
-            answer = self._sqs.receive_message(
-                QueueUrl=self._url, MaxNumberOfMessages=10, WaitTimeSeconds=self._wait
+            answer = self.sqs.receive_message(
+                QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=self.wait_seconds
             )
         except AWS_FAILURES as exc:
             fault = fault_of(exc)
             if fault is not self._failing:
-                self._log.warning(
+                self.log.warning(
                     "notices not received; reading the record every watch period",
                     fault=fault,
                     error=str(exc),
@@ -101,15 +96,15 @@ class NoticeListener:
             self._failing = fault
             return False
         if self._failing is not None:
-            self._log.info("notices received again")
+            self.log.info("notices received again")
             self._failing = None
         messages = answer.get("Messages", [])
         if not messages:
             return True
         wakeup.wake()
         try:
-            self._sqs.delete_message_batch(
-                QueueUrl=self._url,
+            self.sqs.delete_message_batch(
+                QueueUrl=self.queue_url,
                 Entries=[
                     {"Id": str(number), "ReceiptHandle": message["ReceiptHandle"]}
                     for number, message in enumerate(messages)
@@ -117,5 +112,5 @@ class NoticeListener:
             )
         except AWS_FAILURES as exc:
             # Received again after the visibility timeout: one more look at the record, no harm.
-            self._log.warning("notices not deleted", fault=fault_of(exc), error=str(exc))
+            self.log.warning("notices not deleted", fault=fault_of(exc), error=str(exc))
         return True

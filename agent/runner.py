@@ -27,6 +27,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from agent.log import EventLog
 from agent.processes import JobCgroup
@@ -87,19 +88,13 @@ class RunnerProcess:
             except OSError as exc:
                 raise RunnerStartError(f"the job's cgroup {cgroup.path} could not be made: {exc}") from exc
         try:
-            process = subprocess.Popen(  # noqa: S603 - the runner's own start script, no shell
+            process = _start(
                 [str(program)],
-                cwd=cwd,
                 env=_runner_environment(os.environ, account),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                bufsize=1,
-                start_new_session=True,
+                cwd=cwd,
                 # Between fork and exec: into the job's cgroup while still root, then the account.
                 # Popen's own user= would drop root before preexec_fn runs, so the switch is done here.
-                preexec_fn=_enter(cgroup, account) if cgroup is not None else None,  # noqa: PLW1509
+                preexec_fn=_enter(cgroup, account) if cgroup is not None else None,
                 user=account.pw_uid if account and cgroup is None else None,
                 group=account.pw_gid if account and cgroup is None else None,
                 extra_groups=os.getgrouplist(account.pw_name, account.pw_gid)
@@ -121,15 +116,9 @@ class RunnerProcess:
         job = uuid.uuid4().hex[:12]
         name = unit.name(job)
         try:
-            process = subprocess.Popen(  # noqa: S603 - systemd-run and the runner's start script, no shell
+            process = _start(
                 unit.command(program, job=job, cwd=cwd, account=account),
                 env={k: v for k, v in os.environ.items() if not k.startswith(_SECRET_PREFIXES)},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                bufsize=1,
-                start_new_session=True,
             )
         except (OSError, subprocess.SubprocessError) as exc:
             raise RunnerStartError(f"the runner's service {name} could not be started: {exc}") from exc
@@ -213,6 +202,22 @@ class RunnerProcess:
 
     def _last_words(self) -> str:
         return f"; last output: {' | '.join(self._tail)}" if self._tail else ""
+
+
+def _start(command: list[str], *, env: dict[str, str], **how: Any) -> subprocess.Popen[str]:
+    """The runner's process (systemd-run's, in a unit), in a session of its own so that it can be signalled
+    as a whole; its output read line by line, stderr with stdout. `how`: Popen's other arguments."""
+    return subprocess.Popen(  # noqa: S603 - the runner's start script (or systemd-run's), no shell
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+        **how,
+    )
 
 
 def _enter(cgroup: JobCgroup, account: pwd.struct_passwd | None) -> Callable[[], None]:

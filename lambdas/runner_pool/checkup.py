@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from runner_pool.adapters.account_readings import AccountReadings
 from runner_pool.adapters.github_app import GitHubApp
 from runner_pool.adapters.github_app_key import GitHubAppKey
+from runner_pool.adapters.stack_outputs import stack_outputs
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.doctor import Finding, examine, exit_code, report
 from runner_pool.domain.doctor_readings import (
@@ -66,8 +67,9 @@ class Target:
 
     @classmethod
     def of_stack(cls, stack_name: str, cloudformation: Any, lambda_client: Any) -> Target:
+        required = (WEBHOOK_OUTPUT, PROVISION_OUTPUT)
+        outputs = stack_outputs(cloudformation, stack_name, required, TargetNotFoundError)
         try:
-            (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
             resources = [
                 r["PhysicalResourceId"]
                 for page in cloudformation.get_paginator("list_stack_resources").paginate(
@@ -78,10 +80,6 @@ class Target:
             ]
         except cloudformation.exceptions.ClientError as error:
             raise TargetNotFoundError(f"stack {stack_name!r}: {error}") from None
-        outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-        missing = [name for name in (WEBHOOK_OUTPUT, PROVISION_OUTPUT) if name not in outputs]
-        if missing:
-            raise TargetNotFoundError(f"stack {stack_name!r} has no output {', '.join(missing)}")
         for function in resources:
             try:
                 variables = lambda_client.get_function_configuration(FunctionName=function)

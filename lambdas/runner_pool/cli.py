@@ -30,6 +30,7 @@ from runner_pool import connect_command, cost_command, job_command, logs_command
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.cost_ledger import DynamoDbCostLedger
+from runner_pool.adapters.stack_outputs import stack_outputs
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.checkup import Target, TargetNotFoundError, doctor, load_manifest
 from runner_pool.domain.clock import Clock, SystemClock
@@ -71,16 +72,8 @@ class Deployment:
 
     @classmethod
     def of_stack(cls, stack_name: str, cloudformation: Any) -> Deployment:
-        try:
-            (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
-        except cloudformation.exceptions.ClientError as error:
-            raise DeploymentNotFoundError(f"stack {stack_name!r}: {error}") from None
-        outputs = {output["OutputKey"]: output["OutputValue"] for output in stack.get("Outputs", [])}
-        missing = [name for name in (TABLE_OUTPUT, QUEUES_OUTPUT, CLASSES_OUTPUT) if name not in outputs]
-        if missing:
-            raise DeploymentNotFoundError(
-                f"stack {stack_name!r} has no output {', '.join(missing)}: is it a runner-pool stack?"
-            )
+        required = (TABLE_OUTPUT, QUEUES_OUTPUT, CLASSES_OUTPUT)
+        outputs = stack_outputs(cloudformation, stack_name, required, DeploymentNotFoundError)
         volume = outputs.get(VOLUME_OUTPUT)
         return cls(
             outputs[TABLE_OUTPUT],

@@ -22,6 +22,7 @@ from runner_pool.adapters.github_api import GitHubApi
 from runner_pool.adapters.github_app_key import GitHubAppKey
 from runner_pool.adapters.instance_arns import InstanceArns
 from runner_pool.adapters.job_records import JobRecords, JobSources
+from runner_pool.adapters.stack_outputs import stack_outputs
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.checkup import Target, TargetNotFoundError
 from runner_pool.domain.clock import Clock
@@ -54,14 +55,8 @@ class JobTarget:
     @classmethod
     def of_stack(cls, stack_name: str, clients: Callable[[str], Any]) -> JobTarget:
         cloudformation = clients("cloudformation")
-        try:
-            (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
-        except cloudformation.exceptions.ClientError as error:
-            raise JobTargetNotFoundError(f"stack {stack_name!r}: {error}") from None
-        outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-        missing = [n for n in (TABLE_OUTPUT, PROVISION_OUTPUT, RELEASE_OUTPUT) if n not in outputs]
-        if missing:
-            raise JobTargetNotFoundError(f"stack {stack_name!r} has no output {', '.join(missing)}")
+        required = (TABLE_OUTPUT, PROVISION_OUTPUT, RELEASE_OUTPUT)
+        outputs = stack_outputs(cloudformation, stack_name, required, JobTargetNotFoundError)
         sources = JobSources(
             state_table=outputs[TABLE_OUTPUT],
             ledger_table=outputs.get(LEDGER_OUTPUT),

@@ -200,6 +200,12 @@ class ControlPlane:
         found: WorkerSignal = eventually(confirmed, timeout=timeout, what=f"{signal.value} for {run_key!r}")
         return found
 
+    def await_reason(self, signal: Signal, run_key: str | None, timeout: float = WAIT_SECONDS) -> str:
+        """The reason the agent gave with `signal` for `run_key` (a signal of a failure always gives one)."""
+        reason = self.await_signal(signal, run_key, timeout).reason
+        assert reason is not None
+        return reason
+
     def await_runner(
         self, running: RunningAgent, run_key: str, config: str, timeout: float = WAIT_SECONDS
     ) -> None:

@@ -7,15 +7,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 from emulator.fake_github import FakeGitHub
-from emulator.harness.control_plane import LocalControlPlane, local_control_plane
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, AppKey
+from emulator.harness.control_plane import LocalControlPlane, local_control_plane, stack_config
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
 from emulator.harness.provision_world import ProvisionWorld, provision_world
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
+
+
+def app_github(**settings: Any) -> dict[str, Any]:
+    """The `github` settings of the test App installed at its repository, `settings` on top (another scope,
+    a runner group, a registration budget)."""
+    return {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": f"{OWNER}/{REPO}", **settings}
 
 
 @contextmanager
@@ -52,6 +59,13 @@ def local() -> Iterator[LocalControlPlane]:
 def world() -> Iterator[ProvisionWorld]:
     """The provision world with the default config; every test ends with the accounting check."""
     with accounted_world() as built:
+        yield built
+
+
+@pytest.fixture
+def refusing_world() -> Iterator[ProvisionWorld]:
+    """A runner group the repository does not have: GitHub answers every registration 422."""
+    with accounted_world(stack_config(github=app_github(runner_group_id=7))) as built:
         yield built
 
 

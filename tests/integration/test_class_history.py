@@ -3,7 +3,7 @@ at once, retried writes, boot times, and the watch a class's first read starts."
 
 from __future__ import annotations
 
-import threading
+from functools import partial
 from typing import Any
 
 from runner_pool.adapters.class_history import DynamoDbClassHistory
@@ -11,6 +11,7 @@ from runner_pool.domain.class_history import MEASURED, Entry, Fact
 from runner_pool.domain.clock import ManualClock
 from tests.conftest import TABLE_NAME
 from tests.support.aws_faults import lose_answers
+from tests.support.racing import at_once
 
 
 def history(dynamodb: Any, clock: ManualClock) -> DynamoDbClassHistory:
@@ -25,11 +26,7 @@ def test_dispatchers_noting_at_once_count_every_job_once(dynamodb: Any, clock: M
             jobs = [(number * 25 + batch * 5 + n) % 100 for n in range(5)]
             mine.note(Fact.ARRIVAL, "large", [Entry(str(job), clock.now()) for job in jobs], clock.now())
 
-    threads = [threading.Thread(target=dispatcher, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(*(partial(dispatcher, n) for n in range(8)))
 
     # When refresh reads the class
     record = history(dynamodb, clock).read("large", clock.now() - 60)

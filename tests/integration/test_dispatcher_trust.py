@@ -341,7 +341,7 @@ def test_a_sealed_follow_up_is_privileged_when_its_pool_label_had_an_environment
     dispatch(dispatcher(world, ledger, starts), requested("push"), queued(16, GPU_KEY, privileged=True))
     # When a follow-up of LABEL, gathered with none of its messages, is started
     group = Group(REPOSITORY, LABEL, known_attempts=((RUN_ID, 1),))
-    the_starts = DemandStarts(ledger, starts, world.clock, world.clock.advance)
+    the_starts = DemandStarts(ledger, starts, world.clock, world.clock.advance, RunTrust(ledger, world.clock))
     the_starts.start_sealed(DispatchReport(), group, FollowUp(frozenset({17, 18})), "holder", 10**10)
     # Then its provision is privileged
     assert [(p.job_ids, p.trust) for p in starts.provisions][-1] == ((17, 18), TrustLevel.PRIVILEGED)

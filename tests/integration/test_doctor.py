@@ -29,6 +29,7 @@ from runner_pool.domain.doctor_readings import DeployedStack
 from runner_pool.domain.records import Arch
 from runner_pool.domain.runner_scope import OrganizationScope, Registration
 from tests.conftest import REGION
+from tests.integration.conftest import app_github
 
 WEBHOOK_URL = "https://abc123.execute-api.us-east-1.amazonaws.com/prod/webhook"
 PROVISION_ASL = Path(__file__).parents[2] / "infra" / "statemachines" / "provision.asl.json"
@@ -67,16 +68,7 @@ def clinic(aws: None, app_key: AppKey) -> Iterator[Clinic]:
             INSTALLATION_ID, OWNER, {**APP_PERMISSIONS, "organization_administration": "read"}
         )
         github.webhooks.point_at(WEBHOOK_URL, "webhook-secret")
-        config = StackConfig.model_validate(
-            {
-                "github": {
-                    "app_id": str(APP_ID),
-                    "installation_id": INSTALLATION_ID,
-                    "scope": f"{OWNER}/{REPO}",
-                    "api_url": github.url,
-                }
-            }
-        )
+        config = StackConfig.model_validate({"github": app_github(api_url=github.url)})
         secrets = boto3.client("secretsmanager", region_name=REGION)
         secrets.create_secret(Name=config.github.private_key_secret_name, SecretString=app_key.private_pem)
         secrets.create_secret(Name=config.github.webhook_secret_name, SecretString="webhook-secret")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import threading
+from functools import partial
 from typing import Any, NamedTuple
 
 import pytest
@@ -21,6 +21,7 @@ from runner_pool.domain.fleet import FleetRequestError, LaunchOutcome, LaunchReq
 from runner_pool.domain.records import Arch, UsageClass
 from runner_pool.environment import STACK_TAG_KEY
 from tests.conftest import REGION
+from tests.support.racing import at_once
 
 STACK = "runner-pool-test"
 FALLBACK_ON = FleetSettings(spot_fallback_to_on_demand=True)
@@ -290,12 +291,8 @@ def test_concurrent_launches_never_exceed_the_capacity(
     def launch(number: int) -> None:
         outcomes.append(fleet.launch(request_for(config, count=2, key=f"provision-{number}")))
 
-    threads = [threading.Thread(target=launch, args=(n,)) for n in range(4)]
     # When they launch at once
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(*(partial(launch, n) for n in range(4)))
     # Then exactly 5 are launched in all, and EC2 holds exactly those
     assert sum(len(outcome.launched) for outcome in outcomes) == 5
     assert ec2_instance_count(ec2) == 5

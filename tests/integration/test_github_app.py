@@ -34,6 +34,7 @@ from runner_pool.domain.runners import (
 )
 from runner_pool.domain.trust import RunFacts, TrustLevel, run_trust
 from tests.support.builders import run_key
+from tests.support.racing import at_once
 
 REPOSITORY = RepositoryScope(owner=OWNER, repo=REPO)
 ORGANIZATION = OrganizationScope(org=OWNER)
@@ -155,11 +156,7 @@ def test_concurrent_first_calls_share_one_token_request(github: GitHubApp, fake:
             failures.append(exc)
 
     # When they all call
-    threads = [threading.Thread(target=call) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(*[call] * 8)
 
     # Then one token request served all of them
     assert failures == []

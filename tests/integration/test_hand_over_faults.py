@@ -5,13 +5,12 @@ Faults are answered on the wire beneath botocore's retries (tests/support/aws_fa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
 from emulator.harness.control_plane import LocalControlPlane, client, local_control_plane, stack_config
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
+from emulator.harness.github_app import OWNER, REPO
 from emulator.harness.provision_world import ProvisionWorld, output
 from runner_pool.adapters.aws_clients import ServiceBusyError
 from runner_pool.adapters.runner_credentials import RUNNER_CONFIG_ITEM
@@ -24,7 +23,7 @@ from runner_pool.domain.trust import TrustLevel
 from runner_pool.handlers.provision import provision_of
 from runner_pool.steps.hand_over import HandOver
 from runner_pool.steps.provision import Provision
-from tests.integration.conftest import accounted_world
+from tests.integration.conftest import app_github
 from tests.support.aws_faults import answer_busy, lose_answers
 
 RUN = "pool=4343"
@@ -164,19 +163,6 @@ def counted_budget(world: ProvisionWorld, monkeypatch: pytest.MonkeyPatch) -> Bu
     return ledger
 
 
-@pytest.fixture
-def refusing_world() -> Iterator[ProvisionWorld]:
-    """A runner group GitHub does not have: every registration is answered 422."""
-    github = {
-        "app_id": str(APP_ID),
-        "installation_id": INSTALLATION_ID,
-        "scope": f"{OWNER}/{REPO}",
-        "runner_group_id": 7,
-    }
-    with accounted_world(stack_config(github=github)) as built:
-        yield built
-
-
 def test_a_refused_registration_for_launched_instances_is_asked_once_and_spends_no_budget(
     refusing_world: ProvisionWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -254,8 +240,9 @@ def test_an_organisations_hand_over_without_its_repository_id_registers_nothing_
 ) -> None:
     # Given an organisation's stack on its default registration (runner groups), and an instance recorded
     # for a run without its repository, or without the repository's id
-    github = {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": OWNER}
-    with local_control_plane(config=stack_config(github=github), pause=lambda _seconds: None) as local:
+    with local_control_plane(
+        config=stack_config(github=app_github(scope=OWNER)), pause=lambda _seconds: None
+    ) as local:
         [facts] = local.plane.fleet.launch(LaunchRequest.for_run(local.config.spec_for(RUN), 1, "t")).launched
         local.table.create(facts, RUN, **known)  # type: ignore[arg-type]
         handing = hand_over_of(local)

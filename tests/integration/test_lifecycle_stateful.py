@@ -20,6 +20,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 import boto3
@@ -42,6 +43,7 @@ from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord, Signal, TransitionResult, UsageClass
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
 from tests.support import builders
+from tests.support.racing import at_once
 from tests.support.stateful import programs
 
 pytestmark = pytest.mark.slow
@@ -373,11 +375,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             start.wait()
             results[side] = self.racers[side].claim(instance_id, run_key, token, stopped=stopped)
 
-        threads = [threading.Thread(target=contend, args=(side,)) for side in (0, 1)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        at_once(partial(contend, 0), partial(contend, 1))
         outcomes = [result.outcome for result in results if result is not None]
         assert len(outcomes) == 2
 

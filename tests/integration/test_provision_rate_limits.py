@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from emulator.harness.control_plane import stack_config
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
 from emulator.harness.provision_world import ProvisionWorld, output, provision_world
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.steps.hand_over import HAND_OVERS_AT_ONCE
+from tests.integration.conftest import app_github
 
 RUN = "pool=4242"
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
@@ -58,8 +58,7 @@ def test_a_rate_limit_part_way_through_creation_loses_no_instance_and_fails_noth
 
 def test_registrations_are_paced_by_the_shared_budget_before_github_has_to_refuse() -> None:
     # Given GitHub allowing two registrations a minute, and a budget of one a minute, one at a time
-    github = {"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": f"{OWNER}/{REPO}"}
-    paced = stack_config(github={**github, "registrations_per_minute": 1, "registration_burst": 1})
+    paced = stack_config(github=app_github(registrations_per_minute=1, registration_burst=1))
     with provision_world(paced) as world:
         warm = [world.warm(n).instance_id for n in (1, 2)]
         world.github.limits.enabled = True

@@ -4,14 +4,15 @@ were lost: its handler on moto, against the fake GitHub."""
 from __future__ import annotations
 
 from emulator.harness.control_plane import local_control_plane, stack_config
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER
+from emulator.harness.github_app import INSTALLATION_ID, OWNER
 from runner_pool.adapters.github_runner_groups import INSTANT_RUNNER_GROUP
+from tests.integration.conftest import app_github
 
 
 def test_refresh_sets_the_tier_group_to_the_installations_repositories_without_their_delivery() -> None:
     # Given an organisation stack keeping an instant tier, whose installation selects one repository
     config = stack_config(
-        github={"app_id": str(APP_ID), "installation_id": INSTALLATION_ID, "scope": OWNER},
+        github=app_github(scope=OWNER),
         warm_pool_minimum={"large": {"instant": 1}},
     )
     with local_control_plane(config, pause=lambda _seconds: None) as local:

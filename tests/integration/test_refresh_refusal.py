@@ -5,35 +5,16 @@ real ASL; the executions refresh asks for are recorded, not run."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from emulator.fake_github import JobSpec
-from emulator.harness.control_plane import stack_config
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO
+from emulator.harness.github_app import OWNER, REPO
 from emulator.harness.provision_world import ProvisionWorld, output
 from runner_pool.domain.provision import busy_seconds
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS, REFUSAL_BACKOFF_SECONDS, RefreshReport
-from tests.integration.conftest import accounted_world
 from tests.integration.test_refresh_reconcile import StartedExecutions, recording_refresh
 
 REPOSITORY = f"{OWNER}/{REPO}"
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
 JOBS_ROUTE = "GET /repos/{owner}/{repo}/actions/runs/{run_id}/attempts/{attempt_number}/jobs"
-
-
-@pytest.fixture
-def refusing_world() -> Iterator[ProvisionWorld]:
-    """A runner group the repository does not have: GitHub answers every registration 422."""
-    github = {
-        "app_id": str(APP_ID),
-        "installation_id": INSTALLATION_ID,
-        "scope": REPOSITORY,
-        "runner_group_id": 7,
-    }
-    with accounted_world(stack_config(github=github)) as built:
-        yield built
 
 
 def refresh(world: ProvisionWorld, started: StartedExecutions, tick: int) -> RefreshReport:

@@ -13,8 +13,9 @@ import pytest
 
 from emulator.fake_github import JobSpec
 from emulator.harness.control_plane import LocalControlPlane, local_control_plane, stack_config
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER
+from emulator.harness.github_app import OWNER
 from runner_pool.domain.refresh import RefreshReport
+from tests.integration.conftest import app_github
 from tests.integration.test_refresh_reconcile import StartedExecutions, recording_refresh
 
 REPOSITORIES = 300
@@ -28,12 +29,7 @@ JOBS = 15
 
 @pytest.fixture
 def organisation() -> Iterator[LocalControlPlane]:
-    github = {
-        "app_id": str(APP_ID),
-        "installation_id": INSTALLATION_ID,
-        "scope": OWNER,
-        "registration": "repository",
-    }
+    github = app_github(scope=OWNER, registration="repository")
     with local_control_plane(stack_config(github=github)) as plane:
         yield plane
 

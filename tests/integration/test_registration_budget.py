@@ -12,6 +12,7 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.registration_budget import Bucket, take
 from tests.conftest import TABLE_NAME
 from tests.support.aws_faults import lose_answers
+from tests.support.racing import at_once
 
 
 def budget(
@@ -77,11 +78,7 @@ def test_takers_racing_never_get_more_than_the_bucket_holds(dynamodb: Any, clock
             with lock:
                 granted.append(got)
 
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(*[worker] * 8)
     # Then exactly the bucket's 20 tokens were handed out, never one twice (the clock did not move)
     assert sum(granted) == 20
 

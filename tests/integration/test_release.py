@@ -34,6 +34,11 @@ def by_run(run_key: str = RUN) -> dict[str, Any]:
     return ReleaseRequest(run_key=run_key, cause="run-completed").model_dump(mode="json")
 
 
+def broken(_event: dict[str, Any], _context: Any) -> dict[str, Any]:
+    """A step's handler that fails every time, unexpectedly."""
+    raise RuntimeError("the table is on fire")
+
+
 def statuses(execution: Any) -> dict[str, str]:
     return {outcome["instance_id"]: outcome["status"] for outcome in execution.output["released"]}
 
@@ -164,9 +169,6 @@ def test_a_step_that_fails_unexpectedly_expires_what_the_release_held(
     # Given a running instance, and a receipt check that fails every time
     (running,) = local.running(RUN)
 
-    def broken(_event: dict[str, Any], _context: Any) -> dict[str, Any]:
-        raise RuntimeError("the table is on fire")
-
     # When it is released
     execution = release.run(
         by_instance(running.instance_id), on_wait=Agents(local).on_wait, replace={"check_receipt": broken}
@@ -184,9 +186,6 @@ def test_a_plan_that_fails_past_its_retries_ends_the_release_in_its_named_failur
 ) -> None:
     # Given a running instance, and a plan that fails every time
     (running,) = local.running(RUN)
-
-    def broken(_event: dict[str, Any], _context: Any) -> dict[str, Any]:
-        raise RuntimeError("the table is on fire")
 
     # When its run is released
     execution = release.run(by_run(RUN), on_wait=Agents(local).on_wait, replace={"plan": broken})

@@ -4,6 +4,7 @@ conditional opening, with duplicate warnings, lost answers and concurrent writer
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import Any
 
 from emulator.ec2_events import interruption_warning
@@ -15,6 +16,7 @@ from runner_pool.domain.records import UsageClass
 from runner_pool.domain.spot_breaker import SpotBreakerSettings
 from tests.conftest import TABLE_NAME
 from tests.support.aws_faults import lose_answers
+from tests.support.racing import at_once
 
 RUN = "pool=4242"
 SETTINGS = SpotBreakerSettings(interruptions=3, window_seconds=600, cooldown_seconds=1800)
@@ -111,11 +113,7 @@ def test_concurrent_warnings_open_the_breaker_once(dynamodb: Any, clock: ManualC
         with lock:
             results.append(noted)
 
-    threads = [threading.Thread(target=hear, args=(n,)) for n in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(*(partial(hear, n) for n in range(6)))
     # Then every interruption is counted, and exactly one writer opened the breaker
     assert max(noted.interruptions for noted in results) == 6
     assert sum(noted.opened for noted in results) == 1

@@ -23,7 +23,7 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
-from runner_pool.domain.records import InstanceRecord, Signal, TransitionResult, UsageClass
+from runner_pool.domain.records import InstanceFacts, InstanceRecord, Signal, TransitionResult, UsageClass
 from tests.conftest import REGION, TABLE_NAME
 from tests.support import builders
 from tests.support.aws_faults import RetryDelays, answer_busy, lose_answers
@@ -1357,14 +1357,23 @@ def test_a_marker_moved_by_another_run_to_the_same_value_is_still_lost(
     assert (first, second) == (True, False)
 
 
+INSTANT_LABEL = "pool=instant/class=large"
+
+
+def instant_instance(state_table: StateTable, number: int) -> InstanceFacts:
+    """An instance created for the large class's instant tier, its runner 4242 registered."""
+    facts = builders.facts(number)
+    state_table.create(facts, run_key=INSTANT_LABEL)
+    state_table.record_runner(facts.instance_id, INSTANT_LABEL, 4242)
+    return facts
+
+
 def test_an_instant_runners_job_start_restarts_its_runtime_and_names_its_repository(
     state_table: StateTable, clock: ManualClock
 ) -> None:
     # Given an instance running for an instant tier with runner 4242, its runner waiting since 1000 s
-    label = "pool=instant/class=large"
-    facts = builders.facts(78)
-    state_table.create(facts, run_key=label)
-    state_table.record_runner(facts.instance_id, label, 4242)
+    label = INSTANT_LABEL
+    facts = instant_instance(state_table, 78)
     state_table.activate(facts.instance_id, label, 10)
     clock.advance(500)
     # When its runner takes a job of octo-org/app, the start reported twice; and another runner's
@@ -1386,10 +1395,8 @@ def test_an_instant_runners_job_start_before_its_provisions_finish_is_noted_and_
     state_table: StateTable, clock: ManualClock
 ) -> None:
     # Given an instance created for an instant tier, its runner 4242 registered, not yet set running
-    label = "pool=instant/class=large"
-    facts = builders.facts(79)
-    state_table.create(facts, run_key=label)
-    state_table.record_runner(facts.instance_id, label, 4242)
+    label = INSTANT_LABEL
+    facts = instant_instance(state_table, 79)
     # When its runner takes a job of octo-org/app before the provision's Finish comes round
     started = state_table.job_started(facts.instance_id, label, 4242, "octo-org/app", 10)
     # Then the start is noted, the state left to Finish, whose activation keeps the repository

@@ -39,9 +39,14 @@ def idle(table: StateTable, facts: InstanceFacts) -> InstanceRecord:
     return admitted.record
 
 
-def stopped(table: StateTable, clock: ManualClock, facts: InstanceFacts) -> InstanceRecord:
+def stopping(table: StateTable, facts: InstanceFacts) -> None:
+    """An idle instance refresh chose for the stopped tier and asked EC2 to stop."""
     idle(table, facts)
     assert table.stop(facts.instance_id).outcome is Outcome.APPLIED
+
+
+def stopped(table: StateTable, clock: ManualClock, facts: InstanceFacts) -> InstanceRecord:
+    stopping(table, facts)
     result = table.mark_stopped(facts, clock.now() + STOPPED_FOR_SECONDS)
     assert result.outcome is Outcome.APPLIED
     assert result.record is not None
@@ -72,8 +77,7 @@ def test_stop_takes_an_idle_on_demand_instance_out_of_the_hot_pool(
 def test_stop_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
     # Given an instance already stopping
     facts = on_demand()
-    idle(state_table, facts)
-    state_table.stop(facts.instance_id)
+    stopping(state_table, facts)
     clock.advance(1)
 
     # When the stop is written again (a retried refresh) / Then it is recognised
@@ -142,8 +146,7 @@ def test_a_stop_is_lost(
 def test_claim_after_the_stop_is_lost(state_table: StateTable) -> None:
     # Given an instance chosen for the stopped tier while its pool message is still in the queue
     facts = on_demand()
-    idle(state_table, facts)
-    state_table.stop(facts.instance_id)
+    stopping(state_table, facts)
 
     # When a hot claim reaches it / Then it loses: the instance is no longer idle
     assert state_table.claim(facts.instance_id, RUN, TOKEN).outcome is Outcome.LOST
@@ -157,8 +160,7 @@ def test_mark_stopped_puts_the_instance_in_its_partitions_stopped_index(
 ) -> None:
     # Given an instance EC2 has stopped
     facts = on_demand()
-    idle(state_table, facts)
-    state_table.stop(facts.instance_id)
+    stopping(state_table, facts)
 
     # When refresh marks it stopped, until an hour from now
     result = state_table.mark_stopped(facts, clock.now() + STOPPED_FOR_SECONDS)
@@ -187,8 +189,7 @@ def test_mark_stopped_after_the_stop_timed_out_is_lost(
 ) -> None:
     # Given an instance whose stop took longer than timeouts.stopping_seconds: it is due for termination
     facts = on_demand()
-    idle(state_table, facts)
-    state_table.stop(facts.instance_id)
+    stopping(state_table, facts)
     clock.advance(config.timeouts.stopping_seconds)
 
     # When refresh would mark it stopped / Then it loses: the sweep terminates it

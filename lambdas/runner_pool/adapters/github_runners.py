@@ -8,6 +8,7 @@ take it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import httpx
@@ -227,30 +228,19 @@ class GitHubRunners:
         api = self._at(scope)
         rest = api.rest
         folder = UNSET if work_folder is None else work_folder
-        if isinstance(scope, RepositoryScope):
-            response = rest.actions.generate_runner_jitconfig_for_repo(
-                scope.owner,
-                scope.repo,
-                name=name,
-                labels=list(labels),
-                runner_group_id=runner_group_id,
-                work_folder=folder,
-                headers=api.headers,
-            )
-            runner_id = response.parsed_data.runner.id
-            config = response.parsed_data.encoded_jit_config
-        else:
-            org_response = rest.actions.generate_runner_jitconfig_for_org(
-                scope.org,
-                name=name,
-                labels=list(labels),
-                runner_group_id=runner_group_id,
-                work_folder=folder,
-                headers=api.headers,
-            )
-            runner_id = org_response.parsed_data.runner.id
-            config = org_response.parsed_data.encoded_jit_config
-        return JitRunner(runner_id=runner_id, name=name, encoded_jit_config=config)
+        generate = (
+            partial(rest.actions.generate_runner_jitconfig_for_repo, scope.owner, scope.repo)
+            if isinstance(scope, RepositoryScope)
+            else partial(rest.actions.generate_runner_jitconfig_for_org, scope.org)
+        )
+        made = generate(
+            name=name,
+            labels=list(labels),
+            runner_group_id=runner_group_id,
+            work_folder=folder,
+            headers=api.headers,
+        ).parsed_data
+        return JitRunner(runner_id=made.runner.id, name=name, encoded_jit_config=made.encoded_jit_config)
 
     def _list_runners(self, scope: RunnerScope, name: str | None = None) -> list[RegisteredRunner]:
         api = self._at(scope)

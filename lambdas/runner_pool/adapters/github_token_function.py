@@ -10,6 +10,7 @@ raised is flagged by `FunctionError`).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -31,42 +32,34 @@ def invoking_client() -> Any:
     return aws_clients.long_poll_client("lambda", TOKEN_FUNCTION_TIMEOUT_SECONDS)
 
 
+@dataclass(frozen=True)
 class TokenFunction:
-    """The AppIdentity (domain/github_tokens.py) of a function that may only invoke the token function."""
+    """The AppIdentity (domain/github_tokens.py) of a function that may only invoke the token function;
+    `client` is a Lambda client (`invoking_client`), `app_id` which of the stack's Apps (None: the first)."""
 
-    def __init__(
-        self, function_name: str, installation_id: int, client: Any, app_id: str | None = None
-    ) -> None:
-        """`app_id`: which of the stack's Apps (None: the first)."""
-        self._function = function_name
-        self._installation_id = installation_id
-        self._app_id = app_id
-        self._lambda = client
-
-    @property
-    def installation_id(self) -> int:
-        return self._installation_id
+    function_name: str
+    installation_id: int
+    client: Any
+    app_id: str | None = None
 
     def installation_token(self, permissions: Permissions | None) -> InstallationToken:
         answer = self._ask(
-            AppRequest(permissions=None if permissions is None else dict(permissions), app_id=self._app_id)
+            AppRequest(permissions=None if permissions is None else dict(permissions), app_id=self.app_id)
         )
         if answer.token is None:
             raise GitHubError("the token function answered without a token")
         return answer.token.issued()
 
     def failed_deliveries(self, since: Epoch) -> list[FailedDelivery]:
-        return list(
-            self._ask(AppRequest(failed_deliveries_since=since, app_id=self._app_id)).deliveries or ()
-        )
+        return list(self._ask(AppRequest(failed_deliveries_since=since, app_id=self.app_id)).deliveries or ())
 
     def redeliver(self, delivery_id: int) -> None:
-        self._ask(AppRequest(redeliver=delivery_id, app_id=self._app_id))
+        self._ask(AppRequest(redeliver=delivery_id, app_id=self.app_id))
 
     def _ask(self, request: AppRequest) -> AppAnswer:
         try:
-            response = self._lambda.invoke(
-                FunctionName=self._function,
+            response = self.client.invoke(
+                FunctionName=self.function_name,
                 InvocationType="RequestResponse",
                 Payload=request.model_dump_json(exclude_none=True).encode(),
             )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -64,32 +64,24 @@ class JobSources:
     release_machine_arn: str
 
 
+@dataclass(frozen=True)
 class JobRecords:
-    def __init__(
-        self,
-        sources: JobSources,
-        table: StateTable,
-        dynamodb: Any,
-        stepfunctions: Any,
-        clock: Clock,
-        *,
-        github: GitHubApi | None = None,
-        github_unread: str | None = None,
-        config: StackConfig | None = None,
-    ) -> None:
-        """`github`: a client of the App's installation that may read Actions, or None (and why not)."""
-        self._sources = sources
-        self._table = table
-        self._dynamodb = dynamodb
-        self._sfn = stepfunctions
-        self._clock = clock
-        self._github = github
-        self._github_unread = github_unread or ("" if github else "GitHub not asked")
-        self._config = config
+    """`github`: a client of the App's installation that may read Actions, or None (and `github_unread`
+    why not)."""
+
+    sources: JobSources
+    table: StateTable
+    dynamodb: Any
+    stepfunctions: Any
+    clock: Clock
+    _: KW_ONLY
+    github: GitHubApi | None = None
+    github_unread: str | None = None
+    config: StackConfig | None = None
 
     def job_ids(self, ref: JobRef) -> list[int]:
         """The jobs of a run's attempts as GitHub lists them; empty when GitHub cannot be asked."""
-        if self._github is None:
+        if self.github is None:
             return []
         return sorted({job.job_id for job in self._listed(ref)})
 
@@ -99,37 +91,35 @@ class JobRecords:
             raise ValueError("the facts of one job need its id")
         github, unread = self._github_job(ref, job_id)
         ledger = self._ledger(job_id)
-        express = self._config is not None and self._config.workflow_type is WorkflowType.EXPRESS
+        express = self.config is not None and self.config.workflow_type is WorkflowType.EXPRESS
         provisions = () if express else self._provisions(job_id, ledger)
         since = provisions[0].started_at if provisions else (github.created_at if github else None)
         releases = self._releases(job_id, since) if since is not None and not express else ()
         instance_id = ran_on(github, releases)
         return JobFacts(
             ref=ref,
-            now=self._clock.now(),
+            now=self.clock.now(),
             github=github,
             github_unread=unread,
             ledger=ledger,
             provisions=provisions,
             releases=releases,
-            record=self._table.get(instance_id) if instance_id else None,
+            record=self.table.get(instance_id) if instance_id else None,
             held_until=self._held_until(),
             executions_unread=EXPRESS_UNREAD if express else None,
             unserved=(
-                unserved_reason(github, ref.run_id, self._config)
-                if github is not None and self._config is not None and ledger is None
+                unserved_reason(github, ref.run_id, self.config)
+                if github is not None and self.config is not None and ledger is None
                 else None
             ),
             instant_tier=(
-                instant_tier(github, self._config)
-                if github is not None and self._config is not None
-                else None
+                instant_tier(github, self.config) if github is not None and self.config is not None else None
             ),
         )
 
     def _github_job(self, ref: JobRef, job_id: int) -> tuple[GitHubJob | None, str | None]:
-        if self._github is None:
-            return None, self._github_unread
+        if self.github is None:
+            return None, self.github_unread or "GitHub not asked"
         try:
             found = [job for job in self._listed(ref) if job.job_id == job_id]
         except GitHubError as exc:
@@ -141,7 +131,7 @@ class JobRecords:
     def _listed(self, ref: JobRef) -> Iterator[GitHubJob]:
         """Every job of every attempt of the run, the first attempt first; stops at an attempt GitHub does
         not have."""
-        api = self._github
+        api = self.github
         if api is None:
             return
         owner, _, repo = ref.repository.partition("/")
@@ -157,10 +147,10 @@ class JobRecords:
             yield from jobs
 
     def _ledger(self, job_id: int) -> LedgerJob | None:
-        if self._sources.ledger_table is None:
+        if self.sources.ledger_table is None:
             return None
-        item = self._dynamodb.get_item(
-            TableName=self._sources.ledger_table,
+        item = self.dynamodb.get_item(
+            TableName=self.sources.ledger_table,
             Key={KEY_ATTRIBUTE: {"S": f"{JOB_PREFIX}{job_id}"}},
             ConsistentRead=True,
         ).get("Item")
@@ -176,7 +166,7 @@ class JobRecords:
     def _provisions(self, job_id: int, ledger: LedgerJob | None) -> tuple[ExecutionFacts, ...]:
         if ledger is None or ledger.execution_name is None:
             return ()
-        machine = self._sources.provision_machine_arn
+        machine = self.sources.provision_machine_arn
         first = self._execution(_execution_arn(machine, ledger.execution_name))
         if first is None:
             return ()
@@ -188,7 +178,7 @@ class JobRecords:
     def _releases(self, job_id: int, since: float) -> tuple[ExecutionFacts, ...]:
         causes = {cause.format(job_id) for cause in _JOB_CAUSES}
         return self._named_since(
-            self._sources.release_machine_arn, since, lambda given: given.get("cause") in causes
+            self.sources.release_machine_arn, since, lambda given: given.get("cause") in causes
         )
 
     def _named_since(
@@ -198,7 +188,7 @@ class JobRecords:
         for listed in self._listed_since(machine, since):
             if listed["name"] in skip:
                 continue
-            described = self._sfn.describe_execution(executionArn=listed["executionArn"])
+            described = self.stepfunctions.describe_execution(executionArn=listed["executionArn"])
             if names_the_job(json.loads(described.get("input") or "{}")):
                 found.append(self._facts(described))
         return tuple(sorted(found, key=lambda e: e.started_at))
@@ -206,7 +196,7 @@ class JobRecords:
     def _listed_since(self, machine: str, since: float) -> Iterator[dict[str, Any]]:
         """The machine's executions started at `since` or later, newest first (ListExecutions' order)."""
         seen = 0
-        for page in self._sfn.get_paginator("list_executions").paginate(stateMachineArn=machine):
+        for page in self.stepfunctions.get_paginator("list_executions").paginate(stateMachineArn=machine):
             for execution in page["executions"]:
                 seen += 1
                 if execution["startDate"].timestamp() < since - 1 or seen > LISTED_EXECUTIONS:
@@ -215,7 +205,7 @@ class JobRecords:
 
     def _execution(self, arn: str) -> ExecutionFacts | None:
         try:
-            described = self._sfn.describe_execution(executionArn=arn)
+            described = self.stepfunctions.describe_execution(executionArn=arn)
         except ClientError as exc:
             if error_code(exc) == "ExecutionDoesNotExist":
                 return None
@@ -234,7 +224,7 @@ class JobRecords:
         )
 
     def _exits(self, arn: str) -> tuple[StateExit, ...]:
-        pages = self._sfn.get_paginator("get_execution_history").paginate(executionArn=arn)
+        pages = self.stepfunctions.get_paginator("get_execution_history").paginate(executionArn=arn)
         return tuple(
             StateExit(event["timestamp"].timestamp(), details["name"], _output(details))
             for page in pages
@@ -243,17 +233,17 @@ class JobRecords:
         )
 
     def _held_until(self) -> float | None:
-        config = self._config
+        config = self.config
         if config is None or config.github.app_id is None:
             return None
         github = config.github
         bucket = DynamoDbRegistrationBudget(
-            self._sources.state_table,
+            self.sources.state_table,
             str(github.app_id),
             per_minute=github.registrations_per_minute,
             burst=github.registration_burst,
-            clock=self._clock,
-            client=self._dynamodb,
+            clock=self.clock,
+            client=self.dynamodb,
         ).bucket()
         return None if bucket is None else bucket.held_until
 

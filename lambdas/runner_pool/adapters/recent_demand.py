@@ -136,13 +136,7 @@ class RecentDemand:
                 return sorted(found, key=lambda run: (run.reconciled_at, run.demand_at))
 
     def reconciled(self, run: RecentRun) -> None:
-        now = self._clock.now()
-        self._client.update_item(
-            TableName=self._table,
-            Key=_key(run.key),
-            UpdateExpression="SET reconciled_at = :now",
-            ExpressionAttributeValues={":now": {"N": repr(now)}},
-        )
+        self._set_time(run, "reconciled_at", self._clock.now())
 
     def refused(self, repository: str, run_id: int, attempt: int, reason: str) -> None:
         """GitHub refused the run's registration for good, in its words `reason`. Only a run noted before
@@ -162,13 +156,7 @@ class RecentDemand:
 
     def busy(self, run: RecentRun, busy_for: float) -> None:
         """A provision was started for the run (by refresh): leave it alone until it has had its chance."""
-        until = self._clock.now() + busy_for
-        self._client.update_item(
-            TableName=self._table,
-            Key=_key(run.key),
-            UpdateExpression="SET busy_until = :until",
-            ExpressionAttributeValues={":until": {"N": repr(until)}},
-        )
+        self._set_time(run, "busy_until", self._clock.now() + busy_for)
 
     def provision_ended(self, repository: str, run_id: int, attempt: int, begun_at: Epoch) -> None:
         """The provision Begin noted at `begun_at` has ended with jobs still queued: reconciliation need not
@@ -183,6 +171,15 @@ class RecentDemand:
                 ConditionExpression="demand_at = :begun AND busy_until > :now",
                 ExpressionAttributeValues={":begun": {"N": repr(begun_at)}, ":now": {"N": repr(now)}},
             )
+        )
+
+    def _set_time(self, run: RecentRun, attribute: str, at: Epoch) -> None:
+        """One of the run's times set to `at`, whatever it held: the writes that need no condition."""
+        self._client.update_item(
+            TableName=self._table,
+            Key=_key(run.key),
+            UpdateExpression=f"SET {attribute} = :at",
+            ExpressionAttributeValues={":at": {"N": repr(at)}},
         )
 
     def forget(self, run: RecentRun) -> None:

@@ -7,7 +7,7 @@ and says how to fix it, because the operator reads it in a failed `cdk synth`, n
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Self
@@ -375,28 +375,28 @@ class StackConfig(Settings):
 
     def warm_minimum(self, resource_class: str, now: Epoch) -> int:
         """Idle instances of a class refresh keeps at `now`: its schedule's window then, if any."""
-        minimum = self.warm_pool_minimum.get(resource_class)
-        return 0 if minimum is None else minimum.in_force(now)
+        return self._in_force(resource_class, now, WarmMinimum.in_force)
 
     def stopped_minimum(self, resource_class: str, now: Epoch) -> int:
         """Stopped instances of a class refresh keeps at `now`: its schedule's window then, if any."""
-        minimum = self.warm_pool_minimum.get(resource_class)
-        return 0 if minimum is None else minimum.stopped_in_force(now)
+        return self._in_force(resource_class, now, WarmMinimum.stopped_in_force)
 
     def pristine_minimum(self, resource_class: str, now: Epoch) -> int:
         """Pristine idle instances of a class refresh keeps at `now` (a floor among the warm minimum's)."""
-        minimum = self.warm_pool_minimum.get(resource_class)
-        return 0 if minimum is None else minimum.pristine_in_force(now)
+        return self._in_force(resource_class, now, WarmMinimum.pristine_in_force)
 
     def pristine_stopped_minimum(self, resource_class: str, now: Epoch) -> int:
         """Pristine stopped instances of a class refresh keeps at `now` (a floor among the tier's)."""
-        minimum = self.warm_pool_minimum.get(resource_class)
-        return 0 if minimum is None else minimum.pristine_stopped_in_force(now)
+        return self._in_force(resource_class, now, WarmMinimum.pristine_stopped_in_force)
 
     def instant_tier(self, resource_class: str, now: Epoch) -> int:
         """Instant-tier runners of a class refresh keeps waiting registered at `now`."""
+        return self._in_force(resource_class, now, WarmMinimum.instant_in_force)
+
+    def _in_force(self, resource_class: str, now: Epoch, which: Callable[[WarmMinimum, Epoch], int]) -> int:
+        """`which` of the class's minimums at `now`; a class without a warm minimum keeps none of any kind."""
         minimum = self.warm_pool_minimum.get(resource_class)
-        return 0 if minimum is None else minimum.instant_in_force(now)
+        return 0 if minimum is None else which(minimum, now)
 
     def keeps_pristine(self, resource_class: str) -> bool:
         """Whether the class keeps pristine instances at any hour: only then do single-use jobs look in its

@@ -129,25 +129,17 @@ def failing(report: DispatchReport, message_ids: Iterable[str], what: str) -> It
         report.failures.append(Failure(tuple(message_ids), what, repr(exc)))
 
 
+@dataclass(frozen=True)
 class DemandStarts:
     """Reserves, starts and confirms the provisions of a dispatch's (or a follow-up's) jobs, and seals
     the follow-up its holder leads."""
 
-    def __init__(
-        self,
-        ledger: DemandLedger,
-        starter: ExecutionStarter,
-        clock: Clock,
-        pause: Callable[[float], None],
-        *,
-        trust: RunTrust | None = None,
-    ) -> None:
-        self._ledger = ledger
-        self._starter = starter
-        self._clock = clock
-        self._pause = pause
-        """How the leader of a follow-up waits for its window to close (time.sleep in a Lambda)."""
-        self._trust = trust or RunTrust(ledger, clock)
+    ledger: DemandLedger
+    starter: ExecutionStarter
+    clock: Clock
+    pause: Callable[[float], None]
+    """How the leader of a follow-up waits for its window to close (time.sleep in a Lambda)."""
+    run_trust: RunTrust
 
     def live_attempts(self, group: Group) -> set[tuple[int, int]]:
         """The group's run attempts that have not completed (noting its run key for each, and, when one of
@@ -155,7 +147,7 @@ class DemandStarts:
         knows of each is kept in `group.runs`."""
         privileged = {(job.run_id, job.run_attempt) for job in group.jobs.values() if job.privileged}
         runs = {
-            (run_id, attempt): self._ledger.remember_run_key(
+            (run_id, attempt): self.ledger.remember_run_key(
                 run_id, group.run_key, attempt, privileged=(run_id, attempt) in privileged
             )
             for run_id, attempt in group.attempts
@@ -173,7 +165,9 @@ class DemandStarts:
         ):
             return TrustLevel.PRIVILEGED
         return least_trusted(
-            run.trust if run.trust is not None else self._trust.undelivered(group.repository, run_id, attempt)
+            run.trust
+            if run.trust is not None
+            else self.run_trust.undelivered(group.repository, run_id, attempt)
             for (run_id, attempt), run in group.runs.items()
         )
 
@@ -207,11 +201,11 @@ class DemandStarts:
         by another dispatch (neither), or, once it closes more than `wait_limit` from now, still open
         (when it closes)."""
         for _ in range(SEAL_ATTEMPTS):
-            remaining = closes_at - self._clock.now()
+            remaining = closes_at - self.clock.now()
             if remaining > wait_limit:
                 return Sealing(closes_at=closes_at)
-            self._pause(max(0.0, remaining))
-            sealing = self._ledger.seal(repository, run_key, holder, started=started)
+            self.pause(max(0.0, remaining))
+            sealing = self.ledger.seal(repository, run_key, holder, started=started)
             if sealing.follow_up is not None or sealing.closes_at is None:
                 return sealing
             closes_at = sealing.closes_at
@@ -265,7 +259,7 @@ class DemandStarts:
             return
         with failing(report, [], f"mark the follow-up of {group.run_key} started"):
             # Unmarked, the follow-up is taken over once our lease passes, and finds its jobs counted.
-            self._ledger.follow_up_started(group.repository, group.run_key, holder)
+            self.ledger.follow_up_started(group.repository, group.run_key, holder)
 
     def _provision_chunk(
         self,
@@ -281,7 +275,7 @@ class DemandStarts:
         reserved: list[int] = []
         try:
             for job_id in job_ids:
-                match self._ledger.reserve(job_id, holder, until):
+                match self.ledger.reserve(job_id, holder, until):
                     case Reservation.RESERVED:
                         reserved.append(job_id)
                     case Reservation.COUNTED:
@@ -303,7 +297,7 @@ class DemandStarts:
                 trust=self.trust(group, reserved),
                 on_demand=any(served_on_demand(group.run_key, run.on_demand) for run in group.runs.values()),
             )
-            self._starter.provision(request)
+            self.starter.provision(request)
         except Exception as exc:  # any fault fails the chunk's messages, for SQS to retry them
             self._let_go(reserved, holder)
             what = f"provision {len(job_ids)} runners for {group.run_key}"
@@ -313,7 +307,7 @@ class DemandStarts:
         # The execution runs from here on: a failed confirmation fails no message (a redelivery would
         # count the jobs twice); it leaves the reservation to lapse instead, and is reported.
         with failing(report, [], f"confirm {request.execution_name}"):
-            self._ledger.confirm(reserved, holder, request.execution_name)
+            self.ledger.confirm(reserved, holder, request.execution_name)
         return True
 
     def _let_go(self, job_ids: list[int], holder: str) -> None:
@@ -321,4 +315,4 @@ class DemandStarts:
         if not job_ids:
             return
         with suppress(Exception):  # the reservation lapses on its own; the chunk's failure is reported
-            self._ledger.free(job_ids, holder)
+            self.ledger.free(job_ids, holder)

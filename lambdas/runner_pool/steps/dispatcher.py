@@ -101,7 +101,7 @@ class Dispatcher:
         self._trust = trust or RunTrust(ledger, clock)
         self._reruns = reruns
         self._history = history
-        self._starts = DemandStarts(ledger, starter, clock, pause, trust=self._trust)
+        self._starts = DemandStarts(ledger, starter, clock, pause, self._trust)
         self._span = WindowSpan(window_seconds, limit_seconds)
         self._sealed_wait = sealed_wait_seconds
         self._tier_group = tier_group

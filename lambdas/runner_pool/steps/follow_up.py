@@ -67,7 +67,7 @@ class FollowUpSteps:
     ) -> None:
         self._ledger = ledger
         self._clock = clock
-        self._starts = DemandStarts(ledger, starter, clock, pause, trust=trust)
+        self._starts = DemandStarts(ledger, starter, clock, pause, trust or RunTrust(ledger, clock))
         self._run_jobs = run_jobs
 
     def gather(self, request: FollowUpRequest, lease_seconds: float) -> Gathering:

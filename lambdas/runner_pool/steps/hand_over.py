@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from enum import Enum
 from typing import TypeVar
 
@@ -100,28 +100,19 @@ def github_wait(cause: GitHubRetryableError, deferrals: int, budget: Registratio
     return unavailable_wait_seconds(deferrals)
 
 
+@dataclass(frozen=True)
 class HandOver:
     """Registers runners and stores their configs, for the provision steps. Every collaborator but the
     table is built on first use, so a step that hands nothing over never reads the App's key."""
 
-    def __init__(
-        self,
-        table: HandOverRecords,
-        *,
-        github: GitHubSettings,
-        arns: InstanceArns,
-        registry: Callable[[], RunnerRegistry],
-        credentials: Callable[[], RunnerCredentials],
-        queues: Callable[[], PoolQueue],
-        notices: NoticeSource,
-    ) -> None:
-        self._table = table
-        self._github = github
-        self._arns = arns
-        self._registry = registry
-        self._credentials = credentials
-        self._queues = queues
-        self._notices = notices
+    table: HandOverRecords
+    _: KW_ONLY
+    github: GitHubSettings
+    arns: InstanceArns
+    registry: Callable[[], RunnerRegistry]
+    credentials: Callable[[], RunnerCredentials]
+    queues: Callable[[], PoolQueue]
+    notices: NoticeSource
 
     def register(self, instance_id: str, run_key: str, claim: str) -> float | None:
         """Register a JIT runner for the run and store its config for this instance only.
@@ -135,7 +126,7 @@ class HandOver:
         Raises GitHub's error when the registration was not made; anything else that raises leaves the
         hand-over to the step's retry.
         """
-        record = self._table.get(instance_id)
+        record = self.table.get(instance_id)
         if record is None or record.run_key != run_key:
             return None
         instant = instant_class(run_key) is not None
@@ -144,8 +135,8 @@ class HandOver:
             raise RepositoryUnknownError(
                 f"{instance_id}'s record names no repository: no runner is registered"
             )
-        arn = self._arns.arn(instance_id)
-        if record.runner_id is not None and self._credentials().stored_runner(instance_id, arn) == (
+        arn = self.arns.arn(instance_id)
+        if record.runner_id is not None and self.credentials().stored_runner(instance_id, arn) == (
             run_key,
             record.runner_id,
         ):
@@ -155,18 +146,18 @@ class HandOver:
         # Every label the job asked for: GitHub gives a job only to a runner carrying all of them. At
         # the job's repository, so no other repository's job can be given the runner; an instant tier's
         # where any repository's job can (domain/instant.py): it waits for a job nobody knows yet.
-        runner = self._registry().jit_config(
+        runner = self.registry().jit_config(
             runner_name(instance_id, claim),
             list(RunKey.parse(run_key).runner_labels),
-            runner_group_id=self._github.runner_group_id,
+            runner_group_id=self.github.runner_group_id,
             repository=record.repository,
             repository_id=record.repository_id,
             instant=instant,
         )
-        noted = self._table.record_runner(instance_id, run_key, runner.runner_id)
+        noted = self.table.record_runner(instance_id, run_key, runner.runner_id)
         if not noted.succeeded or noted.record is None:
             return None
-        self._credentials().store(
+        self.credentials().store(
             instance_id, arn, run_key, runner.encoded_jit_config, runner_id=runner.runner_id
         )
         # Only now, with the config in place: the agent that reads its record on this notice finds it.
@@ -191,12 +182,12 @@ class HandOver:
     def give_back(self, instance_id: str, run_key: str, token: str) -> bool:
         """A claimed instance that was handed nothing, back to the pool; expired (for refresh to
         terminate) if its claim moved on meanwhile. Whether it went back to the pool."""
-        returned = self._table.unclaim(instance_id, run_key, token)
+        returned = self.table.unclaim(instance_id, run_key, token)
         if returned.succeeded and returned.record is not None:
             self._notify(instance_id)
-            self._queues().offer(PoolMessage.for_idle(returned.record))
+            self.queues().offer(PoolMessage.for_idle(returned.record))
             return True
-        self._table.expire(instance_id, run_key)
+        self.table.expire(instance_id, run_key)
         return False
 
     def side_by_side(self, hand_over: Callable[[_Item], float | None], items: list[_Item]) -> list[Outcome]:
@@ -204,9 +195,9 @@ class HandOver:
         hand-overs not yet begun are not begun (those in flight finish). Any other error is raised once
         every hand-over in flight has ended."""
         # Built here, once, not by the first of several threads at the same moment.
-        self._registry()
-        self._credentials()
-        self._notices()
+        self.registry()
+        self.credentials()
+        self.notices()
         stop = threading.Event()
 
         def one(item: _Item) -> Outcome:
@@ -238,7 +229,7 @@ class HandOver:
         pool) goes on at once, and one that hands over waits for the token where it needs it (the token
         cache's lock), not before."""
         try:
-            ahead: Future[None] = in_background(lambda: self._registry().authenticate())
+            ahead: Future[None] = in_background(lambda: self.registry().authenticate())
         except Exception:
             logger.debug("no installation token ahead; the first registration asks for it", exc_info=True)
         else:
@@ -246,7 +237,7 @@ class HandOver:
 
     def _notify(self, instance_id: str) -> None:
         try:
-            notify(self._notices, instance_id)
+            notify(self.notices, instance_id)
         except Exception:  # best effort: the hand-over took effect, and the agent's watch reads its record
             logger.exception("notice not sent; the agent sees its record at its watch period")
 

@@ -4,6 +4,7 @@ group kept to the installation's repositories, and waiting runners beyond the si
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 
 from runner_pool.domain.clock import Clock, Epoch
 from runner_pool.domain.config import StackConfig
@@ -18,44 +19,38 @@ from runner_pool.domain.runners import GitHubError, RunnerRegistry, RunnerRemova
 from runner_pool.observability import logger
 
 
+@dataclass(frozen=True)
 class InstantTier:
-    def __init__(
-        self,
-        table: InstantTierRecords,
-        registry: Callable[[], RunnerRegistry],
-        *,
-        clock: Clock,
-        config: StackConfig,
-        executions: Callable[[], ExecutionStarter] | None,
-    ) -> None:
-        """Without `executions`, a shortfall is not asked for (the group and the take-back still run)."""
-        self._table = table
-        self._registry = registry
-        self._clock = clock
-        self._config = config
-        self._executions = executions
+    """Without `executions`, a shortfall is not asked for (the group and the take-back still run)."""
+
+    table: InstantTierRecords
+    registry: Callable[[], RunnerRegistry]
+    _: KW_ONLY
+    clock: Clock
+    config: StackConfig
+    executions: Callable[[], ExecutionStarter] | None
 
     def keep(self, report: RefreshReport, tick: int) -> None:
         """Ask for each class's instant-tier shortfall (domain/instant.py) in one provision, which takes
         pristine instances from the pool or launches them and registers their runners with the class's
         generic label. Named after the tick, so two runs at once ask once."""
-        if keeps_tier_group(self._config):
+        if keeps_tier_group(self.config):
             try:
-                self._registry().keep_instant_group_in_step()
+                self.registry().keep_instant_group_in_step()
             except GitHubError:
                 logger.warning("instant tier group not set to the installation's repositories; next run")
-        if self._executions is None:
+        if self.executions is None:
             return
-        now = self._clock.now()
-        for name in self._config.resource_classes:
-            size = self._config.instant_tier(name, now)
-            minimum = self._config.warm_pool_minimum.get(name)
+        now = self.clock.now()
+        for name in self.config.resource_classes:
+            size = self.config.instant_tier(name, now)
+            minimum = self.config.warm_pool_minimum.get(name)
             if minimum is None or not minimum.keeps_instant():
                 continue
             # A tier of 0 (its window closed) is looked at too: its waiting runners are taken back then,
             # not left up until their max runtime.
             label = instant_label(name)
-            records = self._table.held_by(label)
+            records = self.table.held_by(label)
             held = tier_holds(records, name, now)
             report.instant[name] = held
             held -= self._take_back(records, name, size, now)
@@ -63,12 +58,12 @@ class InstantTier:
             if short == 0:
                 continue
             request = ProvisionRequest(
-                repository=str(self._config.github.scope or "instant-tier"),
+                repository=str(self.config.github.scope or "instant-tier"),
                 run_key=label,
                 count=short,
                 origin=f"instant-tier-{tick}",
             )
-            self._executions().provision(request)
+            self.executions().provision(request)
             report.instant_asked[name] += short
 
     def _take_back(self, records: list[InstanceRecord], name: str, size: int, now: Epoch) -> int:
@@ -81,12 +76,12 @@ class InstantTier:
             if record.runner_id is None:
                 continue
             try:
-                removal = self._registry().delete_runner(record.runner_id)
+                removal = self.registry().delete_runner(record.runner_id)
             except GitHubError:
                 logger.warning("surplus instant runner not deleted; next run", instance_id=instance_id)
                 continue
             if removal is RunnerRemoval.BUSY:
                 continue
-            if self._table.expire(instance_id, run_key=record.run_key).succeeded:
+            if self.table.expire(instance_id, run_key=record.run_key).succeeded:
                 ended += 1
         return ended

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Protocol
 
 from runner_pool.domain.clock import Clock
@@ -38,36 +39,27 @@ class RunReruns(Protocol):
     def rerun_failed_jobs(self, repository: str, run_id: int) -> None: ...
 
 
+@dataclass(frozen=True)
 class Reruns:
     """`github` is built on first use: most run completions had no interrupted job, and ask GitHub nothing."""
 
-    def __init__(
-        self,
-        ledger: RerunLedger,
-        github: Callable[[], RunReruns],
-        clock: Clock,
-        *,
-        enabled: bool,
-        holder: Callable[[], str] = lambda: uuid.uuid4().hex,
-    ) -> None:
-        self._ledger = ledger
-        self._github = github
-        self._clock = clock
-        self._enabled = enabled
-        self._holder = holder
+    ledger: RerunLedger
+    github: Callable[[], RunReruns]
+    clock: Clock
+    _: KW_ONLY
+    enabled: bool
+    holder: Callable[[], str] = lambda: uuid.uuid4().hex
 
     def interrupted(self, repository: str, run_key: str) -> Verdict | None:
         """A job of `run_key` failed on an instance EC2 was interrupting: noted on its run attempt, and
         decided now if the attempt completed first. None when nothing was decided."""
-        if not self._enabled:
+        if not self.enabled:
             return None
         try:
             run_id, attempt = RunKey.parse(run_key).run_attempt
         except (LabelError, ValueError):
             return None  # the instant tier's label names no run: its jobs are no run's to re-run
-        if not run_id.isdigit() or not self._ledger.note_interrupted(
-            int(run_id), attempt, label_set(run_key)
-        ):
+        if not run_id.isdigit() or not self.ledger.note_interrupted(int(run_id), attempt, label_set(run_key)):
             return None
         return self.completed(repository, int(run_id), attempt)
 
@@ -76,9 +68,9 @@ class Reruns:
         instance and `decide` says so. None when no job of it was interrupted. GitHub's refusals for good
         are logged and counted (nothing is re-run: fail closed); an outage or a rate limit is raised, for
         the caller's retry."""
-        if not self._enabled:
+        if not self.enabled:
             return None
-        record = self._ledger.rerun_record(run_id, attempt)
+        record = self.ledger.rerun_record(run_id, attempt)
         if not record.interrupted:
             return None
         try:
@@ -106,19 +98,19 @@ class Reruns:
         ours: bool,
         asked: bool,
     ) -> Verdict:
-        github = self._github()
+        github = self.github()
         run = github.run_now(repository, run_id)
         verdict, why = decide(
-            enabled=self._enabled, attempt=attempt, run=run, asked_for_previous=ours, asked_for_this=asked
+            enabled=self.enabled, attempt=attempt, run=run, asked_for_previous=ours, asked_for_this=asked
         )
         if verdict is Verdict.RERUN:
-            holder = self._holder()
-            claim = self._ledger.claim_rerun(
-                run_id, attempt, interrupted, holder, self._clock.now() + RERUN_LEASE_SECONDS
+            holder = self.holder()
+            claim = self.ledger.claim_rerun(
+                run_id, attempt, interrupted, holder, self.clock.now() + RERUN_LEASE_SECONDS
             )
             if claim is Claim.CLAIMED:
                 github.rerun_failed_jobs(repository, run_id)
-                self._ledger.rerun_asked(run_id, attempt, holder)
+                self.ledger.rerun_asked(run_id, attempt, holder)
                 count("InterruptedRunsRerun")
             else:
                 verdict, why = (
