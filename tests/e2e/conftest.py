@@ -199,17 +199,31 @@ def system(tmp_path: Path) -> Iterator[World]:
         yield running
 
 
-def completed(system: World, run: FakeWorkflowRun, timeout: float = 60.0) -> FakeWorkflowRun:
-    eventually(
-        lambda: run.status is JobStatus.COMPLETED,
-        f"run {run.run_id} to complete",
-        timeout,
-        explain=lambda: diagnosis(system),
-    )
+SYSTEM_WAIT_SECONDS = 60.0
+"""How long a wait on the whole system's progress may take (a run's completion, a cold launch's job
+starting, refresh ending an instance, the system settling): under make test's three workers on two
+cores such a chain of executions, Lambdas, boots and timers takes several times what it takes alone.
+The wait ends when its condition holds; it lasts this long only when the test fails anyway."""
+
+
+def awaited(
+    system: World,
+    check: Callable[[], Any],
+    what: str,
+    timeout: float = SYSTEM_WAIT_SECONDS,
+    every: float = LOOK_SECONDS,
+) -> Any:
+    """`eventually`, for the whole system's progress: a timeout says what the system was doing
+    (`diagnosis`)."""
+    return eventually(check, what, timeout, every, explain=lambda: diagnosis(system))
+
+
+def completed(system: World, run: FakeWorkflowRun, timeout: float = SYSTEM_WAIT_SECONDS) -> FakeWorkflowRun:
+    awaited(system, lambda: run.status is JobStatus.COMPLETED, f"run {run.run_id} to complete", timeout)
     return run
 
 
-def settled(system: World, timeout: float = 60.0) -> None:
+def settled(system: World, timeout: float = SYSTEM_WAIT_SECONDS) -> None:
     """Every live instance idle and in date, and no execution running."""
 
     def quiet() -> bool:
@@ -219,9 +233,7 @@ def settled(system: World, timeout: float = 60.0) -> None:
             r.state is InstanceState.IDLE and not r.threshold_passed(now) for r in records
         ) and not any(e["status"] == "RUNNING" for e in system.stack.executions())
 
-    eventually(
-        quiet, "the system to settle", timeout, every=SWEEP_LOOK_SECONDS, explain=lambda: diagnosis(system)
-    )
+    awaited(system, quiet, "the system to settle", timeout, every=SWEEP_LOOK_SECONDS)
 
 
 def one_pooled(system: World) -> str:
@@ -234,11 +246,7 @@ def one_pooled(system: World) -> str:
 
 def retired(system: World, instance_id: str, what: str) -> None:
     """`instance_id` terminated, the system settled after it, and every instance accounted for."""
-    eventually(
-        lambda: system.timeline.first(Happening.TERMINATED, instance_id=instance_id),
-        what,
-        explain=lambda: diagnosis(system),
-    )
+    awaited(system, lambda: system.timeline.first(Happening.TERMINATED, instance_id=instance_id), what)
     settled(system)
     accounted(system)
 
@@ -256,7 +264,7 @@ def demand_handled(system: World) -> None:
         )["Attributes"]
         return all(value == "0" for value in counts.values())
 
-    eventually(handled, "the demand queue to be handled", explain=lambda: diagnosis(system))
+    awaited(system, handled, "the demand queue to be handled")
 
 
 def accounted(system: World) -> None:
@@ -286,13 +294,7 @@ def notices_accounted(system: World) -> None:
         live = {record.instance_id for record in system.records.live()}
         return set(queues.instance_ids()) == live
 
-    eventually(
-        in_step,
-        "the notice queues to match the live instances",
-        30.0,
-        every=SWEEP_LOOK_SECONDS,
-        explain=lambda: diagnosis(system),
-    )
+    awaited(system, in_step, "the notice queues to match the live instances", every=SWEEP_LOOK_SECONDS)
 
 
 def job_of(system: World, run: FakeWorkflowRun, index: int = 0) -> FakeJob:
