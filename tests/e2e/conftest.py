@@ -313,21 +313,24 @@ def provisions_bound(span: float) -> int:
 DIAGNOSIS_EVENTS = 30
 """How many of the timeline's last events a diagnosis shows."""
 DIAGNOSIS_EXECUTIONS = 20
-"""How many executions that did not succeed a diagnosis details (the newest)."""
+"""How many executions a diagnosis details (the newest of those that did not succeed or met a failure)."""
+DIAGNOSIS_CAUSE_CHARS = 400
+"""How much of a failure's cause a diagnosis shows (a Lambda's cause carries its stack trace)."""
 _ENDED_BADLY = ("Failed", "TimedOut", "Aborted")
 
 
 def diagnosis(system: World) -> str:
     """What a person needs when a whole-system wait times out: the executions (counted by machine and
-    status; each one not succeeded with its failure's error and cause, or the state it is in), the
-    GitHub jobs' statuses, the live records' states, the busiest AWS operations and Lambda functions, and
-    the timeline's last events. Computed only when a wait fails (several requests to local AWS)."""
+    status; each one that did not succeed or met a failure, with the state it is in and each failure's
+    error and cause), the GitHub jobs' statuses, the live records' states, the busiest AWS operations and
+    Lambda functions, and the timeline's last events. Computed only when a wait fails (a request to local
+    AWS for each execution)."""
     now = time.time()
     executions = sorted(system.stack.executions(), key=lambda e: e["startDate"])
     statuses = Counter(f"{e['machine']} {e['status']}" for e in executions)
     lines = [f"executions: {', '.join(f'{n} {name}' for name, n in sorted(statuses.items())) or 'none'}"]
-    unfinished = [e for e in executions if e["status"] != "SUCCEEDED"][-DIAGNOSIS_EXECUTIONS:]
-    lines += [f"  {_execution_story(system, e, now)}" for e in unfinished]
+    stories = [story for e in executions if (story := _execution_story(system, e, now))]
+    lines += [f"  {line}" for story in stories[-DIAGNOSIS_EXECUTIONS:] for line in story]
     with system.github.state.lock:
         jobs = list(system.github.state.jobs.values())
     lines.append("github jobs:")
@@ -355,20 +358,24 @@ def diagnosis(system: World) -> str:
     return "\n".join(lines)
 
 
-def _execution_story(system: World, execution: dict[str, Any], now: float) -> str:
-    """One execution: its machine, name, status and age, then why it failed (its history's last failure
-    event's details) or, while it runs, the last state it entered."""
+def _execution_story(system: World, execution: dict[str, Any], now: float) -> list[str]:
+    """One execution, when it did not succeed or met a failure on its way (a task retried, an error caught):
+    its machine, name, status and age, the state it is in while it runs, and each distinct failure its
+    history records, the first (the cause) before those it led to. Nothing for a clean success."""
     history = system.stack.history(execution["executionArn"])
+    failures: dict[tuple[str, str, str], None] = {}
+    for event in history:
+        if event["type"].endswith(_ENDED_BADLY):
+            details = next((v for k, v in event.items() if k.endswith("EventDetails")), {})
+            cause = str(details.get("cause", ""))[:DIAGNOSIS_CAUSE_CHARS]
+            failures[(event["type"], str(details.get("error", "")), cause)] = None
+    if execution["status"] == "SUCCEEDED" and not failures:
+        return []
     started = execution["startDate"].timestamp()
     head = (
         f"{execution['machine']} {execution['name']} {execution['status']} (started {started - now:+.1f} s)"
     )
-    failures = [e for e in history if e["type"].endswith(_ENDED_BADLY)]
-    if failures:
-        last = failures[-1]
-        details = next((v for k, v in last.items() if k.endswith("EventDetails")), {})
-        return f"{head}: {last['type']} {details.get('error', '')} {details.get('cause', '')}".rstrip()
     entered = [e for e in history if e["type"].endswith("StateEntered")]
-    if entered:
-        return f"{head}: in {entered[-1]['stateEnteredEventDetails']['name']}"
-    return head
+    if execution["status"] == "RUNNING" and entered:
+        head += f", in {entered[-1]['stateEnteredEventDetails']['name']}"
+    return [head, *(f"    {kind} {error} {cause}".rstrip() for kind, error, cause in failures)]
