@@ -18,6 +18,7 @@ from moto.server import ThreadedMotoServer
 from werkzeug.serving import BaseWSGIServer
 
 from emulator.atomic_dynamodb import atomic_items
+from emulator.atomic_sqs import atomic_queues
 from emulator.aws_faults import AwsFaults
 from emulator.listening import LISTEN_BACKLOG
 from emulator.moto_internals import patch_point
@@ -106,11 +107,18 @@ class LocalAws:
 @contextmanager
 def behaving_as_aws() -> Iterator[None]:
     """moto made to behave as AWS where our code meets a difference (DynamoDB's item atomicity,
-    emulator/atomic_dynamodb.py; a released SQS message waking a waiting long poll,
+    emulator/atomic_dynamodb.py; an SQS receive taking its messages alone, emulator/atomic_sqs.py;
+    a released SQS message waking a waiting long poll,
     emulator/sqs_long_polls.py; ListQueues beside CreateQueue, emulator/sqs_queue_list.py), and without
     the work moto repeats per request (emulator/moto_speedups.py): for every moto the emulator and the
     tests run, server or `mock_aws`."""
-    with atomic_items(), released_messages_wake_long_polls(), queues_listed_from_a_snapshot(), speedups():
+    with (
+        atomic_items(),
+        atomic_queues(),
+        released_messages_wake_long_polls(),
+        queues_listed_from_a_snapshot(),
+        speedups(),
+    ):
         yield
 
 

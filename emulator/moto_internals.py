@@ -417,18 +417,52 @@ INTERNALS: tuple[Internal, ...] = (
     # SQS: a released message wakes a waiting long poll, as on AWS (emulator/sqs_long_polls.py).
     Internal(
         "moto.sqs.models:SQSBackend.change_message_visibility",
-        "emulator/sqs_long_polls.py",
+        "emulator/sqs_long_polls.py and emulator/atomic_sqs.py",
         "wrapped: (queue_name, receipt_handle, visibility_timeout) makes the message visible at once for "
-        "0; ChangeMessageVisibilityBatch calls it per entry",
+        "0; ChangeMessageVisibilityBatch calls it per entry; it changes the queue's pending messages",
         "e711863815589ec2",
         signature="(self, queue_name, receipt_handle, visibility_timeout)",
     ),
     Internal(
         "moto.sqs.models:SQSBackend.receive_message",
-        "emulator/sqs_long_polls.py",
-        "read: a long poll scans the queue's visible messages, then waits on the queue's `_messages_lock` "
-        "(a Condition, `Queue.wait_for_messages`) and scans again when woken, until its wait has passed",
+        "emulator/sqs_long_polls.py and emulator/atomic_sqs.py",
+        "wrapped: (queue_name, count, wait_seconds_timeout, visibility_timeout, ...); a long poll scans the "
+        "queue's visible messages, then waits on the queue's `_messages_lock` (a Condition over an RLock, "
+        "`Queue.wait_for_messages`) and scans again when woken, until its wait has passed; it marks what "
+        "it takes pending and received with no lock of its own",
         "b1c796a9301aaf27",
+        signature="(self, queue_name, count, wait_seconds_timeout, visibility_timeout, "
+        "message_attribute_names)",
+    ),
+    Internal(
+        "moto.sqs.models:SQSBackend.delete_message",
+        "emulator/atomic_sqs.py",
+        "wrapped: (queue_name, receipt_handle); Queue.delete_message rebuilds `_messages` from a copy and "
+        "drops the message from the pending ones; DeleteMessageBatch calls it per entry",
+        "636fb315c91ee9f1",
+        signature="(self, queue_name, receipt_handle)",
+        read="moto.sqs.models:Queue.delete_message",
+    ),
+    Internal(
+        "moto.sqs.models:Message.mark_received",
+        "tests/integration/test_atomic_sqs.py",
+        "wrapped: (visibility_timeout=None), called by a receive for each message it takes, after it "
+        "noted the message pending and before the message is invisible",
+        "745606df72420440",
+        signature="(self, visibility_timeout)",
+    ),
+    Internal(
+        "moto.sqs.models:Message.visible",
+        "tests/integration/test_atomic_sqs.py",
+        "wrapped: a property, read by `Queue.messages` to list the visible messages and again by a receive's "
+        "scan for each listed message before it takes it",
+        "de0d3512ec1a913c",
+    ),
+    Internal(
+        "moto.sqs.models:SQSBackend.delete_message_batch",
+        "emulator/atomic_sqs.py",
+        "read: calls self.delete_message for each entry",
+        "e6d2c613716f4dc0",
     ),
     Internal(
         "moto.sqs.models:Queue.wait_for_messages",

@@ -11,6 +11,7 @@ import math
 import re
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,10 +60,14 @@ each served by local AWS in this same process, on the same cores as the system u
 
 
 def eventually(
-    check: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS, every: float = LOOK_SECONDS
+    check: Callable[[], Any],
+    what: str,
+    timeout: float = WAIT_SECONDS,
+    every: float = LOOK_SECONDS,
+    explain: Callable[[], str] | None = None,
 ) -> Any:
     """tests/support/waiting.py's, with an end-to-end test's time to wait and pace of looking."""
-    return waiting.eventually(check, what, timeout, every)
+    return waiting.eventually(check, what, timeout, every, explain)
 
 
 @pytest.fixture(scope="session")
@@ -194,12 +199,31 @@ def system(tmp_path: Path) -> Iterator[World]:
         yield running
 
 
-def completed(system: World, run: FakeWorkflowRun, timeout: float = 60.0) -> FakeWorkflowRun:
-    eventually(lambda: run.status is JobStatus.COMPLETED, f"run {run.run_id} to complete", timeout)
+SYSTEM_WAIT_SECONDS = 60.0
+"""How long a wait on the whole system's progress may take (a run's completion, a cold launch's job
+starting, refresh ending an instance, the system settling): under make test's three workers on two
+cores such a chain of executions, Lambdas, boots and timers takes several times what it takes alone.
+The wait ends when its condition holds; it lasts this long only when the test fails anyway."""
+
+
+def awaited(
+    system: World,
+    check: Callable[[], Any],
+    what: str,
+    timeout: float = SYSTEM_WAIT_SECONDS,
+    every: float = LOOK_SECONDS,
+) -> Any:
+    """`eventually`, for the whole system's progress: a timeout says what the system was doing
+    (`diagnosis`)."""
+    return eventually(check, what, timeout, every, explain=lambda: diagnosis(system))
+
+
+def completed(system: World, run: FakeWorkflowRun, timeout: float = SYSTEM_WAIT_SECONDS) -> FakeWorkflowRun:
+    awaited(system, lambda: run.status is JobStatus.COMPLETED, f"run {run.run_id} to complete", timeout)
     return run
 
 
-def settled(system: World, timeout: float = 60.0) -> None:
+def settled(system: World, timeout: float = SYSTEM_WAIT_SECONDS) -> None:
     """Every live instance idle and in date, and no execution running."""
 
     def quiet() -> bool:
@@ -209,7 +233,7 @@ def settled(system: World, timeout: float = 60.0) -> None:
             r.state is InstanceState.IDLE and not r.threshold_passed(now) for r in records
         ) and not any(e["status"] == "RUNNING" for e in system.stack.executions())
 
-    eventually(quiet, "the system to settle", timeout, every=SWEEP_LOOK_SECONDS)
+    awaited(system, quiet, "the system to settle", timeout, every=SWEEP_LOOK_SECONDS)
 
 
 def one_pooled(system: World) -> str:
@@ -222,7 +246,7 @@ def one_pooled(system: World) -> str:
 
 def retired(system: World, instance_id: str, what: str) -> None:
     """`instance_id` terminated, the system settled after it, and every instance accounted for."""
-    eventually(lambda: system.timeline.first(Happening.TERMINATED, instance_id=instance_id), what)
+    awaited(system, lambda: system.timeline.first(Happening.TERMINATED, instance_id=instance_id), what)
     settled(system)
     accounted(system)
 
@@ -240,7 +264,7 @@ def demand_handled(system: World) -> None:
         )["Attributes"]
         return all(value == "0" for value in counts.values())
 
-    eventually(handled, "the demand queue to be handled")
+    awaited(system, handled, "the demand queue to be handled")
 
 
 def accounted(system: World) -> None:
@@ -270,7 +294,7 @@ def notices_accounted(system: World) -> None:
         live = {record.instance_id for record in system.records.live()}
         return set(queues.instance_ids()) == live
 
-    eventually(in_step, "the notice queues to match the live instances", 30.0, every=SWEEP_LOOK_SECONDS)
+    awaited(system, in_step, "the notice queues to match the live instances", every=SWEEP_LOOK_SECONDS)
 
 
 def job_of(system: World, run: FakeWorkflowRun, index: int = 0) -> FakeJob:
@@ -284,3 +308,74 @@ def provisions_bound(span: float) -> int:
     of make test the webhook may answer them seconds apart, and each quiet window then closes a follow-up
     (domain/follow_up.py): never one provision a job."""
     return 2 if span <= FOLLOW_UP_WINDOW_SECONDS else 2 + math.ceil(span / FOLLOW_UP_WINDOW_SECONDS)
+
+
+DIAGNOSIS_EVENTS = 30
+"""How many of the timeline's last events a diagnosis shows."""
+DIAGNOSIS_EXECUTIONS = 20
+"""How many executions a diagnosis details (the newest of those that did not succeed or met a failure)."""
+DIAGNOSIS_CAUSE_CHARS = 400
+"""How much of a failure's cause a diagnosis shows (a Lambda's cause carries its stack trace)."""
+_ENDED_BADLY = ("Failed", "TimedOut", "Aborted")
+
+
+def diagnosis(system: World) -> str:
+    """What a person needs when a whole-system wait times out: the executions (counted by machine and
+    status; each one that did not succeed or met a failure, with the state it is in and each failure's
+    error and cause), the GitHub jobs' statuses, the live records' states, the busiest AWS operations and
+    Lambda functions, and the timeline's last events. Computed only when a wait fails (a request to local
+    AWS for each execution)."""
+    now = time.time()
+    executions = sorted(system.stack.executions(), key=lambda e: e["startDate"])
+    statuses = Counter(f"{e['machine']} {e['status']}" for e in executions)
+    lines = [f"executions: {', '.join(f'{n} {name}' for name, n in sorted(statuses.items())) or 'none'}"]
+    stories = [story for e in executions if (story := _execution_story(system, e, now))]
+    lines += [f"  {line}" for story in stories[-DIAGNOSIS_EXECUTIONS:] for line in story]
+    with system.github.state.lock:
+        jobs = list(system.github.state.jobs.values())
+    lines.append("github jobs:")
+    lines += [
+        f"  {j.job_id} {j.run_id}/{j.name} attempt {j.run_attempt}: {j.status.value}"
+        f" {j.conclusion.value if j.conclusion else ''} runner={j.runner_name}"
+        + (f" failed because {j.failed_because}" if j.failed_because else "")
+        for j in jobs
+    ]
+    lines.append("live records:")
+    lines += [
+        f"  {r.instance_id} {r.state.value} run_key={r.run_key}"
+        f" threshold={'none' if r.threshold is None else f'{r.threshold - now:+.1f} s'}"
+        for r in system.records.live()
+    ]
+    calls = system.stack.calls
+    busiest = ", ".join(f"{name} {n}" for name, n in calls.calls.most_common(8))
+    lines.append(f"aws calls: {calls.total()} ({busiest})")
+    lines.append(f"lambda invocations: {system.stack.invocations()}")
+    lines.append(f"last {DIAGNOSIS_EVENTS} timeline events:")
+    lines += [
+        f"  {e.at - now:+.2f} s {e.happening.value} {e.instance_id or ''} {e.job or ''} {e.detail}".rstrip()
+        for e in system.events()[-DIAGNOSIS_EVENTS:]
+    ]
+    return "\n".join(lines)
+
+
+def _execution_story(system: World, execution: dict[str, Any], now: float) -> list[str]:
+    """One execution, when it did not succeed or met a failure on its way (a task retried, an error caught):
+    its machine, name, status and age, the state it is in while it runs, and each distinct failure its
+    history records, the first (the cause) before those it led to. Nothing for a clean success."""
+    history = system.stack.history(execution["executionArn"])
+    failures: dict[tuple[str, str, str], None] = {}
+    for event in history:
+        if event["type"].endswith(_ENDED_BADLY):
+            details = next((v for k, v in event.items() if k.endswith("EventDetails")), {})
+            cause = str(details.get("cause", ""))[:DIAGNOSIS_CAUSE_CHARS]
+            failures[(event["type"], str(details.get("error", "")), cause)] = None
+    if execution["status"] == "SUCCEEDED" and not failures:
+        return []
+    started = execution["startDate"].timestamp()
+    head = (
+        f"{execution['machine']} {execution['name']} {execution['status']} (started {started - now:+.1f} s)"
+    )
+    entered = [e for e in history if e["type"].endswith("StateEntered")]
+    if execution["status"] == "RUNNING" and entered:
+        head += f", in {entered[-1]['stateEnteredEventDetails']['name']}"
+    return [head, *(f"    {kind} {error} {cause}".rstrip() for kind, error, cause in failures)]

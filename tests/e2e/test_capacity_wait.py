@@ -14,7 +14,7 @@ from emulator.fake_github.payloads import HEAD_SHA
 from emulator.world import World
 from runner_pool.domain.capacity_waits import CHECK_RUN_NAME, LONGEST_BACKOFF
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS
-from tests.e2e.conftest import LABEL, accounted, completed, e2e_world, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, accounted, awaited, completed, e2e_world, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def test_a_job_without_capacity_is_told_why_and_served_when_capacity_comes_back(
         with system.github.state.lock:
             return next(iter(system.github.state.check_runs.values()), None)
 
-    waiting = eventually(check_run, "a check run saying why the job waits")
+    waiting = awaited(system, check_run, "a check run saying why the job waits")
     assert (waiting["name"], waiting["head_sha"], waiting["status"]) == (
         CHECK_RUN_NAME,
         HEAD_SHA,
@@ -58,7 +58,7 @@ def test_a_job_without_capacity_is_told_why_and_served_when_capacity_comes_back(
     # Then after the back-off the job is served and succeeds, and its check run is concluded
     completed(system, run, timeout=LONGEST_BACKOFF * RETRY_SECONDS + RECONCILE_GRACE_SECONDS + 60)
     assert job_of(system, run).conclusion is Conclusion.SUCCESS
-    eventually(lambda: check_run()["status"] == "completed", "the check run to be concluded")  # type: ignore[index]
+    awaited(system, lambda: check_run()["status"] == "completed", "the check run to be concluded")  # type: ignore[index]
     assert check_run()["conclusion"] == "success"  # type: ignore[index]
     settled(system)
     accounted(system)

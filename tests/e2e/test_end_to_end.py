@@ -28,9 +28,9 @@ from runner_pool.domain.records import HandOverTier
 from tests.e2e.conftest import (
     LABEL,
     accounted,
+    awaited,
     completed,
     demand_handled,
-    eventually,
     job_of,
     one_pooled,
     retired,
@@ -152,7 +152,7 @@ def test_cancelling_a_run_releases_its_instance_back_to_the_pool(system: World) 
     # Given a run whose long job is running on an instance
     run = system.start_run("build", JobSpec("build", LABEL, seconds=120))
     job = job_of(system, run)
-    eventually(lambda: job.status is JobStatus.IN_PROGRESS, "the job to start")
+    awaited(system, lambda: job.status is JobStatus.IN_PROGRESS, "the job to start")
     instance_id = instance_of_runner(job.runner_name)
 
     # When the run is cancelled

@@ -19,15 +19,7 @@ from emulator.fake_github import Conclusion, FakeJob, FakeWorkflowRun, JobSpec
 from emulator.timeline import Happening
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
 from runner_pool.domain.executions import instance_of_runner
-from tests.e2e.conftest import (
-    FAST_INSTANCES,
-    FAST_TIMERS,
-    LABEL,
-    completed,
-    demand_handled,
-    eventually,
-    settled,
-)
+from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, awaited, completed, demand_handled, settled
 from tests.e2e.conftest import accounted as accounted_for
 
 pytestmark = pytest.mark.slow
@@ -156,7 +148,7 @@ def test_a_run_completion_delivered_before_its_jobs_means_no_runner_is_provision
         ).get("Item")
         return item is not None and "completed_at" in item
 
-    eventually(completion_noted, "the run's completion in the demand ledger")
+    awaited(system, completion_noted, "the run's completion in the demand ledger")
     hook.redeliver(job_queued.delivery_id)
     assert [d.status_code for d in system.github.state.deliveries.values() if d.redelivery] == [202, 202]
     demand_handled(system)

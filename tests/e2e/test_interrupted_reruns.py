@@ -19,10 +19,10 @@ from runner_pool.domain.records import UsageClass
 from tests.e2e.conftest import (
     LABEL,
     accounted,
+    awaited,
     completed,
     demand_handled,
     e2e_world,
-    eventually,
     job_of,
     settled,
 )
@@ -45,10 +45,11 @@ def system_without_reruns(tmp_path: Path) -> Iterator[World]:
 def interrupt(system: World, run: FakeWorkflowRun, index: int = 0) -> str:
     """EC2 takes back the spot instance running the run's job: the two-minute warning, then (the notice
     played short) the instance terminated. Returns the instance's id."""
-    eventually(lambda: job_of(system, run, index).runner_name, "the job to start")
+    awaited(system, lambda: job_of(system, run, index).runner_name, "the job to start")
     instance_id = instance_of_runner(job_of(system, run, index).runner_name)
     assert instance_id is not None
-    eventually(
+    awaited(
+        system,
         lambda: system.records.get(instance_id).state is InstanceState.RUNNING,  # type: ignore[union-attr]
         "its provision to set it running",
     )
@@ -62,7 +63,8 @@ def interrupt(system: World, run: FakeWorkflowRun, index: int = 0) -> str:
 
 
 def attempt_completed(system: World, run: FakeWorkflowRun, attempt: int) -> None:
-    eventually(
+    awaited(
+        system,
         lambda: run.run_attempt == attempt and run.status is JobStatus.COMPLETED,
         f"attempt {attempt} of run {run.run_id} to complete",
         90.0,
@@ -85,7 +87,7 @@ def interrupted_completion_held_back(system: World, run: FakeWorkflowRun) -> Non
         "workflow_run", "completed", where=lambda payload: payload["workflow_run"]["id"] == run.run_id
     )
     interrupt(system, run)
-    eventually(lambda: run.status is JobStatus.COMPLETED, "the run to complete", every=0.01)
+    awaited(system, lambda: run.status is JobStatus.COMPLETED, "the run to complete", every=0.01)
 
 
 def ends_at(system: World, run: FakeWorkflowRun, attempt: int, reruns: int) -> None:
@@ -105,7 +107,7 @@ def test_a_job_interrupted_mid_job_is_re_run_once_and_succeeds_on_on_demand(syst
 
     # When EC2 interrupts its instance mid-job, and the job fails for it
     interrupted = interrupt(system, run)
-    eventually(lambda: job_of(system, run).conclusion is Conclusion.FAILURE, "the job to fail")
+    awaited(system, lambda: job_of(system, run).conclusion is Conclusion.FAILURE, "the job to fail")
 
     # Then the run is re-run once: attempt 2's job succeeds, on an on-demand instance
     attempt_completed(system, run, 2)
@@ -124,7 +126,7 @@ def test_the_re_runs_own_interruption_is_not_re_run_again(system: World) -> None
     # Given a spot job interrupted mid-job, failed, and its run re-run on on-demand
     run = spot_job(system)
     first = interrupt(system, run)
-    eventually(lambda: run.run_attempt == 2, "the run to be re-run")
+    awaited(system, lambda: run.run_attempt == 2, "the run to be re-run")
 
     # When the re-run's instance is interrupted too (EC2 warns only spot instances; the notice is played
     # to the on-demand one so the rule, not the market, decides), and its job fails
@@ -146,11 +148,11 @@ def test_a_cancelled_run_is_not_re_run(system: World) -> None:
     run = system.start_run(
         "build", JobSpec("build", SPOT, seconds=JOB_SECONDS), JobSpec("test", SPOT, seconds=60.0)
     )
-    eventually(lambda: job_of(system, run, 1).runner_name, "the second job to start")
+    awaited(system, lambda: job_of(system, run, 1).runner_name, "the second job to start")
 
     # When the first job's instance is interrupted and it fails, and someone then cancels the run
     interrupt(system, run, 0)
-    eventually(lambda: job_of(system, run, 0).conclusion is Conclusion.FAILURE, "the job to fail")
+    awaited(system, lambda: job_of(system, run, 0).conclusion is Conclusion.FAILURE, "the job to fail")
     system.github.actions.cancel_run(run.run_id)
 
     # Then the run ends cancelled, and is not re-run
@@ -170,7 +172,7 @@ def test_a_run_a_person_re_ran_first_is_not_re_run_again(system: World) -> None:
 
     # Then the person's attempt is the only re-run, even once the run's completion is redelivered
     attempt_completed(system, run, 2)
-    eventually(lambda: system.github.state.redelivery_requests, "the run's completion to be redelivered")
+    awaited(system, lambda: system.github.state.redelivery_requests, "the run's completion to be redelivered")
     ends_at(system, run, 2, reruns=0)
 
 

@@ -20,7 +20,7 @@ from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.job_command import job
 from runner_pool.logs_command import logs
-from tests.e2e.conftest import LABEL, SWEEP_LOOK_SECONDS, completed, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, SWEEP_LOOK_SECONDS, awaited, completed, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +108,7 @@ def test_the_story_of_a_cold_job_and_of_the_warm_job_that_reused_its_instance(sy
         done = all("workspace clean" in messages(told, "agent") for told in (cold_lines, warm_lines))
         return (cold_lines, warm_lines) if done else None
 
-    cold_lines, warm_lines = eventually(both_scrubs_shipped, "both hand-overs' lines in the log group")
+    cold_lines, warm_lines = awaited(system, both_scrubs_shipped, "both hand-overs' lines in the log group")
     # Then each is its own hand-over's, on the one instance: the agent's from the runner's start to the
     # scrub, and the runner's diagnostic lines, each carrying that hand-over's runner
     for told, run in ((cold_lines, first), (warm_lines, second)):
@@ -203,6 +203,6 @@ def test_connect_finds_a_jobs_instance_by_its_url_and_refuses_what_it_may_not_op
         record = system.records.get(reachable)
         return record is None or record.state is InstanceState.TERMINATED
 
-    eventually(gone, "refresh to terminate the expired instance", every=SWEEP_LOOK_SECONDS)
+    awaited(system, gone, "refresh to terminate the expired instance", every=SWEEP_LOOK_SECONDS)
     assert connect_to(system, reachable) == (1, "")
     assert f"no session: {reachable} is gone" in capsys.readouterr().err

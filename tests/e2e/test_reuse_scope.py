@@ -34,8 +34,8 @@ from tests.e2e.conftest import (
     FAST_TIMERS,
     LABEL,
     accounted,
+    awaited,
     completed,
-    eventually,
     job_of,
     settled,
 )
@@ -162,8 +162,10 @@ def test_a_public_repositorys_job_never_gets_a_reused_instance_and_its_own_is_no
     assert public != private
     assert job_of(system, public_run).conclusion is Conclusion.SUCCESS
     # And its instance was terminated after the job, never pooled, while the private one waits in the pool
-    eventually(
-        lambda: system.timeline.first(Happening.TERMINATED, instance_id=public), "the public instance's end"
+    awaited(
+        system,
+        lambda: system.timeline.first(Happening.TERMINATED, instance_id=public),
+        "the public instance's end",
     )
     settled(system)
     accounted(system)
@@ -193,12 +195,14 @@ def test_a_foreign_job_on_our_runner_gets_the_instance_quarantined(org: World) -
     # the older queued job: the foreign one
     org.github.actions.rerun_all_jobs(run.run_id)
     foreign_job = job_of(org, foreign_run)
-    eventually(lambda: foreign_job.runner_name is not None, "GitHub to hand the foreign job a runner")
+    awaited(org, lambda: foreign_job.runner_name is not None, "GitHub to hand the foreign job a runner")
     assert instance_of_runner(foreign_job.runner_name) == ours
 
     # Then the instance is quarantined: terminated, never pooled again
-    eventually(
-        lambda: org.timeline.first(Happening.TERMINATED, instance_id=ours), "the quarantined instance's end"
+    awaited(
+        org,
+        lambda: org.timeline.first(Happening.TERMINATED, instance_id=ours),
+        "the quarantined instance's end",
     )
 
     # (EC2 says terminated a moment before refresh marks the record: wait for the record too)
@@ -206,7 +210,7 @@ def test_a_foreign_job_on_our_runner_gets_the_instance_quarantined(org: World) -
         record = org.records.get(ours)
         return record is not None and record.state is InstanceState.TERMINATED
 
-    eventually(marked_terminated, "the quarantined instance's record to be marked terminated")
+    awaited(org, marked_terminated, "the quarantined instance's record to be marked terminated")
     # And once both runs are over (the robbed re-run cancelled), nothing is left but what is pooled
     for over in (run, foreign_run):
         org.github.actions.cancel_run(over.run_id)

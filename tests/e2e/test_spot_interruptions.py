@@ -12,7 +12,7 @@ from emulator.fake_github import Conclusion, JobSpec
 from emulator.world import World
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import LABEL, completed, eventually, job_of, one_pooled, retired
+from tests.e2e.conftest import LABEL, awaited, completed, job_of, one_pooled, retired
 
 pytestmark = pytest.mark.slow
 
@@ -38,10 +38,11 @@ def test_an_idle_instance_recommended_for_rebalance_is_replaced_before_a_job_lan
 def test_an_instance_warned_of_while_running_finishes_its_job_and_is_retired(system: World) -> None:
     # Given a job running on an instance
     run = system.start_run("build", JobSpec("build", LABEL, seconds=3))
-    eventually(lambda: job_of(system, run).runner_name, "the job to start")
+    awaited(system, lambda: job_of(system, run).runner_name, "the job to start")
     instance_id = instance_of_runner(job_of(system, run).runner_name)
     assert instance_id is not None
-    eventually(
+    awaited(
+        system,
         lambda: system.records.get(instance_id).state is InstanceState.RUNNING,  # type: ignore[union-attr]
         "its provision to set it running",
     )

@@ -17,7 +17,7 @@ from emulator.timeline import Happening
 from emulator.world import World
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
-from tests.e2e.conftest import SWEEP_LOOK_SECONDS, completed, e2e_world, eventually, job_of
+from tests.e2e.conftest import SWEEP_LOOK_SECONDS, awaited, completed, e2e_world, job_of
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,8 @@ def test_a_job_is_served_from_a_stopped_instance_started_once_and_nothing_leaks(
     first = completed(tiered, tiered.start_run("build", JobSpec("build", LABEL, seconds=0.5)))
     instance_id = instance_of_runner(job_of(tiered, first).runner_name)
     assert instance_id is not None
-    eventually(
+    awaited(
+        tiered,
         lambda: record_state(tiered, instance_id) is InstanceState.STOPPED,
         "the instance to be stopped",
         STOPPED_WAIT_SECONDS,
@@ -65,12 +66,14 @@ def test_a_job_is_served_from_a_stopped_instance_started_once_and_nothing_leaks(
     assert happenings(tiered, Happening.LAUNCHED) == [instance_id]
 
     # And once things settle, every instance is accounted for: none leaked, none lost
-    eventually(
+    awaited(
+        tiered,
         lambda: not any(e["status"] == "RUNNING" for e in tiered.stack.executions()),
         "executions to end",
         every=SWEEP_LOOK_SECONDS,
     )
-    eventually(
+    awaited(
+        tiered,
         lambda: tiered.accounting().holds,
         f"the accounting to hold: {tiered.accounting().problems}",
         every=SWEEP_LOOK_SECONDS,

@@ -17,7 +17,7 @@ from emulator.fake_github.state import RunTrigger
 from emulator.world import World
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.trust import TrustLevel
-from tests.e2e.conftest import LABEL, REPOSITORY, accounted, completed, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, REPOSITORY, accounted, awaited, completed, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +93,8 @@ def test_a_job_with_an_environment_is_privileged_and_leaves_no_instance_to_the_p
     assert set(levels(system, served)) == {TrustLevel.PRIVILEGED}
     instance_id = instance_of_runner(job_of(system, served).runner_name)
     assert instance_id is not None
-    eventually(
+    awaited(
+        system,
         lambda: all(r.instance_id != instance_id for r in system.records.live()),
         f"{instance_id} to leave the pool for good",
     )

@@ -21,7 +21,7 @@ from emulator.world import World
 from runner_pool.domain.executions import instance_of_runner
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.trust import TrustLevel
-from tests.e2e.conftest import LABEL, REPOSITORY, accounted, completed, e2e_world, eventually, job_of, settled
+from tests.e2e.conftest import LABEL, REPOSITORY, accounted, awaited, completed, e2e_world, job_of, settled
 
 pytestmark = pytest.mark.slow
 
@@ -61,11 +61,12 @@ def pristine_idle(system: World) -> set[str]:
 
 def a_pristine_one(system: World) -> str:
     """Wait for refresh to keep its floor; the pristine instance waiting idle."""
-    return sorted(eventually(lambda: pristine_idle(system), "a pristine instance idle in the pool"))[0]
+    return sorted(awaited(system, lambda: pristine_idle(system), "a pristine instance idle in the pool"))[0]
 
 
 def terminated(system: World, instance_id: str) -> None:
-    eventually(
+    awaited(
+        system,
         lambda: system.timeline.first(Happening.TERMINATED, instance_id=instance_id),
         f"{instance_id} to be terminated",
     )

@@ -92,7 +92,7 @@ def test_every_moto_name_our_code_imports_is_public_or_listed() -> None:
 def test_a_patch_may_reach_only_a_listed_internal() -> None:
     # When a patch asks for an internal that is not listed / Then it is refused, naming the list
     with pytest.raises(KeyError, match=r"moto_internals\.py"):
-        patch_point("moto.sqs.models:SQSBackend.delete_message")
+        patch_point("moto.sqs.models:SQSBackend.purge_queue")
     # And a listed one is found where moto has it
     owner, name = patch_point("moto.stepfunctions.parser.asl.component.common.retry.retrier_decl:time")
     assert (owner.__name__, name) == (
