@@ -39,6 +39,7 @@ change to what it reads must fail here, not leave the figures out; a pristine po
 job once refresh has filled it; an instant tier's job must start on a runner listening ahead."""
 
 
+@pytest.mark.slow  # a whole world each, most of them: dealt out first (tests/conftest.py)
 @pytest.mark.parametrize("name", [name for name in BENCHMARKS if name not in RUN_SMALL_ELSEWHERE])
 def test_the_benchmark_runs_at_its_small_size_and_keeps_figures_named_with_their_units(name: str) -> None:
     # Given a benchmark / When it runs at make test's size
