@@ -21,8 +21,6 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from moto.utilities.utils import load_resource
-
 AMIS_VARIABLE = "MOTO_AMIS_PATH"
 _IMAGES_MODULE = "moto.ec2.models.amis"
 
@@ -33,6 +31,10 @@ def use_the_images_we_look_up(region: str) -> Path | None:
         return None
     path = Path(tempfile.gettempdir()) / f"runner-pool-moto-{version('moto')}-amis-{region}.json"
     if not path.exists():
+        # moto only here, where the file is made: every process that imports the emulator runs this, each
+        # simulated instance's agent among them (emulator/iam_agent.py), and most never touch moto.
+        from moto.utilities.utils import load_resource  # noqa: PLC0415
+
         images = load_resource("ec2/resources/amis.json") + load_resource(
             f"ec2/resources/latest_amis/{region}.json"
         )

@@ -136,8 +136,30 @@ def step_functions_quotas() -> Iterator[QuotaWatch]:
         pytest.fail("Step Functions would fail this: " + "; ".join(dict.fromkeys(breaches)), pytrace=False)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests (whole-system scenarios, mostly waiting on compressed timers) are handed out
-    first: the xdist workers then finish on short tests instead of one waiting out a long one
-    at the end, and a scenario's waits overlap other tests' CPU. Order within each group is kept."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tests (whole-system scenarios, mostly waiting on compressed timers) are dealt out evenly
+    and each worker starts on its share of them: the xdist workers then finish on short tests instead of
+    one waiting out a long one at the end, and a scenario's waits overlap other tests' CPU from the
+    start. Order within each group is kept."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    items[:] = dealt(items, workers, slow=lambda item: item.get_closest_marker("slow") is not None)
+
+
+def dealt(items: list[Any], workers: int, slow: Any) -> list[Any]:
+    """`items` in `workers` runs, one after the other, each its share of the `slow` ones (dealt in turn)
+    then its share of the rest: xdist's worksteal hands each worker one run, in order, as it cuts the
+    list at the start (len // workers left, then so on), so each worker starts on slow tests. Before,
+    every slow test went first in one list, and so to the first worker alone."""
+    slow_items = [item for item in items if slow(item)]
+    rest = [item for item in items if not slow(item)]
+    sizes, left = [], len(items)
+    for remaining in range(workers, 0, -1):
+        sizes.append(left // remaining)
+        left -= sizes[-1]
+    runs: list[list[Any]] = [[] for _ in range(workers)]
+    for index, item in enumerate(slow_items):
+        runs[index % workers].append(item)
+    for run, size in zip(runs, sizes, strict=True):
+        while len(run) < size and rest:
+            run.append(rest.pop(0))
+    return [item for run in runs for item in run] + rest

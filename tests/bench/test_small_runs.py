@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,7 +41,20 @@ change to what it reads must fail here, not leave the figures out; a pristine po
 job once refresh has filled it; an instant tier's job must start on a runner listening ahead."""
 
 
+@pytest.fixture
+def environment_kept() -> Iterator[None]:
+    """The process's environment as it was before the benchmark: a benchmark may set variables for its own
+    table (bench/webhook.py turns the handlers' metrics off when imported), and the tests this worker runs
+    next must not inherit them (a refresh test reading its metrics from stdout found none)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.mark.slow  # a whole world each, most of them: dealt out first (tests/conftest.py)
 @pytest.mark.parametrize("name", [name for name in BENCHMARKS if name not in RUN_SMALL_ELSEWHERE])
+@pytest.mark.usefixtures("environment_kept")
 def test_the_benchmark_runs_at_its_small_size_and_keeps_figures_named_with_their_units(name: str) -> None:
     # Given a benchmark / When it runs at make test's size
     table = run_bench(name, small=True)

@@ -3,7 +3,8 @@ the next refresh, and the pool shrinks back once arrivals stop.
 
 The real stack on local AWS with its horizon compressed to one minute: the dispatcher notes each job's
 arrival, creation each launch's time to ready, and refresh (every 2 s) sizes the class by the rule, with
-no schedule (its floor 0). The scenario ends with the accounting check.
+no schedule (its floor 0). The class's watch is begun a horizon back, as a stack deployed a horizon ago has
+it, rather than waited out. The scenario ends with the accounting check.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pytest
 
 from emulator.fake_github import JobSpec
 from emulator.world import COMPRESSED_TIMEOUTS, World, compressed_config, world
-from runner_pool.adapters.class_history import DynamoDbClassHistory
-from runner_pool.domain.clock import SystemClock
+from runner_pool.adapters.class_history import HISTORY_PREFIX, WATCH
+from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY
 from runner_pool.domain.lifecycle import InstanceState
 from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, accounted, eventually
 
@@ -54,15 +55,31 @@ def hot_pool(system: World) -> int:
     )
 
 
+def watched_since_a_horizon_ago(system: World) -> None:
+    """The class's watch begun a horizon (and a second) ago, as refresh notes it on its first read of a class
+    (runner_pool/adapters/class_history.py), so the rule reads the class as watched long enough; then a
+    refresh that began after it has run."""
+    system.aws.client("dynamodb").put_item(
+        TableName=system.stack.plane.settings.table_name,
+        Item={
+            PARTITION_KEY: {"S": f"{HISTORY_PREFIX}large#{WATCH}"},
+            SORT_KEY: {"S": WATCH},
+            "since": {"N": repr(time.time() - HORIZON_SECONDS - 1.0)},
+        },
+    )
+    refreshes = system.stack.meter.invocations().get("refresh", 0)
+    eventually(
+        lambda: system.stack.meter.invocations().get("refresh", 0) >= refreshes + 2,
+        "a refresh that read the class as watched for a horizon",
+        30.0,
+    )
+
+
 def test_a_burst_grows_the_hot_pool_at_the_next_refresh_and_it_shrinks_back_when_arrivals_stop(
     adaptive: World,
 ) -> None:
     # Given the class watched by refresh for a horizon, with no pool (no schedule, no arrivals yet)
-    history = DynamoDbClassHistory(
-        adaptive.stack.plane.settings.table_name, SystemClock(), adaptive.aws.client("dynamodb")
-    )
-    watched_since = history.read("large", time.time()).watched_since
-    eventually(lambda: time.time() - watched_since > HORIZON_SECONDS, "a horizon of watching", 90.0)
+    watched_since_a_horizon_ago(adaptive)
     assert hot_pool(adaptive) == 0
 
     # When a burst of jobs is queued, each long enough to hold its instance while refresh looks
