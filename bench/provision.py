@@ -10,16 +10,14 @@ state adds a few tens of milliseconds of service latency that this does not show
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Any
 
 from bench.results import BenchTable
 from emulator.harness.provision_world import ProvisionWorld, output, provision_world
+from emulator.world import lambdas_quiet
 from runner_pool.domain.executions import PROVISION_LIMIT
-
-os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")  # the handlers' EMF lines would drown the table
 
 ROUNDS = 5
 BATCH = 4
@@ -94,12 +92,13 @@ def run(rounds: int = ROUNDS, full_pool: int = FULL_POOL) -> BenchTable:
         f"provision: per runner, batches of {BATCH} ({rounds} executions each), real ASL, moto interpreter",
         ("path", "transitions/runner", "lambda calls/runner", "execution s (median)"),
     )
-    with provision_world(real_time=True) as world:
+    # The handlers' log and metric lines would drown the table: off while the benchmark runs, not after it
+    with lambdas_quiet(), provision_world(real_time=True) as world:
         tried = [_warm_round(world, n) for n in range(rounds * 2)]
         warm = [figures for figures in tried if figures is not None][:rounds]
         cold = [_cold_round(world, n) for n in range(rounds)]
         single = _single_warm(world, rounds)
-    with provision_world() as world:  # waits on the ManualClock: see _full_pool
+    with lambdas_quiet(), provision_world() as world:  # waits on the ManualClock: see _full_pool
         full_warm, full_cold, full_seconds = _full_pool(world, full_pool)
     for name, kept in (("warm claim", warm), ("cold create", cold)):
         transitions = statistics.median(r[1] for r in kept) / BATCH

@@ -16,19 +16,15 @@ twice under a new delivery id (what the ledger must absorb).
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from bench.results import BenchTable
 from emulator.harness.webhooks import IngressWorld, delivery, ingress_world, queued_job
-from runner_pool.observability import logger
-
-os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")  # the handlers' EMF lines would drown the table
+from emulator.world import lambdas_quiet
 
 REQUESTS = 400
 WARM_UP = 20
@@ -45,26 +41,16 @@ def run(requests: int = REQUESTS, matrix_jobs: int = MATRIX_JOBS) -> BenchTable:
         "Webhook ingress: the webhook per request (in-process, moto in-process) and the dispatcher",
         ("measure", "median", "p99", "result"),
     )
-    with _quiet(), ingress_world() as world:
+    with lambdas_quiet(), ingress_world() as world:
         _time_requests(world, table, requests)
     for batch_size, replayed in ((10, False), (100, False), (100, True)):
-        with _quiet(), ingress_world() as world:
+        with lambdas_quiet(), ingress_world() as world:
             _dispatch_hundred(world, table, batch_size, replayed, matrix_jobs)
     table.note(
         f"{requests} requests of each kind after {WARM_UP} to warm up; GitHub allows 10 s per delivery."
     )
     table.note("The dispatcher's event source needs a batch size of 100 or more and a batching window.")
     return table
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    level = logger.log_level
-    logger.setLevel("WARNING")
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _time_requests(world: IngressWorld, table: BenchTable, requests: int) -> None:

@@ -164,7 +164,7 @@ def world(
         int(more.app_id): (more.installation_id, generate_app_key()) for more in config.github.every_app[1:]
     }
     with (
-        _lambdas_quiet(),
+        lambdas_quiet(),
         local_aws(state_machines=True, faults=faults) as aws,
         FakeGitHub(APP_ID, key.public_pem, lost_runner_seconds=lost_runner_seconds) as github,
     ):
@@ -224,7 +224,7 @@ def world(
 
 
 @contextmanager
-def _lambdas_quiet() -> Iterator[None]:
+def lambdas_quiet() -> Iterator[None]:
     """Our Lambdas log and publish metrics on stdout, as on AWS (to CloudWatch); here only warnings show."""
     saved = os.environ.get(METRICS_DISABLED)
     os.environ[METRICS_DISABLED] = "true"

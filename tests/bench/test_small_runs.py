@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,8 +47,8 @@ job once refresh has filled it; an instant tier's job must start on a runner lis
 @pytest.fixture
 def environment_kept() -> Iterator[None]:
     """The process's environment as it was before the benchmark: a benchmark may set variables for its own
-    table (bench/webhook.py turns the handlers' metrics off when imported), and the tests this worker runs
-    next must not inherit them (a refresh test reading its metrics from stdout found none)."""
+    table, and the tests this worker runs next must not inherit them (a refresh test reading its metrics
+    from stdout found none when bench/webhook.py turned them off at import)."""
     saved = dict(os.environ)
     yield
     os.environ.clear()
@@ -114,3 +117,17 @@ def test_the_two_app_burst_is_compared_with_the_one_app_burst_of_the_same_run() 
     assert table.figures["burst_10_two_apps_jobs_served_count"] == 10
     assert ("two Apps", "") in table.rows
     assert table.rows[-1] == ("two Apps' time to serve every job, of one App's", "0.55 (at most 0.6)")
+
+
+def test_importing_the_benchmarks_leaves_the_environment_alone() -> None:
+    # Given a fresh interpreter / When it imports every benchmark
+    code = (
+        "import importlib, json, os; before = dict(os.environ); "
+        f"[importlib.import_module('bench.' + name) for name in {list(BENCHMARKS)!r}]; "
+        "print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))"
+    )
+    changed = subprocess.run(  # noqa: S603 - this interpreter, our own code
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    # Then no variable changed: a benchmark sets what it needs only while it runs
+    assert json.loads(changed) == []
