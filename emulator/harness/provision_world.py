@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.accounting import Accounting
+from emulator.background import in_background
 from emulator.harness.control_plane import (
     STACK_NAME,
     LocalControlPlane,
@@ -151,19 +152,12 @@ def provision_world(
 
 @contextmanager
 def agents_acting(agents: ScriptedAgents, every_seconds: float = 0.02) -> Iterator[None]:
-    stop = threading.Event()
-
-    def loop() -> None:
+    def act(stop: threading.Event) -> None:
         while not stop.wait(every_seconds):
             agents.act()
 
-    thread = threading.Thread(target=loop, name="scripted-agents", daemon=True)
-    thread.start()
-    try:
+    with in_background(act, name="scripted-agents"):
         yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def output(execution: Execution) -> dict[str, Any]:
