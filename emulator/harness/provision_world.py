@@ -84,9 +84,7 @@ class ProvisionWorld:
         return instance_facts(number, instance_id=instance_id, **shape)
 
     def provision(self, run_key: str, count: int, name: str | None = None) -> Execution:
-        request = ProvisionRequest(
-            trust=TrustLevel.TRUSTED, repository=REPOSITORY, run_key=run_key, count=count
-        )
+        request = trusted_provision(run_key, count)
         return self.machine.machines.run(
             self.machine.arn, request.model_dump(mode="json"), name or request.execution_name, 60
         )
@@ -97,9 +95,7 @@ class ProvisionWorld:
         """Start one execution per (run key, count) at once, then wait for all of them."""
         started = []
         for run_key, count in demands:
-            request = ProvisionRequest(
-                trust=TrustLevel.TRUSTED, repository=REPOSITORY, run_key=run_key, count=count
-            )
+            request = trusted_provision(run_key, count)
             payload = request.model_dump(mode="json")
             started.append(self.machine.machines.start(self.machine.arn, payload, request.execution_name))
         return [self.machine.machines.wait(arn, timeout_seconds=timeout_seconds) for arn in started]
@@ -114,6 +110,11 @@ class ProvisionWorld:
             bodies = self.local.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)
             messages += [PoolMessage.from_body(m["Body"]) for m in bodies.get("Messages", [])]
         return messages
+
+
+def trusted_provision(run_key: str, count: int) -> ProvisionRequest:
+    """A provision of `count` runners for a trusted run of the world's repository."""
+    return ProvisionRequest(trust=TrustLevel.TRUSTED, repository=REPOSITORY, run_key=run_key, count=count)
 
 
 @contextmanager
