@@ -24,6 +24,7 @@ from demo.burst import (
     serve_burst,
 )
 from demo.burst import GITHUB_WINDOW_SECONDS as WINDOW
+from emulator.background import in_background
 from emulator.event_sources import STANDARD_QUEUE_POLLERS
 from emulator.world import World
 from runner_pool.domain.executions import PROVISION_LIMIT
@@ -79,9 +80,8 @@ class Footprint:
 def footprint(every_seconds: float = 1.0) -> Iterator[Footprint]:
     """Sample the process tree's resident memory, this process's threads and the tree's processes."""
     peak = Footprint()
-    stop = threading.Event()
 
-    def sample() -> None:
+    def sample(stop: threading.Event) -> None:
         while True:
             tree = _process_tree(os.getpid())
             peak.rss_bytes = max(peak.rss_bytes, sum(_status(pid, "VmRSS") * 1024 for pid in tree))
@@ -90,13 +90,8 @@ def footprint(every_seconds: float = 1.0) -> Iterator[Footprint]:
             if stop.wait(every_seconds):
                 return
 
-    sampler = threading.Thread(target=sample, name="bench-footprint", daemon=True)
-    sampler.start()
-    try:
+    with in_background(sample, name="bench-footprint"):
         yield peak
-    finally:
-        stop.set()
-        sampler.join()
 
 
 def _process_tree(root: int) -> list[int]:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from emulator.background import in_background
 from emulator.deployment import Timers
 from emulator.fake_github import Conclusion, FakeJob, FakeWorkflowRun, JobSpec, JobStatus
 from emulator.fake_github.rate_limits import POINTS_PER_MINUTE, RateLimits
@@ -410,19 +411,13 @@ def _window_spent_until_refused(
     """Another client of the App keeps its window spent until the burst's first registration is refused
     (GitHub counts an App's requests together): the burst meets GitHub's refusal and its `retry-after`
     whatever pace this machine reaches, and however long its first registration takes to come."""
-    stop = threading.Event()
 
-    def spend() -> None:
+    def spend(stop: threading.Event) -> None:
         while limits.refused[JIT_ROUTE] == refused_before:
             for app_id in app_ids:  # every App's: each has a window of its own
                 limits.spend(JIT_ROUTE, limits.points_per_window, limits.clock.now(), app_id=app_id)
             if stop.wait(limits.window_seconds / 2):
                 return
 
-    other_client = threading.Thread(target=spend, name="another-client-of-the-app", daemon=True)
-    other_client.start()
-    try:
+    with in_background(spend, name="another-client-of-the-app"):
         yield
-    finally:
-        stop.set()
-        other_client.join()

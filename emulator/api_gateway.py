@@ -28,13 +28,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from emulator.aws import ACCOUNT
-from emulator.listening import LISTEN_BACKLOG
+from emulator.listening import LoopbackHandler, LoopbackServer
 from emulator.step_functions import LambdaContext, function_arn
 
 Handler = Callable[[dict[str, Any], Any], Any]
@@ -70,7 +68,7 @@ class TokenBucket:
             return True
 
 
-class ProxyEndpoint:
+class ProxyEndpoint(LoopbackServer):
     """`with ProxyEndpoint(handler, "/webhook", "webhook") as api:` serves POST `api.url` on 127.0.0.1."""
 
     def __init__(
@@ -82,6 +80,7 @@ class ProxyEndpoint:
         one_at_a_time: bool = True,
         throttle: TokenBucket | None = None,
     ) -> None:
+        super().__init__(_HttpHandler, name="api-gateway", poll_seconds=0.05)
         self.handler = handler
         self.resource = resource
         self.function_name = function_name
@@ -95,25 +94,13 @@ class ProxyEndpoint:
         self._state = threading.Condition()
         self._in_flight = 0
         self._closed = False
-        self._server = _Server(self)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="api-gateway", daemon=True
-        )
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}{self.resource}"
+        return f"{self.origin}{self.resource}"
 
-    def __enter__(self) -> ProxyEndpoint:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+    def stop(self) -> None:
+        super().stop()
         with self._state:
             self._closed = True  # requests already accepted get API Gateway's answer, not the function's
             self._state.wait_for(lambda: self._in_flight == 0)
@@ -206,21 +193,9 @@ def _gateway_answer(status: int, message: str) -> dict[str, Any]:
     }
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG
-
-    def __init__(self, endpoint: ProxyEndpoint) -> None:
-        super().__init__(("127.0.0.1", 0), _HttpHandler)
-        self.endpoint = endpoint
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Quiet: a client that hangs up mid-answer (a stopped runner, a timed-out call) is its business."""
-
-
-class _HttpHandler(BaseHTTPRequestHandler):
+class _HttpHandler(LoopbackHandler):
     protocol_version = "HTTP/1.1"
-    server: _Server
+    server: ProxyEndpoint
 
     def do_POST(self) -> None:
         self._serve()
@@ -229,20 +204,11 @@ class _HttpHandler(BaseHTTPRequestHandler):
         self._serve()
 
     def _serve(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        answer = self.server.endpoint.answer(self.command, self.path, list(self.headers.items()), body)
+        answer = self.server.answer(self.command, self.path, list(self.headers.items()), self.body())
         raw = answer.get("body") or ""
         payload = base64.b64decode(raw) if answer.get("isBase64Encoded") else str(raw).encode()
-        self.send_response(int(answer.get("statusCode", 200)))
         # API Gateway merges the two; a name in multiValueHeaders wins.
         merged = {name: [value] for name, value in (answer.get("headers") or {}).items()}
         merged.update(answer.get("multiValueHeaders") or {})
-        for name, values in merged.items():
-            for value in values:
-                self.send_header(name, str(value))
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: one line per request otherwise."""
+        headers = [(name, str(value)) for name, values in merged.items() for value in values]
+        self.reply(int(answer.get("statusCode", 200)), headers, payload)

@@ -20,11 +20,9 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
-from typing import Any
 
 from emulator.aws import ACCOUNT, REGION
+from emulator.listening import LoopbackHandler, LoopbackServer
 
 TOKEN_PATH = "/latest/api/token"  # noqa: S105 - a URL path, not a secret
 IDENTITY_PATH = "/latest/dynamic/instance-identity/document"
@@ -34,39 +32,18 @@ REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 NOTICE_PATHS = (INSTANCE_ACTION_PATH, REBALANCE_PATH)
 
 
-class InstanceMetadata(ThreadingHTTPServer):
-    daemon_threads = True
-
+class InstanceMetadata(LoopbackServer):
     def __init__(self, region: str = REGION, account_id: str = ACCOUNT) -> None:
-        super().__init__(("127.0.0.1", 0), _MetadataHandler)
+        super().__init__(_MetadataHandler, name="imds", poll_seconds=0.05)
         self.region = region
         self.account_id = account_id
         self.token = secrets.token_hex(16)
-        self._thread: threading.Thread | None = None
         self._notices: dict[tuple[str, str], str] = {}
         self._notices_lock = threading.Lock()
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Quiet: a client that hangs up mid-answer (a stopped runner, a timed-out call) is its business."""
-
     def endpoint(self, instance_id: str) -> str:
         """The metadata endpoint to give the agent of `instance_id`."""
-        return f"http://127.0.0.1:{self.server_address[1]}/{instance_id}"
-
-    def __enter__(self) -> InstanceMetadata:
-        self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.05}, name="imds", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.shutdown()
-        self.server_close()
-        if self._thread is not None:
-            self._thread.join()
+        return f"{self.origin}/{instance_id}"
 
     def notify(self, instance_id: str, path: str, item: dict[str, str]) -> None:
         """EC2 gives `instance_id` a notice: from now on its metadata has `item` at `path` (NOTICE_PATHS)."""
@@ -89,7 +66,7 @@ class InstanceMetadata(ThreadingHTTPServer):
         return answers.get(path)
 
 
-class _MetadataHandler(BaseHTTPRequestHandler):
+class _MetadataHandler(LoopbackHandler):
     server: InstanceMetadata
 
     def do_PUT(self) -> None:
@@ -113,11 +90,4 @@ class _MetadataHandler(BaseHTTPRequestHandler):
         return instance_id, "/" + rest
 
     def _reply(self, status: int, body: str) -> None:
-        payload = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: one line per request otherwise."""
+        self.reply(status, (), body.encode())

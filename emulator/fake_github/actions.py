@@ -34,7 +34,7 @@ Every change is announced with the webhook events GitHub sends.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from emulator.fake_github import payloads
@@ -99,22 +99,15 @@ class RerunRefusedError(ValueError):
     """GitHub would not re-run this run now (it is not completed, too old, or has no failed job)."""
 
 
+@dataclass(eq=False)
 class Actions:
-    def __init__(
-        self,
-        state: GitHubState,
-        webhooks: Webhooks,
-        lost_after_seconds: float = LOST_AFTER_SECONDS,
-        *,
-        requeue_after_seconds: float = REQUEUE_AFTER_SECONDS,
-        queue_expiry_seconds: float = QUEUE_EXPIRY_SECONDS,
-    ) -> None:
-        self.state = state
-        self.webhooks = webhooks
-        self.lost_after_seconds = lost_after_seconds
-        self.requeue_after_seconds = requeue_after_seconds
-        self.queue_expiry_seconds = queue_expiry_seconds
-        self._run_numbers: dict[str, int] = {}
+    state: GitHubState
+    webhooks: Webhooks
+    lost_after_seconds: float = LOST_AFTER_SECONDS
+    _: KW_ONLY
+    requeue_after_seconds: float = REQUEUE_AFTER_SECONDS
+    queue_expiry_seconds: float = QUEUE_EXPIRY_SECONDS
+    _run_numbers: dict[str, int] = field(default_factory=dict, init=False)
 
     # --- what users do
 

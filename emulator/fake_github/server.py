@@ -9,8 +9,6 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -36,7 +34,7 @@ from emulator.fake_github.rate_limits import RateLimits
 from emulator.fake_github.routes import ROUTES, Answer, Auth, Refusal, Request, Route
 from emulator.fake_github.state import DEFAULT_RUNNER_GROUP_ID, FakeRunner, GitHubState
 from emulator.fake_github.webhooks import Webhooks
-from emulator.listening import LISTEN_BACKLOG
+from emulator.listening import LoopbackHandler, LoopbackServer, Served
 from runner_pool.domain.clock import Clock, SystemClock
 
 SUPPORTED_API_VERSIONS = ("2022-11-28", "2026-03-10")
@@ -66,7 +64,7 @@ before the route answers it: raises Refusal to refuse it (as GitHub's secondary 
 with their `retry-after`), returns to let it through. The runners' own protocol passes no gate."""
 
 
-class FakeGitHub:
+class FakeGitHub(Served):
     """The fake GitHub App host: `with FakeGitHub(...) as github:` serves it on a free loopback port.
 
     `path_prefix="/api/v3"` and `api_versions=("2022-11-28",)` make it answer like GitHub
@@ -101,46 +99,28 @@ class FakeGitHub:
         self._prefix = path_prefix.rstrip("/")
         self._api_versions = api_versions
         self._server: _Server | None = None
-        self._threads: list[threading.Thread] = []
+        self._watcher: threading.Thread | None = None
         self._stopping = threading.Event()
 
     # --- lifecycle
-
-    def __enter__(self) -> FakeGitHub:
-        self.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Serve on a free port, send webhooks from sender threads, and watch for lost runners."""
         self._server = _Server(self)
         self._stopping.clear()
-        self._threads = [
-            threading.Thread(
-                target=self._server.serve_forever,
-                kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS},
-                name="fake-github",
-                daemon=True,
-            ),
-            threading.Thread(target=self._watch_runners, name="fake-github-runners", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._watcher = threading.Thread(target=self._watch_runners, name="fake-github-runners", daemon=True)
+        self._server.start()
+        self._watcher.start()
         self.webhooks.start()
 
     def stop(self) -> None:
         self._stopping.set()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        for thread in self._threads:
-            thread.join()
+            self._server.stop()
+        if self._watcher is not None:
+            self._watcher.join()
         self.webhooks.stop()
-        self._server, self._threads = None, []
+        self._server, self._watcher = None, None
 
     def _watch_runners(self) -> None:
         while not self._stopping.wait(LOST_RUNNER_CHECK_SECONDS):
@@ -148,8 +128,7 @@ class FakeGitHub:
 
     @property
     def origin(self) -> str:
-        port = self._server.server_address[1] if self._server is not None else 0
-        return f"http://127.0.0.1:{port}"
+        return self._server.origin if self._server is not None else "http://127.0.0.1:0"
 
     @property
     def url(self) -> str:
@@ -315,19 +294,13 @@ class FakeGitHub:
         }
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG
-
+class _Server(LoopbackServer):
     def __init__(self, fake: FakeGitHub) -> None:
-        super().__init__(("127.0.0.1", 0), _HttpHandler)
+        super().__init__(_HttpHandler, name="fake-github", poll_seconds=SHUTDOWN_POLL_SECONDS)
         self.fake = fake
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Quiet: a client that hangs up mid-answer (a stopped runner, a timed-out call) is its business."""
 
-
-class _HttpHandler(BaseHTTPRequestHandler):
+class _HttpHandler(LoopbackHandler):
     protocol_version = "HTTP/1.1"
     timeout = 30
     server: _Server
@@ -356,20 +329,13 @@ class _HttpHandler(BaseHTTPRequestHandler):
         self._serve()
 
     def _serve(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        answer = self.server.fake.handle(self.command, self.path, dict(self.headers.items()), body)
-        payload = b"" if answer.body is None else json.dumps(answer.body).encode()
-        self.send_response(answer.status)
-        for name, value in answer.headers.items():
-            self.send_header(name, value)
-        if answer.body is not None:
-            self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: one line per request otherwise."""
+        answer = self.server.fake.handle(self.command, self.path, dict(self.headers.items()), self.body())
+        headers = list(answer.headers.items())
+        if answer.body is None:
+            self.reply(answer.status, headers, b"")
+        else:
+            json_type = ("Content-Type", "application/json; charset=utf-8")
+            self.reply(answer.status, [*headers, json_type], json.dumps(answer.body).encode())
 
 
 def decode_jit_config(encoded: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from emulator.iam_check import PolicyCheck
+from emulator.lambda_runtime import FunctionSpec
 from emulator.stack import DeployedMachine, InProcess, LocalStack, handler_function
 from emulator.step_functions import (
     MOTO_CONFIG,
@@ -299,10 +300,13 @@ class LocalStateMachine:
     @property
     def handlers(self) -> dict[str, Handler]:
         """The real handler of each task, by its function's name in the handler module (`give_back`)."""
-        return {
-            spec.handler.rsplit(".", 1)[-1]: handler_function(spec.handler)
-            for spec in (self.stack.function(name) for name in self.deployed.spec.functions.values())
-        }
+        return {name: handler_function(spec.handler) for name, spec in self._functions.items()}
+
+    @property
+    def _functions(self) -> dict[str, FunctionSpec]:
+        """The machine's functions, by their handler's name in the handler module (`give_back`)."""
+        specs = (self.stack.function(name) for name in self.deployed.spec.functions.values())
+        return {spec.handler.rsplit(".", 1)[-1]: spec for spec in specs}
 
     @property
     def routed(self) -> dict[str, Handler]:
@@ -325,11 +329,8 @@ class LocalStateMachine:
         """Swap handlers by their name in the handler module (`begin`); they still run as their function."""
         runtime = self.stack.runtime
         assert isinstance(runtime, InProcess), "handlers are swapped in-process only"
-        functions = {
-            spec.handler.rsplit(".", 1)[-1]: spec.name
-            for spec in (self.stack.function(name) for name in self.deployed.spec.functions.values())
-        }
-        return runtime.replacing({functions[handler]: function for handler, function in replace.items()})
+        functions = self._functions
+        return runtime.replacing({functions[handler].name: function for handler, function in replace.items()})
 
 
 def scheduled_event(at: Epoch) -> dict[str, Any]:

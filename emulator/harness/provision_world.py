@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.accounting import Accounting
+from emulator.background import in_background
 from emulator.harness.control_plane import (
     STACK_NAME,
     LocalControlPlane,
@@ -83,9 +84,7 @@ class ProvisionWorld:
         return instance_facts(number, instance_id=instance_id, **shape)
 
     def provision(self, run_key: str, count: int, name: str | None = None) -> Execution:
-        request = ProvisionRequest(
-            trust=TrustLevel.TRUSTED, repository=REPOSITORY, run_key=run_key, count=count
-        )
+        request = trusted_provision(run_key, count)
         return self.machine.machines.run(
             self.machine.arn, request.model_dump(mode="json"), name or request.execution_name, 60
         )
@@ -96,9 +95,7 @@ class ProvisionWorld:
         """Start one execution per (run key, count) at once, then wait for all of them."""
         started = []
         for run_key, count in demands:
-            request = ProvisionRequest(
-                trust=TrustLevel.TRUSTED, repository=REPOSITORY, run_key=run_key, count=count
-            )
+            request = trusted_provision(run_key, count)
             payload = request.model_dump(mode="json")
             started.append(self.machine.machines.start(self.machine.arn, payload, request.execution_name))
         return [self.machine.machines.wait(arn, timeout_seconds=timeout_seconds) for arn in started]
@@ -113,6 +110,11 @@ class ProvisionWorld:
             bodies = self.local.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)
             messages += [PoolMessage.from_body(m["Body"]) for m in bodies.get("Messages", [])]
         return messages
+
+
+def trusted_provision(run_key: str, count: int) -> ProvisionRequest:
+    """A provision of `count` runners for a trusted run of the world's repository."""
+    return ProvisionRequest(trust=TrustLevel.TRUSTED, repository=REPOSITORY, run_key=run_key, count=count)
 
 
 @contextmanager
@@ -151,19 +153,12 @@ def provision_world(
 
 @contextmanager
 def agents_acting(agents: ScriptedAgents, every_seconds: float = 0.02) -> Iterator[None]:
-    stop = threading.Event()
-
-    def loop() -> None:
+    def act(stop: threading.Event) -> None:
         while not stop.wait(every_seconds):
             agents.act()
 
-    thread = threading.Thread(target=loop, name="scripted-agents", daemon=True)
-    thread.start()
-    try:
+    with in_background(act, name="scripted-agents"):
         yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def output(execution: Execution) -> dict[str, Any]:

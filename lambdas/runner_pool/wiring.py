@@ -48,6 +48,7 @@ from runner_pool.domain.runners import GitHubAuthError
 from runner_pool.environment import STACK_TAG_KEY, ControlPlaneSettings
 from runner_pool.observability import logger
 from runner_pool.steps.class_history import HistoryNotes
+from runner_pool.steps.demand_starts import DemandStarts
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpSteps
 from runner_pool.steps.reruns import Reruns
@@ -248,13 +249,9 @@ class ControlPlane:
 
     def dispatcher(self) -> Dispatcher:
         """Turns a batch of demand into executions over the demand ledger."""
-        ledger, executions = self._demand()
+        ledger = self._ledger()
         return Dispatcher(
-            ledger,
-            executions,
-            self.clock,
-            self.pause,
-            trust=self._run_trust(ledger),
+            self._demand_starts(ledger),
             reruns=self._reruns(ledger),
             tier_group=lambda: self.github.keep_instant_group_in_step(),  # noqa: PLW0108 - GitHub on first use
             history=self.history_notes,
@@ -270,15 +267,7 @@ class ControlPlane:
 
     def follow_up_steps(self) -> FollowUpSteps:
         """The follow-up state machine's steps: gather a follow-up batch and start its provisions."""
-        ledger, executions = self._demand()
-        return FollowUpSteps(
-            ledger,
-            executions,
-            self.clock,
-            self.pause,
-            run_jobs=lambda: self.github,
-            trust=self._run_trust(ledger),
-        )
+        return FollowUpSteps(self._demand_starts(self._ledger()), run_jobs=lambda: self.github)
 
     def _run_trust(self, ledger: DynamoDbLedger) -> RunTrust:
         """Runs' levels of trust: from their `requested` deliveries, else read from GitHub (built on first
@@ -291,17 +280,17 @@ class ControlPlane:
             hourly=self.registration_budget.hourly,
         )
 
-    def _demand(self) -> tuple[DynamoDbLedger, Executions]:
-        """The demand ledger, and what starts the provision, release and follow-up machines."""
+    def _demand_starts(self, ledger: DynamoDbLedger) -> DemandStarts:
+        """Starts demand over the ledger on the provision, release and follow-up machines, pausing as
+        the Lambda does, with runs' levels of trust (the dispatcher's and the follow-up's steps share it)."""
         settings = self.settings
-        ledger = self._ledger()
         executions = Executions(
             settings.require("provision_state_machine_arn", "starting provisions"),
             settings.release_state_machine_arn or "",  # the follow-up machine's steps start no release
             self.client("stepfunctions"),
             follow_up_machine_arn=settings.follow_up_state_machine_arn,
         )
-        return ledger, executions
+        return DemandStarts(ledger, executions, self.clock, self.pause, self._run_trust(ledger))
 
     def _ledger(self) -> DynamoDbLedger:
         return DynamoDbLedger(

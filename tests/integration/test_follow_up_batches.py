@@ -37,6 +37,7 @@ from runner_pool.domain.runners import GitHubRetryableError, RunJob
 from runner_pool.steps.demand_starts import DispatchReport
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpSteps
+from tests.support.builders import demand_starts
 from tests.support.waiting import eventually
 
 REPOSITORY = "octo-org/octo-repo"
@@ -148,10 +149,9 @@ class Dispatches:
 
     def dispatch(self, holder: str, messages: list[DemandMessage]) -> DispatchReport:
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, self.world.clock, self.world.plane.client("dynamodb"))
-        dispatcher = Dispatcher(
-            ledger, self.starts, self.world.clock, self.pause, window_seconds=self.window_seconds
-        )
-        steps = FollowUpSteps(ledger, self.starts, self.world.clock, self.pause, run_jobs=lambda: self.github)
+        starts = demand_starts(ledger, self.starts, self.world.clock, self.pause)
+        dispatcher = Dispatcher(starts, window_seconds=self.window_seconds)
+        steps = FollowUpSteps(starts, run_jobs=lambda: self.github)
         self.starts.gather = lambda request: gather_in_line(steps, request, self.pause)
         self.starts.now = self.world.clock.now
         batch = [(f"{holder}-m{n}", message) for n, message in enumerate(messages)]
@@ -448,10 +448,7 @@ def test_batches_that_meet_a_follow_up_its_leader_is_starting_wait_for_it_then_m
     def dispatch(holder: str, messages: list[DemandMessage]) -> DispatchReport:
         ledger = Ledger(IDEMPOTENCY_TABLE, clock, world.plane.client("dynamodb"))
         dispatcher = Dispatcher(
-            ledger,
-            starts,
-            clock,
-            time.sleep,
+            demand_starts(ledger, starts, clock, time.sleep),
             window_seconds=MOTO_WINDOW_SECONDS,
             sealed_wait_seconds=MOTO_SEALED_WAIT_SECONDS,
         )
@@ -532,8 +529,9 @@ def test_a_matrix_read_by_five_concurrent_pollers_costs_two_provisions_and_its_f
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         ledger = DynamoDbLedger(IDEMPOTENCY_TABLE, clock, dynamodb)
         batch = [(record["messageId"], from_body(record["body"])) for record in event["Records"]]
-        dispatcher = Dispatcher(ledger, starts, clock, time.sleep, window_seconds=MOTO_WINDOW_SECONDS)
-        steps = FollowUpSteps(ledger, starts, clock, time.sleep)
+        both = demand_starts(ledger, starts, clock, time.sleep)
+        dispatcher = Dispatcher(both, window_seconds=MOTO_WINDOW_SECONDS)
+        steps = FollowUpSteps(both)
         starts.gather = lambda request: gather_in_line(steps, request, time.sleep)
         report = dispatcher.dispatch(batch, context.aws_request_id, 60)
         return {"batchItemFailures": [{"itemIdentifier": m} for m in report.failed_message_ids]}

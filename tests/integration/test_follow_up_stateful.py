@@ -40,6 +40,7 @@ from runner_pool.domain.follow_up import (
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpNotStartedError, FollowUpSteps
 from tests.conftest import NO_WAIT, REGION
+from tests.support.builders import demand_starts
 from tests.support.stateful import programs
 
 pytestmark = pytest.mark.slow
@@ -146,8 +147,9 @@ class FollowUpWindow(RuleBasedStateMachine):
         self.clock = ManualClock()
         self.machines = Machines()
         ledger = DynamoDbLedger(TABLE, self.clock, self.client, NO_WAIT)  # type: ignore[arg-type]
-        self.dispatcher = Dispatcher(ledger, self.machines, self.clock, self.clock.advance)
-        self.steps = FollowUpSteps(ledger, self.machines, self.clock, self.clock.advance)
+        starts = demand_starts(ledger, self.machines, self.clock, self.clock.advance)
+        self.dispatcher = Dispatcher(starts)
+        self.steps = FollowUpSteps(starts)
         self.job_ids = itertools.count(1)
         self.holders = itertools.count(1)
         self.demanded: set[int] = set()

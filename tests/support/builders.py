@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from emulator.harness.webhooks import REPOSITORY
 from emulator.instances import instance_facts
-from runner_pool.domain.demand import InstanceRelease
+from runner_pool.domain.clock import Clock
+from runner_pool.domain.demand import DemandLedger, ExecutionStarter, InstanceRelease
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.records import PoolMessage
 from runner_pool.domain.trust import TrustLevel
+from runner_pool.steps.demand_starts import DemandStarts
+from runner_pool.steps.run_trust import RunTrust
 
 facts = instance_facts
 
@@ -43,3 +47,11 @@ def release_of_runner_5(run_key: str, cause: str, **flags: Any) -> InstanceRelea
             **flags,
         )
     )
+
+
+def demand_starts(
+    ledger: DemandLedger, starter: ExecutionStarter, clock: Clock, pause: Callable[[float], None]
+) -> DemandStarts:
+    """What the dispatcher and the follow-up's steps start demand with, with runs' levels from their
+    `requested` deliveries only, by the built-in table (GitHub is never asked)."""
+    return DemandStarts(ledger, starter, clock, pause, RunTrust(ledger, clock))

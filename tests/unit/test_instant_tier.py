@@ -354,13 +354,10 @@ def test_the_tier_group_admits_every_repository_only_for_an_installation_on_all(
 
 def tier_group_dispatcher(tier_group: Callable[[], object]) -> Dispatcher:
     """A dispatcher for batches of installation changes only, which ask nothing of the ledger or starter."""
-    return Dispatcher(
-        cast(DemandLedger, None),
-        cast(ExecutionStarter, None),
-        ManualClock(),
-        lambda _seconds: None,
-        tier_group=tier_group,
+    none = builders.demand_starts(
+        cast(DemandLedger, None), cast(ExecutionStarter, None), ManualClock(), lambda _seconds: None
     )
+    return Dispatcher(none, tier_group=tier_group)
 
 
 def test_the_changes_of_one_batch_set_the_tier_group_once() -> None:

@@ -15,11 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from runner_pool.domain.clock import Clock, Epoch
+from runner_pool.domain.clock import Epoch
 from runner_pool.domain.demand import (
-    DemandLedger,
     DemandMessage,
-    ExecutionStarter,
     InstanceRelease,
     InstantQueued,
     JobCancelled,
@@ -44,7 +42,6 @@ from runner_pool.domain.labels import instant_label
 from runner_pool.steps.class_history import HistoryNotes
 from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Failure, Group, failing
 from runner_pool.steps.reruns import Reruns
-from runner_pool.steps.run_trust import RunTrust
 
 
 @dataclass(frozen=True)
@@ -75,33 +72,24 @@ class Dispatcher:
 
     def __init__(
         self,
-        ledger: DemandLedger,
-        starter: ExecutionStarter,
-        clock: Clock,
-        pause: Callable[[float], None],
+        starts: DemandStarts,
         *,
         window_seconds: float = FOLLOW_UP_WINDOW_SECONDS,
         limit_seconds: float = FOLLOW_UP_LIMIT_SECONDS,
         sealed_wait_seconds: float = SEALED_WAIT_SECONDS,
-        trust: RunTrust | None = None,
         reruns: Reruns | None = None,
         tier_group: Callable[[], object] | None = None,
         history: HistoryNotes | None = None,
     ) -> None:
-        """`trust` decides runs' levels (without it: from `requested` deliveries only, by the built-in
-        table); `reruns` re-runs a completed run whose job an interruption failed (without it: none is);
-        `tier_group` sets the instant tier's runner group to the installation's repositories
+        """`starts` holds the ledger, the starter, the clock, how demand waits (for a follow-up being
+        started, or, gathered here, for a window to close) and the runs' levels of trust; `reruns` re-runs
+        a completed run whose job an interruption failed (without it: none is); `tier_group` sets the
+        instant tier's runner group to the installation's repositories
         (domain.runners.RunnerRegistry.keep_instant_group_in_step; without it that is left to refresh);
         `history` notes each queued job's arrival in its class, for adaptive sizing (without it: none is)."""
-        self._ledger = ledger
-        self._starter = starter
-        self._clock = clock
-        self._pause = pause
-        """How demand waits: for a follow-up being started, or (gathered here) for a window to close."""
-        self._trust = trust or RunTrust(ledger, clock)
+        self._starts = starts
         self._reruns = reruns
         self._history = history
-        self._starts = DemandStarts(ledger, starter, clock, pause, self._trust)
         self._span = WindowSpan(window_seconds, limit_seconds)
         self._sealed_wait = sealed_wait_seconds
         self._tier_group = tier_group
@@ -118,13 +106,13 @@ class Dispatcher:
                     self._cancel(report, message)
             elif isinstance(message, RunRequested | RunFromFork):
                 with failing(report, [message_id], f"decide the level of run {message.run_id}"):
-                    self._trust.requested(message)
+                    self._starts.run_trust.requested(message)
         for message_id, message in batch:
             if isinstance(message, RunCompleted):
                 with failing(report, [message_id], f"release {message.cause}"):
                     self._complete(report, message)
         self._note_arrivals(batch)
-        until = self._clock.now() + lease_seconds
+        until = self._starts.clock.now() + lease_seconds
         turns = _Turns()
         for group in _groups(batch):
             self._provision(report, group, holder, until, turns)
@@ -159,11 +147,11 @@ class Dispatcher:
             self._history.arrivals(message for _, message in batch if isinstance(message, JobQueued))
 
     def _cancel(self, report: DispatchReport, message: JobCancelled) -> None:
-        if self._ledger.cancel(message.job_id):
+        if self._starts.ledger.cancel(message.job_id):
             report.cancelled += 1
 
     def _complete(self, report: DispatchReport, message: RunCompleted) -> None:
-        for run_key in sorted(self._ledger.complete_run(message.run_id, message.run_attempt)):
+        for run_key in sorted(self._starts.ledger.complete_run(message.run_id, message.run_attempt)):
             self._release(report, ReleaseRequest(run_key=run_key, cause=message.cause))
         if self._reruns is not None:
             # After the releases, which a failure here (SQS delivers the completion again) starts again
@@ -180,7 +168,7 @@ class Dispatcher:
         report.duplicates += tier.repeated_messages
         job_ids = sorted(tier.messages)
         try:
-            counted = self._ledger.counted(job_ids)
+            counted = self._starts.ledger.counted(job_ids)
             report.duplicates += len(counted)
             current = _Jobs([job_id for job_id in job_ids if job_id not in counted])
             if not current.job_ids:
@@ -194,7 +182,7 @@ class Dispatcher:
         self._act(report, tier, current, turn, holder, until, turns)
 
     def _release(self, report: DispatchReport, request: ReleaseRequest) -> None:
-        self._starter.release(request)
+        self._starts.starter.release(request)
         report.releases.append(request)
 
     def _provision(
@@ -209,7 +197,7 @@ class Dispatcher:
             report.stale += len(group.jobs) - len(current)
             # A job a follow-up took from GitHub's list (gather) is counted before its delivery comes:
             # that delivery is a repeat, and must not open another follow-up.
-            counted = self._ledger.counted([job.job_id for job in current]) if current else frozenset()
+            counted = self._starts.ledger.counted([job.job_id for job in current]) if current else frozenset()
             report.duplicates += len(counted)
             jobs = _Jobs.of([job for job in current if job.job_id not in counted])
             if not jobs.job_ids:
@@ -223,7 +211,8 @@ class Dispatcher:
 
     def _take_turn(self, group: Group, jobs: _Jobs, holder: str, until: Epoch) -> BatchTurn:
         arrival = Arrival(jobs.job_ids, sorted(jobs.public_ids), holder, until)
-        return self._ledger.take_turn(group.repository, group.run_key, arrival=arrival, span=self._span)
+        ledger = self._starts.ledger
+        return ledger.take_turn(group.repository, group.run_key, arrival=arrival, span=self._span)
 
     def _act(  # noqa: PLR0917 - one turn and everything it acts with
         self,
@@ -260,9 +249,9 @@ class Dispatcher:
     ) -> None:
         """Take a turn again once the follow-up being started has started; past SEALED_WAIT_SECONDS, or
         should the ledger fail meanwhile, start these jobs apart (as before the wait)."""
-        give_up_at = min(self._clock.now() + self._sealed_wait, until)
-        while self._clock.now() < give_up_at:
-            self._pause(SEALED_LOOK_SECONDS)
+        give_up_at = min(self._starts.clock.now() + self._sealed_wait, until)
+        while self._starts.clock.now() < give_up_at:
+            self._starts.pause(SEALED_LOOK_SECONDS)
             try:
                 turn = self._take_turn(group, jobs, holder, until)
             except Exception:  # the jobs are still ours: start them apart below
@@ -288,7 +277,7 @@ class Dispatcher:
             repository_id=group.repository_id,
         )
         try:
-            self._starter.follow_up(request)
+            self._starts.starter.follow_up(request)
         except Exception as exc:  # any fault: this dispatch gathers it, waiting for its window here
             report.gathered_here.append(f"{request.execution_name}: {exc!r}")
             self._gather_here(report, group, closes_at, holder, until)

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
-from runner_pool.domain.clock import Clock
-from runner_pool.domain.demand import DemandLedger, ExecutionStarter, RunJobs
+from runner_pool.domain.demand import RunJobs
 from runner_pool.domain.executions import FollowUpRequest
 from runner_pool.domain.follow_up import GATHER_PAUSE_SECONDS, FollowUp
 from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Group
-from runner_pool.steps.run_trust import RunTrust
 
 
 @dataclass(frozen=True)
@@ -52,23 +50,13 @@ class FollowUpNotStartedError(RuntimeError):
     """A sealed follow-up's provisions did not all start; the follow-up machine's start step tries again."""
 
 
+@dataclass(frozen=True)
 class FollowUpSteps:
     """GitHub is reached on first use: only a gather step whose window closes within its pause asks it."""
 
-    def __init__(
-        self,
-        ledger: DemandLedger,
-        starter: ExecutionStarter,
-        clock: Clock,
-        pause: Callable[[float], None],
-        *,
-        run_jobs: Callable[[], RunJobs] | None = None,
-        trust: RunTrust | None = None,
-    ) -> None:
-        self._ledger = ledger
-        self._clock = clock
-        self._starts = DemandStarts(ledger, starter, clock, pause, trust or RunTrust(ledger, clock))
-        self._run_jobs = run_jobs
+    starts: DemandStarts
+    _: KW_ONLY
+    run_jobs: Callable[[], RunJobs] | None = None
 
     def gather(self, request: FollowUpRequest, lease_seconds: float) -> Gathering:
         """Once the window closed (waiting up to GATHER_PAUSE_SECONDS for it here; a window open longer
@@ -84,9 +72,9 @@ class FollowUpSteps:
         together and sends their `queued` deliveries over seconds in a burst, so the deliveries that come
         after the seal find their jobs counted instead of opening another follow-up."""
         listing = Listing()
-        if request.closes_at - self._clock.now() <= GATHER_PAUSE_SECONDS:
+        if request.closes_at - self.starts.clock.now() <= GATHER_PAUSE_SECONDS:
             listing = self._queued_on_github(request)
-        sealing = self._starts.seal_once_closed(
+        sealing = self.starts.seal_once_closed(
             request.repository,
             request.run_key,
             request.holder,
@@ -112,7 +100,7 @@ class FollowUpSteps:
             )
         if sealing.closes_at is None:
             return Gathering(request, gathered=True)  # another dispatch took it over: it starts it
-        remaining = sealing.closes_at - self._clock.now()
+        remaining = sealing.closes_at - self.starts.clock.now()
         moved = request.model_copy(update={"closes_at": sealing.closes_at})
         return Gathering(moved, gathered=False, wait_seconds=max(1, int(remaining)))
 
@@ -127,8 +115,8 @@ class FollowUpSteps:
             known_repository_id=request.repository_id,
         )
         report = DispatchReport()
-        until = self._clock.now() + lease_seconds
-        self._starts.start_sealed(report, group, follow_up, request.holder, until, marked=True)
+        until = self.starts.clock.now() + lease_seconds
+        self.starts.start_sealed(report, group, follow_up, request.holder, until, marked=True)
         if report.failures:
             raise FollowUpNotStartedError("; ".join(f"{f.what}: {f.error}" for f in report.failures))
         return report
@@ -136,10 +124,10 @@ class FollowUpSteps:
     def _queued_on_github(self, request: FollowUpRequest) -> Listing:
         """The jobs GitHub lists as queued in the follow-up's run attempts that ask for its run key;
         none, and why, when GitHub could not be asked (the follow-up then takes what joined it)."""
-        if self._run_jobs is None:
+        if self.run_jobs is None:
             return Listing()
         try:
-            github = self._run_jobs()
+            github = self.run_jobs()
             queued: set[int] = set()
             for run_id, attempt in request.attempts:
                 jobs, _ = github.run_jobs(request.repository, run_id, attempt)
@@ -156,5 +144,5 @@ class FollowUpSteps:
         if not listed:
             return follow_up, 0
         with suppress(Exception):  # reserving each finds the counted ones too (COUNTED), a write each
-            listed -= self._ledger.counted(listed)
+            listed -= self.starts.ledger.counted(listed)
         return follow_up.with_jobs(listed), len(listed)
