@@ -92,6 +92,8 @@ class Deployment:
     """Every AWS call of the Lambdas and in-process agents, checked against the synthesized IAM policies."""
     job_log_group: str
     """Where the instances' agents ship their lines and the runner's (infra/constructs/job_logs.py)."""
+    lambda_runtime: LambdaRuntime | None = None
+    """The functions' execution environments, when they run from the artifacts (a diagnosis reads them)."""
 
     @property
     def ec2(self) -> FleetEc2:
@@ -283,6 +285,7 @@ def deploy(
                 aws.client("stepfunctions"),
                 check,
                 job_log_group,
+                stack.runtime if isinstance(stack.runtime, LambdaRuntime) else None,
             )
     finally:
         github_app.close()

@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import faulthandler
 import gc
 import importlib
 import io
 import json
 import os
+import queue
 import signal
 import socket
 import sys
@@ -60,13 +62,23 @@ _PARAMS = "runner_pool_call"
 
 
 class _Channel:
-    """JSON lines to and from the parent; one exchange at a time (a handler's threads share it)."""
+    """JSON lines to and from the parent; one exchange at a time (a handler's threads share it).
+
+    One thread reads what the parent sends and hands each message to whoever it is for: a reply to the
+    thread whose call waits for it (one at a time: `ask` holds the lock), anything else to the loop that
+    serves invocations. A thread a handler left behind may make its call after the invocation ended (on
+    AWS the environment is frozen then, and the thread "resumes if Lambda reuses the execution
+    environment"): its call waits for the parent to read it in the next invocation, and the next
+    invocation's message still reaches the loop. Two threads reading the input themselves took each
+    other's lines: the next invocation went to the left-behind thread, its reply to the loop."""
 
     def __init__(self) -> None:
         self._out = os.fdopen(os.dup(1), "w", encoding="utf-8")
         os.dup2(2, 1)  # whatever the function prints goes to its log, never into the channel
-        self._in = sys.stdin
         self._lock = threading.Lock()
+        self._replies: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self._invocations: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._route, args=(sys.stdin,), name="channel", daemon=True).start()
 
     def send(self, message: dict[str, Any]) -> None:
         with self._lock:
@@ -75,12 +87,24 @@ class _Channel:
     def ask(self, message: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             self._write(message)
-            answer: dict[str, Any] = json.loads(self._in.readline())["reply"]
+            answer = self._replies.get()
+            if answer is None:
+                raise EOFError("the runtime closed the channel before it answered the call")
             return answer
 
     def receive(self) -> dict[str, Any] | None:
-        line = self._in.readline()
-        return json.loads(line) if line else None
+        """The next message for the invocation loop; None once the parent closed the channel."""
+        return self._invocations.get()
+
+    def _route(self, lines: Any) -> None:
+        for line in lines:
+            message = json.loads(line)
+            if "reply" in message:
+                self._replies.put(message["reply"])
+            else:
+                self._invocations.put(message)
+        self._replies.put(None)
+        self._invocations.put(None)
 
     def _write(self, message: dict[str, Any]) -> None:
         parsed = _DATA_FILES.parsed_here()
@@ -279,6 +303,9 @@ def _invoke(handler: Any, event: Any, context: _Context) -> dict[str, Any]:
 
 def main(sys_path: list[str] | None) -> int:
     """One environment: init, then invocations until the parent closes the channel."""
+    # Every thread's stack to the log on SIGUSR1: what a diagnosis of a stuck invocation shows
+    # (lambda_runtime.py `LambdaRuntime.stacks`). Lambda has no such signal; nothing of ours sends it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     channel = _Channel()
     if sys_path is not None:
         sys.path[:0] = sys_path

@@ -86,7 +86,10 @@ UNRESERVED = ("PATH", "LANG", "TZ")
 """Variables Lambda sets that a function may set otherwise (configuration-envvars.html)."""
 SHUTDOWN_SECONDS = 2.0
 """Lambda's cap on the Shutdown phase (lambda-runtime-environment.html, "Shutdown phase")."""
-LOG_TAIL_LINES = 40
+LOG_TAIL_LINES = 120
+"""A stack dump of every thread of an environment (`LambdaRuntime.stacks`) is about this long."""
+STACK_DUMP_SECONDS = 3.0
+"""How long `LambdaRuntime.stacks` waits for the environments it asked to dump their stacks."""
 PRELOADED_CODE = ("runner_pool.domain",)
 """The code asset's packages the fork server imports (with every layer module a first environment
 loaded): those whose import cannot depend on the function's environment, so that a module imported
@@ -367,6 +370,12 @@ class Environment:
         self.ready = False
         """Initialised: the handler imported (the cold start done)."""
         self.last_used = time.monotonic()
+        self.serving_since: float | None = None
+        """When the invocation it serves began (monotonic); None while it is idle."""
+        self.calls_answered = 0
+        """AWS calls of its function answered (every invocation)."""
+        self.last_call: str | None = None
+        """The last of them, `service:Operation`."""
         self.log_tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self._messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._logger = logging.getLogger(f"emulator.lambda.{spec.name}")
@@ -398,6 +407,14 @@ class Environment:
         if message is None:
             raise _ExitedError
         return message
+
+    def pending(self) -> int:
+        """Messages it sent that no invocation has read yet (a call a thread made between invocations)."""
+        return self._messages.qsize()
+
+    def dumped(self) -> bool:
+        """Whether its log's tail holds a stack dump (faulthandler's, at SIGUSR1; `stacks`)."""
+        return any(line.startswith(("Current thread", "Thread 0x")) for line in list(self.log_tail))
 
     def kill(self) -> None:
         self.process.kill()
@@ -586,6 +603,7 @@ class LambdaRuntime:
                 self._await_ready(environment, began + INIT_LIMIT_SECONDS + spec.timeout_seconds)
                 deadline = time.monotonic() + spec.timeout_seconds
             environment.invocations += 1
+            environment.serving_since = began
             environment.send(
                 {
                     "invoke": {
@@ -610,6 +628,7 @@ class LambdaRuntime:
             healthy = not failed.error_type.startswith(("Runtime.", "Sandbox."))
             raise
         finally:
+            environment.serving_since = None
             self._release(spec, environment, healthy)
 
     def _serve(self, spec: FunctionSpec, environment: Environment, deadline: float, request_id: str) -> Any:
@@ -617,6 +636,8 @@ class LambdaRuntime:
         while True:
             message = self._receive(environment, deadline, request_id, timed_out)
             if "call" in message:
+                environment.calls_answered += 1
+                environment.last_call = f"{message['call']['service']}:{message['call']['operation']}"
                 environment.send({"reply": self._answer(spec, message["call"])})
             elif "result" in message:
                 return message["result"]
@@ -908,6 +929,41 @@ class LambdaRuntime:
         """How many invocations wait for an environment right now."""
         with self._lock:
             return len(self._waiting)
+
+    def in_flight(self) -> list[str]:
+        """Each invocation running now: its function, environment, how long, and its AWS calls so far
+        (a whole-system wait that times out shows them, tests/e2e/conftest.py)."""
+        now = time.monotonic()
+        return [
+            f"{environment.spec.name} for {now - since:.1f} s in {environment.id} (pid {environment.pid}),"
+            f" {environment.calls_answered} calls, the last {environment.last_call},"
+            f" {environment.pending()} unread"
+            for environment in self.live()
+            if (since := environment.serving_since) is not None
+        ]
+
+    def stacks(self, older_than: float) -> dict[str, list[str]]:
+        """Every thread's stack in each environment serving an invocation for longer than `older_than`
+        seconds, by `in_flight`'s name for it: the bootstrap dumps them to its log on SIGUSR1
+        (faulthandler). For a diagnosis only: an environment that has not written them within
+        STACK_DUMP_SECONDS is shown with whatever its log holds."""
+        now = time.monotonic()
+        stuck = [
+            environment
+            for environment in self.live()
+            if environment.serving_since is not None and now - environment.serving_since > older_than
+        ]
+        for environment in stuck:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(environment.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + STACK_DUMP_SECONDS
+        dumps = {}
+        for environment in stuck:
+            while not environment.dumped() and time.monotonic() < deadline:
+                time.sleep(0.05)  # a poll of the condition: the dump comes through the log's reader thread
+            time.sleep(0.1)  # the dump's header has come; the rest of it follows from the same write
+            dumps[f"{environment.spec.name} {environment.id}"] = list(environment.log_tail)
+        return dumps
 
     def live(self) -> Iterator[Environment]:
         with self._lock:

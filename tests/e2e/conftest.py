@@ -316,6 +316,8 @@ DIAGNOSIS_EXECUTIONS = 20
 """How many executions a diagnosis details (the newest of those that did not succeed or met a failure)."""
 DIAGNOSIS_CAUSE_CHARS = 400
 """How much of a failure's cause a diagnosis shows (a Lambda's cause carries its stack trace)."""
+DIAGNOSIS_STUCK_SECONDS = 20.0
+"""An invocation running longer than this has its environment's stacks shown (a step's work takes seconds)."""
 _ENDED_BADLY = ("Failed", "TimedOut", "Aborted")
 
 
@@ -350,6 +352,12 @@ def diagnosis(system: World) -> str:
     busiest = ", ".join(f"{name} {n}" for name, n in calls.calls.most_common(8))
     lines.append(f"aws calls: {calls.total()} ({busiest})")
     lines.append(f"lambda invocations: {system.stack.invocations()}")
+    if (runtime := system.stack.lambda_runtime) is not None:
+        lines.append("lambda invocations running:")
+        lines += [f"  {running}" for running in runtime.in_flight()]
+        for name, dump in runtime.stacks(older_than=DIAGNOSIS_STUCK_SECONDS).items():
+            lines.append(f"  {name}, stuck; its log's tail with every thread's stack:")
+            lines += [f"    {line}" for line in dump]
     lines.append(f"last {DIAGNOSIS_EVENTS} timeline events:")
     lines += [
         f"  {e.at - now:+.2f} s {e.happening.value} {e.instance_id or ''} {e.job or ''} {e.detail}".rstrip()

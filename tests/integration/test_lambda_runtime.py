@@ -145,6 +145,53 @@ def create_fleet(event, context):
         return refused.response["Error"]["Code"]
 
 
+def leave_behind(event, context):
+    """With `answered`: leaves a thread behind that makes an AWS call as the invocation ends (once the
+    runtime's bootstrap flushes its output after sending the result, and before it reads its next message)
+    and writes what the call answered to `answered`. Returns its process id."""
+    if "answered" in event:
+        sts = boto3.client("sts")
+        ended = threading.Event()
+
+        def call_later():
+            ended.wait()
+            answer = sts.get_caller_identity()["Account"]
+            with open(event["answered"], "w") as answered:
+                answered.write(answer)
+
+        caller = threading.Thread(target=call_later, daemon=True)
+        caller.start()
+        sys.stdout = _TellingOnFlush(sys.stdout, ended, caller)
+    return os.getpid()
+
+
+class _TellingOnFlush:
+    """The bootstrap's stdout, whose next flush (the invocation has ended) lets `caller` make its call and
+    returns once the call is on its way (the caller inside the bootstrap's channel)."""
+
+    def __init__(self, real, ended, caller):
+        self.real, self.ended, self.caller = real, ended, caller
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def flush(self):
+        sys.stdout = self.real
+        self.ended.set()
+        deadline = time.monotonic() + 5
+        while not self._calling() and time.monotonic() < deadline:
+            time.sleep(0.001)  # a poll of the condition: the caller's stack
+        return self.real.flush()
+
+    def _calling(self):
+        frame = sys._current_frames().get(self.caller.ident)
+        while frame is not None:
+            if frame.f_code.co_qualname == "_Channel.ask":
+                return True
+            frame = frame.f_back
+        return False
+
+
 def sts_client(event, context):
     """What an STS client made here resolved, and the botocore data files this environment parsed itself
     for it (the bootstrap, `__main__` here, counts them until its next message)."""
@@ -817,3 +864,47 @@ def test_an_environment_that_exits_mid_invocation_fails_it_as_lambda_reports_it(
             assert "Runtime exited with error: exit status 3" in failed.value.payload["errorMessage"]
         # And each had an environment of its own
         assert runtime.environments("crash") == 2
+
+
+def test_a_call_a_thread_makes_as_its_invocation_ends_waits_for_the_next_invocation_and_never_takes_its_place(
+    probe_artifacts: Artifacts, aws: LocalAws, tmp_path: Path
+) -> None:
+    # Given invocations that each leave a thread behind making an AWS call as the invocation ends
+    functions = {"leave_behind": probe("leave_behind", timeout_seconds=10)}
+    with LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint) as runtime:
+        first = runtime.invoke("leave_behind", {})
+        for turn in range(5):
+            answered = tmp_path / f"answered-{turn}"
+            # When the next invocation comes while such a call waits (the environment frozen, on AWS)
+            assert runtime.invoke("leave_behind", {"answered": str(answered)}) == first
+            (environment,) = runtime.live()
+            eventually(environment.pending, "the thread's call to reach the runtime")
+            # Then it runs in the same environment and returns, and the waiting call is answered then
+            # (Lambda: background work "resumes if Lambda reuses the execution environment"), not mistaken
+            # for the invocation's own messages
+            assert runtime.invoke("leave_behind", {}) == first
+            eventually(answered.exists, "the thread's call to be answered")
+            assert answered.read_text() == ACCOUNT
+
+
+def test_an_invocation_in_flight_is_listed_and_its_stacks_can_be_dumped(
+    probe_artifacts: Artifacts, aws: LocalAws
+) -> None:
+    # Given an invocation that blocks
+    with (
+        LambdaRuntime(
+            probe_artifacts, {"block": probe("block", timeout_seconds=10)}, endpoint=aws.endpoint
+        ) as runtime,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        blocked = pool.submit(runtime.invoke, "block", {"block": True})
+        eventually(runtime.in_flight, "the invocation to be in flight")
+        # When its environment's stacks are asked for
+        (dump,) = runtime.stacks(older_than=0).values()
+        # Then the invocation is listed, and the dump shows where its handler waits
+        (running,) = runtime.in_flight()
+        assert running.startswith("block for ")
+        assert any("in block" in line for line in dump), dump
+        # And the invocation still ends as it would have (here, at its timeout)
+        with pytest.raises(FunctionError):
+            blocked.result()
