@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -13,8 +14,11 @@ from emulator.harness.control_plane import stack_config
 from emulator.harness.provision_world import ProvisionWorld, output, provision_world
 from runner_pool.adapters.fleet import Fleet
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pickup import PickupManager
 from runner_pool.steps.hand_over import HAND_OVERS_AT_ONCE
+from runner_pool.steps.provision import Provision
 from tests.integration.conftest import app_github
+from tests.support.waiting import eventually
 
 RUN = "pool=4242"
 JIT_ROUTE = "POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig"
@@ -143,3 +147,46 @@ def test_creation_asks_for_the_installation_token_while_ec2_launches(
     assert len(result["cold"]) == 2
     assert len(requests) == 2
     assert not meeting.broken
+
+
+def test_begin_returns_only_once_the_token_it_asked_for_ahead_has_come(
+    world: ProvisionWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an empty pool, a fresh environment (no installation token held), and GitHub answering the
+    # token request only once Begin has looked at the pool
+    story: list[str] = []
+    looked, release = threading.Event(), threading.Event()
+    authenticate = world.plane.github.authenticate
+    pickup = PickupManager.pickup
+    begin = Provision.begin
+
+    def token_request() -> None:
+        release.wait(timeout=30)
+        authenticate()
+        story.append("token")
+
+    def look(self: PickupManager, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return pickup(self, *args, **kwargs)
+        finally:
+            looked.set()
+
+    def begun(self: Provision, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return begin(self, *args, **kwargs)
+        finally:
+            story.append("returned")
+
+    monkeypatch.setattr(world.plane.github, "authenticate", token_request)
+    monkeypatch.setattr(PickupManager, "pickup", look)
+    monkeypatch.setattr(Provision, "begin", begun)
+    with ThreadPoolExecutor(1) as running:
+        provisioned = running.submit(world.provision, RUN, 1)
+        # When the request ends after Begin looked at the (empty) pool
+        eventually(looked.is_set, "Begin to look at the pool")
+        release.set()
+        result = output(provisioned.result(timeout=120))
+    # Then Begin returned only after the token came (Lambda freezes what is left running when a handler
+    # returns), and the run was served
+    assert story[:2] == ["token", "returned"]
+    assert len(result["cold"]) == 1

@@ -17,10 +17,11 @@ by the same provision: its token goes back to the budget, and the provision's ot
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
 from typing import TypeVar
 
@@ -47,6 +48,10 @@ from runner_pool.domain.runners import (
 from runner_pool.observability import count, logger
 from runner_pool.steps.notices import NoticeSource, notify
 
+AHEAD_SETTLE_SECONDS = 5.0
+"""The most a step waits, before it returns, for the installation token it asked for ahead
+(`HandOver.settle`): a token request takes about 200 ms (bench/aws_model.py), a fresh environment's first
+one a Secrets Manager read more."""
 HAND_OVERS_AT_ONCE = 10
 """Hand-overs Begin (its claims), Create and CheckFleet (the instances created) make side by side: each
 is GitHub's JIT call (a few hundred ms) and four AWS calls, so one after another 350 instances took
@@ -113,6 +118,8 @@ class HandOver:
     credentials: Callable[[], RunnerCredentials]
     queues: Callable[[], PoolQueue]
     notices: NoticeSource
+    _ahead: list[Future[None]] = field(default_factory=list, init=False, repr=False, compare=False)
+    """The token request `authenticate_ahead` began, until `settle` has waited for it."""
 
     def register(self, instance_id: str, run_key: str, claim: str) -> float | None:
         """Register a JIT runner for the run and store its config for this instance only.
@@ -225,15 +232,31 @@ class HandOver:
 
         The registry is made in the background too: in a fresh environment that is a Secrets Manager
         call for the App's key, which the step need not wait for (0.1 s before CreateFleet in the
-        emulator). Nothing waits for the token either: a step that found nothing to hand over (an empty
-        pool) goes on at once, and one that hands over waits for the token where it needs it (the token
-        cache's lock), not before."""
+        emulator). Nothing waits for the token before it is needed: a step that hands over waits for it
+        there (the token cache's lock), and one that found nothing to hand over (an empty pool) only as
+        it returns (`settle`)."""
         try:
             ahead: Future[None] = in_background(lambda: self.registry().authenticate())
         except Exception:
             logger.debug("no installation token ahead; the first registration asks for it", exc_info=True)
         else:
             ahead.add_done_callback(_note_token_not_ahead)
+            self._ahead.append(ahead)
+
+    def settle(self) -> None:
+        """Wait for the token request begun ahead to end (AHEAD_SETTLE_SECONDS at most) before the step
+        returns. Lambda freezes an environment once its handler has returned: "Background processes or
+        callbacks that were initiated by your Lambda function and did not complete when the function ended
+        resume if Lambda reuses the execution environment. Make sure that any background processes or
+        callbacks in your code are complete before the code exits" (Lambda Developer Guide,
+        lambda-runtime-environment.html). A request frozen in flight would hold the token cache's lock into
+        a later invocation, whose hand-overs would wait for it to thaw, or for its connection to time out.
+        A step that handed over waited for the token already; one that found an empty pool waits here, in
+        a fresh environment only (a warm one holds the token)."""
+        while self._ahead:
+            ahead = self._ahead.pop()
+            with contextlib.suppress(Exception):  # only waited for: what it raised, its callback noted
+                ahead.result(timeout=AHEAD_SETTLE_SECONDS)
 
     def _notify(self, instance_id: str) -> None:
         try:

@@ -153,7 +153,10 @@ class Provision(ProvisionPart):
             # has few: a look at its pool would mostly read used offers and wait out a long poll on the
             # emptied queue, to launch anyway. Creation it is, as fast as a cold request can be.
             return planned.model_copy(update={"creation_only": True})
-        return self._pick_up(planned)
+        try:
+            return self._pick_up(planned)
+        finally:
+            self._handing.settle()  # nothing of this step left running once it returns
 
     def _usage(self, spec: RunnerSpec) -> RunnerSpec:
         """The spec with the usage it is served on: on-demand while its class's spot breaker is open
@@ -325,7 +328,10 @@ class Provision(ProvisionPart):
         return self._claims.discard(worker)
 
     def create(self, provision: ProvisionPlan, workers: Iterable[WorkerResult]) -> Creation:
-        return self._creation.create(provision, workers)
+        try:
+            return self._creation.create(provision, workers)
+        finally:
+            self._handing.settle()  # nothing of this step left running once it returns
 
     def check_fleet(self, provision: ProvisionPlan, creation: Creation) -> Creation:
         return self._creation.check_fleet(provision, creation)
