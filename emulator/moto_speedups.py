@@ -52,6 +52,15 @@ places of moto held a third of that (py-spy --gil):
   are read from the tag backend's map by its id, in moto's order and form (an id has no pattern
   characters; an id that had would take moto's way).
 
+- **KMS makes an RSA key pair for every key it creates**, symmetric ones included (moto's
+  `generate_private_key` gives any spec it does not know as asymmetric a 2048-bit RSA key; 60 ms of CPU
+  each, for the runner-credentials key of every local stack and the default EBS key of every account
+  that creates a volume). A symmetric key (SYMMETRIC_DEFAULT, HMAC_*) has no key pair in AWS: moto
+  uses the pair only for Sign, Verify and GetPublicKey, which AWS refuses for a symmetric key
+  (KMS API reference, "Sign": "The KeyUsage type of the KMS key must be SIGN_VERIFY"). So symmetric
+  keys share one pair per spec; each key keeps its own id and its own key material (what Encrypt and
+  Decrypt use). An asymmetric key still gets a pair of its own, as in AWS.
+
 Each target is listed in emulator/moto_internals.py, whose test fails when moto changes it.
 """
 
@@ -105,6 +114,8 @@ _ALL_ITEMS = "moto.dynamodb.models.table:Table.all_items"
 _SQS_CLOCK = "moto.sqs.models:unix_time"
 _SQS_CLOCK_MILLIS = "moto.sqs.models:unix_time_millis"
 _SQS_RETENTION = "moto.sqs.models:SQSBackend.is_message_valid_based_on_retention_period"
+_KMS_KEY_PAIR = "moto.kms.models:generate_private_key"
+_KMS_KEY_SPECS = "moto.kms.utils:KeySpec"
 _EC2_TAGS = "moto.ec2.models.core:TaggedEC2Resource.get_tags"
 _EC2_RESOURCE_TYPES = "moto.ec2.utils:EC2_PREFIX_TO_RESOURCE"
 _EC2_PREFIX = "moto.ec2.utils:get_prefix"
@@ -126,6 +137,7 @@ def speedups() -> Iterator[None]:
         stack.enter_context(_direct(_SQS_CLOCK_MILLIS, lambda _: _clock_millis))
         stack.enter_context(_direct(_SQS_RETENTION, lambda _: _still_retained))
         stack.enter_context(_direct(_EC2_TAGS, _tags_read_by_id))
+        stack.enter_context(_direct(_KMS_KEY_PAIR, _one_pair_per_symmetric_spec))
         yield
 
 
@@ -239,3 +251,24 @@ def _tags_read_by_id(get_tags: Callable[[Any], Tags]) -> Callable[[Any], Tags]:
         ]
 
     return tags_of
+
+
+_SHARED_KEY_PAIRS: dict[str, Any] = {}
+"""Per symmetric key spec, the key pair moto made for the first key of that spec in this process."""
+_SHARED_KEY_PAIRS_LOCK = threading.Lock()
+
+
+def _one_pair_per_symmetric_spec(generate: Callable[[str], Any]) -> Callable[[str], Any]:
+    key_specs = resolve(_KMS_KEY_SPECS)
+    symmetric = {key_specs.SYMMETRIC_DEFAULT.value, *key_specs.hmac_key_specs()}
+
+    def generate_private_key(key_spec: str) -> Any:
+        if key_spec not in symmetric:
+            return generate(key_spec)
+        with _SHARED_KEY_PAIRS_LOCK:
+            pair = _SHARED_KEY_PAIRS.get(key_spec)
+            if pair is None:
+                pair = _SHARED_KEY_PAIRS[key_spec] = generate(key_spec)
+        return pair
+
+    return generate_private_key

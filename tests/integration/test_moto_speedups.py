@@ -284,3 +284,27 @@ def test_an_ec2_resources_tags_are_read_by_id_as_moto_lists_them() -> None:
         # And DescribeInstances filters on them as before
         found = ec2.describe_instances(Filters=[{"Name": "tag:b", "Values": ["1", "2"]}])["Reservations"]
         assert sorted(i["InstanceId"] for r in found for i in r["Instances"]) == sorted(ids[:1])
+
+
+def test_symmetric_kms_keys_share_a_key_pair_and_stay_keys_of_their_own() -> None:
+    # Given two symmetric keys and two asymmetric ones on local AWS
+    with local_aws() as aws:
+        kms = aws.client("kms")
+        first, second = (kms.create_key()["KeyMetadata"]["KeyId"] for _ in range(2))
+        signing = [
+            kms.create_key(KeySpec="RSA_2048", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["KeyId"]
+            for _ in range(2)
+        ]
+        backend = resolve("moto.kms.models:kms_backends")[ACCOUNT][REGION]
+        # Then the symmetric keys are two keys, with their own key material, on one key pair
+        assert first != second
+        assert backend.keys[first].key_material != backend.keys[second].key_material
+        assert backend.keys[first].private_key is backend.keys[second].private_key
+        # And each decrypts what it encrypted, and not what the other did
+        blob = kms.encrypt(KeyId=first, Plaintext=b"jit config")["CiphertextBlob"]
+        assert kms.decrypt(CiphertextBlob=blob)["KeyId"].endswith(first)
+        with pytest.raises(kms.exceptions.ClientError):
+            kms.decrypt(CiphertextBlob=blob, KeyId=second)
+        # And each asymmetric key has a key pair of its own, as in AWS
+        public = [kms.get_public_key(KeyId=key)["PublicKey"] for key in signing]
+        assert public[0] != public[1]
