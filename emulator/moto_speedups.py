@@ -52,6 +52,14 @@ places of moto held a third of that (py-spy --gil):
   are read from the tag backend's map by its id, in moto's order and form (an id has no pattern
   characters; an id that had would take moto's way).
 
+- **mock_aws drops boto3's default session on every start** (so each test's first `boto3.client`
+  makes a new one), and a new session loads and parses botocore's endpoint rules and each service's
+  model again: about 0.15 CPU-s a test, for the tests' own clients, moto's Step Functions Lambda
+  client and the product's `boto3.client` fallbacks. While moto runs, the default session is one
+  for the process. What a session holds is read from botocore's data files, which do not change; the
+  region and endpoint a client gets are still read when it is made, and credentials come from the
+  environment the tests fix (tests/conftest.py) or are given to the client.
+
 - **KMS makes an RSA key pair for every key it creates**, symmetric ones included (moto's
   `generate_private_key` gives any spec it does not know as asymmetric a 2048-bit RSA key; 60 ms of CPU
   each, for the runner-credentials key of every local stack and the default EBS key of every account
@@ -77,6 +85,7 @@ from datetime import datetime
 from typing import Any
 from unittest import mock
 
+import boto3
 from moto.core.utils import unix_time
 
 from emulator.moto_internals import patch_point, resolve
@@ -138,6 +147,7 @@ def speedups() -> Iterator[None]:
         stack.enter_context(_direct(_SQS_RETENTION, lambda _: _still_retained))
         stack.enter_context(_direct(_EC2_TAGS, _tags_read_by_id))
         stack.enter_context(_direct(_KMS_KEY_PAIR, _one_pair_per_symmetric_spec))
+        stack.enter_context(mock.patch.object(boto3, "DEFAULT_SESSION", _process_session()))
         yield
 
 
@@ -251,6 +261,11 @@ def _tags_read_by_id(get_tags: Callable[[Any], Tags]) -> Callable[[Any], Tags]:
         ]
 
     return tags_of
+
+
+@functools.cache
+def _process_session() -> boto3.session.Session:
+    return boto3.session.Session()
 
 
 _SHARED_KEY_PAIRS: dict[str, Any] = {}

@@ -19,7 +19,7 @@ from moto.core.utils import unix_time
 from moto.dynamodb.responses import DynamoResult
 from moto.sqs.models import sqs_backends
 
-from emulator.aws import ACCOUNT, REGION, LocalAws, local_aws
+from emulator.aws import ACCOUNT, REGION, LocalAws, behaving_as_aws, local_aws
 from emulator.moto_internals import patch_point, resolve
 from emulator.moto_speedups import ITEM_OPERATIONS
 
@@ -308,3 +308,18 @@ def test_symmetric_kms_keys_share_a_key_pair_and_stay_keys_of_their_own() -> Non
         # And each asymmetric key has a key pair of its own, as in AWS
         public = [kms.get_public_key(KeyId=key)["PublicKey"] for key in signing]
         assert public[0] != public[1]
+
+
+def test_boto3s_default_session_is_one_for_the_process_while_moto_runs() -> None:
+    # Given two mocks one after the other, each behaving as AWS
+    sessions = []
+    for _ in range(2):
+        with mock_aws(), behaving_as_aws():
+            boto3.client("sqs", region_name=REGION).create_queue(QueueName="q")
+            sessions.append(boto3.DEFAULT_SESSION)
+    # Then their clients came from one session, which the second mock did not drop
+    assert sessions[0] is not None
+    assert sessions[1] is sessions[0]
+    # And a plain mock still starts without one, as moto makes it
+    with mock_aws():
+        assert boto3.DEFAULT_SESSION is None
