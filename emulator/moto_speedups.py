@@ -285,15 +285,20 @@ def _process_session() -> boto3.session.Session:
     return boto3.session.Session()
 
 
-def _one_class_per_service(create_class: Callable[..., type]) -> Callable[..., type]:
-    classes: weakref.WeakKeyDictionary[Any, dict[tuple[str, str | None], type]] = weakref.WeakKeyDictionary()
-    lock = threading.Lock()
+_CLIENT_CLASSES: weakref.WeakKeyDictionary[Any, dict[tuple[str, str | None], type]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per session (its event emitter), the client class of each service and API version: kept across
+mocks, as the sessions are (the harnesses' and `_process_session`)."""
+_CLIENT_CLASSES_LOCK = threading.Lock()
 
+
+def _one_class_per_service(create_class: Callable[..., type]) -> Callable[..., type]:
     def create_client_class(creator: Any, service_name: str, service_model: Any) -> type:
         # The creator's emitter is its session's: the same for every client of the session.
         key = (service_name, service_model.api_version)
-        with lock:
-            made = classes.setdefault(creator._event_emitter, {})
+        with _CLIENT_CLASSES_LOCK:
+            made = _CLIENT_CLASSES.setdefault(creator._event_emitter, {})
             if key not in made:
                 made[key] = create_class(creator, service_name, service_model)
             return made[key]
