@@ -500,6 +500,29 @@ INTERNALS: tuple[Internal, ...] = (
         "1e9055eb6d65f241",
         signature="(resource_id)",
     ),
+    # KMS's key pairs, one per symmetric key spec (local AWS's speedups).
+    Internal(
+        "moto.kms.models:generate_private_key",
+        "emulator/moto_speedups.py",
+        "replaced: Key.__init__ calls (self.key_spec) through this module global and keeps the pair as "
+        "private_key, which only sign, verify and get_public_key use; key_material is made apart",
+        "2c54b9dd1b425415",
+        signature="(key_spec)",
+        read="moto.kms.models:Key.__init__",
+    ),
+    Internal(
+        "moto.kms.models:kms_backends",
+        "tests/integration/test_moto_speedups.py",
+        "read: [account][region].keys by id, each Key's private_key and key_material",
+        "2c54b9dd1b425415",
+        read="moto.kms.models:Key.__init__",
+    ),
+    Internal(
+        "moto.kms.utils:KeySpec",
+        "emulator/moto_speedups.py",
+        "read: SYMMETRIC_DEFAULT and hmac_key_specs() are the symmetric specs",
+        "f2e690e537238c5e",
+    ),
     Internal(
         "moto.sqs.models:sqs_backends",
         "tests/integration/test_moto_speedups.py",

@@ -52,6 +52,32 @@ places of moto held a third of that (py-spy --gil):
   are read from the tag backend's map by its id, in moto's order and form (an id has no pattern
   characters; an id that had would take moto's way).
 
+- **mock_aws drops boto3's default session on every start** (so each test's first `boto3.client`
+  makes a new one), and a new session loads and parses botocore's endpoint rules and each service's
+  model again: about 0.15 CPU-s a test, for the tests' own clients, moto's Step Functions Lambda
+  client and the product's `boto3.client` fallbacks. While moto runs, the default session is one
+  for the process. What a session holds is read from botocore's data files, which do not change; the
+  region and endpoint a client gets are still read when it is made, and credentials come from the
+  environment the tests fix (tests/conftest.py) or are given to the client.
+
+- **botocore builds each client's class anew**: a method, an operation model and a docstring object
+  for every operation of the service (ec2 has 700), about 1.5 ms a client of the tests' and the
+  harnesses' dozen a test. While moto runs, a session's clients of one service and API version share
+  the class built for the first: its methods only name their operation and call the instance's
+  `_make_api_call`, and what a client holds of its own (its service model, endpoint, config, event
+  handlers) is its instance's. The one hook on the class, `creating-client-class`, is registered by
+  boto3 and botocore when a session is made, and classes are kept per session (botocore's
+  `ClientCreator._create_client_class`, botocore as locked).
+
+- **KMS makes an RSA key pair for every key it creates**, symmetric ones included (moto's
+  `generate_private_key` gives any spec it does not know as asymmetric a 2048-bit RSA key; 60 ms of CPU
+  each, for the runner-credentials key of every local stack and the default EBS key of every account
+  that creates a volume). A symmetric key (SYMMETRIC_DEFAULT, HMAC_*) has no key pair in AWS: moto
+  uses the pair only for Sign, Verify and GetPublicKey, which AWS refuses for a symmetric key
+  (KMS API reference, "Sign": "The KeyUsage type of the KMS key must be SIGN_VERIFY"). So symmetric
+  keys share one pair per spec; each key keeps its own id and its own key material (what Encrypt and
+  Decrypt use). An asymmetric key still gets a pair of its own, as in AWS.
+
 Each target is listed in emulator/moto_internals.py, whose test fails when moto changes it.
 """
 
@@ -62,12 +88,15 @@ import functools
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from typing import Any
 from unittest import mock
 
+import boto3
+import botocore.client
 from moto.core.utils import unix_time
 
 from emulator.moto_internals import patch_point, resolve
@@ -105,6 +134,8 @@ _ALL_ITEMS = "moto.dynamodb.models.table:Table.all_items"
 _SQS_CLOCK = "moto.sqs.models:unix_time"
 _SQS_CLOCK_MILLIS = "moto.sqs.models:unix_time_millis"
 _SQS_RETENTION = "moto.sqs.models:SQSBackend.is_message_valid_based_on_retention_period"
+_KMS_KEY_PAIR = "moto.kms.models:generate_private_key"
+_KMS_KEY_SPECS = "moto.kms.utils:KeySpec"
 _EC2_TAGS = "moto.ec2.models.core:TaggedEC2Resource.get_tags"
 _EC2_RESOURCE_TYPES = "moto.ec2.utils:EC2_PREFIX_TO_RESOURCE"
 _EC2_PREFIX = "moto.ec2.utils:get_prefix"
@@ -126,6 +157,14 @@ def speedups() -> Iterator[None]:
         stack.enter_context(_direct(_SQS_CLOCK_MILLIS, lambda _: _clock_millis))
         stack.enter_context(_direct(_SQS_RETENTION, lambda _: _still_retained))
         stack.enter_context(_direct(_EC2_TAGS, _tags_read_by_id))
+        stack.enter_context(_direct(_KMS_KEY_PAIR, _one_pair_per_symmetric_spec))
+        stack.enter_context(mock.patch.object(boto3, "DEFAULT_SESSION", _process_session()))
+        creator = botocore.client.ClientCreator
+        stack.enter_context(
+            mock.patch.object(
+                creator, "_create_client_class", _one_class_per_service(creator._create_client_class)
+            )
+        )
         yield
 
 
@@ -239,3 +278,50 @@ def _tags_read_by_id(get_tags: Callable[[Any], Tags]) -> Callable[[Any], Tags]:
         ]
 
     return tags_of
+
+
+@functools.cache
+def _process_session() -> boto3.session.Session:
+    return boto3.session.Session()
+
+
+_CLIENT_CLASSES: weakref.WeakKeyDictionary[Any, dict[tuple[str, str | None], type]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per session (its event emitter), the client class of each service and API version: kept across
+mocks, as the sessions are (the harnesses' and `_process_session`)."""
+_CLIENT_CLASSES_LOCK = threading.Lock()
+
+
+def _one_class_per_service(create_class: Callable[..., type]) -> Callable[..., type]:
+    def create_client_class(creator: Any, service_name: str, service_model: Any) -> type:
+        # The creator's emitter is its session's: the same for every client of the session.
+        key = (service_name, service_model.api_version)
+        with _CLIENT_CLASSES_LOCK:
+            made = _CLIENT_CLASSES.setdefault(creator._event_emitter, {})
+            if key not in made:
+                made[key] = create_class(creator, service_name, service_model)
+            return made[key]
+
+    return create_client_class
+
+
+_SHARED_KEY_PAIRS: dict[str, Any] = {}
+"""Per symmetric key spec, the key pair moto made for the first key of that spec in this process."""
+_SHARED_KEY_PAIRS_LOCK = threading.Lock()
+
+
+def _one_pair_per_symmetric_spec(generate: Callable[[str], Any]) -> Callable[[str], Any]:
+    key_specs = resolve(_KMS_KEY_SPECS)
+    symmetric = {key_specs.SYMMETRIC_DEFAULT.value, *key_specs.hmac_key_specs()}
+
+    def generate_private_key(key_spec: str) -> Any:
+        if key_spec not in symmetric:
+            return generate(key_spec)
+        with _SHARED_KEY_PAIRS_LOCK:
+            pair = _SHARED_KEY_PAIRS.get(key_spec)
+            if pair is None:
+                pair = _SHARED_KEY_PAIRS[key_spec] = generate(key_spec)
+        return pair
+
+    return generate_private_key

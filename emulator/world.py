@@ -24,7 +24,7 @@ from emulator.aws_faults import AwsFaults
 from emulator.deployment import Deployment, GitHubAppSetup, Timers, deploy
 from emulator.ec2_events import SpotReclaim
 from emulator.fake_github import FakeGitHub, FakeWorkflowRun, JobSpec
-from emulator.harness.github_app import generate_app_key
+from emulator.harness.github_app import app_key
 from emulator.simulated_instances import InstanceSettings, SimulatedInstances
 from emulator.stack import RuntimeFactory
 from emulator.timeline import RecordWatcher, Timeline, TimelineEvent
@@ -156,12 +156,13 @@ def world(
     threshold index, which a world of hundreds of instances wants less often). `faults`: the Lambdas'
     calls failing as AWS's do, on a seeded fraction (emulator/aws_faults.py)."""
     config = config or compressed_config()
-    key = generate_app_key()
+    key = app_key()
     scope = str(config.github.scope or REPOSITORY)
     app = GitHubAppSetup(APP_ID, INSTALLATION_ID, key.private_pem, scope)
     # Each App of a config of several (apps_settings) has a key of its own and is installed on the owner.
     more_keys = {
-        int(more.app_id): (more.installation_id, generate_app_key()) for more in config.github.every_app[1:]
+        int(more.app_id): (more.installation_id, app_key(index))
+        for index, more in enumerate(config.github.every_app[1:], start=1)
     }
     with (
         lambdas_quiet(),

@@ -30,7 +30,7 @@ from emulator.aws import behaving_as_aws
 from emulator.ec2_events import SpotReclaim
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
-from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
+from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, app_key
 from emulator.iam_check import PolicyCheck
 from emulator.lambda_runtime import FunctionSpec
 from emulator.stack import DeployedMachine, InProcess, LocalStack, handler_function
@@ -78,12 +78,6 @@ def aws_session() -> boto3.session.Session:
 def client(service: str) -> Any:
     """A client as the product builds it (aws_clients), from the shared session."""
     return aws_clients.client(service, aws_session())
-
-
-@functools.cache
-def app_key() -> AppKey:
-    """One App key per test process: generating RSA keys is the slow part of a fake GitHub."""
-    return generate_app_key()
 
 
 def stack_config(**settings: Any) -> StackConfig:

@@ -19,7 +19,7 @@ from moto.core.utils import unix_time
 from moto.dynamodb.responses import DynamoResult
 from moto.sqs.models import sqs_backends
 
-from emulator.aws import ACCOUNT, REGION, LocalAws, local_aws
+from emulator.aws import ACCOUNT, REGION, LocalAws, behaving_as_aws, local_aws
 from emulator.moto_internals import patch_point, resolve
 from emulator.moto_speedups import ITEM_OPERATIONS
 
@@ -284,3 +284,42 @@ def test_an_ec2_resources_tags_are_read_by_id_as_moto_lists_them() -> None:
         # And DescribeInstances filters on them as before
         found = ec2.describe_instances(Filters=[{"Name": "tag:b", "Values": ["1", "2"]}])["Reservations"]
         assert sorted(i["InstanceId"] for r in found for i in r["Instances"]) == sorted(ids[:1])
+
+
+def test_symmetric_kms_keys_share_a_key_pair_and_stay_keys_of_their_own() -> None:
+    # Given two symmetric keys and two asymmetric ones on local AWS
+    with local_aws() as aws:
+        kms = aws.client("kms")
+        first, second = (kms.create_key()["KeyMetadata"]["KeyId"] for _ in range(2))
+        signing = [
+            kms.create_key(KeySpec="RSA_2048", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["KeyId"]
+            for _ in range(2)
+        ]
+        backend = resolve("moto.kms.models:kms_backends")[ACCOUNT][REGION]
+        # Then the symmetric keys are two keys, with their own key material, on one key pair
+        assert first != second
+        assert backend.keys[first].key_material != backend.keys[second].key_material
+        assert backend.keys[first].private_key is backend.keys[second].private_key
+        # And each decrypts what it encrypted, and not what the other did
+        blob = kms.encrypt(KeyId=first, Plaintext=b"jit config")["CiphertextBlob"]
+        assert kms.decrypt(CiphertextBlob=blob)["KeyId"].endswith(first)
+        with pytest.raises(kms.exceptions.ClientError):
+            kms.decrypt(CiphertextBlob=blob, KeyId=second)
+        # And each asymmetric key has a key pair of its own, as in AWS
+        public = [kms.get_public_key(KeyId=key)["PublicKey"] for key in signing]
+        assert public[0] != public[1]
+
+
+def test_boto3s_default_session_is_one_for_the_process_while_moto_runs() -> None:
+    # Given two mocks one after the other, each behaving as AWS
+    sessions = []
+    for _ in range(2):
+        with mock_aws(), behaving_as_aws():
+            boto3.client("sqs", region_name=REGION).create_queue(QueueName="q")
+            sessions.append(boto3.DEFAULT_SESSION)
+    # Then their clients came from one session, which the second mock did not drop
+    assert sessions[0] is not None
+    assert sessions[1] is sessions[0]
+    # And a plain mock still starts without one, as moto makes it
+    with mock_aws():
+        assert boto3.DEFAULT_SESSION is None

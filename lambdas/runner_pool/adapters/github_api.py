@@ -15,6 +15,8 @@ across calls, so a warm Lambda does not pay a TLS handshake per request.
 from __future__ import annotations
 
 import copy
+import functools
+import ssl
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -35,6 +37,15 @@ T = TypeVar("T")
 
 GITHUB_API_URL = "https://api.github.com/"
 PAGE_SIZE = 100
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default TLS context (certifi's CAs, or SSL_CERT_FILE / SSL_CERT_DIR), made once a process:
+    reading the CA bundle takes about 17 ms, and a cold start makes a client for the App's key and one
+    for the App. An SSLContext serves any number of connections and threads (Python docs, ssl,
+    "SSL Contexts")."""
+    return httpx.create_ssl_context()
 
 
 class GitHubApi:
@@ -62,7 +73,7 @@ class GitHubApi:
         self._clock: Clock = clock or SystemClock()
         self.headers = {"X-GitHub-Api-Version": api_version} if api_version else None
         self._hourly = HourlyWatch(on_hourly_quota)
-        self._transport = _PooledTransport(httpx.HTTPTransport(), self._hourly)
+        self._transport = _PooledTransport(httpx.HTTPTransport(verify=_tls_context()), self._hourly)
         self._tokens = InstallationTokens(tokens, self._clock, token_refresh_margin_seconds)
         self._app_jwt = app_jwt
         self._base_url = base_url

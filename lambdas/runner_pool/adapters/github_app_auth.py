@@ -11,6 +11,7 @@ that holds the App's key; every other request carries an installation token.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -33,7 +34,10 @@ APP_JWT_LIFETIME_SECONDS = 540
 """From the backdated `iat`; GitHub refuses an `exp` more than 10 minutes ahead."""
 
 
+@functools.lru_cache(maxsize=8)
 def load_private_key(pem: str) -> RSAPrivateKey:
+    """The App's key, parsed once a process for each PEM: parsing checks the RSA key, about 28 ms, and
+    every GitHubAppKey parses its own (a key is immutable, so they may share it)."""
     try:
         key = serialization.load_pem_private_key(pem.encode(), password=None)
     except (ValueError, TypeError) as exc:
