@@ -67,10 +67,12 @@ class _Channel:
     One thread reads what the parent sends and hands each message to whoever it is for: a reply to the
     thread whose call waits for it (one at a time: `ask` holds the lock), anything else to the loop that
     serves invocations. A thread a handler left behind may make its call after the invocation ended (on
-    AWS the environment is frozen then, and the thread "resumes if Lambda reuses the execution
-    environment"): its call waits for the parent to read it in the next invocation, and the next
-    invocation's message still reaches the loop. Two threads reading the input themselves took each
-    other's lines: the next invocation went to the left-behind thread, its reply to the loop."""
+    AWS the environment is frozen then: "Background processes or callbacks that were initiated by your
+    Lambda function and did not complete when the function ended resume if Lambda reuses the execution
+    environment", Lambda Developer Guide, lambda-runtime-environment.html): its call waits for the parent
+    to read it in the next invocation, and the next invocation's message still reaches the loop. Two
+    threads reading the input themselves took each other's lines: the next invocation went to the
+    left-behind thread, its reply to the loop."""
 
     def __init__(self) -> None:
         self._out = os.fdopen(os.dup(1), "w", encoding="utf-8")

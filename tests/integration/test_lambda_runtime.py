@@ -880,8 +880,8 @@ def test_a_call_a_thread_makes_as_its_invocation_ends_waits_for_the_next_invocat
             (environment,) = runtime.live()
             eventually(environment.pending, "the thread's call to reach the runtime")
             # Then it runs in the same environment and returns, and the waiting call is answered then
-            # (Lambda: background work "resumes if Lambda reuses the execution environment"), not mistaken
-            # for the invocation's own messages
+            # (background work left running "resume[s] if Lambda reuses the execution environment", Lambda
+            # Developer Guide, lambda-runtime-environment.html), not mistaken for the invocation's own messages
             assert runtime.invoke("leave_behind", {}) == first
             eventually(answered.exists, "the thread's call to be answered")
             assert answered.read_text() == ACCOUNT
