@@ -524,6 +524,24 @@ INTERNALS: tuple[Internal, ...] = (
         "f2e690e537238c5e",
     ),
     Internal(
+        "moto.stepfunctions.parser.backend.execution_worker:ExecutionWorker.stop",
+        "emulator/step_functions.py",
+        "read: acts on `self.env`, which the execution's own thread sets once it has parsed the definition; "
+        "a stop before that raises AttributeError, which stop_running_executions waits out",
+        "4c3ac97f1223e850",
+        signature="(self, stop_date, error, cause)",
+        read="moto.stepfunctions.parser.backend.execution_worker:ExecutionWorker",
+    ),
+    Internal(
+        "moto.stepfunctions.parser.backend.execution_worker:ExecutionWorker._get_evaluation_environment",
+        "tests/integration/test_step_functions_harness.py",
+        "replaced: called on the execution's own thread, after StartExecution answered and before `self.env` "
+        "is set, so holding it holds an execution in the window a stop must wait out",
+        "91bf5728f01b4edc",
+        signature="(self)",
+        read="moto.stepfunctions.parser.backend.execution_worker:ExecutionWorker._execution_logic",
+    ),
+    Internal(
         "moto.sqs.models:sqs_backends",
         "tests/integration/test_moto_speedups.py",
         "read: [account][region] is the SQS backend the server answers from; its `queues` dict by name, "

@@ -41,6 +41,8 @@ MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use
 """The `mock_aws(config=...)` under which moto executes state machines and keeps Lambda in-process."""
 
 _ACCOUNT = "123456789012"
+STOP_PATIENCE_SECONDS = 30.0
+"""How long a stop waits for a just-started execution's thread to be stoppable (a loaded machine's worst)."""
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z][A-Za-z0-9]*)\}")
 _LAMBDA_INVOKE = "moto.awslambda_simple.models:LambdaSimpleBackend.invoke"
 _ASL = "moto.stepfunctions.parser.asl.component"
@@ -178,13 +180,30 @@ def stop_running_executions(stepfunctions: Any) -> int:
                 stateMachineArn=machine["stateMachineArn"]
             )
             running = (e for page in pages for e in page["executions"] if e["status"] == "RUNNING")
-            for execution in running:
-                try:
-                    stepfunctions.stop_execution(executionArn=execution["executionArn"])
-                except ClientError:
-                    continue  # ended meanwhile, or an Express execution (StopExecution is Standard's only)
-                stopped += 1
+            stopped += sum(_stop(stepfunctions, e["executionArn"]) for e in running)
     return stopped
+
+
+def _stop(stepfunctions: Any, execution_arn: str) -> bool:
+    """Stop one execution; False when it ended meanwhile (or is Express: StopExecution is Standard's only).
+
+    moto starts an execution's thread before that thread has built the environment a stop acts on, and a
+    stop in between raises AttributeError inside moto (`ExecutionWorker.stop`, emulator/moto_internals.py).
+    AWS stops an execution at any point after StartExecution answered, so this waits for the thread to
+    get there, as briefly as it takes.
+    """
+    deadline = time.monotonic() + STOP_PATIENCE_SECONDS
+    while True:
+        try:
+            stepfunctions.stop_execution(executionArn=execution_arn)
+        except ClientError:
+            return False
+        except AttributeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+            continue
+        return True
 
 
 def function_arn(name: str, region: str = "us-east-1") -> str:

@@ -3,26 +3,31 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import boto3
 import pytest
 from moto import mock_aws
 
+from emulator.moto_internals import patch_point
 from emulator.step_functions import (
     MOTO_CONFIG,
     LocalStateMachines,
     ThrottledError,
     lambdas_in_process,
     render_asl,
+    stop_running_executions,
     without_waiting,
 )
 from emulator.step_functions_quotas import HISTORY_LIMIT_EVENTS, QuotaWatch
 from tests.conftest import REGION
 
 ASL = Path(__file__).parent / "asl" / "harness.asl.json"
+_EXECUTION_WORKER = "moto.stepfunctions.parser.backend.execution_worker:ExecutionWorker"
 
 
 class Flaky(Exception):  # noqa: N818 - the error name the ASL's Retry matches
@@ -166,3 +171,55 @@ def test_an_execution_history_past_its_quota_is_a_breach(
     assert step_functions_quotas.take_violations() == [
         "an execution's history passed Step Functions' 40-event quota"
     ]
+
+
+class _StopsThatLetTheThreadGo:
+    """A Step Functions client whose first stop refused by moto's window lets the held thread go on."""
+
+    def __init__(self, client: Any, may_build: threading.Event) -> None:
+        self._client = client
+        self._may_build = may_build
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def stop_execution(self, **kwargs: Any) -> Any:
+        try:
+            return self._client.stop_execution(**kwargs)
+        except AttributeError:
+            self.refused += 1
+            self._may_build.set()
+            raise
+
+
+def test_an_execution_stopped_before_its_thread_got_going_is_stopped_not_an_error(
+    machines: LocalStateMachines,
+) -> None:
+    # Given an execution started whose thread has not yet built what a stop acts on (moto's window)
+    owner, name = patch_point(f"{_EXECUTION_WORKER}._get_evaluation_environment")
+    building = getattr(owner, name)
+    may_build = threading.Event()
+
+    def held(self: Any) -> Any:
+        may_build.wait(30)
+        return building(self)
+
+    stepfunctions = _StopsThatLetTheThreadGo(boto3.client("stepfunctions", region_name=REGION), may_build)
+    stopping_done = threading.Event()
+    working = machines.create_functions(["work"])["work"]
+    task = {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "End": True}
+    definition = {"StartAt": "Work", "States": {"Work": {**task, "Parameters": {"FunctionName": working}}}}
+    with (
+        lambdas_in_process({"work": lambda event, _c: stopping_done.wait(30)}),
+        mock.patch.object(owner, name, held),
+    ):
+        execution_arn = machines.start(machines.create("held", json.dumps(definition)), {})
+        # When the world ends and stops what runs while the thread is still getting going
+        stopped = stop_running_executions(stepfunctions)
+        stopping_done.set()
+        ended = machines.wait(execution_arn)
+    # Then the stop waited for the thread and stopped it, as AWS stops one any time after it started
+    assert stepfunctions.refused == 1
+    assert stopped == 1
+    assert ended.status == "ABORTED"
