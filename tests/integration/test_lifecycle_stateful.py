@@ -39,6 +39,7 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Epoch, ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
+from runner_pool.domain.pickup import ClaimTerms
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord, Signal, TransitionResult, UsageClass
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
@@ -208,7 +209,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._remember(lambda: self._claim(instance_id, run_key, token, stopped))
         now, current = self.clock.now(), self.model.get(instance_id)
         call = ("claim_stopped" if stopped else "claim", run_key, token)
-        result = self.table.claim(instance_id, run_key, token, stopped=stopped)
+        result = self.table.claim(instance_id, run_key, token, ClaimTerms(stopped=stopped))
         self._check(
             instance_id,
             call,
@@ -373,7 +374,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         def contend(side: int) -> None:
             run_key, token = contenders[side]
             start.wait()
-            results[side] = self.racers[side].claim(instance_id, run_key, token, stopped=stopped)
+            results[side] = self.racers[side].claim(instance_id, run_key, token, ClaimTerms(stopped=stopped))
 
         at_once(partial(contend, 0), partial(contend, 1))
         outcomes = [result.outcome for result in results if result is not None]

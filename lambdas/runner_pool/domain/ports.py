@@ -13,9 +13,10 @@ from typing import Protocol
 
 from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, Conclusion
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.config import FleetSettings, ReuseSettings
+from runner_pool.domain.config import FleetSettings
 from runner_pool.domain.cost import HandOverCost, InstanceLife
 from runner_pool.domain.fleet import Ec2State, LaunchOutcome, LaunchRequest, Start, Termination
+from runner_pool.domain.pickup import PLAIN_CLAIM, ClaimTerms
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import (
     InstanceFacts,
@@ -102,13 +103,7 @@ class ClaimRecords(RecordReads, Protocol):
         instance_id: str,
         run_key: str,
         claim_token: str,
-        *,
-        repository: str | None = None,
-        repository_id: int | None = None,
-        reuse: ReuseSettings | None = None,
-        single_use: bool = False,
-        trust: TrustLevel | None = None,
-        stopped: bool = False,
+        terms: ClaimTerms = PLAIN_CLAIM,
     ) -> TransitionResult: ...
 
 

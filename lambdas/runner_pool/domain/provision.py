@@ -18,7 +18,7 @@ from runner_pool.domain.config import ReuseSettings
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.labels import INSTANT_RUN_ID, RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.pickup import Taker
+from runner_pool.domain.pickup import ClaimTerms, Taker
 from runner_pool.domain.records import REGISTERED_SIGNALS, Heartbeat, InstanceRecord, Signal, WorkerSignal
 from runner_pool.domain.timeouts import Timeouts
 from runner_pool.domain.trust import reuses
@@ -107,6 +107,19 @@ class ProvisionPlan(_Step):
             repository_id=request.repository_id,
             trust=request.trust,
             single_use=self.single_use,
+        )
+
+    def claim_terms(self, reuse: ReuseSettings, *, stopped: bool = False) -> ClaimTerms:
+        """What a claim worker's claim of an instance for these jobs asks and writes: held for
+        `holder_repository`, by its reuse rules and the jobs' level of trust."""
+        holder = self.holder_repository
+        return ClaimTerms(
+            repository=holder,
+            repository_id=self.request.repository_id if holder else None,
+            reuse=reuse,
+            single_use=self.single_use,
+            trust=self.request.trust,
+            stopped=stopped,
         )
 
     def claim_token(self, slot: int, attempt: int) -> str:
