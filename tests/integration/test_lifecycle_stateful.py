@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import partial
@@ -29,9 +28,7 @@ from boto3.dynamodb.types import TypeDeserializer
 from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from moto import mock_aws
 
-from emulator.atomic_dynamodb import atomic_items
 from emulator.aws import INSTANCE_ARNS
 from emulator.resources import create_state_table
 from runner_pool.adapters import state_items as schema
@@ -45,7 +42,7 @@ from runner_pool.domain.records import InstanceRecord, Signal, TransitionResult,
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
 from tests.support import builders
 from tests.support.racing import at_once
-from tests.support.stateful import programs
+from tests.support.stateful import program_aws, programs
 
 pytestmark = pytest.mark.slow
 
@@ -125,9 +122,7 @@ def _client(role: str) -> Any:
 class LifecycleMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self._aws = ExitStack()
-        self._aws.enter_context(mock_aws())
-        self._aws.enter_context(atomic_items())
+        self._aws = program_aws()
         self.client = _client("table")
         create_state_table(self.client, TABLE_NAME)
         self.clock = ManualClock()
