@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, Conclusion
+from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, Conclusion, Shortfall
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import FleetSettings
 from runner_pool.domain.cost import HandOverCost, InstanceLife
@@ -185,17 +185,7 @@ class ReconcileRecords(RecordReads, RecordExpiry, Protocol):
 class CapacityWaitRecords(Protocol):
     """Jobs waiting for capacity, as provision's Finish and refresh keep them (steps/capacity_waits.py)."""
 
-    def note(
-        self,
-        *,
-        repository: str,
-        run_key: str,
-        resource_class: str,
-        usage: str,
-        reason: str,
-        jobs: int,
-        execution: str,
-    ) -> CapacityWait: ...
+    def note(self, shortfall: Shortfall) -> CapacityWait: ...
 
     def get(self, repository: str, run_key: str) -> CapacityWait | None: ...
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runner_pool.domain.capacity_waits import Shortfall
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import ReuseSettings
 from runner_pool.domain.executions import ProvisionRequest
@@ -120,6 +121,19 @@ class ProvisionPlan(_Step):
             single_use=self.single_use,
             trust=self.request.trust,
             stopped=stopped,
+        )
+
+    def shortfall(self, unserved: int, reason: str) -> Shortfall:
+        """This provision as EC2 left it short: `unserved` of its jobs, for `reason` (its error codes)."""
+        spec = self.spec
+        return Shortfall(
+            execution=self.execution,
+            repository=self.request.repository,
+            run_key=spec.run_key,
+            resource_class=spec.resource_class,
+            usage=spec.usage.value,
+            jobs=unserved,
+            reason=reason,
         )
 
     def claim_token(self, slot: int, attempt: int) -> str:
