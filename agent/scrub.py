@@ -41,7 +41,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from agent import kernel_objects
@@ -65,7 +65,7 @@ class CleanupError(RuntimeError):
 class AccountPlaces:
     """Where a job running as the runner account can leave something behind, besides its home."""
 
-    skeleton: Path
+    home_skeleton: Path
     temp_dirs: tuple[Path, ...]
     crontab_dirs: tuple[Path, ...]
     linger_dir: Path
@@ -77,6 +77,11 @@ class AccountPlaces:
     subordinate_id_files: tuple[Path, ...] = ()
     first_user_uid: int = 1000
     docker_socket: Path | None = None
+
+    @classmethod
+    def of(cls, settings: AgentSettings) -> AccountPlaces:
+        """The places the settings name, each the setting of the same name."""
+        return cls(**{place.name: getattr(settings, place.name) for place in fields(cls)})
 
     def memory_file_systems(self) -> tuple[Path, ...]:
         """Every tmpfs (or ramfs) mounted under a scan root and not under an excluded path, nor one of
@@ -195,7 +200,7 @@ class Scrub:
                     "POSIX message queues",
                     lambda: kernel_objects.remove_message_queues(account.pw_uid, places.mqueue_dir),
                 ),
-                ("home", lambda: _reset_home(account, places.skeleton)),
+                ("home", lambda: _reset_home(account, places.home_skeleton)),
                 (
                     "temporary files",
                     lambda: _remove_owned(
@@ -244,7 +249,7 @@ class Scrub:
         left += _kernel_objects_left(account, places)
         left += _subordinate_ranges(account, places.subordinate_id_files)
         left += _docker_reachable(account, places.docker_socket)
-        left += _home_differences(account, places.skeleton)
+        left += _home_differences(account, places.home_skeleton)
         for marker in _named_files(account.pw_name, places):
             if os.path.lexists(marker):
                 left.append(f"{marker} exists")
@@ -531,20 +536,7 @@ def build_scrub(settings: AgentSettings, docker: Callable[[], Docker | None] | N
         if settings.job_cgroup is not None
         else None
     )
-    places = AccountPlaces(
-        skeleton=settings.home_skeleton,
-        temp_dirs=settings.temp_dirs,
-        crontab_dirs=settings.crontab_dirs,
-        linger_dir=settings.linger_dir,
-        mail_dirs=settings.mail_dirs,
-        scan_roots=settings.scan_roots,
-        scan_exclude=settings.scan_exclude,
-        mqueue_dir=settings.mqueue_dir,
-        mountinfo=settings.mountinfo,
-        subordinate_id_files=settings.subordinate_id_files,
-        first_user_uid=settings.first_user_uid,
-        docker_socket=settings.docker_socket,
-    )
+    places = AccountPlaces.of(settings)
 
     def docker_cli() -> Docker | None:
         return DockerCli(settings.docker_timeout_seconds) if settings.docker_socket.exists() else None

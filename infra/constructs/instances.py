@@ -59,7 +59,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from types import MappingProxyType
 
-from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Stack, Validations
+from aws_cdk import Acknowledgment, Stack, Validations
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -71,6 +71,7 @@ from constructs import Construct
 from infra.agent_wheelhouse import BOOT_PYTHONS, AgentWheelhouse, agent_wheelhouse
 from infra.constructs import permissions
 from infra.constructs.job_logs import JobLogs
+from infra.constructs.keys import stack_key
 from infra.constructs.notice_queues import NoticeQueueNames
 from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.runner_credentials import ENCRYPTION_CONTEXT_KEY
@@ -191,14 +192,11 @@ class Instances(Construct):
         super().__init__(scope, construct_id)
         settings = config.instances
         self.notice_queues = NoticeQueueNames(self)
-        self.credentials_key = kms.Key(
+        # What it protects lives minutes: a config is of no use once its claim has expired.
+        self.credentials_key = stack_key(
             self,
             "RunnerCredentialsKey",
-            description="runner-pool: encrypts each instance's JIT runner config for that instance alone",
-            enable_key_rotation=True,
-            # What it protects lives minutes: a config is of no use once its claim has expired.
-            removal_policy=RemovalPolicy.DESTROY,
-            pending_window=Duration.days(7),
+            "runner-pool: encrypts each instance's JIT runner config for that instance alone",
         )
         self.volume_key: kms.IKey | None = (
             kms.Key.from_key_arn(self, "VolumeKey", settings.ebs_kms_key_arn)

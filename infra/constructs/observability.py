@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as actions
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
@@ -22,6 +21,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from infra.constructs.keys import stack_key
 from runner_pool.domain.config import StackConfig
 from runner_pool.observability import METRICS_NAMESPACE, SERVICE
 
@@ -374,13 +374,10 @@ class Observability(Construct):
         if not config.alarms.email:
             return None
         # CloudWatch cannot publish to a topic under the AWS-managed aws/sns key; this key lets it.
-        key = kms.Key(
+        key = stack_key(
             self,
             "AlarmTopicKey",
-            description="runner-pool: encrypts the alarm topic; CloudWatch alarms may use it to publish",
-            enable_key_rotation=True,
-            removal_policy=RemovalPolicy.DESTROY,
-            pending_window=Duration.days(7),
+            "runner-pool: encrypts the alarm topic; CloudWatch alarms may use it to publish",
         )
         key.grant(iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey*")
         topic = sns.Topic(

@@ -42,7 +42,7 @@ class StateTable(Construct):
         self.table.add_global_secondary_index(
             index_name=schema.THRESHOLD_INDEX,
             partition_key=_text(schema.SWEEP_SHARD_ATTRIBUTE),
-            sort_key=dynamodb.Attribute(name=schema.THRESHOLD_ATTRIBUTE, type=dynamodb.AttributeType.NUMBER),
+            sort_key=_number(schema.THRESHOLD_ATTRIBUTE),
             projection_type=dynamodb.ProjectionType.ALL,
         )
         # Added after the first two: CloudFormation adds one global secondary index per update, and this
@@ -50,7 +50,7 @@ class StateTable(Construct):
         self.table.add_global_secondary_index(
             index_name=schema.STOPPED_INDEX,
             partition_key=_text(schema.STOPPED_PARTITION_ATTRIBUTE),
-            sort_key=dynamodb.Attribute(name=schema.THRESHOLD_ATTRIBUTE, type=dynamodb.AttributeType.NUMBER),
+            sort_key=_number(schema.THRESHOLD_ATTRIBUTE),
             projection_type=dynamodb.ProjectionType.ALL,
         )
         # Added after by-stopped, alone in its change for the same reason. Keys only: pickup asks
@@ -58,10 +58,14 @@ class StateTable(Construct):
         self.table.add_global_secondary_index(
             index_name=schema.IDLE_INDEX,
             partition_key=_text(schema.POOL_PARTITION_ATTRIBUTE),
-            sort_key=dynamodb.Attribute(name=schema.IDLE_SINCE_ATTRIBUTE, type=dynamodb.AttributeType.NUMBER),
+            sort_key=_number(schema.IDLE_SINCE_ATTRIBUTE),
             projection_type=dynamodb.ProjectionType.KEYS_ONLY,
         )
 
 
 def _text(name: str) -> dynamodb.Attribute:
     return dynamodb.Attribute(name=name, type=dynamodb.AttributeType.STRING)
+
+
+def _number(name: str) -> dynamodb.Attribute:
+    return dynamodb.Attribute(name=name, type=dynamodb.AttributeType.NUMBER)

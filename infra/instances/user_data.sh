@@ -261,13 +261,22 @@ install_agent() {
         --require-hashes --requirement "${AGENT_HOME}/wheelhouse/requirements.txt"
 }
 
+# The systemd unit named `$1`, its text read from standard input: written, enabled and started now.
+install_unit() {
+    local unit="$1"
+    mkdir -p "${UNIT_DIR}"
+    cat >"${UNIT_DIR}/${unit}"
+    systemctl daemon-reload
+    systemctl enable --now "${unit}"
+}
+
 # The instance role may write this instance's signals and read its runner config, and anyone who
 # reaches the metadata service gets its credentials. A job runs as the runner user; only root (the
 # agent) may reach the service. A oneshot unit sets the rule at every boot, before the agent starts,
 # and the agent's unit requires it: without the rule no agent, so no runner, ever starts. (Containers
 # on a bridge network are already cut off by the launch template's hop limit of 1.)
 install_imds_guard() {
-    mkdir -p "$(dirname "${IMDS_GUARD}")" "${UNIT_DIR}"
+    mkdir -p "$(dirname "${IMDS_GUARD}")"
     cat >"${IMDS_GUARD}" <<'GUARD'
 #!/bin/bash
 # runner-pool: only root may reach the instance metadata service (IPv4, and IPv6 where it is on).
@@ -284,7 +293,7 @@ if command -v ip6tables >/dev/null 2>&1; then
 fi
 GUARD
     chmod 0755 "${IMDS_GUARD}"
-    cat >"${UNIT_DIR}/${IMDS_GUARD_UNIT}" <<UNIT
+    install_unit "${IMDS_GUARD_UNIT}" <<UNIT
 [Unit]
 Description=runner-pool: only root may reach the instance metadata service
 Before=${AGENT_UNIT}
@@ -297,8 +306,6 @@ ExecStart=${IMDS_GUARD}
 [Install]
 WantedBy=multi-user.target
 UNIT
-    systemctl daemon-reload
-    systemctl enable --now "${IMDS_GUARD_UNIT}"
 }
 
 write_agent_settings() {
@@ -334,8 +341,7 @@ install_service() {
         guard="Requires=${IMDS_GUARD_UNIT}
 After=${IMDS_GUARD_UNIT}"
     fi
-    mkdir -p "${UNIT_DIR}"
-    cat >"${UNIT_DIR}/${AGENT_UNIT}" <<UNIT
+    install_unit "${AGENT_UNIT}" <<UNIT
 [Unit]
 Description=runner-pool agent: heartbeat, runner registration and cleanup for this instance
 Wants=network-online.target
@@ -357,8 +363,6 @@ TimeoutStopSec=60
 [Install]
 WantedBy=multi-user.target
 UNIT
-    systemctl daemon-reload
-    systemctl enable --now "${AGENT_UNIT}"
 }
 
 # Each part is installed unless it already is at this script's pins; a part installed at other pins

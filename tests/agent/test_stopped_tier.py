@@ -9,6 +9,7 @@ from pathlib import Path
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pickup import ClaimTerms
 from runner_pool.domain.records import Signal, UsageClass
 from tests.agent.conftest import AgentFactory, ControlPlane, config_id, eventually, jit_config
 from tests.support import builders
@@ -58,7 +59,7 @@ def test_an_agent_started_from_the_stopped_tier_beats_afresh_and_serves_only_its
     # When a provision claims it from the stopped tier for NEXT_RUN, hands it a config, and EC2 starts
     # it: systemd starts the agent again, with the same memory file
     token = uuid.uuid4().hex
-    assert records.claim(control_plane.instance_id, NEXT_RUN, token, stopped=True).succeeded
+    assert records.claim(control_plane.instance_id, NEXT_RUN, token, ClaimTerms(stopped=True)).succeeded
     second_config = jit_config()
     control_plane.hand_over(NEXT_RUN, second_config)
     second = agents.start(pre_runner_script=script)

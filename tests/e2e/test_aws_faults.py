@@ -5,7 +5,6 @@ instance to another run, and never counts as served an instance that served noth
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import defaultdict
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from emulator.fake_github import Conclusion, JobSpec
 from emulator.world import World, world
 from runner_pool.domain.executions import instance_of_runner
 from tests.e2e.conftest import FAST_INSTANCES, FAST_TIMERS, LABEL, accounted, completed, settled
+from tests.support.serving import assert_one_job_at_a_time
 
 pytestmark = pytest.mark.slow
 
@@ -54,14 +54,7 @@ def test_runs_served_through_aws_faults_never_share_a_serving_instance(
     jobs = [system.github.state.jobs[job_id] for run in runs for job_id in run.job_ids]
     assert all(job.conclusion is Conclusion.SUCCESS for job in jobs)
     # And no instance ran two jobs at once: none was handed to another run while its runner served one
-    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for job in jobs:
-        assert job.started_at is not None
-        assert job.completed_at is not None
-        spans[instance_of_runner(job.runner_name) or "?"].append((job.started_at, job.completed_at))
-    for held in spans.values():
-        for (_, first_end), (second_start, _) in itertools.pairwise(sorted(held)):
-            assert first_end <= second_start
+    assert_one_job_at_a_time(jobs)
     # And every provision's `lost` instance served one of its run's jobs
     served_by_run: dict[str, set[str]] = defaultdict(set)
     for run in runs:

@@ -6,9 +6,7 @@ each live record an instance)."""
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +33,7 @@ from tests.e2e.conftest import (
     provisions_bound,
     settled,
 )
+from tests.support.serving import assert_one_job_at_a_time
 
 pytestmark = pytest.mark.slow
 
@@ -96,14 +95,7 @@ def test_a_burst_against_githubs_rate_limit_serves_every_job_and_fails_no_execut
     assert all(launches[execution["name"]] <= 1 for execution in provisions), launches
     assert sum(launches[execution["name"]] for execution in provisions) > 0
     # And no instance ever ran two jobs at once
-    runs_of: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for job in limited_system.github.state.jobs.values():
-        assert job.started_at is not None
-        assert job.completed_at is not None
-        runs_of[instance_of_runner(job.runner_name) or "?"].append((job.started_at, job.completed_at))
-    for spans in runs_of.values():
-        for (_, first_end), (second_start, _) in itertools.pairwise(sorted(spans)):
-            assert first_end <= second_start
+    assert_one_job_at_a_time(limited_system.github.state.jobs.values())
     settled(limited_system, timeout=300)
     accounted(limited_system)
 

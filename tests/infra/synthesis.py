@@ -68,6 +68,15 @@ class Synthesis:
     resources: dict[str, Any]
     """The template's resources by logical id, as plain JSON: read without a call into jsii each time."""
 
+    def statements_of_role(self, role_id: str) -> list[Mapping[str, Any]]:
+        """Every statement of the IAM policies attached to the role of logical id `role_id`."""
+        return [
+            statement
+            for policy in self.resources.values()
+            if policy["Type"] == "AWS::IAM::Policy" and {"Ref": role_id} in policy["Properties"]["Roles"]
+            for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+        ]
+
 
 def stub_layer(outdir: Path) -> DependencyLayer:
     """A layer directory shaped like the real one (`python/`), holding one marker file."""

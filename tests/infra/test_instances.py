@@ -96,15 +96,7 @@ def instance_role_id(synthesis: Synthesis) -> str:
 
 
 def role_statements(synthesis: Synthesis) -> list[Mapping[str, Any]]:
-    role = instance_role_id(synthesis)
-    policies = [
-        policy
-        for policy in synthesis.template.find_resources(POLICY).values()
-        if {"Ref": role} in policy["Properties"]["Roles"]
-    ]
-    return [
-        statement for policy in policies for statement in policy["Properties"]["PolicyDocument"]["Statement"]
-    ]
+    return synthesis.statements_of_role(instance_role_id(synthesis))
 
 
 def statement(synthesis: Synthesis, sid: str) -> Mapping[str, Any]:

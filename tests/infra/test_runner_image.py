@@ -275,15 +275,6 @@ def test_builds_run_in_the_runners_network_on_their_own_profile(synthesis: Synth
         }
 
 
-def role_statements(synthesis: Synthesis, role_logical: str) -> list[Mapping[str, Any]]:
-    return [
-        statement
-        for policy in synthesis.resources.values()
-        if policy["Type"] == "AWS::IAM::Policy" and {"Ref": role_logical} in policy["Properties"]["Roles"]
-        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
-    ]
-
-
 def test_the_build_role_reads_only_its_components_tools_logs_and_the_wheelhouses(
     synthesis: Synthesis,
 ) -> None:
@@ -294,7 +285,7 @@ def test_the_build_role_reads_only_its_components_tools_logs_and_the_wheelhouses
     (managed,) = role["ManagedPolicyArns"]
     assert managed["Fn::Join"][1][-1] == ":iam::aws:policy/AmazonSSMManagedInstanceCore"
     # And its own statements are exactly these, each on named resources
-    found = {s["Sid"]: s for s in role_statements(synthesis, role_logical)}
+    found = {s["Sid"]: s for s in synthesis.statements_of_role(role_logical)}
     assert {sid: actions(s) for sid, s in found.items()} == {
         "GetOwnComponents": {"imagebuilder:GetComponent"},
         "GetImageBuilderTools": {"s3:GetObject"},
@@ -307,7 +298,7 @@ def test_the_build_role_reads_only_its_components_tools_logs_and_the_wheelhouses
     # And the wheelhouses it reads are the instance role's, no other object
     (instance_reads,) = [
         s
-        for s in role_statements(synthesis, logical_id(stack, stack.instances.role))
+        for s in synthesis.statements_of_role(logical_id(stack, stack.instances.role))
         if s.get("Sid") == "ReadAgentWheelhouses"
     ]
     assert found["ReadAgentWheelhouses"]["Resource"] == instance_reads["Resource"]

@@ -36,15 +36,6 @@ def handler_of_function(synthesis: Synthesis, function_arn: Mapping[str, Any]) -
     return handler
 
 
-def statements_of_role(synthesis: Synthesis, role_id: str) -> list[Mapping[str, Any]]:
-    return [
-        statement
-        for policy in synthesis.resources.values()
-        if policy["Type"] == "AWS::IAM::Policy" and {"Ref": role_id} in policy["Properties"]["Roles"]
-        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
-    ]
-
-
 @pytest.mark.parametrize("name", MACHINES)
 def test_the_deployed_definition_is_the_asl_file_itself(name: str, synthesis: Synthesis) -> None:
     # Given the synthesised state machine / Then its definition is the file, byte for byte, as tested
@@ -74,7 +65,7 @@ def test_a_machine_may_invoke_its_own_functions_and_nothing_else(name: str, synt
 
     # When the role's Lambda statements are read
     invoking = [
-        s for s in statements_of_role(synthesis, role_id) if "lambda:InvokeFunction" in str(s["Action"])
+        s for s in synthesis.statements_of_role(role_id) if "lambda:InvokeFunction" in str(s["Action"])
     ]
 
     # Then one statement allows invoking exactly those functions, unqualified (no version wildcard)

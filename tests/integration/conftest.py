@@ -1,6 +1,6 @@
 """The integration tier's shared fixtures: the control plane on moto (emulator/harness/control_plane.py),
-the provision world around it (emulator/harness/provision_world.py), and the fake GitHub with the App
-installed."""
+the provision world around it (emulator/harness/provision_world.py), the webhook and the dispatcher on
+moto (emulator/harness/webhooks.py), and the fake GitHub with the App installed."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from emulator.fake_github import FakeGitHub
 from emulator.harness.control_plane import LocalControlPlane, local_control_plane, stack_config
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey
 from emulator.harness.provision_world import ProvisionWorld, provision_world
+from emulator.harness.webhooks import IngressWorld, ingress_world
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 
@@ -60,6 +61,13 @@ def world() -> Iterator[ProvisionWorld]:
     """The provision world with the default config; every test ends with the accounting check."""
     with accounted_world() as built:
         yield built
+
+
+@pytest.fixture
+def ingress() -> Iterator[IngressWorld]:
+    """The webhook's and the dispatcher's AWS on moto, with both handlers (`ingress_world`)."""
+    with ingress_world() as world:
+        yield world
 
 
 @pytest.fixture

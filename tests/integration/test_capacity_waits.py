@@ -10,6 +10,7 @@ from emulator.fake_github import JobSpec
 from emulator.fake_github.payloads import HEAD_SHA
 from emulator.harness.github_app import OWNER, REPO
 from emulator.harness.provision_world import ProvisionWorld, output
+from runner_pool.domain.capacity_waits import Shortfall
 from runner_pool.domain.refresh import RECONCILE_GRACE_SECONDS
 from runner_pool.steps.capacity_waits import CapacityWaitSteps
 from runner_pool.steps.refresh import Refresh
@@ -108,13 +109,15 @@ def test_refresh_asks_again_for_waiting_jobs_only_after_the_back_off(world: Prov
     run_key = f"pool={run.run_id}"
     plane.recent_demand.note(REPOSITORY, run.run_id, 1, run_key, busy_for=0)
     wait = plane.capacity_waits.note(
-        repository=REPOSITORY,
-        run_key=run_key,
-        resource_class="large",
-        usage="spot",
-        reason="InsufficientInstanceCapacity (2 pools)",
-        jobs=2,
-        execution="provision-first",
+        Shortfall(
+            execution="provision-first",
+            repository=REPOSITORY,
+            run_key=run_key,
+            resource_class="large",
+            usage="spot",
+            jobs=2,
+            reason="InsufficientInstanceCapacity (2 pools)",
+        )
     )
     local.clock.advance(RECONCILE_GRACE_SECONDS)
     started = StartedExecutions()

@@ -12,6 +12,7 @@ import pytest
 from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.cli import main
+from runner_pool.domain.capacity_waits import Shortfall
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState
@@ -194,13 +195,15 @@ def test_status_lists_the_jobs_waiting_for_capacity_with_ec2s_reason(
 ) -> None:
     # Given two jobs of a run whose provision EC2 left short, a minute and a half ago
     CapacityWaits(TABLE_NAME, clock, dynamodb).note(
-        repository="octo/app",
-        run_key="pool=7/class=large",
-        resource_class="large",
-        usage="spot",
-        reason="InsufficientInstanceCapacity (4 pools)",
-        jobs=2,
-        execution="provision-a",
+        Shortfall(
+            execution="provision-a",
+            repository="octo/app",
+            run_key="pool=7/class=large",
+            resource_class="large",
+            usage="spot",
+            jobs=2,
+            reason="InsufficientInstanceCapacity (4 pools)",
+        )
     )
     clock.advance(90)
 

@@ -5,13 +5,12 @@ whose level is not known is asked of GitHub once, or served single use (None) wh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from emulator.harness.webhooks import IDEMPOTENCY_TABLE, IngressWorld, ingress_world
+from emulator.harness.webhooks import IDEMPOTENCY_TABLE, IngressWorld
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain.demand import (
     DemandMessage,
@@ -42,14 +41,8 @@ when the job also asks for `gpu`."""
 
 
 @pytest.fixture
-def world() -> Iterator[IngressWorld]:
-    with ingress_world() as world:
-        yield world
-
-
-@pytest.fixture
-def ledger(world: IngressWorld) -> DynamoDbLedger:
-    return DynamoDbLedger(IDEMPOTENCY_TABLE, world.clock, world.dynamodb)
+def ledger(ingress: IngressWorld) -> DynamoDbLedger:
+    return DynamoDbLedger(IDEMPOTENCY_TABLE, ingress.clock, ingress.dynamodb)
 
 
 @dataclass
@@ -108,7 +101,7 @@ def queued(job_id: int, run_key: str = LABEL, *, privileged: bool = False, attem
 
 
 def dispatcher(
-    world: IngressWorld,
+    ingress: IngressWorld,
     ledger: DynamoDbLedger,
     starts: Starts,
     github: FakeRunReader | None = None,
@@ -116,11 +109,11 @@ def dispatcher(
 ) -> Dispatcher:
     trust = RunTrust(
         ledger,
-        world.clock,
+        ingress.clock,
         reader=None if github is None else (lambda: github),
         hourly=lambda: hourly,
     )
-    return Dispatcher(DemandStarts(ledger, starts, world.clock, world.clock.advance, trust))
+    return Dispatcher(DemandStarts(ledger, starts, ingress.clock, ingress.clock.advance, trust))
 
 
 def dispatch(dispatcher: Dispatcher, *messages: DemandMessage) -> DispatchReport:
@@ -162,10 +155,10 @@ def test_a_level_decided_after_the_run_completed_is_kept_and_its_demand_still_re
 
 
 def test_a_fork_mark_of_an_earlier_release_reads_as_untrusted_and_is_not_overwritten(
-    world: IngressWorld, ledger: DynamoDbLedger
+    ingress: IngressWorld, ledger: DynamoDbLedger
 ) -> None:
     # Given a run attempt item an earlier release marked from_fork, with no level
-    world.dynamodb.update_item(
+    ingress.dynamodb.update_item(
         TableName=IDEMPOTENCY_TABLE,
         Key={"id": {"S": f"run#{RUN_ID}/attempt#1"}},
         UpdateExpression="SET from_fork = :yes",
@@ -178,12 +171,12 @@ def test_a_fork_mark_of_an_earlier_release_reads_as_untrusted_and_is_not_overwri
 
 
 def test_a_disagreeing_delivery_is_logged_with_both_levels(
-    world: IngressWorld, ledger: DynamoDbLedger, monkeypatch: pytest.MonkeyPatch
+    ingress: IngressWorld, ledger: DynamoDbLedger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a run requested by a push (trusted)
     warnings: list[tuple[str, dict[str, Any]]] = []
     monkeypatch.setattr(run_trust.logger, "warning", lambda message, **keys: warnings.append((message, keys)))
-    trust = RunTrust(ledger, world.clock)
+    trust = RunTrust(ledger, ingress.clock)
     trust.requested(requested("push"))
     # When a later delivery of the same attempt says pull_request, and another agrees with the first
     standing = trust.requested(requested("pull_request"))
@@ -217,12 +210,12 @@ def test_privileged_labels_are_remembered_per_pool_label(ledger: DynamoDbLedger)
     ids=["push", "pull-request", "fork"],
 )
 def test_a_requested_runs_jobs_are_provisioned_at_its_level(
-    world: IngressWorld, ledger: DynamoDbLedger, run: tuple[str, str], level: TrustLevel, public: bool
+    ingress: IngressWorld, ledger: DynamoDbLedger, run: tuple[str, str], level: TrustLevel, public: bool
 ) -> None:
     event, head = run
     # Given a run requested by `event` from `head`, and GitHub never asked
     starts, github = Starts(), FakeRunReader()
-    the_dispatcher = dispatcher(world, ledger, starts, github)
+    the_dispatcher = dispatcher(ingress, ledger, starts, github)
     # When its requested delivery and then its jobs are dispatched
     dispatch(the_dispatcher, requested(event, head=head))
     dispatch(the_dispatcher, queued(1), queued(2))
@@ -233,37 +226,37 @@ def test_a_requested_runs_jobs_are_provisioned_at_its_level(
 
 
 def test_a_requested_run_in_the_same_batch_as_its_demand_is_decided_first(
-    world: IngressWorld, ledger: DynamoDbLedger
+    ingress: IngressWorld, ledger: DynamoDbLedger
 ) -> None:
     # Given a run's job and its requested delivery in one batch, the demand first
     starts = Starts()
     # When dispatched
-    dispatch(dispatcher(world, ledger, starts, FakeRunReader()), queued(3), requested("schedule"))
+    dispatch(dispatcher(ingress, ledger, starts, FakeRunReader()), queued(3), requested("schedule"))
     # Then the level is there before the demand is provisioned
     assert [p.trust for p in starts.provisions] == [TrustLevel.TRUSTED]
 
 
 def test_a_run_from_fork_message_makes_its_run_untrusted_and_single_use(
-    world: IngressWorld, ledger: DynamoDbLedger
+    ingress: IngressWorld, ledger: DynamoDbLedger
 ) -> None:
     # Given the message an earlier release queued for a fork's run, still in the queue after an upgrade
     starts = Starts()
     fork = RunFromFork(repository=REPOSITORY, head_repository="someone/x", run_id=RUN_ID, run_attempt=1)
     # When it and the run's job are dispatched
-    dispatch(dispatcher(world, ledger, starts, FakeRunReader()), fork, queued(4))
+    dispatch(dispatcher(ingress, ledger, starts, FakeRunReader()), fork, queued(4))
     # Then the job is untrusted and single use
     assert [(p.trust, p.public) for p in starts.provisions] == [(TrustLevel.UNTRUSTED, True)]
 
 
 def test_a_run_whose_requested_delivery_never_came_is_asked_of_github_once(
-    world: IngressWorld, ledger: DynamoDbLedger
+    ingress: IngressWorld, ledger: DynamoDbLedger
 ) -> None:
     # Given a run whose requested delivery was lost, and GitHub answering that it was a push
     starts, github = Starts(), FakeRunReader("push")
-    the_dispatcher = dispatcher(world, ledger, starts, github)
+    the_dispatcher = dispatcher(ingress, ledger, starts, github)
     # When its jobs come in two dispatches, each with two run keys
     dispatch(the_dispatcher, queued(5), queued(6, GPU_KEY))
-    dispatch(dispatcher(world, ledger, starts, github), queued(7), queued(8, GPU_KEY))
+    dispatch(dispatcher(ingress, ledger, starts, github), queued(7), queued(8, GPU_KEY))
     # Then GitHub was asked once for the run attempt, and every provision is trusted
     assert github.asked == [(REPOSITORY, RUN_ID, 1)]
     assert {p.trust for p in starts.provisions} == {TrustLevel.TRUSTED}
@@ -282,13 +275,13 @@ def test_a_run_whose_requested_delivery_never_came_is_asked_of_github_once(
     ids=["rate-limited", "error", "hour-spent", "no-github"],
 )
 def test_a_run_whose_level_github_does_not_give_is_served_single_use(
-    world: IngressWorld, ledger: DynamoDbLedger, github: FakeRunReader | None, hourly: HourlyQuota | None
+    ingress: IngressWorld, ledger: DynamoDbLedger, github: FakeRunReader | None, hourly: HourlyQuota | None
 ) -> None:
     # Given a run whose requested delivery was lost, and GitHub not answering about it (or not asked: the
     # hour's remainder is under the floor kept for registrations)
     starts = Starts()
     # When its job is dispatched
-    report = dispatch(dispatcher(world, ledger, starts, github, hourly), queued(9))
+    report = dispatch(dispatcher(ingress, ledger, starts, github, hourly), queued(9))
     # Then its provision starts, undecided: served single use (fail closed), and nothing failed
     assert [p.trust for p in starts.provisions] == [None]
     assert report.failures == []
@@ -299,14 +292,14 @@ def test_a_run_whose_level_github_does_not_give_is_served_single_use(
 
 
 def test_a_job_with_an_environment_is_privileged_and_so_is_its_pool_labels_later_demand(
-    world: IngressWorld, ledger: DynamoDbLedger
+    ingress: IngressWorld, ledger: DynamoDbLedger
 ) -> None:
     # Given a push's run whose job with an environment asks for LABEL and gpu
     starts = Starts()
-    the_dispatcher = dispatcher(world, ledger, starts)
+    the_dispatcher = dispatcher(ingress, ledger, starts)
     dispatch(the_dispatcher, requested("push"), queued(10, GPU_KEY, privileged=True))
     # When later jobs of the same pool label come without an environment, of either run key
-    world.clock.advance(120)  # another burst: each a first of its run key
+    ingress.clock.advance(120)  # another burst: each a first of its run key
     dispatch(the_dispatcher, queued(11), queued(12, GPU_KEY))
     # Then every provision of that pool label is privileged: any of them may serve the deploy job
     assert [(p.job_ids, p.trust) for p in starts.provisions] == [
@@ -317,11 +310,11 @@ def test_a_job_with_an_environment_is_privileged_and_so_is_its_pool_labels_later
 
 
 def test_a_privileged_pool_label_leaves_other_pool_labels_and_attempts_alone(
-    world: IngressWorld, ledger: DynamoDbLedger
+    ingress: IngressWorld, ledger: DynamoDbLedger
 ) -> None:
     # Given a push's run (both attempts) whose job with an environment asks for LABEL in attempt 1
     starts = Starts()
-    the_dispatcher = dispatcher(world, ledger, starts)
+    the_dispatcher = dispatcher(ingress, ledger, starts)
     dispatch(the_dispatcher, requested("push"), requested("push", attempt=2), queued(13, privileged=True))
     # When jobs of another pool label, and of attempt 2, come
     other = f"pool={RUN_ID}/class=xlarge"
@@ -335,23 +328,23 @@ def test_a_privileged_pool_label_leaves_other_pool_labels_and_attempts_alone(
 
 
 def test_a_sealed_follow_up_is_privileged_when_its_pool_label_had_an_environment(
-    world: IngressWorld, ledger: DynamoDbLedger
+    ingress: IngressWorld, ledger: DynamoDbLedger
 ) -> None:
     # Given a push's run whose job with an environment was dispatched (its label marked)
     starts = Starts()
-    dispatch(dispatcher(world, ledger, starts), requested("push"), queued(16, GPU_KEY, privileged=True))
+    dispatch(dispatcher(ingress, ledger, starts), requested("push"), queued(16, GPU_KEY, privileged=True))
     # When a follow-up of LABEL, gathered with none of its messages, is started
     group = Group(REPOSITORY, LABEL, known_attempts=((RUN_ID, 1),))
-    the_starts = demand_starts(ledger, starts, world.clock, world.clock.advance)
+    the_starts = demand_starts(ledger, starts, ingress.clock, ingress.clock.advance)
     the_starts.start_sealed(DispatchReport(), group, FollowUp(frozenset({17, 18})), "holder", 10**10)
     # Then its provision is privileged
     assert [(p.job_ids, p.trust) for p in starts.provisions][-1] == ((17, 18), TrustLevel.PRIVILEGED)
 
 
-def test_a_completed_runs_level_is_not_asked_of_github(world: IngressWorld, ledger: DynamoDbLedger) -> None:
+def test_a_completed_runs_level_is_not_asked_of_github(ingress: IngressWorld, ledger: DynamoDbLedger) -> None:
     # Given a run that completed before its demand came
     starts, github = Starts(), FakeRunReader()
-    the_dispatcher = dispatcher(world, ledger, starts, github)
+    the_dispatcher = dispatcher(ingress, ledger, starts, github)
     dispatch(the_dispatcher, RunCompleted(repository=REPOSITORY, run_id=RUN_ID, run_attempt=1))
     # When its late demand is dispatched / Then nothing starts and GitHub is not asked
     report = dispatch(the_dispatcher, queued(19))

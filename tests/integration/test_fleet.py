@@ -237,56 +237,68 @@ def test_every_subnet_is_one_override_with_the_same_requirements(
     assert all(set(override) == {"SubnetId", "InstanceRequirements"} for override in overrides)
 
 
-def test_without_named_types_the_requirements_fence_the_class(
-    fleet: Fleet, stubbed: StubbedEc2, config: StackConfig
+@pytest.mark.parametrize(
+    ("label", "requirements"),
+    [
+        # Class xlarge (4 vCPU / 8 GiB) and no types: exactly 4 vCPUs, 8 to 16 GiB, no burstable and no
+        # accelerator types, any type name
+        (
+            "pool=42/class=xlarge",
+            {
+                "VCpuCount": {"Min": 4, "Max": 4},
+                "MemoryMiB": {"Min": 8192, "Max": 16384},
+                "CpuManufacturers": ["intel", "amd"],
+                "BurstablePerformance": "excluded",
+                "AcceleratorCount": {"Max": 0},
+            },
+        ),
+        # Memory-optimised families named: only those globs, still at the class's vCPUs and at least its
+        # memory
+        (
+            "pool=42/types=r7i*+r7a.large",
+            {
+                "VCpuCount": {"Min": 2, "Max": 2},
+                "MemoryMiB": {"Min": 4096},
+                "CpuManufacturers": ["intel", "amd"],
+                "BurstablePerformance": "excluded",
+                "AllowedInstanceTypes": ["r7i*", "r7a.large"],
+            },
+        ),
+    ],
+    ids=["without-named-types-the-class-fences", "named-types-lift-the-memory-fence"],
+)
+def test_the_requirements_are_the_labels_class_or_its_named_types(
+    fleet: Fleet, stubbed: StubbedEc2, config: StackConfig, label: str, requirements: dict[str, Any]
 ) -> None:
-    # Given class xlarge (4 vCPU / 8 GiB) and no types
-    params = sent_request(fleet, stubbed, request_for(config, "pool=42/class=xlarge"))
-    # Then exactly 4 vCPUs, 8 to 16 GiB, no burstable and no accelerator types, any type name
-    assert requirements_of(params) == {
-        "VCpuCount": {"Min": 4, "Max": 4},
-        "MemoryMiB": {"Min": 8192, "Max": 16384},
-        "CpuManufacturers": ["intel", "amd"],
-        "BurstablePerformance": "excluded",
-        "AcceleratorCount": {"Max": 0},
-    }
+    # Given a label / When its launch is sent / Then the fleet asks for exactly its instance requirements
+    params = sent_request(fleet, stubbed, request_for(config, label))
+    assert requirements_of(params) == requirements
 
 
-def test_named_types_are_the_allowed_types_and_lift_the_memory_fence(
-    fleet: Fleet, stubbed: StubbedEc2, config: StackConfig
+@pytest.mark.parametrize(
+    ("arch", "template", "cpus"),
+    [
+        # The arm64 template (its AMI boots arm64 only) and only AWS-made (Graviton) CPUs
+        ("arm64", {"LaunchTemplateId": "lt-arm64", "Version": "5"}, ["amazon-web-services"]),
+        # The x64 template and only Intel or AMD CPUs
+        ("x64", {"LaunchTemplateId": "lt-x64", "Version": "3"}, ["intel", "amd"]),
+    ],
+    ids=["arm64", "x64"],
+)
+def test_a_spec_takes_its_archs_template_and_cpus(
+    fleet: Fleet,
+    stubbed: StubbedEc2,
+    config: StackConfig,
+    *,
+    arch: str,
+    template: dict[str, str],
+    cpus: list[str],
 ) -> None:
-    # Given a label naming memory-optimised families
-    params = sent_request(fleet, stubbed, request_for(config, "pool=42/types=r7i*+r7a.large"))
-    # Then only those globs are allowed, still at the class's vCPUs and at least its memory
-    assert requirements_of(params) == {
-        "VCpuCount": {"Min": 2, "Max": 2},
-        "MemoryMiB": {"Min": 4096},
-        "CpuManufacturers": ["intel", "amd"],
-        "BurstablePerformance": "excluded",
-        "AllowedInstanceTypes": ["r7i*", "r7a.large"],
-    }
-
-
-def test_an_arm64_spec_takes_the_arm64_template_and_graviton_types(
-    fleet: Fleet, stubbed: StubbedEc2, config: StackConfig
-) -> None:
-    # Given an arm64 label
-    params = sent_request(fleet, stubbed, request_for(config, "pool=42/arch=arm64"))
-    # Then the arm64 template (its AMI boots arm64 only) and only AWS-made (Graviton) CPUs
+    # Given a label of `arch` / When its launch is sent / Then its arch's template and CPU makers
+    params = sent_request(fleet, stubbed, request_for(config, f"pool=42/arch={arch}"))
     (template_config,) = params["LaunchTemplateConfigs"]
-    assert template_config["LaunchTemplateSpecification"] == {"LaunchTemplateId": "lt-arm64", "Version": "5"}
-    assert requirements_of(params)["CpuManufacturers"] == ["amazon-web-services"]
-
-
-def test_an_x64_spec_takes_the_x64_template_and_intel_or_amd_types(
-    fleet: Fleet, stubbed: StubbedEc2, config: StackConfig
-) -> None:
-    # Given an x64 label
-    params = sent_request(fleet, stubbed, request_for(config, "pool=42/arch=x64"))
-    # Then the x64 template and only Intel or AMD CPUs
-    (template_config,) = params["LaunchTemplateConfigs"]
-    assert template_config["LaunchTemplateSpecification"] == {"LaunchTemplateId": "lt-x64", "Version": "3"}
-    assert requirements_of(params)["CpuManufacturers"] == ["intel", "amd"]
+    assert template_config["LaunchTemplateSpecification"] == template
+    assert requirements_of(params)["CpuManufacturers"] == cpus
 
 
 def test_an_arch_without_a_template_is_refused_before_any_call(

@@ -14,7 +14,6 @@ unacknowledged messages delivered again, every follow-up machine run to its end)
 from __future__ import annotations
 
 import itertools
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +21,7 @@ import boto3
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from moto import mock_aws
 
-from emulator.atomic_dynamodb import atomic_items
 from emulator.resources import create_idempotency_table
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.follow_up_batches import STATE_ATTRIBUTE, TRANSITION_CONDITIONS
@@ -41,7 +38,7 @@ from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpNotStartedError, FollowUpSteps
 from tests.conftest import NO_WAIT, REGION
 from tests.support.builders import demand_starts
-from tests.support.stateful import programs
+from tests.support.stateful import program_aws, programs
 
 pytestmark = pytest.mark.slow
 
@@ -138,9 +135,7 @@ class Machines:
 class FollowUpWindow(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self._aws = ExitStack()
-        self._aws.enter_context(mock_aws())
-        self._aws.enter_context(atomic_items())
+        self._aws = program_aws()
         client = boto3.session.Session().client("dynamodb", region_name=REGION)
         create_idempotency_table(client, TABLE)
         self.client = WatchingClient(client)

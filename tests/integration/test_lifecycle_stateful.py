@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import partial
@@ -29,9 +28,7 @@ from boto3.dynamodb.types import TypeDeserializer
 from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from moto import mock_aws
 
-from emulator.atomic_dynamodb import atomic_items
 from emulator.aws import INSTANCE_ARNS
 from emulator.resources import create_state_table
 from runner_pool.adapters import state_items as schema
@@ -39,12 +36,13 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import Epoch, ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
+from runner_pool.domain.pickup import ClaimTerms
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord, Signal, TransitionResult, UsageClass
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
 from tests.support import builders
 from tests.support.racing import at_once
-from tests.support.stateful import programs
+from tests.support.stateful import program_aws, programs
 
 pytestmark = pytest.mark.slow
 
@@ -124,9 +122,7 @@ def _client(role: str) -> Any:
 class LifecycleMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self._aws = ExitStack()
-        self._aws.enter_context(mock_aws())
-        self._aws.enter_context(atomic_items())
+        self._aws = program_aws()
         self.client = _client("table")
         create_state_table(self.client, TABLE_NAME)
         self.clock = ManualClock()
@@ -208,7 +204,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._remember(lambda: self._claim(instance_id, run_key, token, stopped))
         now, current = self.clock.now(), self.model.get(instance_id)
         call = ("claim_stopped" if stopped else "claim", run_key, token)
-        result = self.table.claim(instance_id, run_key, token, stopped=stopped)
+        result = self.table.claim(instance_id, run_key, token, ClaimTerms(stopped=stopped))
         self._check(
             instance_id,
             call,
@@ -373,7 +369,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         def contend(side: int) -> None:
             run_key, token = contenders[side]
             start.wait()
-            results[side] = self.racers[side].claim(instance_id, run_key, token, stopped=stopped)
+            results[side] = self.racers[side].claim(instance_id, run_key, token, ClaimTerms(stopped=stopped))
 
         at_once(partial(contend, 0), partial(contend, 1))
         outcomes = [result.outcome for result in results if result is not None]

@@ -13,7 +13,7 @@ from emulator.harness.control_plane import LocalControlPlane, local_control_plan
 from emulator.harness.provision_world import REPOSITORY, output, provision_world
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS, PickupManager
+from runner_pool.domain.pickup import PICKUP_BUDGET_SECONDS, ClaimTerms, PickupManager
 from runner_pool.domain.provision import ClaimWorker, ProvisionPlan, Readiness
 from runner_pool.domain.records import PoolMessage
 from runner_pool.domain.trust import TrustLevel
@@ -133,8 +133,8 @@ def test_a_single_use_request_takes_a_pristine_instance_where_the_class_keeps_so
     config = stack_config(warm_pool_minimum={"large": {"pristine": 1}})
     with local_control_plane(config, pause=lambda _s: None) as local:
         (used,) = local.pooled(1)  # its offer as pristine goes stale at the claim below
-        trusted = {"repository": "octo-org/app", "trust": TrustLevel.TRUSTED}
-        assert local.table.claim(used.instance_id, "pool=1", "t", **trusted).succeeded
+        trusted = ClaimTerms(repository="octo-org/app", trust=TrustLevel.TRUSTED)
+        assert local.table.claim(used.instance_id, "pool=1", "t", trusted).succeeded
         assert local.table.activate(used.instance_id, "pool=1", 60, claim_token="t").succeeded
         released = local.table.release(used.instance_id, "pool=1").record
         assert released is not None

@@ -15,6 +15,7 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import ReuseSettings, StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
+from runner_pool.domain.pickup import ClaimTerms
 from runner_pool.domain.records import InstanceRecord, TransitionResult
 from runner_pool.domain.trust import TrustLevel
 from tests.conftest import NO_WAIT, TABLE_NAME
@@ -39,7 +40,7 @@ def served(table: StateTable, repository: str | None, *, jobs: int = 1) -> Insta
     record = _ok(table.release(ONE_ID, RUN))
     for job in range(1, jobs):
         token = f"again-{job}"
-        assert table.claim(ONE_ID, RUN, token, repository=repository, trust=TRUSTED).succeeded
+        assert table.claim(ONE_ID, RUN, token, ClaimTerms(repository=repository, trust=TRUSTED)).succeeded
         assert table.activate(ONE_ID, RUN, 60, claim_token=token).succeeded
         record = _ok(table.release(ONE_ID, RUN))
     return record
@@ -70,7 +71,9 @@ def test_a_claim_names_the_repository_and_counts_the_job(state_table: StateTable
     # Given an instance that served one job of APP
     served(state_table, APP)
     # When a job of APP claims it
-    result = state_table.claim(ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse(), trust=TRUSTED)
+    result = state_table.claim(
+        ONE_ID, NEXT_RUN, "t", ClaimTerms(repository=APP, reuse=reuse(), trust=TRUSTED)
+    )
     # Then it is held for that run, names APP, and has served two jobs
     assert result.outcome is Outcome.APPLIED
     assert result.record is not None
@@ -95,7 +98,7 @@ def test_a_claim_outside_the_reuse_scope_loses_whatever_pickup_saw(
     before = served(state_table, served_by)
     # When a job of `asker` claims it under reuse.scope `scope`
     result = state_table.claim(
-        ONE_ID, NEXT_RUN, "t", repository=asker, reuse=reuse(scope=scope), trust=TRUSTED
+        ONE_ID, NEXT_RUN, "t", ClaimTerms(repository=asker, reuse=reuse(scope=scope), trust=TRUSTED)
     )
     # Then the write itself decides: in scope it applies, out of scope it loses and changes nothing
     assert result.outcome is outcome
@@ -127,7 +130,10 @@ def test_a_claim_under_the_repository_scope_compares_repository_ids_not_names(
 
     # When a job of the repository named APP with id `asker_id` claims it
     result = state_table.claim(
-        ONE_ID, NEXT_RUN, "t", repository=APP, repository_id=asker_id, reuse=reuse(), trust=TRUSTED
+        ONE_ID,
+        NEXT_RUN,
+        "t",
+        ClaimTerms(repository=APP, repository_id=asker_id, reuse=reuse(), trust=TRUSTED),
     )
 
     # Then the same id takes it (a record without one, by name), another id with the same name does not
@@ -143,7 +149,9 @@ def test_a_claim_of_an_instance_that_served_its_maximum_of_jobs_loses(state_tabl
     # Given an instance that has served reuse.max_jobs (2) jobs of APP
     before = served(state_table, APP, jobs=2)
     # When a third job of APP claims it / Then the claim loses
-    result = state_table.claim(ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse(max_jobs=2), trust=TRUSTED)
+    result = state_table.claim(
+        ONE_ID, NEXT_RUN, "t", ClaimTerms(repository=APP, reuse=reuse(max_jobs=2), trust=TRUSTED)
+    )
     assert result.outcome is Outcome.LOST
     assert state_table.get(ONE_ID) == before
 
@@ -156,7 +164,7 @@ def test_a_claim_of_an_instance_past_its_maximum_age_loses(
     clock.advance(60)
     # When a job of APP claims it / Then the claim loses
     result = state_table.claim(
-        ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse(max_age_minutes=1), trust=TRUSTED
+        ONE_ID, NEXT_RUN, "t", ClaimTerms(repository=APP, reuse=reuse(max_age_minutes=1), trust=TRUSTED)
     )
     assert result.outcome is Outcome.LOST
 
@@ -190,7 +198,9 @@ def test_quarantine_of_an_earlier_hand_off_leaves_a_later_one_alone(state_table:
     # Given an instance released after runner 7's job and claimed again, its new runner 8 noted
     running_with_runner(state_table, 7)
     assert state_table.release(ONE_ID, RUN).succeeded
-    assert state_table.claim(ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse(), trust=TRUSTED).succeeded
+    assert state_table.claim(
+        ONE_ID, NEXT_RUN, "t", ClaimTerms(repository=APP, reuse=reuse(), trust=TRUSTED)
+    ).succeeded
     assert state_table.record_runner(ONE_ID, NEXT_RUN, 8).succeeded
     before = state_table.get(ONE_ID)
     # When a late quarantine of runner 7 arrives / Then it loses and the new hand-off is untouched
@@ -222,7 +232,7 @@ def test_no_claim_or_hand_off_clears_a_quarantine(
 
     # When one claims it, activates it, notes a runner or gives it back
     attempts = [
-        behind.claim(ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse(), trust=TRUSTED),
+        behind.claim(ONE_ID, NEXT_RUN, "t", ClaimTerms(repository=APP, reuse=reuse(), trust=TRUSTED)),
         behind.release(ONE_ID, RUN),
         behind.release_served(ONE_ID, RUN, 7),
         behind.record_runner(ONE_ID, RUN, 8),
@@ -281,7 +291,7 @@ def test_a_claim_of_a_used_instance_across_levels_loses_whatever_the_message_sai
     before = served_at(state_table, served_level)
     # When a job of APP at `level` claims it (single use, or not)
     result = state_table.claim(
-        ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse(), trust=level, single_use=single_use
+        ONE_ID, NEXT_RUN, "t", ClaimTerms(repository=APP, reuse=reuse(), trust=level, single_use=single_use)
     )
     # Then only a job that reuses, of the very level it served, takes it; any other claim changes nothing
     assert result.outcome is outcome
@@ -301,7 +311,7 @@ def test_a_pristine_instance_is_claimed_by_any_job_and_then_names_its_level(
     assert served(state_table, None).pristine
     # When any job claims it
     result = state_table.claim(
-        ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse(), trust=level, single_use=single_use
+        ONE_ID, NEXT_RUN, "t", ClaimTerms(repository=APP, reuse=reuse(), trust=level, single_use=single_use)
     )
     # Then it applies, and the record names the job's level and is no longer pristine
     record = _ok(result)
@@ -311,12 +321,14 @@ def test_a_pristine_instance_is_claimed_by_any_job_and_then_names_its_level(
 def test_a_claim_given_back_leaves_the_instance_used(state_table: StateTable) -> None:
     # Given a pristine instance claimed by a trusted job, then given back (its hand-over deferred)
     served(state_table, None)
-    assert state_table.claim(ONE_ID, NEXT_RUN, "t", repository=APP, reuse=reuse(), trust=TRUSTED).succeeded
+    assert state_table.claim(
+        ONE_ID, NEXT_RUN, "t", ClaimTerms(repository=APP, reuse=reuse(), trust=TRUSTED)
+    ).succeeded
     returned = _ok(state_table.unclaim(ONE_ID, NEXT_RUN, "t"))
     # Then it is not pristine again: a runner handed its config may have run a job (fail closed)
     assert (returned.jobs_served, returned.pristine, returned.trust) == (1, False, TRUSTED)
     # And a single-use job can no longer claim it
     single = state_table.claim(
-        ONE_ID, RUN, "u", repository=APP, reuse=reuse(), trust=TRUSTED, single_use=True
+        ONE_ID, RUN, "u", ClaimTerms(repository=APP, reuse=reuse(), trust=TRUSTED, single_use=True)
     )
     assert single.outcome is Outcome.LOST

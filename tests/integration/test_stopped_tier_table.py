@@ -16,6 +16,7 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
+from runner_pool.domain.pickup import ClaimTerms
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceFacts, InstanceRecord, UsageClass
 from tests.conftest import NO_WAIT, REGION, TABLE_NAME
@@ -214,7 +215,7 @@ def test_claim_of_a_stopped_instance_holds_it_for_the_run_and_leaves_the_index(
     stopped(state_table, clock, facts)
 
     # When a claim worker claims it to start it
-    result = state_table.claim(facts.instance_id, RUN, TOKEN, stopped=True)
+    result = state_table.claim(facts.instance_id, RUN, TOKEN, ClaimTerms(stopped=True))
 
     # Then it is claimed for the run, with time for EC2's start and the agent's boot, out of the index
     assert result.outcome is Outcome.APPLIED
@@ -235,9 +236,11 @@ def test_claim_of_a_stopped_instance_holds_it_for_the_run_and_leaves_the_index(
 def test_claim_of_a_stopped_instance_retried_is_replayed(state_table: StateTable, clock: ManualClock) -> None:
     facts = on_demand()
     stopped(state_table, clock, facts)
-    state_table.claim(facts.instance_id, RUN, TOKEN, stopped=True)
+    state_table.claim(facts.instance_id, RUN, TOKEN, ClaimTerms(stopped=True))
     clock.advance(1)
-    assert state_table.claim(facts.instance_id, RUN, TOKEN, stopped=True).outcome is Outcome.REPLAYED
+    assert (
+        state_table.claim(facts.instance_id, RUN, TOKEN, ClaimTerms(stopped=True)).outcome is Outcome.REPLAYED
+    )
 
 
 def test_claim_of_a_stopped_instance_with_another_token_is_lost(
@@ -246,10 +249,13 @@ def test_claim_of_a_stopped_instance_with_another_token_is_lost(
     # Given a stopped instance another worker has just claimed (and is starting)
     facts = on_demand()
     stopped(state_table, clock, facts)
-    state_table.claim(facts.instance_id, RUN, TOKEN, stopped=True)
+    state_table.claim(facts.instance_id, RUN, TOKEN, ClaimTerms(stopped=True))
 
     # When a second worker claims it / Then it loses: no instance is started twice
-    assert state_table.claim(facts.instance_id, RUN, "claim-worker-b", stopped=True).outcome is Outcome.LOST
+    assert (
+        state_table.claim(facts.instance_id, RUN, "claim-worker-b", ClaimTerms(stopped=True)).outcome
+        is Outcome.LOST
+    )
 
 
 def test_hot_claim_of_a_stopped_instance_is_lost(state_table: StateTable, clock: ManualClock) -> None:
@@ -268,7 +274,7 @@ def test_claim_of_a_stopped_instance_past_its_max_age_is_lost(
     clock.advance(STOPPED_FOR_SECONDS)
 
     # When it is claimed / Then it loses, and pickup no longer finds it
-    assert state_table.claim(facts.instance_id, RUN, TOKEN, stopped=True).outcome is Outcome.LOST
+    assert state_table.claim(facts.instance_id, RUN, TOKEN, ClaimTerms(stopped=True)).outcome is Outcome.LOST
     assert state_table.stopped(PoolPartition.of(facts)) == []
 
 
@@ -331,7 +337,7 @@ def test_two_workers_racing_for_one_stopped_instance_never_both_win(
         return [
             (
                 facts.instance_id,
-                tables[worker].claim(facts.instance_id, RUN, f"w{worker}", stopped=True).outcome,
+                tables[worker].claim(facts.instance_id, RUN, f"w{worker}", ClaimTerms(stopped=True)).outcome,
             )
             for facts in instances
         ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,19 +19,12 @@ from emulator.harness.webhooks import (
     fixture,
     fixture_names,
     github_headers,
-    ingress_world,
     queued_job,
 )
 from runner_pool.domain.executions import runner_name
 
 LABEL = "pool=4242/class=large"
 INSTANCE = "i-0123456789abcdef0"
-
-
-@pytest.fixture
-def world() -> Iterator[IngressWorld]:
-    with ingress_world() as world:
-        yield world
 
 
 def emf_lines(out: str) -> list[dict[str, Any]]:
@@ -43,26 +35,26 @@ def emf_lines(out: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("name", fixture_names())
-def test_every_real_payload_is_accepted_and_causes_no_demand(world: IngressWorld, name: str) -> None:
+def test_every_real_payload_is_accepted_and_causes_no_demand(ingress: IngressWorld, name: str) -> None:
     # Given a real GitHub payload, correctly signed (its labels are not ours)
     request = delivery(fixture(name), event_of(name))
     # When it is delivered, and whatever it queued is dispatched
-    answer = world.deliver(request)
-    world.dispatch(world.take_queued())
+    answer = ingress.deliver(request)
+    ingress.dispatch(ingress.take_queued())
     # Then it was acknowledged, and nothing was provisioned or released
     assert answer.status in (200, 202)
-    assert world.provisions() == []
-    assert world.releases() == []
+    assert ingress.provisions() == []
+    assert ingress.releases() == []
 
 
-def test_a_queued_job_with_our_label_queues_one_unit_of_demand(world: IngressWorld) -> None:
+def test_a_queued_job_with_our_label_queues_one_unit_of_demand(ingress: IngressWorld) -> None:
     # Given the real queued payload re-labelled with our label
     request = delivery(queued_job(LABEL, job_id=901, run_id=4242), "workflow_job")
     # When it is delivered
-    answer = world.deliver(request)
+    answer = ingress.deliver(request)
     # Then it is accepted and the queue holds exactly that job's demand
     assert answer.status == 202
-    assert world.queued_bodies() == [
+    assert ingress.queued_bodies() == [
         {
             "kind": "job-queued",
             "repository": "Codertocat/Hello-World",
@@ -77,13 +69,13 @@ def test_a_queued_job_with_our_label_queues_one_unit_of_demand(world: IngressWor
     ]
 
 
-def test_a_job_completed_on_our_runner_queues_its_release(world: IngressWorld) -> None:
+def test_a_job_completed_on_our_runner_queues_its_release(ingress: IngressWorld) -> None:
     # Given the real completed payload re-labelled, naming the runner we registered on an instance
     payload = completed_job(LABEL, runner_name=runner_name(INSTANCE, "claim-1"), job_id=902)
     # When it is delivered
-    world.deliver(delivery(payload, "workflow_job"))
+    ingress.deliver(delivery(payload, "workflow_job"))
     # Then the queue holds the release of that instance, caused by that job
-    assert world.queued_bodies() == [
+    assert ingress.queued_bodies() == [
         {
             "kind": "release",
             "request": {
@@ -102,42 +94,42 @@ def test_a_job_completed_on_our_runner_queues_its_release(world: IngressWorld) -
     ]
 
 
-def test_a_job_cancelled_while_queued_queues_its_cancellation(world: IngressWorld) -> None:
+def test_a_job_cancelled_while_queued_queues_its_cancellation(ingress: IngressWorld) -> None:
     # Given a job with our label that completed without a runner
-    world.deliver(delivery(completed_job(LABEL, runner_name=None, job_id=903), "workflow_job"))
+    ingress.deliver(delivery(completed_job(LABEL, runner_name=None, job_id=903), "workflow_job"))
     # Then the queue holds the cancellation of its demand
-    assert world.queued_bodies() == [
+    assert ingress.queued_bodies() == [
         {"kind": "job-cancelled", "repository": "Codertocat/Hello-World", "run_key": LABEL, "job_id": 903}
     ]
 
 
-def test_a_completed_run_queues_the_release_of_the_run(world: IngressWorld) -> None:
+def test_a_completed_run_queues_the_release_of_the_run(ingress: IngressWorld) -> None:
     # Given the real workflow_run completed payload for attempt 2 of run 4242
-    world.deliver(delivery(completed_run(run_id=4242, attempt=2), "workflow_run"))
+    ingress.deliver(delivery(completed_run(run_id=4242, attempt=2), "workflow_run"))
     # Then the queue holds the run's completion
-    assert world.queued_bodies() == [
+    assert ingress.queued_bodies() == [
         {"kind": "run-completed", "repository": "octo-org/octo-repo", "run_id": 4242, "run_attempt": 2}
     ]
 
 
-def test_a_replayed_delivery_gets_the_first_answer_and_queues_nothing_more(world: IngressWorld) -> None:
+def test_a_replayed_delivery_gets_the_first_answer_and_queues_nothing_more(ingress: IngressWorld) -> None:
     # Given a delivery that was taken once
     request = delivery(queued_job(LABEL), "workflow_job", delivery_id="72d3162e-cc78-11e3-81ab-4c9367dc0958")
-    first = world.deliver(request)
+    first = ingress.deliver(request)
     # When GitHub delivers it again, same X-GitHub-Delivery
-    again = world.deliver(request)
+    again = ingress.deliver(request)
     # Then the answer is the same, and one message was queued in all
     assert again == first
-    assert len(world.queued_bodies()) == 1
+    assert len(ingress.queued_bodies()) == 1
 
 
 def test_an_unserved_label_is_logged_with_its_reason_counted_and_queues_nothing(
-    world: IngressWorld, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    ingress: IngressWorld, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     # Given a job whose label starts with pool= but does not parse
     request = delivery(queued_job("pool=4242/usage=Spot"), "workflow_job")
     # When it is delivered
-    answer = world.deliver(request)
+    answer = ingress.deliver(request)
     # Then it is acknowledged (never a 5xx), with the reason
     assert answer.status == 200
     assert answer.message == (
@@ -150,75 +142,77 @@ def test_an_unserved_label_is_logged_with_its_reason_counted_and_queues_nothing(
         line["UnservedLabels"] for line in emf_lines(capsys.readouterr().out) if "UnservedLabels" in line
     ] == [[1.0]]
     # And no demand was queued
-    assert world.queued_bodies() == []
+    assert ingress.queued_bodies() == []
 
 
-def test_a_delivery_that_failed_on_our_side_is_taken_when_redelivered(world: IngressWorld) -> None:
+def test_a_delivery_that_failed_on_our_side_is_taken_when_redelivered(ingress: IngressWorld) -> None:
     # Given SQS refuses the first attempt to queue a delivery's demand
     request = delivery(queued_job(LABEL), "workflow_job")
-    world.fail_next("sqs", "SendMessage", "KMS.DisabledException")
-    failed = world.deliver(request)
+    ingress.fail_next("sqs", "SendMessage", "KMS.DisabledException")
+    failed = ingress.deliver(request)
     # When GitHub redelivers it (same delivery id)
-    retried = world.deliver(request)
+    retried = ingress.deliver(request)
     # Then the first answer told GitHub to redeliver, and the redelivery queued the demand once
     assert failed.status == 503
     assert retried.status == 202
-    assert len(world.queued_bodies()) == 1
+    assert len(ingress.queued_bodies()) == 1
 
 
-def test_a_base64_encoded_body_is_read_as_its_bytes(world: IngressWorld) -> None:
+def test_a_base64_encoded_body_is_read_as_its_bytes(ingress: IngressWorld) -> None:
     # Given API Gateway passing the body base64-encoded (binary media types configured)
     body = encoded(queued_job(LABEL))
     request = api_request(body, github_headers(body, "workflow_job"), base64_encoded=True)
     # When it is delivered / Then the signature matched the decoded bytes and demand was queued
-    assert world.deliver(request).status == 202
+    assert ingress.deliver(request).status == 202
 
 
-def test_a_request_to_another_path_is_not_found(world: IngressWorld) -> None:
+def test_a_request_to_another_path_is_not_found(ingress: IngressWorld) -> None:
     # Given a signed delivery posted to another path
     body = encoded(fixture("ping.payload.json"))
     request = api_request(body, github_headers(body, "ping"), path="/admin")
     # When it is handled / Then 404, not a 5xx
-    assert world.deliver(request).status == 404
+    assert ingress.deliver(request).status == 404
 
 
 # --- the secret and its rotation -------------------------------------------------------------------
 
 
-def rotate(world: IngressWorld, new_secret: str) -> None:
+def rotate(ingress: IngressWorld, new_secret: str) -> None:
     """A new version of the webhook secret; the old one becomes AWSPREVIOUS."""
-    name = world.plane.config.github.webhook_secret_name
-    world.secrets.put_secret_value(SecretId=name, SecretString=new_secret)
+    name = ingress.plane.config.github.webhook_secret_name
+    ingress.secrets.put_secret_value(SecretId=name, SecretString=new_secret)
 
 
 def test_after_rotation_a_delivery_signed_with_the_new_secret_is_accepted_while_the_old_is_cached(
-    world: IngressWorld,
+    ingress: IngressWorld,
 ) -> None:
     # Given the webhook has the old secret cached, then the secret is rotated and GitHub told
-    world.deliver(delivery(fixture("ping.payload.json"), "ping"))
-    rotate(world, "the new secret")
+    ingress.deliver(delivery(fixture("ping.payload.json"), "ping"))
+    rotate(ingress, "the new secret")
     # When a delivery signed with the new secret arrives within the cache's lifetime
-    answer = world.deliver(delivery(fixture("ping.payload.json"), "ping", secret="the new secret"))
+    answer = ingress.deliver(delivery(fixture("ping.payload.json"), "ping", secret="the new secret"))
     # Then it is accepted: the mismatch made the webhook look again
     assert answer.status == 200
 
 
-def test_after_rotation_a_delivery_still_signed_with_the_old_secret_is_accepted(world: IngressWorld) -> None:
+def test_after_rotation_a_delivery_still_signed_with_the_old_secret_is_accepted(
+    ingress: IngressWorld,
+) -> None:
     # Given the secret was rotated and the webhook has seen the new version
-    rotate(world, "the new secret")
-    world.deliver(delivery(fixture("ping.payload.json"), "ping", secret="the new secret"))
+    rotate(ingress, "the new secret")
+    ingress.deliver(delivery(fixture("ping.payload.json"), "ping", secret="the new secret"))
     # When GitHub, not yet told, signs with the old secret
-    answer = world.deliver(delivery(fixture("ping.payload.json"), "ping", secret=WEBHOOK_SECRET))
+    answer = ingress.deliver(delivery(fixture("ping.payload.json"), "ping", secret=WEBHOOK_SECRET))
     # Then it is accepted as signed by the previous version
     assert answer.status == 200
 
 
-def test_forged_deliveries_look_the_secret_up_afresh_at_most_once_per_floor(world: IngressWorld) -> None:
+def test_forged_deliveries_look_the_secret_up_afresh_at_most_once_per_floor(ingress: IngressWorld) -> None:
     # Given fifty deliveries signed with a guessed secret
     forged = [delivery(fixture("ping.payload.json"), "ping", secret="guess") for _ in range(50)]
     # When they arrive within a few seconds
-    answers = {world.deliver(request).status for request in forged}
+    answers = {ingress.deliver(request).status for request in forged}
     # Then all are refused, and Secrets Manager was asked once to fill the cache and once afresh
     # (current and previous version), not fifty times
     assert answers == {401}
-    assert world.calls.count("secretsmanager:GetSecretValue") == 3
+    assert ingress.calls.count("secretsmanager:GetSecretValue") == 3

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from hypothesis import HealthCheck, settings
+from moto import mock_aws
+
+from emulator.atomic_dynamodb import atomic_items
 
 
 def programs(examples: int, steps: int) -> settings:
@@ -14,3 +19,12 @@ def programs(examples: int, steps: int) -> settings:
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
     )
+
+
+def program_aws() -> ExitStack:
+    """moto for one program, each DynamoDB item operation alone as in DynamoDB (emulator/atomic_dynamodb.py),
+    for the state machine's teardown to close."""
+    aws = ExitStack()
+    aws.enter_context(mock_aws())
+    aws.enter_context(atomic_items())
+    return aws

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runner_pool.domain.capacity_waits import CapacityWait, backoff_seconds, shortfall_reason
+from runner_pool.domain.capacity_waits import CapacityWait, Shortfall, backoff_seconds, shortfall_reason
 from runner_pool.domain.config import FleetSettings
 
 
@@ -25,33 +25,32 @@ def test_the_reason_is_ec2s_codes_with_the_pools_each_refused() -> None:
     assert shortfall_reason(3, 1, {}) is None
 
 
-def wait(**fields: object) -> CapacityWait:
-    values: dict[str, object] = {
-        "repository": "octo-org/app",
-        "run_key": "pool=1/class=large",
-        "resource_class": "large",
-        "usage": "spot",
-        "reason": "InsufficientInstanceCapacity (2 pools)",
-        "jobs": 2,
-        "since": 1000.0,
-        "tries": 1,
-        "next_try": 1060.0,
-        "last_execution": "provision-a",
-    }
-    return CapacityWait(**{**values, **fields})  # type: ignore[arg-type]
+def shortfall(
+    execution: str, *, jobs: int = 2, reason: str = "InsufficientInstanceCapacity (2 pools)"
+) -> Shortfall:
+    """A short provision of one run key's jobs."""
+    return Shortfall(
+        execution=execution,
+        repository="octo-org/app",
+        run_key="pool=1/class=large",
+        resource_class="large",
+        usage="spot",
+        jobs=jobs,
+        reason=reason,
+    )
 
 
 def test_another_short_provision_backs_off_longer_and_a_retried_note_counts_once() -> None:
     # Given a wait after one short provision
-    first = wait()
+    first = CapacityWait.begun(shortfall("provision-a"), now=1000.0, first_backoff=60)
     assert not first.due(1059.0)
     assert first.due(1060.0)
     # When another provision ends short at 1100 / Then it waits two minutes, from the same start
     second = first.tried_again(
-        execution="provision-b", jobs=1, reason="UnfulfillableCapacity (1 pool)", now=1100, first_backoff=60
+        shortfall("provision-b", jobs=1, reason="UnfulfillableCapacity (1 pool)"), now=1100, first_backoff=60
     )
     assert (second.tries, second.next_try, second.since, second.jobs) == (2, 1220.0, 1000.0, 1)
     # And the same provision's Finish, retried, counts no second try
     assert (
-        second.tried_again(execution="provision-b", jobs=1, reason="x", now=1200, first_backoff=60) is second
+        second.tried_again(shortfall("provision-b", jobs=1, reason="x"), now=1200, first_backoff=60) is second
     )

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import Refusal, conditional_write
 from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
-from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, backoff_seconds
+from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, Shortfall
 from runner_pool.domain.clock import Clock
 from runner_pool.domain.config import FleetSettings
 
@@ -52,43 +52,22 @@ class CapacityWaits:
         self._first_backoff = first_backoff
         self._client: DynamoDBClient = client or aws_clients.client("dynamodb")
 
-    def note(
-        self,
-        *,
-        repository: str,
-        run_key: str,
-        resource_class: str,
-        usage: str,
-        reason: str,
-        jobs: int,
-        execution: str,
-    ) -> CapacityWait:
+    def note(self, shortfall: Shortfall) -> CapacityWait:
         """One more short provision of the run key: its wait begun, or tried once more."""
         for _ in range(NOTE_ATTEMPTS):
             now = self._clock.now()
-            current = self.get(repository, run_key)
+            current = self.get(shortfall.repository, shortfall.run_key)
             if current is None:
-                wait = CapacityWait(
-                    repository=repository,
-                    run_key=run_key,
-                    resource_class=resource_class,
-                    usage=usage,
-                    reason=reason,
-                    jobs=jobs,
-                    since=now,
-                    tries=1,
-                    next_try=now + backoff_seconds(1, self._first_backoff),
-                    last_execution=execution,
-                )
+                wait = CapacityWait.begun(shortfall, now, self._first_backoff)
             else:
-                wait = current.tried_again(
-                    execution=execution, jobs=jobs, reason=reason, now=now, first_backoff=self._first_backoff
-                )
+                wait = current.tried_again(shortfall, now=now, first_backoff=self._first_backoff)
                 if wait is current:
                     return current  # this execution's note, retried
             if self._write(wait, None if current is None else current.tries):
                 return wait
-        raise RuntimeError(f"the capacity wait of {run_key} kept changing under {NOTE_ATTEMPTS} notes")
+        raise RuntimeError(
+            f"the capacity wait of {shortfall.run_key} kept changing under {NOTE_ATTEMPTS} notes"
+        )
 
     def get(self, repository: str, run_key: str) -> CapacityWait | None:
         item = self._client.get_item(

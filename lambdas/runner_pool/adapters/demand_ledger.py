@@ -80,13 +80,9 @@ class DynamoDbLedger:
         answer = conditional_write(
             lambda: self._client.put_item(
                 TableName=self._table,
-                Item={
-                    KEY_ATTRIBUTE: {"S": _job(job_id)},
-                    "state": {"S": RESERVED},
-                    "holder": {"S": holder},
-                    "lease_until": {"N": number(until)},
-                    EXPIRY_ATTRIBUTE: {"N": self._expiry(now)},
-                },
+                Item=self._job_item(
+                    job_id, RESERVED, now, holder={"S": holder}, lease_until={"N": number(until)}
+                ),
                 # A reservation whose holder died lapses; started and cancelled jobs never do.
                 ConditionExpression=(
                     "attribute_not_exists(#id) OR (#state = :reserved AND lease_until < :now)"
@@ -151,16 +147,21 @@ class DynamoDbLedger:
         cancelled = conditional_write(
             lambda: self._client.put_item(
                 TableName=self._table,
-                Item={
-                    KEY_ATTRIBUTE: {"S": _job(job_id)},
-                    "state": {"S": CANCELLED},
-                    EXPIRY_ATTRIBUTE: {"N": self._expiry(self._clock.now())},
-                },
+                Item=self._job_item(job_id, CANCELLED, self._clock.now()),
                 ConditionExpression="attribute_not_exists(#id)",
                 ExpressionAttributeNames={"#id": KEY_ATTRIBUTE},
             )
         )
         return not isinstance(cancelled, Refusal)
+
+    def _job_item(self, job_id: int, state: str, now: Epoch, **more: dict[str, str]) -> dict[str, Any]:
+        """A job's whole item in `state`, written at `now`, with `more` attributes of the state."""
+        return {
+            KEY_ATTRIBUTE: {"S": _job(job_id)},
+            "state": {"S": state},
+            EXPIRY_ATTRIBUTE: {"N": self._expiry(now)},
+            **more,
+        }
 
     def remember_run_key(
         self, run_id: int, run_key: str, attempt: int, *, privileged: bool = False

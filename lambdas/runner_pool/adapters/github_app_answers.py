@@ -10,29 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.github_tokens import AppIdentity, InstallationToken
-from runner_pool.domain.runners import (
-    FailedDelivery,
-    GitHubAuthError,
-    GitHubError,
-    GitHubForbiddenError,
-    GitHubNotFoundError,
-    GitHubRateLimitedError,
-    GitHubRejectedError,
-    GitHubUnavailableError,
-)
+from runner_pool.domain.runners import GITHUB_ERRORS, FailedDelivery, GitHubError, GitHubRateLimitedError
 
-ERROR_KINDS: dict[str, type[GitHubError]] = {
-    kind.__name__: kind
-    for kind in (
-        GitHubError,
-        GitHubAuthError,
-        GitHubForbiddenError,
-        GitHubNotFoundError,
-        GitHubRejectedError,
-        GitHubUnavailableError,
-        GitHubRateLimitedError,
-    )
-}
+ERROR_KINDS: dict[str, type[GitHubError]] = {kind.__name__: kind for kind in GITHUB_ERRORS}
 """The errors of ours a GitHub call can end in, by name: raised again by the caller as they were met."""
 
 

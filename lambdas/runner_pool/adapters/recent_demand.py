@@ -141,17 +141,16 @@ class RecentDemand:
     def refused(self, repository: str, run_id: int, attempt: int, reason: str) -> None:
         """GitHub refused the run's registration for good, in its words `reason`. Only a run noted before
         (by its provision's Begin) is marked: a mark never brings a forgotten run back."""
-        conditional_write(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key=_run_key(repository, run_id, attempt),
-                UpdateExpression="SET refused_at = :now, refused_reason = :reason",
-                ConditionExpression="attribute_exists(demand_at)",
-                ExpressionAttributeValues={
-                    ":now": {"N": repr(self._clock.now())},
-                    ":reason": {"S": reason[:1000]},
-                },
-            )
+        self._update_run_if(
+            repository,
+            run_id,
+            attempt,
+            UpdateExpression="SET refused_at = :now, refused_reason = :reason",
+            ConditionExpression="attribute_exists(demand_at)",
+            ExpressionAttributeValues={
+                ":now": {"N": repr(self._clock.now())},
+                ":reason": {"S": reason[:1000]},
+            },
         )
 
     def busy(self, run: RecentRun, busy_for: float) -> None:
@@ -163,15 +162,19 @@ class RecentDemand:
         wait out its busy time (a capacity wait's back-off decides when to ask again). Unless a later
         provision for the run began since (its demand_at moved on): that one may still be at work."""
         now = self._clock.now()
-        conditional_write(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key=_run_key(repository, run_id, attempt),
-                UpdateExpression="SET busy_until = :now",
-                ConditionExpression="demand_at = :begun AND busy_until > :now",
-                ExpressionAttributeValues={":begun": {"N": repr(begun_at)}, ":now": {"N": repr(now)}},
-            )
+        self._update_run_if(
+            repository,
+            run_id,
+            attempt,
+            UpdateExpression="SET busy_until = :now",
+            ConditionExpression="demand_at = :begun AND busy_until > :now",
+            ExpressionAttributeValues={":begun": {"N": repr(begun_at)}, ":now": {"N": repr(now)}},
         )
+
+    def _update_run_if(self, repository: str, run_id: int, attempt: int, **update: Any) -> None:
+        """An update of a run's item that applies only under its condition: a refused one changes nothing."""
+        key = _run_key(repository, run_id, attempt)
+        conditional_write(lambda: self._client.update_item(TableName=self._table, Key=key, **update))
 
     def _set_time(self, run: RecentRun, attribute: str, at: Epoch) -> None:
         """One of the run's times set to `at`, whatever it held: the writes that need no condition."""

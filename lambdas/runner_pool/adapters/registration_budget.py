@@ -76,34 +76,26 @@ class DynamoDbRegistrationBudget:
         # Not guarded by the version: a refund that lands twice (a lost answer retried) adds a token
         # too many, which the capacity caps at the next take; it never takes one from anybody.
         # No bucket yet: it starts full, nothing to give back to.
-        conditional_write(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key=self._key,
-                # The hour's remainder too: a registration not made spent no request of it.
-                UpdateExpression="ADD tokens :count, hourly_remaining :count, version :one",
-                ConditionExpression="attribute_exists(tokens)",
-                ExpressionAttributeValues={":count": {"N": str(count)}, ":one": {"N": "1"}},
-            )
+        self._update_if(
+            # The hour's remainder too: a registration not made spent no request of it.
+            UpdateExpression="ADD tokens :count, hourly_remaining :count, version :one",
+            ConditionExpression="attribute_exists(tokens)",
+            ExpressionAttributeValues={":count": {"N": str(count)}, ":one": {"N": "1"}},
         )
 
     def hold_off(self, seconds: float) -> None:
         until = self._clock.now() + seconds
         # A hold at least as long is in place already.
-        conditional_write(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key=self._key,
-                # Empty until the hold ends, then refilling from there: no burst the moment it ends.
-                UpdateExpression="SET tokens = :zero, #at = :until, held_until = :until ADD version :one",
-                ConditionExpression="attribute_not_exists(held_until) OR held_until < :until",
-                ExpressionAttributeNames={"#at": "at"},
-                ExpressionAttributeValues={
-                    ":zero": {"N": "0"},
-                    ":until": {"N": repr(until)},
-                    ":one": {"N": "1"},
-                },
-            )
+        self._update_if(
+            # Empty until the hold ends, then refilling from there: no burst the moment it ends.
+            UpdateExpression="SET tokens = :zero, #at = :until, held_until = :until ADD version :one",
+            ConditionExpression="attribute_not_exists(held_until) OR held_until < :until",
+            ExpressionAttributeNames={"#at": "at"},
+            ExpressionAttributeValues={
+                ":zero": {"N": "0"},
+                ":until": {"N": repr(until)},
+                ":one": {"N": "1"},
+            },
         )
 
     def observe(self, quota: HourlyQuota) -> None:
@@ -111,23 +103,23 @@ class DynamoDbRegistrationBudget:
         left or less). Not guarded by the version, so a take in flight is not made to try again; a take
         that lands after it writes the figure it read, less what it granted, which the next answer sets
         right."""
-        conditional_write(
-            lambda: self._client.update_item(
-                TableName=self._table,
-                Key=self._key,
-                # `version` made to exist, so that a take's write over the version it read applies.
-                UpdateExpression="SET hourly_limit = :limit, hourly_remaining = :remaining, "
-                "hourly_reset = :reset ADD version :zero",
-                ConditionExpression="attribute_not_exists(hourly_reset) OR hourly_reset < :reset "
-                "OR (hourly_reset = :reset AND hourly_remaining > :remaining)",
-                ExpressionAttributeValues={
-                    ":limit": {"N": str(quota.limit)},
-                    ":remaining": {"N": str(quota.remaining)},
-                    ":reset": {"N": repr(float(quota.reset_at))},
-                    ":zero": {"N": "0"},
-                },
-            )
+        self._update_if(
+            # `version` made to exist, so that a take's write over the version it read applies.
+            UpdateExpression="SET hourly_limit = :limit, hourly_remaining = :remaining, "
+            "hourly_reset = :reset ADD version :zero",
+            ConditionExpression="attribute_not_exists(hourly_reset) OR hourly_reset < :reset "
+            "OR (hourly_reset = :reset AND hourly_remaining > :remaining)",
+            ExpressionAttributeValues={
+                ":limit": {"N": str(quota.limit)},
+                ":remaining": {"N": str(quota.remaining)},
+                ":reset": {"N": repr(float(quota.reset_at))},
+                ":zero": {"N": "0"},
+            },
         )
+
+    def _update_if(self, **update: Any) -> None:
+        """An update of the bucket that applies only under its condition: a refused one changes nothing."""
+        conditional_write(lambda: self._client.update_item(TableName=self._table, Key=self._key, **update))
 
     def hourly(self) -> HourlyQuota | None:
         return _hourly(self._read())

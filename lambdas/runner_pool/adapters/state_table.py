@@ -34,8 +34,9 @@ from runner_pool.adapters.state_writes import (
     state_values,
 )
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.config import ReuseScope, ReuseSettings
+from runner_pool.domain.config import ReuseScope
 from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
+from runner_pool.domain.pickup import PLAIN_CLAIM, ClaimTerms
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import (
     HandOverTier,
@@ -113,16 +114,11 @@ class StateTable(StateWrites, StateMarkers):
         instance_id: str,
         run_key: str,
         claim_token: str,
-        *,
-        repository: str | None = None,
-        repository_id: int | None = None,
-        reuse: ReuseSettings | None = None,
-        single_use: bool = False,
-        trust: TrustLevel | None = None,
-        stopped: bool = False,
+        terms: ClaimTerms = PLAIN_CLAIM,
     ) -> TransitionResult:
         """idle → claimed(run): only an idle, unheld instance whose idle time has not run out.
 
+        The `terms` (domain/pickup.py `ClaimTerms`) say what else the record must be and what it then names.
         With `stopped`, stopped → claimed(run) instead: a stopped instance of the stopped tier, which the
         claim's holder then starts (EC2 StartInstances). Its threshold allows for the start, and it
         leaves the by-stopped index in this same write, so no other request finds it to start it again.
@@ -147,59 +143,59 @@ class StateTable(StateWrites, StateMarkers):
             RUN_KEY_ATTRIBUTE: run_key,
             "claim_token": claim_token,
             "handed_over_at": now,
-            "handed_over_from": (HandOverTier.STOPPED if stopped else HandOverTier.HOT).value,
+            "handed_over_from": (HandOverTier.STOPPED if terms.stopped else HandOverTier.HOT).value,
         }
         removed: tuple[str, ...] = ()
-        if repository is not None:
-            set_fields |= {REPOSITORY_ATTRIBUTE: repository, "single_use": single_use}
-            if repository_id is not None:
-                set_fields[REPOSITORY_ID_ATTRIBUTE] = repository_id
+        if terms.repository is not None:
+            set_fields |= {REPOSITORY_ATTRIBUTE: terms.repository, "single_use": terms.single_use}
+            if terms.repository_id is not None:
+                set_fields[REPOSITORY_ID_ATTRIBUTE] = terms.repository_id
             else:
                 # A hand-off whose demand named no id must not keep the id of the repository served before.
                 removed += (REPOSITORY_ID_ATTRIBUTE,)
-            if trust is not None:
-                set_fields[TRUST_ATTRIBUTE] = trust.value
+            if terms.trust is not None:
+                set_fields[TRUST_ATTRIBUTE] = terms.trust.value
             else:
                 removed += (TRUST_ATTRIBUTE,)
             values[":zero"] = attribute_value(0)
             pristine = "(attribute_not_exists(jobs_served) OR jobs_served = :zero)"
-            if single_use or not reuses(trust):
+            if terms.single_use or not reuses(terms.trust):
                 conditions.append(pristine)
             else:
-                values[":trust"] = attribute_value(trust.value if trust is not None else "")
+                values[":trust"] = attribute_value(terms.trust.value if terms.trust is not None else "")
                 conditions.append(f"({pristine} OR {TRUST_ATTRIBUTE} = :trust)")
-        if repository is not None and reuse is not None:
+        if terms.repository is not None and terms.reuse is not None:
             values |= {
-                ":max_jobs": attribute_value(reuse.max_jobs),
-                ":created_after": attribute_value(now - reuse.max_age_minutes * 60.0),
+                ":max_jobs": attribute_value(terms.reuse.max_jobs),
+                ":created_after": attribute_value(now - terms.reuse.max_age_minutes * 60.0),
             }
             conditions += [
                 "(attribute_not_exists(jobs_served) OR jobs_served < :max_jobs)",
                 "created_at > :created_after",
             ]
             unserved = f"attribute_not_exists({REPOSITORY_ATTRIBUTE})"
-            if reuse.scope is ReuseScope.REPOSITORY and repository_id is not None:
+            if terms.reuse.scope is ReuseScope.REPOSITORY and terms.repository_id is not None:
                 values |= {
-                    ":served": attribute_value(repository),
-                    ":served_id": attribute_value(repository_id),
+                    ":served": attribute_value(terms.repository),
+                    ":served_id": attribute_value(terms.repository_id),
                 }
                 by_name = (
                     f"attribute_not_exists({REPOSITORY_ID_ATTRIBUTE}) AND {REPOSITORY_ATTRIBUTE} = :served"
                 )
                 conditions.append(f"({unserved} OR {REPOSITORY_ID_ATTRIBUTE} = :served_id OR ({by_name}))")
-            elif reuse.scope is ReuseScope.REPOSITORY:
-                values[":served"] = attribute_value(repository)
+            elif terms.reuse.scope is ReuseScope.REPOSITORY:
+                values[":served"] = attribute_value(terms.repository)
                 conditions.append(f"({unserved} OR {REPOSITORY_ATTRIBUTE} = :served)")
-            elif reuse.scope is ReuseScope.OWNER:
-                values[":owner"] = attribute_value(repository.split("/", 1)[0] + "/")
+            elif terms.reuse.scope is ReuseScope.OWNER:
+                values[":owner"] = attribute_value(terms.repository.split("/", 1)[0] + "/")
                 conditions.append(f"({unserved} OR begins_with({REPOSITORY_ATTRIBUTE}, :owner))")
         threshold_in = self._timeouts.claimed_threshold_seconds
-        if stopped:
+        if terms.stopped:
             threshold_in += self._timeouts.start_registration_seconds
         return self._transition(
             instance_id,
             now,
-            expect_states=(InstanceState.STOPPED if stopped else InstanceState.IDLE,),
+            expect_states=(InstanceState.STOPPED if terms.stopped else InstanceState.IDLE,),
             expect_run_key=None,
             new_state=InstanceState.CLAIMED,
             threshold_in=threshold_in,
@@ -207,13 +203,13 @@ class StateTable(StateWrites, StateMarkers):
             # The previous run's runner stays on an idle record, for release to find; a claim starts anew.
             remove_fields=(
                 ("runner_id", "runner_run_key", STOPPED_PARTITION_ATTRIBUTE)
-                if stopped
+                if terms.stopped
                 else ("runner_id", "runner_run_key")
             )
             + removed,
             extra_conditions=conditions,
             extra_values=values,
-            count_job=repository is not None,
+            count_job=terms.repository is not None,
             is_replay=lambda r: (
                 r.state is InstanceState.CLAIMED
                 and r.claim_token == claim_token

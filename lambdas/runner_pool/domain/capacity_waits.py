@@ -59,6 +59,21 @@ class CheckRun:
 
 
 @dataclass(frozen=True)
+class Shortfall:
+    """One provision (`execution`) that EC2 left short: the jobs of its run key it could not serve, and why.
+    Each is noted (adapters/capacity_waits.py `note`): it begins the run key's wait, or tries it again."""
+
+    execution: str
+    repository: str
+    run_key: str
+    resource_class: str
+    usage: str
+    jobs: int
+    reason: str
+    """EC2's error codes (`shortfall_reason`)."""
+
+
+@dataclass(frozen=True)
 class CapacityWait:
     """The jobs of one run key that a provision could not get capacity for."""
 
@@ -81,20 +96,34 @@ class CapacityWait:
     def due(self, now: Epoch) -> bool:
         return now >= self.next_try
 
-    def tried_again(
-        self, *, execution: str, jobs: int, reason: str, now: Epoch, first_backoff: float
-    ) -> CapacityWait:
-        """This wait after another short provision (`execution`), unless it is the one noted already."""
-        if execution == self.last_execution:
+    @classmethod
+    def begun(cls, shortfall: Shortfall, now: Epoch, first_backoff: float) -> CapacityWait:
+        """The wait a run key's first short provision begins: tried once, tried again after a back-off."""
+        return cls(
+            repository=shortfall.repository,
+            run_key=shortfall.run_key,
+            resource_class=shortfall.resource_class,
+            usage=shortfall.usage,
+            reason=shortfall.reason,
+            jobs=shortfall.jobs,
+            since=now,
+            tries=1,
+            next_try=now + backoff_seconds(1, first_backoff),
+            last_execution=shortfall.execution,
+        )
+
+    def tried_again(self, shortfall: Shortfall, *, now: Epoch, first_backoff: float) -> CapacityWait:
+        """This wait after another short provision, unless `shortfall` is the one noted already."""
+        if shortfall.execution == self.last_execution:
             return self
         tries = self.tries + 1
         return replace(
             self,
-            reason=reason,
-            jobs=jobs,
+            reason=shortfall.reason,
+            jobs=shortfall.jobs,
             tries=tries,
             next_try=now + backoff_seconds(tries, first_backoff),
-            last_execution=execution,
+            last_execution=shortfall.execution,
         )
 
 

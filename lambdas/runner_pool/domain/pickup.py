@@ -79,6 +79,26 @@ class Taker:
 
 
 @dataclass(frozen=True)
+class ClaimTerms:
+    """What a claim of an instance asks of its record and writes to it (adapters/state_table.py `claim`):
+    the rule pickup applied to an older read (`Taker.may_take`), now as the write's condition."""
+
+    repository: str | None = None
+    """The jobs' repository, which the record then names; None (a claim for no repository's jobs, such
+    as an instant tier's) checks no reuse and counts no hand-off."""
+    repository_id: int | None = None
+    reuse: ReuseSettings | None = None
+    single_use: bool = False
+    trust: TrustLevel | None = None
+    stopped: bool = False
+    """Claim a stopped instance of the stopped tier (stopped → claimed) rather than an idle one."""
+
+
+PLAIN_CLAIM = ClaimTerms()
+"""A claim of an idle instance for no repository's jobs: no reuse rule checked, no hand-off counted."""
+
+
+@dataclass(frozen=True)
 class ReceivedMessage:
     """One message as the queue handed it out: the handle to delete it, and its body if it parsed."""
 

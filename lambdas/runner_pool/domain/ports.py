@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, Conclusion
+from runner_pool.domain.capacity_waits import CapacityWait, CheckRun, Conclusion, Shortfall
 from runner_pool.domain.clock import Epoch
-from runner_pool.domain.config import FleetSettings, ReuseSettings
+from runner_pool.domain.config import FleetSettings
 from runner_pool.domain.cost import HandOverCost, InstanceLife
 from runner_pool.domain.fleet import Ec2State, LaunchOutcome, LaunchRequest, Start, Termination
+from runner_pool.domain.pickup import PLAIN_CLAIM, ClaimTerms
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import (
     InstanceFacts,
@@ -102,13 +103,7 @@ class ClaimRecords(RecordReads, Protocol):
         instance_id: str,
         run_key: str,
         claim_token: str,
-        *,
-        repository: str | None = None,
-        repository_id: int | None = None,
-        reuse: ReuseSettings | None = None,
-        single_use: bool = False,
-        trust: TrustLevel | None = None,
-        stopped: bool = False,
+        terms: ClaimTerms = PLAIN_CLAIM,
     ) -> TransitionResult: ...
 
 
@@ -190,17 +185,7 @@ class ReconcileRecords(RecordReads, RecordExpiry, Protocol):
 class CapacityWaitRecords(Protocol):
     """Jobs waiting for capacity, as provision's Finish and refresh keep them (steps/capacity_waits.py)."""
 
-    def note(
-        self,
-        *,
-        repository: str,
-        run_key: str,
-        resource_class: str,
-        usage: str,
-        reason: str,
-        jobs: int,
-        execution: str,
-    ) -> CapacityWait: ...
+    def note(self, shortfall: Shortfall) -> CapacityWait: ...
 
     def get(self, repository: str, run_key: str) -> CapacityWait | None: ...
 

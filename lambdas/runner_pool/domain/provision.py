@@ -13,12 +13,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runner_pool.domain.capacity_waits import Shortfall
 from runner_pool.domain.clock import Epoch
 from runner_pool.domain.config import ReuseSettings
 from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.labels import INSTANT_RUN_ID, RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
-from runner_pool.domain.pickup import Taker
+from runner_pool.domain.pickup import ClaimTerms, Taker
 from runner_pool.domain.records import REGISTERED_SIGNALS, Heartbeat, InstanceRecord, Signal, WorkerSignal
 from runner_pool.domain.timeouts import Timeouts
 from runner_pool.domain.trust import reuses
@@ -107,6 +108,32 @@ class ProvisionPlan(_Step):
             repository_id=request.repository_id,
             trust=request.trust,
             single_use=self.single_use,
+        )
+
+    def claim_terms(self, reuse: ReuseSettings, *, stopped: bool = False) -> ClaimTerms:
+        """What a claim worker's claim of an instance for these jobs asks and writes: held for
+        `holder_repository`, by its reuse rules and the jobs' level of trust."""
+        holder = self.holder_repository
+        return ClaimTerms(
+            repository=holder,
+            repository_id=self.request.repository_id if holder else None,
+            reuse=reuse,
+            single_use=self.single_use,
+            trust=self.request.trust,
+            stopped=stopped,
+        )
+
+    def shortfall(self, unserved: int, reason: str) -> Shortfall:
+        """This provision as EC2 left it short: `unserved` of its jobs, for `reason` (its error codes)."""
+        spec = self.spec
+        return Shortfall(
+            execution=self.execution,
+            repository=self.request.repository,
+            run_key=spec.run_key,
+            resource_class=spec.resource_class,
+            usage=spec.usage.value,
+            jobs=unserved,
+            reason=reason,
         )
 
     def claim_token(self, slot: int, attempt: int) -> str:

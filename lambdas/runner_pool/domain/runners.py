@@ -158,6 +158,18 @@ class GitHubRejectedError(GitHubError):
     """409 or 422: GitHub understood the request and will not do it."""
 
 
+GITHUB_ERRORS: tuple[type[GitHubError], ...] = (
+    GitHubError,
+    GitHubAuthError,
+    GitHubForbiddenError,
+    GitHubNotFoundError,
+    GitHubRejectedError,
+    GitHubUnavailableError,
+    GitHubRateLimitedError,
+)
+"""The errors GitHub's own answers become (adapters/github_errors.py), each a kind a caller may meet."""
+
+
 def refused_for_good(exc: GitHubError) -> bool:
     """Whether GitHub refused a request for a reason that will not change by asking again: a 4xx that is
     not a rate limit ("Rate limits for the REST API": a 403 or 429 that names a rate limit is one, and

@@ -46,15 +46,7 @@ class CapacityWaitSteps:
         jobs wait, and refresh's reconciliation asks again after the back-off."""
         spec = provision.spec
         waits = self._waits()
-        wait = waits.note(
-            repository=provision.request.repository,
-            run_key=spec.run_key,
-            resource_class=spec.resource_class,
-            usage=spec.usage.value,
-            reason=reason,
-            jobs=unserved,
-            execution=provision.execution,
-        )
+        wait = waits.note(provision.shortfall(unserved, reason))
         count("JobsWaitingForCapacity", unserved)
         logger.error(
             "jobs wait for capacity: EC2 refused the launch after the fallback; asked again after a back-off",

@@ -122,16 +122,8 @@ class ClaimWorkers(ProvisionPart):
         step fails (whose retry finds its own claim if the write took effect): an offer taken off the
         queue is never lost. A duplicate offer of a claimed instance is harmless: pickup drops it."""
         try:
-            return self._table.claim(
-                offer.instance_id,
-                run_key,
-                token,
-                repository=provision.holder_repository,
-                repository_id=provision.request.repository_id if provision.holder_repository else None,
-                reuse=self._config.reuse,
-                single_use=provision.single_use,
-                trust=provision.request.trust,
-            )
+            terms = provision.claim_terms(self._config.reuse)
+            return self._table.claim(offer.instance_id, run_key, token, terms)
         except Exception:
             self._queues().offer(offer)
             raise
@@ -166,12 +158,7 @@ class ClaimWorkers(ProvisionPart):
                     record.instance_id,
                     spec.run_key,
                     token,
-                    repository=worker.plan.holder_repository,
-                    repository_id=taker.repository_id if worker.plan.holder_repository else None,
-                    reuse=self._config.reuse,
-                    single_use=worker.plan.single_use,
-                    trust=taker.trust,
-                    stopped=True,
+                    worker.plan.claim_terms(self._config.reuse, stopped=True),
                 )
                 if not claimed.succeeded:
                     count("ClaimRacesLost")

@@ -24,6 +24,7 @@ from runner_pool.domain.executions import ProvisionRequest
 from runner_pool.domain.labels import RunnerSpec
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.pickup import (
+    ClaimTerms,
     PickupManager,
     PoolQueue,
 )
@@ -210,11 +211,13 @@ class Provision(ProvisionPart):
                     candidate.instance_id,
                     provision.spec.run_key,
                     provision.claim_token(slot, 0),
-                    repository=provision.request.repository,
-                    repository_id=provision.request.repository_id,
-                    reuse=self._config.reuse,
-                    single_use=provision.single_use,
-                    trust=provision.request.trust,
+                    ClaimTerms(
+                        repository=provision.request.repository,
+                        repository_id=provision.request.repository_id,
+                        reuse=self._config.reuse,
+                        single_use=provision.single_use,
+                        trust=provision.request.trust,
+                    ),
                 )
                 candidates.remove(candidate)
                 if result.succeeded:
