@@ -24,6 +24,7 @@ instead of guessing. The rules, each from the IAM User Guide:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -233,8 +234,18 @@ def _arn_matches_reversed(value: str, pattern: str) -> bool:
 
 def _glob(pattern: str, value: str) -> bool:
     """IAM's wildcards: `*` any run of characters, `?` one character; nothing else is special."""
+    wildcard = _wildcard(pattern)
+    return value == pattern if wildcard is None else wildcard.fullmatch(value) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _wildcard(pattern: str) -> re.Pattern[str] | None:
+    """`pattern` compiled, once for every call checked against it; None when it holds no wildcard (a
+    policy's patterns are few, and every call of a test is checked against each of them)."""
+    if "*" not in pattern and "?" not in pattern:
+        return None
     regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(regex, value, flags=re.DOTALL) is not None
+    return re.compile(regex, flags=re.DOTALL)
 
 
 def _arn_matches(pattern: str, arn: str) -> bool:

@@ -49,6 +49,8 @@ class Bindings:
     values: dict[tuple[str, str], str] = field(default_factory=dict)
     literals: dict[str, str] = field(default_factory=dict)
     """A literal of the template (e.g. the stack's name in a tag condition) → its local value."""
+    revision: int = 0
+    """How many bindings were written: a resolution made at one revision holds until the next."""
 
     def bind_environment(self, template_environment: Mapping[str, Any], local: Mapping[str, str]) -> None:
         """Match a function's environment in the template with what the local stack gives it."""
@@ -58,8 +60,9 @@ class Bindings:
 
     def _unify(self, expression: Any, value: str) -> None:
         if isinstance(expression, str):
-            if expression != value and not _is_json(expression):
+            if expression != value and not _is_json(expression) and self.literals.get(expression) != value:
                 self.literals[expression] = value
+                self.revision += 1
             return
         if "Ref" in expression:
             self._bind((expression["Ref"], "Ref"), value)
@@ -111,7 +114,9 @@ class Bindings:
             return
         if self.values.get(key, value) != value:
             raise BindingError(f"{key} is bound to both {self.values[key]!r} and {value!r}")
-        self.values[key] = value
+        if key not in self.values:
+            self.values[key] = value
+            self.revision += 1
 
     def pseudo(self, name: str) -> str | None:
         return {
@@ -219,6 +224,9 @@ class StackIam:
         self.template = template
         self.resources: Mapping[str, Any] = template["Resources"]
         self.bindings = bindings
+        self._statements: dict[tuple[str, int], tuple[Statement, ...]] = {}
+        """Each role's statements as resolved at a revision of the bindings: every AWS call an instance's
+        agent makes asks for its role's, and the local stack binds what it is given later too (`give`)."""
 
     @classmethod
     def bound(
@@ -310,12 +318,15 @@ class StackIam:
 
     def role(self, logical: str, *, name: str) -> Principal:
         role_arn = self.bindings.attribute(logical, "Arn")
-        statements = tuple(
-            Statement.from_json(self.bindings.resolve(statement), policy=policy_logical)
-            for policy_logical, policy in self.resources.items()
-            if policy["Type"] == "AWS::IAM::Policy" and {"Ref": logical} in policy["Properties"]["Roles"]
-            for statement in policy["Properties"]["PolicyDocument"]["Statement"]
-        )
+        key = (logical, self.bindings.revision)
+        statements = self._statements.get(key)
+        if statements is None:
+            statements = self._statements[key] = tuple(
+                Statement.from_json(self.bindings.resolve(statement), policy=policy_logical)
+                for policy_logical, policy in self.resources.items()
+                if policy["Type"] == "AWS::IAM::Policy" and {"Ref": logical} in policy["Properties"]["Roles"]
+                for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+            )
         context = {"aws:PrincipalArn": role_arn, "aws:PrincipalAccount": self.bindings.account}
         return Principal(name, role_arn, statements, context)
 

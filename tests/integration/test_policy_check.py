@@ -92,3 +92,21 @@ def test_release_plan_may_put_run_finished_marks_and_no_other_item() -> None:
         {"dynamodb:LeadingKeys": ("arn:aws:ec2:us-east-1:123456789012:instance/i-1",)},
     )
     assert not evaluate(plan.statements, record).allowed
+
+
+def test_a_roles_statements_follow_what_the_local_stack_binds_after_they_were_first_read() -> None:
+    # Given release.plan's role read once, before the local stack named its table
+    iam = StackIam.bound(synthesized_template(), {}, region="us-east-1", account="123456789012")
+    table = "arn:aws:dynamodb:us-east-1:123456789012:table/state"
+    mark = Request("dynamodb:PutItem", table, {"dynamodb:LeadingKeys": (f"{FINISHED_RUN_PREFIX}pool=1",)})
+    before = iam.function("runner_pool.handlers.release.plan")
+    assert not evaluate(before.statements, mark).allowed
+    # When the local stack binds the table's name (as it does with what it is given later)
+    for name in iam.handlers().values():
+        variables = iam.resources[name]["Properties"].get("Environment", {}).get("Variables", {})
+        iam.bindings.bind_environment(variables, {"RUNNER_POOL_TABLE_NAME": "state"})
+    # Then the role, read again, is resolved against that name, not the first reading
+    after = iam.function("runner_pool.handlers.release.plan")
+    assert evaluate(after.statements, mark).allowed
+    # And read once more, it is the same resolution, kept
+    assert iam.function("runner_pool.handlers.release.plan").statements is after.statements
