@@ -20,9 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from emulator.aws import ACCOUNT, REGION, LocalAws, local_aws
 from emulator.ec2_fleet import SimulatedEc2
@@ -39,7 +37,6 @@ from emulator.lambda_runtime import (
 )
 from emulator.resources import create_state_table
 from emulator.step_functions import (
-    MOTO_CONFIG,
     LocalStateMachines,
     ThrottledError,
     lambdas_in_process,
@@ -299,7 +296,9 @@ def artifacts() -> Artifacts:
 
 @pytest.fixture(scope="module")
 def aws() -> Iterator[LocalAws]:
-    with local_aws() as aws:
+    # One local AWS for the module, state machines included: moto's backends are the process's, and a
+    # second mock opened and closed here would reset them under this one (its table gone for later tests).
+    with local_aws(state_machines=True) as aws:
         create_state_table(aws.client("dynamodb"), TABLE)
         yield aws
 
@@ -809,7 +808,9 @@ def test_a_call_the_service_cannot_answer_fails_the_call_and_is_reported(
             runtime.assert_no_faults()
 
 
-def test_step_functions_catches_a_timeout_by_the_name_lambda_reports(probe_artifacts: Artifacts) -> None:
+def test_step_functions_catches_a_timeout_by_the_name_lambda_reports(
+    probe_artifacts: Artifacts, aws: LocalAws
+) -> None:
     # Given a state machine that retries a timed-out task once, then catches it, on moto's interpreter
     definition = {
         "StartAt": "Run",
@@ -826,16 +827,11 @@ def test_step_functions_catches_a_timeout_by_the_name_lambda_reports(probe_artif
     }
     functions = {"block": probe("block", timeout_seconds=1)}
     with (
-        mock_aws(config=MOTO_CONFIG),  # type: ignore[call-overload]
         without_waiting(),
-        LambdaRuntime(probe_artifacts, functions, endpoint="http://127.0.0.1:9") as runtime,
+        LambdaRuntime(probe_artifacts, functions, endpoint=aws.endpoint) as runtime,
         lambdas_in_process({"block": runtime.handler("block")}) as invocations,
     ):
-        machines = LocalStateMachines(
-            boto3.client("stepfunctions", region_name=REGION),
-            boto3.client("lambda", region_name=REGION),
-            boto3.client("iam", region_name=REGION),
-        )
+        machines = LocalStateMachines(aws.client("stepfunctions"), aws.client("lambda"), aws.client("iam"))
         arn = machines.create_functions(["block"])["block"]
         machine = machines.create("timeouts", json.dumps(definition).replace("${BlockArn}", arn))
 
