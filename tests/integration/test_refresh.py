@@ -25,6 +25,7 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
+from runner_pool.domain.pickup import ClaimTerms
 from runner_pool.domain.records import InstanceRecord, PoolMessage, Signal
 from runner_pool.domain.refresh import ORPHAN_GRACE_SECONDS
 from runner_pool.domain.trust import TrustLevel
@@ -296,8 +297,7 @@ def test_the_pristine_minimum_launches_what_the_idle_pool_lacks_of_never_used_in
                 used.instance_id,
                 RUN,
                 f"t-{used.instance_id}",
-                repository="octo/app",
-                trust=TrustLevel.TRUSTED,
+                ClaimTerms(repository="octo/app", trust=TrustLevel.TRUSTED),
             ).succeeded
             assert local.table.activate(
                 used.instance_id, RUN, 60, claim_token=f"t-{used.instance_id}"
