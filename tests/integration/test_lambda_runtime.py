@@ -904,3 +904,24 @@ def test_an_invocation_in_flight_is_listed_and_its_stacks_can_be_dumped(
         # And the invocation still ends as it would have (here, at its timeout)
         with pytest.raises(FunctionError):
             blocked.result()
+
+
+def test_starts_at_once_before_any_has_loaded_wait_for_the_first_and_fork(
+    probe_artifacts: Artifacts, aws: LocalAws, tmp_path: Path
+) -> None:
+    # Given artifacts no environment of this process has started from yet, and four functions of them
+    code = tmp_path / "asset"
+    code.mkdir()
+    (code / "probes.py").write_text(textwrap.dedent(PROBES))
+    fresh = Artifacts(code, probe_artifacts.layers)
+    names = ("one", "two", "three", "four")
+    functions = {name: replace(probe("where"), name=name) for name in names}
+    with LambdaRuntime(fresh, functions, endpoint=aws.endpoint) as runtime:
+        # When all four start at once (warming, as a world does)
+        runtime.warm()
+        seen = [runtime.invoke(name, {}) for name in names]
+
+    # Then one started anew, and the others, having waited for it, forked from the fork server it made
+    assert sorted(s["parent"] == os.getpid() for s in seen) == [False, False, False, True]
+    # And each is its own function's environment all the same
+    assert sorted(s["environment"]["AWS_LAMBDA_FUNCTION_NAME"] for s in seen) == sorted(names)
