@@ -38,7 +38,8 @@ and the min is the figure least disturbed by the machine."""
 def run_bench(name: str, small: bool = False) -> BenchTable:
     """One run of benchmark `name`, at its full size or at `make test`'s."""
     module: Any = importlib.import_module(f"bench.{name}")
-    return module.run(**(module.SMALL if small else {}))
+    table: BenchTable = module.run(**(module.SMALL if small else {}))
+    return table
 
 
 def main(argv: list[str]) -> int:

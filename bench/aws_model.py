@@ -232,8 +232,8 @@ class CallLog:
             marks = [(c.at, 0, c.thread, c) for c in self.calls] + [(t, 1, th, f) for t, th, f in self.ends]
         pending: dict[int, list[Call]] = {}
         found = []
-        for at, is_end, thread, what in sorted(marks, key=lambda m: (m[0], m[1])):
-            if is_end:
+        for at, _, thread, what in sorted(marks, key=lambda m: (m[0], m[1])):
+            if isinstance(what, str):  # an invocation's end, named by its function
                 found.append(Invocation(what, at, tuple(pending.pop(thread, []))))
             else:
                 pending.setdefault(thread, []).append(what)
@@ -656,8 +656,8 @@ def _target(execution: Execution, invocation: Invocation) -> Mapping[str, Any] |
     for event in execution.events:
         if event["type"] not in ("TaskSucceeded", "TaskFailed"):
             continue
-        started = by_id.get(event.get("previousEventId"))
-        function = scheduled.get(started.get("previousEventId")) if started else None
+        started = by_id.get(int(event.get("previousEventId", 0)))
+        function = scheduled.get(int(started.get("previousEventId", 0))) if started else None
         distance = abs(event["timestamp"].timestamp() - invocation.ended)
         if function == invocation.function and distance < gap:
             best, gap = event, distance

@@ -42,8 +42,8 @@ def print_job_stories(world: World, steps: Sequence[Step], played: Played) -> No
         )
         print(f"\nrunner-pool job, {title}:")
         for story in stories or ():
-            for told in render(story):
-                line = EXECUTION.sub(r"\1…", told)
+            for sentence in render(story):
+                line = EXECUTION.sub(r"\1…", sentence)
                 print(line if len(line) <= WIDTH else line[: WIDTH - 1] + "…")
         if unread:
             print(f"  (GitHub not read: {unread})")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 from botocore.exceptions import ClientError
 from botocore.validate import validate_parameters
 
@@ -218,7 +219,7 @@ class SimulatedEc2:
             status = refused.response["ResponseMetadata"]["HTTPStatusCode"]
             self._client.meta.events.emit(
                 "after-call.ec2.CreateFleet",
-                http_response=AWSResponse("https://ec2.test/", status, {}, None),
+                http_response=AWSResponse("https://ec2.test/", status, HTTPHeaders(), None),
                 parsed=refused.response,
                 model=self._client.meta.service_model.operation_model("CreateFleet"),
                 context={},

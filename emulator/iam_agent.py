@@ -70,7 +70,7 @@ def main(spec_path: str) -> int:
         return check.on_client(make_client(session, *args, **kwargs), principal)
 
     # The agent's entry point makes its clients from a boto3 Session (agent/__main__.py).
-    boto3.session.Session.client = checked_client  # type: ignore[method-assign]
+    boto3.session.Session.client = checked_client  # type: ignore[method-assign, assignment]
     try:
         return agent_main()
     finally:

@@ -303,7 +303,7 @@ def _is_root(principal_element: Any, account: str) -> bool:
     return any(w == account or (w.startswith("arn:") and w.endswith(f":iam::{account}:root")) for w in wanted)
 
 
-_UNCHECKED_CLIENT = boto3.session.Session.client
+_UNCHECKED_CLIENT: Callable[..., Any] = boto3.session.Session.client
 """boto3's own client maker, taken at import: emulator/iam_agent.py replaces `Session.client` in an agent's
 process so that every client the agent makes is checked, and the lookups' own clients must not be."""
 

@@ -106,7 +106,7 @@ def _definition(tree: ast.Module, names: list[str]) -> ast.AST | None:
         )
         if found is None:
             return None
-        scope = found.body  # type: ignore[attr-defined]
+        scope = found.body
     return found
 
 

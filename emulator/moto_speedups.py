@@ -162,7 +162,9 @@ def speedups() -> Iterator[None]:
         creator = botocore.client.ClientCreator
         stack.enter_context(
             mock.patch.object(
-                creator, "_create_client_class", _one_class_per_service(creator._create_client_class)
+                creator,
+                "_create_client_class",
+                _one_class_per_service(creator._create_client_class),  # type: ignore[attr-defined]
             )
         )
         yield

@@ -51,7 +51,7 @@ def create_state_table(client: DynamoDBClient, name: str) -> None:
     )
 
 
-def _index(name: str, partition: str, sort: str, projection: str = "ALL") -> dict[str, Any]:
+def _index(name: str, partition: str, sort: str, projection: str = "ALL") -> Any:
     """One global secondary index: `partition` its hash key, `sort` its range key."""
     return {
         "IndexName": name,

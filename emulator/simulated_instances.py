@@ -333,7 +333,8 @@ class SimulatedInstances:
     @staticmethod
     def _launch_template_of(instance_id: str) -> str | None:
         tags = resolve(_EC2_BACKENDS)[ACCOUNT][REGION].tags.get(instance_id, {})
-        return tags.get(LAUNCH_TEMPLATE_TAG)
+        template = tags.get(LAUNCH_TEMPLATE_TAG)
+        return None if template is None else str(template)
 
     def _ec2_states(self) -> dict[str, str]:
         """The state of every instance with the stack's tag, read from the EC2 backend local AWS answers

@@ -147,7 +147,7 @@ class StackTemplate:
 
     def logical_id(self, name: str) -> str:
         self.properties(name)
-        return self._logical_ids[name]
+        return str(self._logical_ids[name])
 
     def environment(self, name: str) -> Mapping[str, Any]:
         """The function's environment as the template gives it: literals and intrinsic functions."""
@@ -493,7 +493,7 @@ class LocalStack:
         clock: Clock | None = None,
         backoff: Backoff | None = None,
         github: GitHubApp | None = None,
-        pause: Callable[[float], None] = time.sleep,
+        pause: Callable[[float], object] = time.sleep,
         runtime: RuntimeFactory | None = None,
     ) -> Iterator[LocalStack]:
         """Until the block ends: the IAM check attached, `plane` installed for every handler of this process,

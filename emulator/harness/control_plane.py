@@ -32,8 +32,7 @@ from emulator.ec2_fleet import SimulatedEc2
 from emulator.fake_github import FakeGitHub
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, app_key
 from emulator.iam_check import PolicyCheck
-from emulator.lambda_runtime import FunctionSpec
-from emulator.stack import DeployedMachine, InProcess, LocalStack, handler_function
+from emulator.stack import DeployedMachine, FunctionSpec, InProcess, LocalStack, handler_function
 from emulator.step_functions import (
     MOTO_CONFIG,
     Execution,
@@ -240,7 +239,7 @@ def local_control_plane(
     config = config or stack_config()
     key = app_key()
     with (
-        mock_aws(config=MOTO_CONFIG),  # type: ignore[arg-type]
+        mock_aws(config=MOTO_CONFIG),  # type: ignore[call-overload]
         behaving_as_aws(),
         FakeGitHub(APP_ID, key.public_pem, clock=clock) as github,
     ):
@@ -249,6 +248,8 @@ def local_control_plane(
         stack = LocalStack(config, client, stack_name=STACK_NAME)
         stack.create_state_table()
         stack.create_instance_resources(key.private_pem)
+        if config.github.scope is None:
+            raise ValueError("a local control plane registers runners at github.scope: the config names none")
         app = GitHubApp(
             GitHubAppKey(APP_ID, key.private_pem, INSTALLATION_ID, base_url=github.url, clock=clock),
             config.github.scope,
