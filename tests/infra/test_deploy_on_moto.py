@@ -21,10 +21,10 @@ import pytest
 from moto import mock_aws
 from moto.cloudformation.parsing import resource_class_from_type
 
+from emulator.harness.control_plane import REGION
 from infra.constructs.instances import image_parameter_name
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch
-from tests.conftest import REGION
 from tests.infra.synthesis import Synthesis
 
 ACCOUNT = "123456789012"

@@ -9,6 +9,7 @@ from typing import Any
 import boto3
 import pytest
 
+from emulator.harness.control_plane import REGION
 from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.cli import main
@@ -20,7 +21,7 @@ from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch, UsageClass
 from runner_pool.domain.timeouts import Timeouts
 from runner_pool.prices import gp3_hourly
-from tests.conftest import REGION, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.support import builders
 
 STACK = "RunnerPool"

@@ -26,7 +26,7 @@ from runner_pool.domain.follow_up import FollowUp
 from runner_pool.domain.registration_budget import HourlyQuota
 from runner_pool.domain.runners import GitHubRateLimitedError
 from runner_pool.domain.trust import RunFacts, TrustLevel
-from runner_pool.steps import run_trust
+from runner_pool.observability import logger
 from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Group
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.run_trust import RunTrust
@@ -175,7 +175,7 @@ def test_a_disagreeing_delivery_is_logged_with_both_levels(
 ) -> None:
     # Given a run requested by a push (trusted)
     warnings: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(run_trust.logger, "warning", lambda message, **keys: warnings.append((message, keys)))
+    monkeypatch.setattr(logger, "warning", lambda message, **keys: warnings.append((message, keys)))
     trust = RunTrust(ledger, ingress.clock)
     trust.requested(requested("push"))
     # When a later delivery of the same attempt says pull_request, and another agrees with the first

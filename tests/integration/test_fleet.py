@@ -16,9 +16,9 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 
+from emulator.harness.control_plane import REGION
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.fleet import (
-    LAUNCH_TAG,
     RESOURCE_CLASS_TAG,
     RUN_KEY_TAG,
     Fleet,
@@ -30,6 +30,7 @@ from runner_pool.adapters.fleet import (
 )
 from runner_pool.domain.config import FleetSettings, StackConfig
 from runner_pool.domain.fleet import (
+    LAUNCH_TAG,
     Ec2State,
     FleetRequestError,
     LaunchAttempt,
@@ -37,7 +38,6 @@ from runner_pool.domain.fleet import (
     Termination,
 )
 from runner_pool.domain.records import Arch, InstanceFacts, UsageClass
-from tests.conftest import REGION
 from tests.support.aws_faults import RawBody, answer_busy
 
 STACK_TAG = ("runner-pool:stack", "runner-pool-test")

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from emulator.harness.control_plane import NO_WAIT, REGION
 from emulator.resources import create_idempotency_table
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.follow_up_batches import STATE_ATTRIBUTE, TRANSITION_CONDITIONS
@@ -36,7 +37,6 @@ from runner_pool.domain.follow_up import (
 )
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpNotStartedError, FollowUpSteps
-from tests.conftest import NO_WAIT, REGION
 from tests.support.builders import demand_starts
 from tests.support.stateful import program_aws, programs
 

@@ -18,6 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from emulator.aws import ACCOUNT
+from emulator.harness.control_plane import NO_WAIT, REGION
 from emulator.iam_check import PolicyCheck
 from emulator.iam_stack import StackIam, checked_template
 from runner_pool.adapters.instance_arns import InstanceArns
@@ -27,7 +28,7 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.records import Signal
 from runner_pool.domain.runner_configs import CredentialsUnreadableError
-from tests.conftest import NO_WAIT, REGION, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.support import builders
 
 ARNS = InstanceArns("aws", REGION, ACCOUNT)

@@ -25,7 +25,7 @@ import pytest
 from emulator.aws import ACCOUNT, REGION, LocalAws, local_aws
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.iam_check import PolicyCheck
-from emulator.iam_stack import StackIam, synthesized_template, without_grant
+from emulator.iam_stack import StackIam, without_grant
 from emulator.lambda_runtime import (
     PRELOADED_CODE,
     Artifacts,
@@ -42,6 +42,7 @@ from emulator.step_functions import (
     lambdas_in_process,
     without_waiting,
 )
+from emulator.template import synthesized_template
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow

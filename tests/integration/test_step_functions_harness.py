@@ -13,6 +13,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from emulator.harness.control_plane import REGION
 from emulator.moto_internals import patch_point
 from emulator.step_functions import (
     MOTO_CONFIG,
@@ -24,7 +25,6 @@ from emulator.step_functions import (
     without_waiting,
 )
 from emulator.step_functions_quotas import HISTORY_LIMIT_EVENTS, QuotaWatch
-from tests.conftest import REGION
 
 ASL = Path(__file__).parent / "asl" / "harness.asl.json"
 _EXECUTION_WORKER = "moto.stepfunctions.parser.backend.execution_worker:ExecutionWorker"
