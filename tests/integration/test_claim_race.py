@@ -189,6 +189,7 @@ def race(arena: Arena, make_worker: Callable[[Arena, int], Worker], rounds: int)
                     assert record is not None
                     this_round.records[instance_id] = record
                     assert record.run_key is not None
+                    assert record.claim_token is not None
                     back = arena.table.unclaim(instance_id, record.run_key, record.claim_token)
                     assert back.outcome is Outcome.APPLIED, back
         except BaseException as exc:

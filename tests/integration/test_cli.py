@@ -52,12 +52,17 @@ def stack(dynamodb: Any, pool_queue_url_prefix: str, config: StackConfig) -> str
     return STACK
 
 
+def moto_client(service: str, _region: str | None) -> Any:
+    """A plain boto3 client in REGION, for the CLI to call moto with: it asks for services by name."""
+    return boto3.client(service, region_name=REGION)  # type: ignore[call-overload]  # boto3-stubs take only literal names
+
+
 def printed(*argv: str, clock: ManualClock) -> tuple[int, str]:
     """The CLI's exit code and what it printed, run against the stack `STACK` on moto."""
     out = io.StringIO()
     code = main(
         ["--stack", STACK, *argv],
-        clients=lambda service, _region: boto3.client(service, region_name=REGION),
+        clients=moto_client,
         clock=clock,
         out=out,
     )
@@ -164,7 +169,7 @@ def test_status_from_a_stack_without_the_volume_output_marks_the_volumes_unprice
     out = io.StringIO()
     code = main(
         ["--stack", "Older", "status"],
-        clients=lambda service, _region: boto3.client(service, region_name=REGION),
+        clients=moto_client,
         clock=clock,
         out=out,
     )

@@ -45,7 +45,7 @@ class Clinic:
     account: LocalAccount = field(default_factory=LocalAccount)
 
     def client(self, service: str) -> Any:
-        return boto3.client(service, region_name=REGION)
+        return boto3.client(service, region_name=REGION)  # type: ignore[call-overload]  # boto3-stubs take only literal names
 
     def examine(self, config: StackConfig | None = None) -> tuple[int, dict[str, str]]:
         """The doctor's exit code and its lines by check name (`verdict  found; fix: ...`)."""

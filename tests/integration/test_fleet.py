@@ -14,6 +14,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 from botocore.stub import Stubber
 
 from emulator.harness.control_plane import REGION
@@ -588,7 +589,8 @@ def created_fleet_response(instance_id: str) -> AWSResponse:
         "</item></instanceIds><instanceType>c7i.large</instanceType><lifecycle>spot</lifecycle></item>"
         "</fleetInstanceSet></CreateFleetResponse>"
     )
-    return AWSResponse("https://ec2.test/", 200, {"Content-Type": "text/xml"}, RawBody(body.encode()))
+    headers = HTTPHeaders.from_dict({"Content-Type": "text/xml"})
+    return AWSResponse("https://ec2.test/", 200, headers, RawBody(body.encode()))
 
 
 def test_a_throttled_create_fleet_is_retried_by_botocore_with_the_same_token(

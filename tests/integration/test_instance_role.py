@@ -11,7 +11,7 @@ conditions-kms.html), ec2:SourceInstanceARN against ec2:InstanceID (SAR list_ama
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 import pytest
@@ -30,6 +30,9 @@ from runner_pool.domain.records import Signal
 from runner_pool.domain.runner_configs import CredentialsUnreadableError
 from tests.conftest import TABLE_NAME
 from tests.support import builders
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.type_defs import KeysAndAttributesTypeDef
 
 ARNS = InstanceArns("aws", REGION, ACCOUNT)
 
@@ -223,7 +226,7 @@ def test_an_instance_reads_its_record_and_config_in_one_batch_and_no_other_insta
     # a batch must be A's own (ForAllValues over dynamodb:LeadingKeys)
     with pytest.raises(ClientError, match="AccessDenied"):
         instances.own_credentials.read_with_record(instances.b, ARNS.arn(instances.b))
-    mixed = {
+    mixed: dict[str, KeysAndAttributesTypeDef] = {
         TABLE_NAME: {
             "Keys": [
                 {"pk": {"S": ARNS.arn(instances.a)}, "sk": {"S": "state"}},

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -735,10 +735,13 @@ def test_invocations_waiting_for_a_function_s_environments_go_on_one_each_in_the
         invoked = [pool.submit(runtime.invoke, "in_turn", {"tag": "0", "log": str(log), "until": str(until)})]
         eventually(lambda: runtime.environments("in_turn") == 1, "the first invocation's environment")
 
+        def waiting(count: int) -> Callable[[], bool]:
+            return lambda: runtime.waiting() == count
+
         # When three more come one after another, each waiting its turn
         for tag in "123":
             invoked.append(pool.submit(runtime.invoke, "in_turn", {"tag": tag, "log": str(log)}))
-            eventually(lambda tag=tag: runtime.waiting() == int(tag), f"invocation {tag} waiting")
+            eventually(waiting(int(tag)), f"invocation {tag} waiting")
         until.touch()
 
         # Then each went on in the order it came, in the one environment

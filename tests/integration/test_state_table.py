@@ -54,7 +54,7 @@ def instance_in(
     instance_id = builders.facts(number).instance_id
     # Only an on-demand instance is ever stopped (config.PoolSettings).
     on_demand = builders.facts(number, usage_class=UsageClass.ON_DEMAND)
-    steps: dict[InstanceState, list[Callable[[], Any]]] = {
+    steps: dict[InstanceState, list[Callable[[], TransitionResult]]] = {
         InstanceState.CREATED: [lambda: table.create(builders.facts(number), run_key)],
         InstanceState.IDLE: [
             lambda: table.create(builders.facts(number), None),
