@@ -32,6 +32,7 @@ from agent.loop import Agent
 from agent.settings import AgentSettings
 from agent.wiring import build_agent
 from emulator.aws import ACCOUNT
+from emulator.harness.control_plane import NO_WAIT, REGION
 from emulator.iam_check import PolicyCheck, save_usage
 from emulator.iam_stack import StackIam, checked_template
 from runner_pool.adapters import aws_clients
@@ -40,7 +41,7 @@ from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.records import Signal, WorkerSignal
-from tests.conftest import NO_WAIT, REGION, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.support import builders, waiting
 
 FAKE_RUNNER = Path(__file__).with_name("fake_runner.py")

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import pytest
 
@@ -22,6 +23,9 @@ from runner_pool.adapters.aws_clients import ServiceUnreachableError
 from runner_pool.domain.job_logs import LogEvent
 from runner_pool.domain.records import Signal
 from tests.agent.conftest import AgentFactory, ControlPlane, eventually, jit_config
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack is 3.12's; only mypy reads this annotation
 
 INSTANCE = "i-0123456789abcdef0"
 RUN = "pool=901/class=large"
@@ -47,7 +51,13 @@ class Streams:
         return [event.message for name, batch in self.puts if name == stream for event in batch]
 
 
-def shipper(streams: Streams, **options: float) -> LogShipper:
+class ShipperOptions(TypedDict, total=False):
+    """LogShipper's keyword settings a test may change; the rest keep the agent's defaults."""
+
+    max_pending: int
+
+
+def shipper(streams: Streams, **options: Unpack[ShipperOptions]) -> LogShipper:
     running = LogShipper(streams, INSTANCE, agent_log(instance_id=INSTANCE), period_seconds=60, **options)
     running.start()
     return running

@@ -17,6 +17,7 @@ from botocore.exceptions import ClientError
 
 from agent.imds import InstanceIdentity
 from emulator.aws import ACCOUNT
+from emulator.harness.control_plane import REGION
 from runner_pool.adapters.notice_queues import NoticeQueues
 from runner_pool.domain import notices
 from runner_pool.domain.records import Signal
@@ -28,7 +29,6 @@ from tests.agent.conftest import (
     idle_agent,
     jit_config,
 )
-from tests.conftest import REGION
 
 RUN = "pool=778/class=large"
 PREFIX = f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{notices.queue_name_prefix('RunnerPool')}"

@@ -8,19 +8,20 @@ import boto3
 import pytest
 
 from emulator.aws import ACCOUNT
+from emulator.harness.control_plane import REGION
 from runner_pool.adapters.instance_arns import instance_arn
 from runner_pool.adapters.runner_credentials import (
     CONFIG_RUN_KEY_ATTRIBUTE,
     KMS_MAX_PLAINTEXT_BYTES,
     RUNNER_CONFIG_ITEM,
-    CredentialsUnreadableError,
     RunnerCredentials,
 )
 from runner_pool.adapters.state_items import PARTITION_KEY, SORT_KEY
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
-from tests.conftest import REGION, TABLE_NAME
+from runner_pool.domain.runner_configs import CredentialsUnreadableError
+from tests.conftest import TABLE_NAME
 from tests.support import builders
 
 ONE = builders.facts(1).instance_id

@@ -20,7 +20,6 @@ from bench.day_trace import (
     DaySimulation,
     Job,
     Policy,
-    ec2_billed_seconds,
     p95_reach,
     policies,
     spot_day,
@@ -31,6 +30,7 @@ from bench.day_trace import (
 )
 from emulator.boot_model import BootModel, Path
 from runner_pool.domain.config import ReuseMode, ReuseSettings, StackConfig
+from runner_pool.domain.cost import ec2_billed_seconds
 from runner_pool.domain.records import UsageClass
 from runner_pool.domain.reruns import Verdict
 from runner_pool.domain.timeouts import Timeouts

@@ -374,7 +374,7 @@ def _execution_story(system: World, execution: dict[str, Any], now: float) -> li
     failures: dict[tuple[str, str, str], None] = {}
     for event in history:
         if event["type"].endswith(_ENDED_BADLY):
-            details = next((v for k, v in event.items() if k.endswith("EventDetails")), {})
+            details: dict[str, Any] = next((v for k, v in event.items() if k.endswith("EventDetails")), {})
             cause = str(details.get("cause", ""))[:DIAGNOSIS_CAUSE_CHARS]
             failures[(event["type"], str(details.get("error", "")), cause)] = None
     if execution["status"] == "SUCCEEDED" and not failures:

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,7 @@ def test_twice_the_tiers_size_of_jobs_at_once_are_all_served(system: World) -> N
     # And the tier waits at its size again, every instance that served terminated
     for instance_id in instances:
         assert instance_id is not None
-        eventually(lambda i=instance_id: ended(system, i), f"{instance_id} to be terminated", 60.0)
+        eventually(partial(ended, system, instance_id), f"{instance_id} to be terminated", 60.0)
     tier_ready(system)
     assert len(waiting_runners(system)) <= TIER + queued_jobs(system)
     accounted(system)
@@ -240,9 +241,15 @@ def test_replacements_asked_for_jobs_that_were_cancelled_are_taken_back_to_the_t
     # took theirs: each job had asked for a replacement, the one still queued among them
     jobs = [JobSpec(f"build-{n}", LABEL, seconds=30.0) for n in range(TIER + 1)]
     run = system.github.actions.start_run(REPOSITORY, "matrix", jobs)
-    started = lambda: [  # noqa: E731 - read again at each look
-        job_id for job_id in run.job_ids if system.github.state.jobs[job_id].status is JobStatus.IN_PROGRESS
-    ]
+
+    def started() -> list[int]:
+        """The run's jobs in progress now: `eventually` asks again at each look."""
+        return [
+            job_id
+            for job_id in run.job_ids
+            if system.github.state.jobs[job_id].status is JobStatus.IN_PROGRESS
+        ]
+
     eventually(lambda: len(started()) == TIER, "the tier's runners to take their jobs", 30.0)
     system.github.actions.cancel_run(run.run_id)
     # Then the replacements beyond its size are taken back: the tier waits at its size, no more, with no

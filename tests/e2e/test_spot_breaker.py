@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -61,9 +62,7 @@ def test_a_class_ec2_takes_back_runs_its_next_job_on_demand_and_spot_again_after
         system.spot.interrupt(instance_id)
     assert system.stack.ec2_events.delivered(10)
     for instance_id in pooled:
-        eventually(
-            lambda i=instance_id: system.timeline.first(Happening.TERMINATED, instance_id=i), "its end"
-        )
+        eventually(partial(system.timeline.first, Happening.TERMINATED, instance_id=instance_id), "its end")
     breaker = DynamoDbSpotBreaker(
         system.stack.plane.settings.table_name,
         system.stack.plane.config.fleet.spot_breaker,

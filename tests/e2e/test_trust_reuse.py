@@ -61,7 +61,10 @@ def pristine_idle(system: World) -> set[str]:
 
 def a_pristine_one(system: World) -> str:
     """Wait for refresh to keep its floor; the pristine instance waiting idle."""
-    return sorted(awaited(system, lambda: pristine_idle(system), "a pristine instance idle in the pool"))[0]
+    pristine: set[str] = awaited(
+        system, lambda: pristine_idle(system), "a pristine instance idle in the pool"
+    )
+    return sorted(pristine)[0]
 
 
 def terminated(system: World, instance_id: str) -> None:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import App
+from aws_cdk import App, CfnElement
 from aws_cdk.assertions import Template
+from constructs import IConstruct
 
 from infra.app import CONFIG_CONTEXT_KEY, STACK_ID, build_app, project_context
 from infra.dependency_layer import DependencyLayer
@@ -65,8 +66,14 @@ class Synthesis:
     app: App
     stack: RunnerPoolStack
     template: Template
-    resources: dict[str, Any]
+    resources: dict[str, dict[str, Any]]
     """The template's resources by logical id, as plain JSON: read without a call into jsii each time."""
+
+    def logical_id(self, construct: IConstruct) -> str:
+        """The logical id of the CloudFormation resource an L2 construct (a table, a queue, a role) wraps."""
+        resource = construct.node.default_child
+        assert isinstance(resource, CfnElement), f"{construct.node.path} wraps no CloudFormation resource"
+        return self.stack.get_logical_id(resource)
 
     def statements_of_role(self, role_id: str) -> list[Mapping[str, Any]]:
         """Every statement of the IAM policies attached to the role of logical id `role_id`."""

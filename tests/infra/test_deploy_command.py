@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_the_locked_requirements_carry_no_escape_codes_under_a_forced_colour(
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("npx") is None, reason="the CDK CLI needs Node.js's npx (README: deploy)")
-def test_the_cdk_cli_synthesises_the_app_as_a_user_runs_it(tmp_path: pytest.TempPathFactory) -> None:
+def test_the_cdk_cli_synthesises_the_app_as_a_user_runs_it(tmp_path: Path) -> None:
     # Given the CLI the README pins, run as a user runs it (it gives the app its own environment)
     environment = {name: value for name, value in os.environ.items() if not name.startswith("CDK_")}
     environment.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")

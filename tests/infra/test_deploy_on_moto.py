@@ -21,10 +21,10 @@ import pytest
 from moto import mock_aws
 from moto.cloudformation.parsing import resource_class_from_type
 
+from emulator.harness.control_plane import REGION
 from infra.constructs.instances import image_parameter_name
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch
-from tests.conftest import REGION
 from tests.infra.synthesis import Synthesis
 
 ACCOUNT = "123456789012"
@@ -62,7 +62,7 @@ def zipped(directory: Path) -> bytes:
 def deployable(template: Mapping[str, Any]) -> dict[str, Any]:
     """The template without the dashboard, and without the outputs that name it or an attribute of a
     resource moto skips (such as the image pipelines' ARNs), which moto cannot resolve."""
-    trimmed = json.loads(json.dumps(template))
+    trimmed: dict[str, Any] = json.loads(json.dumps(template))
     trimmed["Resources"] = {k: r for k, r in trimmed["Resources"].items() if r["Type"] != DASHBOARD}
     skipped = [k for k, r in template["Resources"].items() if r["Type"] in MOTO_SKIPS]
     trimmed["Outputs"] = {

@@ -78,7 +78,8 @@ def _asset(outdir: Path, code: dict[str, Any]) -> Path:
     manifest = json.loads((outdir / f"{STACK_ID}.assets.json").read_text())
     source = manifest["files"][code["S3Key"].removesuffix(".zip")]["source"]
     assert source["packaging"] == "zip", source
-    return outdir / source["path"]
+    path: str = source["path"]
+    return outdir / path
 
 
 def _value(value: Any) -> str:
@@ -91,6 +92,7 @@ def _value(value: Any) -> str:
         logical_id, attribute = value["Fn::GetAtt"]
         return f"arn:aws:lambda:us-east-1:123456789012:resolved:{logical_id}-{attribute}"
     if isinstance(value, dict) and "Fn::Join" in value:
+        separator: str
         separator, parts = value["Fn::Join"]
         return separator.join(_value(part) for part in parts)
     return json.dumps(value)

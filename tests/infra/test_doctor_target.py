@@ -6,9 +6,9 @@ from typing import Any
 
 import boto3
 
+from emulator.harness.control_plane import REGION
 from runner_pool.checkup import Target
 from runner_pool.domain.records import Arch
-from tests.conftest import REGION
 from tests.infra.synthesis import Synthesis
 from tests.infra.test_deploy_on_moto import deployed
 

@@ -40,7 +40,9 @@ def placeholder(value: Any) -> str:
         return "".join(placeholder(part) for part in value)
     (name, argument), *_ = value.items()
     if name == "Fn::Join":
-        return argument[0].join(placeholder(part) for part in argument[1])
+        separator: str
+        separator, parts = argument
+        return separator.join(placeholder(part) for part in parts)
     if name == "Ref":
         return {
             "AWS::AccountId": ACCOUNT,
@@ -112,6 +114,7 @@ def test_every_function_logs_to_its_own_group_with_a_retention(synthesis: Synthe
 def test_the_code_asset_holds_the_runner_pool_package_only(synthesis: Synthesis) -> None:
     # Given the staged code asset of the functions
     code = synthesis.stack.functions.code.bind(synthesis.stack)
+    assert code.s3_location is not None
     staged = Path(synthesis.app.outdir) / f"asset.{code.s3_location.object_key.removesuffix('.zip')}"
     names = {str(path.relative_to(staged)) for path in staged.rglob("*") if path.is_file()}
 

@@ -10,12 +10,12 @@ from tests.infra.synthesis import Synthesis
 
 
 def _properties(synthesis: Synthesis, construct: Any) -> Any:
-    return synthesis.resources[synthesis.stack.get_logical_id(construct.node.default_child)]["Properties"]
+    return synthesis.resources[synthesis.logical_id(construct)]["Properties"]
 
 
 def _hear_arn(synthesis: Synthesis) -> Any:
     function = synthesis.stack.interruptions.function
-    return {"Fn::GetAtt": [synthesis.stack.get_logical_id(function.node.default_child), "Arn"]}
+    return {"Fn::GetAtt": [synthesis.logical_id(function), "Arn"]}
 
 
 def test_the_warnings_rule_sends_every_spot_warning_and_rebalance_recommendation(

@@ -84,7 +84,7 @@ def test_every_role_keeps_its_statements_inline(synthesis: Synthesis) -> None:
 
 
 def test_launching_passes_only_the_instance_role_and_tags_only_at_launch(synthesis: Synthesis) -> None:
-    instance_role = synthesis.stack.get_logical_id(synthesis.stack.instances.role.node.default_child)
+    instance_role = synthesis.logical_id(synthesis.stack.instances.role)
     launching = [h for h in handlers(synthesis) if granted(synthesis, h) & LAUNCH]
     assert launching
     for handler in launching:
@@ -150,7 +150,7 @@ def test_no_function_may_decrypt_runner_configs(synthesis: Synthesis) -> None:
 
 def test_table_queries_name_one_index_each(synthesis: Synthesis) -> None:
     # Given every Query statement / Then it names exactly one index of the state table, never index/*
-    table = synthesis.stack.get_logical_id(synthesis.stack.state_table.table.node.default_child)
+    table = synthesis.logical_id(synthesis.stack.state_table.table)
     queries = [
         (handler, resource)
         for handler in handlers(synthesis)
@@ -213,8 +213,7 @@ POOL_USERS = {
 def test_the_pool_grants_name_exactly_the_partition_queues(synthesis: Synthesis) -> None:
     # Given the pool queues of every partition, by their ARNs in the template
     pool = [
-        {"Fn::GetAtt": [synthesis.stack.get_logical_id(queue.node.default_child), "Arn"]}
-        for queue in synthesis.stack.pool_queues.queues
+        {"Fn::GetAtt": [synthesis.logical_id(queue), "Arn"]} for queue in synthesis.stack.pool_queues.queues
     ]
     assert len(pool) == len(synthesis.config.resource_classes) * 4
     for handler in handlers(synthesis):
@@ -284,7 +283,7 @@ def test_with_two_apps_the_token_function_alone_reads_both_keys_and_the_webhook_
 def test_every_function_that_calls_github_invokes_the_token_function_and_is_told_its_name(
     synthesis: Synthesis,
 ) -> None:
-    token_function = synthesis.stack.get_logical_id(synthesis.stack.github_tokens.function.node.default_child)
+    token_function = synthesis.logical_id(synthesis.stack.github_tokens.function)
     invokers = roles_granted(synthesis, "lambda:InvokeFunction", token_function)
     functions = {
         r["Properties"]["Handler"].removeprefix(f"{HANDLERS_PACKAGE}."): r

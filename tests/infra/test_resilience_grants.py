@@ -18,9 +18,9 @@ def test_finish_and_dump_may_start_their_own_machine_and_the_release_machine_and
 ) -> None:
     # Given the provision machine, named so its own steps can name its ARN without a cycle
     stack = synthesis.stack
-    machine = synthesis.resources[stack.get_logical_id(stack.provision.state_machine.node.default_child)]
+    machine = synthesis.resources[synthesis.logical_id(stack.provision.state_machine)]
     name = machine["Properties"]["StateMachineName"]
-    release = stack.get_logical_id(stack.release.state_machine.node.default_child)
+    release = synthesis.logical_id(stack.release.state_machine)
     for handler in ("provision.finish", "provision.dump"):
         # Then each may start executions of that machine (a redrive), spelled out by name, and of the
         # release machine (a run that finished meanwhile: its hand-offs are ended by a release)
@@ -37,8 +37,8 @@ def test_finish_and_dump_may_start_their_own_machine_and_the_release_machine_and
 def test_refresh_may_start_provisions_and_releases(synthesis: Synthesis) -> None:
     stack = synthesis.stack
     machines = {
-        stack.get_logical_id(stack.provision.state_machine.node.default_child),
-        stack.get_logical_id(stack.release.state_machine.node.default_child),
+        synthesis.logical_id(stack.provision.state_machine),
+        synthesis.logical_id(stack.release.state_machine),
     }
     (resources,) = starts(synthesis, "refresh.refresh")
     assert {r["Ref"] for r in resources} == machines

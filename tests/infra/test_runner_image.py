@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no types, and types-PyYAML is not in the lock
 
 from infra.constructs.instances import BOOT_ONLY_VALUES, image_parameter_name, render_user_data
 from infra.constructs.runner_image import (

@@ -87,4 +87,4 @@ def test_a_begin_event_that_does_not_parse_is_refused_by_the_products_name() -> 
     context = LambdaContext("provision-begin", "request-1", "arn:aws:lambda:us-east-1:1:function:begin")
     # When Begin is invoked / Then it fails with the product's error, which provision.asl.json never retries
     with pytest.raises(MalformedRequestError, match="request"):
-        provision.begin({"execution": "e-1"}, context)  # type: ignore[arg-type]
+        provision.begin({"execution": "e-1"}, context)

@@ -25,7 +25,7 @@ MACHINES = ("provision", "release", "follow_up")
 def machine(synthesis: Synthesis, name: str) -> Mapping[str, Any]:
     owner = synthesis.stack.ingress.follow_up if name == "follow_up" else getattr(synthesis.stack, name)
     construct = owner.state_machine
-    logical_id = synthesis.stack.get_logical_id(construct.node.default_child)
+    logical_id = synthesis.logical_id(construct)
     return synthesis.resources[logical_id]
 
 

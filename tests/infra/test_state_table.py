@@ -17,7 +17,7 @@ TABLE = "AWS::DynamoDB::Table"
 def table_resource(synthesis: Synthesis) -> Mapping[str, Any]:
     """The state table's resource (the stack has another table: the webhook's idempotency table)."""
     table = synthesis.stack.state_table.table
-    return synthesis.resources[synthesis.stack.get_logical_id(table.node.default_child)]
+    return synthesis.resources[synthesis.logical_id(table)]
 
 
 def test_the_table_is_keyed_by_instance_and_item_kind(synthesis: Synthesis) -> None:

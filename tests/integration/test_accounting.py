@@ -10,6 +10,7 @@ import pytest
 
 from emulator.accounting import account
 from emulator.ec2_fleet import SimulatedEc2
+from emulator.harness.control_plane import REGION
 from emulator.resources import create_fleet_setup
 from runner_pool.adapters.fleet import Fleet, FleetSetup
 from runner_pool.adapters.state_table import StateTable
@@ -18,7 +19,6 @@ from runner_pool.domain.config import StackConfig
 from runner_pool.domain.fleet import LaunchRequest
 from runner_pool.domain.lifecycle import InstanceState
 from runner_pool.domain.records import InstanceFacts, UsageClass
-from tests.conftest import REGION
 
 STACK = "runner-pool-test"
 

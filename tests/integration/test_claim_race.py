@@ -27,6 +27,7 @@ from moto import mock_aws
 
 from emulator.atomic_dynamodb import atomic_items
 from emulator.aws import INSTANCE_ARNS
+from emulator.harness.control_plane import NO_WAIT, REGION
 from emulator.resources import create_state_table
 from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.state_table import StateTable
@@ -34,7 +35,7 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.records import InstanceRecord
-from tests.conftest import NO_WAIT, REGION, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.support import builders
 
 pytestmark = pytest.mark.slow
@@ -188,6 +189,7 @@ def race(arena: Arena, make_worker: Callable[[Arena, int], Worker], rounds: int)
                     assert record is not None
                     this_round.records[instance_id] = record
                     assert record.run_key is not None
+                    assert record.claim_token is not None
                     back = arena.table.unclaim(instance_id, record.run_key, record.claim_token)
                     assert back.outcome is Outcome.APPLIED, back
         except BaseException as exc:

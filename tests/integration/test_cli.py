@@ -9,6 +9,7 @@ from typing import Any
 import boto3
 import pytest
 
+from emulator.harness.control_plane import REGION
 from runner_pool.adapters.capacity_waits import CapacityWaits
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.cli import main
@@ -20,7 +21,7 @@ from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch, UsageClass
 from runner_pool.domain.timeouts import Timeouts
 from runner_pool.prices import gp3_hourly
-from tests.conftest import REGION, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.support import builders
 
 STACK = "RunnerPool"
@@ -51,12 +52,17 @@ def stack(dynamodb: Any, pool_queue_url_prefix: str, config: StackConfig) -> str
     return STACK
 
 
+def moto_client(service: str, _region: str | None) -> Any:
+    """A plain boto3 client in REGION, for the CLI to call moto with: it asks for services by name."""
+    return boto3.client(service, region_name=REGION)  # type: ignore[call-overload]  # boto3-stubs take only literal names
+
+
 def printed(*argv: str, clock: ManualClock) -> tuple[int, str]:
     """The CLI's exit code and what it printed, run against the stack `STACK` on moto."""
     out = io.StringIO()
     code = main(
         ["--stack", STACK, *argv],
-        clients=lambda service, _region: boto3.client(service, region_name=REGION),
+        clients=moto_client,
         clock=clock,
         out=out,
     )
@@ -163,7 +169,7 @@ def test_status_from_a_stack_without_the_volume_output_marks_the_volumes_unprice
     out = io.StringIO()
     code = main(
         ["--stack", "Older", "status"],
-        clients=lambda service, _region: boto3.client(service, region_name=REGION),
+        clients=moto_client,
         clock=clock,
         out=out,
     )

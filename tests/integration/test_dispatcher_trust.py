@@ -26,11 +26,11 @@ from runner_pool.domain.follow_up import FollowUp
 from runner_pool.domain.registration_budget import HourlyQuota
 from runner_pool.domain.runners import GitHubRateLimitedError
 from runner_pool.domain.trust import RunFacts, TrustLevel
-from runner_pool.steps import run_trust
+from runner_pool.observability import logger
 from runner_pool.steps.demand_starts import DemandStarts, DispatchReport, Group
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.run_trust import RunTrust
-from tests.support.builders import demand_starts
+from tests.support.builders import demand_starts, pause_on
 
 REPOSITORY = "octo-org/octo-repo"
 RUN_ID = 4242
@@ -113,7 +113,7 @@ def dispatcher(
         reader=None if github is None else (lambda: github),
         hourly=lambda: hourly,
     )
-    return Dispatcher(DemandStarts(ledger, starts, ingress.clock, ingress.clock.advance, trust))
+    return Dispatcher(DemandStarts(ledger, starts, ingress.clock, pause_on(ingress.clock), trust))
 
 
 def dispatch(dispatcher: Dispatcher, *messages: DemandMessage) -> DispatchReport:
@@ -175,7 +175,7 @@ def test_a_disagreeing_delivery_is_logged_with_both_levels(
 ) -> None:
     # Given a run requested by a push (trusted)
     warnings: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(run_trust.logger, "warning", lambda message, **keys: warnings.append((message, keys)))
+    monkeypatch.setattr(logger, "warning", lambda message, **keys: warnings.append((message, keys)))
     trust = RunTrust(ledger, ingress.clock)
     trust.requested(requested("push"))
     # When a later delivery of the same attempt says pull_request, and another agrees with the first
@@ -335,7 +335,7 @@ def test_a_sealed_follow_up_is_privileged_when_its_pool_label_had_an_environment
     dispatch(dispatcher(ingress, ledger, starts), requested("push"), queued(16, GPU_KEY, privileged=True))
     # When a follow-up of LABEL, gathered with none of its messages, is started
     group = Group(REPOSITORY, LABEL, known_attempts=((RUN_ID, 1),))
-    the_starts = demand_starts(ledger, starts, ingress.clock, ingress.clock.advance)
+    the_starts = demand_starts(ledger, starts, ingress.clock, pause_on(ingress.clock))
     the_starts.start_sealed(DispatchReport(), group, FollowUp(frozenset({17, 18})), "holder", 10**10)
     # Then its provision is privileged
     assert [(p.job_ids, p.trust) for p in starts.provisions][-1] == ((17, 18), TrustLevel.PRIVILEGED)

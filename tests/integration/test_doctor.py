@@ -20,6 +20,7 @@ import pytest
 from emulator.doctor import LocalAccount, add_service_linked_roles, clients
 from emulator.fake_github import FakeGitHub
 from emulator.fake_github.state import APP_PERMISSIONS
+from emulator.harness.control_plane import REGION
 from emulator.harness.github_app import APP_ID, INSTALLATION_ID, OWNER, REPO, AppKey, generate_app_key
 from emulator.resources import create_launch_templates
 from runner_pool.checkup import Target, doctor
@@ -28,7 +29,6 @@ from runner_pool.domain.config import StackConfig
 from runner_pool.domain.doctor_readings import DeployedStack
 from runner_pool.domain.records import Arch
 from runner_pool.domain.runner_scope import OrganizationScope, Registration
-from tests.conftest import REGION
 from tests.integration.conftest import app_github
 
 WEBHOOK_URL = "https://abc123.execute-api.us-east-1.amazonaws.com/prod/webhook"
@@ -45,7 +45,7 @@ class Clinic:
     account: LocalAccount = field(default_factory=LocalAccount)
 
     def client(self, service: str) -> Any:
-        return boto3.client(service, region_name=REGION)
+        return boto3.client(service, region_name=REGION)  # type: ignore[call-overload]  # boto3-stubs take only literal names
 
     def examine(self, config: StackConfig | None = None) -> tuple[int, dict[str, str]]:
         """The doctor's exit code and its lines by check name (`verdict  found; fix: ...`)."""

@@ -12,6 +12,7 @@ from botocore.exceptions import ClientError, ParamValidationError
 from botocore.validate import validate_parameters
 
 from emulator.ec2_fleet import SimulatedEc2
+from emulator.harness.control_plane import REGION
 from emulator.resources import create_fleet_setup
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.aws_clients import ServiceBusyError
@@ -20,7 +21,6 @@ from runner_pool.domain.config import FleetSettings, StackConfig
 from runner_pool.domain.fleet import FleetRequestError, LaunchOutcome, LaunchRequest
 from runner_pool.domain.records import Arch, UsageClass
 from runner_pool.environment import STACK_TAG_KEY
-from tests.conftest import REGION
 from tests.support.racing import at_once
 
 STACK = "runner-pool-test"

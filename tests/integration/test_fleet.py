@@ -14,11 +14,12 @@ from typing import Any
 import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 from botocore.stub import Stubber
 
+from emulator.harness.control_plane import REGION
 from runner_pool.adapters import aws_clients
 from runner_pool.adapters.fleet import (
-    LAUNCH_TAG,
     RESOURCE_CLASS_TAG,
     RUN_KEY_TAG,
     Fleet,
@@ -30,6 +31,7 @@ from runner_pool.adapters.fleet import (
 )
 from runner_pool.domain.config import FleetSettings, StackConfig
 from runner_pool.domain.fleet import (
+    LAUNCH_TAG,
     Ec2State,
     FleetRequestError,
     LaunchAttempt,
@@ -37,7 +39,6 @@ from runner_pool.domain.fleet import (
     Termination,
 )
 from runner_pool.domain.records import Arch, InstanceFacts, UsageClass
-from tests.conftest import REGION
 from tests.support.aws_faults import RawBody, answer_busy
 
 STACK_TAG = ("runner-pool:stack", "runner-pool-test")
@@ -588,7 +589,8 @@ def created_fleet_response(instance_id: str) -> AWSResponse:
         "</item></instanceIds><instanceType>c7i.large</instanceType><lifecycle>spot</lifecycle></item>"
         "</fleetInstanceSet></CreateFleetResponse>"
     )
-    return AWSResponse("https://ec2.test/", 200, {"Content-Type": "text/xml"}, RawBody(body.encode()))
+    headers = HTTPHeaders.from_dict({"Content-Type": "text/xml"})
+    return AWSResponse("https://ec2.test/", 200, headers, RawBody(body.encode()))
 
 
 def test_a_throttled_create_fleet_is_retried_by_botocore_with_the_same_token(

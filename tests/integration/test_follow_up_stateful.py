@@ -22,6 +22,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from emulator.harness.control_plane import NO_WAIT, REGION
 from emulator.resources import create_idempotency_table
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.adapters.follow_up_batches import STATE_ATTRIBUTE, TRANSITION_CONDITIONS
@@ -36,8 +37,7 @@ from runner_pool.domain.follow_up import (
 )
 from runner_pool.steps.dispatcher import Dispatcher
 from runner_pool.steps.follow_up import FollowUpNotStartedError, FollowUpSteps
-from tests.conftest import NO_WAIT, REGION
-from tests.support.builders import demand_starts
+from tests.support.builders import demand_starts, pause_on
 from tests.support.stateful import program_aws, programs
 
 pytestmark = pytest.mark.slow
@@ -142,7 +142,7 @@ class FollowUpWindow(RuleBasedStateMachine):
         self.clock = ManualClock()
         self.machines = Machines()
         ledger = DynamoDbLedger(TABLE, self.clock, self.client, NO_WAIT)  # type: ignore[arg-type]
-        starts = demand_starts(ledger, self.machines, self.clock, self.clock.advance)
+        starts = demand_starts(ledger, self.machines, self.clock, pause_on(self.clock))
         self.dispatcher = Dispatcher(starts)
         self.steps = FollowUpSteps(starts)
         self.job_ids = itertools.count(1)

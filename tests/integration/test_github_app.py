@@ -327,7 +327,7 @@ def test_a_runner_group_registration_without_a_repository_and_its_id_is_refused(
     # When it is asked for a runner without the job's repository or its id / Then it refuses, and
     # registers nothing at the organisation
     with pytest.raises(RepositoryUnknownError, match="repository"):
-        github.jit_config("i-0abc-4", [run_key(4)], **given)  # type: ignore[arg-type]
+        github.jit_config("i-0abc-4", [run_key(4)], **given)
     assert fake.state.runners == {}
 
 

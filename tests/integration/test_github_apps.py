@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from runner_pool.adapters.github_app import GitHubApp
@@ -43,9 +43,14 @@ class App:
         self.check_runs[check_run.check_run_id] = "completed"
 
 
+def connecting(fake: App) -> Callable[[], GitHubApp]:
+    """How GitHubApps connects to an App, here to the fake standing in for it."""
+    return lambda: cast(GitHubApp, fake)
+
+
 def apps(dynamodb: Any, clock: ManualClock, *fakes: App) -> GitHubApps:
     return GitHubApps(
-        {fake.app_id: (lambda fake=fake: cast(GitHubApp, fake)) for fake in fakes},
+        {fake.app_id: connecting(fake) for fake in fakes},
         {
             fake.app_id: DynamoDbRegistrationBudget(
                 TABLE_NAME, fake.app_id, per_minute=60, burst=5, clock=clock, client=dynamodb

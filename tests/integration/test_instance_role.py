@@ -11,13 +11,14 @@ conditions-kms.html), ec2:SourceInstanceARN against ec2:InstanceID (SAR list_ama
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 import pytest
 from botocore.exceptions import ClientError
 
 from emulator.aws import ACCOUNT
+from emulator.harness.control_plane import NO_WAIT, REGION
 from emulator.iam_check import PolicyCheck
 from emulator.iam_stack import StackIam, checked_template
 from runner_pool.adapters.instance_arns import InstanceArns
@@ -27,8 +28,11 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.records import Signal
 from runner_pool.domain.runner_configs import CredentialsUnreadableError
-from tests.conftest import NO_WAIT, REGION, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.support import builders
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb.type_defs import KeysAndAttributesTypeDef
 
 ARNS = InstanceArns("aws", REGION, ACCOUNT)
 
@@ -222,7 +226,7 @@ def test_an_instance_reads_its_record_and_config_in_one_batch_and_no_other_insta
     # a batch must be A's own (ForAllValues over dynamodb:LeadingKeys)
     with pytest.raises(ClientError, match="AccessDenied"):
         instances.own_credentials.read_with_record(instances.b, ARNS.arn(instances.b))
-    mixed = {
+    mixed: dict[str, KeysAndAttributesTypeDef] = {
         TABLE_NAME: {
             "Keys": [
                 {"pk": {"S": ARNS.arn(instances.a)}, "sk": {"S": "state"}},

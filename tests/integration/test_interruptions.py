@@ -7,7 +7,8 @@ live record an instance.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -30,8 +31,8 @@ def local() -> Iterator[LocalControlPlane]:
 
 @pytest.mark.parametrize("warn", [interruption_warning, rebalance_recommendation])
 def test_an_idle_instance_warned_leaves_the_pool_and_refresh_replaces_it(
-    local: LocalControlPlane, warn
-) -> None:  # type: ignore[no-untyped-def]
+    local: LocalControlPlane, warn: Callable[[str, float], dict[str, Any]]
+) -> None:
     # Given an idle instance in the pool
     (idle,) = local.pooled()
     # When EC2 warns of it

@@ -9,11 +9,12 @@ from typing import Any
 import boto3
 import pytest
 
+from emulator.harness.control_plane import REGION
 from emulator.resources import create_idempotency_table
 from runner_pool.adapters.demand_ledger import DynamoDbLedger
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.executions import ProvisionRequest, ReleaseRequest
-from tests.conftest import REGION, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.integration.test_cli import STACK, printed
 
 LEDGER = "runner-pool-ledger"

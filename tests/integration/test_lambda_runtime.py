@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +25,7 @@ import pytest
 from emulator.aws import ACCOUNT, REGION, LocalAws, local_aws
 from emulator.ec2_fleet import SimulatedEc2
 from emulator.iam_check import PolicyCheck
-from emulator.iam_stack import StackIam, synthesized_template, without_grant
+from emulator.iam_stack import StackIam, without_grant
 from emulator.lambda_runtime import (
     PRELOADED_CODE,
     Artifacts,
@@ -42,6 +42,7 @@ from emulator.step_functions import (
     lambdas_in_process,
     without_waiting,
 )
+from emulator.template import synthesized_template
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -734,10 +735,13 @@ def test_invocations_waiting_for_a_function_s_environments_go_on_one_each_in_the
         invoked = [pool.submit(runtime.invoke, "in_turn", {"tag": "0", "log": str(log), "until": str(until)})]
         eventually(lambda: runtime.environments("in_turn") == 1, "the first invocation's environment")
 
+        def waiting(count: int) -> Callable[[], bool]:
+            return lambda: runtime.waiting() == count
+
         # When three more come one after another, each waiting its turn
         for tag in "123":
             invoked.append(pool.submit(runtime.invoke, "in_turn", {"tag": tag, "log": str(log)}))
-            eventually(lambda tag=tag: runtime.waiting() == int(tag), f"invocation {tag} waiting")
+            eventually(waiting(int(tag)), f"invocation {tag} waiting")
         until.touch()
 
         # Then each went on in the order it came, in the one environment

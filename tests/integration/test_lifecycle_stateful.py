@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from emulator.aws import INSTANCE_ARNS
+from emulator.harness.control_plane import NO_WAIT, REGION
 from emulator.resources import create_state_table
 from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.state_table import StateTable
@@ -39,7 +40,7 @@ from runner_pool.domain.lifecycle import LIVE_STATES, InstanceState, Outcome
 from runner_pool.domain.pickup import ClaimTerms
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceRecord, Signal, TransitionResult, UsageClass
-from tests.conftest import NO_WAIT, REGION, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.support import builders
 from tests.support.racing import at_once
 from tests.support.stateful import program_aws, programs

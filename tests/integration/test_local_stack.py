@@ -17,14 +17,13 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
-from emulator.harness.control_plane import client
+from emulator.harness.control_plane import NO_WAIT, REGION, client
 from emulator.iam_stack import BindingError
 from emulator.stack import ACCOUNT_THROTTLE, LocalStack, StackTemplate, settings_of
 from emulator.template import synthesized_template
 from runner_pool.domain.config import StackConfig
 from runner_pool.environment import ENV_PREFIX, ControlPlaneSettings
 from runner_pool.wiring import control_plane
-from tests.conftest import NO_WAIT, REGION
 
 
 def clients() -> Any:

@@ -15,7 +15,10 @@ from unittest import mock
 import boto3
 import pytest
 from moto import mock_aws
+from moto.core.common_types import TYPE_RESPONSE
+from moto.core.responses import ActionContext, ActionResult
 from moto.core.utils import unix_time
+from moto.dynamodb.models.table import Table
 from moto.dynamodb.responses import DynamoResult
 from moto.sqs.models import sqs_backends
 
@@ -44,30 +47,30 @@ EVERY_TYPE: dict[str, Any] = {
 }
 KEY = {"pk": EVERY_TYPE["pk"], "sk": EVERY_TYPE["sk"]}
 
+Seen = tuple[str, str | bytes, str | bytes]
+"""An operation, the answer's body as written directly, and the body moto's serializer writes."""
+
 
 @pytest.fixture
-def answers() -> Iterator[tuple[LocalAws, list[tuple[str, str, str]]]]:
+def answers() -> Iterator[tuple[LocalAws, list[Seen]]]:
     """Local AWS whose DynamoDB answers are kept with what moto's serializer makes of the same answer."""
-    seen: list[tuple[str, str, str]] = []
+    seen: list[Seen] = []
     serializer = resolve("moto.dynamodb.responses:DynamoResult.execute_result")  # moto's, inherited
     with local_aws() as aws:
         direct = DynamoResult.execute_result
 
-        def both(result: Any, context: Any) -> Any:
+        def both(result: ActionResult, context: ActionContext) -> TYPE_RESPONSE:
             status, headers, body = direct(result, context)
             _, _, reference = serializer(result, context)
             seen.append((context.operation_model.name, body, reference))
             return status, headers, body
 
-        DynamoResult.execute_result = both  # type: ignore[method-assign]
-        try:
+        with mock.patch.object(DynamoResult, "execute_result", both):
             yield aws, seen
-        finally:
-            DynamoResult.execute_result = direct  # type: ignore[method-assign]
 
 
 def test_every_item_operation_answers_as_motos_serializer_does(
-    answers: tuple[LocalAws, list[tuple[str, str, str]]],
+    answers: tuple[LocalAws, list[Seen]],
 ) -> None:
     aws, seen = answers
     dynamodb = aws.client("dynamodb")
@@ -181,8 +184,15 @@ def test_a_tables_items_are_listed_in_motos_order(range_key: str | None) -> None
             for sort_key in sort_keys:
                 dynamodb.put_item(TableName="t", Item={"pk": {"S": pk}, **sort_key})
         owner, name = patch_point(all_items)
-        fast, tables = getattr(owner, name), []
-        with mock.patch.object(owner, name, lambda table: tables.append(table) or fast(table)):
+        fast = getattr(owner, name)
+        tables: list[Table] = []
+
+        def listing(table: Table) -> Any:
+            """The listing as patched, keeping the table it is asked of."""
+            tables.append(table)
+            return fast(table)
+
+        with mock.patch.object(owner, name, listing):
             dynamodb.scan(TableName="t")
         table = tables[0]
         # When its items are listed / Then in the very order moto lists them

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -14,6 +14,9 @@ from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import Arch, PoolMessage, UsageClass
 from tests.support.aws_faults import answer_busy
 from tests.support.builders import pool_message
+
+if TYPE_CHECKING:
+    from mypy_boto3_sqs.client import SQSClient
 
 CLASSES = tuple(DEFAULT_RESOURCE_CLASSES)
 LARGE = PoolPartition("large", UsageClass.SPOT, Arch.X64)
@@ -40,6 +43,10 @@ class _RefusingBatches:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
+
+    def as_sqs(self) -> SQSClient:
+        """This stand-in, where PoolQueues takes the SQS client it stands in for."""
+        return cast("SQSClient", self)
 
     def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:  # noqa: N803
         return self._batch(self._client.send_message_batch, QueueUrl, Entries)
@@ -234,7 +241,7 @@ def test_release_makes_held_messages_visible_after_the_delay_in_batches_of_ten(
 def test_a_requeue_entry_that_fails_once_is_retried_alone(sqs: Any, pool_queue_url_prefix: str) -> None:
     # Given SQS that fails one entry of the first batch call
     client = _RefusingBatches(sqs, refusals=1)
-    queues = PoolQueues(pool_queue_url_prefix, CLASSES, client, wait_seconds=0)
+    queues = PoolQueues(pool_queue_url_prefix, CLASSES, client.as_sqs(), wait_seconds=0)
     # When three messages are requeued
     refused = queues.requeue(LARGE, messages(3), delay_seconds=0)
     # Then the failed entry was sent again on its own, and all three are in the queue
@@ -248,7 +255,7 @@ def test_a_requeue_entry_that_fails_twice_is_reported_not_retried_again(
 ) -> None:
     # Given SQS that fails the same entry on the first call and on the retry
     client = _RefusingBatches(sqs, refusals=2)
-    queues = PoolQueues(pool_queue_url_prefix, CLASSES, client, wait_seconds=0)
+    queues = PoolQueues(pool_queue_url_prefix, CLASSES, client.as_sqs(), wait_seconds=0)
     sent = messages(3)
     # When three messages are requeued
     refused = queues.requeue(LARGE, sent, delay_seconds=0)
@@ -264,7 +271,9 @@ def test_a_receipt_that_cannot_be_deleted_is_reported(
     # Given three received messages, and SQS that fails one delete entry twice
     queues.requeue(LARGE, messages(3), delay_seconds=0)
     receipts = [r.receipt for r in queues.receive(LARGE, 30)]
-    refusing = PoolQueues(pool_queue_url_prefix, CLASSES, _RefusingBatches(sqs, refusals=2), wait_seconds=0)
+    refusing = PoolQueues(
+        pool_queue_url_prefix, CLASSES, _RefusingBatches(sqs, refusals=2).as_sqs(), wait_seconds=0
+    )
     # When they are deleted
     undeleted = refusing.delete(LARGE, receipts)
     # Then that receipt is handed back, and its message is still in the queue (in flight)

@@ -246,7 +246,7 @@ def test_every_step_run_twice_with_the_same_input_changes_nothing_more(world: Pr
     )
     request = ProvisionRequest(trust=TrustLevel.TRUSTED, repository="octo-org/app", run_key=RUN, count=2)
 
-    def twice(step: str, event: dict[str, object]) -> dict[str, object]:
+    def twice(step: str, event: dict[str, object]) -> dict[str, Any]:
         handler = getattr(provision, step)
         first = handler(event, context)
         before = snapshot(world)

@@ -39,7 +39,7 @@ def test_claims_wait_out_a_rate_limit_and_every_warm_runner_is_served(world: Pro
     assert result["cold"] == []
     assert world.ec2.calls["CreateFleet"] == 0
     # And no instance was thrown away on the way (each given back while its worker waited)
-    assert all(world.plane.state_table.get(i).state is InstanceState.RUNNING for i in warm)  # type: ignore[union-attr]
+    assert all(world.plane.state_table.get(i).state is InstanceState.RUNNING for i in warm)
 
 
 def test_a_rate_limit_part_way_through_creation_loses_no_instance_and_fails_nothing(

@@ -172,7 +172,9 @@ def test_parts_that_could_not_be_started_leave_their_instances_for_refresh_to_te
     assert failed["executionFailedEventDetails"]["error"] == "ReleasePartsNotStarted"
     assert run.parts == {}
     # And once their thresholds pass, refresh terminates what the run still held
-    local.clock.advance(max(record.threshold for record in running) + 1 - local.clock.now())
+    thresholds = [record.threshold for record in running if record.threshold is not None]
+    assert len(thresholds) == len(running)
+    local.clock.advance(max(thresholds) + 1 - local.clock.now())
     local.refresh()
     for record in running:
         assert local.record(record.instance_id).state is InstanceState.TERMINATED

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from emulator.harness.control_plane import NO_WAIT
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import ReuseSettings, StackConfig
@@ -18,7 +19,7 @@ from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import ClaimTerms
 from runner_pool.domain.records import InstanceRecord, TransitionResult
 from runner_pool.domain.trust import TrustLevel
-from tests.conftest import NO_WAIT, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.support import builders
 
 RUN = builders.run_key(1, "/class=large")

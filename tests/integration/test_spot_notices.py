@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from emulator.ec2_events import SpotReclaim
+from emulator.harness.control_plane import REGION
 from emulator.imds import INSTANCE_ACTION_PATH, REBALANCE_PATH, TOKEN_PATH, InstanceMetadata
 from runner_pool.adapters import aws_clients
 from runner_pool.domain.interruptions import Notice
-from tests.conftest import REGION
 from tests.support.waiting import eventually
 
 

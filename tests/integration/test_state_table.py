@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from emulator.aws import INSTANCE_ARNS
+from emulator.harness.control_plane import REGION
 from emulator.resources import create_state_table
 from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.aws_clients import ATTEMPTS, ServiceBusyError
@@ -24,7 +25,7 @@ from runner_pool.domain.clock import ManualClock
 from runner_pool.domain.config import StackConfig
 from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.records import InstanceFacts, InstanceRecord, Signal, TransitionResult, UsageClass
-from tests.conftest import REGION, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.support import builders
 from tests.support.aws_faults import RetryDelays, answer_busy, lose_answers
 
@@ -53,7 +54,7 @@ def instance_in(
     instance_id = builders.facts(number).instance_id
     # Only an on-demand instance is ever stopped (config.PoolSettings).
     on_demand = builders.facts(number, usage_class=UsageClass.ON_DEMAND)
-    steps: dict[InstanceState, list[Callable[[], Any]]] = {
+    steps: dict[InstanceState, list[Callable[[], TransitionResult]]] = {
         InstanceState.CREATED: [lambda: table.create(builders.facts(number), run_key)],
         InstanceState.IDLE: [
             lambda: table.create(builders.facts(number), None),

@@ -6,13 +6,15 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 
 import boto3
 import pytest
 from moto import mock_aws
+from moto.core.config import DefaultConfig
 
+from emulator.harness.control_plane import REGION
 from emulator.moto_internals import patch_point
 from emulator.step_functions import (
     MOTO_CONFIG,
@@ -24,7 +26,6 @@ from emulator.step_functions import (
     without_waiting,
 )
 from emulator.step_functions_quotas import HISTORY_LIMIT_EVENTS, QuotaWatch
-from tests.conftest import REGION
 
 ASL = Path(__file__).parent / "asl" / "harness.asl.json"
 _EXECUTION_WORKER = "moto.stepfunctions.parser.backend.execution_worker:ExecutionWorker"
@@ -36,7 +37,7 @@ class Flaky(Exception):  # noqa: N818 - the error name the ASL's Retry matches
 
 @pytest.fixture
 def machines() -> Iterator[LocalStateMachines]:
-    with mock_aws(config=MOTO_CONFIG), without_waiting():  # type: ignore[arg-type]
+    with mock_aws(config=cast(DefaultConfig, MOTO_CONFIG)), without_waiting():
         yield LocalStateMachines(
             boto3.client("stepfunctions", region_name=REGION),
             boto3.client("lambda", region_name=REGION),

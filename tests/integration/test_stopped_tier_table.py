@@ -11,6 +11,7 @@ import boto3
 import pytest
 
 from emulator.aws import INSTANCE_ARNS
+from emulator.harness.control_plane import NO_WAIT, REGION
 from runner_pool.adapters import state_items as schema
 from runner_pool.adapters.state_table import StateTable
 from runner_pool.domain.clock import ManualClock
@@ -19,7 +20,7 @@ from runner_pool.domain.lifecycle import InstanceState, Outcome
 from runner_pool.domain.pickup import ClaimTerms
 from runner_pool.domain.pool_partitions import PoolPartition
 from runner_pool.domain.records import InstanceFacts, InstanceRecord, UsageClass
-from tests.conftest import NO_WAIT, REGION, TABLE_NAME
+from tests.conftest import TABLE_NAME
 from tests.integration.test_state_table import raw_item
 from tests.support import builders
 

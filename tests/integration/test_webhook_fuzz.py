@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -65,7 +65,9 @@ not_a_str = st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), 
 not_a_label_list = st.one_of(
     st.text(max_size=8), st.integers(), st.none(), st.lists(st.integers(), min_size=1, max_size=3)
 )
-not_an_object = st.one_of(st.text(max_size=8), st.integers(), st.none(), st.just([]))
+not_an_object: st.SearchStrategy[object] = st.one_of(
+    st.text(max_size=8), st.integers(), st.none(), st.just([])
+)
 VIOLATIONS: dict[str, list[tuple[tuple[str | int, ...], st.SearchStrategy[Any]]]] = {
     "workflow_job": [
         (("action",), not_a_str),
@@ -124,7 +126,8 @@ def extra_headers(draw: st.DrawFn) -> dict[str, str]:
 @st.composite
 def recased(draw: st.DrawFn, headers: dict[str, str]) -> dict[str, str]:
     """The same headers with their names in any case, as proxies may pass them."""
-    style = draw(st.sampled_from([str, str.lower, str.upper]))
+    styles: list[Callable[[str], str]] = [str, str.lower, str.upper]
+    style = draw(st.sampled_from(styles))
     return {style(name): value for name, value in headers.items()}
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 from botocore.retries.standard import ExponentialBackoff
 
 
@@ -45,7 +46,7 @@ def error_response(client: Any, code: str, status: int, message: str = "injected
         headers = {"Content-Type": "text/xml"}
     else:
         raise NotImplementedError(f"no error shape for the {protocol} protocol yet")
-    return AWSResponse("https://aws.test/", status, headers, RawBody(body))
+    return AWSResponse("https://aws.test/", status, HTTPHeaders.from_dict(headers), RawBody(body))
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 from emulator.harness.webhooks import REPOSITORY
 from emulator.instances import instance_facts
-from runner_pool.domain.clock import Clock
+from runner_pool.domain.clock import Clock, ManualClock
 from runner_pool.domain.demand import DemandLedger, ExecutionStarter, InstanceRelease
 from runner_pool.domain.executions import ReleaseRequest
 from runner_pool.domain.records import PoolMessage
@@ -47,6 +47,15 @@ def release_of_runner_5(run_key: str, cause: str, **flags: Any) -> InstanceRelea
             **flags,
         )
     )
+
+
+def pause_on(clock: ManualClock) -> Callable[[float], None]:
+    """A step's in-line pause that moves `clock` on by as much as it waits, instead of sleeping."""
+
+    def pause(seconds: float) -> None:
+        clock.advance(seconds)
+
+    return pause
 
 
 def demand_starts(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.agent import DYNAMODB_PER_READ, DYNAMODB_PER_WRITE, MINUTES_PER_MONTH, Window
+from bench.agent import MINUTES_PER_MONTH, Window
+from bench.emulator import DYNAMODB_PER_READ, DYNAMODB_PER_WRITE
 
 
 def _window(calls: dict[str, float]) -> Window:

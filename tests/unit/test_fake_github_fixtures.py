@@ -19,7 +19,7 @@ from runner_pool.domain.runner_scope import RepositoryScope
 
 REPOSITORY = f"{OWNER}/{REPO}"
 LABEL = "pool=${{ github.run_id }}/class=large"
-REAL_EXAMPLES = {
+REAL_EXAMPLES: dict[tuple[str, str | None, str | None], str] = {
     ("workflow_job", "queued", None): "workflow_job.queued.payload.json",
     ("workflow_job", "in_progress", None): "workflow_job.in_progress.payload.json",
     ("workflow_job", "completed", "success"): "workflow_job.completed.success.with-organization.payload.json",

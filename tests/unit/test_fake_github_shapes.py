@@ -130,6 +130,21 @@ def may_read_policy(ask: Asking) -> Asking:
     return ask
 
 
+def selects_the_repository(ask: Asking) -> Asking:
+    ask.fake.state.installations[INSTALLATION_ID].repositories = {f"{OWNER}/{REPO}"}
+    return ask
+
+
+def has_a_busy_runner(ask: Asking) -> Asking:
+    ask.fake.state.set_runner_state(busy_runner(ask), online=True)
+    return ask
+
+
+def has_spent_its_rate_limit(ask: Asking) -> Asking:
+    ask.fake.state.exhaust_rate_limit(until=ask.clock.now() + 60)
+    return ask
+
+
 SUCCESSES: dict[str, tuple[Call, int, Any]] = {
     "the App": (lambda ask: ask.as_app("GET", "/app"), 200, Integration),
     "an installation": (
@@ -173,10 +188,7 @@ SUCCESSES: dict[str, tuple[Call, int, Any]] = {
         RunnerGroupsOrg,
     ),
     "an installation's selected repositories": (
-        lambda ask: (
-            setattr(ask.fake.state.installations[INSTALLATION_ID], "repositories", {f"{OWNER}/{REPO}"}),
-            ask.as_installation("GET", "/installation/repositories"),
-        )[1],
+        lambda ask: selects_the_repository(ask).as_installation("GET", "/installation/repositories"),
         200,
         InstallationRepositoriesGetResponse200,
     ),
@@ -206,10 +218,7 @@ SUCCESSES: dict[str, tuple[Call, int, Any]] = {
         OrgsOrgActionsRunnersGenerateJitconfigPostResponse201,
     ),
     "repository runners": (
-        lambda ask: (
-            ask.fake.state.set_runner_state(busy_runner(ask), online=True),
-            ask.as_installation("GET", RUNNERS),
-        )[1],
+        lambda ask: has_a_busy_runner(ask).as_installation("GET", RUNNERS),
         200,
         ReposOwnerRepoActionsRunnersGetResponse200,
     ),
@@ -335,10 +344,7 @@ REFUSALS: dict[str, tuple[Call, int, Any]] = {
         BasicError,
     ),
     "over the rate limit": (
-        lambda ask: (
-            ask.fake.state.exhaust_rate_limit(until=ask.clock.now() + 60),
-            ask.as_installation("GET", RUNNERS),
-        )[1],
+        lambda ask: has_spent_its_rate_limit(ask).as_installation("GET", RUNNERS),
         403,
         BasicError,
     ),

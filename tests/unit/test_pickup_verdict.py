@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -64,7 +65,7 @@ def test_a_spec_without_type_globs_takes_any_type(config: StackConfig) -> None:
     ],
     ids=["usage", "arch", "type", "cpu", "memory"],
 )
-def test_a_live_message_that_does_not_fit_goes_back(spec: RunnerSpec, mismatch: dict[str, object]) -> None:
+def test_a_live_message_that_does_not_fit_goes_back(spec: RunnerSpec, mismatch: dict[str, Any]) -> None:
     # Given a live message that differs from the spec in one respect
     message = pool_message(threshold=AHEAD, **mismatch)
     # When it is judged
@@ -215,7 +216,7 @@ def test_an_instance_past_its_maximum_age_is_dropped(spec: RunnerSpec, config: S
         threshold=AHEAD, repository="octo/app", created_at=NOW - reuse.max_age_minutes * 60
     )
     # When it is judged / Then no request may use it any more
-    assert judge(message, spec, NOW, "octo/app", reuse) is Verdict.DROP
+    assert judge(message, spec, NOW, Taker("octo/app", trust=TrustLevel.TRUSTED), reuse) is Verdict.DROP
 
 
 # --- who an instance served -------------------------------------------------------------------------

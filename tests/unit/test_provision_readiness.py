@@ -27,7 +27,7 @@ def record(state: InstanceState = InstanceState.CLAIMED, **fields: object) -> In
         "updated_at": T0,
         **fields,
     }
-    return InstanceRecord(**facts(1).model_dump(), **values)  # type: ignore[arg-type]
+    return InstanceRecord(**facts(1).model_dump(), **values)
 
 
 def beat(at: float) -> Heartbeat:

@@ -24,13 +24,14 @@ def demand(arrivals: list[float], **overrides: float) -> Demand:
         "start_seconds": 20.0,
         "refresh_seconds": 20.0,
     } | overrides
-    return Demand(arrivals=arrivals, **settings_)  # type: ignore[arg-type]
+    return Demand(arrivals=arrivals, **settings_)
 
 
 def poisson(rate: float, seed: int = 1) -> list[float]:
     """Arrivals at `rate` a second over the horizon before NOW, drawn independently."""
     rng = random.Random(seed)
-    at, found = NOW - HORIZON_SECONDS - 120, []
+    at = NOW - HORIZON_SECONDS - 120
+    found: list[float] = []
     while True:
         at += rng.expovariate(rate)
         if at > NOW:
