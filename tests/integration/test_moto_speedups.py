@@ -15,8 +15,6 @@ from unittest import mock
 import boto3
 import pytest
 from moto import mock_aws
-from moto.core.common_types import TYPE_RESPONSE
-from moto.core.responses import ActionContext, ActionResult
 from moto.core.utils import unix_time
 from moto.dynamodb.models.table import Table
 from moto.dynamodb.responses import DynamoResult
@@ -59,7 +57,7 @@ def answers() -> Iterator[tuple[LocalAws, list[Seen]]]:
     with local_aws() as aws:
         direct = DynamoResult.execute_result
 
-        def both(result: ActionResult, context: ActionContext) -> TYPE_RESPONSE:
+        def both(result: Any, context: Any) -> tuple[int, dict[str, str], str | bytes]:
             status, headers, body = direct(result, context)
             _, _, reference = serializer(result, context)
             seen.append((context.operation_model.name, body, reference))

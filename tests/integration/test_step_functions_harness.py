@@ -6,13 +6,12 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 from unittest import mock
 
 import boto3
 import pytest
 from moto import mock_aws
-from moto.core.config import DefaultConfig
 
 from emulator.harness.control_plane import REGION
 from emulator.moto_internals import patch_point
@@ -37,7 +36,7 @@ class Flaky(Exception):  # noqa: N818 - the error name the ASL's Retry matches
 
 @pytest.fixture
 def machines() -> Iterator[LocalStateMachines]:
-    with mock_aws(config=cast(DefaultConfig, MOTO_CONFIG)), without_waiting():
+    with mock_aws(config=MOTO_CONFIG), without_waiting():  # type: ignore[call-overload]
         yield LocalStateMachines(
             boto3.client("stepfunctions", region_name=REGION),
             boto3.client("lambda", region_name=REGION),
