@@ -189,8 +189,10 @@ def _stop(stepfunctions: Any, execution_arn: str) -> bool:
 
     moto starts an execution's thread before that thread has built the environment a stop acts on, and a
     stop in between raises AttributeError inside moto (`ExecutionWorker.stop`, emulator/moto_internals.py).
-    AWS stops an execution at any point after StartExecution answered, so this waits for the thread to
-    get there, as briefly as it takes.
+    AWS stops an execution at any point after StartExecution answered (Step Functions API Reference,
+    API_StopExecution.html: "Stops an execution"; its errors are ExecutionDoesNotExist, InvalidArn and
+    ValidationException, none for an execution not yet under way), so this waits for the thread to get
+    there, as briefly as it takes.
     """
     deadline = time.monotonic() + STOP_PATIENCE_SECONDS
     while True:
